@@ -1,0 +1,3 @@
+from msprobe.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""The error hierarchy of msprobe-lake.
+
+Every error the package raises on purpose derives from :class:`MsprobeError`
+(itself a ``ValueError``), and each subtype also inherits the built-in that
+matches its meaning, so callers can catch either.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "MsprobeError",
+    "FormatError",
+    "NameFormatError",
+    "DocumentError",
+    "UnknownDialectError",
+    "UnsafePathError",
+    "ConfigError",
+    "StorageError",
+    "StorageNotFoundError",
+    "StoragePermissionError",
+    "StorageTransientError",
+    "MissingDependencyError",
+    "TensorLoadError",
+    "RecordNotFoundError",
+]
+
+
+class MsprobeError(ValueError):
+    """Root of every error raised by msprobe-lake."""
+
+
+class FormatError(MsprobeError):
+    """Something does not follow the dump format.
+
+    ``file`` and ``location`` (a JSON path such as ``$.data["Torch.add.0.forward"]``)
+    say where, when known.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, location: str | None = None):
+        self.message = message
+        self.file = file
+        self.location = location
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ""
+        if self.file:
+            where = str(self.file)
+        if self.location:
+            where = f"{where}:{self.location}" if where else self.location
+        return f"{where}: {self.message}" if where else self.message
+
+
+class NameFormatError(FormatError):
+    """A record or data name does not follow the naming grammar."""
+
+
+class DocumentError(FormatError):
+    """A JSON document (dump.json, stack.json, construct.json, ...) is malformed."""
+
+
+class UnknownDialectError(FormatError):
+    """The layout or document does not match any dialect we know."""
+
+
+class UnsafePathError(FormatError, PermissionError):
+    """A name would escape its directory (``..``, absolute path, separator, symlink)."""
+
+
+class ConfigError(MsprobeError):
+    """An invalid configuration value; the message names key, value and valid values."""
+
+
+class StorageError(MsprobeError, OSError):
+    """A storage operation failed."""
+
+
+class StorageNotFoundError(StorageError, FileNotFoundError):
+    """The key, file or bucket does not exist."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """Permanent refusal by the storage (403, read-only store, would overwrite)."""
+
+
+class StorageTransientError(StorageError):
+    """A failure worth retrying (timeout, 5xx, throttling, connection reset)."""
+
+
+class MissingDependencyError(MsprobeError, ImportError):
+    """An optional dependency is missing; the message names the pip install that fixes it."""
+
+
+class TensorLoadError(MsprobeError):
+    """A tensor file is missing, truncated, unsafe or does not match its record."""
+
+
+class RecordNotFoundError(MsprobeError, KeyError):
+    """No record of that name in the dump."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+def require(module: str, extra: str):
+    """Import an optional dependency or raise MissingDependencyError naming the extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{module} is required for this feature: pip install 'msprobe-lake[{extra}]'"
+        ) from exc
