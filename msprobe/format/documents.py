@@ -1,0 +1,296 @@
+"""The JSON documents of a rank directory: dump.json (and debug.json), stack.json, construct.json.
+
+Parsing is strict about what readers rely on and tolerant of what they do not
+know: unknown keys are kept (and written back in place); duplicate keys,
+truncated JSON, wrong types and unsafe names are :class:`DocumentError`\\ s
+naming the file and the JSON path.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterator, Optional, Union
+
+from msprobe.errors import DocumentError, FormatError, NameFormatError
+from msprobe.format.model import Record
+
+__all__ = [
+    "DUMP_JSON",
+    "DEBUG_JSON",
+    "STACK_JSON",
+    "CONSTRUCT_JSON",
+    "MAX_JSON_DEPTH",
+    "loads_json",
+    "dumps_json",
+    "DumpDocument",
+    "StackDocument",
+    "ConstructDocument",
+]
+
+DUMP_JSON = "dump.json"
+DEBUG_JSON = "debug.json"
+STACK_JSON = "stack.json"
+CONSTRUCT_JSON = "construct.json"
+#: Nesting deeper than this is refused (hostile input; real dumps stay far below).
+MAX_JSON_DEPTH = 64
+
+_TOP_KEYS = ("task", "level", "framework", "dump_data_dir", "data")
+
+
+def _no_duplicates(pairs: list) -> dict:
+    d: dict = {}
+    for k, v in pairs:
+        if k in d:
+            raise _DuplicateKey(k)
+        d[k] = v
+    return d
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _depth_ok(text: str, limit: int) -> Optional[int]:
+    """Return the offset where nesting exceeds ``limit`` (strings skipped), else None."""
+    depth = 0
+    in_str = esc = False
+    for i, c in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc = True
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            depth += 1
+            if depth > limit:
+                return i
+        elif c in "]}":
+            depth -= 1
+    return None
+
+
+def loads_json(data: Union[bytes, str], file: Optional[str] = None) -> Any:
+    """Parse JSON as the real tool writes it (NaN/Infinity allowed), refusing duplicate keys,
+    bad UTF-8 and excessive nesting, with a :class:`DocumentError` naming ``file``."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DocumentError(f"not UTF-8 at byte {exc.start}", file=file) from None
+    else:
+        text = data
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    where = _depth_ok(text, MAX_JSON_DEPTH)
+    if where is not None:
+        raise DocumentError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels (at offset {where})", file=file)
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as exc:
+        raise DocumentError(f"duplicate key {exc.args[0]!r}", file=file) from None
+    except json.JSONDecodeError as exc:
+        what = "truncated JSON" if exc.pos >= len(text.rstrip()) else "invalid JSON"
+        raise DocumentError(f"{what}: {exc.msg} at line {exc.lineno} column {exc.colno}", file=file) from None
+    except RecursionError:
+        raise DocumentError("JSON nested too deeply", file=file) from None
+
+
+def dumps_json(obj: Any) -> str:
+    """Serialize like the real tool: indent 1, non-ASCII kept, NaN/Infinity as JSON extensions."""
+    return json.dumps(obj, indent=1, ensure_ascii=False)
+
+
+def _require_object(obj: Any, file: Optional[str], location: str = "$") -> dict:
+    if not isinstance(obj, dict):
+        raise DocumentError(f"expected a JSON object, got {type(obj).__name__}", file=file, location=location)
+    return obj
+
+
+class DumpDocument:
+    """dump.json (or debug.json): ``{"task", "level", "framework", "dump_data_dir", "data", ...}``.
+
+    ``raw`` is the parsed object itself, so unknown keys survive a round trip.
+    """
+
+    def __init__(self, raw: dict, file: Optional[str] = None):
+        self.raw = raw
+        self.file = file
+
+    @classmethod
+    def new(cls, task: str, level: str, framework: str, dump_data_dir: Optional[str] = None,
+            data: Optional[dict] = None, **extra: Any) -> "DumpDocument":
+        raw = {"task": task, "level": level, "framework": framework, "dump_data_dir": dump_data_dir,
+               "data": data if data is not None else {}}
+        raw.update(extra)
+        return cls(raw)
+
+    @classmethod
+    def loads(cls, data: Union[bytes, str], file: Optional[str] = None, *, validate: bool = True) -> "DumpDocument":
+        doc = cls(_require_object(loads_json(data, file), file), file)
+        if validate:
+            doc.validate()
+        return doc
+
+    def dumps(self) -> str:
+        return dumps_json(self.raw)
+
+    task = property(lambda self: self.raw.get("task"))
+    level = property(lambda self: self.raw.get("level"))
+    framework = property(lambda self: self.raw.get("framework"))
+    dump_data_dir = property(lambda self: self.raw.get("dump_data_dir"))
+
+    @property
+    def data(self) -> dict:
+        d = self.raw.get("data")
+        return d if isinstance(d, dict) else {}
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.data
+
+    def names(self) -> list[str]:
+        return list(self.data)
+
+    def record(self, name: str) -> Record:
+        names = self.data
+        if name not in names:
+            from msprobe.errors import RecordNotFoundError
+
+            raise RecordNotFoundError(f"no record {name!r} in {self.file or 'the document'}")
+        return Record(name, names[name], list(names).index(name))
+
+    def records(self) -> Iterator[Record]:
+        for i, (name, raw) in enumerate(self.data.items()):
+            yield Record(name, raw, i)
+
+    def add(self, name: str, raw: Any) -> None:
+        self.raw.setdefault("data", {})[name] = raw
+
+    def validate(self) -> None:
+        """Raise a DocumentError (file + JSON path) on the first problem; see :meth:`problems`."""
+        for p in self.problems(first_only=True):
+            raise p
+
+    def problems(self, *, first_only: bool = False) -> Iterator[FormatError]:
+        f = self.file
+        raw = self.raw
+        for key in ("task", "level", "framework"):
+            if key in raw and raw[key] is not None and not isinstance(raw[key], str):
+                yield DocumentError(f"'{key}' must be a string", file=f, location=f"$.{key}")
+                if first_only:
+                    return
+        if "data" not in raw:
+            yield DocumentError("missing 'data'", file=f, location="$")
+            return
+        if not isinstance(raw["data"], dict):
+            yield DocumentError("'data' must be an object", file=f, location="$.data")
+            return
+        for rec in self.records():
+            try:
+                rec.check(f)
+            except NameFormatError as exc:
+                yield DocumentError(exc.message, file=f, location=f'$.data["{rec.name}"]')
+                if first_only:
+                    return
+            except FormatError as exc:
+                yield exc
+                if first_only:
+                    return
+
+
+class StackDocument:
+    """stack.json: ``{"<id>": [[record names...], [frame strings...]]}``.
+
+    Older dialects map a record name straight to its frame list; both are read.
+    """
+
+    def __init__(self, raw: dict, file: Optional[str] = None):
+        self.raw = raw
+        self.file = file
+        self._index: Optional[dict] = None
+
+    @classmethod
+    def loads(cls, data: Union[bytes, str], file: Optional[str] = None, *, validate: bool = True) -> "StackDocument":
+        doc = cls(_require_object(loads_json(data, file), file), file)
+        if validate:
+            doc.validate()
+        return doc
+
+    def dumps(self) -> str:
+        return dumps_json(self.raw)
+
+    def _entries(self) -> Iterator[tuple[str, list, Any]]:
+        for key, value in self.raw.items():
+            if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
+                    and isinstance(value[1], list) and all(isinstance(n, str) for n in value[0])):
+                yield key, value[0], value[1]
+            else:  # name -> frames form
+                yield key, [key], value
+
+    def validate(self) -> None:
+        for key, value in self.raw.items():
+            loc = f'$["{key}"]'
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], list):
+                if not all(isinstance(n, str) for n in value[0]):
+                    raise DocumentError("record names must be strings", file=self.file, location=f"{loc}[0]")
+                frames = value[1]
+            else:
+                frames = value
+            if not isinstance(frames, (list, str)) and frames is not None:
+                raise DocumentError("stack frames must be a list of strings", file=self.file, location=loc)
+
+    def stack_of(self, record_name: str) -> Optional[list]:
+        if self._index is None:
+            self._index = {}
+            for key, names, frames in self._entries():
+                for n in names:
+                    self._index[n] = frames
+        return self._index.get(record_name)
+
+    def ids_of(self) -> dict:
+        """record name -> stack id."""
+        out = {}
+        for key, names, _ in self._entries():
+            for n in names:
+                out[n] = key
+        return out
+
+
+class ConstructDocument:
+    """construct.json: ``{"<record>": "<parent record>" | null}`` (``{}`` at L1)."""
+
+    def __init__(self, raw: dict, file: Optional[str] = None):
+        self.raw = raw
+        self.file = file
+
+    @classmethod
+    def loads(cls, data: Union[bytes, str], file: Optional[str] = None, *, validate: bool = True) -> "ConstructDocument":
+        doc = cls(_require_object(loads_json(data, file), file), file)
+        if validate:
+            doc.validate()
+        return doc
+
+    def dumps(self) -> str:
+        return dumps_json(self.raw)
+
+    def validate(self) -> None:
+        for key, value in self.raw.items():
+            if value is not None and not isinstance(value, (str, dict, list)):
+                raise DocumentError("parent must be a record name or null", file=self.file, location=f'$["{key}"]')
+
+    def parent(self, name: str) -> Optional[str]:
+        v = self.raw.get(name)
+        return v if isinstance(v, str) else None
+
+    def children(self, name: str) -> list[str]:
+        return [k for k, v in self.raw.items() if v == name]
+
+
+def is_nan(x: Any) -> bool:
+    return isinstance(x, float) and math.isnan(x)

@@ -1,0 +1,134 @@
+"""Directory layout and dialects.
+
+A dump root holds ``step{N}/`` directories (optionally under ``graph/`` and
+``pynative/`` for MindSpore jit at L0/mix); a step holds one directory per
+process: ``rank`` (single process, msprobe 8.x and the docs), ``rank{R}``
+(distributed) or ``proc{pid}`` (single process, msprobe 26.x); a rank
+directory holds ``dump.json`` (or ``debug.json``), ``stack.json``,
+``construct.json``, ``dump_tensor_data/`` and optionally ``mapping.csv``,
+``dump_error_info.log`` and our own ``msprobe_lake.json`` and ``index/``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from msprobe.errors import UnknownDialectError
+
+__all__ = [
+    "STEP_DIR_RE",
+    "RANK_DIR_RE",
+    "TENSOR_DIR",
+    "MARKER_FILE",
+    "MAPPING_CSV",
+    "ERROR_LOG",
+    "JOURNAL_DIR",
+    "INDEX_DIR",
+    "GRAPH_SPLIT_DIRS",
+    "RankDir",
+    "parse_step_dir",
+    "parse_rank_dir",
+    "rank_dir_name",
+    "Dialect",
+    "DIALECTS",
+    "detect_dialect",
+    "get_dialect",
+]
+
+STEP_DIR_RE = re.compile(r"^step(?P<step>\d+)$")
+RANK_DIR_RE = re.compile(r"^(?:rank(?P<rank>\d+)?|proc(?P<pid>\d+))$")
+TENSOR_DIR = "dump_tensor_data"
+MARKER_FILE = "msprobe_lake.json"
+MAPPING_CSV = "mapping.csv"
+ERROR_LOG = "dump_error_info.log"
+JOURNAL_DIR = ".journal"
+INDEX_DIR = "index"
+GRAPH_SPLIT_DIRS = ("graph", "pynative")
+
+
+def parse_step_dir(name: str) -> Optional[int]:
+    m = STEP_DIR_RE.match(name)
+    return int(m.group("step")) if m else None
+
+
+@dataclass(frozen=True)
+class RankDir:
+    name: str
+    rank: Optional[int]  # None for 'rank' and 'proc<pid>'
+    pid: Optional[int] = None
+
+
+def parse_rank_dir(name: str) -> Optional[RankDir]:
+    m = RANK_DIR_RE.match(name)
+    if not m:
+        return None
+    r, pid = m.group("rank"), m.group("pid")
+    return RankDir(name, None if r is None else int(r), None if pid is None else int(pid))
+
+
+def rank_dir_name(rank: Optional[int], *, pid: Optional[int] = None) -> str:
+    if rank is not None:
+        return f"rank{rank}"
+    return f"proc{pid}" if pid is not None else "rank"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What a producer writes differently. Readers accept all; writers choose one."""
+
+    name: str
+    single_rank_dir: str  # 'rank' or 'proc'
+    params_grad_count: bool  # '...parameters_grad.0' (26.x) vs '...parameters_grad' (8.x)
+    is_recompute: bool  # forward records carry "is_recompute": false (8.x)
+    int_stats_as_int: bool  # int tensors: Max/Min ints and Mean/Norm null (26.x) vs floats (8.x)
+    memory_format_key: str  # 'format' (8.x) or 'value'
+    summary_modes: tuple
+
+
+DIALECTS = {
+    "msprobe-8": Dialect("msprobe-8", "rank", False, True, False, "format", ("statistics", "md5")),
+    "msprobe-26": Dialect("msprobe-26", "proc", True, False, True, "value", ("statistics", "md5", "xor")),
+}
+#: Ours: the documented layout (``rank``), 8.x record names, 26.x statistics types. See spec/FORMAT.md.
+DIALECTS["msprobe-lake"] = Dialect("msprobe-lake", "rank", False, False, True, "value", ("statistics", "md5", "xor"))
+
+
+def get_dialect(name: str) -> Dialect:
+    try:
+        return DIALECTS[name]
+    except KeyError:
+        raise UnknownDialectError(f"unknown dialect {name!r}; known: {', '.join(sorted(DIALECTS))}") from None
+
+
+def detect_dialect(rank_dir_names: Iterable[str] = (), data: Optional[dict] = None,
+                   marker: Optional[dict] = None) -> str:
+    """Guess the producer from cheap evidence: our marker file, the rank directory names,
+    then the records (``is_recompute``, parameters_grad count, integer statistics).
+
+    Returns a key of :data:`DIALECTS`; 'unknown' never — it raises UnknownDialectError when
+    nothing looks like an msprobe dump."""
+    if marker and marker.get("dialect") in DIALECTS:
+        return marker["dialect"]
+    names = list(rank_dir_names)
+    if any(n.startswith("proc") for n in names):
+        return "msprobe-26"
+    if data is None:
+        if any(parse_rank_dir(n) for n in names):
+            return "msprobe-8"
+        raise UnknownDialectError("no rank directory (rank, rank<N>, proc<pid>) and no document to inspect")
+    votes_26 = votes_8 = 0
+    for name, rec in data.items():
+        if name.endswith(".parameters_grad"):
+            votes_8 += 1
+        elif re.search(r"\.parameters_grad\.\d+$", name):
+            votes_26 += 1
+        if isinstance(rec, dict) and "is_recompute" in rec:
+            votes_8 += 1
+        if votes_8 + votes_26 > 8:
+            break
+    return "msprobe-26" if votes_26 > votes_8 else "msprobe-8"
+
+
+def read_marker(raw: Any) -> dict:
+    return raw if isinstance(raw, dict) else {}

@@ -1,0 +1,385 @@
+"""The record model: arguments and records, over the JSON they came from.
+
+Every object keeps the JSON value it was parsed from (``.raw``), so
+``to_json()`` returns exactly what was read, key order and unknown keys
+included; the typed properties are views over it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Union
+
+from msprobe.errors import DocumentError
+from msprobe.format.naming import RecordName, check_file_name, parse_record_name
+
+__all__ = [
+    "TENSOR_TYPES",
+    "Arg",
+    "TensorArg",
+    "ScalarArg",
+    "NoneArg",
+    "SliceArg",
+    "EllipsisArg",
+    "TypedValueArg",
+    "SequenceArg",
+    "MappingArg",
+    "UnknownArg",
+    "parse_arg",
+    "iter_tensors",
+    "Record",
+    "tensor_entry",
+    "typed_value",
+]
+
+#: ``type`` values of tensor entries, per framework.
+TENSOR_TYPES = frozenset({
+    "torch.Tensor", "torch.nn.parameter.Parameter", "mindspore.Tensor", "mindspore.Parameter",
+    "mindspore.common.parameter.Parameter", "numpy.ndarray", "mindtorch.Tensor",
+})
+_STAT_KEYS = ("Max", "Min", "Mean", "Norm")
+
+
+class Arg:
+    """One argument value in a record (a tensor entry, a scalar, null, a nested container...)."""
+
+    kind = "unknown"
+    __slots__ = ("raw", "path")
+
+    def __init__(self, raw: Any, path: str = ""):
+        self.raw = raw
+        self.path = path  # e.g. 'input_args.0.1', 'input_kwargs.dim', 'parameters.weight'
+
+    def to_json(self) -> Any:
+        return self.raw
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r}, {self.raw!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.raw == other.raw  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class TensorArg(Arg):
+    """A tensor entry: type, dtype, shape, Max/Min/Mean/Norm, requires_grad, md5 or data_name."""
+
+    kind = "tensor"
+    __slots__ = ()
+
+    type = property(lambda self: self.raw.get("type"))
+    dtype = property(lambda self: self.raw.get("dtype"))
+    requires_grad = property(lambda self: self.raw.get("requires_grad"))
+    data_name = property(lambda self: self.raw.get("data_name"))
+    md5 = property(lambda self: self.raw.get("md5"))
+
+    @property
+    def shape(self) -> tuple:
+        s = self.raw.get("shape")
+        return tuple(s) if isinstance(s, list) else ()
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= int(d)
+        return n
+
+    max = property(lambda self: self.raw.get("Max"))
+    min = property(lambda self: self.raw.get("Min"))
+    mean = property(lambda self: self.raw.get("Mean"))
+    norm = property(lambda self: self.raw.get("Norm"))
+
+    @property
+    def stats(self) -> dict:
+        return {k.lower(): self.raw.get(k) for k in _STAT_KEYS}
+
+
+class ScalarArg(Arg):
+    """``{"type": "int"|"float"|"bool"|"str"|"complex", "value": V}``."""
+
+    kind = "scalar"
+    __slots__ = ()
+    type = property(lambda self: self.raw.get("type"))
+    value = property(lambda self: self.raw.get("value"))
+
+
+class NoneArg(Arg):
+    """A bare JSON ``null``."""
+
+    kind = "none"
+    __slots__ = ()
+    value = None
+
+
+class SliceArg(Arg):
+    """``{"type": "slice", "value": [start, stop, step]}``."""
+
+    kind = "slice"
+    __slots__ = ()
+
+    @property
+    def value(self) -> slice:
+        v = self.raw.get("value") or [None, None, None]
+        return slice(*v)
+
+
+class EllipsisArg(Arg):
+    """``{"type": "ellipsis", "value": "..."}``."""
+
+    kind = "ellipsis"
+    __slots__ = ()
+    value = Ellipsis
+
+
+class TypedValueArg(Arg):
+    """dtype, device, memory_format, ReduceOp and other ``{"type": T, "value"|"format": V}`` values."""
+
+    kind = "typed"
+    __slots__ = ()
+    type = property(lambda self: self.raw.get("type"))
+
+    @property
+    def value(self) -> Any:
+        return self.raw.get("value", self.raw.get("format"))
+
+
+class SequenceArg(Arg):
+    """A JSON list (a list or tuple argument); items are Args."""
+
+    kind = "sequence"
+    __slots__ = ("items",)
+
+    def __init__(self, raw: list, path: str = ""):
+        super().__init__(raw, path)
+        self.items = [parse_arg(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(raw)]
+
+    def __iter__(self) -> Iterator[Arg]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Arg:
+        return self.items[i]
+
+
+class MappingArg(Arg):
+    """A JSON object without a ``type`` key (a dict argument); values are Args."""
+
+    kind = "mapping"
+    __slots__ = ("items",)
+
+    def __init__(self, raw: dict, path: str = ""):
+        super().__init__(raw, path)
+        self.items = {k: parse_arg(v, f"{path}.{k}" if path else str(k)) for k, v in raw.items()}
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, k: str) -> Arg:
+        return self.items[k]
+
+    def keys(self):
+        return self.items.keys()
+
+    def values(self):
+        return self.items.values()
+
+
+class UnknownArg(Arg):
+    """Anything else (kept verbatim: the unknown-field rule)."""
+
+    kind = "unknown"
+    __slots__ = ()
+
+
+_SCALAR_TYPES = {"int", "float", "bool", "str", "complex"}
+
+
+def parse_arg(raw: Any, path: str = "") -> Arg:
+    """Classify one JSON argument value."""
+    if raw is None:
+        return NoneArg(raw, path)
+    if isinstance(raw, list):
+        return SequenceArg(raw, path)
+    if isinstance(raw, dict):
+        t = raw.get("type")
+        if t is None:
+            return MappingArg(raw, path)
+        if not isinstance(t, str):
+            return UnknownArg(raw, path)
+        if t in TENSOR_TYPES or "dtype" in raw and "shape" in raw:
+            return TensorArg(raw, path)
+        if t in _SCALAR_TYPES:
+            return ScalarArg(raw, path)
+        if t == "slice":
+            return SliceArg(raw, path)
+        if t == "ellipsis":
+            return EllipsisArg(raw, path)
+        if "value" in raw or "format" in raw:
+            return TypedValueArg(raw, path)
+        return UnknownArg(raw, path)
+    return UnknownArg(raw, path)
+
+
+def iter_tensors(arg: Arg) -> Iterator[TensorArg]:
+    """Every tensor entry inside ``arg``, depth first, in order."""
+    if isinstance(arg, TensorArg):
+        yield arg
+    elif isinstance(arg, (SequenceArg, MappingArg)):
+        items = arg.items.values() if isinstance(arg, MappingArg) else arg.items
+        for a in items:
+            yield from iter_tensors(a)
+
+
+# Sections of a record, in the order the real tool writes them.
+FORWARD_SECTIONS = ("input_args", "input_kwargs", "output", "parameters")
+BACKWARD_SECTIONS = ("input", "output")
+
+
+@dataclass
+class Record:
+    """One entry of dump.json ``data`` (or debug.json ``data``)."""
+
+    name: str
+    raw: Any
+    seq: int = -1  # position in the document (execution order)
+
+    def __post_init__(self) -> None:
+        self._parsed: Optional[RecordName] = None
+
+    @property
+    def parsed(self) -> RecordName:
+        if self._parsed is None:
+            self._parsed = parse_record_name(self.name, strict=False)
+        return self._parsed
+
+    kind = property(lambda self: self.parsed.kind)
+    api_type = property(lambda self: self.parsed.prefix)
+    api_name = property(lambda self: self.parsed.api_name)
+    call_index = property(lambda self: self.parsed.call_index)
+    direction = property(lambda self: self.parsed.direction)
+
+    def section(self, key: str) -> Optional[Arg]:
+        if not isinstance(self.raw, dict) or key not in self.raw:
+            return None
+        return parse_arg(self.raw[key], key)
+
+    @property
+    def input_args(self) -> list[Arg]:
+        s = self.section("input_args")
+        return list(s) if isinstance(s, SequenceArg) else []
+
+    @property
+    def input_kwargs(self) -> dict[str, Arg]:
+        s = self.section("input_kwargs")
+        return dict(s.items) if isinstance(s, MappingArg) else {}
+
+    @property
+    def input(self) -> list[Arg]:
+        s = self.section("input")
+        return list(s) if isinstance(s, SequenceArg) else []
+
+    @property
+    def output(self) -> list[Arg]:
+        s = self.section("output")
+        if isinstance(s, SequenceArg):
+            return list(s)
+        return [] if s is None else [s]
+
+    @property
+    def parameters(self) -> dict[str, Arg]:
+        if self.kind == "parameters_grad":
+            s = parse_arg(self.raw, "") if isinstance(self.raw, dict) else None
+        else:
+            s = self.section("parameters")
+        return dict(s.items) if isinstance(s, MappingArg) else {}
+
+    def args(self) -> Iterator[Arg]:
+        """Every top-level section value of the record as Args (with their paths)."""
+        if self.kind == "parameters_grad" or self.kind == "debug":
+            yield parse_arg(self.raw, "")
+            return
+        if isinstance(self.raw, dict):
+            for key, value in self.raw.items():
+                yield parse_arg(value, key)
+
+    def tensors(self) -> Iterator[TensorArg]:
+        for a in self.args():
+            yield from iter_tensors(a)
+
+    def data_names(self) -> list[str]:
+        return [t.data_name for t in self.tensors() if isinstance(t.data_name, str)]
+
+    def to_json(self) -> Any:
+        return self.raw
+
+    def check(self, file: Optional[str] = None) -> None:
+        """Validate what readers rely on; raise DocumentError naming the JSON path."""
+        loc = f'$.data["{self.name}"]'
+        self.parsed  # noqa: B018 - raises NameFormatError
+        if self.kind in ("api", "module") and not isinstance(self.raw, dict):
+            raise DocumentError(f"record must be an object, got {type(self.raw).__name__}", file=file, location=loc)
+        for t in self.tensors():
+            _check_tensor(t, file, f"{loc}.{t.path}")
+
+
+def _check_tensor(t: TensorArg, file: Optional[str], loc: str) -> None:
+    raw = t.raw
+    if not isinstance(raw.get("dtype"), str):
+        raise DocumentError("tensor entry needs a string 'dtype'", file=file, location=loc)
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise DocumentError(f"tensor 'shape' must be a list of non-negative integers, got {shape!r}",
+                            file=file, location=loc)
+    for k in _STAT_KEYS:
+        v = raw.get(k)
+        if v is not None and not isinstance(v, (int, float, bool)):
+            raise DocumentError(f"'{k}' must be a number, a boolean or null, got {v!r}", file=file, location=loc)
+    dn = raw.get("data_name")
+    if dn is not None:
+        if not isinstance(dn, str):
+            raise DocumentError("'data_name' must be a string", file=file, location=loc)
+        try:
+            check_file_name(dn)
+        except Exception as exc:
+            raise DocumentError(str(exc), file=file, location=loc) from None
+    md5 = raw.get("md5")
+    if md5 is not None and not isinstance(md5, str):
+        raise DocumentError("'md5' must be a string", file=file, location=loc)
+
+
+def tensor_entry(
+    type_: str,
+    dtype: str,
+    shape: Union[list, tuple],
+    stats: Optional[tuple] = None,
+    requires_grad: Optional[bool] = None,
+    *,
+    md5: Optional[str] = None,
+    data_name: Optional[str] = None,
+    stats_keys: bool = True,
+) -> dict:
+    """Build a tensor entry with the real tool's key order:
+    type, dtype, shape, Max, Min, Mean, Norm, requires_grad, then md5 or data_name."""
+    e: dict = {"type": type_, "dtype": dtype, "shape": list(shape)}
+    if stats_keys:
+        mx, mn, mean, norm = stats if stats is not None else (None, None, None, None)
+        e["Max"], e["Min"], e["Mean"], e["Norm"] = mx, mn, mean, norm
+    if requires_grad is not None:
+        e["requires_grad"] = requires_grad
+    if md5 is not None:
+        e["md5"] = md5
+    if data_name is not None:
+        e["data_name"] = data_name
+    return e
+
+
+def typed_value(type_: str, value: Any, key: str = "value") -> dict:
+    """``{"type": T, "value": V}`` (``key="format"`` for 8.x memory_format)."""
+    return {"type": type_, key: value}

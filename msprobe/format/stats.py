@@ -1,0 +1,117 @@
+"""Statistics and checksum definitions (the reference implementation, numpy only).
+
+What ``Max``/``Min``/``Mean``/``Norm``, ``md5`` (a CRC-32) and ``xor`` mean, per
+dialect, matching the real tool (see spec/FORMAT.md, "Statistics"):
+
+* empty tensor (numel 0): all four null.
+* bool: ``Max`` = any, ``Min`` = all (JSON booleans); ``Mean``/``Norm`` null.
+* 0-d tensor: all four equal the value itself (so ``Norm`` may be negative).
+* complex: statistics of ``abs(x)``; ``Max``, ``Min``, ``Mean``; ``Norm`` null
+  (PyTorch); MindSpore also gives ``Norm`` of ``abs(x)``.
+* floating point:
+  - msprobe-26 / msprobe-lake: ``Max``/``Min`` in the tensor's dtype; ``Mean`` and
+    ``Norm`` (L2) computed in the tensor's dtype (float16/bfloat16 results are
+    rounded to that dtype), except float64 whose ``Mean``/``Norm`` are null.
+  - msprobe-8: float64 is cast to float32 first; all four computed.
+* integer:
+  - msprobe-26 / msprobe-lake: ``Max``/``Min`` as JSON integers; ``Mean``/``Norm`` null.
+  - msprobe-8: cast to float32; all four as floats.
+* NaN propagates (``Max`` of a tensor holding NaN is NaN, written ``NaN``); Inf likewise.
+
+``md5`` is ``"%08x" % zlib.crc32(bytes)`` over the tensor's contiguous bytes in its own
+dtype (msprobe-26, ours); msprobe-8 casts bfloat16 to float32 first. ``xor`` is the XOR
+of all little-endian 64-bit words of those bytes, zero-padded to a multiple of 8,
+written ``"0x%016x"``.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["crc32_hex", "xor64_hex", "xor64", "reference_stats", "stats_equal"]
+
+
+def crc32_hex(buf: Any) -> str:
+    """CRC-32 of a bytes-like object, as the 8 lowercase hex digits the real tool writes."""
+    return f"{zlib.crc32(memoryview(buf).cast('B')) & 0xFFFFFFFF:08x}"
+
+
+def xor64(buf: Any) -> int:
+    """XOR of the little-endian 64-bit words of ``buf`` (zero-padded)."""
+    b = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+    pad = (-len(b)) % 8
+    if pad:
+        b = np.concatenate([b, np.zeros(pad, dtype=np.uint8)])
+    if not len(b):
+        return 0
+    return int(np.bitwise_xor.reduce(b.view("<u8")))
+
+
+def xor64_hex(buf: Any) -> str:
+    return f"0x{xor64(buf) & ((1 << 64) - 1):016x}"
+
+
+def _py(x: Any) -> Any:
+    return x.item() if hasattr(x, "item") else x
+
+
+def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype: Optional[str] = None) -> tuple:
+    """(Max, Min, Mean, Norm) of ``a`` as JSON-ready Python values.
+
+    ``logical_dtype`` names a dtype numpy lacks (``"bfloat16"``): ``a`` then holds the values
+    widened to float32, and Mean/Norm are rounded back to bfloat16 as the real tool's are.
+    """
+    if a.size == 0:
+        return (None, None, None, None)
+    if a.dtype == np.bool_:
+        return (bool(a.any()), bool(a.all()), None, None)
+    if a.ndim == 0:
+        v = _py(a)
+        return (v, v, v, v)
+    if np.iscomplexobj(a):
+        m = np.abs(a)
+        return (_py(m.max()), _py(m.min()), _py(m.mean()), None)
+    legacy = dialect == "msprobe-8"
+    if a.dtype.kind in "iu":
+        if legacy:
+            f = a.astype(np.float32)
+            return _float_stats(f, np.float32)
+        return (int(a.max()), int(a.min()), None, None)
+    if a.dtype == np.float64:
+        if legacy:
+            return _float_stats(a.astype(np.float32), np.float32)
+        return (float(a.max()), float(a.min()), None, None)
+    if logical_dtype in ("bfloat16", "torch.bfloat16"):
+        mx, mn, mean, norm = _float_stats(a.astype(np.float32), np.float32)
+        return (mx, mn, _round_bf16(mean), _round_bf16(norm))
+    return _float_stats(a, a.dtype.type)
+
+
+def _float_stats(a: np.ndarray, out_type) -> tuple:
+    acc = a.astype(np.float32) if a.dtype == np.float16 else a
+    mean = out_type(np.mean(acc, dtype=acc.dtype))
+    norm = out_type(np.sqrt(np.sum(np.square(acc.astype(np.float64)))))
+    return (_py(a.max()), _py(a.min()), _py(mean), _py(norm))
+
+
+def _round_bf16(x: Optional[float]) -> Optional[float]:
+    if x is None:
+        return None
+    f = np.array([x], dtype=np.float32).view(np.uint32)
+    # round to nearest even on the upper 16 bits
+    rounded = ((f + 0x7FFF + ((f >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return float(rounded.view(np.float32)[0])
+
+
+def stats_equal(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
+    """Compare two statistics values as JSON gives them (NaN equals NaN)."""
+    if a is None or b is None or isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    fa, fb = float(a), float(b)
+    if np.isnan(fa) or np.isnan(fb):
+        return bool(np.isnan(fa) and np.isnan(fb))
+    if np.isinf(fa) or np.isinf(fb):
+        return fa == fb
+    return abs(fa - fb) <= atol + rtol * abs(fb)
