@@ -1,0 +1,52 @@
+"""The ``msprobe`` command line.
+
+Each subcommand lives in its own module under ``msprobe.cli`` with a
+``register(subparsers)`` function that adds its parser and sets ``func``;
+modules are imported lazily so ``msprobe --help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+from msprobe.errors import MsprobeError
+
+__all__ = ["main", "SUBCOMMAND_MODULES"]
+
+#: subcommand modules, in the order shown by ``--help``
+SUBCOMMAND_MODULES = [
+    "msprobe.cli.validate",
+    "msprobe.cli.demo",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from msprobe import __version__
+
+    parser = argparse.ArgumentParser(prog="msprobe", description="msprobe-lake: precision-debugging dumps as a data lake")
+    parser.add_argument("--version", action="version", version=f"msprobe-lake {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in SUBCOMMAND_MODULES:
+        try:
+            importlib.import_module(mod).register(sub)
+        except ImportError:  # a subcommand whose module is absent in this build
+            continue
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except MsprobeError as exc:
+        print(f"msprobe {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return int(rc or 0)

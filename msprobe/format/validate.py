@@ -1,0 +1,225 @@
+"""Check a dump (any dialect) against the format specification.
+
+Works over any object with the read side of :class:`msprobe.backends.Store`
+(``get``, ``exists``, ``list_dir``), so it stays free of storage imports.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from msprobe.errors import FormatError, MsprobeError
+from msprobe.format.documents import (
+    CONSTRUCT_JSON,
+    DEBUG_JSON,
+    DUMP_JSON,
+    STACK_JSON,
+    ConstructDocument,
+    DumpDocument,
+    StackDocument,
+)
+from msprobe.format.layout import (
+    GRAPH_SPLIT_DIRS,
+    MAPPING_CSV,
+    TENSOR_DIR,
+    detect_dialect,
+    parse_rank_dir,
+    parse_step_dir,
+)
+
+__all__ = ["Problem", "Report", "RankLocation", "discover", "validate_store", "read_mapping"]
+
+
+@dataclass
+class Problem:
+    severity: str  # 'error' | 'warning'
+    file: str
+    location: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.location}" if self.location else self.file
+        return f"{self.severity}: {where}: {self.message}"
+
+
+@dataclass
+class RankLocation:
+    """One rank directory of a dump: its key prefix and what it belongs to."""
+
+    prefix: str  # key prefix of the rank directory ('' when the store is rooted at it)
+    step: Optional[int]
+    rank_dir: str
+    rank: Optional[int]
+    split: Optional[str] = None  # 'graph' | 'pynative' for MindSpore jit dumps
+
+
+@dataclass
+class Report:
+    ranks: list = field(default_factory=list)
+    problems: list = field(default_factory=list)
+    records: int = 0
+    tensor_files: int = 0
+    dialects: set = field(default_factory=set)
+
+    @property
+    def errors(self) -> list:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def summary(self) -> str:
+        steps = sorted({r.step for r in self.ranks if r.step is not None})
+        ranks = sorted({r.rank_dir for r in self.ranks})
+        state = "valid" if self.ok else f"INVALID ({len(self.errors)} errors)"
+        warn = sum(1 for p in self.problems if p.severity == "warning")
+        return (f"{state}: {len(steps)} step(s), {len(ranks)} rank dir(s) ({', '.join(ranks)}), "
+                f"{len(self.ranks)} rank dump(s), {self.records} records, {self.tensor_files} tensor files, "
+                f"dialect {', '.join(sorted(self.dialects)) or 'unknown'}" + (f", {warn} warning(s)" if warn else ""))
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p)
+
+
+def _is_rank_dir(store: Any, prefix: str) -> bool:
+    names = store.list_dir(prefix)
+    return DUMP_JSON in names or DEBUG_JSON in names or TENSOR_DIR in names
+
+
+def discover(store: Any, prefix: str = "") -> list[RankLocation]:
+    """Every rank directory under ``prefix``: the prefix may be a dump root, a ``graph``/
+    ``pynative`` split root, a step directory or a rank directory."""
+    here = prefix.rstrip("/").rsplit("/", 1)[-1]
+    if _is_rank_dir(store, prefix):
+        rd = parse_rank_dir(here)
+        step_name = prefix.rstrip("/").rsplit("/", 2)[-2] if prefix.count("/") else ""
+        return [RankLocation(prefix, parse_step_dir(step_name), here or ".", rd.rank if rd else None)]
+    out: list[RankLocation] = []
+    names = store.list_dir(prefix)
+    steps = [(parse_step_dir(n), n) for n in names if parse_step_dir(n) is not None]
+    if steps:
+        for step, name in sorted(steps):
+            out.extend(_ranks_of_step(store, _join(prefix, name), step))
+    elif any(parse_rank_dir(n) for n in names):
+        out.extend(_ranks_of_step(store, prefix, parse_step_dir(here)))
+    else:
+        for split in GRAPH_SPLIT_DIRS:
+            if split in names:
+                for loc in discover(store, _join(prefix, split)):
+                    loc.split = split
+                    out.append(loc)
+    return out
+
+
+def _ranks_of_step(store: Any, step_prefix: str, step: Optional[int]) -> Iterator[RankLocation]:
+    found = []
+    for n in store.list_dir(step_prefix):
+        rd = parse_rank_dir(n)
+        if rd is not None:
+            found.append(RankLocation(_join(step_prefix, n), step, n, rd.rank))
+    return iter(sorted(found, key=lambda r: (r.rank is None, r.rank or 0, r.rank_dir)))
+
+
+def read_mapping(data: bytes) -> dict:
+    """mapping.csv: ``original file name, converted name`` rows -> {original: converted}."""
+    out = {}
+    for row in csv.reader(io.StringIO(data.decode("utf-8", errors="replace"))):
+        if len(row) >= 2 and row[0] and not row[0].lower().startswith("original"):
+            out[row[0].strip()] = row[1].strip()
+    return out
+
+
+def _load(store: Any, key: str, cls: Any, report: Report) -> Optional[Any]:
+    try:
+        return cls.loads(store.get(key), file=key, validate=False)
+    except FormatError as exc:
+        report.problems.append(Problem("error", key, exc.location or "", exc.message))
+    except MsprobeError as exc:
+        report.problems.append(Problem("error", key, "", str(exc)))
+    return None
+
+
+def validate_store(store: Any, prefix: str = "") -> Report:
+    """Validate every rank directory under ``prefix``; never raises for bad input."""
+    report = Report()
+    try:
+        locs = discover(store, prefix)
+    except MsprobeError as exc:
+        report.problems.append(Problem("error", prefix or ".", "", str(exc)))
+        return report
+    if not locs:
+        report.problems.append(Problem("error", prefix or ".", "",
+                                       "no dump found: expected step<N>/rank|rank<N>|proc<pid>/dump.json"))
+        return report
+    report.ranks = locs
+    for loc in locs:
+        _validate_rank(store, loc, report)
+    return report
+
+
+def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
+    names = set(store.list_dir(loc.prefix))
+    doc_name = DUMP_JSON if DUMP_JSON in names else DEBUG_JSON if DEBUG_JSON in names else None
+    if doc_name is None:
+        report.problems.append(Problem("error", _join(loc.prefix, DUMP_JSON), "", "missing dump.json (or debug.json)"))
+        return
+    key = _join(loc.prefix, doc_name)
+    doc = _load(store, key, DumpDocument, report)
+    if doc is None:
+        return
+    for p in doc.problems():
+        report.problems.append(Problem("error", key, p.location or "", p.message))
+    data = doc.data
+    report.records += len(data)
+    try:
+        report.dialects.add(detect_dialect([loc.rank_dir], data))
+    except MsprobeError:
+        pass
+    # tensor files
+    tensor_files = set(store.list_dir(_join(loc.prefix, TENSOR_DIR))) if TENSOR_DIR in names else set()
+    mapping: dict = {}
+    if MAPPING_CSV in tensor_files:
+        tensor_files.discard(MAPPING_CSV)
+        mapping = read_mapping(store.get(_join(loc.prefix, TENSOR_DIR, MAPPING_CSV)))
+    report.tensor_files += len(tensor_files)
+    named: dict = {}
+    for rec in doc.records():
+        try:
+            tensors = list(rec.tensors())
+        except MsprobeError:
+            continue
+        for t in tensors:
+            dn = t.data_name
+            if not isinstance(dn, str):
+                continue
+            loc_json = f'$.data["{rec.name}"].{t.path}'
+            if dn in named:
+                report.problems.append(Problem("error", key, loc_json,
+                                               f"data_name {dn!r} also named by {named[dn]!r}"))
+            named[dn] = rec.name
+            if mapping.get(dn, dn) not in tensor_files:
+                report.problems.append(Problem("error", key, loc_json,
+                                               f"data_name {dn!r} has no file in {TENSOR_DIR}/"))
+    converted = set(mapping.values())
+    for f in sorted(tensor_files - set(named) - converted):
+        report.problems.append(Problem("warning", _join(loc.prefix, TENSOR_DIR, f), "",
+                                       "tensor file named by no record"))
+    if STACK_JSON in names:
+        sd = _load(store, _join(loc.prefix, STACK_JSON), StackDocument, report)
+        if sd is not None:
+            try:
+                sd.validate()
+            except FormatError as exc:
+                report.problems.append(Problem("error", exc.file or "", exc.location or "", exc.message))
+    if CONSTRUCT_JSON in names:
+        ck = _join(loc.prefix, CONSTRUCT_JSON)
+        cd = _load(store, ck, ConstructDocument, report)
+        if cd is not None:
+            try:
+                cd.validate()
+            except FormatError as exc:
+                report.problems.append(Problem("error", ck, exc.location or "", exc.message))
