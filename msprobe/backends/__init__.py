@@ -1,0 +1,45 @@
+"""Storage backends: the only part of msprobe-lake that touches storage.
+
+One small :class:`Store` ABC with a local implementation (:class:`LocalStore`,
+also for NFS-style shared directories) and an fsspec one
+(:class:`FsspecStore`: s3, gcs, azure, memory, ...), opened by
+:func:`open_store`. On top of it: :class:`BackgroundWriter` (bounded,
+retrying background writes), :class:`Journal` / :func:`read_journal`
+(append-only crash-safe logs), :func:`claim_run_dir` (many runs, one root)
+and :func:`retry` (transient vs permanent errors).
+
+Importing this package imports neither s3fs nor torch, pyarrow, zarr or dask.
+"""
+from __future__ import annotations
+
+from msprobe.backends._base import Store
+from msprobe.backends._fsspec import FsspecStore
+from msprobe.backends._journal import Journal, JournalTruncatedWarning, read_journal
+from msprobe.backends._keys import validate_key, validate_prefix
+from msprobe.backends._local import LocalStore
+from msprobe.backends._open import open_store, redact_options
+from msprobe.backends._retry import RetryPolicy, classify_error, is_transient, retry, translate_error
+from msprobe.backends._rundir import CLAIM_MARKER, claim_run_dir
+from msprobe.backends._writer import BackgroundWriter, WriterStats
+
+__all__ = [
+    "Store",
+    "LocalStore",
+    "FsspecStore",
+    "open_store",
+    "redact_options",
+    "validate_key",
+    "validate_prefix",
+    "BackgroundWriter",
+    "WriterStats",
+    "Journal",
+    "JournalTruncatedWarning",
+    "read_journal",
+    "claim_run_dir",
+    "CLAIM_MARKER",
+    "RetryPolicy",
+    "retry",
+    "is_transient",
+    "classify_error",
+    "translate_error",
+]

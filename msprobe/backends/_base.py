@@ -1,0 +1,144 @@
+"""The Store ABC: a small core of key/value operations plus capability flags."""
+from __future__ import annotations
+
+import abc
+from typing import IO, TYPE_CHECKING, BinaryIO, Union
+
+from msprobe.backends._keys import validate_key, validate_prefix
+from msprobe.errors import StoragePermissionError
+
+if TYPE_CHECKING:
+    from msprobe.backends._journal import Journal
+
+__all__ = ["Store", "BytesLike"]
+
+BytesLike = Union[bytes, bytearray, memoryview]
+
+
+class Store(abc.ABC):
+    """A place to put and get objects by key.
+
+    Keys are '/'-separated relative strings (see :func:`validate_key`); every
+    public method validates its key and raises :class:`UnsafePathError` for
+    traversal, absolute keys, backslashes, empty segments or NUL.
+
+    Errors are mapped onto :mod:`msprobe.errors`: a missing key is
+    :class:`StorageNotFoundError`, a refusal :class:`StoragePermissionError`, a
+    failure worth retrying :class:`StorageTransientError`, anything else
+    :class:`StorageError`.
+
+    ``put`` and ``put_stream`` publish atomically: a reader sees either the old
+    object, no object, or the complete new one, never a partial one.
+    """
+
+    supports_writes: bool = True
+    supports_deletes: bool = True
+    supports_listing: bool = True
+    #: True when keys are files of the local (or NFS-mounted) file system.
+    is_local: bool = False
+
+    def __init__(self, *, read_only: bool = False) -> None:
+        self._read_only = bool(read_only)
+
+    # -- identity ---------------------------------------------------------
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """Where this store lives, as a URL or path; never carries secrets."""
+
+    def __repr__(self) -> str:
+        ro = ", read_only=True" if self.read_only else ""
+        return f"{type(self).__name__}({self.url!r}{ro})"
+
+    def _check_writable(self) -> None:
+        """The one guard every mutating method calls first."""
+        if self.read_only or not self.supports_writes:
+            raise StoragePermissionError(f"store {self.url} is read-only")
+
+    def _where(self, key: str) -> str:
+        return f"{self.url.rstrip('/')}/{key}" if key else self.url
+
+    # -- reads ------------------------------------------------------------
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """The whole object; :class:`StorageNotFoundError` if missing."""
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of the object (``end=None``: to the end), clipped like a slice."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """True if an object (not a mere prefix) exists at ``key``."""
+
+    @abc.abstractmethod
+    def size(self, key: str) -> int:
+        """Size in bytes of the object at ``key``."""
+
+    @abc.abstractmethod
+    def list_prefix(self, prefix: str = "") -> list[str]:
+        """Every object key below ``prefix`` (a directory-like prefix), recursively.
+
+        Keys are relative to the store root (so they can be passed back to
+        :meth:`get`), sorted; in-progress temporary files are never listed. A
+        missing prefix lists as ``[]``.
+        """
+
+    @abc.abstractmethod
+    def list_dir(self, prefix: str = "") -> list[str]:
+        """Names (not keys) of the immediate children of ``prefix``, objects and
+        sub-prefixes alike, sorted; ``[]`` when there are none."""
+
+    @abc.abstractmethod
+    def open_read(self, key: str) -> IO[bytes]:
+        """A seekable binary file object for lazy reads; close it when done."""
+
+    # -- writes -----------------------------------------------------------
+    @abc.abstractmethod
+    def put(self, key: str, data: BytesLike, *, overwrite: bool = True) -> None:
+        """Publish ``data`` at ``key`` atomically.
+
+        ``overwrite=False`` is an exclusive create: if the key exists,
+        :class:`StoragePermissionError` is raised and nothing is changed.
+        """
+
+    @abc.abstractmethod
+    def put_stream(self, key: str, fileobj: BinaryIO, *, overwrite: bool = True) -> int:
+        """Publish everything read from ``fileobj`` at ``key`` atomically; returns the size.
+
+        Large objects are streamed (multipart uploads on object stores); the
+        object becomes visible only when the upload completes.
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object at ``key``; deleting a missing key is not an error."""
+
+    # -- navigation -------------------------------------------------------
+    @abc.abstractmethod
+    def child(self, prefix: str) -> "Store":
+        """A store of the same kind rooted at ``prefix`` below this one."""
+
+    def local_path(self, key: str = "") -> str | None:
+        """The file-system path of ``key`` for local stores, else ``None``."""
+        validate_prefix(key)
+        return None
+
+    def journal(self, prefix: str, **kwargs: object) -> "Journal":
+        """An append-only, crash-safe :class:`Journal` under ``prefix``."""
+        from msprobe.backends._journal import Journal
+
+        return Journal(self, prefix, **kwargs)  # type: ignore[arg-type]
+
+    # helpers for subclasses
+    @staticmethod
+    def _key(key: str) -> str:
+        return validate_key(key)
+
+    @staticmethod
+    def _prefix(prefix: str) -> str:
+        return validate_prefix(prefix)

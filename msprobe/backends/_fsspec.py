@@ -1,0 +1,296 @@
+"""FsspecStore: any fsspec file system (s3, gcs, azure, memory, ...) as a Store."""
+from __future__ import annotations
+
+import io
+from typing import IO, Any, BinaryIO, Iterable, NoReturn
+
+from msprobe.backends._base import BytesLike, Store
+from msprobe.backends._keys import join_key
+from msprobe.backends._retry import MISSING_ERRORS, reraise
+from msprobe.errors import MsprobeError, StorageNotFoundError, StoragePermissionError
+
+__all__ = ["FsspecStore"]
+
+_CHUNK = 1 << 20
+_READ_ONLY_PROTOCOLS = {"http", "https", "github", "gist", "zip", "tar", "reference", "data"}
+
+
+def _protocol(fs: Any) -> str:
+    proto = fs.protocol
+    return proto if isinstance(proto, str) else proto[0]
+
+
+def _abort_upload(f: Any) -> None:
+    """Throw away an unfinished upload so nothing partial is ever committed."""
+    try:
+        f.discard()  # S3File: abort the multipart upload
+    except Exception:
+        pass
+    try:
+        f.buffer = None
+        f.closed = True  # so close()/__del__ never commit it
+    except Exception:
+        pass
+
+
+class FsspecStore(Store):
+    """A Store over an fsspec file system, rooted at ``path`` inside it.
+
+    Object stores have no rename, so the commit point of a write is the single
+    ``PUT`` (:meth:`put`) or the completion of the multipart upload
+    (:meth:`put_stream`, and :meth:`put` for very large objects); a failed
+    upload is aborted, never completed. ``overwrite=False`` checks existence
+    first and then writes with ``If-None-Match: *`` where the file system
+    supports conditional writes (s3fs, memory), so racing creators cannot both
+    win. Listings bypass the file system's listing cache so objects written by
+    other processes are seen.
+
+    ``secrets`` are strings scrubbed from every error message this store raises.
+    """
+
+    def __init__(
+        self,
+        fs: Any,
+        path: str = "",
+        *,
+        read_only: bool = False,
+        url: str | None = None,
+        secrets: Iterable[str] = (),
+    ) -> None:
+        super().__init__(read_only=read_only)
+        self._fs = fs
+        self._root = fs._strip_protocol(path).rstrip("/") if path else ""
+        self._protocol = _protocol(fs)
+        self._url = (url or fs.unstrip_protocol(self._root)).rstrip("/") or f"{self._protocol}://"
+        self._secrets = tuple(sorted({s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True))
+        self._in_memory = self._protocol == "memory"
+        if self._protocol in _READ_ONLY_PROTOCOLS:
+            self.supports_writes = False
+            self.supports_deletes = False
+
+    # -- identity ---------------------------------------------------------
+    @property
+    def fs(self) -> Any:
+        return self._fs
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, FsspecStore)
+            and other._fs is self._fs
+            and (other._root, other.read_only) == (self._root, self.read_only)
+        )
+
+    def __hash__(self) -> int:
+        return hash((id(self._fs), self._root, self.read_only))
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _fail(self, exc: BaseException, op: str, key: str) -> NoReturn:
+        reraise(exc, f"{op} {self._where(key)}", scrub=self._scrub)
+
+    def _full(self, key: str) -> str:
+        if not key:
+            return self._root
+        return f"{self._root}/{key}" if self._root else key
+
+    def _relative(self, path: str) -> str | None:
+        path = self._fs._strip_protocol(path).rstrip("/")
+        if not self._root:
+            return path.lstrip("/")
+        if path.startswith(self._root + "/"):
+            return path[len(self._root) + 1 :]
+        return None
+
+    def _info(self, key: str) -> dict[str, Any] | None:
+        path = self._full(key)
+        self._fs.invalidate_cache(path)
+        try:
+            info = self._fs.info(path)
+        except MISSING_ERRORS:
+            return None
+        except Exception as exc:
+            self._fail(exc, "info", key)
+        return info if info.get("type") == "file" else None
+
+    # -- reads ------------------------------------------------------------
+    def get(self, key: str) -> bytes:
+        key = self._key(key)
+        try:
+            return bytes(self._fs.cat_file(self._full(key)))
+        except Exception as exc:
+            self._fail(exc, "get", key)
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        key = self._key(key)
+        if start < 0 or (end is not None and end < 0):
+            raise MsprobeError(f"get_range {self._where(key)}: negative offsets are not supported")
+        if end is not None and end <= start:
+            if not self.exists(key):
+                raise StorageNotFoundError(f"get_range {self._where(key)}: no such object")
+            return b""
+        try:
+            return bytes(self._fs.cat_file(self._full(key), start=start, end=end))
+        except Exception as exc:
+            if classify_invalid_range(exc) and self.exists(key):
+                return b""  # start beyond the end: an empty slice, like local files
+            self._fail(exc, "get_range", key)
+
+    def exists(self, key: str) -> bool:
+        return self._info(self._key(key)) is not None
+
+    def size(self, key: str) -> int:
+        key = self._key(key)
+        info = self._info(key)
+        if info is None:
+            raise StorageNotFoundError(f"size {self._where(key)}: no such object")
+        return int(info["size"])
+
+    def list_prefix(self, prefix: str = "") -> list[str]:
+        prefix = self._prefix(prefix)
+        base = self._full(prefix)
+        self._fs.invalidate_cache(base)
+        try:
+            paths = self._fs.find(base, withdirs=False) if base else self._fs.find(self._root or "/", withdirs=False)
+        except MISSING_ERRORS:
+            return []
+        except Exception as exc:
+            self._fail(exc, "list", prefix)
+        keys = (self._relative(p) for p in paths)
+        want = prefix + "/" if prefix else ""
+        return sorted(k for k in keys if k and k.startswith(want))
+
+    def list_dir(self, prefix: str = "") -> list[str]:
+        prefix = self._prefix(prefix)
+        base = self._full(prefix)
+        self._fs.invalidate_cache(base)
+        try:
+            paths = self._fs.ls(base or "/", detail=False)
+        except MISSING_ERRORS:
+            return []
+        except Exception as exc:
+            self._fail(exc, "list_dir", prefix)
+        want = prefix + "/" if prefix else ""
+        names = set()
+        for p in paths:
+            rel = self._relative(p)
+            if rel and rel.startswith(want) and rel != prefix:
+                names.add(rel[len(want) :].split("/", 1)[0])
+        return sorted(names)
+
+    def open_read(self, key: str) -> IO[bytes]:
+        key = self._key(key)
+        if self._in_memory:  # memory files are shared objects: hand out a private copy
+            return io.BytesIO(self.get(key))
+        try:
+            return self._fs.open(self._full(key), "rb")
+        except Exception as exc:
+            self._fail(exc, "open", key)
+
+    # -- writes -----------------------------------------------------------
+    def _refuse_existing(self, op: str, key: str) -> NoReturn:
+        raise StoragePermissionError(f"{op} {self._where(key)}: already exists and overwrite=False")
+
+    def put(self, key: str, data: BytesLike, *, overwrite: bool = True) -> None:
+        self._check_writable()
+        key = self._key(key)
+        body = data if isinstance(data, bytes) else bytes(data)
+        try:
+            if overwrite:
+                self._fs.pipe_file(self._full(key), body)
+                return
+            if self._info(key) is not None:
+                self._refuse_existing("put", key)
+            self._fs.pipe_file(self._full(key), body, mode="create")
+        except FileExistsError:
+            self._refuse_existing("put", key)
+        except Exception as exc:
+            self._fail(exc, "put", key)
+
+    def put_stream(self, key: str, fileobj: BinaryIO, *, overwrite: bool = True) -> int:
+        self._check_writable()
+        key = self._key(key)
+        if self._in_memory:
+            data = fileobj.read()
+            self.put(key, data, overwrite=overwrite)
+            return len(data)
+        if not overwrite and self._info(key) is not None:
+            self._refuse_existing("put_stream", key)
+        try:
+            f = self._fs.open(self._full(key), "wb" if overwrite else "xb")
+        except Exception as exc:
+            self._fail(exc, "put_stream", key)
+        total = 0
+        try:
+            while True:
+                chunk = fileobj.read(_CHUNK)
+                if not chunk:
+                    break
+                f.write(chunk)
+                total += len(chunk)
+        except BaseException as exc:
+            _abort_upload(f)
+            if not isinstance(exc, Exception):
+                raise
+            self._fail(exc, "put_stream", key)
+        try:
+            f.close()  # the commit point: completes the (multipart) upload
+        except FileExistsError:
+            _abort_upload(f)
+            self._refuse_existing("put_stream", key)
+        except Exception as exc:
+            _abort_upload(f)
+            self._fail(exc, "put_stream", key)
+        return total
+
+    def delete(self, key: str) -> None:
+        self._check_writable()
+        key = self._key(key)
+        try:
+            self._fs.rm_file(self._full(key))
+        except MISSING_ERRORS:
+            pass
+        except Exception as exc:
+            self._fail(exc, "delete", key)
+
+    # -- navigation -------------------------------------------------------
+    def child(self, prefix: str) -> "FsspecStore":
+        prefix = self._prefix(prefix)
+        if not prefix:
+            return self
+        store = FsspecStore(
+            self._fs,
+            self._full(prefix),
+            read_only=self.read_only,
+            url=f"{self._url.rstrip('/')}/{prefix}",
+        )
+        store._secrets = self._secrets
+        return store
+
+
+def classify_invalid_range(exc: BaseException) -> bool:
+    """True when ``exc`` is an HTTP 416 / InvalidRange (a start offset past the end)."""
+    cur: BaseException | None = exc
+    for _ in range(8):
+        if cur is None:
+            return False
+        response = getattr(cur, "response", None)
+        if isinstance(response, dict):
+            code = (response.get("Error") or {}).get("Code")
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if code == "InvalidRange" or status == 416:
+                return True
+        if "InvalidRange" in str(cur) or "416" in type(cur).__name__:
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False

@@ -1,0 +1,227 @@
+"""Journal: an append-only, crash-safe log of lines under a key prefix."""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import warnings
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from msprobe.backends._keys import validate_key
+from msprobe.backends._retry import RetryPolicy, put_retrying, reraise
+from msprobe.errors import MsprobeError, StoragePermissionError
+
+if TYPE_CHECKING:
+    from msprobe.backends._base import Store
+
+__all__ = ["Journal", "read_journal", "JournalTruncatedWarning"]
+
+_SEGMENT_RE = re.compile(r"^(\d{6,})\.jsonl$")
+
+
+class JournalTruncatedWarning(UserWarning):
+    """A journal segment ends with an incomplete line (the writer was killed mid-write)."""
+
+
+def _segment_name(n: int) -> str:
+    return f"{n:06d}.jsonl"
+
+
+def _segments(store: "Store", prefix: str) -> list[tuple[int, str]]:
+    found = (_SEGMENT_RE.match(name) for name in store.list_dir(prefix))
+    return sorted((int(m.group(1)), m.group(0)) for m in found if m)
+
+
+class Journal:
+    """Append lines (bytes without newline) and make them durable with :meth:`flush`.
+
+    Lines are buffered in memory until :meth:`flush` (or until
+    ``max_buffer_bytes`` are buffered). Segments are ``<prefix>/NNNNNN.jsonl``:
+
+    * local stores: each Journal opens one new segment file (exclusive
+      create) and appends to it; each flush is write + fsync. A failed write
+      is truncated back, so a later flush can retry without duplicating lines.
+    * object stores: each flush writes a new segment object with an
+      exclusive create, so nothing is ever rewritten and a crash loses at
+      most the unflushed lines.
+
+    A Journal never appends to a segment another Journal wrote, so a new
+    session after a crash never glues its lines onto a torn one. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        store: "Store",
+        prefix: str,
+        *,
+        max_buffer_bytes: int = 8 << 20,
+        retry_policy: RetryPolicy | None = None,
+    ) -> None:
+        store._check_writable()
+        self._store = store
+        self._prefix = validate_key(prefix.rstrip("/"))
+        self._max_buffer = max_buffer_bytes
+        self._policy = retry_policy or RetryPolicy()
+        self._lock = threading.Lock()
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._closed = False
+        self._local_dir = store.local_path(self._prefix) if store.is_local else None
+        self._fd: int | None = None
+        self._offset = 0
+        existing = _segments(store, self._prefix)
+        self._next = existing[-1][0] + 1 if existing else 1
+        #: keys of the segments this journal created
+        self.segments: list[str] = []
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    def append(self, line: bytes | str) -> None:
+        """Buffer one line; it must not contain a newline (one is added)."""
+        if isinstance(line, str):
+            line = line.encode("utf-8")
+        if b"\n" in line:
+            raise MsprobeError("a journal line must not contain a newline")
+        with self._lock:
+            if self._closed:
+                raise MsprobeError(f"journal {self._prefix} is closed")
+            self._buffer.append(bytes(line) + b"\n")
+            self._buffered += len(line) + 1
+            if self._buffered >= self._max_buffer:
+                self._flush_locked()
+
+    def flush(self) -> None:
+        """Make every appended line durable (fsync'ed file or committed object)."""
+        with self._lock:
+            self._flush_locked()
+
+    def close(self) -> None:
+        """Flush and release the segment file; safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._flush_locked()
+            finally:
+                self._closed = True
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _flush_locked(self) -> None:
+        if not self._buffer:
+            return
+        data = b"".join(self._buffer)
+        if self._local_dir is not None:
+            self._append_local(data)
+        else:
+            self._write_segment(data)
+        self._buffer.clear()
+        self._buffered = 0
+
+    # -- local: one append-only file per journal ---------------------------
+    def _open_local_segment(self) -> int:
+        os.makedirs(self._local_dir, exist_ok=True)  # type: ignore[arg-type]
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        while True:
+            name = _segment_name(self._next)
+            path = os.path.join(self._local_dir, name)  # type: ignore[arg-type]
+            self._next += 1
+            try:
+                fd = os.open(path, flags, 0o666)
+            except FileExistsError:
+                continue
+            self.segments.append(f"{self._prefix}/{name}")
+            self._offset = 0
+            return fd
+
+    def _append_local(self, data: bytes) -> None:
+        try:
+            if self._fd is None:
+                self._fd = self._open_local_segment()
+            view, done = memoryview(data), 0
+            try:
+                while done < len(view):
+                    done += os.write(self._fd, view[done:])
+                os.fsync(self._fd)
+            except OSError:
+                self._rollback_local()
+                raise
+            self._offset += len(data)
+        except OSError as exc:
+            reraise(exc, f"journal {self._store.url}/{self._prefix}")
+
+    def _rollback_local(self) -> None:
+        """Cut a partly written flush off, so a retry does not duplicate lines."""
+        try:
+            os.ftruncate(self._fd, self._offset)  # type: ignore[arg-type]
+        except OSError:  # cannot cut: abandon this segment, the torn tail is reported on read
+            os.close(self._fd)  # type: ignore[arg-type]
+            self._fd = None
+
+    # -- object stores: one new object per flush --------------------------
+    def _write_segment(self, data: bytes) -> None:
+        while True:
+            key = f"{self._prefix}/{_segment_name(self._next)}"
+            self._next += 1
+            try:
+                put_retrying(self._store, key, data, overwrite=False, policy=self._policy)
+            except StoragePermissionError:
+                if self._store.exists(key):
+                    continue  # another writer took this number: use the next one
+                raise
+            self.segments.append(key)
+            return
+
+
+def read_journal(
+    store: "Store",
+    prefix: str,
+    *,
+    on_truncated: Callable[[str, bytes], None] | None = None,
+) -> Iterator[bytes]:
+    """Yield every complete line (without its newline) of the journal at ``prefix``.
+
+    Segments are read in order. A segment whose last line has no newline (a
+    writer killed mid-write, or one still writing) does not stop the read:
+    the partial line is skipped and reported to ``on_truncated(segment_key,
+    partial_bytes)``, or as a :class:`JournalTruncatedWarning` when no callback
+    is given. A missing journal yields nothing.
+    """
+    prefix = validate_key(prefix.rstrip("/"))
+    for _, name in _segments(store, prefix):
+        key = f"{prefix}/{name}"
+        if store.is_local:
+            with store.open_read(key) as f:
+                lines: Iterator[bytes] = iter(f)
+                yield from _complete_lines(lines, key, on_truncated, store)
+        else:
+            parts = store.get(key).split(b"\n")
+            complete = (p + b"\n" for p in parts[:-1])
+            yield from _complete_lines(iter([*complete, parts[-1]]), key, on_truncated, store)
+
+
+def _complete_lines(
+    lines: Iterator[bytes], key: str, on_truncated: Callable[[str, bytes], None] | None, store: "Store"
+) -> Iterator[bytes]:
+    for line in lines:
+        if line.endswith(b"\n"):
+            yield line[:-1]
+        elif line:
+            if on_truncated is not None:
+                on_truncated(key, line)
+            else:
+                warnings.warn(
+                    JournalTruncatedWarning(
+                        f"journal segment {store.url}/{key}: incomplete last line ({len(line)} bytes) skipped"
+                    ),
+                    stacklevel=3,
+                )

@@ -1,0 +1,285 @@
+"""LocalStore: a directory of the local file system, or a shared (NFS-style) one."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import uuid
+from typing import IO, BinaryIO, Callable, NoReturn
+
+from msprobe.backends._base import BytesLike, Store
+from msprobe.backends._keys import TEMP_MARKER, is_temp_name
+from msprobe.backends._retry import reraise
+from msprobe.errors import MsprobeError, StorageError, StorageNotFoundError, StoragePermissionError
+
+__all__ = ["LocalStore"]
+
+_CHUNK = 1 << 20
+_NO_HARDLINKS = {
+    getattr(errno, n) for n in ("EPERM", "ENOTSUP", "EOPNOTSUPP", "ENOSYS", "EMLINK", "EXDEV") if hasattr(errno, n)
+}
+
+
+def _as_bytes_view(data: BytesLike) -> memoryview:
+    view = memoryview(data)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    return view
+
+
+def _write_all(fd: int, view: memoryview) -> int:
+    total = 0
+    while total < len(view):
+        total += os.write(fd, view[total:])
+    return total
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class LocalStore(Store):
+    """Keys are files below ``root``. Safe for many processes sharing one root.
+
+    Writes are atomic: data goes to a temporary file next to the target
+    (``.<name>.msprobe-tmp-<hex>``, never listed), is flushed and fsync'ed, then
+    ``os.replace``d onto the target and the directory is fsync'ed. Exclusive
+    creation (``overwrite=False``) publishes with ``os.link``, which fails if the
+    target exists; where hard links are unsupported it falls back to
+    ``O_EXCL`` on the target (exclusive, but a reader may briefly see an empty
+    file). Directory creation races between processes are harmless.
+
+    ``fsync=False`` skips the fsyncs (faster, not durable across power loss).
+    """
+
+    is_local = True
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        create: bool = True,
+        fsync: bool = True,
+    ) -> None:
+        super().__init__(read_only=read_only)
+        self._root = os.path.abspath(os.fspath(root))
+        self._fsync = fsync
+        if os.path.isdir(self._root):
+            return
+        if os.path.lexists(self._root):
+            raise StorageError(f"store root {self._root} exists and is not a directory")
+        if read_only or not create:
+            raise StorageNotFoundError(f"store root {self._root} does not exist")
+        try:
+            os.makedirs(self._root, exist_ok=True)
+        except OSError as exc:
+            reraise(exc, f"create {self._root}")
+
+    @classmethod
+    def _below(cls, parent: "LocalStore", root: str) -> "LocalStore":
+        store = cls.__new__(cls)
+        Store.__init__(store, read_only=parent.read_only)
+        store._root, store._fsync = root, parent._fsync
+        return store
+
+    # -- identity ---------------------------------------------------------
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @property
+    def url(self) -> str:
+        return "file://" + self._root
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LocalStore) and (other._root, other.read_only) == (self._root, self.read_only)
+
+    def __hash__(self) -> int:
+        return hash((self._root, self.read_only))
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self._root, *key.split("/")) if key else self._root
+
+    def local_path(self, key: str = "") -> str:
+        return self._path(self._prefix(key))
+
+    @staticmethod
+    def _fail(exc: BaseException, op: str, path: str) -> NoReturn:
+        reraise(exc, f"{op} {path}")
+
+    # -- reads ------------------------------------------------------------
+    def get(self, key: str) -> bytes:
+        path = self._path(self._key(key))
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            self._fail(exc, "get", path)
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        path = self._path(self._key(key))
+        if start < 0 or (end is not None and end < 0):
+            raise MsprobeError(f"get_range {path}: negative offsets are not supported")
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                return f.read() if end is None else f.read(max(0, end - start))
+        except OSError as exc:
+            self._fail(exc, "get_range", path)
+
+    def _stat(self, path: str) -> os.stat_result | None:
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            self._fail(exc, "stat", path)
+        return st if stat.S_ISREG(st.st_mode) else None
+
+    def exists(self, key: str) -> bool:
+        return self._stat(self._path(self._key(key))) is not None
+
+    def size(self, key: str) -> int:
+        path = self._path(self._key(key))
+        st = self._stat(path)
+        if st is None:
+            raise StorageNotFoundError(f"size {path}: no such object")
+        return st.st_size
+
+    def list_prefix(self, prefix: str = "") -> list[str]:
+        prefix = self._prefix(prefix)
+        base = self._path(prefix)
+
+        def onerror(exc: OSError) -> None:
+            if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+                self._fail(exc, "list", exc.filename or base)
+
+        keys = []
+        for dirpath, _dirs, files in os.walk(base, onerror=onerror):
+            rel = os.path.relpath(dirpath, self._root)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            keys.extend(rel + name for name in files if not is_temp_name(name))
+        return sorted(keys)
+
+    def list_dir(self, prefix: str = "") -> list[str]:
+        base = self._path(self._prefix(prefix))
+        try:
+            with os.scandir(base) as it:
+                return sorted(e.name for e in it if not is_temp_name(e.name))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            self._fail(exc, "list_dir", base)
+
+    def open_read(self, key: str) -> IO[bytes]:
+        path = self._path(self._key(key))
+        try:
+            return open(path, "rb")
+        except OSError as exc:
+            self._fail(exc, "open", path)
+
+    # -- writes -----------------------------------------------------------
+    def put(self, key: str, data: BytesLike, *, overwrite: bool = True) -> None:
+        self._check_writable()
+        view = _as_bytes_view(data)
+        self._publish(self._key(key), lambda fd: _write_all(fd, view), overwrite, "put")
+
+    def put_stream(self, key: str, fileobj: BinaryIO, *, overwrite: bool = True) -> int:
+        self._check_writable()
+
+        def copy(fd: int) -> int:
+            buf = bytearray(_CHUNK)
+            view = memoryview(buf)
+            readinto = getattr(fileobj, "readinto", None)
+            total = 0
+            while True:
+                if readinto is not None:
+                    n = readinto(buf) or 0
+                    chunk = view[:n]
+                else:
+                    chunk = _as_bytes_view(fileobj.read(_CHUNK))
+                    n = len(chunk)
+                if n == 0:
+                    return total
+                total += _write_all(fd, chunk)
+
+        return self._publish(self._key(key), copy, overwrite, "put_stream")
+
+    def _publish(self, key: str, write: Callable[[int], int], overwrite: bool, op: str) -> int:
+        path = self._path(key)
+        parent, name = os.path.split(path)
+        tmp = os.path.join(parent, f".{name[:120]}{TEMP_MARKER}{uuid.uuid4().hex}")
+        try:
+            os.makedirs(parent, exist_ok=True)
+            if not overwrite and self._stat(path) is not None:
+                raise StoragePermissionError(f"{op} {path}: already exists and overwrite=False")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            try:
+                nbytes = write(fd)
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                self._link_exclusive(tmp, path, op)
+        except Exception as exc:
+            _unlink_quiet(tmp)
+            self._fail(exc, op, path)
+        except BaseException:
+            _unlink_quiet(tmp)
+            raise
+        self._fsync_dir(parent)
+        return nbytes
+
+    def _link_exclusive(self, tmp: str, path: str, op: str) -> None:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise StoragePermissionError(f"{op} {path}: already exists and overwrite=False") from None
+        except OSError as exc:
+            if exc.errno not in _NO_HARDLINKS:
+                raise
+            try:  # no hard links here: claim the name with O_EXCL, then replace it
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            except FileExistsError:
+                raise StoragePermissionError(f"{op} {path}: already exists and overwrite=False") from None
+            os.replace(tmp, path)
+            return
+        _unlink_quiet(tmp)
+
+    def _fsync_dir(self, path: str) -> None:
+        if not self._fsync:
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # some file systems refuse fsync on directories
+        finally:
+            os.close(fd)
+
+    def delete(self, key: str) -> None:
+        self._check_writable()
+        path = self._path(self._key(key))
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            pass
+        except OSError as exc:
+            if os.path.isdir(path):
+                return  # a directory is not an object
+            self._fail(exc, "delete", path)
+
+    # -- navigation -------------------------------------------------------
+    def child(self, prefix: str) -> "LocalStore":
+        prefix = self._prefix(prefix)
+        return self._below(self, self._path(prefix)) if prefix else self

@@ -1,0 +1,184 @@
+"""open_store: the one URL factory of msprobe-lake."""
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from typing import Any, Mapping
+
+from msprobe.backends._base import Store
+from msprobe.backends._fsspec import FsspecStore
+from msprobe.backends._local import LocalStore
+from msprobe.errors import ConfigError, MissingDependencyError, StorageNotFoundError
+
+__all__ = ["open_store", "redact_options"]
+
+#: protocol -> the msprobe-lake extra that installs its fsspec implementation
+EXTRAS = {
+    "s3": "s3", "s3a": "s3",
+    "gs": "gcs", "gcs": "gcs",
+    "az": "azure", "abfs": "azure", "abfss": "azure", "adl": "azure",
+}
+_LOCAL_PROTOCOLS = {"file", "local"}
+_FSSPEC_BASE_OPTIONS = {
+    "skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",
+    "asynchronous", "loop", "batch_size",
+}
+_SECRET_KEY_RE = re.compile(
+    r"key|secret|token|passw|credential|auth|signature|sas|session|private|cert|connection_string|account_key",
+    re.IGNORECASE,
+)
+_NOT_SECRET = {"endpoint_url", "region_name", "use_ssl", "requester_pays", "anon", "key_prefix"}
+_USERINFO_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*://)[^/@]*@")
+
+
+def redact_options(options: Any) -> Any:
+    """A copy of ``options`` with the values of secret-looking keys replaced by '***'."""
+    if isinstance(options, Mapping):
+        return {
+            k: ("***" if isinstance(k, str) and _SECRET_KEY_RE.search(k) and k not in _NOT_SECRET
+                else redact_options(v))
+            for k, v in options.items()
+        }
+    if isinstance(options, (list, tuple)):
+        return type(options)(redact_options(v) for v in options)
+    return options
+
+
+def _secret_values(options: Any) -> list[str]:
+    """Every string value of a secret-looking key, at any depth (for scrubbing messages)."""
+    found: list[str] = []
+    if isinstance(options, Mapping):
+        for k, v in options.items():
+            if isinstance(k, str) and _SECRET_KEY_RE.search(k) and k not in _NOT_SECRET and isinstance(v, str):
+                found.append(v)
+            else:
+                found.extend(_secret_values(v))
+    elif isinstance(options, (list, tuple)):
+        for v in options:
+            found.extend(_secret_values(v))
+    return found
+
+
+def _strip_userinfo(url: str) -> str:
+    return _USERINFO_RE.sub(r"\1", url)
+
+
+def _missing_dependency(protocol: str, exc: BaseException | None = None) -> MissingDependencyError:
+    extra = EXTRAS.get(protocol)
+    if extra:
+        return MissingDependencyError(
+            f"the {protocol}:// protocol needs an optional dependency: pip install 'msprobe-lake[{extra}]'"
+        )
+    known = ", ".join(f"{p}:// (pip install 'msprobe-lake[{e}]')" for p, e in EXTRAS.items() if p in {"s3", "gs", "az"})
+    return MissingDependencyError(
+        f"no storage backend for the {protocol!r} protocol; supported: local paths, file://, memory://, {known}, "
+        "and any other protocol that fsspec knows once its package is installed"
+    )
+
+
+def _check_options(cls: type, protocol: str, options: Mapping[str, Any]) -> None:
+    """Reject storage options the file system class would silently ignore."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return
+    if protocol not in EXTRAS and any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return  # this class forwards unknown options somewhere we cannot check
+    accepted = {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
+    unknown = sorted(k for k in options if k not in accepted and k not in _FSSPEC_BASE_OPTIONS)
+    if unknown:
+        raise ConfigError(
+            f"unknown storage_options for {protocol}://: {unknown}; accepted: {sorted(accepted | _FSSPEC_BASE_OPTIONS)}"
+        )
+
+
+def open_store(
+    url_or_path: str | os.PathLike[str] | Store,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    read_only: bool = False,
+    create: bool = True,
+) -> Store:
+    """Open the store at ``url_or_path``.
+
+    Accepted inputs:
+
+    * a plain path (relative or absolute, ``str`` or ``os.PathLike``) or a
+      ``file://`` URL: a :class:`LocalStore` (also right for NFS-style shared
+      directories). ``create=True`` creates the directory unless ``read_only``;
+      a missing directory otherwise raises :class:`StorageNotFoundError`.
+      ``storage_options`` are rejected (:class:`ConfigError`).
+    * ``memory://name``: the process-wide fsspec memory file system (tests).
+    * ``s3://bucket/prefix`` (needs ``msprobe-lake[s3]``), ``gs://`` / ``gcs://``
+      (``[gcs]``), ``az://`` / ``abfs://`` (``[azure]``), or any other fsspec
+      URL, chained ones included: an :class:`FsspecStore` made by
+      ``fsspec.url_to_fs(url, **storage_options)``. Options the file system
+      does not accept raise :class:`ConfigError`; a protocol whose package is
+      missing, or that fsspec does not know, raises
+      :class:`MissingDependencyError` naming the ``pip install``.
+      ``create=False`` requires the prefix to exist already (hold an object).
+    * a :class:`Store`: returned as is (``storage_options`` must be empty).
+
+    Errors and ``repr`` never show storage options; secret values (keys,
+    tokens, passwords, credentials) are scrubbed from error messages.
+    """
+    options = dict(storage_options or {})
+    if isinstance(url_or_path, Store):
+        if options:
+            raise ConfigError(f"storage_options {sorted(options)} given with an already opened store")
+        return url_or_path
+    url = os.fspath(url_or_path)
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"a store location must be a non-empty path or URL, got {url_or_path!r}")
+    head = url.split("::", 1)[0]
+    if "://" in head:
+        protocol = head.split("://", 1)[0].lower()
+    else:
+        protocol = head.lower() if "::" in url else ""
+    if protocol == "" or protocol in _LOCAL_PROTOCOLS:
+        if options:
+            raise ConfigError(
+                f"storage_options {sorted(options)} are not used for the local path {_strip_userinfo(url)}; "
+                "remove them or use a remote URL (s3://, gs://, ...)"
+            )
+        path = url.split("://", 1)[1] if protocol else url
+        return LocalStore(path, read_only=read_only, create=create)
+    return _open_fsspec(url, protocol, options, read_only=read_only, create=create)
+
+
+def _open_fsspec(url: str, protocol: str, options: dict[str, Any], *, read_only: bool, create: bool) -> Store:
+    import fsspec
+    from fsspec.registry import get_filesystem_class, known_implementations, registry
+
+    if protocol not in known_implementations and protocol not in registry:
+        raise _missing_dependency(protocol)
+    secrets = _secret_values(options)
+    clean_url = _strip_userinfo(url)
+
+    def scrub(text: str) -> str:
+        for s in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
+            text = text.replace(s, "***")
+        return text
+
+    try:
+        cls = get_filesystem_class(protocol)
+    except ImportError as exc:
+        raise _missing_dependency(protocol, exc) from None
+    except ValueError:
+        raise _missing_dependency(protocol) from None
+    if "::" not in url:
+        _check_options(cls, protocol, options)
+    try:
+        fs, path = fsspec.url_to_fs(url, **options)
+    except ImportError:
+        raise _missing_dependency(protocol) from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"invalid storage_options for {protocol}:// ({type(exc).__name__}: {scrub(str(exc))}); "
+            f"given keys: {sorted(options)}"
+        ) from None
+    store = FsspecStore(fs, path, read_only=read_only, url=clean_url.split("?", 1)[0], secrets=secrets)
+    if not create and not store.list_dir(""):
+        raise StorageNotFoundError(f"store {store.url} does not exist or is empty (create=False)")
+    return store

@@ -1,0 +1,323 @@
+"""Error classification (transient vs permanent), translation to msprobe errors, retries.
+
+Every backend maps what its library raises onto the shared hierarchy in
+:mod:`msprobe.errors` through :func:`translate_error`; the writer and anyone
+else retries through :func:`retry`, which retries transient errors only.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, NoReturn, TypeVar
+
+from msprobe.errors import (
+    MsprobeError,
+    StorageError,
+    StorageNotFoundError,
+    StoragePermissionError,
+    StorageTransientError,
+)
+
+__all__ = [
+    "TRANSIENT",
+    "PERMANENT",
+    "MISSING",
+    "DENIED",
+    "MISSING_ERRORS",
+    "classify_error",
+    "is_transient",
+    "translate_error",
+    "reraise",
+    "RetryPolicy",
+    "retry",
+]
+
+log = logging.getLogger("msprobe.backends")
+T = TypeVar("T")
+
+TRANSIENT = "transient"
+PERMANENT = "permanent"
+MISSING = "missing"
+DENIED = "denied"
+
+#: The one tuple of exceptions that mean "the key does not exist", for every backend.
+MISSING_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+_TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ETIMEDOUT", "ECONNRESET", "ECONNABORTED", "ECONNREFUSED", "EPIPE", "EAGAIN",
+        "EBUSY", "EINTR", "EREMOTEIO", "ENETUNREACH", "ENETRESET", "EHOSTUNREACH",
+        "ENETDOWN", "ESTALE",
+    )
+    if hasattr(errno, name)
+)
+# Exception classes (by name, so botocore/aiohttp need not be imported) that mean a
+# dropped, timed out or garbled exchange with a remote store.
+_TRANSIENT_NAMES = frozenset(
+    {
+        "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
+        "ConnectTimeoutError", "ProxyConnectionError", "HTTPClientError",
+        "IncompleteReadError", "ResponseStreamingError", "ResponseParserError",
+        "ServerDisconnectedError", "ClientConnectionError", "ClientPayloadError",
+        "ClientOSError", "ServerTimeoutError", "ClientConnectorError", "FSTimeoutError",
+        "IncompleteRead", "RemoteDisconnected", "AWSConnectionError",
+    }
+)
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
+        "RequestThrottled", "RequestThrottledException", "TooManyRequestsException",
+        "RequestLimitExceeded", "ProvisionedThroughputExceededException",
+        "BandwidthLimitExceeded", "RequestTimeout", "RequestTimeoutException",
+        "InternalError", "InternalFailure", "ServiceUnavailable", "OperationAborted",
+        "PriorRequestNotComplete", "EC2ThrottledException", "TransientError",
+        "XAmzContentSHA256Mismatch", "429", "500", "502", "503", "504",
+    }
+)
+_MISSING_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NoSuchUpload", "NotFound", "404"})
+_DENIED_CODES = frozenset(
+    {
+        "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+        "ExpiredToken", "InvalidToken", "AccountProblem", "403", "401",
+    }
+)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen and len(seen) < 16:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _classify_response(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    code = str((response.get("Error") or {}).get("Code", ""))
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    if code in _TRANSIENT_CODES or (isinstance(status, int) and (status >= 500 or status == 429)):
+        return TRANSIENT
+    if code in _MISSING_CODES or status == 404:
+        return MISSING
+    if code in _DENIED_CODES or status in (401, 403):
+        return DENIED
+    return PERMANENT if (code or status) else None
+
+
+def _classify_one(exc: BaseException, extra_errnos: frozenset[int]) -> str | None:
+    if isinstance(exc, StorageTransientError):
+        return TRANSIENT
+    if isinstance(exc, StorageNotFoundError):
+        return MISSING
+    if isinstance(exc, StoragePermissionError):
+        return DENIED
+    if isinstance(exc, MsprobeError):  # StorageError itself, ConfigError, UnsafePathError...
+        return PERMANENT
+    verdict = _classify_response(exc)
+    if verdict is not None:
+        return verdict
+    if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__):
+        return TRANSIENT
+    if isinstance(exc, MISSING_ERRORS):
+        return MISSING
+    if isinstance(exc, PermissionError):
+        return DENIED
+    if isinstance(exc, FileExistsError):
+        return DENIED
+    if isinstance(exc, (TimeoutError, socket.timeout, ConnectionError)):
+        return TRANSIENT
+    if isinstance(exc, OSError) and exc.errno is not None:
+        if exc.errno in _TRANSIENT_ERRNOS or exc.errno in extra_errnos:
+            return TRANSIENT
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return DENIED
+        if exc.errno == errno.ENOENT:
+            return MISSING
+    return None
+
+
+def classify_error(exc: BaseException, *, extra_transient_errnos: Iterable[int] = ()) -> str:
+    """Classify an exception as ``'transient'``, ``'missing'``, ``'denied'`` or ``'permanent'``.
+
+    Walks the ``__cause__``/``__context__`` chain and returns the first verdict:
+    S3-style error codes and HTTP status (5xx, 429, SlowDown → transient; 403 →
+    denied; 404/NoSuchKey/NoSuchBucket → missing), connection and timeout errors
+    (transient), then errno. ENOSPC is permanent unless listed in
+    ``extra_transient_errnos``. Anything unrecognised is permanent.
+    """
+    extra = frozenset(extra_transient_errnos)
+    for link in _chain(exc):
+        verdict = _classify_one(link, extra)
+        if verdict is not None:
+            return verdict
+    return PERMANENT
+
+
+def is_transient(exc: BaseException, *, extra_transient_errnos: Iterable[int] = ()) -> bool:
+    """True if ``exc`` is worth retrying (see :func:`classify_error`)."""
+    return classify_error(exc, extra_transient_errnos=extra_transient_errnos) == TRANSIENT
+
+
+_ERROR_TYPES: dict[str, type[StorageError]] = {
+    TRANSIENT: StorageTransientError,
+    MISSING: StorageNotFoundError,
+    DENIED: StoragePermissionError,
+    PERMANENT: StorageError,
+}
+
+
+def translate_error(
+    exc: BaseException,
+    what: str,
+    *,
+    scrub: Callable[[str], str] = lambda s: s,
+    extra_transient_errnos: Iterable[int] = (),
+) -> BaseException:
+    """Turn a library exception into the matching :class:`StorageError` subtype.
+
+    ``what`` names the operation and location, e.g. ``"get s3://b/k"``. Errors
+    already in the msprobe hierarchy are returned unchanged; ``scrub`` removes
+    secrets from the underlying message. Raise the result ``from exc``.
+    """
+    if isinstance(exc, MsprobeError):
+        return exc
+    kind = classify_error(exc, extra_transient_errnos=extra_transient_errnos)
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        detail = scrub(exc.strerror)  # the path is already in ``what``
+    else:
+        detail = scrub(str(exc) or "")
+    message = f"{what}: {type(exc).__name__}" + (f": {detail}" if detail else "")
+    return _ERROR_TYPES[kind](message)
+
+
+def reraise(
+    exc: BaseException,
+    what: str,
+    *,
+    scrub: Callable[[str], str] = lambda s: s,
+    extra_transient_errnos: Iterable[int] = (),
+) -> NoReturn:
+    """Raise :func:`translate_error` of ``exc``, chained to it (or ``exc`` itself if already ours)."""
+    err = translate_error(exc, what, scrub=scrub, extra_transient_errnos=extra_transient_errnos)
+    if err is exc:
+        raise exc
+    raise err from exc
+
+
+@dataclass
+class RetryPolicy:
+    """How to retry: ``retries`` extra attempts, exponential backoff with jitter.
+
+    The n-th retry sleeps a uniform random time in ``[d/2, d]`` with
+    ``d = min(backoff_max, backoff_base * 2**n)``.
+    """
+
+    retries: int = 5
+    backoff_base: float = 0.05
+    backoff_max: float = 2.0
+    extra_transient_errnos: frozenset[int] = field(default_factory=frozenset)
+    sleep: Callable[[float], None] = time.sleep
+
+    def delay(self, attempt: int) -> float:
+        d = min(self.backoff_max, self.backoff_base * (2 ** attempt))
+        return random.uniform(d / 2, d)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return is_transient(exc, extra_transient_errnos=self.extra_transient_errnos)
+
+    def call(
+        self,
+        fn: Callable[[], T],
+        *,
+        on_retry: Callable[[int, BaseException, float], None] | None = None,
+    ) -> T:
+        """Call ``fn()``; on a transient error sleep and try again, up to ``retries`` times."""
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if attempt >= self.retries or not self.is_transient(exc):
+                    raise
+                delay = self.delay(attempt)
+                if on_retry is not None:
+                    on_retry(attempt + 1, exc, delay)
+                log.debug("retry %d after %s: %s", attempt + 1, type(exc).__name__, exc)
+                self.sleep(delay)
+                attempt += 1
+
+
+def retry(
+    fn: Callable[..., T],
+    *args: object,
+    retries: int = 5,
+    backoff: tuple[float, float] = (0.05, 2.0),
+    extra_transient_errnos: Iterable[int] = (),
+    on_retry: Callable[[int, BaseException, float], None] | None = None,
+    **kwargs: object,
+) -> T:
+    """Call ``fn(*args, **kwargs)``, retrying transient errors with exponential backoff.
+
+    Permanent errors (403, missing bucket, permission, anything unrecognised) and
+    the last transient error after ``retries`` retries are raised unchanged.
+    ``on_retry(attempt, exc, delay)`` is called before each sleep.
+    """
+    policy = RetryPolicy(
+        retries=retries,
+        backoff_base=backoff[0],
+        backoff_max=backoff[1],
+        extra_transient_errnos=frozenset(extra_transient_errnos),
+    )
+    return policy.call(lambda: fn(*args, **kwargs), on_retry=on_retry)
+
+
+def put_retrying(
+    store: "StoreLike",
+    key: str,
+    data: bytes,
+    *,
+    overwrite: bool,
+    policy: RetryPolicy,
+    on_retry: Callable[[int, BaseException, float], None] | None = None,
+) -> None:
+    """``store.put`` with retries of transient errors, safe for exclusive creates.
+
+    A transient failure may hide a write that reached the store (the response
+    was lost). With ``overwrite=False`` the retry then finds the key taken; if
+    an earlier attempt of this call failed transiently and the object holds
+    exactly ``data``, the write is ours and counts as done.
+    """
+    from msprobe.errors import StoragePermissionError
+
+    retried = False
+
+    def note(attempt: int, exc: BaseException, delay: float) -> None:
+        nonlocal retried
+        retried = True
+        if on_retry is not None:
+            on_retry(attempt, exc, delay)
+
+    try:
+        policy.call(lambda: store.put(key, data, overwrite=overwrite), on_retry=note)
+    except StoragePermissionError:
+        if overwrite or not retried:
+            raise
+        try:
+            same = store.get(key) == bytes(data)
+        except Exception:
+            same = False
+        if not same:
+            raise
+
+
+class StoreLike:  # typing aid only; the real ABC lives in _base
+    def put(self, key: str, data: bytes, *, overwrite: bool = True) -> None: ...
+    def get(self, key: str) -> bytes: ...

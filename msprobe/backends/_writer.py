@@ -1,0 +1,319 @@
+"""BackgroundWriter: bounded, retrying, atomic background writes of many objects."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import logging
+import os
+import queue
+import threading
+import time
+import zlib
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
+
+from msprobe.backends._keys import validate_key
+from msprobe.backends._retry import RetryPolicy
+from msprobe.errors import ConfigError, StorageError, StorageNotFoundError, StoragePermissionError, StorageTransientError
+
+if TYPE_CHECKING:
+    from msprobe.backends._base import Store
+
+__all__ = ["BackgroundWriter", "WriterStats"]
+
+log = logging.getLogger("msprobe.backends")
+
+Payload = Union[bytes, bytearray, memoryview, Callable[[], Union[bytes, bytearray, memoryview]]]
+
+
+@dataclasses.dataclass
+class WriterStats:
+    """Counters of a :class:`BackgroundWriter` (a snapshot; see ``writer.stats``)."""
+
+    objects_submitted: int = 0
+    bytes_submitted: int = 0
+    objects_written: int = 0
+    bytes_written: int = 0
+    retries: int = 0
+    failures: int = 0
+    bytes_in_flight: int = 0
+    peak_bytes_in_flight: int = 0
+    #: total time submit() spent waiting for room (back-pressure)
+    blocked_seconds: float = 0.0
+
+
+class _Task:
+    __slots__ = ("key", "data", "reserved")
+
+    def __init__(self, key: str, data: Payload, reserved: int) -> None:
+        self.key, self.data, self.reserved = key, data, reserved
+
+
+def _nbytes(data: Any) -> int:
+    return memoryview(data).nbytes
+
+
+class BackgroundWriter:
+    """Write objects to a store from worker threads, with a bound on memory.
+
+    ``submit(key, data)`` queues an atomic ``store.put`` and returns at once,
+    unless the bytes submitted but not yet written would exceed
+    ``max_bytes_in_flight``; then it waits for room (back-pressure). An object
+    larger than the bound is accepted once nothing else is in flight.
+    ``data`` may be a callable producing the bytes in the worker (lazy
+    serialization); pass its expected size as ``nbytes`` so it is counted
+    against the bound from the start. Buffers passed in must not be mutated
+    until written; submit each key once.
+
+    Workers retry transient errors (timeouts, 5xx, throttling, connection
+    resets) ``retries`` times with exponential backoff and jitter between
+    ``backoff[0]`` and ``backoff[1]`` seconds; permanent errors are not
+    retried. Every failure is logged, appended as one line (UTC time, key,
+    error type, message) to ``error_log_key`` in the store when given, and
+    reported by the next :meth:`flush`, which raises a :class:`StorageError`
+    (the common subtype when all failures agree) whose ``failures`` maps each
+    failed key to its error.
+
+    ``verify=True`` checks the size of each object after writing it, and its
+    CRC32 when the object is at most ``verify_crc_max_bytes``;
+    ``verify="crc"`` always compares the CRC32. A mismatch is rewritten like a
+    transient error.
+    """
+
+    def __init__(
+        self,
+        store: "Store",
+        *,
+        max_bytes_in_flight: int = 1 << 30,
+        workers: int = 4,
+        retries: int = 5,
+        backoff: tuple[float, float] = (0.05, 2.0),
+        error_log_key: str | None = None,
+        verify: bool | str = False,
+        verify_crc_max_bytes: int = 1 << 20,
+        overwrite: bool = True,
+        extra_transient_errnos: Iterable[int] = (),
+        name: str = "msprobe-writer",
+    ) -> None:
+        if workers < 1:
+            raise ConfigError(f"BackgroundWriter workers={workers!r} is not valid; valid values: an int >= 1")
+        if max_bytes_in_flight < 1:
+            raise ConfigError(f"BackgroundWriter max_bytes_in_flight={max_bytes_in_flight!r} is not valid; valid values: an int >= 1")
+        if verify not in (False, True, "crc"):
+            raise ConfigError(f"BackgroundWriter verify={verify!r} is not valid; valid values: False, True, 'crc'")
+        store._check_writable()
+        self._store = store
+        self._max = int(max_bytes_in_flight)
+        self._policy = RetryPolicy(
+            retries=retries, backoff_base=backoff[0], backoff_max=backoff[1],
+            extra_transient_errnos=frozenset(extra_transient_errnos),
+        )
+        self._error_log_key = validate_key(error_log_key) if error_log_key else None
+        self._verify = verify
+        self._crc_max = verify_crc_max_bytes
+        self._overwrite = overwrite
+        self._cond = threading.Condition()
+        self._stats = WriterStats()
+        self._pending = 0
+        self._failed: dict[str, BaseException] = {}
+        self._closed = False
+        self._log_lock = threading.Lock()
+        self._log_content: bytes | None = None
+        self._queue: "queue.SimpleQueue[_Task | None]" = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- public -----------------------------------------------------------
+    @property
+    def store(self) -> "Store":
+        return self._store
+
+    @property
+    def max_bytes_in_flight(self) -> int:
+        return self._max
+
+    @property
+    def stats(self) -> WriterStats:
+        with self._cond:
+            return dataclasses.replace(self._stats)
+
+    def submit(self, key: str, data: Payload, nbytes: int | None = None) -> None:
+        """Queue ``data`` for an atomic write at ``key``; blocks only for back-pressure."""
+        key = validate_key(key)
+        if callable(data) and not isinstance(data, (bytes, bytearray, memoryview)):
+            size = int(nbytes or 0)
+        else:
+            size = _nbytes(data) if nbytes is None else int(nbytes)
+        with self._cond:
+            if self._closed:
+                raise StorageError(f"BackgroundWriter for {self._store.url} is closed")
+            if self._stats.bytes_in_flight and self._stats.bytes_in_flight + size > self._max:
+                start = time.monotonic()
+                while self._stats.bytes_in_flight and self._stats.bytes_in_flight + size > self._max:
+                    self._cond.wait()
+                self._stats.blocked_seconds += time.monotonic() - start
+            self._reserve(size)
+            self._pending += 1
+            self._stats.objects_submitted += 1
+        self._queue.put(_Task(key, data, size))
+
+    def flush(self) -> None:
+        """Wait until everything submitted is written; raise if anything failed since the last flush."""
+        with self._cond:
+            while self._pending:
+                self._cond.wait()
+            failed, self._failed = self._failed, {}
+        if failed:
+            raise self._failure_error(failed)
+
+    def close(self) -> None:
+        """Flush, then stop the workers. Safe to call twice."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            with self._cond:
+                self._closed = True
+            for _ in self._threads:
+                self._queue.put(None)
+            for t in self._threads:
+                t.join()
+
+    def __enter__(self) -> "BackgroundWriter":
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except StorageError as err:  # do not mask the exception already in flight
+            log.error("%s", err)
+
+    # -- workers ----------------------------------------------------------
+    def _reserve(self, size: int) -> None:
+        s = self._stats
+        s.bytes_in_flight += size
+        s.bytes_submitted += size
+        s.peak_bytes_in_flight = max(s.peak_bytes_in_flight, s.bytes_in_flight)
+
+    def _run(self) -> None:
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            ok = False
+            try:
+                written = self._write(task)
+                ok = True
+            except BaseException as exc:  # noqa: BLE001 - every failure is reported by flush()
+                self._record_failure(task.key, exc)
+            finally:
+                task.data = b""
+                with self._cond:
+                    self._stats.bytes_in_flight -= task.reserved
+                    if ok:
+                        self._stats.objects_written += 1
+                        self._stats.bytes_written += written
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    def _write(self, task: _Task) -> int:
+        data = task.data
+        if callable(data) and not isinstance(data, (bytes, bytearray, memoryview)):
+            data = data()
+            size = _nbytes(data)
+            if size > task.reserved:  # the estimate was low: count the real size
+                with self._cond:
+                    self._stats.bytes_submitted -= task.reserved
+                    self._stats.bytes_in_flight -= task.reserved
+                    self._reserve(size)
+                    task.reserved = size
+        body = data
+        retried = False
+
+        def note(attempt: int, exc: BaseException, delay: float) -> None:
+            nonlocal retried
+            retried = True
+            with self._cond:
+                self._stats.retries += 1
+            log.debug("retrying %s (attempt %d) after %s", task.key, attempt, type(exc).__name__)
+
+        def attempt() -> None:
+            self._store.put(task.key, body, overwrite=self._overwrite)
+            if self._verify:
+                self._check(task.key, body)
+
+        try:
+            self._policy.call(attempt, on_retry=note)
+        except StoragePermissionError:
+            # an earlier attempt may have landed before its response was lost
+            if self._overwrite or not retried or not self._same(task.key, body):
+                raise
+        return _nbytes(body)
+
+    def _same(self, key: str, body: Any) -> bool:
+        try:
+            return self._store.get(key) == bytes(body)
+        except Exception:
+            return False
+
+    def _check(self, key: str, body: Any) -> None:
+        expected = _nbytes(body)
+        actual = self._store.size(key)
+        if actual != expected:
+            raise StorageTransientError(f"verify {key}: {actual} bytes stored, {expected} written")
+        if self._verify == "crc" or expected <= self._crc_max:
+            if zlib.crc32(self._store.get(key)) != zlib.crc32(body):
+                raise StorageTransientError(f"verify {key}: CRC32 of the stored object differs")
+
+    # -- failures ---------------------------------------------------------
+    def _record_failure(self, key: str, exc: BaseException) -> None:
+        with self._cond:
+            self._failed[key] = exc
+            self._stats.failures += 1
+        log.warning("could not write %s/%s: %s: %s", self._store.url, key, type(exc).__name__, exc)
+        if self._error_log_key:
+            self._append_error_log(key, exc)
+
+    def _append_error_log(self, key: str, exc: BaseException) -> None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+        message = " ".join(str(exc).split())
+        line = f"{stamp}\t{key}\t{type(exc).__name__}\t{message}\n".encode("utf-8", "replace")
+        assert self._error_log_key is not None
+        with self._log_lock:
+            try:
+                if self._store.is_local:
+                    path = self._store.local_path(self._error_log_key)
+                    assert path is not None
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(path, "ab") as f:  # one write per line: O_APPEND keeps lines whole
+                        f.write(line)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    return
+                if self._log_content is None:  # object stores cannot append: rewrite the object
+                    try:
+                        self._log_content = self._store.get(self._error_log_key)
+                    except StorageNotFoundError:
+                        self._log_content = b""
+                content = self._log_content + line
+                self._policy.call(lambda: self._store.put(self._error_log_key, content))  # type: ignore[arg-type]
+                self._log_content = content
+            except Exception as log_exc:  # noqa: BLE001 - the log must not hide the real failure
+                log.error("could not append to error log %s: %s", self._error_log_key, log_exc)
+
+    def _failure_error(self, failed: dict[str, BaseException]) -> StorageError:
+        kinds = {type(e) for e in failed.values()}
+        cls = kinds.pop() if len(kinds) == 1 else StorageError
+        if not (isinstance(cls, type) and issubclass(cls, StorageError)):
+            cls = StorageError
+        shown = "; ".join(f"{k} ({type(e).__name__}: {e})" for k, e in list(failed.items())[:20])
+        more = f"; ... and {len(failed) - 20} more" if len(failed) > 20 else ""
+        err = cls(f"{len(failed)} object(s) could not be written to {self._store.url}: {shown}{more}")
+        err.failures = dict(failed)  # type: ignore[attr-defined]
+        return err
