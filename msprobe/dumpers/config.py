@@ -1,0 +1,202 @@
+"""config.json as msprobe documents it (02.config_introduction), validated up front.
+
+Arguments of ``PrecisionDebugger`` override the file. Every invalid value is a
+:class:`ConfigError` naming the key, the bad value and the valid values;
+unknown keys only warn (newer msprobe releases add keys such as
+``risk_level`` and ``extra_info``).
+"""
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from msprobe.errors import ConfigError
+
+__all__ = ["DumpConfig", "load_config", "parse_int_list", "TASKS", "LEVELS", "SUMMARY_MODES", "DATA_MODES"]
+
+TASKS = ("statistics", "tensor", "structure", "overflow_check", "run_ut", "free_benchmark", "grad_probe")
+DUMP_TASKS = ("statistics", "tensor", "structure", "overflow_check")
+LEVELS = ("L0", "L1", "mix", "L2", "debug")
+SUMMARY_MODES = ("statistics", "md5", "xor")
+DATA_MODES = ("all", "forward", "backward", "input", "output")
+TENSOR_STORES = ("files", "zarr")
+
+_TOP_KEYS = {
+    "task", "dump_path", "rank", "step", "level", "enable_dataloader", "async_dump", "seed", "is_deterministic",
+    "acl_config", "framework", "precision", "storage_options", "journal_flush", "index", "tensor_store",
+    "stack", "run_dir_policy", "dialect", "max_bytes_in_flight", "writer_workers", "strict",
+    # known keys of newer/older msprobe releases that we accept and ignore
+    "risk_level", "extra_info", "dump_enable", "online_run_ut", "nfs_path", "host", "port", "tls_path",
+    "online_run_ut_recompute", "dump_generate", "is_online",
+}
+_TASK_KEYS = {
+    "scope", "list", "tensor_list", "data_mode", "summary_mode", "file_format", "online_run_ut", "nfs_path", "host",
+    "port", "tls_path", "online_run_ut_recompute", "overflow_nums", "check_mode", "device", "precision",
+    "white_list", "black_list", "error_data_path", "is_online", "rank_list", "bench_path", "diff_nums",
+    "async_dump", "jit_level", "fuzz_device", "pert_mode", "handler_type", "fuzz_level", "fuzz_stage", "if_preheat",
+    "preheat_step", "max_sample", "grad_level", "param_list", "bounds",
+}
+
+
+def _fail(key: str, value: Any, valid: Any) -> ConfigError:
+    return ConfigError(f"invalid config value {key}={value!r}; valid: {valid}")
+
+
+def parse_int_list(key: str, value: Any) -> Optional[set]:
+    """``[0, 2, "4-6"]`` -> {0, 2, 4, 5, 6}; ``[]``/None -> None (all)."""
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise _fail(key, value, "a list of integers >= 0 and 'a-b' range strings, e.g. [0, 2, \"4-6\"]")
+    out: set = set()
+    for item in value:
+        if isinstance(item, bool):
+            raise _fail(key, item, "integers >= 0 or 'a-b' strings")
+        if isinstance(item, int):
+            if item < 0:
+                raise _fail(key, item, "integers >= 0 or 'a-b' strings")
+            out.add(item)
+        elif isinstance(item, str) and re.fullmatch(r"\d+-\d+", item.strip()):
+            a, b = (int(x) for x in item.strip().split("-"))
+            if a > b:
+                raise _fail(key, item, "a range 'a-b' with a <= b")
+            out.update(range(a, b + 1))
+        elif isinstance(item, str) and item.strip().isdigit():
+            out.add(int(item))
+        else:
+            raise _fail(key, item, "integers >= 0 or 'a-b' strings")
+    return out
+
+
+@dataclass
+class DumpConfig:
+    task: str = "statistics"
+    dump_path: str = "./dump_path"
+    rank: Optional[set] = None
+    step: Optional[set] = None
+    level: str = "L1"
+    async_dump: bool = False
+    scope: list = field(default_factory=builtins.list)
+    list: list = field(default_factory=builtins.list)
+    tensor_list: list = field(default_factory=builtins.list)
+    data_mode: list = field(default_factory=lambda: ["all"])
+    summary_mode: str = "statistics"
+    overflow_nums: int = 1
+    storage_options: Optional[dict] = None
+    # our own keys (spec/FORMAT.md, "Producer options")
+    journal_flush: int = 1  # records per journal flush (1 = flush per call)
+    index: bool = False  # write the Parquet side index at publish
+    tensor_store: str = "files"
+    stack: bool = True  # capture stack.json
+    run_dir_policy: str = "overwrite"  # 'overwrite' (msprobe) | 'refuse' | 'new'
+    max_bytes_in_flight: int = 1 << 30
+    writer_workers: int = 4
+    strict: bool = False  # storage errors raise at step()/stop() when True
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> "DumpConfig":
+        if self.task not in TASKS:
+            raise _fail("task", self.task, list(TASKS))
+        if self.level not in LEVELS:
+            raise _fail("level", self.level, list(LEVELS))
+        if self.summary_mode not in SUMMARY_MODES:
+            raise _fail("summary_mode", self.summary_mode, list(SUMMARY_MODES))
+        if not isinstance(self.data_mode, list) or not self.data_mode or any(m not in DATA_MODES for m in self.data_mode):
+            raise _fail("data_mode", self.data_mode, f"a non-empty list of {list(DATA_MODES)}")
+        if "all" in self.data_mode and len(self.data_mode) > 1:
+            raise _fail("data_mode", self.data_mode, "'all' alone, or a combination of the others")
+        for key in ("scope", "list", "tensor_list"):
+            v = getattr(self, key)
+            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                raise _fail(key, v, "a list of non-empty strings")
+        if self.scope and len(self.scope) != 2:
+            raise _fail("scope", self.scope, "exactly two names [start, end]")
+        if not isinstance(self.dump_path, str) or not self.dump_path:
+            raise _fail("dump_path", self.dump_path, "a non-empty path or URL string")
+        if not isinstance(self.async_dump, bool):
+            raise _fail("async_dump", self.async_dump, "true or false")
+        if not isinstance(self.overflow_nums, int) or isinstance(self.overflow_nums, bool) or \
+                (self.overflow_nums < 1 and self.overflow_nums != -1):
+            raise _fail("overflow_nums", self.overflow_nums, "an integer >= 1, or -1 for no limit")
+        if self.tensor_store not in TENSOR_STORES:
+            raise _fail("tensor_store", self.tensor_store, list(TENSOR_STORES))
+        if self.run_dir_policy not in ("overwrite", "refuse", "new"):
+            raise _fail("run_dir_policy", self.run_dir_policy, ["overwrite", "refuse", "new"])
+        if not isinstance(self.journal_flush, int) or isinstance(self.journal_flush, bool) or self.journal_flush < 1:
+            raise _fail("journal_flush", self.journal_flush, "an integer >= 1 (records per flush)")
+        if self.storage_options is not None and not isinstance(self.storage_options, dict):
+            raise _fail("storage_options", "<redacted>", "a JSON object")
+        return self
+
+    @property
+    def forward_enabled(self) -> bool:
+        return "all" in self.data_mode or "forward" in self.data_mode or \
+            not ({"forward", "backward"} & set(self.data_mode))
+
+    @property
+    def backward_enabled(self) -> bool:
+        return "all" in self.data_mode or "backward" in self.data_mode or \
+            not ({"forward", "backward"} & set(self.data_mode))
+
+    @property
+    def input_enabled(self) -> bool:
+        return "all" in self.data_mode or "input" in self.data_mode or \
+            not ({"input", "output"} & set(self.data_mode))
+
+    @property
+    def output_enabled(self) -> bool:
+        return "all" in self.data_mode or "output" in self.data_mode or \
+            not ({"input", "output"} & set(self.data_mode))
+
+
+def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConfig:
+    """Read config.json (if given) and apply non-None ``overrides`` (task, dump_path, level, step, ...)."""
+    raw: dict = {}
+    if config_path is not None:
+        if not os.path.isfile(config_path):
+            raise ConfigError(f"config_path {config_path!r} is not a file")
+        try:
+            with open(config_path, "rb") as f:
+                raw = json.loads(f.read().decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config_path {config_path!r} is not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config_path {config_path!r}: the top level must be a JSON object")
+    for k, v in overrides.items():
+        if v is not None:
+            raw[k] = v
+    cfg = DumpConfig()
+    for k in raw:
+        if k not in _TOP_KEYS and k not in TASKS:
+            warnings.warn(f"msprobe config: unknown key {k!r} ignored", stacklevel=3)
+    task = raw.get("task", "statistics")
+    cfg.task = task
+    if "dump_path" in raw:
+        cfg.dump_path = raw["dump_path"]
+    cfg.rank = parse_int_list("rank", raw.get("rank"))
+    cfg.step = parse_int_list("step", raw.get("step"))
+    cfg.level = raw.get("level", "L1")
+    cfg.async_dump = raw.get("async_dump", False)
+    for key in ("storage_options", "journal_flush", "index", "tensor_store", "stack", "run_dir_policy",
+                "max_bytes_in_flight", "writer_workers", "strict"):
+        if key in raw:
+            setattr(cfg, key, raw[key])
+    sub = raw.get(task) if isinstance(task, str) else None
+    if sub is not None and not isinstance(sub, dict):
+        raise _fail(task, sub, "a JSON object of task options")
+    for k, v in (sub or {}).items():
+        if k not in _TASK_KEYS:
+            warnings.warn(f"msprobe config: unknown key {task}.{k} ignored", stacklevel=3)
+            continue
+        if k in ("scope", "list", "tensor_list", "data_mode", "summary_mode", "overflow_nums"):
+            setattr(cfg, k, v)
+        else:
+            cfg.extra[k] = v
+    if isinstance(cfg.data_mode, str):
+        cfg.data_mode = [cfg.data_mode]
+    return cfg.validate()

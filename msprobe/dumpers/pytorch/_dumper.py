@@ -1,0 +1,539 @@
+"""The PyTorch adapter: API and module hooks feeding the framework-neutral DumpSession."""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import weakref
+from typing import Any, Optional
+
+import torch
+
+from msprobe.dumpers.config import DumpConfig
+from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
+from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
+from msprobe.dumpers.session import DumpSession
+from msprobe.errors import ConfigError
+
+__all__ = ["TorchDumper"]
+
+_PKG_DIRS = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),)
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _get_rank() -> Optional[int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:
+        pass
+    return None
+
+
+def _capture_stack() -> tuple:
+    """(filename, lineno, function) of the user frames, innermost first; code lines are read at publish."""
+    f = sys._getframe(2)
+    out = []
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_PKG_DIRS) and not fn.startswith(_TORCH_DIR):
+            out.append((fn, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    return tuple(out)
+
+
+def _render_stack(frames: tuple) -> list:
+    return [f"File {fn}, line {ln}, in {func}, \n {linecache.getline(fn, ln).strip()}" for fn, ln, func in frames]
+
+
+class TorchDumper:
+    """Owns the patcher, the module hooks and the session for one process."""
+
+    def __init__(self, config: DumpConfig):
+        if config.level == "L2":
+            raise ConfigError("level 'L2' (kernel dump) needs torch_npu and Ascend hardware, which are not available")
+        self.config = config
+        self.session = DumpSession(config, "pytorch", fetch_stats=fetch_stats, render_stack=_render_stack,
+                                   get_rank=_get_rank)
+        self.encoder = Encoder(self.session, save_tensors=config.task == "tensor",
+                               summary_mode=config.summary_mode, tensor_list=config.tensor_list)
+        self.encoder.check_overflow = config.task == "overflow_check"
+        self.patcher = ApiPatcher()
+        self.enabled = False
+        self.module_stack: list = []
+        self._module_handles: list = []
+        self._hooked_models: list = []
+        self._scope_state = 0  # 0 before scope start, 1 inside, 2 after end
+        self.token_range = None
+        self._token_count = -1
+        self._root_models: list = []
+        self._pgrad_seen: set = set()
+        self.debug_counts: dict = {}
+        self._last_module_fwd: Optional[str] = None
+        self._parent_of: dict = {}
+        self.L1 = config.level in ("L1", "mix")
+        self.L0 = config.level in ("L0", "mix")
+
+    # ---------------------------------------------------------------- control
+    def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
+        cfg = self.config
+        if token_range is not None:
+            if model is None:
+                raise ConfigError("token_range requires model")
+            if not (isinstance(token_range, (list, tuple)) and len(token_range) == 2
+                    and all(isinstance(x, int) and x >= 0 for x in token_range) and token_range[0] <= token_range[1]):
+                raise ConfigError(f"invalid token_range={token_range!r}; valid: [start, end] integers, start <= end")
+            self.token_range = tuple(token_range)
+        if model is not None and (self.L0 or token_range is not None):
+            self._hook_models(model)
+        elif self.L0 and not self._hooked_models:
+            raise ConfigError(f"level {cfg.level!r} dumps modules and needs start(model=...)")
+        if not (self.session.step_enabled() and self.session.rank_enabled()):
+            self.enabled = False
+            return
+        if self.L1 and cfg.level != "debug":
+            self.patcher.install(self._on_api)
+        self.enabled = True
+        GUARD.on = True
+
+    def stop(self) -> None:
+        if not self.enabled:
+            return
+        self.enabled = False
+        GUARD.on = False
+        self.session.publish()
+
+    def step(self) -> None:
+        self.stop()
+        self.session.end_step()
+        self._scope_state = 0
+        self._token_count = -1
+        self._pgrad_seen.clear()
+        self.debug_counts.clear()
+
+    def close(self) -> None:
+        self.stop()
+        self.patcher.uninstall()
+        for h in self._module_handles:
+            h.remove()
+        self._module_handles = []
+        self.session.close()
+
+    # ---------------------------------------------------------------- filters
+    def _in_scope(self, name: str) -> bool:
+        scope = self.config.scope
+        if not scope:
+            return True
+        if self._scope_state == 0 and name == scope[0]:
+            self._scope_state = 1
+        if self._scope_state == 1:
+            if name == scope[1]:
+                self._scope_state = 2
+            return True
+        return False
+
+    def _wanted(self, name: str) -> bool:
+        if not self.enabled:
+            return False
+        if self.token_range is not None and not (self.token_range[0] <= self._token_count <= self.token_range[1]):
+            return False
+        lst = self.config.list
+        if lst:
+            if not any(item == name or item in name for item in lst):
+                if not (self.config.level == "mix" and self._inside_listed_module()):
+                    return False
+        return self._in_scope(name)
+
+    def _inside_listed_module(self) -> bool:
+        lst = self.config.list
+        return any(any(item == m or item in m for item in lst) for m in self.module_stack)
+
+    def _io(self, direction: str) -> tuple:
+        cfg = self.config
+        ok = cfg.forward_enabled if direction == "forward" else cfg.backward_enabled
+        return ok and cfg.input_enabled, ok and cfg.output_enabled
+
+    def _parent(self) -> Optional[str]:
+        return self.module_stack[-1] if self.module_stack else None
+
+    # ------------------------------------------------------------------- APIs
+    def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
+        GUARD.inside = True
+        try:
+            base, _ = self.session.next_api_name(api_key)
+            fwd = base + ".forward"
+            if not self._wanted(fwd) or self.config.task == "structure" and False:
+                return orig(*args, **kwargs)
+            want_in, want_out = self._io("forward")
+            save = self.encoder.wants_tensors(fwd)
+            rec: dict = {}
+            structure = self.config.task == "structure"
+            if want_in and not structure:
+                rec["input_args"] = [self.encoder.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
+                rec["input_kwargs"] = {k: self.encoder.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
+            stack = _capture_stack() if self.config.stack else None
+            parent = self._parent()
+            out = orig(*args, **kwargs)
+            if want_out and not structure:
+                rec["output"] = self._encode_output(out, f"{fwd}.output", save)
+            if self._keep(rec):
+                self.session.add_record(fwd, rec, stack=stack, parent=parent)
+            if not api_key.startswith("Distributed.") and self._bw_wanted():
+                self._hook_api_backward(out, base + ".backward", parent)
+            return out
+        finally:
+            GUARD.inside = False
+
+    def _keep(self, rec: dict) -> bool:
+        if self.config.task != "overflow_check":
+            return True
+        enc = self.encoder
+        if not enc.take_overflow():
+            return False
+        n = self.config.overflow_nums
+        self.session.overflow_found += 1
+        if n != -1 and self.session.overflow_found >= n:
+            self.enabled = False
+        return True
+
+    def _bw_wanted(self) -> bool:
+        return self.config.backward_enabled and torch.is_grad_enabled() and self.config.task != "structure"
+
+    def _encode_output(self, out: Any, prefix: str, save: bool) -> list:
+        if isinstance(out, (list, tuple)) and not isinstance(out, torch.Size):
+            return [self.encoder.encode(o, f"{prefix}.{i}", save) for i, o in enumerate(out)]
+        return [self.encoder.encode(out, f"{prefix}.0", save)]
+
+    def _hook_api_backward(self, out: Any, bwd: str, parent: Optional[str]) -> None:
+        t = _first_tensor(out)
+        if t is None or not t.requires_grad or t.grad_fn is None:
+            return
+        dumper = weakref.ref(self)
+
+        def hook(grad_inputs, grad_outputs):
+            d = dumper()
+            if d is None or not d.enabled or not d._wanted(bwd):
+                return None
+            GUARD.inside = True
+            try:
+                want_in, want_out = d._io("backward")
+                save = d.encoder.wants_tensors(bwd)
+                rec: dict = {}
+                if want_in:
+                    rec["input"] = [d.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grad_outputs)]
+                if want_out:
+                    rec["output"] = [d.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grad_inputs)]
+                if d._keep(rec):
+                    d.session.add_record(bwd, rec, parent=d._bw_parent(parent))
+            finally:
+                GUARD.inside = False
+            return None
+
+        t.grad_fn.register_hook(hook)
+
+    @staticmethod
+    def _bw_parent(parent: Optional[str]) -> Optional[str]:
+        if parent is None:
+            return None
+        head, _, n = parent.rpartition(".forward.")
+        return f"{head}.backward.{n}" if head else parent
+
+    # ---------------------------------------------------------------- modules
+    def _hook_models(self, model: Any) -> None:
+        models = list(model) if isinstance(model, (list, tuple)) else [model]
+        for m in models:
+            if not isinstance(m, torch.nn.Module):
+                raise ConfigError(f"model must be a torch.nn.Module or a list/tuple of them, got {type(m).__name__}")
+        if any(m is h for m in models for h in self._hooked_models):
+            return
+        self._hooked_models.extend(models)
+        if self.token_range is not None:
+            self._module_handles.append(models[0].register_forward_pre_hook(self._on_root_forward))
+        if not self.L0:
+            return
+        multi = len(models) > 1
+        for idx, m in enumerate(models):
+            for path, sub in m.named_modules():
+                if sub is m or not path:
+                    continue
+                key = f"Module.{idx}.{path}.{type(sub).__name__}" if multi else f"Module.{path}.{type(sub).__name__}"
+                self._hook_module(sub, key)
+
+    def _on_root_forward(self, module, args) -> None:
+        self._token_count += 1
+
+    def _hook_module(self, module: torch.nn.Module, key: str) -> None:
+        calls: list = []
+        bw_count = [0]
+        dumper = weakref.ref(self)
+
+        def pre(mod, args, kwargs):
+            d = dumper()
+            if d is None or not d.enabled:
+                calls.append(None)
+                return None
+            n = d.session.next_module_index(key)
+            fwd = f"{key}.forward.{n}"
+            wanted = d._wanted(fwd)
+            parent = d._parent()
+            d.module_stack.append(fwd)
+            if not wanted:
+                calls.append((fwd, None, parent, None))
+                return None
+            GUARD.inside = True
+            try:
+                want_in, _ = d._io("forward")
+                save = d.encoder.wants_tensors(fwd)
+                rec: dict = {}
+                if want_in and d.config.task != "structure":
+                    rec["input_args"] = [d.encoder.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
+                    rec["input_kwargs"] = {k: d.encoder.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
+                calls.append((fwd, rec, parent, _capture_stack() if d.config.stack else None))
+            finally:
+                GUARD.inside = False
+            return None
+
+        def post(mod, args, kwargs, output):
+            d = dumper()
+            if not calls:
+                return None
+            item = calls.pop()
+            if item is None or d is None:
+                return None
+            fwd, rec, parent, stack = item
+            d._last_module_fwd = fwd
+            d._parent_of[fwd] = parent
+            if d.module_stack and d.module_stack[-1] == fwd:
+                d.module_stack.pop()
+            if rec is None:
+                return None
+            GUARD.inside = True
+            try:
+                _, want_out = d._io("forward")
+                save = d.encoder.wants_tensors(fwd)
+                if want_out and d.config.task != "structure":
+                    rec["output"] = d._encode_output(output, f"{fwd}.output", save)
+                    params = {name: d.encoder.encode(p, f"{fwd}.parameters.{name}", save)
+                              for name, p in mod.named_parameters(recurse=False)}
+                    if params:
+                        rec["parameters"] = params
+                if d._keep(rec):
+                    d.session.add_record(fwd, rec, stack=stack, parent=parent)
+                    d._hook_param_grads(mod, key)
+            finally:
+                GUARD.inside = False
+            return None
+
+        def emit_backward(d, n, grad_output, grad_input):
+            bwd = f"{key}.backward.{n}"
+            if not d.enabled or not d._wanted(bwd):
+                return
+            GUARD.inside = True
+            try:
+                want_in, want_out = d._io("backward")
+                save = d.encoder.wants_tensors(bwd)
+                rec: dict = {}
+                if want_in:
+                    rec["input"] = [d.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grad_output)]
+                if want_out:
+                    rec["output"] = [d.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grad_input)]
+                if d._keep(rec):
+                    d.session.add_record(bwd, rec, parent=d._bw_parent(d._parent_of.get(f"{key}.forward.{n}")))
+            finally:
+                GUARD.inside = False
+
+        def pre_bw(mod, args, kwargs):
+            # tap the inputs so their per-call gradients reach us (what a full backward hook does,
+            # but tolerant of in-place ops on the taps' outputs)
+            d = dumper()
+            if d is None or not d.enabled or not calls or calls[-1] is None or not _needs_grad(args):
+                return None
+            fwd = calls[-1][0]
+            n = int(fwd.rsplit(".", 1)[1])
+            state = {"gout": None}
+            taps[fwd] = state
+            new_args = _tap(args, lambda grads: (dumper() and emit_backward(dumper(), n, state["gout"] or (), grads)))
+            return new_args, kwargs
+
+        def post_bw(mod, args, kwargs, output):
+            d = dumper()
+            if d is None or not d.enabled or not torch.is_grad_enabled():
+                return None
+            fwd = d._last_module_fwd
+            if fwd is None or not fwd.startswith(key + ".forward."):
+                return None
+            n = int(fwd.rsplit(".", 1)[1])
+            state = taps.pop(fwd, None)
+            if not _needs_grad(output if isinstance(output, tuple) else (output,)):
+                return None
+
+            def got_output_grads(grads):
+                dd = dumper()
+                if dd is None:
+                    return
+                if state is None:  # no input needs grad: the record is complete now
+                    emit_backward(dd, n, grads, ())
+                else:
+                    state["gout"] = grads
+
+            single = not isinstance(output, tuple)
+            tapped = _tap(output if not single else (output,), got_output_grads)
+            return tapped[0] if single else tapped
+
+        taps: dict = {}
+        bw = self.config.backward_enabled and self.config.task != "structure"
+        self._module_handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        if bw:
+            self._module_handles.append(module.register_forward_pre_hook(pre_bw, with_kwargs=True))
+        self._module_handles.append(module.register_forward_hook(post, with_kwargs=True))
+        if bw:
+            self._module_handles.append(module.register_forward_hook(post_bw, with_kwargs=True))
+
+    def _hook_param_grads(self, mod: torch.nn.Module, key: str) -> None:
+        if not self.config.backward_enabled or id(mod) in self._pgrad_seen:
+            return
+        self._pgrad_seen.add(id(mod))
+        if getattr(mod, "__msprobe_pgrad_hooked__", False):
+            return
+        mod.__msprobe_pgrad_hooked__ = True
+        name = f"{key}.parameters_grad"
+        dumper = weakref.ref(self)
+        for pname, p in mod.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+
+            def hook(param, pname=pname):
+                d = dumper()
+                if d is None or not d.enabled or param.grad is None or not d._wanted(name):
+                    return
+                GUARD.inside = True
+                try:
+                    save = d.encoder.wants_tensors(name)
+                    rec = d.session.data.get(name)
+                    rec = dict(rec) if isinstance(rec, dict) else {}
+                    rec[pname] = [d.encoder.encode(param.grad, f"{name}.{pname}", save)]
+                    d.session.add_record(name, rec, parent=None, construct=True)
+                finally:
+                    GUARD.inside = False
+
+            self._module_handles.append(p.register_post_accumulate_grad_hook(hook))
+
+    # ------------------------------------------------------------------ debug
+    def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
+        if not self.enabled and not (self.session.step_enabled() and self.session.rank_enabled()):
+            return
+        n = self.debug_counts.get(name, 0)
+        self.debug_counts[name] = n + 1
+        key = f"{name}.{n}.debug"
+        GUARD.inside = True
+        try:
+            save = self.encoder.wants_tensors(key)
+            self.session.add_record(key, self.encoder.encode(variable, key, save), construct=False)
+        finally:
+            GUARD.inside = False
+        if save_backward:
+            self._save_grads(variable, f"{name}_grad.{n}.debug")
+
+    def _save_grads(self, variable: Any, key: str) -> None:
+        tensors = []
+
+        def collect(v, path):
+            if isinstance(v, torch.Tensor):
+                if v.requires_grad:
+                    tensors.append((path, v))
+            elif isinstance(v, (list, tuple)):
+                for i, x in enumerate(v):
+                    collect(x, path + (str(i),))
+            elif isinstance(v, dict):
+                for k, x in v.items():
+                    collect(x, path + (str(k),))
+
+        collect(variable, ())
+        if not tensors:
+            return
+        grads: dict = {}
+        dumper = weakref.ref(self)
+
+        for path, t in tensors:
+            def hook(g, path=path):
+                d = dumper()
+                if d is None:
+                    return None
+                GUARD.inside = True
+                try:
+                    save = d.encoder.wants_tensors(key)
+                    grads[path] = d.encoder.encode(g, ".".join((key,) + path), save)
+                    if len(grads) == len(tensors):
+                        d.session.add_record(key, _nest(variable, grads), construct=False)
+                finally:
+                    GUARD.inside = False
+                return None
+
+            t.register_hook(hook)
+
+
+def _nest(variable: Any, grads: dict, path: tuple = ()) -> Any:
+    if isinstance(variable, torch.Tensor):
+        return grads.get(path)
+    if isinstance(variable, (list, tuple)):
+        return [_nest(v, grads, path + (str(i),)) for i, v in enumerate(variable)]
+    if isinstance(variable, dict):
+        return {k: _nest(v, grads, path + (str(k),)) for k, v in variable.items()}
+    return None
+
+
+def _first_tensor(out: Any) -> Optional[torch.Tensor]:
+    while not isinstance(out, torch.Tensor):
+        if isinstance(out, (list, tuple)) and out:
+            out = out[0]
+        elif isinstance(out, dict) and out:
+            out = next(iter(out.values()))
+        else:
+            return None
+    return out
+
+
+def _needs_grad(values: Any) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
+
+
+class _GradTap(torch.autograd.Function):
+    """Identity on tensors; its backward hands the incoming gradients to a callback."""
+
+    @staticmethod
+    def forward(ctx, callback, *tensors):
+        ctx.callback = callback
+        ctx.mark_non_differentiable(*[t for t in tensors if not t.requires_grad])
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        try:
+            ctx.callback(grads)
+        except Exception:  # never break training for the dump
+            pass
+        return (None,) + grads
+
+
+_SET_META = getattr(torch._C._autograd, "_set_creation_meta", None)
+_META_DEFAULT = getattr(getattr(torch._C._autograd, "CreationMeta", None), "DEFAULT", None)
+
+
+def _tap(values: tuple, callback) -> tuple:
+    """Route the tensors of ``values`` through one _GradTap; other values pass unchanged."""
+    idx = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not idx:
+        return values
+    GUARD.inside = True
+    try:
+        outs = _GradTap.apply(callback, *[values[i] for i in idx])
+    finally:
+        GUARD.inside = False
+    res = list(values)
+    for i, o in zip(idx, outs):
+        if _SET_META is not None and _META_DEFAULT is not None and o.requires_grad:
+            _SET_META(o, _META_DEFAULT)  # allow in-place ops (ReLU(inplace=True)) on the tapped tensor
+        res[i] = o
+    return tuple(res)

@@ -1,0 +1,206 @@
+"""PyTorch values -> record entries; statistics on the tensor's own device, fetched in batches."""
+from __future__ import annotations
+
+import io
+import zlib
+from typing import Any, Optional
+
+import torch
+
+from msprobe.format.stats import xor64
+
+__all__ = ["Encoder", "fetch_stats", "tensor_bytes"]
+
+_FLOAT_LOW = (torch.float16, torch.bfloat16)
+_K_FLOAT, _K_INT, _K_BOOL, _K_SCALAR, _K_DONE = 0, 1, 2, 3, 4
+
+
+def _stat_handle(t: torch.Tensor) -> tuple:
+    """Start computing the statistics of ``t`` (no host sync); returns a handle for fetch_stats."""
+    if t.numel() == 0:
+        return (_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
+    if t.dtype == torch.bool:
+        return (_K_BOOL, torch.stack([t.any(), t.all()]))
+    if t.dim() == 0:
+        return (_K_SCALAR, t.detach().clone())
+    if t.is_complex():
+        a = t.detach().abs()
+        return (_K_FLOAT, torch.stack([a.max(), a.min(), a.mean()]).to(torch.float64), 3)
+    if t.is_floating_point():
+        mn, mx = torch.aminmax(t)
+        if t.dtype == torch.float64:
+            return (_K_FLOAT, torch.stack([mx, mn]), 2)
+        v = torch.stack([mx, mn, t.mean(), torch.linalg.vector_norm(t)])
+        return (_K_FLOAT, v.to(torch.float64) if t.dtype in _FLOAT_LOW else v, 4)
+    mn, mx = torch.aminmax(t)
+    return (_K_INT, torch.stack([mx, mn]).to(torch.int64))
+
+
+def fetch_stats(handles: list) -> list:
+    """Resolve handles in as few device->host transfers as possible."""
+    out: list = [None] * len(handles)
+    groups: dict = {}
+    for i, h in enumerate(handles):
+        kind = h[0]
+        if kind == _K_DONE:
+            out[i] = h[1]
+        elif kind == _K_SCALAR:
+            v = h[1].item()
+            out[i] = {"Max": v, "Min": v, "Mean": v, "Norm": v}
+        else:
+            key = (kind, h[2] if kind == _K_FLOAT else 2, h[1].dtype, h[1].device)
+            groups.setdefault(key, []).append(i)
+    for (kind, width, _, _), idx in groups.items():
+        rows = torch.stack([handles[i][1] for i in idx]).tolist()
+        for i, r in zip(idx, rows):
+            if kind == _K_BOOL:
+                out[i] = {"Max": bool(r[0]), "Min": bool(r[1]), "Mean": None, "Norm": None}
+            elif kind == _K_INT:
+                out[i] = {"Max": int(r[0]), "Min": int(r[1]), "Mean": None, "Norm": None}
+            else:
+                out[i] = {"Max": r[0], "Min": r[1], "Mean": r[2] if width > 2 else None,
+                          "Norm": r[3] if width > 3 else None}
+    for i, h in enumerate(handles):
+        extra = h[-1] if isinstance(h[-1], dict) and h[0] != _K_DONE else None
+        if extra:
+            out[i] = dict(out[i], **extra)
+    return out
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The contiguous CPU bytes of ``t`` in its own dtype."""
+    c = t.detach()
+    if c.device.type != "cpu":
+        c = c.cpu()
+    c = c.contiguous()
+    if c.numel() == 0:
+        return memoryview(b"")
+    return memoryview(c.view(torch.uint8).numpy()).cast("B") if c.dim() else memoryview(
+        c.reshape(1).view(torch.uint8).numpy()).cast("B")
+
+
+def _serialize(t: torch.Tensor) -> bytes:
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    return buf.getvalue()
+
+
+_SPECIAL_TYPES: dict = {}
+
+
+class Encoder:
+    """Turns call arguments into JSON-ready entries; owns the per-call tensor decisions."""
+
+    def __init__(self, session, *, save_tensors: bool, summary_mode: str, tensor_list: list):
+        self.session = session
+        self.save_tensors = save_tensors
+        self.summary_mode = summary_mode
+        self.tensor_list = tensor_list
+        self.has_overflow = False
+        self.check_overflow = False
+        self._overflow_handles: list = []
+
+    def wants_tensors(self, record: str) -> bool:
+        return self.save_tensors or any(item in record for item in self.tensor_list)
+
+    def encode(self, value: Any, data_prefix: str, save: bool, depth: int = 0) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value, data_prefix, save)
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            return {"type": "bool", "value": value}
+        if isinstance(value, int):
+            return {"type": "int", "value": value}
+        if isinstance(value, float):
+            return {"type": "float", "value": value}
+        if isinstance(value, str):
+            return {"type": "str", "value": value}
+        if isinstance(value, (list, tuple)):
+            if depth > 32:
+                return None
+            if isinstance(value, torch.Size):
+                return {"type": "torch.Size", "value": list(value)}
+            return [self.encode(v, f"{data_prefix}.{i}", save, depth + 1) for i, v in enumerate(value)]
+        if isinstance(value, dict):
+            if depth > 32:
+                return None
+            return {str(k): self.encode(v, f"{data_prefix}.{k}", save, depth + 1) for k, v in value.items()}
+        if isinstance(value, slice):
+            return {"type": "slice", "value": [self._plain(value.start), self._plain(value.stop),
+                                               self._plain(value.step)]}
+        if value is Ellipsis:
+            return {"type": "ellipsis", "value": "..."}
+        if isinstance(value, torch.dtype):
+            return {"type": "torch.dtype", "value": str(value)}
+        if isinstance(value, torch.device):
+            return {"type": "torch.device", "value": str(value)}
+        if isinstance(value, torch.memory_format):
+            return {"type": "torch.memory_format", "value": str(value)}
+        if isinstance(value, complex):
+            return {"type": "complex", "value": str(value)}
+        return self._special(value)
+
+    @staticmethod
+    def _plain(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.item() if v.numel() == 1 else None
+        return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
+
+    def _special(self, value: Any) -> Any:
+        tname = type(value).__name__
+        if tname == "ReduceOp" or tname == "RedOpType":
+            return {"type": "torch.distributed.ReduceOp", "value": str(value)}
+        if tname in ("ProcessGroup", "ProcessGroupGloo", "ProcessGroupNCCL"):
+            try:
+                import torch.distributed as dist
+
+                ranks = dist.get_process_group_ranks(value)
+                return {"type": "torch.ProcessGroup", "group_ranks": ranks,
+                        "group_id": f"{zlib.crc32(str(ranks).encode()):08x}"}
+            except Exception:
+                return {"type": "torch.ProcessGroup", "value": None}
+        return None
+
+    def tensor(self, t: torch.Tensor, data_name_prefix: str, save: bool) -> dict:
+        dtype = str(t.dtype)
+        entry: dict = {"type": "torch.Tensor", "dtype": dtype, "shape": list(t.shape)}
+        mode = self.summary_mode
+        try:
+            data = t.detach()
+            if mode == "xor":
+                entry["md5"] = self._xor(data)
+            else:
+                entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
+                handle = _stat_handle(data)
+                if mode == "md5":
+                    handle = handle + ({"md5": f"{zlib.crc32(tensor_bytes(data)) & 0xFFFFFFFF:08x}"},)
+                self.session.pending.add(entry, handle)
+                if self.check_overflow and data.is_floating_point() and data.numel():
+                    self._overflow_handles.append(data)
+        except RuntimeError:  # meta/fake tensors, unsupported dtypes: keep the entry without stats
+            pass
+        entry["requires_grad"] = bool(t.requires_grad)
+        if save:
+            name = f"{data_name_prefix}.pt"
+            entry["data_name"] = name
+            cpu = t.detach().to("cpu", copy=True).contiguous() if t.device.type != "cpu" else t.detach().clone()
+            self.session.save_tensor(name, lambda c=cpu: _serialize(c), cpu.numel() * cpu.element_size())
+        return entry
+
+    @staticmethod
+    def _xor(data: torch.Tensor) -> Optional[str]:
+        if data.numel() == 0:
+            return "0x0000000000000000"
+        if data.dim() == 0:
+            v = data.item()
+            return v if not isinstance(v, int) else f"0x{v & ((1 << 64) - 1):016x}"
+        return f"0x{xor64(tensor_bytes(data)) & ((1 << 64) - 1):016x}"
+
+    def take_overflow(self) -> bool:
+        """True when any float tensor encoded since the last call holds Inf/NaN (syncs)."""
+        hs, self._overflow_handles = self._overflow_handles, []
+        if not hs:
+            return False
+        flags = torch.stack([(~torch.isfinite(h)).any() for h in hs])
+        return bool(flags.any().item())

@@ -1,0 +1,355 @@
+"""The framework-neutral dump session: step/rank, call counters, filters, naming,
+the crash journal, tensor writes and the atomic publish of the documents.
+
+A framework adapter (PyTorch, MindSpore) turns framework objects into record
+entries; the session decides *whether* and *under which name* a call is
+recorded, and *where* its bytes go. Statistics stay on the device as pending
+values (``StatRef``) and are fetched in batches when records are journaled or
+published, never one sync per value.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Callable, Optional
+
+from msprobe.dumpers.config import DumpConfig
+from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_json
+from msprobe.format.layout import ERROR_LOG, JOURNAL_DIR, MARKER_FILE, TENSOR_DIR, rank_dir_name
+from msprobe.format.naming import MAX_FILE_NAME_LENGTH
+
+__all__ = ["DumpSession", "StackTable", "PendingStats"]
+
+
+class PendingStats:
+    """Tensor entries whose statistics are still on the device.
+
+    ``add(entry, handle)`` remembers an entry (a dict with Max/Min/Mean/Norm keys already
+    in place) and an adapter-specific handle; ``resolve(fn)`` fetches every handle in one
+    batch via ``fn(handles) -> list[tuple]`` and fills the entries in place.
+    """
+
+    __slots__ = ("entries", "handles")
+
+    def __init__(self) -> None:
+        self.entries: list = []
+        self.handles: list = []
+
+    def add(self, entry: dict, handle: Any) -> None:
+        self.entries.append(entry)
+        self.handles.append(handle)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def resolve(self, fetch: Callable[[list], list]) -> None:
+        if not self.entries:
+            return
+        values = fetch(self.handles)
+        for entry, vals in zip(self.entries, values):
+            if "md5" in vals:
+                entry["md5"] = vals["md5"]
+            for k in ("Max", "Min", "Mean", "Norm"):
+                if k in entry:
+                    entry[k] = vals.get(k)
+        self.entries = []
+        self.handles = []
+
+
+class StackTable:
+    """stack.json: each distinct stack stored once, records refer to it by id."""
+
+    def __init__(self) -> None:
+        self.ids: dict = {}  # frames tuple -> id
+        self.names: dict = defaultdict(list)  # id -> record names
+        self.frames: dict = {}  # id -> frames tuple
+
+    def add(self, name: str, frames: tuple) -> int:
+        sid = self.ids.get(frames)
+        if sid is None:
+            sid = self.ids[frames] = len(self.ids)
+            self.frames[sid] = frames
+        self.names[sid].append(name)
+        return sid
+
+    def to_json(self, render: Callable[[tuple], list]) -> dict:
+        return {str(sid): [self.names[sid], render(self.frames[sid])] for sid in sorted(self.names)}
+
+    def clear(self) -> None:
+        self.ids.clear()
+        self.names.clear()
+        self.frames.clear()
+
+
+class DumpSession:
+    """One process's dump: owns the storage, the step state and the documents being built."""
+
+    def __init__(self, config: DumpConfig, framework: str, *, fetch_stats: Callable[[list], list],
+                 render_stack: Callable[[tuple], list], get_rank: Callable[[], Optional[int]],
+                 producer: str = "msprobe-lake"):
+        from msprobe import __version__
+
+        self.config = config
+        self.framework = framework
+        self.fetch_stats = fetch_stats
+        self.render_stack = render_stack
+        self.get_rank = get_rank
+        self.producer = f"{producer} {__version__}"
+        self.lock = threading.RLock()
+        self.current_step = 0
+        self.rank: Optional[int] = None
+        self._rank_resolved = False
+        self._store = None
+        self._writer = None
+        self._journal = None
+        self._reset_step_state()
+        self.api_counts: dict = defaultdict(int)
+        self.module_counts: dict = defaultdict(int)
+        self.records_total = 0
+        self.errors: list = []
+
+    # ------------------------------------------------------------------ state
+    def _reset_step_state(self) -> None:
+        self.data: dict = {}
+        self.construct: dict = {}
+        self.stacks = StackTable()
+        self.pending = PendingStats()
+        self._journal_queue: list = []
+        self._dirty = False
+        self._files: set = set()
+        self._mapping: dict = {}
+        self.overflow_found = 0
+
+    def reset_counters(self) -> None:
+        self.api_counts.clear()
+        self.module_counts.clear()
+
+    # ---------------------------------------------------------------- storage
+    @property
+    def store(self):
+        if self._store is None:
+            from msprobe.backends import open_store
+
+            self._store = open_store(self.config.dump_path, storage_options=self.config.storage_options)
+        return self._store
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from msprobe.backends import BackgroundWriter
+
+            self._writer = BackgroundWriter(
+                self.store, max_bytes_in_flight=self.config.max_bytes_in_flight,
+                workers=self.config.writer_workers, error_log_key=f"{self.rank_prefix}/{ERROR_LOG}")
+        return self._writer
+
+    def resolve_rank(self) -> Optional[int]:
+        if not self._rank_resolved:
+            self.rank = self.get_rank()
+            self._rank_resolved = self.rank is not None or not self._maybe_distributed_later()
+        return self.rank
+
+    @staticmethod
+    def _maybe_distributed_later() -> bool:
+        return False
+
+    @property
+    def rank_dir(self) -> str:
+        return rank_dir_name(self.resolve_rank())
+
+    @property
+    def rank_prefix(self) -> str:
+        return f"step{self.current_step}/{self.rank_dir}"
+
+    def rank_enabled(self) -> bool:
+        ranks = self.config.rank
+        return ranks is None or (self.resolve_rank() or 0) in ranks
+
+    def step_enabled(self) -> bool:
+        steps = self.config.step
+        return steps is None or self.current_step in steps
+
+    # ----------------------------------------------------------------- naming
+    def next_api_name(self, api_key: str) -> tuple[str, int]:
+        """``api_key`` is ``Prefix.api``; returns (``Prefix.api.n``, n) and advances the counter."""
+        n = self.api_counts[api_key]
+        self.api_counts[api_key] = n + 1
+        return f"{api_key}.{n}", n
+
+    def next_module_index(self, module_key: str) -> int:
+        n = self.module_counts[module_key]
+        self.module_counts[module_key] = n + 1
+        return n
+
+    def data_file_name(self, data_name: str) -> str:
+        """The file name for ``data_name`` (the 255-character rule, recorded in mapping.csv)."""
+        if len(data_name) <= MAX_FILE_NAME_LENGTH:
+            return data_name
+        import secrets
+
+        ext = data_name.rsplit(".", 1)[-1]
+        short = "".join(str(secrets.randbelow(10)) for _ in range(32)) + "." + ext
+        self._mapping[data_name] = short
+        return short
+
+    # ---------------------------------------------------------------- records
+    def add_record(self, name: str, raw: Any, *, stack: Optional[tuple] = None, parent: Optional[str] = None,
+                   construct: bool = True) -> None:
+        """Add (or replace) a record of the current step; journal it when its batch is full."""
+        with self.lock:
+            self.data[name] = raw
+            if stack is not None and self.config.stack:
+                self.stacks.add(name, stack)
+            if construct and self.config.level in ("L0", "mix"):
+                self.construct[name] = parent
+            self._dirty = True
+            self.records_total += 1
+            self._journal_queue.append((name, raw, parent, stack))
+            if len(self._journal_queue) >= self.config.journal_flush:
+                self.flush_journal()
+
+    def save_tensor(self, data_name: str, produce: Callable[[], bytes], nbytes: int) -> None:
+        """Queue a tensor file write under ``dump_tensor_data/`` (background, bounded, retried)."""
+        fname = self.data_file_name(data_name)
+        self._files.add(fname)
+        self.writer.submit(f"{self.rank_prefix}/{TENSOR_DIR}/{fname}", produce, nbytes=nbytes)
+
+    def flush_journal(self) -> None:
+        """Resolve pending statistics and append the queued records to the crash journal."""
+        with self.lock:
+            if not self._journal_queue:
+                return
+            self.pending.resolve(self.fetch_stats)
+            lines = []
+            for name, raw, parent, stack in self._journal_queue:
+                entry = {"name": name, "record": raw}
+                if self.config.level in ("L0", "mix"):
+                    entry["parent"] = parent
+                if stack is not None and self.config.stack:
+                    entry["stack"] = self.render_stack(stack)
+                lines.append(json.dumps(entry, ensure_ascii=False))
+            self._journal_queue = []
+            try:
+                j = self._open_journal()
+                for line in lines:
+                    j.append(line.encode("utf-8"))
+                j.flush()
+            except Exception as exc:  # the journal is a safety net: never crash training for it
+                self._note_error("journal", exc)
+
+    def _open_journal(self):
+        if self._journal is None:
+            self._journal = self.store.journal(f"{self.rank_prefix}/{JOURNAL_DIR}")
+        return self._journal
+
+    def _note_error(self, what: str, exc: BaseException) -> None:
+        self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
+        try:
+            line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {what} {type(exc).__name__}: {exc}\n"
+            key = f"{self.rank_prefix}/{ERROR_LOG}"
+            old = self.store.get(key) if self.store.exists(key) else b""
+            self.store.put(key, old + line.encode("utf-8"))
+        except Exception:
+            pass
+
+    # ---------------------------------------------------------------- publish
+    def publish(self, *, final: bool = False) -> None:
+        """Write dump.json/debug.json, stack.json, construct.json atomically (after every tensor
+        file of the step is written), then drop the journal when ``final``."""
+        with self.lock:
+            if not self._dirty and not final:
+                return
+            if not self.data and not self._dirty:
+                self._close_journal(delete=final)
+                return
+            self.pending.resolve(self.fetch_stats)
+            self.flush_journal()
+            prefix = self.rank_prefix
+            failed = None
+            if self._writer is not None:
+                try:
+                    self._writer.flush()
+                except Exception as exc:
+                    failed = exc
+                    self.errors.append(str(exc))
+            debug = self.config.level == "debug"
+            doc = {"task": self.config.task, "level": self.config.level, "framework": self.framework,
+                   "dump_data_dir": self._dump_data_dir(), "data": self.data}
+            store = self.store
+            store.put(f"{prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_json(doc).encode("utf-8"))
+            if not debug:
+                store.put(f"{prefix}/{STACK_JSON}", dumps_json(self.stacks.to_json(self.render_stack)).encode("utf-8"))
+                store.put(f"{prefix}/{CONSTRUCT_JSON}", dumps_json(self.construct).encode("utf-8"))
+            if self._mapping:
+                rows = "".join(f"{k},{v}\n" for k, v in self._mapping.items())
+                store.put(f"{prefix}/{TENSOR_DIR}/mapping.csv", rows.encode("utf-8"))
+            marker = {"format_version": "1.0", "dialect": "msprobe-lake", "producer": self.producer,
+                      "framework": self.framework, "task": self.config.task, "level": self.config.level,
+                      "step": self.current_step, "rank": self.rank, "records": len(self.data),
+                      "complete": failed is None, "pid": os.getpid()}
+            store.put(f"{prefix}/{MARKER_FILE}", json.dumps(marker, indent=1).encode("utf-8"))
+            if self.config.index and not debug:
+                self._write_index(prefix, doc)
+            self._dirty = False
+            if final:
+                self._close_journal(delete=True)
+            if failed is not None and self.config.strict:
+                raise failed
+
+    def _write_index(self, prefix: str, doc: dict) -> None:
+        try:
+            from msprobe.readers.index import write_rank_index
+        except ImportError as exc:
+            self._note_error("index", exc)
+            return
+        try:
+            write_rank_index(self.store, prefix, doc, step=self.current_step, rank=self.rank,
+                             stack=self.stacks.to_json(self.render_stack), construct=self.construct)
+        except Exception as exc:
+            self._note_error("index", exc)
+
+    def _dump_data_dir(self) -> Optional[str]:
+        if self.config.task != "tensor" and not self._files:
+            return None
+        local = self.store.local_path(f"{self.rank_prefix}/{TENSOR_DIR}")
+        return local if local is not None else f"{self.store.url.rstrip('/')}/{self.rank_prefix}/{TENSOR_DIR}"
+
+    def _close_journal(self, *, delete: bool) -> None:
+        if self._journal is not None:
+            try:
+                self._journal.close()
+            except Exception:
+                pass
+            self._journal = None
+        if delete:
+            try:
+                for key in self.store.list_prefix(f"{self.rank_prefix}/{JOURNAL_DIR}"):
+                    self.store.delete(key)
+            except Exception:
+                pass
+
+    def end_step(self) -> None:
+        """Finish the current step (publish if anything was recorded) and move to the next."""
+        with self.lock:
+            if self._dirty or self.data:
+                self.publish(final=True)
+            self.current_step += 1
+            self._reset_step_state()
+            if self._writer is not None:  # its error log names the finished step's directory
+                self._writer.close()
+                self._writer = None
+            self.reset_counters()
+
+    def close(self) -> None:
+        with self.lock:
+            if self._dirty:
+                self.publish(final=True)
+            if self._writer is not None:
+                try:
+                    self._writer.close()
+                except Exception as exc:
+                    self.errors.append(str(exc))
+                self._writer = None
