@@ -19,6 +19,9 @@ __all__ = ["main", "SUBCOMMAND_MODULES"]
 SUBCOMMAND_MODULES = [
     "msprobe.cli.validate",
     "msprobe.cli.demo",
+    "msprobe.cli.ls",
+    "msprobe.cli.show",
+    "msprobe.cli.index",
 ]
 
 

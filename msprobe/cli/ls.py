@@ -1,0 +1,54 @@
+"""``msprobe ls PATH``: steps, ranks, record counts, task/level/framework and dialect of a dump."""
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ls", help="list the steps, ranks and record counts of a dump (or an index lake)")
+    p.add_argument("path", help="dump root, step or rank directory, or an index lake (path or URL)")
+    p.add_argument("--engine", default=None, help="reading engine: msprobe or index (default: guess)")
+    p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import msprobe.readers
+
+    opts = json.loads(args.storage_options) if args.storage_options else None
+    d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
+    s = d.summary()
+    if args.json:
+        print(json.dumps(s, indent=1, default=str))
+        return 0
+    ranks = ", ".join("-" if r is None else str(r) for r in s["ranks"])
+    print(f"{s['url']}")
+    print(f"  engine {s['engine']}, dialect {s['dialect'] or 'unknown'}, framework {s['framework']}, "
+          f"task {s['task']}, level {s['level']}")
+    print(f"  {len(s['steps'])} step(s): {_ranges(s['steps'])}; rank(s): {ranks}; "
+          f"{len(s['rank_dirs'])} rank dir(s), {sum(r['records'] for r in s['rank_dirs'])} records")
+    has_run = any(r["run"] and r["run"] != d.run for r in s["rank_dirs"])
+    header = (["run"] if has_run else []) + ["step", "rank_dir", "records", "from"]
+    rows = [([str(r["run"])] if has_run else [])
+            + [("" if r["split"] is None else r["split"] + "/") + str(r["step"]), r["rank_dir"], str(r["records"]),
+               r["source"]] for r in s["rank_dirs"]]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    print("  " + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for row in rows:
+        print("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)))
+    return 0
+
+
+def _ranges(nums: list) -> str:
+    if not nums:
+        return "-"
+    out, start, prev = [], nums[0], nums[0]
+    for n in nums[1:] + [None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ",".join(out)

@@ -1,0 +1,85 @@
+"""``msprobe show PATH RECORD``: one record with its statistics, stack and parent."""
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("show", help="show one record: arguments with statistics, stack, parent and children")
+    p.add_argument("path", help="dump root, step or rank directory (path or URL)")
+    p.add_argument("record", help="record name, e.g. Functional.linear.0.forward")
+    p.add_argument("--step", type=int, default=None, help="step number (needed when several steps hold it)")
+    p.add_argument("--rank", default=None,
+                   help="rank id, or a rank directory name such as proc1234 (needed when several ranks hold it)")
+    p.add_argument("--engine", default=None, help="reading engine: msprobe or index (default: guess)")
+    p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    p.add_argument("--json", action="store_true", help="print the record's JSON as dumped")
+    p.set_defaults(func=run)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "-" if v is None else str(v)
+
+
+def run(args) -> int:
+    import msprobe.readers
+    from msprobe.readers import ANY
+
+    opts = json.loads(args.storage_options) if args.storage_options else None
+    d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
+    rank = ANY if args.rank is None else (int(args.rank) if args.rank.isdigit() else args.rank)
+    step = ANY if args.step is None else args.step
+    rec = d.record(args.record, step=step, rank=rank)
+    if args.json:
+        print(json.dumps({rec.name: rec.to_json()}, indent=1))
+        return 0
+    print(f"{rec.name}")
+    print(f"  kind {rec.kind}, api_type {rec.api_type}, api_name {rec.api_name}, call {rec.call_index}, "
+          f"direction {rec.direction or '-'}")
+    print(f"  step {rec.step}, rank_dir {rec.rank_dir}, position {rec.seq}")
+    tensors = rec.tensors()
+    non_tensor = _non_tensors(rec)
+    if tensors:
+        print("  tensors:")
+        for io, t in tensors:
+            st = t.stats
+            extra = f" md5={t.md5}" if t.md5 else ""
+            extra += f" file={t.data_name}" if t.data_name else ""
+            print(f"    {t.path:<24} {t.dtype} {list(t.shape)} max={_fmt(st['max'])} min={_fmt(st['min'])} "
+                  f"mean={_fmt(st['mean'])} norm={_fmt(st['norm'])} requires_grad={_fmt(t.requires_grad)}{extra}")
+    if non_tensor:
+        print("  other arguments:")
+        for path, value in non_tensor:
+            print(f"    {path:<24} {value}")
+    print(f"  parent: {rec.parent_name or '-'}")
+    kids = rec.children_names
+    if kids:
+        print(f"  children ({len(kids)}): {', '.join(kids[:12])}{', ...' if len(kids) > 12 else ''}")
+    stack = rec.stack
+    if stack:
+        print(f"  stack ({rec.stack_id}):")
+        for frame in stack if isinstance(stack, list) else [stack]:
+            print("    " + str(frame).replace("\n", "\n    "))
+    return 0
+
+
+def _non_tensors(rec) -> list:
+    from msprobe.format.model import MappingArg, SequenceArg, TensorArg
+
+    out = []
+
+    def walk(a) -> None:
+        if isinstance(a, TensorArg):
+            return
+        if isinstance(a, (SequenceArg, MappingArg)):
+            items = a.items.values() if isinstance(a, MappingArg) else a.items
+            for x in items:
+                walk(x)
+            return
+        out.append((a.path, json.dumps(a.raw)))
+
+    for a in rec.args():
+        walk(a)
+    return out

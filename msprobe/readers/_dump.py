@@ -1,0 +1,467 @@
+"""The Dump: steps x ranks of records, answered from dump.json or from the Parquet index."""
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any, Iterable, Iterator, Optional
+
+from msprobe.errors import MsprobeError, RecordNotFoundError, StorageNotFoundError
+from msprobe.readers._record import DumpRecord
+from msprobe.readers._rows import COLUMNS, DIGEST_COLUMNS, rank_rows, rows_to_arrow
+
+__all__ = ["Dump", "ANY", "AmbiguousRecordError"]
+
+
+class _Any:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: "No constraint" for the ``step``/``rank``/``run`` selectors (``None`` means the
+#: single-process rank directory, so it cannot mean "any").
+ANY: Any = _Any()
+
+
+class AmbiguousRecordError(RecordNotFoundError):
+    """``record(name)`` matched the record in several steps or ranks: pass ``step=``/``rank=``."""
+
+
+def _as_set(v: Any) -> Optional[set]:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return {v}
+    return set(v)
+
+
+class Dump:
+    """An opened dump (or a lake of indexed dumps). Made by :func:`msprobe.readers.open`.
+
+    Cheap to make: only directory listings happen up front; documents are parsed
+    per rank on first use and tensors are read one at a time by ``arg.load()``.
+    """
+
+    def __init__(self, store: Any, sources: list, *, engine: str, url: str, storage_options: Optional[dict],
+                 run: Optional[str], rediscover: Any = None):
+        self.store = store
+        self.engine = engine
+        self.url = url
+        self.storage_options = storage_options
+        self.run = run
+        self._sources = sorted(sources, key=lambda s: s.key)
+        self._rediscover = rediscover
+        self._recs: dict = {}
+        self._dialect: Any = False
+
+    # -- shape of the dump --------------------------------------------------------
+    @property
+    def sources(self) -> list:
+        """The rank directories (or index files), in (run, split, step, rank) order."""
+        return list(self._sources)
+
+    @property
+    def steps(self) -> list:
+        """Step numbers present, sorted."""
+        return sorted({s.step for s in self._sources if s.step is not None})
+
+    @property
+    def ranks(self) -> list:
+        """Rank ids present, sorted; None stands for a single-process ``rank``/``proc<pid>`` directory."""
+        found = {s.rank for s in self._sources}
+        return sorted(found, key=lambda r: (r is not None, r if r is not None else 0))
+
+    @property
+    def runs(self) -> list:
+        return sorted({s.run for s in self._sources if s.run})
+
+    @property
+    def rank_dirs(self) -> list:
+        """(step, rank directory name) of every rank directory."""
+        return [(s.step, s.rank_dir) for s in self._sources]
+
+    def _meta(self, key: str) -> Any:
+        for s in self._sources:
+            if s.use_index:
+                v = s.index_metadata().get(key)
+            else:
+                try:
+                    v = s.document().raw.get(key)
+                except StorageNotFoundError:
+                    continue
+            if v is not None:
+                return v
+        return None
+
+    framework = property(lambda self: self._meta("framework"), doc="'pytorch' | 'mindspore' | ...")
+    task = property(lambda self: self._meta("task"), doc="'statistics' | 'tensor' | ...")
+    level = property(lambda self: self._meta("level"), doc="'L0' | 'L1' | 'mix' | 'debug' | ...")
+
+    @property
+    def dialect(self) -> Optional[str]:
+        """Producer dialect (``msprobe-8``, ``msprobe-26``, ``msprobe-lake``), from the first rank."""
+        if self._dialect is False:
+            self._dialect = self.dialect_of(self._sources[0]) if self._sources else None
+        return self._dialect
+
+    def dialect_of(self, src: Any) -> Optional[str]:
+        from msprobe.format.layout import detect_dialect
+
+        if src.use_index:
+            d = src.index_metadata().get("dialect")
+            if d:
+                return d
+        marker = src.marker()
+        names = [s.rank_dir for s in self._sources]
+        try:
+            data = src.document().data if not src.use_index or src.index_only is False else None
+        except (StorageNotFoundError, MsprobeError):
+            data = None
+        try:
+            return detect_dialect(names, data, marker)
+        except MsprobeError:
+            return None
+
+    def __repr__(self) -> str:
+        return (f"Dump({self.url!r}, engine={self.engine!r}, steps={self.steps}, "
+                f"rank_dirs={len(self._sources)})")
+
+    # -- selection ---------------------------------------------------------------------
+    def select(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY) -> list:
+        """The sources matching ``step``/``rank``/``run`` (each: a value, a list, or ANY).
+
+        ``rank=None`` selects single-process directories; when a step has none but
+        exactly one rank directory, that one. A string selects a rank directory by name.
+        """
+        out = []
+        by_step: dict = {}
+        for s in self._sources:
+            by_step.setdefault((s.run, s.split, s.step), []).append(s)
+        for s in self._sources:
+            if step is not ANY and not _match(s.step, step):
+                continue
+            if run is not ANY and not _match(s.run, run):
+                continue
+            if rank is not ANY and not self._rank_match(s, rank, by_step[(s.run, s.split, s.step)]):
+                continue
+            out.append(s)
+        return out
+
+    @staticmethod
+    def _rank_match(s: Any, rank: Any, peers: list) -> bool:
+        wanted = rank if isinstance(rank, (list, tuple, set, frozenset)) else [rank]
+        for r in wanted:
+            if isinstance(r, str) and r == s.rank_dir:
+                return True
+            if r is None and (s.rank is None or len(peers) == 1):
+                return True
+            if isinstance(r, int) and not isinstance(r, bool) and s.rank == r:
+                return True
+        return False
+
+    # -- records ---------------------------------------------------------------------------
+    def _records_of(self, src: Any) -> tuple:
+        got = self._recs.get(id(src))
+        if got is None:
+            if src.use_index:
+                recs = self._digests_from_index(src)
+            else:
+                try:
+                    names = list(src.document().data)
+                except StorageNotFoundError:
+                    names = []
+                recs = [DumpRecord(n, i, src, None, self) for i, n in enumerate(names)]
+            got = (recs, {r.name: r for r in recs})
+            self._recs[id(src)] = got
+        return got
+
+    def _digests_from_index(self, src: Any) -> list:
+        import pyarrow.compute as pc
+
+        from msprobe.readers.index import read_index_table
+
+        t = read_index_table(src.index_store, src.index_key, columns=list(DIGEST_COLUMNS))
+        if t.num_rows == 0:
+            return []
+        seq = t.column("seq")
+        if t.num_rows > 1:
+            prev = pc.cast(seq.slice(0, t.num_rows - 1), "int64")
+            first = pc.not_equal(seq.slice(1), prev)
+            import pyarrow as pa
+
+            mask = pa.concat_arrays([pa.array([True]), first.combine_chunks()])
+            t = t.filter(mask)
+        cols = {c: t.column(c).to_pylist() for c in DIGEST_COLUMNS}
+        out = []
+        for i in range(t.num_rows):
+            d = {c: cols[c][i] for c in DIGEST_COLUMNS}
+            out.append(DumpRecord(d["record"], d["seq"], src, d, self))
+        return out
+
+    def _record_in(self, src: Any, name: str) -> Optional[DumpRecord]:
+        return self._records_of(src)[1].get(name)
+
+    def iter_records(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, kind: Any = None,
+                     prefix: Any = None, api_type: Any = None, api_name: Any = None, name: Any = None,
+                     regex: Any = None, direction: Any = None) -> Iterator[DumpRecord]:
+        """Like :meth:`records`, lazily."""
+        kinds, types, dirs = _as_set(kind), _as_set(prefix if prefix is not None else api_type), _as_set(direction)
+        api_names = _as_set(api_name)
+        name_ok = _name_matcher(name, regex)
+        for src in self.select(step, rank, run=run):
+            for r in self._records_of(src)[0]:
+                if name_ok is not None and not name_ok(r.name):
+                    continue
+                if kinds is not None and r.kind not in kinds:
+                    continue
+                if types is not None and r.api_type not in types:
+                    continue
+                if dirs is not None and r.direction not in dirs:
+                    continue
+                if api_names is not None and r.api_name not in api_names:
+                    continue
+                yield r
+
+    def records(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, kind: Any = None, prefix: Any = None,
+                api_type: Any = None, api_name: Any = None, name: Any = None, regex: Any = None,
+                direction: Any = None) -> list:
+        """Records in execution order (per rank; ranks in (step, rank) order).
+
+        Filters: ``kind`` ('api', 'module', 'parameters_grad', 'debug'), ``prefix``/``api_type``
+        ('Functional', 'Module', ...), ``api_name``, ``direction`` ('forward'/'backward'),
+        ``name`` (a glob like ``"Functional.*.forward"``, or a compiled regex), ``regex``
+        (a regex string, searched). Each filter takes a value or a collection of values.
+        """
+        return list(self.iter_records(step, rank, run=run, kind=kind, prefix=prefix, api_type=api_type,
+                                      api_name=api_name, name=name, regex=regex, direction=direction))
+
+    def record(self, name: str, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY) -> DumpRecord:
+        """The record called ``name``; :class:`RecordNotFoundError` if absent,
+        :class:`AmbiguousRecordError` if several (step, rank) hold it."""
+        found = []
+        for src in self.select(step, rank, run=run):
+            r = self._record_in(src, name)
+            if r is not None:
+                found.append(r)
+        if not found:
+            where = _where(step, rank)
+            raise RecordNotFoundError(f"no record {name!r} in {self.url}{where}")
+        if len(found) > 1:
+            places = ", ".join(f"(step={r.step}, rank_dir={r.rank_dir!r})" for r in found[:6])
+            raise AmbiguousRecordError(f"record {name!r} is in {len(found)} rank directories: {places}; "
+                                       "pass step= and rank=")
+        return found[0]
+
+    def count(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY) -> int:
+        """Number of records (from the index metadata when there is an index)."""
+        n = 0
+        for src in self.select(step, rank, run=run):
+            if src.use_index and id(src) not in self._recs:
+                c = src.index_metadata().get("records")
+                if c is not None:
+                    n += c
+                    continue
+            n += len(self._records_of(src)[0])
+        return n
+
+    def __iter__(self) -> Iterator[DumpRecord]:
+        return self.iter_records()
+
+    # -- tables -------------------------------------------------------------------------------
+    def _json_table(self, src: Any) -> Any:
+        try:
+            data = src.document().data
+        except StorageNotFoundError:
+            data = {}
+        has_map = src._has_mapping() if hasattr(src, "_has_mapping") else False  # noqa: SLF001
+        cols = rank_rows(data, run=src.run, step=src.step, rank=src.rank, rank_dir=src.rank_dir, split=src.split,
+                         stack_ids=src.stack_ids(), parents=src.parents(),
+                         mapping=src.mapping() if has_map else None)
+        return rows_to_arrow(cols)
+
+    def to_arrow(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, filter: Any = None,
+                 columns: Optional[Iterable[str]] = None) -> Any:
+        """One row per tensor-like argument (columns: :data:`msprobe.readers.COLUMNS`).
+
+        ``filter``: a ``pyarrow.compute`` expression, pushed down into the Parquet
+        scan when the index is used. ``columns``: a subset, in that order.
+        """
+        from msprobe.errors import require
+
+        require("pyarrow", "parquet")
+        import pyarrow.compute as pc
+        import pyarrow.dataset as pads
+
+        from msprobe.readers._rows import arrow_schema
+        from msprobe.readers.index import concat_tables
+
+        cols = list(columns) if columns is not None else list(COLUMNS)
+        unknown = [c for c in cols if c not in COLUMNS]
+        if unknown:
+            from msprobe.errors import ConfigError
+
+            raise ConfigError(f"unknown columns {unknown}; valid: {', '.join(COLUMNS)}")
+        expr = pc.field("io").is_valid()
+        if filter is not None:
+            expr = expr & filter
+        parts = []
+        batch: list = []
+
+        def flush() -> None:
+            if batch:
+                parts.append(_scan_indexes(batch, cols, expr))
+                batch.clear()
+
+        for src in self.select(step, rank, run=run):
+            if src.use_index:
+                batch.append(src)
+                continue
+            flush()
+            t = self._json_table(src)
+            parts.append(pads.dataset(t).to_table(columns=cols, filter=expr))
+        flush()
+        if not parts:
+            return arrow_schema().empty_table().select(cols)
+        return concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    def to_pandas(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, filter: Any = None,
+                  columns: Optional[Iterable[str]] = None) -> Any:
+        """:meth:`to_arrow` as a pandas DataFrame (nullable ints/bools, ``shape`` as tuples)."""
+        return table_to_pandas(self.to_arrow(step, rank, run=run, filter=filter, columns=columns))
+
+    def find_anomalies(self, norm_above: Optional[float] = None, *, step: Any = ANY, rank: Any = ANY,
+                       run: Any = ANY, columns: Optional[Iterable[str]] = None, as_arrow: bool = False) -> Any:
+        """Rows whose statistics hold a NaN or an Inf, or whose Norm exceeds ``norm_above``."""
+        import pyarrow.compute as pc
+
+        expr = pc.field("has_nan") | pc.field("has_inf")
+        if norm_above is not None:
+            expr = expr | (pc.field("norm") > float(norm_above))
+        cols = list(columns) if columns is not None else [
+            "run", "step", "rank", "rank_dir", "seq", "record", "io", "arg_path", "dtype", "max", "min", "mean",
+            "norm", "has_nan", "has_inf"]
+        t = self.to_arrow(step, rank, run=run, filter=expr, columns=cols)
+        return t if as_arrow else table_to_pandas(t)
+
+    # -- live dumps ----------------------------------------------------------------------------
+    def refresh(self) -> dict:
+        """Re-read a dump that is still being written: new step/rank directories are
+        added, ranks whose documents changed are re-read. Returns what changed."""
+        changed = 0
+        for src in self._sources:
+            if src.refresh():
+                self._recs.pop(id(src), None)
+                changed += 1
+        added = 0
+        if self._rediscover is not None:
+            known = {s.key for s in self._sources}
+            for src in self._rediscover():
+                if src.key not in known:
+                    self._sources.append(src)
+                    added += 1
+            if added:
+                self._sources.sort(key=lambda s: s.key)
+        if changed or added:
+            self._dialect = False
+        return {"new_rank_dirs": added, "changed_rank_dirs": changed}
+
+    update = refresh
+
+    # -- summaries ---------------------------------------------------------------------------------
+    def summary(self) -> dict:
+        """What ``msprobe ls`` prints: one entry per rank directory."""
+        rows = []
+        for s in self._sources:
+            rows.append({"run": s.run, "split": s.split, "step": s.step, "rank": s.rank, "rank_dir": s.rank_dir,
+                         "records": _count_one(self, s),
+                         "source": "index" if s.use_index else (s.doc_name or "-")})
+        return {"url": self.url, "engine": self.engine, "dialect": self.dialect, "framework": self.framework,
+                "task": self.task, "level": self.level, "steps": self.steps, "ranks": self.ranks,
+                "rank_dirs": rows}
+
+
+def _count_one(dump: Dump, src: Any) -> int:
+    if src.use_index and id(src) not in dump._recs:  # noqa: SLF001
+        c = src.index_metadata().get("records")
+        if c is not None:
+            return c
+    return len(dump._records_of(src)[0])  # noqa: SLF001
+
+
+def _match(value: Any, want: Any) -> bool:
+    if isinstance(want, (list, tuple, set, frozenset, range)):
+        return value in want
+    return value == want
+
+
+def _where(step: Any, rank: Any) -> str:
+    parts = []
+    if step is not ANY:
+        parts.append(f"step={step}")
+    if rank is not ANY:
+        parts.append(f"rank={rank}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _name_matcher(name: Any, regex: Any) -> Any:
+    tests = []
+    if name is not None:
+        if isinstance(name, re.Pattern):
+            tests.append(name.search)
+        elif isinstance(name, str):
+            if any(c in name for c in "*?["):
+                pat = re.compile(fnmatch.translate(name))
+                tests.append(pat.match)
+            else:
+                tests.append(lambda n, _v=name: n == _v)
+        else:
+            names = set(name)
+            tests.append(names.__contains__)
+    if regex is not None:
+        tests.append(re.compile(regex).search if isinstance(regex, str) else regex.search)
+    if not tests:
+        return None
+    return lambda n: all(t(n) for t in tests)
+
+
+def _scan_indexes(sources: list, columns: list, expr: Any) -> Any:
+    """One pyarrow dataset scan over the index files of ``sources`` (filter pushed down)."""
+    import pyarrow.dataset as pads
+
+    from msprobe.readers._rows import arrow_schema
+    from msprobe.readers._store import arrow_location
+    from msprobe.readers.index import concat_tables, read_index_table
+
+    groups: list = []  # consecutive sources readable by the same pyarrow file system
+    for src in sources:
+        loc = arrow_location(src.index_store, src.index_key)
+        fs = loc[0] if loc else None
+        if groups and groups[-1][0] is fs and fs is not None:
+            groups[-1][1].append(loc[1])
+        else:
+            groups.append((fs, [loc[1]] if loc else [src]))
+    tables = []
+    for fs, items in groups:
+        if fs is None:
+            for src in items:
+                t = read_index_table(src.index_store, src.index_key)
+                tables.append(pads.dataset(t).to_table(columns=columns, filter=expr))
+            continue
+        ds = pads.dataset(items, format="parquet", filesystem=fs, schema=arrow_schema())
+        tables.append(ds.to_table(columns=columns, filter=expr))
+    return concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def table_to_pandas(table: Any) -> Any:
+    import pandas as pd
+    import pyarrow as pa
+
+    mapping = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+    df = table.to_pandas(types_mapper=mapping.get)
+    if "shape" in df.columns:
+        df["shape"] = [tuple(int(x) for x in s) if s is not None else None for s in df["shape"]]
+    return df

@@ -1,0 +1,237 @@
+"""The Parquet side index: one file per (step, rank), one row per tensor-like argument.
+
+Default location: ``<rank dir>/index/records.parquet``. With ``out=URL`` the files go
+to ``<out>/run=<run>/[split=<split>/]step=<N>/rank=<R>/records.parquet`` (``R`` is
+the rank number, or the rank directory's name for ``rank``/``proc<pid>``), so the
+indexes of many dumps form one pyarrow dataset (``msprobe.readers.open(out)``).
+
+Columns are :data:`msprobe.readers._rows.COLUMNS` (``run, step, rank, rank_dir,
+split, seq, record, kind, api_type, api_name, call_index, direction, io, arg_path,
+type, dtype, shape, numel, max, min, mean, norm, md5, has_nan, has_inf,
+requires_grad, data_name, location, stack_id, parent``). A record without any
+tensor keeps one row whose ``io`` is null, so every record is in the index.
+``location`` is the payload's key relative to the rank directory. The Parquet
+key-value metadata holds ``msprobe_lake.index_version``, ``msprobe_lake.format_version``
+and what the reader needs without dump.json (task, level, framework, dialect, run,
+step, rank, rank_dir, split, source URL, record count, document size).
+"""
+from __future__ import annotations
+
+import io
+import re
+import sys
+from typing import Any, Callable, Iterable, Optional
+
+from msprobe.errors import ConfigError, StorageNotFoundError, require
+from msprobe.readers._rows import rank_rows, rows_to_arrow
+from msprobe.readers._source import INDEX_FILE, RankSource, join
+
+__all__ = [
+    "INDEX_VERSION",
+    "INDEX_FILE",
+    "META_PREFIX",
+    "rank_index_table",
+    "write_rank_index",
+    "build_index",
+    "read_index_metadata",
+    "read_index_table",
+    "partition_key",
+]
+
+INDEX_VERSION = "1.0"
+META_PREFIX = "msprobe_lake."
+_SAFE_RE = re.compile(r"[^A-Za-z0-9._\-]+")
+
+
+def _pa() -> Any:
+    return require("pyarrow", "parquet")
+
+
+def _pq() -> Any:
+    _pa()
+    import pyarrow.parquet as pq
+
+    return pq
+
+
+def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank_dir: str,
+                     split: Optional[str] = None, run: Optional[str] = None, stack: Any = None,
+                     construct: Any = None, mapping: Optional[dict] = None, source: Optional[str] = None,
+                     dialect: Optional[str] = None, doc_name: Optional[str] = None,
+                     doc_size: Optional[int] = None) -> Any:
+    """The index table (pyarrow) of one rank's DumpDocument, metadata included."""
+    from msprobe import FORMAT_VERSION
+
+    data = doc.data
+    cols = rank_rows(data, run=run, step=step, rank=rank, rank_dir=rank_dir, split=split,
+                     stack_ids=stack.ids_of() if stack is not None else None,
+                     parents=construct.raw if construct is not None else None, mapping=mapping, placeholders=True)
+    meta = {
+        "index_version": INDEX_VERSION, "format_version": FORMAT_VERSION,
+        "task": doc.task, "level": doc.level, "framework": doc.framework, "dialect": dialect,
+        "run": run, "step": step, "rank": rank, "rank_dir": rank_dir, "split": split, "source": source,
+        "records": len(data), "doc": doc_name, "doc_size": doc_size,
+    }
+    return rows_to_arrow(cols, {META_PREFIX + k: "" if v is None else v for k, v in meta.items()})
+
+
+def _table_bytes(table: Any) -> bytes:
+    pq = _pq()
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", write_statistics=True)
+    return buf.getvalue()
+
+
+def write_rank_index(store: Any, rank_prefix: str, doc: Any, *, step: Optional[int], rank: Optional[int],
+                     rank_dir: Optional[str] = None, split: Optional[str] = None, run: Optional[str] = None,
+                     stack: Any = None, construct: Any = None, mapping: Optional[dict] = None,
+                     dialect: Optional[str] = None, key: Optional[str] = None, doc_name: str = "dump.json",
+                     doc_size: Optional[int] = None, source: Optional[str] = None) -> str:
+    """Write the index of one rank through ``store`` (``store.put``, atomic) and return its key.
+
+    ``doc`` is the rank's :class:`~msprobe.format.documents.DumpDocument`; ``stack`` and
+    ``construct`` its StackDocument / ConstructDocument when there are any. The key
+    defaults to ``<rank_prefix>/index/records.parquet``. This is what a dumper calls
+    at publish time.
+    """
+    rank_dir = rank_dir or (rank_prefix.rstrip("/").rsplit("/", 1)[-1] if rank_prefix else "rank")
+    if source is None:
+        source = f"{store.url.rstrip('/')}/{rank_prefix}" if rank_prefix else store.url
+    table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run, stack=stack,
+                             construct=construct, mapping=mapping, source=source, dialect=dialect,
+                             doc_name=doc_name, doc_size=doc_size)
+    key = key or join(rank_prefix, INDEX_FILE)
+    store.put(key, _table_bytes(table))
+    return key
+
+
+def partition_key(run: Optional[str], step: Optional[int], rank: Optional[int], rank_dir: str,
+                  split: Optional[str] = None) -> str:
+    """``run=<run>/[split=<s>/]step=<N>/rank=<R>/records.parquet`` (hive style)."""
+    parts = []
+    if run:
+        parts.append(f"run={_safe(run)}")
+    if split:
+        parts.append(f"split={_safe(split)}")
+    parts.append(f"step={step if step is not None else 'none'}")
+    parts.append(f"rank={rank if rank is not None else _safe(rank_dir)}")
+    return "/".join(parts) + "/records.parquet"
+
+
+def _safe(value: str) -> str:
+    s = _SAFE_RE.sub("_", str(value)).strip(".") or "_"
+    return s
+
+
+def read_index_metadata(store: Any, key: str) -> dict:
+    """The msprobe key-value metadata of an index file (prefix stripped; typed step/rank/records)."""
+    pq = _pq()
+    with store.open_read(key) as f:
+        md = pq.read_metadata(f).metadata or {}
+    return _decode_meta(md)
+
+
+def _decode_meta(md: dict) -> dict:
+    out: dict = {}
+    for k, v in md.items():
+        k = k.decode() if isinstance(k, bytes) else k
+        if not k.startswith(META_PREFIX):
+            continue
+        v = v.decode() if isinstance(v, bytes) else v
+        out[k[len(META_PREFIX):]] = v if v != "" else None
+    for k in ("step", "rank", "records", "doc_size"):
+        if out.get(k) is not None:
+            try:
+                out[k] = int(out[k])
+            except ValueError:
+                out[k] = None
+    return out
+
+
+def read_index_table(store: Any, key: str, columns: Optional[list] = None, filter: Any = None) -> Any:
+    """Read one index file through ``store``."""
+    pq = _pq()
+    data = store.get(key)
+    return pq.read_table(io.BytesIO(data), columns=columns, filters=filter)
+
+
+def _progress_bar(total: int, stream: Any = None) -> Callable[[int, str], None]:
+    stream = stream or sys.stderr
+    width = 30
+
+    def show(done: int, what: str) -> None:
+        filled = int(width * done / total) if total else width
+        bar = "#" * filled + "-" * (width - filled)
+        stream.write(f"\rindexing [{bar}] {done}/{total} {what[-40:]:<40}")
+        if done >= total:
+            stream.write("\n")
+        stream.flush()
+
+    return show
+
+
+def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional[dict] = None,
+                out_storage_options: Optional[dict] = None, run: Optional[str] = None,
+                progress: Any = None, skip_existing: bool = False) -> list:
+    """Build the Parquet index of every rank of a dump; returns the URLs written.
+
+    ``dump_or_path``: a :class:`~msprobe.readers.Dump` or anything ``open()`` takes.
+    ``out``: None writes ``<rank dir>/index/records.parquet`` into the dump itself;
+    a URL/path (or Store) writes hive partitions there instead. ``run`` names the
+    dump in the ``run`` column (default: the dump's directory name). ``progress``:
+    True for a bar on stderr, or a callable ``(done, total, what)``.
+    """
+    from msprobe.readers._api import open as open_dump
+    from msprobe.readers._dump import Dump
+
+    _pa()
+    dump = dump_or_path if isinstance(dump_or_path, Dump) else open_dump(
+        dump_or_path, engine="msprobe", storage_options=storage_options, run=run)
+    run = run or dump.run
+    from msprobe.readers._store import open_store
+
+    if out is not None:
+        out_store = open_store(out, out_storage_options, create=True)
+    else:
+        out_store = None
+        dump_store = dump.store
+        if dump_store.read_only:
+            dump_store = open_store(dump.url, dump.storage_options or None, read_only=False, create=False)
+    sources = [s for s in dump.sources if isinstance(s, RankSource) and not getattr(s, "index_only", False)]
+    show = _progress_bar(len(sources)) if progress is True else None
+    written = []
+    for i, src in enumerate(sources):
+        if out_store is None:
+            store, prefix = dump_store, src.prefix
+            key = join(prefix, INDEX_FILE)
+        else:
+            store, prefix = out_store, ""
+            key = partition_key(run, src.step, src.rank, src.rank_dir, src.split)
+        if not (skip_existing and store.exists(key)):
+            was_loaded = src.loaded
+            try:
+                doc = src.document()
+            except StorageNotFoundError:
+                continue
+            write_rank_index(store, prefix, doc, step=src.step, rank=src.rank, rank_dir=src.rank_dir,
+                             split=src.split, run=run, stack=src.stack(), construct=src.construct(),
+                             mapping=src.mapping() if src._has_mapping() else None,  # noqa: SLF001
+                             dialect=dump.dialect_of(src), key=key, doc_name=src.doc_name or "dump.json",
+                             doc_size=src._doc_size, source=src.url)  # noqa: SLF001
+            if not was_loaded:
+                src._reset()  # noqa: SLF001 - bound memory: one document at a time
+        written.append(f"{store.url.rstrip('/')}/{key}")
+        if show:
+            show(i + 1, src.url)
+        elif callable(progress):
+            progress(i + 1, len(sources), src.url)
+    if show and not sources:
+        show(0, "")
+    return written
+
+
+def concat_tables(tables: Iterable[Any]) -> Any:
+    """Concatenate tables of the same columns (schema metadata dropped)."""
+    pa = _pa()
+    tables = [t.replace_schema_metadata(None) for t in tables]
+    return pa.concat_tables(tables)
