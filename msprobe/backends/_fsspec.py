@@ -221,7 +221,10 @@ class FsspecStore(Store):
         self._check_writable()
         key = self._key(key)
         if self._in_memory:
-            data = fileobj.read()
+            try:
+                data = fileobj.read()
+            except Exception as exc:
+                self._fail(exc, "put_stream", key)
             self.put(key, data, overwrite=overwrite)
             return len(data)
         if not overwrite and self._info(key) is not None:

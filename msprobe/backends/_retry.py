@@ -119,7 +119,9 @@ def _classify_one(exc: BaseException, extra_errnos: frozenset[int]) -> str | Non
         return MISSING
     if isinstance(exc, StoragePermissionError):
         return DENIED
-    if isinstance(exc, MsprobeError):  # StorageError itself, ConfigError, UnsafePathError...
+    if isinstance(exc, StorageError) and type(exc) is StorageError:
+        return None  # a plain StorageError: let its cause decide (extra_transient_errnos)
+    if isinstance(exc, MsprobeError):  # ConfigError, UnsafePathError, ...
         return PERMANENT
     verdict = _classify_response(exc)
     if verdict is not None:

@@ -1,0 +1,288 @@
+"""LocalStore specifics: atomic publication, temp files, fallbacks, crash-safe journal."""
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from msprobe.backends import LocalStore, open_store, read_journal
+from msprobe.backends import _journal as journal_module
+from msprobe.backends import _local as local_module
+from msprobe.errors import (
+    StorageError,
+    StorageNotFoundError,
+    StoragePermissionError,
+    StorageTransientError,
+)
+
+FIVE_MB = 5 * 2**20
+
+
+def all_names(root) -> list[str]:
+    """Every file below root, hidden ones included."""
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+def test_reader_never_sees_partial_file(tmp_path) -> None:
+    """A reader polling while 5 MB puts are in progress sees whole objects only."""
+    store = LocalStore(tmp_path)
+    stop = threading.Event()
+    bad: list[str] = []
+    seen = 0
+
+    def poll() -> None:
+        nonlocal seen
+        reader = LocalStore(tmp_path, read_only=True)
+        while not stop.is_set():
+            try:
+                data = reader.get("rank0/t.bin")
+            except StorageNotFoundError:
+                continue
+            seen += 1
+            if len(data) != FIVE_MB or data.count(data[:1]) != FIVE_MB:
+                bad.append(f"partial or mixed object: {len(data)} bytes")
+            if any(".msprobe-tmp-" in k for k in reader.list_prefix()):
+                bad.append("temp file listed")
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    try:
+        for i in range(12):
+            store.put("rank0/t.bin", bytes([i]) * FIVE_MB)
+    finally:
+        stop.set()
+        thread.join()
+    assert not bad and seen > 0
+    assert all_names(tmp_path) == ["rank0/t.bin"]
+
+
+def test_stream_in_progress_is_invisible(tmp_path) -> None:
+    """While put_stream is half-way, the key does not exist and nothing is listed."""
+    store = LocalStore(tmp_path)
+    half_way, resume = threading.Event(), threading.Event()
+
+    class Slow(io.RawIOBase):
+        sent = 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b) -> int:
+            if self.sent >= FIVE_MB:
+                return 0
+            if self.sent == 2**20 * 2:
+                half_way.set()
+                resume.wait(10)
+            n = min(len(b), FIVE_MB - self.sent)
+            b[:n] = b"s" * n
+            self.sent += n
+            return n
+
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(store.put_stream("a/stream.bin", Slow())))
+    t.start()
+    assert half_way.wait(10)
+    try:
+        assert not store.exists("a/stream.bin")
+        assert store.list_prefix() == [] and store.list_dir("a") == []
+        assert any(".msprobe-tmp-" in n for n in all_names(tmp_path))  # it is being written, hidden
+    finally:
+        resume.set()
+        t.join()
+    assert result == [FIVE_MB] and store.size("a/stream.bin") == FIVE_MB
+    assert all_names(tmp_path) == ["a/stream.bin"]
+
+
+@pytest.mark.parametrize("where", ["fsync", "replace", "write"])
+def test_injected_failure_leaves_no_temp(tmp_path, monkeypatch, where) -> None:
+    store = LocalStore(tmp_path)
+    store.put("k", b"old")
+
+    def boom(*args, **kwargs):
+        raise OSError(errno.EIO, "injected I/O error")
+
+    if where == "write":
+        real_write = os.write
+        calls = {"n": 0}
+
+        def flaky_write(fd, data):
+            calls["n"] += 1
+            if calls["n"] > 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_write(fd, data[: 2**20])
+
+        monkeypatch.setattr(local_module.os, "write", flaky_write)
+    else:
+        monkeypatch.setattr(local_module.os, where, boom)
+    with pytest.raises(StorageError) as info:
+        store.put("k", b"n" * FIVE_MB)
+    assert not isinstance(info.value, StorageTransientError)  # EIO / ENOSPC are permanent
+    monkeypatch.undo()
+    assert all_names(tmp_path) == ["k"]
+    assert store.get("k") == b"old"
+
+
+def test_exclusive_create_without_hard_links(tmp_path, monkeypatch) -> None:
+    """Where os.link is refused (some FUSE/SMB mounts), O_EXCL still makes it exclusive."""
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(local_module.os, "link", no_links)
+    store = LocalStore(tmp_path)
+    store.put("m", b"first", overwrite=False)
+    with pytest.raises(StoragePermissionError):
+        store.put("m", b"second", overwrite=False)
+    assert store.get("m") == b"first"
+    assert all_names(tmp_path) == ["m"]
+
+
+def test_mkdir_races_are_harmless(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    barrier = threading.Barrier(16)
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        barrier.wait()
+        try:
+            store.put(f"deep/new/dir/tree/{i}.bin", bytes([i]) * 10)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(store.list_dir("deep/new/dir/tree")) == 16
+
+
+def test_open_store_local_forms(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert open_store("rel/dir").local_path() == str(tmp_path / "rel" / "dir")
+    assert open_store(tmp_path / "p").local_path() == str(tmp_path / "p")
+    assert open_store(f"file://{tmp_path}/u").local_path() == str(tmp_path / "u")
+    with pytest.raises(StorageNotFoundError):
+        open_store(tmp_path / "missing", create=False)
+    with pytest.raises(StorageNotFoundError):
+        open_store(tmp_path / "missing2", read_only=True)
+    assert not (tmp_path / "missing2").exists()
+    (tmp_path / "afile").write_bytes(b"x")
+    with pytest.raises(StorageError):
+        open_store(tmp_path / "afile")
+
+
+def test_parent_is_a_file(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("a", b"x")
+    with pytest.raises(StorageError):
+        store.put("a/b", b"y")
+    assert not store.exists("a/b") and store.list_prefix("a") == []
+
+
+def test_journal_fsyncs_each_flush(tmp_path, monkeypatch) -> None:
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(journal_module.os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    store = LocalStore(tmp_path)
+    with store.journal("j") as j:
+        j.append(b"1")
+        j.flush()
+        j.append(b"2")
+        j.flush()
+    assert len(synced) == 2
+    assert store.list_dir("j") == ["000001.jsonl"]  # one append file per journal
+
+
+def test_journal_failed_flush_is_rolled_back(tmp_path, monkeypatch) -> None:
+    """A flush that dies half-way is cut back, so the retry does not duplicate lines."""
+    store = LocalStore(tmp_path)
+    j = store.journal("j")
+    j.append(b"a")
+    j.flush()
+    real_write = os.write
+    state = {"fail": True}
+
+    def half_write(fd, data):
+        if state["fail"]:
+            state["fail"] = False
+            real_write(fd, bytes(data[:3]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(journal_module.os, "write", half_write)
+    j.append(b"bbbb")
+    j.append(b"cccc")
+    with pytest.raises(StorageError):
+        j.flush()
+    j.flush()  # space is back: the buffered lines go out once
+    j.close()
+    assert list(read_journal(store, "j")) == [b"a", b"bbbb", b"cccc"]
+
+
+_JOURNAL_CHILD = r"""
+import sys, json
+from msprobe.backends import LocalStore
+store = LocalStore(sys.argv[1])
+j = store.journal("rank0/journal")
+i = 0
+while True:
+    j.append(json.dumps({"seq": i, "pad": "x" * (i % 50)}).encode())
+    if i % 3 == 2:
+        j.flush()
+    i += 1
+"""
+
+
+def test_journal_survives_sigkill(tmp_path) -> None:
+    """Kill -9 a process that journals; the records flushed before are recovered in order."""
+    proc = subprocess.Popen([sys.executable, "-c", _JOURNAL_CHILD, str(tmp_path)])
+    store = LocalStore(tmp_path)
+    deadline = time.monotonic() + 30
+    path = tmp_path / "rank0" / "journal" / "000001.jsonl"
+    while time.monotonic() < deadline and (not path.exists() or path.stat().st_size < 200_000):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    truncated: list[bytes] = []
+    records = [json.loads(line) for line in read_journal(store, "rank0/journal", on_truncated=lambda k, t: truncated.append(t))]
+    assert len(records) > 1000
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    assert len(truncated) <= 1
+
+
+def test_extra_transient_errno(tmp_path, monkeypatch) -> None:
+    """ENOSPC is permanent unless configured as transient (then the writer retries it)."""
+    from msprobe.backends import BackgroundWriter
+
+    store = LocalStore(tmp_path)
+    real_replace = os.replace
+    state = {"left": 2}
+
+    def full_then_ok(src, dst):
+        if state["left"]:
+            state["left"] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(local_module.os, "replace", full_then_ok)
+    with BackgroundWriter(store, backoff=(0.001, 0.01), extra_transient_errnos=[errno.ENOSPC]) as w:
+        w.submit("k", b"data")
+    assert store.get("k") == b"data" and w.stats.retries == 2
+
+    state["left"] = 1
+    w2 = BackgroundWriter(store, backoff=(0.001, 0.01))
+    w2.submit("k2", b"data")
+    with pytest.raises(StorageError, match="k2"):
+        w2.flush()
+    w2.close()
+    assert w2.stats.retries == 0 and not store.exists("k2")
