@@ -38,7 +38,7 @@ def _capture_stack() -> tuple:
     out = []
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIRS) and not fn.startswith(_TORCH_DIR):
+        if not fn.startswith(_PKG_DIRS):
             out.append((fn, f.f_lineno, f.f_code.co_name))
         f = f.f_back
     return tuple(out)
@@ -73,6 +73,8 @@ class TorchDumper:
         self.debug_counts: dict = {}
         self._last_module_fwd: Optional[str] = None
         self._parent_of: dict = {}
+        self.bw_stack: list = []
+        self._optim_handles: list = []
         self.L1 = config.level in ("L1", "mix")
         self.L0 = config.level in ("L0", "mix")
 
@@ -88,6 +90,8 @@ class TorchDumper:
             self.token_range = tuple(token_range)
         if model is not None and (self.L0 or token_range is not None):
             self._hook_models(model)
+        if self.config.level == "mix" and not self._optim_handles:
+            self._hook_optimizers()
         elif self.L0 and not self._hooked_models:
             raise ConfigError(f"level {cfg.level!r} dumps modules and needs start(model=...)")
         if not (self.session.step_enabled() and self.session.rank_enabled()):
@@ -112,13 +116,16 @@ class TorchDumper:
         self._token_count = -1
         self._pgrad_seen.clear()
         self.debug_counts.clear()
+        self.bw_stack.clear()
+        self._parent_of.clear()
 
     def close(self) -> None:
         self.stop()
         self.patcher.uninstall()
-        for h in self._module_handles:
+        for h in self._module_handles + self._optim_handles:
             h.remove()
         self._module_handles = []
+        self._optim_handles = []
         self.session.close()
 
     # ---------------------------------------------------------------- filters
@@ -226,7 +233,7 @@ class TorchDumper:
                 if want_out:
                     rec["output"] = [d.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grad_inputs)]
                 if d._keep(rec):
-                    d.session.add_record(bwd, rec, parent=d._bw_parent(parent))
+                    d.session.add_record(bwd, rec, parent=d.bw_stack[-1] if d.bw_stack else None)
             finally:
                 GUARD.inside = False
             return None
@@ -260,6 +267,25 @@ class TorchDumper:
                     continue
                 key = f"Module.{idx}.{path}.{type(sub).__name__}" if multi else f"Module.{path}.{type(sub).__name__}"
                 self._hook_module(sub, key)
+
+    def _hook_optimizers(self) -> None:
+        """At mix level, optimizer.step() APIs get the pseudo-module parent 'optimizer' (as msprobe 26 does)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        dumper = weakref.ref(self)
+
+        def pre(opt, args, kwargs):
+            d = dumper()
+            if d is not None and d.enabled:
+                d.module_stack.append("optimizer")
+                d.session.construct.setdefault("optimizer", None)
+
+        def post(opt, args, kwargs):
+            d = dumper()
+            if d is not None and d.module_stack and d.module_stack[-1] == "optimizer":
+                d.module_stack.pop()
+
+        self._optim_handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
 
     def _on_root_forward(self, module, args) -> None:
         self._token_count += 1
@@ -315,10 +341,8 @@ class TorchDumper:
                 save = d.encoder.wants_tensors(fwd)
                 if want_out and d.config.task != "structure":
                     rec["output"] = d._encode_output(output, f"{fwd}.output", save)
-                    params = {name: d.encoder.encode(p, f"{fwd}.parameters.{name}", save)
-                              for name, p in mod.named_parameters(recurse=False)}
-                    if params:
-                        rec["parameters"] = params
+                    rec["parameters"] = {name: d.encoder.encode(p, f"{fwd}.parameters.{name}", save)
+                                         for name, p in mod.named_parameters(recurse=False)}
                 if d._keep(rec):
                     d.session.add_record(fwd, rec, stack=stack, parent=parent)
                     d._hook_param_grads(mod, key)
@@ -341,6 +365,8 @@ class TorchDumper:
                     rec["output"] = [d.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grad_input)]
                 if d._keep(rec):
                     d.session.add_record(bwd, rec, parent=d._bw_parent(d._parent_of.get(f"{key}.forward.{n}")))
+                if d.bw_stack and d.bw_stack[-1] == bwd:
+                    d.bw_stack.pop()
             finally:
                 GUARD.inside = False
 
@@ -377,6 +403,7 @@ class TorchDumper:
                     emit_backward(dd, n, grads, ())
                 else:
                     state["gout"] = grads
+                    dd.bw_stack.append(f"{key}.backward.{n}")
 
             single = not isinstance(output, tuple)
             tapped = _tap(output if not single else (output,), got_output_grads)
