@@ -11,6 +11,7 @@ from msprobe.format.documents import (
     DUMP_JSON,
     STACK_JSON,
     ConstructDocument,
+    DebugDocument,
     DumpDocument,
     StackDocument,
     dumps_json,
@@ -44,16 +45,15 @@ from msprobe.format.naming import (
     parse_data_name,
     parse_record_name,
 )
+from msprobe.format.layout import FORMAT_VERSION, check_format_version, validate_marker
 from msprobe.format.stats import crc32_hex, reference_stats, xor64_hex
-
-FORMAT_VERSION = "1.0"
 
 __all__ = [
     "FORMAT_VERSION",
     "DUMP_JSON", "DEBUG_JSON", "STACK_JSON", "CONSTRUCT_JSON", "TENSOR_DIR",
-    "DumpDocument", "StackDocument", "ConstructDocument", "loads_json", "dumps_json",
+    "DumpDocument", "DebugDocument", "StackDocument", "ConstructDocument", "loads_json", "dumps_json",
     "Dialect", "DIALECTS", "RankDir", "detect_dialect", "get_dialect", "parse_rank_dir", "parse_step_dir",
-    "rank_dir_name",
+    "rank_dir_name", "validate_marker", "check_format_version",
     "Arg", "Record", "TensorArg", "iter_tensors", "parse_arg", "tensor_entry", "typed_value",
     "DataName", "RecordName", "check_file_name", "is_record_name", "parse_data_name", "parse_record_name",
     "crc32_hex", "reference_stats", "xor64_hex",

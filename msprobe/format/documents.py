@@ -23,6 +23,7 @@ __all__ = [
     "loads_json",
     "dumps_json",
     "DumpDocument",
+    "DebugDocument",
     "StackDocument",
     "ConstructDocument",
 ]
@@ -100,8 +101,9 @@ def loads_json(data: Union[bytes, str], file: Optional[str] = None) -> Any:
 
 
 def dumps_json(obj: Any) -> str:
-    """Serialize like the real tool: indent 1, non-ASCII kept, NaN/Infinity as JSON extensions."""
-    return json.dumps(obj, indent=1, ensure_ascii=False)
+    """Serialize exactly like the real tool (``json.dump(obj, f, indent=1)``): indent 1,
+    non-ASCII escaped as ``\\uXXXX``, NaN/Infinity as JSON extensions, no trailing newline."""
+    return json.dumps(obj, indent=1)
 
 
 def _require_object(obj: Any, file: Optional[str], location: str = "$") -> dict:
@@ -185,15 +187,25 @@ class DumpDocument:
                 yield DocumentError(f"'{key}' must be a string", file=f, location=f"$.{key}")
                 if first_only:
                     return
+        dd = raw.get("dump_data_dir")
+        if dd is not None and not isinstance(dd, str):
+            yield DocumentError("'dump_data_dir' must be a string or null", file=f, location="$.dump_data_dir")
+            if first_only:
+                return
+        yield from self._header_problems()
         if "data" not in raw:
             yield DocumentError("missing 'data'", file=f, location="$")
             return
         if not isinstance(raw["data"], dict):
             yield DocumentError("'data' must be an object", file=f, location="$.data")
             return
+        debug_only = self._debug_only()
         for rec in self.records():
             try:
                 rec.check(f)
+                if debug_only and rec.kind != "debug":
+                    raise NameFormatError(f"record {rec.name!r} is not a debug record "
+                                          "('{name}.{n}.debug'), as level 'debug' requires")
             except NameFormatError as exc:
                 yield DocumentError(exc.message, file=f, location=f'$.data["{rec.name}"]')
                 if first_only:
@@ -202,6 +214,26 @@ class DumpDocument:
                 yield exc
                 if first_only:
                     return
+
+
+    def _header_problems(self) -> Iterator[FormatError]:
+        return iter(())
+
+    def _debug_only(self) -> bool:
+        return self.raw.get("level") == "debug"
+
+
+class DebugDocument(DumpDocument):
+    """debug.json (``PrecisionDebugger.save`` at level debug): like dump.json, but ``level``
+    must be ``"debug"`` and every record name a debug name (``{name}.{n}.debug``)."""
+
+    def _header_problems(self) -> Iterator[FormatError]:
+        if self.raw.get("level") != "debug":
+            yield DocumentError(f"debug.json needs \"level\": \"debug\", got {self.raw.get('level')!r}",
+                                file=self.file, location="$.level")
+
+    def _debug_only(self) -> bool:
+        return True
 
 
 class StackDocument:
@@ -234,16 +266,20 @@ class StackDocument:
                 yield key, [key], value
 
     def validate(self) -> None:
+        """``[[names], [frames]]`` (8.x/26.x): both lists of strings; otherwise the legacy
+        form: a list of frame strings (a string or null is tolerated)."""
         for key, value in self.raw.items():
             loc = f'$["{key}"]'
             if isinstance(value, list) and len(value) == 2 and isinstance(value[0], list):
                 if not all(isinstance(n, str) for n in value[0]):
-                    raise DocumentError("record names must be strings", file=self.file, location=f"{loc}[0]")
-                frames = value[1]
+                    raise DocumentError("record names must be strings", file=self.file, location=f"{loc}.0")
+                frames, floc = value[1], f"{loc}.1"
+            elif value is None or isinstance(value, str):
+                continue  # legacy, tolerated
             else:
-                frames = value
-            if not isinstance(frames, (list, str)) and frames is not None:
-                raise DocumentError("stack frames must be a list of strings", file=self.file, location=loc)
+                frames, floc = value, loc
+            if not isinstance(frames, list) or not all(isinstance(fr, str) for fr in frames):
+                raise DocumentError("stack frames must be a list of strings", file=self.file, location=floc)
 
     def stack_of(self, record_name: str) -> Optional[list]:
         if self._index is None:

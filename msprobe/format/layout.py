@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from msprobe.errors import UnknownDialectError
+from msprobe.errors import DocumentError, UnknownDialectError
 
 __all__ = [
     "STEP_DIR_RE",
@@ -34,7 +34,15 @@ __all__ = [
     "DIALECTS",
     "detect_dialect",
     "get_dialect",
+    "FORMAT_VERSION",
+    "FORMAT_VERSION_RE",
+    "validate_marker",
+    "check_format_version",
 ]
+
+#: The version of spec/FORMAT.md this code implements; readers accept any 1.x.
+FORMAT_VERSION = "1.0"
+FORMAT_VERSION_RE = re.compile(r"^(?P<major>[0-9]+)\.(?P<minor>[0-9]+)$")
 
 STEP_DIR_RE = re.compile(r"^step(?P<step>\d+)$")
 RANK_DIR_RE = re.compile(r"^(?:rank(?P<rank>\d+)?|proc(?P<pid>\d+))$")
@@ -82,16 +90,16 @@ class Dialect:
     params_grad_count: bool  # '...parameters_grad.0' (26.x) vs '...parameters_grad' (8.x)
     is_recompute: bool  # forward records carry "is_recompute": false (8.x)
     int_stats_as_int: bool  # int tensors: Max/Min ints and Mean/Norm null (26.x) vs floats (8.x)
-    memory_format_key: str  # 'format' (8.x) or 'value'
+    memory_format_key: str  # 'format' in every known release ('value' is never written)
     summary_modes: tuple
 
 
 DIALECTS = {
     "msprobe-8": Dialect("msprobe-8", "rank", False, True, False, "format", ("statistics", "md5")),
-    "msprobe-26": Dialect("msprobe-26", "proc", True, False, True, "value", ("statistics", "md5", "xor")),
+    "msprobe-26": Dialect("msprobe-26", "proc", True, False, True, "format", ("statistics", "md5", "xor")),
 }
 #: Ours: the documented layout (``rank``), 8.x record names, 26.x statistics types. See spec/FORMAT.md.
-DIALECTS["msprobe-lake"] = Dialect("msprobe-lake", "rank", False, False, True, "value", ("statistics", "md5", "xor"))
+DIALECTS["msprobe-lake"] = Dialect("msprobe-lake", "rank", False, False, True, "format", ("statistics", "md5", "xor"))
 
 
 def get_dialect(name: str) -> Dialect:
@@ -132,3 +140,33 @@ def detect_dialect(rank_dir_names: Iterable[str] = (), data: Optional[dict] = No
 
 def read_marker(raw: Any) -> dict:
     return raw if isinstance(raw, dict) else {}
+
+
+_MARKER_STRINGS = ("producer", "framework", "task", "level", "summary_mode", "tensor_format")
+
+
+def validate_marker(raw: Any, file: Optional[str] = None) -> dict:
+    """Check ``msprobe_lake.json`` (spec/FORMAT.md section 6); return it, or raise DocumentError."""
+    if not isinstance(raw, dict):
+        raise DocumentError(f"expected a JSON object, got {type(raw).__name__}", file=file, location="$")
+    v = raw.get("format_version")
+    if not isinstance(v, str) or not FORMAT_VERSION_RE.match(v):
+        raise DocumentError(f"'format_version' must be a string 'MAJOR.MINOR', got {v!r}",
+                            file=file, location="$.format_version")
+    d = raw.get("dialect")
+    if not isinstance(d, str) or not d:
+        raise DocumentError(f"'dialect' must be a non-empty string, got {d!r}", file=file, location="$.dialect")
+    for key in _MARKER_STRINGS:
+        if key in raw and not isinstance(raw[key], str):
+            raise DocumentError(f"'{key}' must be a string", file=file, location=f"$.{key}")
+    return raw
+
+
+def check_format_version(version: str, file: Optional[str] = None) -> None:
+    """Refuse a major version other than ours (spec/FORMAT.md 2.3); any minor is accepted."""
+    m = FORMAT_VERSION_RE.match(version or "")
+    ours = FORMAT_VERSION_RE.match(FORMAT_VERSION)
+    assert ours is not None
+    if not m or m.group("major") != ours.group("major"):
+        raise UnknownDialectError(f"format version {version!r} is not supported (this reader implements "
+                                  f"{FORMAT_VERSION}; any {ours.group('major')}.x is accepted)", file=file)

@@ -352,6 +352,9 @@ def _check_tensor(t: TensorArg, file: Optional[str], loc: str) -> None:
     md5 = raw.get("md5")
     if md5 is not None and not isinstance(md5, str):
         raise DocumentError("'md5' must be a string", file=file, location=loc)
+    rg = raw.get("requires_grad")
+    if rg is not None and not isinstance(rg, bool):
+        raise DocumentError(f"'requires_grad' must be a boolean or null, got {rg!r}", file=file, location=loc)
 
 
 def tensor_entry(

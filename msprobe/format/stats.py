@@ -17,6 +17,8 @@ dialect, matching the real tool (see spec/FORMAT.md, "Statistics"):
   - msprobe-26 / msprobe-lake: ``Max``/``Min`` as JSON integers; ``Mean``/``Norm`` null.
   - msprobe-8: cast to float32; all four as floats.
 * NaN propagates (``Max`` of a tensor holding NaN is NaN, written ``NaN``); Inf likewise.
+* MindSpore (``framework="mindspore"``, every dialect): integer and float64 tensors are cast
+  to float32 and all four given (the msprobe-8 rule); complex also gives ``Norm``.
 
 ``md5`` is ``"%08x" % zlib.crc32(bytes)`` over the tensor's contiguous bytes in its own
 dtype (msprobe-26, ours); msprobe-8 casts bfloat16 to float32 first. ``xor`` is the XOR
@@ -33,14 +35,23 @@ import numpy as np
 __all__ = ["crc32_hex", "xor64_hex", "xor64", "reference_stats", "stats_equal"]
 
 
+def _byte_view(buf: Any) -> Any:
+    """The bytes of a buffer in C order, as a flat view when possible (empty and
+    non-contiguous buffers, which memoryview cannot cast, included)."""
+    mv = memoryview(buf)
+    if mv.nbytes == 0:
+        return b""
+    return mv.cast("B") if mv.c_contiguous else mv.tobytes()
+
+
 def crc32_hex(buf: Any) -> str:
     """CRC-32 of a bytes-like object, as the 8 lowercase hex digits the real tool writes."""
-    return f"{zlib.crc32(memoryview(buf).cast('B')) & 0xFFFFFFFF:08x}"
+    return f"{zlib.crc32(_byte_view(buf)) & 0xFFFFFFFF:08x}"
 
 
 def xor64(buf: Any) -> int:
     """XOR of the little-endian 64-bit words of ``buf`` (zero-padded)."""
-    b = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+    b = np.frombuffer(_byte_view(buf), dtype=np.uint8)
     pad = (-len(b)) % 8
     if pad:
         b = np.concatenate([b, np.zeros(pad, dtype=np.uint8)])
@@ -57,12 +68,15 @@ def _py(x: Any) -> Any:
     return x.item() if hasattr(x, "item") else x
 
 
-def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype: Optional[str] = None) -> tuple:
+def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype: Optional[str] = None,
+                    framework: str = "pytorch") -> tuple:
     """(Max, Min, Mean, Norm) of ``a`` as JSON-ready Python values.
 
     ``logical_dtype`` names a dtype numpy lacks (``"bfloat16"``): ``a`` then holds the values
     widened to float32, and Mean/Norm are rounded back to bfloat16 as the real tool's are.
+    ``framework="mindspore"`` applies the MindSpore rules (see the module docstring).
     """
+    mindspore = framework == "mindspore"
     if a.size == 0:
         return (None, None, None, None)
     if a.dtype == np.bool_:
@@ -72,8 +86,9 @@ def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype
         return (v, v, v, v)
     if np.iscomplexobj(a):
         m = np.abs(a)
-        return (_py(m.max()), _py(m.min()), _py(m.mean()), None)
-    legacy = dialect == "msprobe-8"
+        norm = _py(np.linalg.norm(m)) if mindspore else None
+        return (_py(m.max()), _py(m.min()), _py(m.mean()), norm)
+    legacy = dialect == "msprobe-8" or mindspore
     if a.dtype.kind in "iu":
         if legacy:
             f = a.astype(np.float32)
@@ -107,8 +122,10 @@ def _round_bf16(x: Optional[float]) -> Optional[float]:
 
 def stats_equal(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
     """Compare two statistics values as JSON gives them (NaN equals NaN)."""
-    if a is None or b is None or isinstance(a, bool) or isinstance(b, bool):
-        return a == b
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
     fa, fb = float(a), float(b)
     if np.isnan(fa) or np.isnan(fb):
         return bool(np.isnan(fa) and np.isnan(fb))

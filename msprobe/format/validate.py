@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
@@ -17,14 +18,19 @@ from msprobe.format.documents import (
     DUMP_JSON,
     STACK_JSON,
     ConstructDocument,
+    DebugDocument,
     DumpDocument,
     StackDocument,
+    loads_json,
 )
 from msprobe.format.layout import (
     GRAPH_SPLIT_DIRS,
     MAPPING_CSV,
+    MARKER_FILE,
     TENSOR_DIR,
+    check_format_version,
     detect_dialect,
+    validate_marker,
     parse_rank_dir,
     parse_step_dir,
 )
@@ -124,12 +130,28 @@ def _ranks_of_step(store: Any, step_prefix: str, step: Optional[int]) -> Iterato
     return iter(sorted(found, key=lambda r: (r.rank is None, r.rank or 0, r.rank_dir)))
 
 
+_CONVERTED_RE = re.compile(r"^\d{32}(?:\.[A-Za-z0-9]+)?$")
+
+
 def read_mapping(data: bytes) -> dict:
-    """mapping.csv: ``original file name, converted name`` rows -> {original: converted}."""
+    """mapping.csv -> {original file name: converted file name}.
+
+    Rows are ``converted,original`` (the real tool's column order, spec/FORMAT.md 14.3);
+    the reverse order is accepted too, recognising the converted name (32 digits plus an
+    extension). Header-like and short rows are skipped."""
     out = {}
     for row in csv.reader(io.StringIO(data.decode("utf-8", errors="replace"))):
-        if len(row) >= 2 and row[0] and not row[0].lower().startswith("original"):
-            out[row[0].strip()] = row[1].strip()
+        if len(row) < 2:
+            continue
+        a, b = row[0].strip(), row[1].strip()
+        if not a or not b:
+            continue
+        if _CONVERTED_RE.match(a) and not _CONVERTED_RE.match(b):
+            out[b] = a
+        elif _CONVERTED_RE.match(b) and not _CONVERTED_RE.match(a):
+            out[a] = b
+        elif not a.lower().startswith(("original", "converted", "hash")):
+            out[b] = a  # real-tool order by default
     return out
 
 
@@ -167,8 +189,9 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
     if doc_name is None:
         report.problems.append(Problem("error", _join(loc.prefix, DUMP_JSON), "", "missing dump.json (or debug.json)"))
         return
+    marker = _check_marker(store, _join(loc.prefix, MARKER_FILE), report) if MARKER_FILE in names else None
     key = _join(loc.prefix, doc_name)
-    doc = _load(store, key, DumpDocument, report)
+    doc = _load(store, key, DebugDocument if doc_name == DEBUG_JSON else DumpDocument, report)
     if doc is None:
         return
     for p in doc.problems():
@@ -176,7 +199,7 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
     data = doc.data
     report.records += len(data)
     try:
-        report.dialects.add(detect_dialect([loc.rank_dir], data))
+        report.dialects.add(detect_dialect([loc.rank_dir], data, marker))
     except MsprobeError:
         pass
     # tensor files
@@ -201,6 +224,9 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
                 report.problems.append(Problem("error", key, loc_json,
                                                f"data_name {dn!r} also named by {named[dn]!r}"))
             named[dn] = rec.name
+            if not dn.startswith(rec.name + "."):
+                report.problems.append(Problem("warning", key, loc_json,
+                                               f"data_name {dn!r} does not start with its record name"))
             if mapping.get(dn, dn) not in tensor_files:
                 report.problems.append(Problem("error", key, loc_json,
                                                f"data_name {dn!r} has no file in {TENSOR_DIR}/"))
@@ -223,3 +249,15 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
                 cd.validate()
             except FormatError as exc:
                 report.problems.append(Problem("error", ck, exc.location or "", exc.message))
+
+
+def _check_marker(store: Any, key: str, report: Report) -> Optional[dict]:
+    try:
+        marker = validate_marker(loads_json(store.get(key), key), key)
+        check_format_version(marker["format_version"], key)
+        return marker
+    except FormatError as exc:
+        report.problems.append(Problem("error", key, exc.location or "", exc.message))
+    except MsprobeError as exc:
+        report.problems.append(Problem("error", key, "", str(exc)))
+    return None
