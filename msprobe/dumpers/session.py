@@ -17,11 +17,20 @@ from collections import defaultdict
 from typing import Any, Callable, Optional
 
 from msprobe.dumpers.config import DumpConfig
-from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_json
+from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_records_json
 from msprobe.format.layout import ERROR_LOG, JOURNAL_DIR, MARKER_FILE, TENSOR_DIR, rank_dir_name
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
 
 __all__ = ["DumpSession", "StackTable", "PendingStats"]
+
+
+def _unwrap(text: str) -> bytes:
+    """``{"_": {...}}`` laid out by dumps_records_json -> the inner object, same layout."""
+    lines = text.split("\n")
+    if lines[1] == ' "_": {}':
+        return b"{}"
+    inner = ["{"] + lines[2:-2] + ["}"]
+    return "\n".join(inner).encode("utf-8")
 
 
 class PendingStats:
@@ -242,7 +251,7 @@ class DumpSession:
 
     def _open_journal(self):
         if self._journal is None:
-            self._journal = self.store.journal(f"{self.rank_prefix}/{JOURNAL_DIR}")
+            self._journal = self.store.journal(f"{self.rank_prefix}/{JOURNAL_DIR}", fsync=self.config.journal_fsync)
         return self._journal
 
     def _note_error(self, what: str, exc: BaseException) -> None:
@@ -279,10 +288,11 @@ class DumpSession:
             doc = {"task": self.config.task, "level": self.config.level, "framework": self.framework,
                    "dump_data_dir": self._dump_data_dir(), "data": self.data}
             store = self.store
-            store.put(f"{prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_json(doc).encode("utf-8"))
+            store.put(f"{prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_records_json(doc).encode("utf-8"))
             if not debug:
-                store.put(f"{prefix}/{STACK_JSON}", dumps_json(self.stacks.to_json(self.render_stack)).encode("utf-8"))
-                store.put(f"{prefix}/{CONSTRUCT_JSON}", dumps_json(self.construct).encode("utf-8"))
+                stack_doc = {"_": self.stacks.to_json(self.render_stack)}
+                store.put(f"{prefix}/{STACK_JSON}", _unwrap(dumps_records_json(stack_doc, "_")))
+                store.put(f"{prefix}/{CONSTRUCT_JSON}", _unwrap(dumps_records_json({"_": self.construct}, "_")))
             if self._mapping:
                 rows = "".join(f"{k},{v}\n" for k, v in self._mapping.items())
                 store.put(f"{prefix}/{TENSOR_DIR}/mapping.csv", rows.encode("utf-8"))

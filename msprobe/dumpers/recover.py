@@ -1,0 +1,118 @@
+"""Rebuild dump.json / stack.json / construct.json of a killed run from its crash journal.
+
+Each rank directory that was being written holds ``.journal/`` (JSON lines,
+one record per line, see spec/FORMAT.md). Recovery replays the lines in
+order (a later line for the same record replaces the earlier one, as
+parameters_grad records grow), keeps only records whose tensor files all
+exist, and publishes the documents atomically. A truncated last line is
+skipped and counted.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_json
+from msprobe.format.layout import JOURNAL_DIR, TENSOR_DIR, parse_rank_dir, parse_step_dir
+from msprobe.format.model import Record
+
+__all__ = ["RecoveryResult", "recover_store", "find_journals"]
+
+
+@dataclass
+class RecoveryResult:
+    rank_prefix: str
+    records: int = 0
+    dropped_missing_tensor: list = field(default_factory=list)
+    truncated_lines: int = 0
+    written: bool = False
+
+    def summary(self) -> str:
+        return (f"{self.rank_prefix}: {self.records} records recovered, {self.truncated_lines} truncated line(s) "
+                f"skipped, {len(self.dropped_missing_tensor)} record(s) dropped for missing tensor files")
+
+
+def find_journals(store: Any, prefix: str = "") -> list:
+    """Rank prefixes under ``prefix`` that hold a non-empty journal."""
+    out = set()
+    for key in store.list_prefix(prefix):
+        parts = key.split("/")
+        if JOURNAL_DIR in parts:
+            i = parts.index(JOURNAL_DIR)
+            if i >= 1 and parse_rank_dir(parts[i - 1]) is not None:
+                out.add("/".join(parts[:i]))
+    return sorted(out)
+
+
+def recover_store(store: Any, prefix: str = "", *, task: Optional[str] = None, level: Optional[str] = None,
+                  framework: str = "pytorch") -> list:
+    results = []
+    for rank_prefix in find_journals(store, prefix):
+        results.append(_recover_rank(store, rank_prefix, task, level, framework))
+    return results
+
+
+def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Optional[str],
+                  framework: str) -> RecoveryResult:
+    from msprobe.backends import read_journal
+
+    res = RecoveryResult(rank_prefix)
+    marker = _marker(store, rank_prefix)
+    data: dict = {}
+    construct: dict = {}
+    stacks: dict = {}  # frames tuple -> [names]
+    has_parent = False
+
+    def truncated(key: str, partial: bytes) -> None:
+        res.truncated_lines += 1
+
+    for line in read_journal(store, f"{rank_prefix}/{JOURNAL_DIR}", on_truncated=truncated):
+        try:
+            entry = json.loads(line)
+            name = entry["name"]
+        except (ValueError, KeyError, TypeError):
+            res.truncated_lines += 1
+            continue
+        data[name] = entry.get("record")
+        if "parent" in entry:
+            has_parent = True
+            construct[name] = entry["parent"]
+        if entry.get("stack") is not None:
+            frames = tuple(entry["stack"])
+            names = stacks.setdefault(frames, [])
+            if name not in names:
+                names.append(name)
+    files = set(store.list_dir(f"{rank_prefix}/{TENSOR_DIR}"))
+    for name in list(data):
+        missing = [dn for dn in Record(name, data[name]).data_names() if dn not in files]
+        if missing:
+            res.dropped_missing_tensor.append(name)
+            del data[name]
+            construct.pop(name, None)
+    task = task or marker.get("task") or ("tensor" if files else "statistics")
+    level = level or marker.get("level") or ("mix" if has_parent else "L1")
+    debug = level == "debug" or (data and all(n.endswith(".debug") for n in data))
+    step_dir = rank_prefix.rsplit("/", 1)[0] if "/" in rank_prefix else ""
+    local = store.local_path(f"{rank_prefix}/{TENSOR_DIR}") if files else None
+    doc = {"task": task, "level": level, "framework": marker.get("framework", framework),
+           "dump_data_dir": local, "data": data}
+    store.put(f"{rank_prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_json(doc).encode("utf-8"))
+    if not debug:
+        stack_doc = {str(i): [names, list(frames)] for i, (frames, names) in enumerate(stacks.items())}
+        store.put(f"{rank_prefix}/{STACK_JSON}", dumps_json(stack_doc).encode("utf-8"))
+        store.put(f"{rank_prefix}/{CONSTRUCT_JSON}", dumps_json(construct).encode("utf-8"))
+    res.records = len(data)
+    res.written = True
+    _ = parse_step_dir(step_dir.rsplit("/", 1)[-1]) if step_dir else None
+    return res
+
+
+def _marker(store: Any, rank_prefix: str) -> dict:
+    from msprobe.format.layout import MARKER_FILE
+
+    try:
+        raw = json.loads(store.get(f"{rank_prefix}/{MARKER_FILE}"))
+        return raw if isinstance(raw, dict) else {}
+    except Exception:
+        return {}
