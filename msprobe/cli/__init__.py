@@ -22,6 +22,7 @@ SUBCOMMAND_MODULES = [
     "msprobe.cli.ls",
     "msprobe.cli.show",
     "msprobe.cli.index",
+    "msprobe.cli.recover",
 ]
 
 
