@@ -131,8 +131,9 @@ class Dump:
                 f"rank_dirs={len(self._sources)})")
 
     # -- selection ---------------------------------------------------------------------
-    def select(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY) -> list:
-        """The sources matching ``step``/``rank``/``run`` (each: a value, a list, or ANY).
+    def select(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY) -> list:
+        """The sources matching ``step``/``rank``/``run``/``split`` (each: a value, a list, or ANY;
+        ``split`` is 'graph'/'pynative' for MindSpore jit dumps, None elsewhere).
 
         ``rank=None`` selects single-process directories; when a step has none but
         exactly one rank directory, that one. A string selects a rank directory by name.
@@ -145,6 +146,8 @@ class Dump:
             if step is not ANY and not _match(s.step, step):
                 continue
             if run is not ANY and not _match(s.run, run):
+                continue
+            if split is not ANY and not _match(s.split, split):
                 continue
             if rank is not ANY and not self._rank_match(s, rank, by_step[(s.run, s.split, s.step)]):
                 continue
@@ -184,7 +187,10 @@ class Dump:
 
         from msprobe.readers.index import read_index_table
 
-        t = read_index_table(src.index_store, src.index_key, columns=list(DIGEST_COLUMNS))
+        from msprobe.readers.index import concat_tables
+
+        parts = [read_index_table(src.index_store, k, columns=list(DIGEST_COLUMNS)) for k in src.index_keys()]
+        t = concat_tables(parts) if len(parts) > 1 else parts[0]
         if t.num_rows == 0:
             return []
         seq = t.column("seq")
@@ -205,14 +211,14 @@ class Dump:
     def _record_in(self, src: Any, name: str) -> Optional[DumpRecord]:
         return self._records_of(src)[1].get(name)
 
-    def iter_records(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, kind: Any = None,
+    def iter_records(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, kind: Any = None,
                      prefix: Any = None, api_type: Any = None, api_name: Any = None, name: Any = None,
                      regex: Any = None, direction: Any = None) -> Iterator[DumpRecord]:
         """Like :meth:`records`, lazily."""
         kinds, types, dirs = _as_set(kind), _as_set(prefix if prefix is not None else api_type), _as_set(direction)
         api_names = _as_set(api_name)
         name_ok = _name_matcher(name, regex)
-        for src in self.select(step, rank, run=run):
+        for src in self.select(step, rank, run=run, split=split):
             for r in self._records_of(src)[0]:
                 if name_ok is not None and not name_ok(r.name):
                     continue
@@ -226,9 +232,9 @@ class Dump:
                     continue
                 yield r
 
-    def records(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, kind: Any = None, prefix: Any = None,
-                api_type: Any = None, api_name: Any = None, name: Any = None, regex: Any = None,
-                direction: Any = None) -> list:
+    def records(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, kind: Any = None,
+                prefix: Any = None, api_type: Any = None, api_name: Any = None, name: Any = None,
+                regex: Any = None, direction: Any = None) -> list:
         """Records in execution order (per rank; ranks in (step, rank) order).
 
         Filters: ``kind`` ('api', 'module', 'parameters_grad', 'debug'), ``prefix``/``api_type``
@@ -236,14 +242,14 @@ class Dump:
         ``name`` (a glob like ``"Functional.*.forward"``, or a compiled regex), ``regex``
         (a regex string, searched). Each filter takes a value or a collection of values.
         """
-        return list(self.iter_records(step, rank, run=run, kind=kind, prefix=prefix, api_type=api_type,
+        return list(self.iter_records(step, rank, run=run, split=split, kind=kind, prefix=prefix, api_type=api_type,
                                       api_name=api_name, name=name, regex=regex, direction=direction))
 
-    def record(self, name: str, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY) -> DumpRecord:
+    def record(self, name: str, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY) -> DumpRecord:
         """The record called ``name``; :class:`RecordNotFoundError` if absent,
         :class:`AmbiguousRecordError` if several (step, rank) hold it."""
         found = []
-        for src in self.select(step, rank, run=run):
+        for src in self.select(step, rank, run=run, split=split):
             r = self._record_in(src, name)
             if r is not None:
                 found.append(r)
@@ -251,22 +257,14 @@ class Dump:
             where = _where(step, rank)
             raise RecordNotFoundError(f"no record {name!r} in {self.url}{where}")
         if len(found) > 1:
-            places = ", ".join(f"(step={r.step}, rank_dir={r.rank_dir!r})" for r in found[:6])
+            places = ", ".join(f"({_split(r)}step={r.step}, rank_dir={r.rank_dir!r})" for r in found[:6])
             raise AmbiguousRecordError(f"record {name!r} is in {len(found)} rank directories: {places}; "
                                        "pass step= and rank=")
         return found[0]
 
-    def count(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY) -> int:
+    def count(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY) -> int:
         """Number of records (from the index metadata when there is an index)."""
-        n = 0
-        for src in self.select(step, rank, run=run):
-            if src.use_index and id(src) not in self._recs:
-                c = src.index_metadata().get("records")
-                if c is not None:
-                    n += c
-                    continue
-            n += len(self._records_of(src)[0])
-        return n
+        return sum(_count_one(self, src) for src in self.select(step, rank, run=run, split=split))
 
     def __iter__(self) -> Iterator[DumpRecord]:
         return self.iter_records()
@@ -283,7 +281,7 @@ class Dump:
                          mapping=src.mapping() if has_map else None)
         return rows_to_arrow(cols)
 
-    def to_arrow(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, filter: Any = None,
+    def to_arrow(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, filter: Any = None,
                  columns: Optional[Iterable[str]] = None) -> Any:
         """One row per tensor-like argument (columns: :data:`msprobe.readers.COLUMNS`).
 
@@ -316,7 +314,7 @@ class Dump:
                 parts.append(_scan_indexes(batch, cols, expr))
                 batch.clear()
 
-        for src in self.select(step, rank, run=run):
+        for src in self.select(step, rank, run=run, split=split):
             if src.use_index:
                 batch.append(src)
                 continue
@@ -328,10 +326,10 @@ class Dump:
             return arrow_schema().empty_table().select(cols)
         return concat_tables(parts) if len(parts) > 1 else parts[0]
 
-    def to_pandas(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, filter: Any = None,
+    def to_pandas(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, filter: Any = None,
                   columns: Optional[Iterable[str]] = None) -> Any:
         """:meth:`to_arrow` as a pandas DataFrame (nullable ints/bools, ``shape`` as tuples)."""
-        return table_to_pandas(self.to_arrow(step, rank, run=run, filter=filter, columns=columns))
+        return table_to_pandas(self.to_arrow(step, rank, run=run, split=split, filter=filter, columns=columns))
 
     def find_anomalies(self, norm_above: Optional[float] = None, *, step: Any = ANY, rank: Any = ANY,
                        run: Any = ANY, columns: Optional[Iterable[str]] = None, as_arrow: bool = False) -> Any:
@@ -392,6 +390,11 @@ def _count_one(dump: Dump, src: Any) -> int:
     return len(dump._records_of(src)[0])  # noqa: SLF001
 
 
+def _split(r: DumpRecord) -> str:
+    sp = r.source.split
+    return f"split={sp!r}, " if sp else ""
+
+
 def _match(value: Any, want: Any) -> bool:
     if isinstance(want, (list, tuple, set, frozenset, range)):
         return value in want
@@ -429,31 +432,55 @@ def _name_matcher(name: Any, regex: Any) -> Any:
 
 
 def _scan_indexes(sources: list, columns: list, expr: Any) -> Any:
-    """One pyarrow dataset scan over the index files of ``sources`` (filter pushed down)."""
+    """One pyarrow dataset scan over the index files of ``sources`` (filter pushed down).
+
+    Indexes inside a dump take the dump's run name (the dump may have been renamed or
+    indexed by its producer without one); files of an index-only lake keep theirs."""
+    import pyarrow as pa
     import pyarrow.dataset as pads
 
     from msprobe.readers._rows import arrow_schema
     from msprobe.readers._store import arrow_location
     from msprobe.readers.index import concat_tables, read_index_table
 
-    groups: list = []  # consecutive sources readable by the same pyarrow file system
+    groups: list = []  # (file system or None, paths or (store, key) pairs, run override)
     for src in sources:
-        loc = arrow_location(src.index_store, src.index_key)
-        fs = loc[0] if loc else None
-        if groups and groups[-1][0] is fs and fs is not None:
-            groups[-1][1].append(loc[1])
-        else:
-            groups.append((fs, [loc[1]] if loc else [src]))
+        run = None if getattr(src, "index_only", False) else (src.run,)
+        for key in src.index_keys():
+            loc = arrow_location(src.index_store, key)
+            fs = loc[0] if loc else None
+            item = loc[1] if loc else (src.index_store, key)
+            if groups and fs is not None and groups[-1][0] is fs and groups[-1][2] == run:
+                groups[-1][1].append(item)
+            else:
+                groups.append((fs, [item], run))
     tables = []
-    for fs, items in groups:
+    for fs, items, run in groups:
         if fs is None:
-            for src in items:
-                t = read_index_table(src.index_store, src.index_key)
-                tables.append(pads.dataset(t).to_table(columns=columns, filter=expr))
-            continue
-        ds = pads.dataset(items, format="parquet", filesystem=fs, schema=arrow_schema())
-        tables.append(ds.to_table(columns=columns, filter=expr))
+            t = concat_tables([read_index_table(store, key) for store, key in items])
+            if run is not None:
+                t = _set_run(t, run[0])
+            t = pads.dataset(t).to_table(columns=columns, filter=expr)
+        else:
+            ds = pads.dataset(items, format="parquet", filesystem=fs, schema=arrow_schema())
+            t = ds.to_table(columns=columns, filter=expr)
+            if run is not None and "run" in columns:
+                t = _set_run(t, run[0])
+        tables.append(t)
     return concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def _set_run(t: Any, run: Optional[str]) -> Any:
+    import pyarrow as pa
+
+    import pyarrow.compute as pc
+
+    i = t.schema.get_field_index("run")
+    if i < 0 or t.num_rows == 0:
+        return t
+    if run is not None and pc.all(pc.equal(t.column(i), run)).as_py():
+        return t
+    return t.set_column(i, t.schema.field(i), pa.array([run] * t.num_rows, type=pa.string()))
 
 
 def table_to_pandas(table: Any) -> Any:

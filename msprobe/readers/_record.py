@@ -254,14 +254,11 @@ class DumpRecord:
     @property
     def stack(self) -> Optional[list]:
         """Call-stack frames from stack.json (a backward record gets its forward's stack)."""
-        sd = self.source.stack()
-        if sd is None:
-            return None
-        frames = sd.stack_of(self.name)
+        frames = self.source.frames_of(self.name)
         if frames is None and self.direction == "backward":
             from msprobe.readers._rows import _forward_twin
 
-            frames = sd.stack_of(_forward_twin(self.name, self.kind))
+            frames = self.source.frames_of(_forward_twin(self.name, self.kind))
         return frames
 
     @property

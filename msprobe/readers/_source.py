@@ -19,7 +19,7 @@ from msprobe.format.documents import (
     DumpDocument,
     StackDocument,
 )
-from msprobe.format.layout import INDEX_DIR, MAPPING_CSV, MARKER_FILE, TENSOR_DIR
+from msprobe.format.layout import INDEX_DIR, JOURNAL_DIR, MAPPING_CSV, MARKER_FILE, TENSOR_DIR
 from msprobe.format.naming import check_file_name
 from msprobe.format.validate import RankLocation, read_mapping
 
@@ -27,6 +27,16 @@ __all__ = ["RankSource", "INDEX_FILE", "join"]
 
 #: The index file of a rank directory, relative to it.
 INDEX_FILE = f"{INDEX_DIR}/records.parquet"
+#: Major versions of the format (msprobe_lake.json ``format_version``) this reader accepts.
+SUPPORTED_MAJORS = ("1",)
+
+
+def _part_order(key: str) -> tuple:
+    import re
+
+    name = key.rsplit("/", 1)[-1]
+    m = re.search(r"(\d+)\.parquet$", name)
+    return (int(m.group(1)) if m else -1, name)
 
 
 def join(*parts: str) -> str:
@@ -64,12 +74,15 @@ class RankSource:
         self._doc_size: Optional[int] = None
         self._index_meta: Any = False
         self._use_index: Optional[bool] = None
+        self._index_keys: Optional[list] = None
+        self._journal: Optional[dict] = None
 
     @property
     def use_index(self) -> bool:
         """True when rows and digests come from this rank's Parquet index."""
         if self._use_index is None:
-            self._use_index = bool(self.prefer_index and self.has_index())
+            # a live journal holds records the index cannot know about: read the documents then
+            self._use_index = bool(self.prefer_index and self.has_index() and JOURNAL_DIR not in self.names())
         return self._use_index
 
     @property
@@ -113,19 +126,36 @@ class RankSource:
 
     @property
     def index_key(self) -> str:
+        """Where this rank's index is written (``index/records.parquet``)."""
         return self._k(INDEX_FILE)
 
+    def index_keys(self) -> list:
+        """Every Parquet part under ``index/`` (``records.parquet``, or ``part-N.parquet``...)."""
+        if self._index_keys is None:
+            keys: list = []
+            if INDEX_DIR in self.names():
+                keys = [self._k(INDEX_DIR, n) for n in self.store.list_dir(self._k(INDEX_DIR))
+                        if n.endswith(".parquet")]
+            self._index_keys = sorted(keys, key=_part_order)
+        return self._index_keys
+
     def has_index(self) -> bool:
-        return INDEX_DIR in self.names() and self.store.exists(self.index_key)
+        return bool(self.index_keys())
 
     # -- documents ------------------------------------------------------------
     def document(self) -> DumpDocument:
-        """dump.json (or debug.json), parsed once; an empty document when neither exists yet."""
+        """dump.json (or debug.json), parsed once; an empty document when neither exists yet.
+
+        Records of the crash journal (``.journal/``, a dump still being written by
+        msprobe-lake) that the document does not hold yet are appended to it."""
         if self._doc is None:
+            self._check_marker()
             name = self.doc_name
             if name is None:
-                self._doc = DumpDocument.new(None, None, None)  # type: ignore[arg-type]
-                self._doc.file = self.doc_key
+                m = self.marker()
+                doc = DumpDocument.new(m.get("task"), m.get("level"), m.get("framework"))
+                doc.file = self.doc_key
+                self._doc = doc
             else:
                 key = self._k(name)
                 try:
@@ -138,7 +168,54 @@ class RankSource:
                 if "data" in doc.raw and not isinstance(doc.raw["data"], dict):
                     raise DocumentError("'data' must be an object", file=key, location="$.data")
                 self._doc = doc
+            if JOURNAL_DIR in self.names():
+                self._merge_journal(self._doc)
         return self._doc
+
+    def _check_marker(self) -> None:
+        m = self.marker()
+        v = m.get("format_version")
+        if isinstance(v, str) and v.split(".", 1)[0] not in SUPPORTED_MAJORS:
+            from msprobe.errors import UnknownDialectError
+
+            raise UnknownDialectError(f"{self._k(MARKER_FILE)}: format_version {v} is not supported "
+                                      f"(this reader knows {', '.join(m + '.x' for m in SUPPORTED_MAJORS)})")
+
+    def _merge_journal(self, doc: DumpDocument) -> None:
+        """Append journaled records the document lacks (the documents win for the others)."""
+        from msprobe.backends import read_journal
+
+        recs: dict = {}
+        parents: dict = {}
+        stacks: dict = {}
+        try:
+            for line in read_journal(self.store, self._k(JOURNAL_DIR), on_truncated=lambda key, part: None):
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "record" not in obj:
+                    continue
+                name = obj["name"]
+                recs.pop(name, None)  # a later line replaces the earlier one, at its new position
+                recs[name] = obj["record"]
+                if "parent" in obj:
+                    parents[name] = obj["parent"]
+                if isinstance(obj.get("stack"), list):
+                    stacks[name] = obj["stack"]
+        except MsprobeError:
+            return
+        data = doc.raw.setdefault("data", {})
+        added = [n for n in recs if n not in data]
+        for n in added:
+            data[n] = recs[n]
+        self._journal = {"records": len(added), "parents": {n: parents[n] for n in added if n in parents},
+                         "stacks": {n: stacks[n] for n in added if n in stacks}}
+
+    @property
+    def live(self) -> bool:
+        """True when records were taken from a crash journal (a dump being written)."""
+        return bool(self._journal and self._journal.get("records"))
 
     @property
     def loaded(self) -> bool:
@@ -164,11 +241,25 @@ class RankSource:
 
     def stack_ids(self) -> dict:
         sd = self.stack()
-        return sd.ids_of() if sd is not None else {}
+        ids = sd.ids_of() if sd is not None else {}
+        if self._journal and self._journal["stacks"]:
+            ids = {**ids, **{n: f"journal:{n}" for n in self._journal["stacks"]}}
+        return ids
+
+    def frames_of(self, name: str) -> Optional[list]:
+        """The stack frames of a record (stack.json, else the journal)."""
+        sd = self.stack()
+        frames = sd.stack_of(name) if sd is not None else None
+        if frames is None and self._journal:
+            frames = self._journal["stacks"].get(name)
+        return frames
 
     def parents(self) -> dict:
         cd = self.construct()
-        return cd.raw if cd is not None else {}
+        p = cd.raw if cd is not None else {}
+        if self._journal and self._journal["parents"]:
+            p = {**p, **self._journal["parents"]}
+        return p
 
     def marker(self) -> dict:
         """Our ``msprobe_lake.json`` marker (``{}`` for dumps of the real tool)."""
@@ -220,11 +311,16 @@ class RankSource:
 
     # -- index ------------------------------------------------------------------
     def index_metadata(self) -> dict:
-        """Key-value metadata of this rank's Parquet index ({} when there is none)."""
+        """Key-value metadata of this rank's Parquet index ({} when there is none);
+        ``records`` is summed over the parts."""
         if self._index_meta is False:
             from msprobe.readers.index import read_index_metadata
 
-            self._index_meta = read_index_metadata(self.store, self.index_key) if self.has_index() else {}
+            keys = self.index_keys()
+            meta = read_index_metadata(self.store, keys[0]) if keys else {}
+            if len(keys) > 1 and meta.get("records") is not None:
+                meta["records"] = sum(read_index_metadata(self.store, k).get("records") or 0 for k in keys)
+            self._index_meta = meta
         return self._index_meta
 
     # -- live dumps ---------------------------------------------------------------
@@ -234,6 +330,7 @@ class RankSource:
         old_names = self._names
         self._names = None
         changed = old_names is not None and self.names() != old_names
+        changed = changed or (had_doc and JOURNAL_DIR in self.names())  # a live journal: re-read it
         if had_doc and self.doc_name is not None:
             try:
                 changed = changed or self.store.size(self.doc_key) != old_size
@@ -303,6 +400,9 @@ class IndexSource:
     def has_index(self) -> bool:
         return True
 
+    def index_keys(self) -> list:
+        return [self.index_key]
+
     def index_metadata(self) -> dict:
         if self._meta is None:
             from msprobe.readers.index import read_index_metadata
@@ -347,6 +447,9 @@ class IndexSource:
 
     def parents(self) -> dict:
         return self.rank_source().parents()
+
+    def frames_of(self, name: str) -> Optional[list]:
+        return self.rank_source().frames_of(name)
 
     def mapping(self) -> dict:
         return self.rank_source().mapping()

@@ -14,7 +14,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from msprobe.errors import MissingDependencyError, StorageNotFoundError, TensorLoadError
+from msprobe.errors import (
+    MissingDependencyError,
+    StorageError,
+    StorageNotFoundError,
+    StorageTransientError,
+    TensorLoadError,
+)
 from msprobe.readers._dtypes import canonical_dtype, itemsize, numpy_dtype
 
 __all__ = ["load_tensor_file", "byte_limit", "DEFAULT_SLACK_FACTOR", "DEFAULT_SLACK_BYTES", "UNKNOWN_SIZE_LIMIT"]
@@ -64,6 +70,10 @@ def load_tensor_file(store: Any, key: str, *, record: str, dtype: Any, shape: tu
         size = store.size(key)
     except StorageNotFoundError:
         raise _fail(record, key, "missing") from None
+    except StorageTransientError:
+        raise
+    except StorageError as exc:
+        raise _fail(record, key, f"unreadable ({exc})") from None
     if size > limit:
         raise _fail(record, key, f"{size} bytes is far more than the record's {dtype} {list(shape)} "
                                  f"({expected} bytes); refused (limit {limit}, pass max_bytes= to override)")
@@ -71,6 +81,10 @@ def load_tensor_file(store: Any, key: str, *, record: str, dtype: Any, shape: tu
         data = store.get(key)
     except StorageNotFoundError:
         raise _fail(record, key, "missing") from None
+    except StorageTransientError:
+        raise
+    except StorageError as exc:
+        raise _fail(record, key, f"unreadable ({exc})") from None
     ext = key.rsplit(".", 1)[-1].lower() if "." in key.rsplit("/", 1)[-1] else ""
     if ext == "pt":
         value = _load_pt(data, record, key)

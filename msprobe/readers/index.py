@@ -54,18 +54,42 @@ def _pq() -> Any:
     return pq
 
 
+def _as_doc(doc: Any) -> Any:
+    from msprobe.format.documents import DumpDocument
+
+    return doc if isinstance(doc, DumpDocument) else DumpDocument(doc if isinstance(doc, dict) else {})
+
+
+def _stack_ids(stack: Any) -> Optional[dict]:
+    if stack is None:
+        return None
+    from msprobe.format.documents import StackDocument
+
+    sd = stack if isinstance(stack, StackDocument) else StackDocument(stack)
+    return sd.ids_of()
+
+
+def _parents(construct: Any) -> Optional[dict]:
+    if construct is None:
+        return None
+    return construct.raw if hasattr(construct, "raw") else dict(construct)
+
+
 def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank_dir: str,
                      split: Optional[str] = None, run: Optional[str] = None, stack: Any = None,
                      construct: Any = None, mapping: Optional[dict] = None, source: Optional[str] = None,
                      dialect: Optional[str] = None, doc_name: Optional[str] = None,
                      doc_size: Optional[int] = None) -> Any:
-    """The index table (pyarrow) of one rank's DumpDocument, metadata included."""
+    """The index table (pyarrow) of one rank's document, metadata included.
+
+    ``doc``: a DumpDocument or the dump.json object; ``stack``/``construct``: a
+    StackDocument/ConstructDocument or their JSON objects (or None)."""
     from msprobe import FORMAT_VERSION
 
+    doc = _as_doc(doc)
     data = doc.data
     cols = rank_rows(data, run=run, step=step, rank=rank, rank_dir=rank_dir, split=split,
-                     stack_ids=stack.ids_of() if stack is not None else None,
-                     parents=construct.raw if construct is not None else None, mapping=mapping, placeholders=True)
+                     stack_ids=_stack_ids(stack), parents=_parents(construct), mapping=mapping, placeholders=True)
     meta = {
         "index_version": INDEX_VERSION, "format_version": FORMAT_VERSION,
         "task": doc.task, "level": doc.level, "framework": doc.framework, "dialect": dialect,
@@ -89,10 +113,11 @@ def write_rank_index(store: Any, rank_prefix: str, doc: Any, *, step: Optional[i
                      doc_size: Optional[int] = None, source: Optional[str] = None) -> str:
     """Write the index of one rank through ``store`` (``store.put``, atomic) and return its key.
 
-    ``doc`` is the rank's :class:`~msprobe.format.documents.DumpDocument`; ``stack`` and
-    ``construct`` its StackDocument / ConstructDocument when there are any. The key
-    defaults to ``<rank_prefix>/index/records.parquet``. This is what a dumper calls
-    at publish time.
+    ``doc`` is the rank's :class:`~msprobe.format.documents.DumpDocument` or the dump.json
+    object; ``stack`` and ``construct`` its StackDocument / ConstructDocument or their JSON
+    objects, when there are any. The key defaults to ``<rank_prefix>/index/records.parquet``.
+    This is what a dumper calls at publish time (``dialect`` defaults to the marker's
+    ``msprobe-lake`` only when given).
     """
     rank_dir = rank_dir or (rank_prefix.rstrip("/").rsplit("/", 1)[-1] if rank_prefix else "rank")
     if source is None:
