@@ -209,7 +209,8 @@ class DumpSession:
                    construct: bool = True) -> None:
         """Add (or replace) a record of the current step; journal it when its batch is full."""
         with self.lock:
-            self.data[name] = raw
+            if self.config.task != "structure":  # structure: only stack.json and construct.json
+                self.data[name] = raw
             if stack is not None and self.config.stack:
                 self.stacks.add(name, stack)
             if construct and self.config.level in ("L0", "mix"):
@@ -269,10 +270,9 @@ class DumpSession:
         """Write dump.json/debug.json, stack.json, construct.json atomically (after every tensor
         file of the step is written), then drop the journal when ``final``."""
         with self.lock:
-            if not self._dirty and not final:
-                return
-            if not self.data and not self._dirty:
-                self._close_journal(delete=final)
+            if not self._dirty:
+                if final:
+                    self._close_journal(delete=True)
                 return
             self.pending.resolve(self.fetch_stats)
             self.flush_journal()
@@ -344,8 +344,7 @@ class DumpSession:
     def end_step(self) -> None:
         """Finish the current step (publish if anything was recorded) and move to the next."""
         with self.lock:
-            if self._dirty or self.data:
-                self.publish(final=True)
+            self.publish(final=True)
             self.current_step += 1
             self._reset_step_state()
             if self._writer is not None:  # its error log names the finished step's directory

@@ -107,7 +107,21 @@ class TorchDumper:
             return
         self.enabled = False
         GUARD.on = False
+        self.bw_stack.clear()
+        self._fix_dangling_parents()
         self.session.publish()
+
+    def _fix_dangling_parents(self) -> None:
+        """A module whose backward never completed (in-place ops on its output, as the docs warn)
+        leaves no record: its children go to the nearest recorded ancestor."""
+        data, construct = self.session.data, self.session.construct
+        for child, parent in list(construct.items()):
+            seen = 0
+            known = data if data else construct
+            while parent is not None and parent not in known and parent != "optimizer" and seen < 64:
+                parent = self._bw_parent(self._parent_of.get(parent.replace(".backward.", ".forward.")))
+                seen += 1
+            construct[child] = parent if parent in known or parent == "optimizer" else None
 
     def step(self) -> None:
         self.stop()
