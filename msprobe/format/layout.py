@@ -126,16 +126,51 @@ def detect_dialect(rank_dir_names: Iterable[str] = (), data: Optional[dict] = No
             return "msprobe-8"
         raise UnknownDialectError("no rank directory (rank, rank<N>, proc<pid>) and no document to inspect")
     votes_26 = votes_8 = 0
-    for name, rec in data.items():
-        if name.endswith(".parameters_grad"):
-            votes_8 += 1
-        elif re.search(r"\.parameters_grad\.\d+$", name):
-            votes_26 += 1
-        if isinstance(rec, dict) and "is_recompute" in rec:
-            votes_8 += 1
-        if votes_8 + votes_26 > 8:
+    for i, (name, rec) in enumerate(data.items()):
+        if i >= 64 or abs(votes_8 - votes_26) > 8:
             break
+        if name.endswith(".parameters_grad"):
+            votes_8 += 2
+        elif _PGRAD_COUNT_RE.search(name):
+            votes_26 += 2
+        elif isinstance(rec, dict) and _FORWARD_RE.search(name):
+            # 8.x writes "is_recompute" on every forward record, 26.x never
+            if "is_recompute" in rec:
+                votes_8 += 1
+            else:
+                votes_26 += 1
+        v8, v26 = _int_stat_votes(rec)
+        votes_8, votes_26 = votes_8 + v8, votes_26 + v26
     return "msprobe-26" if votes_26 > votes_8 else "msprobe-8"
+
+
+_PGRAD_COUNT_RE = re.compile(r"\.parameters_grad\.\d+$")
+_FORWARD_RE = re.compile(r"\.(?:\d+\.forward|forward\.\d+)$")
+_TORCH_INT = ("torch.int", "torch.uint", "torch.long", "torch.short")
+
+
+def _int_stat_votes(value: Any, depth: int = 0) -> tuple:
+    """PyTorch integer tensors: 26.x writes integer Max (and null Mean), 8.x floats."""
+    v8 = v26 = 0
+    if depth > 6:
+        return v8, v26
+    if isinstance(value, dict):
+        if value.get("type") == "torch.Tensor" and str(value.get("dtype", "")).startswith(_TORCH_INT):
+            mx = value.get("Max") if value.get("shape") else None  # 0-d tensors keep their type in both
+            if isinstance(mx, float):
+                v8 += 1
+            elif isinstance(mx, int) and not isinstance(mx, bool):
+                v26 += 1
+            return v8, v26
+        items: Iterable = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return v8, v26
+    for item in items:
+        a, b = _int_stat_votes(item, depth + 1)
+        v8, v26 = v8 + a, v26 + b
+    return v8, v26
 
 
 def read_marker(raw: Any) -> dict:

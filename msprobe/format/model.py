@@ -350,8 +350,9 @@ def _check_tensor(t: TensorArg, file: Optional[str], loc: str) -> None:
         except Exception as exc:
             raise DocumentError(str(exc), file=file, location=loc) from None
     md5 = raw.get("md5")
-    if md5 is not None and not isinstance(md5, str):
-        raise DocumentError("'md5' must be a string", file=file, location=loc)
+    # a string; msprobe 26.x xor mode writes a 0-d float tensor's value itself (a number)
+    if md5 is not None and (isinstance(md5, bool) or not isinstance(md5, (str, int, float))):
+        raise DocumentError(f"'md5' must be a string (or a number), got {md5!r}", file=file, location=loc)
     rg = raw.get("requires_grad")
     if rg is not None and not isinstance(rg, bool):
         raise DocumentError(f"'requires_grad' must be a boolean or null, got {rg!r}", file=file, location=loc)

@@ -174,6 +174,8 @@ def valid_vectors():
     v["dump", "tensor-data-name"] = d
     v["dump", "tensor-md5"] = with_tensor_change(md5="1a2b3c4d")
     v["dump", "tensor-md5-null"] = with_tensor_change(md5=None)
+    v["dump", "xor-0d-value"] = with_arg({"type": "torch.Tensor", "dtype": "torch.float32", "shape": [],
+                                          "md5": 1.723590612411499, "requires_grad": True})
     v["dump", "tensor-data-name-null"] = with_tensor_change(data_name=None)
     v["dump", "tensor-requires-grad-null"] = with_tensor_change(requires_grad=None)
     v["dump", "tensor-no-requires-grad"] = with_tensor_change(requires_grad=_DELETE)
@@ -220,13 +222,14 @@ def valid_vectors():
     v["dump", "module-records"] = {**dump_template(), "level": "L0", "data": {
         "Module.fc.Linear.forward.0": {"input_args": [tensor()], "input_kwargs": {}, "output": [tensor()],
                                        "parameters": {"weight": tensor(), "bias": tensor(shape=(4,))}},
-        "Module.fc.Linear.parameters_grad": {"weight": tensor(), "bias": tensor(shape=(4,))},
+        "Module.fc.Linear.parameters_grad": {"weight": [tensor()], "bias": [tensor(shape=(4,))]},
         "Module.fc.Linear.backward.0": {"input": [tensor()], "output": [tensor()]},
     }}
     v["dump", "module-list-index"] = with_record("Module.0.layers.1.Linear.forward.2", {"input_args": []})
-    v["dump", "parameters-grad-list-form"] = with_record("Module.fc.Linear.parameters_grad",
-                                                         {"weight": [tensor()], "bias": [tensor(shape=(4,))]})
-    v["dump", "parameters-grad-26x"] = with_record("Module.fc.Linear.parameters_grad.0", {"weight": tensor()})
+    v["dump", "parameters-grad-bare-tensor"] = with_record("Module.fc.Linear.parameters_grad",
+                                                           {"weight": tensor(), "bias": tensor(shape=(4,))})
+    v["dump", "parameters-grad-26x"] = with_record("Module.fc.Linear.parameters_grad.0", {"bias": [tensor()],
+                                                                                        "weight": [tensor()]})
     v["dump", "parameters-grad-null"] = with_record("Cell.fc.Dense.parameters_grad", {"weight": None})
     v["dump", "primitive-api"] = with_record("Primitive.conv2d.Conv2D.0.forward", {"input_args": [ms_tensor()]})
     v["dump", "aten-overload"] = with_record("Aten.add.Tensor.0.forward", {"input_args": [tensor()]})
@@ -313,7 +316,8 @@ def invalid_vectors():
     v["dump", "tensor-stat-string"] = with_tensor_change(Max="1.5")
     v["dump", "tensor-stat-object"] = with_tensor_change(Norm={"value": 1})
     v["dump", "tensor-stat-list"] = with_tensor_change(Mean=[0.1])
-    v["dump", "tensor-md5-not-string"] = with_tensor_change(md5=12345678)
+    v["dump", "tensor-md5-bool"] = with_tensor_change(md5=True)
+    v["dump", "tensor-md5-list"] = with_tensor_change(md5=["1a2b3c4d"])
     v["dump", "tensor-requires-grad-not-bool"] = with_tensor_change(requires_grad="yes")
     v["dump", "tensor-requires-grad-int"] = with_tensor_change(requires_grad=1)
     for case, dn in [
@@ -715,8 +719,8 @@ def golden_statistics(root):
     data[MB] = {"input": [g.entry(MB, "input.0", gr, tensor_type=T, requires_grad=False)],
                 "output": [g.entry(MB, "output.0", gx, tensor_type=T, requires_grad=False)]}
     PG = "Module.fc.Linear.parameters_grad"
-    data[PG] = {"weight": g.entry(PG, "weight", gw, tensor_type=T, requires_grad=False),
-                "bias": g.entry(PG, "bias", gb, tensor_type=T, requires_grad=False)}
+    data[PG] = {"weight": [g.entry(PG, "weight.0", gw, tensor_type=T, requires_grad=False)],
+                "bias": [g.entry(PG, "bias.0", gb, tensor_type=T, requires_grad=False)]}
     dump = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "data": data}
     frame = "File /golden/train.py, line {}, in {}, \n {}"
     stack = {
