@@ -75,6 +75,7 @@ class RankSource:
         self._index_meta: Any = False
         self._use_index: Optional[bool] = None
         self._index_keys: Optional[list] = None
+        self._has_map: Optional[bool] = None
         self._journal: Optional[dict] = None
 
     @property
@@ -293,14 +294,18 @@ class RankSource:
         return self._k(TENSOR_DIR, mapped)
 
     def _has_mapping(self) -> bool:
+        """Whether a mapping.csv exists (one listing of dump_tensor_data, cached)."""
         if self._mapping is not None:
             return bool(self._mapping)
-        if MAPPING_CSV in self.names():
-            return bool(self.mapping())
-        try:
-            return MAPPING_CSV in self.store.list_dir(self._k(TENSOR_DIR)) and bool(self.mapping())
-        except MsprobeError:
-            return False
+        if self._has_map is None:
+            if MAPPING_CSV in self.names():
+                self._has_map = True
+            else:
+                try:
+                    self._has_map = MAPPING_CSV in self.store.list_dir(self._k(TENSOR_DIR))
+                except MsprobeError:
+                    self._has_map = False
+        return bool(self._has_map and self.mapping())
 
     # -- records ----------------------------------------------------------------
     def raw_record(self, name: str) -> Any:

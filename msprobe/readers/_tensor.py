@@ -66,25 +66,7 @@ def load_tensor_file(store: Any, key: str, *, record: str, dtype: Any, shape: tu
 
         raise ConfigError(f"framework={framework!r}: valid values are {', '.join(_FRAMEWORKS)}")
     expected, limit = byte_limit(shape, dtype, max_bytes)
-    try:
-        size = store.size(key)
-    except StorageNotFoundError:
-        raise _fail(record, key, "missing") from None
-    except StorageTransientError:
-        raise
-    except StorageError as exc:
-        raise _fail(record, key, f"unreadable ({exc})") from None
-    if size > limit:
-        raise _fail(record, key, f"{size} bytes is far more than the record's {dtype} {list(shape)} "
-                                 f"({expected} bytes); refused (limit {limit}, pass max_bytes= to override)")
-    try:
-        data = store.get(key)
-    except StorageNotFoundError:
-        raise _fail(record, key, "missing") from None
-    except StorageTransientError:
-        raise
-    except StorageError as exc:
-        raise _fail(record, key, f"unreadable ({exc})") from None
+    data = _read_bounded(store, key, record, limit, expected, dtype, shape)
     ext = key.rsplit(".", 1)[-1].lower() if "." in key.rsplit("/", 1)[-1] else ""
     if ext == "pt":
         value = _load_pt(data, record, key)
@@ -95,6 +77,37 @@ def load_tensor_file(store: Any, key: str, *, record: str, dtype: Any, shape: tu
     if check:
         _check(value, record, key, dtype, shape, ext)
     return _convert(value, framework)
+
+
+def _read_bounded(store: Any, key: str, record: str, limit: int, expected: Optional[int], dtype: Any,
+                  shape: tuple) -> bytes:
+    """The file's bytes, refusing it before reading when it is larger than ``limit``
+    (one open: a HEAD and a GET on object stores)."""
+    try:
+        f = store.open_read(key)
+    except StorageNotFoundError:
+        raise _fail(record, key, "missing") from None
+    except StorageTransientError:
+        raise
+    except StorageError as exc:
+        raise _fail(record, key, f"unreadable ({exc})") from None
+    try:
+        with f:
+            size = f.seek(0, io.SEEK_END)
+            if size > limit:
+                raise _fail(record, key, f"{size} bytes is far more than the record's {dtype} {list(shape)} "
+                                         f"({expected} bytes); refused (limit {limit}, pass max_bytes= to override)")
+            f.seek(0)
+            data = f.read(limit + 1)
+    except TensorLoadError:
+        raise
+    except StorageTransientError:
+        raise
+    except (OSError, StorageError, ValueError) as exc:
+        raise _fail(record, key, f"unreadable ({type(exc).__name__}: {exc})") from None
+    if len(data) > limit:
+        raise _fail(record, key, f"grew past the limit of {limit} bytes while being read; refused")
+    return bytes(data)
 
 
 def _load_pt(data: bytes, record: str, key: str) -> Any:
