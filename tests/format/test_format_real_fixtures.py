@@ -4,6 +4,7 @@ formats back, the dialect is detected, and the statistics and checksums of the s
 tensors are reproduced by msprobe/format/stats.py."""
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -46,6 +47,7 @@ IDS = [f"{p.parent.name}-{p.name}" for p in SCENARIOS]
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason=f"no real-tool fixtures under {REAL_ROOT}")
 
 
+@functools.lru_cache(maxsize=None)
 def _doc(rank: Path):
     name = "debug.json" if (rank / "debug.json").exists() else "dump.json"
     return DOC_CLASSES[name].loads((rank / name).read_bytes(), file=str(rank / name))
@@ -55,7 +57,8 @@ def _doc(rank: Path):
 def test_scenario_validates(scenario):
     report = validate_store(open_dump(scenario))
     assert report.ok, "\n".join(str(p) for p in report.errors)
-    assert report.records > 0
+    # task "structure" writes stack.json and construct.json around an empty data
+    assert report.records > 0 or all(_doc(r).task == "structure" for r in _rank_dirs(scenario))
     assert report.dialects == {TOOLS[scenario.parent.name]}
 
 
@@ -124,6 +127,7 @@ def _raw_bytes(t) -> bytes:
     return t.numpy().tobytes()
 
 
+@functools.lru_cache(maxsize=None)
 def _tensor_files(rank: Path) -> dict:
     """(record, arg path) -> loaded tensor, for every entry with a data_name."""
     torch = _torch()
@@ -166,6 +170,7 @@ def test_reference_stats_reproduce_saved_tensors(scenario):
     assert checked > 0
 
 
+@functools.lru_cache(maxsize=None)
 def _by_location(rank: Path) -> dict:
     return {(rec.name, t.path): t for rec in _doc(rank).records() for t in rec.tensors()}
 
