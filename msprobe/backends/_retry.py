@@ -292,28 +292,22 @@ def put_retrying(
 ) -> None:
     """``store.put`` with retries of transient errors, safe for exclusive creates.
 
-    A transient failure may hide a write that reached the store (the response
-    was lost). With ``overwrite=False`` the retry then finds the key taken; if
-    an earlier attempt of this call failed transiently and the object holds
-    exactly ``data``, the write is ours and counts as done.
+    A failed request may hide a write that reached the store (the response
+    was lost, and our retry or the HTTP client's own resend then finds the key
+    taken). So with ``overwrite=False``, a key found taken that holds exactly
+    ``data`` counts as written by this call. Callers that need to tell two
+    writers apart put something unique in ``data`` (claim markers carry a
+    random token).
     """
     from msprobe.errors import StoragePermissionError
 
-    retried = False
-
-    def note(attempt: int, exc: BaseException, delay: float) -> None:
-        nonlocal retried
-        retried = True
-        if on_retry is not None:
-            on_retry(attempt, exc, delay)
-
     try:
-        policy.call(lambda: store.put(key, data, overwrite=overwrite), on_retry=note)
+        policy.call(lambda: store.put(key, data, overwrite=overwrite), on_retry=on_retry)
     except StoragePermissionError:
-        if overwrite or not retried:
+        if overwrite:
             raise
         try:
-            same = store.get(key) == bytes(data)
+            same = policy.call(lambda: store.get(key)) == bytes(data)
         except Exception:
             same = False
         if not same:

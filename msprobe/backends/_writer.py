@@ -234,11 +234,7 @@ class BackgroundWriter:
                     self._reserve(size)
                     task.reserved = size
         body = data
-        retried = False
-
         def note(attempt: int, exc: BaseException, delay: float) -> None:
-            nonlocal retried
-            retried = True
             with self._cond:
                 self._stats.retries += 1
             log.debug("retrying %s (attempt %d) after %s", task.key, attempt, type(exc).__name__)
@@ -251,14 +247,16 @@ class BackgroundWriter:
         try:
             self._policy.call(attempt, on_retry=note)
         except StoragePermissionError:
-            # an earlier attempt may have landed before its response was lost
-            if self._overwrite or not retried or not self._same(task.key, body):
+            # An earlier attempt (ours, or the HTTP client's own resend) may have
+            # landed before its response was lost: the object holding exactly
+            # these bytes means the write is done.
+            if self._overwrite or not self._same(task.key, body):
                 raise
         return _nbytes(body)
 
     def _same(self, key: str, body: Any) -> bool:
         try:
-            return self._store.get(key) == bytes(body)
+            return self._policy.call(lambda: self._store.get(key)) == bytes(body)
         except Exception:
             return False
 
