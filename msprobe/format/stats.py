@@ -105,9 +105,11 @@ def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype
 
 
 def _float_stats(a: np.ndarray, out_type) -> tuple:
-    acc = a.astype(np.float32) if a.dtype == np.float16 else a
-    mean = out_type(np.mean(acc, dtype=acc.dtype))
-    norm = out_type(np.sqrt(np.sum(np.square(acc.astype(np.float64)))))
+    # accumulate in float64 (as torch does on CPU for float32), round the result to the dtype
+    acc = a.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs are legitimate
+        mean = out_type(np.mean(acc))
+        norm = out_type(np.sqrt(np.sum(np.square(acc))))
     return (_py(a.max()), _py(a.min()), _py(mean), _py(norm))
 
 
