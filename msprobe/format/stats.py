@@ -10,8 +10,9 @@ dialect, matching the real tool (see spec/FORMAT.md, "Statistics"):
   (PyTorch); MindSpore also gives ``Norm`` of ``abs(x)``.
 * floating point:
   - msprobe-26 / msprobe-lake: ``Max``/``Min`` in the tensor's dtype; ``Mean`` and
-    ``Norm`` (L2) computed in the tensor's dtype (float16/bfloat16 results are
-    rounded to that dtype), except float64 whose ``Mean``/``Norm`` are null.
+    ``Norm`` (L2) computed in the tensor's dtype (accumulated wider, the result
+    rounded to that dtype: float16/bfloat16 results are float16/bfloat16 values),
+    except float64 whose ``Mean``/``Norm`` are null.
   - msprobe-8: float64 is cast to float32 first; all four computed.
 * integer:
   - msprobe-26 / msprobe-lake: ``Max``/``Min`` as JSON integers; ``Mean``/``Norm`` null.
