@@ -15,12 +15,12 @@ from __future__ import annotations
 from msprobe.backends._base import Store
 from msprobe.backends._fsspec import FsspecStore
 from msprobe.backends._journal import Journal, JournalTruncatedWarning, read_journal
-from msprobe.backends._keys import validate_key, validate_prefix
+from msprobe.backends._keys import is_temp_name, validate_key, validate_prefix
 from msprobe.backends._local import LocalStore
 from msprobe.backends._open import open_store, redact_options
 from msprobe.backends._retry import RetryPolicy, classify_error, is_transient, retry, translate_error
 from msprobe.backends._rundir import CLAIM_MARKER, claim_run_dir
-from msprobe.backends._writer import BackgroundWriter, WriterStats
+from msprobe.backends._writer import BackgroundWriter, WriterStats, append_log_line
 
 __all__ = [
     "Store",
@@ -30,8 +30,10 @@ __all__ = [
     "redact_options",
     "validate_key",
     "validate_prefix",
+    "is_temp_name",
     "BackgroundWriter",
     "WriterStats",
+    "append_log_line",
     "Journal",
     "JournalTruncatedWarning",
     "read_journal",

@@ -24,6 +24,11 @@ _FSSPEC_BASE_OPTIONS = {
     "skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",
     "asynchronous", "loop", "batch_size",
 }
+#: options a file system takes through ``**kwargs`` and passes on (s3fs: to AioSession)
+_PASSTHROUGH = {
+    "s3": {"profile", "session_vars", "event_hooks", "include_builtin_handlers"},
+    "s3a": {"profile", "session_vars", "event_hooks", "include_builtin_handlers"},
+}
 _SECRET_KEY_RE = re.compile(
     r"key|secret|token|passw|credential|auth|signature|sas|session|private|cert|connection_string|account_key",
     re.IGNORECASE,
@@ -70,6 +75,8 @@ def _missing_dependency(protocol: str, exc: BaseException | None = None) -> Miss
         return MissingDependencyError(
             f"the {protocol}:// protocol needs an optional dependency: pip install 'msprobe-lake[{extra}]'"
         )
+    if exc is not None:  # fsspec knows the protocol; its package is missing
+        return MissingDependencyError(f"the {protocol}:// protocol needs a package that is not installed: {exc}")
     known = ", ".join(f"{p}:// (pip install 'msprobe-lake[{e}]')" for p, e in EXTRAS.items() if p in {"s3", "gs", "az"})
     return MissingDependencyError(
         f"no storage backend for the {protocol!r} protocol; supported: local paths, file://, memory://, {known}, "
@@ -83,9 +90,10 @@ def _check_options(cls: type, protocol: str, options: Mapping[str, Any]) -> None
         params = inspect.signature(cls.__init__).parameters
     except (TypeError, ValueError):
         return
-    if protocol not in EXTRAS and any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    if protocol not in _PASSTHROUGH and any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return  # this class forwards unknown options somewhere we cannot check
     accepted = {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
+    accepted |= _PASSTHROUGH.get(protocol, set())
     unknown = sorted(k for k in options if k not in accepted and k not in _FSSPEC_BASE_OPTIONS)
     if unknown:
         raise ConfigError(
@@ -171,8 +179,8 @@ def _open_fsspec(url: str, protocol: str, options: dict[str, Any], *, read_only:
         _check_options(cls, protocol, options)
     try:
         fs, path = fsspec.url_to_fs(url, **options)
-    except ImportError:
-        raise _missing_dependency(protocol) from None
+    except ImportError as exc:
+        raise _missing_dependency(protocol, exc) from None
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(
             f"invalid storage_options for {protocol}:// ({type(exc).__name__}: {scrub(str(exc))}); "

@@ -12,13 +12,13 @@ import zlib
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 from msprobe.backends._keys import validate_key
-from msprobe.backends._retry import RetryPolicy
+from msprobe.backends._retry import RetryPolicy, reraise
 from msprobe.errors import ConfigError, StorageError, StorageNotFoundError, StoragePermissionError, StorageTransientError
 
 if TYPE_CHECKING:
     from msprobe.backends._base import Store
 
-__all__ = ["BackgroundWriter", "WriterStats"]
+__all__ = ["BackgroundWriter", "WriterStats", "append_log_line"]
 
 log = logging.getLogger("msprobe.backends")
 
@@ -39,6 +39,44 @@ class WriterStats:
     peak_bytes_in_flight: int = 0
     #: total time submit() spent waiting for room (back-pressure)
     blocked_seconds: float = 0.0
+
+
+def append_log_line(store: "Store", key: str, line: bytes | str, *, retry_policy: RetryPolicy | None = None) -> None:
+    """Append one line to a log object (``dump_error_info.log``); a newline is added if missing.
+
+    Local stores append with ``O_APPEND`` (one ``write`` per line, so lines from
+    several writers never interleave) and fsync. Object stores cannot append:
+    the object is read, extended and rewritten (fine for rare error lines; two
+    processes appending at the same instant to one object may lose a line).
+    """
+    key = validate_key(key)
+    data = line.encode("utf-8", "replace") if isinstance(line, str) else bytes(line)
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    store._check_writable()
+    policy = retry_policy or RetryPolicy()
+    path = store.local_path(key) if store.is_local else None
+    if path is not None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o666)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            reraise(exc, f"append {path}")
+        return
+
+    def rewrite() -> None:
+        try:
+            old = store.get(key)
+        except StorageNotFoundError:
+            old = b""
+        store.put(key, old + data)
+
+    policy.call(rewrite)
 
 
 class _Task:
@@ -117,7 +155,6 @@ class BackgroundWriter:
         self._failed: dict[str, BaseException] = {}
         self._closed = False
         self._log_lock = threading.Lock()
-        self._log_content: bytes | None = None
         self._queue: "queue.SimpleQueue[_Task | None]" = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(workers)
@@ -285,23 +322,7 @@ class BackgroundWriter:
         assert self._error_log_key is not None
         with self._log_lock:
             try:
-                if self._store.is_local:
-                    path = self._store.local_path(self._error_log_key)
-                    assert path is not None
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    with open(path, "ab") as f:  # one write per line: O_APPEND keeps lines whole
-                        f.write(line)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    return
-                if self._log_content is None:  # object stores cannot append: rewrite the object
-                    try:
-                        self._log_content = self._store.get(self._error_log_key)
-                    except StorageNotFoundError:
-                        self._log_content = b""
-                content = self._log_content + line
-                self._policy.call(lambda: self._store.put(self._error_log_key, content))  # type: ignore[arg-type]
-                self._log_content = content
+                append_log_line(self._store, self._error_log_key, line, retry_policy=self._policy)
             except Exception as log_exc:  # noqa: BLE001 - the log must not hide the real failure
                 log.error("could not append to error log %s: %s", self._error_log_key, log_exc)
 

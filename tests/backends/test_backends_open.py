@@ -72,6 +72,23 @@ def test_unknown_s3_option_is_a_config_error() -> None:
     assert "do-not-show-me" not in str(info.value)
 
 
+def test_s3_session_options_pass() -> None:
+    pytest.importorskip("s3fs")
+    store = open_store("s3://bucket/x", {"profile": "default", "anon": True, "skip_instance_cache": True})
+    assert store.url == "s3://bucket/x"
+
+
+def test_known_protocol_without_its_package() -> None:
+    try:
+        import paramiko  # noqa: F401
+
+        pytest.skip("paramiko is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(MissingDependencyError, match="sftp"):
+        open_store("sftp://host/path")
+
+
 def test_redact_options() -> None:
     options = {
         "key": "AKIA123",

@@ -191,3 +191,24 @@ def test_exit_with_exception_does_not_mask_it(tmp_path) -> None:
         with BackgroundWriter(store) as w:
             w.submit("f/under", b"x")  # will fail too
             raise KeyError("the real problem")
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_append_log_line_keeps_other_writers_lines(tmp_path, kind) -> None:
+    """The writer's error lines never erase lines someone else appended meanwhile."""
+    from msprobe.backends import append_log_line
+
+    store = LocalStore(tmp_path) if kind == "local" else open_store(f"memory://append-{tmp_path.name}")
+    append_log_line(store, "rank0/dump_error_info.log", "from the session")
+    store.put("rank0/blocker", b"file")
+    w = BackgroundWriter(store, error_log_key="rank0/dump_error_info.log")
+    w.submit("rank0/blocker/x", b"1")
+    with pytest.raises(StorageError):
+        w.flush()
+    append_log_line(store, "rank0/dump_error_info.log", b"again from the session\n")
+    w.submit("rank0/blocker/y", b"1")
+    with pytest.raises(StorageError):
+        w.close()
+    lines = store.get("rank0/dump_error_info.log").decode().splitlines()
+    assert lines[0] == "from the session" and lines[2] == "again from the session"
+    assert "rank0/blocker/x" in lines[1] and "rank0/blocker/y" in lines[3] and len(lines) == 4
