@@ -62,6 +62,7 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
     data: dict = {}
     construct: dict = {}
     stacks: dict = {}  # frames tuple -> [names]
+    frames_of: dict = {}  # stack id -> frames
     has_parent = False
 
     def truncated(key: str, partial: bytes) -> None:
@@ -70,6 +71,9 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
     for line in read_journal(store, f"{rank_prefix}/{JOURNAL_DIR}", on_truncated=truncated):
         try:
             entry = json.loads(line)
+            if "frames" in entry and "name" not in entry:
+                frames_of[entry["stack_id"]] = tuple(entry["frames"])
+                continue
             name = entry["name"]
         except (ValueError, KeyError, TypeError):
             res.truncated_lines += 1
@@ -78,11 +82,12 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
         if "parent" in entry:
             has_parent = True
             construct[name] = entry["parent"]
-        if entry.get("stack") is not None:
-            frames = tuple(entry["stack"])
+        frames = tuple(entry["stack"]) if entry.get("stack") is not None else frames_of.get(entry.get("stack_id"))
+        if frames is not None:
             names = stacks.setdefault(frames, [])
             if name not in names:
                 names.append(name)
+    _remove_stale_temps(store, f"{rank_prefix}/{TENSOR_DIR}")
     files = set(store.list_dir(f"{rank_prefix}/{TENSOR_DIR}"))
     for name in list(data):
         missing = [dn for dn in Record(name, data[name]).data_names() if dn not in files]
@@ -104,8 +109,27 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
         store.put(f"{rank_prefix}/{CONSTRUCT_JSON}", dumps_json(construct).encode("utf-8"))
     res.records = len(data)
     res.written = True
+    for key in store.list_prefix(f"{rank_prefix}/{JOURNAL_DIR}"):  # consumed: the documents now hold it
+        store.delete(key)
     _ = parse_step_dir(step_dir.rsplit("/", 1)[-1]) if step_dir else None
     return res
+
+
+def _remove_stale_temps(store: Any, prefix: str) -> None:
+    """Temp files of writes the kill interrupted (never visible under a final name): remove them."""
+    import os
+
+    from msprobe.backends._keys import is_temp_name
+
+    local = store.local_path(prefix) if getattr(store, "is_local", False) else None
+    if not local or not os.path.isdir(local):
+        return
+    for fn in os.listdir(local):
+        if is_temp_name(fn):
+            try:
+                os.unlink(os.path.join(local, fn))
+            except OSError:
+                pass
 
 
 def _marker(store: Any, rank_prefix: str) -> dict:

@@ -76,13 +76,15 @@ class StackTable:
         self.names: dict = defaultdict(list)  # id -> record names
         self.frames: dict = {}  # id -> frames tuple
 
-    def add(self, name: str, frames: tuple) -> int:
+    def add(self, name: str, frames: tuple) -> tuple:
+        """Returns (stack id, True when this stack is new)."""
         sid = self.ids.get(frames)
-        if sid is None:
+        new = sid is None
+        if new:
             sid = self.ids[frames] = len(self.ids)
             self.frames[sid] = frames
         self.names[sid].append(name)
-        return sid
+        return sid, new
 
     def to_json(self, render: Callable[[tuple], list]) -> dict:
         return {str(sid): [self.names[sid], render(self.frames[sid])] for sid in sorted(self.names)}
@@ -211,13 +213,16 @@ class DumpSession:
         with self.lock:
             if self.config.task != "structure":  # structure: only stack.json and construct.json
                 self.data[name] = raw
+            sid = None
             if stack is not None and self.config.stack:
-                self.stacks.add(name, stack)
+                sid, new = self.stacks.add(name, stack)
+                if new:
+                    self._journal_queue.append((None, sid, None, stack))
             if construct and self.config.level in ("L0", "mix"):
                 self.construct[name] = parent
             self._dirty = True
             self.records_total += 1
-            self._journal_queue.append((name, raw, parent, stack))
+            self._journal_queue.append((name, raw, parent, sid))
             if len(self._journal_queue) >= self.config.journal_flush:
                 self.flush_journal()
 
@@ -234,13 +239,18 @@ class DumpSession:
                 return
             self.pending.resolve(self.fetch_stats)
             lines = []
-            for name, raw, parent, stack in self._journal_queue:
+            dumps = json.dumps
+            with_parent = self.config.level in ("L0", "mix")
+            for name, raw, parent, sid in self._journal_queue:
+                if name is None:  # a new stack: its frames once, records refer to its id
+                    lines.append(dumps({"stack_id": raw, "frames": self.render_stack(sid)}))
+                    continue
                 entry = {"name": name, "record": raw}
-                if self.config.level in ("L0", "mix"):
+                if with_parent:
                     entry["parent"] = parent
-                if stack is not None and self.config.stack:
-                    entry["stack"] = self.render_stack(stack)
-                lines.append(json.dumps(entry, ensure_ascii=False))
+                if sid is not None:
+                    entry["stack_id"] = sid
+                lines.append(dumps(entry))
             self._journal_queue = []
             try:
                 j = self._open_journal()

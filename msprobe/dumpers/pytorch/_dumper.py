@@ -126,6 +126,7 @@ class TorchDumper:
     def step(self) -> None:
         self.stop()
         self.session.end_step()
+        self.encoder.cache.clear()
         self._scope_state = 0
         self._token_count = -1
         self._pgrad_seen.clear()

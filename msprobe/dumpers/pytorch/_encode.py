@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import weakref
 import zlib
 from typing import Any, Optional
 
@@ -37,34 +38,39 @@ def _stat_handle(t: torch.Tensor) -> tuple:
 
 
 def fetch_stats(handles: list) -> list:
-    """Resolve handles in as few device->host transfers as possible."""
-    out: list = [None] * len(handles)
+    """Resolve handles in as few device->host transfers as possible (one per dtype/device group);
+    a handle shared by several entries (StatCache) is fetched once."""
+    uniq: dict = {}
+    for h in handles:
+        uniq.setdefault(id(h), h)
+    resolved: dict = {}
     groups: dict = {}
-    for i, h in enumerate(handles):
+    for hid, h in uniq.items():
         kind = h[0]
         if kind == _K_DONE:
-            out[i] = h[1]
-        elif kind == _K_SCALAR:
-            v = h[1].item()
-            out[i] = {"Max": v, "Min": v, "Mean": v, "Norm": v}
+            resolved[hid] = h[1]
         else:
-            key = (kind, h[2] if kind == _K_FLOAT else 2, h[1].dtype, h[1].device)
-            groups.setdefault(key, []).append(i)
-    for (kind, width, _, _), idx in groups.items():
-        rows = torch.stack([handles[i][1] for i in idx]).tolist()
-        for i, r in zip(idx, rows):
-            if kind == _K_BOOL:
-                out[i] = {"Max": bool(r[0]), "Min": bool(r[1]), "Mean": None, "Norm": None}
+            width = h[2] if kind == _K_FLOAT else (2 if kind != _K_SCALAR else 1)
+            groups.setdefault((kind, width, h[1].dtype, h[1].device), []).append(hid)
+    for (kind, width, _, _), ids in groups.items():
+        stacked = torch.stack([uniq[i][1] for i in ids]) if kind != _K_SCALAR else \
+            torch.stack([uniq[i][1].reshape(()) for i in ids])
+        rows = stacked.tolist()
+        for i, r in zip(ids, rows):
+            if kind == _K_SCALAR:
+                resolved[i] = {"Max": r, "Min": r, "Mean": r, "Norm": r}
+            elif kind == _K_BOOL:
+                resolved[i] = {"Max": bool(r[0]), "Min": bool(r[1]), "Mean": None, "Norm": None}
             elif kind == _K_INT:
-                out[i] = {"Max": int(r[0]), "Min": int(r[1]), "Mean": None, "Norm": None}
+                resolved[i] = {"Max": int(r[0]), "Min": int(r[1]), "Mean": None, "Norm": None}
             else:
-                out[i] = {"Max": r[0], "Min": r[1], "Mean": r[2] if width > 2 else None,
-                          "Norm": r[3] if width > 3 else None}
-    for i, h in enumerate(handles):
-        extra = h[-1] if isinstance(h[-1], dict) and h[0] != _K_DONE else None
+                resolved[i] = {"Max": r[0], "Min": r[1], "Mean": r[2] if width > 2 else None,
+                               "Norm": r[3] if width > 3 else None}
+    for hid, h in uniq.items():
+        extra = h[-1] if h[0] != _K_DONE and isinstance(h[-1], dict) else None
         if extra:
-            out[i] = dict(out[i], **extra)
-    return out
+            resolved[hid] = dict(resolved[hid], **extra)
+    return [resolved[id(h)] for h in handles]
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -88,6 +94,54 @@ def _serialize(t: torch.Tensor) -> bytes:
 _SPECIAL_TYPES: dict = {}
 
 
+class StatCache:
+    """Statistics already computed in this step, by the memory they describe.
+
+    An API's output is usually the next API's input, and a reshape or a view of a
+    tensor covers the same elements: such tensors reuse the pending statistics
+    instead of reading the memory again. An entry holds only a weak reference to the
+    storage's owner (the view base) and its version counter: once the owner dies or
+    the memory is written in place, the entry no longer matches.
+    """
+
+    __slots__ = ("entries", "limit", "hits", "misses")
+
+    def __init__(self, limit: int = 65536):
+        self.entries: dict = {}
+        self.limit = limit
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def _key(t: torch.Tensor) -> tuple:
+        base = t._base if t._base is not None else t
+        if t.is_contiguous():
+            layout: tuple = (t.numel(),)
+        else:
+            layout = tuple(sorted(zip(t.shape, t.stride())))
+        return (id(base), t.storage_offset(), layout, t.dtype, t.device), base
+
+    def get(self, t: torch.Tensor) -> Any:
+        key, base = self._key(t)
+        e = self.entries.get(key)
+        if e is not None and e[0]() is base and e[1] == t._version:
+            self.hits += 1
+            return e[2]
+        self.misses += 1
+        return None
+
+    def put(self, t: torch.Tensor, handle: Any) -> None:
+        if len(self.entries) >= self.limit:
+            self.entries.clear()
+        key, base = self._key(t)
+        try:
+            self.entries[key] = (weakref.ref(base), t._version, handle)
+        except TypeError:
+            pass
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
 class Encoder:
     """Turns call arguments into JSON-ready entries; owns the per-call tensor decisions."""
 
@@ -97,6 +151,7 @@ class Encoder:
         self.summary_mode = summary_mode
         self.tensor_list = tensor_list
         self.has_overflow = False
+        self.cache = StatCache()
         self.check_overflow = False
         self._overflow_handles: list = []
 
@@ -172,9 +227,12 @@ class Encoder:
                 entry["md5"] = self._xor(data)
             else:
                 entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
-                handle = _stat_handle(data)
-                if mode == "md5":
-                    handle = handle + ({"md5": f"{zlib.crc32(tensor_bytes(data)) & 0xFFFFFFFF:08x}"},)
+                handle = self.cache.get(t)
+                if handle is None:
+                    handle = _stat_handle(data)
+                    if mode == "md5":
+                        handle = handle + ({"md5": f"{zlib.crc32(tensor_bytes(data)) & 0xFFFFFFFF:08x}"},)
+                    self.cache.put(t, handle)
                 self.session.pending.add(entry, handle)
                 if self.check_overflow and data.is_floating_point() and data.numel():
                     self._overflow_handles.append(data)
