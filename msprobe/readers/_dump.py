@@ -303,7 +303,7 @@ class Dump:
             from msprobe.errors import ConfigError
 
             raise ConfigError(f"unknown columns {unknown}; valid: {', '.join(COLUMNS)}")
-        expr = pc.field("io").is_valid()
+        expr = pc.field("has_nan").is_valid()  # drops the index's record-only rows (cheaper than io)
         if filter is not None:
             expr = expr & filter
         parts = []
@@ -462,12 +462,30 @@ def _scan_indexes(sources: list, columns: list, expr: Any) -> Any:
                 t = _set_run(t, run[0])
             t = pads.dataset(t).to_table(columns=columns, filter=expr)
         else:
-            ds = pads.dataset(items, format="parquet", filesystem=fs, schema=arrow_schema())
+            # strings are read dictionary-encoded (as stored) and decoded after the filter
+            fmt = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dictionary_columns=_STRINGS))
+            ds = pads.dataset(items, format=fmt, filesystem=fs, schema=_dict_schema())
             t = ds.to_table(columns=columns, filter=expr)
+            full = arrow_schema()
+            t = t.cast(pa.schema([full.field(c) for c in t.column_names]))
             if run is not None and "run" in columns:
                 t = _set_run(t, run[0])
         tables.append(t)
     return concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+_STRINGS = ["run", "rank_dir", "split", "record", "kind", "api_type", "api_name", "direction", "io", "arg_path",
+            "type", "dtype", "md5", "data_name", "location", "stack_id", "parent"]
+
+
+def _dict_schema() -> Any:
+    import pyarrow as pa
+
+    from msprobe.readers._rows import arrow_schema
+
+    s = arrow_schema()
+    return pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in _STRINGS else f
+                      for f in s])
 
 
 def _set_run(t: Any, run: Optional[str]) -> Any:

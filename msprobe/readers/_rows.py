@@ -6,6 +6,7 @@ flattens in about a second; paths follow :func:`msprobe.format.model.parse_arg`.
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Iterable, Optional
 
@@ -173,7 +174,8 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
             cols["numel"].append(_numel(shape))
             for (c, _), v in zip(_STAT_KEYS, stats):
                 cols[c].append(v)
-            cols["md5"].append(md5 if isinstance(md5, str) else None)
+            # 26.x xor mode writes a 0-d tensor's value instead of its checksum: keep it, as text
+            cols["md5"].append(md5 if isinstance(md5, str) or md5 is None else json.dumps(md5))
             cols["has_nan"].append(any(v is not None and v != v for v in stats))
             cols["has_inf"].append(any(v is not None and v in (math.inf, -math.inf) for v in stats))
             cols["requires_grad"].append(rg if isinstance(rg, bool) else None)

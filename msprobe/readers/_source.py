@@ -39,6 +39,10 @@ def _part_order(key: str) -> tuple:
     return (int(m.group(1)) if m else -1, name)
 
 
+def _num(v: Optional[int]) -> int:
+    return -1 if v is None else v
+
+
 def join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
@@ -93,7 +97,8 @@ class RankSource:
     # -- identity -----------------------------------------------------------
     @property
     def key(self) -> tuple:
-        return (self.split or "", self.step if self.step is not None else -1, self.rank_dir)
+        """Sort key: split, step, rank (numerically; single-process directories first), name."""
+        return ("", self.split or "", _num(self.step), _num(self.rank), self.rank_dir)
 
     def __repr__(self) -> str:
         return f"RankSource({self.url!r})"
@@ -393,7 +398,7 @@ class IndexSource:
 
     @property
     def key(self) -> tuple:
-        return (self.run or "", self.split or "", self.step if self.step is not None else -1, self.rank_dir)
+        return (self.run or "", self.split or "", _num(self.step), _num(self.rank), self.rank_dir)
 
     def __repr__(self) -> str:
         return f"IndexSource({self.url!r})"

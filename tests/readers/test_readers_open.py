@@ -352,3 +352,23 @@ def test_statistics_and_md5_dumps(tmp_path):
     torch_dump(str(tmp_path / "m5"), task="md5")
     df = readers.open(str(tmp_path / "m5")).to_pandas()
     assert df["md5"].str.fullmatch(r"[0-9a-f]{8}").all()
+
+
+def test_rank_order_is_numeric(tmp_path):
+    torch_dump(str(tmp_path / "d"), dialect="msprobe-8", ranks=(2, 10), task="statistics", level="L1")
+    d = readers.open(str(tmp_path / "d"))
+    assert d.ranks == [2, 10]
+    assert [s.rank_dir for s in d.sources] == ["rank2", "rank10"]
+    assert d.records()[0].rank == 2 and d.records()[-1].rank == 10
+    assert list(d.to_pandas()["rank"].unique()) == [2, 10]
+    assert d.records(rank=None) == []  # several ranks: None selects none of them
+    assert len(d.records(rank="rank10")) == len(d.records(rank=10))
+
+
+def test_marker_major_version_is_checked(tmp_path):
+    torch_dump(str(tmp_path / "d"), dialect="msprobe-8", task="statistics", level="L1")
+    (tmp_path / "d" / "step0" / "rank" / "msprobe_lake.json").write_text(
+        json.dumps({"format_version": "2.0", "dialect": "msprobe-lake"}))
+    d = readers.open(str(tmp_path / "d"))
+    with pytest.raises(UnknownDialectError, match="format_version 2.0"):
+        d.records()
