@@ -161,7 +161,7 @@ class FsspecStore(Store):
         base = self._full(prefix)
         self._fs.invalidate_cache(base)
         try:
-            paths = self._fs.find(base, withdirs=False) if base else self._fs.find(self._root or "/", withdirs=False)
+            paths = self._fs.find(base or "/", withdirs=False)
         except MISSING_ERRORS:
             return []
         except Exception as exc:

@@ -12,7 +12,7 @@ import random
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, NoReturn, TypeVar
+from typing import Callable, Iterable, Iterator, NoReturn, Protocol, TypeVar
 
 from msprobe.errors import (
     MsprobeError,
@@ -38,6 +38,14 @@ __all__ = [
 
 log = logging.getLogger("msprobe.backends")
 T = TypeVar("T")
+
+
+class StoreLike(Protocol):
+    """What :func:`put_retrying` needs of a store."""
+
+    def put(self, key: str, data: bytes, *, overwrite: bool = True) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
 
 TRANSIENT = "transient"
 PERMANENT = "permanent"
@@ -312,8 +320,3 @@ def put_retrying(
             same = False
         if not same:
             raise
-
-
-class StoreLike:  # typing aid only; the real ABC lives in _base
-    def put(self, key: str, data: bytes, *, overwrite: bool = True) -> None: ...
-    def get(self, key: str) -> bytes: ...

@@ -237,7 +237,7 @@ j = store.journal("rank0/journal")
 i = 0
 while True:
     j.append(json.dumps({"seq": i, "pad": "x" * (i % 50)}).encode())
-    if i % 3 == 2:
+    if i % 10 == 9:
         j.flush()
     i += 1
 """
@@ -249,7 +249,7 @@ def test_journal_survives_sigkill(tmp_path) -> None:
     store = LocalStore(tmp_path)
     deadline = time.monotonic() + 30
     path = tmp_path / "rank0" / "journal" / "000001.jsonl"
-    while time.monotonic() < deadline and (not path.exists() or path.stat().st_size < 200_000):
+    while time.monotonic() < deadline and (not path.exists() or path.stat().st_size < 100_000):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
