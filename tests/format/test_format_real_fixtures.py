@@ -220,3 +220,19 @@ def test_checksums_reproduced_from_the_tensor_dump(tool, scenario, mode):
     assert checked > 0
     assert mismatched == [], f"{len(mismatched)} of {checked} checksums differ: {mismatched[:5]}"
     assert len(raced) <= checked // 10, raced
+
+
+SCHEMA_KIND = {"dump.json": "dump", "debug.json": "debug", "stack.json": "stack", "construct.json": "construct"}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
+def test_documents_match_the_json_schemas(scenario, schema_validators):
+    import json
+
+    for rank in _rank_dirs(scenario):
+        for fname, kind in SCHEMA_KIND.items():
+            path = rank / fname
+            if path.exists():
+                errors = [f"{e.json_path}: {e.message}"
+                          for e in schema_validators[kind].iter_errors(json.loads(path.read_bytes()))]
+                assert errors == [], f"{path}: {errors[:3]}"

@@ -94,3 +94,35 @@ def test_examples_are_valid(schema_validators):
         doc = json.loads(path.read_bytes())
         assert not list(schema_validators[kind].iter_errors(doc)), path.name
         _code_validate(kind, path.read_bytes(), str(path))
+
+
+# ---------------------------------------------------------------- names through the schema
+
+_NAMES = json.loads((VECTORS / "names.json").read_text())
+_ALL_RECORD_NAMES = [c["name"] for c in _NAMES["record_names"]["valid"] + _NAMES["record_names"]["invalid"]]
+_ALL_DATA_NAMES = [c["name"] for c in _NAMES["data_names"]["valid"] + _NAMES["data_names"]["invalid"]]
+
+
+@pytest.mark.parametrize("name", _ALL_RECORD_NAMES, ids=[repr(n)[1:-1] or "<empty>" for n in _ALL_RECORD_NAMES])
+def test_schema_record_names_agree_with_the_grammar(name, schema_validators):
+    """dump.schema.json's record-name patterns accept exactly the non-strict grammar."""
+    from msprobe.format.naming import is_record_name
+
+    schema_ok = not list(schema_validators["dump"].iter_errors({"data": {name: {}}}))
+    assert schema_ok == is_record_name(name, strict=False)
+
+
+@pytest.mark.parametrize("name", _ALL_DATA_NAMES, ids=[repr(n)[1:-1] or "<empty>" for n in _ALL_DATA_NAMES])
+def test_schema_data_names_agree_with_check_file_name(name, schema_validators):
+    """dump.schema.json accepts a data_name exactly when it is a safe file name."""
+    from msprobe.errors import UnsafePathError
+    from msprobe.format.naming import check_file_name
+
+    doc = {"data": {"x.0.debug": {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [], "data_name": name}}}
+    schema_ok = not list(schema_validators["dump"].iter_errors(doc))
+    try:
+        check_file_name(name)
+        safe = True
+    except UnsafePathError:
+        safe = False
+    assert schema_ok == safe
