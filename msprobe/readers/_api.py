@@ -142,15 +142,24 @@ class IndexEngine(Engine):
         names = store.list_dir("")
         if _looks_like_dump(names) and not any(n.startswith(("run=", "step=")) for n in names):
             return _open_rank_dirs(store, url, storage_options, run, prefer_index=True, engine=self.name)
-        keys = _parquet_keys(store)
-        if not keys:
-            raise _unknown(url, names)
+        from msprobe.readers.index import COMPACT_FILE, read_compactions
+
+        state: dict = {}
 
         def sources() -> list:
-            return [IndexSource(store, k, storage_options=storage_options) for k in _parquet_keys(store)]
+            keys = _parquet_keys(store)
+            state["compacts"] = read_compactions(store, keys)
+            return [IndexSource(store, k, storage_options=storage_options) for k in keys
+                    if k.rsplit("/", 1)[-1] != COMPACT_FILE]
 
-        return Dump(store, sources(), engine=self.name, url=url, storage_options=storage_options, run=run,
-                    rediscover=sources)
+        found = sources()
+        if not found:
+            raise _unknown(url, names)
+        d = Dump(store, found, engine=self.name, url=url, storage_options=storage_options, run=run,
+                 rediscover=sources)
+        d.compacts = state["compacts"]
+        d._refresh_compacts = lambda: state["compacts"]  # noqa: SLF001
+        return d
 
 
 #: name -> engine, in guessing order

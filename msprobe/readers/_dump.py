@@ -57,6 +57,9 @@ class Dump:
         self._rediscover = rediscover
         self._recs: dict = {}
         self._dialect: Any = False
+        #: index lakes: compacted file -> the index files it covers (see index.compact_index)
+        self.compacts: dict = {}
+        self._refresh_compacts: Any = None
 
     # -- shape of the dump --------------------------------------------------------
     @property
@@ -311,7 +314,7 @@ class Dump:
 
         def flush() -> None:
             if batch:
-                parts.append(_scan_indexes(batch, cols, expr))
+                parts.append(_scan_indexes(batch, cols, expr, self.compacts))
                 batch.clear()
 
         for src in self.select(step, rank, run=run, split=split):
@@ -363,6 +366,8 @@ class Dump:
                     added += 1
             if added:
                 self._sources.sort(key=lambda s: s.key)
+            if self._refresh_compacts is not None:
+                self.compacts = self._refresh_compacts()
         if changed or added:
             self._dialect = False
         return {"new_rank_dirs": added, "changed_rank_dirs": changed}
@@ -431,7 +436,30 @@ def _name_matcher(name: Any, regex: Any) -> Any:
     return lambda n: all(t(n) for t in tests)
 
 
-def _scan_indexes(sources: list, columns: list, expr: Any) -> Any:
+def _with_compactions(sources: list, compacts: dict) -> list:
+    """[(source or None, store, key)]: a compacted file replaces the files it covers when
+    every one of them is selected (its rows are in the same order)."""
+    if not compacts:
+        return [(src, src.index_store, k) for src in sources for k in src.index_keys()]
+    selected = {src.index_key for src in sources if getattr(src, "index_only", False)}
+    cover_of = {}
+    for ckey, covered in compacts.items():
+        if all(c in selected for c in covered):
+            for c in covered:
+                cover_of[c] = ckey
+    out: list = []
+    done: set = set()
+    for src in sources:
+        ckey = cover_of.get(getattr(src, "index_key", None)) if getattr(src, "index_only", False) else None
+        if ckey is None:
+            out.extend((src, src.index_store, k) for k in src.index_keys())
+        elif ckey not in done:
+            done.add(ckey)
+            out.append((None, src.index_store, ckey))
+    return out
+
+
+def _scan_indexes(sources: list, columns: list, expr: Any, compacts: Optional[dict] = None) -> Any:
     """One pyarrow dataset scan over the index files of ``sources`` (filter pushed down).
 
     Indexes inside a dump take the dump's run name (the dump may have been renamed or
@@ -444,16 +472,15 @@ def _scan_indexes(sources: list, columns: list, expr: Any) -> Any:
     from msprobe.readers.index import concat_tables, read_index_table
 
     groups: list = []  # (file system or None, paths or (store, key) pairs, run override)
-    for src in sources:
-        run = None if getattr(src, "index_only", False) else (src.run,)
-        for key in src.index_keys():
-            loc = arrow_location(src.index_store, key)
-            fs = loc[0] if loc else None
-            item = loc[1] if loc else (src.index_store, key)
-            if groups and fs is not None and groups[-1][0] is fs and groups[-1][2] == run:
-                groups[-1][1].append(item)
-            else:
-                groups.append((fs, [item], run))
+    for src, store, key in _with_compactions(sources, compacts or {}):
+        run = None if src is None or getattr(src, "index_only", False) else (src.run,)
+        loc = arrow_location(store, key)
+        fs = loc[0] if loc else None
+        item = loc[1] if loc else (store, key)
+        if groups and fs is not None and groups[-1][0] is fs and groups[-1][2] == run:
+            groups[-1][1].append(item)
+        else:
+            groups.append((fs, [item], run))
     tables = []
     for fs, items, run in groups:
         if fs is None:

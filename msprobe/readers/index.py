@@ -18,6 +18,7 @@ step, rank, rank_dir, split, source URL, record count, document size).
 from __future__ import annotations
 
 import io
+import json
 import re
 import sys
 from typing import Any, Callable, Iterable, Optional
@@ -36,10 +37,16 @@ __all__ = [
     "read_index_metadata",
     "read_index_table",
     "partition_key",
+    "compact_index",
+    "COMPACT_FILE",
 ]
 
 INDEX_VERSION = "1.0"
 META_PREFIX = "msprobe_lake."
+#: A run's partitions merged into one file (``<out>/run=<run>/_compact.parquet``): same rows,
+#: far fewer files to open. Its metadata lists the files it covers (``covers``); readers use
+#: it only while every one of them is still listed, and read files it does not cover as usual.
+COMPACT_FILE = "_compact.parquet"
 _SAFE_RE = re.compile(r"[^A-Za-z0-9._\-]+")
 
 
@@ -197,14 +204,16 @@ def _progress_bar(total: int, stream: Any = None) -> Callable[[int, str], None]:
 
 def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional[dict] = None,
                 out_storage_options: Optional[dict] = None, run: Optional[str] = None,
-                progress: Any = None, skip_existing: bool = False) -> list:
+                progress: Any = None, skip_existing: bool = False, compact: bool = True) -> list:
     """Build the Parquet index of every rank of a dump; returns the URLs written.
 
     ``dump_or_path``: a :class:`~msprobe.readers.Dump` or anything ``open()`` takes.
     ``out``: None writes ``<rank dir>/index/records.parquet`` into the dump itself;
     a URL/path (or Store) writes hive partitions there instead. ``run`` names the
     dump in the ``run`` column (default: the dump's directory name). ``progress``:
-    True for a bar on stderr, or a callable ``(done, total, what)``.
+    True for a bar on stderr, or a callable ``(done, total, what)``. With ``out``,
+    ``compact=True`` finally merges the run's partitions into ``run=<run>/_compact.parquet``
+    (see :func:`compact_index`); the per-(step, rank) files stay.
     """
     from msprobe.readers._api import open as open_dump
     from msprobe.readers._dump import Dump
@@ -217,6 +226,9 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
 
     if out is not None:
         out_store = open_store(out, out_storage_options, create=True)
+        stale = join(f"run={_safe(run)}" if run else "", COMPACT_FILE)
+        if out_store.exists(stale):
+            out_store.delete(stale)  # the run's files change: its compaction no longer holds
     else:
         out_store = None
         dump_store = dump.store
@@ -252,7 +264,79 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
             progress(i + 1, len(sources), src.url)
     if show and not sources:
         show(0, "")
+    if out_store is not None and compact and written:
+        compact_index(out_store, runs=[run])
     return written
+
+
+def _partition_dir(key: str) -> str:
+    """The run partition a lake key belongs to ('' without one)."""
+    first = key.split("/", 1)[0]
+    return first if first.startswith("run=") and "/" in key else ""
+
+
+def compact_index(out: Any, *, storage_options: Optional[dict] = None, runs: Optional[Iterable] = None) -> list:
+    """Merge the per-(step, rank) index files of each run of a lake into one
+    ``run=<run>/_compact.parquet`` (row order as a reader lists them). Returns the keys written.
+
+    Opening and scanning hundreds of small files costs more than reading their rows; the
+    compacted file is what readers scan while it covers every file of its run.
+    """
+    from msprobe.readers._source import IndexSource
+    from msprobe.readers._store import open_store
+
+    pq = _pq()
+    pa = _pa()
+    store = out if hasattr(out, "list_prefix") else open_store(out, storage_options, create=True)
+    wanted = None if runs is None else {f"run={_safe(r)}" if r else "" for r in runs}
+    groups: dict = {}
+    for key in store.list_prefix(""):
+        if not key.endswith(".parquet") or key.rsplit("/", 1)[-1] == COMPACT_FILE:
+            continue
+        part = _partition_dir(key)
+        if wanted is None or part in wanted:
+            groups.setdefault(part, []).append(key)
+    written = []
+    for part, keys in sorted(groups.items()):
+        keys.sort(key=lambda k: IndexSource(store, k).key)
+        tables = [pq.read_table(io.BytesIO(store.get(k))) for k in keys]
+        meta = dict(tables[0].schema.metadata or {})
+        table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
+        prefix = f"{part}/" if part else ""
+        meta[(META_PREFIX + "covers").encode()] = json.dumps([k[len(prefix):] for k in keys]).encode()
+        meta[(META_PREFIX + "records").encode()] = str(sum(
+            int((t.schema.metadata or {}).get((META_PREFIX + "records").encode(), b"0") or 0) for t in tables)).encode()
+        for k in ("step", "rank", "rank_dir", "source", "doc", "doc_size"):
+            meta.pop((META_PREFIX + k).encode(), None)
+        buf = io.BytesIO()
+        pq.write_table(table.replace_schema_metadata(meta), buf, compression="zstd", row_group_size=1 << 16)
+        key = join(part, COMPACT_FILE)
+        store.put(key, buf.getvalue())
+        written.append(key)
+    return written
+
+
+def read_compactions(store: Any, keys: list) -> dict:
+    """compact key -> the keys it covers, for the compacted files that still hold (every file
+    they cover is among ``keys``)."""
+    present = set(keys)
+    out = {}
+    for key in keys:
+        if key.rsplit("/", 1)[-1] != COMPACT_FILE:
+            continue
+        pq = _pq()
+        with store.open_read(key) as f:
+            md = pq.read_metadata(f).metadata or {}
+        raw = md.get((META_PREFIX + "covers").encode())
+        try:
+            rel = json.loads(raw) if raw else []
+        except ValueError:
+            continue
+        prefix = key[: -len(COMPACT_FILE)]
+        covered = tuple(prefix + r for r in rel)
+        if covered and all(c in present for c in covered):
+            out[key] = covered
+    return out
 
 
 def concat_tables(tables: Iterable[Any]) -> Any:

@@ -116,7 +116,9 @@ def test_lake_of_runs(tmp_path, dist):
     lake = tmp_path / "lake"
     build_index(str(root), out=str(lake))
     build_index(str(other), out=str(lake), run="B")
-    keys = sorted(str(p.relative_to(lake)) for p in lake.rglob("*.parquet"))
+    keys = sorted(str(p.relative_to(lake)) for p in lake.rglob("*.parquet") if p.name != "_compact.parquet")
+    assert sorted(str(p.relative_to(lake)) for p in lake.rglob("_compact.parquet")) == [
+        "run=B/_compact.parquet", "run=runA/_compact.parquet"]
     assert keys == ["run=B/step=0/rank=rank/records.parquet", "run=runA/step=0/rank=0/records.parquet",
                     "run=runA/step=0/rank=1/records.parquet", "run=runA/step=1/rank=0/records.parquet",
                     "run=runA/step=1/rank=1/records.parquet"]
@@ -133,7 +135,7 @@ def test_lake_of_runs(tmp_path, dist):
     # the lake is one pyarrow dataset
     import pyarrow.dataset as pads
 
-    ds = pads.dataset(str(lake), format="parquet")
+    ds = pads.dataset(str(lake), format="parquet")  # pyarrow skips _compact.parquet ('_' prefix)
     assert ds.count_rows(filter=pads.field("io").is_valid()) == len(df)
     # records and tensors reach back into the dumps
     rec = d.record("Functional.linear.0.forward", step=0, rank=None, run="B")
@@ -241,3 +243,29 @@ def test_tensor_roundtrip_through_index(dist):
         for io, t in rec.tensors():
             if t.data_name:
                 np.testing.assert_array_equal(t.load(), writers[(1, "rank0")].tensors[t.data_name])
+
+
+def test_lake_compaction(tmp_path, dist):
+    from msprobe.readers.index import COMPACT_FILE, compact_index
+
+    root, _ = dist
+    lake = tmp_path / "lake"
+    build_index(str(root), out=str(lake), run="A")
+    assert (lake / "run=A" / COMPACT_FILE).exists()
+    ref = readers.open(str(root), run="A").to_pandas()
+    d = readers.open(str(lake))
+    assert list(d.compacts) == ["run=A/_compact.parquet"] and len(d.sources) == 4
+    pd.testing.assert_frame_equal(d.to_pandas(), ref)
+    pd.testing.assert_frame_equal(d.to_pandas(step=1).reset_index(drop=True),
+                                  ref[ref["step"] == 1].reset_index(drop=True))  # a subset: per-file reads
+    assert d.count() == len(readers.open(str(root)).records())
+    # re-indexing a run drops its compaction; files it would not cover are read as usual
+    build_index(str(root), out=str(lake), run="A", compact=False)
+    assert not (lake / "run=A" / COMPACT_FILE).exists()
+    pd.testing.assert_frame_equal(readers.open(str(lake)).to_pandas(), ref)
+    compact_index(str(lake))
+    # a compaction that no longer covers what is listed is ignored
+    os.remove(lake / "run=A" / "step=1" / "rank=1" / "records.parquet")
+    d = readers.open(str(lake))
+    assert d.compacts == {}
+    assert len(d.to_pandas()) == len(ref[~((ref["step"] == 1) & (ref["rank"] == 1))])
