@@ -212,7 +212,17 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-QUERIES = {"index": _query_index, "json": _query_json, "reader-json": _query_reader_json}
+def _query_index_files(path: str, threshold: float, repeat: int) -> dict:
+    """The index lake without its compacted files: one Parquet file per (step, rank)."""
+    import msprobe.readers._dump as dump_mod
+
+    orig = dump_mod._with_compactions
+    dump_mod._with_compactions = lambda sources, compacts: orig(sources, {})
+    return _query_index(path, threshold, repeat)
+
+
+QUERIES = {"index": _query_index, "index-files": _query_index_files, "json": _query_json,
+           "reader-json": _query_reader_json}
 
 
 def _child(kind: str, path: str, threshold: float, repeat: int) -> None:
@@ -267,6 +277,7 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 2, help="processes for synthesis")
     ap.add_argument("--workdir", default=None, help="where to generate (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
+    ap.add_argument("--reuse", action="store_true", help="query the data already in --workdir (from --keep)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -276,26 +287,29 @@ def main(argv=None) -> int:
     work = args.workdir or tempfile.mkdtemp(prefix="msprobe-bench-readers-")
     os.makedirs(work, exist_ok=True)
     report: dict = {"args": {k: v for k, v in vars(args).items() if k != "child"}}
+    lake_index = os.path.join(work, "lake-index")
     try:
-        print(f"synthesizing under {work} ...", flush=True)
-        report["synth"] = syn = synthesize(work, args.records, args.runs, args.steps, args.ranks,
-                                           args.lake_records, args.procs)
-        print(f"  single dump: {args.records} records, {syn['single_bytes'] / 1e6:.0f} MB dump.json; lake: "
-              f"{syn['lake_records']} records in {syn['lake_rank_dirs']} rank dirs, "
-              f"{syn['lake_bytes'] / 1e6:.0f} MB of dump.json ({syn['seconds']:.0f} s)", flush=True)
-        lake_index = os.path.join(work, "lake-index")
-        print("building indexes ...", flush=True)
-        report["build"] = b = _build_indexes(work, lake_index, args.runs)
-        b["single_index_bytes"] = _du(os.path.join(work, "single", "step0", "rank", "index"))
-        b["lake_index_bytes"] = _du(lake_index)
-        print(f"  single: {b['single_seconds']:.1f} s ({b['single_index_bytes'] / 1e6:.1f} MB); lake: "
-              f"{b['lake_seconds']:.1f} s ({b['lake_index_bytes'] / 1e6:.1f} MB)", flush=True)
+        if not args.reuse:
+            print(f"synthesizing under {work} ...", flush=True)
+            report["synth"] = syn = synthesize(work, args.records, args.runs, args.steps, args.ranks,
+                                               args.lake_records, args.procs)
+            print(f"  single dump: {args.records} records, {syn['single_bytes'] / 1e6:.0f} MB dump.json; lake: "
+                  f"{syn['lake_records']} records in {syn['lake_rank_dirs']} rank dirs, "
+                  f"{syn['lake_bytes'] / 1e6:.0f} MB of dump.json ({syn['seconds']:.0f} s)", flush=True)
+            print("building indexes ...", flush=True)
+            report["build"] = b = _build_indexes(work, lake_index, args.runs)
+            b["single_index_bytes"] = _du(os.path.join(work, "single", "step0", "rank", "index"))
+            b["lake_index_bytes"] = _du(lake_index)
+            print(f"  single: {b['single_seconds']:.1f} s ({b['single_index_bytes'] / 1e6:.1f} MB); lake: "
+                  f"{b['lake_seconds']:.1f} s ({b['lake_index_bytes'] / 1e6:.1f} MB, compacted files "
+                  f"included)", flush=True)
         results = {}
         for label, kind, path, rep in (
             ("single/index", "index", os.path.join(work, "single"), args.repeat),
             ("single/json.load", "json", os.path.join(work, "single"), 1),
             ("single/reader-json", "reader-json", os.path.join(work, "single"), 1),
             ("lake/index", "index", lake_index, args.repeat),
+            ("lake/index-files", "index-files", lake_index, args.repeat),
             ("lake/json.load", "json", os.path.join(work, "lake"), 1),
         ):
             print(f"query {label} ...", flush=True)
@@ -312,7 +326,7 @@ def main(argv=None) -> int:
               f"warm vs json.load {results['lake/json.load']['first']:.1f} s -> "
               f"{report['lake_speedup_first']:.0f}x (cold), {report['lake_speedup_best']:.0f}x (warm)")
     finally:
-        if not args.keep:
+        if not args.keep and not args.reuse:
             shutil.rmtree(work, ignore_errors=True)
     return 0
 

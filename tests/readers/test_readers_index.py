@@ -9,7 +9,6 @@ import pytest
 
 import msprobe.readers as readers
 from msprobe.cli import main as cli
-from msprobe.format.documents import DumpDocument
 from msprobe.readers.index import INDEX_VERSION, build_index, read_index_metadata, write_rank_index
 
 from readers_synth import debug_dump, mindspore_dump, torch_dump
@@ -39,14 +38,11 @@ def dist(tmp_path, _dist_template):
 
 
 def _count_parses(monkeypatch):
+    import msprobe.readers._source as source
+
     calls = []
-    orig = DumpDocument.loads.__func__
-
-    def counting(cls, data, file=None, **kw):
-        calls.append(file)
-        return orig(cls, data, file, **kw)
-
-    monkeypatch.setattr(DumpDocument, "loads", classmethod(counting))
+    orig = source.parse_document
+    monkeypatch.setattr(source, "parse_document", lambda data, file: calls.append(file) or orig(data, file))
     return calls
 
 

@@ -13,7 +13,6 @@ import pytest
 
 import msprobe.readers as readers
 from msprobe.errors import ConfigError, RecordNotFoundError, UnknownDialectError
-from msprobe.format.documents import DumpDocument
 
 from readers_synth import debug_dump, mindspore_dump, torch_dump
 
@@ -130,9 +129,11 @@ def test_engine_argument(d26):
 
 def test_opening_is_cheap(d26, monkeypatch):
     root, _ = d26
+    import msprobe.readers._source as source
+
     calls = []
-    orig = DumpDocument.loads.__func__
-    monkeypatch.setattr(DumpDocument, "loads", classmethod(lambda cls, *a, **k: calls.append(1) or orig(cls, *a, **k)))
+    orig = source.parse_document
+    monkeypatch.setattr(source, "parse_document", lambda data, file: calls.append(file) or orig(data, file))
     d = readers.open(str(root))
     assert (d.steps, d.ranks) == ([0, 1], [None])
     assert calls == []
@@ -372,3 +373,24 @@ def test_marker_major_version_is_checked(tmp_path):
     d = readers.open(str(tmp_path / "d"))
     with pytest.raises(UnknownDialectError, match="format_version 2.0"):
         d.records()
+
+
+@pytest.mark.parametrize("text, msg", [
+    ('{"task": "x", "data": {"a": ', "truncated JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"data": ' + "[" * 5000 + "]" * 5000 + "}", "nested"),
+    ('{"data": {}, "x": NaN}', None),
+])
+def test_malformed_documents(tmp_path, text, msg):
+    from msprobe.errors import DocumentError
+
+    rank = tmp_path / "d" / "step0" / "rank"
+    rank.mkdir(parents=True)
+    (rank / "dump.json").write_text(text)
+    d = readers.open(str(tmp_path / "d"))
+    if msg is None:
+        assert d.records() == []
+        return
+    with pytest.raises(DocumentError, match=msg) as ei:
+        d.records()
+    assert "dump.json" in str(ei.value)
