@@ -120,10 +120,12 @@ class Dump:
                 return d
         marker = src.marker()
         names = [s.rank_dir for s in self._sources]
-        try:
-            data = src.document().data if not src.use_index or src.index_only is False else None
-        except (StorageNotFoundError, MsprobeError):
-            data = None
+        data = None
+        if not src.use_index and not (marker and marker.get("dialect")):
+            try:
+                data = src.document().data
+            except (StorageNotFoundError, MsprobeError):
+                data = None
         try:
             return detect_dialect(names, data, marker)
         except MsprobeError:
@@ -186,11 +188,10 @@ class Dump:
         return got
 
     def _digests_from_index(self, src: Any) -> list:
+        import pyarrow as pa
         import pyarrow.compute as pc
 
-        from msprobe.readers.index import read_index_table
-
-        from msprobe.readers.index import concat_tables
+        from msprobe.readers.index import concat_tables, read_index_table
 
         parts = [read_index_table(src.index_store, k, columns=list(DIGEST_COLUMNS)) for k in src.index_keys()]
         t = concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -200,8 +201,6 @@ class Dump:
         if t.num_rows > 1:
             prev = pc.cast(seq.slice(0, t.num_rows - 1), "int64")
             first = pc.not_equal(seq.slice(1), prev)
-            import pyarrow as pa
-
             mask = pa.concat_arrays([pa.array([True]), first.combine_chunks()])
             t = t.filter(mask)
         cols = {c: t.column(c).to_pylist() for c in DIGEST_COLUMNS}

@@ -98,6 +98,7 @@ class RankSource:
         self._use_index: Optional[bool] = None
         self._index_keys: Optional[list] = None
         self._has_map: Optional[bool] = None
+        self._journal_live: Optional[bool] = None
         self._journal: Optional[dict] = None
 
     @property
@@ -105,7 +106,7 @@ class RankSource:
         """True when rows and digests come from this rank's Parquet index."""
         if self._use_index is None:
             # a live journal holds records the index cannot know about: read the documents then
-            self._use_index = bool(self.prefer_index and self.has_index() and JOURNAL_DIR not in self.names())
+            self._use_index = bool(self.prefer_index and self.has_index() and not self.has_journal())
         return self._use_index
 
     @property
@@ -192,9 +193,16 @@ class RankSource:
                 if "data" in doc.raw and not isinstance(doc.raw["data"], dict):
                     raise DocumentError("'data' must be an object", file=key, location="$.data")
                 self._doc = doc
-            if JOURNAL_DIR in self.names():
+            if self.has_journal():
                 self._merge_journal(self._doc)
         return self._doc
+
+    def has_journal(self) -> bool:
+        """True when ``.journal/`` holds segments (a dump being written, or a killed one)."""
+        if self._journal_live is None:
+            self._journal_live = JOURNAL_DIR in self.names() and any(
+                n.endswith(".jsonl") for n in self.store.list_dir(self._k(JOURNAL_DIR)))
+        return self._journal_live
 
     def _check_marker(self) -> None:
         m = self.marker()
@@ -212,14 +220,21 @@ class RankSource:
         recs: dict = {}
         parents: dict = {}
         stacks: dict = {}
+        frames_of: dict = {}  # journal stack id -> frames
+        stack_ids: dict = {}
         try:
             for line in read_journal(self.store, self._k(JOURNAL_DIR), on_truncated=lambda key, part: None):
                 try:
                     obj = json.loads(line)
                 except ValueError:
                     continue
-                if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "record" not in obj:
+                if not isinstance(obj, dict):
                     continue
+                if "frames" in obj and "name" not in obj and isinstance(obj.get("frames"), list):
+                    frames_of[str(obj.get("stack_id"))] = obj["frames"]  # a stack, written once
+                    continue
+                if not isinstance(obj.get("name"), str) or "record" not in obj:
+                    continue  # neither form: ignored (spec 17)
                 name = obj["name"]
                 recs.pop(name, None)  # a later line replaces the earlier one, at its new position
                 recs[name] = obj["record"]
@@ -227,14 +242,20 @@ class RankSource:
                     parents[name] = obj["parent"]
                 if isinstance(obj.get("stack"), list):
                     stacks[name] = obj["stack"]
+                elif obj.get("stack_id") is not None:
+                    stack_ids[name] = str(obj["stack_id"])
         except MsprobeError:
             return
         data = doc.raw.setdefault("data", {})
         added = [n for n in recs if n not in data]
         for n in added:
             data[n] = recs[n]
+        for n, sid in stack_ids.items():
+            if n not in stacks and sid in frames_of:
+                stacks[n] = frames_of[sid]
         self._journal = {"records": len(added), "parents": {n: parents[n] for n in added if n in parents},
-                         "stacks": {n: stacks[n] for n in added if n in stacks}}
+                         "stacks": {n: stacks[n] for n in added if n in stacks},
+                         "stack_ids": {n: stack_ids[n] for n in added if n in stack_ids}}
 
     @property
     def live(self) -> bool:
@@ -267,7 +288,8 @@ class RankSource:
         sd = self.stack()
         ids = sd.ids_of() if sd is not None else {}
         if self._journal and self._journal["stacks"]:
-            ids = {**ids, **{n: f"journal:{n}" for n in self._journal["stacks"]}}
+            jids = self._journal["stack_ids"]
+            ids = {**ids, **{n: jids.get(n, f"journal:{n}") for n in self._journal["stacks"]}}
         return ids
 
     def frames_of(self, name: str) -> Optional[list]:
@@ -357,8 +379,9 @@ class RankSource:
         old_size, had_doc = self._doc_size, self._doc is not None
         old_names = self._names
         self._names = None
+        self._journal_live = None
         changed = old_names is not None and self.names() != old_names
-        changed = changed or (had_doc and JOURNAL_DIR in self.names())  # a live journal: re-read it
+        changed = changed or (had_doc and self.has_journal())  # a live journal: re-read it
         if had_doc and self.doc_name is not None:
             try:
                 changed = changed or self.store.size(self.doc_key) != old_size

@@ -23,7 +23,7 @@ import re
 import sys
 from typing import Any, Callable, Iterable, Optional
 
-from msprobe.errors import ConfigError, StorageNotFoundError, require
+from msprobe.errors import StorageNotFoundError, require
 from msprobe.readers._rows import rank_rows, rows_to_arrow
 from msprobe.readers._source import INDEX_FILE, RankSource, join
 

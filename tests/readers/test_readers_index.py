@@ -187,13 +187,15 @@ def test_refresh_drops_index_for_live_journal(dist):
     n = d.count(step=0, rank=0)
     rank = root / "step0" / "rank0"
     (rank / ".journal").mkdir()
+    stack = {"stack_id": 7, "frames": ["File x.py, line 1, in f, \n y"]}
     line = {"name": "Tensor.__mul__.0.forward", "record": {"input_args": [], "input_kwargs": {}, "output": []},
-            "parent": None, "stack": ["File x.py, line 1, in f, \n y"]}
-    (rank / ".journal" / "000001.jsonl").write_text(json.dumps(line) + "\n" + '{"name": "torn')
+            "parent": None, "stack_id": 7}
+    (rank / ".journal" / "000001.jsonl").write_text(
+        json.dumps(stack) + "\n" + json.dumps(line) + "\n" + '{"name": "torn')
     d.refresh()
     recs = d.records(step=0, rank=0)
     assert len(recs) == n + 1 and recs[-1].name == "Tensor.__mul__.0.forward"
-    assert recs[-1].stack == ["File x.py, line 1, in f, \n y"]
+    assert recs[-1].stack == ["File x.py, line 1, in f, \n y"] and recs[-1].stack_id == "7"
     assert recs[-1].source.live
 
 
