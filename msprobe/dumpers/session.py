@@ -207,6 +207,13 @@ class DumpSession:
         return short
 
     # ---------------------------------------------------------------- records
+    def add_structure(self, name: str, parent: Optional[str]) -> None:
+        """A call outside the list/scope filters: no record, but it is part of the model's structure."""
+        if self.config.level in ("L0", "mix"):
+            with self.lock:
+                self.construct[name] = parent
+                self._dirty = True
+
     def add_record(self, name: str, raw: Any, *, stack: Optional[tuple] = None, parent: Optional[str] = None,
                    construct: bool = True) -> None:
         """Add (or replace) a record of the current step; journal it when its batch is full."""
@@ -304,7 +311,7 @@ class DumpSession:
                 store.put(f"{prefix}/{STACK_JSON}", _unwrap(dumps_records_json(stack_doc, "_")))
                 store.put(f"{prefix}/{CONSTRUCT_JSON}", _unwrap(dumps_records_json({"_": self.construct}, "_")))
             if self._mapping:
-                rows = "".join(f"{k},{v}\n" for k, v in self._mapping.items())
+                rows = "".join(f"{v},{k}\n" for k, v in self._mapping.items())  # converted,original
                 store.put(f"{prefix}/{TENSOR_DIR}/mapping.csv", rows.encode("utf-8"))
             marker = {"format_version": "1.0", "dialect": "msprobe-lake", "producer": self.producer,
                       "framework": self.framework, "task": self.config.task, "level": self.config.level,

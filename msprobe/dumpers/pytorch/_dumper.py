@@ -38,7 +38,7 @@ def _capture_stack() -> tuple:
     out = []
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIRS):
+        if not fn.startswith(_PKG_DIRS) and fn != "<string>":
             out.append((fn, f.f_lineno, f.f_code.co_name))
         f = f.f_back
     return tuple(out)
@@ -75,6 +75,7 @@ class TorchDumper:
         self._parent_of: dict = {}
         self.bw_stack: list = []
         self._optim_handles: list = []
+        self._mutating = _MutatingKeys()
         self.L1 = config.level in ("L1", "mix")
         self.L0 = config.level in ("L0", "mix")
 
@@ -117,11 +118,10 @@ class TorchDumper:
         data, construct = self.session.data, self.session.construct
         for child, parent in list(construct.items()):
             seen = 0
-            known = data if data else construct
-            while parent is not None and parent not in known and parent != "optimizer" and seen < 64:
+            while parent is not None and parent not in data and parent not in construct and seen < 64:
                 parent = self._bw_parent(self._parent_of.get(parent.replace(".backward.", ".forward.")))
                 seen += 1
-            construct[child] = parent if parent in known or parent == "optimizer" else None
+            construct[child] = parent if parent in data or parent in construct else None
 
     def step(self) -> None:
         self.stop()
@@ -156,17 +156,24 @@ class TorchDumper:
             return True
         return False
 
-    def _wanted(self, name: str) -> bool:
+    def _wanted(self, name: str, inside_listed: Optional[bool] = None) -> bool:
+        """``inside_listed``: whether the call sits in a module named by ``list`` (mix level);
+        None = look at the current module stack (forward)."""
         if not self.enabled:
             return False
-        if self.token_range is not None and not (self.token_range[0] <= self._token_count <= self.token_range[1]):
+        if not self._in_token_range():
             return False
         lst = self.config.list
         if lst:
             if not any(item == name or item in name for item in lst):
-                if not (self.config.level == "mix" and self._inside_listed_module()):
+                if inside_listed is None:
+                    inside_listed = self.config.level == "mix" and self._inside_listed_module()
+                if not inside_listed:
                     return False
         return self._in_scope(name)
+
+    def _in_token_range(self) -> bool:
+        return self.token_range is None or self.token_range[0] <= self._token_count <= self.token_range[1]
 
     def _inside_listed_module(self) -> bool:
         lst = self.config.list
@@ -182,12 +189,21 @@ class TorchDumper:
 
     # ------------------------------------------------------------------- APIs
     def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
+        if self.token_range is not None and not self._in_token_range():
+            return orig(*args, **kwargs)  # outside token_range nothing counts
         GUARD.inside = True
         try:
             base, _ = self.session.next_api_name(api_key)
             fwd = base + ".forward"
-            if not self._wanted(fwd) or self.config.task == "structure" and False:
-                return orig(*args, **kwargs)
+            if not self._wanted(fwd):
+                if not (self.enabled and self.L0 and self._in_token_range()):
+                    return orig(*args, **kwargs)
+                parent = self._parent()  # filtered out: not recorded, but part of the structure
+                self.session.add_structure(fwd, parent)
+                out = orig(*args, **kwargs)
+                if not api_key.startswith("Distributed.") and self._bw_wanted():
+                    self._hook_api_backward(out, base + ".backward", parent)
+                return out
             want_in, want_out = self._io("forward")
             save = self.encoder.wants_tensors(fwd)
             rec: dict = {}
@@ -197,9 +213,14 @@ class TorchDumper:
                 rec["input_kwargs"] = {k: self.encoder.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
             stack = _capture_stack() if self.config.stack else None
             parent = self._parent()
+            if api_key in self._mutating:  # writes memory (maybe without a version bump): forget cached stats
+                self.encoder.cache.clear()
             out = orig(*args, **kwargs)
             if want_out and not structure:
-                rec["output"] = self._encode_output(out, f"{fwd}.output", save)
+                if api_key.startswith("Distributed."):  # the arguments after the collective, as msprobe does
+                    rec["output"] = self._encode_output(list(args) + list(kwargs.values()), f"{fwd}.output", save)
+                else:
+                    rec["output"] = self._encode_output(out, f"{fwd}.output", save)
             if self._keep(rec):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
             if not api_key.startswith("Distributed.") and self._bw_wanted():
@@ -224,19 +245,29 @@ class TorchDumper:
         return self.config.backward_enabled and torch.is_grad_enabled() and self.config.task != "structure"
 
     def _encode_output(self, out: Any, prefix: str, save: bool) -> list:
-        if isinstance(out, (list, tuple)) and not isinstance(out, torch.Size):
-            return [self.encoder.encode(o, f"{prefix}.{i}", save) for i, o in enumerate(out)]
-        return [self.encoder.encode(out, f"{prefix}.0", save)]
+        enc = self.encoder
+        enc._tls.in_output = True
+        try:
+            if isinstance(out, (list, tuple)) and not isinstance(out, torch.Size):
+                return [enc.encode(o, f"{prefix}.{i}", save) for i, o in enumerate(out)]
+            return [enc.encode(out, f"{prefix}.0", save)]
+        finally:
+            enc._tls.in_output = False
 
     def _hook_api_backward(self, out: Any, bwd: str, parent: Optional[str]) -> None:
         t = _first_tensor(out)
         if t is None or not t.requires_grad or t.grad_fn is None:
             return
         dumper = weakref.ref(self)
+        listed = self.config.level == "mix" and bool(self.config.list) and self._inside_listed_module()
 
         def hook(grad_inputs, grad_outputs):
             d = dumper()
-            if d is None or not d.enabled or not d._wanted(bwd):
+            if d is None or not d.enabled:
+                return None
+            if not d._wanted(bwd, listed):
+                if d.L0:
+                    d.session.add_structure(bwd, d.bw_stack[-1] if d.bw_stack else None)
                 return None
             GUARD.inside = True
             try:
@@ -315,6 +346,9 @@ class TorchDumper:
             if d is None or not d.enabled:
                 calls.append(None)
                 return None
+            if d.token_range is not None and not d._in_token_range():
+                calls.append(None)
+                return None
             n = d.session.next_module_index(key)
             fwd = f"{key}.forward.{n}"
             wanted = d._wanted(fwd)
@@ -349,6 +383,8 @@ class TorchDumper:
             if d.module_stack and d.module_stack[-1] == fwd:
                 d.module_stack.pop()
             if rec is None:
+                if d.enabled and d._in_token_range():
+                    d.session.add_structure(fwd, parent)
                 return None
             GUARD.inside = True
             try:
@@ -368,6 +404,10 @@ class TorchDumper:
         def emit_backward(d, n, grad_output, grad_input):
             bwd = f"{key}.backward.{n}"
             if not d.enabled or not d._wanted(bwd):
+                if d.enabled:
+                    d.session.add_structure(bwd, d._bw_parent(d._parent_of.get(f"{key}.forward.{n}")))
+                if d.bw_stack and d.bw_stack[-1] == bwd:
+                    d.bw_stack.pop()
                 return
             GUARD.inside = True
             try:
@@ -497,6 +537,8 @@ class TorchDumper:
             return
         grads: dict = {}
         dumper = weakref.ref(self)
+        # the gradient record takes its place now (as the real tool's does) and fills in as grads arrive
+        self.session.add_record(key, _nest(variable, grads), construct=False)
 
         for path, t in tensors:
             def hook(g, path=path):
@@ -507,8 +549,7 @@ class TorchDumper:
                 try:
                     save = d.encoder.wants_tensors(key)
                     grads[path] = d.encoder.encode(g, ".".join((key,) + path), save)
-                    if len(grads) == len(tensors):
-                        d.session.add_record(key, _nest(variable, grads), construct=False)
+                    d.session.add_record(key, _nest(variable, grads), construct=False)
                 finally:
                     GUARD.inside = False
                 return None
@@ -535,6 +576,23 @@ def _first_tensor(out: Any) -> Optional[torch.Tensor]:
         else:
             return None
     return out
+
+
+class _MutatingKeys:
+    """API keys that write into an argument: in-place methods (``add_``, ``__iadd__``, ``__setitem__``),
+    ``out=``-style copies and every collective. Memoized per key."""
+
+    def __init__(self) -> None:
+        self._known: dict = {}
+
+    def __contains__(self, api_key: str) -> bool:
+        v = self._known.get(api_key)
+        if v is None:
+            prefix, _, api = api_key.partition(".")
+            v = (prefix == "Distributed" or api.endswith("_") and not api.endswith("__")
+                 or api in ("__setitem__", "copy_", "set_") or api.startswith("__i"))
+            self._known[api_key] = v
+        return v
 
 
 def _needs_grad(values: Any) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import threading
 import weakref
 import zlib
 from typing import Any, Optional
@@ -67,7 +68,7 @@ def fetch_stats(handles: list) -> list:
                 resolved[i] = {"Max": r[0], "Min": r[1], "Mean": r[2] if width > 2 else None,
                                "Norm": r[3] if width > 3 else None}
     for hid, h in uniq.items():
-        extra = h[-1] if h[0] != _K_DONE and isinstance(h[-1], dict) else None
+        extra = h[-1] if len(h) > 2 and isinstance(h[-1], dict) else None
         if extra:
             resolved[hid] = dict(resolved[hid], **extra)
     return [resolved[id(h)] for h in handles]
@@ -86,6 +87,9 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
 
 
 def _serialize(t: torch.Tensor) -> bytes:
+    from msprobe.dumpers.pytorch._apis import GUARD
+
+    GUARD.inside = True  # a writer thread: torch.save's own tensor calls are not the model's
     buf = io.BytesIO()
     torch.save(t, buf)
     return buf.getvalue()
@@ -142,7 +146,7 @@ class StatCache:
         self.entries.clear()
 
 
-class Encoder:
+class Encoder:  # noqa: D101
     """Turns call arguments into JSON-ready entries; owns the per-call tensor decisions."""
 
     def __init__(self, session, *, save_tensors: bool, summary_mode: str, tensor_list: list):
@@ -152,6 +156,7 @@ class Encoder:
         self.tensor_list = tensor_list
         self.has_overflow = False
         self.cache = StatCache()
+        self._tls = threading.local()
         self.check_overflow = False
         self._overflow_handles: list = []
 
@@ -191,9 +196,9 @@ class Encoder:
         if isinstance(value, torch.device):
             return {"type": "torch.device", "value": str(value)}
         if isinstance(value, torch.memory_format):
-            return {"type": "torch.memory_format", "value": str(value)}
+            return {"type": "torch.memory_format", "format": str(value).replace("torch.", "", 1)}
         if isinstance(value, complex):
-            return {"type": "complex", "value": str(value)}
+            return {"type": "complex", "value": [value.real, value.imag]}
         return self._special(value)
 
     @staticmethod
@@ -239,7 +244,7 @@ class Encoder:
         except RuntimeError:  # meta/fake tensors, unsupported dtypes: keep the entry without stats
             pass
         entry["requires_grad"] = bool(t.requires_grad)
-        if save:
+        if save and (t.numel() or not getattr(self._tls, "in_output", False)):  # an empty *output* has no file (as the real tool does)
             name = f"{data_name_prefix}.pt"
             entry["data_name"] = name
             cpu = t.detach().to("cpu", copy=True).contiguous() if t.device.type != "cpu" else t.detach().clone()
@@ -249,7 +254,7 @@ class Encoder:
     @staticmethod
     def _xor(data: torch.Tensor) -> Optional[str]:
         if data.numel() == 0:
-            return "0x0000000000000000"
+            return None
         if data.dim() == 0:
             v = data.item()
             return v if not isinstance(v, int) else f"0x{v & ((1 << 64) - 1):016x}"

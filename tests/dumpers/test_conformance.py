@@ -1,0 +1,152 @@
+"""Conformance with the real msprobe 26.2.0: the same seeded scripts, dumped by ours and by the
+real tool (committed fixtures under tests/fixtures/real/ms26), give the same records, the same
+argument encodings and the same statistics (1e-5 relative), up to the deliberate differences
+listed in spec/FORMAT.md."""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REAL = os.path.join(ROOT, "tests", "fixtures", "real")
+sys.path.insert(0, REAL)
+from generate import SCENARIOS, make_config  # noqa: E402
+
+CASES = ["L0_statistics", "L1_statistics", "mix_statistics", "L1_tensor", "mix_tensor", "L1_md5", "L1_xor",
+         "structure", "debug_save", "debug_save_tensor", "list_models", "token_range", "distributed_2rank"]
+BY_NAME = {sc["name"]: sc for sc in SCENARIOS}
+
+# --- the deliberate differences (spec/FORMAT.md, "Deliberate differences from the real tool") ---
+_PGRAD_COUNT = re.compile(r"\.parameters_grad\.\d+$")
+#: APIs we record and 26.2.0 leaves out (it skips them internally)
+EXTRA_OURS = re.compile(r"^$")  # none left: see NOT_RECORDED in scripts/gen_api_list.py
+_INPLACE = re.compile(r"^Tensor\.(__setitem__|__i\w+__|\w+_)\.\d+\.forward$")
+
+
+def normalize_real(name: str) -> str:
+    return _PGRAD_COUNT.sub(".parameters_grad", name)
+
+
+def run_ours(tmp_path, name: str) -> str:
+    sc = BY_NAME[name]
+    cfg = make_config("26", sc)
+    cfg_path = tmp_path / f"{name}.json"
+    cfg_path.write_text(json.dumps(cfg))
+    mode = sc.get("mode", "train")
+    script = "dist_train.py" if mode == "dist" else "run_scenario.py"
+    cmd = [sys.executable, os.path.join(REAL, "scripts", script), "--config", str(cfg_path)]
+    if mode != "dist":
+        cmd += ["--mode", mode, "--perturb", str(sc.get("perturb", 0.0))]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return str(tmp_path / name)
+
+
+def rank_dirs(root: str, step: int) -> dict:
+    """rank key (None for the single-process dir, else the rank) -> path"""
+    out = {}
+    for p in sorted(glob.glob(os.path.join(root, f"step{step}", "*"))):
+        b = os.path.basename(p)
+        m = re.fullmatch(r"rank(\d+)", b)
+        out[int(m.group(1)) if m else None] = p
+    return out
+
+
+def doc(path: str) -> tuple:
+    for name in ("dump.json", "debug.json"):
+        if os.path.exists(os.path.join(path, name)):
+            with open(os.path.join(path, name)) as f:
+                return name, json.load(f)
+    raise AssertionError(f"no document in {path}")
+
+
+def compare_values(real, ours, path, problems, ctx):
+    if isinstance(real, dict) and isinstance(ours, dict):
+        if real == {} and ours.get("type") == "torch.dtype":  # positional dtype: 26.2.0 writes {}
+            return
+        rk = [k for k in real]
+        ok = [k for k in ours]
+        if rk != ok:
+            problems.append((path, "keys", rk, ok))
+            return
+        for k in real:
+            if k == "md5" and ctx.get("inplace"):
+                continue  # 26.2.0 hashes in-place inputs after the op (asynchronously)
+            if k == "data_name":
+                continue  # same names up to parameters_grad count, checked by file existence
+            compare_values(real[k], ours[k], f"{path}.{k}", problems, ctx)
+    elif isinstance(real, list) and isinstance(ours, list):
+        if len(real) != len(ours):
+            problems.append((path, "len", len(real), len(ours)))
+            return
+        for i, (a, b) in enumerate(zip(real, ours)):
+            compare_values(a, b, f"{path}.{i}", problems, ctx)
+    elif isinstance(real, float) and isinstance(ours, (int, float)) and not isinstance(ours, bool):
+        if math.isnan(real) and isinstance(ours, float) and math.isnan(ours):
+            return
+        if not math.isclose(real, ours, rel_tol=1e-5, abs_tol=1e-6):
+            problems.append((path, "value", real, ours))
+    elif type(real) is not type(ours) or real != ours:
+        problems.append((path, "value", real, ours))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_same_records_as_real_msprobe_26(tmp_path, name):
+    real_root = os.path.join(REAL, "ms26", name)
+    if not os.path.isdir(real_root):
+        pytest.skip(f"no real fixture {name}")
+    ours_root = run_ours(tmp_path, name)
+    steps = sorted(int(s[4:]) for s in os.listdir(real_root) if s.startswith("step"))
+    assert steps and sorted(int(s[4:]) for s in os.listdir(ours_root) if s.startswith("step")) == steps
+    for step in steps:
+        real_ranks, our_ranks = rank_dirs(real_root, step), rank_dirs(ours_root, step)
+        assert sorted(real_ranks, key=str) == sorted(our_ranks, key=str)
+        for rank, rp in real_ranks.items():
+            op = our_ranks[rank]
+            rdoc_name, rdoc = doc(rp)
+            odoc_name, odoc = doc(op)
+            assert rdoc_name == odoc_name
+            for k in ("task", "level", "framework"):
+                assert rdoc[k] == odoc[k], k
+            real = {normalize_real(n): v for n, v in rdoc["data"].items()}
+            ours = {n: v for n, v in odoc["data"].items() if not EXTRA_OURS.match(n)}
+            # modules before an in-place op: the real tool loses their backward record, we keep it
+            lost = [n for n in ours if n not in real and re.search(r"\.backward\.\d+$", n) and n.startswith("Module.")]
+            ours = {n: v for n, v in ours.items() if n not in lost}
+            assert list(real) == [n for n in ours if n in real], "record order differs"
+            assert set(real) == set(ours), (sorted(set(real) - set(ours)), sorted(set(ours) - set(real)))
+            problems: list = []
+            for n in real:
+                compare_values(real[n], ours[n], n, problems, {"inplace": bool(_INPLACE.match(n))})
+            assert not problems, problems[:20]
+            # every data_name we wrote has its file
+            files = set(os.listdir(os.path.join(op, "dump_tensor_data"))) if os.path.isdir(
+                os.path.join(op, "dump_tensor_data")) else set()
+            for dn in re.findall(r'"data_name": "([^"]+)"', json.dumps(odoc["data"])):
+                assert dn in files, dn
+            # same structure: construct parents of forward records, stacks of forward records
+            if os.path.exists(os.path.join(rp, "construct.json")):
+                rc = json.load(open(os.path.join(rp, "construct.json")))
+                oc = json.load(open(os.path.join(op, "construct.json")))
+                for child, parent in rc.items():
+                    if child.endswith("forward") or re.search(r"\.forward\.\d+$", child):
+                        if EXTRA_OURS.match(child):
+                            continue
+                        assert oc.get(child, "MISSING") == parent, (child, parent, oc.get(child, "MISSING"))
+                rs = {n: v[1] for v in json.load(open(os.path.join(rp, "stack.json"))).values() for n in v[0]}
+                os_ = {n: v[1] for v in json.load(open(os.path.join(op, "stack.json"))).values() for n in v[0]}
+                venv = re.compile(r"File \S*?/site-packages/")
+                for n, frames in rs.items():
+                    if n in os_:
+                        assert [venv.sub("File SP/", f) for f in frames if "msprobe" not in f] == \
+                               [venv.sub("File SP/", f) for f in os_[n]], n
