@@ -94,7 +94,7 @@ class DumpConfig:
     index: bool = False  # write the Parquet side index at publish
     tensor_store: str = "files"
     stack: bool = True  # capture stack.json
-    run_dir_policy: str = "overwrite"  # 'overwrite' (msprobe) | 'refuse' | 'new'
+    run_dir_policy: str = "overwrite"  # 'overwrite' (msprobe's behaviour) | 'refuse'
     max_bytes_in_flight: int = 1 << 30
     writer_workers: int = 4
     strict: bool = False  # storage errors raise at step()/stop() when True
@@ -126,8 +126,8 @@ class DumpConfig:
             raise _fail("overflow_nums", self.overflow_nums, "an integer >= 1, or -1 for no limit")
         if self.tensor_store not in TENSOR_STORES:
             raise _fail("tensor_store", self.tensor_store, list(TENSOR_STORES))
-        if self.run_dir_policy not in ("overwrite", "refuse", "new"):
-            raise _fail("run_dir_policy", self.run_dir_policy, ["overwrite", "refuse", "new"])
+        if self.run_dir_policy not in ("overwrite", "refuse"):
+            raise _fail("run_dir_policy", self.run_dir_policy, ["overwrite", "refuse"])
         if not isinstance(self.journal_flush, int) or isinstance(self.journal_flush, bool) or self.journal_flush < 1:
             raise _fail("journal_flush", self.journal_flush, "an integer >= 1 (records per flush)")
         if self.storage_options is not None and not isinstance(self.storage_options, dict):

@@ -121,6 +121,7 @@ class DumpSession:
         self.module_counts: dict = defaultdict(int)
         self.records_total = 0
         self.errors: list = []
+        self._claimed: Optional[int] = None
 
     # ------------------------------------------------------------------ state
     def _reset_step_state(self) -> None:
@@ -174,6 +175,24 @@ class DumpSession:
     @property
     def rank_prefix(self) -> str:
         return f"step{self.current_step}/{self.rank_dir}"
+
+    def claim(self) -> None:
+        """Before writing a step: with ``run_dir_policy: "refuse"``, a rank directory that already
+        holds another run's dump is an error instead of being overwritten (msprobe overwrites)."""
+        if self.config.run_dir_policy != "refuse" or self._claimed == self.current_step:
+            return
+        from msprobe.errors import StoragePermissionError
+
+        prefix = self.rank_prefix
+        try:
+            names = set(self.store.list_dir(prefix))
+        except Exception:
+            names = set()
+        if self._claimed != self.current_step and names & {DUMP_JSON, DEBUG_JSON, MARKER_FILE, JOURNAL_DIR, TENSOR_DIR}:
+            raise StoragePermissionError(
+                f"{self.store.url.rstrip('/')}/{prefix} already holds a dump of another run; "
+                "choose another dump_path or set run_dir_policy to 'overwrite'")
+        self._claimed = self.current_step
 
     def rank_enabled(self) -> bool:
         ranks = self.config.rank

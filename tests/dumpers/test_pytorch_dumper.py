@@ -414,3 +414,16 @@ def test_long_names_use_mapping_csv(tmp_path):
     short, orig = rows[0].split(",")  # converted name first, as the real tool writes it
     assert orig == f"{long}.0.debug.pt" and len(short) == 35 and (base / short).exists()
     check_invariants(tmp_path)
+
+
+def test_second_run_into_same_root_refused(tmp_path):
+    from msprobe.errors import StoragePermissionError
+
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="L1", run_dir_policy="refuse")
+    train(dbg, steps=1, start_model=False)
+    PrecisionDebugger._reset()
+    before = (tmp_path / "step0" / "rank" / "dump.json").read_bytes()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="L1", run_dir_policy="refuse")
+    with pytest.raises(StoragePermissionError, match="already holds a dump"):
+        dbg.start()
+    assert (tmp_path / "step0" / "rank" / "dump.json").read_bytes() == before

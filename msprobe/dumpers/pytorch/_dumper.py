@@ -98,6 +98,7 @@ class TorchDumper:
         if not (self.session.step_enabled() and self.session.rank_enabled()):
             self.enabled = False
             return
+        self.session.claim()
         if self.L1 and cfg.level != "debug":
             self.patcher.install(self._on_api)
         self.enabled = True
