@@ -427,3 +427,35 @@ def test_second_run_into_same_root_refused(tmp_path):
     with pytest.raises(StoragePermissionError, match="already holds a dump"):
         dbg.start()
     assert (tmp_path / "step0" / "rank" / "dump.json").read_bytes() == before
+
+
+def test_index_written_at_publish(tmp_path):
+    pytest.importorskip("pyarrow")
+    import msprobe.readers
+
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="mix", index=True)
+    train(dbg, steps=1)
+    assert (tmp_path / "step0" / "rank" / "index" / "records.parquet").exists()
+    d = msprobe.readers.open(str(tmp_path))
+    df = d.to_pandas()
+    data = load(tmp_path)["data"]
+    assert set(df["record"]) == set(data)
+    row = df[(df["record"] == "Functional.linear.0.forward") & (df["io"] == "output")].iloc[0]
+    assert row["max"] == pytest.approx(data["Functional.linear.0.forward"]["output"][0]["Max"])
+
+
+def test_register_custom_api(tmp_path):
+    import types
+
+    mod = types.SimpleNamespace(my_gelu=lambda x: F.gelu(x) * 2)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="L1")
+    dbg.register_custom_api(mod, "my_gelu", api_prefix="MyOps")
+    dbg.start()
+    mod.my_gelu(torch.ones(3))
+    dbg.stop()
+    dbg.restore_custom_api(mod, "my_gelu")
+    dbg.step()
+    data = load(tmp_path)["data"]
+    assert "MyOps.my_gelu.0.forward" in data
+    assert "Functional.gelu.0.forward" not in data  # the inner call belongs to the custom API
+    assert not getattr(mod.my_gelu, "__msprobe_wrapped__", False)

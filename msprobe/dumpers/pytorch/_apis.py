@@ -82,7 +82,7 @@ class ApiPatcher:
                     if orig is None or getattr(orig, "__msprobe_wrapped__", False):
                         continue
                     self._wrap(target, name, orig, f"{prefix}.{name}", handler)
-        for (target, name), api_key in self.extra.items():
+        for (_, name), (target, api_key) in self.extra.items():
             orig = getattr(target, name, None)
             if orig is not None and not getattr(orig, "__msprobe_wrapped__", False):
                 self._wrap(target, name, orig, api_key, handler)

@@ -92,7 +92,7 @@ class PrecisionDebugger:
         prefix = api_prefix or getattr(module, "__name__", type(module).__name__).split(".")[-1].capitalize()
         register_prefix(prefix)
         patcher = self.dumper.patcher
-        patcher.extra[(module, api_name)] = f"{prefix}.{api_name}"
+        patcher.extra[(id(module), api_name)] = (module, f"{prefix}.{api_name}")
         if patcher.installed:
             patcher._wrap(module, api_name, getattr(module, api_name), f"{prefix}.{api_name}", self.dumper._on_api)
 
@@ -100,7 +100,7 @@ class PrecisionDebugger:
     def restore_custom_api(cls, module: Any, api_name: str) -> None:
         self = cls._get()
         patcher = self.dumper.patcher
-        patcher.extra.pop((module, api_name), None)
+        patcher.extra.pop((id(module), api_name), None)
         keep = []
         for item in patcher._saved:
             target, name, orig, owned = item
