@@ -56,7 +56,8 @@ TORCH_SKIP = {"is_tensor", "is_storage", "is_complex", "is_floating_point", "is_
               "set_deterministic_debug_mode", "classproperty", "is_nested_int"}
 #: kept out of every namespace so that our records match what msprobe 26.x records for the same
 #: script (tests/dumpers/test_conformance.py): copies/bookkeeping it does not dump
-NOT_RECORDED = {"clone", "detach", "detach_", "tensor", "ones_like", "as_tensor"}
+NOT_RECORDED = {"clone", "detach", "detach_", "tensor", "ones_like", "as_tensor", "view", "contiguous", "ones",
+                "zeros_like", "__invert__"}
 DIST = ["all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce",
         "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "isend", "irecv",
         "barrier", "all_to_all", "all_to_all_single", "batch_isend_irecv", "broadcast_object_list",
