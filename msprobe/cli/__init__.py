@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES = [
     "msprobe.cli.show",
     "msprobe.cli.index",
     "msprobe.cli.recover",
+    "msprobe.cli.compare",
 ]
 
 

@@ -1,0 +1,423 @@
+"""Compare two dumps: pair steps and ranks, match records, compute metrics, write results."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Optional
+
+from msprobe.compare._rows import (
+    COLUMNS,
+    leaf_side,
+    md5_metrics,
+    norm_record_name,
+    record_leaves,
+    stats_metrics,
+    tensor_metrics,
+)
+from msprobe.errors import ConfigError, MissingDependencyError
+
+__all__ = ["compare", "compare_pair", "detect_mode", "pair_sources", "NORM_REL_THRESHOLD", "COSINE_THRESHOLD"]
+
+NORM_REL_THRESHOLD = 1e-3
+#: record name stems (``<prefix>.<api>.<n>``'s prefix and api) whose CRC-32 differences 26.2.0
+#: does not flag in md5 mode (in-place writes and dtype casts)
+MD5_EXEMPT = {"Tensor.__setitem__", "Tensor.to"}
+COSINE_THRESHOLD = 0.99
+_NA = "N/A"
+
+
+def _open(path: str, storage_options: Optional[dict] = None) -> Any:
+    import msprobe.readers
+
+    return msprobe.readers.open(path, storage_options=storage_options)
+
+
+def _data(src: Any) -> dict:
+    from msprobe.errors import StorageNotFoundError
+
+    try:
+        return src.document().data
+    except StorageNotFoundError:
+        return {}
+
+
+def _task(src: Any) -> Optional[str]:
+    try:
+        return src.document().raw.get("task")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def detect_mode(data_n: dict, data_b: dict, task_n: Optional[str], task_b: Optional[str]) -> str:
+    """'tensor' when both dumps hold tensor files, 'md5' when both hold CRC-32 values, else 'statistics'."""
+    if task_n == "tensor" and task_b == "tensor":
+        return "tensor"
+
+    def has_md5(data: dict) -> bool:
+        seen = 0
+        for name, raw in data.items():
+            for _, leaf, _ in record_leaves(name, raw):
+                if isinstance(leaf, dict) and "dtype" in leaf and "shape" in leaf:
+                    return isinstance(leaf.get("md5"), str) and "Max" in leaf
+            seen += 1
+            if seen > 50:
+                break
+        return False
+
+    if has_md5(data_n) and has_md5(data_b):
+        return "md5"
+    return "statistics"
+
+
+def pair_sources(dn: Any, db: Any, *, step: Any = None, rank: Any = None) -> list:
+    """[(target source, bench source)] pairing steps, then ranks (a lone rank/proc directory
+    pairs with the other side's lone directory, whatever its name)."""
+    steps_n = {s.step for s in dn.sources}
+    steps_b = {s.step for s in db.sources}
+    if step is not None:
+        steps = [(step, step)] if step in steps_n and step in steps_b else []
+        if not steps:
+            raise ConfigError(f"step {step} is not in both dumps (target {sorted(steps_n, key=str)}, "
+                              f"bench {sorted(steps_b, key=str)})")
+    elif len(steps_n) == 1 and len(steps_b) == 1:
+        steps = [(next(iter(steps_n)), next(iter(steps_b)))]
+    else:
+        common = sorted(steps_n & steps_b, key=lambda s: (s is None, s or 0))
+        if not common:
+            raise ConfigError(f"the dumps share no step (target {sorted(steps_n, key=str)}, "
+                              f"bench {sorted(steps_b, key=str)}); pass --step")
+        steps = [(s, s) for s in common]
+    pairs = []
+    for sn, sb in steps:
+        src_n = [s for s in dn.sources if s.step == sn]
+        src_b = [s for s in db.sources if s.step == sb]
+        if len(src_n) == 1 and len(src_b) == 1:
+            cand = [(src_n[0], src_b[0])]
+        else:
+            by_rank = {s.rank: s for s in src_b}
+            cand = [(s, by_rank[s.rank]) for s in src_n if s.rank in by_rank]
+        if rank is not None:
+            cand = [(a, b) for a, b in cand if a.rank == rank or (a.rank is None and len(cand) == 1)]
+        pairs.extend(cand)
+    if not pairs:
+        raise ConfigError("no rank directories pair up between the two dumps"
+                          + (f" for rank {rank}" if rank is not None else ""))
+    return pairs
+
+
+def _load(src: Any, side: Any, rec: str) -> Any:
+    from msprobe.errors import TensorLoadError
+    from msprobe.readers._tensor import load_tensor_file
+
+    if side.data_name is None or not side.tensor:
+        return None
+    try:
+        shape = tuple(int(d) for d in json.loads(side.shape))
+    except (ValueError, TypeError):
+        shape = ()
+    try:
+        return load_tensor_file(src.store, src.tensor_key(side.data_name), record=rec, dtype=side.dtype,
+                                shape=shape, framework="numpy")
+    except TensorLoadError:
+        return None
+
+
+def _nonfinite(side: Any) -> bool:
+    return any(isinstance(v, float) and not math.isfinite(v) for v in side.stats)
+
+
+def _match(data_n: dict, data_b: dict) -> tuple:
+    """([(target name, bench name or None)] in target order, [unmatched bench names])."""
+    used: set = set()
+    by_norm: dict = {}
+    for nm in data_b:
+        by_norm.setdefault(norm_record_name(nm), []).append(nm)
+    pos = {k: 0 for k in by_norm}
+    pairs = []
+    for nm in data_n:
+        if nm in data_b and nm not in used:
+            used.add(nm)
+            pairs.append((nm, nm))
+            continue
+        key = norm_record_name(nm)
+        cands = by_norm.get(key)
+        got = None
+        if cands:
+            i = pos[key]
+            while i < len(cands) and cands[i] in used:
+                i += 1
+            pos[key] = i
+            if i < len(cands):
+                got = cands[i]
+                used.add(got)
+        pairs.append((nm, got))
+    rest = [nm for nm in data_b if nm not in used]
+    return pairs, rest
+
+
+def _csv_name(src: Any, ts: str, multi_step: bool) -> str:
+    step = f"step{src.step}_" if multi_step and src.step is not None else ""
+    return f"compare_result_{step}{src.rank_dir}_{ts}.csv"
+
+
+def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, multi_step: bool = False,
+                 xlsx: bool = False) -> dict:
+    """Compare one target rank directory with one bench rank directory; writes its CSV
+    (and .xlsx) and returns its summary (with ``series``: the NormRelativeErr per row)."""
+    data_n, data_b = _data(src_n), _data(src_b)
+    tensor_task = mode == "tensor"
+    cols = COLUMNS[mode]
+    pairs, rest = _match(data_n, data_b)
+    rows: list = []
+    counts: dict = {}
+    series: list = []
+    first_div = None
+    first_nan_n = None
+    first_nan_b = None
+    matched_records = 0
+    unmatched_rows = 0
+    for rec_i, (nm, bm) in enumerate(pairs):
+        raw_n = data_n[nm]
+        leaves_n = record_leaves(nm, raw_n, tensor_task)
+        bench_leaves: dict = {}
+        if bm is not None:
+            matched_records += 1
+            for suffix, leaf, _io in record_leaves(bm, data_b[bm], tensor_task):
+                bench_leaves.setdefault(suffix, leaf)
+        frames = src_n.frames_of(nm) if not nm.endswith(("backward", "debug")) else None
+        stack = str(frames) if frames else _NA
+        first_row = True
+        for suffix, leaf, _io in leaves_n:
+            n = leaf_side(leaf)
+            row_name = f"{nm}.{suffix}" if suffix else nm
+            if first_nan_n is None and _nonfinite(n):
+                first_nan_n = {"record": nm, "row": row_name, "record_index": rec_i}
+            has_b = bm is not None and suffix in bench_leaves
+            if has_b:
+                bl = bench_leaves.pop(suffix)
+                b = leaf_side(bl)
+                if first_nan_b is None and _nonfinite(b):
+                    first_nan_b = {"record": bm, "row": f"{bm}.{suffix}" if suffix else bm, "record_index": rec_i}
+                head = [row_name, f"{bm}.{suffix}" if suffix else bm, n.dtype, b.dtype, n.shape, b.shape, n.rg, b.rg]
+                diverged = False
+                if mode == "statistics":
+                    metrics, result, err, norm_rel, _ = stats_metrics(n, b)
+                    series.append(norm_rel if n.tensor and norm_rel is not None else None)
+                    diverged = result != "pass" or (norm_rel is not None and norm_rel > NORM_REL_THRESHOLD)
+                    row = head + metrics + [_fmt(v) for v in n.stats] + [_fmt(v) for v in b.stats]
+                elif mode == "md5":
+                    metrics, result, err = md5_metrics(n, b)
+                    if result != "pass" and nm.rsplit(".", 2)[0] in MD5_EXEMPT:
+                        # the real tool (26.2.0) leaves these rows at pass whatever their CRC-32
+                        result, err = "pass", "[]"
+                    diverged = result != "pass"
+                    series.append(None)
+                    row = head + metrics
+                else:
+                    na = _load(src_n, n, nm) if n.tensor else None
+                    ba = _load(src_b, b, bm) if b.tensor else None
+                    metrics, result, err, cos = tensor_metrics(na, ba)
+                    _, _, _, norm_rel, _ = stats_metrics(n, b)
+                    series.append(norm_rel if n.tensor and norm_rel is not None else None)
+                    diverged = result != "pass" or (cos is not None and (math.isnan(cos) or cos < COSINE_THRESHOLD))
+                    row = head + metrics + [_fmt(v) for v in n.stats] + [_fmt(v) for v in b.stats]
+                row += [str(n.rg == b.rg), result, err, stack if first_row else _NA]
+                if mode == "tensor":
+                    row.append(f"['{n.data_name or -1}', '{b.data_name or -1}']")
+                if diverged and first_div is None:
+                    first_div = {"record": nm, "row": row_name, "record_index": rec_i, "row_index": len(rows),
+                                 "result": result,
+                                 "metrics": dict(zip(cols[8:8 + len(metrics)], metrics))}
+            else:
+                unmatched_rows += 1
+                result = _NA
+                series.append(None)
+                row = _unmatched_row(mode, row_name, n, stack if first_row else _NA, target_side=True)
+            counts[result] = counts.get(result, 0) + 1
+            rows.append(row)
+            first_row = False
+        # bench leaves of a matched record that the target lacks
+        for suffix, bl in bench_leaves.items():
+            unmatched_rows += 1
+            counts[_NA] = counts.get(_NA, 0) + 1
+            rows.append(_unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, leaf_side(bl), _NA,
+                                       target_side=False))
+    for bm in rest:
+        for suffix, bl, _io in record_leaves(bm, data_b[bm], tensor_task):
+            b = leaf_side(bl)
+            if first_nan_b is None and _nonfinite(b):
+                first_nan_b = {"record": bm, "row": f"{bm}.{suffix}" if suffix else bm, "record_index": None}
+            unmatched_rows += 1
+            counts[_NA] = counts.get(_NA, 0) + 1
+            rows.append(_unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, b, _NA, target_side=False))
+    os.makedirs(out_dir, exist_ok=True)
+    name = _csv_name(src_n, ts, multi_step)
+    path = os.path.join(out_dir, name)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        w.writerows(rows)
+    files = [path]
+    if xlsx:
+        files.append(_write_xlsx(path[:-4] + ".xlsx", cols, rows))
+    return {
+        "step": src_n.step, "rank": src_n.rank, "rank_dir": src_n.rank_dir,
+        "bench_step": src_b.step, "bench_rank_dir": src_b.rank_dir,
+        "files": files, "rows": len(rows),
+        "records": len(data_n), "bench_records": len(data_b), "matched_records": matched_records,
+        "unmatched_records": len(pairs) - matched_records, "unmatched_bench_records": len(rest),
+        "unmatched_rows": unmatched_rows, "results": counts,
+        "first_divergence": first_div, "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
+        "series": series,
+    }
+
+
+def _fmt(v: Any) -> str:
+    return str(v)
+
+
+def _unmatched_row(mode: str, name: str, s: Any, stack: str, *, target_side: bool) -> list:
+    """A row for a leaf that has no counterpart: the other side's columns are N/A."""
+    cols = COLUMNS[mode]
+    row = {c: _NA for c in cols}
+    if target_side:
+        row.update({"NPU Name": name, "NPU Dtype": s.dtype, "NPU Tensor Shape": s.shape, "NPU Requires_grad": s.rg})
+        pre = "NPU"
+    else:
+        row.update({"Bench Name": name, "Bench Dtype": s.dtype, "Bench Tensor Shape": s.shape,
+                    "Bench Requires_grad": s.rg})
+        pre = "Bench"
+    if mode in ("statistics", "tensor"):
+        for k, v in zip(("max", "min", "mean", "l2norm"), s.stats):
+            row[f"{pre} {k}"] = _fmt(v)
+    if mode == "md5":
+        row["NPU MD5" if target_side else "BENCH MD5"] = s.md5
+    if mode == "tensor":
+        row["Data_name"] = f"['{s.data_name or -1}', '-1']" if target_side else f"['-1', '{s.data_name or -1}']"
+    row["Requires_grad Consistent"] = _NA
+    row["Err_message"] = '["No bench data matched."]' if target_side else '["No target data matched."]'
+    row["NPU_Stack_Info"] = stack
+    return [row[c] for c in cols]
+
+
+def _write_xlsx(path: str, cols: list, rows: list) -> str:
+    try:
+        import openpyxl
+    except ImportError as exc:
+        raise MissingDependencyError("--xlsx needs openpyxl: pip install openpyxl") from exc
+    wb = openpyxl.Workbook(write_only=True)
+    ws = wb.create_sheet("compare_result")
+    ws.append(cols)
+    for r in rows:
+        ws.append(r)
+    wb.save(path)
+    return path
+
+
+def _pair_job(args: tuple) -> dict:
+    target, bench, so, key_n, key_b, kw = args
+    dn, db = _open(target, so), _open(bench, so)
+    src_n = next(s for s in dn.sources if s.key == key_n)
+    src_b = next(s for s in db.sources if s.key == key_b)
+    return compare_pair(src_n, src_b, **kw)
+
+
+def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None, rank: Optional[int] = None,
+            mode: str = "auto", xlsx: bool = False, workers: int = 1, plot: bool = True,
+            storage_options: Optional[dict] = None, timestamp: Optional[str] = None) -> dict:
+    """Compare ``target`` with ``bench`` (paths or URLs of any dialect); writes one CSV per
+    (step,) rank, ``summary.json`` and ``compare_plot.png`` into ``out_dir``; returns the summary."""
+    if xlsx:
+        try:
+            import openpyxl  # noqa: F401
+        except ImportError as exc:
+            raise MissingDependencyError("--xlsx needs openpyxl: pip install openpyxl") from exc
+    t0 = time.perf_counter()
+    dn, db = _open(target, storage_options), _open(bench, storage_options)
+    pairs = pair_sources(dn, db, step=step, rank=rank)
+    if mode == "auto":
+        a, b = pairs[0]
+        mode = detect_mode(_data(a), _data(b), _task(a), _task(b))
+    if mode not in COLUMNS:
+        raise ConfigError(f"unknown mode {mode!r}: statistics, md5, tensor or auto")
+    ts = timestamp or time.strftime("%Y%m%d%H%M%S")
+    multi_step = len({a.step for a, _ in pairs}) > 1
+    kw = {"mode": mode, "out_dir": out_dir, "ts": ts, "multi_step": multi_step, "xlsx": xlsx}
+    if workers > 1 and len(pairs) > 1:
+        jobs = [(target, bench, storage_options, a.key, b.key, kw) for a, b in pairs]
+        with ProcessPoolExecutor(max_workers=min(workers, len(pairs))) as ex:
+            results = list(ex.map(_pair_job, jobs))
+    else:
+        results = [compare_pair(a, b, **kw) for a, b in pairs]
+    # first divergence across ranks: the lowest record index, then (step, rank) order
+    divs = [(r["first_divergence"]["record_index"], i, r) for i, r in enumerate(results) if r["first_divergence"]]
+    first = None
+    if divs:
+        _, _, r = min(divs, key=lambda t: (t[0], t[1]))
+        first = dict(r["first_divergence"], step=r["step"], rank=r["rank"], rank_dir=r["rank_dir"])
+    plot_file = None
+    plot_note = None
+    if plot:
+        plot_file, plot_note = _plot(results, out_dir, ts, mode)
+    series = [r.pop("series") for r in results]
+    del series
+    summary = {
+        "target": target, "bench": bench, "mode": mode, "timestamp": ts,
+        "target_dialect": dn.dialect, "bench_dialect": db.dialect,
+        "thresholds": {"norm_relative_err": NORM_REL_THRESHOLD, "cosine": COSINE_THRESHOLD},
+        "pairs": results, "first_divergence": first,
+        "first_nan_inf_target": next((dict(r["first_nan_inf_target"], rank_dir=r["rank_dir"], step=r["step"])
+                                      for r in results if r["first_nan_inf_target"]), None),
+        "first_nan_inf_bench": next((dict(r["first_nan_inf_bench"], rank_dir=r["bench_rank_dir"],
+                                          step=r["bench_step"]) for r in results if r["first_nan_inf_bench"]), None),
+        "plot": plot_file, "plot_note": plot_note,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, default=str)
+    summary["summary_file"] = os.path.join(out_dir, "summary.json")
+    return summary
+
+
+def _plot(results: list, out_dir: str, ts: str, mode: str) -> tuple:
+    if mode == "md5":
+        return None, "no plot in md5 mode (no statistics to compare)"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None, "matplotlib is not installed: no plot (pip install matplotlib)"
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for r in results:
+        xs = [i for i, v in enumerate(r["series"]) if v is not None and math.isfinite(v)]
+        ys = [max(r["series"][i], 1e-12) for i in xs]
+        label = f"step{r['step']} {r['rank_dir']}"
+        ax.plot(xs, ys, lw=0.8, label=label)
+        fd = r["first_divergence"]
+        if fd is not None:
+            rows_names = fd["row"]
+            ax.set_title(f"first divergence: {rows_names}", fontsize=8)
+            idx = _row_index(r, fd)
+            if idx is not None and r["series"][idx] is not None:
+                ax.plot([idx], [max(r["series"][idx], 1e-12)], "rx", ms=10)
+    ax.set_yscale("log")
+    ax.axhline(NORM_REL_THRESHOLD, color="r", lw=0.5, ls="--")
+    ax.set_xlabel("row (execution order)")
+    ax.set_ylabel("relative Norm error")
+    ax.legend(fontsize=7)
+    path = os.path.join(out_dir, f"compare_plot_{ts}.png")
+    os.makedirs(out_dir, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path, None
+
+
+def _row_index(r: dict, fd: dict) -> Optional[int]:
+    return fd.get("row_index")

@@ -1,0 +1,253 @@
+"""Flatten records into compare rows (one per argument leaf) and compute their metrics.
+
+Row names follow the real tool's CSV: ``<record>.input.<i>[.<j>...]`` for positional
+args, ``<record>.input.<kwarg>`` for keyword args (``.kwargs.<kwarg>`` for a dumped
+kwarg tensor in tensor mode, as its data_name says), ``<record>.output.<i>``,
+``<record>.parameters.<name>``; backward records use ``input``/``output`` as dumped;
+a parameters_grad record gives ``<record>.<param>``.
+
+Works on the raw JSON of dump.json (no Arg objects) so 100,000 records take a second.
+"""
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from typing import Any, Optional
+
+__all__ = ["COLUMNS", "record_leaves", "norm_record_name", "Side", "stats_metrics", "md5_metrics",
+           "tensor_metrics", "leaf_side", "is_tensor"]
+
+_HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
+         "NPU Requires_grad", "Bench Requires_grad"]
+_STATS_VALS = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
+               "Bench l2norm"]
+#: CSV columns per mode, in the order the real tool (26.2.0) writes them
+COLUMNS = {
+    "statistics": _HEAD + ["Max diff", "Min diff", "Mean diff", "L2norm diff", "MaxRelativeErr", "MinRelativeErr",
+                           "MeanRelativeErr", "NormRelativeErr"] + _STATS_VALS
+                  + ["Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info"],
+    "md5": _HEAD + ["NPU MD5", "BENCH MD5", "Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info"],
+    "tensor": _HEAD + ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
+                       "Five Thousandths Err Ratio"] + _STATS_VALS
+              + ["Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info", "Data_name"],
+}
+
+_TENSOR_TYPES = {"torch.Tensor", "mindspore.Tensor", "torch.nn.parameter.Parameter", "mindspore.Parameter",
+                 "numpy.ndarray", "jax.Array"}
+_SKIP_KEYS = {"is_recompute"}
+_PG = re.compile(r"\.parameters_grad\.\d+$")
+_NA = "N/A"
+MD5_ERR = '["error: The CRC-32 value of NPU differs from that of the bench."]'
+
+
+def is_tensor(v: Any) -> bool:
+    if not isinstance(v, dict):
+        return False
+    t = v.get("type")
+    return isinstance(t, str) and (t in _TENSOR_TYPES or ("dtype" in v and "shape" in v))
+
+
+def norm_record_name(name: str) -> str:
+    """The name with dialect differences removed (26.x ``parameters_grad.N`` -> ``parameters_grad``)."""
+    return _PG.sub(".parameters_grad", name)
+
+
+def _walk(value: Any, path: str, out: list, io: str) -> None:
+    if value is None:
+        out.append((path, None, io))
+    elif isinstance(value, dict):
+        if "type" in value:
+            out.append((path, value, io))
+        else:
+            for k, v in value.items():
+                _walk(v, f"{path}.{k}", out, io)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _walk(v, f"{path}.{i}", out, io)
+
+
+def record_leaves(name: str, raw: Any, tensor_task: bool = False) -> list:
+    """[(suffix, leaf, io)]: every argument leaf of a record, in document order
+    (a leaf is a typed JSON entry or None; an empty ``{}`` has no row, as in the real tool)."""
+    out: list = []
+    if not isinstance(raw, dict):
+        _walk(raw, "", out, "debug")
+        return [(p.lstrip("."), v, io) for p, v, io in out]
+    if ".parameters_grad" in name:
+        for k, v in raw.items():
+            if isinstance(v, list) and len(v) == 1:
+                v = v[0]
+            _walk(v, f".{k}", out, "parameters_grad")
+        return [(p[1:], v, io) for p, v, io in out]
+    if name.endswith(".debug"):
+        _walk(raw, "", out, "debug")
+        return [(p.lstrip("."), v, io) for p, v, io in out]
+    for key, value in raw.items():
+        if key in _SKIP_KEYS:
+            continue
+        if key == "input_args":
+            _walk(value, "input", out, "input")
+        elif key == "input_kwargs":
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    pre = "kwargs" if tensor_task and is_tensor(v) and isinstance(v.get("data_name"), str) else "input"
+                    _walk(v, f"{pre}.{k}", out, "input")
+        elif key in ("input", "output"):
+            _walk(value, key, out, key)
+        elif key == "parameters":
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    _walk(v, f"parameters.{k}", out, "parameters")
+        else:
+            _walk(value, key, out, key)
+    return out
+
+
+class Side:
+    """What the CSV shows of one leaf: dtype, shape, requires_grad, 4 statistics, md5, data_name."""
+
+    __slots__ = ("dtype", "shape", "rg", "stats", "md5", "data_name", "tensor", "numel")
+
+    def __init__(self, dtype: str, shape: str, rg: str, stats: tuple, md5: str, data_name: Optional[str],
+                 tensor: bool, numel: Optional[int]):
+        self.dtype, self.shape, self.rg, self.stats = dtype, shape, rg, stats
+        self.md5, self.data_name, self.tensor, self.numel = md5, data_name, tensor, numel
+
+
+def _crc(v: Any) -> str:
+    return f"{zlib.crc32(str(v).encode()):08x}"
+
+
+def leaf_side(leaf: Any) -> Side:
+    if leaf is None:
+        return Side(_NA, _NA, _NA, (None, None, None, None), _NA, None, False, None)
+    if is_tensor(leaf):
+        shape = leaf.get("shape")
+        numel = None
+        if isinstance(shape, list):
+            numel = 1
+            for d in shape:
+                numel *= d if isinstance(d, int) else 0
+        rg = leaf.get("requires_grad")
+        md5 = leaf.get("md5")
+        dn = leaf.get("data_name")
+        return Side(str(leaf.get("dtype")), str(shape), str(rg) if isinstance(rg, bool) else _NA,
+                    (leaf.get("Max"), leaf.get("Min"), leaf.get("Mean"), leaf.get("Norm")),
+                    md5 if isinstance(md5, str) else (_NA if md5 is None else str(md5)),
+                    dn if isinstance(dn, str) else None, True, numel)
+    t = leaf.get("type")
+    v = leaf.get("value")
+    if t == "ellipsis":
+        return Side("ellipsis", "[]", _NA, ("...",) * 4, _crc("..."), None, False, None)
+    if t == "slice":
+        n = len(v) if isinstance(v, list) else 0
+        return Side("slice", f"({n},)", _NA, (None,) * 4, _crc(v), None, False, None)
+    if t in ("int", "float", "bool", "str"):
+        return Side(f"<class '{t}'>", "[]", _NA, (v,) * 4, _crc(v), None, False, None)
+    return Side("<class 'str'>", "[]", _NA, (str(v),) * 4, _crc(v), None, False, None)
+
+
+def _fmt(v: Any) -> str:
+    return str(v)
+
+
+def _isnum(v: Any) -> bool:
+    return isinstance(v, (int, float))  # bool is an int
+
+
+def _diff(a: Any, b: Any) -> tuple:
+    """(diff, relative error in percent, rel as a float or None) the way the CSV prints them."""
+    if _isnum(a) and _isnum(b):
+        d = a - b if not (isinstance(a, bool) or isinstance(b, bool)) else int(a) - int(b)
+        if d == 0:
+            return "0", "0", 0.0
+        if isinstance(d, float) and math.isnan(d):
+            return "nan", "nan", math.nan
+        if b == 0 or (isinstance(b, float) and math.isinf(b)):
+            return _fmt(d), _NA, None
+        rel = abs(d) / abs(b)
+        return _fmt(d), f"{rel * 100}%", rel
+    if a == b:
+        return "0", "0", 0.0
+    return _NA, _NA, None
+
+
+def stats_metrics(n: Side, b: Side) -> tuple:
+    """(metric strings [8], result, err_message, norm_rel (fraction or None), max_rel)."""
+    diffs, rels, relf = [], [], []
+    for a, c in zip(n.stats, b.stats):
+        d, r, f = _diff(a, c)
+        diffs.append(d)
+        rels.append(r)
+        relf.append(f)
+    # 26.2.0 leaves statistics rows at "pass" (its CSVs show 150% Mean errors as pass); we warn
+    # on the documented > 0.5 rule for Max/Min/Norm (Mean is ill-conditioned near zero)
+    warn = any(f is not None and f > 0.5 for i, f in enumerate(relf) if i != 2) or any(
+        f is not None and math.isnan(f) for f in relf)
+    result = "warning" if warn else "pass"
+    err = '["Need double check api accuracy."]' if warn else "[]"
+    return diffs + rels, result, err, relf[3], relf[0]
+
+
+def md5_metrics(n: Side, b: Side) -> tuple:
+    if n.md5 == b.md5:
+        return [n.md5, b.md5], "pass", "[]"
+    return [n.md5, b.md5], "error", MD5_ERR
+
+
+def _r12(v: float) -> float:
+    return float(f"{v:.12f}") if math.isfinite(v) else v
+
+
+def tensor_metrics(na: Any, ba: Any) -> tuple:
+    """(6 metric values, result, err_message, cosine) for two numpy arrays (None: unsupported)."""
+    import numpy as np
+
+    uns = ["unsupported"] * 6
+    if na is None or ba is None:
+        return uns, "pass", "[]", None
+    if na.shape != ba.shape:
+        return ["shape unmatched"] + ["unsupported"] * 5, "error", \
+            '["Shape of NPU and bench Tensor do not match. Skipped."]', None
+    if na.size == 0:
+        return uns, "pass", "[]", None
+    n = na.astype(np.float64, copy=False).ravel()
+    b = ba.astype(np.float64, copy=False).ravel()
+    if not (np.isfinite(n).all() and np.isfinite(b).all()):
+        if np.array_equal(np.isnan(n), np.isnan(b)) and np.array_equal(n[np.isinf(n)], b[np.isinf(b)]) \
+                and np.array_equal(np.isinf(n), np.isinf(b)):
+            fin = np.isfinite(n)
+            n, b = n[fin], b[fin]
+            if n.size == 0:
+                return ["N/A"] * 6, "error", '["NPU or bench holds nan/inf only."]', None
+        else:
+            return ["N/A"] * 6, "error", '["The Position of inf or nan in NPU and bench Tensor do not match."]', None
+    d = np.abs(n - b)
+    maxabs = float(d.max()) if d.size else 0.0
+    bb = b.copy()
+    nn = n.copy()
+    z = bb == 0
+    eps = np.finfo(np.float64).eps
+    bb[z] += eps
+    nn[z] += eps
+    rel = np.abs((nn - bb) / bb)
+    maxrel = float(rel.max()) if rel.size else 0.0
+    if na.ndim == 0:
+        vals = ["unsupported", "unsupported", _r12(maxabs), _r12(maxrel), "unsupported", "unsupported"]
+        cos = None
+    else:
+        nn_ = float(np.sqrt(np.dot(n, n)))
+        bn_ = float(np.sqrt(np.dot(b, b)))
+        if nn_ == 0 and bn_ == 0:
+            cos = 1.0
+        elif nn_ == 0 or bn_ == 0:
+            cos = math.nan
+        else:
+            cos = float(np.dot(n, b) / (nn_ * bn_))
+            cos = min(cos, 1.0)
+        euc = float(np.sqrt(np.sum((n - b) ** 2)))
+        vals = [_r12(cos), euc, _r12(maxabs), _r12(maxrel), _r12(float(np.mean(rel < 0.001))),
+                _r12(float(np.mean(rel < 0.005)))]
+    bad = maxabs > 1 or (cos is not None and (math.isnan(cos) or cos < 0.9 or (cos < 0.99 and maxabs > 0.001)))
+    return vals, ("error" if bad else "pass"), "[]", cos
