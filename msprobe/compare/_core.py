@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Optional
@@ -23,6 +24,8 @@ from msprobe.errors import ConfigError, MissingDependencyError
 __all__ = ["compare", "compare_pair", "detect_mode", "pair_sources", "NORM_REL_THRESHOLD", "COSINE_THRESHOLD"]
 
 NORM_REL_THRESHOLD = 1e-3
+#: a single rank pair is split over ``workers`` forked processes from this many records on
+CHUNK_MIN_RECORDS = 2000
 #: record name stems (``<prefix>.<api>.<n>``'s prefix and api) whose CRC-32 differences 26.2.0
 #: does not flag in md5 mode (in-place writes and dtype casts)
 MD5_EXEMPT = {"Tensor.__setitem__", "Tensor.to"}
@@ -164,14 +167,16 @@ def _csv_name(src: Any, ts: str, multi_step: bool) -> str:
     return f"compare_result_{step}{src.rank_dir}_{ts}.csv"
 
 
-def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, multi_step: bool = False,
-                 xlsx: bool = False) -> dict:
-    """Compare one target rank directory with one bench rank directory; writes its CSV
-    (and .xlsx) and returns its summary (with ``series``: the NormRelativeErr per row)."""
-    data_n, data_b = _data(src_n), _data(src_b)
+_CTX: dict = {}
+
+
+def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None) -> dict:
+    """Rows of the record pairs ``lo:hi`` (and the bench-only records when ``with_rest``)."""
+    c = _CTX
+    data_n, data_b, pairs, rest = c["data_n"], c["data_b"], c["pairs"], c["rest"]
+    src_n, src_b, mode = c["src_n"], c["src_b"], c["mode"]
     tensor_task = mode == "tensor"
     cols = COLUMNS[mode]
-    pairs, rest = _match(data_n, data_b)
     rows: list = []
     counts: dict = {}
     series: list = []
@@ -180,7 +185,8 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
     first_nan_b = None
     matched_records = 0
     unmatched_rows = 0
-    for rec_i, (nm, bm) in enumerate(pairs):
+    for rec_i in range(lo, hi):
+        nm, bm = pairs[rec_i]
         raw_n = data_n[nm]
         leaves_n = record_leaves(nm, raw_n, tensor_task)
         bench_leaves: dict = {}
@@ -208,7 +214,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
                     metrics, result, err, norm_rel, _ = stats_metrics(n, b)
                     series.append(norm_rel if n.tensor and norm_rel is not None else None)
                     diverged = result != "pass" or (norm_rel is not None and norm_rel > NORM_REL_THRESHOLD)
-                    row = head + metrics + [_fmt(v) for v in n.stats] + [_fmt(v) for v in b.stats]
+                    row = head + metrics + list(map(str, n.stats)) + list(map(str, b.stats))
                 elif mode == "md5":
                     metrics, result, err = md5_metrics(n, b)
                     if result != "pass" and nm.rsplit(".", 2)[0] in MD5_EXEMPT:
@@ -224,7 +230,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
                     _, _, _, norm_rel, _ = stats_metrics(n, b)
                     series.append(norm_rel if n.tensor and norm_rel is not None else None)
                     diverged = result != "pass" or (cos is not None and (math.isnan(cos) or cos < COSINE_THRESHOLD))
-                    row = head + metrics + [_fmt(v) for v in n.stats] + [_fmt(v) for v in b.stats]
+                    row = head + metrics + list(map(str, n.stats)) + list(map(str, b.stats))
                 row += [str(n.rg == b.rg), result, err, stack if first_row else _NA]
                 if mode == "tensor":
                     row.append(f"['{n.data_name or -1}', '{b.data_name or -1}']")
@@ -246,7 +252,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
             counts[_NA] = counts.get(_NA, 0) + 1
             rows.append(_unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, leaf_side(bl), _NA,
                                        target_side=False))
-    for bm in rest:
+    for bm in (rest if with_rest else ()):
         for suffix, bl, _io in record_leaves(bm, data_b[bm], tensor_task):
             b = leaf_side(bl)
             if first_nan_b is None and _nonfinite(b):
@@ -254,26 +260,98 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
             unmatched_rows += 1
             counts[_NA] = counts.get(_NA, 0) + 1
             rows.append(_unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, b, _NA, target_side=False))
+    out = {"rows": len(rows), "results": counts, "series": series, "first_divergence": first_div,
+           "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
+           "matched_records": matched_records, "unmatched_rows": unmatched_rows}
+    if part is not None:
+        with open(part, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows(rows)
+    else:
+        out["row_list"] = rows
+    return out
+
+
+def _chunk_job(args: tuple) -> dict:
+    return _chunk(*args)
+
+
+def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, multi_step: bool = False,
+                 xlsx: bool = False, chunks: int = 1) -> dict:
+    """Compare one target rank directory with one bench rank directory; writes its CSV
+    (and .xlsx) and returns its summary (with ``series``: the NormRelativeErr per row).
+
+    ``chunks`` > 1 splits the records over forked processes (Linux; the dumps are shared
+    copy-on-write), each writing a part of the CSV that is then concatenated in order."""
+    data_n, data_b = _data(src_n), _data(src_b)
+    cols = COLUMNS[mode]
+    pairs, rest = _match(data_n, data_b)
+    _CTX.update(data_n=data_n, data_b=data_b, pairs=pairs, rest=rest, src_n=src_n, src_b=src_b, mode=mode)
     os.makedirs(out_dir, exist_ok=True)
     name = _csv_name(src_n, ts, multi_step)
     path = os.path.join(out_dir, name)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        w.writerows(rows)
+    n = len(pairs)
+    parts: list = []
+    use_fork = chunks > 1 and n >= CHUNK_MIN_RECORDS and not xlsx and "fork" in _mp_methods()
+    try:
+        if use_fork:
+            import multiprocessing
+
+            bounds = [n * i // chunks for i in range(chunks + 1)]
+            parts = [f"{path}.part{i}" for i in range(chunks)]
+            jobs = [(bounds[i], bounds[i + 1], i == chunks - 1, parts[i]) for i in range(chunks)]
+            with multiprocessing.get_context("fork").Pool(chunks) as pool:
+                results = pool.map(_chunk_job, jobs)
+            with open(path, "wb") as f:
+                f.write((",".join(cols) + "\r\n").encode())
+                for pp in parts:
+                    with open(pp, "rb") as g:
+                        shutil.copyfileobj(g, f, 1 << 22)
+            rows = None
+        else:
+            results = [_chunk(0, n, True)]
+            rows = results[0].pop("row_list")
+            with open(path, "w", newline="", encoding="utf-8") as f:
+                w = csv.writer(f)
+                w.writerow(cols)
+                w.writerows(rows)
+    finally:
+        for pp in parts:
+            if os.path.exists(pp):
+                os.remove(pp)
+        _CTX.clear()
     files = [path]
-    if xlsx:
+    if xlsx and rows is not None:
         files.append(_write_xlsx(path[:-4] + ".xlsx", cols, rows))
+    counts: dict = {}
+    series: list = []
+    first = {"first_divergence": None, "first_nan_inf_target": None, "first_nan_inf_bench": None}
+    offset = 0
+    for r in results:
+        for k, v in r["results"].items():
+            counts[k] = counts.get(k, 0) + v
+        series.extend(r["series"])
+        for key in first:
+            if first[key] is None and r[key] is not None:
+                first[key] = dict(r[key])
+                if "row_index" in first[key]:
+                    first[key]["row_index"] += offset
+        offset += r["rows"]
+    matched = sum(r["matched_records"] for r in results)
     return {
         "step": src_n.step, "rank": src_n.rank, "rank_dir": src_n.rank_dir,
         "bench_step": src_b.step, "bench_rank_dir": src_b.rank_dir,
-        "files": files, "rows": len(rows),
-        "records": len(data_n), "bench_records": len(data_b), "matched_records": matched_records,
-        "unmatched_records": len(pairs) - matched_records, "unmatched_bench_records": len(rest),
-        "unmatched_rows": unmatched_rows, "results": counts,
-        "first_divergence": first_div, "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
-        "series": series,
+        "files": files, "rows": offset,
+        "records": len(data_n), "bench_records": len(data_b), "matched_records": matched,
+        "unmatched_records": len(pairs) - matched, "unmatched_bench_records": len(rest),
+        "unmatched_rows": sum(r["unmatched_rows"] for r in results), "results": counts,
+        **first, "series": series,
     }
+
+
+def _mp_methods() -> list:
+    import multiprocessing
+
+    return multiprocessing.get_all_start_methods()
 
 
 def _fmt(v: Any) -> str:
@@ -352,7 +430,7 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
         with ProcessPoolExecutor(max_workers=min(workers, len(pairs))) as ex:
             results = list(ex.map(_pair_job, jobs))
     else:
-        results = [compare_pair(a, b, **kw) for a, b in pairs]
+        results = [compare_pair(a, b, chunks=workers if len(pairs) == 1 else 1, **kw) for a, b in pairs]
     # first divergence across ranks: the lowest record index, then (step, rank) order
     divs = [(r["first_divergence"]["record_index"], i, r) for i, r in enumerate(results) if r["first_divergence"]]
     first = None

@@ -123,3 +123,17 @@ def test_plot_or_note(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     s = compare(STATS, PERT, str(tmp_path / "np"))
     assert s["plot"] is None and "pip install matplotlib" in s["plot_note"]
+
+
+def test_chunked_equals_serial(tmp_path, monkeypatch):
+    import msprobe.compare._core as core
+
+    monkeypatch.setattr(core, "CHUNK_MIN_RECORDS", 0)
+    planted = _plant_nan(tmp_path, "Tensor.__mul__.0.forward")
+    a = compare(planted, PERT, str(tmp_path / "serial"), plot=False, timestamp="1")
+    b = compare(planted, PERT, str(tmp_path / "chunked"), plot=False, timestamp="1", workers=3)
+    (pa,), (pb,) = a["pairs"], b["pairs"]
+    with open(pa["files"][0], "rb") as f1, open(pb["files"][0], "rb") as f2:
+        assert f1.read() == f2.read()
+    for k in ("first_divergence", "first_nan_inf_target", "results", "rows", "matched_records"):
+        assert pa[k] == pb[k], k

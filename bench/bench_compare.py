@@ -1,0 +1,147 @@
+"""Benchmark: ``msprobe compare`` (ours) versus the real tool's compare on two statistics dumps.
+
+Two single-process statistics dumps of ``--records`` records each (plain ``json``, indent 1,
+the generator of ``bench_readers.py``): a target, and a bench whose statistics are perturbed
+by a relative 1e-4 (a few records by 1e-2). Both tools run in fresh subprocesses, one after
+the other on the same machine, and report wall time and peak RSS (``wait4``'s ru_maxrss):
+
+* ours: ``python -m msprobe compare T B -o OUT --no-plot``
+* real: ``/work/venvs/ms26/bin/msprobe compare -tp T -gp B -o OUT`` (mindstudio-probe 26.2.0 in
+  its own venv; skipped when absent, or with ``--real ''``)
+
+Generated data lives under a temporary directory and is deleted at the end unless ``--keep``.
+
+    python bench/bench_compare.py                    # 100,000 records each
+    python bench/bench_compare.py --records 10000    # a quick run
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from bench_readers import _rank_doc  # noqa: E402
+
+REAL = "/work/venvs/ms26/bin/msprobe"
+
+
+def _perturb(doc: dict, seed: int) -> dict:
+    rng = random.Random(seed)
+
+    def walk(v):
+        if isinstance(v, dict):
+            if "Max" in v:
+                big = rng.random() < 1e-4
+                for k in ("Max", "Min", "Mean", "Norm"):
+                    x = v.get(k)
+                    if isinstance(x, float) and x == x and abs(x) != float("inf"):
+                        v[k] = x * (1 + (1e-2 if big else 1e-4) * rng.uniform(-1, 1))
+            else:
+                for c in v.values():
+                    walk(c)
+        elif isinstance(v, list):
+            for c in v:
+                walk(c)
+
+    walk(doc["data"])
+    return doc
+
+
+def _write(root: str, rank_dir: str, doc: dict) -> str:
+    d = os.path.join(root, "step0", rank_dir)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "dump.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    for name in ("stack.json", "construct.json"):
+        with open(os.path.join(d, name), "w") as f:
+            f.write("{}")
+    return os.path.join(root, "step0")
+
+
+def synthesize(work: str, records: int) -> tuple:
+    doc = _rank_doc(records, 7)
+    target = _write(os.path.join(work, "target"), "proc1001", doc)
+    bench = _write(os.path.join(work, "bench"), "proc1002", _perturb(doc, 11))
+    return target, bench
+
+
+def _run(cmd: list, timeout: float) -> dict:
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    deadline = t0 + timeout
+    while True:
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            p.kill()
+            pid, status, ru = os.wait4(p.pid, 0)
+            return {"wall_s": None, "timeout_s": timeout, "peak_rss_mb": ru.ru_maxrss / 1024, "rc": None}
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    out = p.stdout.read().decode(errors="replace") if p.stdout else ""
+    rc = os.waitstatus_to_exitcode(status)
+    return {"wall_s": round(wall, 2), "peak_rss_mb": round(ru.ru_maxrss / 1024, 1), "rc": rc,
+            "tail": out[-600:] if rc else ""}
+
+
+def _rows(out_dir: str) -> int:
+    n = 0
+    for f in glob.glob(os.path.join(out_dir, "**", "compare_result_*.csv"), recursive=True):
+        with open(f, encoding="utf-8") as fh:
+            n += sum(1 for _ in fh) - 1
+    return n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--real", default=REAL, help="the real tool's msprobe executable ('' to skip)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to each tool")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="msprobe_bench_compare_")
+    try:
+        t0 = time.perf_counter()
+        target, bench = synthesize(work, args.records)
+        size = os.path.getsize(os.path.join(target, "proc1001", "dump.json")) / 2**20
+        print(f"synthesized 2 x {args.records} records ({size:.1f} MiB dump.json each) in "
+              f"{time.perf_counter() - t0:.1f}s under {work}")
+        res = {"records": args.records, "dump_json_mib": round(size, 1)}
+        out = os.path.join(work, "out_ours")
+        res["ours"] = _run([sys.executable, "-m", "msprobe", "compare", target, bench, "-o", out, "--no-plot"],
+                           args.timeout)
+        res["ours"]["rows"] = _rows(out)
+        print("ours:", json.dumps(res["ours"]))
+        if args.real and os.path.exists(args.real):
+            out = os.path.join(work, "out_real")
+            os.makedirs(out, exist_ok=True)
+            res["real"] = _run([args.real, "compare", "-tp", target, "-gp", bench, "-o", out], args.timeout)
+            res["real"]["rows"] = _rows(out)
+            print("real:", json.dumps(res["real"]))
+            if res["real"]["wall_s"] and res["ours"]["wall_s"]:
+                res["speedup"] = round(res["real"]["wall_s"] / res["ours"]["wall_s"], 1)
+            elif res["real"]["wall_s"] is None and res["ours"]["wall_s"]:
+                res["speedup"] = f">{round(args.timeout / res['ours']['wall_s'], 1)}"
+            print(f"speedup: {res.get('speedup')}x")
+        else:
+            print("real tool not found: skipped")
+        print(json.dumps(res))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
