@@ -130,7 +130,10 @@ def _load(src: Any, side: Any, rec: str) -> Any:
 
 
 def _nonfinite(side: Any) -> bool:
-    return any(isinstance(v, float) and not math.isfinite(v) for v in side.stats)
+    for v in side.stats:
+        if v.__class__ is float and (v != v or v == math.inf or v == -math.inf):
+            return True
+    return False
 
 
 def _match(data_n: dict, data_b: dict) -> tuple:
@@ -170,14 +173,16 @@ def _csv_name(src: Any, ts: str, multi_step: bool) -> str:
 _CTX: dict = {}
 
 
-def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None) -> dict:
-    """Rows of the record pairs ``lo:hi`` (and the bench-only records when ``with_rest``)."""
+def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_rows: bool = False) -> dict:
+    """Rows of the record pairs ``lo:hi`` (and the bench-only records when ``with_rest``),
+    appended to the CSV file ``part`` as they come (or returned as ``row_list``)."""
     c = _CTX
     data_n, data_b, pairs, rest = c["data_n"], c["data_b"], c["pairs"], c["rest"]
     src_n, src_b, mode = c["src_n"], c["src_b"], c["mode"]
     tensor_task = mode == "tensor"
     cols = COLUMNS[mode]
     rows: list = []
+    kept: list = []
     counts: dict = {}
     series: list = []
     first_div = None
@@ -185,7 +190,16 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None) -> dic
     first_nan_b = None
     matched_records = 0
     unmatched_rows = 0
+    done = 0
+    fh = open(part, "a", newline="", encoding="utf-8") if part is not None else None
+    writer = csv.writer(fh) if fh is not None else None
     for rec_i in range(lo, hi):
+        if writer is not None and len(rows) >= 20000:
+            writer.writerows(rows)
+            if keep_rows:
+                kept.extend(rows)
+            done += len(rows)
+            rows = []
         nm, bm = pairs[rec_i]
         raw_n = data_n[nm]
         leaves_n = record_leaves(nm, raw_n, tensor_task)
@@ -235,7 +249,7 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None) -> dic
                 if mode == "tensor":
                     row.append(f"['{n.data_name or -1}', '{b.data_name or -1}']")
                 if diverged and first_div is None:
-                    first_div = {"record": nm, "row": row_name, "record_index": rec_i, "row_index": len(rows),
+                    first_div = {"record": nm, "row": row_name, "record_index": rec_i, "row_index": done + len(rows),
                                  "result": result,
                                  "metrics": dict(zip(cols[8:8 + len(metrics)], metrics))}
             else:
@@ -260,14 +274,15 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None) -> dic
             unmatched_rows += 1
             counts[_NA] = counts.get(_NA, 0) + 1
             rows.append(_unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, b, _NA, target_side=False))
-    out = {"rows": len(rows), "results": counts, "series": series, "first_divergence": first_div,
+    if writer is not None:
+        writer.writerows(rows)
+        fh.close()
+        if keep_rows:
+            kept.extend(rows)
+    out = {"rows": done + len(rows), "results": counts, "series": series, "first_divergence": first_div,
            "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
-           "matched_records": matched_records, "unmatched_rows": unmatched_rows}
-    if part is not None:
-        with open(part, "w", newline="", encoding="utf-8") as f:
-            csv.writer(f).writerows(rows)
-    else:
-        out["row_list"] = rows
+           "matched_records": matched_records, "unmatched_rows": unmatched_rows,
+           "row_list": kept if writer is not None else rows}
     return out
 
 
@@ -301,6 +316,8 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
             jobs = [(bounds[i], bounds[i + 1], i == chunks - 1, parts[i]) for i in range(chunks)]
             with multiprocessing.get_context("fork").Pool(chunks) as pool:
                 results = pool.map(_chunk_job, jobs)
+            for r in results:
+                r.pop("row_list", None)
             with open(path, "wb") as f:
                 f.write((",".join(cols) + "\r\n").encode())
                 for pp in parts:
@@ -308,12 +325,10 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
                         shutil.copyfileobj(g, f, 1 << 22)
             rows = None
         else:
-            results = [_chunk(0, n, True)]
-            rows = results[0].pop("row_list")
             with open(path, "w", newline="", encoding="utf-8") as f:
-                w = csv.writer(f)
-                w.writerow(cols)
-                w.writerows(rows)
+                csv.writer(f).writerow(cols)
+            results = [_chunk(0, n, True, path, keep_rows=xlsx)]
+            rows = results[0].pop("row_list")
     finally:
         for pp in parts:
             if os.path.exists(pp):
