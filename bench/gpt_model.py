@@ -1,0 +1,64 @@
+"""A GPT-2-like model for the dumper benchmarks (our own code; runs under any msprobe)."""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(c // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = torch.matmul(att, v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = Attention(hidden, heads)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc = nn.Linear(hidden, 4 * hidden)
+        self.out = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=1000, hidden=256, heads=4, layers=4, seq=128):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        x = self.tok(ids) + self.pos(torch.arange(t))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln_f(x))
+
+
+SIZES = {
+    "gpt2": dict(vocab=1000, hidden=256, heads=4, layers=4, seq=128, batch=8),
+    "opheavy": dict(vocab=1000, hidden=32, heads=4, layers=4, seq=32, batch=4),
+}

@@ -1,0 +1,98 @@
+"""One measurement: time training steps of bench/gpt_model.py under a given tool and mode.
+
+Runs under whichever ``msprobe`` is importable (ours, or the real tool in its own venv):
+``python bench/run_step_bench.py --tool none|msprobe --mode MODE --size gpt2 --dump-path DIR``.
+Prints one JSON line: per-step milliseconds, bytes and files written.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from gpt_model import GPT, SIZES  # noqa: E402
+
+MODES = {
+    "L1": dict(task="statistics", level="L1"),
+    "mix": dict(task="statistics", level="mix"),
+    "L0": dict(task="statistics", level="L0"),
+    "md5": dict(task="statistics", level="L1", summary_mode="md5"),
+    "tensor": dict(task="tensor", level="L1"),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tool", choices=["none", "msprobe"], required=True)
+    ap.add_argument("--mode", default="L1", choices=sorted(MODES))
+    ap.add_argument("--size", default="gpt2", choices=sorted(SIZES))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--dump-path", default="/tmp/msprobe_bench_dump")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    size = dict(SIZES[args.size])
+    batch = size.pop("batch")
+    torch.manual_seed(0)
+    model = GPT(**size)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    shutil.rmtree(args.dump_path, ignore_errors=True)
+    dbg = None
+    if args.tool == "msprobe":
+        from msprobe.pytorch import PrecisionDebugger
+
+        m = MODES[args.mode]
+        cfg = {"task": m["task"], "dump_path": args.dump_path, "rank": [], "step": [], "level": m["level"],
+               "async_dump": False, "risk_level": "ALL",
+               m["task"]: {"scope": [], "list": [], "data_mode": ["all"],
+                           **({"summary_mode": m.get("summary_mode", "statistics")} if m["task"] == "statistics" else {})}}
+        cfg_path = args.dump_path.rstrip("/") + ".config.json"
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        dbg = PrecisionDebugger(config_path=cfg_path)
+    times = []
+    cpu = []
+    for step in range(args.warmup + args.steps):
+        ids = torch.randint(0, size["vocab"], (batch, size["seq"]))
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        if dbg is not None:
+            dbg.start(model)
+        logits = model(ids)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, size["vocab"]), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if dbg is not None:
+            dbg.stop()
+            dbg.step()
+        times.append((time.perf_counter() - t0) * 1000)
+        cpu.append((time.process_time() - c0) * 1000)
+    if dbg is not None and hasattr(dbg, "dumper"):  # ours: wait for the background writer
+        dbg.dumper.close()
+    nbytes = nfiles = records = 0
+    for root, _, files in os.walk(args.dump_path):
+        for fn in files:
+            nfiles += 1
+            nbytes += os.path.getsize(os.path.join(root, fn))
+            if fn == "dump.json":
+                with open(os.path.join(root, fn)) as f:
+                    records += len(json.load(f).get("data", {}))
+    measured = times[args.warmup:]
+    print(json.dumps({"ms_median": statistics.median(measured), "ms": measured,
+                      "cpu_ms_median": statistics.median(cpu[args.warmup:]), "bytes": nbytes, "files": nfiles,
+                      "records": records, "steps_dumped": args.warmup + args.steps}))
+    shutil.rmtree(args.dump_path, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
