@@ -28,7 +28,7 @@ TENSOR_STORES = ("files", "zarr")
 
 _TOP_KEYS = {
     "task", "dump_path", "rank", "step", "level", "enable_dataloader", "async_dump", "seed", "is_deterministic",
-    "acl_config", "framework", "precision", "storage_options", "journal_flush", "journal_fsync", "index", "tensor_store",
+    "acl_config", "framework", "precision", "storage_options", "journal_flush", "journal_fsync", "fsync_tensors", "index", "tensor_store",
     "stack", "run_dir_policy", "dialect", "max_bytes_in_flight", "writer_workers", "strict",
     # known keys of newer/older msprobe releases that we accept and ignore
     "risk_level", "extra_info", "dump_enable", "online_run_ut", "nfs_path", "host", "port", "tls_path",
@@ -91,6 +91,7 @@ class DumpConfig:
     # our own keys (spec/FORMAT.md, "Producer options")
     journal_flush: int = 64  # records per journal flush (1 = flush per call)
     journal_fsync: bool = False  # fsync each journal flush (power-loss safety) or not (process-kill safety)
+    fsync_tensors: bool = False  # fsync each tensor file (power-loss safety); renames stay atomic either way
     index: bool = False  # write the Parquet side index at publish
     tensor_store: str = "files"
     stack: bool = True  # capture stack.json
@@ -183,7 +184,7 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
     cfg.step = parse_int_list("step", raw.get("step"))
     cfg.level = raw.get("level", "L1")
     cfg.async_dump = raw.get("async_dump", False)
-    for key in ("storage_options", "journal_flush", "journal_fsync", "index", "tensor_store", "stack", "run_dir_policy",
+    for key in ("storage_options", "journal_flush", "journal_fsync", "fsync_tensors", "index", "tensor_store", "stack", "run_dir_policy",
                 "max_bytes_in_flight", "writer_workers", "strict"):
         if key in raw:
             setattr(cfg, key, raw[key])
