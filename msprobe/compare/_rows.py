@@ -64,7 +64,10 @@ def _walk(value: Any, path: str, out: list, io: str) -> None:
                 _walk(v, f"{path}.{k}", out, io)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _walk(v, f"{path}.{i}", out, io)
+            if v.__class__ is dict and "type" in v:
+                out.append((f"{path}.{i}", v, io))
+            else:
+                _walk(v, f"{path}.{i}", out, io)
 
 
 def record_leaves(name: str, raw: Any, tensor_task: bool = False) -> list:
