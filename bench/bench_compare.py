@@ -5,7 +5,7 @@ the generator of ``bench_readers.py``): a target, and a bench whose statistics a
 by a relative 1e-4 (a few records by 1e-2). Both tools run in fresh subprocesses, one after
 the other on the same machine, and report wall time and peak RSS (``wait4``'s ru_maxrss):
 
-* ours: ``python -m msprobe compare T B -o OUT --no-plot``
+* ours: ``python -m msprobe compare T B -o OUT --no-plot -n N`` for each ``--workers`` N (1 and 2)
 * real: ``/work/venvs/ms26/bin/msprobe compare -tp T -gp B -o OUT`` (mindstudio-probe 26.2.0 in
   its own venv; skipped when absent, or with ``--real ''``)
 
@@ -107,6 +107,8 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--real", default=REAL, help="the real tool's msprobe executable ('' to skip)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to each tool")
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2],
+                    help="our -n values to time (1: one process; n: the rank split over n forked processes)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
@@ -118,22 +120,27 @@ def main() -> int:
         print(f"synthesized 2 x {args.records} records ({size:.1f} MiB dump.json each) in "
               f"{time.perf_counter() - t0:.1f}s under {work}")
         res = {"records": args.records, "dump_json_mib": round(size, 1)}
-        out = os.path.join(work, "out_ours")
-        res["ours"] = _run([sys.executable, "-m", "msprobe", "compare", target, bench, "-o", out, "--no-plot"],
-                           args.timeout)
-        res["ours"]["rows"] = _rows(out)
-        print("ours:", json.dumps(res["ours"]))
+        for n in args.workers:
+            key = "ours" if n == 1 else f"ours_n{n}"
+            out = os.path.join(work, key)
+            res[key] = _run([sys.executable, "-m", "msprobe", "compare", target, bench, "-o", out, "--no-plot",
+                             "-n", str(n)], args.timeout)
+            res[key]["rows"] = _rows(out)
+            print(f"{key}:", json.dumps(res[key]))
+            shutil.rmtree(out, ignore_errors=True)
         if args.real and os.path.exists(args.real):
             out = os.path.join(work, "out_real")
             os.makedirs(out, exist_ok=True)
             res["real"] = _run([args.real, "compare", "-tp", target, "-gp", bench, "-o", out], args.timeout)
             res["real"]["rows"] = _rows(out)
             print("real:", json.dumps(res["real"]))
-            if res["real"]["wall_s"] and res["ours"]["wall_s"]:
-                res["speedup"] = round(res["real"]["wall_s"] / res["ours"]["wall_s"], 1)
-            elif res["real"]["wall_s"] is None and res["ours"]["wall_s"]:
-                res["speedup"] = f">{round(args.timeout / res['ours']['wall_s'], 1)}"
-            print(f"speedup: {res.get('speedup')}x")
+            for n in args.workers:
+                key = "ours" if n == 1 else f"ours_n{n}"
+                if res["real"]["wall_s"] and res[key]["wall_s"]:
+                    res[f"speedup_{key}"] = round(res["real"]["wall_s"] / res[key]["wall_s"], 1)
+                elif res["real"]["wall_s"] is None and res[key]["wall_s"]:
+                    res[f"speedup_{key}"] = f">{round(args.timeout / res[key]['wall_s'], 1)}"
+                print(f"speedup ({key}): {res.get(f'speedup_{key}')}x")
         else:
             print("real tool not found: skipped")
         print(json.dumps(res))
