@@ -270,22 +270,26 @@ class TorchDumper:
                 if d.L0:
                     d.session.add_structure(bwd, d.bw_stack[-1] if d.bw_stack else None)
                 return None
-            GUARD.inside = True
-            try:
-                want_in, want_out = d._io("backward")
-                save = d.encoder.wants_tensors(bwd)
-                rec: dict = {}
-                if want_in:
-                    rec["input"] = [d.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grad_outputs)]
-                if want_out:
-                    rec["output"] = [d.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grad_inputs)]
-                if d._keep(rec):
-                    d.session.add_record(bwd, rec, parent=d.bw_stack[-1] if d.bw_stack else None)
-            finally:
-                GUARD.inside = False
+            d._record_backward(bwd, grad_outputs, grad_inputs, d.bw_stack[-1] if d.bw_stack else None)
             return None
 
         t.grad_fn.register_hook(hook)
+
+    def _record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
+        """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
+        GUARD.inside = True
+        try:
+            want_in, want_out = self._io("backward")
+            save = self.encoder.wants_tensors(bwd)
+            rec: dict = {}
+            if want_in:
+                rec["input"] = [self.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grads_in)]
+            if want_out:
+                rec["output"] = [self.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grads_out)]
+            if self._keep(rec):
+                self.session.add_record(bwd, rec, parent=parent)
+        finally:
+            GUARD.inside = False
 
     @staticmethod
     def _bw_parent(parent: Optional[str]) -> Optional[str]:
@@ -410,21 +414,9 @@ class TorchDumper:
                 if d.bw_stack and d.bw_stack[-1] == bwd:
                     d.bw_stack.pop()
                 return
-            GUARD.inside = True
-            try:
-                want_in, want_out = d._io("backward")
-                save = d.encoder.wants_tensors(bwd)
-                rec: dict = {}
-                if want_in:
-                    rec["input"] = [d.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grad_output)]
-                if want_out:
-                    rec["output"] = [d.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grad_input)]
-                if d._keep(rec):
-                    d.session.add_record(bwd, rec, parent=d._bw_parent(d._parent_of.get(f"{key}.forward.{n}")))
-                if d.bw_stack and d.bw_stack[-1] == bwd:
-                    d.bw_stack.pop()
-            finally:
-                GUARD.inside = False
+            d._record_backward(bwd, grad_output, grad_input, d._bw_parent(d._parent_of.get(f"{key}.forward.{n}")))
+            if d.bw_stack and d.bw_stack[-1] == bwd:
+                d.bw_stack.pop()
 
         def pre_bw(mod, args, kwargs):
             # tap the inputs so their per-call gradients reach us (what a full backward hook does,
