@@ -112,8 +112,20 @@ class LocalStore(Store):
         reraise(exc, f"{op} {path}")
 
     # -- reads ------------------------------------------------------------
-    def get(self, key: str) -> bytes:
+    def _read_path(self, key: str) -> str:
+        """The path to read ``key`` from; a symlink that leads outside the store root is refused
+        (a hostile dump must not make the readers read other files)."""
         path = self._path(self._key(key))
+        if os.path.islink(path) or not os.path.realpath(path).startswith(os.path.realpath(self._root) + os.sep):
+            real, root = os.path.realpath(path), os.path.realpath(self._root)
+            if os.path.commonpath([real, root]) != root:
+                from msprobe.errors import UnsafePathError
+
+                raise UnsafePathError(f"{path} is a link to {real}, outside the store root {root}; refused")
+        return path
+
+    def get(self, key: str) -> bytes:
+        path = self._read_path(key)
         try:
             with open(path, "rb") as f:
                 return f.read()
@@ -176,7 +188,7 @@ class LocalStore(Store):
             self._fail(exc, "list_dir", base)
 
     def open_read(self, key: str) -> IO[bytes]:
-        path = self._path(self._key(key))
+        path = self._read_path(key)
         try:
             return open(path, "rb")
         except OSError as exc:

@@ -42,11 +42,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # names that are not UTF-8 (surrogate escapes) print, escaped
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    opts = getattr(args, "storage_options", None)
+    if isinstance(opts, str):  # checked once here, so no subcommand shows a traceback for it
+        import json
+
+        try:
+            ok = isinstance(json.loads(opts), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            print(f"msprobe {args.command}: error: --storage-options must be a JSON object", file=sys.stderr)
+            return 2
     try:
         rc = args.func(args)
     except MsprobeError as exc:

@@ -87,7 +87,7 @@ class DumpConfig:
     data_mode: list = field(default_factory=lambda: ["all"])
     summary_mode: str = "statistics"
     overflow_nums: int = 1
-    storage_options: Optional[dict] = None
+    storage_options: Optional[dict] = field(default=None, repr=False)  # credentials: never in a repr
     # our own keys (spec/FORMAT.md, "Producer options")
     journal_flush: int = 64  # records per journal flush (1 = flush per call)
     journal_fsync: bool = False  # fsync each journal flush (power-loss safety) or not (process-kill safety)

@@ -27,8 +27,11 @@ class RecoveryResult:
     dropped_missing_tensor: list = field(default_factory=list)
     truncated_lines: int = 0
     written: bool = False
+    stale_journal: bool = False
 
     def summary(self) -> str:
+        if self.stale_journal:
+            return f"{self.rank_prefix}: already complete ({self.records} records); stale journal removed"
         return (f"{self.rank_prefix}: {self.records} records recovered, {self.truncated_lines} truncated line(s) "
                 f"skipped, {len(self.dropped_missing_tensor)} record(s) dropped for missing tensor files")
 
@@ -59,6 +62,15 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
 
     res = RecoveryResult(rank_prefix)
     marker = _marker(store, rank_prefix)
+    if marker.get("final") is True and (store.exists(f"{rank_prefix}/{DUMP_JSON}")
+                                        or store.exists(f"{rank_prefix}/{DEBUG_JSON}")):
+        # the step was published whole; the kill hit while its journal was being deleted:
+        # the leftovers are a stale part of what the documents already hold
+        res.records = int(marker.get("records") or 0)
+        res.stale_journal = True
+        for key in store.list_prefix(f"{rank_prefix}/{JOURNAL_DIR}"):
+            store.delete(key)
+        return res
     data: dict = {}
     construct: dict = {}
     stacks: dict = {}  # frames tuple -> [names]

@@ -288,8 +288,30 @@ class DumpSession:
 
     def _open_journal(self):
         if self._journal is None:
+            self._drop_final_marker()
             self._journal = self.store.journal(f"{self.rank_prefix}/{JOURNAL_DIR}", fsync=self.config.journal_fsync)
         return self._journal
+
+    def _mark_final(self) -> None:
+        """Published already (at stop()): say so in the marker before the journal is deleted."""
+        key = f"{self.rank_prefix}/{MARKER_FILE}"
+        try:
+            if self._journal is not None and self.store.exists(key):
+                marker = json.loads(self.store.get(key))
+                marker["final"] = True
+                self.store.put(key, json.dumps(marker, indent=1).encode("utf-8"))
+        except Exception as exc:
+            self._note_error("marker", exc)
+
+    def _drop_final_marker(self) -> None:
+        """A new journal in a rank dir whose marker says ``final`` (an earlier run): remove that
+        marker, so recovery does not mistake this run's journal for stale leftovers."""
+        key = f"{self.rank_prefix}/{MARKER_FILE}"
+        try:
+            if self.store.exists(key) and json.loads(self.store.get(key)).get("final"):
+                self.store.delete(key)
+        except Exception:
+            pass
 
     def _note_error(self, what: str, exc: BaseException) -> None:
         self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
@@ -308,6 +330,7 @@ class DumpSession:
         with self.lock:
             if not self._dirty:
                 if final:
+                    self._mark_final()
                     self._close_journal(delete=True)
                 return
             self.pending.resolve(self.fetch_stats)
@@ -323,25 +346,34 @@ class DumpSession:
             debug = self.config.level == "debug"
             doc = {"task": self.config.task, "level": self.config.level, "framework": self.framework,
                    "dump_data_dir": self._dump_data_dir(), "data": self.data}
-            store = self.store
-            store.put(f"{prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_records_json(doc).encode("utf-8"))
-            if not debug:
-                stack_doc = {"_": self.stacks.to_json(self.render_stack)}
-                store.put(f"{prefix}/{STACK_JSON}", _unwrap(dumps_records_json(stack_doc, "_")))
-                store.put(f"{prefix}/{CONSTRUCT_JSON}", _unwrap(dumps_records_json({"_": self.construct}, "_")))
-            if self._mapping:
-                rows = "".join(f"{v},{k}\n" for k, v in self._mapping.items())  # converted,original
-                store.put(f"{prefix}/{TENSOR_DIR}/mapping.csv", rows.encode("utf-8"))
-            marker = {"format_version": "1.0", "dialect": "msprobe-lake", "producer": self.producer,
-                      "framework": self.framework, "task": self.config.task, "level": self.config.level,
-                      "step": self.current_step, "rank": self.rank, "records": len(self.data),
-                      "complete": failed is None, "pid": os.getpid()}
-            store.put(f"{prefix}/{MARKER_FILE}", json.dumps(marker, indent=1).encode("utf-8"))
-            if self.config.index and not debug:
-                self._write_index(prefix, doc)
+            try:  # a storage error is recorded (error log, errors), never raised unless strict
+                store = self.store
+                store.put(f"{prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_records_json(doc).encode("utf-8"))
+                if not debug:
+                    stack_doc = {"_": self.stacks.to_json(self.render_stack)}
+                    store.put(f"{prefix}/{STACK_JSON}", _unwrap(dumps_records_json(stack_doc, "_")))
+                    store.put(f"{prefix}/{CONSTRUCT_JSON}", _unwrap(dumps_records_json({"_": self.construct}, "_")))
+                if self._mapping:
+                    rows = "".join(f"{v},{k}\n" for k, v in self._mapping.items())  # converted,original
+                    store.put(f"{prefix}/{TENSOR_DIR}/mapping.csv", rows.encode("utf-8"))
+                marker = {"format_version": "1.0", "dialect": "msprobe-lake", "producer": self.producer,
+                          "framework": self.framework, "task": self.config.task, "level": self.config.level,
+                          "step": self.current_step, "rank": self.rank, "records": len(self.data),
+                          "complete": failed is None, "pid": os.getpid(),
+                          # final: the documents hold the whole step; journal segments left behind by a
+                          # kill during the journal's deletion are stale (msprobe recover skips them)
+                          "final": bool(final)}
+                store.put(f"{prefix}/{MARKER_FILE}", json.dumps(marker, indent=1).encode("utf-8"))
+                if self.config.index and not debug:
+                    self._write_index(prefix, doc)
+            except Exception as exc:
+                docs_failed = failed = exc
+                self._note_error("publish", exc)
+            else:
+                docs_failed = None
             self._dirty = False
-            if final:
-                self._close_journal(delete=True)
+            if final:  # the journal stays when the documents could not be written (msprobe recover)
+                self._close_journal(delete=docs_failed is None)
             if failed is not None and self.config.strict:
                 raise failed
 

@@ -1,0 +1,99 @@
+"""A small seeded training run under the PyTorch dumper, driven by the reliability tests.
+
+Usage: python _train_child.py DUMP_PATH TASK STEPS STORAGE_OPTIONS_JSON [EXTRA_CONFIG_JSON]
+
+Prints ``READY`` once the debugger exists, then after every completed training
+iteration ``MARK <step> <n>`` where ``n`` is the number of records of that step
+so far (every one of them journaled: the tests run with journal_flush=1).
+With WORLD_SIZE/RANK/MASTER_PORT in the environment it first joins a gloo
+process group on 127.0.0.1, so the dumper takes its rank from torch.distributed.
+Exit status 3 (and ``REFUSED`` on stdout) when the dumper refuses the run
+directory (run_dir_policy="refuse").
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from msprobe.errors import StoragePermissionError
+from msprobe.pytorch import PrecisionDebugger, seed_all
+
+
+def train(argv, out=sys.stdout):
+    dump_path, task, steps = argv[0], argv[1], int(argv[2])
+    storage_options = json.loads(argv[3]) or None
+    extra = json.loads(argv[4]) if len(argv) > 4 else {}
+    if "WORLD_SIZE" in os.environ:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    seed_all(7)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    iters = extra.pop("iters", 4)
+    cfg = {"journal_flush": 1}
+    cfg.update(extra)
+    dbg = PrecisionDebugger(task=task, level="mix", dump_path=dump_path, storage_options=storage_options, **cfg)
+    print("READY", file=out, flush=True)
+    session = dbg.dumper.session
+    for step in range(steps):
+        x = torch.randn(8, 16)
+        try:
+            dbg.start(model)
+        except StoragePermissionError as exc:
+            print("REFUSED", exc, file=out, flush=True)
+            os._exit(3)
+        for _ in range(iters):
+            y = model(x)
+            loss = F.cross_entropy(y, torch.zeros(8, dtype=torch.long))
+            loss.backward()
+            print(f"MARK {step} {len(session.data)}", file=out, flush=True)
+        with torch.no_grad():  # plain SGD (torch.optim imports torch._dynamo: seconds per process)
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+                p.grad = None
+        dbg.stop()
+        dbg.step()
+    if "WORLD_SIZE" in os.environ:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+    print("DONE", file=out, flush=True)
+
+
+def serve():
+    """Fork server: torch and msprobe are imported once; each stdin line (a JSON list:
+    progress file, then the arguments of ``train``) runs in a forked child, whose pid
+    is printed at once and whose exit status follows when it ends (``PID n``, ``EXIT n rc``).
+    The progress file gets READY/MARK/DONE lines. The tests SIGKILL the child."""
+    import s3fs  # noqa: F401 - imported before the fork, like torch
+
+    for line in sys.stdin:
+        args = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                with open(args[0], "w", buffering=1) as out:
+                    train(args[1:], out)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            os._exit(code)
+        print(f"PID {pid}", flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(f"EXIT {pid} {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--serve":
+        serve()
+    else:
+        train(sys.argv[1:])

@@ -1,0 +1,162 @@
+"""Storage faults during a tensor dump to s3:// (the FaultProxy of tests/conftest_s3.py):
+transient faults are retried away (0 tensors lost or corrupted); permanent ones are recorded
+(session errors, dump_error_info.log naming every object not written) without crashing
+training, unless strict=True."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("s3fs")
+
+from msprobe.errors import MsprobeError, StorageError  # noqa: E402
+from msprobe.pytorch import PrecisionDebugger  # noqa: E402
+from tests.conftest_s3 import s3_storage_options  # noqa: E402
+from tests.reliability._model import train  # noqa: E402
+
+pytestmark = pytest.mark.s3
+
+
+@pytest.fixture(autouse=True)
+def fresh_debugger():
+    PrecisionDebugger._reset()
+    yield
+    PrecisionDebugger._reset()
+
+
+def _dbg(path, **kw):
+    return PrecisionDebugger(task="tensor", level="mix", dump_path=path, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    PrecisionDebugger._reset()
+    path = str(tmp_path_factory.mktemp("ref") / "d")
+    train(_dbg(path))
+    PrecisionDebugger._reset()
+    out = {}
+    for step in (0, 1):
+        rank = os.path.join(path, f"step{step}", "rank")
+        with open(os.path.join(rank, "dump.json")) as f:
+            data = json.load(f)["data"]
+        tensors = {}
+        for fn in os.listdir(os.path.join(rank, "dump_tensor_data")):
+            t = torch.load(os.path.join(rank, "dump_tensor_data", fn), weights_only=True)
+            tensors[fn] = zlib.crc32(t.contiguous().numpy().tobytes())
+        out[step] = (data, tensors)
+    return out
+
+
+def _tensor_names(data):
+    from msprobe.format.model import Record
+
+    return {dn for name, raw in data.items() for dn in Record(name, raw).data_names()}
+
+
+def test_transient_faults_lose_nothing(s3_server, s3_bucket_url, s3_fault_proxy, reference, figures):
+    import io
+
+    import msprobe.readers
+    from msprobe.backends import open_store
+    from msprobe.format.validate import validate_store
+
+    s3_fault_proxy.rate, s3_fault_proxy.hold = 0.10, 0.3
+    url = f"{s3_bucket_url}/faulty"
+    opts = s3_storage_options(s3_fault_proxy.endpoint, config_kwargs={"read_timeout": 2, "connect_timeout": 2})
+    dbg = _dbg(url, storage_options=opts)
+    train(dbg)
+    assert dbg.dumper.session.errors == []
+    PrecisionDebugger._reset()
+    faults = dict(s3_fault_proxy.counts)
+    s3_fault_proxy.rate = 0.0
+    direct = s3_storage_options(s3_server)
+    store = open_store(url, storage_options=direct, read_only=True)
+    assert validate_store(store).ok
+    lost = corrupted = checked = 0
+    for step, (ref_data, ref_tensors) in reference.items():
+        data = json.loads(store.get(f"step{step}/rank/dump.json"))["data"]
+        assert list(data) == list(ref_data)
+        for n in data:
+            assert data[n] == ref_data[n], n
+        names = set(store.list_dir(f"step{step}/rank/dump_tensor_data"))
+        assert not [n for n in names if n not in ref_tensors], "a temporary or stray object is visible"
+        for fn, crc in ref_tensors.items():
+            checked += 1
+            if fn not in names:
+                lost += 1
+                continue
+            t = torch.load(io.BytesIO(store.get(f"step{step}/rank/dump_tensor_data/{fn}")), weights_only=True)
+            corrupted += zlib.crc32(t.contiguous().numpy().tobytes()) != crc
+    d = msprobe.readers.open(url, storage_options=direct)
+    d.record("Functional.linear.0.forward", step=1).input_args[0].load()
+    figures["storage faults 10%"] = {"requests": faults.get("requests", 0),
+                                     "faults": sum(v for k, v in faults.items() if k not in ("requests", "deny")),
+                                     "by_kind": {k: v for k, v in faults.items() if k != "requests"},
+                                     "tensors_checked": checked, "lost": lost, "corrupted": corrupted}
+    assert faults.get("requests", 0) > 100 and sum(v for k, v in faults.items() if k != "requests") >= 10
+    assert lost == 0 and corrupted == 0
+
+
+def test_denied_tensor_writes_are_logged_not_fatal(s3_server, s3_bucket_url, s3_fault_proxy, reference, figures):
+    from msprobe.backends import open_store
+
+    s3_fault_proxy.deny = re.compile(r"dump_tensor_data/")
+    url = f"{s3_bucket_url}/denied"
+    dbg = _dbg(url, storage_options=s3_storage_options(s3_fault_proxy.endpoint))
+    train(dbg, steps=1)  # a storage error never crashes training (strict=False)
+    errors = list(dbg.dumper.session.errors)
+    PrecisionDebugger._reset()
+    assert errors and all("could not be written" in e or "AccessDenied" in e or "Permission" in e for e in errors)
+    store = open_store(url, storage_options=s3_storage_options(s3_server), read_only=True)
+    missing_total = 0
+    for step, (ref_data, _) in list(reference.items())[:1]:
+        log = store.get(f"step{step}/rank/dump_error_info.log").decode()
+        logged = {line.split("\t")[1].rsplit("/", 1)[-1] for line in log.splitlines() if line.strip()}
+        written = set(store.list_dir(f"step{step}/rank/dump_tensor_data")) if store.exists(
+            f"step{step}/rank/dump_tensor_data") else set()
+        not_written = _tensor_names(ref_data) - written
+        assert not_written and not_written <= logged, sorted(not_written - logged)[:5]
+        missing_total += len(not_written)
+        marker = json.loads(store.get(f"step{step}/rank/msprobe_lake.json"))
+        assert marker["complete"] is False
+    figures["storage permanent 403 on tensors"] = {"objects_not_written": missing_total,
+                                                   "named_in_dump_error_info_log": missing_total,
+                                                   "training_crashed": False}
+
+
+def test_denied_with_strict_raises(s3_bucket_url, s3_fault_proxy):
+    s3_fault_proxy.deny = re.compile(r"dump_tensor_data/")
+    dbg = _dbg(f"{s3_bucket_url}/strict", storage_options=s3_storage_options(s3_fault_proxy.endpoint), strict=True)
+    with pytest.raises(StorageError) as info:
+        train(dbg, steps=1, iters=1)
+    assert isinstance(info.value, MsprobeError)
+    assert "dump_tensor_data/" in str(info.value)
+
+
+def test_bucket_deleted_mid_run_is_not_fatal(s3_server, s3_bucket_url, _s3_admin_fs, tmp_path):
+    """The bucket disappears after step 0: steps 1.. fail to write; training goes on and the
+    failure is recorded at step() (session.errors), never raised (strict=False)."""
+    url = f"{s3_bucket_url}/gone"
+    dbg = _dbg(url, storage_options=s3_storage_options(s3_server))
+    calls = {"n": 0}
+    orig_step = PrecisionDebugger.step.__func__
+
+    def step(cls):
+        orig_step(cls)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            bucket = s3_bucket_url[5:]
+            _s3_admin_fs.rm(bucket, recursive=True)
+            _s3_admin_fs.invalidate_cache()
+            assert not _s3_admin_fs.exists(bucket)
+
+    dbg.step = step.__get__(PrecisionDebugger)
+    train(dbg, steps=2, iters=1)
+    errors = list(dbg.dumper.session.errors)
+    assert errors, "the lost bucket went unnoticed"
+    assert any("NoSuchBucket" in e or "not exist" in e or "Not" in e for e in errors), errors
