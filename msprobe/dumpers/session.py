@@ -153,8 +153,14 @@ class DumpSession:
         if self._writer is None:
             from msprobe.backends import BackgroundWriter
 
+            store = self.store
+            if getattr(store, "is_local", False) and not self.config.fsync_tensors:
+                from msprobe.backends import LocalStore
+
+                # tensor files: still atomic (temp file + rename), not fsync'ed one by one
+                store = LocalStore(store.local_path(""), fsync=False)
             self._writer = BackgroundWriter(
-                self.store, max_bytes_in_flight=self.config.max_bytes_in_flight,
+                store, max_bytes_in_flight=self.config.max_bytes_in_flight,
                 workers=self.config.writer_workers, error_log_key=f"{self.rank_prefix}/{ERROR_LOG}")
         return self._writer
 
