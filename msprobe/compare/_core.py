@@ -217,6 +217,7 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
         frames = src_n.frames_of(nm) if not nm.endswith(("backward", "debug")) else None
         stack = str(frames) if frames else _NA
         first_row = True
+        rec_norms: list = []
         for suffix, leaf, _io in leaves_n:
             n = leaf_side(leaf)
             row_name = f"{nm}.{suffix}" if suffix else nm
@@ -233,6 +234,7 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
                 if mode == "statistics":
                     metrics, result, err, norm_rel, _ = stats_metrics(n, b)
                     series.append(norm_rel if n.tensor and norm_rel is not None else None)
+                    rec_norms.append((len(rows), suffix, norm_rel, result))
                     diverged = result != "pass" or (norm_rel is not None and norm_rel > NORM_REL_THRESHOLD)
                     row = head + metrics + list(map(str, n.stats)) + list(map(str, b.stats))
                 elif mode == "md5":
@@ -266,6 +268,8 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
             counts[result] = counts.get(result, 0) + 1
             rows.append(row)
             first_row = False
+        if rec_norms:
+            _output_rule(rows, rec_norms, counts)
         # bench leaves of a matched record that the target lacks
         for suffix, bl in bench_leaves.items():
             unmatched_rows += 1
@@ -290,6 +294,24 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
            "matched_records": matched_records, "unmatched_rows": unmatched_rows,
            "row_list": kept if writer is not None else rows}
     return out
+
+
+_OUT10 = '["warning: The norm relative error of output is 10 times that of input."]'
+
+
+def _output_rule(rows: list, rec_norms: list, counts: dict) -> None:
+    """26.2.0's record rule in statistics mode: an output whose relative Norm error is more than
+    10 times the largest relative Norm error of the record's inputs is a warning."""
+    ins = [r for _, sfx, r, _ in rec_norms if r is not None and sfx.startswith("input")]
+    in_max = max(ins) if ins else 0.0
+    if not in_max > 0:
+        return
+    for idx, sfx, r, result in rec_norms:
+        if r is not None and sfx.startswith("output") and r > 10 * in_max and result == "pass":
+            row = rows[idx]
+            row[-3], row[-2] = "warning", _OUT10
+            counts["pass"] -= 1
+            counts["warning"] = counts.get("warning", 0) + 1
 
 
 def _chunk_job(args: tuple) -> dict:

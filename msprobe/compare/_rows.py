@@ -165,6 +165,8 @@ def _diff(a: Any, b: Any) -> tuple:
     if d == 0:
         return "0", "0", 0.0
     if d != d:
+        if a != a and b != b or a == b:  # NaN (or the same Inf) on both sides: the real tool prints 0
+            return "0", "0", 0.0
         return "nan", "nan", math.nan
     if b == 0 or b == _INF or b == -_INF:
         return str(d), _NA, None
