@@ -300,14 +300,15 @@ _OUT10 = '["warning: The norm relative error of output is 10 times that of input
 
 
 def _output_rule(rows: list, rec_norms: list, counts: dict) -> None:
-    """26.2.0's record rule in statistics mode: an output whose relative Norm error is more than
-    10 times the largest relative Norm error of the record's inputs is a warning."""
+    """26.2.0's record rule in statistics mode: the first output, when its relative Norm error is
+    more than 10 times the largest relative Norm error of the record's inputs, is a warning
+    (checked row for row against the real tool's CSV of the 100k-record benchmark pair)."""
     ins = [r for _, sfx, r, _ in rec_norms if r is not None and sfx.startswith("input")]
     in_max = max(ins) if ins else 0.0
     if not in_max > 0:
         return
     for idx, sfx, r, result in rec_norms:
-        if r is not None and sfx.startswith("output") and r > 10 * in_max and result == "pass":
+        if r is not None and sfx == "output.0" and r > 10 * in_max and result == "pass":
             row = rows[idx]
             row[-3], row[-2] = "warning", _OUT10
             counts["pass"] -= 1
