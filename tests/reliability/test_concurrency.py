@@ -67,7 +67,7 @@ def _check_root(store, world):
     return msprobe.readers, counts.pop()
 
 
-@pytest.mark.parametrize("where,world", [("local", 8), pytest.param("s3", 3, marks=pytest.mark.s3)])
+@pytest.mark.parametrize("where,world", [("local", 8), pytest.param("s3", 2, marks=pytest.mark.s3)])
 def test_ranks_share_one_root_then_refuse(where, world, tmp_path, request, figures):
     from msprobe.backends import open_store
 
