@@ -167,12 +167,8 @@ class DumpSession:
     def resolve_rank(self) -> Optional[int]:
         if not self._rank_resolved:
             self.rank = self.get_rank()
-            self._rank_resolved = self.rank is not None or not self._maybe_distributed_later()
+            self._rank_resolved = True
         return self.rank
-
-    @staticmethod
-    def _maybe_distributed_later() -> bool:
-        return False
 
     @property
     def rank_dir(self) -> str:
@@ -322,10 +318,10 @@ class DumpSession:
     def _note_error(self, what: str, exc: BaseException) -> None:
         self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
         try:
-            line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {what} {type(exc).__name__}: {exc}\n"
-            key = f"{self.rank_prefix}/{ERROR_LOG}"
-            old = self.store.get(key) if self.store.exists(key) else b""
-            self.store.put(key, old + line.encode("utf-8"))
+            from msprobe.backends import append_log_line
+
+            line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {what} {type(exc).__name__}: {exc}"
+            append_log_line(self.store, f"{self.rank_prefix}/{ERROR_LOG}", line)
         except Exception:
             pass
 
