@@ -62,6 +62,10 @@ DIST = ["all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_
         "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "isend", "irecv",
         "barrier", "all_to_all", "all_to_all_single", "batch_isend_irecv", "broadcast_object_list",
         "_all_gather_base", "_reduce_scatter_base"]
+#: torch_npu helpers that move or describe memory rather than compute: not wrapped
+NPU_SKIP = {"npu_format_cast", "npu_format_cast_", "empty_with_swapped_memory", "npu_prefetch",
+            "npu_alloc_float_status", "npu_get_float_status", "npu_clear_float_status"}
+NPU_OPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "torch_npu_ops.txt")
 VF = ["lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"]
 
 
@@ -75,6 +79,20 @@ def public_ops(ns, skip):
             continue
         out.append(name)
     return out
+
+
+def npu_ops(path: str = NPU_OPS) -> list:
+    """The public torch_npu operators (scripts/data/torch_npu_ops.txt, extracted from the torch-npu wheel by
+    scripts/extract_torch_npu_ops.py): recorded as ``NPU.{op}.{n}.{forward|backward}``."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            name, kind, _ = line.rstrip("\n").split("\t", 2)
+            if kind == "public" and name not in NPU_SKIP:
+                out.append(name)
+    return sorted(out)
 
 
 def main():
@@ -96,13 +114,14 @@ def main():
     tensor = [n for n in tensor if n not in NOT_RECORDED]
     torch_ops = [n for n in torch_ops if n not in NOT_RECORDED]
     for key, names in (("functional", functional), ("tensor", tensor), ("torch", torch_ops), ("vf", VF),
-                       ("aten", []), ("distributed", DIST), ("npu", [])):
+                       ("aten", []), ("distributed", DIST), ("npu", npu_ops())):
         lines.append(f"{key}:" + (" []" if not names else ""))
         lines.extend(f"  - {n}" for n in names)
     out = os.path.join(os.path.dirname(__file__), "..", "msprobe", "dumpers", "pytorch", "support_wrap_ops.yaml")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
-    print({k: len(v) for k, v in (("functional", functional), ("tensor", tensor), ("torch", torch_ops))})
+    print({k: len(v) for k, v in (("functional", functional), ("tensor", tensor), ("torch", torch_ops),
+                                  ("npu", npu_ops()))})
 
 
 if __name__ == "__main__":

@@ -55,6 +55,11 @@ def _namespaces() -> dict:
             ns["distributed"] = ("Distributed", [dist, dist.distributed_c10d])
     except Exception:
         pass
+    from msprobe.dumpers.pytorch._npu import torch_npu_module
+
+    torch_npu = torch_npu_module()
+    if torch_npu is not None:  # its public operators: torch_npu.npu_* (torch.ops.npu.* underneath)
+        ns["npu"] = ("NPU", [torch_npu])
     return ns
 
 

@@ -160,13 +160,9 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True) -> N
     if torch.cuda.is_available():
         torch.cuda.manual_seed(seed)
         torch.cuda.manual_seed_all(seed)
-    npu = getattr(torch, "npu", None)
-    if npu is not None and hasattr(npu, "manual_seed_all"):
-        try:
-            npu.manual_seed(seed)
-            npu.manual_seed_all(seed)
-        except Exception:
-            pass
+    from msprobe.dumpers.pytorch._npu import set_npu_seeds
+
+    set_npu_seeds(seed, mode)  # torch_npu present: NPU seeds (+ deterministic collectives with mode)
     if mode:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         torch.use_deterministic_algorithms(True)
