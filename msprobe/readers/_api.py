@@ -97,7 +97,10 @@ def _open_rank_dirs(store: Any, url: str, storage_options: Optional[dict], run: 
                     prefer_index: bool, engine: str) -> Dump:
     sources = _rank_sources(store, url, run, prefer_index)
     if not sources:
-        raise _unknown(url, store.list_dir(""))
+        from msprobe.readers._kernel import has_kernel_dumps
+
+        if not has_kernel_dumps(store):  # a level-L2 dump has step dirs but no rank dirs
+            raise _unknown(url, store.list_dir(""))
     return Dump(store, sources, engine=engine, url=url, storage_options=storage_options, run=run,
                 rediscover=lambda: _rank_sources(store, url, run, prefer_index))
 

@@ -87,6 +87,20 @@ class Dump:
         """(step, rank directory name) of every rank directory."""
         return [(s.step, s.rank_dir) for s in self._sources]
 
+    def kernel_dumps(self, step: Any = ANY) -> list:
+        """The level-L2 kernel-dump files (:class:`~msprobe.readers._kernel.KernelDumpFile`) under
+        ``stepN/{timestamp}/{device}/``, optionally of one step. They are the Ascend runtime's binary
+        dump format: listed with their name parts and sizes, readable as bytes, not decoded."""
+        from msprobe.readers._kernel import list_kernel_dumps
+
+        return list_kernel_dumps(self.store, None if step is ANY else step)
+
+    def kernel_configs(self) -> dict:
+        """{(step, device): key} of the ``kernel_config_{device}.json`` files of an L2 dump."""
+        from msprobe.readers._kernel import kernel_configs
+
+        return kernel_configs(self.store)
+
     def _meta(self, key: str) -> Any:
         for s in self._sources:
             if s.use_index:

@@ -32,13 +32,18 @@ class PrecisionDebugger:
                  step: Optional[list] = None, storage_options: Optional[dict] = None, **kwargs: Any):
         if self._initialized:
             return
-        from msprobe.dumpers.pytorch._dumper import TorchDumper
-
         if step is not None and not isinstance(step, list):
             raise ConfigError(f"invalid step={step!r}; valid: a list of integers or 'a-b' strings")
         self.config = load_config(config_path, task=task, dump_path=dump_path, level=level, step=step,
                                   storage_options=storage_options, **kwargs)
-        self.dumper = TorchDumper(self.config)
+        if self.config.level == "L2":
+            from msprobe.dumpers.pytorch._kernel_dump import KernelDumper
+
+            self.dumper = KernelDumper(self.config)
+        else:
+            from msprobe.dumpers.pytorch._dumper import TorchDumper
+
+            self.dumper = TorchDumper(self.config)
         self.model = model
         self._initialized = True
         import atexit

@@ -53,7 +53,7 @@ class TorchDumper:
 
     def __init__(self, config: DumpConfig):
         if config.level == "L2":
-            raise ConfigError("level 'L2' (kernel dump) needs torch_npu and Ascend hardware, which are not available")
+            raise ConfigError("level 'L2' is the kernel dump: PrecisionDebugger runs it with KernelDumper")
         self.config = config
         self.session = DumpSession(config, "pytorch", fetch_stats=fetch_stats, render_stack=_render_stack,
                                    get_rank=_get_rank)
