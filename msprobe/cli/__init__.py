@@ -24,6 +24,8 @@ SUBCOMMAND_MODULES = [
     "msprobe.cli.index",
     "msprobe.cli.recover",
     "msprobe.cli.compare",
+    "msprobe.cli.run_ut",
+    "msprobe.cli.api_precision_compare",
 ]
 
 

@@ -1,0 +1,61 @@
+"""``msprobe run_ut -api_info DUMP [-o OUT] ...`` (alias ``acc_check``): the offline precision pre-check."""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run_ut", aliases=["acc_check"],
+                       help="replay every API of an L1 dump on the device and a CPU float64 benchmark and judge it")
+    p.add_argument("-api_info", "--api_info_file", dest="api_info", required=True,
+                   help="dump.json, a rank directory, or any dump URL holding one rank")
+    p.add_argument("-o", "--out_path", dest="out_path", default="./", help="output directory (default ./)")
+    p.add_argument("-save_error_data", "--save_error_data", dest="save_error_data", action="store_true",
+                   help="save inputs/outputs of failing APIs (under error_data_path, any storage URL)")
+    p.add_argument("-f", "--filter_api", dest="filter_api", action="store_true",
+                   help="check one API per distinct name and argument structure (statistics ignored)")
+    p.add_argument("-csv_path", "--result_csv_path", dest="result_csv", default=None,
+                   help="resume: the accuracy_checking_result_{ts}.csv of the interrupted run")
+    p.add_argument("-config", "--config_path", dest="config", default=None,
+                   help="config.json with white_list / black_list / error_data_path (run_ut section)")
+    p.add_argument("-n", "--num_splits", dest="workers", type=int, default=1,
+                   help="worker processes (default 1; 0 = in this process, without timeout/crash isolation)")
+    p.add_argument("-d", "--device", dest="devices", type=int, nargs="+", default=[0],
+                   help="device ids for the device side when CUDA/NPU is present (default 0)")
+    p.add_argument("-j", "--jit_compile", dest="jit_compile", action="store_true",
+                   help="accepted for compatibility (no effect)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one API may run (default 300)")
+    p.add_argument("--device-type", dest="device_type", default="auto",
+                   help="device side: auto (CUDA, else NPU, else CPU in the recorded dtype), cpu, cuda:N, npu:N")
+    p.add_argument("--step", type=int, default=None, help="the step to check when DUMP holds several")
+    p.add_argument("--rank", default=None, help="the rank (number or directory name) when DUMP holds several")
+    p.add_argument("--replay-mode", dest="replay_mode", default="auto", choices=["auto", "real", "random"],
+                   help="inputs: dumped tensors where present (auto), only dumped (real), all generated (random)")
+    p.add_argument("--no-recorded-check", dest="recorded", action="store_false",
+                   help="do not judge the dumped outputs against the benchmark")
+    p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from msprobe.run_ut import CheckOptions, run_ut
+
+    rank = args.rank
+    if isinstance(rank, str) and rank.isdigit():
+        rank = int(rank)
+    opts = json.loads(args.storage_options) if args.storage_options else None
+    options = CheckOptions(replay_mode=args.replay_mode, check_recorded=args.recorded)
+    s = run_ut(args.api_info, args.out_path, workers=args.workers, devices=args.devices, config=args.config,
+               filter_api=args.filter_api, result_csv=args.result_csv, save_error_data_flag=args.save_error_data,
+               timeout=args.timeout, step=args.step, rank=rank, storage_options=opts, options=options,
+               progress=not args.quiet, device=args.device_type)
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items()))
+    print(f"msprobe run_ut: {s['checked']} APIs checked ({s['resumed']} resumed) in {s['seconds']:.1f} s "
+          f"[{counts}]")
+    print(f"result csv: {s['result_csv']}")
+    print(f"details csv: {s['details_csv']}")
+    if s.get("error_data"):
+        print(f"error data: {s['error_data']}")
+    return 0

@@ -1,0 +1,395 @@
+"""Replay one API on the device side and on the CPU benchmark, forward and backward, and judge it.
+
+The unit of work is an :class:`ApiPacket` (an API full name, its inputs, and
+optionally the gradient flowing into its output plus what the dump recorded);
+:func:`packet_from_record` builds one from a reader record, and
+:func:`check_packet` turns it into an :class:`ApiResult` (one result-CSV row
+and its details-CSV rows). Online checking can build packets directly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Optional
+
+from msprobe.run_ut import standards as S
+from msprobe.run_ut.metrics import ERROR, PASS, SKIP, WARNING, compare_values, skip_row, worst
+
+__all__ = ["ApiPacket", "ApiResult", "CheckOptions", "check_packet", "packet_from_record", "split_api_name",
+           "resolve_api", "skip_result", "filter_reason"]
+
+
+@dataclasses.dataclass
+class CheckOptions:
+    """How to run the two sides."""
+
+    device: str = "cpu"                 #: device side: "cpu", "cuda:0", "npu:0"
+    upcast: bool = True                 #: benchmark in float64 (except conv)
+    white_list: tuple = ()              #: API names (without type/index) to check; empty = all
+    black_list: tuple = ()              #: API names never checked
+    check_recorded: bool = True         #: judge dumped outputs/gradients against the benchmark too
+    replay_mode: str = "auto"           #: readers' replay mode: auto | real | random
+    seed: Optional[int] = 1234          #: seed of generated inputs and of each side's run
+    keep_tensors: bool = False          #: keep inputs/outputs on the result (for -save_error_data)
+
+
+@dataclasses.dataclass
+class ApiPacket:
+    """One API call to check: ``name`` is its full name without direction (``Functional.linear.0``)."""
+
+    name: str
+    args: list
+    kwargs: dict
+    has_backward: bool = False
+    grad: Any = None                    #: gradient(s) of the output: a tensor or a list of tensors
+    recorded_output: Optional[list] = None  #: flattened dumped outputs (None where not dumped)
+    recorded_grads: Optional[list] = None   #: flattened dumped input gradients (backward record's output)
+
+
+@dataclasses.dataclass
+class ApiResult:
+    name: str
+    forward: str
+    backward: str                        #: "" when the dump has no backward for the API
+    message: str = ""
+    rows: list = dataclasses.field(default_factory=list)   #: details rows (dicts, see metrics.DETAIL_FIELDS)
+    seconds: float = 0.0
+    tensors: Optional[dict] = None       #: inputs/outputs kept for -save_error_data
+
+    @property
+    def failed(self) -> bool:
+        return self.forward in (ERROR, WARNING) or self.backward in (ERROR, WARNING)
+
+
+def split_api_name(full: str) -> tuple:
+    """``Functional.linear.0`` (or ``...0.forward``) -> (``Functional``, ``linear``, ``0``)."""
+    parts = full.split(".")
+    if parts and parts[-1] in ("forward", "backward"):
+        parts = parts[:-1]
+    if len(parts) < 3:
+        return (parts[0] if parts else "", ".".join(parts[1:]), "")
+    return parts[0], ".".join(parts[1:-1]), parts[-1]
+
+
+def filter_reason(api_type: str, api_name: str, options: CheckOptions) -> Optional[str]:
+    """Why an API is not replayed at all (None: it is)."""
+    if api_type in S.NOT_REPLAYED_TYPES:
+        return S.NOT_REPLAYED_TYPES[api_type] + "."
+    if api_type not in S.REPLAYABLE_TYPES:
+        return f"API type {api_type!r} is not replayed by run_ut (only {', '.join(S.REPLAYABLE_TYPES)})."
+    base = S.base_api_name(api_name)
+    if base in S.UNSUPPORTED_APIS:
+        return f"API {api_name} is not replayable (run_ut does not check it: no deterministic result to compare)."
+    if options.black_list and (api_name in options.black_list or base in options.black_list):
+        return f"API {api_name} is filtered out by the black list."
+    if options.white_list and api_name not in options.white_list and base not in options.white_list:
+        return f"API {api_name} is filtered out: it is not in the white list."
+    if api_type == "NPU" and not _has_torch_npu():
+        return f"NPU API {api_name} needs torch_npu, which is not importable here."
+    return None
+
+
+_NPU: Optional[bool] = None
+
+
+def _has_torch_npu() -> bool:
+    global _NPU
+    if _NPU is None:
+        try:
+            import torch_npu  # noqa: F401
+
+            _NPU = True
+        except Exception:  # noqa: BLE001 - any failure means no NPU side
+            _NPU = False
+    return _NPU
+
+
+def resolve_api(api_type: str, api_name: str) -> Callable:
+    """The callable a record's API name stands for (``Tensor`` methods take self first)."""
+    import torch
+
+    fn = None
+    if api_type == "Tensor":
+        fn = getattr(torch.Tensor, api_name, None)
+    elif api_type == "Torch":
+        fn = getattr(torch, api_name, None) or getattr(torch._C._VariableFunctions, api_name, None)
+    elif api_type == "Functional":
+        fn = getattr(torch.nn.functional, api_name, None)
+    elif api_type == "VF":
+        fn = getattr(torch._VF, api_name, None)
+    elif api_type == "Aten":
+        op, _, overload = api_name.partition(".")
+        packet = getattr(torch.ops.aten, op, None)
+        if packet is not None:
+            fn = getattr(packet, overload or "default", None) or packet
+    elif api_type == "NPU":
+        import torch_npu
+
+        fn = getattr(torch_npu, api_name, None) or getattr(getattr(torch.ops, "npu", None), api_name, None)
+    if fn is None:
+        from msprobe.errors import MsprobeError
+
+        raise MsprobeError(f"{api_type}.{api_name}: torch {torch.__version__} has no such API")
+    return fn
+
+
+def _is_inplace(api_name: str) -> bool:
+    if api_name.startswith("__"):
+        return api_name.startswith("__i") or api_name == "__setitem__"
+    return api_name.endswith("_")
+
+
+def skip_result(name: str, message: str, has_backward: bool) -> ApiResult:
+    rows = [skip_row(f"{name}.forward.output.0", message)]
+    if has_backward:
+        rows.append(skip_row(f"{name}.backward.output.0", message))
+    return ApiResult(name, SKIP, SKIP if has_backward else "", message, rows)
+
+
+# -- the two sides -------------------------------------------------------------------------------------
+
+
+class _Side:
+    """Inputs placed for one side, with the positional tensor leaves tracked for gradients."""
+
+    def __init__(self, args: list, kwargs: dict, *, device: str, upcast: bool, need_grad: bool, inplace: bool):
+        self.device = device
+        self.upcast = upcast
+        self.need_grad = need_grad
+        self.inplace = inplace
+        self.leaves: list = []
+        self.args = [self._conv(a, track=True) for a in args]
+        self.kwargs = {k: self._conv(v, track=False) for k, v in kwargs.items()}
+
+    def _conv(self, x: Any, *, track: bool) -> Any:
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            dtype = x.dtype
+            if self.upcast and x.is_floating_point() and dtype in (torch.float16, torch.bfloat16, torch.float32):
+                dtype = torch.float64
+            t = x.detach().to(device=self.device, dtype=dtype, copy=True)
+            grad = self.need_grad and x.requires_grad and t.is_floating_point()
+            if grad:
+                t.requires_grad_(True)
+            if track:
+                self.leaves.append(t if grad else None)
+            if grad:  # a leaf may not be modified in place (in-place APIs, inplace=True kwargs)
+                return t.clone()
+            return t
+        if isinstance(x, (list, tuple)):
+            out = [self._conv(v, track=track) for v in x]
+            return type(x)(out) if isinstance(x, tuple) else out
+        if isinstance(x, dict):
+            return {k: self._conv(v, track=track) for k, v in x.items()}
+        return x
+
+
+def _flatten(v: Any, out: list) -> list:
+    import torch
+
+    if isinstance(v, torch.Tensor) or v is None or isinstance(v, (bool, int, float, str, complex)):
+        out.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _flatten(x, out)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _flatten(x, out)
+    else:
+        out.append(v)
+    return out
+
+
+def _run(fn: Callable, side: _Side, seed: Optional[int]) -> Any:
+    import torch
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    if side.need_grad:
+        return fn(*side.args, **side.kwargs)
+    with torch.no_grad():
+        return fn(*side.args, **side.kwargs)
+
+
+def _first_line(exc: BaseException) -> str:
+    s = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {s[0] if s else ''}"[:500]
+
+
+def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None) -> ApiResult:
+    """Replay ``packet`` on both sides and judge every output (and input gradient)."""
+    import torch
+
+    options = options or CheckOptions()
+    t0 = time.perf_counter()
+    name = packet.name
+    api_type, api_name, _ = split_api_name(name)
+    reason = filter_reason(api_type, api_name, options)
+    if reason:
+        return skip_result(name, reason, packet.has_backward)
+    fn = resolve_api(api_type, api_name)
+    base = S.base_api_name(api_name)
+    inplace = _is_inplace(api_name)
+    want_bwd = packet.has_backward and base not in S.NO_BACKWARD_APIS
+    upcast = options.upcast and base not in S.KEEP_DTYPE_APIS
+    if api_name in ("__setitem__", "__getitem__") and len(packet.args) > 1 and isinstance(packet.args[1], list):
+        packet.args[1] = tuple(packet.args[1])  # a multi-dimensional index is a tuple (dump.json has a list)
+    dev = _Side(packet.args, packet.kwargs, device=options.device, upcast=False, need_grad=want_bwd, inplace=inplace)
+    try:
+        out_d = _run(fn, dev, options.seed)
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal
+        msg = f"The API raised on the device side ({options.device}): {_first_line(exc)}"
+        return skip_result(name, msg, packet.has_backward)
+    bench = _Side(packet.args, packet.kwargs, device="cpu", upcast=upcast, need_grad=want_bwd, inplace=inplace)
+    note = ""
+    try:
+        out_b = _run(fn, bench, options.seed)
+    except Exception as exc:  # noqa: BLE001
+        if not upcast:
+            return skip_result(name, f"The API raised on the CPU benchmark: {_first_line(exc)}",
+                               packet.has_backward)
+        bench = _Side(packet.args, packet.kwargs, device="cpu", upcast=False, need_grad=want_bwd, inplace=inplace)
+        try:
+            out_b = _run(fn, bench, options.seed)
+        except Exception as exc2:  # noqa: BLE001
+            return skip_result(name, f"The API raised on the CPU benchmark: {_first_line(exc2)}",
+                               packet.has_backward)
+        note = f"Benchmark ran in the recorded dtype (float64 failed: {_first_line(exc)})."
+    flat_d = _flatten(out_d, [])
+    flat_b = _flatten(out_b, [])
+    rows = []
+    recorded = packet.recorded_output if options.check_recorded else None
+    random_api = base in S.RANDOM_APIS
+    for i in range(max(len(flat_b), len(flat_d))):
+        rname = f"{name}.forward.output.{i}"
+        b = flat_b[i] if i < len(flat_b) else None
+        d = flat_d[i] if i < len(flat_d) else None
+        if random_api:
+            rows.append(skip_row(rname, f"{api_name} draws random numbers: the two sides cannot be compared "
+                                        "element by element."))
+            continue
+        rec = recorded[i] if recorded and i < len(recorded) else None
+        row = compare_values(rname, api_name, b, d, recorded=rec)
+        if note:
+            row["message"] = (note + "\n" + row.get("message", "")).strip()
+        rows.append(row)
+    fwd = _aggregate(rows)
+    bwd = ""
+    message = ""
+    if packet.has_backward:
+        brows, bwd, message = _backward(packet, options, name, api_name, base, out_d, out_b, dev, bench)
+        rows.extend(brows)
+    tensors = None
+    if options.keep_tensors:
+        tensors = {"forward.input": packet.args, "forward.input_kwargs": packet.kwargs,
+                   "forward.output.device": out_d, "forward.output.bench": out_b}
+    return ApiResult(name, fwd, bwd, message, rows, time.perf_counter() - t0, tensors)
+
+
+def _aggregate(rows: list) -> str:
+    """error > warning > pass; rows skipped for want of a value do not count."""
+    return worst(r.get("status") for r in rows)
+
+
+def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str, base: str, out_d: Any,
+              out_b: Any, dev: _Side, bench: _Side) -> tuple:
+    import torch
+
+    rname = f"{name}.backward.output.0"
+    if base in S.NO_BACKWARD_APIS:
+        msg = f"The backward of {api_name} is not checked by run_ut."
+        return [skip_row(rname, msg)], SKIP, msg
+    td = [t for t in _flatten(out_d, []) if isinstance(t, torch.Tensor)]
+    tb = [t for t in _flatten(out_b, []) if isinstance(t, torch.Tensor)]
+    if len(td) != 1 or len(tb) != 1:
+        msg = "The API has several outputs: its backward is not checked."
+        return [skip_row(rname, msg)], SKIP, msg
+    grad = packet.grad
+    if isinstance(grad, (list, tuple)):
+        grads = [g for g in grad if isinstance(g, torch.Tensor)]
+        grad = grads[0] if len(grads) == 1 else None
+    if not isinstance(grad, torch.Tensor):
+        msg = "The dump holds no gradient for the output: the backward is not checked."
+        return [skip_row(rname, msg)], SKIP, msg
+    od, ob = td[0], tb[0]
+    if not od.requires_grad or not ob.requires_grad:
+        rows = [skip_row(f"{name}.backward.output.{i}", "No gradient flows to this argument: nothing to compare.")
+                for i in range(max(1, len(dev.leaves)))]
+        return rows, PASS, ""
+    try:
+        if tuple(grad.shape) != tuple(od.shape):
+            raise ValueError(f"gradient shape {tuple(grad.shape)} differs from the output shape {tuple(od.shape)}")
+        if options.seed is not None:
+            torch.manual_seed(options.seed)
+        od.backward(grad.detach().to(device=od.device, dtype=od.dtype))
+        if options.seed is not None:
+            torch.manual_seed(options.seed)
+        ob.backward(grad.detach().to(device="cpu", dtype=ob.dtype))
+    except Exception as exc:  # noqa: BLE001
+        msg = f"The backward raised: {_first_line(exc)}"
+        return [skip_row(rname, msg)], SKIP, msg
+    rows = []
+    rec = packet.recorded_grads if options.check_recorded else None
+    for i, (ld, lb) in enumerate(zip(dev.leaves, bench.leaves)):
+        gd = ld.grad if ld is not None else None
+        gb = lb.grad if lb is not None else None
+        r = rec[i] if rec and i < len(rec) else None
+        rows.append(compare_values(f"{name}.backward.output.{i}", api_name, gb, gd, recorded=r))
+    if not rows:
+        rows = [skip_row(rname, "The API has no tensor argument to differentiate.")]
+    return rows, _aggregate(rows), ""
+
+
+# -- from a reader record --------------------------------------------------------------------------------
+
+
+def _flatten_args(args: list, out: list) -> list:
+    from msprobe.format.model import SequenceArg
+
+    for a in args:
+        if isinstance(a, SequenceArg):
+            _flatten_args(list(a.items), out)
+        else:
+            out.append(a)
+    return out
+
+
+def _load_recorded(args: list) -> Optional[list]:
+    from msprobe.format.model import TensorArg
+
+    flat = _flatten_args(args, [])
+    out: list = []
+    any_file = False
+    for a in flat:
+        if isinstance(a, TensorArg) and isinstance(a.data_name, str) and hasattr(a, "load"):
+            try:
+                out.append(a.load(framework="torch"))
+                any_file = True
+                continue
+            except Exception:  # noqa: BLE001 - an unreadable dumped tensor only loses this extra check
+                pass
+        out.append(None)
+    return out if any_file else None
+
+
+def packet_from_record(record: Any, backward_record: Any = None, options: Optional[CheckOptions] = None) -> ApiPacket:
+    """An :class:`ApiPacket` from a forward record of ``msprobe.readers`` (and its backward twin)."""
+    options = options or CheckOptions()
+    name = record.name
+    if name.endswith(".forward"):
+        name = name[: -len(".forward")]
+    args, kwargs = record.replay_inputs(options.replay_mode, seed=options.seed, need_grad=True)
+    pkt = ApiPacket(name, list(args), dict(kwargs), has_backward=backward_record is not None)
+    if options.check_recorded:
+        pkt.recorded_output = _load_recorded(record.output)
+    if backward_record is not None:
+        try:
+            gargs, _ = backward_record.replay_inputs(options.replay_mode, seed=options.seed)
+        except Exception:  # noqa: BLE001 - the backward is then reported as not checkable
+            gargs = []
+        gt = _flatten(gargs, [])
+        pkt.grad = gt[0] if len(gt) == 1 else gt
+        # the dumped input gradients are not judged: the real tool's backward records do not map their
+        # outputs to the forward arguments one to one (a relu(inplace) grad is recorded with another shape)
+    return pkt

@@ -1,0 +1,440 @@
+"""Run the pre-check over a whole dump: tasks, worker processes, timeouts, resume, error data.
+
+The parent process lists the forward API records of one rank of a dump (it never
+imports torch); worker processes (``spawn``) open the same dump, replay one API
+at a time and send back its :class:`~msprobe.run_ut.execute.ApiResult`. A worker
+that exceeds the per-API timeout is killed and one that dies is replaced: the API
+is reported as SKIP with the reason and the run goes on. Results are written in
+dump order, flushed after every API, so ``-csv_path`` resumes an interrupted run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Optional
+
+from msprobe.errors import ConfigError
+from msprobe.run_ut.csvio import ResultWriter
+from msprobe.run_ut.execute import ApiResult, CheckOptions, filter_reason, skip_result, split_api_name
+
+__all__ = ["run_ut", "open_rank", "list_tasks", "load_run_ut_config", "check_api", "DEFAULT_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 300.0
+_STAT_KEYS = {"Max", "Min", "Mean", "Norm", "md5", "data_name", "Max_except_inf_nan", "Min_except_inf_nan",
+              "requires_grad"}
+
+
+def open_rank(path: str, *, step: Optional[int] = None, rank: Any = None,
+              storage_options: Optional[dict] = None) -> tuple:
+    """(dump, source) for a dump.json, a rank directory or any dump root/URL holding one rank (or pick one)."""
+    import msprobe.readers as R
+
+    url = str(path)
+    if url.rstrip("/").endswith("dump.json"):
+        url = url.rstrip("/")[: -len("dump.json")].rstrip("/") or "."
+    dump = R.open(url, storage_options=storage_options)
+    kw: dict = {}
+    if step is not None:
+        kw["step"] = step
+    if rank is not None:
+        kw["rank"] = rank
+    sources = dump.select(**kw)
+    if not sources:
+        raise ConfigError(f"{path}: no rank directory matches step={step}, rank={rank}")
+    if len(sources) > 1:
+        where = ", ".join(f"step {s.step} {s.rank_dir}" for s in sources[:6])
+        raise ConfigError(f"{path} holds {len(sources)} rank directories ({where}...): pass one dump.json or rank "
+                          "directory, or choose with --step/--rank")
+    return dump, sources[0]
+
+
+def _records(dump: Any, src: Any) -> list:
+    return dump.records(step=src.step, rank=src.rank_dir, run=src.run, split=src.split)
+
+
+def list_tasks(dump: Any, src: Any, *, filter_api: bool = False) -> tuple:
+    """([forward API record names in dump order], {names of backward records})."""
+    recs = _records(dump, src)
+    names = [r.name for r in recs if r.kind == "api" and r.direction == "forward"]
+    backward = {r.name for r in recs if r.kind == "api" and r.direction == "backward"}
+    if filter_api:
+        by_name = {r.name: r for r in recs}
+        seen: set = set()
+        kept = []
+        for n in names:
+            key = _structure_key(by_name[n])
+            if key in seen:
+                continue
+            seen.add(key)
+            kept.append(n)
+        names = kept
+    return names, backward
+
+
+def _strip(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _strip(x) for k, x in v.items() if k not in _STAT_KEYS}
+    if isinstance(v, list):
+        return [_strip(x) for x in v]
+    return v
+
+
+def _structure_key(rec: Any) -> str:
+    """An API's name and arguments without their statistics (the docs' -filter_api rule)."""
+    api_type, api_name, _ = split_api_name(rec.name)
+    raw = rec.raw
+    body = {k: raw.get(k) for k in ("input_args", "input_kwargs", "output")} if isinstance(raw, dict) else raw
+    return json.dumps([api_type, api_name, _strip(body)], sort_keys=True, default=str)
+
+
+def load_run_ut_config(path: Optional[str]) -> dict:
+    """white_list / black_list / error_data_path / precision from a config.json (``run_ut`` section or top level)."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"-config {path}: no such file") from exc
+    except ValueError as exc:
+        raise ConfigError(f"-config {path}: not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"-config {path}: a JSON object is needed")
+    sec = doc.get("run_ut") if isinstance(doc.get("run_ut"), dict) else doc
+    out: dict = {}
+    for key in ("white_list", "black_list"):
+        v = sec.get(key, [])
+        if v is None:
+            v = []
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ConfigError(f"-config {path}: {key} must be a list of API names")
+        out[key] = tuple(v)
+    if sec.get("error_data_path") is not None:
+        if not isinstance(sec["error_data_path"], str):
+            raise ConfigError(f"-config {path}: error_data_path must be a string")
+        out["error_data_path"] = sec["error_data_path"]
+    if sec.get("precision") is not None:
+        p = sec["precision"]
+        if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p <= 20:
+            raise ConfigError(f"-config {path}: precision must be an integer in 0..20")
+        out["precision"] = p
+    return out
+
+
+# -- checking one API (in any process) -------------------------------------------------------------------
+
+
+def check_api(record: Any, options: Optional[CheckOptions] = None, *, backward_record: Any = None) -> ApiResult:
+    """Check one forward record (a ``msprobe.readers`` record, or an ApiPacket): never raises for the API's faults."""
+    from msprobe.run_ut.execute import ApiPacket, check_packet, packet_from_record
+
+    options = options or CheckOptions()
+    if isinstance(record, ApiPacket):
+        return _guarded(lambda: check_packet(record, options), record.name, record.has_backward)
+    name = record.name[: -len(".forward")] if record.name.endswith(".forward") else record.name
+    has_bwd = backward_record is not None
+    api_type, api_name, _ = split_api_name(name)
+    reason = filter_reason(api_type, api_name, options)
+    if reason:
+        return skip_result(name, reason, has_bwd)
+
+    def go() -> ApiResult:
+        return check_packet(packet_from_record(record, backward_record, options), options)
+
+    return _guarded(go, name, has_bwd)
+
+
+def _guarded(fn: Any, name: str, has_bwd: bool) -> ApiResult:
+    t0 = time.perf_counter()
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - one API's failure is a SKIP row, never the end of the run
+        text = str(exc).strip().splitlines()
+        r = skip_result(name, f"run_ut could not check the API: {type(exc).__name__}: {text[0] if text else ''}"[:500],
+                        has_bwd)
+        r.seconds = time.perf_counter() - t0
+        return r
+
+
+class _Checker:
+    """The per-process state: the open dump and the options."""
+
+    def __init__(self, dump_path: str, step: Any, rank: Any, storage_options: Optional[dict], options: CheckOptions,
+                 error_data: Optional[str]):
+        self.dump, self.src = open_rank(dump_path, step=step, rank=rank, storage_options=storage_options)
+        self.by_name = {r.name: r for r in _records(self.dump, self.src)}
+        self.options = options
+        self.error_data = error_data
+        if error_data:
+            self.options = CheckOptions(**{**options.__dict__, "keep_tensors": True})
+
+    def check(self, fwd_name: str) -> ApiResult:
+        rec = self.by_name[fwd_name]
+        bname = fwd_name[: -len(".forward")] + ".backward"
+        res = check_api(rec, self.options, backward_record=self.by_name.get(bname))
+        if self.error_data and res.failed and res.tensors:
+            try:
+                save_error_data(self.error_data, res)
+            except Exception as exc:  # noqa: BLE001 - saving must not lose the verdict
+                res.message = (res.message + f" (saving error data failed: {exc})").strip()
+        res.tensors = None
+        return res
+
+
+def save_error_data(url: str, result: ApiResult) -> list:
+    """Write the inputs and both sides' outputs of a failing API under ``url`` (any backend), as .pt files."""
+    import io
+
+    import torch
+
+    from msprobe.backends import open_store
+
+    store = open_store(url, create=True)
+    keys = []
+
+    def put(prefix: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            buf = io.BytesIO()
+            torch.save(value.detach().cpu().contiguous(), buf)
+            key = f"{prefix}.pt"
+            store.put(key, buf.getvalue())
+            keys.append(key)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                put(f"{prefix}.{i}", v)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                put(f"{prefix}.{k}", v)
+
+    for part, value in (result.tensors or {}).items():
+        put(f"{result.name}.{part}", value)
+    return keys
+
+
+def _worker_main(conn: Any, init: tuple) -> None:  # pragma: no cover - runs in a child process
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, int(os.environ.get("MSPROBE_RUN_UT_THREADS", "1"))))
+        dump_path, step, rank, storage_options, options, error_data, device_id = init
+        options = CheckOptions(**{**options.__dict__, "device": _pick_device(options.device, device_id)})
+        checker = _Checker(dump_path, step, rank, storage_options, options, error_data)
+        conn.send(("ready", None, None))
+    except BaseException as exc:  # noqa: BLE001
+        conn.send(("fatal", None, f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        idx, name = msg
+        conn.send(("done", idx, checker.check(name)))
+
+
+def _pick_device(device: str, device_id: Optional[int]) -> str:
+    if device not in ("auto", ""):
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{device_id or 0}"
+    try:
+        import torch_npu  # noqa: F401
+
+        if torch.npu.is_available():  # type: ignore[attr-defined]
+            return f"npu:{device_id or 0}"
+    except Exception:  # noqa: BLE001
+        pass
+    return "cpu"
+
+
+class _Worker:
+    def __init__(self, ctx: Any, init: tuple):
+        self.parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, init), daemon=True)
+        self.proc.start()
+        child.close()
+        self.task: Optional[tuple] = None
+        self.started = 0.0
+        self.ready = False
+
+    def send(self, idx: int, name: str) -> None:
+        self.task = (idx, name)
+        self.started = time.monotonic()
+        self.parent.send((idx, name))
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc.is_alive():
+            if kill:
+                self.proc.kill()
+            else:
+                try:
+                    self.parent.send(None)
+                except (OSError, BrokenPipeError):
+                    pass
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+
+
+def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Optional[list] = None,
+           config: Optional[str] = None, filter_api: bool = False, result_csv: Optional[str] = None,
+           save_error_data_flag: bool = False, timeout: float = DEFAULT_TIMEOUT, step: Optional[int] = None,
+           rank: Any = None, storage_options: Optional[dict] = None, options: Optional[CheckOptions] = None,
+           progress: bool = True, device: str = "auto") -> dict:
+    """Check every forward API record of one rank of ``api_info``; returns a summary dict.
+
+    ``workers=0`` checks in this process (no timeout or crash isolation); ``workers>=1``
+    uses that many worker processes, spread over ``devices`` (ids) when CUDA/NPU is present.
+    """
+    t0 = time.perf_counter()
+    cfg = load_run_ut_config(config)
+    options = options or CheckOptions()
+    options = CheckOptions(**{**options.__dict__, "white_list": cfg.get("white_list", options.white_list),
+                              "black_list": cfg.get("black_list", options.black_list), "device": device})
+    dump, src = open_rank(api_info, step=step, rank=rank, storage_options=storage_options)
+    names, backward = list_tasks(dump, src, filter_api=filter_api)
+    writer = ResultWriter(out_path, resume_from=result_csv, precision=cfg.get("precision", 14))
+    error_data = None
+    if save_error_data_flag:
+        base = cfg.get("error_data_path", out_path)
+        error_data = os.path.join(base, f"ut_error_data{time.strftime('%Y%m%d%H%M%S')}") if "://" not in base \
+            else base.rstrip("/") + f"/ut_error_data{time.strftime('%Y%m%d%H%M%S')}"
+    todo = [(i, n) for i, n in enumerate(names) if n[: -len(".forward")] not in writer.done]
+    resumed = len(names) - len(todo)
+    prog = _Progress(len(todo), progress)
+    init = (api_info, step, rank, storage_options, options, error_data)
+    try:
+        if workers <= 0:
+            checker = _Checker(api_info, step, rank, storage_options,
+                               CheckOptions(**{**options.__dict__, "device": _pick_device(device, None)}), error_data)
+            for _, n in todo:
+                res = checker.check(n)
+                writer.write(res)
+                prog.tick(res)
+        else:
+            _run_pool(todo, init, workers, devices or [0], timeout, writer, prog, backward)
+    finally:
+        writer.close()
+        prog.done()
+    return {"result_csv": writer.result_path, "details_csv": writer.details_path, "apis": len(names),
+            "checked": prog.n, "resumed": resumed, "counts": dict(writer.counts), "error_data": error_data,
+            "seconds": time.perf_counter() - t0, "apis_per_second": prog.n / max(prog.elapsed(), 1e-9)}
+
+
+def _run_pool(todo: list, init: tuple, n_workers: int, devices: list, timeout: float, writer: ResultWriter,
+              prog: "_Progress", backward: set) -> None:
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("spawn")
+    n_workers = max(1, min(n_workers, len(todo) or 1, 64))
+    pool = [_Worker(ctx, init + (devices[i % len(devices)],)) for i in range(n_workers)]
+    queue = list(todo)
+    queue.reverse()
+    pending: dict = {}
+    next_idx = 0
+    order = [i for i, _ in todo]
+    names = dict(todo)
+
+    def emit(idx: int, res: ApiResult) -> None:
+        nonlocal next_idx
+        pending[idx] = res
+        while next_idx < len(order) and order[next_idx] in pending:
+            r = pending.pop(order[next_idx])
+            writer.write(r)
+            prog.tick(r)
+            next_idx += 1
+
+    def fail(w: _Worker, why: str) -> None:
+        idx, name = w.task  # type: ignore[misc]
+        short = name[: -len(".forward")]
+        has_bwd = short + ".backward" in backward
+        emit(idx, skip_result(short, why, has_bwd))
+        w.task = None
+
+    fatal: Optional[str] = None
+    try:
+        while queue or any(w.task for w in pool):
+            for w in pool:
+                if w.ready and w.task is None and queue:
+                    w.send(*queue.pop())
+            conns = [w.parent for w in pool] + [w.proc.sentinel for w in pool]
+            ready = wait(conns, timeout=0.5)
+            now = time.monotonic()
+            for i, w in enumerate(pool):
+                got = False
+                if w.parent in ready:
+                    try:
+                        kind, idx, payload = w.parent.recv()
+                        got = True
+                    except (EOFError, OSError):
+                        kind = "dead"
+                    if got and kind == "ready":
+                        w.ready = True
+                    elif got and kind == "done":
+                        w.task = None
+                        emit(idx, payload)
+                    elif got and kind == "fatal":
+                        fatal = payload
+                        raise ConfigError(f"run_ut worker could not start: {payload}")
+                if (not got and w.proc.sentinel in ready and not w.proc.is_alive()) or (not got and w.parent in ready):
+                    code = w.proc.exitcode
+                    if w.task:
+                        fail(w, f"The worker process died while checking this API (exit code {code}); "
+                                "the run went on.")
+                    elif not w.ready:
+                        raise ConfigError(f"run_ut worker exited before it was ready (exit code {code})")
+                    w.stop(kill=True)
+                    pool[i] = _Worker(ctx, init + (devices[i % len(devices)],))
+                    continue
+                if w.task and now - w.started > timeout:
+                    fail(w, f"Timed out: the API ran longer than {timeout:g} s; its worker was stopped and the run "
+                            "went on.")
+                    w.stop(kill=True)
+                    pool[i] = _Worker(ctx, init + (devices[i % len(devices)],))
+    finally:
+        for w in pool:
+            w.stop(kill=fatal is not None)
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool):
+        self.total = total
+        self.n = 0
+        self.enabled = enabled
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+        self.counts: dict = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def tick(self, res: ApiResult) -> None:
+        self.n += 1
+        s = res.forward if res.forward != "pass" or not res.backward else worst_of(res.forward, res.backward)
+        self.counts[s] = self.counts.get(s, 0) + 1
+        now = time.perf_counter()
+        if self.enabled and (now - self.last > 1.0 or self.n == self.total):
+            self.last = now
+            rate = self.n / max(self.elapsed(), 1e-9)
+            cs = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+            sys.stderr.write(f"\rrun_ut: {self.n}/{self.total} APIs, {rate:.1f} APIs/s ({cs})   ")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.n:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def worst_of(a: str, b: str) -> str:
+    from msprobe.run_ut.metrics import worst
+
+    return worst([a, b])
