@@ -1,0 +1,118 @@
+"""The real msprobe (PyPI ``mindstudio-probe``) in its own cached venv, for interop tests.
+
+``real_tool_python(version)`` returns the python of a venv under
+``~/.cache/msprobe-lake/`` (``$MSPROBE_LAKE_CACHE`` overrides) holding
+``mindstudio-probe==<version>``; it is created on first use. For speed the venv
+does not install torch: a ``.pth`` file appends the site-packages of the
+interpreter running the tests (which has torch) AFTER the venv's own
+site-packages, so the venv's ``msprobe`` (the real one) wins over ours; that is
+verified after creation, and the venv falls back to installing
+``torch==<running version>`` itself when the shared torch does not import.
+Raises :class:`RealToolUnavailable` (tests skip with its message) only when the
+venv cannot be built.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+__all__ = ["real_tool_python", "RealToolUnavailable", "CPU_WRAPPER", "run_real_checker"]
+
+EXTRA = {"8.1.1": ["service_identity==24.1.0", "cryptography==43.0.3"]}
+CPU_WRAPPER = Path(__file__).parent / "fixtures" / "real" / "scripts" / "acc_check_cpu.py"
+_CHECK = ("import msprobe, msprobe.msprobe, torch, os, sys; p = os.path.realpath(msprobe.__file__); "
+          "assert p.startswith(os.path.realpath(sys.prefix)), p; print(p, torch.__version__)")
+
+
+class RealToolUnavailable(RuntimeError):
+    pass
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("MSPROBE_LAKE_CACHE", Path.home() / ".cache" / "msprobe-lake"))
+
+
+def _run(cmd: list, log: Path, timeout: float = 1800) -> int:
+    with open(log, "a") as fh:
+        fh.write("$ " + " ".join(map(str, cmd)) + "\n")
+        fh.flush()
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        return subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, env=env)
+
+
+def real_tool_python(version: str = "26.2.0") -> str:
+    """The python executable of the cached venv holding mindstudio-probe ``version`` (built on first use)."""
+    tv = _torch_version()
+    vdir = _cache_root() / f"venv-ms{version}-torch{tv}-py{sys.version_info[0]}{sys.version_info[1]}"
+    py = vdir / "bin" / "python"
+    ok = vdir / ".ok"
+    if ok.exists() and py.exists():
+        return str(py)
+    vdir.parent.mkdir(parents=True, exist_ok=True)
+    log = vdir.parent / f"{vdir.name}.log"
+    lock = vdir.parent / f"{vdir.name}.lock"
+    import fcntl
+
+    with open(lock, "w") as lf:
+        fcntl.flock(lf, fcntl.LOCK_EX)
+        if ok.exists() and py.exists():
+            return str(py)
+        base = getattr(sys, "_base_executable", sys.executable)
+        if not py.exists() and _run([base, "-m", "venv", str(vdir)], log) != 0:
+            raise RealToolUnavailable(f"cannot create a venv at {vdir} (see {log})")
+        site = subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                       text=True).strip()
+        shared = sysconfig.get_paths()["purelib"]
+        Path(site, "zz_msprobe_lake_shared_torch.pth").write_text(shared + "\n")
+        pkgs = [f"mindstudio-probe=={version}", *EXTRA.get(version, [])]
+        if _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", *pkgs], log) != 0:
+            raise RealToolUnavailable(f"pip cannot install {' '.join(pkgs)} (see {log})")
+        if subprocess.call([str(py), "-c", _CHECK], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) != 0:
+            # the shared torch does not work there: install torch into the venv itself
+            Path(site, "zz_msprobe_lake_shared_torch.pth").unlink()
+            if _run([str(py), "-m", "pip", "install", f"torch=={tv}", "numpy", *pkgs], log) != 0:
+                raise RealToolUnavailable(f"pip cannot install torch=={tv} next to {pkgs} (see {log})")
+        out = subprocess.run([str(py), "-c", _CHECK], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RealToolUnavailable(f"the real msprobe in {vdir} does not import: {out.stderr[-800:]}")
+        ok.write_text(out.stdout)
+    return str(py)
+
+
+_WRAP8 = """
+import importlib, sys, torch
+def _noop(*a, **k):
+    return None
+for m in ("msprobe.pytorch.api_accuracy_checker.run_ut.run_ut",
+          "msprobe.pytorch.api_accuracy_checker.run_ut.run_ut_utils"):
+    mod = importlib.import_module(m)
+    if hasattr(mod, "current_device"):
+        mod.current_device = "cpu"
+torch.cuda.set_device = lambda *a, **k: None
+torch.cuda.synchronize = lambda *a, **k: None
+torch.cuda.empty_cache = lambda *a, **k: None
+from msprobe.msprobe import main
+sys.argv = ["msprobe", "-f", "pytorch", "run_ut"] + sys.argv[1:]
+main()
+"""
+
+
+def run_real_checker(version: str, dump_json: str, out_dir: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run the real checker (26.x ``acc_check``, 8.x ``run_ut``) on CPU over ``dump_json``."""
+    py = real_tool_python(version)
+    os.makedirs(out_dir, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    if version.startswith("8."):
+        cmd = [py, "-c", _WRAP8, "-api_info", dump_json, "-o", out_dir]
+    else:
+        cmd = [py, str(CPU_WRAPPER), "-api_info", dump_json, "-o", out_dir]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=out_dir)
