@@ -35,6 +35,8 @@ def register(sub) -> None:
     p.add_argument("--no-recorded-check", dest="recorded", action="store_false",
                    help="do not judge the dumped outputs against the benchmark")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    p.add_argument("--preload", action="append", default=[], metavar="MODULE",
+                   help="a module every checking process imports first (custom ops); repeatable")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
 
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     s = run_ut(args.api_info, args.out_path, workers=args.workers, devices=args.devices, config=args.config,
                filter_api=args.filter_api, result_csv=args.result_csv, save_error_data_flag=args.save_error_data,
                timeout=args.timeout, step=args.step, rank=rank, storage_options=opts, options=options,
-               progress=not args.quiet, device=args.device_type)
+               progress=not args.quiet, device=args.device_type, preload=tuple(args.preload))
     counts = ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items()))
     print(f"msprobe run_ut: {s['checked']} APIs checked ({s['resumed']} resumed) in {s['seconds']:.1f} s "
           f"[{counts}]")

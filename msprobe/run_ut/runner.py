@@ -218,7 +218,8 @@ def _worker_main(conn: Any, init: tuple) -> None:  # pragma: no cover - runs in 
         import torch
 
         torch.set_num_threads(max(1, int(os.environ.get("MSPROBE_RUN_UT_THREADS", "1"))))
-        dump_path, step, rank, storage_options, options, error_data, device_id = init
+        dump_path, step, rank, storage_options, options, error_data, preload, device_id = init
+        _preload(preload)
         options = CheckOptions(**{**options.__dict__, "device": _pick_device(options.device, device_id)})
         checker = _Checker(dump_path, step, rank, storage_options, options, error_data)
         conn.send(("ready", None, None))
@@ -234,6 +235,17 @@ def _worker_main(conn: Any, init: tuple) -> None:  # pragma: no cover - runs in 
             return
         idx, name = msg
         conn.send(("done", idx, checker.check(name)))
+
+
+def _preload(modules: tuple) -> None:
+    """Import the user's modules (custom ops, NPU plugins) before checking."""
+    import importlib
+
+    for m in modules or ():
+        try:
+            importlib.import_module(m)
+        except ImportError as exc:
+            raise ConfigError(f"--preload {m}: {exc}") from exc
 
 
 def _pick_device(device: str, device_id: Optional[int]) -> str:
@@ -287,11 +299,12 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
            config: Optional[str] = None, filter_api: bool = False, result_csv: Optional[str] = None,
            save_error_data_flag: bool = False, timeout: float = DEFAULT_TIMEOUT, step: Optional[int] = None,
            rank: Any = None, storage_options: Optional[dict] = None, options: Optional[CheckOptions] = None,
-           progress: bool = True, device: str = "auto") -> dict:
+           progress: bool = True, device: str = "auto", preload: tuple = ()) -> dict:
     """Check every forward API record of one rank of ``api_info``; returns a summary dict.
 
     ``workers=0`` checks in this process (no timeout or crash isolation); ``workers>=1``
     uses that many worker processes, spread over ``devices`` (ids) when CUDA/NPU is present.
+    ``preload``: modules every checking process imports first (custom ops, plugins).
     """
     t0 = time.perf_counter()
     cfg = load_run_ut_config(config)
@@ -309,9 +322,10 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
     todo = [(i, n) for i, n in enumerate(names) if n[: -len(".forward")] not in writer.done]
     resumed = len(names) - len(todo)
     prog = _Progress(len(todo), progress)
-    init = (api_info, step, rank, storage_options, options, error_data)
+    init = (api_info, step, rank, storage_options, options, error_data, tuple(preload))
     try:
         if workers <= 0:
+            _preload(tuple(preload))
             checker = _Checker(api_info, step, rank, storage_options,
                                CheckOptions(**{**options.__dict__, "device": _pick_device(device, None)}), error_data)
             for _, n in todo:
