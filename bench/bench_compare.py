@@ -7,12 +7,14 @@ the other on the same machine, and report wall time and peak RSS (``wait4``'s ru
 
 * ours: ``python -m msprobe compare T B -o OUT --no-plot -n N`` for each ``--workers`` N (1 and 2)
 * real: ``/work/venvs/ms26/bin/msprobe compare -tp T -gp B -o OUT`` (mindstudio-probe 26.2.0 in
-  its own venv; skipped when absent, or with ``--real ''``)
+  its own venv; skipped when absent, or with ``--real ''``); T and B are step directories, so with
+  ``--ranks`` > 1 it compares every ``rank*`` pair in one command (its batch mode)
 
 Generated data lives under a temporary directory and is deleted at the end unless ``--keep``.
 
     python bench/bench_compare.py                    # 100,000 records each
     python bench/bench_compare.py --records 10000    # a quick run
+    python bench/bench_compare.py --ranks 64 --records 2000   # 64 rank pairs (the real tool: its step-level batch mode)
 """
 from __future__ import annotations
 
@@ -67,16 +69,28 @@ def _write(root: str, rank_dir: str, doc: dict) -> str:
     return os.path.join(root, "step0")
 
 
-def synthesize(work: str, records: int) -> tuple:
-    doc = _rank_doc(records, 7)
-    target = _write(os.path.join(work, "target"), "proc1001", doc)
-    bench = _write(os.path.join(work, "bench"), "proc1002", _perturb(doc, 11))
+def synthesize(work: str, records: int, ranks: int = 1) -> tuple:
+    """(target step dir, bench step dir): one ``proc*`` dir, or ``rank0..rank{ranks-1}`` when ranks > 1."""
+    if ranks == 1:
+        doc = _rank_doc(records, 7)
+        target = _write(os.path.join(work, "target"), "proc1001", doc)
+        bench = _write(os.path.join(work, "bench"), "proc1002", _perturb(doc, 11))
+        return target, bench
+    for r in range(ranks):
+        doc = _rank_doc(records, 7 + r)
+        target = _write(os.path.join(work, "target"), f"rank{r}", doc)
+        bench = _write(os.path.join(work, "bench"), f"rank{r}", _perturb(doc, 11 + r))
     return target, bench
 
 
-def _run(cmd: list, timeout: float) -> dict:
+def _run(cmd: list, timeout: float, ours: bool = True) -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the real tool is imported as ``msprobe`` too: never shadow it
+    if ours:
+        env["PYTHONPATH"] = ROOT
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT if ours else None,
+                         env=env)
     deadline = t0 + timeout
     while True:
         pid, status, ru = os.wait4(p.pid, os.WNOHANG)
@@ -90,7 +104,8 @@ def _run(cmd: list, timeout: float) -> dict:
     wall = time.perf_counter() - t0
     out = p.stdout.read().decode(errors="replace") if p.stdout else ""
     rc = os.waitstatus_to_exitcode(status)
-    return {"wall_s": round(wall, 2), "peak_rss_mb": round(ru.ru_maxrss / 1024, 1), "rc": rc,
+    return {"wall_s": round(wall, 2), "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
+            "peak_rss_mb": round(ru.ru_maxrss / 1024, 1), "rc": rc,
             "tail": out[-600:] if rc else ""}
 
 
@@ -104,7 +119,8 @@ def _rows(out_dir: str) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--records", type=int, default=100_000, help="records per rank")
+    ap.add_argument("--ranks", type=int, default=1, help="rank directories per dump (rank0..rankN-1)")
     ap.add_argument("--real", default=REAL, help="the real tool's msprobe executable ('' to skip)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to each tool")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2],
@@ -115,11 +131,12 @@ def main() -> int:
     work = args.workdir or tempfile.mkdtemp(prefix="msprobe_bench_compare_")
     try:
         t0 = time.perf_counter()
-        target, bench = synthesize(work, args.records)
-        size = os.path.getsize(os.path.join(target, "proc1001", "dump.json")) / 2**20
-        print(f"synthesized 2 x {args.records} records ({size:.1f} MiB dump.json each) in "
+        target, bench = synthesize(work, args.records, args.ranks)
+        first = "proc1001" if args.ranks == 1 else "rank0"
+        size = os.path.getsize(os.path.join(target, first, "dump.json")) / 2**20
+        print(f"synthesized 2 x {args.ranks} rank(s) x {args.records} records ({size:.1f} MiB dump.json each) in "
               f"{time.perf_counter() - t0:.1f}s under {work}")
-        res = {"records": args.records, "dump_json_mib": round(size, 1)}
+        res = {"records": args.records, "ranks": args.ranks, "dump_json_mib": round(size, 1)}
         for n in args.workers:
             key = "ours" if n == 1 else f"ours_n{n}"
             out = os.path.join(work, key)
@@ -131,7 +148,7 @@ def main() -> int:
         if args.real and os.path.exists(args.real):
             out = os.path.join(work, "out_real")
             os.makedirs(out, exist_ok=True)
-            res["real"] = _run([args.real, "compare", "-tp", target, "-gp", bench, "-o", out], args.timeout)
+            res["real"] = _run([args.real, "compare", "-tp", target, "-gp", bench, "-o", out], args.timeout, ours=False)
             res["real"]["rows"] = _rows(out)
             print("real:", json.dumps(res["real"]))
             for n in args.workers:

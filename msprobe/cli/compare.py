@@ -23,6 +23,9 @@ def register(sub) -> None:
     p.add_argument("--mode", default="auto", choices=["auto", "statistics", "md5", "tensor"],
                    help="compare mode (default: from the dumps)")
     p.add_argument("-n", "--workers", type=int, default=1, help="processes for multi-rank/multi-step compares")
+    p.add_argument("--scheduler", default=None,
+                   help="run the rank pairs as tasks on the Dask cluster at this address (tcp://host:port)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -44,11 +47,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     opts = json.loads(args.storage_options) if args.storage_options else None
     s = compare(target, bench, args.out, step=args.step, rank=args.rank, mode=args.mode, xlsx=args.xlsx,
-                workers=max(1, args.workers), plot=not args.no_plot, storage_options=opts)
+                workers=max(1, args.workers), plot=not args.no_plot, storage_options=opts,
+                scheduler=args.scheduler, progress=not args.no_progress)
     if args.json:
         print(json.dumps(s, indent=1, default=str))
     else:
-        print(f"msprobe compare ({s['mode']}): {target} vs {bench}")
+        print(f"msprobe compare ({s['mode']}, {s['backend']}): {target} vs {bench}")
         for r in s["pairs"]:
             res = ", ".join(f"{k} {v}" for k, v in sorted(r["results"].items()))
             print(f"  step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: {r['rows']} rows ({res}); "

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Optional
@@ -199,7 +200,10 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
     done = 0
     fh = open(part, "a", newline="", encoding="utf-8") if part is not None else None
     writer = fh
+    prog = c.get("progress")
     for rec_i in range(lo, hi):
+        if prog is not None and (rec_i - lo) % 1000 == 999:
+            prog.update(1000)
         if writer is not None and len(rows) >= 20000:
             _write_rows(fh, rows)
             if keep_rows:
@@ -289,7 +293,9 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
         fh.close()
         if keep_rows:
             kept.extend(rows)
-    out = {"rows": done + len(rows), "results": counts, "series": series, "first_divergence": first_div,
+    if prog is not None:
+        prog.update((hi - lo) % 1000)
+    out = {"rows": done + len(rows), "records": hi - lo, "results": counts, "series": series, "first_divergence": first_div,
            "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
            "matched_records": matched_records, "unmatched_rows": unmatched_rows,
            "row_list": kept if writer is not None else rows}
@@ -320,7 +326,7 @@ def _chunk_job(args: tuple) -> dict:
 
 
 def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, multi_step: bool = False,
-                 xlsx: bool = False, chunks: int = 1) -> dict:
+                 xlsx: bool = False, chunks: int = 1, progress: Any = None) -> dict:
     """Compare one target rank directory with one bench rank directory; writes its CSV
     (and .xlsx) and returns its summary (with ``series``: the NormRelativeErr per row).
 
@@ -329,7 +335,8 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
     data_n, data_b = _data(src_n), _data(src_b)
     cols = COLUMNS[mode]
     pairs, rest = _match(data_n, data_b)
-    _CTX.update(data_n=data_n, data_b=data_b, pairs=pairs, rest=rest, src_n=src_n, src_b=src_b, mode=mode)
+    _CTX.update(data_n=data_n, data_b=data_b, pairs=pairs, rest=rest, src_n=src_n, src_b=src_b, mode=mode,
+                progress=None)
     os.makedirs(out_dir, exist_ok=True)
     name = _csv_name(src_n, ts, multi_step)
     path = os.path.join(out_dir, name)
@@ -344,7 +351,11 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
             parts = [f"{path}.part{i}" for i in range(chunks)]
             jobs = [(bounds[i], bounds[i + 1], i == chunks - 1, parts[i]) for i in range(chunks)]
             with multiprocessing.get_context("fork").Pool(chunks) as pool:
-                results = pool.map(_chunk_job, jobs)
+                results = []
+                for r in pool.imap(_chunk_job, jobs):
+                    results.append(r)
+                    if progress is not None:
+                        progress.update(r["records"])
             for r in results:
                 r.pop("row_list", None)
             with open(path, "wb") as f:
@@ -356,6 +367,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
         else:
             with open(path, "w", newline="", encoding="utf-8") as f:
                 csv.writer(f).writerow(cols)
+            _CTX["progress"] = progress
             results = [_chunk(0, n, True, path, keep_rows=xlsx)]
             rows = results[0].pop("row_list")
     finally:
@@ -440,24 +452,162 @@ def _write_xlsx(path: str, cols: list, rows: list) -> str:
     return path
 
 
-def _pair_job(args: tuple) -> dict:
-    target, bench, so, key_n, key_b, kw = args
-    dn, db = _open(target, so), _open(bench, so)
-    src_n = next(s for s in dn.sources if s.key == key_n)
-    src_b = next(s for s in db.sources if s.key == key_b)
-    return compare_pair(src_n, src_b, **kw)
+def _is_remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def _local_dir(out_dir: str) -> str:
+    return out_dir[len("file://"):] if out_dir.startswith("file://") else out_dir
+
+
+def _publish(out_dir: str, local: str, names: list, storage_options: Optional[dict]) -> list:
+    """Upload ``names`` from the local directory ``local`` to the store ``out_dir``; their URLs."""
+    from msprobe.backends import open_store
+
+    store = open_store(out_dir, storage_options)
+    urls = []
+    for name in names:
+        with open(os.path.join(local, name), "rb") as f:
+            store.put_stream(name, f)
+        urls.append(f"{out_dir.rstrip('/')}/{name}")
+    return urls
+
+
+def _run_pair(src_n: Any, src_b: Any, out_dir: str, storage_options: Optional[dict], kw: dict,
+              progress: Any = None) -> dict:
+    """compare_pair into ``out_dir``; a remote ``out_dir`` (``s3://...``) gets the files uploaded
+    from a temporary local directory, so workers need no shared file system."""
+    if not _is_remote(out_dir):
+        return compare_pair(src_n, src_b, out_dir=_local_dir(out_dir), progress=progress, **kw)
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="msprobe_compare_")
+    try:
+        r = compare_pair(src_n, src_b, out_dir=tmp, progress=progress, **kw)
+        r["files"] = _publish(out_dir, tmp, [os.path.basename(f) for f in r["files"]], storage_options)
+        return r
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _open_one(url: str, storage_options: Optional[dict]) -> Any:
+    srcs = _open(url, storage_options).sources
+    if len(srcs) != 1:
+        raise ConfigError(f"{url} holds {len(srcs)} rank directories, expected one")
+    return srcs[0]
+
+
+def _pair_task(args: tuple) -> dict:
+    """One rank pair, opened from its URLs through msprobe.readers (a process-pool or Dask task:
+    nothing is shared with the caller but these arguments)."""
+    url_n, url_b, so, out_dir, kw = args
+    return _run_pair(_open_one(url_n, so), _open_one(url_b, so), out_dir, so, kw)
+
+
+class Progress:
+    """A progress bar on stderr: tqdm when installed, else a plain counter
+    (``\r``-rewritten on a terminal, about every 10% otherwise)."""
+
+    def __init__(self, total: int, desc: str, unit: str, enabled: bool = True):
+        import sys
+
+        self.total, self.desc, self.unit, self.n = max(total, 0), desc, unit, 0
+        self.enabled = enabled and self.total > 0
+        self._bar = None
+        self._file = sys.stderr
+        self._tty = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+        self._shown = -1
+        if self.enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self._draw()
+            else:
+                self._bar = tqdm(total=self.total, desc=desc, unit=unit, file=sys.stderr, leave=True)
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(k)
+        else:
+            self._draw()
+
+    def _draw(self) -> None:
+        tenth = self.n * 10 // self.total
+        if self._tty:
+            self._file.write(f"\r{self.desc}: {self.n}/{self.total} {self.unit}")
+        elif tenth != self._shown or self.n == self.total:
+            if tenth == self._shown:
+                return
+            self._file.write(f"{self.desc}: {self.n}/{self.total} {self.unit}\n")
+        else:
+            return
+        self._shown = tenth
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        elif self._tty:
+            self._file.write("\n")
+            self._file.flush()
+
+
+def _dask_client(client: Any, scheduler: Optional[str]) -> tuple:
+    """(client, owned): the user's Client, or one connected to ``scheduler`` (closed after)."""
+    if client is not None:
+        return client, False
+    if scheduler is None:
+        return None, False
+    from msprobe.errors import require
+
+    distributed = require("distributed", "dask")
+    return distributed.Client(scheduler), True
+
+
+def _run_dask(client: Any, jobs: list, prog: Progress) -> list:
+    from distributed import as_completed
+
+    futs = client.map(_pair_task, jobs, pure=False)
+    where = {f.key: i for i, f in enumerate(futs)}
+    results: list = [None] * len(futs)
+    try:
+        for fut in as_completed(futs):
+            results[where[fut.key]] = fut.result()
+            prog.update()
+    except BaseException:
+        client.cancel(futs)
+        raise
+    return results
 
 
 def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None, rank: Optional[int] = None,
             mode: str = "auto", xlsx: bool = False, workers: int = 1, plot: bool = True,
-            storage_options: Optional[dict] = None, timestamp: Optional[str] = None) -> dict:
+            storage_options: Optional[dict] = None, timestamp: Optional[str] = None,
+            client: Any = None, scheduler: Optional[str] = None, progress: Optional[bool] = None) -> dict:
     """Compare ``target`` with ``bench`` (paths or URLs of any dialect); writes one CSV per
-    (step,) rank, ``summary.json`` and ``compare_plot.png`` into ``out_dir``; returns the summary."""
+    (step,) rank, ``summary.json`` and ``compare_plot.png`` into ``out_dir`` (a path, or a URL:
+    files are then uploaded there); returns the summary.
+
+    Rank pairs run in-process (``workers=1``), in a local process pool (``workers`` > 1), or as
+    Dask tasks on ``client`` (a ``dask.distributed.Client``) or on a cluster at ``scheduler``
+    (``tcp://host:port``). Each pool or Dask task opens its two rank directories from their URLs
+    through :func:`msprobe.readers.open`, so workers share nothing but storage (pass picklable
+    ``storage_options``). ``progress``: a progress bar on stderr (default: when stderr is a terminal).
+    """
+    import sys
+
     if xlsx:
         try:
             import openpyxl  # noqa: F401
         except ImportError as exc:
             raise MissingDependencyError("--xlsx needs openpyxl: pip install openpyxl") from exc
+    if progress is None:
+        progress = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
     t0 = time.perf_counter()
     dn, db = _open(target, storage_options), _open(bench, storage_options)
     pairs = pair_sources(dn, db, step=step, rank=rank)
@@ -468,25 +618,59 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
         raise ConfigError(f"unknown mode {mode!r}: statistics, md5, tensor or auto")
     ts = timestamp or time.strftime("%Y%m%d%H%M%S")
     multi_step = len({a.step for a, _ in pairs}) > 1
-    kw = {"mode": mode, "out_dir": out_dir, "ts": ts, "multi_step": multi_step, "xlsx": xlsx}
-    if workers > 1 and len(pairs) > 1:
-        jobs = [(target, bench, storage_options, a.key, b.key, kw) for a, b in pairs]
-        with ProcessPoolExecutor(max_workers=min(workers, len(pairs))) as ex:
-            results = list(ex.map(_pair_job, jobs))
-    else:
-        results = [compare_pair(a, b, chunks=workers if len(pairs) == 1 else 1, **kw) for a, b in pairs]
+    kw = {"mode": mode, "ts": ts, "multi_step": multi_step, "xlsx": xlsx}
+    cl, owned = _dask_client(client, scheduler)
+    backend = "dask" if cl is not None else ("processes" if workers > 1 and len(pairs) > 1 else "in-process")
+    try:
+        if cl is not None or (workers > 1 and len(pairs) > 1):
+            jobs = [(a.url, b.url, storage_options, out_dir, kw) for a, b in pairs]
+            prog = Progress(len(pairs), "compare", "rank pairs", progress)
+            try:
+                if cl is not None:
+                    results = _run_dask(cl, jobs, prog)
+                else:
+                    with ProcessPoolExecutor(max_workers=min(workers, len(pairs))) as ex:
+                        futs = [ex.submit(_pair_task, j) for j in jobs]
+                        for f in futs:
+                            f.result()
+                            prog.update()
+                        results = [f.result() for f in futs]
+            finally:
+                prog.close()
+        else:
+            one = len(pairs) == 1
+            prog = Progress(len(_data(pairs[0][0])) if one else len(pairs), "compare",
+                            "records" if one else "rank pairs", progress)
+            results = []
+            try:
+                for a, b in pairs:
+                    results.append(_run_pair(a, b, out_dir, storage_options,
+                                             dict(kw, chunks=workers if one else 1), progress=prog if one else None))
+                    if not one:
+                        for src in (a, b):  # parsed documents are not kept across rank pairs
+                            reset = getattr(src, "_reset", None)
+                            if reset is not None:
+                                reset()
+                        prog.update()
+            finally:
+                prog.close()
+    finally:
+        if owned:
+            cl.close()
     # first divergence across ranks: the lowest record index, then (step, rank) order
     divs = [(r["first_divergence"]["record_index"], i, r) for i, r in enumerate(results) if r["first_divergence"]]
     first = None
     if divs:
         _, _, r = min(divs, key=lambda t: (t[0], t[1]))
         first = dict(r["first_divergence"], step=r["step"], rank=r["rank"], rank_dir=r["rank_dir"])
+    remote = _is_remote(out_dir)
+    local = tempfile.mkdtemp(prefix="msprobe_compare_") if remote else _local_dir(out_dir)
     plot_file = None
     plot_note = None
     if plot:
-        plot_file, plot_note = _plot(results, out_dir, ts, mode)
-    series = [r.pop("series") for r in results]
-    del series
+        plot_file, plot_note = _plot(results, local, ts, mode)
+    for r in results:
+        r.pop("series")
     summary = {
         "target": target, "bench": bench, "mode": mode, "timestamp": ts,
         "target_dialect": dn.dialect, "bench_dialect": db.dialect,
@@ -496,13 +680,21 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
                                       for r in results if r["first_nan_inf_target"]), None),
         "first_nan_inf_bench": next((dict(r["first_nan_inf_bench"], rank_dir=r["bench_rank_dir"],
                                           step=r["bench_step"]) for r in results if r["first_nan_inf_bench"]), None),
-        "plot": plot_file, "plot_note": plot_note,
+        "plot": plot_file if plot_file is None or not remote else f"{out_dir.rstrip('/')}/{os.path.basename(plot_file)}",
+        "plot_note": plot_note, "backend": backend,
         "seconds": round(time.perf_counter() - t0, 3),
     }
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as f:
+    os.makedirs(local, exist_ok=True)
+    with open(os.path.join(local, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1, default=str)
-    summary["summary_file"] = os.path.join(out_dir, "summary.json")
+    if remote:
+        try:
+            names = ["summary.json"] + ([os.path.basename(plot_file)] if plot_file else [])
+            summary["summary_file"] = _publish(out_dir, local, names, storage_options)[0]
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+    else:
+        summary["summary_file"] = os.path.join(local, "summary.json")
     return summary
 
 
