@@ -85,3 +85,131 @@ def test_npu_rms_norm_forward_and_backward_recorded(torch_npu, debugger, tmp_pat
     assert tuple(rec.output[0].shape) == (2, 4, 16) and rec.output[0].dtype == "torch.float32"
     brec = d.record("NPU.npu_rms_norm.0.backward", step=0)
     assert math.isclose(brec.output[1].stats["norm"], gf.grad.double().norm().item(), rel_tol=1e-4)
+
+
+def _run_recorded(debugger, tmp_path, fn, task="statistics"):
+    dbg = debugger(dump_path=str(tmp_path), task=task, level="L1")
+    dbg.start()
+    fn()
+    dbg.stop()
+    dbg.step()
+    return _dump_json(tmp_path)["data"]
+
+
+def test_rotary_mul_and_swiglu_forward_backward(torch_npu, debugger, tmp_path):
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 4, 8).npu().requires_grad_()
+    r1 = torch.randn(1, 3, 1, 8).npu().requires_grad_()
+    r2 = torch.randn(1, 3, 1, 8).npu().requires_grad_()
+    h = torch.randn(5, 12).npu().requires_grad_()
+
+    def body():
+        torch_npu.npu_rotary_mul(x, r1, r2).sum().backward()
+        torch_npu.npu_swiglu(h, dim=-1).pow(2).sum().backward()
+
+    data = _run_recorded(debugger, tmp_path, body)
+    xc, r1c, r2c, hc = (t.detach().cpu().requires_grad_() for t in (x, r1, r2, h))
+    x1, x2 = xc.chunk(2, -1)
+    rot = xc * r1c + torch.cat([-x2, x1], -1) * r2c
+    rot.sum().backward()
+    a, b = hc.chunk(2, -1)
+    sw = torch.nn.functional.silu(a) * b
+    sw.pow(2).sum().backward()
+    _stats_close(data["NPU.npu_rotary_mul.0.forward"]["output"][0], rot)
+    bw = data["NPU.npu_rotary_mul.0.backward"]["output"]
+    for entry, ref in zip(bw, (xc.grad, r1c.grad, r2c.grad)):
+        _stats_close(entry, ref, rel=1e-4)
+    fwd = data["NPU.npu_swiglu.0.forward"]
+    assert fwd["input_kwargs"] == {"dim": {"type": "int", "value": -1}}
+    _stats_close(fwd["output"][0], sw)
+    _stats_close(data["NPU.npu_swiglu.0.backward"]["output"][0], hc.grad, rel=1e-4)
+
+
+def test_tensor_task_saves_npu_tensors_readable_on_the_host(torch_npu, debugger, tmp_path):
+    x = torch.randn(3, 8).npu()
+    g = torch.rand(8).npu()
+    out = {}
+    data = _run_recorded(debugger, tmp_path, lambda: out.update(y=torch_npu.npu_rms_norm(x, g)[0]), task="tensor")
+    entry = data["NPU.npu_rms_norm.0.forward"]["output"][0]
+    assert entry["data_name"] == "NPU.npu_rms_norm.0.forward.output.0.pt"
+    rec = msprobe.readers.open(str(tmp_path)).record("NPU.npu_rms_norm.0.forward", step=0)
+    loaded = rec.output[0].load(framework="torch")
+    assert loaded.device.type == "cpu" and torch.equal(loaded, out["y"].cpu())
+    assert torch.equal(rec.input_args[0].load(framework="torch"), x.cpu())
+
+
+def test_statistics_of_npu_tensors_are_fetched_in_batches(torch_npu, debugger, tmp_path):
+    """Statistics stay on the device until a batch is fetched: a handful of device-to-host
+    transfers for the whole step, not one per statistic or per tensor."""
+    x = torch.randn(4, 16).npu()
+    g = torch.rand(16).npu()
+    dbg = debugger(dump_path=str(tmp_path), task="statistics", level="L1")
+    dbg.start()
+    before = torch_npu._backend.stats["d2h"]
+    for _ in range(40):
+        x = torch_npu.npu_rms_norm(x, g)[0] * 1.5
+    during = torch_npu._backend.stats["d2h"] - before
+    dbg.stop()
+    dbg.step()
+    total = torch_npu._backend.stats["d2h"] - before
+    data = _dump_json(tmp_path)["data"]
+    entries = sum(1 for r in data.values() for v in [*r.get("input_args", []), *r.get("output", [])]
+                  if isinstance(v, dict) and v.get("type") == "torch.Tensor")
+    assert entries >= 200
+    # one transfer per (kind, width, dtype, device) group at each crash-journal flush (every
+    # journal_flush records) and at publish: a few per step, against hundreds of tensors
+    flushes = len(data) // dbg._get().config.journal_flush
+    assert during <= flushes, (during, flushes)
+    assert total <= flushes + 2, total
+
+
+def test_seed_all_seeds_the_npu_and_sets_deterministic_collectives(torch_npu, monkeypatch):
+    from msprobe.pytorch import seed_all
+
+    monkeypatch.delenv("HCCL_DETERMINISTIC", raising=False)
+    monkeypatch.delenv("LCCL_DETERMINISTIC", raising=False)
+    start = len(torch_npu.npu.calls)
+    seed_all(4321, mode=False, rm_dropout=False)
+    assert ("manual_seed", 4321) in torch_npu.npu.calls[start:] and ("manual_seed_all", 4321) in torch_npu.npu.calls
+    assert "HCCL_DETERMINISTIC" not in os.environ
+    try:
+        seed_all(5, mode=True, rm_dropout=False)
+        assert os.environ["HCCL_DETERMINISTIC"] == "true" and os.environ["LCCL_DETERMINISTIC"] == "1"
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_npu_available(torch_npu):
+    from msprobe.dumpers.pytorch import npu_available
+
+    assert npu_available() is True
+
+
+_NO_NPU = r"""
+import sys, json
+import torch
+from msprobe.dumpers.pytorch import PrecisionDebugger, npu_available, seed_all
+dbg = PrecisionDebugger(dump_path=sys.argv[1], task="statistics", level="L1")
+seed_all(3, rm_dropout=False)
+dbg.start()
+torch.nn.functional.relu(torch.randn(3))
+dbg.stop(); dbg.step()
+print(json.dumps({"mods": sorted(m for m in sys.modules if m.split(".")[0] == "torch_npu"),
+                  "available": npu_available(), "backend": torch._C._get_privateuse1_backend_name(),
+                  "npu_attr": hasattr(torch, "npu")}))
+"""
+
+
+def test_without_torch_npu_nothing_of_it_is_imported(tmp_path):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root)
+    res = subprocess.run([sys.executable, "-c", _NO_NPU, str(tmp_path)], capture_output=True, text=True,
+                         env=env, cwd=str(tmp_path), timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"mods": [], "available": False, "backend": "privateuseone", "npu_attr": False}
+    assert "Functional.relu.0.forward" in _dump_json(tmp_path)["data"]
