@@ -213,3 +213,43 @@ def test_without_torch_npu_nothing_of_it_is_imported(tmp_path):
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got == {"mods": [], "available": False, "backend": "privateuseone", "npu_attr": False}
     assert "Functional.relu.0.forward" in _dump_json(tmp_path)["data"]
+
+
+def test_fusion_attention_bf16_gqa_forward_backward(torch_npu, debugger, tmp_path):
+    torch.manual_seed(2)
+    B, N, NKV, S, D = 2, 4, 2, 6, 8
+    q = torch.randn(B, S, N * D).bfloat16()
+    k = torch.randn(B, S, NKV * D).bfloat16()
+    v = torch.randn(B, S, NKV * D).bfloat16()
+    mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1)
+    w = torch.randn(B, S, N * D)
+    qn, kn, vn = (t.npu().requires_grad_() for t in (q, k, v))
+    out = {}
+
+    def body():
+        res = torch_npu.npu_fusion_attention(qn, kn, vn, N, "BSH", atten_mask=mask.npu(), scale=D ** -0.5)
+        out["res"] = res
+        (res[0].float() * w.npu()).sum().backward()
+
+    data = _run_recorded(debugger, tmp_path, body)
+    fwd = data["NPU.npu_fusion_attention.0.forward"]
+    assert [a.get("type") for a in fwd["input_args"]] == ["torch.Tensor"] * 3 + ["int", "str"]
+    assert fwd["input_kwargs"]["atten_mask"]["dtype"] == "torch.bool"
+    o = fwd["output"]
+    assert [e["dtype"] for e in o[:4]] == ["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16"]
+    assert o[1]["shape"] == [B, N, S, 8] and o[3]["shape"] == [0] and o[3]["Max"] is None
+    assert o[4:] == [{"type": "int", "value": 0}] * 3  # seed, offset, numels
+
+    def split(t, n):
+        return t.float().reshape(B, S, n, D).transpose(1, 2).detach().requires_grad_()
+
+    qc, kc, vc = split(q, N), split(k, NKV), split(v, NKV)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        qc, kc.repeat_interleave(N // NKV, 1), vc.repeat_interleave(N // NKV, 1), attn_mask=~mask, scale=D ** -0.5)
+    ref = ref.transpose(1, 2).reshape(B, S, N * D)
+    (ref.bfloat16().float() * w).sum().backward()
+    _stats_close(o[0], ref.bfloat16(), rel=2e-2)
+    bwd = data["NPU.npu_fusion_attention.0.backward"]
+    assert bwd["input"][0]["dtype"] == "torch.bfloat16" and all(g is None for g in bwd["input"][1:])
+    for entry, ref_g, n in zip(bwd["output"][:3], (qc.grad, kc.grad, vc.grad), (N, NKV, NKV)):
+        _stats_close(entry, ref_g.transpose(1, 2).reshape(B, S, n * D).bfloat16(), rel=3e-2)
