@@ -103,7 +103,8 @@ def main():
                                                       and callable(getattr(torch.Tensor, n, None))
                                                       and not isinstance(getattr(torch.Tensor, n), property)
                                                       and not n.startswith("is_") and not n.startswith("to_sparse")
-                                                      and not n.startswith("_"))} | DUNDER_OPS)
+                                                      and not n.startswith("_"))} | DUNDER_OPS
+                    | {"npu"})  # Tensor.npu exists once torch_npu is imported: recorded like Tensor.cuda
     vf_names = set(dir(torch._C._VariableFunctions))
     import torch.functional as tf
     torch_ops = sorted({n for n in public_ops(torch, TORCH_SKIP)

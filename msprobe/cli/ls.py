@@ -19,6 +19,10 @@ def run(args) -> int:
     opts = json.loads(args.storage_options) if args.storage_options else None
     d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
     s = d.summary()
+    kernel = d.kernel_dumps()
+    if kernel:  # level L2: the Ascend runtime's files, listed but not decoded
+        s["kernel_dumps"] = [{"step": k.step, "timestamp": k.timestamp, "device": k.device, "name": k.name,
+                              "size": k.size} for k in kernel]
     if args.json:
         print(json.dumps(s, indent=1, default=str))
         return 0
@@ -37,6 +41,10 @@ def run(args) -> int:
     print("  " + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for row in rows:
         print("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)))
+    if kernel:
+        steps = sorted({k.step for k in kernel})
+        print(f"  kernel dump (L2): {len(kernel)} file(s), {sum(k.size for k in kernel)} bytes, step(s) "
+              f"{_ranges(steps)}; opaque binaries in the Ascend runtime's dump format (not decoded)")
     return 0
 
 

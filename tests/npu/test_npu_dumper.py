@@ -36,6 +36,7 @@ def _rms_reference(x, g, eps):
 def test_fake_npu_is_a_privateuse1_device_with_the_real_schemas(torch_npu):
     x = torch.randn(2, 3).npu()
     assert x.device == torch.device("npu", 0) and x.is_npu and str(x.device) == "npu:0"
+    assert x.type() == "torch.npu.FloatTensor" and x.double().type() == "torch.npu.DoubleTensor"
     assert torch._C._get_privateuse1_backend_name() == "npu" and torch.npu.is_available()
     assert (x * 2).cpu().equal(x.cpu() * 2)
     ops_file = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "data", "torch_npu_ops.txt")
@@ -253,3 +254,9 @@ def test_fusion_attention_bf16_gqa_forward_backward(torch_npu, debugger, tmp_pat
     assert bwd["input"][0]["dtype"] == "torch.bfloat16" and all(g is None for g in bwd["input"][1:])
     for entry, ref_g, n in zip(bwd["output"][:3], (qc.grad, kc.grad, vc.grad), (N, NKV, NKV)):
         _stats_close(entry, ref_g.transpose(1, 2).reshape(B, S, n * D).bfloat16(), rel=3e-2)
+
+
+def test_tensor_npu_is_recorded_like_tensor_cuda(torch_npu, debugger, tmp_path):
+    data = _run_recorded(debugger, tmp_path, lambda: torch.ones(3).npu())
+    rec = data["Tensor.npu.0.forward"]
+    assert rec["input_args"][0]["dtype"] == "torch.float32" and rec["output"][0]["Max"] == 1.0

@@ -111,3 +111,18 @@ def test_without_torch_npu_or_npu_l2_is_a_typed_error(torch_npu, debugger, tmp_p
     with pytest.raises(MissingDependencyError, match="torch_npu") as ei:
         _l2(debugger, tmp_path, ["NPU.npu_rms_norm.0.forward"])
     assert isinstance(ei.value, MsprobeError) and isinstance(ei.value, ImportError)
+
+
+def test_msprobe_ls_lists_kernel_dumps(torch_npu, debugger, tmp_path, capsys):
+    from msprobe.cli import main
+
+    dbg = _l2(debugger, tmp_path, ["NPU.npu_rms_norm.0.forward"])
+    _run(dbg, torch_npu, steps=1, calls=1)
+    capsys.readouterr()
+    main(["ls", str(tmp_path / "dump")])
+    out = capsys.readouterr().out
+    assert "kernel dump (L2): 1 file(s)" in out and "not decoded" in out
+    main(["ls", "--json", str(tmp_path / "dump")])
+    got = json.loads(capsys.readouterr().out)
+    assert [(k["step"], k["device"]) for k in got["kernel_dumps"]] == [(0, 0)]
+    assert got["kernel_dumps"][0]["name"].startswith("NpuRmsNorm.")
