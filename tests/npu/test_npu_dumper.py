@@ -257,6 +257,7 @@ def test_fusion_attention_bf16_gqa_forward_backward(torch_npu, debugger, tmp_pat
 
 
 def test_tensor_npu_is_recorded_like_tensor_cuda(torch_npu, debugger, tmp_path):
-    data = _run_recorded(debugger, tmp_path, lambda: torch.ones(3).npu())
+    data = _run_recorded(debugger, tmp_path, lambda: (torch.ones(3).npu(), torch.ones(2).to(torch.device("npu", 0))))
     rec = data["Tensor.npu.0.forward"]
     assert rec["input_args"][0]["dtype"] == "torch.float32" and rec["output"][0]["Max"] == 1.0
+    assert data["Tensor.to.0.forward"]["input_args"][1] == {"type": "torch.device", "value": "npu:0"}
