@@ -25,6 +25,9 @@ def register(sub) -> None:
     p.add_argument("-n", "--workers", type=int, default=1, help="processes for multi-rank/multi-step compares")
     p.add_argument("--scheduler", default=None,
                    help="run the rank pairs as tasks on the Dask cluster at this address (tcp://host:port)")
+    p.add_argument("--match", default="auto", choices=["auto", "names", "structure"],
+                   help="record matching: names, then the construct tree when call counts differ (auto); "
+                        "names only; or always the tree")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
@@ -48,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     opts = json.loads(args.storage_options) if args.storage_options else None
     s = compare(target, bench, args.out, step=args.step, rank=args.rank, mode=args.mode, xlsx=args.xlsx,
                 workers=max(1, args.workers), plot=not args.no_plot, storage_options=opts,
-                scheduler=args.scheduler, progress=not args.no_progress)
+                scheduler=args.scheduler, progress=not args.no_progress,
+                structural={"auto": "auto", "names": False, "structure": True}[args.match])
     if args.json:
         print(json.dumps(s, indent=1, default=str))
     else:
@@ -58,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: {r['rows']} rows ({res}); "
                   f"records {r['matched_records']}/{r['records']} matched, {r['unmatched_bench_records']} "
                   f"bench-only -> {os.path.basename(r['files'][0])}")
+            if r["matched_by"].get("structural") or r["matched_by"].get("dialect"):
+                print(f"    matched by name {r['matched_by']['exact']}, across dialects {r['matched_by']['dialect']},"
+                      f" by structure {r['matched_by']['structural']}")
         fd = s["first_divergence"]
         if fd:
             print(f"first divergence: {fd['row']} (step {fd['step']}, {fd['rank_dir']}, record #{fd['record_index']},"

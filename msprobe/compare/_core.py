@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Optional
 
+from msprobe.compare._match import match_records
 from msprobe.compare._rows import (
     COLUMNS,
     leaf_side,
@@ -31,6 +32,8 @@ CHUNK_MIN_RECORDS = 2000
 #: does not flag in md5 mode (in-place writes and dtype casts)
 MD5_EXEMPT = {"Tensor.__setitem__", "Tensor.to"}
 COSINE_THRESHOLD = 0.99
+#: unmatched record names listed per side and rank pair in the summary (all are in the CSV)
+UNMATCHED_LISTED = 1000
 _NA = "N/A"
 
 
@@ -137,33 +140,11 @@ def _nonfinite(side: Any) -> bool:
     return False
 
 
-def _match(data_n: dict, data_b: dict) -> tuple:
-    """([(target name, bench name or None)] in target order, [unmatched bench names])."""
-    used: set = set()
-    by_norm: dict = {}
-    for nm in data_b:
-        by_norm.setdefault(norm_record_name(nm), []).append(nm)
-    pos = {k: 0 for k in by_norm}
-    pairs = []
-    for nm in data_n:
-        if nm in data_b and nm not in used:
-            used.add(nm)
-            pairs.append((nm, nm))
-            continue
-        key = norm_record_name(nm)
-        cands = by_norm.get(key)
-        got = None
-        if cands:
-            i = pos[key]
-            while i < len(cands) and cands[i] in used:
-                i += 1
-            pos[key] = i
-            if i < len(cands):
-                got = cands[i]
-                used.add(got)
-        pairs.append((nm, got))
-    rest = [nm for nm in data_b if nm not in used]
-    return pairs, rest
+def _parents(src: Any) -> dict:
+    try:
+        return src.parents() or {}
+    except Exception:  # noqa: BLE001 - no or unreadable construct.json: match by names
+        return {}
 
 
 def _csv_name(src: Any, ts: str, multi_step: bool) -> str:
@@ -338,7 +319,7 @@ def _chunk_job(args: tuple) -> dict:
 
 
 def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, multi_step: bool = False,
-                 xlsx: bool = False, chunks: int = 1, progress: Any = None) -> dict:
+                 xlsx: bool = False, chunks: int = 1, progress: Any = None, structural: Any = "auto") -> dict:
     """Compare one target rank directory with one bench rank directory; writes its CSV
     (and .xlsx) and returns its summary (with ``series``: the NormRelativeErr per row).
 
@@ -346,7 +327,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
     copy-on-write), each writing a part of the CSV that is then concatenated in order."""
     data_n, data_b = _data(src_n), _data(src_b)
     cols = COLUMNS[mode]
-    pairs, rest = _match(data_n, data_b)
+    pairs, rest, how = match_records(data_n, data_b, _parents(src_n), _parents(src_b), structural)
     _CTX.update(data_n=data_n, data_b=data_b, pairs=pairs, rest=rest, src_n=src_n, src_b=src_b, mode=mode,
                 progress=None)
     os.makedirs(out_dir, exist_ok=True)
@@ -411,7 +392,9 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
         "files": files, "rows": offset,
         "records": len(data_n), "bench_records": len(data_b), "matched_records": matched,
         "unmatched_records": len(pairs) - matched, "unmatched_bench_records": len(rest),
-        "unmatched_rows": sum(r["unmatched_rows"] for r in results), "results": counts,
+        "unmatched_rows": sum(r["unmatched_rows"] for r in results), "results": counts, "matched_by": how,
+        "unmatched": {"target": [nm for nm, bm in pairs if bm is None][:UNMATCHED_LISTED],
+                      "bench": rest[:UNMATCHED_LISTED]},
         **first, "series": series,
     }
 
@@ -600,7 +583,8 @@ def _run_dask(client: Any, jobs: list, prog: Progress) -> list:
 def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None, rank: Optional[int] = None,
             mode: str = "auto", xlsx: bool = False, workers: int = 1, plot: bool = True,
             storage_options: Optional[dict] = None, timestamp: Optional[str] = None,
-            client: Any = None, scheduler: Optional[str] = None, progress: Optional[bool] = None) -> dict:
+            client: Any = None, scheduler: Optional[str] = None, progress: Optional[bool] = None,
+            structural: Any = "auto") -> dict:
     """Compare ``target`` with ``bench`` (paths or URLs of any dialect); writes one CSV per
     (step,) rank, ``summary.json`` and ``compare_plot.png`` into ``out_dir`` (a path, or a URL:
     files are then uploaded there); returns the summary.
@@ -610,6 +594,10 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     (``tcp://host:port``). Each pool or Dask task opens its two rank directories from their URLs
     through :func:`msprobe.readers.open`, so workers share nothing but storage (pass picklable
     ``storage_options``). ``progress``: a progress bar on stderr (default: when stderr is a terminal).
+
+    Records match by full name, then across dialects, then (``structural="auto"``, module-level
+    dumps whose call counts differ) by the construct tree and execution order; ``True`` forces the
+    tree alignment, ``False`` names only (see :mod:`msprobe.compare._match`).
     """
     import sys
 
@@ -630,7 +618,9 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
         raise ConfigError(f"unknown mode {mode!r}: statistics, md5, tensor or auto")
     ts = timestamp or time.strftime("%Y%m%d%H%M%S")
     multi_step = len({a.step for a, _ in pairs}) > 1
-    kw = {"mode": mode, "ts": ts, "multi_step": multi_step, "xlsx": xlsx}
+    if structural not in ("auto", True, False):
+        raise ConfigError(f"structural must be 'auto', True or False, not {structural!r}")
+    kw = {"mode": mode, "ts": ts, "multi_step": multi_step, "xlsx": xlsx, "structural": structural}
     cl, owned = _dask_client(client, scheduler)
     backend = "dask" if cl is not None else ("processes" if workers > 1 and len(pairs) > 1 else "in-process")
     try:
