@@ -143,3 +143,31 @@ def test_match_records_equal_counts_use_names():
     pairs, rest, how = match_records(data, dict(data), {k: None for k in data}, {k: None for k in data})
     assert pairs == [("A.x.0.forward", "A.x.0.forward"), ("A.x.1.forward", "A.x.1.forward")]
     assert how == {"exact": 2, "dialect": 0, "structural": 0} and rest == []
+
+
+CROSS = os.path.join(REAL, "compare_outputs", "cross_dialect")
+
+
+def _unmatched_rows(rows: list) -> set:
+    return {r["NPU Name"] if r["NPU Name"] != "N/A" else "bench:" + r["Bench Name"]
+            for r in rows if "N/A" in (r["NPU Name"], r["Bench Name"])}
+
+
+@pytest.mark.parametrize("scen", ["L0_statistics", "mix_statistics", "L1_statistics"])
+def test_cross_dialect_matches_what_the_real_tool_leaves_unmatched(tmp_path, scen):
+    """8.1.1 dump vs 26.2.0 dump of the same script: every row the real tool (26.2.0, run by
+    run_real.sh) leaves unmatched because of naming (parameters_grad with/without its count) is
+    matched by ours; what stays unmatched is only what one version alone dumps."""
+    (real_csv,) = glob.glob(os.path.join(CROSS, scen, "compare_result_*.csv"))
+    real = _unmatched_rows(_rows(real_csv))
+    s = compare(os.path.join(REAL, "ms8", scen, "step0"), os.path.join(REAL, "ms26", scen, "step0"),
+                str(tmp_path), plot=False, progress=False)
+    (p,) = s["pairs"]
+    ours = _unmatched_rows(_rows(p["files"][0]))
+    naming = {n for n in real if ".parameters_grad" in n}
+    if scen != "L1_statistics":
+        assert naming  # the real tool does leave these unmatched
+    assert ours <= real and not (ours & naming)
+    # what remains: records that only 8.1.1 dumps (its view_as backward hooks, the autograd seed)
+    assert {n.split(".")[1] for n in ours} <= {"view_as", "ones_like"}
+    assert ours == real - naming
