@@ -88,9 +88,9 @@ def _run(cmd: list, timeout: float, ours: bool = True) -> dict:
     env.pop("PYTHONPATH", None)  # the real tool is imported as ``msprobe`` too: never shadow it
     if ours:
         env["PYTHONPATH"] = ROOT
+    log = tempfile.TemporaryFile()  # not a pipe: a chatty tool would block on a full pipe while we poll
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT if ours else None,
-                         env=env)
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT if ours else None, env=env)
     deadline = t0 + timeout
     while True:
         pid, status, ru = os.wait4(p.pid, os.WNOHANG)
@@ -102,7 +102,9 @@ def _run(cmd: list, timeout: float, ours: bool = True) -> dict:
             return {"wall_s": None, "timeout_s": timeout, "peak_rss_mb": ru.ru_maxrss / 1024, "rc": None}
         time.sleep(0.02)
     wall = time.perf_counter() - t0
-    out = p.stdout.read().decode(errors="replace") if p.stdout else ""
+    log.seek(0)
+    out = log.read().decode(errors="replace")
+    log.close()
     rc = os.waitstatus_to_exitcode(status)
     return {"wall_s": round(wall, 2), "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
             "peak_rss_mb": round(ru.ru_maxrss / 1024, 1), "rc": rc,
@@ -127,11 +129,15 @@ def main() -> int:
                     help="our -n values to time (1: one process; n: the rank split over n forked processes)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--reuse", action="store_true", help="use the dumps already in --workdir (from --keep)")
     args = ap.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="msprobe_bench_compare_")
     try:
         t0 = time.perf_counter()
-        target, bench = synthesize(work, args.records, args.ranks)
+        if args.reuse and os.path.isdir(os.path.join(work, "target", "step0")):
+            target, bench = os.path.join(work, "target", "step0"), os.path.join(work, "bench", "step0")
+        else:
+            target, bench = synthesize(work, args.records, args.ranks)
         first = "proc1001" if args.ranks == 1 else "rank0"
         size = os.path.getsize(os.path.join(target, first, "dump.json")) / 2**20
         print(f"synthesized 2 x {args.ranks} rank(s) x {args.records} records ({size:.1f} MiB dump.json each) in "
