@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
+from msprobe.dumpers.pytorch._dumper import _first_tensor, _get_rank
 from msprobe.errors import ConfigError, MissingDependencyError
 
 __all__ = ["KernelDumper", "KERNEL_CONFIG_NAME"]
@@ -36,22 +37,8 @@ def _say(msg: str) -> None:
     print(f"[msprobe] {msg}", flush=True)
 
 
-def _first_tensor(value: Any) -> Optional[Any]:
-    import torch
-
-    stack = [value]
-    while stack:
-        v = stack.pop(0)
-        if isinstance(v, torch.Tensor):
-            return v
-        if isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-    return None
-
-
 def _on_npu(values: Any) -> bool:
+    """Whether any tensor in (nested) ``values`` is on an NPU."""
     import torch
 
     stack = [values]
@@ -233,13 +220,3 @@ class KernelDumper:
         t.grad_fn.register_prehook(pre)
         t.grad_fn.register_hook(post)
 
-
-def _get_rank() -> Optional[int]:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except Exception:
-        pass
-    return None
