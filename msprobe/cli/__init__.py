@@ -26,6 +26,7 @@ SUBCOMMAND_MODULES = [
     "msprobe.cli.compare",
     "msprobe.cli.run_ut",
     "msprobe.cli.api_precision_compare",
+    "msprobe.cli.lake",
 ]
 
 

@@ -1,0 +1,235 @@
+"""``msprobe lake ls|index|sql|nan|diverge|disagree|trend ROOT``: the runs under a root as one lake."""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _common(p, *, build: bool = True) -> None:
+    p.add_argument("root", help="the lake root (a directory or URL holding one directory per run)")
+    p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    if build:
+        p.add_argument("--scheduler", default=None,
+                       help="address of a Dask scheduler (tcp://host:8786) to run the tasks on")
+        p.add_argument("--workers", type=int, default=None,
+                       help="worker processes of the LocalCluster started for big jobs (default: CPU count)")
+        p.add_argument("--no-cluster", action="store_true", help="never start a LocalCluster: run tasks here")
+        p.add_argument("--refresh", default="missing", choices=["missing", "check", "all", "none"],
+                       help="which rank directories to (re)index before answering (default: missing)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lake", help="many runs x steps x ranks as one dataset: catalog, SQL and questions")
+    lsub = p.add_subparsers(dest="lake_command", metavar="QUESTION")
+    q = lsub.add_parser("ls", help="the run catalog (read from ROOT/_lake/catalog.json; built when absent)")
+    _common(q)
+    q.add_argument("--rebuild", action="store_true", help="discover and index before listing")
+    q.set_defaults(func=run_ls)
+    q = lsub.add_parser("index", help="discover runs and build the missing Parquet indexes")
+    _common(q)
+    q.set_defaults(func=run_index)
+    q = lsub.add_parser("sql", help="a DuckDB query over the views lake, lake_records, catalog, manifest")
+    _common(q)
+    q.add_argument("query", help='e.g. "SELECT run, count(*) FROM lake GROUP BY run"')
+    q.add_argument("--csv", default=None, help="write the result to this CSV file too")
+    q.set_defaults(func=run_sql)
+    q = lsub.add_parser("nan", help="the first NaN/Inf of each run and rank")
+    _common(q)
+    q.add_argument("--run", action="append", default=None, help="only this run (repeatable)")
+    q.set_defaults(func=run_nan)
+    q = lsub.add_parser("diverge", help="the first record where two runs diverge, over all ranks (compare)")
+    _common(q)
+    q.add_argument("run_a", help="the target run")
+    q.add_argument("run_b", help="the bench run")
+    q.add_argument("--step", type=int, default=None)
+    q.add_argument("--rank", type=int, default=None)
+    q.add_argument("--mode", default="auto", choices=["auto", "statistics", "md5", "tensor"])
+    q.add_argument("--out", default=None, help="keep compare's CSVs in this directory")
+    q.add_argument("--all-steps", action="store_true", help="compare every step, not only up to the first divergence")
+    q.set_defaults(func=run_diverge)
+    q = lsub.add_parser("disagree", help="ranks whose statistic differs from the others' (data-parallel grads)")
+    _common(q)
+    q.add_argument("--run", action="append", default=None)
+    q.add_argument("--step", type=int, action="append", default=None)
+    q.add_argument("--kind", default="parameters_grad", help="record kind compared ('all' for every record)")
+    q.add_argument("--record", default=None, help="a record name or glob")
+    q.add_argument("--stat", default="norm", choices=["max", "min", "mean", "norm"])
+    q.add_argument("--rtol", type=float, default=1e-6)
+    q.add_argument("--atol", type=float, default=0.0)
+    q.set_defaults(func=run_disagree)
+    q = lsub.add_parser("trend", help="a record's statistic over steps (table, and a PNG with --plot)")
+    _common(q)
+    q.add_argument("record", help="a record name or glob")
+    q.add_argument("--stat", default="norm", choices=["max", "min", "mean", "norm"])
+    q.add_argument("--arg", default=None, help="the argument (output.0, weight.0...; default: output.0 or the first)")
+    q.add_argument("--run", action="append", default=None)
+    q.add_argument("--rank", type=int, action="append", default=None)
+    q.add_argument("--plot", default=None, help="write the plot to this PNG file")
+    q.set_defaults(func=run_trend)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _opts(args):
+    return json.loads(args.storage_options) if args.storage_options else None
+
+
+def _open(args):
+    import msprobe.lake
+
+    progress = None if args.json else (lambda what: print(f"lake: {what}", file=sys.stderr))
+    return msprobe.lake.open(args.root, _opts(args), client=args.scheduler, workers=args.workers,
+                             local=False if args.no_cluster else "auto", refresh=args.refresh, progress=progress)
+
+
+def _print_df(df, as_json: bool) -> None:
+    if as_json:
+        print(df.to_json(orient="records", indent=1, default_handler=str))
+        return
+    if df.empty:
+        print("(no rows)")
+        return
+    import pandas as pd
+
+    with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
+        print(df.to_string(index=False))
+
+
+def _fmt_bytes(n) -> str:
+    n = float(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def run_ls(args) -> int:
+    from msprobe.lake import read_catalog
+
+    runs = None if args.rebuild else read_catalog(args.root, _opts(args))
+    if runs is None:
+        lake = _open(args)
+        runs = lake.catalog_rows
+        lake.close()
+    if args.json:
+        print(json.dumps(runs, indent=1, default=str))
+        return 0
+    if not runs:
+        print(f"{args.root}: no runs")
+        return 0
+    head = ["run", "dialect", "framework", "task", "level", "steps", "ranks", "records", "bytes", "from", "to"]
+    rows = [[str(r.get("run")), str(r.get("dialect")), str(r.get("framework")), str(r.get("task")), str(r.get("level")),
+             f"{r.get('steps')} ({r.get('step_min')}-{r.get('step_max')})", str(r.get("ranks")), str(r.get("records")),
+             _fmt_bytes(r.get("bytes")), str(r.get("time_start")), str(r.get("time_end"))] for r in runs]
+    widths = [max(len(h), *(len(x[i]) for x in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    for x in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(x, widths)))
+    return 0
+
+
+def run_index(args) -> int:
+    lake = _open(args)
+    try:
+        s = dict(lake.stats, seconds=round(lake.timings["total_s"], 3))
+        print(json.dumps(s) if args.json else
+              f"{s['runs']} run(s), {s['rank_dirs']} rank dir(s): indexed {s['indexed']}, "
+              f"recovered {s['recovered']}, removed {s['removed']}, compacted {s['compacted']} step(s) "
+              f"({s['executor']}, {s['seconds']} s)")
+    finally:
+        lake.close()
+    return 0
+
+
+def run_sql(args) -> int:
+    lake = _open(args)
+    try:
+        df = lake.sql(args.query)
+        if df is None:
+            return 0
+        if args.csv:
+            df.to_csv(args.csv, index=False)
+        _print_df(df, args.json)
+    finally:
+        lake.close()
+    return 0
+
+
+def run_nan(args) -> int:
+    lake = _open(args)
+    try:
+        df = lake.first_nan(run=args.run)
+        if df.empty and not args.json:
+            print("no NaN or Inf in any statistic")
+            return 0
+        _print_df(df, args.json)
+    finally:
+        lake.close()
+    return 0
+
+
+def run_diverge(args) -> int:
+    lake = _open(args)
+    try:
+        res = lake.diverge(args.run_a, args.run_b, step=args.step, rank=args.rank, mode=args.mode, out=args.out,
+                           all_steps=args.all_steps)
+    finally:
+        lake.close()
+    if args.json:
+        print(json.dumps(res, indent=1, default=str))
+        return 0
+    f = res["first"]
+    print(f"{res['run_a']} vs {res['run_b']} ({res['mode']}): {res['pairs_compared']} rank pair(s) in "
+          f"step(s) {res['steps_compared']}")
+    if f is None:
+        print("no divergence")
+        return 0
+    print(f"first divergence: step {f['step']} {f['rank_dir']} record {f['record']} (row {f['row']}, "
+          f"record #{f['record_index']}, {f['result']})")
+    nre = f["metrics"].get("NormRelativeErr")
+    if nre is not None:
+        print(f"  NormRelativeErr {nre}")
+    if len(res["ranks"]) > 1:
+        print("diverging ranks of that step:")
+        for r in res["ranks"]:
+            print(f"  step {r['step']} {r['rank_dir']}: {r['record']} (record #{r['record_index']})")
+    return 0
+
+
+def run_disagree(args) -> int:
+    lake = _open(args)
+    try:
+        df = lake.disagree(run=args.run, step=args.step, kind=None if args.kind == "all" else args.kind,
+                           record=args.record, stat=args.stat, rtol=args.rtol, atol=args.atol)
+        if df.empty and not args.json:
+            print("every rank agrees")
+            return 0
+        _print_df(df, args.json)
+    finally:
+        lake.close()
+    return 0
+
+
+def run_trend(args) -> int:
+    lake = _open(args)
+    try:
+        df = lake.trend(args.record, stat=args.stat, arg=args.arg, run=args.run, rank=args.rank, plot=args.plot)
+    finally:
+        lake.close()
+    if args.json:
+        print(json.dumps({"record": args.record, "arg": df.attrs["arg"], "stat": args.stat, "plot": df.attrs["plot"],
+                          "plot_note": df.attrs["plot_note"], "rows": json.loads(df.to_json(orient="records"))},
+                         indent=1))
+        return 0
+    wide = df.pivot_table(index="step", columns=["run", "rank_dir"], values="value", aggfunc="first")
+    print(f"{args.record} {df.attrs['arg']} {args.stat} by step:")
+    import pandas as pd
+
+    with pd.option_context("display.max_columns", 20, "display.width", 200):
+        print(wide.to_string())
+    if df.attrs["plot"]:
+        print(f"plot: {df.attrs['plot']}")
+    elif args.plot:
+        print(f"no plot: {df.attrs['plot_note']}", file=sys.stderr)
+    return 0

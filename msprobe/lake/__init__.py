@@ -1,0 +1,52 @@
+"""The lake: many runs x steps x ranks of msprobe dumps as one queryable dataset.
+
+>>> import msprobe.lake
+>>> lake = msprobe.lake.open("s3://team-dumps", storage_options={...})   # doctest: +SKIP
+>>> lake.catalog                          # one row per run: framework, task, level, steps, ranks, bytes...
+>>> lake.sql("SELECT run, count(*) FROM lake GROUP BY run")               # doctest: +SKIP
+>>> lake.first_nan()                      # first NaN/Inf per run and rank                   # doctest: +SKIP
+>>> lake.diverge("run_npu", "run_gpu")    # first record where two runs diverge (compare)   # doctest: +SKIP
+>>> lake.disagree()                       # data-parallel ranks whose grad Norm differs     # doctest: +SKIP
+>>> lake.trend("Module.fc.Linear.parameters_grad", stat="norm", plot="trend.png")        # doctest: +SKIP
+
+Layout under the root (the dumps themselves are only read)::
+
+    ROOT/<run>/step<N>/rank<R>/dump.json ...            the runs, any dialect
+    ROOT/_lake/index/run=<run>/step=<N>/rank=<R>/records.parquet   one index per rank dir
+    ROOT/_lake/index/run=<run>/step=<N>/_compact.parquet           a step's ranks merged
+    ROOT/_lake/manifest.parquet                          one row per rank dir (what was indexed)
+    ROOT/_lake/catalog.json, catalog.parquet             one row per run
+
+Index files are :mod:`msprobe.readers.index` files (same schema and metadata), so
+``msprobe.readers.open(ROOT + "/_lake/index")`` reads the lake too. Importing this
+package imports neither pyarrow nor duckdb nor dask.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["open", "Lake", "LAKE_DIR", "read_catalog"]
+
+LAKE_DIR = "_lake"
+
+
+def open(root: Any, storage_options: Any = None, client: Any = None, **kwargs: Any) -> "Lake":  # noqa: A001
+    """Open (and index what is missing of) the lake at ``root``; see :class:`Lake`."""
+    from msprobe.lake._lake import Lake
+
+    return Lake(root, storage_options=storage_options, client=client, **kwargs)
+
+
+def read_catalog(root: Any, storage_options: Any = None) -> Any:
+    """The persisted run catalog (a list of dicts) without opening the lake; None when absent."""
+    from msprobe.lake._core import read_catalog as _read
+
+    return _read(root, storage_options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Lake":
+        from msprobe.lake._lake import Lake
+
+        return Lake
+    raise AttributeError(name)

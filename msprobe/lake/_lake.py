@@ -1,0 +1,464 @@
+"""``Lake``: the runs under a root as one partitioned pyarrow dataset, with DuckDB SQL on top."""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Optional
+
+from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError, StoragePermissionError, require
+from msprobe.lake import _core
+from msprobe.lake._dask import Runner
+
+__all__ = ["Lake"]
+
+_REFRESH = ("missing", "check", "all", "none")
+
+
+class Lake:
+    """A lake root: discovered runs, their Parquet indexes, a catalog, and queries.
+
+    Opening discovers runs (directories below ``root`` that hold step<N>/rank<R> dumps of
+    any dialect), their steps and rank directories (listings only; no tensor is read),
+    builds the index of every rank directory that has none yet as Dask tasks, merges each
+    step's rank indexes into one ``_compact.parquet`` and writes the manifest and the run
+    catalog under ``ROOT/_lake/``.
+
+    ``client``: a ``dask.distributed.Client`` or a scheduler address; without one, jobs of
+    :data:`msprobe.lake._dask.LOCAL_CLUSTER_MIN_TASKS` tasks or more start a
+    ``LocalCluster`` of ``workers`` processes (``local=False``: never; ``True``: always).
+    ``refresh``: ``"missing"`` (index rank directories without an index), ``"check"``
+    (also re-index those whose document changed size), ``"all"`` (re-index everything),
+    ``"none"`` (read what is indexed; build nothing). ``batch``: rank directories per task.
+    ``duckdb_config``: settings for DuckDB connections (default ``threads``/``memory_limit``).
+    """
+
+    def __init__(self, root: Any, storage_options: Optional[dict] = None, client: Any = None, *,
+                 refresh: str = "missing", workers: Optional[int] = None, local: Any = "auto", batch: int = 32,
+                 max_depth: int = 3, duckdb_config: Optional[dict] = None, progress: Any = None):
+        if refresh not in _REFRESH:
+            raise ConfigError(f"refresh={refresh!r}: valid values are {', '.join(_REFRESH)}")
+        if batch < 1:
+            raise ConfigError(f"batch={batch!r}: must be >= 1")
+        self.storage_options = storage_options
+        self.store = _core._store(root, storage_options)  # noqa: SLF001
+        self.url = self.store.url
+        self.runner = Runner(client, workers=workers, local=local)
+        self.batch = batch
+        self.duckdb_config = dict(duckdb_config or {})
+        self._expr: Any = None
+        self._con: Any = None
+        self._dataset: Any = None
+        self.timings: dict = {}
+        self.stats: dict = {}
+        self._progress = progress
+        self._open(refresh, max_depth)
+
+    # -- opening ----------------------------------------------------------------------------------
+    def _say(self, what: str) -> None:
+        if callable(self._progress):
+            self._progress(what)
+
+    def _open(self, refresh: str, max_depth: int) -> None:
+        t0 = time.perf_counter()
+        found = _core.discover_runs(self.store, max_depth)
+        self._say(f"{len(found)} run(s)")
+        infos = self.runner.map(_core._discover_run, [(self.url, self.storage_options, r, p) for r, p in found],  # noqa: SLF001
+                                local=False)
+        self.run_infos = infos
+        t1 = time.perf_counter()
+        existing = set(self.store.list_prefix(_core.INDEX_PREFIX))
+        old = {r["index_key"]: r for r in _core.read_manifest(self.store)}
+        t2 = time.perf_counter()
+        rows: dict = {}
+        build: dict = {}  # run -> [loc]
+        check: dict = {}
+        recover: list = []
+        for info in infos:
+            run = info["run"]
+            for loc in info["locs"]:
+                prefix, step, rank_dir, rank, split = loc
+                key = _core.index_key(run, step, rank, rank_dir, split)
+                if refresh == "none":
+                    if key in old:
+                        rows[key] = old[key]
+                    elif key in existing:
+                        recover.append((run, info["run_prefix"], tuple(loc)))
+                    continue
+                if refresh == "all" or key not in existing:
+                    build.setdefault(run, []).append(tuple(loc))
+                elif key not in old:
+                    recover.append((run, info["run_prefix"], tuple(loc)))
+                elif refresh == "check":
+                    check.setdefault(run, []).append(tuple(loc))
+                    rows[key] = old[key]
+                else:
+                    rows[key] = old[key]
+        prefix_of = {i["run"]: i["run_prefix"] for i in infos}
+        jobs = []
+        for run, locs in list(build.items()) + list(check.items()):
+            known = {l[0]: rows[_core.index_key(run, l[1], l[3], l[2], l[4])].get("doc_size") for l in locs} \
+                if run in check and locs is check[run] else None
+            for i in range(0, len(locs), self.batch):
+                chunk = locs[i:i + self.batch]
+                jobs.append((self.url, self.storage_options, run, prefix_of[run], chunk,
+                             None if known is None else {l[0]: known[l[0]] for l in chunk}))
+        changed_groups: set = set()
+        if jobs and refresh != "none":
+            self._writable()
+            self._say(f"indexing {sum(len(j[4]) for j in jobs)} rank dir(s) in {len(jobs)} task(s)")
+            for batch_rows in self.runner.map(_core._build_batch, jobs):  # noqa: SLF001
+                for r in batch_rows:
+                    if r.get("unchanged"):
+                        continue
+                    rows[r["index_key"]] = r
+                    changed_groups.add(_core.compact_key_of(r["index_key"]))
+        if recover:
+            rec_jobs = [(self.url, self.storage_options, recover[i:i + 256]) for i in range(0, len(recover), 256)]
+            for batch_rows in self.runner.map(_core._rebuild_rows, rec_jobs, local=False):  # noqa: SLF001
+                for r in batch_rows:
+                    rows[r["index_key"]] = r
+                    changed_groups.add(_core.compact_key_of(r["index_key"]))
+        t3 = time.perf_counter()
+        # index files of rank directories that went away
+        gone = [k for k in old if k not in rows] if refresh != "none" else []
+        for k in gone:
+            changed_groups.add(_core.compact_key_of(k))
+        # one compacted file per (run, step) of two or more ranks
+        groups: dict = {}
+        for key, r in rows.items():
+            groups.setdefault(_core.compact_key_of(key), []).append(key)
+        compact_jobs = []
+        for ckey, keys in sorted(groups.items()):
+            keys.sort(key=lambda k: (rows[k]["rank"] is None, rows[k]["rank"] or 0, rows[k]["rank_dir"]))
+            if len(keys) < 2:
+                for k in keys:
+                    rows[k]["compact_key"] = None
+                continue
+            fresh = ckey not in changed_groups and ckey in existing and all(rows[k].get("compact_key") == ckey
+                                                                              for k in keys)
+            if not fresh and refresh != "none":
+                compact_jobs.append((self.url, self.storage_options, ckey, keys,
+                                     sum(rows[k].get("records") or 0 for k in keys)))
+            usable = fresh or refresh != "none"
+            for k in keys:
+                rows[k]["compact_key"] = ckey if usable else None
+        if compact_jobs:
+            self._writable()
+            self._say(f"compacting {len(compact_jobs)} step(s)")
+            self.runner.map(_core._compact_group, compact_jobs)  # noqa: SLF001
+        if gone:
+            self._writable()
+            for k in gone:
+                try:
+                    self.store_w.delete(k)
+                except MsprobeError:
+                    pass
+        t4 = time.perf_counter()
+        self.manifest_rows = sorted(rows.values(), key=lambda r: (r["run"], r["split"] or "", _n(r["step"]),
+                                                                  _n(r["rank"]), r["rank_dir"]))
+        self.catalog_rows = _core.catalog_rows(self.manifest_rows, infos, self.url)
+        if refresh != "none" and (jobs or recover or gone or compact_jobs or not self.store.exists(_core.CATALOG_JSON)
+                                  or len(old) != len(rows)):
+            self._writable()
+            _core.write_table(self.store_w, _core.MANIFEST_KEY, _core.manifest_table(self.manifest_rows))
+            _core.write_catalog(self.store_w, self.catalog_rows, self.url)
+        t5 = time.perf_counter()
+        built = sum(1 for r in rows.values() if r.get("built_at") and r["index_key"] not in old) if jobs else 0
+        self.stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": built, "recovered": len(recover),
+                      "removed": len(gone), "compacted": len(compact_jobs), "executor": self.runner.last}
+        self.timings = {"discover_s": t1 - t0, "list_s": t2 - t1, "index_s": t3 - t2, "compact_s": t4 - t3,
+                        "catalog_s": t5 - t4, "total_s": t5 - t0}
+
+    @property
+    def store_w(self) -> Any:
+        w = getattr(self, "_store_w", None)
+        if w is None:
+            w = self._store_w = _core._store(self.url, self.storage_options, write=True)  # noqa: SLF001
+        return w
+
+    def _writable(self) -> None:
+        try:
+            self.store_w
+        except StoragePermissionError as exc:
+            raise StoragePermissionError(f"{self.url}: the lake needs to write {_core.LAKE_DIR}/ ({exc}); "
+                                         "open with refresh='none' to read what is indexed") from exc
+
+    # -- shape -------------------------------------------------------------------------------------------
+    @property
+    def runs(self) -> list:
+        return [r["run"] for r in self.catalog_rows]
+
+    @property
+    def catalog(self) -> Any:
+        """One row per run (pandas): framework, task, level, config, steps, ranks, bytes, time span..."""
+        import pandas as pd
+
+        return pd.DataFrame(self.catalog_rows)
+
+    @property
+    def manifest(self) -> Any:
+        """One row per rank directory (pandas)."""
+        return _core.manifest_table(self.manifest_rows).to_pandas()
+
+    def run_url(self, run: str) -> str:
+        for r in self.catalog_rows:
+            if r["run"] == run:
+                return r["url"]
+        raise ConfigError(f"no run {run!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}")
+
+    def __repr__(self) -> str:
+        return (f"Lake({self.url!r}, runs={len(self.catalog_rows)}, rank_dirs={len(self.manifest_rows)}"
+                + (f", filter={self._expr}" if self._expr is not None else "") + ")")
+
+    # -- the dataset -------------------------------------------------------------------------------------
+    def files(self) -> list:
+        """[(key, {run, step, rank?, split})]: what a scan reads (compacted steps as one file)."""
+        out = []
+        done: set = set()
+        for r in self.manifest_rows:
+            ck = r.get("compact_key")
+            if ck:
+                if ck in done:
+                    continue
+                done.add(ck)
+                out.append((ck, {"run": r["run"], "step": r["step"], "split": r["split"]}))
+            else:
+                out.append((r["index_key"], {"run": r["run"], "step": r["step"], "rank": r["rank"],
+                                             "split": r["split"]}))
+        return out
+
+    @property
+    def dataset(self) -> Any:
+        """The union of the indexes as one ``pyarrow.dataset.FileSystemDataset`` whose fragments
+        carry their partition keys (run, step, rank) as expressions, so filters on them skip
+        files without opening them. Rows are those of :data:`msprobe.readers.COLUMNS`."""
+        if self._dataset is None:
+            require("pyarrow", "parquet")
+            import pyarrow.compute as pc
+            import pyarrow.dataset as pads
+
+            from msprobe.readers._rows import arrow_schema
+            from msprobe.readers._store import arrow_location
+
+            paths, parts = [], []
+            fs = None
+            for key, keys in self.files():
+                loc = arrow_location(self.store, key)
+                if loc is None:
+                    raise MissingDependencyError(f"{self.url}: pyarrow cannot read this store directly")
+                fs = loc[0]
+                paths.append(loc[1])
+                e = pc.field("run") == keys["run"]
+                e = e & (pc.field("step") == keys["step"] if keys["step"] is not None else pc.field("step").is_null())
+                if "rank" in keys:
+                    e = e & (pc.field("rank") == keys["rank"] if keys["rank"] is not None
+                             else pc.field("rank").is_null())
+                parts.append(e)
+            fmt = pads.ParquetFileFormat()
+            if fs is None:
+                self._dataset = pads.dataset(arrow_schema().empty_table())
+            else:
+                self._dataset = pads.FileSystemDataset.from_paths(paths, schema=arrow_schema(), format=fmt,
+                                                                  filesystem=fs, partitions=parts)
+        return self._dataset
+
+    def filter(self, expr: Any = None, **eq: Any) -> "Lake":
+        """A view of the lake restricted by a ``pyarrow.compute`` expression and/or column
+        equalities (``run="a"``, ``step=[1, 2]``, ``rank=0``, ``record="Torch.add.0.forward"``)."""
+        import copy
+
+        import pyarrow.compute as pc
+
+        from msprobe.readers._rows import COLUMNS
+
+        e = self._expr
+        for name, value in eq.items():
+            if name not in COLUMNS:
+                raise ConfigError(f"filter: unknown column {name!r}; valid: {', '.join(COLUMNS)}")
+            if value is None:
+                term = pc.field(name).is_null()
+            elif isinstance(value, (list, tuple, set, frozenset, range)):
+                term = pc.field(name).isin(list(value))
+            else:
+                term = pc.field(name) == value
+            e = term if e is None else e & term
+        if expr is not None:
+            e = expr if e is None else e & expr
+        view = copy.copy(self)
+        view._expr = e
+        view._con = None
+        return view
+
+    def to_arrow(self, columns: Optional[Iterable[str]] = None, *, records_only: bool = False) -> Any:
+        """The rows (one per tensor-like argument; ``records_only=True`` keeps the index's
+        placeholder rows of records without tensors too) as a pyarrow Table."""
+        import pyarrow.compute as pc
+
+        e = self._expr
+        if not records_only:
+            base = pc.field("has_nan").is_valid()
+            e = base if e is None else base & e
+        cols = list(columns) if columns is not None else None
+        return self.dataset.to_table(columns=cols, filter=e)
+
+    def to_pandas(self, columns: Optional[Iterable[str]] = None, **kw: Any) -> Any:
+        from msprobe.readers._dump import table_to_pandas
+
+        return table_to_pandas(self.to_arrow(columns, **kw))
+
+    def count_rows(self) -> int:
+        import pyarrow.compute as pc
+
+        e = pc.field("has_nan").is_valid()
+        return self.dataset.count_rows(filter=e if self._expr is None else e & self._expr)
+
+    def scanner(self, columns: Optional[Iterable[str]] = None, batch_size: int = 1 << 16) -> Any:
+        """A streaming ``pyarrow.dataset.Scanner`` over the (filtered) rows."""
+        import pyarrow.compute as pc
+
+        e = pc.field("has_nan").is_valid()
+        return self.dataset.scanner(columns=list(columns) if columns else None, batch_size=batch_size,
+                                    filter=e if self._expr is None else e & self._expr)
+
+    # -- SQL ------------------------------------------------------------------------------------------------
+    def duckdb(self) -> Any:
+        """A DuckDB connection with views ``lake`` (one row per tensor), ``lake_records`` (every
+        index row, records without tensors included), ``catalog`` and ``manifest``.
+
+        Local lakes are read by DuckDB's own Parquet reader; ``s3://`` lakes through its
+        httpfs extension when it is installed (configured from ``storage_options``: key,
+        secret, endpoint), else through the pyarrow dataset over the fsspec file system."""
+        if self._con is not None:
+            return self._con
+        duckdb = require("duckdb", "duckdb")
+        con = duckdb.connect(":memory:")
+        cfg = {"threads": 2, "memory_limit": "2GB"}
+        cfg.update(self.duckdb_config)
+        for k, v in cfg.items():
+            con.execute(f"SET {k} = '{v}'" if isinstance(v, str) else f"SET {k} = {v}")
+        self.sql_engine = self._register_lake(con)
+        con.register("catalog_arrow", self.catalog_table())
+        con.execute("CREATE VIEW catalog AS SELECT * FROM catalog_arrow")
+        con.register("manifest_arrow", _core.manifest_table(self.manifest_rows))
+        con.execute("CREATE VIEW manifest AS SELECT * FROM manifest_arrow")
+        self._con = con
+        return con
+
+    def catalog_table(self) -> Any:
+        import pyarrow as pa
+
+        return pa.Table.from_pylist(self.catalog_rows) if self.catalog_rows else pa.table({"run": pa.array([], pa.string())})
+
+    def _register_lake(self, con: Any) -> str:
+        files = [k for k, _ in self.files()]
+        where = ""
+        if self._expr is not None:
+            # a filtered view: the pyarrow dataset applies the expression, DuckDB scans the result stream
+            con.register("lake_ds", self.dataset.scanner(filter=self._expr).to_reader())
+            con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
+            con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
+            return "pyarrow-filtered"
+        engine = "pyarrow"
+        src = None
+        if not files:
+            src = None
+        elif getattr(self.store, "is_local", False):
+            paths = [self.store.local_path(k) for k in files]
+            src = "read_parquet([" + ", ".join(_q(p) for p in paths) + "])"
+            engine = "duckdb-parquet"
+        elif self.url.startswith("s3://") and _httpfs(con, self.storage_options):
+            root = self.url.rstrip("/")
+            src = "read_parquet([" + ", ".join(_q(f"{root}/{k}") for k in files) + "])"
+            engine = "duckdb-httpfs"
+        if src is None:
+            con.register("lake_ds", self.dataset)
+            src = "lake_ds"
+        con.execute(f"CREATE VIEW lake_records AS SELECT * FROM {src}{where}")
+        con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
+        return engine
+
+    def sql(self, query: str, *, as_arrow: bool = False) -> Any:
+        """Run a DuckDB query over the views of :meth:`duckdb`; a pandas DataFrame (or Arrow table)."""
+        con = self.duckdb()
+        try:
+            rel = con.sql(query)
+        except Exception as exc:  # duckdb's errors: one typed error naming the query
+            if type(exc).__module__.startswith("duckdb") or "duckdb" in type(exc).__module__:
+                raise ConfigError(f"SQL error: {exc}") from None
+            raise
+        if rel is None:
+            return None
+        return rel.arrow() if as_arrow else rel.df()
+
+    # -- questions (msprobe.lake._questions) ------------------------------------------------------------
+    def first_nan(self, **kw: Any) -> Any:
+        from msprobe.lake._questions import first_nan
+
+        return first_nan(self, **kw)
+
+    def diverge(self, run_a: str, run_b: str, **kw: Any) -> dict:
+        from msprobe.lake._questions import diverge
+
+        return diverge(self, run_a, run_b, **kw)
+
+    def disagree(self, **kw: Any) -> Any:
+        from msprobe.lake._questions import disagree
+
+        return disagree(self, **kw)
+
+    def trend(self, record: str, **kw: Any) -> Any:
+        from msprobe.lake._questions import trend
+
+        return trend(self, record, **kw)
+
+    # -- lifetime -------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+        self.runner.close()
+
+    def __enter__(self) -> "Lake":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _n(v: Optional[int]) -> int:
+    return -1 if v is None else v
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _httpfs(con: Any, storage_options: Optional[dict]) -> bool:
+    """Load DuckDB's httpfs extension (installed beforehand; nothing is downloaded here) and
+    configure an S3 secret from s3fs-style ``storage_options``; False when it is not there."""
+    try:
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("LOAD httpfs")
+    except Exception:  # noqa: BLE001 - not installed: the caller falls back to pyarrow
+        return False
+    so = storage_options or {}
+    parts = ["TYPE s3"]
+    if so.get("key"):
+        parts.append(f"KEY_ID {_q(so['key'])}")
+    if so.get("secret"):
+        parts.append(f"SECRET {_q(so['secret'])}")
+    if so.get("token"):
+        parts.append(f"SESSION_TOKEN {_q(so['token'])}")
+    endpoint = (so.get("client_kwargs") or {}).get("endpoint_url") or so.get("endpoint_url")
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        parts.append(f"ENDPOINT {_q(host.rstrip('/'))}")
+        parts.append("URL_STYLE 'path'")
+        parts.append(f"USE_SSL {'true' if scheme == 'https' else 'false'}")
+    region = (so.get("client_kwargs") or {}).get("region_name")
+    if region:
+        parts.append(f"REGION {_q(region)}")
+    try:
+        con.execute(f"CREATE OR REPLACE SECRET msprobe_lake_s3 ({', '.join(parts)})")
+    except Exception:  # noqa: BLE001
+        return False
+    return True

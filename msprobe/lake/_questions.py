@@ -1,0 +1,297 @@
+"""Questions that span runs, steps and ranks.
+
+* :func:`first_nan` — the first NaN/Inf statistic of each (run, rank): one DuckDB query.
+* :func:`diverge` — the first record where two runs diverge, over all their ranks:
+  :func:`msprobe.compare.compare_pair` on each (step, rank) pair, as Dask tasks, step by step.
+* :func:`disagree` — ranks whose statistic of the same record differs from the other ranks'
+  in the same step (data-parallel gradients): one DuckDB query (median across ranks).
+* :func:`trend` — a record's statistic over steps, per run and rank, with a PNG plot.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from msprobe.errors import ConfigError, MissingDependencyError
+
+__all__ = ["first_nan", "diverge", "disagree", "trend", "STATS"]
+
+STATS = ("max", "min", "mean", "norm")
+#: document order of a record's argument groups (rows of one record sort by it, then arg_path)
+_IO_ORDER = ("CASE io WHEN 'input_args' THEN 0 WHEN 'input_kwargs' THEN 1 WHEN 'input' THEN 2 "
+             "WHEN 'parameters' THEN 3 WHEN 'output' THEN 4 ELSE 5 END")
+
+
+def _q(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "TRUE" if v else "FALSE"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def _in(col: str, values: Any) -> str:
+    if values is None:
+        return ""
+    if isinstance(values, (str, int)):
+        values = [values]
+    values = list(values)
+    if not values:
+        return " AND FALSE"
+    return f" AND {col} IN ({', '.join(_q(v) for v in values)})"
+
+
+def _record_where(record: Any) -> str:
+    if record is None:
+        return ""
+    if isinstance(record, str) and any(c in record for c in "*?["):
+        return f" AND record GLOB {_q(record)}"
+    return _in("record", record)
+
+
+# -- first NaN/Inf ----------------------------------------------------------------------------------
+
+def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None) -> Any:
+    """One row per (run, rank) that has a NaN or Inf in a statistic: the first such row in
+    execution order (step, then the record's position in dump.json, then its arguments).
+    Columns: run, rank, rank_dir, split, step, seq, record, io, arg_path, max, min, mean,
+    norm, has_nan, has_inf, nan_rows (how many such rows that rank has in all)."""
+    where = "(has_nan OR has_inf)" + _in("run", run) + _in("step", step) + _in("rank", rank)
+    q = f"""
+    SELECT run, rank, rank_dir, split, step, seq, record, io, arg_path, max, min, mean, norm, has_nan, has_inf,
+           count(*) OVER (PARTITION BY run, rank, rank_dir) AS nan_rows
+    FROM lake WHERE {where}
+    QUALIFY row_number() OVER (PARTITION BY run, rank, rank_dir
+                               ORDER BY step NULLS FIRST, split NULLS FIRST, seq, {_IO_ORDER}, arg_path) = 1
+    ORDER BY run, rank NULLS FIRST, rank_dir
+    """
+    return lake.sql(q)
+
+
+# -- divergence between two runs ---------------------------------------------------------------------
+
+def _sources(lake: Any, run: str) -> list:
+    from msprobe.format.validate import RankLocation
+    from msprobe.readers._source import RankSource
+
+    rows = [r for r in lake.manifest_rows if r["run"] == run]
+    if not rows:
+        raise ConfigError(f"no run {run!r} in {lake.url}; runs: {', '.join(lake.runs) or 'none'}")
+    return [RankSource(lake.store, RankLocation(r["prefix"], r["step"], r["rank_dir"], r["rank"], r["split"]),
+                       run=run) for r in rows]
+
+
+def _loc(src: Any) -> tuple:
+    return (src.prefix, src.step, src.rank_dir, src.rank, src.split)
+
+
+def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, mode: str, out_dir: Optional[str],
+                   ts: str) -> list:
+    """Task: :func:`msprobe.compare.compare_pair` on each (target loc, bench loc); the CSVs go
+    to ``out_dir`` (a temporary directory, removed, when None). Returns the summaries
+    without their per-row series."""
+    from msprobe.backends import open_store
+    from msprobe.compare._core import _data, _task, compare_pair, detect_mode
+    from msprobe.format.validate import RankLocation
+    from msprobe.readers._source import RankSource
+
+    store = open_store(root_url, storage_options, read_only=True)
+    tmp = None
+    if out_dir is None:
+        tmp = out_dir = tempfile.mkdtemp(prefix="msprobe-lake-compare-")
+    out = []
+    try:
+        for (ln, lb) in pairs:
+            sn = RankSource(store, RankLocation(*ln))
+            sb = RankSource(store, RankLocation(*lb))
+            m = mode
+            if m == "auto":
+                m = detect_mode(_data(sn), _data(sb), _task(sn), _task(sb))
+            r = compare_pair(sn, sb, mode=m, out_dir=out_dir, ts=ts, multi_step=True)
+            r.pop("series", None)
+            r["mode"] = m
+            r["split"] = ln[4]
+            if tmp is not None:
+                r["files"] = []
+            out.append(r)
+            sn._reset()  # noqa: SLF001
+            sb._reset()  # noqa: SLF001
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, rank: Optional[int] = None,
+            mode: str = "auto", out: Optional[str] = None, all_steps: bool = False, batch: int = 4) -> dict:
+    """The first record where ``run_b`` diverges from ``run_a``, over all ranks.
+
+    Steps are paired as :func:`msprobe.compare.pair_sources` pairs them; the steps are
+    compared in order, each step's rank pairs as Dask tasks (``batch`` pairs a task), and
+    the search stops after the first step with a divergence (``all_steps=True`` compares
+    every step). A rank pair diverges where compare flags a row (its result is not
+    ``pass``, or its relative Norm error exceeds the threshold). ``out``: a local
+    directory that keeps compare's CSVs (one per rank pair).
+
+    Returns ``{"first": {run_a, run_b, step, rank, rank_dir, record, row, record_index,
+    result, metrics} or None, "ranks": [the first divergence of each diverging rank of
+    that step, in order], "steps_compared": [...], "pairs_compared": n, "mode": ...}``.
+    """
+    from msprobe.compare._core import pair_sources
+
+    if run_a == run_b:
+        raise ConfigError("diverge: give two different runs")
+    sa, sb = _sources(lake, run_a), _sources(lake, run_b)
+    pairs = pair_sources(SimpleNamespace(sources=sa), SimpleNamespace(sources=sb), step=step, rank=rank)
+    by_step: dict = {}
+    for a, b in pairs:
+        by_step.setdefault((a.split or "", -1 if a.step is None else a.step), []).append((_loc(a), _loc(b)))
+    ts = time.strftime("%Y%m%d%H%M%S")
+    if out is not None:
+        os.makedirs(out, exist_ok=True)
+    first = None
+    ranks: list = []
+    steps_done: list = []
+    n_pairs = 0
+    used_mode = mode
+    for key in sorted(by_step):
+        items = by_step[key]
+        jobs = [(lake.url, lake.storage_options, items[i:i + batch], mode, out, ts) for i in range(0, len(items), batch)]
+        results = [r for part in lake.runner.map(_compare_batch, jobs) for r in part]
+        n_pairs += len(results)
+        steps_done.append(key[1] if key[1] >= 0 else None)
+        if results:
+            used_mode = results[0]["mode"]
+        divs = [r for r in results if r["first_divergence"]]
+        if divs:
+            divs.sort(key=lambda r: (r["first_divergence"]["record_index"], r["rank"] is not None, r["rank"] or 0))
+            for r in divs:
+                fd = r["first_divergence"]
+                ranks.append({"step": r["step"], "rank": r["rank"], "rank_dir": r["rank_dir"], "split": r["split"],
+                              "record": fd["record"], "row": fd["row"], "record_index": fd["record_index"],
+                              "result": fd["result"], "metrics": fd["metrics"], "files": r["files"]})
+            if first is None:
+                first = dict(ranks[0], run_a=run_a, run_b=run_b)
+            if not all_steps:
+                break
+    return {"run_a": run_a, "run_b": run_b, "mode": used_mode, "first": first, "ranks": ranks,
+            "steps_compared": steps_done, "pairs_compared": n_pairs, "executor": lake.runner.last}
+
+
+# -- rank disagreement -------------------------------------------------------------------------------
+
+def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str] = "parameters_grad",
+             record: Any = None, stat: str = "norm", rtol: float = 1e-6, atol: float = 0.0) -> Any:
+    """Rows whose ``stat`` differs from the median of the other ranks' rows for the same
+    (run, step, record, argument): in data-parallel training every rank holds the same
+    parameter gradient after the all-reduce, so a rank that differs is suspect.
+
+    ``kind``: the records compared (default ``parameters_grad``; None: every record);
+    ``record``: names or a glob. A value differs when ``|v - median| > atol + rtol*|median|``
+    or exactly one of them is NaN. Columns: run, step, record, io, arg_path, rank, rank_dir,
+    value, median, rel_diff, ranks (how many ranks hold the row), disagreeing (how many differ)."""
+    if stat not in STATS:
+        raise ConfigError(f"stat={stat!r}: one of {', '.join(STATS)}")
+    where = "TRUE" + _in("run", run) + _in("step", step) + (_in("kind", kind) if kind else "") + _record_where(record)
+    part = "run, split, step, record, io, arg_path"
+    q = f"""
+    WITH v AS (
+        SELECT run, split, step, record, io, arg_path, rank, rank_dir, {stat} AS value
+        FROM lake WHERE {where} AND {stat} IS NOT NULL
+    ), m AS (
+        SELECT *, median(value) FILTER (WHERE NOT isnan(value)) OVER (PARTITION BY {part}) AS median,
+                  count(*) OVER (PARTITION BY {part}) AS ranks
+        FROM v
+    ), d AS (
+        SELECT *, CASE WHEN median IS NULL OR isnan(value) THEN NULL
+                       WHEN median = 0 THEN abs(value) ELSE abs(value - median) / abs(median) END AS rel_diff,
+               (isnan(value) != (median IS NULL))
+               OR (NOT isnan(value) AND median IS NOT NULL
+                   AND abs(value - median) > {float(atol)!r} + {float(rtol)!r} * abs(median)) AS differs
+        FROM m WHERE ranks > 1
+    )
+    SELECT run, split, step, record, io, arg_path, rank, rank_dir, value, median, rel_diff, ranks,
+           count(*) OVER (PARTITION BY {part}) AS disagreeing
+    FROM d WHERE differs
+    ORDER BY run, step NULLS FIRST, split NULLS FIRST, record, io, arg_path, rank NULLS FIRST
+    """
+    return lake.sql(q)
+
+
+# -- trend -------------------------------------------------------------------------------------------------
+
+def trend(lake: Any, record: str, *, stat: str = "norm", arg: Optional[str] = None, run: Any = None,
+          rank: Any = None, plot: Optional[str] = None) -> Any:
+    """``stat`` of one record's argument over steps: a DataFrame (run, rank, step, value)
+    sorted by run, rank, step. ``record``: a name or a glob (``Module.fc.*.parameters_grad*``);
+    ``arg``: the argument (``output.0``, ``weight``...; default: the record's first one:
+    ``output.0`` when there is one). ``plot``: a PNG path: one line per run (the mean over
+    ranks) with the band between the ranks' min and max; needs matplotlib. The frame's
+    ``attrs`` hold ``arg``, ``plot`` (the file) and ``plot_note`` (why there is none)."""
+    if stat not in STATS:
+        raise ConfigError(f"stat={stat!r}: one of {', '.join(STATS)}")
+    where = "TRUE" + _record_where(record) + _in("run", run) + _in("rank", rank)
+    if arg is None:
+        args = lake.sql(f"SELECT DISTINCT arg_path, io FROM lake WHERE {where}")
+        if args.empty:
+            raise ConfigError(f"trend: no record {record!r} in the lake" + (f" (run {run})" if run else ""))
+        names = sorted(args["arg_path"].dropna().tolist())
+        arg = "output.0" if "output.0" in names else (names[0] if names else None)
+    q = f"""
+    SELECT run, rank, rank_dir, step, record, arg_path, {stat} AS value
+    FROM lake WHERE {where} AND arg_path = {_q(arg)}
+    ORDER BY run, rank NULLS FIRST, rank_dir, step NULLS FIRST, record
+    """
+    df = lake.sql(q)
+    if df.empty:
+        have = lake.sql(f"SELECT DISTINCT arg_path FROM lake WHERE {where} ORDER BY 1")["arg_path"].tolist()
+        if not have:
+            raise ConfigError(f"trend: no record {record!r} in the lake" + (f" (run {run})" if run else ""))
+        raise ConfigError(f"trend: record {record!r} has no argument {arg!r}; its arguments: {', '.join(have)}")
+    df.attrs["arg"] = arg
+    df.attrs["stat"] = stat
+    df.attrs["plot"] = None
+    df.attrs["plot_note"] = None
+    if plot:
+        try:
+            df.attrs["plot"] = _plot(df, plot, record, arg, stat)
+        except MissingDependencyError as exc:
+            df.attrs["plot_note"] = str(exc)
+    return df
+
+
+def _plot(df: Any, path: str, record: str, arg: str, stat: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependencyError("the trend plot needs matplotlib: pip install matplotlib "
+                                     "(the values are in the returned table)") from None
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for run, g in df.groupby("run", sort=True):
+        agg = g.groupby("step")["value"].agg(["mean", "min", "max"]).reset_index()
+        xs = agg["step"].tolist()
+        ax.plot(xs, agg["mean"].tolist(), marker="o", lw=1.2, label=f"{run} (mean over {g['rank_dir'].nunique()} ranks)")
+        if g["rank_dir"].nunique() > 1:
+            ax.fill_between(xs, agg["min"].tolist(), agg["max"].tolist(), alpha=0.2)
+    vals = [v for v in df["value"].tolist() if v is not None and isinstance(v, float) and math.isfinite(v) and v > 0]
+    if vals and max(vals) / min(vals) > 1e3:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(stat)
+    ax.set_title(f"{record} {arg}", fontsize=9)
+    ax.legend(fontsize=7)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,253 @@
+"""msprobe.lake over a generated lake (3 runs x 4 steps x 8 ranks) in a local directory and in
+the local S3 server, with a Dask LocalCluster of 2 workers: every question returns the
+planted answer."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+pytest.importorskip("pyarrow")
+pytest.importorskip("duckdb")
+pytest.importorskip("distributed")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lake_synth as S  # noqa: E402
+
+import msprobe.lake  # noqa: E402
+from msprobe.errors import ConfigError  # noqa: E402
+
+STEPS, RANKS = 4, 8
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def lake_src(tmp_path_factory):
+    """The dumps only (no _lake/): copied for each test that indexes them."""
+    root = str(tmp_path_factory.mktemp("lake_src"))
+    return S.make_lake(root, steps=STEPS, ranks=RANKS)
+
+
+def _copy(src: str, dst: str) -> str:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def check_answers(lake, tmp_path) -> None:
+    """Every question, against what lake_synth planted."""
+    assert sorted(lake.runs) == list(S.RUNS)
+    cat = {r["run"]: r for r in lake.catalog_rows}
+    for run in S.RUNS:
+        c = cat[run]
+        assert (c["steps"], c["ranks"], c["rank_dirs"]) == (STEPS, RANKS, STEPS * RANKS)
+        assert (c["framework"], c["task"], c["level"], c["dialect"]) == ("pytorch", "statistics", "mix", "msprobe-26")
+        assert c["records"] == STEPS * RANKS * S.LAYERS * 4 and c["bytes"] > 0
+        assert c["time_start"] <= c["time_end"]
+    assert cat["run_c"]["nan_rows"] > 0 and cat["run_a"]["nan_rows"] == 0
+
+    # SQL over the union, and the dataset
+    n = lake.sql("SELECT run, step, rank, count(*) AS n FROM lake GROUP BY ALL")
+    assert len(n) == len(S.RUNS) * STEPS * RANKS
+    assert n["n"].nunique() == 1
+    assert lake.count_rows() == int(n["n"].sum())
+    sub = lake.filter(run="run_c", step=[1, 2], rank=3).to_pandas(["run", "step", "rank", "record", "has_nan"])
+    assert set(zip(sub["run"], sub["step"], sub["rank"])) == {("run_c", 1, 3), ("run_c", 2, 3)}
+    assert lake.to_arrow(["run"]).num_rows == lake.count_rows()
+    assert lake.sql("SELECT count(*) AS n FROM catalog")["n"][0] == len(S.RUNS)
+
+    # first NaN/Inf per run and rank
+    fn = lake.first_nan()
+    got = {(r.run, r.rank): (r.step, r.record, r.io, bool(r.has_nan), bool(r.has_inf)) for r in fn.itertuples()}
+    assert got == {("run_c", S.NAN_RANK): (S.NAN_STEP, S.NAN_RECORD, "output", True, False),
+                   ("run_c", S.INF_RANK): (S.INF_STEP, S.INF_RECORD, "output", False, True)}
+
+    # the first divergence of run_b from run_a, over all ranks (compare, as Dask tasks)
+    out = tmp_path / "cmp"
+    d = lake.diverge("run_a", "run_b", out=str(out))
+    f = d["first"]
+    assert (f["step"], f["rank"], f["record"]) == (S.DIV_STEP, S.DIV_RANK, S.DIV_RECORD)
+    assert f["row"] == S.DIV_RECORD + ".output.0"
+    assert [(r["rank"], r["record"]) for r in d["ranks"]] == [(S.DIV_RANK, S.DIV_RECORD),
+                                                               (S.DIV_LATER_RANK, S.DIV_LATER_RECORD)]
+    assert d["steps_compared"] == list(range(S.DIV_STEP + 1)) and d["pairs_compared"] == RANKS * (S.DIV_STEP + 1)
+    assert d["mode"] == "statistics"
+    assert os.path.exists(f["files"][0]) and f["files"][0].startswith(str(out))
+    assert lake.diverge("run_a", "run_c", step=0)["first"] is None
+
+    # ranks that disagree on a parameter gradient
+    dis = lake.disagree()
+    got = {(r.run, r.step, r.record, r.rank) for r in dis.itertuples()}
+    assert got == {(run, S.DIS_STEP, S.DIS_RECORD, S.DIS_RANK) for run in ("run_a", "run_b")}
+    assert set(dis["arg_path"]) == {"weight.0", "bias.0"} and set(dis["disagreeing"]) == {1}
+    assert (dis["rel_diff"] - 0.01).abs().max() < 1e-4
+    assert lake.disagree(rtol=0.05).empty
+
+    # a record's statistic over steps
+    tr = lake.trend(S.TREND_RECORD, arg="weight.0", run="run_a")
+    assert tr.attrs["arg"] == "weight.0" and len(tr) == STEPS * RANKS
+    for r in tr.itertuples():
+        assert r.value == pytest.approx(S.trend_value(r.step), rel=1e-5)
+    with pytest.raises(ConfigError, match="weight.0"):
+        lake.trend(S.TREND_RECORD, arg="nope")
+
+
+def test_local_lake_with_local_cluster(lake_src, tmp_path, dask_client):
+    root = _copy(lake_src, str(tmp_path / "lake"))
+    lake = msprobe.lake.open(root, client=dask_client)
+    assert lake.stats["indexed"] == len(S.RUNS) * STEPS * RANKS
+    assert lake.stats["executor"] == "client"
+    assert lake.stats["compacted"] == len(S.RUNS) * STEPS
+    check_answers(lake, tmp_path)
+    assert lake.sql_engine == "duckdb-parquet"
+    # what the dataset reads: one compacted file per (run, step), pruned by partition keys
+    assert len(lake.files()) == len(S.RUNS) * STEPS
+    import pyarrow.compute as pc
+
+    frags = list(lake.dataset.get_fragments(filter=pc.field("run") == "run_b"))
+    assert len(frags) == STEPS
+    # a second open reads the manifest: nothing is rebuilt
+    again = msprobe.lake.open(root, client=dask_client)
+    assert again.stats["indexed"] == 0 and again.stats["compacted"] == 0
+    # the index is the readers' index: msprobe.readers opens it as an index lake
+    from msprobe.readers import open as open_dump
+
+    d = open_dump(os.path.join(root, "_lake", "index"))
+    assert sorted(d.runs) == list(S.RUNS)
+    assert d.find_anomalies().shape[0] == lake.sql("SELECT count(*) AS n FROM lake WHERE has_nan OR has_inf")["n"][0]
+
+
+def test_s3_lake_with_local_cluster(lake_src, tmp_path, dask_client, s3_server, s3_bucket_url):
+    import s3fs
+
+    from tests.conftest_s3 import s3_storage_options
+
+    opts = s3_storage_options(s3_server, picklable=True)  # sent to the Dask workers
+    fs = s3fs.S3FileSystem(**opts)
+    bucket = s3_bucket_url[len("s3://"):]
+    fs.put(lake_src + "/", f"{bucket}/lake/", recursive=True)
+    url = f"{s3_bucket_url}/lake"
+    lake = msprobe.lake.open(url, opts, client=dask_client)
+    assert lake.stats["indexed"] == len(S.RUNS) * STEPS * RANKS
+    check_answers(lake, tmp_path)
+    assert lake.sql_engine in ("pyarrow", "duckdb-httpfs")
+    fs.invalidate_cache()
+    assert fs.exists(f"{bucket}/lake/_lake/catalog.json") and fs.exists(f"{bucket}/lake/_lake/manifest.parquet")
+    runs = msprobe.lake.read_catalog(url, opts)
+    assert [r["run"] for r in runs] == list(S.RUNS)
+
+
+def test_refresh_new_and_removed_rank_dirs(lake_src, tmp_path):
+    root = _copy(lake_src, str(tmp_path / "lake"))
+    shutil.rmtree(os.path.join(root, "run_b"))
+    shutil.rmtree(os.path.join(root, "run_c"))
+    lake = msprobe.lake.open(root, local=False)
+    assert lake.stats["indexed"] == STEPS * RANKS and lake.stats["executor"] == "in-process"
+    # a new step arrives; a rank directory goes away
+    S._rank(os.path.join(root, "run_a", f"step{STEPS}", "rank0"), "run_a", STEPS, 0)
+    shutil.rmtree(os.path.join(root, "run_a", "step0", "rank7"))
+    lake = msprobe.lake.open(root, local=False)
+    assert (lake.stats["indexed"], lake.stats["removed"]) == (1, 1)
+    assert lake.catalog_rows[0]["steps"] == STEPS + 1 and lake.catalog_rows[0]["rank_dirs"] == STEPS * RANKS
+    n = lake.sql("SELECT step, count(DISTINCT rank) AS r FROM lake GROUP BY step ORDER BY step")
+    assert n["r"].tolist() == [RANKS - 1] + [RANKS] * (STEPS - 1) + [1]
+    assert not os.path.exists(os.path.join(root, "_lake", "index", "run=run_a", "step=0", "rank=7", "records.parquet"))
+    # a changed document is re-indexed with refresh="check" only
+    path = os.path.join(root, "run_a", "step1", "rank2", "dump.json")
+    doc = json.load(open(path))
+    doc["data"]["Functional.extra.0.forward"] = {"input_args": [], "input_kwargs": {}, "output": []}
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    assert msprobe.lake.open(root, local=False).stats["indexed"] == 0
+    lake = msprobe.lake.open(root, local=False, refresh="check")
+    assert lake.stats["indexed"] == 1
+    assert lake.sql("SELECT count(*) AS n FROM lake_records WHERE record = 'Functional.extra.0.forward'")["n"][0] == 1
+    # a lost manifest is rebuilt from the index files' metadata, nothing re-indexed
+    os.remove(os.path.join(root, "_lake", "manifest.parquet"))
+    lake = msprobe.lake.open(root, local=False)
+    assert lake.stats["indexed"] == 0 and lake.stats["recovered"] == STEPS * RANKS
+    assert lake.count_rows() > 0
+
+
+def test_default_local_cluster_for_big_jobs(lake_src, tmp_path):
+    root = _copy(lake_src, str(tmp_path / "lake"))
+    shutil.rmtree(os.path.join(root, "run_c"))
+    # 64 rank dirs in tasks of 2: at least LOCAL_CLUSTER_MIN_TASKS tasks start a LocalCluster
+    lake = msprobe.lake.open(root, batch=2, workers=2)
+    assert lake.stats["executor"] == "local-cluster" and lake.stats["indexed"] == 2 * STEPS * RANKS
+    assert lake.runner._cluster is None  # closed after the job  # noqa: SLF001
+    assert lake.first_nan().empty
+
+
+def test_cli(lake_src, tmp_path, capsys):
+    from msprobe.cli import main
+
+    root = _copy(lake_src, str(tmp_path / "lake"))
+    assert main(["lake", "index", root, "--no-cluster"]) == 0
+    assert "96 rank dir(s): indexed 96" in capsys.readouterr().out
+    assert main(["lake", "ls", root, "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert [r["run"] for r in runs] == list(S.RUNS) and runs[0]["ranks"] == RANKS
+    assert main(["lake", "ls", root]) == 0
+    out = capsys.readouterr().out
+    assert "run_c" in out and "msprobe-26" in out
+    assert main(["lake", "nan", root, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["run"], r["rank"], r["record"]) for r in rows} == {("run_c", S.NAN_RANK, S.NAN_RECORD),
+                                                                   ("run_c", S.INF_RANK, S.INF_RECORD)}
+    assert main(["lake", "diverge", root, "run_a", "run_b", "--no-cluster"]) == 0
+    out = capsys.readouterr().out
+    assert f"first divergence: step {S.DIV_STEP} rank{S.DIV_RANK} record {S.DIV_RECORD}" in out
+    assert main(["lake", "disagree", root, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["run"], r["rank"]) for r in rows} == {("run_a", S.DIS_RANK), ("run_b", S.DIS_RANK)}
+    png = tmp_path / "trend.png"
+    assert main(["lake", "trend", root, S.TREND_RECORD, "--arg", "weight.0", "--plot", str(png), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert len(res["rows"]) == len(S.RUNS) * STEPS * RANKS
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert res["plot"] is None and "pip install matplotlib" in res["plot_note"]
+    else:
+        assert res["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["lake", "sql", root, "SELECT run, count(*) AS n FROM lake GROUP BY run ORDER BY run", "--json"]) == 0
+    assert [r["run"] for r in json.loads(capsys.readouterr().out)] == list(S.RUNS)
+    assert main(["lake", "sql", root, "SELECT nope FROM lake"]) == 1
+    assert "SQL error" in capsys.readouterr().err
+
+
+def test_errors(lake_src, tmp_path):
+    root = _copy(lake_src, str(tmp_path / "lake"))
+    shutil.rmtree(os.path.join(root, "run_b"))
+    shutil.rmtree(os.path.join(root, "run_c"))
+    with pytest.raises(ConfigError, match="refresh"):
+        msprobe.lake.open(root, refresh="sometimes")
+    lake = msprobe.lake.open(root, local=False)
+    with pytest.raises(ConfigError, match="no run 'nope'"):
+        lake.diverge("run_a", "nope")
+    with pytest.raises(ConfigError, match="stat"):
+        lake.disagree(stat="median")
+    with pytest.raises(ConfigError, match="unknown column"):
+        lake.filter(colour="red")
+    with pytest.raises(ConfigError, match="no record"):
+        lake.trend("Nothing.like.this")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    e = msprobe.lake.open(str(empty), local=False)
+    assert e.runs == [] and e.count_rows() == 0 and e.first_nan().empty
+    assert msprobe.lake.read_catalog(str(tmp_path / "nowhere")) is None
