@@ -32,10 +32,27 @@ MANIFEST_COLUMNS = ("run", "run_prefix", "split", "step", "rank", "rank_dir", "p
                     "framework", "task", "level", "dialect", "built_at")
 
 
+_STORES: dict = {}
+
+
 def _store(root_url: str, storage_options: Optional[dict], *, write: bool = False) -> Any:
+    """The store of ``root_url``, one per process and options (a Dask worker runs many tasks:
+    making an S3 client costs more than most of them)."""
     from msprobe.backends import open_store
 
-    return open_store(root_url, storage_options, read_only=not write, create=write)
+    try:
+        ck = (root_url, json.dumps(storage_options, sort_keys=True, default=repr), write)
+    except (TypeError, ValueError):
+        ck = None
+    hit = _STORES.get(ck) if ck is not None else None
+    if hit is not None:
+        return hit
+    st = open_store(root_url, storage_options, read_only=not write, create=write)
+    if ck is not None:
+        if len(_STORES) > 32:
+            _STORES.clear()
+        _STORES[ck] = st
+    return st
 
 
 # -- discovery ---------------------------------------------------------------------------------
@@ -158,61 +175,229 @@ def _tensor_bytes(store: Any, prefix: str) -> tuple:
         return 0, 0
 
 
+class _Prefetched:
+    """A store whose listings and small documents for a batch of rank directories were
+    fetched concurrently up front (one round of requests instead of one per file on an
+    object store); everything else goes to the wrapped store."""
+
+    def __init__(self, store: Any):
+        self._s = store
+        self._data: dict = {}
+        self._dirs: dict = {}
+        self.info: dict = {}  # key -> (size, mtime) from the listings
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._s, name)
+
+    def get(self, key: str) -> bytes:
+        v = self._data.pop(key, None)
+        return v if v is not None else self._s.get(key)
+
+    def list_dir(self, prefix: str = "") -> list:
+        v = self._dirs.get(prefix.strip("/"))
+        return list(v) if v is not None else self._s.list_dir(prefix)
+
+    def prefetch(self, prefixes: list, names: tuple) -> None:
+        """List each rank directory (with sizes and times) and read its ``names`` that exist."""
+        fs, root = getattr(self._s, "fs", None), getattr(self._s, "root", None)
+        if getattr(self._s, "is_local", False) or fs is None or not getattr(fs, "async_impl", False):
+            for p in prefixes:
+                local = self._s.local_path(p) if getattr(self._s, "is_local", False) else None
+                if local is None:
+                    return
+                try:
+                    with os.scandir(local) as it:
+                        entries = list(it)
+                except OSError:
+                    continue
+                self._dirs[p] = sorted(e.name for e in entries if not e.name.startswith(".msprobe-tmp"))
+                for e in entries:
+                    try:
+                        st = e.stat()
+                        self.info[f"{p}/{e.name}" if p else e.name] = (st.st_size, st.st_mtime)
+                    except OSError:
+                        pass
+            return
+        import asyncio
+
+        from fsspec.asyn import sync
+
+        full = {p: (f"{root}/{p}" if root else p).rstrip("/") for p in prefixes}
+
+        async def ls_all() -> list:
+            return await asyncio.gather(*[fs._ls(full[p], detail=True) for p in prefixes], return_exceptions=True)
+
+        fs.invalidate_cache()
+        listed = sync(fs.loop, ls_all)
+        want = {}
+        for p, entries in zip(prefixes, listed):
+            if isinstance(entries, BaseException):
+                continue
+            kids = []
+            for e in entries:
+                name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+                kids.append(name)
+                key = f"{p}/{name}" if p else name
+                mt = e.get("LastModified") or e.get("mtime")
+                mt = mt.timestamp() if hasattr(mt, "timestamp") else mt
+                self.info[key] = (e.get("size"), float(mt) if isinstance(mt, (int, float)) else None)
+                if name in names and e.get("type") == "file":
+                    want[f"{full[p]}/{name}"] = key
+            self._dirs[p] = sorted(set(kids))
+        if want:
+            got = fs.cat(list(want), on_error="omit")
+            for path, data in got.items():
+                k = want.get(path) or want.get(path.split("://", 1)[-1])
+                if k is not None and isinstance(data, bytes):
+                    self._data[k] = data
+
+
+class _CompactWriter:
+    """Streams rank index tables into one ``_compact.parquet`` (readers' ``covers`` metadata
+    added at the end): memory holds at most one output row group."""
+
+    def __init__(self, store: Any, ckey: str):
+        require("pyarrow", "parquet")
+        import pyarrow.parquet as pq
+
+        from msprobe.readers._rows import arrow_schema
+
+        self.store, self.ckey = store, ckey
+        self.schema = arrow_schema()
+        fd, self.tmp = tempfile.mkstemp(suffix=".parquet", prefix=".msprobe-compact-")
+        os.close(fd)
+        self.w = pq.ParquetWriter(self.tmp, self.schema, compression="zstd", write_statistics=True)
+        self.pending: list = []
+        self.n = 0
+        self.keys: list = []
+        self.records = 0
+
+    def add(self, key: str, table: Any, records: int) -> None:
+        self.pending.append(table.replace_schema_metadata(None).cast(self.schema))
+        self.n += table.num_rows
+        self.keys.append(key)
+        self.records += records or 0
+        if self.n >= 1 << 16:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self.pending:
+            self.w.write_table(pa.concat_tables(self.pending), row_group_size=1 << 17)
+        self.pending, self.n = [], 0
+
+    def close(self) -> str:
+        from msprobe import FORMAT_VERSION
+        from msprobe.readers.index import COMPACT_FILE, INDEX_VERSION, META_PREFIX
+
+        try:
+            self._flush()
+            base = self.ckey[: -len(COMPACT_FILE)]
+            self.w.add_key_value_metadata({
+                META_PREFIX + "index_version": INDEX_VERSION, META_PREFIX + "format_version": FORMAT_VERSION,
+                META_PREFIX + "covers": json.dumps([k[len(base):] for k in self.keys]),
+                META_PREFIX + "records": str(self.records)})
+            self.w.close()
+            with open(self.tmp, "rb") as f:
+                self.store.put_stream(self.ckey, f)
+        finally:
+            self.abort()
+        return self.ckey
+
+    def abort(self) -> None:
+        try:
+            os.remove(self.tmp)
+        except OSError:
+            pass
+
+
 def _build_batch(root_url: str, storage_options: Optional[dict], run: str, run_prefix: str, locs: list,
-                 known_sizes: Optional[dict] = None) -> list:
+                 known_sizes: Optional[dict] = None, compact_key: Optional[str] = None) -> list:
     """Task: write the index of each rank directory in ``locs`` (prefix, step, rank_dir, rank,
     split) to ``_lake/index/...``; returns one manifest row per rank directory.
 
     ``known_sizes``: {prefix: doc size} of ranks already indexed; a rank whose document still
-    has that size is not rebuilt (its row comes back with ``unchanged=True``)."""
+    has that size is not rebuilt (its row comes back with ``unchanged=True``).
+    ``compact_key``: ``locs`` are every rank of one step: also stream their tables into
+    that step's ``_compact.parquet`` (no second pass over the files)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
+    from msprobe.format.layout import MAPPING_CSV, TENSOR_DIR
     from msprobe.format.validate import RankLocation
     from msprobe.readers._dump import Dump
     from msprobe.readers._source import RankSource
-    import pyarrow.compute as pc
-
     from msprobe.readers.index import _table_bytes, rank_index_table
 
-    store = _store(root_url, storage_options)
+    store = _Prefetched(_store(root_url, storage_options))
+    store.prefetch([loc[0] for loc in locs], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
     out_store = _store(root_url, storage_options, write=True)
+    cw = _CompactWriter(out_store, compact_key) if compact_key else None
     rows = []
-    for prefix, step, rank_dir, rank, split in locs:
-        src = RankSource(store, RankLocation(prefix, step, rank_dir, rank, split), run=run)
-        dump = Dump(store, [src], engine="msprobe", url=root_url, storage_options=storage_options, run=run)
-        key = index_key(run, step, rank, rank_dir, split)
-        doc_name = src.doc_name
-        size, mtime = _stat(store, src.doc_key) if doc_name else (None, None)
-        if known_sizes is not None and prefix in known_sizes and known_sizes[prefix] == size:
-            rows.append({"prefix": prefix, "unchanged": True})
-            continue
-        try:
-            doc = src.document()
-        except StorageNotFoundError:
-            continue  # the rank directory went away
-        try:
-            dialect = dump.dialect_of(src)
-        except MsprobeError:
-            dialect = None
-        table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run,
-                                 stack=src.stack(), construct=src.construct(),
-                                 mapping=src.mapping() if src._has_mapping() else None,  # noqa: SLF001
-                                 source=src.url, dialect=dialect, doc_name=doc_name or "dump.json",
-                                 doc_size=src._doc_size)  # noqa: SLF001
-        out_store.put(key, _table_bytes(table))
-        data = doc.data
-        hn, hi = table.column("has_nan"), table.column("has_inf")
-        n_rows = table.num_rows - hn.null_count  # the record-only placeholder rows have no statistics
-        nan_rows = pc.sum(pc.or_(hn, hi).cast("int64")).as_py() or 0
-        del table
-        files, tbytes = _tensor_bytes(store, prefix) if doc.task == "tensor" else (0, 0)
-        rows.append({
-            "run": run, "run_prefix": run_prefix, "split": split, "step": step, "rank": rank, "rank_dir": rank_dir,
-            "prefix": prefix, "index_key": key, "compact_key": None, "doc": doc_name,
-            "doc_size": src._doc_size if src._doc_size is not None else size,  # noqa: SLF001
-            "mtime": mtime, "tensor_files": files, "tensor_bytes": tbytes, "records": len(data), "rows": n_rows,
-            "nan_rows": nan_rows, "framework": doc.framework, "task": doc.task, "level": doc.level,
-            "dialect": dialect, "built_at": time.time(),
-        })
-        src._reset()  # noqa: SLF001 - one document in memory at a time
+    from concurrent.futures import ThreadPoolExecutor
+
+    # index files are written concurrently (object stores: latency-bound PUTs); at most 8 in flight
+    pool = ThreadPoolExecutor(max_workers=1 if getattr(out_store, "is_local", False) else 8)
+    puts: list = []
+    try:
+        for prefix, step, rank_dir, rank, split in locs:
+            src = RankSource(store, RankLocation(prefix, step, rank_dir, rank, split), run=run)
+            dump = Dump(store, [src], engine="msprobe", url=root_url, storage_options=storage_options, run=run)
+            key = index_key(run, step, rank, rank_dir, split)
+            doc_name = src.doc_name
+            size, mtime = (store.info.get(src.doc_key) or _stat(store, src.doc_key)) if doc_name else (None, None)
+            if known_sizes is not None and prefix in known_sizes and known_sizes[prefix] == size:
+                rows.append({"prefix": prefix, "unchanged": True, "index_key": key})
+                if cw is not None:
+                    old = pq.read_table(io.BytesIO(out_store.get(key)))
+                    cw.add(key, old, 0)
+                continue
+            try:
+                doc = src.document()
+            except StorageNotFoundError:
+                continue  # the rank directory went away
+            try:
+                dialect = dump.dialect_of(src)
+            except MsprobeError:
+                dialect = None
+            names = src.names()
+            has_map = (TENSOR_DIR in names or MAPPING_CSV in names) and src._has_mapping()  # noqa: SLF001
+            table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run,
+                                     stack=src.stack(), construct=src.construct(),
+                                     mapping=src.mapping() if has_map else None,
+                                     source=src.url, dialect=dialect, doc_name=doc_name or "dump.json",
+                                     doc_size=src._doc_size)  # noqa: SLF001
+            puts.append(pool.submit(out_store.put, key, _table_bytes(table)))
+            if len(puts) > 16:
+                puts.pop(0).result()
+            data = doc.data
+            hn, hi = table.column("has_nan"), table.column("has_inf")
+            n_rows = table.num_rows - hn.null_count  # the record-only placeholder rows have no statistics
+            nan_rows = pc.sum(pc.or_(hn, hi).cast("int64")).as_py() or 0
+            if cw is not None:
+                cw.add(key, table, len(data))
+            del table
+            files, tbytes = _tensor_bytes(store, prefix) if doc.task == "tensor" else (0, 0)
+            rows.append({
+                "run": run, "run_prefix": run_prefix, "split": split, "step": step, "rank": rank,
+                "rank_dir": rank_dir, "prefix": prefix, "index_key": key, "compact_key": compact_key,
+                "doc": doc_name, "doc_size": src._doc_size if src._doc_size is not None else size,  # noqa: SLF001
+                "mtime": mtime, "tensor_files": files, "tensor_bytes": tbytes, "records": len(data),
+                "rows": n_rows, "nan_rows": nan_rows, "framework": doc.framework, "task": doc.task,
+                "level": doc.level, "dialect": dialect, "built_at": time.time(),
+            })
+            src._reset()  # noqa: SLF001 - one document in memory at a time
+        for f in puts:
+            f.result()
+        if cw is not None:
+            cw.close()
+            cw = None
+    finally:
+        pool.shutdown(wait=True)
+        if cw is not None:
+            cw.abort()
     return rows
 
 
@@ -248,43 +433,20 @@ def _rebuild_rows(root_url: str, storage_options: Optional[dict], items: list) -
 def _compact_group(root_url: str, storage_options: Optional[dict], ckey: str, keys: list, records: int) -> str:
     """Task: stream the index files ``keys`` (one step of one run) into ``ckey``, with the
     readers' ``covers`` metadata; memory holds one input file and one output row group."""
-    pa = require("pyarrow", "parquet")
+    require("pyarrow", "parquet")
     import pyarrow.parquet as pq
 
-    from msprobe.readers._rows import arrow_schema
-    from msprobe.readers.index import COMPACT_FILE, INDEX_VERSION, META_PREFIX
-
-    from msprobe import FORMAT_VERSION
-
     store = _store(root_url, storage_options, write=True)
-    base = ckey[: -len(COMPACT_FILE)]
-    meta = {META_PREFIX + "index_version": INDEX_VERSION, META_PREFIX + "format_version": FORMAT_VERSION,
-            META_PREFIX + "covers": json.dumps([k[len(base):] for k in keys]),
-            META_PREFIX + "records": str(records)}
-    schema = arrow_schema().with_metadata(meta)
-    fd, tmp = tempfile.mkstemp(suffix=".parquet", prefix=".msprobe-compact-")
-    os.close(fd)
+    cw = _CompactWriter(store, ckey)
     try:
-        pending: list = []
-        n = 0
-        with pq.ParquetWriter(tmp, schema, compression="zstd", write_statistics=True) as w:
-            for k in keys:
-                t = pq.read_table(io.BytesIO(store.get(k))).replace_schema_metadata(None).cast(arrow_schema())
-                pending.append(t)
-                n += t.num_rows
-                if n >= 1 << 16:
-                    w.write_table(pa.concat_tables(pending).replace_schema_metadata(meta), row_group_size=1 << 17)
-                    pending, n = [], 0
-            if pending:
-                w.write_table(pa.concat_tables(pending).replace_schema_metadata(meta), row_group_size=1 << 17)
-        with open(tmp, "rb") as f:
-            store.put_stream(ckey, f)
-    finally:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-    return ckey
+        for k in keys:
+            cw.add(k, pq.read_table(io.BytesIO(store.get(k))), 0)
+        cw.records = records
+        out = cw.close()
+    except BaseException:
+        cw.abort()
+        raise
+    return out
 
 
 # -- manifest and catalog ----------------------------------------------------------------------

@@ -60,7 +60,7 @@ class Runner:
         from distributed import Client, LocalCluster
 
         n = self.workers or min(os.cpu_count() or 1, 8)
-        self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+        self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0")
         self._client = Client(self._cluster)
         self._own = True
         return self._client

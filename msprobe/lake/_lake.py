@@ -32,7 +32,7 @@ class Lake:
     """
 
     def __init__(self, root: Any, storage_options: Optional[dict] = None, client: Any = None, *,
-                 refresh: str = "missing", workers: Optional[int] = None, local: Any = "auto", batch: int = 32,
+                 refresh: str = "missing", workers: Optional[int] = None, local: Any = "auto", batch: int = 64,
                  max_depth: int = 3, duckdb_config: Optional[dict] = None, progress: Any = None):
         if refresh not in _REFRESH:
             raise ConfigError(f"refresh={refresh!r}: valid values are {', '.join(_REFRESH)}")
@@ -69,14 +69,17 @@ class Lake:
         old = {r["index_key"]: r for r in _core.read_manifest(self.store)}
         t2 = time.perf_counter()
         rows: dict = {}
-        build: dict = {}  # run -> [loc]
-        check: dict = {}
+        todo: dict = {}  # compact key (one step of one run) -> [(loc, known doc size or None)]
+        members: dict = {}  # compact key -> how many rank dirs the step has
         recover: list = []
+        prefix_of = {i["run"]: i["run_prefix"] for i in infos}
         for info in infos:
             run = info["run"]
             for loc in info["locs"]:
                 prefix, step, rank_dir, rank, split = loc
                 key = _core.index_key(run, step, rank, rank_dir, split)
+                ckey = _core.compact_key_of(key)
+                members[ckey] = members.get(ckey, 0) + 1
                 if refresh == "none":
                     if key in old:
                         rows[key] = old[key]
@@ -84,32 +87,40 @@ class Lake:
                         recover.append((run, info["run_prefix"], tuple(loc)))
                     continue
                 if refresh == "all" or key not in existing:
-                    build.setdefault(run, []).append(tuple(loc))
+                    todo.setdefault(ckey, []).append((run, tuple(loc), None))
                 elif key not in old:
                     recover.append((run, info["run_prefix"], tuple(loc)))
                 elif refresh == "check":
-                    check.setdefault(run, []).append(tuple(loc))
+                    todo.setdefault(ckey, []).append((run, tuple(loc), old[key].get("doc_size")))
                     rows[key] = old[key]
                 else:
                     rows[key] = old[key]
-        prefix_of = {i["run"]: i["run_prefix"] for i in infos}
         jobs = []
-        for run, locs in list(build.items()) + list(check.items()):
-            known = {l[0]: rows[_core.index_key(run, l[1], l[3], l[2], l[4])].get("doc_size") for l in locs} \
-                if run in check and locs is check[run] else None
-            for i in range(0, len(locs), self.batch):
-                chunk = locs[i:i + self.batch]
-                jobs.append((self.url, self.storage_options, run, prefix_of[run], chunk,
-                             None if known is None else {l[0]: known[l[0]] for l in chunk}))
+        direct: set = set()  # steps whose build task writes the compacted file too
+        for ckey, items in sorted(todo.items()):
+            run = items[0][0]
+            whole = (refresh != "check" and len(items) == members[ckey] and 2 <= len(items) <= self.batch)
+            if whole:
+                direct.add(ckey)
+            for i in range(0, len(items), self.batch):
+                chunk = items[i:i + self.batch]
+                known = {loc[0]: size for _, loc, size in chunk} if refresh == "check" else None
+                jobs.append((self.url, self.storage_options, run, prefix_of[run], [loc for _, loc, _ in chunk], known,
+                             ckey if whole else None))
         changed_groups: set = set()
-        if jobs and refresh != "none":
+        n_built = 0
+        executor = "none"
+        if jobs:
             self._writable()
             self._say(f"indexing {sum(len(j[4]) for j in jobs)} rank dir(s) in {len(jobs)} task(s)")
-            for batch_rows in self.runner.map(_core._build_batch, jobs):  # noqa: SLF001
+            built_rows = self.runner.map(_core._build_batch, jobs)  # noqa: SLF001
+            executor = self.runner.last
+            for batch_rows in built_rows:
                 for r in batch_rows:
                     if r.get("unchanged"):
                         continue
                     rows[r["index_key"]] = r
+                    n_built += 1
                     changed_groups.add(_core.compact_key_of(r["index_key"]))
         if recover:
             rec_jobs = [(self.url, self.storage_options, recover[i:i + 256]) for i in range(0, len(recover), 256)]
@@ -128,6 +139,8 @@ class Lake:
             groups.setdefault(_core.compact_key_of(key), []).append(key)
         compact_jobs = []
         for ckey, keys in sorted(groups.items()):
+            if ckey in direct and all(rows[k].get("compact_key") == ckey for k in keys):
+                continue  # written by its build task
             keys.sort(key=lambda k: (rows[k]["rank"] is None, rows[k]["rank"] or 0, rows[k]["rank_dir"]))
             if len(keys) < 2:
                 for k in keys:
@@ -162,9 +175,8 @@ class Lake:
             _core.write_table(self.store_w, _core.MANIFEST_KEY, _core.manifest_table(self.manifest_rows))
             _core.write_catalog(self.store_w, self.catalog_rows, self.url)
         t5 = time.perf_counter()
-        built = sum(1 for r in rows.values() if r.get("built_at") and r["index_key"] not in old) if jobs else 0
-        self.stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": built, "recovered": len(recover),
-                      "removed": len(gone), "compacted": len(compact_jobs), "executor": self.runner.last}
+        self.stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": n_built, "recovered": len(recover),
+                      "removed": len(gone), "compacted": len(compact_jobs) + len(direct), "executor": executor}
         self.timings = {"discover_s": t1 - t0, "list_s": t2 - t1, "index_s": t3 - t2, "compact_s": t4 - t3,
                         "catalog_s": t5 - t4, "total_s": t5 - t0}
 

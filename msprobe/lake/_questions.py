@@ -97,12 +97,14 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
     """Task: :func:`msprobe.compare.compare_pair` on each (target loc, bench loc); the CSVs go
     to ``out_dir`` (a temporary directory, removed, when None). Returns the summaries
     without their per-row series."""
-    from msprobe.backends import open_store
     from msprobe.compare._core import _data, _task, compare_pair, detect_mode
+    from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
     from msprobe.format.validate import RankLocation
+    from msprobe.lake._core import _Prefetched, _store
     from msprobe.readers._source import RankSource
 
-    store = open_store(root_url, storage_options, read_only=True)
+    store = _Prefetched(_store(root_url, storage_options))
+    store.prefetch([loc[0] for pair in pairs for loc in pair], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
     tmp = None
     if out_dir is None:
         tmp = out_dir = tempfile.mkdtemp(prefix="msprobe-lake-compare-")
