@@ -222,7 +222,10 @@ def run_trend(args) -> int:
                           "plot_note": df.attrs["plot_note"], "rows": json.loads(df.to_json(orient="records"))},
                          indent=1))
         return 0
-    wide = df.pivot_table(index="step", columns=["run", "rank_dir"], values="value", aggfunc="first")
+    if df.groupby(["run", "rank_dir"]).ngroups > 12:  # many ranks: their spread, per run
+        wide = df.groupby(["step", "run"])["value"].agg(["mean", "min", "max"]).unstack("run")
+    else:
+        wide = df.pivot_table(index="step", columns=["run", "rank_dir"], values="value", aggfunc="first")
     print(f"{args.record} {df.attrs['arg']} {args.stat} by step:")
     import pandas as pd
 
