@@ -5,8 +5,9 @@
    8.x ``parameters_grad``); rank vs proc directories are paired in :func:`pair_sources`.
 3. **Structure** (module-level dumps, L0/mix, whose call counts differ: one run calls a module
    or API once more): the construct tree (construct.json parent chain) is walked from the roots,
-   and the children of each pair of matched parents are aligned in execution order with
-   :class:`difflib.SequenceMatcher` on their count-free keys ``(type, api or module path, direction)``.
+   and the children of each pair of matched parents are aligned in execution order: a shortest
+   edit script (Myers' diff, like difflib's) on their count-free keys ``(type, api or module path,
+   direction)``, then each gap re-aligned with its neighbourhood by the records' statistics.
    So ``Module.layer.Linear.forward.1`` matches ``...forward.0`` when the counts shift, and the
    extra call stays unmatched. Records outside the tree (parameters_grad) fall back to 1-2.
 
@@ -14,7 +15,6 @@ Records without a counterpart are returned (and listed in the CSV with N/A on th
 """
 from __future__ import annotations
 
-import difflib
 from collections import Counter
 from typing import Any, Optional
 
@@ -114,34 +114,85 @@ def _dp(a: list, b: list, ka: list, kb: list, sig_a: list, sig_b: list) -> list:
     return out
 
 
-def _align(a: list, b: list, data_n: dict, data_b: dict) -> list:
-    """[(i, j)] pairs of two sibling lists: difflib on the count-free keys, then each gap and its
-    neighbourhood re-aligned by content, since a run of equal keys (a module called n or n+1 times)
-    does not say by itself which call is the extra one."""
-    ka, kb = [record_key(x) for x in a], [record_key(x) for x in b]
-    sm = difflib.SequenceMatcher(None, ka, kb, autojunk=False)
-    ops = sm.get_opcodes()
-    if all(op[0] == "equal" for op in ops):
-        return [(i, i) for i in range(len(a))]
-    # windows around the gaps, merged where they overlap
-    wins: list = []
-    for tag, i1, i2, j1, j2 in ops:
-        if tag == "equal":
-            continue
-        w = [max(0, i1 - WINDOW), min(len(a), i2 + WINDOW), max(0, j1 - WINDOW), min(len(b), j2 + WINDOW)]
-        if wins and (w[0] <= wins[-1][1] or w[2] <= wins[-1][3]):
-            last = wins[-1]
-            wins[-1] = [min(last[0], w[0]), max(last[1], w[1]), min(last[2], w[2]), max(last[3], w[3])]
+#: the most insertions plus deletions one sibling list may need (beyond: siblings pair by name)
+MAX_EDITS = 1500
+
+
+def _myers(a: list, b: list, max_d: int) -> Optional[list]:
+    """[(i, j)] of a shortest edit script between ``a`` and ``b`` (Myers' O((N+M)D) diff),
+    or None when more than ``max_d`` edits are needed."""
+    n, m = len(a), len(b)
+    v = {1: 0}
+    trace = []
+    for d in range(0, n + m + 1):
+        if d > max_d:
+            return None
+        trace.append(dict(v))
+        for k in range(-d, d + 1, 2):
+            if k == -d or (k != d and v[k - 1] < v[k + 1]):
+                x = v[k + 1]
+            else:
+                x = v[k - 1] + 1
+            y = x - k
+            while x < n and y < m and a[x] == b[y]:
+                x += 1
+                y += 1
+            v[k] = x
+            if x >= n and y >= m:
+                return _backtrack(trace, n, m)
+    return None  # pragma: no cover - the loop always ends at d <= n + m
+
+
+def _backtrack(trace: list, n: int, m: int) -> list:
+    x, y = n, m
+    pairs = []
+    for d in range(len(trace) - 1, -1, -1):
+        v = trace[d]
+        k = x - y
+        if k == -d or (k != d and v.get(k - 1, -1) < v.get(k + 1, -1)):
+            pk = k + 1
         else:
-            wins.append(w)
-    pairs = [(i1 + k, j1 + k) for tag, i1, i2, j1, j2 in ops if tag == "equal" for k in range(i2 - i1)]
+            pk = k - 1
+        px = v.get(pk, 0)
+        py = px - pk
+        while x > px and y > py:
+            pairs.append((x - 1, y - 1))
+            x, y = x - 1, y - 1
+        if d > 0:
+            x, y = px, py
+    pairs.reverse()
+    return pairs
+
+
+def _align(a: list, b: list, data_n: dict, data_b: dict) -> list:
+    """[(i, j)] pairs of two sibling lists: a shortest edit script on the count-free keys (Myers),
+    then each gap and its neighbourhood re-aligned by content, since a run of equal keys (a module
+    called n or n+1 times) does not say by itself which call is the extra one."""
+    ka, kb = [record_key(x) for x in a], [record_key(x) for x in b]
+    if ka == kb:
+        return [(i, i) for i in range(len(a))]
+    pairs = _myers(ka, kb, MAX_EDITS)
+    if pairs is None:  # too different to align: siblings pair by name
+        where = {nm: j for j, nm in enumerate(b)}
+        return [(i, where[nm]) for i, nm in enumerate(a) if nm in where]
+    # gaps between consecutive pairs, as windows widened by WINDOW and merged where they overlap
+    wins: list = []
+    prev = (-1, -1)
+    for i, j in pairs + [(len(a), len(b))]:
+        if i - prev[0] > 1 or j - prev[1] > 1:
+            w = [max(0, prev[0] + 1 - WINDOW), min(len(a), i + WINDOW),
+                 max(0, prev[1] + 1 - WINDOW), min(len(b), j + WINDOW)]
+            if wins and (w[0] <= wins[-1][1] or w[2] <= wins[-1][3]):
+                last = wins[-1]
+                wins[-1] = [min(last[0], w[0]), max(last[1], w[1]), min(last[2], w[2]), max(last[3], w[3])]
+            else:
+                wins.append(w)
+        prev = (i, j)
     for i_lo, i_hi, j_lo, j_hi in wins:
         if (i_hi - i_lo) * (j_hi - j_lo) > MAX_CELLS:
-            continue  # too large to refine: difflib's alignment stands
-        # keep the pairs outside the window; a pair straddling it cannot exist (blocks are monotone)
+            continue  # too large to refine: the edit script's alignment stands
         pairs = [(i, j) for i, j in pairs if not (i_lo <= i < i_hi or j_lo <= j < j_hi)]
-        sa = a[i_lo:i_hi]
-        sb = b[j_lo:j_hi]
+        sa, sb = a[i_lo:i_hi], b[j_lo:j_hi]
         got = _dp(sa, sb, ka[i_lo:i_hi], kb[j_lo:j_hi], [_signature(data_n[x], []) for x in sa],
                   [_signature(data_b[x], []) for x in sb])
         pairs.extend((i_lo + i, j_lo + j) for i, j in got)

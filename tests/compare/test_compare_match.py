@@ -171,3 +171,45 @@ def test_cross_dialect_matches_what_the_real_tool_leaves_unmatched(tmp_path, sce
     # what remains: records that only 8.1.1 dumps (its view_as backward hooks, the autograd seed)
     assert {n.split(".")[1] for n in ours} <= {"view_as", "ones_like"}
     assert ours == real - naming
+
+
+def test_myers_is_a_longest_common_subsequence():
+    import difflib
+    import random
+
+    from msprobe.compare._match import _myers
+
+    rng = random.Random(5)
+    for _ in range(200):
+        a = [rng.randrange(4) for _ in range(rng.randrange(0, 25))]
+        b = [rng.randrange(4) for _ in range(rng.randrange(0, 25))]
+        p = _myers(a, b, 10**6)
+        assert all(a[i] == b[j] for i, j in p)
+        assert all(p[k][0] < p[k + 1][0] and p[k][1] < p[k + 1][1] for k in range(len(p) - 1))
+        sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+        assert len(p) >= sum(m.size for m in sm.get_matching_blocks())
+    assert _myers(list(range(50)), list(range(50, 100)), 10) is None
+
+
+def test_long_sibling_list_with_an_extra_call():
+    """20,000 siblings, one extra call early on (a quadratic diff would take minutes here)."""
+    keys = [f"Torch.op{i % 7}" for i in range(20000)]
+    cnt: dict = {}
+
+    def names(seq):
+        out = []
+        for k in seq:
+            cnt[k] = cnt.get(k, -1) + 1
+            out.append(f"{k}.{cnt[k]}.forward")
+        return out
+
+    b = names(keys)
+    cnt.clear()
+    a = names(keys[:100] + ["Torch.op3"] + keys[100:])
+    data_a = {n: {"output": [_t(float(i if i < 100 else i - 1))]} for i, n in enumerate(a)}
+    data_a[a[100]] = {"output": [_t(-5.0)]}
+    data_b = {n: {"output": [_t(float(i))]} for i, n in enumerate(b)}
+    pairs, rest, how = match_records(data_a, data_b, {n: None for n in a}, {n: None for n in b})
+    unmatched = [n for n, m in pairs if m is None]
+    assert unmatched == [a[100]] and rest == []
+    assert dict(pairs)[a[101]] == b[100] and dict(pairs)[a[-1]] == b[-1]
