@@ -29,7 +29,7 @@ TENSOR_STORES = ("files", "zarr")
 _TOP_KEYS = {
     "task", "dump_path", "rank", "step", "level", "enable_dataloader", "async_dump", "seed", "is_deterministic",
     "acl_config", "framework", "precision", "storage_options", "journal_flush", "journal_fsync", "fsync_tensors", "index", "tensor_store",
-    "stack", "run_dir_policy", "dialect", "max_bytes_in_flight", "writer_workers", "strict",
+    "tensor_compression", "tensor_shard_mb", "stack", "run_dir_policy", "dialect", "max_bytes_in_flight", "writer_workers", "strict",
     # known keys of newer/older msprobe releases that we accept and ignore
     "risk_level", "extra_info", "dump_enable", "online_run_ut", "nfs_path", "host", "port", "tls_path",
     "online_run_ut_recompute", "dump_generate", "is_online",
@@ -93,7 +93,9 @@ class DumpConfig:
     journal_fsync: bool = False  # fsync each journal flush (power-loss safety) or not (process-kill safety)
     fsync_tensors: bool = False  # fsync each tensor file (power-loss safety); renames stay atomic either way
     index: bool = False  # write the Parquet side index at publish
-    tensor_store: str = "files"
+    tensor_store: str = "files"  # "files": one .pt per tensor (msprobe); "zarr": tensors.zarr (section 21)
+    tensor_compression: str = "zstd"  # zarr store: "zstd" (blosc zstd-1 bitshuffle), "zstd-byteshuffle", "lz4", "none"
+    tensor_shard_mb: int = 128  # zarr store: raw MiB per shard object
     stack: bool = True  # capture stack.json
     run_dir_policy: str = "overwrite"  # 'overwrite' (msprobe's behaviour) | 'refuse'
     max_bytes_in_flight: int = 1 << 30
@@ -127,6 +129,11 @@ class DumpConfig:
             raise _fail("overflow_nums", self.overflow_nums, "an integer >= 1, or -1 for no limit")
         if self.tensor_store not in TENSOR_STORES:
             raise _fail("tensor_store", self.tensor_store, list(TENSOR_STORES))
+        if self.tensor_compression not in ("zstd", "zstd-byteshuffle", "lz4", "none"):
+            raise _fail("tensor_compression", self.tensor_compression, ["zstd", "zstd-byteshuffle", "lz4", "none"])
+        if not isinstance(self.tensor_shard_mb, int) or isinstance(self.tensor_shard_mb, bool) or \
+                not 1 <= self.tensor_shard_mb <= 4096:
+            raise _fail("tensor_shard_mb", self.tensor_shard_mb, "an integer from 1 to 4096 (MiB per shard)")
         if self.run_dir_policy not in ("overwrite", "refuse"):
             raise _fail("run_dir_policy", self.run_dir_policy, ["overwrite", "refuse"])
         if not isinstance(self.journal_flush, int) or isinstance(self.journal_flush, bool) or self.journal_flush < 1:
@@ -184,7 +191,8 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
     cfg.step = parse_int_list("step", raw.get("step"))
     cfg.level = raw.get("level", "L1")
     cfg.async_dump = raw.get("async_dump", False)
-    for key in ("storage_options", "journal_flush", "journal_fsync", "fsync_tensors", "index", "tensor_store", "stack", "run_dir_policy",
+    for key in ("storage_options", "journal_flush", "journal_fsync", "fsync_tensors", "index", "tensor_store", "tensor_compression",
+                "tensor_shard_mb", "stack", "run_dir_policy",
                 "max_bytes_in_flight", "writer_workers", "strict"):
         if key in raw:
             setattr(cfg, key, raw[key])

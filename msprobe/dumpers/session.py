@@ -115,6 +115,7 @@ class DumpSession:
         self._rank_resolved = False
         self._store = None
         self._writer = None
+        self._tstore = None
         self._journal = None
         self._reset_step_state()
         self.api_counts: dict = defaultdict(int)
@@ -133,6 +134,8 @@ class DumpSession:
         self._dirty = False
         self._files: set = set()
         self._mapping: dict = {}
+        self._same_memory: dict = {}  # tensor store: memory key -> (owner ref, version, first data name)
+        self._locations: dict = {}
         self.overflow_found = 0
 
     def reset_counters(self) -> None:
@@ -260,6 +263,25 @@ class DumpSession:
         self._files.add(fname)
         self.writer.submit(f"{self.rank_prefix}/{TENSOR_DIR}/{fname}", produce, nbytes=nbytes)
 
+    @property
+    def tensor_store(self):
+        """The Zarr tensor store writer of the current step and rank (``tensor_store: "zarr"``)."""
+        if self._tstore is None:
+            from msprobe.tensor_store import ZarrTensorWriter
+
+            cfg = self.config
+            self._tstore = ZarrTensorWriter(
+                self.store, self.rank_prefix, compression=cfg.tensor_compression,
+                shard_bytes=cfg.tensor_shard_mb << 20, max_bytes_in_flight=cfg.max_bytes_in_flight,
+                workers=max(1, min(cfg.writer_workers, 4)), journal_fsync=cfg.journal_fsync)
+        return self._tstore
+
+    def save_payload(self, data_name: str, logical_dtype: str, shape: tuple, produce: Callable[[], Any],
+                     nbytes: int, same_as: Optional[str] = None) -> None:
+        """Queue a tensor's raw little-endian bytes for the Zarr tensor store (deduplicated there)."""
+        self._files.add(data_name)
+        self.tensor_store.add(data_name, logical_dtype, shape, produce, nbytes, same_as=same_as)
+
     def flush_journal(self) -> None:
         """Resolve pending statistics and append the queued records to the crash journal."""
         with self.lock:
@@ -345,6 +367,13 @@ class DumpSession:
                 except Exception as exc:
                     failed = exc
                     self.errors.append(str(exc))
+            if self._tstore is not None:
+                try:
+                    self._locations = self._tstore.checkpoint()
+                except Exception as exc:
+                    failed = exc
+                    self._locations = self._tstore.locations()
+                    self._note_error("tensor_store", exc)
             debug = self.config.level == "debug"
             doc = {"task": self.config.task, "level": self.config.level, "framework": self.framework,
                    "dump_data_dir": self._dump_data_dir(), "data": self.data}
@@ -362,6 +391,7 @@ class DumpSession:
                           "framework": self.framework, "task": self.config.task, "level": self.config.level,
                           "step": self.current_step, "rank": self.rank, "records": len(self.data),
                           "complete": failed is None, "pid": os.getpid(),
+                          "tensor_store": "zarr" if self._tstore is not None else "files",
                           # final: the documents hold the whole step; journal segments left behind by a
                           # kill during the journal's deletion are stale (msprobe recover skips them)
                           "final": bool(final)}
@@ -387,15 +417,19 @@ class DumpSession:
             return
         try:
             write_rank_index(self.store, prefix, doc, step=self.current_step, rank=self.rank,
-                             stack=self.stacks.to_json(self.render_stack), construct=self.construct)
+                             stack=self.stacks.to_json(self.render_stack), construct=self.construct,
+                             locations=self._locations or None)
         except Exception as exc:
             self._note_error("index", exc)
 
     def _dump_data_dir(self) -> Optional[str]:
         if self.config.task != "tensor" and not self._files:
             return None
-        local = self.store.local_path(f"{self.rank_prefix}/{TENSOR_DIR}")
-        return local if local is not None else f"{self.store.url.rstrip('/')}/{self.rank_prefix}/{TENSOR_DIR}"
+        sub = TENSOR_DIR
+        if self.config.tensor_store == "zarr":
+            from msprobe.tensor_store import STORE_DIR as sub
+        local = self.store.local_path(f"{self.rank_prefix}/{sub}")
+        return local if local is not None else f"{self.store.url.rstrip('/')}/{self.rank_prefix}/{sub}"
 
     def _close_journal(self, *, delete: bool) -> None:
         if self._journal is not None:
@@ -420,6 +454,7 @@ class DumpSession:
             if self._writer is not None:  # its error log names the finished step's directory
                 self._writer.close()
                 self._writer = None
+            self._close_tensor_store()
             self.reset_counters()
 
     def close(self) -> None:
@@ -432,3 +467,12 @@ class DumpSession:
                 except Exception as exc:
                     self.errors.append(str(exc))
                 self._writer = None
+            self._close_tensor_store()
+
+    def _close_tensor_store(self) -> None:
+        if self._tstore is not None:
+            try:
+                self._tstore.close()
+            except Exception as exc:
+                self.errors.append(str(exc))
+            self._tstore = None

@@ -204,6 +204,13 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
         pass
     # tensor files
     tensor_files = set(store.list_dir(_join(loc.prefix, TENSOR_DIR))) if TENSOR_DIR in names else set()
+    if "tensors.zarr" in names:  # the Zarr tensor store (section 21): its manifest names the payloads
+        try:
+            from msprobe.tensor_store import ZarrTensorReader
+
+            tensor_files |= set(ZarrTensorReader(store, loc.prefix).names())
+        except MsprobeError as exc:
+            report.problems.append(Problem("error", _join(loc.prefix, "tensors.zarr"), "", str(exc)))
     mapping: dict = {}
     if MAPPING_CSV in tensor_files:
         tensor_files.discard(MAPPING_CSV)

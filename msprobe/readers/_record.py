@@ -52,6 +52,9 @@ class TensorRef(TensorArg):
         dn = self.data_name
         if not isinstance(dn, str) or self.record is None:
             return None
+        ts = self.record.source.tensor_store() if hasattr(self.record.source, "tensor_store") else None
+        if ts is not None:
+            return ts.locations().get(dn)
         return self.record.source.tensor_key(dn)
 
     @property
@@ -75,6 +78,11 @@ class TensorRef(TensorArg):
         if not isinstance(dn, str):
             raise TensorLoadError(f"record {rec_name!r}: {self.path or 'argument'} has no data_name "
                                   "(a statistics-only dump holds no tensor files)")
+        ts = self.record.source.tensor_store() if self.record is not None and hasattr(
+            self.record.source, "tensor_store") else None
+        if ts is not None:
+            return ts.load(dn, framework, record=rec_name, dtype=self.dtype if check else None,
+                           shape=self.shape if check else None)
         key = self.key
         return load_tensor_file(self.record.source.store, key, record=rec_name, dtype=self.dtype,  # type: ignore[union-attr]
                                 shape=self.shape, framework=framework, max_bytes=max_bytes, check=check)

@@ -126,7 +126,7 @@ def _numel(shape: Any) -> Optional[int]:
 def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Optional[int], rank_dir: str,
               split: Optional[str] = None, stack_ids: Optional[dict] = None, parents: Optional[dict] = None,
               mapping: Optional[dict] = None, placeholders: bool = False,
-              names: Optional[Iterable[str]] = None) -> dict:
+              names: Optional[Iterable[str]] = None, locations: Optional[dict] = None) -> dict:
     """Column lists for the records of one rank (``data`` is dump.json's ``data``).
 
     ``placeholders=True`` adds one row with ``io`` null for each record without a
@@ -180,7 +180,10 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
             cols["has_inf"].append(any(v is not None and v in (math.inf, -math.inf) for v in stats))
             cols["requires_grad"].append(rg if isinstance(rg, bool) else None)
             cols["data_name"].append(dn)
-            cols["location"].append(f"{TENSOR_DIR}/{mapping.get(dn, dn)}" if dn else None)
+            if dn and locations is not None:
+                cols["location"].append(locations.get(dn))
+            else:
+                cols["location"].append(f"{TENSOR_DIR}/{mapping.get(dn, dn)}" if dn else None)
             cols["stack_id"].append(sid)
             cols["parent"].append(par)
     return cols

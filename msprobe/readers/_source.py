@@ -100,6 +100,7 @@ class RankSource:
         self._has_map: Optional[bool] = None
         self._journal_live: Optional[bool] = None
         self._journal: Optional[dict] = None
+        self._tstore: Any = False
 
     @property
     def use_index(self) -> bool:
@@ -331,6 +332,21 @@ class RankSource:
         return self._mapping
 
     # -- tensors --------------------------------------------------------------
+    def tensor_store(self) -> Any:
+        """The rank's Zarr tensor store (:class:`msprobe.tensor_store.ZarrTensorReader`), or None."""
+        if self._tstore is False:
+            self._tstore = None
+            if "tensors.zarr" in self.names():
+                from msprobe.tensor_store import ZarrTensorReader
+
+                self._tstore = ZarrTensorReader(self.store, self.prefix)
+        return self._tstore
+
+    def tensor_locations(self) -> Optional[dict]:
+        """data name -> index ``location`` when the rank has a Zarr tensor store, else None."""
+        ts = self.tensor_store()
+        return None if ts is None else ts.locations()
+
     def tensor_key(self, data_name: str) -> str:
         """The storage key of a tensor file; refuses names that would escape dump_tensor_data."""
         check_file_name(data_name)
@@ -510,6 +526,12 @@ class IndexSource:
 
     def tensor_key(self, data_name: str) -> str:
         return self.rank_source().tensor_key(data_name)
+
+    def tensor_store(self) -> Any:
+        return self.rank_source().tensor_store()
+
+    def tensor_locations(self) -> Optional[dict]:
+        return self.rank_source().tensor_locations()
 
     @property
     def doc_name(self) -> Optional[str]:

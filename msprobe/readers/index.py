@@ -86,7 +86,7 @@ def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank
                      split: Optional[str] = None, run: Optional[str] = None, stack: Any = None,
                      construct: Any = None, mapping: Optional[dict] = None, source: Optional[str] = None,
                      dialect: Optional[str] = None, doc_name: Optional[str] = None,
-                     doc_size: Optional[int] = None) -> Any:
+                     doc_size: Optional[int] = None, locations: Optional[dict] = None) -> Any:
     """The index table (pyarrow) of one rank's document, metadata included.
 
     ``doc``: a DumpDocument or the dump.json object; ``stack``/``construct``: a
@@ -96,7 +96,8 @@ def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank
     doc = _as_doc(doc)
     data = doc.data
     cols = rank_rows(data, run=run, step=step, rank=rank, rank_dir=rank_dir, split=split,
-                     stack_ids=_stack_ids(stack), parents=_parents(construct), mapping=mapping, placeholders=True)
+                     stack_ids=_stack_ids(stack), parents=_parents(construct), mapping=mapping, placeholders=True,
+                     locations=locations)
     meta = {
         "index_version": INDEX_VERSION, "format_version": FORMAT_VERSION,
         "task": doc.task, "level": doc.level, "framework": doc.framework, "dialect": dialect,
@@ -117,7 +118,8 @@ def write_rank_index(store: Any, rank_prefix: str, doc: Any, *, step: Optional[i
                      rank_dir: Optional[str] = None, split: Optional[str] = None, run: Optional[str] = None,
                      stack: Any = None, construct: Any = None, mapping: Optional[dict] = None,
                      dialect: Optional[str] = None, key: Optional[str] = None, doc_name: str = "dump.json",
-                     doc_size: Optional[int] = None, source: Optional[str] = None) -> str:
+                     doc_size: Optional[int] = None, source: Optional[str] = None,
+                     locations: Optional[dict] = None) -> str:
     """Write the index of one rank through ``store`` (``store.put``, atomic) and return its key.
 
     ``doc`` is the rank's :class:`~msprobe.format.documents.DumpDocument` or the dump.json
@@ -131,7 +133,7 @@ def write_rank_index(store: Any, rank_prefix: str, doc: Any, *, step: Optional[i
         source = f"{store.url.rstrip('/')}/{rank_prefix}" if rank_prefix else store.url
     table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run, stack=stack,
                              construct=construct, mapping=mapping, source=source, dialect=dialect,
-                             doc_name=doc_name, doc_size=doc_size)
+                             doc_name=doc_name, doc_size=doc_size, locations=locations)
     key = key or join(rank_prefix, INDEX_FILE)
     store.put(key, _table_bytes(table))
     return key
@@ -254,7 +256,8 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
                              split=src.split, run=run, stack=src.stack(), construct=src.construct(),
                              mapping=src.mapping() if src._has_mapping() else None,  # noqa: SLF001
                              dialect=dump.dialect_of(src), key=key, doc_name=src.doc_name or "dump.json",
-                             doc_size=src._doc_size, source=src.url)  # noqa: SLF001
+                             doc_size=src._doc_size, source=src.url,  # noqa: SLF001
+                             locations=src.tensor_locations())
             if not was_loaded:
                 src._reset()  # noqa: SLF001 - bound memory: one document at a time
         written.append(f"{store.url.rstrip('/')}/{key}")

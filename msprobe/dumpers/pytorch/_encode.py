@@ -95,6 +95,17 @@ def _serialize(t: torch.Tensor) -> bytes:
     return buf.getvalue()
 
 
+def _raw_bytes(t: torch.Tensor) -> memoryview:
+    from msprobe.dumpers.pytorch._apis import GUARD
+
+    GUARD.inside = True  # the packer thread: these tensor calls are not the model's
+    return tensor_bytes(t)
+
+
+def _no_bytes() -> bytes:
+    return b""
+
+
 _SPECIAL_TYPES: dict = {}
 
 
@@ -159,6 +170,34 @@ class Encoder:  # noqa: D101
         self._tls = threading.local()
         self.check_overflow = False
         self._overflow_handles: list = []
+        self.zarr = getattr(getattr(session, "config", None), "tensor_store", "files") == "zarr"
+
+    def _save_payload(self, t: torch.Tensor, name: str) -> None:
+        """Tensor store: the same memory at the same version as a tensor saved earlier in this step
+        is passed as an alias (no copy, no bytes); anything else is copied to the CPU now and its
+        bytes are hashed and deduplicated by content in the store's packer thread."""
+        session = self.session
+        logical = str(t.dtype).replace("torch.", "", 1)
+        key = owner = None
+        try:
+            owner = t._base if t._base is not None else t
+            layout = (t.numel(),) if t.is_contiguous() else (tuple(t.shape), tuple(t.stride()))
+            key = (id(owner), t.storage_offset(), layout, t.dtype, t.device, t.is_conj(), t.is_neg())
+            hit = session._same_memory.get(key)
+            if hit is not None and hit[0]() is owner and hit[1] == t._version:
+                session.save_payload(name, logical, tuple(t.shape), _no_bytes, 0, same_as=hit[2])
+                return
+        except (RuntimeError, TypeError):  # sparse, meta, ...: no memory identity
+            key = None
+        c = t.detach()
+        c = c.to("cpu", copy=True) if c.device.type != "cpu" else c.clone()
+        c = c.resolve_conj().resolve_neg().contiguous()
+        session.save_payload(name, logical, tuple(c.shape), lambda c=c: _raw_bytes(c), c.numel() * c.element_size())
+        if key is not None:
+            try:
+                session._same_memory[key] = (weakref.ref(owner), t._version, name)
+            except TypeError:
+                pass
 
     def wants_tensors(self, record: str) -> bool:
         return self.save_tensors or any(item in record for item in self.tensor_list)
@@ -247,6 +286,9 @@ class Encoder:  # noqa: D101
         if save and (t.numel() or not getattr(self._tls, "in_output", False)):  # an empty *output* has no file (as the real tool does)
             name = f"{data_name_prefix}.pt"
             entry["data_name"] = name
+            if self.zarr:
+                self._save_payload(t, name)
+                return entry
             cpu = t.detach().to("cpu", copy=True).contiguous() if t.device.type != "cpu" else t.detach().clone()
             self.session.save_tensor(name, lambda c=cpu: _serialize(c), cpu.numel() * cpu.element_size())
         return entry
