@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES = [
     "msprobe.cli.run_ut",
     "msprobe.cli.api_precision_compare",
     "msprobe.cli.lake",
+    "msprobe.cli.convert",
 ]
 
 

@@ -74,8 +74,19 @@ class ZarrTensorReader:
             raise FormatError(f"{where}: attributes.msprobe_lake (the manifest) is missing")
         self.complete = bool(m.get("complete"))
         self.compression = m.get("compression")
+        arrays = m.get("arrays") or {}
         self.shards: dict = {a: {int(k): int(v) for k, v in (info.get("shards") or {}).items()}
-                             for a, info in (m.get("arrays") or {}).items()}
+                             for a, info in arrays.items()}
+        for a, info in arrays.items():  # the layout of each array, so reads need no zarr.json request
+            try:
+                shard, chunk = int(info["shard_elements"]), int(info["chunk_elements"])
+                dt = storage_dtype(a)
+                if dt.name != info.get("storage_dtype", dt.name) or shard % chunk:
+                    raise ValueError(a)
+                self._arrays[a] = {"shard": shard, "chunk": chunk, "cps": shard // chunk, "dt": dt, "logical": a,
+                                   "codec": "blosc" if info.get("compressed", True) else None}
+            except (KeyError, TypeError, ValueError, FormatError):
+                continue  # read from the array's zarr.json instead
         self.payloads: dict = {i: tuple(p) for i, p in enumerate(m.get("payloads") or []) if p}
         self.tensors: dict = {dn: (int(v[0]), tuple(v[1])) for dn, v in (m.get("tensors") or {}).items()}
         self.incomplete: set = set(m.get("incomplete") or [])

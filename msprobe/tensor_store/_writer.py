@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -354,7 +355,8 @@ class ZarrTensorWriter:
             "layout_version": LAYOUT_VERSION, "complete": bool(complete and not incomplete),
             "compression": self.compression,
             "arrays": {a.name: {"shards": {str(k): v for k, v in sorted(a.shards.items())},
-                                "shard_elements": a.shard, "chunk_elements": a.chunk}
+                                "shard_elements": a.shard, "chunk_elements": a.chunk,
+                                "storage_dtype": a.dt.name, "compressed": CODECS[self.compression] is not None}
                        for a in self._arrays.values()},
             "payloads": [[p[0], p[1], p[2], p[3]] if p[4] else None for p in self._payloads],
             "tensors": names,
@@ -400,6 +402,11 @@ class ZarrTensorWriter:
                     if manifest["complete"]:
                         for key in self.store.list_prefix(self._k(STORE_DIR, MANIFEST_DIR)):
                             self.store.delete(key)
+                        if getattr(self.store, "is_local", False):
+                            try:
+                                os.rmdir(self.store.local_path(self._k(STORE_DIR, MANIFEST_DIR)))
+                            except OSError:
+                                pass
             except Exception as exc:  # noqa: BLE001
                 failed["manifest"] = exc
             locs = self.locations()
