@@ -25,7 +25,37 @@ MODES = {
     "L0": dict(task="statistics", level="L0"),
     "md5": dict(task="statistics", level="L1", summary_mode="md5"),
     "tensor": dict(task="tensor", level="L1"),
+    # ours only: the Zarr tensor store (spec section 21)
+    "tensor_zarr": dict(task="tensor", level="L1", extra={"tensor_store": "zarr"}),
 }
+
+
+def zarr_stats(dump_path):
+    """Per dtype: stored raw bytes (after dedup) and encoded shard bytes, from each rank's manifest."""
+    out = {}
+    for root, dirs, _ in os.walk(dump_path):
+        if os.path.basename(root) != "tensors.zarr":
+            continue
+        with open(os.path.join(root, "zarr.json")) as f:
+            m = json.load(f)["attributes"]["msprobe_lake"]
+        seen = set()
+        for p in m["payloads"]:
+            if p is None:
+                continue
+            a, start, count, _ = p
+            if (a, start) in seen:
+                continue
+            seen.add((a, start))
+            with open(os.path.join(root, a, "zarr.json")) as f:
+                isz = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "int32": 4,
+                       "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8, "complex64": 8,
+                       "complex128": 16}[json.load(f)["data_type"]]
+            out.setdefault(a, [0, 0, 0])[0] += count * isz
+        for a, info in m["arrays"].items():
+            out.setdefault(a, [0, 0, 0])[1] += sum(info["shards"].values())
+            out[a][2] += len(info["shards"])
+        out.setdefault("_names", [0, 0, 0])[0] += len(m["tensors"])
+    return out
 
 
 def main():
@@ -53,6 +83,7 @@ def main():
         m = MODES[args.mode]
         cfg = {"task": m["task"], "dump_path": args.dump_path, "rank": [], "step": [], "level": m["level"],
                "async_dump": False, "risk_level": "ALL",
+               **m.get("extra", {}),
                m["task"]: {"scope": [], "list": [], "data_mode": ["all"],
                            **({"summary_mode": m.get("summary_mode", "statistics")} if m["task"] == "statistics" else {})}}
         cfg_path = args.dump_path.rstrip("/") + ".config.json"
@@ -88,10 +119,12 @@ def main():
                 with open(os.path.join(root, fn)) as f:
                     records += len(json.load(f).get("data", {}))
     measured = times[args.warmup:]
+    zs = zarr_stats(args.dump_path) if args.mode == "tensor_zarr" else None
     print(json.dumps({"ms_median": statistics.median(measured), "ms": measured,
                       "cpu_ms_median": statistics.median(cpu[args.warmup:]), "bytes": nbytes, "files": nfiles,
-                      "records": records, "steps_dumped": args.warmup + args.steps}))
-    shutil.rmtree(args.dump_path, ignore_errors=True)
+                      "records": records, "steps_dumped": args.warmup + args.steps, "zarr": zs}))
+    if not os.environ.get("MSPROBE_BENCH_KEEP"):
+        shutil.rmtree(args.dump_path, ignore_errors=True)
 
 
 if __name__ == "__main__":

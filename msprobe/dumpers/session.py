@@ -391,7 +391,7 @@ class DumpSession:
                           "framework": self.framework, "task": self.config.task, "level": self.config.level,
                           "step": self.current_step, "rank": self.rank, "records": len(self.data),
                           "complete": failed is None, "pid": os.getpid(),
-                          "tensor_store": "zarr" if self._tstore is not None else "files",
+                          **({"tensor_format": "zarr"} if self._tstore is not None else {}),
                           # final: the documents hold the whole step; journal segments left behind by a
                           # kill during the journal's deletion are stale (msprobe recover skips them)
                           "final": bool(final)}

@@ -164,7 +164,10 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
             elif rel == MARKER_FILE:
                 try:
                     m = json.loads(body)
-                    m["tensor_store"] = "zarr" if to == "zarr" else "files"
+                    if to == "zarr":
+                        m["tensor_format"] = "zarr"
+                    else:
+                        m.pop("tensor_format", None)
                     body = json.dumps(m, indent=1).encode("utf-8")
                 except ValueError:
                     pass

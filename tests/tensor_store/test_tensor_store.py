@@ -109,7 +109,7 @@ def test_round_trip_every_dtype_local(tmp_path):
     doc = json.loads((rank / "dump.json").read_text())
     names = [e["data_name"] for r in doc["data"].values() for e in r["input_args"]]
     assert all(n.endswith(".input.0.pt") for n in names) and len(names) == len(cases)
-    assert json.loads((rank / "msprobe_lake.json").read_text())["tensor_store"] == "zarr"
+    assert json.loads((rank / "msprobe_lake.json").read_text())["tensor_format"] == "zarr"
     # any Zarr v3 reader: zarr-python reads the same elements through the index location column
     import pyarrow.parquet as pq
 
