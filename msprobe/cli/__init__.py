@@ -28,6 +28,7 @@ SUBCOMMAND_MODULES = [
     "msprobe.cli.api_precision_compare",
     "msprobe.cli.lake",
     "msprobe.cli.convert",
+    "msprobe.cli.run_ut_online",
 ]
 
 

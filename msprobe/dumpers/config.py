@@ -33,6 +33,7 @@ _TOP_KEYS = {
     # known keys of newer/older msprobe releases that we accept and ignore
     "risk_level", "extra_info", "dump_enable", "online_run_ut", "nfs_path", "host", "port", "tls_path",
     "online_run_ut_recompute", "dump_generate", "is_online",
+    "rank_list", "online_queue_size", "online_queue_bytes", "online_flush_timeout", "poll_interval",
 }
 _TASK_KEYS = {
     "scope", "list", "tensor_list", "data_mode", "summary_mode", "file_format", "online_run_ut", "nfs_path", "host",
@@ -40,6 +41,8 @@ _TASK_KEYS = {
     "white_list", "black_list", "error_data_path", "is_online", "rank_list", "bench_path", "diff_nums",
     "async_dump", "jit_level", "fuzz_device", "pert_mode", "handler_type", "fuzz_level", "fuzz_stage", "if_preheat",
     "preheat_step", "max_sample", "grad_level", "param_list", "bounds",
+    # our online_run_ut keys (msprobe.online.config)
+    "online_queue_size", "online_queue_bytes", "online_flush_timeout", "poll_interval",
 }
 
 
@@ -102,6 +105,7 @@ class DumpConfig:
     writer_workers: int = 4
     strict: bool = False  # storage errors raise at step()/stop() when True
     extra: dict = field(default_factory=dict)
+    online: Any = None  # msprobe.online.config.OnlineSettings when online_run_ut is on
 
     def validate(self) -> "DumpConfig":
         if self.task not in TASKS:
@@ -209,4 +213,18 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
             cfg.extra[k] = v
     if isinstance(cfg.data_mode, str):
         cfg.data_mode = [cfg.data_mode]
+    _online(cfg, raw, task)
     return cfg.validate()
+
+
+def _online(cfg: DumpConfig, raw: dict, task: Any) -> None:
+    """online_run_ut (docs 08): API packets go to a checker instead of dump files."""
+    from msprobe.online.config import parse_online, section_with_fallback
+
+    sec = section_with_fallback(raw, task if isinstance(task, str) else "")
+    cfg.online = parse_online(sec, side="training", storage_options=cfg.storage_options)
+    if cfg.online is not None:
+        if task not in ("tensor", "statistics"):
+            raise _fail("task", task, "'tensor' (or 'statistics') with online_run_ut")
+        if raw.get("level", "L1") != "L1":
+            raise _fail("level", raw["level"], "'L1' with online_run_ut (API-level packets)")

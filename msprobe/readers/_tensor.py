@@ -232,5 +232,5 @@ def _convert(value: Any, framework: str) -> Any:
     if isinstance(value, np.ndarray):
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(value).copy())
+        return torch.from_numpy(np.array(value, copy=True, order="C"))  # keeps 0-d arrays 0-d
     return value

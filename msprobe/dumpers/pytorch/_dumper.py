@@ -78,6 +78,11 @@ class TorchDumper:
         self._mutating = _MutatingKeys()
         self.L1 = config.level in ("L1", "mix")
         self.L0 = config.level in ("L0", "mix")
+        self.online = None
+        if config.online is not None:  # online_run_ut: packets to the checker instead of dump files
+            from msprobe.dumpers.pytorch._online import OnlineRunUt
+
+            self.online = OnlineRunUt(config.online, self.session.resolve_rank)
 
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
@@ -126,6 +131,8 @@ class TorchDumper:
 
     def step(self) -> None:
         self.stop()
+        if self.online is not None:
+            self.online.end_step(self.session.current_step)
         self.session.end_step()
         self.encoder.cache.clear()
         self._scope_state = 0
@@ -137,6 +144,8 @@ class TorchDumper:
 
     def close(self) -> None:
         self.stop()
+        if self.online is not None:
+            self.online.close(self.session.current_step)
         self.patcher.uninstall()
         for h in self._module_handles + self._optim_handles:
             h.remove()
@@ -192,6 +201,8 @@ class TorchDumper:
     def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
         if self.token_range is not None and not self._in_token_range():
             return orig(*args, **kwargs)  # outside token_range nothing counts
+        if self.online is not None:
+            return self._online_api(orig, api_key, args, kwargs)
         GUARD.inside = True
         try:
             base, _ = self.session.next_api_name(api_key)
@@ -230,6 +241,78 @@ class TorchDumper:
         finally:
             GUARD.inside = False
 
+    def _online_api(self, orig, api_key: str, args: tuple, kwargs: dict):
+        """online_run_ut: the call's inputs and outputs go to the checker as one packet."""
+        online = self.online
+        GUARD.inside = True
+        try:
+            base, _ = self.session.next_api_name(api_key)
+            fwd = base + ".forward"
+            if api_key.startswith("Distributed.") or not self._wanted(fwd) or not online.admit():
+                return orig(*args, **kwargs)  # collectives are not replayable; a shed packet costs no copy
+            enc = online.encoder
+            try:
+                rec = {"input_args": [enc.encode(a, f"{fwd}.input.{i}", True) for i, a in enumerate(args)],
+                       "input_kwargs": {k: enc.encode(v, f"{fwd}.input.{k}", True) for k, v in kwargs.items()}}
+            except Exception:
+                online.discard()
+                return orig(*args, **kwargs)
+            # the backward: gradients of this call's own inputs, in argument order (a tap on the
+            # inputs), and of its output (a hook on it); not with recompute (the docs), not in place
+            tap = (not online.settings.recompute and self._bw_wanted() and api_key not in self._mutating
+                   and _needs_grad(args))
+            call_args = _tap(args, self._online_grads_callback(base + ".backward", args)) if tap else args
+            GUARD.inside = True  # (_tap resets it) calls made inside the API are not recorded
+            out = orig(*call_args, **kwargs)
+            try:
+                rec["output"] = self._encode_output(out, f"{fwd}.output", True, enc)
+                t = _first_tensor(out)
+                backward = tap and t is not None and t.requires_grad and t.grad_fn is not None
+                online.submit(fwd, rec, self.session.current_step, expects_backward=backward)
+            except Exception:
+                online.discard()
+                return out
+            if backward:
+                call_args_state = self._online_state
+                t.register_hook(lambda g, st=call_args_state: st.__setitem__("gout", (g,)))
+            return out
+        finally:
+            GUARD.inside = False
+
+    def _online_grads_callback(self, bwd: str, args: tuple):
+        """The tap's callback: it receives the input gradients after the output's hook saw its gradient."""
+        idx = [i for i, v in enumerate(args) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        state: dict = {"gout": None}
+        self._online_state = state
+        dumper = weakref.ref(self)
+        n = len(args)
+
+        def got(grads):
+            d = dumper()
+            if d is None or d.online is None or not d.enabled or not d._wanted(bwd, False):
+                return
+            full = [None] * n
+            for pos, g in zip(idx, grads):
+                full[pos] = g
+            d._online_backward(bwd, state["gout"] or (), full)
+
+        return got
+
+    def _online_backward(self, bwd: str, grads_in: Any, grads_out: Any) -> None:
+        online = self.online
+        if not online.admit():
+            return
+        GUARD.inside = True
+        try:
+            enc = online.encoder
+            rec = {"input": [enc.encode(g, f"{bwd}.input.{i}", True) for i, g in enumerate(grads_in)],
+                   "output": [enc.encode(g, f"{bwd}.output.{i}", True) for i, g in enumerate(grads_out)]}
+            online.submit(bwd, rec, self.session.current_step)
+        except Exception:
+            online.discard()
+        finally:
+            GUARD.inside = False
+
     def _keep(self, rec: dict) -> bool:
         if self.config.task != "overflow_check":
             return True
@@ -245,8 +328,8 @@ class TorchDumper:
     def _bw_wanted(self) -> bool:
         return self.config.backward_enabled and torch.is_grad_enabled() and self.config.task != "structure"
 
-    def _encode_output(self, out: Any, prefix: str, save: bool) -> list:
-        enc = self.encoder
+    def _encode_output(self, out: Any, prefix: str, save: bool, enc: Any = None) -> list:
+        enc = enc or self.encoder
         enc._tls.in_output = True
         try:
             if isinstance(out, (list, tuple)) and not isinstance(out, torch.Size):
@@ -277,6 +360,9 @@ class TorchDumper:
 
     def _record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
         """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
+        if self.online is not None:
+            self._online_backward(bwd, grads_in, grads_out)
+            return
         GUARD.inside = True
         try:
             want_in, want_out = self._io("backward")
