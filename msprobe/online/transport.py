@@ -54,6 +54,7 @@ PACKET_SUFFIX = ".pkt"
 MAX_FRAME_BYTES = 8 << 30
 _FRAME = struct.Struct(">Q")
 _FRAME_MAGIC = b"MSPF"
+_ACCEPT = b"MSPA"  # the checker's greeting: it accepted the connection (after the TLS handshake)
 PASSWORD_ENV = "MSPROBE_TLS_KEY_PASSWORD"
 
 
@@ -180,14 +181,22 @@ class SocketSink:
         except OSError as exc:
             raise TransportError(f"cannot connect to the checker at {self.host}:{self.port}: {exc}") from None
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.ssl_context is None:
-            raw.settimeout(None)
-            return raw
-        try:
-            s = self.ssl_context.wrap_socket(raw, server_hostname=self.host)
-        except (ssl.SSLError, OSError) as exc:
-            raw.close()
-            raise TransportError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
+        s = raw
+        if self.ssl_context is not None:
+            try:
+                s = self.ssl_context.wrap_socket(raw, server_hostname=self.host)
+            except (ssl.SSLError, OSError) as exc:
+                raw.close()
+                raise TransportError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
+        try:  # wait for the greeting: with TLS 1.3 a refused client certificate shows only here
+            got = _recv_exact(s, len(_ACCEPT))
+        except (ssl.SSLError, OSError, TransportError) as exc:
+            s.close()
+            raise TransportError(f"the checker at {self.host}:{self.port} refused the connection: {exc}") from None
+        if got is None or bytes(got) != _ACCEPT:
+            s.close()
+            raise TransportError(f"the checker at {self.host}:{self.port} closed the connection "
+                                 "(refused, or not an msprobe online checker)")
         s.settimeout(None)
         return s
 
@@ -328,6 +337,13 @@ class SocketListener:
                 self.refused.append((addr, str(exc)))
                 conn.close()
                 return
+        try:
+            conn.sendall(_ACCEPT)
+        except (ssl.SSLError, OSError) as exc:
+            log.warning("msprobe online: refused a connection from %s: %s", addr, exc)
+            self.refused.append((addr, str(exc)))
+            conn.close()
+            return
         conn.settimeout(None)
         self.connections += 1
         try:

@@ -87,6 +87,7 @@ class OnlineRunUt:
                                    max_bytes=settings.queue_bytes, flush_timeout=settings.flush_timeout,
                                    on_thread_start=_on_sender_thread)
         self.closed = False
+        self.forward_counts: dict = {}  # API (without direction) -> forward packets queued
 
     @property
     def stats(self) -> Any:
@@ -111,6 +112,9 @@ class OnlineRunUt:
             return encode_packet(header, [(n, tensor_bytes(c)) for n, c in tensors]), header
 
         self.sender.submit(build, nbytes)
+        if name.endswith(".forward"):
+            api = name[: -len(".forward")]
+            self.forward_counts[api] = self.forward_counts.get(api, 0) + 1
 
     def discard(self) -> None:
         self.encoder.take()
