@@ -8,8 +8,8 @@ import json
 def register(sub) -> None:
     p = sub.add_parser("run_ut", aliases=["acc_check"],
                        help="replay every API of an L1 dump on the device and a CPU float64 benchmark and judge it")
-    p.add_argument("-api_info", "--api_info_file", dest="api_info", required=True,
-                   help="dump.json, a rank directory, or any dump URL holding one rank")
+    p.add_argument("-api_info", "--api_info_file", dest="api_info", default=None,
+                   help="dump.json, a rank directory, or any dump URL holding one rank (not with --online)")
     p.add_argument("-o", "--out_path", dest="out_path", default="./", help="output directory (default ./)")
     p.add_argument("-save_error_data", "--save_error_data", dest="save_error_data", action="store_true",
                    help="save inputs/outputs of failing APIs (under error_data_path, any storage URL)")
@@ -38,10 +38,25 @@ def register(sub) -> None:
     p.add_argument("--preload", action="append", default=[], metavar="MODULE",
                    help="a module every checking process imports first (custom ops); repeatable")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
-    p.set_defaults(func=run)
+    p.add_argument("--online", action="store_true",
+                   help="online run_ut: check APIs as the training side sends them (also: is_online in -config)")
+    from msprobe.cli.run_ut_online import add_online_arguments
+
+    add_online_arguments(p, with_config=False)
+    p.set_defaults(func=run, _parser=p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from msprobe.cli.run_ut_online import config_is_online
+
+    if args.online or (args.api_info is None and config_is_online(args.config)):
+        from msprobe.cli.run_ut_online import run as run_online
+
+        return run_online(args)
+    if args.api_info is None:
+        args._parser.print_usage()
+        print("msprobe run_ut: error: -api_info is required (or --online / is_online in -config)")
+        return 2
     from msprobe.run_ut import CheckOptions, run_ut
 
     rank = args.rank

@@ -23,14 +23,16 @@ def add_online_arguments(p: argparse.ArgumentParser, *, with_config: bool = True
                    help="keep waiting after every rank's training side closed")
     p.add_argument("--idle-timeout", type=float, default=None,
                    help="exit after this many seconds without a packet")
-    p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    if with_config:
+        p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--port-file", default=None, help="write the listening port to this file (for scripts)")
 
 
 def register(sub) -> None:
     p = sub.add_parser("run_ut_online", help="online run_ut: check APIs as the training side sends them")
     p.add_argument("-o", "--out_path", "--out-path", dest="out_path", default="./", help="output directory")
-    p.add_argument("-d", "--device", default=None, help="device side of the replay (default: cuda:0 if present)")
+    p.add_argument("-d", "--device-type", "--device", dest="device_type", default="auto",
+                   help="device side: auto (CUDA, else NPU, else CPU in the recorded dtype), cpu, cuda:N, npu:N")
     add_online_arguments(p)
     p.set_defaults(func=run)
 
@@ -58,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         settings.rank_list = sorted({int(x) for x in args.rank_list.split(",") if x.strip()})
     if args.storage_options:
         settings.storage_options = json.loads(args.storage_options)
-    device = args.device or _default_device()
+    from msprobe.run_ut.runner import _pick_device
+
+    device = _pick_device(getattr(args, "device_type", "auto") or "auto", None)
 
     def on_listen(port: int) -> None:
         print(f"msprobe run_ut online: listening on {settings.host}:{port}", flush=True)
@@ -70,8 +74,11 @@ def run(args: argparse.Namespace) -> int:
                 fh.write(str(port))
             os.replace(tmp, args.port_file)
 
-    checker = OnlineChecker(settings, args.out_path, white_list=sec.get("white_list") or (),
-                            black_list=sec.get("black_list") or (), device=device,
+    from msprobe.run_ut import load_run_ut_config
+
+    lists = load_run_ut_config(args.config)
+    checker = OnlineChecker(settings, args.out_path, white_list=lists.get("white_list", ()),
+                            black_list=lists.get("black_list", ()), device=device,
                             keep_running=args.keep_running, idle_timeout=args.idle_timeout, on_listen=on_listen)
     install_signal_handlers(checker)
     s = checker.run()
@@ -85,10 +92,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_device() -> str:
+def config_is_online(path) -> bool:
+    """True when a config.json's run_ut section says ``is_online: true``."""
+    if not path:
+        return False
     try:
-        import torch
-
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
+        with open(path, "rb") as fh:
+            raw = json.loads(fh.read().decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False  # run_ut reports the bad file itself
+    sec = raw.get("run_ut") if isinstance(raw, dict) else None
+    return isinstance(sec, dict) and sec.get("is_online") is True

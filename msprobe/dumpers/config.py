@@ -167,19 +167,23 @@ class DumpConfig:
             not ({"input", "output"} & set(self.data_mode))
 
 
+def read_config_json(config_path: str) -> dict:
+    """The JSON object of a config.json; :class:`ConfigError` when it is missing or not one."""
+    if not os.path.isfile(config_path):
+        raise ConfigError(f"config_path {config_path!r} is not a file")
+    try:
+        with open(config_path, "rb") as f:
+            raw = json.loads(f.read().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config_path {config_path!r} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config_path {config_path!r}: the top level must be a JSON object")
+    return raw
+
+
 def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConfig:
     """Read config.json (if given) and apply non-None ``overrides`` (task, dump_path, level, step, ...)."""
-    raw: dict = {}
-    if config_path is not None:
-        if not os.path.isfile(config_path):
-            raise ConfigError(f"config_path {config_path!r} is not a file")
-        try:
-            with open(config_path, "rb") as f:
-                raw = json.loads(f.read().decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config_path {config_path!r} is not valid JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config_path {config_path!r}: the top level must be a JSON object")
+    raw: dict = read_config_json(config_path) if config_path is not None else {}
     for k, v in overrides.items():
         if v is not None:
             raw[k] = v

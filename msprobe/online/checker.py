@@ -45,16 +45,11 @@ def _run_ut() -> Any:
 
 
 def judge(forward_record: Any, backward_record: Any, options: Any) -> Any:
-    """The one place the checker asks run_ut for a verdict: an ``ApiResult`` for one API."""
-    execute, _ = _run_ut()
-    try:
-        packet = execute.packet_from_record(forward_record, backward_record, options)
-    except Exception as exc:  # noqa: BLE001 - inputs that cannot be rebuilt: the API is reported, not fatal
-        name = forward_record.name[: -len(".forward")] if forward_record.name.endswith(".forward") \
-            else forward_record.name
-        return execute.skip_result(name, f"The inputs could not be rebuilt from the packet: "
-                                         f"{type(exc).__name__}: {exc}", backward_record is not None)
-    return execute.check_packet(packet, options)
+    """The one place the checker asks run_ut for a verdict: an ``ApiResult`` for one API
+    (run_ut's :func:`~msprobe.run_ut.check_api`, which never raises for the API's faults)."""
+    from msprobe.run_ut import check_api
+
+    return check_api(forward_record, options, backward_record=backward_record)
 
 
 class _Progress:
@@ -325,17 +320,9 @@ def settings_from_config(config_path: Optional[str], *, force_online: bool = Fal
     """(OnlineSettings, run_ut section) from a checker config.json (task run_ut)."""
     from msprobe.online.config import parse_online, section_with_fallback
 
-    raw: dict = {}
-    if config_path:
-        if not os.path.isfile(config_path):
-            raise ConfigError(f"config_path {config_path!r} is not a file")
-        try:
-            with open(config_path, "rb") as fh:
-                raw = json.loads(fh.read().decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config_path {config_path!r} is not valid JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config_path {config_path!r}: the top level must be a JSON object")
+    from msprobe.dumpers.config import read_config_json
+
+    raw: dict = read_config_json(config_path) if config_path else {}
     task = raw.get("task", "run_ut")
     if task != "run_ut":
         raise ConfigError(f"invalid config value task={task!r}; valid: 'run_ut' for the checker")

@@ -64,6 +64,15 @@ def _bool(raw: dict, key: str, default: bool) -> bool:
     return v
 
 
+def _text(raw: dict, key: str, default: str, valid: str) -> str:
+    v = raw.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise _fail(key, v, valid)
+    return v
+
+
 def _num(raw: dict, key: str, default: Any, *, minimum: float, integer: bool = True) -> Any:
     v = raw.get(key, default)
     ok = isinstance(v, int) if integer else isinstance(v, (int, float))
@@ -82,30 +91,15 @@ def parse_online(raw: dict, *, side: str, storage_options: Optional[dict] = None
     if not _bool(raw, switch, False):
         return None
     s = OnlineSettings(storage_options=storage_options)
-    nfs = raw.get("nfs_path", "")
-    if nfs is None:
-        nfs = ""
-    if not isinstance(nfs, str):
-        raise _fail("nfs_path", nfs, "a directory path or URL string, or \"\"")
-    s.nfs_path = nfs.strip()
-    host = raw.get("host", "")
-    if host is None:
-        host = ""
-    if not isinstance(host, str):
-        raise _fail("host", host, "an IP address or host name string")
-    s.host = host.strip()
+    s.nfs_path = _text(raw, "nfs_path", "", "a directory path or URL string, or \"\"").strip()
+    s.host = _text(raw, "host", "", "an IP address or host name string").strip()
     port = raw.get("port", -1)
     if port is None:
         port = -1
     if not isinstance(port, int) or isinstance(port, bool) or not (port == -1 or 0 <= port <= 65535):
         raise _fail("port", port, "an integer port 0..65535 (-1: not set)")
     s.port = port
-    tls = raw.get("tls_path", "./")
-    if tls is None:
-        tls = "./"
-    if not isinstance(tls, str):
-        raise _fail("tls_path", tls, "a directory path, or \"\" for plain TCP")
-    s.tls_path = tls
+    s.tls_path = _text(raw, "tls_path", "./", "a directory path, or \"\" for plain TCP")
     s.recompute = _bool(raw, "online_run_ut_recompute", False)
     ranks = raw.get("rank_list", [0])
     if ranks is None or ranks == []:

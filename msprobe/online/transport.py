@@ -77,7 +77,7 @@ def _tls_files(tls_path: str, role: str) -> tuple:
     return key, crt, ca, crl if os.path.isfile(crl) else None
 
 
-def _context(purpose: Any, tls_path: str, role: str) -> ssl.SSLContext:
+def _context(tls_path: str, role: str) -> ssl.SSLContext:
     key, crt, ca, crl = _tls_files(tls_path, role)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if role == "server" else ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -96,12 +96,12 @@ def _context(purpose: Any, tls_path: str, role: str) -> ssl.SSLContext:
 
 def client_ssl_context(tls_path: str) -> ssl.SSLContext:
     """The training side's context: presents client.crt, verifies the checker against ca.crt."""
-    return _context(ssl.Purpose.SERVER_AUTH, tls_path, "client")
+    return _context(tls_path, "client")
 
 
 def server_ssl_context(tls_path: str) -> ssl.SSLContext:
     """The checker's context: presents server.crt, requires a client certificate signed by ca.crt."""
-    return _context(ssl.Purpose.CLIENT_AUTH, tls_path, "server")
+    return _context(tls_path, "server")
 
 
 # -------------------------------------------------------------------------- framing

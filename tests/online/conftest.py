@@ -46,7 +46,8 @@ def checker_config(tmp_path, **online) -> str:
 
 
 def start_checker(config: str, out: str, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "msprobe", "run_ut_online", "-config", config, "-o", out,
+    # the docs' form: ``msprobe run_ut -config config.json`` with is_online in the run_ut section
+    cmd = [sys.executable, "-m", "msprobe", "run_ut", "-config", config, "-o", out,
            "--idle-timeout", "90", *extra]
     return subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -167,3 +168,46 @@ def tls_dirs(tmp_path_factory):
         _write(d / "ca.crt", cert=ca)
         out[role] = str(d)
     return out
+
+
+class ThreadChecker:
+    """The checker run in the test's own process (a thread), the training run being the other process."""
+
+    def __init__(self, config: str, out: str, **kw):
+        import threading
+
+        from msprobe.online.checker import OnlineChecker, settings_from_config
+        from msprobe.run_ut import load_run_ut_config
+
+        settings, _ = settings_from_config(config)
+        lists = load_run_ut_config(config)
+        self.listening = threading.Event()
+        self.checker = OnlineChecker(settings, out, white_list=lists.get("white_list", ()),
+                                     black_list=lists.get("black_list", ()), idle_timeout=kw.pop("idle_timeout", 90),
+                                     on_listen=lambda port: self.listening.set(), **kw)
+        self.summary = None
+        self.error = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        if settings.transport != "store":
+            assert self.listening.wait(30), "the checker never listened"
+
+    def _run(self):
+        try:
+            self.summary = self.checker.run()
+        except BaseException as exc:  # reported by join()
+            self.error = exc
+
+    @property
+    def port(self) -> int:
+        return self.checker.port
+
+    def join(self, timeout: float = 150) -> dict:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.checker.stop()
+            self.thread.join(10)
+            raise AssertionError("checker did not finish")
+        if self.error is not None:
+            raise self.error
+        return self.summary

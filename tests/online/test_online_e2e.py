@@ -15,6 +15,7 @@ from tests.online.conftest import (
     checker_config,
     details_rows,
     finish,
+    ThreadChecker,
     result_rows,
     run_training,
     start_checker,
@@ -50,22 +51,19 @@ def test_s3_store(tmp_path, s3_server, s3_bucket_url):
     opts = s3_storage_options(s3_server, picklable=True)
     url = f"{s3_bucket_url}/online"
     out = str(tmp_path / "out")
-    checker = start_checker(checker_config(tmp_path, nfs_path=url, storage_options=opts, poll_interval=0.3), out)
+    checker = ThreadChecker(checker_config(tmp_path, nfs_path=url, storage_options=opts, poll_interval=0.3), out)
     sent = run_training(training_config(tmp_path, nfs_path=url, storage_options=opts), steps=1)
-    finish(checker)
+    checker.join()
     assert sent["stats"]["dropped"] == 0
     assert_covers(out, sent)
 
 
 def test_plain_tcp(tmp_path):
     out = str(tmp_path / "out")
-    port_file = str(tmp_path / "port")
-    checker = start_checker(checker_config(tmp_path, nfs_path="", host="127.0.0.1", port=0, tls_path=""), out,
-                            "--port-file", port_file)
-    wait_for(port_file)
-    port = int(open(port_file).read())
-    sent = run_training(training_config(tmp_path, nfs_path="", host="127.0.0.1", port=port, tls_path=""), steps=1)
-    finish(checker)
+    checker = ThreadChecker(checker_config(tmp_path, nfs_path="", host="127.0.0.1", port=0, tls_path=""), out)
+    sent = run_training(training_config(tmp_path, nfs_path="", host="127.0.0.1", port=checker.port, tls_path=""),
+                        steps=1)
+    checker.join()
     assert sent["stats"]["dropped"] == 0 and sent["stats"]["failed"] == 0
     rows = assert_covers(out, sent)
     assert "error" not in _statuses(rows)
@@ -76,11 +74,8 @@ def test_tls_mutual_certificates_and_wrong_certificate_refused(tmp_path, tls_dir
     from msprobe.online.transport import SocketSink, TransportError, client_ssl_context
 
     out = str(tmp_path / "out")
-    port_file = str(tmp_path / "port")
-    checker = start_checker(checker_config(tmp_path, host="127.0.0.1", port=0, tls_path=tls_dirs["server"]), out,
-                            "--port-file", port_file)
-    wait_for(port_file)
-    port = int(open(port_file).read())
+    checker = ThreadChecker(checker_config(tmp_path, host="127.0.0.1", port=0, tls_path=tls_dirs["server"]), out)
+    port = checker.port
     # a client whose certificate another CA signed is refused; so is one without a certificate
     hdr = {"kind": "close", "run": "rogue", "rank": 0, "step": 0, "seq": 0}
     rogue = SocketSink("127.0.0.1", port, ssl_context=client_ssl_context(tls_dirs["rogue"]))
@@ -94,10 +89,10 @@ def test_tls_mutual_certificates_and_wrong_certificate_refused(tmp_path, tls_dir
         SocketSink("127.0.0.1", port, ssl_context=anon).send(encode_packet(hdr), hdr)
     sent = run_training(training_config(tmp_path, host="127.0.0.1", port=port, tls_path=tls_dirs["client"]),
                         steps=1)
-    log = finish(checker)
+    summary = checker.join()
     assert sent["stats"]["dropped"] == 0
     assert_covers(out, sent)  # the rogue "close" packets were never accepted
-    assert "refused connections: 2" in log
+    assert summary["refused_connections"] == 2
 
 
 def test_tls_path_default_needs_certificates(tmp_path, monkeypatch):
@@ -133,7 +128,7 @@ def test_killed_checker_resumes(tmp_path):
     checker.wait()
     partial = len(result_rows(out))
     assert 0 < partial < total
-    log = finish(start_checker(cfg, out))
+    log = finish(start_checker(cfg, out, "--online"))  # the flag form (is_online is in the config too)
     assert_covers(out, sent)  # no API twice, none missing
     assert f"{total - partial}" in log or "APIs checked" in log
     from msprobe.run_ut.csvio import api_of_row
@@ -153,10 +148,10 @@ def test_recompute_skips_backward_and_rank_list_filters(tmp_path):
     cfg["run_ut"]["rank_list"] = [1]
     path = tmp_path / "ck1.json"
     path.write_text(json.dumps(cfg))
-    log = finish(start_checker(str(path), str(tmp_path / "out1"), "--idle-timeout", "2"))
-    assert f"{len(names)} of other ranks" in log
+    summary = ThreadChecker(str(path), str(tmp_path / "out1"), idle_timeout=1).join()
+    assert summary["ignored_rank"] == len(names) and summary["apis"] == 0
     assert not [f for f in os.listdir(tmp_path / "out1") if f.startswith("accuracy_checking_result")]
-    finish(start_checker(checker_config(tmp_path, nfs_path=nfs), out))
+    ThreadChecker(checker_config(tmp_path, nfs_path=nfs), out).join()
     rows = assert_covers(out, sent)
     assert all(r[2].strip() == "" for r in rows), rows  # no backward checked
 
@@ -164,6 +159,6 @@ def test_recompute_skips_backward_and_rank_list_filters(tmp_path):
 def test_checker_cli_errors(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"task": "run_ut", "run_ut": {"is_online": True}}))
-    p = subprocess.run([os.sys.executable, "-m", "msprobe", "run_ut_online", "-config", str(bad)],
+    p = subprocess.run([os.sys.executable, "-m", "msprobe", "run_ut", "--online", "-config", str(bad)],
                        capture_output=True, text=True, env=__import__("tests.online.conftest", fromlist=["env"]).env())
     assert p.returncode == 1 and "nfs_path" in p.stderr

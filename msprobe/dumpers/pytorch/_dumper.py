@@ -261,7 +261,13 @@ class TorchDumper:
             # inputs), and of its output (a hook on it); not with recompute (the docs), not in place
             tap = (not online.settings.recompute and self._bw_wanted() and api_key not in self._mutating
                    and _needs_grad(args))
-            call_args = _tap(args, self._online_grads_callback(base + ".backward", args)) if tap else args
+            grads_state: dict = {"gout": None}
+            call_args = args
+            if tap:
+                try:
+                    call_args = _tap(args, self._online_grads_callback(base + ".backward", args, grads_state))
+                except Exception:  # inference tensors and the like: no backward check, training goes on
+                    tap = False
             GUARD.inside = True  # (_tap resets it) calls made inside the API are not recorded
             out = orig(*call_args, **kwargs)
             try:
@@ -273,17 +279,15 @@ class TorchDumper:
                 online.discard()
                 return out
             if backward:
-                call_args_state = self._online_state
-                t.register_hook(lambda g, st=call_args_state: st.__setitem__("gout", (g,)))
+                t.register_hook(lambda g, st=grads_state: st.__setitem__("gout", (g,)))
             return out
         finally:
             GUARD.inside = False
 
-    def _online_grads_callback(self, bwd: str, args: tuple):
-        """The tap's callback: it receives the input gradients after the output's hook saw its gradient."""
+    def _online_grads_callback(self, bwd: str, args: tuple, state: dict):
+        """The tap's callback: it receives the input gradients after the output's hook put the
+        output's gradient in ``state``."""
         idx = [i for i, v in enumerate(args) if isinstance(v, torch.Tensor) and v.is_floating_point()]
-        state: dict = {"gout": None}
-        self._online_state = state
         dumper = weakref.ref(self)
         n = len(args)
 
@@ -360,9 +364,6 @@ class TorchDumper:
 
     def _record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
         """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
-        if self.online is not None:
-            self._online_backward(bwd, grads_in, grads_out)
-            return
         GUARD.inside = True
         try:
             want_in, want_out = self._io("backward")
