@@ -46,6 +46,8 @@ def child(args):
         from msprobe.pytorch import PrecisionDebugger
 
         sub = {"scope": [], "list": []}
+        if args.mode.startswith("online") and args.queue:
+            sub.update(online_queue_size=args.queue, online_queue_bytes=4 << 30)
         if args.mode == "online_nfs":
             sub.update(online_run_ut=True, nfs_path=os.path.join(args.dir, "nfs"))
         elif args.mode == "online_tcp":
@@ -111,7 +113,8 @@ def measure(args, mode):
                     time.sleep(0.05)
                 port = int(open(port_file).read())
         cmd = [sys.executable, __file__, "--child", "--mode", mode, "--size", args.size, "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--threads", str(args.threads), "--dir", d, "--port", str(port)]
+               "--warmup", str(args.warmup), "--threads", str(args.threads), "--dir", d, "--port", str(port),
+               "--queue", str(args.queue)]
         p = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
         line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         if not line:
@@ -145,13 +148,14 @@ def main():
     ap.add_argument("--dir", default=None)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--checker-wait", type=float, default=30.0)
+    ap.add_argument("--queue", type=int, default=0, help="online_queue_size (0: the default, 256 packets)")
     args = ap.parse_args()
     if args.child:
         return child(args)
     results = {m: measure(args, m) for m in args.modes.split(",")}
     base = results.get("none")
-    print(f"size {args.size}, {args.steps} measured steps, {args.threads} torch thread(s), load "
-          f"{os.getloadavg()[0]:.1f}")
+    print(f"size {args.size}, {args.steps} measured steps, {args.threads} torch thread(s), queue "
+          f"{args.queue or 256} packets, load {os.getloadavg()[0]:.1f}")
     print("| mode | CPU ms/step | ratio | wall ms/step | ratio | APIs queued | sent | dropped | sampled out |")
     print("|---|---|---|---|---|---|---|---|---|")
     for m, r in results.items():

@@ -150,7 +150,13 @@ class StoreSink:
         from msprobe.backends import open_store
 
         self.url = url
-        self.store = open_store(url, storage_options=storage_options)
+        store = open_store(url, storage_options=storage_options)
+        if getattr(store, "is_local", False):
+            from msprobe.backends import LocalStore
+
+            # still temp file + atomic rename, without an fsync per packet (they are transient)
+            store = LocalStore(store.local_path(""), fsync=False)
+        self.store = store
 
     @staticmethod
     def key_for(run: str, rank: Any, seq: int) -> str:
