@@ -292,7 +292,7 @@ def _output_rule(rows: list, rec_norms: list, counts: dict) -> None:
     """26.2.0's record rule in statistics mode, found by experiment (the crafted dumps and the
     real tool's CSV in tests/fixtures/real/compare_outputs/result_rule/): when the largest relative
     Norm error among a record's outputs is more than 10 times the largest among its inputs
-    (positional and keyword, tensors and scalars; undefined errors left out; 0.01 when none is
+    (positional and keyword, module parameters, tensors and scalars; undefined errors left out; 0.01 when none is
     above 0), the record's first output row becomes a warning."""
     in_max = 0.0
     out_max = None

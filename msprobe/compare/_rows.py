@@ -86,7 +86,10 @@ def record_leaves(name: str, raw: Any, tensor_task: bool = False) -> list:
     if name.endswith(".debug"):
         _walk(raw, "", out, "debug")
         return [(p.lstrip("."), v, io) for p, v, io in out]
-    for key, value in raw.items():
+    items = raw.items()
+    if "parameters" in raw and "output" in raw:  # rows: inputs, parameters, then outputs (as 26.2.0)
+        items = sorted(items, key=lambda kv: 1 if kv[0] == "output" else 0)
+    for key, value in items:
         if key in _SKIP_KEYS:
             continue
         if key == "input_args":

@@ -43,4 +43,8 @@ def test_result_rules_match_real_tool(tmp_path):
     assert rows["Functional.zero_out_0_11.0.forward.output.0"]["Result"] == "warning"
     assert rows["Functional.big_rel_norm.0.forward.output.0"]["Result"] == "pass"
     assert rows["Functional.scalars.0.forward.input.1"]["Result"] == "error"
-    assert s["pairs"][0]["results"] == {"pass": 111, "warning": 18, "error": 6}
+    # module parameters count as inputs, and their rows come before the outputs
+    assert rows["Module.pm.Linear.forward.0.output.0"]["Result"] == "pass"
+    assert list(rows).index("Module.pm.Linear.forward.0.parameters.bias") < \
+        list(rows).index("Module.pm.Linear.forward.0.output.0")
+    assert s["pairs"][0]["results"] == {"pass": 115, "warning": 18, "error": 6}
