@@ -276,7 +276,8 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
             kept.extend(rows)
     if prog is not None:
         prog.update((hi - lo) % 1000)
-    out = {"rows": done + len(rows), "records": hi - lo, "results": counts, "series": series, "first_divergence": first_div,
+    out = {"rows": done + len(rows), "records": hi - lo, "results": counts, "series": series,
+           "first_divergence": first_div,
            "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
            "matched_records": matched_records, "unmatched_rows": unmatched_rows,
            "row_list": kept if writer is not None else rows}
@@ -292,8 +293,8 @@ def _output_rule(rows: list, rec_norms: list, counts: dict) -> None:
     """26.2.0's record rule in statistics mode, found by experiment (the crafted dumps and the
     real tool's CSV in tests/fixtures/real/compare_outputs/result_rule/): when the largest relative
     Norm error among a record's outputs is more than 10 times the largest among its inputs
-    (positional and keyword, module parameters, tensors and scalars; undefined errors left out; 0.01 when none is
-    above 0), the record's first output row becomes a warning."""
+    (positional and keyword, module parameters, tensors and scalars; undefined errors left out;
+    0.01 when none is above 0), the record's first output row becomes a warning."""
     in_max = 0.0
     out_max = None
     first_out = None
@@ -682,7 +683,7 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
                                       for r in results if r["first_nan_inf_target"]), None),
         "first_nan_inf_bench": next((dict(r["first_nan_inf_bench"], rank_dir=r["bench_rank_dir"],
                                           step=r["bench_step"]) for r in results if r["first_nan_inf_bench"]), None),
-        "plot": plot_file if plot_file is None or not remote else f"{out_dir.rstrip('/')}/{os.path.basename(plot_file)}",
+        "plot": (f"{out_dir.rstrip('/')}/{os.path.basename(plot_file)}" if plot_file and remote else plot_file),
         "plot_note": plot_note, "backend": backend,
         "seconds": round(time.perf_counter() - t0, 3),
     }
