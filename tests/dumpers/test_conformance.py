@@ -46,7 +46,10 @@ def run_ours(tmp_path, name: str) -> str:
     cmd = [sys.executable, os.path.join(REAL, "scripts", script), "--config", str(cfg_path)]
     if mode != "dist":
         cmd += ["--mode", mode, "--perturb", str(sc.get("perturb", 0.0))]
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    # The real fixtures were dumped with 2 intra-op threads (the 2-core machine's default). Pin it: CPU
+    # reductions (layer_norm/conv2d weight grads) change their low bits with the thread count, and a Dask
+    # LocalCluster started earlier in the same test process leaves OMP_NUM_THREADS=1 in os.environ.
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2")
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return str(tmp_path / name)
