@@ -333,7 +333,9 @@ def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str
         gd = ld.grad if ld is not None else None
         gb = lb.grad if lb is not None else None
         r = rec[i] if rec and i < len(rec) else None
-        rows.append(compare_values(f"{name}.backward.output.{i}", api_name, gb, gd, recorded=r))
+        # gradients are judged by the benchmark rule: an API's forward algorithm (single rounding, exact,
+        # ULP) says nothing of its backward (reductions over broadcast dims, masks, transposed matmuls)
+        rows.append(compare_values(f"{name}.backward.output.{i}", "", gb, gd, recorded=r))
     if not rows:
         rows = [skip_row(rname, "The API has no tensor argument to differentiate.")]
     return rows, _aggregate(rows), ""
