@@ -199,11 +199,24 @@ def _flatten(v: Any, out: list) -> list:
     return out
 
 
+def _seed(seed: Optional[int], device: str) -> None:
+    """Seed the generators a side uses (torch.manual_seed would also queue lazy CUDA/XPU/MTIA seeding,
+    formatting a stack trace each time: slow)."""
+    import torch
+
+    if seed is None:
+        return
+    torch.default_generator.manual_seed(seed)
+    if device.startswith("cuda"):
+        torch.cuda.manual_seed(seed)
+    elif device.startswith("npu"):
+        torch.npu.manual_seed(seed)  # type: ignore[attr-defined]
+
+
 def _run(fn: Callable, side: _Side, seed: Optional[int]) -> Any:
     import torch
 
-    if seed is not None:
-        torch.manual_seed(seed)
+    _seed(seed, side.device)
     if side.need_grad:
         return fn(*side.args, **side.kwargs)
     with torch.no_grad():
@@ -318,11 +331,9 @@ def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str
     try:
         if tuple(grad.shape) != tuple(od.shape):
             raise ValueError(f"gradient shape {tuple(grad.shape)} differs from the output shape {tuple(od.shape)}")
-        if options.seed is not None:
-            torch.manual_seed(options.seed)
+        _seed(options.seed, dev.device)
         od.backward(grad.detach().to(device=od.device, dtype=od.dtype))
-        if options.seed is not None:
-            torch.manual_seed(options.seed)
+        _seed(options.seed, "cpu")
         ob.backward(grad.detach().to(device="cpu", dtype=ob.dtype))
     except Exception as exc:  # noqa: BLE001
         msg = f"The backward raised: {_first_line(exc)}"
