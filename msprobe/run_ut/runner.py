@@ -222,6 +222,7 @@ def _worker_main(conn: Any, init: tuple) -> None:  # pragma: no cover - runs in 
         _preload(preload)
         options = CheckOptions(**{**options.__dict__, "device": _pick_device(options.device, device_id)})
         checker = _Checker(dump_path, step, rank, storage_options, options, error_data)
+        _warm_up()
         conn.send(("ready", None, None))
     except BaseException as exc:  # noqa: BLE001
         conn.send(("fatal", None, f"{type(exc).__name__}: {exc}"))
@@ -235,6 +236,20 @@ def _worker_main(conn: Any, init: tuple) -> None:  # pragma: no cover - runs in 
             return
         idx, name = msg
         conn.send(("done", idx, checker.check(name)))
+
+
+def _warm_up() -> None:
+    """Pay torch's lazy imports (autograd, serialization) before the per-API timeout starts counting."""
+    import io
+
+    import torch
+
+    x = torch.ones(2, requires_grad=True)
+    (x * 2).sum().backward()
+    buf = io.BytesIO()
+    torch.save(torch.ones(1), buf)
+    buf.seek(0)
+    torch.load(buf, weights_only=True)
 
 
 def _preload(modules: tuple) -> None:
