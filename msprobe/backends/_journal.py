@@ -148,6 +148,11 @@ class Journal:
             return fd
 
     def _append_local(self, data: bytes) -> None:
+        """One write (+ fsync) of ``data``; a transient failure (per the retry policy) is cut
+        back and retried, so the lines are neither lost nor duplicated."""
+        self._policy.call(lambda: self._append_local_once(data))
+
+    def _append_local_once(self, data: bytes) -> None:
         try:
             if self._fd is None:
                 self._fd = self._open_local_segment()

@@ -80,10 +80,11 @@ def append_log_line(store: "Store", key: str, line: bytes | str, *, retry_policy
 
 
 class _Task:
-    __slots__ = ("key", "data", "reserved")
+    __slots__ = ("key", "data", "reserved", "on_done")
 
-    def __init__(self, key: str, data: Payload, reserved: int) -> None:
-        self.key, self.data, self.reserved = key, data, reserved
+    def __init__(self, key: str, data: Payload, reserved: int,
+                 on_done: "Callable[[BaseException | None], None] | None" = None) -> None:
+        self.key, self.data, self.reserved, self.on_done = key, data, reserved, on_done
 
 
 def _nbytes(data: Any) -> int:
@@ -176,8 +177,13 @@ class BackgroundWriter:
         with self._cond:
             return dataclasses.replace(self._stats)
 
-    def submit(self, key: str, data: Payload, nbytes: int | None = None) -> None:
-        """Queue ``data`` for an atomic write at ``key``; blocks only for back-pressure."""
+    def submit(self, key: str, data: Payload, nbytes: int | None = None,
+               on_done: "Callable[[BaseException | None], None] | None" = None) -> None:
+        """Queue ``data`` for an atomic write at ``key``; blocks only for back-pressure.
+
+        ``on_done(error)`` is called in the worker once the object is published under its
+        final name (``error`` None) or has failed for good (the error), before :meth:`flush`
+        can return; it must not wait for anything that waits for this writer."""
         key = validate_key(key)
         if callable(data) and not isinstance(data, (bytes, bytearray, memoryview)):
             size = int(nbytes or 0)
@@ -194,7 +200,7 @@ class BackgroundWriter:
             self._reserve(size)
             self._pending += 1
             self._stats.objects_submitted += 1
-        self._queue.put(_Task(key, data, size))
+        self._queue.put(_Task(key, data, size, on_done))
 
     def flush(self) -> None:
         """Wait until everything submitted is written; raise if anything failed since the last flush."""
@@ -244,12 +250,20 @@ class BackgroundWriter:
             if task is None:
                 return
             ok = False
+            error: BaseException | None = None
             try:
                 written = self._write(task)
                 ok = True
             except BaseException as exc:  # noqa: BLE001 - every failure is reported by flush()
+                error = exc
                 self._record_failure(task.key, exc)
             finally:
+                if task.on_done is not None:
+                    try:
+                        task.on_done(error)
+                    except Exception as cb_exc:  # noqa: BLE001 - a callback must not stop the worker
+                        log.error("on_done callback of %s failed: %s", task.key, cb_exc)
+                    task.on_done = None
                 task.data = b""
                 with self._cond:
                     self._stats.bytes_in_flight -= task.reserved

@@ -9,11 +9,12 @@ published, never one sync per value.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any, Callable, Optional
 
 from msprobe.dumpers.config import DumpConfig
@@ -22,6 +23,33 @@ from msprobe.format.layout import ERROR_LOG, JOURNAL_DIR, MARKER_FILE, TENSOR_DI
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
 
 __all__ = ["DumpSession", "StackTable", "PendingStats"]
+
+#: storage errors the dumper retries besides the transient ones (timeouts, 5xx, resets): a full
+#: local disk (another process may free space; when it does not, the retries end in the
+#: recorded failure as before)
+RETRY_ERRNOS = (errno.ENOSPC,)
+
+
+def _retry_policy():
+    from msprobe.backends._retry import RetryPolicy
+
+    return RetryPolicy(extra_transient_errnos=frozenset(RETRY_ERRNOS))
+
+
+def _data_names(raw: Any, out: list) -> list:
+    """Every ``data_name`` string in a JSON-ready record (the tensor files it refers to)."""
+    if isinstance(raw, dict):
+        dn = raw.get("data_name")
+        if isinstance(dn, str):
+            out.append(dn)
+        for v in raw.values():
+            if isinstance(v, (dict, list)):
+                _data_names(v, out)
+    elif isinstance(raw, list):
+        for v in raw:
+            if isinstance(v, (dict, list)):
+                _data_names(v, out)
+    return out
 
 
 def _unwrap(text: str) -> bytes:
@@ -95,6 +123,18 @@ class StackTable:
         self.frames.clear()
 
 
+class _RetryingPut:
+    """``put`` of a store with :func:`put_retrying` (the dumper's retry policy)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.policy = store, _retry_policy()
+
+    def put(self, key: str, data: bytes) -> None:
+        from msprobe.backends._retry import put_retrying
+
+        put_retrying(self.store, key, data, overwrite=True, policy=self.policy)
+
+
 class DumpSession:
     """One process's dump: owns the storage, the step state and the documents being built."""
 
@@ -110,6 +150,10 @@ class DumpSession:
         self.get_rank = get_rank
         self.producer = f"{producer} {__version__}"
         self.lock = threading.RLock()
+        #: guards the journal, the lines held back for tensors in flight and ``_inflight``;
+        #: the writer's workers take it (never ``lock``: publish() holds ``lock`` while it
+        #: waits for the writer)
+        self._jlock = threading.Lock()
         self.current_step = 0
         self.rank: Optional[int] = None
         self._rank_resolved = False
@@ -131,6 +175,12 @@ class DumpSession:
         self.stacks = StackTable()
         self.pending = PendingStats()
         self._journal_queue: list = []
+        #: data_name -> journal lines waiting for that tensor file (submitted, not yet published)
+        self._inflight: dict = {}
+        #: journal lines in execution order, each [bytes, tensor files still in flight, is a record]
+        self._held: deque = deque()
+        self._unflushed = 0  # records appended to the journal since its last flush
+        self.records_journaled = 0
         self._dirty = False
         self._files: set = set()
         self._mapping: dict = {}
@@ -164,7 +214,8 @@ class DumpSession:
                 store = LocalStore(store.local_path(""), fsync=False)
             self._writer = BackgroundWriter(
                 store, max_bytes_in_flight=self.config.max_bytes_in_flight,
-                workers=self.config.writer_workers, error_log_key=f"{self.rank_prefix}/{ERROR_LOG}")
+                workers=self.config.writer_workers, error_log_key=f"{self.rank_prefix}/{ERROR_LOG}",
+                extra_transient_errnos=RETRY_ERRNOS)
         return self._writer
 
     def resolve_rank(self) -> Optional[int]:
@@ -258,10 +309,30 @@ class DumpSession:
                 self.flush_journal()
 
     def save_tensor(self, data_name: str, produce: Callable[[], bytes], nbytes: int) -> None:
-        """Queue a tensor file write under ``dump_tensor_data/`` (background, bounded, retried)."""
+        """Queue a tensor file write under ``dump_tensor_data/`` (background, bounded, retried).
+
+        The record referring to it is journaled only once the file is published (see
+        :meth:`flush_journal`)."""
         fname = self.data_file_name(data_name)
         self._files.add(fname)
-        self.writer.submit(f"{self.rank_prefix}/{TENSOR_DIR}/{fname}", produce, nbytes=nbytes)
+        writer = self.writer
+        with self._jlock:
+            self._inflight[data_name] = []
+        try:
+            writer.submit(f"{self.rank_prefix}/{TENSOR_DIR}/{fname}", produce, nbytes=nbytes,
+                          on_done=lambda error, dn=data_name: self._tensor_done(dn))
+        except BaseException:
+            self._tensor_done(data_name)
+            raise
+
+    def _tensor_done(self, data_name: str) -> None:
+        """A tensor file is published (or failed for good): release the journal lines that
+        waited for it, in order. Runs in a writer thread."""
+        with self._jlock:
+            for held in self._inflight.pop(data_name, ()):
+                held[1] -= 1
+            if self._held:
+                self._release_locked(force=False)
 
     @property
     def tensor_store(self):
@@ -283,37 +354,65 @@ class DumpSession:
         self.tensor_store.add(data_name, logical_dtype, shape, produce, nbytes, same_as=same_as)
 
     def flush_journal(self) -> None:
-        """Resolve pending statistics and append the queued records to the crash journal."""
+        """Resolve pending statistics and append the queued records to the crash journal.
+
+        A record whose tensor files are still being written is held back (with every record
+        after it, so the journal stays in execution order) until the writer has published
+        them: a journaled record always has its tensors (tensor mode loses nothing to a kill
+        between the call and its file). The statistics path holds nothing back."""
         with self.lock:
             if not self._journal_queue:
                 return
             self.pending.resolve(self.fetch_stats)
-            lines = []
             dumps = json.dumps
             with_parent = self.config.level in ("L0", "mix")
-            for name, raw, parent, sid in self._journal_queue:
-                if name is None:  # a new stack: its frames once, records refer to its id
-                    lines.append(dumps({"stack_id": raw, "frames": self.render_stack(sid)}))
-                    continue
-                entry = {"name": name, "record": raw}
-                if with_parent:
-                    entry["parent"] = parent
-                if sid is not None:
-                    entry["stack_id"] = sid
-                lines.append(dumps(entry))
-            self._journal_queue = []
-            try:
-                j = self._open_journal()
-                for line in lines:
-                    j.append(line.encode("utf-8"))
-                j.flush()
-            except Exception as exc:  # the journal is a safety net: never crash training for it
-                self._note_error("journal", exc)
+            queue, self._journal_queue = self._journal_queue, []
+            with self._jlock:
+                inflight, held = self._inflight, self._held
+                for name, raw, parent, sid in queue:
+                    if name is None:  # a new stack: its frames once, records refer to its id
+                        held.append([dumps({"stack_id": raw, "frames": self.render_stack(sid)}).encode("utf-8"), 0, 0])
+                        continue
+                    entry = {"name": name, "record": raw}
+                    if with_parent:
+                        entry["parent"] = parent
+                    if sid is not None:
+                        entry["stack_id"] = sid
+                    line = [dumps(entry).encode("utf-8"), 0, 1]
+                    if inflight:  # tensor mode: wait for the record's files still in flight
+                        for dn in _data_names(raw, []):
+                            waiting = inflight.get(dn)
+                            if waiting is not None:
+                                waiting.append(line)
+                                line[1] += 1
+                    held.append(line)
+                self._release_locked(force=True)
+
+    def _release_locked(self, *, force: bool) -> None:
+        """Append the held lines whose tensors are all published, up to the first one still
+        waiting; flush the journal when ``force`` or ``journal_flush`` records are unflushed."""
+        held = self._held
+        try:
+            j = None
+            while held and held[0][1] <= 0:
+                line = held.popleft()
+                if j is None:
+                    j = self._open_journal()
+                j.append(line[0])
+                self._unflushed += line[2]
+                self.records_journaled += line[2]
+            if self._unflushed and (force or self._unflushed >= self.config.journal_flush):
+                self._unflushed = 0
+                (j or self._open_journal()).flush()
+        except Exception as exc:  # the journal is a safety net: never crash training for it
+            self._unflushed = 0
+            self._note_error("journal", exc)
 
     def _open_journal(self):
         if self._journal is None:
             self._drop_final_marker()
-            self._journal = self.store.journal(f"{self.rank_prefix}/{JOURNAL_DIR}", fsync=self.config.journal_fsync)
+            self._journal = self.store.journal(f"{self.rank_prefix}/{JOURNAL_DIR}", fsync=self.config.journal_fsync,
+                                               retry_policy=_retry_policy())
         return self._journal
 
     def _mark_final(self) -> None:
@@ -367,6 +466,8 @@ class DumpSession:
                 except Exception as exc:
                     failed = exc
                     self.errors.append(str(exc))
+            with self._jlock:  # every tensor is settled: the journal holds every record
+                self._release_locked(force=True)
             if self._tstore is not None:
                 try:
                     self._locations = self._tstore.checkpoint()
@@ -378,7 +479,7 @@ class DumpSession:
             doc = {"task": self.config.task, "level": self.config.level, "framework": self.framework,
                    "dump_data_dir": self._dump_data_dir(), "data": self.data}
             try:  # a storage error is recorded (error log, errors), never raised unless strict
-                store = self.store
+                store = _RetryingPut(self.store)  # each document: one atomic put, transient failures retried
                 store.put(f"{prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_records_json(doc).encode("utf-8"))
                 if not debug:
                     stack_doc = {"_": self.stacks.to_json(self.render_stack)}
@@ -432,12 +533,13 @@ class DumpSession:
         return local if local is not None else f"{self.store.url.rstrip('/')}/{self.rank_prefix}/{sub}"
 
     def _close_journal(self, *, delete: bool) -> None:
-        if self._journal is not None:
-            try:
-                self._journal.close()
-            except Exception:
-                pass
-            self._journal = None
+        with self._jlock:
+            if self._journal is not None:
+                try:
+                    self._journal.close()
+                except Exception:
+                    pass
+                self._journal = None
         if delete:
             try:
                 for key in self.store.list_prefix(f"{self.rank_prefix}/{JOURNAL_DIR}"):

@@ -15,6 +15,20 @@ def figures():
     return FIGURES
 
 
+def pytest_sessionfinish(session):
+    """pytest-xdist worker: hand the figures to the controller (merged in pytest_testnodedown)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None and FIGURES:
+        out["reliability_figures"] = json.dumps(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    raw = getattr(node, "workeroutput", {}).get("reliability_figures")
+    if raw:
+        FIGURES.update(json.loads(raw))
+
+
 def pytest_terminal_summary(terminalreporter):
     if not FIGURES:
         return

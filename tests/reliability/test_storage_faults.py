@@ -102,6 +102,90 @@ def test_transient_faults_lose_nothing(s3_server, s3_bucket_url, s3_fault_proxy,
     assert lost == 0 and corrupted == 0
 
 
+class _LocalFaults:
+    """Seeded faults in ~``rate`` of local file writes: a full disk after half the bytes
+    (ENOSPC), an NFS-style timeout (ETIMEDOUT), EAGAIN. Counts requests and faults by kind."""
+
+    KINDS = ("ENOSPC", "ETIMEDOUT", "EAGAIN")
+
+    def __init__(self, rate, seed):
+        import collections
+        import random
+        import threading
+
+        self.rate, self.rng, self.lock = rate, random.Random(seed), threading.Lock()
+        self.counts = collections.Counter()
+
+    def write(self, fd, data, real, where):
+        import errno
+
+        with self.lock:
+            self.counts[f"requests_{where}"] += 1
+            kind = self.rng.choice(self.KINDS) if self.rng.random() < self.rate else None
+            if kind:
+                self.counts[kind] += 1
+        if kind == "ENOSPC":
+            view = memoryview(data).cast("B")
+            os.write(fd, view[: len(view) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if kind:
+            raise OSError(getattr(errno, kind), os.strerror(getattr(errno, kind)))
+        return real(fd, data)
+
+
+def test_local_disk_faults_lose_nothing(tmp_path, reference, figures, monkeypatch):
+    """~10% of the local file writes of a tensor dump fail (tensor files, documents, marker:
+    LocalStore; journal lines: Journal), a full disk among them: with retries, 0 tensors lost or
+    corrupted (CRC32 against the reference), documents equal, nothing temporary visible."""
+    import msprobe.backends._journal as journal_mod
+    import msprobe.backends._local as local_mod
+    from msprobe.backends import open_store
+    from msprobe.format.validate import validate_store
+
+    faults = _LocalFaults(0.10, seed=12)
+    real_write_all = local_mod._write_all
+    monkeypatch.setattr(local_mod, "_write_all", lambda fd, view: faults.write(fd, view, real_write_all, "files"))
+
+    class FaultyOS:  # the journal's os module: its appends fail too
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def write(self, fd, data):
+            return faults.write(fd, data, os.write, "journal")
+
+    monkeypatch.setattr(journal_mod, "os", FaultyOS())
+    path = str(tmp_path / "d")
+    dbg = _dbg(path, journal_flush=1)  # a journal write per record: the journal meets faults too
+    train(dbg, steps=1)
+    errors = list(dbg.dumper.session.errors)
+    PrecisionDebugger._reset()
+    monkeypatch.undo()
+    assert errors == []
+    store = open_store(path, read_only=True)
+    assert validate_store(store).ok
+    ref_data, ref_tensors = reference[0]
+    rank = os.path.join(path, "step0", "rank")
+    with open(os.path.join(rank, "dump.json")) as f:
+        data = json.load(f)["data"]
+    assert data == ref_data and list(data) == list(ref_data)
+    names = set(os.listdir(os.path.join(rank, "dump_tensor_data")))
+    assert names == set(ref_tensors), "a temporary or stray file is visible, or a tensor is missing"
+    lost = len(set(ref_tensors) - names)
+    corrupted = 0
+    for fn, crc in ref_tensors.items():
+        t = torch.load(os.path.join(rank, "dump_tensor_data", fn), weights_only=True)
+        corrupted += zlib.crc32(t.contiguous().numpy().tobytes()) != crc
+    assert not [n for n in os.listdir(rank) if n.startswith(".") and n != ".journal"]
+    counts = dict(faults.counts)
+    injected = sum(counts.get(k, 0) for k in _LocalFaults.KINDS)
+    figures["local disk faults 10%"] = {"requests": counts.get("requests_files", 0) + counts.get("requests_journal", 0),
+                                        "journal_writes": counts.get("requests_journal", 0), "faults": injected,
+                                        "by_kind": {k: counts.get(k, 0) for k in _LocalFaults.KINDS},
+                                        "tensors_checked": len(ref_tensors), "lost": lost, "corrupted": corrupted}
+    assert injected >= 10 and counts.get("ENOSPC", 0) >= 3 and counts.get("requests_journal", 0) > 20
+    assert lost == 0 and corrupted == 0
+
+
 def test_denied_tensor_writes_are_logged_not_fatal(s3_server, s3_bucket_url, s3_fault_proxy, reference, figures):
     from msprobe.backends import open_store
 
