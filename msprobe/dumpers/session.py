@@ -369,6 +369,9 @@ class DumpSession:
             queue, self._journal_queue = self._journal_queue, []
             with self._jlock:
                 inflight, held = self._inflight, self._held
+                if not inflight and not held:  # nothing to wait for (the statistics path): straight in
+                    self._append_now(queue, dumps, with_parent)
+                    return
                 for name, raw, parent, sid in queue:
                     if name is None:  # a new stack: its frames once, records refer to its id
                         held.append([dumps({"stack_id": raw, "frames": self.render_stack(sid)}).encode("utf-8"), 0, 0])
@@ -387,6 +390,29 @@ class DumpSession:
                                 line[1] += 1
                     held.append(line)
                 self._release_locked(force=True)
+
+    def _append_now(self, queue: list, dumps: Callable, with_parent: bool) -> None:
+        lines = []
+        n = 0
+        for name, raw, parent, sid in queue:
+            if name is None:
+                lines.append(dumps({"stack_id": raw, "frames": self.render_stack(sid)}).encode("utf-8"))
+                continue
+            entry = {"name": name, "record": raw}
+            if with_parent:
+                entry["parent"] = parent
+            if sid is not None:
+                entry["stack_id"] = sid
+            lines.append(dumps(entry).encode("utf-8"))
+            n += 1
+        try:
+            j = self._open_journal()
+            for line in lines:
+                j.append(line)
+            self.records_journaled += n
+            j.flush()
+        except Exception as exc:  # the journal is a safety net: never crash training for it
+            self._note_error("journal", exc)
 
     def _release_locked(self, *, force: bool) -> None:
         """Append the held lines whose tensors are all published, up to the first one still
