@@ -225,23 +225,15 @@ def _old_rule(f: dict, cos: Optional[float], max_abs: float, dtype: str, absd: A
     for key, t in (("rel100", 0.01), ("rel1000", 0.001), ("rel10000", 0.0001)):
         f[key] = float((rel < t).sum()) / m if m else 1.0
 
-    def ok(key: str, t: float) -> bool:
-        return (1.0 - f[key]) < t
-
+    # (index deciding error, its tolerance, index deciding warning, its tolerance) by dtype
     if dtype in ("float16", "bfloat16"):
-        if not ok("rel100", 0.01):
-            msgs.append("Dual-hundred index fails: error.")
-            return ERROR
-        if not ok("rel1000", 0.001):
-            msgs.append("Dual-thousand index fails: warning.")
-            return WARNING
-        return PASS
-    if not ok("rel1000", 0.001):
-        msgs.append("Dual-thousand index fails: error.")
-        return ERROR
-    if not ok("rel10000", 0.0001):
-        msgs.append("Dual-ten-thousand index fails: warning.")
-        return WARNING
+        steps = (("rel100", 0.01, "Dual-hundred"), ("rel1000", 0.001, "Dual-thousand"))
+    else:
+        steps = (("rel1000", 0.001, "Dual-thousand"), ("rel10000", 0.0001, "Dual-ten-thousand"))
+    for (key, t, label), verdict in zip(steps, (ERROR, WARNING)):
+        if not (1.0 - f[key]) < t:
+            msgs.append(f"{label} index fails: {verdict}.")
+            return verdict
     return PASS
 
 
