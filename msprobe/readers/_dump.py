@@ -294,7 +294,8 @@ class Dump:
         has_map = src._has_mapping() if hasattr(src, "_has_mapping") else False  # noqa: SLF001
         cols = rank_rows(data, run=src.run, step=src.step, rank=src.rank, rank_dir=src.rank_dir, split=src.split,
                          stack_ids=src.stack_ids(), parents=src.parents(),
-                         mapping=src.mapping() if has_map else None)
+                         mapping=src.mapping() if has_map else None,
+                         locations=_tensor_locations(src))
         return rows_to_arrow(cols)
 
     def to_arrow(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, filter: Any = None,
@@ -550,3 +551,14 @@ def table_to_pandas(table: Any) -> Any:
     if "shape" in df.columns:
         df["shape"] = [tuple(int(x) for x in s) if s is not None else None for s in df["shape"]]
     return df
+
+
+def _tensor_locations(src: Any) -> Optional[dict]:
+    """data name -> location for a rank with a Zarr tensor store (spec section 21), else None."""
+    fn = getattr(src, "tensor_locations", None)
+    if fn is None:
+        return None
+    try:
+        return fn()
+    except MsprobeError:
+        return None

@@ -122,6 +122,7 @@ class ZarrTensorWriter:
         self._packer: Optional[threading.Thread] = None
         self._journal = None
         self._group_state: Optional[bool] = None  # the 'complete' flag last written to the group
+        self._dirty = False  # payloads added since the last checkpoint
         self._closed = False
 
     # ------------------------------------------------------------------ keys
@@ -144,6 +145,7 @@ class ZarrTensorWriter:
                 self._cond.wait()
             self._inflight += size
             self._busy += 1
+            self._dirty = True
             self._queue.append(item)
             if self._packer is None or not self._packer.is_alive():
                 self._packer = threading.Thread(target=self._pack_loop, name="msprobe-zarr-packer", daemon=True)
@@ -389,6 +391,9 @@ class ZarrTensorWriter:
         with self._lock:
             if self._group_state is None and not self._names:
                 return {}
+            if not self._dirty and not self._failed:
+                return self.locations()
+            self._dirty = False
             failed, self._failed = dict(self._failed), {}
             try:
                 for arr in self._arrays.values():
