@@ -3,7 +3,7 @@ store (dedup + compression), (c) the real msprobe 26.2.0 — bytes, objects and 
 side by side in one run; then the S3 requests needed to read one tensor back from (b).
 
     .venv/bin/python bench/bench_tensor_store.py [--rounds 1] [--steps 1] [--metric cpu --threads 1]
-        [--real-python /work/venvs/ms26/bin/python] [--compression zstd]
+        [--real-python /work/venvs/ms26/bin/python] [--zarr-modes tensor_zarr,tensor_zarr_zstd,tensor_zarr_none]
 
 Each measurement is a fresh process (bench/run_step_bench.py: 1 warm-up step + ``--steps``
 measured, median); bytes and objects are per dumped step (every step is dumped). The
@@ -52,7 +52,10 @@ def s3_reads(dump_path, samples=20):
     from tests.conftest_s3 import _DUMMY_ENV, FaultProxy, s3_storage_options
 
     os.environ.update(_DUMMY_ENV)
+    import logging
     import socket
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the server's request log
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -99,18 +102,23 @@ def main():
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--metric", default="cpu", choices=["wall", "cpu"])
+    ap.add_argument("--zarr-modes", default="tensor_zarr,tensor_zarr_zstd",
+                    help="comma list of run_step_bench modes for (b): tensor_zarr (the default codec, lz4), "
+                         "tensor_zarr_zstd, tensor_zarr_none")
+    ap.add_argument("--no-real", action="store_true", help="skip (c), the real tool")
     ap.add_argument("--real-python", default=os.environ.get("MSPROBE_REAL_PYTHON", "/work/venvs/ms26/bin/python"))
     args = ap.parse_args()
     mkey = "ms_median" if args.metric == "wall" else "cpu_ms_median"
     work = tempfile.mkdtemp(prefix="bench_tstore_")
-    runs = [("ours", OURS, "none"), ("ours", OURS, "tensor"), ("ours", OURS, "tensor_zarr")]
-    if args.real_python and os.path.exists(args.real_python):
+    zmodes = args.zarr_modes.split(",")
+    runs = [("ours", OURS, "none"), ("ours", OURS, "tensor")] + [("ours", OURS, m) for m in zmodes]
+    if args.real_python and os.path.exists(args.real_python) and not args.no_real:
         runs += [("real", args.real_python, "none"), ("real", args.real_python, "tensor")]
     res: dict = {}
-    zarr_dump = os.path.join(work, "ours_tensor_zarr")
+    zarr_dump = os.path.join(work, f"ours_{args.zarr_modes.split(',')[0]}")
     for r in range(args.rounds):
         for label, py, mode in runs:
-            keep = mode == "tensor_zarr" and r == args.rounds - 1
+            keep = mode == zmodes[0] and r == args.rounds - 1
             t0 = time.time()
             out = measure(py, "none" if mode == "none" else "msprobe", mode if mode != "none" else "L1",
                           args.steps, os.path.join(work, f"{label}_{mode}"), args.threads, keep=keep)
@@ -118,7 +126,8 @@ def main():
             print(f"round {r} {label} {mode}: {out[mkey]:.0f} ms/step ({time.time() - t0:.0f} s)", file=sys.stderr)
     print(f"GPT-2-like model, tensor L1, metric={args.metric} (ms/step, median of {args.rounds} round(s) x "
           f"{args.steps} measured step(s)), threads={args.threads}")
-    print(f"{'run':28s} {'ms/step':>9s} {'overhead':>9s} {'MB/step':>9s} {'objects/step':>13s}")
+    print(f"{'run':28s} {'ms/step':>9s} {'overhead':>9s} {'wall ms':>9s} {'wall ovh':>9s} {'MB/step':>9s} "
+          f"{'objects/step':>13s}")
     table = {}
     for label, _, mode in runs:
         rs = res[(label, mode)]
@@ -127,22 +136,29 @@ def main():
         steps = rs[0]["steps_dumped"]
         mb = rs[0]["bytes"] / steps / 1e6
         objs = rs[0]["files"] / steps
-        table[(label, mode)] = (ms, ms / base - 1, mb, objs)
+        wall = statistics.median(x["ms_median"] for x in rs)
+        wbase = statistics.median(x["ms_median"] for x in res[(label, "none")])
+        table[(label, mode)] = (ms, ms / base - 1, mb, objs, wall / wbase - 1)
         name = {("ours", "none"): "none (ours' venv)", ("ours", "tensor"): "(a) ours, classic .pt",
-                ("ours", "tensor_zarr"): "(b) ours, zarr+dedup+blosc", ("real", "none"): "none (real's venv)",
+                ("ours", "tensor_zarr"): "(b) ours, zarr+dedup, lz4", ("ours", "tensor_zarr_zstd"): "(b') zarr+dedup, zstd",
+                ("ours", "tensor_zarr_none"): "(b'') zarr+dedup, no codec", ("real", "none"): "none (real's venv)",
                 ("real", "tensor"): "(c) msprobe 26.2.0"}[(label, mode)]
         ov = "" if mode == "none" else f"{ms / base - 1:9.2f}"
-        print(f"{name:28s} {ms:9.1f} {ov:>9s} {'' if mode == 'none' else f'{mb:9.1f}'} "
+        wov = "" if mode == "none" else f"{wall / wbase - 1:9.2f}"
+        print(f"{name:28s} {ms:9.1f} {ov:>9s} {wall:9.1f} {wov:>9s} {'' if mode == 'none' else f'{mb:9.1f}'} "
               f"{'' if mode == 'none' else f'{objs:13.1f}'}")
-    b = table[("ours", "tensor_zarr")]
     a = table[("ours", "tensor")]
     c = table.get(("real", "tensor"))
-    print(f"\n(b)/(a): bytes {b[2] / a[2]:.3f}, objects {b[3] / a[3]:.4f}, overhead {b[1] / a[1]:.2f}")
-    if c:
-        print(f"(b)/(c): bytes {b[2] / c[2]:.3f} (target <= 0.5), objects {b[3] / c[3]:.4f} (target <= 0.05), "
-              f"overhead {b[1] / c[1]:.2f}")
-    z = res[("ours", "tensor_zarr")][-1]["zarr"]
-    steps = res[("ours", "tensor_zarr")][-1]["steps_dumped"]
+    for zm in zmodes:
+        b = table[("ours", zm)]
+        print(f"\n{zm}/(a): bytes {b[2] / a[2]:.3f}, objects {b[3] / a[3]:.4f}, overhead {b[1] / a[1]:.2f} "
+              f"(target <= 1; wall {b[4] / a[4]:.2f})")
+        if c:
+            print(f"{zm}/(c): bytes {b[2] / c[2]:.3f} (target <= 0.5), objects {b[3] / c[3]:.4f} (target <= 0.05), "
+                  f"overhead {b[1] / c[1]:.2f} (wall {b[4] / c[4]:.2f})")
+    b = table[("ours", zmodes[0])]
+    z = res[("ours", zmodes[0])][-1]["zarr"]
+    steps = res[("ours", zmodes[0])][-1]["steps_dumped"]
     print(f"\nzarr store per step: {z['_names'][0] / steps:.0f} data names")
     print(f"{'dtype':10s} {'stored raw MB':>14s} {'encoded MB':>11s} {'ratio':>7s} {'shards':>7s}")
     for a_name, (raw, enc, shards) in sorted(z.items()):

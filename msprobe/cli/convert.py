@@ -13,7 +13,7 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, help="write the converted dump here (default: convert in place)")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--compression", default="zstd", choices=["zstd", "zstd-byteshuffle", "lz4", "none"],
-                   help="--to zarr: the codec of the inner chunks (default zstd: blosc zstd-1 bitshuffle)")
+                   help="--to zarr: the codec of the inner chunks (default zstd: blosc zstd-1 bitshuffle, the smallest; the dumper defaults to lz4, the cheapest)")
     p.add_argument("--shard-mb", type=int, default=128, help="--to zarr: raw MiB per shard object (default 128)")
     p.set_defaults(func=run)
 

@@ -97,7 +97,7 @@ class DumpConfig:
     fsync_tensors: bool = False  # fsync each tensor file (power-loss safety); renames stay atomic either way
     index: bool = False  # write the Parquet side index at publish
     tensor_store: str = "files"  # "files": one .pt per tensor (msprobe); "zarr": tensors.zarr (section 21)
-    tensor_compression: str = "zstd"  # zarr store: "zstd" (blosc zstd-1 bitshuffle), "zstd-byteshuffle", "lz4", "none"
+    tensor_compression: str = "lz4"  # zarr store: "lz4" (blosc lz4 + byte shuffle), "zstd" (blosc zstd-1 bitshuffle), "zstd-byteshuffle", "none"
     tensor_shard_mb: int = 128  # zarr store: raw MiB per shard object
     stack: bool = True  # capture stack.json
     run_dir_policy: str = "overwrite"  # 'overwrite' (msprobe's behaviour) | 'refuse'

@@ -88,7 +88,7 @@ class ZarrTensorWriter:
     the payloads they concern are listed as incomplete, never as stored.
     """
 
-    def __init__(self, store: Any, rank_prefix: str, *, compression: str = "zstd", shard_bytes: int = 128 << 20,
+    def __init__(self, store: Any, rank_prefix: str, *, compression: str = "lz4", shard_bytes: int = 128 << 20,
                  chunk_bytes: int = 256 << 10, max_bytes_in_flight: int = 1 << 30, workers: int = 2,
                  journal_fsync: bool = False, retries: int = 5) -> None:
         if compression not in CODECS:
