@@ -238,9 +238,10 @@ def test_random_payloads_never_merge_differing_bytes(tmp_path):
         assert np.array_equal(r.load(n), a), n
 
 
-def test_payloads_spanning_shards_and_padding(tmp_path):
+@pytest.mark.parametrize("compression", ["lz4", "zstd", "zstd-byteshuffle", "none"])
+def test_payloads_spanning_shards_and_padding(tmp_path, compression):
     store = open_store(str(tmp_path / "s"), create=True)
-    w = ZarrTensorWriter(store, "r", shard_bytes=4096, chunk_bytes=1024)
+    w = ZarrTensorWriter(store, "r", shard_bytes=4096, chunk_bytes=1024, compression=compression)
     g = torch.Generator().manual_seed(0)
     ts = {f"a{i}": torch.randn(int(n), generator=g) for i, n in enumerate([100, 900, 3000, 5, 1030, 2048])}
     for n, t in ts.items():
