@@ -341,8 +341,14 @@ class DumpSession:
             from msprobe.tensor_store import ZarrTensorWriter
 
             cfg = self.config
+            store = self.store
+            if getattr(store, "is_local", False) and not cfg.fsync_tensors:
+                from msprobe.backends import LocalStore
+
+                # shards: still atomic (temp file + rename), not fsync'ed (as the classic tensor files)
+                store = LocalStore(store.local_path(""), fsync=False)
             self._tstore = ZarrTensorWriter(
-                self.store, self.rank_prefix, compression=cfg.tensor_compression,
+                store, self.rank_prefix, compression=cfg.tensor_compression,
                 shard_bytes=cfg.tensor_shard_mb << 20, max_bytes_in_flight=cfg.max_bytes_in_flight,
                 workers=max(1, min(cfg.writer_workers, 4)), journal_fsync=cfg.journal_fsync)
         return self._tstore
