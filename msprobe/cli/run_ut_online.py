@@ -25,6 +25,8 @@ def add_online_arguments(p: argparse.ArgumentParser, *, with_config: bool = True
                    help="exit after this many seconds without a packet")
     if with_config:
         p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    p.add_argument("--keep-packets", action="store_true",
+                   help="shared store: keep processed packets (default: removed once recorded as checked)")
     p.add_argument("--port-file", default=None, help="write the listening port to this file (for scripts)")
 
 
@@ -79,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     lists = load_run_ut_config(args.config)
     checker = OnlineChecker(settings, args.out_path, white_list=lists.get("white_list", ()),
                             black_list=lists.get("black_list", ()), device=device,
-                            keep_running=args.keep_running, idle_timeout=args.idle_timeout, on_listen=on_listen)
+                            keep_running=args.keep_running, idle_timeout=args.idle_timeout, on_listen=on_listen,
+                            keep_packets=args.keep_packets)
     install_signal_handlers(checker)
     s = checker.run()
     print(f"msprobe run_ut online: {s['apis']} APIs checked from {s['packets']} packets "

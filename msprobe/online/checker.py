@@ -127,7 +127,7 @@ class OnlineChecker:
     def __init__(self, settings: OnlineSettings, out_dir: str = "./", *, white_list: Any = (),
                  black_list: Any = (), device: str = "cpu", keep_running: bool = False,
                  idle_timeout: Optional[float] = None, judge_fn: Optional[Callable] = None,
-                 on_listen: Optional[Callable[[int], None]] = None):
+                 on_listen: Optional[Callable[[int], None]] = None, keep_packets: bool = False):
         execute, self._csvio = _run_ut()
         self.settings = settings
         self.out_dir = out_dir
@@ -135,6 +135,8 @@ class OnlineChecker:
         self.options = execute.CheckOptions(device=device, white_list=tuple(white_list or ()),
                                             black_list=tuple(black_list or ()), replay_mode="real")
         self.keep_running = keep_running
+        self.keep_packets = keep_packets
+        self.watcher: Any = None
         self.idle_timeout = idle_timeout
         self.judge = judge_fn or judge
         self.on_listen = on_listen
@@ -191,10 +193,12 @@ class OnlineChecker:
         self.counts["dropped_by_sender"] = max(self.counts["dropped_by_sender"], int(p.header.get("dropped", 0)))
         if p.kind == "step_end":
             self._flush_pending(lambda k: k[:3] == (p.run, p.rank, p.step))
+            self._commit([p], None)
             return
         if p.kind == "close":
             self._flush_pending(lambda k: k[:2] == (p.run, p.rank))
             self.progress.close_rank(self._rank_text(p))
+            self._commit([p], None)
             return
         key = (p.run, p.rank, p.step, p.base)
         if p.direction == "forward":
@@ -236,6 +240,8 @@ class OnlineChecker:
             sizes = {os.path.basename(w.result_path): os.path.getsize(w.result_path),
                      os.path.basename(w.details_path): os.path.getsize(w.details_path)}
         self.progress.commit([p.ident for p in packets], [p.key for p in packets], sizes)
+        if self.watcher is not None and not self.keep_packets:  # recorded as done first: safe to remove
+            self.watcher.remove([p.key for p in packets if p.key])
 
     # -------------------------------------------------------------------- run
     def _all_closed(self) -> bool:
@@ -256,8 +262,9 @@ class OnlineChecker:
         if s.transport == "store":
             from msprobe.online.transport import StoreWatcher
 
-            return StoreWatcher(s.nfs_path, storage_options=s.storage_options, interval=s.poll_interval,
-                                done=self.progress.keys)
+            self.watcher = StoreWatcher(s.nfs_path, storage_options=s.storage_options, interval=s.poll_interval,
+                                        done=self.progress.keys, remove_done=not self.keep_packets)
+            return self.watcher
         from msprobe.online.transport import SocketListener, server_ssl_context
 
         ctx = server_ssl_context(s.tls_path) if s.transport == "tls" else None

@@ -242,14 +242,16 @@ class StoreWatcher:
     """
 
     def __init__(self, url: str, *, storage_options: Optional[dict] = None, interval: float = 0.2,
-                 done: Optional[set] = None, max_packet_bytes: int = MAX_FRAME_BYTES):
+                 done: Optional[set] = None, max_packet_bytes: int = MAX_FRAME_BYTES, remove_done: bool = False):
         from msprobe.backends import open_store
 
         self.url = url
         self.store = open_store(url, storage_options=storage_options)
         self.interval = interval
-        self.seen: set = set(done or ())
+        self.done: set = done if done is not None else set()  # live: the checker adds what it recorded
+        self.seen: set = set(self.done)
         self.max_packet_bytes = max_packet_bytes
+        self.remove_done = remove_done
         self.bad: list = []
 
     def poll(self) -> list:
@@ -260,7 +262,17 @@ class StoreWatcher:
             log.warning("msprobe online: listing %s failed: %s", self.url, exc)
             return []
         new = [k for k in keys if k.endswith(PACKET_SUFFIX) and k not in self.seen]
+        if self.remove_done:  # left behind by a checker killed between recording and removing them
+            self.remove([k for k in keys if k.endswith(PACKET_SUFFIX) and k in self.done])
         return sorted(new, key=_packet_order)
+
+    def remove(self, keys: list) -> None:
+        """Delete processed packets (the checker recorded them first); failures only warn."""
+        for k in keys:
+            try:
+                self.store.delete(k)
+            except Exception as exc:  # noqa: BLE001 - a packet left behind is skipped by the progress record
+                log.warning("msprobe online: could not remove processed packet %s: %s", k, exc)
 
     def read(self, key: str) -> Optional[Packet]:
         self.seen.add(key)

@@ -42,6 +42,8 @@ def test_shared_directory(tmp_path):
     assert "error" not in _statuses(rows), rows
     assert any(r[2] == "pass" for r in rows), "backward APIs were checked too"
     assert "APIs checked" in log
+    # processed packets are removed from the shared directory once recorded (as the real tool does)
+    assert not [f for _, _, fs in os.walk(nfs) for f in fs if f.endswith(".pkt")]
     # the training side wrote no dump files: online mode sends packets instead
     assert not [f for _, _, fs in os.walk(tmp_path / "dump_unused") for f in fs]
 
