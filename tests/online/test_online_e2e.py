@@ -114,7 +114,7 @@ def test_tls_path_default_needs_certificates(tmp_path, monkeypatch):
 def test_killed_checker_resumes(tmp_path):
     nfs = str(tmp_path / "nfs")
     out = str(tmp_path / "out")
-    sent = run_training(training_config(tmp_path, nfs_path=nfs), steps=2)  # packets wait in the shared dir
+    sent = run_training(training_config(tmp_path, nfs_path=nfs), steps=1)  # packets wait in the shared dir
     total = sum(sent["forward_counts"].values())
     cfg = checker_config(tmp_path, nfs_path=nfs)
     checker = start_checker(cfg, out)
