@@ -80,7 +80,8 @@ def test_workers_survive_crash_and_timeout(dump, tmp_path):
     assert res["Torch.lake_crash.0"][1] == "SKIP" and "died" in res["Torch.lake_crash.0"][3]
     assert res["Torch.lake_slow.0"][1] == "SKIP" and "Timed out" in res["Torch.lake_slow.0"][3]
     assert res["Distributed.all_reduce.0"][1] == "SKIP" and "Distributed" in res["Distributed.all_reduce.0"][3]
-    assert res["NPU.npu_rms_norm.0"][1] == "SKIP" and "torch_npu" in res["NPU.npu_rms_norm.0"][3]
+    if "torch_npu" not in sys.modules:  # (tests/npu may have put a fake torch_npu on the path)
+        assert res["NPU.npu_rms_norm.0"][1] == "SKIP" and "torch_npu" in res["NPU.npu_rms_norm.0"][3]
     assert res["Tensor.add.0"][1] == "pass" and res["Functional.relu.0"][1] == "pass"
     det = {r[0]: r for r in rows(s["details_csv"])[1:]}
     assert det["Tensor.add.0.forward.output.0"][2] == "torch.float16"  # device side in the recorded dtype
