@@ -197,3 +197,23 @@ def test_frames_over_a_socket_pair():
         a.sendall(b"MSPF" + (100).to_bytes(8, "big"))
         with pytest.raises(TransportError, match="limit"):
             recv_frame(b, max_bytes=10)
+
+
+def test_encrypted_key_is_unlocked_from_the_environment(tmp_path, tls_dirs, monkeypatch):
+    pytest.importorskip("cryptography")
+    import shutil
+
+    from cryptography.hazmat.primitives import serialization
+
+    from msprobe.online.transport import PASSWORD_ENV, client_ssl_context
+
+    d = tmp_path / "enc"
+    shutil.copytree(tls_dirs["client"], d)
+    key = serialization.load_pem_private_key((d / "client.key").read_bytes(), password=None)
+    (d / "client.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                     serialization.BestAvailableEncryption(b"s3cret-pass")))
+    monkeypatch.setenv(PASSWORD_ENV, "s3cret-pass")
+    assert client_ssl_context(str(d)).minimum_version.name == "TLSv1_2"
+    monkeypatch.setenv(PASSWORD_ENV, "wrong")
+    with pytest.raises(ConfigError, match="cannot load"):
+        client_ssl_context(str(d))
