@@ -100,7 +100,10 @@ def test_injected_error_is_caught(tmp_path, ours):
     target = dst / "dump_tensor_data" / "Functional.relu.0.forward.output.0.pt"
     t = torch.load(target, weights_only=True)
     torch.save(t + 0.5 * torch.randn_like(t), target)
-    s = run_ut(str(dst / "dump.json"), str(tmp_path / "out"), workers=0, progress=False)
+    s = run_ut(str(dst / "dump.json"), str(tmp_path / "out"), workers=0, progress=False, save_error_data_flag=True)
+    saved = sorted(os.listdir(s["error_data"]))  # -save_error_data: the failing API only
+    assert "Functional.relu.0.forward.input.0.pt" in saved and "Functional.relu.0.forward.output.bench.pt" in saved
+    assert all(f.startswith("Functional.relu.0.") for f in saved)
     bad = {r[0]: r for r in read(s["result_csv"])[1:]}
     good = {r[0]: r for r in read(ours["L1_tensor"]["result_csv"])[1:]}
     assert bad["Functional.relu.0"][1] == "error"
