@@ -4,9 +4,12 @@ Usage: python _train_online.py CONFIG_JSON STEPS
 
 Prints ``READY`` once the debugger exists and, after the debugger is closed (its
 queue drained), one line ``RESULT {json}`` with the APIs whose forward packets were
-queued (``forward_counts``) and the sender's counters (``stats``).
+queued (``forward_counts``) and the sender's counters (``stats``). With WORLD_SIZE, RANK
+and MASTER_PORT in the environment it first joins a gloo group on 127.0.0.1 (the packets
+then carry that rank).
 """
 import json
+import os
 import sys
 
 import torch
@@ -32,6 +35,11 @@ class Block(nn.Module):
 
 def main(argv):
     config, steps = argv[0], int(argv[1])
+    if "WORLD_SIZE" in os.environ:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     seed_all(7)
     model = nn.Sequential(Block(), nn.Linear(16, 4))
     dbg = PrecisionDebugger(config)
@@ -52,6 +60,10 @@ def main(argv):
     PrecisionDebugger._reset()  # closes the dumper: the sender's queue drains, "close" is sent
     print("RESULT " + json.dumps({"forward_counts": online.forward_counts, "stats": online.stats.as_dict()}),
           flush=True)
+    if "WORLD_SIZE" in os.environ:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -52,6 +52,21 @@ def start_checker(config: str, out: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def start_training(config: str, steps: int = 1, extra_env: dict = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, TRAIN, config, str(steps)], env=dict(env(), **(extra_env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def training_result(p: subprocess.Popen, timeout: float = 150) -> dict:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out + err
+    line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert line, out + err
+    res = json.loads(line[-1][len("RESULT "):])
+    res["log"] = err
+    return res
+
+
 def run_training(config: str, steps: int = 2, timeout: float = 150) -> dict:
     p = subprocess.run([sys.executable, TRAIN, config, str(steps)], env=env(), capture_output=True, text=True,
                        timeout=timeout)
@@ -97,9 +112,9 @@ def details_rows(out_dir: str, rank: int = 0) -> list:
         return list(csv.reader(fh))[1:]
 
 
-def assert_covers(out_dir: str, sent: dict) -> list:
+def assert_covers(out_dir: str, sent: dict, rank: int = 0) -> list:
     """Every API the training side queued has exactly its number of result rows."""
-    rows = result_rows(out_dir)
+    rows = result_rows(out_dir, rank)
     got = Counter(r[0] for r in rows)
     assert got == Counter(sent["forward_counts"]), (got, sent["forward_counts"])
     return rows

@@ -18,6 +18,8 @@ from tests.online.conftest import (
     ThreadChecker,
     result_rows,
     run_training,
+    start_training,
+    training_result,
     start_checker,
     training_config,
     wait_for,
@@ -95,6 +97,30 @@ def test_tls_mutual_certificates_and_wrong_certificate_refused(tmp_path, tls_dir
     assert sent["stats"]["dropped"] == 0
     assert_covers(out, sent)  # the rogue "close" packets were never accepted
     assert summary["refused_connections"] == 2
+
+
+def test_two_ranks_over_tcp(tmp_path):
+    """Two distributed training processes (gloo) send to one checker; rank_list [0, 1]: a CSV pair per rank."""
+    import socket
+
+    out = str(tmp_path / "out")
+    cfg = json.load(open(checker_config(tmp_path, host="127.0.0.1", port=0, tls_path="")))
+    cfg["run_ut"]["rank_list"] = [0, 1]
+    ck = tmp_path / "ck2.json"
+    ck.write_text(json.dumps(cfg))
+    checker = ThreadChecker(str(ck), out)
+    train_cfg = training_config(tmp_path, host="127.0.0.1", port=checker.port, tls_path="")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        master = s.getsockname()[1]
+    procs = [start_training(train_cfg, 1, {"WORLD_SIZE": "2", "RANK": str(r), "MASTER_PORT": str(master)})
+             for r in (0, 1)]
+    sent = [training_result(p) for p in procs]
+    summary = checker.join()
+    for r in (0, 1):
+        assert sent[r]["stats"]["dropped"] == 0
+        assert_covers(out, sent[r], rank=r)
+    assert sorted(summary["files"]) == ["rank0", "rank1"]
 
 
 def test_tls_path_default_needs_certificates(tmp_path, monkeypatch):
