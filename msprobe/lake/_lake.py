@@ -169,10 +169,12 @@ class Lake:
         self.manifest_rows = sorted(rows.values(), key=lambda r: (r["run"], r["split"] or "", _n(r["step"]),
                                                                   _n(r["rank"]), r["rank_dir"]))
         self.catalog_rows = _core.catalog_rows(self.manifest_rows, infos, self.url)
-        if refresh != "none" and (jobs or recover or gone or compact_jobs or not self.store.exists(_core.CATALOG_JSON)
-                                  or len(old) != len(rows)):
+        changed = bool(jobs or recover or gone or compact_jobs or len(old) != len(rows))
+        if refresh != "none" and changed:
             self._writable()
             _core.write_table(self.store_w, _core.MANIFEST_KEY, _core.manifest_table(self.manifest_rows))
+        if refresh != "none" and (changed or _stale_catalog(self.store, self.catalog_rows)):
+            self._writable()
             _core.write_catalog(self.store_w, self.catalog_rows, self.url)
         t5 = time.perf_counter()
         self.stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": n_built, "recovered": len(recover),
@@ -434,6 +436,20 @@ class Lake:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _stale_catalog(store: Any, rows: list) -> bool:
+    """True when ROOT/_lake/catalog.json is missing or says something else about a run (a
+    new config.json, a run renamed...): one small GET."""
+    import json
+
+    try:
+        doc = json.loads(store.get(_core.CATALOG_JSON))
+    except (MsprobeError, ValueError):
+        return True
+    keep = ("indexed_at",)
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in keep} for r in rs]  # noqa: E731
+    return strip(json.loads(json.dumps(doc.get("runs"), default=str))) != strip(json.loads(json.dumps(rows, default=str)))
 
 
 def _n(v: Optional[int]) -> int:

@@ -168,6 +168,12 @@ def test_refresh_new_and_removed_rank_dirs(lake_src, tmp_path):
     shutil.rmtree(os.path.join(root, "run_c"))
     lake = msprobe.lake.open(root, local=False)
     assert lake.stats["indexed"] == STEPS * RANKS and lake.stats["executor"] == "in-process"
+    # a config.json in the run's directory is the catalog's config, persisted for `lake ls`
+    with open(os.path.join(root, "run_a", "config.json"), "w") as f:
+        json.dump({"task": "statistics", "level": "mix", "dump_path": "./run_a"}, f)
+    lake = msprobe.lake.open(root, local=False)
+    assert lake.stats["indexed"] == 0
+    assert json.loads(msprobe.lake.read_catalog(root)[0]["config"])["dump_path"] == "./run_a"
     # a new step arrives; a rank directory goes away
     S._rank(os.path.join(root, "run_a", f"step{STEPS}", "rank0"), "run_a", STEPS, 0)
     shutil.rmtree(os.path.join(root, "run_a", "step0", "rank7"))
