@@ -158,6 +158,9 @@ class Lake:
             self._writable()
             self._say(f"compacting {len(compact_jobs)} step(s)")
             self.runner.map(_core._compact_group, compact_jobs)  # noqa: SLF001
+        # and the compacted files of steps that no rank directory is left in
+        n_removed = len(gone)
+        gone += [ck for ck in sorted(changed_groups) if ck not in groups and ck in existing]
         if gone:
             self._writable()
             for k in gone:
@@ -178,7 +181,7 @@ class Lake:
             _core.write_catalog(self.store_w, self.catalog_rows, self.url)
         t5 = time.perf_counter()
         self.stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": n_built, "recovered": len(recover),
-                      "removed": len(gone), "compacted": len(compact_jobs) + len(direct), "executor": executor}
+                      "removed": n_removed, "compacted": len(compact_jobs) + len(direct), "executor": executor}
         self.timings = {"discover_s": t1 - t0, "list_s": t2 - t1, "index_s": t3 - t2, "compact_s": t4 - t3,
                         "catalog_s": t5 - t4, "total_s": t5 - t0}
 

@@ -198,6 +198,13 @@ def test_refresh_new_and_removed_rank_dirs(lake_src, tmp_path):
     lake = msprobe.lake.open(root, local=False)
     assert lake.stats["indexed"] == 0 and lake.stats["recovered"] == STEPS * RANKS
     assert lake.count_rows() > 0
+    # a whole step goes away: its rank indexes and its compacted file too
+    compact = os.path.join(root, "_lake", "index", "run=run_a", "step=3", "_compact.parquet")
+    assert os.path.exists(compact)
+    shutil.rmtree(os.path.join(root, "run_a", "step3"))
+    lake = msprobe.lake.open(root, local=False)
+    assert lake.stats["removed"] == RANKS and not os.path.exists(compact)
+    assert 3 not in set(lake.sql("SELECT DISTINCT step FROM lake")["step"])
 
 
 def test_default_local_cluster_for_big_jobs(lake_src, tmp_path):
