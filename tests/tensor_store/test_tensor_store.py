@@ -380,3 +380,20 @@ def test_training_loop_dump_is_readable(tmp_path):
     assert n > 20
     r = ZarrTensorReader(open_store(str(tmp_path / "t")), "step0/rank")
     assert r.complete and len(set(r.locations().values())) < len(r.names())  # dedup happened
+
+
+def test_unsupported_tensor_is_noted_not_fatal(tmp_path):
+    from msprobe.dumpers.pytorch._dumper import TorchDumper
+
+    config = load_config(task="tensor", dump_path=str(tmp_path / "d"), level="L1", tensor_store="zarr")
+    d = TorchDumper(config)
+    sparse = torch.eye(3).to_sparse()
+    e = d.encoder.tensor(sparse, "Tensor.s.0.forward.input.0", True)
+    ok = d.encoder.tensor(torch.ones(2), "Tensor.s.0.forward.input.1", True)
+    assert "data_name" not in e and ok["data_name"].endswith(".pt")
+    d.session.add_record("Tensor.s.0.forward", {"input_args": [e, ok], "input_kwargs": {}, "output": []})
+    d.session.publish(final=True)
+    d.session.close()
+    assert any("tensor store" in x for x in d.session.errors)
+    r = ZarrTensorReader(open_store(str(tmp_path / "d")), "step0/rank")
+    assert torch.equal(r.load(ok["data_name"], "torch"), torch.ones(2))

@@ -172,12 +172,22 @@ class Encoder:  # noqa: D101
         self._overflow_handles: list = []
         self.zarr = getattr(getattr(session, "config", None), "tensor_store", "files") == "zarr"
 
-    def _save_payload(self, t: torch.Tensor, name: str) -> None:
+    def _save_payload(self, t: torch.Tensor, name: str) -> bool:
         """Tensor store: the same memory at the same version as a tensor saved earlier in this step
         is passed as an alias (no copy, no bytes); anything else is copied to the CPU now and its
         bytes are hashed and deduplicated by content in the store's packer thread."""
         session = self.session
         logical = str(t.dtype).replace("torch.", "", 1)
+        from msprobe.errors import MsprobeError
+        from msprobe.tensor_store._layout import storage_dtype
+
+        try:
+            if t.layout != torch.strided:
+                raise MsprobeError(f"layout {t.layout} is not supported by the tensor store")
+            storage_dtype(logical)
+        except MsprobeError as exc:
+            session._note_error("tensor_store", MsprobeError(f"{name}: {exc}"))
+            return False
         key = owner = None
         try:
             owner = t._base if t._base is not None else t
@@ -186,7 +196,7 @@ class Encoder:  # noqa: D101
             hit = session._same_memory.get(key)
             if hit is not None and hit[0]() is owner and hit[1] == t._version:
                 session.save_payload(name, logical, tuple(t.shape), _no_bytes, 0, same_as=hit[2])
-                return
+                return True
         except (RuntimeError, TypeError):  # sparse, meta, ...: no memory identity
             key = None
         c = t.detach()
@@ -198,6 +208,7 @@ class Encoder:  # noqa: D101
                 session._same_memory[key] = (weakref.ref(owner), t._version, name)
             except TypeError:
                 pass
+        return True
 
     def wants_tensors(self, record: str) -> bool:
         return self.save_tensors or any(item in record for item in self.tensor_list)
@@ -287,7 +298,8 @@ class Encoder:  # noqa: D101
             name = f"{data_name_prefix}.pt"
             entry["data_name"] = name
             if self.zarr:
-                self._save_payload(t, name)
+                if not self._save_payload(t, name):
+                    del entry["data_name"]  # not storable there (a sparse or quantized tensor): noted in the error log
                 return entry
             cpu = t.detach().to("cpu", copy=True).contiguous() if t.device.type != "cpu" else t.detach().clone()
             self.session.save_tensor(name, lambda c=cpu: _serialize(c), cpu.numel() * cpu.element_size())
