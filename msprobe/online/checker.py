@@ -153,7 +153,8 @@ class OnlineChecker:
     # ---------------------------------------------------------------- outputs
     def _restore_writers(self) -> None:
         _, csvio = _run_ut()
-        for rank, result_path in self.progress.files.items():
+        for rank, name in self.progress.files.items():
+            result_path = os.path.join(self.out_dir, os.path.basename(name))  # the output dir may have moved
             if not os.path.exists(result_path):
                 continue
             details = csvio.details_path_for(result_path)
@@ -171,7 +172,7 @@ class OnlineChecker:
             ts = time.strftime("%Y%m%d%H%M%S")
             w = csvio.ResultWriter(self.out_dir, timestamp=f"{ts}_{rank}")
             self.writers[rank] = w
-            self.progress.add_files(rank, w.result_path)
+            self.progress.add_files(rank, os.path.basename(w.result_path))
         return w
 
     # --------------------------------------------------------------- packets
