@@ -90,14 +90,15 @@ def _run(cmd: list, timeout: float, ours: bool = True) -> dict:
         env["PYTHONPATH"] = ROOT
     log = tempfile.TemporaryFile()  # not a pipe: a chatty tool would block on a full pipe while we poll
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT if ours else None, env=env)
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT if ours else None, env=env,
+                         start_new_session=True)  # its own process group: a timeout ends its pool workers too
     deadline = t0 + timeout
     while True:
         pid, status, ru = os.wait4(p.pid, os.WNOHANG)
         if pid:
             break
         if time.perf_counter() > deadline:
-            p.kill()
+            os.killpg(p.pid, 9)
             pid, status, ru = os.wait4(p.pid, 0)
             return {"wall_s": None, "timeout_s": timeout, "peak_rss_mb": ru.ru_maxrss / 1024, "rc": None}
         time.sleep(0.02)
@@ -124,7 +125,7 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=100_000, help="records per rank")
     ap.add_argument("--ranks", type=int, default=1, help="rank directories per dump (rank0..rankN-1)")
     ap.add_argument("--real", default=REAL, help="the real tool's msprobe executable ('' to skip)")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to each tool")
+    ap.add_argument("--timeout", type=float, default=7200.0, help="seconds allowed to each tool")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2],
                     help="our -n values to time (1: one process; n: the rank split over n forked processes)")
     ap.add_argument("--workdir", default=None)
