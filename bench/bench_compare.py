@@ -15,6 +15,7 @@ Generated data lives under a temporary directory and is deleted at the end unles
     python bench/bench_compare.py                    # 100,000 records each
     python bench/bench_compare.py --records 10000    # a quick run
     python bench/bench_compare.py --ranks 64 --records 2000   # 64 rank pairs (the real tool: its step-level batch mode)
+    python bench/bench_compare.py --records 2000 --ranks 2 --check   # also compare the CSVs cell by cell
 """
 from __future__ import annotations
 
@@ -120,6 +121,44 @@ def _rows(out_dir: str) -> int:
     return n
 
 
+def _close(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        x, y = float(a.rstrip("%")), float(b.rstrip("%"))
+    except ValueError:
+        return False
+    if x == y or (x != x and y != y):  # the real tool writes " inf" with a space
+        return True
+    return abs(x - y) <= max(1e-12, 1e-6 * max(abs(x), abs(y)))
+
+
+def check(ours_dir: str, real_dir: str) -> dict:
+    """Rows, rows per real Result, and differing cells between our CSVs and the real tool's
+    (paired by their ``compare_result_<rank dir>_`` prefix)."""
+    import csv
+
+    def by_rank(d: str) -> dict:
+        return {os.path.basename(f).rsplit("_", 1)[0]: f for f in glob.glob(os.path.join(d, "compare_result_*.csv"))}
+
+    ours, real = by_rank(ours_dir), by_rank(real_dir)
+    out: dict = {"files": len(real), "missing": sorted(set(real) - set(ours)), "rows": 0, "results": {},
+                 "differing_cells": 0, "examples": []}
+    for key, rf in sorted(real.items()):
+        if key not in ours:
+            continue
+        with open(ours[key], newline="", encoding="utf-8") as f1, open(rf, newline="", encoding="utf-8") as f2:
+            for o, r in zip(csv.DictReader(f1), csv.DictReader(f2)):
+                out["rows"] += 1
+                out["results"][r["Result"]] = out["results"].get(r["Result"], 0) + 1
+                for col, v in r.items():
+                    if col != "NPU_Stack_Info" and not _close(o.get(col, ""), v):
+                        out["differing_cells"] += 1
+                        if len(out["examples"]) < 5:
+                            out["examples"].append([key, r["NPU Name"], col, o.get(col), v])
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--records", type=int, default=100_000, help="records per rank")
@@ -130,6 +169,8 @@ def main() -> int:
                     help="our -n values to time (1: one process; n: the rank split over n forked processes)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--check", action="store_true",
+                    help="compare our CSVs with the real tool's, cell by cell (stack column aside)")
     ap.add_argument("--reuse", action="store_true", help="use the dumps already in --workdir (from --keep)")
     args = ap.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="msprobe_bench_compare_")
@@ -151,7 +192,8 @@ def main() -> int:
                              "-n", str(n)], args.timeout)
             res[key]["rows"] = _rows(out)
             print(f"{key}:", json.dumps(res[key]))
-            shutil.rmtree(out, ignore_errors=True)
+            if not (args.check and n == args.workers[0]):
+                shutil.rmtree(out, ignore_errors=True)
         if args.real and os.path.exists(args.real):
             out = os.path.join(work, "out_real")
             os.makedirs(out, exist_ok=True)
@@ -167,6 +209,10 @@ def main() -> int:
                 print(f"speedup ({key}): {res.get(f'speedup_{key}')}x")
         else:
             print("real tool not found: skipped")
+        if args.check and "real" in res:
+            res["check"] = check(os.path.join(work, "ours" if args.workers[0] == 1 else f"ours_n{args.workers[0]}"),
+                                 os.path.join(work, "out_real"))
+            print("check:", json.dumps(res["check"]))
         print(json.dumps(res))
     finally:
         if not args.keep:
