@@ -370,55 +370,47 @@ class DumpSession:
             if not self._journal_queue:
                 return
             self.pending.resolve(self.fetch_stats)
-            dumps = json.dumps
-            with_parent = self.config.level in ("L0", "mix")
             queue, self._journal_queue = self._journal_queue, []
+            lines = self._journal_lines(queue)
             with self._jlock:
                 inflight, held = self._inflight, self._held
                 if not inflight and not held:  # nothing to wait for (the statistics path): straight in
-                    self._append_now(queue, dumps, with_parent)
+                    try:
+                        j = self._open_journal()
+                        for line, is_record, _ in lines:
+                            j.append(line)
+                            self.records_journaled += is_record
+                        j.flush()
+                    except Exception as exc:  # the journal is a safety net: never crash training for it
+                        self._note_error("journal", exc)
                     return
-                for name, raw, parent, sid in queue:
-                    if name is None:  # a new stack: its frames once, records refer to its id
-                        held.append([dumps({"stack_id": raw, "frames": self.render_stack(sid)}).encode("utf-8"), 0, 0])
-                        continue
-                    entry = {"name": name, "record": raw}
-                    if with_parent:
-                        entry["parent"] = parent
-                    if sid is not None:
-                        entry["stack_id"] = sid
-                    line = [dumps(entry).encode("utf-8"), 0, 1]
-                    if inflight:  # tensor mode: wait for the record's files still in flight
+                for line, is_record, raw in lines:
+                    item = [line, 0, is_record]
+                    if is_record and inflight:  # tensor mode: wait for the record's files still in flight
                         for dn in _data_names(raw, []):
                             waiting = inflight.get(dn)
                             if waiting is not None:
-                                waiting.append(line)
-                                line[1] += 1
-                    held.append(line)
+                                waiting.append(item)
+                                item[1] += 1
+                    held.append(item)
                 self._release_locked(force=True)
 
-    def _append_now(self, queue: list, dumps: Callable, with_parent: bool) -> None:
-        lines = []
-        n = 0
+    def _journal_lines(self, queue: list) -> list:
+        """[(line bytes, 1 for a record / 0 for a stack, record)] of the queued entries."""
+        dumps = json.dumps
+        with_parent = self.config.level in ("L0", "mix")
+        out = []
         for name, raw, parent, sid in queue:
-            if name is None:
-                lines.append(dumps({"stack_id": raw, "frames": self.render_stack(sid)}).encode("utf-8"))
+            if name is None:  # a new stack: its frames once, records refer to its id
+                out.append((dumps({"stack_id": raw, "frames": self.render_stack(sid)}).encode("utf-8"), 0, None))
                 continue
             entry = {"name": name, "record": raw}
             if with_parent:
                 entry["parent"] = parent
             if sid is not None:
                 entry["stack_id"] = sid
-            lines.append(dumps(entry).encode("utf-8"))
-            n += 1
-        try:
-            j = self._open_journal()
-            for line in lines:
-                j.append(line)
-            self.records_journaled += n
-            j.flush()
-        except Exception as exc:  # the journal is a safety net: never crash training for it
-            self._note_error("journal", exc)
+            out.append((dumps(entry).encode("utf-8"), 1, raw))
+        return out
 
     def _release_locked(self, *, force: bool) -> None:
         """Append the held lines whose tensors are all published, up to the first one still
