@@ -92,8 +92,39 @@ def serve():
         print(f"EXIT {pid} {os.waitstatus_to_exitcode(status)}", flush=True)
 
 
+def ranks(argv):
+    """``--ranks WORLD MASTER_PORT OUT_DIR`` then the arguments of ``train``: torch is imported
+    once, then WORLD ranks are forked at once (RANK/WORLD_SIZE/MASTER_PORT set in each), each
+    with its output in ``OUT_DIR/rank<R>.out``; prints ``RC <rank> <exit status>`` per rank."""
+    import s3fs  # noqa: F401 - imported before the fork, like torch
+
+    world, port, out_dir = int(argv[0]), argv[1], argv[2]
+    pids = {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_PORT=port, MASTER_ADDR="127.0.0.1")
+            try:
+                with open(os.path.join(out_dir, f"rank{rank}.out"), "w", buffering=1) as out:
+                    train(argv[3:], out)
+            except BaseException:
+                import traceback
+
+                with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as err:
+                    traceback.print_exc(file=err)
+                code = 1
+            os._exit(code)
+        pids[pid] = rank
+    for _ in range(world):
+        pid, status = os.wait()
+        print(f"RC {pids[pid]} {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--serve":
         serve()
+    elif sys.argv[1] == "--ranks":
+        ranks(sys.argv[2:])
     else:
         train(sys.argv[1:])

@@ -1,5 +1,5 @@
 """Ranks of one gloo process group (127.0.0.1) dump into one root at once: a shared local
-directory (8 ranks) and the S3 server (fewer ranks: every journal flush is a PUT). Every
+directory and the S3 server, 8 ranks each (forked from one process that imported torch). Every
 rank<R> dir is complete and valid; a second run into the same root with
 run_dir_policy="refuse" is refused on every rank and clobbers nothing."""
 from __future__ import annotations
@@ -27,20 +27,24 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_ranks(world, url, opts, extra):
+def _run_ranks(world, url, opts, extra, out_dir):
+    """WORLD ranks at once, forked from one process that imported torch (see _train_child --ranks);
+    returns [(exit status, stdout, stderr)] by rank."""
     port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, PYTHONPATH=ROOT, WORLD_SIZE=str(world), RANK=str(rank), MASTER_PORT=str(port),
-                   MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, CHILD, url, "statistics", "1", json.dumps(opts),
-                                       json.dumps(extra)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env, text=True))
-    out = []
-    for p in procs:
-        o, e = p.communicate(timeout=240)
-        out.append((p.returncode, o, e))
-    return out
+    os.makedirs(out_dir, exist_ok=True)
+    for fn in os.listdir(out_dir):
+        os.unlink(os.path.join(out_dir, fn))
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, CHILD, "--ranks", str(world), str(port), out_dir, url, "statistics", "1",
+                        json.dumps(opts), json.dumps(extra)], capture_output=True, text=True, env=env, timeout=300)
+    rcs = {int(r): int(c) for _, r, c in (line.split() for line in p.stdout.splitlines() if line.startswith("RC "))}
+    assert sorted(rcs) == list(range(world)), (p.stdout, p.stderr[-2000:])
+
+    def read(name):
+        path = os.path.join(out_dir, name)
+        return open(path).read() if os.path.exists(path) else ""
+
+    return [(rcs[r], read(f"rank{r}.out"), read(f"rank{r}.err")) for r in range(world)]
 
 
 def _snapshot(store):
@@ -67,7 +71,7 @@ def _check_root(store, world):
     return msprobe.readers, counts.pop()
 
 
-@pytest.mark.parametrize("where,world", [("local", 8), pytest.param("s3", 2, marks=pytest.mark.s3)])
+@pytest.mark.parametrize("where,world", [("local", 8), pytest.param("s3", 8, marks=pytest.mark.s3)])
 def test_ranks_share_one_root_then_refuse(where, world, tmp_path, request, figures):
     from msprobe.backends import open_store
 
@@ -77,7 +81,9 @@ def test_ranks_share_one_root_then_refuse(where, world, tmp_path, request, figur
         opts = s3_storage_options(s3_server, picklable=True)
     else:
         url, opts = str(tmp_path / "shared"), {}
-    results = _run_ranks(world, url, opts, {"iters": 1})
+    # s3: a journal flush every 8 records (each flush is a PUT; the journal is not what is tested here)
+    extra = {"iters": 1, **({"journal_flush": 8} if where == "s3" else {})}
+    results = _run_ranks(world, url, opts, extra, str(tmp_path / "out"))
     for rc, out, err in results:
         assert rc == 0 and "DONE" in out, err[-2000:]
     store = open_store(url, storage_options=opts or None, read_only=True)
@@ -85,7 +91,7 @@ def test_ranks_share_one_root_then_refuse(where, world, tmp_path, request, figur
     d = readers.open(url, storage_options=opts or None)
     assert d.count() == n * world
     before = _snapshot(store)
-    again = _run_ranks(world, url, opts, {"iters": 1, "run_dir_policy": "refuse"})
+    again = _run_ranks(world, url, opts, {**extra, "run_dir_policy": "refuse"}, str(tmp_path / "out"))
     refused = sum(rc == 3 and "REFUSED" in out for rc, out, _ in again)
     assert refused == world, [(rc, out[-300:], err[-300:]) for rc, out, err in again]
     assert _snapshot(open_store(url, storage_options=opts or None, read_only=True)) == before
