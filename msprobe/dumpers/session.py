@@ -446,7 +446,7 @@ class DumpSession:
             if self._journal is not None and self.store.exists(key):
                 marker = json.loads(self.store.get(key))
                 marker["final"] = True
-                self.store.put(key, json.dumps(marker, indent=1).encode("utf-8"))
+                _RetryingPut(self.store).put(key, json.dumps(marker, indent=1).encode("utf-8"))
         except Exception as exc:
             self._note_error("marker", exc)
 
