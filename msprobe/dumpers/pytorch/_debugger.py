@@ -36,19 +36,21 @@ class PrecisionDebugger:
             raise ConfigError(f"invalid step={step!r}; valid: a list of integers or 'a-b' strings")
         self.config = load_config(config_path, task=task, dump_path=dump_path, level=level, step=step,
                                   storage_options=storage_options, **kwargs)
-        if self.config.level == "L2":
-            from msprobe.dumpers.pytorch._kernel_dump import KernelDumper
-
-            self.dumper = KernelDumper(self.config)
-        else:
-            from msprobe.dumpers.pytorch._dumper import TorchDumper
-
-            self.dumper = TorchDumper(self.config)
+        self.dumper = self._new_dumper(self.config)
         self.model = model
         self._initialized = True
         import atexit
 
         atexit.register(self._at_exit)
+
+    def _new_dumper(self, config):
+        if config.level == "L2":
+            from msprobe.dumpers.pytorch._kernel_dump import KernelDumper
+
+            return KernelDumper(config)
+        from msprobe.dumpers.pytorch._dumper import TorchDumper
+
+        return TorchDumper(config)
 
     # documented API -------------------------------------------------------
     @classmethod

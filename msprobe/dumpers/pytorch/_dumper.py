@@ -1,15 +1,14 @@
 """The PyTorch adapter: API and module hooks feeding the framework-neutral DumpSession."""
 from __future__ import annotations
 
-import linecache
 import os
-import sys
 import weakref
 from typing import Any, Optional
 
 import torch
 
 from msprobe.dumpers.config import DumpConfig
+from msprobe.dumpers.control import DumperControl, capture_stack, render_stack
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
 from msprobe.dumpers.session import DumpSession
@@ -17,7 +16,6 @@ from msprobe.errors import ConfigError
 
 __all__ = ["TorchDumper"]
 
-_PKG_DIRS = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),)
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
@@ -32,30 +30,14 @@ def _get_rank() -> Optional[int]:
     return None
 
 
-def _capture_stack() -> tuple:
-    """(filename, lineno, function) of the user frames, innermost first; code lines are read at publish."""
-    f = sys._getframe(2)
-    out = []
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIRS) and fn != "<string>":
-            out.append((fn, f.f_lineno, f.f_code.co_name))
-        f = f.f_back
-    return tuple(out)
-
-
-def _render_stack(frames: tuple) -> list:
-    return [f"File {fn}, line {ln}, in {func}, \n {linecache.getline(fn, ln).strip()}" for fn, ln, func in frames]
-
-
-class TorchDumper:
+class TorchDumper(DumperControl):
     """Owns the patcher, the module hooks and the session for one process."""
 
     def __init__(self, config: DumpConfig):
         if config.level == "L2":
             raise ConfigError("level 'L2' is the kernel dump: PrecisionDebugger runs it with KernelDumper")
         self.config = config
-        self.session = DumpSession(config, "pytorch", fetch_stats=fetch_stats, render_stack=_render_stack,
+        self.session = DumpSession(config, "pytorch", fetch_stats=fetch_stats, render_stack=render_stack,
                                    get_rank=_get_rank)
         self.encoder = Encoder(self.session, save_tensors=config.task == "tensor",
                                summary_mode=config.summary_mode, tensor_list=config.tensor_list)
@@ -118,17 +100,6 @@ class TorchDumper:
         self._fix_dangling_parents()
         self.session.publish()
 
-    def _fix_dangling_parents(self) -> None:
-        """A module whose backward never completed (in-place ops on its output, as the docs warn)
-        leaves no record: its children go to the nearest recorded ancestor."""
-        data, construct = self.session.data, self.session.construct
-        for child, parent in list(construct.items()):
-            seen = 0
-            while parent is not None and parent not in data and parent not in construct and seen < 64:
-                parent = self._bw_parent(self._parent_of.get(parent.replace(".backward.", ".forward.")))
-                seen += 1
-            construct[child] = parent if parent in data or parent in construct else None
-
     def step(self) -> None:
         self.stop()
         if self.online is not None:
@@ -152,50 +123,6 @@ class TorchDumper:
         self._module_handles = []
         self._optim_handles = []
         self.session.close()
-
-    # ---------------------------------------------------------------- filters
-    def _in_scope(self, name: str) -> bool:
-        scope = self.config.scope
-        if not scope:
-            return True
-        if self._scope_state == 0 and name == scope[0]:
-            self._scope_state = 1
-        if self._scope_state == 1:
-            if name == scope[1]:
-                self._scope_state = 2
-            return True
-        return False
-
-    def _wanted(self, name: str, inside_listed: Optional[bool] = None) -> bool:
-        """``inside_listed``: whether the call sits in a module named by ``list`` (mix level);
-        None = look at the current module stack (forward)."""
-        if not self.enabled:
-            return False
-        if not self._in_token_range():
-            return False
-        lst = self.config.list
-        if lst:
-            if not any(item == name or item in name for item in lst):
-                if inside_listed is None:
-                    inside_listed = self.config.level == "mix" and self._inside_listed_module()
-                if not inside_listed:
-                    return False
-        return self._in_scope(name)
-
-    def _in_token_range(self) -> bool:
-        return self.token_range is None or self.token_range[0] <= self._token_count <= self.token_range[1]
-
-    def _inside_listed_module(self) -> bool:
-        lst = self.config.list
-        return any(any(item == m or item in m for item in lst) for m in self.module_stack)
-
-    def _io(self, direction: str) -> tuple:
-        cfg = self.config
-        ok = cfg.forward_enabled if direction == "forward" else cfg.backward_enabled
-        return ok and cfg.input_enabled, ok and cfg.output_enabled
-
-    def _parent(self) -> Optional[str]:
-        return self.module_stack[-1] if self.module_stack else None
 
     # ------------------------------------------------------------------- APIs
     def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
@@ -223,7 +150,7 @@ class TorchDumper:
             if want_in and not structure:
                 rec["input_args"] = [self.encoder.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
                 rec["input_kwargs"] = {k: self.encoder.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
-            stack = _capture_stack() if self.config.stack else None
+            stack = capture_stack() if self.config.stack else None
             parent = self._parent()
             if api_key in self._mutating:  # writes memory (maybe without a version bump): forget cached stats
                 self.encoder.cache.clear()
@@ -317,18 +244,6 @@ class TorchDumper:
         finally:
             GUARD.inside = False
 
-    def _keep(self, rec: dict) -> bool:
-        if self.config.task != "overflow_check":
-            return True
-        enc = self.encoder
-        if not enc.take_overflow():
-            return False
-        n = self.config.overflow_nums
-        self.session.overflow_found += 1
-        if n != -1 and self.session.overflow_found >= n:
-            self.enabled = False
-        return True
-
     def _bw_wanted(self) -> bool:
         return self.config.backward_enabled and torch.is_grad_enabled() and self.config.task != "structure"
 
@@ -377,13 +292,6 @@ class TorchDumper:
                 self.session.add_record(bwd, rec, parent=parent)
         finally:
             GUARD.inside = False
-
-    @staticmethod
-    def _bw_parent(parent: Optional[str]) -> Optional[str]:
-        if parent is None:
-            return None
-        head, _, n = parent.rpartition(".forward.")
-        return f"{head}.backward.{n}" if head else parent
 
     # ---------------------------------------------------------------- modules
     def _hook_models(self, model: Any) -> None:
@@ -457,7 +365,7 @@ class TorchDumper:
                 if want_in and d.config.task != "structure":
                     rec["input_args"] = [d.encoder.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
                     rec["input_kwargs"] = {k: d.encoder.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
-                calls.append((fwd, rec, parent, _capture_stack() if d.config.stack else None))
+                calls.append((fwd, rec, parent, capture_stack() if d.config.stack else None))
             finally:
                 GUARD.inside = False
             return None

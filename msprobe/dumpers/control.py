@@ -1,0 +1,109 @@
+"""Framework-neutral parts of a dumper: the list/scope/token_range filters, data_mode
+directions, overflow gating, construct.json parents and the call-stack capture.
+
+A framework dumper mixes ``DumperControl`` in and provides ``config``, ``session``,
+``encoder``, ``enabled``, ``module_stack``, ``token_range``, ``_token_count``,
+``_scope_state`` and ``_parent_of``.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from typing import Optional
+
+__all__ = ["DumperControl", "capture_stack", "render_stack"]
+
+_PKG_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+
+
+def capture_stack() -> tuple:
+    """(filename, lineno, function) of the user frames, innermost first; code lines are read at publish."""
+    f = sys._getframe(2)
+    out = []
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_PKG_DIRS) and fn != "<string>":
+            out.append((fn, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    return tuple(out)
+
+
+def render_stack(frames: tuple) -> list:
+    return [f"File {fn}, line {ln}, in {func}, \n {linecache.getline(fn, ln).strip()}" for fn, ln, func in frames]
+
+
+class DumperControl:
+    # ---------------------------------------------------------------- filters
+    def _in_scope(self, name: str) -> bool:
+        scope = self.config.scope
+        if not scope:
+            return True
+        if self._scope_state == 0 and name == scope[0]:
+            self._scope_state = 1
+        if self._scope_state == 1:
+            if name == scope[1]:
+                self._scope_state = 2
+            return True
+        return False
+
+    def _wanted(self, name: str, inside_listed: Optional[bool] = None) -> bool:
+        """``inside_listed``: whether the call sits in a module named by ``list`` (mix level);
+        None = look at the current module stack (forward)."""
+        if not self.enabled:
+            return False
+        if not self._in_token_range():
+            return False
+        lst = self.config.list
+        if lst:
+            if not any(item == name or item in name for item in lst):
+                if inside_listed is None:
+                    inside_listed = self.config.level == "mix" and self._inside_listed_module()
+                if not inside_listed:
+                    return False
+        return self._in_scope(name)
+
+    def _in_token_range(self) -> bool:
+        return self.token_range is None or self.token_range[0] <= self._token_count <= self.token_range[1]
+
+    def _inside_listed_module(self) -> bool:
+        lst = self.config.list
+        return any(any(item == m or item in m for item in lst) for m in self.module_stack)
+
+    def _io(self, direction: str) -> tuple:
+        cfg = self.config
+        ok = cfg.forward_enabled if direction == "forward" else cfg.backward_enabled
+        return ok and cfg.input_enabled, ok and cfg.output_enabled
+
+    def _parent(self) -> Optional[str]:
+        return self.module_stack[-1] if self.module_stack else None
+
+    def _keep(self, rec: dict) -> bool:
+        """overflow_check keeps only records whose tensors hold Inf/NaN, up to overflow_nums."""
+        if self.config.task != "overflow_check":
+            return True
+        if not self.encoder.take_overflow():
+            return False
+        n = self.config.overflow_nums
+        self.session.overflow_found += 1
+        if n != -1 and self.session.overflow_found >= n:
+            self.enabled = False
+        return True
+
+    @staticmethod
+    def _bw_parent(parent: Optional[str]) -> Optional[str]:
+        if parent is None:
+            return None
+        head, _, n = parent.rpartition(".forward.")
+        return f"{head}.backward.{n}" if head else parent
+
+    def _fix_dangling_parents(self) -> None:
+        """A module whose backward never completed leaves no record: its children go to the
+        nearest recorded ancestor."""
+        data, construct = self.session.data, self.session.construct
+        for child, parent in list(construct.items()):
+            seen = 0
+            while parent is not None and parent not in data and parent not in construct and seen < 64:
+                parent = self._bw_parent(self._parent_of.get(parent.replace(".backward.", ".forward.")))
+                seen += 1
+            construct[child] = parent if parent in data or parent in construct else None

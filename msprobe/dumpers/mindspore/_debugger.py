@@ -1,0 +1,115 @@
+"""``PrecisionDebugger``, ``MsprobeStep`` and ``seed_all`` with msprobe's documented MindSpore API."""
+from __future__ import annotations
+
+import os
+import random
+from typing import Any, Optional
+
+from msprobe.dumpers.pytorch._debugger import PrecisionDebugger as _BaseDebugger
+from msprobe.errors import ConfigError
+
+__all__ = ["PrecisionDebugger", "MsprobeStep", "seed_all"]
+
+
+class PrecisionDebugger(_BaseDebugger):
+    """One debugger per process (instantiating it again returns the same object); same
+    methods as the PyTorch one: start(model, token_range), stop, step, save, set_init_step,
+    register_custom_api / restore_custom_api."""
+
+    _instance: Optional["PrecisionDebugger"] = None
+
+    def _new_dumper(self, config):
+        from msprobe.dumpers.mindspore._dumper import MindSporeDumper
+
+        return MindSporeDumper(config)
+
+    @classmethod
+    def register_custom_api(cls, module: Any, api_name: str, api_prefix: Optional[str] = None) -> None:
+        if api_prefix is None:  # the docs: the package name as a string by default
+            api_prefix = getattr(module, "__name__", type(module).__name__).split(".")[0]
+        super().register_custom_api(module, api_name, api_prefix)
+
+
+def _callback_base():
+    from mindspore.train import Callback
+
+    return Callback
+
+
+class MsprobeStep(_callback_base()):
+    """Model.train callback: ``start()`` when each step begins, ``stop()`` and ``step()`` when it ends."""
+
+    def __init__(self, debugger: PrecisionDebugger):
+        super().__init__()
+        if not isinstance(debugger, PrecisionDebugger):
+            raise ConfigError(f"MsprobeStep needs a msprobe.mindspore PrecisionDebugger, got {type(debugger).__name__}")
+        self.debugger = debugger
+
+    def on_train_step_begin(self, run_context):
+        self.debugger.start(self._network(run_context))
+
+    def on_train_step_end(self, run_context):
+        self.debugger.stop()
+        self.debugger.step()
+
+    def _network(self, run_context):
+        if self.debugger.model is not None:
+            return self.debugger.model
+        if self.debugger.config.level in ("L0", "mix"):
+            params = run_context.original_args()
+            return getattr(params, "train_network", None) or getattr(params, "network", None)
+        return None
+
+
+def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True) -> None:
+    """Fix the randomness the docs list (random, numpy, MindSpore's global seed, PYTHONHASHSEED);
+    ``mode`` turns on deterministic kernels; ``rm_dropout`` makes the documented dropout APIs no-ops
+    (call it before the Dropout layers are created)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not (0 <= seed <= 2 ** 32 - 1):
+        raise ConfigError(f"invalid seed {seed!r}; valid: an integer in [0, 4294967295]")
+    if not isinstance(mode, bool) or not isinstance(rm_dropout, bool):
+        raise ConfigError("mode and rm_dropout must be booleans")
+    import mindspore
+    import numpy as np
+
+    random.seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    np.random.seed(seed)
+    mindspore.set_seed(seed)
+    if mode:
+        mindspore.set_context(deterministic="ON")
+        os.environ["HCCL_DETERMINISTIC"] = "true"
+    if rm_dropout:
+        _remove_dropout()
+
+
+def _identity_first(fn):
+    def no_dropout(*args, **kwargs):
+        return args[0] if args else kwargs.get("input", kwargs.get("x"))
+
+    no_dropout.__name__ = getattr(fn, "__name__", "dropout")
+    no_dropout.__msprobe_no_dropout__ = True
+    return no_dropout
+
+
+def _remove_dropout() -> None:
+    """ops.Dropout/Dropout2D/Dropout3D and mint.nn.Dropout keep their input; ops.Dropout returns
+    (output, mask) so the mask is all ones; mint.nn.functional.dropout returns its input."""
+    import mindspore
+    from mindspore import mint, ops
+
+    def prim_call(self, x, *args, **kwargs):
+        return x, mindspore.ops.ones_like(x).astype(mindspore.bool_)
+
+    for name in ("Dropout", "Dropout2D", "Dropout3D"):
+        cls = getattr(ops, name, None)
+        if cls is not None and not getattr(cls, "__msprobe_no_dropout__", False):
+            cls.__call__ = prim_call
+            cls.__msprobe_no_dropout__ = True
+    mint_dropout = getattr(mint.nn, "Dropout", None)
+    if mint_dropout is not None and not getattr(mint_dropout, "__msprobe_no_dropout__", False):
+        mint_dropout.construct = lambda self, input: input
+        mint_dropout.__msprobe_no_dropout__ = True
+    f = mint.nn.functional
+    if not getattr(f.dropout, "__msprobe_no_dropout__", False):
+        f.dropout = _identity_first(f.dropout)

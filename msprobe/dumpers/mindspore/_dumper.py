@@ -1,0 +1,542 @@
+"""The MindSpore adapter (PyNative): API, Primitive and Cell hooks feeding the framework-neutral DumpSession.
+
+* APIs (``ops``/``Tensor``/``mint``/... listed in support_wrap_ops.yaml): the wrapper
+  records the forward call; when MindSpore is recording a gradient, the call runs inside a
+  throw-away Cell whose backward hook gives the backward record (gradients of the outputs as
+  ``input``, of the tensor arguments as ``output``, ``null`` where an argument gets none).
+* Primitives held by the cells of ``start(model=...)`` (``self.conv2d = ops.Conv2D(...)``):
+  the instance's class is swapped for a subclass whose ``__call__`` records
+  ``Primitive.<attribute>.<Class>.<n>``; their gradients arrive through ``ops.HookBackward``
+  on the inputs and outputs, in arrival order, as the real tool records them.
+* Cells (L0/mix): forward pre/post hooks, backward pre/post hooks, and Parameter hooks for
+  ``parameters_grad``.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import mindspore
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.ops import Primitive
+
+from msprobe.dumpers.config import DumpConfig
+from msprobe.dumpers.control import DumperControl, capture_stack, render_stack
+from msprobe.dumpers.mindspore._apis import GUARD, ApiPatcher
+from msprobe.dumpers.mindspore._encode import Encoder, fetch_stats
+from msprobe.dumpers.session import DumpSession
+from msprobe.errors import ConfigError
+
+__all__ = ["MindSporeDumper"]
+
+try:
+    from mindspore.common.api import _pynative_executor as _EXECUTOR
+except ImportError:  # pragma: no cover - other MindSpore layouts
+    _EXECUTOR = None
+
+
+def _grad_recording() -> bool:
+    """True while MindSpore records the forward pass of a gradient computation."""
+    if _EXECUTOR is None:
+        return True
+    try:
+        return bool(_EXECUTOR.requires_grad())
+    except Exception:
+        return True
+
+
+def _get_rank() -> Optional[int]:
+    try:
+        from mindspore.communication import GlobalComm, get_rank
+
+        if getattr(GlobalComm, "INITED", False):
+            return int(get_rank())
+    except Exception:
+        pass
+    return None
+
+
+def _graph_mode() -> bool:
+    try:
+        return mindspore.get_context("mode") == mindspore.GRAPH_MODE
+    except Exception:
+        return False
+
+
+def _device_target() -> str:
+    try:
+        return str(mindspore.get_context("device_target"))
+    except Exception:
+        return "CPU"
+
+
+class _ApiCell(nn.Cell):
+    """One API call as a Cell, so that MindSpore's Cell backward hook sees its gradients."""
+
+    def __init__(self, fn):
+        super().__init__(auto_prefix=False)
+        self.fn = fn
+
+    def construct(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def _has_tensor(values) -> bool:
+    return any(isinstance(v, Tensor) for v in values)
+
+
+class MindSporeDumper(DumperControl):
+    """Owns the patcher, the Primitive/Cell hooks and the session for one process."""
+
+    def __init__(self, config: DumpConfig):
+        if config.level == "L2":
+            raise ConfigError("level 'L2' (kernel dump) needs MindSpore on Ascend hardware "
+                              f"(device_target 'Ascend'); this process runs on {_device_target()!r}")
+        self.config = config
+        self.session = DumpSession(config, "mindspore", fetch_stats=fetch_stats, render_stack=render_stack,
+                                   get_rank=_get_rank)
+        self.encoder = Encoder(self.session, save_tensors=config.task == "tensor",
+                               summary_mode=config.summary_mode, tensor_list=config.tensor_list)
+        self.encoder.check_overflow = config.task == "overflow_check"
+        self.patcher = ApiPatcher()
+        self.enabled = False
+        self.module_stack: list = []
+        self.bw_stack: list = []
+        self._hooked_models: list = []
+        self._cell_handles: list = []
+        self._param_handles: list = []
+        self._primitives: list = []  # (primitive, original class)
+        self._prim_classes: dict = {}
+        self._scope_state = 0
+        self.token_range = None
+        self._token_count = -1
+        self._parent_of: dict = {}
+        self.debug_counts: dict = {}
+        self._pgrads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
+        self.L1 = config.level in ("L1", "mix")
+        self.L0 = config.level in ("L0", "mix")
+
+    # ---------------------------------------------------------------- control
+    def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
+        cfg = self.config
+        if _graph_mode() and cfg.level != "debug":
+            raise ConfigError(
+                "msprobe-lake dumps MindSpore in PyNative mode only: this process runs in GRAPH_MODE "
+                "(static-graph dumps use MindSpore's TensorDump/kernel dump, which need Ascend); "
+                "call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
+        if token_range is not None:
+            if model is None:
+                raise ConfigError("token_range requires model")
+            if not (isinstance(token_range, (list, tuple)) and len(token_range) == 2
+                    and all(isinstance(x, int) and x >= 0 for x in token_range) and token_range[0] <= token_range[1]):
+                raise ConfigError(f"invalid token_range={token_range!r}; valid: [start, end] integers, start <= end")
+            self.token_range = tuple(token_range)
+        if model is not None:
+            self._hook_models(model)
+        elif self.L0 and not self._hooked_models:
+            raise ConfigError(f"level {cfg.level!r} dumps Cells and needs start(model=...)")
+        if not (self.session.step_enabled() and self.session.rank_enabled()):
+            self.enabled = False
+            return
+        self.session.claim()
+        if self.L1:
+            self.patcher.install(self._on_api)
+        self.enabled = True
+        GUARD.on = True
+
+    def stop(self) -> None:
+        if not self.enabled:
+            return
+        self.enabled = False
+        GUARD.on = False
+        self.bw_stack.clear()
+        self._flush_param_grads()
+        self._fix_dangling_parents()
+        self.session.publish()
+
+    def step(self) -> None:
+        self.stop()
+        self.session.end_step()
+        self._scope_state = 0
+        self._token_count = -1
+        self.debug_counts.clear()
+        self.bw_stack.clear()
+        self.module_stack.clear()
+        self._parent_of.clear()
+
+    def close(self) -> None:
+        self.stop()
+        self.patcher.uninstall()
+        for h in self._cell_handles + self._param_handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._cell_handles = []
+        self._param_handles = []
+        for prim, cls in self._primitives:
+            prim.__class__ = cls
+        self._primitives = []
+        self.session.close()
+
+    def _bw_wanted(self) -> bool:
+        return self.config.backward_enabled and self.config.task != "structure" and _grad_recording()
+
+    # ------------------------------------------------------------------- APIs
+    def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
+        if self.token_range is not None and not self._in_token_range():
+            return orig(*args, **kwargs)
+        GUARD.inside = True
+        try:
+            base, _ = self.session.next_api_name(api_key)
+            fwd = base + ".forward"
+            parent = self._parent()
+            bw = self._bw_wanted() and (_has_tensor(args) or _has_tensor(kwargs.values()))
+            if not self._wanted(fwd):
+                if not (self.enabled and self.L0 and self._in_token_range()):
+                    return orig(*args, **kwargs)
+                self.session.add_structure(fwd, parent)
+                return self._call_api(orig, args, kwargs, base + ".backward", parent, bw, record=False)
+            rec = self._forward_inputs(fwd, args, kwargs, snapshot=_mutates(api_key))
+            stack = capture_stack() if self.config.stack else None
+            out = self._call_api(orig, args, kwargs, base + ".backward", parent, bw, record=True)
+            self._forward_output(rec, fwd, out)
+            if self._keep(rec):
+                self.session.add_record(fwd, rec, stack=stack, parent=parent)
+            return out
+        finally:
+            GUARD.inside = False
+
+    def _forward_inputs(self, fwd: str, args: tuple, kwargs: dict, snapshot: bool = False) -> dict:
+        want_in, _ = self._io("forward")
+        rec: dict = {}
+        if want_in and self.config.task != "structure":
+            save = self.encoder.wants_tensors(fwd)
+            enc = self.encoder
+            if snapshot:  # the call writes into its arguments: read them before it does
+                rec["input_args"] = [enc.tensor(a, f"{fwd}.input.{i}", save, snapshot=True) if isinstance(a, Tensor)
+                                     else enc.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
+            else:
+                rec["input_args"] = [enc.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
+            rec["input_kwargs"] = {k: enc.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
+        return rec
+
+    def _forward_output(self, rec: dict, fwd: str, out: Any) -> None:
+        _, want_out = self._io("forward")
+        if want_out and self.config.task != "structure":
+            rec["output"] = self._encode_output(out, f"{fwd}.output", self.encoder.wants_tensors(fwd))
+
+    def _encode_output(self, out: Any, prefix: str, save: bool) -> list:
+        enc = self.encoder
+        enc._tls.in_output = True
+        try:
+            if isinstance(out, (list, tuple)):
+                return [enc.encode(o, f"{prefix}.{i}", save) for i, o in enumerate(out)]
+            return [enc.encode(out, f"{prefix}.0", save)]
+        finally:
+            enc._tls.in_output = False
+
+    def _call_api(self, orig, args: tuple, kwargs: dict, bwd: str, parent: Optional[str], bw: bool,
+                  record: bool):
+        if not bw:
+            return orig(*args, **kwargs)
+        cell = _ApiCell(orig)
+        dumper = weakref.ref(self)
+        listed = self.config.level == "mix" and bool(self.config.list) and self._inside_listed_module()
+
+        def hook(_cell, grad_input, grad_output):
+            d = dumper()
+            if d is None or not d.enabled:
+                return None
+            bw_parent = d.bw_stack[-1] if d.bw_stack else None
+            if not record or not d._wanted(bwd, listed):
+                if d.L0:
+                    d.session.add_structure(bwd, bw_parent)
+                return None
+            d._record_backward(bwd, grad_output, grad_input, bw_parent)
+            return None
+
+        cell.register_backward_hook(hook)
+        return cell(*args, **kwargs)
+
+    def _record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
+        """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
+        GUARD.inside = True
+        try:
+            want_in, want_out = self._io("backward")
+            save = self.encoder.wants_tensors(bwd)
+            rec: dict = {}
+            if want_in:
+                rec["input"] = [self.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grads_in)]
+            if want_out:
+                rec["output"] = [self.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grads_out)]
+            if self._keep(rec):
+                self.session.add_record(bwd, rec, parent=parent)
+        finally:
+            GUARD.inside = False
+
+    # ------------------------------------------------------------- Primitives
+    def _hook_primitives(self, model) -> None:
+        seen = {id(p) for p, _ in self._primitives}
+        for _, cell in model.cells_and_names():
+            for attr, value in list(vars(cell).items()):
+                if not isinstance(value, Primitive) or id(value) in seen:
+                    continue
+                seen.add(id(value))
+                self._wrap_primitive(value, f"Primitive.{attr}.{type(value).__name__}")
+
+    def _wrap_primitive(self, prim: Primitive, api_key: str) -> None:
+        cls = type(prim)
+        dumper = weakref.ref(self)
+        orig_call = cls.__call__
+
+        def __call__(p, *args, **kwargs):
+            d = dumper()
+            if d is None or not d.enabled or getattr(GUARD, "inside", False) or not GUARD.__dict__.get("on", True):
+                return orig_call(p, *args, **kwargs)
+            return d._on_primitive(orig_call, p, api_key, args, kwargs)
+
+        sub = type(cls.__name__, (cls,), {"__call__": __call__, "__msprobe_wrapped__": True,
+                                           "__module__": cls.__module__})
+        prim.__class__ = sub
+        self._primitives.append((prim, cls))
+
+    def _on_primitive(self, orig_call, prim, api_key: str, args: tuple, kwargs: dict):
+        if self.token_range is not None and not self._in_token_range():
+            return orig_call(prim, *args, **kwargs)
+        GUARD.inside = True
+        try:
+            base, _ = self.session.next_api_name(api_key)
+            fwd, bwd = base + ".forward", base + ".backward"
+            parent = self._parent()
+            wanted = self._wanted(fwd)
+            bw = self._bw_wanted() and _has_tensor(args)
+            if not wanted:
+                if self.enabled and self.L0:
+                    self.session.add_structure(fwd, parent)
+                return orig_call(prim, *args, **kwargs)
+            rec = self._forward_inputs(fwd, args, kwargs)
+            stack = capture_stack() if self.config.stack else None
+            if bw:
+                args = self._hook_grads(args, bwd, "output")
+            out = orig_call(prim, *args, **kwargs)
+            self._forward_output(rec, fwd, out)
+            if self._keep(rec):
+                self.session.add_record(fwd, rec, stack=stack, parent=parent)
+            if bw:
+                out = self._hook_grads(out, bwd, "input")
+            return out
+        finally:
+            GUARD.inside = False
+
+    def _hook_grads(self, values: Any, bwd: str, side: str) -> Any:
+        """Route the tensors of ``values`` through ops.HookBackward: their gradients extend the
+        backward record's ``side`` list as they arrive."""
+        dumper = weakref.ref(self)
+        listed = self.config.level == "mix" and bool(self.config.list) and self._inside_listed_module()
+        captured: list = []
+
+        def hook(grad):
+            d = dumper()
+            if d is None or not d.enabled:
+                return None
+            captured.extend(grad if isinstance(grad, (tuple, list)) else (grad,))
+            parent = d.bw_stack[-1] if d.bw_stack else None
+            if not d._wanted(bwd, listed):
+                if d.L0:
+                    d.session.add_structure(bwd, parent)
+                return None
+            GUARD.inside = True
+            try:
+                want_in, want_out = d._io("backward")
+                if not (want_in if side == "input" else want_out):
+                    return None
+                save = d.encoder.wants_tensors(bwd)
+                rec = d.session.data.get(bwd)
+                rec = dict(rec) if isinstance(rec, dict) else {}
+                entries = [d.encoder.encode(g, f"{bwd}.{side}.{i}", save) for i, g in enumerate(captured)]
+                new = {"input": rec.get("input", []), "output": rec.get("output", [])}
+                new[side] = entries
+                if not want_in:
+                    new.pop("input")
+                if not want_out:
+                    new.pop("output")
+                if d._keep(new):
+                    d.session.add_record(bwd, new, parent=parent)
+            finally:
+                GUARD.inside = False
+            return None
+
+        if isinstance(values, Tensor):
+            return ops.HookBackward(hook)(values)
+        if isinstance(values, (tuple, list)):
+            hooked = [ops.HookBackward(hook)(v) if isinstance(v, Tensor) and _floating(v) else v for v in values]
+            return type(values)(hooked) if isinstance(values, tuple) else hooked
+        return values
+
+    # ------------------------------------------------------------------ Cells
+    def _hook_models(self, model: Any) -> None:
+        models = list(model) if isinstance(model, (list, tuple)) else [model]
+        for m in models:
+            if not isinstance(m, nn.Cell):
+                raise ConfigError(f"model must be a mindspore.nn.Cell or a list/tuple of them, got {type(m).__name__}")
+        if any(m is h for m in models for h in self._hooked_models):
+            return
+        self._hooked_models.extend(models)
+        if self.token_range is not None:
+            self._cell_handles.append(models[0].register_forward_pre_hook(self._on_root_forward))
+        multi = len(models) > 1
+        for idx, m in enumerate(models):
+            if self.L1:
+                self._hook_primitives(m)
+            if not self.L0:
+                continue
+            for path, sub in m.cells_and_names():
+                if sub is m or not path:
+                    continue
+                key = f"Cell.{idx}.{path}.{type(sub).__name__}" if multi else f"Cell.{path}.{type(sub).__name__}"
+                self._hook_cell(sub, key)
+
+    def _on_root_forward(self, cell, args) -> None:
+        self._token_count += 1
+
+    def _hook_cell(self, cell: nn.Cell, key: str) -> None:
+        calls: list = []  # forward calls in flight: (fwd, rec, parent, stack) or None
+        done: list = []  # finished forward indexes, popped by the backward pass (LIFO)
+        dumper = weakref.ref(self)
+
+        def pre(c, args, kwargs):
+            d = dumper()
+            if d is None or not d.enabled or (d.token_range is not None and not d._in_token_range()):
+                calls.append(None)
+                return None
+            n = d.session.next_module_index(key)
+            fwd = f"{key}.forward.{n}"
+            parent = d._parent()
+            d.module_stack.append(fwd)
+            if not d._wanted(fwd):
+                calls.append((fwd, None, parent, None))
+                return None
+            GUARD.inside = True
+            try:
+                calls.append((fwd, d._forward_inputs(fwd, args, kwargs), parent,
+                              capture_stack() if d.config.stack else None))
+            finally:
+                GUARD.inside = False
+            return None
+
+        def post(c, args, kwargs, output):
+            d = dumper()
+            if not calls:
+                return None
+            item = calls.pop()
+            if item is None or d is None:
+                return None
+            fwd, rec, parent, stack = item
+            d._parent_of[fwd] = parent
+            if d.module_stack and d.module_stack[-1] == fwd:
+                d.module_stack.pop()
+            if _grad_recording():
+                done.append(int(fwd.rsplit(".", 1)[1]))
+            if rec is None:
+                d.session.add_structure(fwd, parent)
+                return None
+            GUARD.inside = True
+            try:
+                _, want_out = d._io("forward")
+                save = d.encoder.wants_tensors(fwd)
+                if want_out and d.config.task != "structure":
+                    rec["output"] = d._encode_output(output, f"{fwd}.output", save)
+                    rec["parameters"] = {name: d.encoder.encode(p, f"{fwd}.parameters.{name}", save)
+                                         for name, p in c._params.items()}
+                if d._keep(rec):
+                    d.session.add_record(fwd, rec, stack=stack, parent=parent)
+                    d._hook_param_grads(c, key)
+            finally:
+                GUARD.inside = False
+            return None
+
+        def bw_pre(c, grad_output):
+            d = dumper()
+            if d is None or not d.enabled:
+                return None
+            n = done.pop() if done else 0
+            bwd = f"{key}.backward.{n}"
+            d.bw_stack.append(bwd)
+            return None
+
+        def bw_post(c, grad_input, grad_output):
+            d = dumper()
+            if d is None or not d.enabled:
+                return None
+            bwd = d.bw_stack.pop() if d.bw_stack and d.bw_stack[-1].startswith(key + ".backward.") else \
+                f"{key}.backward.{done.pop() if done else 0}"
+            parent = d._bw_parent(d._parent_of.get(bwd.replace(".backward.", ".forward.")))
+            d._flush_param_grads(key + ".parameters_grad")
+            if not d._wanted(bwd):
+                d.session.add_structure(bwd, parent)
+                return None
+            d._record_backward(bwd, grad_output, grad_input, parent)
+            return None
+
+        self._cell_handles.append(cell.register_forward_pre_hook(pre, with_kwargs=True))
+        self._cell_handles.append(cell.register_forward_hook(post, with_kwargs=True))
+        if self.config.backward_enabled and self.config.task != "structure":
+            self._cell_handles.append(cell.register_backward_pre_hook(bw_pre))
+            self._cell_handles.append(cell.register_backward_hook(bw_post))
+
+    def _flush_param_grads(self, name: Optional[str] = None) -> None:
+        for key in ([name] if name is not None else list(self._pgrads)):
+            rec = self._pgrads.pop(key, None)
+            if rec:
+                self.session.add_record(key, rec, parent=None, construct=False)
+
+    def _hook_param_grads(self, cell: nn.Cell, key: str) -> None:
+        if not self.config.backward_enabled or getattr(cell, "_msprobe_pgrad_hooked", False):
+            return
+        object.__setattr__(cell, "_msprobe_pgrad_hooked", True)
+        name = f"{key}.parameters_grad"
+        dumper = weakref.ref(self)
+        for pname, p in cell._params.items():
+            if not isinstance(p, Parameter) or not p.requires_grad:
+                continue
+
+            def hook(grad, pname=pname):
+                d = dumper()
+                if d is None or not d.enabled or not d._wanted(name):
+                    return None
+                GUARD.inside = True
+                try:
+                    save = d.encoder.wants_tensors(name)
+                    # kept until the Cell's backward hook, which writes it just before the backward record
+                    d._pgrads.setdefault(name, {})[pname] = [d.encoder.encode(grad, f"{name}.{pname}", save)]
+                finally:
+                    GUARD.inside = False
+                return None
+
+            self._param_handles.append(p.register_hook(hook))
+
+    # ------------------------------------------------------------------ debug
+    def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
+        if not self.enabled and not (self.session.step_enabled() and self.session.rank_enabled()):
+            return
+        n = self.debug_counts.get(name, 0)
+        self.debug_counts[name] = n + 1
+        key = f"{name}.{n}.debug"
+        GUARD.inside = True
+        try:
+            save = self.encoder.wants_tensors(key)
+            self.session.add_record(key, self.encoder.encode(variable, key, save), construct=False)
+        finally:
+            GUARD.inside = False
+
+
+def _floating(t: Tensor) -> bool:
+    return t.dtype in (mindspore.float16, mindspore.float32, mindspore.float64, mindspore.bfloat16)
+
+
+def _mutates(api_key: str) -> bool:
+    """In-place APIs (``add_``, ``__iadd__``, ``assign``...) write into their arguments."""
+    api = api_key.rpartition(".")[2]
+    return (api.endswith("_") and not api.endswith("__")) or api.startswith("__i") or api in (
+        "assign", "assign_add", "assign_sub", "scatter_update", "scatter_nd_update", "copy_")

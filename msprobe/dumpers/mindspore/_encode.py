@@ -1,0 +1,171 @@
+"""MindSpore values -> record entries.
+
+Statistics are fetched in batches: an entry keeps a reference to its tensor (or, for a
+Parameter or a value an API is about to modify, a copy) and the session's PendingStats
+resolves a whole batch at once with ``fetch_stats``: the first ``asnumpy`` waits for
+MindSpore's asynchronous pipeline once, the rest read finished buffers. The statistics
+themselves are ``msprobe.format.stats.reference_stats(framework="mindspore")`` (numpy,
+float64 accumulation): no ``mint.norm``/``linalg.vector_norm``, which have no CPU kernel.
+"""
+from __future__ import annotations
+
+import io
+import threading
+from typing import Any, Optional
+
+import mindspore
+import numpy as np
+from mindspore import Parameter, Tensor
+
+from msprobe.format.stats import crc32_hex, reference_stats, xor64
+
+__all__ = ["Encoder", "fetch_stats", "tensor_numpy", "tensor_raw"]
+
+_BF16 = mindspore.bfloat16
+# dtypes numpy lacks, widened for statistics and stored as their raw bytes
+_NO_NUMPY = {_BF16: mindspore.int16}
+for _name in ("float8_e4m3fn", "float8_e5m2", "hifloat8"):
+    _dt = getattr(mindspore, _name, None)
+    if _dt is not None:
+        _NO_NUMPY[_dt] = mindspore.int8
+
+
+def tensor_numpy(t: Tensor) -> np.ndarray:
+    """Values as numpy; dtypes numpy lacks are widened to float32."""
+    if t.dtype in _NO_NUMPY:
+        return t.astype(mindspore.float32).asnumpy()
+    return t.asnumpy()
+
+
+def tensor_raw(t: Tensor) -> np.ndarray:
+    """The tensor's bytes in its own dtype (bit-reinterpreted for dtypes numpy lacks)."""
+    bits = _NO_NUMPY.get(t.dtype)
+    if bits is not None:
+        return t.view(bits).asnumpy()
+    return t.asnumpy()
+
+
+def fetch_stats(handles: list) -> list:
+    """handle = (tensor, want_md5); one dict per handle (shared handles computed once)."""
+    done: dict = {}
+    out = []
+    for h in handles:
+        key = id(h)
+        vals = done.get(key)
+        if vals is None:
+            t, want_md5 = h
+            try:
+                logical = "bfloat16" if t.dtype == _BF16 else None
+                mx, mn, mean, norm = reference_stats(tensor_numpy(t), framework="mindspore", logical_dtype=logical)
+                vals = {"Max": mx, "Min": mn, "Mean": mean, "Norm": norm}
+                if want_md5:
+                    vals["md5"] = crc32_hex(np.ascontiguousarray(tensor_raw(t)))
+            except (RuntimeError, TypeError, ValueError):  # a dtype without a CPU kernel: no statistics
+                vals = {"Max": None, "Min": None, "Mean": None, "Norm": None}
+            done[key] = vals
+        out.append(vals)
+    return out
+
+
+def _npy_bytes(t: Tensor) -> bytes:
+    from msprobe.dumpers.mindspore._apis import GUARD
+
+    GUARD.inside = True  # a writer thread: these calls are not the model's
+    if t.dtype in _NO_NUMPY:  # raw bytes, decoded by the record's dtype and shape
+        return np.ascontiguousarray(tensor_raw(t)).tobytes()
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(t.asnumpy()), allow_pickle=False)
+    return buf.getvalue()
+
+
+class Encoder:
+    """Turns call arguments into JSON-ready entries; owns the per-call tensor decisions."""
+
+    def __init__(self, session, *, save_tensors: bool, summary_mode: str, tensor_list: list):
+        self.session = session
+        self.save_tensors = save_tensors
+        self.summary_mode = summary_mode
+        self.tensor_list = tensor_list
+        self.check_overflow = False
+        self._overflow: list = []
+        self._tls = threading.local()
+
+    def wants_tensors(self, record: str) -> bool:
+        return self.save_tensors or any(item in record for item in self.tensor_list)
+
+    def encode(self, value: Any, data_prefix: str, save: bool, depth: int = 0) -> Any:
+        if isinstance(value, Tensor):
+            return self.tensor(value, data_prefix, save)
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            return {"type": "bool", "value": value}
+        if isinstance(value, int):
+            return {"type": "int", "value": value}
+        if isinstance(value, float):
+            return {"type": "float", "value": value}
+        if isinstance(value, str):
+            return {"type": "str", "value": value}
+        if isinstance(value, (list, tuple)):
+            if depth > 32:
+                return None
+            return [self.encode(v, f"{data_prefix}.{i}", save, depth + 1) for i, v in enumerate(value)]
+        if isinstance(value, dict):
+            if depth > 32:
+                return None
+            return {str(k): self.encode(v, f"{data_prefix}.{k}", save, depth + 1) for k, v in value.items()}
+        if isinstance(value, slice):
+            return {"type": "slice", "value": [self._plain(value.start), self._plain(value.stop),
+                                               self._plain(value.step)]}
+        if value is Ellipsis:
+            return {"type": "ellipsis", "value": "..."}
+        if isinstance(value, complex):
+            return {"type": "complex", "value": [value.real, value.imag]}
+        if isinstance(value, mindspore.dtype.Type):
+            return {"type": "mindspore.dtype", "value": str(value)}
+        if isinstance(value, np.generic):
+            return self.encode(value.item(), data_prefix, save, depth)
+        return None
+
+    @staticmethod
+    def _plain(v: Any) -> Any:
+        if isinstance(v, Tensor):
+            return v.asnumpy().item() if v.size == 1 else None
+        return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
+
+    def tensor(self, t: Tensor, data_name_prefix: str, save: bool, *, snapshot: bool = False) -> dict:
+        """``snapshot``: copy the value now (the caller is about to modify it in place)."""
+        entry: dict = {"type": "mindspore.Tensor", "dtype": str(t.dtype), "shape": list(t.shape)}
+        held = t.copy() if (snapshot or isinstance(t, Parameter)) else t
+        mode = self.summary_mode
+        if mode == "xor":
+            entry["md5"] = self._xor(held)
+        else:
+            entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
+            self.session.pending.add(entry, (held, mode == "md5"))
+            if self.check_overflow and t.dtype in (mindspore.float16, mindspore.float32, mindspore.float64, _BF16):
+                self._overflow.append(held)
+        if save and (t.size or not getattr(self._tls, "in_output", False)):
+            name = f"{data_name_prefix}.npy"
+            entry["data_name"] = name
+            self.session.save_tensor(name, lambda c=held: _npy_bytes(c), int(t.nbytes))
+        return entry
+
+    @staticmethod
+    def _xor(t: Tensor) -> Optional[str]:
+        if t.size == 0:
+            return None
+        raw = np.ascontiguousarray(tensor_raw(t))
+        if raw.ndim == 0:
+            v = tensor_numpy(t).item()
+            return v if not isinstance(v, int) else f"0x{v & ((1 << 64) - 1):016x}"
+        return f"0x{xor64(raw) & ((1 << 64) - 1):016x}"
+
+    def take_overflow(self) -> bool:
+        """True when any float tensor encoded since the last call holds Inf/NaN (syncs)."""
+        hs, self._overflow = self._overflow, []
+        for h in hs:
+            a = tensor_numpy(h)
+            if a.size and not np.isfinite(a).all():
+                return True
+        return False

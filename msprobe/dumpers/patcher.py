@@ -1,0 +1,76 @@
+"""The reversible API patcher shared by the framework dumpers.
+
+``ApiPatcher.install(handler)`` replaces each listed attribute with a thin wrapper
+calling ``handler(orig, api_key, args, kwargs)``; ``uninstall()`` puts the originals
+back. While the handler runs, the framework's thread-local ``guard`` (``guard.inside``)
+sends nested API calls (those the API makes itself, and the dumper's own statistics)
+straight to the originals; ``guard.on = False`` turns every wrapper into a pass-through.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+__all__ = ["ApiPatcher"]
+
+
+class ApiPatcher:
+    """``namespaces()`` -> {yaml key: (record prefix, [objects whose attributes are wrapped])}."""
+
+    def __init__(self, api_list: dict, namespaces: Callable[[], dict], guard, extra: Optional[dict] = None):
+        self.api_list = api_list
+        self.namespaces = namespaces
+        self.guard = guard
+        self.extra = extra or {}
+        self._saved: list = []
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._saved)
+
+    def install(self, handler: Callable) -> None:
+        """``handler(orig, api_key, args, kwargs)`` is called for each wrapped API call."""
+        if self._saved:
+            return
+        for key, (prefix, targets) in self.namespaces().items():
+            for name in self.api_list.get(key, []):
+                for target in targets:
+                    orig = getattr(target, name, None)
+                    if orig is None or not callable(orig) or getattr(orig, "__msprobe_wrapped__", False):
+                        continue
+                    self._wrap(target, name, orig, f"{prefix}.{name}", handler)
+        for (_, name), (target, api_key) in self.extra.items():
+            orig = getattr(target, name, None)
+            if orig is not None and not getattr(orig, "__msprobe_wrapped__", False):
+                self._wrap(target, name, orig, api_key, handler)
+
+    def _wrap(self, target, name: str, orig, api_key: str, handler: Callable) -> None:
+        guard = self.guard
+
+        def wrapper(*args, **kwargs):
+            if getattr(guard, "inside", False) or not guard.__dict__.get("on", True):
+                return orig(*args, **kwargs)
+            return handler(orig, api_key, args, kwargs)
+
+        try:
+            functools.update_wrapper(wrapper, orig)
+        except (AttributeError, TypeError):
+            pass
+        wrapper.__msprobe_wrapped__ = True  # type: ignore[attr-defined]
+        owned = not isinstance(target, type) or name in target.__dict__
+        try:
+            setattr(target, name, wrapper)
+        except (AttributeError, TypeError):
+            return
+        self._saved.append((target, name, orig, owned))
+
+    def uninstall(self) -> None:
+        for target, name, orig, owned in reversed(self._saved):
+            try:
+                if owned:
+                    setattr(target, name, orig)
+                else:  # the attribute was inherited (a base class): remove our shadow
+                    delattr(target, name)
+            except (AttributeError, TypeError):
+                pass
+        self._saved = []

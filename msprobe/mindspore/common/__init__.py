@@ -1,0 +1,1 @@
+"""``msprobe.mindspore.common`` (the documented home of ``utils.MsprobeStep``)."""
