@@ -1,0 +1,73 @@
+"""Helpers of the MindSpore tests (they run in the MindSpore venv, see ms_venv.py)."""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REAL = os.path.join(ROOT, "tests", "fixtures", "real", "ms26_mindspore")
+SCRIPTS = os.path.join(ROOT, "tests", "fixtures", "real", "scripts")
+_PGRAD_COUNT = re.compile(r"\.parameters_grad\.\d+$")
+
+
+def normalize_real(name: str) -> str:
+    """Deliberate difference 2 (spec/FORMAT.md §20): parameters_grad records carry no count."""
+    return _PGRAD_COUNT.sub(".parameters_grad", name)
+
+
+def rank_dir(dump_root: str, step: int = 0) -> str:
+    found = sorted(glob.glob(os.path.join(dump_root, f"step{step}", "*")))
+    found = [p for p in found if os.path.isdir(p)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def load(dump_root: str, doc: str = "dump.json", step: int = 0) -> dict:
+    with open(os.path.join(rank_dir(dump_root, step), doc), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_script(script: str, args: list, cwd: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT, GLOG_v="3")
+    return subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args], cwd=cwd, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def diff_values(ours, real, path: str = "", rtol: float = 1e-5, atol: float = 1e-7) -> list:
+    """Differences between two JSON values; floats compared with a tolerance."""
+    out: list = []
+    if isinstance(real, dict) and isinstance(ours, dict):
+        if list(ours) != list(real):
+            out.append(f"{path}: keys {list(ours)} != {list(real)}")
+        for k in real:
+            if k in ours:
+                out += diff_values(ours[k], real[k], f"{path}.{k}", rtol, atol)
+    elif isinstance(real, list) and isinstance(ours, list):
+        if len(ours) != len(real):
+            return [f"{path}: length {len(ours)} != {len(real)}"]
+        for i, (a, b) in enumerate(zip(ours, real)):
+            out += diff_values(a, b, f"{path}[{i}]", rtol, atol)
+    elif isinstance(real, float) and isinstance(ours, (int, float)) and not isinstance(ours, bool):
+        if not (math.isnan(real) and math.isnan(ours)) and not math.isclose(ours, real, rel_tol=rtol, abs_tol=atol):
+            out.append(f"{path}: {ours!r} != {real!r}")
+    elif ours != real or type(ours) is not type(real):
+        out.append(f"{path}: {ours!r} != {real!r}")
+    return out
+
+
+def frame_key(frame: str) -> str:
+    """A stack frame without the machine-specific part of its path."""
+    m = re.match(r"File (.*?), line (\d+), in (.*?), \n (.*)$", frame, re.S)
+    if not m:
+        return frame
+    path, line, func, code = m.groups()
+    if "site-packages/" in path:
+        path = path.split("site-packages/", 1)[1]
+    else:
+        path = os.path.basename(path)
+    return f"{path}:{line}:{func}:{code.strip()}"

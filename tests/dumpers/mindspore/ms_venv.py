@@ -1,0 +1,115 @@
+"""Create (once) and cache the virtual environment the MindSpore tests run in.
+
+MindSpore 2.10.0 needs ``numpy<2``, so it cannot share the main test environment. The
+venv lives under ``$MSPROBE_LAKE_CACHE`` (default ``~/.cache/msprobe-lake``) as
+``venv-mindspore-<version>``, keyed by the MindSpore version and the requirement list;
+our sources are put on ``PYTHONPATH`` rather than installed. Creation downloads the
+MindSpore CPU wheel (about 800 MB) with the ordinary pip client; a machine with a venv
+that already holds MindSpore can seed the cache from it with
+``MSPROBE_LAKE_MS_SEED_VENV=/path/to/venv`` (its site-packages are copied, except any
+``msprobe``/``mindstudio-probe``, then pip checks the requirements).
+
+Command line: ``python tests/dumpers/mindspore/ms_venv.py`` builds it and prints its python.
+"""
+from __future__ import annotations
+
+import fcntl
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from typing import Optional
+
+MS_VERSION = "2.10.0"
+REQUIREMENTS = ["numpy<2", f"mindspore=={MS_VERSION}", "pytest>=7", "fsspec>=2023.6", "pyyaml>=6"]
+_KEY = hashlib.sha256(" ".join(REQUIREMENTS).encode()).hexdigest()[:8]
+_SKIP_SEED = ("msprobe", "mindstudio_probe", "__pycache__")
+
+
+def cache_root() -> str:
+    return os.environ.get("MSPROBE_LAKE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "msprobe-lake")
+
+
+def venv_dir() -> str:
+    return os.path.join(cache_root(), f"venv-mindspore-{MS_VERSION}")
+
+
+def venv_python(path: Optional[str] = None) -> str:
+    return os.path.join(path or venv_dir(), "bin", "python")
+
+
+def _ready(path: str) -> bool:
+    marker = os.path.join(path, ".msprobe-lake-ready")
+    if not os.path.exists(marker):
+        return False
+    with open(marker, encoding="utf-8") as f:
+        return f.read().strip() == _KEY
+
+
+def _site_packages(path: str) -> Optional[str]:
+    found = glob.glob(os.path.join(path, "lib", "python3*", "site-packages"))
+    return found[0] if found else None
+
+
+def _seed(src_venv: str, dst_venv: str) -> None:
+    src, dst = _site_packages(src_venv), _site_packages(dst_venv)
+    if src is None or dst is None:
+        return
+    for name in os.listdir(src):
+        if name.lower().startswith(_SKIP_SEED) or name in ("pip", "setuptools") or name.startswith(("pip-", "_distutils")):
+            continue
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        if os.path.exists(d):
+            continue
+        if os.path.isdir(s):
+            shutil.copytree(s, d, symlinks=True)
+        else:
+            shutil.copy2(s, d)
+
+
+def _run(cmd: list, log: list, timeout: float) -> None:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    log.append(f"$ {' '.join(cmd)}\n{proc.stdout[-4000:]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])}... failed with exit code {proc.returncode}")
+
+
+def ensure_venv(timeout: float = 3600) -> tuple:
+    """(python path, None) when the venv is ready, else (None, reason)."""
+    path = venv_dir()
+    if _ready(path):
+        return venv_python(path), None
+    os.makedirs(cache_root(), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait and reuse its result
+        if _ready(path):
+            return venv_python(path), None
+        tmp = f"{path}.build-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        log: list = []
+        try:
+            base = getattr(sys, "_base_executable", None) or sys.executable
+            _run([base, "-m", "venv", tmp], log, 600)
+            seed = os.environ.get("MSPROBE_LAKE_MS_SEED_VENV")
+            if seed and os.path.isdir(seed):
+                _seed(seed, tmp)
+            _run([venv_python(tmp), "-m", "pip", "install", "--disable-pip-version-check", *REQUIREMENTS],
+                 log, timeout)
+            _run([venv_python(tmp), "-c", "import mindspore, numpy; assert numpy.__version__ < '2'"], log, 600)
+            with open(os.path.join(tmp, ".msprobe-lake-ready"), "w", encoding="utf-8") as f:
+                f.write(_KEY)
+            shutil.rmtree(path, ignore_errors=True)
+            os.rename(tmp, path)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tail = log[-1][-1500:] if log else ""
+            return None, f"cannot create the MindSpore test venv ({exc}); no network or no wheel?\n{tail}"
+    return venv_python(path), None
+
+
+if __name__ == "__main__":
+    py, why = ensure_venv()
+    print(py or why)
+    sys.exit(0 if py else 1)
