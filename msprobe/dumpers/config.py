@@ -181,6 +181,14 @@ def read_config_json(config_path: str) -> dict:
     return raw
 
 
+def check_seed_args(seed: Any, mode: Any, rm_dropout: Any) -> None:
+    """The arguments of ``seed_all(seed, mode, rm_dropout)`` (both frameworks)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not (0 <= seed <= 2 ** 32 - 1):
+        raise ConfigError(f"invalid seed {seed!r}; valid: an integer in [0, 4294967295]")
+    if not isinstance(mode, bool) or not isinstance(rm_dropout, bool):
+        raise ConfigError("mode and rm_dropout must be booleans")
+
+
 def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConfig:
     """Read config.json (if given) and apply non-None ``overrides`` (task, dump_path, level, step, ...)."""
     raw: dict = read_config_json(config_path) if config_path is not None else {}

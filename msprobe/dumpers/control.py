@@ -10,7 +10,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = ["DumperControl", "capture_stack", "render_stack"]
 
@@ -34,6 +34,50 @@ def render_stack(frames: tuple) -> list:
 
 
 class DumperControl:
+    guard = None  # the framework's thread-local API guard (``guard.inside`` while the dumper works)
+
+    def _set_token_range(self, model: Any, token_range: Optional[list]) -> None:
+        if token_range is None:
+            return
+        from msprobe.errors import ConfigError
+
+        if model is None:
+            raise ConfigError("token_range requires model")
+        if not (isinstance(token_range, (list, tuple)) and len(token_range) == 2
+                and all(isinstance(x, int) and x >= 0 for x in token_range) and token_range[0] <= token_range[1]):
+            raise ConfigError(f"invalid token_range={token_range!r}; valid: [start, end] integers, start <= end")
+        self.token_range = tuple(token_range)
+
+    def _record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
+        """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
+        self.guard.inside = True
+        try:
+            want_in, want_out = self._io("backward")
+            save = self.encoder.wants_tensors(bwd)
+            rec: dict = {}
+            if want_in:
+                rec["input"] = [self.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grads_in)]
+            if want_out:
+                rec["output"] = [self.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grads_out)]
+            if self._keep(rec):
+                self.session.add_record(bwd, rec, parent=parent)
+        finally:
+            self.guard.inside = False
+
+    def _save_debug(self, variable: Any, name: str) -> Optional[str]:
+        """debug level ``save``: the record ``<name>.<n>.debug`` (None when this step/rank is not dumped)."""
+        if not self.enabled and not (self.session.step_enabled() and self.session.rank_enabled()):
+            return None
+        n = self.debug_counts.get(name, 0)
+        self.debug_counts[name] = n + 1
+        key = f"{name}.{n}.debug"
+        self.guard.inside = True
+        try:
+            save = self.encoder.wants_tensors(key)
+            self.session.add_record(key, self.encoder.encode(variable, key, save), construct=False)
+        finally:
+            self.guard.inside = False
+        return key
     # ---------------------------------------------------------------- filters
     def _in_scope(self, name: str) -> bool:
         scope = self.config.scope

@@ -6,6 +6,7 @@ import random
 from typing import Any, Optional
 
 from msprobe.dumpers.pytorch._debugger import PrecisionDebugger as _BaseDebugger
+from msprobe.dumpers.config import check_seed_args
 from msprobe.errors import ConfigError
 
 __all__ = ["PrecisionDebugger", "MsprobeStep", "seed_all"]
@@ -65,10 +66,7 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True) -> N
     """Fix the randomness the docs list (random, numpy, MindSpore's global seed, PYTHONHASHSEED);
     ``mode`` turns on deterministic kernels; ``rm_dropout`` makes the documented dropout APIs no-ops
     (call it before the Dropout layers are created)."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or not (0 <= seed <= 2 ** 32 - 1):
-        raise ConfigError(f"invalid seed {seed!r}; valid: an integer in [0, 4294967295]")
-    if not isinstance(mode, bool) or not isinstance(rm_dropout, bool):
-        raise ConfigError("mode and rm_dropout must be booleans")
+    check_seed_args(seed, mode, rm_dropout)
     import mindspore
     import numpy as np
 

@@ -88,6 +88,8 @@ def _has_tensor(values) -> bool:
 class MindSporeDumper(DumperControl):
     """Owns the patcher, the Primitive/Cell hooks and the session for one process."""
 
+    guard = GUARD
+
     def __init__(self, config: DumpConfig):
         if config.level == "L2":
             raise ConfigError("level 'L2' (kernel dump) needs MindSpore on Ascend hardware "
@@ -112,6 +114,7 @@ class MindSporeDumper(DumperControl):
         self._token_count = -1
         self._parent_of: dict = {}
         self.debug_counts: dict = {}
+        self._jit_saved: Optional[tuple] = None
         self._pgrads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
         self.L1 = config.level in ("L1", "mix")
         self.L0 = config.level in ("L0", "mix")
@@ -124,13 +127,7 @@ class MindSporeDumper(DumperControl):
                 "msprobe-lake dumps MindSpore in PyNative mode only: this process runs in GRAPH_MODE "
                 "(static-graph dumps use MindSpore's TensorDump/kernel dump, which need Ascend); "
                 "call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
-        if token_range is not None:
-            if model is None:
-                raise ConfigError("token_range requires model")
-            if not (isinstance(token_range, (list, tuple)) and len(token_range) == 2
-                    and all(isinstance(x, int) and x >= 0 for x in token_range) and token_range[0] <= token_range[1]):
-                raise ConfigError(f"invalid token_range={token_range!r}; valid: [start, end] integers, start <= end")
-            self.token_range = tuple(token_range)
+        self._set_token_range(model, token_range)
         if model is not None:
             self._hook_models(model)
         elif self.L0 and not self._hooked_models:
@@ -141,6 +138,7 @@ class MindSporeDumper(DumperControl):
         self.session.claim()
         if self.L1:
             self.patcher.install(self._on_api)
+            self._patch_jit()
         self.enabled = True
         GUARD.on = True
 
@@ -167,6 +165,7 @@ class MindSporeDumper(DumperControl):
     def close(self) -> None:
         self.stop()
         self.patcher.uninstall()
+        self._unpatch_jit()
         for h in self._cell_handles + self._param_handles:
             try:
                 h.remove()
@@ -227,14 +226,7 @@ class MindSporeDumper(DumperControl):
             rec["output"] = self._encode_output(out, f"{fwd}.output", self.encoder.wants_tensors(fwd))
 
     def _encode_output(self, out: Any, prefix: str, save: bool) -> list:
-        enc = self.encoder
-        enc._tls.in_output = True
-        try:
-            if isinstance(out, (list, tuple)):
-                return [enc.encode(o, f"{prefix}.{i}", save) for i, o in enumerate(out)]
-            return [enc.encode(out, f"{prefix}.0", save)]
-        finally:
-            enc._tls.in_output = False
+        return self.encoder.encode_output(out, prefix, save)
 
     def _call_api(self, orig, args: tuple, kwargs: dict, bwd: str, parent: Optional[str], bw: bool,
                   record: bool):
@@ -259,22 +251,6 @@ class MindSporeDumper(DumperControl):
         cell.register_backward_hook(hook)
         return cell(*args, **kwargs)
 
-    def _record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
-        """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
-        GUARD.inside = True
-        try:
-            want_in, want_out = self._io("backward")
-            save = self.encoder.wants_tensors(bwd)
-            rec: dict = {}
-            if want_in:
-                rec["input"] = [self.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grads_in)]
-            if want_out:
-                rec["output"] = [self.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grads_out)]
-            if self._keep(rec):
-                self.session.add_record(bwd, rec, parent=parent)
-        finally:
-            GUARD.inside = False
-
     # ------------------------------------------------------------- Primitives
     def _hook_primitives(self, model) -> None:
         seen = {id(p) for p, _ in self._primitives}
@@ -294,16 +270,18 @@ class MindSporeDumper(DumperControl):
             d = dumper()
             if d is None or not d.enabled or getattr(GUARD, "inside", False) or not GUARD.__dict__.get("on", True):
                 return orig_call(p, *args, **kwargs)
-            return d._on_primitive(orig_call, p, api_key, args, kwargs)
+            return d._on_hooked_call(lambda *a, **k: orig_call(p, *a, **k), api_key, args, kwargs)
 
         sub = type(cls.__name__, (cls,), {"__call__": __call__, "__msprobe_wrapped__": True,
                                            "__module__": cls.__module__})
         prim.__class__ = sub
         self._primitives.append((prim, cls))
 
-    def _on_primitive(self, orig_call, prim, api_key: str, args: tuple, kwargs: dict):
+    def _on_hooked_call(self, call, api_key: str, args: tuple, kwargs: dict, head: tuple = ()):
+        """A Primitive or jit call: forward record around ``call(*head, *args, **kwargs)``, gradients
+        through ops.HookBackward (``head``: leading arguments not recorded, a jit Cell's self)."""
         if self.token_range is not None and not self._in_token_range():
-            return orig_call(prim, *args, **kwargs)
+            return call(*head, *args, **kwargs)
         GUARD.inside = True
         try:
             base, _ = self.session.next_api_name(api_key)
@@ -314,12 +292,12 @@ class MindSporeDumper(DumperControl):
             if not wanted:
                 if self.enabled and self.L0:
                     self.session.add_structure(fwd, parent)
-                return orig_call(prim, *args, **kwargs)
+                return call(*head, *args, **kwargs)
             rec = self._forward_inputs(fwd, args, kwargs)
             stack = capture_stack() if self.config.stack else None
             if bw:
                 args = self._hook_grads(args, bwd, "output")
-            out = orig_call(prim, *args, **kwargs)
+            out = call(*head, *args, **kwargs)
             self._forward_output(rec, fwd, out)
             if self._keep(rec):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
@@ -373,6 +351,41 @@ class MindSporeDumper(DumperControl):
             hooked = [ops.HookBackward(hook)(v) if isinstance(v, Tensor) and _floating(v) else v for v in values]
             return type(values)(hooked) if isinstance(values, tuple) else hooked
         return values
+
+    # -------------------------------------------------------------------- jit
+    def _patch_jit(self) -> None:
+        """Calls of ``mindspore.jit`` functions and Cells (compiled graphs, whose inside no hook sees)
+        are recorded as ``Jit.<function or Cell class>.<n>``."""
+        if self._jit_saved is not None:
+            return
+        try:
+            from mindspore.common.api import _JitExecutor as executor
+        except ImportError:
+            try:
+                from mindspore.common.api import _MindsporeFunctionExecutor as executor
+            except ImportError:
+                return
+        orig = executor.__call__
+        dumper = weakref.ref(self)
+
+        def __call__(ex, *args, **kwargs):
+            d = dumper()
+            if d is None or not d.enabled or getattr(GUARD, "inside", False) or not GUARD.__dict__.get("on", True):
+                return orig(ex, *args, **kwargs)
+            name = getattr(getattr(ex, "fn", None), "__name__", None) or "JitFunction"
+            head: tuple = ()
+            if args and isinstance(args[0], nn.Cell) and name == "construct":
+                name, head, args = type(args[0]).__name__, args[:1], args[1:]
+            return d._on_hooked_call(lambda *a, **k: orig(ex, *a, **k), f"Jit.{name}", args, kwargs, head)
+
+        executor.__call__ = __call__
+        self._jit_saved = (executor, orig)
+
+    def _unpatch_jit(self) -> None:
+        if self._jit_saved is not None:
+            executor, orig = self._jit_saved
+            executor.__call__ = orig
+            self._jit_saved = None
 
     # ------------------------------------------------------------------ Cells
     def _hook_models(self, model: Any) -> None:
@@ -518,17 +531,7 @@ class MindSporeDumper(DumperControl):
 
     # ------------------------------------------------------------------ debug
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
-        if not self.enabled and not (self.session.step_enabled() and self.session.rank_enabled()):
-            return
-        n = self.debug_counts.get(name, 0)
-        self.debug_counts[name] = n + 1
-        key = f"{name}.{n}.debug"
-        GUARD.inside = True
-        try:
-            save = self.encoder.wants_tensors(key)
-            self.session.add_record(key, self.encoder.encode(variable, key, save), construct=False)
-        finally:
-            GUARD.inside = False
+        self._save_debug(variable, name)
 
 
 def _floating(t: Tensor) -> bool:

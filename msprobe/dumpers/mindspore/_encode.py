@@ -10,13 +10,13 @@ float64 accumulation): no ``mint.norm``/``linalg.vector_norm``, which have no CP
 from __future__ import annotations
 
 import io
-import threading
 from typing import Any, Optional
 
 import mindspore
 import numpy as np
 from mindspore import Parameter, Tensor
 
+from msprobe.dumpers.encode import ValueEncoder
 from msprobe.format.stats import crc32_hex, reference_stats, xor64
 
 __all__ = ["Encoder", "fetch_stats", "tensor_numpy", "tensor_raw"]
@@ -78,60 +78,26 @@ def _npy_bytes(t: Tensor) -> bytes:
     return buf.getvalue()
 
 
-class Encoder:
+class Encoder(ValueEncoder):
     """Turns call arguments into JSON-ready entries; owns the per-call tensor decisions."""
 
+    tensor_types = (Tensor,)
+
     def __init__(self, session, *, save_tensors: bool, summary_mode: str, tensor_list: list):
-        self.session = session
-        self.save_tensors = save_tensors
-        self.summary_mode = summary_mode
-        self.tensor_list = tensor_list
-        self.check_overflow = False
+        super().__init__(session, save_tensors=save_tensors, summary_mode=summary_mode, tensor_list=tensor_list)
         self._overflow: list = []
-        self._tls = threading.local()
 
-    def wants_tensors(self, record: str) -> bool:
-        return self.save_tensors or any(item in record for item in self.tensor_list)
-
-    def encode(self, value: Any, data_prefix: str, save: bool, depth: int = 0) -> Any:
-        if isinstance(value, Tensor):
-            return self.tensor(value, data_prefix, save)
-        if value is None:
-            return None
-        if isinstance(value, bool):
-            return {"type": "bool", "value": value}
-        if isinstance(value, int):
-            return {"type": "int", "value": value}
-        if isinstance(value, float):
-            return {"type": "float", "value": value}
-        if isinstance(value, str):
-            return {"type": "str", "value": value}
-        if isinstance(value, (list, tuple)):
-            if depth > 32:
-                return None
-            return [self.encode(v, f"{data_prefix}.{i}", save, depth + 1) for i, v in enumerate(value)]
-        if isinstance(value, dict):
-            if depth > 32:
-                return None
-            return {str(k): self.encode(v, f"{data_prefix}.{k}", save, depth + 1) for k, v in value.items()}
-        if isinstance(value, slice):
-            return {"type": "slice", "value": [self._plain(value.start), self._plain(value.stop),
-                                               self._plain(value.step)]}
-        if value is Ellipsis:
-            return {"type": "ellipsis", "value": "..."}
-        if isinstance(value, complex):
-            return {"type": "complex", "value": [value.real, value.imag]}
+    def framework_value(self, value: Any) -> Any:
         if isinstance(value, mindspore.dtype.Type):
             return {"type": "mindspore.dtype", "value": str(value)}
         if isinstance(value, np.generic):
-            return self.encode(value.item(), data_prefix, save, depth)
-        return None
+            return self.encode(value.item(), "", False)
+        return NotImplemented
 
-    @staticmethod
-    def _plain(v: Any) -> Any:
+    def _plain(self, v: Any) -> Any:
         if isinstance(v, Tensor):
             return v.asnumpy().item() if v.size == 1 else None
-        return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
+        return super()._plain(v)
 
     def tensor(self, t: Tensor, data_name_prefix: str, save: bool, *, snapshot: bool = False) -> dict:
         """``snapshot``: copy the value now (the caller is about to modify it in place)."""

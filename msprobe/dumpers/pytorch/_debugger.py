@@ -6,7 +6,7 @@ import random
 import threading
 from typing import Any, Optional
 
-from msprobe.dumpers.config import load_config
+from msprobe.dumpers.config import check_seed_args, load_config
 from msprobe.errors import ConfigError
 
 __all__ = ["PrecisionDebugger", "seed_all", "module_dump", "module_dump_end"]
@@ -153,10 +153,7 @@ def module_dump_end() -> None:
 
 def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True) -> None:
     """Fix every source of randomness the docs list, and optionally disable dropout."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or not (0 <= seed <= 2 ** 32 - 1):
-        raise ConfigError(f"invalid seed {seed!r}; valid: an integer in [0, 4294967295]")
-    if not isinstance(mode, bool) or not isinstance(rm_dropout, bool):
-        raise ConfigError("mode and rm_dropout must be booleans")
+    check_seed_args(seed, mode, rm_dropout)
     import numpy as np
     import torch
 

@@ -33,6 +33,8 @@ def _get_rank() -> Optional[int]:
 class TorchDumper(DumperControl):
     """Owns the patcher, the module hooks and the session for one process."""
 
+    guard = GUARD
+
     def __init__(self, config: DumpConfig):
         if config.level == "L2":
             raise ConfigError("level 'L2' is the kernel dump: PrecisionDebugger runs it with KernelDumper")
@@ -69,13 +71,7 @@ class TorchDumper(DumperControl):
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
         cfg = self.config
-        if token_range is not None:
-            if model is None:
-                raise ConfigError("token_range requires model")
-            if not (isinstance(token_range, (list, tuple)) and len(token_range) == 2
-                    and all(isinstance(x, int) and x >= 0 for x in token_range) and token_range[0] <= token_range[1]):
-                raise ConfigError(f"invalid token_range={token_range!r}; valid: [start, end] integers, start <= end")
-            self.token_range = tuple(token_range)
+        self._set_token_range(model, token_range)
         if model is not None and (self.L0 or token_range is not None):
             self._hook_models(model)
         if self.config.level == "mix" and not self._optim_handles:
@@ -248,14 +244,7 @@ class TorchDumper(DumperControl):
         return self.config.backward_enabled and torch.is_grad_enabled() and self.config.task != "structure"
 
     def _encode_output(self, out: Any, prefix: str, save: bool, enc: Any = None) -> list:
-        enc = enc or self.encoder
-        enc._tls.in_output = True
-        try:
-            if isinstance(out, (list, tuple)) and not isinstance(out, torch.Size):
-                return [enc.encode(o, f"{prefix}.{i}", save) for i, o in enumerate(out)]
-            return [enc.encode(out, f"{prefix}.0", save)]
-        finally:
-            enc._tls.in_output = False
+        return (enc or self.encoder).encode_output(out, prefix, save, is_sequence=_is_sequence)
 
     def _hook_api_backward(self, out: Any, bwd: str, parent: Optional[str]) -> None:
         t = _first_tensor(out)
@@ -276,22 +265,6 @@ class TorchDumper(DumperControl):
             return None
 
         t.grad_fn.register_hook(hook)
-
-    def _record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
-        """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
-        GUARD.inside = True
-        try:
-            want_in, want_out = self._io("backward")
-            save = self.encoder.wants_tensors(bwd)
-            rec: dict = {}
-            if want_in:
-                rec["input"] = [self.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grads_in)]
-            if want_out:
-                rec["output"] = [self.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grads_out)]
-            if self._keep(rec):
-                self.session.add_record(bwd, rec, parent=parent)
-        finally:
-            GUARD.inside = False
 
     # ---------------------------------------------------------------- modules
     def _hook_models(self, model: Any) -> None:
@@ -492,19 +465,10 @@ class TorchDumper(DumperControl):
 
     # ------------------------------------------------------------------ debug
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
-        if not self.enabled and not (self.session.step_enabled() and self.session.rank_enabled()):
-            return
-        n = self.debug_counts.get(name, 0)
-        self.debug_counts[name] = n + 1
-        key = f"{name}.{n}.debug"
-        GUARD.inside = True
-        try:
-            save = self.encoder.wants_tensors(key)
-            self.session.add_record(key, self.encoder.encode(variable, key, save), construct=False)
-        finally:
-            GUARD.inside = False
-        if save_backward:
-            self._save_grads(variable, f"{name}_grad.{n}.debug")
+        key = self._save_debug(variable, name)
+        if key is not None and save_backward:
+            head, _, n = key[:-len(".debug")].rpartition(".")
+            self._save_grads(variable, f"{head}_grad.{n}.debug")
 
     def _save_grads(self, variable: Any, key: str) -> None:
         tensors = []
@@ -553,6 +517,10 @@ def _nest(variable: Any, grads: dict, path: tuple = ()) -> Any:
     if isinstance(variable, dict):
         return {k: _nest(v, grads, path + (str(k),)) for k, v in variable.items()}
     return None
+
+
+def _is_sequence(out: Any) -> bool:
+    return isinstance(out, (list, tuple)) and not isinstance(out, torch.Size)
 
 
 def _first_tensor(out: Any) -> Optional[torch.Tensor]:

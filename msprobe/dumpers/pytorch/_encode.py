@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import io
-import threading
 import weakref
 import zlib
 from typing import Any, Optional
 
 import torch
 
+from msprobe.dumpers.encode import ValueEncoder
 from msprobe.format.stats import xor64
 
 __all__ = ["Encoder", "fetch_stats", "tensor_bytes"]
@@ -157,18 +157,15 @@ class StatCache:
         self.entries.clear()
 
 
-class Encoder:  # noqa: D101
+class Encoder(ValueEncoder):  # noqa: D101
     """Turns call arguments into JSON-ready entries; owns the per-call tensor decisions."""
 
+    tensor_types = (torch.Tensor,)
+
     def __init__(self, session, *, save_tensors: bool, summary_mode: str, tensor_list: list):
-        self.session = session
-        self.save_tensors = save_tensors
-        self.summary_mode = summary_mode
-        self.tensor_list = tensor_list
+        super().__init__(session, save_tensors=save_tensors, summary_mode=summary_mode, tensor_list=tensor_list)
         self.has_overflow = False
         self.cache = StatCache()
-        self._tls = threading.local()
-        self.check_overflow = False
         self._overflow_handles: list = []
         self.zarr = getattr(getattr(session, "config", None), "tensor_store", "files") == "zarr"
 
@@ -210,52 +207,21 @@ class Encoder:  # noqa: D101
                 pass
         return True
 
-    def wants_tensors(self, record: str) -> bool:
-        return self.save_tensors or any(item in record for item in self.tensor_list)
-
-    def encode(self, value: Any, data_prefix: str, save: bool, depth: int = 0) -> Any:
-        if isinstance(value, torch.Tensor):
-            return self.tensor(value, data_prefix, save)
-        if value is None:
-            return None
-        if isinstance(value, bool):
-            return {"type": "bool", "value": value}
-        if isinstance(value, int):
-            return {"type": "int", "value": value}
-        if isinstance(value, float):
-            return {"type": "float", "value": value}
-        if isinstance(value, str):
-            return {"type": "str", "value": value}
-        if isinstance(value, (list, tuple)):
-            if depth > 32:
-                return None
-            if isinstance(value, torch.Size):
-                return {"type": "torch.Size", "value": list(value)}
-            return [self.encode(v, f"{data_prefix}.{i}", save, depth + 1) for i, v in enumerate(value)]
-        if isinstance(value, dict):
-            if depth > 32:
-                return None
-            return {str(k): self.encode(v, f"{data_prefix}.{k}", save, depth + 1) for k, v in value.items()}
-        if isinstance(value, slice):
-            return {"type": "slice", "value": [self._plain(value.start), self._plain(value.stop),
-                                               self._plain(value.step)]}
-        if value is Ellipsis:
-            return {"type": "ellipsis", "value": "..."}
+    def framework_value(self, value: Any) -> Any:
+        if isinstance(value, torch.Size):
+            return {"type": "torch.Size", "value": list(value)}
         if isinstance(value, torch.dtype):
             return {"type": "torch.dtype", "value": str(value)}
         if isinstance(value, torch.device):
             return {"type": "torch.device", "value": str(value)}
         if isinstance(value, torch.memory_format):
             return {"type": "torch.memory_format", "format": str(value).replace("torch.", "", 1)}
-        if isinstance(value, complex):
-            return {"type": "complex", "value": [value.real, value.imag]}
-        return self._special(value)
+        return NotImplemented
 
-    @staticmethod
-    def _plain(v: Any) -> Any:
+    def _plain(self, v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return v.item() if v.numel() == 1 else None
-        return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
+        return super()._plain(v)
 
     def _special(self, value: Any) -> Any:
         tname = type(value).__name__

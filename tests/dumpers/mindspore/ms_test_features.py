@@ -205,3 +205,46 @@ def test_uninstall_restores_apis(tmp_path):
     dbg.stop()
     PrecisionDebugger._reset()
     assert mint.add is orig_add and Tensor.__mul__ is orig_mul
+
+
+class JitBlock(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(4, 4)
+
+    @mindspore.jit
+    def construct(self, x):
+        return ops.relu(self.fc(x)) * 2
+
+
+@mindspore.jit
+def jit_add(x, y):
+    return mint.add(x, y)
+
+
+def test_jit_cells_and_functions_recorded_as_jit(tmp_path):
+    root = str(tmp_path / "d")
+    net = JitBlock()
+    x = Tensor(np.ones((2, 4), np.float32))
+
+    def fwd(x):
+        return jit_add(net(x), x).sum()
+
+    grad_fn = mindspore.value_and_grad(fwd, None, net.trainable_params())
+    want, want_grads = grad_fn(x)
+    dbg = PrecisionDebugger(task="statistics", dump_path=root, level="L1")
+    dbg.start(model=net)
+    got, got_grads = grad_fn(x)
+    dbg.stop()
+    dbg.step()
+    assert float(got.asnumpy()) == float(want.asnumpy())  # the dump does not change the computation
+    for a, b in zip(got_grads, want_grads):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    data = _doc(root)["data"]
+    assert list(data) == ["Jit.JitBlock.0.forward", "Jit.jit_add.0.forward", "Tensor.sum.0.forward",
+                          "Tensor.sum.0.backward", "Jit.jit_add.0.backward", "Jit.JitBlock.0.backward"]
+    out = net(x).asnumpy()
+    fwd_rec = data["Jit.JitBlock.0.forward"]
+    assert fwd_rec["output"][0]["Max"] == pytest.approx(float(out.max()), rel=1e-6)
+    assert len(fwd_rec["input_args"]) == 1  # the Cell itself is not an argument
+    assert data["Jit.jit_add.0.backward"]["input"][0]["shape"] == [2, 4]
