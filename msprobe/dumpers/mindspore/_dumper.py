@@ -372,6 +372,8 @@ class MindSporeDumper(DumperControl):
             d = dumper()
             if d is None or not d.enabled or getattr(GUARD, "inside", False) or not GUARD.__dict__.get("on", True):
                 return orig(ex, *args, **kwargs)
+            if args and isinstance(args[0], nn.Optimizer):  # the optimizer's own jit step: not the model's
+                return orig(ex, *args, **kwargs)
             name = getattr(getattr(ex, "fn", None), "__name__", None) or "JitFunction"
             head: tuple = ()
             if args and isinstance(args[0], nn.Cell) and name == "construct":
