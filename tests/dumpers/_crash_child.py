@@ -11,11 +11,12 @@ from msprobe.pytorch import PrecisionDebugger, seed_all
 
 def main():
     dump_path, task, steps, storage_options = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+    extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}  # more config (e.g. the Zarr tensor store)
     seed_all(3)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16), nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     dbg = PrecisionDebugger(task=task, level="mix", dump_path=dump_path, storage_options=storage_options or None,
-                            journal_flush=1)
+                            journal_flush=1, **extra)
     print("READY", flush=True)
     for step in range(steps):
         x = torch.randn(8, 16)
