@@ -4,7 +4,8 @@ Each rank directory that was being written holds ``.journal/`` (JSON lines,
 one record per line, see spec/FORMAT.md). Recovery replays the lines in
 order (a later line for the same record replaces the earlier one, as
 parameters_grad records grow), keeps only records whose tensor files all
-exist, and publishes the documents atomically. A truncated last line is
+exist (with ``tensor_store: "zarr"``: whose payloads the store's manifest and
+manifest journal list as complete, spec/FORMAT.md 21.5), and publishes the documents atomically. A truncated last line is
 skipped and counted.
 """
 from __future__ import annotations
@@ -17,6 +18,8 @@ from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STAC
 from msprobe.format.layout import JOURNAL_DIR, TENSOR_DIR, parse_rank_dir, parse_step_dir
 from msprobe.format.model import Record
 
+STORE_DIR = "tensors.zarr"  # msprobe.tensor_store.STORE_DIR (not imported here: it needs numpy)
+
 __all__ = ["RecoveryResult", "recover_store", "find_journals"]
 
 
@@ -28,12 +31,17 @@ class RecoveryResult:
     truncated_lines: int = 0
     written: bool = False
     stale_journal: bool = False
+    tensor_store_error: Optional[str] = None
 
     def summary(self) -> str:
         if self.stale_journal:
             return f"{self.rank_prefix}: already complete ({self.records} records); stale journal removed"
-        return (f"{self.rank_prefix}: {self.records} records recovered, {self.truncated_lines} truncated line(s) "
-                f"skipped, {len(self.dropped_missing_tensor)} record(s) dropped for missing tensor files")
+        out = (f"{self.rank_prefix}: {self.records} records recovered, {self.truncated_lines} truncated line(s) "
+               f"skipped, {len(self.dropped_missing_tensor)} record(s) dropped for missing tensor files"
+               " (or payloads not complete in tensors.zarr)")
+        if self.tensor_store_error:
+            out += f"; tensor store unreadable: {self.tensor_store_error}"
+        return out
 
 
 def find_journals(store: Any, prefix: str = "") -> list:
@@ -101,6 +109,9 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
                 names.append(name)
     _remove_stale_temps(store, f"{rank_prefix}/{TENSOR_DIR}")
     files = set(store.list_dir(f"{rank_prefix}/{TENSOR_DIR}"))
+    zarr = _zarr_names(store, rank_prefix, res)
+    if zarr is not None:  # tensor_store "zarr": the payloads its manifest (and manifest journal) says are stored
+        files |= zarr
     for name in list(data):
         missing = [dn for dn in Record(name, data[name]).data_names() if dn not in files]
         if missing:
@@ -111,7 +122,9 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
     level = level or marker.get("level") or ("mix" if has_parent else "L1")
     debug = level == "debug" or (data and all(n.endswith(".debug") for n in data))
     step_dir = rank_prefix.rsplit("/", 1)[0] if "/" in rank_prefix else ""
-    local = store.local_path(f"{rank_prefix}/{TENSOR_DIR}") if files else None
+    tdir = STORE_DIR if zarr is not None else TENSOR_DIR
+    local = (store.local_path(f"{rank_prefix}/{tdir}") or f"{store.url.rstrip('/')}/{rank_prefix}/{tdir}"
+             if files else None)
     doc = {"task": task, "level": level, "framework": marker.get("framework", framework),
            "dump_data_dir": local, "data": data}
     store.put(f"{rank_prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_json(doc).encode("utf-8"))
@@ -125,6 +138,21 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
         store.delete(key)
     _ = parse_step_dir(step_dir.rsplit("/", 1)[-1]) if step_dir else None
     return res
+
+
+def _zarr_names(store: Any, rank_prefix: str, res: RecoveryResult) -> Optional[set]:
+    """The data names whose payloads are complete in the rank's Zarr tensor store (spec 21.5:
+    the group manifest merged with its manifest journal), or None when there is no store."""
+    if not store.exists(f"{rank_prefix}/{STORE_DIR}/zarr.json"):
+        return None
+    from msprobe.errors import MsprobeError
+    from msprobe.tensor_store import ZarrTensorReader
+
+    try:
+        return set(ZarrTensorReader(store, rank_prefix).names())
+    except MsprobeError as exc:  # an unreadable manifest: no payload can be trusted
+        res.tensor_store_error = str(exc)
+        return set()
 
 
 def _remove_stale_temps(store: Any, prefix: str) -> None:

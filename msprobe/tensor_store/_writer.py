@@ -123,6 +123,7 @@ class ZarrTensorWriter:
         self._journal = None
         self._group_state: Optional[bool] = None  # the 'complete' flag last written to the group
         self._dirty = False  # payloads added since the last checkpoint
+        self._names_unflushed = False  # names of stored payloads journaled, not yet flushed
         self._closed = False
 
     # ------------------------------------------------------------------ keys
@@ -170,8 +171,19 @@ class ZarrTensorWriter:
                 with self._cond:
                     if item[5] is None:
                         self._inflight -= item[4]
+                    if self._names_unflushed and not self._queue:
+                        self._flush_manifest_journal()
                     self._busy -= 1
                     self._cond.notify_all()
+
+    def _flush_manifest_journal(self) -> None:
+        """Make the manifest journal's lines durable (caller holds the lock)."""
+        self._names_unflushed = False
+        if self._journal is not None:
+            try:
+                self._journal.flush()
+            except Exception as exc:  # noqa: BLE001 - reported by checkpoint()
+                self._failed["manifest journal"] = exc
 
     def _ensure_started(self) -> None:
         """The group's zarr.json says 'incomplete' while payloads are being written (crash detection)."""
@@ -225,6 +237,7 @@ class ZarrTensorWriter:
         self._names[data_name] = (pidx, shape)
         if self._payloads[pidx][4]:
             self._journal_line({"name": data_name, "payload": pidx, "shape": list(shape)})
+            self._names_unflushed = True  # flushed when the packer is idle (a dedup'd name is durable)
         else:
             self._waiting.setdefault(pidx, []).append(data_name)
             self._journal_line({"pending": data_name})
@@ -305,10 +318,7 @@ class ZarrTensorWriter:
                 self._put_array_meta(arr)
                 self._journal_line({"shard": [arr.name, k, len(obj)]})
                 self._complete_payloads(arr)
-                try:
-                    self._journal.flush()  # type: ignore[union-attr]
-                except Exception as exc:  # noqa: BLE001
-                    self._failed["manifest journal"] = exc
+                self._flush_manifest_journal()
         except BaseException as exc:  # noqa: BLE001 - reported by checkpoint()
             log.warning("tensor store: shard %s could not be written: %s", key, exc)
             with self._lock:

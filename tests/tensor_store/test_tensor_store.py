@@ -439,3 +439,20 @@ def test_dumper_killed_mid_step_reads_complete_reports_partial(tmp_path):
             assert list(v.shape) == list(t.shape) and v.dtype == torch.float32
             loaded += 1
     assert loaded > 0 and incomplete > 0, (loaded, incomplete)
+
+
+def test_name_of_a_stored_payload_is_durable_without_a_new_shard(tmp_path):
+    """A name added for a payload already stored (dedup'd) reaches the manifest journal once the
+    packer is idle, so crash recovery (which reads that journal) keeps its record."""
+    store = open_store(str(tmp_path / "d"))
+    w = ZarrTensorWriter(store, "step0/rank", compression="none", shard_bytes=4096, chunk_bytes=1024)
+    data = np.arange(1024, dtype="<f4").tobytes()  # exactly one shard: stored at once
+    w.add("a", "float32", (1024,), lambda: data, len(data))
+    w.wait()
+    w.add("b", "float32", (32, 32), lambda: data, len(data))  # same bytes: dedup'd by content
+    w.add("c", "float32", (1024,), lambda: data, len(data), same_as="a")  # same memory
+    w.wait()
+    r = ZarrTensorReader(open_store(str(tmp_path / "d"), read_only=True), "step0/rank")  # no checkpoint yet
+    assert not r.complete and {"a", "b", "c"} <= set(r.names())
+    assert np.array_equal(r.load("b"), np.arange(1024, dtype="<f4").reshape(32, 32))
+    w.close()
