@@ -42,6 +42,22 @@ def records(path, step):
         return json.load(f)["data"]
 
 
+def kill_and_recover(path, kill_after, extra=None):
+    """Run the child (tensor task, 3 steps), SIGKILL it after ``kill_after`` s, recover; skip
+    the trial when there was nothing to recover."""
+    rc = run_child(path, "tensor", 3, kill_after=kill_after, extra=extra)
+    if rc == 0:
+        pytest.skip("the run finished before the kill")
+    if not os.path.isdir(path):
+        pytest.skip("killed before the dump directory existed")
+    store = open_store(path)
+    results = recover_store(store)
+    if not results:  # tensor mode journals a record once its files are written: none was yet
+        assert not any("dump.json" in k for k in store.list_prefix(""))
+        pytest.skip("killed before the first record was journaled")
+    return results
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     ref = str(tmp_path_factory.mktemp("ref"))
@@ -53,16 +69,7 @@ def reference(tmp_path_factory):
 def test_sigkill_then_recover(tmp_path, reference, trial):
     rng = random.Random(trial)
     path = str(tmp_path / "d")
-    rc = run_child(path, "tensor", 3, kill_after=rng.uniform(0.3, 2.5))
-    if rc == 0:
-        pytest.skip("the run finished before the kill")
-    if not os.path.isdir(path):
-        pytest.skip("killed before the dump directory existed")
-    store = open_store(path)
-    results = recover_store(store)
-    if not results:  # tensor mode journals a record once its files are written: none was yet
-        assert not any("dump.json" in k for k in store.list_prefix(""))
-        pytest.skip("killed before the first record was journaled")
+    results = kill_and_recover(path, rng.uniform(0.3, 2.5))
     report = validate_store(open_store(path, read_only=True))
     assert report.ok, [str(p) for p in report.errors]
     for r in results:
@@ -101,23 +108,7 @@ def test_journal_round_trip_without_kill(tmp_path):
 
 
 # ---------------------------------------------------------------- Zarr tensor store (spec section 21.5)
-_ZARR_CHILD = r"""
-import os, signal, sys, torch, torch.nn as nn
-from msprobe.pytorch import PrecisionDebugger
-torch.manual_seed(0)
-model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)])
-dbg = PrecisionDebugger(task="tensor", level="L1", dump_path=sys.argv[1], tensor_store="zarr", tensor_shard_mb=1,
-                        journal_flush=1)
-dbg.start(model)
-x = torch.randn(64, 256)
-for i, layer in enumerate(model):
-    x = layer(x)
-    if i == 5:
-        dbg.dumper.session.tensor_store.wait()  # the shards of the first layers are stored
-y = x * 2  # journaled, its payload still buffered when the process dies
-dbg.dumper.session.flush_journal()
-os.kill(os.getpid(), signal.SIGKILL)
-"""
+ZARR_CHILD = os.path.join(os.path.dirname(__file__), "_zarr_crash_child.py")
 
 
 def _zarr_reader(path, rank_prefix):
@@ -158,7 +149,7 @@ def test_zarr_sigkill_mid_step_then_recover(tmp_path):
 
     path = str(tmp_path / "killed")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    p = subprocess.run([sys.executable, "-c", _ZARR_CHILD, path], env=env, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, ZARR_CHILD, path], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == -9, p.stderr
     # what the journal holds, and which of its data names the store's manifest says are complete
@@ -188,14 +179,5 @@ def test_zarr_sigkill_mid_step_then_recover(tmp_path):
 def test_zarr_sigkill_random_time_then_recover(tmp_path, trial):
     rng = random.Random(100 + trial)
     path = str(tmp_path / "d")
-    rc = run_child(path, "tensor", 3, kill_after=rng.uniform(0.5, 3.0),
-                   extra={"tensor_store": "zarr", "tensor_shard_mb": 1})
-    if rc == 0:
-        pytest.skip("the run finished before the kill")
-    if not os.path.isdir(path):
-        pytest.skip("killed before the dump directory existed")
-    store = open_store(path)
-    results = recover_store(store)
-    if not results:
-        pytest.skip("killed before the first record was journaled")
+    results = kill_and_recover(path, rng.uniform(0.5, 3.0), extra={"tensor_store": "zarr", "tensor_shard_mb": 1})
     _check_recovered_zarr(path, results)

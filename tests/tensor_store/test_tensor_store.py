@@ -399,23 +399,7 @@ def test_unsupported_tensor_is_noted_not_fatal(tmp_path):
     assert torch.equal(r.load(ok["data_name"], "torch"), torch.ones(2))
 
 
-_DUMPER_CRASH_CHILD = r"""
-import os, signal, sys, torch, torch.nn as nn
-from msprobe.pytorch import PrecisionDebugger
-torch.manual_seed(0)
-model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)])
-dbg = PrecisionDebugger(task="tensor", level="L1", dump_path=sys.argv[1], tensor_store="zarr", tensor_shard_mb=1,
-                        journal_flush=1)
-dbg.start(model)
-x = torch.randn(64, 256)
-for i, layer in enumerate(model):
-    x = layer(x)
-    if i == 5:
-        dbg.dumper.session.tensor_store.wait()  # the shards of the first layers are stored
-y = x * 2  # accepted, still buffered when the process dies
-dbg.dumper.session.flush_journal()
-os.kill(os.getpid(), signal.SIGKILL)
-"""
+_DUMPER_CRASH_CHILD = os.path.join(ROOT, "tests", "dumpers", "_zarr_crash_child.py")
 
 
 def test_dumper_killed_mid_step_reads_complete_reports_partial(tmp_path):
@@ -423,7 +407,7 @@ def test_dumper_killed_mid_step_reads_complete_reports_partial(tmp_path):
 
     url = str(tmp_path / "killed")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    p = subprocess.run([sys.executable, "-c", _DUMPER_CRASH_CHILD, url], env=env, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, _DUMPER_CRASH_CHILD, url], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == -9, p.stderr
     loaded = incomplete = 0
