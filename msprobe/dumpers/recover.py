@@ -5,8 +5,8 @@ one record per line, see spec/FORMAT.md). Recovery replays the lines in
 order (a later line for the same record replaces the earlier one, as
 parameters_grad records grow), keeps only records whose tensor files all
 exist (with ``tensor_store: "zarr"``: whose payloads the store's manifest and
-manifest journal list as complete, spec/FORMAT.md 21.5), and publishes the documents atomically. A truncated last line is
-skipped and counted.
+manifest journal list as complete, spec/FORMAT.md 21.5), and publishes
+the documents atomically. A truncated last line is skipped and counted.
 """
 from __future__ import annotations
 

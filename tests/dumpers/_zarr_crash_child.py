@@ -1,7 +1,10 @@
-"""A tensor-mode Zarr tensor-store dump killed with SIGKILL mid-step (run as a script: DUMP_PATH).
+"""A tensor-mode Zarr tensor-store dump killed with SIGKILL mid-step.
+
+Run as a script: ``DUMP_PATH [STORAGE_OPTIONS_JSON]``.
 
 The shards of the first six layers are stored; the last layers' and ``x * 2``'s payloads
 are still buffered (journaled records, incomplete payloads) when the process dies."""
+import json
 import os
 import signal
 import sys
@@ -13,8 +16,9 @@ from msprobe.pytorch import PrecisionDebugger
 
 torch.manual_seed(0)
 model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)])
+opts = json.loads(sys.argv[2]) if len(sys.argv) > 2 else None
 dbg = PrecisionDebugger(task="tensor", level="L1", dump_path=sys.argv[1], tensor_store="zarr", tensor_shard_mb=1,
-                        journal_flush=1)
+                        journal_flush=1, storage_options=opts)
 dbg.start(model)
 x = torch.randn(64, 256)
 for i, layer in enumerate(model):
