@@ -70,7 +70,8 @@ class LocalStore(Store):
         self._fsync = fsync
         if os.path.isdir(self._root):
             return
-        if os.path.lexists(self._root):
+        if os.path.lexists(self._root) and not os.path.isdir(self._root):  # isdir again: another process may have
+            # created the directory between the two checks
             raise StorageError(f"store root {self._root} exists and is not a directory")
         if read_only or not create:
             raise StorageNotFoundError(f"store root {self._root} does not exist")
