@@ -30,9 +30,7 @@ ROOT = os.path.dirname(HERE)
 def child(args):
     sys.path.insert(0, HERE)
     import torch
-    import torch.nn.functional as F
-
-    from gpt_model import GPT, SIZES
+    from gpt_model import GPT, SIZES, timed_steps
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -57,22 +55,7 @@ def child(args):
         with open(path, "w") as f:
             json.dump(cfg, f)
         dbg = PrecisionDebugger(path)
-    wall, cpu = [], []
-    for _ in range(args.warmup + args.steps):
-        ids = torch.randint(0, size["vocab"], (batch, size["seq"]))
-        t0, c0 = time.perf_counter(), time.process_time()
-        if dbg is not None:
-            dbg.start(model)
-        logits = model(ids)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, size["vocab"]), ids[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if dbg is not None:
-            dbg.stop()
-            dbg.step()
-        wall.append((time.perf_counter() - t0) * 1000)
-        cpu.append((time.process_time() - c0) * 1000)
+    wall, cpu = timed_steps(model, opt, size, batch, args.warmup + args.steps, dbg)
     out = {"ms": statistics.median(wall[args.warmup:]), "cpu_ms": statistics.median(cpu[args.warmup:])}
     if dbg is not None:
         online = dbg.dumper.online

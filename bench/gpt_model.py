@@ -1,5 +1,6 @@
 """A GPT-2-like model for the dumper benchmarks (our own code; runs under any msprobe)."""
 import math
+import time
 
 import torch
 import torch.nn as nn
@@ -62,3 +63,25 @@ SIZES = {
     "gpt2": dict(vocab=1000, hidden=256, heads=4, layers=4, seq=128, batch=8),
     "opheavy": dict(vocab=1000, hidden=32, heads=4, layers=4, seq=32, batch=4),
 }
+
+
+def timed_steps(model, opt, size: dict, batch: int, steps: int, dbg=None):
+    """Run ``steps`` training steps of ``model`` on random ids (under ``dbg``, a PrecisionDebugger, when
+    given); return the wall and process-CPU milliseconds of each step."""
+    wall, cpu = [], []
+    for _ in range(steps):
+        ids = torch.randint(0, size["vocab"], (batch, size["seq"]))
+        t0, c0 = time.perf_counter(), time.process_time()
+        if dbg is not None:
+            dbg.start(model)
+        logits = model(ids)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, size["vocab"]), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if dbg is not None:
+            dbg.stop()
+            dbg.step()
+        wall.append((time.perf_counter() - t0) * 1000)
+        cpu.append((time.process_time() - c0) * 1000)
+    return wall, cpu

@@ -10,14 +10,12 @@ import os
 import shutil
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from gpt_model import GPT, SIZES  # noqa: E402
+from gpt_model import GPT, SIZES, timed_steps  # noqa: E402
 
 MODES = {
     "L1": dict(task="statistics", level="L1"),
@@ -92,24 +90,7 @@ def main():
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
         dbg = PrecisionDebugger(config_path=cfg_path)
-    times = []
-    cpu = []
-    for step in range(args.warmup + args.steps):
-        ids = torch.randint(0, size["vocab"], (batch, size["seq"]))
-        t0 = time.perf_counter()
-        c0 = time.process_time()
-        if dbg is not None:
-            dbg.start(model)
-        logits = model(ids)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, size["vocab"]), ids[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if dbg is not None:
-            dbg.stop()
-            dbg.step()
-        times.append((time.perf_counter() - t0) * 1000)
-        cpu.append((time.process_time() - c0) * 1000)
+    times, cpu = timed_steps(model, opt, size, batch, args.warmup + args.steps, dbg)
     if dbg is not None and hasattr(dbg, "dumper"):  # ours: wait for the background writer
         dbg.dumper.close()
     nbytes = nfiles = records = 0
