@@ -18,3 +18,14 @@ def _restore_thread_env():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture()
+def fresh_debugger():
+    """A PrecisionDebugger singleton reset before and after the test (modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("fresh_debugger")``; torch is imported only then)."""
+    from msprobe.pytorch import PrecisionDebugger
+
+    PrecisionDebugger._reset()
+    yield PrecisionDebugger
+    PrecisionDebugger._reset()

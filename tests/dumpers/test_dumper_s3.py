@@ -10,14 +10,7 @@ import torch.nn as nn  # noqa: E402
 from msprobe.pytorch import PrecisionDebugger  # noqa: E402
 from tests.conftest_s3 import s3_storage_options  # noqa: E402
 
-pytestmark = pytest.mark.s3
-
-
-@pytest.fixture(autouse=True)
-def fresh_debugger():
-    PrecisionDebugger._reset()
-    yield
-    PrecisionDebugger._reset()
+pytestmark = [pytest.mark.s3, pytest.mark.usefixtures("fresh_debugger")]
 
 
 def test_tensor_dump_to_s3_round_trip(s3_server, s3_bucket_url):

@@ -19,11 +19,7 @@ from msprobe.format.validate import validate_store  # noqa: E402
 from msprobe.pytorch import PrecisionDebugger, module_dump, module_dump_end, seed_all  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def fresh_debugger():
-    PrecisionDebugger._reset()
-    yield
-    PrecisionDebugger._reset()
+pytestmark = pytest.mark.usefixtures("fresh_debugger")
 
 
 class Net(nn.Module):

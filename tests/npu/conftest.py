@@ -22,9 +22,5 @@ def torch_npu():
 
 
 @pytest.fixture()
-def debugger():
-    from msprobe.pytorch import PrecisionDebugger
-
-    PrecisionDebugger._reset()
-    yield PrecisionDebugger
-    PrecisionDebugger._reset()
+def debugger(fresh_debugger):
+    return fresh_debugger

@@ -16,19 +16,12 @@ from msprobe.pytorch import PrecisionDebugger  # noqa: E402
 from tests.conftest_s3 import s3_storage_options  # noqa: E402
 from tests.reliability._model import train  # noqa: E402
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, pytest.mark.usefixtures("fresh_debugger")]
 
 KEY = "AKIAZZZDISTINCTKEY42"
 SECRET = "sEcReT/ZZZdistinct+value/4242"
 TOKEN = "TOKENzzzDistinct0123456789"
 SECRETS = (KEY, SECRET, TOKEN)
-
-
-@pytest.fixture(autouse=True)
-def fresh_debugger():
-    PrecisionDebugger._reset()
-    yield
-    PrecisionDebugger._reset()
 
 
 def _opts(endpoint):

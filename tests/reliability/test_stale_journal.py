@@ -16,11 +16,7 @@ from msprobe.pytorch import PrecisionDebugger  # noqa: E402
 from tests.reliability._model import train  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def fresh_debugger():
-    PrecisionDebugger._reset()
-    yield
-    PrecisionDebugger._reset()
+pytestmark = pytest.mark.usefixtures("fresh_debugger")
 
 
 def test_leftover_segments_of_a_published_step_are_stale(tmp_path):

@@ -19,14 +19,7 @@ from msprobe.pytorch import PrecisionDebugger  # noqa: E402
 from tests.conftest_s3 import s3_storage_options  # noqa: E402
 from tests.reliability._model import train  # noqa: E402
 
-pytestmark = pytest.mark.s3
-
-
-@pytest.fixture(autouse=True)
-def fresh_debugger():
-    PrecisionDebugger._reset()
-    yield
-    PrecisionDebugger._reset()
+pytestmark = [pytest.mark.s3, pytest.mark.usefixtures("fresh_debugger")]
 
 
 def _dbg(path, **kw):
