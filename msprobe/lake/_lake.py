@@ -1,6 +1,7 @@
 """``Lake``: the runs under a root as one partitioned pyarrow dataset, with DuckDB SQL on top."""
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Iterable, Optional
 
@@ -463,13 +464,44 @@ def _q(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def _httpfs_file(con: Any) -> Optional[str]:
+    """The httpfs binary of the ``duckdb-extension-httpfs`` package built for this DuckDB
+    (``extensions/<version>/httpfs.duckdb_extension``), or None: the package is not installed
+    or was built for another DuckDB version (an extension loads only into its own version)."""
+    try:
+        import duckdb_extension_httpfs as pkg
+    except ImportError:
+        return None
+    version = con.sql("PRAGMA version").fetchone()[0]
+    path = os.path.join(os.path.dirname(pkg.__file__), "extensions", version, "httpfs.duckdb_extension")
+    return path if os.path.isfile(path) else None
+
+
+def _load_httpfs(con: Any) -> bool:
+    """Load httpfs without downloading anything: the one installed in DuckDB's extension
+    directory, else the binary of the ``duckdb-extension-httpfs`` package (loaded from where
+    it lies, nothing is copied into the user's home)."""
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    try:
+        con.execute("LOAD httpfs")
+        return True
+    except Exception:  # noqa: BLE001 - not in the extension directory
+        pass
+    path = _httpfs_file(con)
+    if path is None:
+        return False
+    try:
+        con.execute(f"LOAD {_q(path)}")
+    except Exception:  # noqa: BLE001 - unsigned or incompatible: the caller falls back to pyarrow
+        return False
+    return True
+
+
 def _httpfs(con: Any, storage_options: Optional[dict]) -> bool:
     """Load DuckDB's httpfs extension (installed beforehand; nothing is downloaded here) and
     configure an S3 secret from s3fs-style ``storage_options``; False when it is not there."""
-    try:
-        con.execute("SET autoinstall_known_extensions = false")
-        con.execute("LOAD httpfs")
-    except Exception:  # noqa: BLE001 - not installed: the caller falls back to pyarrow
+    if not _load_httpfs(con):
         return False
     so = storage_options or {}
     parts = ["TYPE s3"]
