@@ -1,6 +1,7 @@
 """``msprobe lake ls|index|sql|nan|diverge|disagree|trend ROOT``: the runs under a root as one lake."""
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -82,6 +83,27 @@ def _open(args):
                              local=False if args.no_cluster else "auto", refresh=args.refresh, progress=progress)
 
 
+def _with_lake(fn):
+    """``fn(args, lake)`` with the lake opened from the arguments and closed afterwards."""
+    @functools.wraps(fn)
+    def run(args) -> int:
+        lake = _open(args)
+        try:
+            return fn(args, lake)
+        finally:
+            lake.close()
+    return run
+
+
+def _print_table(df, as_json: bool, empty: str = "") -> int:
+    """Print a question's answer; ``empty``: what to say instead of an empty table."""
+    if df.empty and empty and not as_json:
+        print(empty)
+        return 0
+    _print_df(df, as_json)
+    return 0
+
+
 def _print_df(df, as_json: bool) -> None:
     if as_json:
         print(df.to_json(orient="records", indent=1, default_handler=str))
@@ -129,53 +151,35 @@ def run_ls(args) -> int:
     return 0
 
 
-def run_index(args) -> int:
-    lake = _open(args)
-    try:
-        s = dict(lake.stats, seconds=round(lake.timings["total_s"], 3))
-        print(json.dumps(s) if args.json else
-              f"{s['runs']} run(s), {s['rank_dirs']} rank dir(s): indexed {s['indexed']}, "
-              f"recovered {s['recovered']}, removed {s['removed']}, compacted {s['compacted']} step(s) "
-              f"({s['executor']}, {s['seconds']} s)")
-    finally:
-        lake.close()
+@_with_lake
+def run_index(args, lake) -> int:
+    s = dict(lake.stats, seconds=round(lake.timings["total_s"], 3))
+    print(json.dumps(s) if args.json else
+          f"{s['runs']} run(s), {s['rank_dirs']} rank dir(s): indexed {s['indexed']}, "
+          f"recovered {s['recovered']}, removed {s['removed']}, compacted {s['compacted']} step(s) "
+          f"({s['executor']}, {s['seconds']} s)")
     return 0
 
 
-def run_sql(args) -> int:
-    lake = _open(args)
-    try:
-        df = lake.sql(args.query)
-        if df is None:
-            return 0
-        if args.csv:
-            df.to_csv(args.csv, index=False)
-        _print_df(df, args.json)
-    finally:
-        lake.close()
-    return 0
+@_with_lake
+def run_sql(args, lake) -> int:
+    df = lake.sql(args.query)
+    if df is None:
+        return 0
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+    return _print_table(df, args.json)
 
 
-def run_nan(args) -> int:
-    lake = _open(args)
-    try:
-        df = lake.first_nan(run=args.run)
-        if df.empty and not args.json:
-            print("no NaN or Inf in any statistic")
-            return 0
-        _print_df(df, args.json)
-    finally:
-        lake.close()
-    return 0
+@_with_lake
+def run_nan(args, lake) -> int:
+    return _print_table(lake.first_nan(run=args.run), args.json, "no NaN or Inf in any statistic")
 
 
-def run_diverge(args) -> int:
-    lake = _open(args)
-    try:
-        res = lake.diverge(args.run_a, args.run_b, step=args.step, rank=args.rank, mode=args.mode, out=args.out,
-                           all_steps=args.all_steps)
-    finally:
-        lake.close()
+@_with_lake
+def run_diverge(args, lake) -> int:
+    res = lake.diverge(args.run_a, args.run_b, step=args.step, rank=args.rank, mode=args.mode, out=args.out,
+                       all_steps=args.all_steps)
     if args.json:
         print(json.dumps(res, indent=1, default=str))
         return 0
@@ -197,26 +201,16 @@ def run_diverge(args) -> int:
     return 0
 
 
-def run_disagree(args) -> int:
-    lake = _open(args)
-    try:
-        df = lake.disagree(run=args.run, step=args.step, kind=None if args.kind == "all" else args.kind,
-                           record=args.record, stat=args.stat, rtol=args.rtol, atol=args.atol)
-        if df.empty and not args.json:
-            print("every rank agrees")
-            return 0
-        _print_df(df, args.json)
-    finally:
-        lake.close()
-    return 0
+@_with_lake
+def run_disagree(args, lake) -> int:
+    df = lake.disagree(run=args.run, step=args.step, kind=None if args.kind == "all" else args.kind,
+                       record=args.record, stat=args.stat, rtol=args.rtol, atol=args.atol)
+    return _print_table(df, args.json, "every rank agrees")
 
 
-def run_trend(args) -> int:
-    lake = _open(args)
-    try:
-        df = lake.trend(args.record, stat=args.stat, arg=args.arg, run=args.run, rank=args.rank, plot=args.plot)
-    finally:
-        lake.close()
+@_with_lake
+def run_trend(args, lake) -> int:
+    df = lake.trend(args.record, stat=args.stat, arg=args.arg, run=args.run, rank=args.rank, plot=args.plot)
     if args.json:
         print(json.dumps({"record": args.record, "arg": df.attrs["arg"], "stat": args.stat, "plot": df.attrs["plot"],
                           "plot_note": df.attrs["plot_note"], "rows": json.loads(df.to_json(orient="records"))},
