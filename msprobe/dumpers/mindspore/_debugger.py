@@ -56,6 +56,8 @@ class MsprobeStep(_callback_base()):
     def _network(self, run_context):
         if self.debugger.model is not None:
             return self.debugger.model
+        if self.debugger.dumper._hooked_models:  # start(model) before Model.train (the docs' GRAPH_MODE use)
+            return None
         if self.debugger.config.level in ("L0", "mix"):
             params = run_context.original_args()
             return getattr(params, "train_network", None) or getattr(params, "network", None)

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Optional
 
@@ -24,6 +25,7 @@ from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.control import DumperControl, capture_stack, render_stack
 from msprobe.dumpers.mindspore._apis import GUARD, ApiPatcher
 from msprobe.dumpers.mindspore._encode import Encoder, fetch_stats
+from msprobe.dumpers.mindspore._graph import GraphCellDump, is_jit_cell
 from msprobe.dumpers.session import DumpSession
 from msprobe.errors import ConfigError
 
@@ -116,17 +118,21 @@ class MindSporeDumper(DumperControl):
         self.debug_counts: dict = {}
         self._jit_saved: Optional[tuple] = None
         self._pgrads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
+        self._graph = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
         self.L1 = config.level in ("L1", "mix")
         self.L0 = config.level in ("L0", "mix")
 
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
         cfg = self.config
-        if _graph_mode() and cfg.level != "debug":
+        if _graph_mode() and cfg.level not in ("L0", "debug"):
             raise ConfigError(
-                "msprobe-lake dumps MindSpore in PyNative mode only: this process runs in GRAPH_MODE "
-                "(static-graph dumps use MindSpore's TensorDump/kernel dump, which need Ascend); "
+                f"level {cfg.level!r} dumps MindSpore in PyNative mode only: this process runs in GRAPH_MODE, "
+                "where msprobe dumps level 'L0' (Cells) and 'L2' (kernels, Ascend only); use level 'L0' or "
                 "call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
+        if _graph_mode() and token_range is not None:
+            raise ConfigError("token_range needs PyNative mode (it counts the model's forward calls through "
+                              "a hook, which GRAPH_MODE does not run)")
         self._set_token_range(model, token_range)
         if model is not None:
             self._hook_models(model)
@@ -136,6 +142,9 @@ class MindSporeDumper(DumperControl):
             self.enabled = False
             return
         self.session.claim()
+        if self._graph is not None and self._graph.session is not self.session:
+            self._graph.session.current_step = self.session.current_step
+            self._graph.session.claim()
         if self.L1:
             self.patcher.install(self._on_api)
             self._patch_jit()
@@ -151,10 +160,16 @@ class MindSporeDumper(DumperControl):
         self._flush_param_grads()
         self._fix_dangling_parents()
         self.session.publish()
+        if self._graph is not None:
+            self._graph.reset()
+            if self._graph.session is not self.session:
+                self._graph.session.publish()
 
     def step(self) -> None:
         self.stop()
         self.session.end_step()
+        if self._graph is not None and self._graph.session is not self.session:
+            self._graph.session.end_step()
         self._scope_state = 0
         self._token_count = -1
         self.debug_counts.clear()
@@ -176,6 +191,10 @@ class MindSporeDumper(DumperControl):
         for prim, cls in self._primitives:
             prim.__class__ = cls
         self._primitives = []
+        if self._graph is not None:
+            self._graph.unwrap()
+            if self._graph.session is not self.session:
+                self._graph.session.close()
         self.session.close()
 
     def _bw_wanted(self) -> bool:
@@ -401,16 +420,45 @@ class MindSporeDumper(DumperControl):
         if self.token_range is not None:
             self._cell_handles.append(models[0].register_forward_pre_hook(self._on_root_forward))
         multi = len(models) > 1
+        graph = _graph_mode()
         for idx, m in enumerate(models):
             if self.L1:
                 self._hook_primitives(m)
             if not self.L0:
                 continue
+            in_jit: list = []  # paths of jit Cells (PyNative): they and their Cells run compiled
             for path, sub in m.cells_and_names():
                 if sub is m or not path:
                     continue
                 key = f"Cell.{idx}.{path}.{type(sub).__name__}" if multi else f"Cell.{path}.{type(sub).__name__}"
-                self._hook_cell(sub, key)
+                if not graph and not in_jit_cell(path, in_jit) and is_jit_cell(sub):
+                    in_jit.append(path)
+                if graph or in_jit_cell(path, in_jit):
+                    self._graph_dump(split=not graph).wrap(sub, key)
+                else:
+                    self._hook_cell(sub, key)
+
+    def _graph_dump(self, split: bool):
+        """The dump points' owner; ``split`` (jit Cells in PyNative): the documented layout, jit
+        Cells' data under ``graph/``, everything else under ``pynative/``, each with its own session."""
+        if self._graph is None:
+            session, encoder = self.session, self.encoder
+            if split:
+                session = self._new_session("graph")
+                self.session = self._new_session("pynative")
+                self.encoder.session = self.session
+                encoder = Encoder(session, save_tensors=self.config.task == "tensor",
+                                  summary_mode=self.config.summary_mode, tensor_list=self.config.tensor_list)
+                encoder.check_overflow = self.encoder.check_overflow
+            self._graph = GraphCellDump(self, session, encoder)
+        return self._graph
+
+    def _new_session(self, sub: str) -> DumpSession:
+        cfg = dataclasses.replace(self.config, dump_path=_join(self.config.dump_path, sub))
+        session = DumpSession(cfg, "mindspore", fetch_stats=fetch_stats, render_stack=render_stack,
+                              get_rank=_get_rank)
+        session.current_step = self.session.current_step
+        return session
 
     def _on_root_forward(self, cell, args) -> None:
         self._token_count += 1
@@ -534,6 +582,14 @@ class MindSporeDumper(DumperControl):
     # ------------------------------------------------------------------ debug
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
         self._save_debug(variable, name)
+
+
+def in_jit_cell(path: str, jit_paths: list) -> bool:
+    return any(path == p or path.startswith(p + ".") for p in jit_paths)
+
+
+def _join(root: str, sub: str) -> str:
+    return root.rstrip("/") + "/" + sub
 
 
 def _floating(t: Tensor) -> bool:

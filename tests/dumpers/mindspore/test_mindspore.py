@@ -36,7 +36,7 @@ def _run_inner(py: str, *modules: str) -> subprocess.CompletedProcess:
                           timeout=1200)
 
 
-@pytest.mark.parametrize("module", ["ms_test_conformance.py", "ms_test_features.py"])
+@pytest.mark.parametrize("module", ["ms_test_conformance.py", "ms_test_features.py", "ms_test_graph.py"])
 def test_mindspore_suite(ms_python, module):
     proc = _run_inner(ms_python, module)
     tail = proc.stdout[-6000:]

@@ -1,0 +1,318 @@
+"""Cell dumps inside compiled graphs (GRAPH_MODE L0, and the Cells of ``mindspore.jit`` Cells).
+
+No hook runs inside a compiled graph, so each dumped Cell's ``construct`` is replaced, before
+compilation, by a wrapper that routes its tensor inputs, its parameters and its tensor outputs
+through identity "dump point" ops. A dump point is a ``ops.Custom(func_type="pyfunc")`` whose
+Python function receives the value (as numpy) while the graph runs, plus a small constant
+``meta`` tensor ``[index, count]``; its ``bprop`` passes the incoming gradient through a second
+dump point, so the backward pass reports the gradients of the Cell's outputs (backward
+``input``) and of its inputs (backward ``output``). Points are chained with ``ops.depend`` so
+that they fire in a fixed order, and the gradient points wait for their forward value.
+
+The Python side assigns the call counts at run time (per step, as the PyNative hooks do) and
+writes the records through the same session/encoder, with the names of PyNative L0
+(``Cell.<path>.<Class>.forward.<n>`` / ``.backward.<n>``, ``parameters``). What the graph
+cannot give: ``parameters_grad`` (a Parameter's gradient never flows through the Cell's
+wrapper), call stacks (the points fire from the executor), non-tensor arguments (constants
+folded into the graph: ``input_args`` lists the tensor arguments only), and the gradient of an
+input nothing needs (pruned from the graph: the backward record then has no ``output``).
+
+``mindspore.ops.TensorDump`` (what msprobe uses on Ascend) writes files from the device and has
+no CPU kernel in MindSpore 2.10; the pyfunc point runs wherever MindSpore runs Python
+callbacks, on CPU included.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import mindspore
+import numpy as np
+from mindspore import Tensor, ops
+
+from msprobe.dumpers.mindspore._apis import GUARD
+
+__all__ = ["GraphCellDump", "is_jit_cell"]
+
+
+def is_jit_cell(cell: Any) -> bool:
+    """True when the Cell's ``construct`` is decorated with ``mindspore.jit``."""
+    fn = getattr(type(cell), "construct", None)
+    return bool(getattr(fn, "__wrapped_by_jit__", False))
+
+
+def _same(*shapes):
+    return shapes[0]
+
+
+def _point(callback, grad_point=None):
+    """An identity op calling ``callback(array, index, count)``; its gradient passes through
+    ``grad_point`` (after the forward value exists), or unchanged."""
+
+    def dump_point(x, meta):
+        callback(x, int(meta[0]), int(meta[1]))
+        return x
+
+    if grad_point is None:
+        def bprop(x, meta, out, dout):
+            return dout, ops.zeros_like(meta)
+    else:
+        def bprop(x, meta, out, dout):
+            return grad_point(ops.depend(dout, out), meta), ops.zeros_like(meta)
+
+    op = ops.Custom(dump_point, out_shape=_same, out_dtype=_same, func_type="pyfunc", bprop=bprop)
+    op.add_prim_attr("side_effect_io", True)  # never merged with another point nor dropped
+    return op
+
+
+def _meta(i, n):
+    return Tensor(np.array([i, n], np.int32))
+
+
+class _Call:
+    __slots__ = ("name", "rec", "parent", "n_in", "n_out", "n_par", "pending", "exp_in")
+
+    def __init__(self, name: str, rec: Optional[dict], parent: Optional[str]):
+        self.name, self.rec, self.parent = name, rec, parent
+        self.n_in = self.n_out = self.n_par = 0
+        self.exp_in: Optional[int] = None
+        self.pending: dict = {}
+
+
+class GraphCellDump:
+    """The dump points of one dumper and their run-time bookkeeping; ``session``/``encoder``
+    are where the records go (the dumper's own, or those of the ``graph/`` split)."""
+
+    def __init__(self, dumper, session, encoder):
+        self._dumper = weakref.ref(dumper)
+        self.session = session
+        self.encoder = encoder
+        self.stack: list = []  # forward calls open, innermost last
+        self.open: dict = {}  # key -> forward calls collecting values
+        self.done: dict = {}  # key -> finished forward call indexes (LIFO for the backward pass)
+        self.bw_open: dict = {}  # key -> backward calls collecting gradients
+        self.parent_of: dict = {}
+        self.n_inputs: dict = {}  # forward call -> its number of tensor inputs
+        self.param_names: dict = {}  # key -> the Cell's parameter names, in point order
+        self._wrapped: list = []  # (cell, had its own construct attribute, the attribute)
+
+    # ------------------------------------------------------------- wrapping
+    def wrap(self, cell, key: str) -> None:
+        if getattr(cell, "_msprobe_graph_key", None) is not None:
+            return
+        object.__setattr__(cell, "_msprobe_graph_key", key)
+        me = weakref.ref(self)
+
+        def cb(kind):
+            def callback(arr, i, n):
+                g = me()
+                if g is not None:
+                    g._on_point(key, kind, arr, i, n)
+            return callback
+
+        fin = _point(cb("in"), _point(cb("grad_in")))
+        fout = _point(cb("out"), _point(cb("grad_out")))
+        fpar = _point(cb("param"))
+        names = tuple(name for name in cell._params)
+        self.param_names[key] = names
+        n_par = len(names)
+        func = cell.construct
+        is_tensor = ops.is_tensor
+        depend = ops.depend
+
+        def construct(self, *args):
+            n = 0
+            for a in args:
+                if is_tensor(a):
+                    n = n + 1
+            new = ()
+            last = None
+            i = 0
+            for a in args:
+                if is_tensor(a):
+                    if last is not None:
+                        a = depend(a, last)
+                    a = fin(a, _meta(i, n))
+                    last = a
+                    i = i + 1
+                new = new + (a,)
+            for j, name in enumerate(names):
+                p = getattr(self, name)
+                if last is not None:
+                    p = depend(p, last)
+                last = fpar(p, _meta(j, n_par))
+            if last is not None and n > 0:  # the parameters are read before the call runs
+                new = tuple(depend(a, last) if is_tensor(a) else a for a in new)
+            out = func(*new)
+            if isinstance(out, tuple):
+                m = 0
+                for o in out:
+                    if is_tensor(o):
+                        m = m + 1
+                res = ()
+                k = 0
+                prev = None
+                for o in out:
+                    if is_tensor(o):
+                        if prev is not None:
+                            o = depend(o, prev)
+                        o = fout(o, _meta(k, m))
+                        prev = o
+                        k = k + 1
+                    res = res + (o,)
+                return res
+            if is_tensor(out):
+                return fout(out, _meta(0, 1))
+            return out
+
+        if is_jit_cell(cell):  # PyNative: the wrapper is compiled with the Cell (points inside the graph only)
+            construct = mindspore.jit(construct)
+        had = "construct" in cell.__dict__
+        self._wrapped.append((cell, had, cell.__dict__.get("construct")))
+        object.__setattr__(cell, "construct", construct.__get__(cell, type(cell)))
+
+    def unwrap(self) -> None:
+        for cell, had, attr in self._wrapped:
+            if had:
+                object.__setattr__(cell, "construct", attr)
+            else:
+                try:
+                    object.__delattr__(cell, "construct")
+                except AttributeError:
+                    pass
+            try:
+                object.__delattr__(cell, "_msprobe_graph_key")
+            except AttributeError:
+                pass
+        self._wrapped = []
+
+    # ------------------------------------------------------------ run time
+    def reset(self) -> None:
+        self.stack.clear()
+        self.open.clear()
+        self.done.clear()
+        self.bw_open.clear()
+        self.parent_of.clear()
+        self.n_inputs.clear()
+
+    def _on_point(self, key: str, kind: str, arr: np.ndarray, i: int, n: int) -> None:
+        d = self._dumper()
+        if d is None or not d.enabled:
+            return
+        GUARD.inside = True
+        try:
+            value = Tensor(np.array(arr, copy=True))
+            if kind in ("in", "param", "out"):
+                self._forward(d, key, kind, value, i, n)
+            else:
+                self._backward(d, key, kind, value, i, n)
+        finally:
+            GUARD.inside = False
+
+    def _open_forward(self, d, key: str) -> _Call:
+        idx = self.session.next_module_index(key)
+        fwd = f"{key}.forward.{idx}"
+        parent = self.stack[-1].name if self.stack else None
+        call = _Call(fwd, {} if d._wanted(fwd) else None, parent)
+        if call.rec is not None and d.config.task != "structure":
+            want_in, _ = d._io("forward")
+            if want_in:
+                call.rec["input_args"] = []
+                call.rec["input_kwargs"] = {}
+        self.stack.append(call)
+        self.open.setdefault(key, []).append(call)
+        return call
+
+    def _forward(self, d, key: str, kind: str, value: Tensor, i: int, n: int) -> None:
+        calls = self.open.get(key) or []
+        call = calls[-1] if calls else None
+        if call is None or (kind == "in" and i == 0):
+            call = self._open_forward(d, key)
+        enc, rec, fwd = self.encoder, call.rec, call.name
+        save = rec is not None and enc.wants_tensors(fwd)
+        want_in, want_out = d._io("forward")
+        structure = d.config.task == "structure"
+        if kind == "in":
+            call.n_in += 1
+            if rec is not None and want_in and not structure:
+                rec["input_args"].append(enc.encode(value, f"{fwd}.input.{i}", save))
+            return
+        if kind == "param":
+            call.n_par += 1
+            if rec is not None and want_out and not structure:
+                name = self.param_names[key][i]
+                rec.setdefault("parameters", {})[name] = enc.encode(value, f"{fwd}.parameters.{name}", save)
+            return
+        call.n_out += 1
+        if rec is not None and want_out and not structure:
+            call.pending[i] = enc.encode(value, f"{fwd}.output.{i}", save)
+        if call.n_out < n:
+            return
+        calls.pop()
+        if self.stack and self.stack[-1] is call:
+            self.stack.pop()
+        elif call in self.stack:
+            self.stack.remove(call)
+        self.parent_of[fwd] = call.parent
+        self.n_inputs[fwd] = call.n_in
+        self.done.setdefault(key, []).append(int(fwd.rsplit(".", 1)[1]))
+        if rec is None:
+            self.session.add_structure(fwd, call.parent)
+            return
+        if want_out and not structure:
+            params = rec.pop("parameters", {})
+            rec["output"] = [call.pending[k] for k in sorted(call.pending)]
+            rec["parameters"] = params
+        if d._keep(rec):
+            self.session.add_record(fwd, rec, parent=call.parent)
+
+    def _backward(self, d, key: str, kind: str, value: Tensor, i: int, n: int) -> None:
+        """``grad_out``: a gradient of the Cell's outputs (they come first; the backward record's
+        ``input``); ``grad_in``: of its inputs (``output``; the call is complete with the last)."""
+        call = self.bw_open.get(key)
+        if kind == "grad_out":
+            new = call is None or call.n_out > 0 or (call.exp_in is not None and call.n_in >= call.exp_in)
+        else:
+            new = call is None
+        if new:
+            done = self.done.get(key)
+            idx = done.pop() if done else 0
+            bwd = f"{key}.backward.{idx}"
+            parent = d._bw_parent(self.parent_of.get(f"{key}.forward.{idx}"))
+            call = _Call(bwd, {} if d._wanted(bwd) else None, parent)
+            self.bw_open[key] = call
+        want_in, want_out = d._io("backward")
+        if kind == "grad_out":
+            side, wanted = "input", want_in
+            call.exp_in = n
+            call.n_in += 1
+            count = call.n_in
+        else:
+            side, wanted = "output", want_out
+            call.n_out += 1
+            count = call.n_out
+        if call.rec is not None and wanted:
+            save = self.encoder.wants_tensors(call.name)
+            call.rec.setdefault(side, {})[i] = self.encoder.encode(value, f"{call.name}.{side}.{i}", save)
+        if count < n:
+            return
+        if kind == "grad_in":
+            self.bw_open.pop(key, None)
+        # written once the output gradients are in (an input's gradient may never come: pruned),
+        # and again, complete, with the input gradients
+        self._emit_backward(d, call)
+
+    def _emit_backward(self, d, call: _Call) -> None:
+        if call.rec is None:
+            self.session.add_structure(call.name, call.parent)
+            return
+        want_in, want_out = d._io("backward")
+        rec: dict = {}
+        if want_in:
+            rec["input"] = [v for _, v in sorted(call.rec.get("input", {}).items())]
+        if want_out:  # None for an input whose gradient the graph never computed, as in PyNative
+            got = call.rec.get("output", {})
+            n = max(self.n_inputs.get(call.name.replace(".backward.", ".forward."), 0), len(got))
+            rec["output"] = [got.get(k) for k in range(n)]
+        if d._keep(rec):
+            self.session.add_record(call.name, rec, parent=call.parent)

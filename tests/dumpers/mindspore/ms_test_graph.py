@@ -1,0 +1,265 @@
+"""Static graph (GRAPH_MODE) L0 through dump points, and the graph/ + pynative/ split of jit Cells
+(runs in the MindSpore venv, see ms_venv.py)."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import mindspore
+from mindspore import Tensor, nn
+
+from ms_common import diff_values
+from msprobe.errors import ConfigError
+from msprobe.mindspore import MsprobeStep, PrecisionDebugger
+
+CELLS = ("conv.Conv2d", "relu.ReLU", "flat.Flatten", "fc.Dense")
+
+
+@pytest.fixture(autouse=True)
+def reset():
+    PrecisionDebugger._reset()
+    yield
+    PrecisionDebugger._reset()
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+
+
+def _set_mode(graph: bool):
+    mindspore.set_context(mode=mindspore.GRAPH_MODE if graph else mindspore.PYNATIVE_MODE, device_target="CPU")
+
+
+def _doc(root, step=0, name="dump.json", split=""):
+    with open(os.path.join(root, split, f"step{step}", "rank", name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+class ConvNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, has_bias=True, weight_init="normal")
+        self.relu = nn.ReLU()
+        self.flat = nn.Flatten()
+        self.fc = nn.Dense(2 * 4 * 4, 3)
+
+    def construct(self, x):
+        return self.fc(self.flat(self.relu(self.conv(x))))
+
+
+def _nets(n):
+    """``n`` ConvNets holding the same parameter values."""
+    mindspore.set_seed(3)
+    nets = [ConvNet() for _ in range(n)]
+    for other in nets[1:]:
+        for p, q in zip(nets[0].get_parameters(), other.get_parameters()):
+            q.set_data(Tensor(p.asnumpy()))
+    return nets
+
+
+def _data():
+    rng = np.random.default_rng(5)
+    return (Tensor(rng.standard_normal((2, 1, 4, 4)).astype(np.float32)),
+            Tensor(rng.standard_normal((2, 3)).astype(np.float32)))
+
+
+def _train(net, root, graph, steps=2, task="statistics", level="L0"):
+    """The documented loop: start(model), a value_and_grad + SGD step, step()."""
+    _set_mode(graph)
+    x, y = _data()
+    loss_fn = nn.MSELoss()
+    opt = nn.SGD(net.trainable_params(), 0.1)
+
+    def forward(a, b):
+        return loss_fn(net(a), b)
+
+    grad_fn = mindspore.value_and_grad(forward, None, opt.parameters)
+    dbg = PrecisionDebugger(task=task, dump_path=root, level=level)
+    for _ in range(steps):
+        dbg.start(net)
+        _, grads = grad_fn(x, y)
+        opt(grads)
+        dbg.stop()
+        dbg.step()
+    PrecisionDebugger._reset()
+
+
+def test_graph_l0_matches_pynative_l0(tmp_path):
+    pyn, grf = _nets(2)
+    _train(pyn, str(tmp_path / "p"), graph=False)
+    _train(grf, str(tmp_path / "g"), graph=True)
+    for step in (0, 1):
+        g, p = _doc(str(tmp_path / "g"), step), _doc(str(tmp_path / "p"), step)
+        assert g["framework"] == "mindspore" and g["level"] == "L0"
+        gd, pd = g["data"], p["data"]
+        want = [f"Cell.{c}.{d}.0" for d in ("forward", "backward") for c in CELLS]
+        assert sorted(gd) == sorted(want), list(gd)
+        # PyNative's extra records: parameters_grad (the graph cannot see a Parameter's gradient)
+        assert sorted(set(pd) - set(gd)) == ["Cell.conv.Conv2d.parameters_grad", "Cell.fc.Dense.parameters_grad"]
+        for name in gd:
+            assert diff_values(gd[name], pd[name], name) == [], name
+        # records carry values: forward inputs/outputs/parameters, backward gradients of outputs/inputs
+        fc = gd["Cell.fc.Dense.forward.0"]
+        assert set(fc["parameters"]) == {"weight", "bias"} and fc["output"][0]["shape"] == [2, 3]
+        assert gd["Cell.relu.ReLU.backward.0"]["input"][0]["Norm"] > 0
+        assert gd["Cell.conv.Conv2d.backward.0"]["output"] == [None]  # the data needs no gradient
+        gc = _doc(str(tmp_path / "g"), step, "construct.json")
+        assert gc == {k: v for k, v in _doc(str(tmp_path / "p"), step, "construct.json").items() if k in gd}
+    # the parameters changed between the steps (SGD ran): step 1's statistics are step 1's
+    w0 = _doc(str(tmp_path / "g"), 0)["data"]["Cell.fc.Dense.forward.0"]["parameters"]["weight"]["Norm"]
+    w1 = _doc(str(tmp_path / "g"), 1)["data"]["Cell.fc.Dense.forward.0"]["parameters"]["weight"]["Norm"]
+    assert w0 != w1
+
+
+def test_graph_model_train_with_msprobe_step(tmp_path):
+    import mindspore.dataset as ds
+    from mindspore.train import Model
+
+    import msprobe.readers
+
+    _set_mode(True)
+    root = str(tmp_path / "d")
+    (net,) = _nets(1)
+    rng = np.random.default_rng(1)
+    data = ds.NumpySlicesDataset({"x": rng.standard_normal((4, 1, 4, 4)).astype(np.float32),
+                                  "y": rng.standard_normal((4, 3)).astype(np.float32)}, shuffle=False).batch(2)
+    dbg = PrecisionDebugger(task="statistics", dump_path=root, level="L0")
+    dbg.start(net)  # the docs: before Model is created
+    model = Model(net, loss_fn=nn.MSELoss(), optimizer=nn.SGD(net.trainable_params(), 0.01))
+    model.train(1, data, callbacks=[MsprobeStep(dbg)], dataset_sink_mode=False)
+    assert sorted(os.listdir(root)) == ["step0", "step1"]
+    d = msprobe.readers.open(root)
+    for s in (0, 1):
+        names = list(_doc(root, s)["data"])
+        assert sorted(names) == sorted(f"Cell.{c}.{k}.0" for k in ("forward", "backward") for c in CELLS), names
+        assert d.record("Cell.fc.Dense.forward.0", step=s).output[0].shape == (2, 3)
+    x0 = _doc(root, 0)["data"]["Cell.conv.Conv2d.forward.0"]["input_args"][0]["Max"]
+    x1 = _doc(root, 1)["data"]["Cell.conv.Conv2d.forward.0"]["input_args"][0]["Max"]
+    assert x0 != x1  # each step dumps its own batch
+
+
+def test_graph_tensor_task_writes_npy(tmp_path):
+    import msprobe.readers
+
+    root = str(tmp_path / "t")
+    (net,) = _nets(1)
+    _train(net, root, graph=True, steps=1, task="tensor")
+    data = _doc(root)["data"]
+    files = sorted(os.listdir(os.path.join(root, "step0", "rank", "dump_tensor_data")))
+    assert "Cell.conv.Conv2d.forward.0.parameters.weight.npy" in files
+    assert "Cell.fc.Dense.backward.0.input.0.npy" in files
+    for name in ("Cell.fc.Dense.forward.0", "Cell.relu.ReLU.backward.0"):
+        rec = data[name]
+        entry = (rec.get("output") or rec["input"])[0]
+        arr = np.load(os.path.join(root, "step0", "rank", "dump_tensor_data", entry["data_name"]),
+                      allow_pickle=False)
+        assert list(arr.shape) == entry["shape"] and arr.dtype == np.float32
+        assert float(arr.max()) == pytest.approx(entry["Max"], rel=1e-6)
+    d = msprobe.readers.open(root)
+    out = [t for io, t in d.record("Cell.fc.Dense.forward.0").tensors() if io == "output"][0]
+    assert out.load("numpy").shape == (2, 3)
+
+
+def test_graph_mode_other_levels_are_typed_errors(tmp_path):
+    _set_mode(True)
+    (net,) = _nets(1)
+    for level in ("L1", "mix"):
+        dbg = PrecisionDebugger(task="statistics", dump_path=str(tmp_path / level), level=level)
+        with pytest.raises(ConfigError, match="GRAPH_MODE.*PYNATIVE_MODE"):
+            dbg.start(net)
+        PrecisionDebugger._reset()
+    dbg = PrecisionDebugger(task="statistics", dump_path=str(tmp_path / "tr"), level="L0")
+    with pytest.raises(ConfigError, match="token_range"):
+        dbg.start(net, token_range=[0, 1])
+    PrecisionDebugger._reset()
+    with pytest.raises(ConfigError, match="Ascend"):
+        PrecisionDebugger(task="statistics", dump_path=str(tmp_path / "l2"), level="L2")
+
+
+# ------------------------------------------------------------------ jit Cells in PyNative mode
+class Block(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(8, 8)
+        self.act = nn.ReLU()
+
+    @mindspore.jit
+    def construct(self, x):
+        return self.act(self.fc(x))
+
+
+class JitNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Dense(4, 8)
+        self.block = Block()
+        self.out = nn.Dense(8, 2)
+
+    def construct(self, x):
+        return self.out(self.block(self.inp(x)))
+
+
+def _jit_run(root, level):
+    _set_mode(False)
+    mindspore.set_seed(2)
+    net = JitNet()
+    x = Tensor(np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32))
+
+    def forward(a):
+        return net(a).sum()
+
+    grad_fn = mindspore.value_and_grad(forward, None, net.trainable_params())
+    dbg = PrecisionDebugger(task="statistics", dump_path=root, level=level)
+    for _ in range(2):
+        dbg.start(net)
+        grad_fn(x)
+        dbg.stop()
+        dbg.step()
+    PrecisionDebugger._reset()
+    return net, x
+
+
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_jit_cell_split_layout(tmp_path, level):
+    import msprobe.readers
+    from msprobe.backends import open_store
+    from msprobe.format.validate import validate_store
+
+    root = str(tmp_path / level)
+    net, x = _jit_run(root, level)
+    assert sorted(os.listdir(root)) == ["graph", "pynative"]
+    jit_cells = ("block.Block", "block.fc.Dense", "block.act.ReLU")
+    for s in (0, 1):
+        g = _doc(root, s, split="graph")["data"]
+        assert sorted(g) == sorted(f"Cell.{c}.{k}.0" for c in jit_cells for k in ("forward", "backward")), list(g)
+        p = _doc(root, s, split="pynative")["data"]
+        assert not any(n.startswith("Cell.block.") for n in p)
+        for c in ("inp.Dense", "out.Dense"):
+            assert f"Cell.{c}.forward.0" in p and f"Cell.{c}.backward.0" in p
+        if level == "mix":  # the jit call itself, as an API, with the PyNative data
+            assert "Jit.Block.0.forward" in p and "Jit.Block.0.backward" in p
+        gc = _doc(root, s, "construct.json", split="graph")
+        assert gc["Cell.block.fc.Dense.forward.0"] == "Cell.block.Block.forward.0"
+        assert gc["Cell.block.act.ReLU.backward.0"] == "Cell.block.Block.backward.0"
+    # the values inside the graph are the Cells' real values
+    g = _doc(root, 0, split="graph")["data"]
+    inner = net.block.act(net.block.fc(net.inp(x)))  # no optimizer ran: the parameters are unchanged
+    assert g["Cell.block.Block.forward.0"]["output"][0]["Max"] == pytest.approx(float(inner.max()), rel=1e-5)
+    # one reader for the whole root: the two splits as sources
+    d = msprobe.readers.open(root)
+    assert {s.split for s in d.sources} == {"graph", "pynative"}
+    assert d.record("Cell.block.fc.Dense.forward.0", step=1, split="graph").name == "Cell.block.fc.Dense.forward.0"
+    with pytest.raises(Exception):
+        d.record("Cell.block.fc.Dense.forward.0", split="pynative")
+    report = validate_store(open_store(root))  # what `msprobe validate ROOT` runs
+    assert report.ok, report.summary()
+    assert sorted((r.split, r.step) for r in report.ranks) == [("graph", 0), ("graph", 1), ("pynative", 0),
+                                                               ("pynative", 1)]
+
+
+def test_jit_cell_l1_keeps_single_layout(tmp_path):
+    root = str(tmp_path / "l1")
+    _jit_run(root, "L1")
+    assert sorted(os.listdir(root)) == ["step0", "step1"]
+    names = list(_doc(root)["data"])
+    assert "Jit.Block.0.forward" in names and "Jit.Block.0.backward" in names
