@@ -69,6 +69,26 @@ def _meta(i, n):
     return Tensor(np.array([i, n], np.int32))
 
 
+def _through(values: tuple, point, last):
+    """(``values`` with each tensor passed through ``point``, meta ``[index, count]``, each point
+    after the previous one; the last point's output or ``last``). Compiled into the graph."""
+    n = 0
+    for v in values:
+        if ops.is_tensor(v):
+            n = n + 1
+    res = ()
+    i = 0
+    for v in values:
+        if ops.is_tensor(v):
+            if last is not None:
+                v = ops.depend(v, last)
+            v = point(v, _meta(i, n))
+            last = v
+            i = i + 1
+        res = res + (v,)
+    return res, last
+
+
 class _Call:
     __slots__ = ("name", "rec", "parent", "n_in", "n_out", "n_par", "pending", "exp_in")
 
@@ -121,45 +141,17 @@ class GraphCellDump:
         depend = ops.depend
 
         def construct(self, *args):
-            n = 0
-            for a in args:
-                if is_tensor(a):
-                    n = n + 1
-            new = ()
-            last = None
-            i = 0
-            for a in args:
-                if is_tensor(a):
-                    if last is not None:
-                        a = depend(a, last)
-                    a = fin(a, _meta(i, n))
-                    last = a
-                    i = i + 1
-                new = new + (a,)
+            new, last = _through(args, fin, None)
             for j, name in enumerate(names):
                 p = getattr(self, name)
                 if last is not None:
                     p = depend(p, last)
                 last = fpar(p, _meta(j, n_par))
-            if last is not None and n > 0:  # the parameters are read before the call runs
+            if last is not None and new:  # the parameters are read before the call runs
                 new = tuple(depend(a, last) if is_tensor(a) else a for a in new)
             out = func(*new)
             if isinstance(out, tuple):
-                m = 0
-                for o in out:
-                    if is_tensor(o):
-                        m = m + 1
-                res = ()
-                k = 0
-                prev = None
-                for o in out:
-                    if is_tensor(o):
-                        if prev is not None:
-                            o = depend(o, prev)
-                        o = fout(o, _meta(k, m))
-                        prev = o
-                        k = k + 1
-                    res = res + (o,)
+                res, _ = _through(out, fout, None)
                 return res
             if is_tensor(out):
                 return fout(out, _meta(0, 1))
