@@ -130,6 +130,10 @@ class MindSporeDumper(DumperControl):
                 f"level {cfg.level!r} dumps MindSpore in PyNative mode only: this process runs in GRAPH_MODE, "
                 "where msprobe dumps level 'L0' (Cells) and 'L2' (kernels, Ascend only); use level 'L0' or "
                 "call mindspore.set_context(mode=mindspore.PYNATIVE_MODE)")
+        if _graph_mode() and cfg.level == "L0" and _device_target() != "CPU":
+            raise ConfigError(  # the dump points are pyfunc Custom ops: MindSpore runs those on CPU
+                f"GRAPH_MODE level 'L0' is dumped on CPU only (device_target 'CPU'); this process runs on "
+                f"{_device_target()!r}, where msprobe's own TensorDump-based dump applies")
         if _graph_mode() and token_range is not None:
             raise ConfigError("token_range needs PyNative mode (it counts the model's forward calls through "
                               "a hook, which GRAPH_MODE does not run)")
@@ -421,6 +425,7 @@ class MindSporeDumper(DumperControl):
             self._cell_handles.append(models[0].register_forward_pre_hook(self._on_root_forward))
         multi = len(models) > 1
         graph = _graph_mode()
+        points = _device_target() == "CPU"  # jit Cells elsewhere: PyNative hooks on the Cell, no split
         for idx, m in enumerate(models):
             if self.L1:
                 self._hook_primitives(m)
@@ -431,7 +436,7 @@ class MindSporeDumper(DumperControl):
                 if sub is m or not path:
                     continue
                 key = f"Cell.{idx}.{path}.{type(sub).__name__}" if multi else f"Cell.{path}.{type(sub).__name__}"
-                if not graph and not in_jit_cell(path, in_jit) and is_jit_cell(sub):
+                if points and not graph and not in_jit_cell(path, in_jit) and is_jit_cell(sub):
                     in_jit.append(path)
                 if graph or in_jit_cell(path, in_jit):
                     self._graph_dump(split=not graph).wrap(sub, key)

@@ -176,6 +176,18 @@ def test_graph_mode_other_levels_are_typed_errors(tmp_path):
         PrecisionDebugger(task="statistics", dump_path=str(tmp_path / "l2"), level="L2")
 
 
+def test_graph_mode_l0_off_cpu_is_a_typed_error(tmp_path, monkeypatch):
+    """The points are pyfunc ops (CPU); another device_target gets a clear error, not a broken graph."""
+    from msprobe.dumpers.mindspore import _dumper
+
+    _set_mode(True)
+    (net,) = _nets(1)
+    dbg = PrecisionDebugger(task="statistics", dump_path=str(tmp_path / "a"), level="L0")
+    monkeypatch.setattr(_dumper, "_device_target", lambda: "Ascend")
+    with pytest.raises(ConfigError, match="CPU only.*'Ascend'"):
+        dbg.start(net)
+
+
 # ------------------------------------------------------------------ jit Cells in PyNative mode
 class Block(nn.Cell):
     def __init__(self):
