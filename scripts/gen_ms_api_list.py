@@ -41,8 +41,9 @@ DUNDER_OPS = {
     "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__neg__", "__abs__", "__invert__", "__eq__",
     "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
 }
+# (no barrier: it has no tensors, and msprobe does not wrap it either)
 COMM = ["all_reduce", "all_gather_into_tensor", "reduce", "reduce_scatter_tensor", "broadcast", "gather_into_tensor",
-        "scatter_tensor", "send", "recv", "isend", "irecv", "barrier", "all_to_all_single_with_output_shape",
+        "scatter_tensor", "send", "recv", "isend", "irecv", "all_to_all_single_with_output_shape",
         "all_to_all_with_output_shape", "batch_isend_irecv", "all_gather", "gather", "scatter", "reduce_scatter",
         "all_to_all", "all_to_all_single"]
 

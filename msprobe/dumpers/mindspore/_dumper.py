@@ -213,7 +213,8 @@ class MindSporeDumper(DumperControl):
             base, _ = self.session.next_api_name(api_key)
             fwd = base + ".forward"
             parent = self._parent()
-            bw = self._bw_wanted() and (_has_tensor(args) or _has_tensor(kwargs.values()))
+            dist = api_key.startswith(_DIST_PREFIXES)  # collectives: forward-only records
+            bw = not dist and self._bw_wanted() and (_has_tensor(args) or _has_tensor(kwargs.values()))
             if not self._wanted(fwd):
                 if not (self.enabled and self.L0 and self._in_token_range()):
                     return orig(*args, **kwargs)
@@ -222,7 +223,10 @@ class MindSporeDumper(DumperControl):
             rec = self._forward_inputs(fwd, args, kwargs, snapshot=_mutates(api_key))
             stack = capture_stack() if self.config.stack else None
             out = self._call_api(orig, args, kwargs, base + ".backward", parent, bw, record=True)
-            self._forward_output(rec, fwd, out)
+            if api_key.startswith("MintDistributed."):
+                self._collective_output(rec, fwd, api_key, args, kwargs, out)
+            else:
+                self._forward_output(rec, fwd, out)
             if self._keep(rec):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
             return out
@@ -247,6 +251,21 @@ class MindSporeDumper(DumperControl):
         _, want_out = self._io("forward")
         if want_out and self.config.task != "structure":
             rec["output"] = self._encode_output(out, f"{fwd}.output", self.encoder.wants_tensors(fwd))
+
+    def _collective_output(self, rec: dict, fwd: str, api_key: str, args: tuple, kwargs: dict, out: Any) -> None:
+        """mint.distributed collectives write into their arguments: the output entries are the
+        arguments after the call (as msprobe does), an async call waited for first."""
+        _, want_out = self._io("forward")
+        if not want_out or self.config.task == "structure":
+            return
+        if kwargs.get("async_op") or api_key.rpartition(".")[2] in ("isend", "irecv", "batch_isend_irecv"):
+            for handle in (out if isinstance(out, (list, tuple)) else (out,)):
+                if hasattr(handle, "wait"):
+                    handle.wait()
+        save, enc = self.encoder.wants_tensors(fwd), self.encoder
+        values = list(args) + list(kwargs.values())
+        rec["output"] = [enc.tensor(v, f"{fwd}.output.{i}", save, snapshot=True) if isinstance(v, Tensor)
+                         else enc.encode(v, f"{fwd}.output.{i}", save) for i, v in enumerate(values)]
 
     def _encode_output(self, out: Any, prefix: str, save: bool) -> list:
         return self.encoder.encode_output(out, prefix, save)
@@ -597,12 +616,17 @@ def _join(root: str, sub: str) -> str:
     return root.rstrip("/") + "/" + sub
 
 
+_DIST_PREFIXES = ("Distributed.", "MintDistributed.")
+
+
 def _floating(t: Tensor) -> bool:
     return t.dtype in (mindspore.float16, mindspore.float32, mindspore.float64, mindspore.bfloat16)
 
 
 def _mutates(api_key: str) -> bool:
-    """In-place APIs (``add_``, ``__iadd__``, ``assign``...) write into their arguments."""
+    """In-place APIs (``add_``, ``__iadd__``, ``assign``, mint.distributed collectives...) write
+    into their arguments."""
     api = api_key.rpartition(".")[2]
-    return (api.endswith("_") and not api.endswith("__")) or api.startswith("__i") or api in (
-        "assign", "assign_add", "assign_sub", "scatter_update", "scatter_nd_update", "copy_")
+    return api_key.startswith("MintDistributed.") or (api.endswith("_") and not api.endswith("__")) or \
+        api.startswith("__i") or api in ("assign", "assign_add", "assign_sub", "scatter_update",
+                                         "scatter_nd_update", "copy_")

@@ -121,10 +121,10 @@ class Encoder(ValueEncoder):
     def _xor(t: Tensor) -> Optional[str]:
         if t.size == 0:
             return None
-        raw = np.ascontiguousarray(tensor_raw(t))
-        if raw.ndim == 0:
+        if len(t.shape) == 0:  # (numpy<2's ascontiguousarray makes a 0-d array 1-d: test the tensor)
             v = tensor_numpy(t).item()
             return v if not isinstance(v, int) else f"0x{v & ((1 << 64) - 1):016x}"
+        raw = np.ascontiguousarray(tensor_raw(t))
         return f"0x{xor64(raw) & ((1 << 64) - 1):016x}"
 
     def take_overflow(self) -> bool:

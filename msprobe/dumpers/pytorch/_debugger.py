@@ -96,6 +96,11 @@ class PrecisionDebugger:
         self = cls._get()
         from msprobe.format.naming import register_prefix
 
+        if not isinstance(api_name, str) or not callable(getattr(module, api_name, None)):
+            raise ConfigError(f"invalid custom API {api_name!r}: {getattr(module, '__name__', module)!r} "
+                              "has no such callable attribute")
+        if api_prefix is not None and not isinstance(api_prefix, str):
+            raise ConfigError(f"invalid api_prefix {api_prefix!r}; valid: a string")
         prefix = api_prefix or getattr(module, "__name__", type(module).__name__).split(".")[-1].capitalize()
         register_prefix(prefix)
         patcher = self.dumper.patcher

@@ -2,12 +2,13 @@
 
 MindSpore 2.10.0 needs ``numpy<2``, so it cannot share the main test environment. The
 venv lives under ``$MSPROBE_LAKE_CACHE`` (default ``~/.cache/msprobe-lake``) as
-``venv-mindspore-<version>``, keyed by the MindSpore version and the requirement list;
-our sources are put on ``PYTHONPATH`` rather than installed. Creation downloads the
-MindSpore CPU wheel (about 800 MB) with the ordinary pip client; a machine with a venv
-that already holds MindSpore can seed the cache from it with
-``MSPROBE_LAKE_MS_SEED_VENV=/path/to/venv`` (its site-packages are copied, except any
-``msprobe``/``mindstudio-probe``, then pip checks the requirements).
+``venv-mindspore-<version>-<key>``, the key a hash of the requirement list, so a venv
+built for other requirements stays usable beside it; our sources are put on
+``PYTHONPATH`` rather than installed. Creation downloads the MindSpore CPU wheel (about
+800 MB) with the ordinary pip client, unless a venv that already holds MindSpore seeds
+it: ``MSPROBE_LAKE_MS_SEED_VENV=/path/to/venv``, else an earlier cached
+``venv-mindspore-<version>*`` (its site-packages are copied, except any
+``msprobe``/``mindstudio-probe``, then pip installs what the requirements add).
 
 Command line: ``python tests/dumpers/mindspore/ms_venv.py`` builds it and prints its python.
 """
@@ -23,7 +24,7 @@ import sys
 from typing import Optional
 
 MS_VERSION = "2.10.0"
-REQUIREMENTS = ["numpy<2", f"mindspore=={MS_VERSION}", "pytest>=7", "fsspec>=2023.6", "pyyaml>=6"]
+REQUIREMENTS = ["numpy<2", f"mindspore=={MS_VERSION}", "pytest>=7", "fsspec>=2023.6", "pyyaml>=6", "s3fs>=2023.6"]
 _KEY = hashlib.sha256(" ".join(REQUIREMENTS).encode()).hexdigest()[:8]
 _SKIP_SEED = ("msprobe", "mindstudio_probe", "__pycache__")
 
@@ -33,7 +34,17 @@ def cache_root() -> str:
 
 
 def venv_dir() -> str:
-    return os.path.join(cache_root(), f"venv-mindspore-{MS_VERSION}")
+    return os.path.join(cache_root(), f"venv-mindspore-{MS_VERSION}-{_KEY}")
+
+
+def _cached_seed() -> Optional[str]:
+    """An earlier cached venv of the same MindSpore version (other requirements) to copy from."""
+    for path in sorted(glob.glob(os.path.join(cache_root(), f"venv-mindspore-{MS_VERSION}*")), reverse=True):
+        site = _site_packages(path) if os.path.isdir(path) and ".build-" not in path else None
+        if site and os.path.exists(os.path.join(path, ".msprobe-lake-ready")) and \
+                os.path.isdir(os.path.join(site, "mindspore")):
+            return path
+    return None
 
 
 def venv_python(path: Optional[str] = None) -> str:
@@ -92,7 +103,7 @@ def ensure_venv(timeout: float = 3600) -> tuple:
         try:
             base = getattr(sys, "_base_executable", None) or sys.executable
             _run([base, "-m", "venv", tmp], log, 600)
-            seed = os.environ.get("MSPROBE_LAKE_MS_SEED_VENV")
+            seed = os.environ.get("MSPROBE_LAKE_MS_SEED_VENV") or _cached_seed()
             if seed and os.path.isdir(seed):
                 _seed(seed, tmp)
             _run([venv_python(tmp), "-m", "pip", "install", "--disable-pip-version-check", *REQUIREMENTS],
