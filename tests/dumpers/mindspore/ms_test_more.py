@@ -1,6 +1,7 @@
 """More documented MindSpore dumper features (runs in the MindSpore venv, see ms_venv.py):
 overflow_check, summary_mode xor/md5, collectives on a real 2-worker CPU cluster,
-register_custom_api/restore_custom_api, set_init_step, token_range, and a dump to s3://."""
+register_custom_api/restore_custom_api, set_init_step, token_range, dump_error_info.log, and a
+dump to s3://."""
 from __future__ import annotations
 
 import json
@@ -338,6 +339,30 @@ def test_token_range(tmp_path):
         dbg.start(token_range=[1, 3])
     with pytest.raises(ConfigError, match="token_range"):
         dbg.start(model=net, token_range=[3, 1])
+
+
+# ------------------------------------------------------------------------------ dump_error_info.log
+def test_dump_error_info_log_only_when_writes_fail(tmp_path):
+    """The docs: dump_error_info.log exists only when the tool hit an error. A rank dir whose
+    dump_tensor_data is a file: each .npy write fails, is named in the log, and dump.json is still written."""
+    ok, bad = str(tmp_path / "ok"), str(tmp_path / "bad")
+    os.makedirs(os.path.join(bad, "step0", "rank"))
+    with open(os.path.join(bad, "step0", "rank", "dump_tensor_data"), "w") as f:
+        f.write("in the way")
+    for root in (ok, bad):
+        PrecisionDebugger._reset()
+        dbg = PrecisionDebugger(task="tensor", dump_path=root, level="L1")
+        dbg.start()
+        mint.add(_f32(1.0, 2.0), 1.0)
+        dbg.stop()
+        dbg.step()
+    assert not os.path.exists(os.path.join(ok, "step0", "rank", "dump_error_info.log"))
+    with open(os.path.join(bad, "step0", "rank", "dump_error_info.log"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    names = sorted(line.split("\t")[1].rsplit("/", 1)[1] for line in lines)
+    assert names == ["Mint.add.0.forward.input.0.npy", "Mint.add.0.forward.output.0.npy"], lines
+    rec = _doc(bad)["data"]["Mint.add.0.forward"]  # the statistics are still there
+    assert rec["output"][0]["Max"] == 3.0 and rec["output"][0]["data_name"] == "Mint.add.0.forward.output.0.npy"
 
 
 # ------------------------------------------------------------------------------ s3
