@@ -240,8 +240,7 @@ class MindSporeDumper(DumperControl):
             save = self.encoder.wants_tensors(fwd)
             enc = self.encoder
             if snapshot:  # the call writes into its arguments: read them before it does
-                rec["input_args"] = [enc.tensor(a, f"{fwd}.input.{i}", save, snapshot=True) if isinstance(a, Tensor)
-                                     else enc.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
+                rec["input_args"] = [self._encode_copy(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
             else:
                 rec["input_args"] = [enc.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
             rec["input_kwargs"] = {k: enc.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
@@ -262,10 +261,17 @@ class MindSporeDumper(DumperControl):
             for handle in (out if isinstance(out, (list, tuple)) else (out,)):
                 if hasattr(handle, "wait"):
                     handle.wait()
-        save, enc = self.encoder.wants_tensors(fwd), self.encoder
+        save = self.encoder.wants_tensors(fwd)
         values = list(args) + list(kwargs.values())
-        rec["output"] = [enc.tensor(v, f"{fwd}.output.{i}", save, snapshot=True) if isinstance(v, Tensor)
-                         else enc.encode(v, f"{fwd}.output.{i}", save) for i, v in enumerate(values)]
+        rec["output"] = [self._encode_copy(v, f"{fwd}.output.{i}", save) for i, v in enumerate(values)]
+
+    def _encode_copy(self, value: Any, prefix: str, save: bool) -> Any:
+        """An entry of the value as it is now (tensors, also in lists such as all_gather's, copied)."""
+        if isinstance(value, Tensor):
+            return self.encoder.tensor(value, prefix, save, snapshot=True)
+        if isinstance(value, (list, tuple)) and _has_tensor(value):
+            return [self._encode_copy(v, f"{prefix}.{i}", save) for i, v in enumerate(value)]
+        return self.encoder.encode(value, prefix, save)
 
     def _encode_output(self, out: Any, prefix: str, save: bool) -> list:
         return self.encoder.encode_output(out, prefix, save)

@@ -40,6 +40,9 @@ z = Tensor(np.array([1.0, 1.0], np.float32) * (rank + 1))
 md.all_reduce(z, async_op=True).wait()  # the dumper waits for it before recording the output
 result["all_reduce_async"] = z.asnumpy().tolist()
 md.barrier()
+gathered = [Tensor(np.zeros(2, np.float32)) for _ in range(world)]
+md.all_gather(gathered, Tensor(np.array([1.0, -1.0], np.float32) * (rank + 1)))  # into the list, in place
+result["all_gather"] = [t.asnumpy().tolist() for t in gathered]
 out = comm_func.broadcast(Tensor(np.array([3.0], np.float32) * (rank + 1)), 0, group=GlobalComm.WORLD_COMM_GROUP)
 result["comm_broadcast"] = (out[0] if isinstance(out, tuple) else out).asnumpy().tolist()
 try:

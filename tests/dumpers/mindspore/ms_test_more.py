@@ -115,6 +115,32 @@ def test_overflow_check_l0_keeps_only_overflowing_cells(tmp_path):
     assert rec["input_args"][0]["Max"] == 3.0 and rec["output"][0]["Max"] == float("inf")
 
 
+class PrimBoom(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.mul = ops.Mul()
+
+    def construct(self, x):
+        return mint.exp(self.mul(x, 1e30))  # Mul is finite (1e30), exp overflows
+
+
+def test_overflow_check_l1_primitive_ops(tmp_path):
+    """Primitive ops are checked too (spec/FORMAT.md §20 item 21): here the overflow is in mint.exp."""
+    root = str(tmp_path / "d")
+    net = PrimBoom()
+    dbg = PrecisionDebugger(config_path=_config(tmp_path, task="overflow_check", dump_path=root, level="L1",
+                                                overflow_check={"overflow_nums": -1}))
+    dbg.start(model=net)
+    net(_f32(1.0, -1.0))
+    net.mul(_f32(1e30), 1e30)  # a Primitive call that overflows (1e60 in float32)
+    dbg.stop()
+    dbg.step()
+    data = _doc(root)["data"]
+    assert list(data) == ["Mint.exp.0.forward", "Primitive.mul.Mul.1.forward"]
+    assert data["Mint.exp.0.forward"]["output"][0]["Min"] == 0.0
+    assert data["Primitive.mul.Mul.1.forward"]["output"][0]["Max"] == float("inf")
+
+
 def test_overflow_check_backward(tmp_path):
     """An Inf that appears only in a gradient: the backward record is the one dumped."""
     root = str(tmp_path / "d")
@@ -224,9 +250,9 @@ def test_collectives_on_a_two_worker_cpu_cluster(tmp_path):
         data = _doc(root, rank=f"rank{r}")["data"]
         names = [n for n in data if "Distributed." in n]
         assert not [n for n in data if n.endswith(".backward")]  # collectives are forward-only
-        assert names[:4] == ["MintDistributed.all_reduce.0.forward", "MintDistributed.broadcast.0.forward",
+        assert names[:5] == ["MintDistributed.all_reduce.0.forward", "MintDistributed.broadcast.0.forward",
                              "MintDistributed.all_reduce.1.forward",  # (barrier: no tensors, not wrapped)
-                             "Distributed.broadcast.0.forward"], names
+                             "MintDistributed.all_gather.0.forward", "Distributed.broadcast.0.forward"], names
         # in-place collectives: input = before the call (this rank's), output = the arguments after it
         ar = data["MintDistributed.all_reduce.0.forward"]
         assert ar["input_args"][0]["Max"] == 2.0 * (r + 1) and ar["output"][0]["Max"] == 6.0
@@ -236,6 +262,10 @@ def test_collectives_on_a_two_worker_cpu_cluster(tmp_path):
         ar_async = data["MintDistributed.all_reduce.1.forward"]
         assert ar_async["input_kwargs"]["async_op"] == {"type": "bool", "value": True}
         assert ar_async["output"][0]["Max"] == 3.0 and ar_async["input_args"][0]["Max"] == float(r + 1)
+        assert res["all_gather"] == [[1.0, -1.0], [2.0, -2.0]]
+        ag = data["MintDistributed.all_gather.0.forward"]  # the list: zeros before, gathered after
+        assert [e["Max"] for e in ag["input_args"][0]] == [0.0, 0.0]
+        assert [e["Max"] for e in ag["output"][0]] == [1.0, 2.0] and ag["output"][1]["Min"] == -1.0 * (r + 1)
         cb = data["Distributed.broadcast.0.forward"]  # comm_func returns a new tensor: the output
         assert cb["input_args"][0]["Max"] == 3.0 * (r + 1) and cb["output"][0]["Max"] == 3.0
         assert res["comm_broadcast"] == [3.0]
