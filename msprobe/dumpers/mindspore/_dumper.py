@@ -158,9 +158,13 @@ class MindSporeDumper(DumperControl):
     def stop(self) -> None:
         if not self.enabled:
             return
+        if self._graph is not None:
+            _sync()  # the points' callbacks run as the (asynchronous) executor reaches them
         self.enabled = False
         GUARD.on = False
         self.bw_stack.clear()
+        if self._graph is not None:
+            self._graph.flush_param_grads()
         self._flush_param_grads()
         self._fix_dangling_parents()
         self.session.publish()
@@ -612,6 +616,15 @@ class MindSporeDumper(DumperControl):
     # ------------------------------------------------------------------ debug
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
         self._save_debug(variable, name)
+
+
+def _sync() -> None:
+    wait = getattr(_EXECUTOR, "sync", None)
+    if wait is not None:
+        try:
+            wait()
+        except Exception:
+            pass
 
 
 def in_jit_cell(path: str, jit_paths: list) -> bool:

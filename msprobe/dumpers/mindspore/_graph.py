@@ -11,15 +11,14 @@ that they fire in a fixed order, and the gradient points wait for their forward 
 
 The Python side assigns the call counts at run time (per step, as the PyNative hooks do) and
 writes the records through the same session/encoder, with the names of PyNative L0
-(``Cell.<path>.<Class>.forward.<n>`` / ``.backward.<n>``, ``parameters``). What the graph
-cannot give: ``parameters_grad`` (a Parameter's gradient never flows through the Cell's
-wrapper), call stacks (the points fire from the executor), non-tensor arguments (constants
-folded into the graph: ``input_args`` lists the tensor arguments only), and the gradient of an
-input nothing needs (pruned from the graph: the backward record then has no ``output``).
+(``Cell.<path>.<Class>.forward.<n>`` / ``.backward.<n>``, ``parameters``). ``parameters_grad``
+comes from Parameter hooks (they run in graphs too), registered when the Cell is wrapped.
+What the graph cannot give: call stacks (the points fire from the executor) and non-tensor
+arguments (constants folded into the graph: ``input_args`` lists the tensor arguments only);
+the gradient of an input nothing needs is pruned from the graph (``null``, as PyNative writes).
 
-``mindspore.ops.TensorDump`` (what msprobe uses on Ascend) writes files from the device and has
-no CPU kernel in MindSpore 2.10; the pyfunc point runs wherever MindSpore runs Python
-callbacks, on CPU included.
+``mindspore.ops.TensorDump`` (what msprobe uses on Ascend) has no CPU kernel in MindSpore 2.10;
+pyfunc ops run on CPU, so the dumper uses these points with device_target CPU only.
 """
 from __future__ import annotations
 
@@ -89,6 +88,13 @@ def _through(values: tuple, point, last):
     return res, last
 
 
+def _grad_hook(point):
+    def hook(grad):
+        return point(grad, _meta(0, 1))
+
+    return hook
+
+
 class _Call:
     __slots__ = ("name", "rec", "parent", "n_in", "n_out", "n_par", "pending", "exp_in")
 
@@ -113,6 +119,7 @@ class GraphCellDump:
         self.bw_open: dict = {}  # key -> backward calls collecting gradients
         self.parent_of: dict = {}
         self.n_inputs: dict = {}  # forward call -> its number of tensor inputs
+        self.pgrad_names: set = set()  # parameters_grad records of the wrapped Cells
         self.param_names: dict = {}  # key -> the Cell's parameter names, in point order
         self._wrapped: list = []  # (cell, had its own construct attribute, the attribute)
 
@@ -122,6 +129,7 @@ class GraphCellDump:
             return
         object.__setattr__(cell, "_msprobe_graph_key", key)
         me = weakref.ref(self)
+        self._hook_param_grads(cell, key)
 
         def cb(kind):
             def callback(arr, i, n):
@@ -162,6 +170,39 @@ class GraphCellDump:
         had = "construct" in cell.__dict__
         self._wrapped.append((cell, had, cell.__dict__.get("construct")))
         object.__setattr__(cell, "construct", construct.__get__(cell, type(cell)))
+
+    def _hook_param_grads(self, cell, key: str) -> None:
+        """parameters_grad: a Parameter hook (compiled into the graph with it, so registered before
+        compilation) passing the gradient through a point."""
+        d = self._dumper()
+        if d is None or not d.config.backward_enabled:
+            return
+        name = f"{key}.parameters_grad"
+        self.pgrad_names.add(name)
+        me = weakref.ref(self)
+        for pname, p in cell._params.items():
+            if not getattr(p, "requires_grad", False):
+                continue
+
+            def callback(arr, i, n, pname=pname):
+                g = me()
+                if g is not None:
+                    g._on_param_grad(name, pname, arr)
+
+            d._param_handles.append(p.register_hook(_grad_hook(_point(callback))))
+
+    def _on_param_grad(self, name: str, pname: str, arr: np.ndarray) -> None:
+        d = self._dumper()
+        if d is None or not d.enabled or not d._wanted(name):
+            return
+        GUARD.inside = True
+        try:
+            save = self.encoder.wants_tensors(name)
+            value = Tensor(np.array(arr, copy=True))
+            # kept until the Cell's backward record, written just before it (as in PyNative)
+            d._pgrads.setdefault(name, {})[pname] = [self.encoder.encode(value, f"{name}.{pname}", save)]
+        finally:
+            GUARD.inside = False
 
     def unwrap(self) -> None:
         for cell, had, attr in self._wrapped:
@@ -294,7 +335,18 @@ class GraphCellDump:
         # and again, complete, with the input gradients
         self._emit_backward(d, call)
 
+    def flush_param_grads(self, key: Optional[str] = None) -> None:
+        """Write the wrapped Cells' parameters_grad records (those of ``key`` only) to this session."""
+        d = self._dumper()
+        if d is None:
+            return
+        for name in ([f"{key}.parameters_grad"] if key is not None else sorted(self.pgrad_names)):
+            rec = d._pgrads.pop(name, None)
+            if rec:
+                self.session.add_record(name, rec, parent=None, construct=False)
+
     def _emit_backward(self, d, call: _Call) -> None:
+        self.flush_param_grads(call.name.rsplit(".backward.", 1)[0])  # before the backward record, as in PyNative
         if call.rec is None:
             self.session.add_structure(call.name, call.parent)
             return
