@@ -13,8 +13,9 @@ The Python side assigns the call counts at run time (per step, as the PyNative h
 writes the records through the same session/encoder, with the names of PyNative L0
 (``Cell.<path>.<Class>.forward.<n>`` / ``.backward.<n>``, ``parameters``). ``parameters_grad``
 comes from Parameter hooks (they run in graphs too), registered when the Cell is wrapped.
-What the graph cannot give: call stacks (the points fire from the executor) and non-tensor
-arguments (constants folded into the graph: ``input_args`` lists the tensor arguments only);
+What the graph cannot give: call stacks (the points fire from the executor), non-tensor
+arguments (constants folded into the graph: ``input_args`` lists the tensor arguments only)
+and keyword arguments (passed on undumped: a point's callback gets numbers, not names);
 the gradient of an input nothing needs is pruned from the graph (``null``, as PyNative writes).
 
 ``mindspore.ops.TensorDump`` (what msprobe uses on Ascend) has no CPU kernel in MindSpore 2.10;
@@ -148,7 +149,7 @@ class GraphCellDump:
         is_tensor = ops.is_tensor
         depend = ops.depend
 
-        def construct(self, *args):
+        def construct(self, *args, **kwargs):
             new, last = _through(args, fin, None)
             for j, name in enumerate(names):
                 p = getattr(self, name)
@@ -157,7 +158,7 @@ class GraphCellDump:
                 last = fpar(p, _meta(j, n_par))
             if last is not None and new:  # the parameters are read before the call runs
                 new = tuple(depend(a, last) if is_tensor(a) else a for a in new)
-            out = func(*new)
+            out = func(*new, **kwargs)  # keyword arguments pass undumped
             if isinstance(out, tuple):
                 res, _ = _through(out, fout, None)
                 return res
@@ -327,12 +328,12 @@ class GraphCellDump:
         if call.rec is not None and wanted:
             save = self.encoder.wants_tensors(call.name)
             call.rec.setdefault(side, {})[i] = self.encoder.encode(value, f"{call.name}.{side}.{i}", save)
-        if count < n:
+        if kind == "grad_out" and count < n:
             return
-        if kind == "grad_in":
+        if kind == "grad_in" and count >= n:
             self.bw_open.pop(key, None)
-        # written once the output gradients are in (an input's gradient may never come: pruned),
-        # and again, complete, with the input gradients
+        # written once the output gradients are in, and again with each input gradient (some
+        # never come: the graph prunes the gradient of an input nothing needs)
         self._emit_backward(d, call)
 
     def flush_param_grads(self, key: Optional[str] = None) -> None:

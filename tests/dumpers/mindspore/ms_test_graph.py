@@ -114,6 +114,68 @@ def test_graph_l0_matches_pynative_l0(tmp_path):
     assert w0 != w1
 
 
+class Pair(nn.Cell):
+    def construct(self, a, b, c=None):
+        return a + b, a * c
+
+
+class EdgeNet(nn.Cell):
+    """Two tensor inputs and a keyword argument, a tuple output, a Cell called twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(4, 4)
+        self.act = nn.ReLU()
+        self.pair = Pair()
+
+    def construct(self, x):
+        h = self.act(self.fc(x))
+        s, p = self.pair(h, x, c=x)
+        return self.act(s + p)
+
+
+def _edge_run(root, graph):
+    _set_mode(graph)
+    mindspore.set_seed(4)
+    net = EdgeNet()
+    x = Tensor(np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32))
+
+    def forward(a):
+        return net(a).sum()
+
+    grad_fn = mindspore.value_and_grad(forward, None, net.trainable_params())
+    dbg = PrecisionDebugger(task="statistics", dump_path=root, level="L0")
+    dbg.start(net)
+    grad_fn(x)
+    dbg.stop()
+    dbg.step()
+    PrecisionDebugger._reset()
+
+
+def test_graph_l0_call_counts_tuples_and_keywords(tmp_path):
+    _edge_run(str(tmp_path / "p"), graph=False)
+    _edge_run(str(tmp_path / "g"), graph=True)
+    gd, pd = _doc(str(tmp_path / "g"))["data"], _doc(str(tmp_path / "p"))["data"]
+    assert sorted(gd) == sorted(pd)
+    assert {"Cell.act.ReLU.forward.1", "Cell.act.ReLU.backward.1"} <= set(gd)
+    pair = gd["Cell.pair.Pair.forward.0"]
+    assert len(pair["input_args"]) == 2 and len(pair["output"]) == 2
+    # known differences: keyword arguments pass undumped; the graph prunes the gradient of x
+    assert pair["input_kwargs"] == {} and list(pd["Cell.pair.Pair.forward.0"]["input_kwargs"]) == ["c"]
+    bw = gd["Cell.pair.Pair.backward.0"]
+    assert bw["output"][0] is not None and bw["output"][1] is None
+    for name in gd:
+        g_rec, p_rec = gd[name], pd[name]
+        if name == "Cell.pair.Pair.forward.0":
+            g_rec, p_rec = dict(g_rec, input_kwargs=None), dict(p_rec, input_kwargs=None)
+        if name == "Cell.pair.Pair.backward.0":
+            g_rec, p_rec = dict(g_rec, output=g_rec["output"][:1]), dict(p_rec, output=p_rec["output"][:1])
+        if name.endswith("parameters_grad"):
+            g_rec, p_rec = dict(sorted(g_rec.items())), dict(sorted(p_rec.items()))
+        assert diff_values(g_rec, p_rec, name) == [], name
+    assert _doc(str(tmp_path / "g"), name="construct.json") == _doc(str(tmp_path / "p"), name="construct.json")
+
+
 def test_graph_model_train_with_msprobe_step(tmp_path):
     import mindspore.dataset as ds
     from mindspore.train import Model
