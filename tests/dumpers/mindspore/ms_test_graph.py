@@ -144,7 +144,10 @@ def _edge_run(root, graph):
         return net(a).sum()
 
     grad_fn = mindspore.value_and_grad(forward, None, net.trainable_params())
-    dbg = PrecisionDebugger(task="statistics", dump_path=root, level="L0")
+    cfg = root + ".config.json"
+    with open(cfg, "w", encoding="utf-8") as f:
+        json.dump({"task": "statistics", "dump_path": root, "level": "L0", "statistics": {"summary_mode": "md5"}}, f)
+    dbg = PrecisionDebugger(config_path=cfg)
     dbg.start(net)
     grad_fn(x)
     dbg.stop()
@@ -158,6 +161,7 @@ def test_graph_l0_call_counts_tuples_and_keywords(tmp_path):
     gd, pd = _doc(str(tmp_path / "g"))["data"], _doc(str(tmp_path / "p"))["data"]
     assert sorted(gd) == sorted(pd)
     assert {"Cell.act.ReLU.forward.1", "Cell.act.ReLU.backward.1"} <= set(gd)
+    assert len(gd["Cell.fc.Dense.forward.0"]["output"][0]["md5"]) == 8  # summary_mode md5: CRC-32 as well
     pair = gd["Cell.pair.Pair.forward.0"]
     assert len(pair["input_args"]) == 2 and len(pair["output"]) == 2
     # known differences: keyword arguments pass undumped; the graph prunes the gradient of x
@@ -330,10 +334,15 @@ def test_jit_cell_split_layout(tmp_path, level):
     assert d.record("Cell.block.fc.Dense.forward.0", step=1, split="graph").name == "Cell.block.fc.Dense.forward.0"
     with pytest.raises(Exception):
         d.record("Cell.block.fc.Dense.forward.0", split="pynative")
+    graph_only = msprobe.readers.open(os.path.join(root, "graph"))  # a split root opens alone too
+    assert graph_only.steps == [0, 1] and graph_only.record("Cell.block.Block.forward.0", step=0)
     report = validate_store(open_store(root))  # what `msprobe validate ROOT` runs
     assert report.ok, report.summary()
     assert sorted((r.split, r.step) for r in report.ranks) == [("graph", 0), ("graph", 1), ("pynative", 0),
                                                                ("pynative", 1)]
+    from msprobe.cli import main
+
+    assert main(["validate", "--quiet", root]) == 0
 
 
 def test_jit_cell_l1_keeps_single_layout(tmp_path):
