@@ -46,6 +46,10 @@ class MsprobeStep(_callback_base()):
             raise ConfigError(f"MsprobeStep needs a msprobe.mindspore PrecisionDebugger, got {type(debugger).__name__}")
         self.debugger = debugger
 
+    def on_train_begin(self, run_context):
+        """Started before the first batch is fetched, so step 0 holds that fetch's APIs (as 26.2.0)."""
+        self.debugger.start(self._network(run_context))
+
     def on_train_step_begin(self, run_context):
         self.debugger.start(self._network(run_context))
 
@@ -54,6 +58,8 @@ class MsprobeStep(_callback_base()):
         self.debugger.step()
 
     def _network(self, run_context):
+        """The model to hook: the debugger's, else none when ``start(model)`` already hooked one
+        (the documented use), else Model.train's network at L0/mix."""
         if self.debugger.model is not None:
             return self.debugger.model
         if self.debugger.dumper._hooked_models:  # start(model) before Model.train (the docs' GRAPH_MODE use)

@@ -117,6 +117,7 @@ class MindSporeDumper(DumperControl):
         self._parent_of: dict = {}
         self.debug_counts: dict = {}
         self._jit_saved: Optional[tuple] = None
+        self._pijit_saved: Optional[tuple] = None
         self._pgrads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
         self._graph = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
         self.L1 = config.level in ("L1", "mix")
@@ -152,6 +153,7 @@ class MindSporeDumper(DumperControl):
         if self.L1:
             self.patcher.install(self._on_api)
             self._patch_jit()
+            self._patch_pijit()
         self.enabled = True
         GUARD.on = True
 
@@ -189,6 +191,7 @@ class MindSporeDumper(DumperControl):
         self.stop()
         self.patcher.uninstall()
         self._unpatch_jit()
+        self._unpatch_pijit()
         for h in self._cell_handles + self._param_handles:
             try:
                 h.remove()
@@ -440,6 +443,44 @@ class MindSporeDumper(DumperControl):
             executor, orig = self._jit_saved
             executor.__call__ = orig
             self._jit_saved = None
+
+    def _patch_pijit(self) -> None:
+        """``mindspore.jit(capture_mode="bytecode")`` functions and Cells run as plain PyNative code
+        while the dumper is on at L1/mix, so their APIs are recorded one by one (the documented
+        behaviour: the decorated part is "restored to a dynamic graph"; 26.2.0 does the same by
+        making the capture context a no-op)."""
+        if self._pijit_saved is not None:
+            return
+        try:
+            from mindspore.graph._utils.pijit_context import PIJitCaptureContext as ctx
+        except ImportError:
+            try:
+                from mindspore.common._pijit_context import PIJitCaptureContext as ctx
+            except ImportError:
+                return
+        enter, leave = ctx.__enter__, ctx.__exit__
+        dumper = weakref.ref(self)
+        eager: list = []  # per entered context: True when it was not entered (runs eagerly)
+
+        def __enter__(c):
+            d = dumper()
+            skip = d is not None and d.enabled and d.L1
+            eager.append(skip)
+            return None if skip else enter(c)
+
+        def __exit__(c, *exc):
+            if eager and eager.pop():
+                return None
+            return leave(c, *exc)
+
+        ctx.__enter__, ctx.__exit__ = __enter__, __exit__
+        self._pijit_saved = (ctx, enter, leave)
+
+    def _unpatch_pijit(self) -> None:
+        if self._pijit_saved is not None:
+            ctx, enter, leave = self._pijit_saved
+            ctx.__enter__, ctx.__exit__ = enter, leave
+            self._pijit_saved = None
 
     # ------------------------------------------------------------------ Cells
     def _hook_models(self, model: Any) -> None:
