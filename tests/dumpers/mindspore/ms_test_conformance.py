@@ -67,6 +67,10 @@ def user_frames(frames: list) -> list:
     return keys
 
 
+def _steps(root: str) -> list:
+    return sorted(int(p.name[4:]) for p in os.scandir(root) if p.name.startswith("step"))
+
+
 def _real(case):
     return os.path.join(REAL, case)
 
@@ -133,14 +137,15 @@ def test_md5_matches_real(dumps):
     assert ours == real
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [*CASES, *SCENARIOS, *OURS_ONLY])
 def test_readers_open_our_dump(dumps, case):
     import msprobe.readers
 
     dump = msprobe.readers.open(dumps[case][0])
-    ours = load(dumps[case][0])
+    steps = _steps(dumps[case][0])
+    assert dump.steps == steps
     recs = list(dump.records())
-    assert [r.name for r in recs] == list(ours["data"])
+    assert [r.name for r in recs] == [n for step in steps for n in load(dumps[case][0], step=step)["data"]]
     loaded = 0
     for r in recs:
         for _, t in r.tensors():
@@ -162,10 +167,6 @@ def test_losses_equal_to_the_real_run(dumps):
 
 
 # ------------------------------------------- Model.train + MsprobeStep, jit Cells and functions
-def _steps(root: str) -> list:
-    return sorted(int(p.name[4:]) for p in os.scandir(root) if p.name.startswith("step"))
-
-
 @pytest.mark.parametrize("case", list(SCENARIOS))
 def test_scenario_dump_json_matches_real(dumps, case):
     """Every step the real tool wrote: same records in the same order with the same values."""
