@@ -36,9 +36,23 @@ __all__ = ["GraphCellDump", "is_jit_cell"]
 
 
 def is_jit_cell(cell: Any) -> bool:
-    """True when the Cell's ``construct`` is decorated with ``mindspore.jit``."""
+    """True when the Cell's ``construct`` is decorated with ``mindspore.jit`` (ast capture, a graph);
+    ``capture_mode="bytecode"`` is not one: it runs op by op at L1/mix and its Cell is hooked as
+    any other (as 26.2.0, whose jit-Cell test looks for a JitConfig in the wrapper's closure)."""
     fn = getattr(type(cell), "construct", None)
-    return bool(getattr(fn, "__wrapped_by_jit__", False))
+    return bool(getattr(fn, "__wrapped_by_jit__", False)) and not _bytecode_captured(fn)
+
+
+def _bytecode_captured(fn: Any) -> bool:
+    try:
+        from mindspore.graph._utils.pijit_context import PIJitCaptureContext
+    except ImportError:
+        try:
+            from mindspore.common._pijit_context import PIJitCaptureContext
+        except ImportError:
+            return False
+    return any(isinstance(getattr(c, "cell_contents", None), PIJitCaptureContext)
+               for c in getattr(fn, "__closure__", None) or ())
 
 
 def _same(*shapes):
