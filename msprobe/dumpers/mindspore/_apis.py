@@ -14,11 +14,28 @@ from typing import Optional
 from msprobe.dumpers.apilist import load_api_list as _load_api_list
 from msprobe.dumpers.patcher import ApiPatcher as _ApiPatcher
 
-__all__ = ["load_api_list", "ApiPatcher", "GUARD", "namespaces"]
+__all__ = ["load_api_list", "ApiPatcher", "GUARD", "namespaces", "import_first"]
 
 _YAML = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
 
 GUARD = threading.local()
+
+
+def import_first(*candidates: tuple):
+    """The first ``(module, attribute)`` of ``candidates`` that imports (MindSpore moves its
+    internals between releases), else None."""
+    import importlib
+
+    for module, attr in candidates:
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+PIJIT_CONTEXT = (("mindspore.graph._utils.pijit_context", "PIJitCaptureContext"),
+                 ("mindspore.common._pijit_context", "PIJitCaptureContext"))
 
 
 def load_api_list(path: Optional[str] = None) -> dict:

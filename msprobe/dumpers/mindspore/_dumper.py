@@ -23,7 +23,7 @@ from mindspore.ops import Primitive
 
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.control import DumperControl, capture_stack, render_stack
-from msprobe.dumpers.mindspore._apis import GUARD, ApiPatcher
+from msprobe.dumpers.mindspore._apis import GUARD, PIJIT_CONTEXT, ApiPatcher, import_first
 from msprobe.dumpers.mindspore._encode import Encoder, fetch_stats
 from msprobe.dumpers.mindspore._graph import GraphCellDump, is_jit_cell
 from msprobe.dumpers.session import DumpSession
@@ -413,13 +413,10 @@ class MindSporeDumper(DumperControl):
         are recorded as ``Jit.<function or Cell class>.<n>``."""
         if self._jit_saved is not None:
             return
-        try:
-            from mindspore.common.api import _JitExecutor as executor
-        except ImportError:
-            try:
-                from mindspore.common.api import _MindsporeFunctionExecutor as executor
-            except ImportError:
-                return
+        executor = import_first(("mindspore.common.api", "_JitExecutor"),
+                                ("mindspore.common.api", "_MindsporeFunctionExecutor"))
+        if executor is None:
+            return
         orig = executor.__call__
         dumper = weakref.ref(self)
 
@@ -451,13 +448,9 @@ class MindSporeDumper(DumperControl):
         making the capture context a no-op)."""
         if self._pijit_saved is not None:
             return
-        try:
-            from mindspore.graph._utils.pijit_context import PIJitCaptureContext as ctx
-        except ImportError:
-            try:
-                from mindspore.common._pijit_context import PIJitCaptureContext as ctx
-            except ImportError:
-                return
+        ctx = import_first(*PIJIT_CONTEXT)
+        if ctx is None:
+            return
         enter, leave = ctx.__enter__, ctx.__exit__
         dumper = weakref.ref(self)
         eager: list = []  # per entered context: True when it was not entered (runs eagerly)

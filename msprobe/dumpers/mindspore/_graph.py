@@ -30,7 +30,7 @@ import mindspore
 import numpy as np
 from mindspore import Tensor, ops
 
-from msprobe.dumpers.mindspore._apis import GUARD
+from msprobe.dumpers.mindspore._apis import GUARD, PIJIT_CONTEXT, import_first
 
 __all__ = ["GraphCellDump", "is_jit_cell"]
 
@@ -44,15 +44,9 @@ def is_jit_cell(cell: Any) -> bool:
 
 
 def _bytecode_captured(fn: Any) -> bool:
-    try:
-        from mindspore.graph._utils.pijit_context import PIJitCaptureContext
-    except ImportError:
-        try:
-            from mindspore.common._pijit_context import PIJitCaptureContext
-        except ImportError:
-            return False
-    return any(isinstance(getattr(c, "cell_contents", None), PIJitCaptureContext)
-               for c in getattr(fn, "__closure__", None) or ())
+    ctx = import_first(*PIJIT_CONTEXT)
+    return ctx is not None and any(isinstance(getattr(c, "cell_contents", None), ctx)
+                                   for c in getattr(fn, "__closure__", None) or ())
 
 
 def _same(*shapes):
