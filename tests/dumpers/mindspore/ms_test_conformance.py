@@ -25,11 +25,12 @@ _TRAIN = ["--scenario", "model_train"]
 _JIT_BC = ["--scenario", "jit", "--jit-capture", "bytecode"]
 SCENARIOS = {
     "train_L1_statistics": _TRAIN, "train_L0_statistics": _TRAIN, "train_mix_statistics": _TRAIN,
-    "jit_bc_L1_statistics": _JIT_BC, "jit_bc_L0_statistics": _JIT_BC, "jit_bc_mix_statistics": _JIT_BC,
-}
-# ours only: the real 26.2.0 fails to compile an ast-captured jit Cell under its L1 wrappers
-# ("RuntimeError: Unsupported statement 'Try'", fixtures README); compared with jit_bc_L1_statistics
-OURS_ONLY = {"jit_ast_L1_statistics": ["--scenario", "jit"]}
+    "jit_bc_L0_statistics": _JIT_BC, "jit_bc_mix_statistics": _JIT_BC,
+}  # (jit_bc_L1_statistics: its records are those of jit_bc_mix's APIs; the fixture serves the ast test)
+# ours only: 26.2.0 cannot dump an ast-captured jit Cell on CPU (at L1 it fails to compile under its
+# wrappers, "RuntimeError: Unsupported statement 'Try'"; at L0 its graph-mode cell dump refuses
+# statistics on CPU; fixtures README); compared with the bytecode fixtures
+OURS_ONLY = {"jit_ast_L1_statistics": ["--scenario", "jit"], "jit_ast_L0_statistics": ["--scenario", "jit"]}
 # Deliberate difference (spec/FORMAT.md §20): Tensor.from_numpy, a static constructor, is not wrapped;
 # 26.2.0 records the dataset iterator's conversion of the first batch (between MsprobeStep's
 # on_train_begin and the first step) as two Tensor.from_numpy records in step 0.
@@ -137,15 +138,18 @@ def test_md5_matches_real(dumps):
     assert ours == real
 
 
-@pytest.mark.parametrize("case", [*CASES, *SCENARIOS, *OURS_ONLY])
+@pytest.mark.parametrize("case", [*CASES, *SCENARIOS, "jit_ast_L1_statistics", "jit_ast_L0_statistics/graph",
+                                  "jit_ast_L0_statistics/pynative"])
 def test_readers_open_our_dump(dumps, case):
     import msprobe.readers
 
-    dump = msprobe.readers.open(dumps[case][0])
-    steps = _steps(dumps[case][0])
+    case, _, sub = case.partition("/")
+    root = os.path.join(dumps[case][0], sub)
+    dump = msprobe.readers.open(root)
+    steps = _steps(root)
     assert dump.steps == steps
     recs = list(dump.records())
-    assert [r.name for r in recs] == [n for step in steps for n in load(dumps[case][0], step=step)["data"]]
+    assert [r.name for r in recs] == [n for step in steps for n in load(root, step=step)["data"]]
     loaded = 0
     for r in recs:
         for _, t in r.tensors():
@@ -206,10 +210,10 @@ def test_jit_bytecode_runs_eagerly_only_at_l1_and_mix(dumps):
     """capture_mode="bytecode": at L1/mix the decorated Cell and function run op by op (their APIs
     and the Cell inside the jit Cell are recorded, no Jit.* record); at L0 the Cell is compiled and
     its inner Cell gives no record, as 26.2.0 does."""
-    l1 = list(load(dumps["jit_bc_L1_statistics"][0])["data"])
-    assert "Functional.relu.0.forward" in l1 and "Tensor.__sub__.0.forward" in l1
-    assert not any(n.startswith("Jit.") for n in l1)
-    assert "Cell.block.fc.Dense.forward.0" in load(dumps["jit_bc_mix_statistics"][0])["data"]
+    mix = list(load(dumps["jit_bc_mix_statistics"][0])["data"])
+    assert "Functional.relu.0.forward" in mix and "Tensor.__sub__.0.forward" in mix
+    assert not any(n.startswith("Jit.") for n in mix)
+    assert "Cell.block.fc.Dense.forward.0" in mix
     l0 = list(load(dumps["jit_bc_L0_statistics"][0])["data"])
     assert "Cell.block.JitBlock.forward.0" in l0 and not any(n.startswith("Cell.block.fc.") for n in l0)
 
@@ -257,4 +261,28 @@ def test_jit_ast_l1_against_the_real_bytecode_run(dumps):
     ]
     for i, (a, b) in enumerate(pairs):
         problems += diff_values(a, b, f"jit pair {i}")
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_jit_ast_l0_split_against_the_real_bytecode_run(dumps):
+    """At L0 an ast-captured jit Cell goes to ``graph/`` and the rest to ``pynative/`` (the documented
+    split; 26.2.0 refuses statistics for it on CPU). Against 26.2.0's bytecode L0 and mix runs of the
+    same script: ``pynative/`` holds exactly its other Cells' records, in order, with its values; the
+    jit Cell's records and those of the Cell inside it (which 26.2.0 records at mix, where the
+    bytecode Cell runs op by op) have its values too."""
+    root = dumps["jit_ast_L0_statistics"][0]
+    assert sorted(os.listdir(root)) == ["graph", "pynative"]
+    pyn, graph = load(os.path.join(root, "pynative"))["data"], load(os.path.join(root, "graph"))["data"]
+    real_l0 = {normalize_real(k): v for k, v in load(_real("jit_bc_L0_statistics"))["data"].items()}
+    real_mix = {normalize_real(k): v for k, v in load(_real("jit_bc_mix_statistics"))["data"].items()}
+    assert list(pyn) == [n for n in real_l0 if not n.startswith("Cell.block.")]
+    assert sorted(graph) == sorted(n for n in real_mix if n.startswith("Cell.block."))
+    problems = []
+    for name, rec in pyn.items():
+        problems += diff_values(rec, real_l0[name], name)
+    for name, rec in graph.items():
+        if name.endswith(".parameters_grad"):  # graph/: in parameter order (26.2.0's PyNative: arrival order)
+            assert sorted(rec) == sorted(real_mix[name])
+            rec = {k: rec[k] for k in real_mix[name]}
+        problems += diff_values(rec, real_mix[name], name)
     assert not problems, "\n".join(problems[:40])
