@@ -16,13 +16,16 @@ from mindspore.mint.nn import functional as mint_f
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "msprobe", "dumpers", "mindspore", "support_wrap_ops.yaml")
 
+# static constructors of Tensor from host data that are recorded (26.2.0 records them too: with
+# Model.train, the dataset iterator's conversion of each batch)
+STATIC_APIS = {"from_numpy"}
 NOT_OPS = {
     # metadata, conversion, storage, autograd and hook helpers: not computations
     "asnumpy", "numpy", "tolist", "item", "itemset", "dim", "ndimension", "numel", "nelement", "size",
     "element_size", "stride", "storage_offset", "data_ptr", "is_contiguous", "is_floating_point", "is_complex",
     "is_signed", "is_persistent_data", "init_data", "set_init_flag", "set_dtype", "set_const_arg", "has_init",
     "register_hook", "remove_hook", "hooks", "backward", "retain_grad", "requires_grad_", "detach_", "flush_from_cache",
-    "from_numpy", "offload", "offload_file_path", "move_to", "assign_value", "assign_value_cpp", "data_sync",
+    "offload", "offload_file_path", "move_to", "assign_value", "assign_value_cpp", "data_sync",
     "contiguous", "is_init", "slice_num_of_persistent_data", "slice_shape_of_persistent_data",
     "_offload", "asnumpy_of_slice_persistent_data", "storage", "untyped_storage", "dtype", "shape", "device",
     "get_bytes", "dump_data", "param_info", "set_param_ps", "set_data", "copy_", "new_empty", "new_tensor",
@@ -68,6 +71,9 @@ def tensor_methods() -> list:
         if name.startswith("_") or name in NOT_OPS:
             continue
         attr = inspect.getattr_static(Tensor, name, None)
+        if isinstance(attr, staticmethod) and name in STATIC_APIS:
+            out.append(name)
+            continue
         if isinstance(attr, (property, staticmethod, classmethod)) or attr is None:
             continue
         if callable(attr):

@@ -58,11 +58,15 @@ class ApiPatcher:
             pass
         wrapper.__msprobe_wrapped__ = True  # type: ignore[attr-defined]
         owned = not isinstance(target, type) or name in target.__dict__
+        if owned and isinstance(target, type) and isinstance(target.__dict__[name], staticmethod):
+            orig_attr, new_attr = target.__dict__[name], staticmethod(wrapper)  # Tensor.from_numpy
+        else:
+            orig_attr, new_attr = orig, wrapper
         try:
-            setattr(target, name, wrapper)
+            setattr(target, name, new_attr)
         except (AttributeError, TypeError):
             return
-        self._saved.append((target, name, orig, owned))
+        self._saved.append((target, name, orig_attr, owned))
 
     def uninstall(self) -> None:
         for target, name, orig, owned in reversed(self._saved):

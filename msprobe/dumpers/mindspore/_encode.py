@@ -78,6 +78,17 @@ def _npy_bytes(t: Tensor) -> bytes:
     return buf.getvalue()
 
 
+def ndarray_entry(a: np.ndarray) -> dict:
+    """A numpy array argument (``Tensor.from_numpy``'s): numpy's dtype name and numpy's own
+    max/min/mean/2-norm in the array's dtype (as 26.2.0 writes them); never saved as a file."""
+    entry: dict = {"type": "numpy.ndarray", "dtype": str(a.dtype), "shape": list(a.shape),
+                   "Max": None, "Min": None, "Mean": None, "Norm": None}
+    if a.size and a.dtype.kind in "biuf":
+        entry.update(Max=a.max().item(), Min=a.min().item(), Mean=a.mean().item(),
+                     Norm=np.linalg.norm(a.ravel()).item())
+    return entry
+
+
 class Encoder(ValueEncoder):
     """Turns call arguments into JSON-ready entries; owns the per-call tensor decisions."""
 
@@ -92,6 +103,8 @@ class Encoder(ValueEncoder):
             return {"type": "mindspore.dtype", "value": str(value)}
         if isinstance(value, np.generic):
             return self.encode(value.item(), "", False)
+        if isinstance(value, np.ndarray):
+            return ndarray_entry(value)
         return NotImplemented
 
     def _plain(self, v: Any) -> Any:

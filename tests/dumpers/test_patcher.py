@@ -1,0 +1,55 @@
+"""The shared reversible API patcher (msprobe/dumpers/patcher.py) on plain Python objects: each
+listed attribute goes through the handler, nested calls under the guard go straight to the
+original, static methods stay static (``Tensor.from_numpy``), uninstall restores every attribute."""
+from __future__ import annotations
+
+import inspect
+import threading
+import types
+
+from msprobe.dumpers.patcher import ApiPatcher
+
+
+class Box:
+    def double(self, x):
+        return 2 * x
+
+    @staticmethod
+    def make(x):
+        return [x]
+
+
+def _patcher(mod):
+    guard = threading.local()
+    return ApiPatcher({"mod": ["triple"], "box": ["double", "make"]},
+                      lambda: {"mod": ("Functional", [mod]), "box": ("Box", [Box])}, guard), guard
+
+
+def test_wrap_call_and_restore():
+    mod = types.SimpleNamespace(triple=lambda x: 3 * x)
+    orig_triple, orig_make, orig_double = mod.triple, inspect.getattr_static(Box, "make"), Box.__dict__["double"]
+    patcher, guard = _patcher(mod)
+    calls = []
+
+    def handler(orig, key, args, kwargs):
+        calls.append(key)
+        guard.inside = True  # what the dumpers do: nested API calls are not recorded
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            guard.inside = False
+
+    patcher.install(handler)
+    try:
+        assert isinstance(inspect.getattr_static(Box, "make"), staticmethod)
+        assert mod.triple(2) == 6 and Box().double(4) == 8
+        assert Box.make(1) == [1] and Box().make(5) == [5]  # static through the class and an instance
+        assert calls == ["Functional.triple", "Box.double", "Box.make", "Box.make"]
+        guard.on = False  # every wrapper passes through
+        assert Box.make(2) == [2] and calls[-1] == "Box.make" and len(calls) == 4
+    finally:
+        patcher.uninstall()
+    assert mod.triple is orig_triple
+    assert inspect.getattr_static(Box, "make") is orig_make
+    assert Box.__dict__["double"] is orig_double
+    assert not patcher.installed
