@@ -23,6 +23,7 @@ CASES = {  # fixture -> steps written, records per step
     "train_L1_statistics": ([0, 1], [23, 21]),
     "train_L0_statistics": ([0, 1], [8, 8]),
     "train_mix_statistics": ([0, 1], [31, 29]),
+    "train_api_L1_statistics": ([0, 1], [12, 10]),
     "jit_bc_L1_statistics": ([0], [27]),
     "jit_bc_L0_statistics": ([0], [8]),
     "jit_bc_mix_statistics": ([0], [38]),

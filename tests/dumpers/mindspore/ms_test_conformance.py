@@ -25,6 +25,7 @@ _TRAIN = ["--scenario", "model_train"]
 _JIT_BC = ["--scenario", "jit", "--jit-capture", "bytecode"]
 SCENARIOS = {
     "train_L1_statistics": _TRAIN, "train_L0_statistics": _TRAIN, "train_mix_statistics": _TRAIN,
+    "train_api_L1_statistics": [*_TRAIN, "--mode", "api"],  # MsprobeStep alone: no Primitive records
     "jit_bc_L0_statistics": _JIT_BC, "jit_bc_mix_statistics": _JIT_BC,
 }  # (jit_bc_L1_statistics: its records are those of jit_bc_mix's APIs; the fixture serves the ast test)
 # ours only: 26.2.0 cannot dump an ast-captured jit Cell on CPU (at L1 it fails to compile under its
