@@ -1,4 +1,4 @@
 """Drop-in import path of msprobe's MindSpore API: ``from msprobe.mindspore import PrecisionDebugger``."""
-from msprobe.dumpers.mindspore import MsprobeStep, PrecisionDebugger, seed_all
+from msprobe.dumpers.mindspore import MsprobeInitStep, MsprobeStep, PrecisionDebugger, seed_all
 
-__all__ = ["PrecisionDebugger", "seed_all", "MsprobeStep"]
+__all__ = ["PrecisionDebugger", "seed_all", "MsprobeStep", "MsprobeInitStep"]

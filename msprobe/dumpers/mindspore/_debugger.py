@@ -70,6 +70,30 @@ class MsprobeStep(_callback_base()):
         return None
 
 
+class MsprobeInitStep(_callback_base()):
+    """Model.train callback for resumed training: numbers the dumped steps from the global step
+    the run resumes at, through :meth:`PrecisionDebugger.set_init_step`, before the first step.
+
+    The global step is read from Model.train's callback parameters when the first step begins:
+    ``cur_step_num - 1`` (a step count the framework restored) or, with ``initial_epoch``, the
+    steps of the epochs already done, ``(cur_epoch_num - 1) * batch_num``, whichever is larger.
+    Put it before :class:`MsprobeStep` in the callback list."""
+
+    def __init__(self):
+        super().__init__()
+        self._set = False
+
+    def on_train_step_begin(self, run_context):
+        if self._set:
+            return
+        self._set = True
+        params = run_context.original_args()
+        step_num = int(params.get("cur_step_num", 1) or 1)
+        epoch = int(params.get("cur_epoch_num", 1) or 1)
+        batches = int(params.get("batch_num", 0) or 0)
+        PrecisionDebugger.set_init_step(max(step_num - 1, (epoch - 1) * batches, 0))
+
+
 def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True) -> None:
     """Fix the randomness the docs list (random, numpy, MindSpore's global seed, PYTHONHASHSEED);
     ``mode`` turns on deterministic kernels; ``rm_dropout`` makes the documented dropout APIs no-ops

@@ -337,6 +337,30 @@ def test_set_init_step(tmp_path):
         dbg.set_init_step(-1)
 
 
+@pytest.mark.parametrize("initial_epoch, want", [(0, [0, 1, 2, 3]), (1, [2, 3, 4, 5])])
+def test_msprobe_init_step_numbers_a_resumed_model_train(tmp_path, initial_epoch, want):
+    """MsprobeInitStep: the dump of a run resumed at epoch 1 (2 batches per epoch) starts at step2."""
+    import mindspore.dataset as ds
+    from mindspore.train import Model
+
+    from msprobe.mindspore import MsprobeInitStep, MsprobeStep
+
+    root = str(tmp_path / "d")
+    net = nn.SequentialCell([nn.Dense(4, 2)])  # L0 records the sub-Cells: the Dense
+    dbg = PrecisionDebugger(task="statistics", dump_path=root, level="L0", model=net)
+    data = ds.NumpySlicesDataset({"x": np.arange(16, dtype=np.float32).reshape(4, 4),
+                                  "y": np.zeros((4, 2), np.float32)}, shuffle=False).batch(2)
+    model = Model(net, loss_fn=nn.MSELoss(), optimizer=nn.SGD(net.trainable_params(), 0.01))
+    model.train(initial_epoch + 2, data, callbacks=[MsprobeInitStep(), MsprobeStep(dbg)], dataset_sink_mode=False,
+                initial_epoch=initial_epoch)
+    assert sorted(os.listdir(root)) == [f"step{s}" for s in want]
+    # each epoch feeds batch 0 (rows 0-1 of x, max 7) then batch 1 (max 15): the numbering follows
+    for s, batch_max in zip(want, [7.0, 15.0] * 2):
+        maxes = {a["Max"] for k, v in _doc(root, s)["data"].items() if ".forward" in k
+                 for a in v.get("input_args", []) if isinstance(a, dict) and a.get("shape") == [2, 4]}
+        assert batch_max in maxes and not maxes - {batch_max}, (s, maxes)
+
+
 class Decoder(nn.Cell):
     def __init__(self):
         super().__init__()
