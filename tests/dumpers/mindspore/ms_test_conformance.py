@@ -31,7 +31,8 @@ SCENARIOS = {
 # ours only: 26.2.0 cannot dump an ast-captured jit Cell on CPU (at L1 it fails to compile under its
 # wrappers, "RuntimeError: Unsupported statement 'Try'"; at L0 its graph-mode cell dump refuses
 # statistics on CPU; fixtures README); compared with the bytecode fixtures
-OURS_ONLY = {"jit_ast_L1_statistics": ["--scenario", "jit"], "jit_ast_L0_statistics": ["--scenario", "jit"]}
+OURS_ONLY = {"jit_ast_L1_statistics": ["--scenario", "jit"], "jit_ast_L0_statistics": ["--scenario", "jit"],
+             "jit_ast_mix_statistics": ["--scenario", "jit"]}
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     """Run the script once per config (two at a time), as the fixtures were made."""
@@ -133,7 +134,8 @@ def test_md5_matches_real(dumps):
 
 
 @pytest.mark.parametrize("case", [*CASES, *SCENARIOS, "jit_ast_L1_statistics", "jit_ast_L0_statistics/graph",
-                                  "jit_ast_L0_statistics/pynative"])
+                                  "jit_ast_L0_statistics/pynative", "jit_ast_mix_statistics/graph",
+                                  "jit_ast_mix_statistics/pynative"])
 def test_readers_open_our_dump(dumps, case):
     import msprobe.readers
 
@@ -277,3 +279,56 @@ def test_jit_ast_l0_split_against_the_real_bytecode_run(dumps):
             rec = {k: rec[k] for k in real_mix[name]}
         problems += diff_values(rec, real_mix[name], name)
     assert not problems, "\n".join(problems[:40])
+
+
+def test_jit_ast_mix_split_against_the_real_bytecode_run(dumps):
+    """At mix the ast-captured jit Cell's Cells go to ``graph/`` (with the values and parents of
+    26.2.0's bytecode mix run, where that Cell runs op by op); ``pynative/`` holds everything else:
+    the other Cells, the APIs and Primitives outside the jit parts (the real mix run's records, in
+    its order, with its values and parents), and one ``Jit.*`` record per jit call in place of the
+    APIs run inside it (as at L1). Both trees open with the readers and validate."""
+    import msprobe.readers
+    from msprobe.backends import open_store
+    from msprobe.format.validate import validate_store
+
+    root = dumps["jit_ast_mix_statistics"][0]
+    assert sorted(os.listdir(root)) == ["graph", "pynative"]
+    real = {normalize_real(k): v for k, v in load(_real("jit_bc_mix_statistics"))["data"].items()}
+    real_parent = {normalize_real(k): (normalize_real(v) if v else v)
+                   for k, v in load(_real("jit_bc_mix_statistics"), "construct.json").items()}
+    graph = load(os.path.join(root, "graph"))["data"]
+    pyn = load(os.path.join(root, "pynative"))["data"]
+    # graph/: exactly the jit Cell's Cell records, with the real values and parents
+    assert sorted(graph) == sorted(n for n in real if n.startswith("Cell.block.")), list(graph)
+    problems = []
+    for name, rec in graph.items():
+        if name.endswith(".parameters_grad"):  # graph/: in parameter order (26.2.0's PyNative: arrival order)
+            assert sorted(rec) == sorted(real[name])
+            rec = {k: rec[k] for k in real[name]}
+        problems += diff_values(rec, real[name], name)
+    g_parent = load(os.path.join(root, "graph"), "construct.json")
+    assert g_parent == {n: real_parent[n] for n in g_parent}
+    assert g_parent["Cell.block.fc.Dense.forward.0"] == "Cell.block.JitBlock.forward.0"
+    # pynative/: the rest, APIs included; nothing of the jit Cell's Cells
+    jit = ["Jit.JitBlock.0.forward", "Jit.jit_scale.0.forward", "Jit.jit_scale.0.backward", "Jit.JitBlock.0.backward"]
+    outside = [n for n in real if not n.startswith("Cell.block.") and n.rpartition(".")[0] not in _JIT_INSIDE]
+    assert [n for n in pyn if n not in jit] == [_ast_name(n) for n in outside]
+    assert [n for n in pyn if n in jit] == jit
+    assert any(n.startswith("Primitive.") for n in pyn) and "Functional.tanh.0.forward" in pyn
+    for name in outside:
+        problems += diff_values(pyn[_ast_name(name)], real[name], name)
+    assert not problems, "\n".join(problems[:40])
+    p_parent = load(os.path.join(root, "pynative"), "construct.json")
+    for name in outside:
+        parent = real_parent.get(name)
+        assert p_parent.get(_ast_name(name)) == (_ast_name(parent) if parent else parent), name
+    assert all(p_parent[n] is None for n in jit if n in p_parent)
+    assert set(p_parent.values()) - {None} <= set(pyn)  # every parent is a record of the same tree
+    # one reader over the root, the two trees as sources; both valid
+    d = msprobe.readers.open(root)
+    assert {s.split for s in d.sources} == {"graph", "pynative"}
+    assert d.record("Cell.block.JitBlock.forward.0", split="graph").name == "Cell.block.JitBlock.forward.0"
+    assert d.record("Jit.JitBlock.0.forward", split="pynative").name == "Jit.JitBlock.0.forward"
+    report = validate_store(open_store(root))
+    assert report.ok, report.summary()
+    assert sorted((r.split, r.step) for r in report.ranks) == [("graph", 0), ("pynative", 0)]
