@@ -30,6 +30,15 @@ class PrecisionDebugger(_BaseDebugger):
             api_prefix = getattr(module, "__name__", type(module).__name__).split(".")[0]
         super().register_custom_api(module, api_name, api_prefix)
 
+    @classmethod
+    def set_init_step(cls, step: int) -> None:
+        """Also numbers the ``graph/`` session of the jit-Cell split (spec/FORMAT.md §23.3) from ``step``."""
+        super().set_init_step(step)
+        dumper = cls._get().dumper
+        graph = getattr(dumper, "_graph", None)
+        if graph is not None and graph.session is not dumper.session:
+            graph.session.current_step = step
+
 
 def _callback_base():
     from mindspore.train import Callback

@@ -351,3 +351,50 @@ def test_jit_cell_l1_keeps_single_layout(tmp_path):
     assert sorted(os.listdir(root)) == ["step0", "step1"]
     names = list(_doc(root)["data"])
     assert "Jit.Block.0.forward" in names and "Jit.Block.0.backward" in names
+
+
+def _jit_steps(root, steps, init_step=None, step_list=None, late=False):
+    """``steps`` training steps of JitNet at mix; ``set_init_step(init_step)`` before the first
+    ``start`` or (``late``) between it and the step's run."""
+    _set_mode(False)
+    mindspore.set_seed(2)
+    net = JitNet()
+    x = Tensor(np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32))
+    grad_fn = mindspore.value_and_grad(lambda a: net(a).sum(), None, net.trainable_params())
+    cfg = {"task": "statistics", "dump_path": root, "level": "mix"}
+    if step_list is not None:
+        cfg["step"] = step_list
+    with open(root + ".json", "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    dbg = PrecisionDebugger(config_path=root + ".json")
+    if init_step is not None and not late:
+        PrecisionDebugger.set_init_step(init_step)
+    for i in range(steps):
+        dbg.start(net)
+        if late and i == 0:
+            PrecisionDebugger.set_init_step(init_step)
+        grad_fn(x)
+        dbg.stop()
+        dbg.step()
+    PrecisionDebugger._reset()
+
+
+@pytest.mark.parametrize("init_step,step_list,steps,late,want", [
+    (2, None, 2, False, [2, 3]), (None, [1], 3, False, [1]), (1, [2], 2, False, [2]), (3, None, 1, True, [3])])
+def test_jit_split_init_step_and_step_filter(tmp_path, init_step, step_list, steps, late, want):
+    """set_init_step (before the first start, or after it as a callback may) and the step list
+    number and select the graph/ and pynative/ steps alike."""
+    import msprobe.readers
+
+    root = str(tmp_path / "d")
+    _jit_steps(root, steps, init_step, step_list, late)
+    for split in ("graph", "pynative"):
+        assert sorted(os.listdir(os.path.join(root, split))) == [f"step{s}" for s in want], split
+    for s in want:
+        assert "Cell.block.Block.forward.0" in _doc(root, s, split="graph")["data"]
+        assert "Jit.Block.0.forward" in _doc(root, s, split="pynative")["data"]
+    d = msprobe.readers.open(root)
+    assert d.steps == want
+    for s in want:
+        assert d.record("Cell.block.fc.Dense.forward.0", step=s, split="graph")
+        assert d.record("Cell.inp.Dense.forward.0", step=s, split="pynative")
