@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import weakref
 from typing import Any, Optional
 
@@ -120,6 +121,7 @@ class MindSporeDumper(DumperControl):
         self._pijit_saved: Optional[tuple] = None
         self._pgrads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
         self._graph = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
+        self._warned_points = False
         self.L1 = config.level in ("L1", "mix")
         self.L0 = config.level in ("L0", "mix")
 
@@ -140,6 +142,8 @@ class MindSporeDumper(DumperControl):
                               "a hook, which GRAPH_MODE does not run)")
         self._set_token_range(model, token_range)
         if model is not None:
+            if _graph_mode():
+                _warn_precompiled(model, self._hooked_models)
             self._hook_models(model)
         elif self.L0 and not self._hooked_models:
             raise ConfigError(f"level {cfg.level!r} dumps Cells and needs start(model=...)")
@@ -162,6 +166,7 @@ class MindSporeDumper(DumperControl):
             return
         if self._graph is not None:
             _sync()  # the points' callbacks run as the (asynchronous) executor reaches them
+            self._warn_no_points()
         self.enabled = False
         GUARD.on = False
         self.bw_stack.clear()
@@ -174,6 +179,21 @@ class MindSporeDumper(DumperControl):
             self._graph.reset()
             if self._graph.session is not self.session:
                 self._graph.session.publish()
+
+    def _warn_no_points(self) -> None:
+        """GRAPH_MODE: a dumped step in which no dump point ran means the model ran from a graph
+        compiled before start(model) (or did not run): said once, instead of an empty dump."""
+        g = self._graph
+        if g.fired or g.session is not self.session or not _graph_mode() or self._warned_points:
+            return
+        self._warned_points = True
+        cells = [k for k in g.keys() if k]
+        warnings.warn(
+            f"msprobe: no Cell of the model was dumped in step {self.session.current_step} (GRAPH_MODE level L0): "
+            f"no dump point of {', '.join(cells[:3]) + (', ...' if len(cells) > 3 else '')} ran between start() and "
+            "stop(). A graph compiled before debugger.start(model) has no dump points and keeps running "
+            "undumped: call debugger.start(model) before the model (or the function or Model.train that runs "
+            "it) is first run", RuntimeWarning, stacklevel=4)
 
     def step(self) -> None:
         self.stop()
@@ -659,6 +679,19 @@ def _sync() -> None:
             wait()
         except Exception:
             pass
+
+
+def _warn_precompiled(model: Any, hooked: list) -> None:
+    """GRAPH_MODE: a model Cell called (hence compiled: MindSpore keeps the phases in the Cell's
+    compile cache) before start(model) keeps its compiled graph, without dump points; said at
+    once. A function or Model.train's network compiled before is seen at stop() instead."""
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    for m in models:
+        if isinstance(m, nn.Cell) and not any(m is h for h in hooked) and getattr(m, "_compile_cache", None):
+            warnings.warn(
+                f"msprobe: the Cell {type(m).__name__} was compiled (run in GRAPH_MODE) before "
+                "debugger.start(model): its compiled graph has no dump points and its Cells will not be "
+                "dumped; call debugger.start(model) before the first step", RuntimeWarning, stacklevel=4)
 
 
 def in_jit_cell(path: str, jit_paths: list) -> bool:

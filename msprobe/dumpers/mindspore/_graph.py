@@ -131,6 +131,7 @@ class GraphCellDump:
         self.pgrad_names: set = set()  # parameters_grad records of the wrapped Cells
         self.param_names: dict = {}  # key -> the Cell's parameter names, in point order
         self._wrapped: list = []  # (cell, had its own construct attribute, the attribute)
+        self.fired = 0  # points run while the dumper was on, since the last reset()
 
     # ------------------------------------------------------------- wrapping
     def wrap(self, cell, key: str) -> None:
@@ -180,6 +181,9 @@ class GraphCellDump:
         self._wrapped.append((cell, had, cell.__dict__.get("construct")))
         object.__setattr__(cell, "construct", construct.__get__(cell, type(cell)))
 
+    def keys(self) -> list:
+        return [getattr(cell, "_msprobe_graph_key", None) for cell, _, _ in self._wrapped]
+
     def _hook_param_grads(self, cell, key: str) -> None:
         """parameters_grad: a Parameter hook (compiled into the graph with it, so registered before
         compilation) passing the gradient through a point."""
@@ -202,7 +206,10 @@ class GraphCellDump:
 
     def _on_param_grad(self, name: str, pname: str, arr: np.ndarray) -> None:
         d = self._dumper()
-        if d is None or not d.enabled or not d._wanted(name):
+        if d is None or not d.enabled:
+            return
+        self.fired += 1
+        if not d._wanted(name):
             return
         GUARD.inside = True
         try:
@@ -230,6 +237,7 @@ class GraphCellDump:
 
     # ------------------------------------------------------------ run time
     def reset(self) -> None:
+        self.fired = 0
         self.stack.clear()
         self.open.clear()
         self.done.clear()
@@ -241,6 +249,7 @@ class GraphCellDump:
         d = self._dumper()
         if d is None or not d.enabled:
             return
+        self.fired += 1
         GUARD.inside = True
         try:
             value = Tensor(np.array(arr, copy=True))

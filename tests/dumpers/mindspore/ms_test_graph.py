@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -75,12 +76,14 @@ def _train(net, root, graph, steps=2, task="statistics", level="L0"):
 
     grad_fn = mindspore.value_and_grad(forward, None, opt.parameters)
     dbg = PrecisionDebugger(task=task, dump_path=root, level=level)
-    for _ in range(steps):
-        dbg.start(net)
-        _, grads = grad_fn(x, y)
-        opt(grads)
-        dbg.stop()
-        dbg.step()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="msprobe")  # the documented order: no "compiled before" warning
+        for _ in range(steps):
+            dbg.start(net)
+            _, grads = grad_fn(x, y)
+            opt(grads)
+            dbg.stop()
+            dbg.step()
     PrecisionDebugger._reset()
 
 
@@ -256,6 +259,50 @@ def test_graph_mode_l0_off_cpu_is_a_typed_error(tmp_path, monkeypatch):
     monkeypatch.setattr(_dumper, "_device_target", lambda: "Ascend")
     with pytest.raises(ConfigError, match="CPU only.*'Ascend'"):
         dbg.start(net)
+
+
+def test_graph_compiled_before_start_is_said(tmp_path):
+    """FORMAT §23.2: a graph compiled before start(model) has no dump points. A Cell called before
+    start is said at start (its compile cache); a function compiled before (value_and_grad here)
+    is said at stop, when no point ran in the dumped step; the dump is empty either way."""
+    _set_mode(True)
+    net, other = _nets(2)
+    x, y = _data()
+    net(x)  # compiled without points
+    dbg = PrecisionDebugger(task="statistics", dump_path=str(tmp_path / "a"), level="L0")
+    with pytest.warns(RuntimeWarning, match=r"Cell ConvNet was compiled .*before debugger\.start\(model\)"):
+        dbg.start(net)
+    net(x)
+    with pytest.warns(RuntimeWarning, match="no Cell of the model was dumped") as got:
+        dbg.stop()
+    assert got[0].filename == __file__  # points at the caller
+    dbg.step()
+    assert not os.path.exists(tmp_path / "a" / "step0" / "rank" / "dump.json")
+    PrecisionDebugger._reset()
+
+    loss_fn = nn.MSELoss()
+
+    def forward(a, b):
+        return loss_fn(other(a), b)
+
+    grad_fn = mindspore.value_and_grad(forward, None, other.trainable_params())
+    grad_fn(x, y)  # the step before start
+    dbg = PrecisionDebugger(task="statistics", dump_path=str(tmp_path / "b"), level="L0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        dbg.start(other)  # the Cell itself was never called: nothing to say yet
+    grad_fn(x, y)
+    with pytest.warns(RuntimeWarning, match=r"no Cell of the model was dumped in step 0 .*Cell\.conv\.Conv2d.*"
+                                            r"call debugger\.start\(model\) before"):
+        dbg.stop()
+    dbg.step()
+    dbg.start(other)
+    grad_fn(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        dbg.stop()  # said once
+    dbg.step()
+    assert not any(os.path.exists(tmp_path / "b" / f"step{s}" / "rank" / "dump.json") for s in (0, 1))
 
 
 # ------------------------------------------------------------------ jit Cells in PyNative mode
