@@ -3,7 +3,9 @@ directions, overflow gating, construct.json parents and the call-stack capture.
 
 A framework dumper mixes ``DumperControl`` in and provides ``config``, ``session``,
 ``encoder``, ``enabled``, ``module_stack``, ``token_range``, ``_token_count``,
-``_scope_state`` and ``_parent_of``.
+``_scope_state`` and ``_parent_of``, and the methods ``_encode_output(out, prefix, save)``,
+``_module_params(module)`` (a module's own ``(name, parameter)`` pairs) and
+``_hook_param_grads(module, key)``.
 """
 from __future__ import annotations
 
@@ -63,6 +65,79 @@ class DumperControl:
                 self.session.add_record(bwd, rec, parent=parent)
         finally:
             self.guard.inside = False
+
+    # ---------------------------------------------------------------- records
+    def _forward_inputs(self, fwd: str, args: tuple, kwargs: dict, encode_arg: Any = None) -> dict:
+        """A forward record with its ``input_args``/``input_kwargs`` (none when inputs are not
+        dumped); ``encode_arg``: how a positional argument is encoded (default: the encoder)."""
+        want_in, _ = self._io("forward")
+        rec: dict = {}
+        if want_in and self.config.task != "structure":
+            save = self.encoder.wants_tensors(fwd)
+            enc = self.encoder.encode
+            arg = encode_arg or enc
+            rec["input_args"] = [arg(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
+            rec["input_kwargs"] = {k: enc(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
+        return rec
+
+    def _forward_output(self, rec: dict, fwd: str, out: Any) -> None:
+        _, want_out = self._io("forward")
+        if want_out and self.config.task != "structure":
+            rec["output"] = self._encode_output(out, f"{fwd}.output", self.encoder.wants_tensors(fwd))
+
+    def _module_forward_begin(self, key: str, args: tuple, kwargs: dict) -> Optional[tuple]:
+        """A module's (Cell's) forward pre-hook: counts the call, pushes it on the module stack and
+        encodes its inputs. Returns the call in flight, ``(fwd, rec, parent, stack)`` with ``rec``
+        None when the call is filtered out, or None when nothing is dumped now."""
+        if not self.enabled or (self.token_range is not None and not self._in_token_range()):
+            return None
+        n = self.session.next_module_index(key)
+        fwd = f"{key}.forward.{n}"
+        parent = self._parent()
+        self.module_stack.append(fwd)
+        if not self._wanted(fwd):
+            return fwd, None, parent, None
+        self.guard.inside = True
+        try:
+            return fwd, self._forward_inputs(fwd, args, kwargs), parent, \
+                capture_stack() if self.config.stack else None
+        finally:
+            self.guard.inside = False
+
+    def _module_forward_end(self, call: tuple, module: Any, key: str, output: Any, gated: bool = False) -> None:
+        """The forward hook for a call from ``_module_forward_begin``: pops it, records its outputs
+        and own parameters, hooks the parameters' gradients. A filtered-out call is a structure
+        entry (``gated``: only while the dump is on and inside token_range)."""
+        fwd, rec, parent, stack = call
+        self._parent_of[fwd] = parent
+        if self.module_stack and self.module_stack[-1] == fwd:
+            self.module_stack.pop()
+        if rec is None:
+            if not gated or (self.enabled and self._in_token_range()):
+                self.session.add_structure(fwd, parent)
+            return
+        self.guard.inside = True
+        try:
+            _, want_out = self._io("forward")
+            save = self.encoder.wants_tensors(fwd)
+            if want_out and self.config.task != "structure":
+                rec["output"] = self._encode_output(output, f"{fwd}.output", save)
+                rec["parameters"] = {name: self.encoder.encode(p, f"{fwd}.parameters.{name}", save)
+                                     for name, p in self._module_params(module)}
+            if self._keep(rec):
+                self.session.add_record(fwd, rec, stack=stack, parent=parent)
+                self._hook_param_grads(module, key)
+        finally:
+            self.guard.inside = False
+
+    def _module_backward(self, bwd: str, fwd: str, grads_in: Any, grads_out: Any) -> None:
+        """A module's backward (of its forward call ``fwd``): a record, or a structure entry when
+        filtered out; its parent is the backward of the forward's parent."""
+        parent = self._bw_parent(self._parent_of.get(fwd))
+        if not self._wanted(bwd):
+            self.session.add_structure(bwd, parent)
+            return
+        self._record_backward(bwd, grads_in, grads_out, parent)
 
     def _save_debug(self, variable: Any, name: str) -> Optional[str]:
         """debug level ``save``: the record ``<name>.<n>.debug`` (None when this step/rank is not dumped)."""

@@ -247,7 +247,8 @@ class MindSporeDumper(DumperControl):
                     return orig(*args, **kwargs)
                 self.session.add_structure(fwd, parent)
                 return self._call_api(orig, args, kwargs, base + ".backward", parent, bw, record=False)
-            rec = self._forward_inputs(fwd, args, kwargs, snapshot=_mutates(api_key))
+            # a call that writes into its arguments: read them (copies) before it does
+            rec = self._forward_inputs(fwd, args, kwargs, self._encode_copy if _mutates(api_key) else None)
             stack = capture_stack() if self.config.stack else None
             out = self._call_api(orig, args, kwargs, base + ".backward", parent, bw, record=True)
             if api_key.startswith("MintDistributed."):
@@ -259,24 +260,6 @@ class MindSporeDumper(DumperControl):
             return out
         finally:
             GUARD.inside = False
-
-    def _forward_inputs(self, fwd: str, args: tuple, kwargs: dict, snapshot: bool = False) -> dict:
-        want_in, _ = self._io("forward")
-        rec: dict = {}
-        if want_in and self.config.task != "structure":
-            save = self.encoder.wants_tensors(fwd)
-            enc = self.encoder
-            if snapshot:  # the call writes into its arguments: read them before it does
-                rec["input_args"] = [self._encode_copy(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
-            else:
-                rec["input_args"] = [enc.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
-            rec["input_kwargs"] = {k: enc.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
-        return rec
-
-    def _forward_output(self, rec: dict, fwd: str, out: Any) -> None:
-        _, want_out = self._io("forward")
-        if want_out and self.config.task != "structure":
-            rec["output"] = self._encode_output(out, f"{fwd}.output", self.encoder.wants_tensors(fwd))
 
     def _collective_output(self, rec: dict, fwd: str, api_key: str, args: tuple, kwargs: dict, out: Any) -> None:
         """mint.distributed collectives write into their arguments: the output entries are the
@@ -558,53 +541,16 @@ class MindSporeDumper(DumperControl):
 
         def pre(c, args, kwargs):
             d = dumper()
-            if d is None or not d.enabled or (d.token_range is not None and not d._in_token_range()):
-                calls.append(None)
-                return None
-            n = d.session.next_module_index(key)
-            fwd = f"{key}.forward.{n}"
-            parent = d._parent()
-            d.module_stack.append(fwd)
-            if not d._wanted(fwd):
-                calls.append((fwd, None, parent, None))
-                return None
-            GUARD.inside = True
-            try:
-                calls.append((fwd, d._forward_inputs(fwd, args, kwargs), parent,
-                              capture_stack() if d.config.stack else None))
-            finally:
-                GUARD.inside = False
+            calls.append(None if d is None else d._module_forward_begin(key, args, kwargs))
             return None
 
         def post(c, args, kwargs, output):
             d = dumper()
-            if not calls:
-                return None
-            item = calls.pop()
-            if item is None or d is None:
-                return None
-            fwd, rec, parent, stack = item
-            d._parent_of[fwd] = parent
-            if d.module_stack and d.module_stack[-1] == fwd:
-                d.module_stack.pop()
-            if _grad_recording():
-                done.append(int(fwd.rsplit(".", 1)[1]))
-            if rec is None:
-                d.session.add_structure(fwd, parent)
-                return None
-            GUARD.inside = True
-            try:
-                _, want_out = d._io("forward")
-                save = d.encoder.wants_tensors(fwd)
-                if want_out and d.config.task != "structure":
-                    rec["output"] = d._encode_output(output, f"{fwd}.output", save)
-                    rec["parameters"] = {name: d.encoder.encode(p, f"{fwd}.parameters.{name}", save)
-                                         for name, p in c._params.items()}
-                if d._keep(rec):
-                    d.session.add_record(fwd, rec, stack=stack, parent=parent)
-                    d._hook_param_grads(c, key)
-            finally:
-                GUARD.inside = False
+            item = calls.pop() if calls else None
+            if item is not None and d is not None:
+                if _grad_recording():
+                    done.append(int(item[0].rsplit(".", 1)[1]))
+                d._module_forward_end(item, c, key, output)
             return None
 
         def bw_pre(c, grad_output):
@@ -622,12 +568,8 @@ class MindSporeDumper(DumperControl):
                 return None
             bwd = d.bw_stack.pop() if d.bw_stack and d.bw_stack[-1].startswith(key + ".backward.") else \
                 f"{key}.backward.{done.pop() if done else 0}"
-            parent = d._bw_parent(d._parent_of.get(bwd.replace(".backward.", ".forward.")))
             d._flush_param_grads(key + ".parameters_grad")
-            if not d._wanted(bwd):
-                d.session.add_structure(bwd, parent)
-                return None
-            d._record_backward(bwd, grad_output, grad_input, parent)
+            d._module_backward(bwd, bwd.replace(".backward.", ".forward."), grad_output, grad_input)
             return None
 
         self._cell_handles.append(cell.register_forward_pre_hook(pre, with_kwargs=True))
@@ -641,6 +583,10 @@ class MindSporeDumper(DumperControl):
             rec = self._pgrads.pop(key, None)
             if rec:
                 self.session.add_record(key, rec, parent=None, construct=False)
+
+    @staticmethod
+    def _module_params(cell: nn.Cell) -> Any:
+        return cell._params.items()
 
     def _hook_param_grads(self, cell: nn.Cell, key: str) -> None:
         if not self.config.backward_enabled or getattr(cell, "_msprobe_pgrad_hooked", False):

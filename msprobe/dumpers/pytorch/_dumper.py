@@ -139,23 +139,16 @@ class TorchDumper(DumperControl):
                 if not api_key.startswith("Distributed.") and self._bw_wanted():
                     self._hook_api_backward(out, base + ".backward", parent)
                 return out
-            want_in, want_out = self._io("forward")
-            save = self.encoder.wants_tensors(fwd)
-            rec: dict = {}
-            structure = self.config.task == "structure"
-            if want_in and not structure:
-                rec["input_args"] = [self.encoder.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
-                rec["input_kwargs"] = {k: self.encoder.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
+            rec = self._forward_inputs(fwd, args, kwargs)
             stack = capture_stack() if self.config.stack else None
             parent = self._parent()
             if api_key in self._mutating:  # writes memory (maybe without a version bump): forget cached stats
                 self.encoder.cache.clear()
             out = orig(*args, **kwargs)
-            if want_out and not structure:
-                if api_key.startswith("Distributed."):  # the arguments after the collective, as msprobe does
-                    rec["output"] = self._encode_output(list(args) + list(kwargs.values()), f"{fwd}.output", save)
-                else:
-                    rec["output"] = self._encode_output(out, f"{fwd}.output", save)
+            if api_key.startswith("Distributed."):  # the arguments after the collective, as msprobe does
+                self._forward_output(rec, fwd, list(args) + list(kwargs.values()))
+            else:
+                self._forward_output(rec, fwd, out)
             if self._keep(rec):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
             if not api_key.startswith("Distributed.") and self._bw_wanted():
@@ -316,73 +309,21 @@ class TorchDumper(DumperControl):
 
         def pre(mod, args, kwargs):
             d = dumper()
-            if d is None or not d.enabled:
-                calls.append(None)
-                return None
-            if d.token_range is not None and not d._in_token_range():
-                calls.append(None)
-                return None
-            n = d.session.next_module_index(key)
-            fwd = f"{key}.forward.{n}"
-            wanted = d._wanted(fwd)
-            parent = d._parent()
-            d.module_stack.append(fwd)
-            if not wanted:
-                calls.append((fwd, None, parent, None))
-                return None
-            GUARD.inside = True
-            try:
-                want_in, _ = d._io("forward")
-                save = d.encoder.wants_tensors(fwd)
-                rec: dict = {}
-                if want_in and d.config.task != "structure":
-                    rec["input_args"] = [d.encoder.encode(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
-                    rec["input_kwargs"] = {k: d.encoder.encode(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
-                calls.append((fwd, rec, parent, capture_stack() if d.config.stack else None))
-            finally:
-                GUARD.inside = False
+            calls.append(None if d is None else d._module_forward_begin(key, args, kwargs))
             return None
 
         def post(mod, args, kwargs, output):
             d = dumper()
-            if not calls:
-                return None
-            item = calls.pop()
-            if item is None or d is None:
-                return None
-            fwd, rec, parent, stack = item
-            d._last_module_fwd = fwd
-            d._parent_of[fwd] = parent
-            if d.module_stack and d.module_stack[-1] == fwd:
-                d.module_stack.pop()
-            if rec is None:
-                if d.enabled and d._in_token_range():
-                    d.session.add_structure(fwd, parent)
-                return None
-            GUARD.inside = True
-            try:
-                _, want_out = d._io("forward")
-                save = d.encoder.wants_tensors(fwd)
-                if want_out and d.config.task != "structure":
-                    rec["output"] = d._encode_output(output, f"{fwd}.output", save)
-                    rec["parameters"] = {name: d.encoder.encode(p, f"{fwd}.parameters.{name}", save)
-                                         for name, p in mod.named_parameters(recurse=False)}
-                if d._keep(rec):
-                    d.session.add_record(fwd, rec, stack=stack, parent=parent)
-                    d._hook_param_grads(mod, key)
-            finally:
-                GUARD.inside = False
+            item = calls.pop() if calls else None
+            if item is not None and d is not None:
+                d._last_module_fwd = item[0]
+                d._module_forward_end(item, mod, key, output, gated=True)
             return None
 
         def emit_backward(d, n, grad_output, grad_input):
             bwd = f"{key}.backward.{n}"
-            if not d.enabled or not d._wanted(bwd):
-                if d.enabled:
-                    d.session.add_structure(bwd, d._bw_parent(d._parent_of.get(f"{key}.forward.{n}")))
-                if d.bw_stack and d.bw_stack[-1] == bwd:
-                    d.bw_stack.pop()
-                return
-            d._record_backward(bwd, grad_output, grad_input, d._bw_parent(d._parent_of.get(f"{key}.forward.{n}")))
+            if d.enabled:
+                d._module_backward(bwd, f"{key}.forward.{n}", grad_output, grad_input)
             if d.bw_stack and d.bw_stack[-1] == bwd:
                 d.bw_stack.pop()
 
@@ -433,6 +374,10 @@ class TorchDumper(DumperControl):
         self._module_handles.append(module.register_forward_hook(post, with_kwargs=True))
         if bw:
             self._module_handles.append(module.register_forward_hook(post_bw, with_kwargs=True))
+
+    @staticmethod
+    def _module_params(mod: torch.nn.Module) -> Any:
+        return mod.named_parameters(recurse=False)
 
     def _hook_param_grads(self, mod: torch.nn.Module, key: str) -> None:
         if not self.config.backward_enabled or id(mod) in self._pgrad_seen:
