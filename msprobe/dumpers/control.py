@@ -2,7 +2,7 @@
 directions, overflow gating, construct.json parents and the call-stack capture.
 
 A framework dumper mixes ``DumperControl`` in and provides ``config``, ``session``,
-``encoder``, ``enabled``, ``module_stack``, ``token_range``, ``_token_count``,
+``encoder``, ``enabled``, ``_hooked_models``, ``module_stack``, ``token_range``, ``_token_count``,
 ``_scope_state`` and ``_parent_of``, and the methods ``_encode_output(out, prefix, save)``,
 ``_module_params(module)`` (a module's own ``(name, parameter)`` pairs) and
 ``_hook_param_grads(module, key)``.
@@ -84,6 +84,25 @@ class DumperControl:
         _, want_out = self._io("forward")
         if want_out and self.config.task != "structure":
             rec["output"] = self._encode_output(out, f"{fwd}.output", self.encoder.wants_tensors(fwd))
+
+    def _add_models(self, model: Any, cls: type, what: str, handles: list) -> Optional[list]:
+        """The models of ``start(model=...)`` (one, or a list/tuple), None when they are hooked
+        already; with a token_range the first one's forward pre-hook counts the tokens."""
+        from msprobe.errors import ConfigError
+
+        models = list(model) if isinstance(model, (list, tuple)) else [model]
+        for m in models:
+            if not isinstance(m, cls):
+                raise ConfigError(f"model must be a {what} or a list/tuple of them, got {type(m).__name__}")
+        if any(m is h for m in models for h in self._hooked_models):
+            return None
+        self._hooked_models.extend(models)
+        if self.token_range is not None:
+            handles.append(models[0].register_forward_pre_hook(self._on_root_forward))
+        return models
+
+    def _on_root_forward(self, module: Any, args: Any) -> None:
+        self._token_count += 1
 
     def _module_forward_begin(self, key: str, args: tuple, kwargs: dict) -> Optional[tuple]:
         """A module's (Cell's) forward pre-hook: counts the call, pushes it on the module stack and

@@ -480,15 +480,9 @@ class MindSporeDumper(DumperControl):
 
     # ------------------------------------------------------------------ Cells
     def _hook_models(self, model: Any) -> None:
-        models = list(model) if isinstance(model, (list, tuple)) else [model]
-        for m in models:
-            if not isinstance(m, nn.Cell):
-                raise ConfigError(f"model must be a mindspore.nn.Cell or a list/tuple of them, got {type(m).__name__}")
-        if any(m is h for m in models for h in self._hooked_models):
+        models = self._add_models(model, nn.Cell, "mindspore.nn.Cell", self._cell_handles)
+        if models is None:
             return
-        self._hooked_models.extend(models)
-        if self.token_range is not None:
-            self._cell_handles.append(models[0].register_forward_pre_hook(self._on_root_forward))
         multi = len(models) > 1
         graph = _graph_mode()
         points = _device_target() == "CPU"  # jit Cells elsewhere: PyNative hooks on the Cell, no split
@@ -530,9 +524,6 @@ class MindSporeDumper(DumperControl):
                               get_rank=_get_rank)
         session.current_step = self.session.current_step
         return session
-
-    def _on_root_forward(self, cell, args) -> None:
-        self._token_count += 1
 
     def _hook_cell(self, cell: nn.Cell, key: str) -> None:
         calls: list = []  # forward calls in flight: (fwd, rec, parent, stack) or None

@@ -261,16 +261,8 @@ class TorchDumper(DumperControl):
 
     # ---------------------------------------------------------------- modules
     def _hook_models(self, model: Any) -> None:
-        models = list(model) if isinstance(model, (list, tuple)) else [model]
-        for m in models:
-            if not isinstance(m, torch.nn.Module):
-                raise ConfigError(f"model must be a torch.nn.Module or a list/tuple of them, got {type(m).__name__}")
-        if any(m is h for m in models for h in self._hooked_models):
-            return
-        self._hooked_models.extend(models)
-        if self.token_range is not None:
-            self._module_handles.append(models[0].register_forward_pre_hook(self._on_root_forward))
-        if not self.L0:
+        models = self._add_models(model, torch.nn.Module, "torch.nn.Module", self._module_handles)
+        if models is None or not self.L0:
             return
         multi = len(models) > 1
         for idx, m in enumerate(models):
@@ -298,9 +290,6 @@ class TorchDumper(DumperControl):
                 d.module_stack.pop()
 
         self._optim_handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
-
-    def _on_root_forward(self, module, args) -> None:
-        self._token_count += 1
 
     def _hook_module(self, module: torch.nn.Module, key: str) -> None:
         calls: list = []
