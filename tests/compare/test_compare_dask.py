@@ -23,7 +23,7 @@ DIVERGE = (2, "Functional.linear.0.forward")  # planted in the target: rank 2, t
 def cluster():
     from distributed import LocalCluster
 
-    c = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    c = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     try:
         yield c
     finally:
