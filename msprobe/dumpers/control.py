@@ -1,9 +1,9 @@
 """Framework-neutral parts of a dumper: the list/scope/token_range filters, data_mode
 directions, overflow gating, construct.json parents and the call-stack capture.
 
-A framework dumper mixes ``DumperControl`` in and provides ``config``, ``session``,
+A framework dumper mixes ``DumperControl`` in, calls ``_init_state`` (``config``, ``session``,
 ``encoder``, ``enabled``, ``_hooked_models``, ``module_stack``, ``token_range``, ``_token_count``,
-``_scope_state`` and ``_parent_of``, and the methods ``_encode_output(out, prefix, save)``,
+``_scope_state``, ``_parent_of``...) and provides the methods ``_encode_output(out, prefix, save)``,
 ``_module_params(module)`` (a module's own ``(name, parameter)`` pairs) and
 ``_hook_param_grads(module, key)``.
 """
@@ -37,6 +37,31 @@ def render_stack(frames: tuple) -> list:
 
 class DumperControl:
     guard = None  # the framework's thread-local API guard (``guard.inside`` while the dumper works)
+
+    def _init_state(self, config: Any, framework: str, encoder_cls: Any, patcher_cls: Any, fetch_stats: Any,
+                    get_rank: Any) -> None:
+        """What every dumper starts with: its session and encoder, the API patcher, and the
+        bookkeeping this mixin reads (stacks, filters, parents, levels)."""
+        from msprobe.dumpers.session import DumpSession
+
+        self.config = config
+        self.session = DumpSession(config, framework, fetch_stats=fetch_stats, render_stack=render_stack,
+                                   get_rank=get_rank)
+        self.encoder = encoder_cls(self.session, save_tensors=config.task == "tensor",
+                                   summary_mode=config.summary_mode, tensor_list=config.tensor_list)
+        self.encoder.check_overflow = config.task == "overflow_check"
+        self.patcher = patcher_cls()
+        self.enabled = False
+        self.module_stack: list = []
+        self.bw_stack: list = []
+        self._hooked_models: list = []
+        self._scope_state = 0  # 0 before scope start, 1 inside, 2 after end
+        self.token_range = None
+        self._token_count = -1
+        self._parent_of: dict = {}
+        self.debug_counts: dict = {}
+        self.L1 = config.level in ("L1", "mix")
+        self.L0 = config.level in ("L0", "mix")
 
     def _set_token_range(self, model: Any, token_range: Optional[list]) -> None:
         if token_range is None:

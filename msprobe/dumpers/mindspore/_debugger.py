@@ -34,10 +34,9 @@ class PrecisionDebugger(_BaseDebugger):
     def set_init_step(cls, step: int) -> None:
         """Also numbers the ``graph/`` session of the jit-Cell split (spec/FORMAT.md §23.3) from ``step``."""
         super().set_init_step(step)
-        dumper = cls._get().dumper
-        graph = getattr(dumper, "_graph", None)
-        if graph is not None and graph.session is not dumper.session:
-            graph.session.current_step = step
+        split = cls._get().dumper._split_session  # noqa: SLF001
+        if split is not None:
+            split.current_step = step
 
 
 def _callback_base():

@@ -97,33 +97,16 @@ class MindSporeDumper(DumperControl):
         if config.level == "L2":
             raise ConfigError("level 'L2' (kernel dump) needs MindSpore on Ascend hardware "
                               f"(device_target 'Ascend'); this process runs on {_device_target()!r}")
-        self.config = config
-        self.session = DumpSession(config, "mindspore", fetch_stats=fetch_stats, render_stack=render_stack,
-                                   get_rank=_get_rank)
-        self.encoder = Encoder(self.session, save_tensors=config.task == "tensor",
-                               summary_mode=config.summary_mode, tensor_list=config.tensor_list)
-        self.encoder.check_overflow = config.task == "overflow_check"
-        self.patcher = ApiPatcher()
-        self.enabled = False
-        self.module_stack: list = []
-        self.bw_stack: list = []
-        self._hooked_models: list = []
+        self._init_state(config, "mindspore", Encoder, ApiPatcher, fetch_stats, _get_rank)
         self._cell_handles: list = []
         self._param_handles: list = []
         self._primitives: list = []  # (primitive, original class)
         self._prim_classes: dict = {}
-        self._scope_state = 0
-        self.token_range = None
-        self._token_count = -1
-        self._parent_of: dict = {}
-        self.debug_counts: dict = {}
         self._jit_saved: Optional[tuple] = None
         self._pijit_saved: Optional[tuple] = None
         self._pgrads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
         self._graph = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
         self._warned_points = False
-        self.L1 = config.level in ("L1", "mix")
-        self.L0 = config.level in ("L0", "mix")
 
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
@@ -151,9 +134,9 @@ class MindSporeDumper(DumperControl):
             self.enabled = False
             return
         self.session.claim()
-        if self._graph is not None and self._graph.session is not self.session:
-            self._graph.session.current_step = self.session.current_step
-            self._graph.session.claim()
+        if self._split_session is not None:
+            self._split_session.current_step = self.session.current_step
+            self._split_session.claim()
         if self.L1:
             self.patcher.install(self._on_api)
             self._patch_jit()
@@ -177,14 +160,20 @@ class MindSporeDumper(DumperControl):
         self.session.publish()
         if self._graph is not None:
             self._graph.reset()
-            if self._graph.session is not self.session:
-                self._graph.session.publish()
+        if self._split_session is not None:
+            self._split_session.publish()
+
+    @property
+    def _split_session(self) -> Optional[DumpSession]:
+        """The ``graph/`` session of the jit-Cell split (spec/FORMAT.md §23.3); None without the split."""
+        g = self._graph
+        return g.session if g is not None and g.session is not self.session else None
 
     def _warn_no_points(self) -> None:
         """GRAPH_MODE: a dumped step in which no dump point ran means the model ran from a graph
         compiled before start(model) (or did not run): said once, instead of an empty dump."""
         g = self._graph
-        if g.fired or g.session is not self.session or not _graph_mode() or self._warned_points:
+        if g.fired or self._split_session is not None or not _graph_mode() or self._warned_points:
             return
         self._warned_points = True
         cells = [k for k in g.keys() if k]
@@ -198,8 +187,8 @@ class MindSporeDumper(DumperControl):
     def step(self) -> None:
         self.stop()
         self.session.end_step()
-        if self._graph is not None and self._graph.session is not self.session:
-            self._graph.session.end_step()
+        if self._split_session is not None:
+            self._split_session.end_step()
         self._scope_state = 0
         self._token_count = -1
         self.debug_counts.clear()
@@ -224,8 +213,8 @@ class MindSporeDumper(DumperControl):
         self._primitives = []
         if self._graph is not None:
             self._graph.unwrap()
-            if self._graph.session is not self.session:
-                self._graph.session.close()
+        if self._split_session is not None:
+            self._split_session.close()
         self.session.close()
 
     def _bw_wanted(self) -> bool:

@@ -8,10 +8,9 @@ from typing import Any, Optional
 import torch
 
 from msprobe.dumpers.config import DumpConfig
-from msprobe.dumpers.control import DumperControl, capture_stack, render_stack
+from msprobe.dumpers.control import DumperControl, capture_stack
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
-from msprobe.dumpers.session import DumpSession
 from msprobe.errors import ConfigError
 
 __all__ = ["TorchDumper"]
@@ -38,30 +37,13 @@ class TorchDumper(DumperControl):
     def __init__(self, config: DumpConfig):
         if config.level == "L2":
             raise ConfigError("level 'L2' is the kernel dump: PrecisionDebugger runs it with KernelDumper")
-        self.config = config
-        self.session = DumpSession(config, "pytorch", fetch_stats=fetch_stats, render_stack=render_stack,
-                                   get_rank=_get_rank)
-        self.encoder = Encoder(self.session, save_tensors=config.task == "tensor",
-                               summary_mode=config.summary_mode, tensor_list=config.tensor_list)
-        self.encoder.check_overflow = config.task == "overflow_check"
-        self.patcher = ApiPatcher()
-        self.enabled = False
-        self.module_stack: list = []
+        self._init_state(config, "pytorch", Encoder, ApiPatcher, fetch_stats, _get_rank)
         self._module_handles: list = []
-        self._hooked_models: list = []
-        self._scope_state = 0  # 0 before scope start, 1 inside, 2 after end
-        self.token_range = None
-        self._token_count = -1
         self._root_models: list = []
         self._pgrad_seen: set = set()
-        self.debug_counts: dict = {}
         self._last_module_fwd: Optional[str] = None
-        self._parent_of: dict = {}
-        self.bw_stack: list = []
         self._optim_handles: list = []
         self._mutating = _MutatingKeys()
-        self.L1 = config.level in ("L1", "mix")
-        self.L0 = config.level in ("L0", "mix")
         self.online = None
         if config.online is not None:  # online_run_ut: packets to the checker instead of dump files
             from msprobe.dumpers.pytorch._online import OnlineRunUt
