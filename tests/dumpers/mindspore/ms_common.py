@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 REAL = os.path.join(ROOT, "tests", "fixtures", "real", "ms26_mindspore")
 SCRIPTS = os.path.join(ROOT, "tests", "fixtures", "real", "scripts")
@@ -18,6 +20,26 @@ _PGRAD_COUNT = re.compile(r"\.parameters_grad\.\d+$")
 def normalize_real(name: str) -> str:
     """Deliberate difference 2 (spec/FORMAT.md §20): parameters_grad records carry no count."""
     return _PGRAD_COUNT.sub(".parameters_grad", name)
+
+
+def read_doc(root: str, step: int = 0, name: str = "dump.json", rank: str = "rank", split: str = "") -> dict:
+    """A JSON document of ``root/[split/]step{step}/{rank}/``."""
+    with open(os.path.join(root, split, f"step{step}", rank, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture
+def pynative():
+    """PyNative mode on CPU and a fresh debugger around a test (use it autouse: ``usefixtures``)."""
+    import mindspore
+
+    from msprobe.mindspore import PrecisionDebugger
+
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
+    PrecisionDebugger._reset()
+    yield
+    PrecisionDebugger._reset()
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
 
 
 def rank_dir(dump_root: str, step: int = 0) -> str:

@@ -29,18 +29,12 @@ from msprobe.errors import ConfigError  # noqa: E402
 from msprobe.mindspore import MsprobeStep, PrecisionDebugger, seed_all  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def pynative():
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
-    PrecisionDebugger._reset()
-    yield
-    PrecisionDebugger._reset()
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+from ms_common import pynative  # noqa: E402,F401 - the fixture
+from ms_common import read_doc as _doc  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
-def _doc(root, step=0, name="dump.json"):
-    with open(os.path.join(root, f"step{step}", "rank", name), encoding="utf-8") as f:
-        return json.load(f)
 
 
 class Small(nn.Cell):

@@ -13,6 +13,7 @@ import mindspore
 from mindspore import Tensor, nn
 
 from ms_common import diff_values
+from ms_common import read_doc as _doc
 from msprobe.errors import ConfigError
 from msprobe.mindspore import MsprobeStep, PrecisionDebugger
 
@@ -31,9 +32,6 @@ def _set_mode(graph: bool):
     mindspore.set_context(mode=mindspore.GRAPH_MODE if graph else mindspore.PYNATIVE_MODE, device_target="CPU")
 
 
-def _doc(root, step=0, name="dump.json", split=""):
-    with open(os.path.join(root, split, f"step{step}", "rank", name), encoding="utf-8") as f:
-        return json.load(f)
 
 
 class ConvNet(nn.Cell):

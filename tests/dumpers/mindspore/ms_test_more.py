@@ -23,21 +23,16 @@ from msprobe.errors import ConfigError
 from msprobe.format.stats import xor64
 from msprobe.mindspore import PrecisionDebugger
 
+from ms_common import pynative  # noqa: F401 - the fixture
+from ms_common import read_doc as _doc
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
 
-@pytest.fixture(autouse=True)
-def pynative():
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
-    PrecisionDebugger._reset()
-    yield
-    PrecisionDebugger._reset()
+pytestmark = pytest.mark.usefixtures("pynative")
 
 
-def _doc(root, step=0, name="dump.json", rank="rank"):
-    with open(os.path.join(root, f"step{step}", rank, name), encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _config(tmp_path, **cfg) -> str:
