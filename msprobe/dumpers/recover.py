@@ -56,10 +56,27 @@ def find_journals(store: Any, prefix: str = "") -> list:
     return sorted(out)
 
 
+def find_unfinished(store: Any, prefix: str = "") -> list:
+    """Rank prefixes under ``prefix`` holding a journal, or tensor data without any document: a run
+    killed after a record's tensor files were published but before the record was journaled
+    leaves the latter (no journal yet), whose step still needs its documents."""
+    journals, data, docs = set(), set(), set()
+    for key in store.list_prefix(prefix):
+        parts = key.split("/")
+        for i, part in enumerate(parts[1:], 1):
+            if part in (JOURNAL_DIR, TENSOR_DIR, STORE_DIR) and parse_rank_dir(parts[i - 1]) is not None:
+                (journals if part == JOURNAL_DIR else data).add("/".join(parts[:i]))
+                break
+        else:
+            if parts[-1] in (DUMP_JSON, DEBUG_JSON):
+                docs.add("/".join(parts[:-1]))
+    return sorted(journals | (data - docs))
+
+
 def recover_store(store: Any, prefix: str = "", *, task: Optional[str] = None, level: Optional[str] = None,
                   framework: str = "pytorch") -> list:
     results = []
-    for rank_prefix in find_journals(store, prefix):
+    for rank_prefix in find_unfinished(store, prefix):
         results.append(_recover_rank(store, rank_prefix, task, level, framework))
     return results
 

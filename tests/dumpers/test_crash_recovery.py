@@ -206,3 +206,24 @@ def test_zarr_sigkill_mid_step_then_recover_s3(s3_server, s3_bucket_url):
     d = msprobe.readers.open(url, storage_options=opts)
     loaded = sum(1 for rec in d.records() for _, t in rec.tensors() if t.data_name and t.load("torch") is not None)
     assert d.count() == results[0].records and loaded > 0
+
+
+def test_tensor_files_without_journal_get_empty_documents(tmp_path, reference):
+    """Killed after the unfinished step's first tensor files were published, before its first record
+    was journaled (no journal yet): recovery writes that step's documents, with no record, and keeps
+    the files; the finished step is left as it was."""
+    import shutil
+
+    path = str(tmp_path / "d")
+    shutil.copytree(os.path.join(reference, "step0"), os.path.join(path, "step0"))
+    tdir = os.path.join(path, "step1", "rank", "dump_tensor_data")
+    os.makedirs(tdir)
+    src = os.path.join(reference, "step1", "rank", "dump_tensor_data")
+    first = sorted(os.listdir(src))[0]
+    shutil.copy(os.path.join(src, first), tdir)
+    results = recover_store(open_store(path))
+    assert [(r.rank_prefix, r.records, r.written) for r in results] == [("step1/rank", 0, True)]
+    assert records(path, 1) == {} and records(path, 0) == records(reference, 0)
+    assert os.listdir(tdir) == [first]
+    report = validate_store(open_store(path, read_only=True))
+    assert report.ok, [str(p) for p in report.errors]
