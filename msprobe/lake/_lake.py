@@ -1,15 +1,20 @@
 """``Lake``: the runs under a root as one partitioned pyarrow dataset, with DuckDB SQL on top."""
 from __future__ import annotations
 
+import logging
 import os
+import re
 import time
 from typing import Any, Iterable, Optional
 
-from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError, StoragePermissionError, require
+from msprobe.errors import (ConfigError, MissingDependencyError, MsprobeError, StorageError, StoragePermissionError,
+                            require)
 from msprobe.lake import _core
 from msprobe.lake._dask import Runner
 
-__all__ = ["Lake"]
+__all__ = ["Lake", "s3_settings"]
+
+log = logging.getLogger("msprobe.lake")
 
 _REFRESH = ("missing", "check", "all", "none")
 
@@ -343,8 +348,10 @@ class Lake:
         index row, records without tensors included), ``catalog`` and ``manifest``.
 
         Local lakes are read by DuckDB's own Parquet reader; ``s3://`` lakes through its
-        httpfs extension when it is installed (configured from ``storage_options``: key,
-        secret, endpoint), else through the pyarrow dataset over the fsspec file system."""
+        httpfs extension when it is installed, given the endpoint, region and credentials
+        that s3fs resolved through botocore (``storage_options``, ``AWS_ENDPOINT_URL``,
+        ``AWS_*`` variables, profiles, instance roles: see :func:`s3_settings`), else (or when
+        httpfs cannot read there) through the pyarrow dataset over the fsspec file system."""
         if self._con is not None:
             return self._con
         duckdb = require("duckdb", "duckdb")
@@ -368,7 +375,6 @@ class Lake:
 
     def _register_lake(self, con: Any) -> str:
         files = [k for k, _ in self.files()]
-        where = ""
         if self._expr is not None:
             # a filtered view: the pyarrow dataset applies the expression, DuckDB scans the result stream
             con.register("lake_ds", self.dataset.scanner(filter=self._expr).to_reader())
@@ -383,14 +389,23 @@ class Lake:
             paths = [self.store.local_path(k) for k in files]
             src = "read_parquet([" + ", ".join(_q(p) for p in paths) + "])"
             engine = "duckdb-parquet"
-        elif self.url.startswith("s3://") and _httpfs(con, self.storage_options):
+        elif self.url.startswith("s3://") and _httpfs(con, self.store):
             root = self.url.rstrip("/")
             src = "read_parquet([" + ", ".join(_q(f"{root}/{k}") for k in files) + "])"
             engine = "duckdb-httpfs"
+        if src is not None:
+            try:
+                con.execute(f"CREATE VIEW lake_records AS SELECT * FROM {src}")
+            except Exception as exc:  # noqa: BLE001 - DuckDB cannot read where s3fs can: read through s3fs
+                if engine != "duckdb-httpfs" or not _is_duckdb_error(exc):
+                    raise
+                log.warning("lake: DuckDB's httpfs cannot read %s (%s); reading through pyarrow and s3fs",
+                            self.url, _first_line(exc))
+                src = None
         if src is None:
             con.register("lake_ds", self.dataset)
-            src = "lake_ds"
-        con.execute(f"CREATE VIEW lake_records AS SELECT * FROM {src}{where}")
+            con.execute(f"CREATE VIEW lake_records AS SELECT * FROM lake_ds")
+            engine = "pyarrow"
         con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
         return engine
 
@@ -399,13 +414,15 @@ class Lake:
         con = self.duckdb()
         try:
             rel = con.sql(query)
-        except Exception as exc:  # duckdb's errors: one typed error naming the query
-            if type(exc).__module__.startswith("duckdb") or "duckdb" in type(exc).__module__:
-                raise ConfigError(f"SQL error: {exc}") from None
-            raise
-        if rel is None:
-            return None
-        return rel.arrow() if as_arrow else rel.df()
+            if rel is None:
+                return None
+            return rel.arrow() if as_arrow else rel.df()
+        except Exception as exc:  # duckdb's errors: one typed one-line error
+            if not _is_duckdb_error(exc):
+                raise
+            if type(exc).__name__ in ("IOException", "HTTPException"):
+                raise StorageError(f"SQL over {self.url}: {_first_line(exc)}") from None
+            raise ConfigError(f"SQL error: {exc}") from None
 
     # -- questions (msprobe.lake._questions) ------------------------------------------------------------
     def first_nan(self, **kw: Any) -> Any:
@@ -456,6 +473,14 @@ def _stale_catalog(store: Any, rows: list) -> bool:
     return strip(json.loads(json.dumps(doc.get("runs"), default=str))) != strip(json.loads(json.dumps(rows, default=str)))
 
 
+def _is_duckdb_error(exc: BaseException) -> bool:
+    return "duckdb" in type(exc).__module__
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _n(v: Optional[int]) -> int:
     return -1 if v is None else v
 
@@ -498,30 +523,69 @@ def _load_httpfs(con: Any) -> bool:
     return True
 
 
-def _httpfs(con: Any, storage_options: Optional[dict]) -> bool:
-    """Load DuckDB's httpfs extension (installed beforehand; nothing is downloaded here) and
-    configure an S3 secret from s3fs-style ``storage_options``; False when it is not there."""
-    if not _load_httpfs(con):
-        return False
-    so = storage_options or {}
+def s3_settings(store: Any) -> dict:
+    """What the S3 file system of ``store`` (s3fs) resolved through botocore: ``endpoint``
+    (``AWS_ENDPOINT_URL``, ``endpoint_url`` options, the config file...), ``region``, and the
+    credentials of its chain (options, environment, profile, instance role...), as the
+    :class:`dict` ``{key, secret, token, endpoint, region, anon}``. The same settings the
+    lake's listings and reads use, so DuckDB reads what s3fs reads."""
+    import inspect
+
+    from fsspec.asyn import sync
+
+    fs = store.fs
+    bucket = (store.root or "").split("/", 1)[0] or None
+
+    async def resolve() -> dict:
+        client = await fs.get_s3(bucket) if hasattr(fs, "get_s3") else await fs.set_session()
+        out = {"endpoint": client.meta.endpoint_url, "region": client.meta.region_name,
+               "anon": bool(getattr(fs, "anon", False)), "key": None, "secret": None, "token": None}
+        creds = None if out["anon"] else getattr(client._request_signer, "_credentials", None)  # noqa: SLF001
+        if creds is not None:
+            frozen = creds.get_frozen_credentials()
+            if inspect.isawaitable(frozen):
+                frozen = await frozen
+            out.update(key=frozen.access_key, secret=frozen.secret_key, token=frozen.token)
+        return out
+
+    return sync(fs.loop, resolve)
+
+
+def _secret_sql(settings: dict) -> str:
+    """``CREATE SECRET`` for DuckDB's httpfs from :func:`s3_settings`."""
     parts = ["TYPE s3"]
-    if so.get("key"):
-        parts.append(f"KEY_ID {_q(so['key'])}")
-    if so.get("secret"):
-        parts.append(f"SECRET {_q(so['secret'])}")
-    if so.get("token"):
-        parts.append(f"SESSION_TOKEN {_q(so['token'])}")
-    endpoint = (so.get("client_kwargs") or {}).get("endpoint_url") or so.get("endpoint_url")
-    if endpoint:
-        scheme, _, host = endpoint.partition("://")
-        parts.append(f"ENDPOINT {_q(host.rstrip('/'))}")
+    if settings.get("key") and not settings.get("anon"):
+        parts.append(f"KEY_ID {_q(settings['key'])}")
+        parts.append(f"SECRET {_q(settings.get('secret') or '')}")
+        if settings.get("token"):
+            parts.append(f"SESSION_TOKEN {_q(settings['token'])}")
+    if settings.get("region"):
+        parts.append(f"REGION {_q(settings['region'])}")
+    endpoint = settings.get("endpoint") or ""
+    scheme, _, host = endpoint.partition("://")
+    host = host.rstrip("/")
+    if host and not re.fullmatch(r"s3[.-]([a-z0-9-]+[.])?amazonaws[.]com(\.cn)?", host.split("/", 1)[0]):
+        # any endpoint but AWS's own: path-style URLs (MinIO, Ceph, moto... have no bucket hostnames)
+        parts.append(f"ENDPOINT {_q(host)}")
         parts.append("URL_STYLE 'path'")
         parts.append(f"USE_SSL {'true' if scheme == 'https' else 'false'}")
-    region = (so.get("client_kwargs") or {}).get("region_name")
-    if region:
-        parts.append(f"REGION {_q(region)}")
+    return f"CREATE OR REPLACE SECRET msprobe_lake_s3 ({', '.join(parts)})"
+
+
+def _httpfs(con: Any, store: Any) -> bool:
+    """Load DuckDB's httpfs extension (installed beforehand; nothing is downloaded here) and
+    give it the endpoint and credentials the store's s3fs resolved; False when it is not there
+    or the settings cannot be resolved (the caller reads through pyarrow then)."""
+    if not _load_httpfs(con):
+        return False
     try:
-        con.execute(f"CREATE OR REPLACE SECRET msprobe_lake_s3 ({', '.join(parts)})")
-    except Exception:  # noqa: BLE001
+        settings = s3_settings(store)
+    except Exception as exc:  # noqa: BLE001 - no client: the pyarrow route reports the cause
+        log.debug("lake: S3 settings not resolved (%s); reading through pyarrow", exc)
+        return False
+    try:
+        con.execute(_secret_sql(settings))
+    except Exception as exc:  # noqa: BLE001
+        log.debug("lake: DuckDB refused the S3 secret (%s); reading through pyarrow", exc)
         return False
     return True

@@ -286,3 +286,47 @@ def test_errors(lake_src, tmp_path):
     e = msprobe.lake.open(str(empty), local=False)
     assert e.runs == [] and e.count_rows() == 0 and e.first_nan().empty
     assert msprobe.lake.read_catalog(str(tmp_path / "nowhere")) is None
+
+
+@pytest.mark.s3
+def test_s3_sql_with_environment_only(tmp_path, s3_server, s3_bucket_url, monkeypatch, capsys):
+    """`msprobe lake sql s3://...` with no --storage-options: the endpoint (AWS_ENDPOINT_URL) and
+    the credentials come from the environment, for the listings (s3fs) and for DuckDB alike."""
+    import s3fs
+
+    from msprobe.cli import main
+    from msprobe.lake._lake import _httpfs_file, s3_settings
+    from tests.conftest_s3 import s3_storage_options
+
+    src = S.make_lake(str(tmp_path / "src"), steps=1, ranks=2)
+    fs = s3fs.S3FileSystem(**s3_storage_options(s3_server))
+    bucket = s3_bucket_url[len("s3://"):]
+    fs.put(src.rstrip("/") + "/", f"{bucket}/lake/", recursive=True)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key-4711")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret-4711")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_SECURITY_TOKEN", raising=False)
+    url = f"{s3_bucket_url}/lake"
+    q = "SELECT run, count(DISTINCT rank) AS ranks, count(*) AS n FROM lake GROUP BY run ORDER BY run"
+    assert main(["lake", "sql", url, q, "--json", "--no-cluster"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["run"], r["ranks"]) for r in rows] == [(run, 2) for run in S.RUNS]
+    assert all(r["n"] == rows[0]["n"] > 0 for r in rows)
+
+    lake = msprobe.lake.open(url, local=False)
+    st = s3_settings(lake.store)
+    assert (st["endpoint"], st["key"], st["secret"], st["token"]) == (s3_server, "env-key-4711", "env-secret-4711", None)
+    con = lake.duckdb()
+    if _httpfs_file(con) is not None:  # the pinned httpfs binary: DuckDB itself reads the bucket
+        assert lake.sql_engine == "duckdb-httpfs"
+        secret = con.sql("SELECT secret_string FROM duckdb_secrets() WHERE name = 'msprobe_lake_s3'").fetchone()[0]
+        assert "env-key-4711" in secret and "127.0.0.1" in secret
+    assert lake.sql("SELECT count(*) AS n FROM lake")["n"][0] == sum(r["n"] for r in rows)
+    lake.close()
+
+    # what DuckDB cannot read is one typed line, no traceback
+    bad = f"SELECT * FROM read_parquet('{s3_bucket_url}/nothing/here.parquet')"
+    assert main(["lake", "sql", url, bad, "--no-cluster"]) == 1
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("lake: ")]
+    assert len(err) == 1 and err[0].startswith("msprobe lake: error: SQL over ") and "404" in err[0], err
