@@ -8,8 +8,14 @@ interpreter running the tests (which has torch) AFTER the venv's own
 site-packages, so the venv's ``msprobe`` (the real one) wins over ours; that is
 verified after creation, and the venv falls back to installing
 ``torch==<running version>`` itself when the shared torch does not import.
-Raises :class:`RealToolUnavailable` (tests skip with its message) only when the
-venv cannot be built.
+Raises :class:`RealToolUnavailable` when the venv cannot be built: the tests that need the
+real tool FAIL then (the ``real_tool`` fixture of tests/conftest.py), they never skip, so that
+building the venv is part of the first test run on a fresh machine.
+
+The import check runs with the venv directory as its working directory and without
+``PYTHONPATH``: from the repository root, ``python -c`` would import OUR ``msprobe`` (the
+current directory comes first on ``sys.path``), fail the check and make every fresh machine
+install torch into the venv and then give up.
 """
 from __future__ import annotations
 
@@ -41,12 +47,22 @@ def _cache_root() -> Path:
     return Path(os.environ.get("MSPROBE_LAKE_CACHE", Path.home() / ".cache" / "msprobe-lake"))
 
 
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def _run(cmd: list, log: Path, timeout: float = 1800) -> int:
     with open(log, "a") as fh:
         fh.write("$ " + " ".join(map(str, cmd)) + "\n")
         fh.flush()
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        return subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, env=env)
+        return subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, env=_clean_env(),
+                               cwd=log.parent)
+
+
+def _check(py: Path) -> subprocess.CompletedProcess:
+    """Import the real msprobe from the venv (away from our checkout: see the module docstring)."""
+    return subprocess.run([str(py), "-c", _CHECK], capture_output=True, text=True, env=_clean_env(),
+                          cwd=py.parent.parent, timeout=600)
 
 
 def real_tool_python(version: str = "26.2.0") -> str:
@@ -76,12 +92,12 @@ def real_tool_python(version: str = "26.2.0") -> str:
         pkgs = [f"mindstudio-probe=={version}", *EXTRA.get(version, [])]
         if _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", *pkgs], log) != 0:
             raise RealToolUnavailable(f"pip cannot install {' '.join(pkgs)} (see {log})")
-        if subprocess.call([str(py), "-c", _CHECK], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) != 0:
+        if _check(py).returncode != 0:
             # the shared torch does not work there: install torch into the venv itself
             Path(site, "zz_msprobe_lake_shared_torch.pth").unlink()
             if _run([str(py), "-m", "pip", "install", f"torch=={tv}", "numpy", *pkgs], log) != 0:
                 raise RealToolUnavailable(f"pip cannot install torch=={tv} next to {pkgs} (see {log})")
-        out = subprocess.run([str(py), "-c", _CHECK], capture_output=True, text=True)
+        out = _check(py)
         if out.returncode != 0:
             raise RealToolUnavailable(f"the real msprobe in {vdir} does not import: {out.stderr[-800:]}")
         ok.write_text(out.stdout)

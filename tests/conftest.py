@@ -29,3 +29,63 @@ def fresh_debugger():
     PrecisionDebugger._reset()
     yield PrecisionDebugger
     PrecisionDebugger._reset()
+
+
+# --- the real tool (mindstudio-probe) in its cached venv: built by the test run, never skipped ---
+
+_SUMMARY: dict = {}  # outcome counts of the real_tool / real_fixture tests (controller side under xdist)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_tool: runs the real msprobe (mindstudio-probe) in its venv")
+    config.addinivalue_line("markers", "real_fixture: compares our dump with a committed real-tool dump")
+
+
+def _real_venv(version: str) -> str:
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _realtool
+
+    try:
+        return _realtool.real_tool_python(version)
+    except _realtool.RealToolUnavailable as exc:  # a failure, not a skip: conformance must be checked
+        pytest.fail(f"the real mindstudio-probe {version} venv cannot be built: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def real_tool():
+    """The python of the real mindstudio-probe 26.2.0 venv (built on first use; failure fails the test)."""
+    return _real_venv("26.2.0")
+
+
+@pytest.fixture(scope="session")
+def real_tool_8():
+    """The python of the real mindstudio-probe 8.1.1 venv (built on first use; failure fails the test)."""
+    return _real_venv("8.1.1")
+
+
+def pytest_runtest_logreport(report):
+    """Count the tests marked real_tool / real_fixture by outcome (reports come back from xdist workers)."""
+    kinds = [k for k in ("real_tool", "real_fixture") if k in report.keywords]
+    if not kinds or (report.when != "call" and not (report.when == "setup" and report.outcome != "passed")):
+        return
+    counts = _SUMMARY.setdefault("counts", {})
+    for kind in kinds:
+        c = counts.setdefault(kind, {"passed": 0, "failed": 0, "skipped": 0})
+        c[report.outcome] = c.get(report.outcome, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    counts = _SUMMARY.get("counts", {})
+    if not counts:
+        return
+    labels = {"real_tool": "comparisons run live against the real msprobe",
+              "real_fixture": "comparisons against committed real-msprobe dumps"}
+    terminalreporter.section("real-tool conformance")
+    for kind in ("real_tool", "real_fixture"):
+        c = counts.get(kind)
+        if c:
+            ran = c["passed"] + c["failed"]
+            terminalreporter.write_line(f"{labels[kind]}: {ran} ran ({c['passed']} passed, {c['failed']} failed), "
+                                        f"{c['skipped']} skipped")

@@ -103,6 +103,7 @@ def compare_values(real, ours, path, problems, ctx):
         problems.append((path, "value", real, ours))
 
 
+@pytest.mark.real_fixture
 @pytest.mark.parametrize("name", CASES)
 def test_same_records_as_real_msprobe_26(tmp_path, name):
     real_root = os.path.join(REAL, "ms26", name)
