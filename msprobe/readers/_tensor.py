@@ -69,6 +69,7 @@ def load_tensor_file(store: Any, key: str, *, record: str, dtype: Any, shape: tu
     data = _read_bounded(store, key, record, limit, expected, dtype, shape)
     ext = key.rsplit(".", 1)[-1].lower() if "." in key.rsplit("/", 1)[-1] else ""
     if ext == "pt":
+        _check_zip_sizes(data, record, key, limit, expected, dtype, shape)
         value = _load_pt(data, record, key)
     elif data[:6] == _NPY_MAGIC:
         value = _load_npy(data, record, key)
@@ -108,6 +109,34 @@ def _read_bounded(store: Any, key: str, record: str, limit: int, expected: Optio
     if len(data) > limit:
         raise _fail(record, key, f"grew past the limit of {limit} bytes while being read; refused")
     return bytes(data)
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_zip_sizes(data: bytes, record: str, key: str, limit: int, expected: Optional[int], dtype: Any,
+                     shape: tuple) -> None:
+    """A torch zip file's entries may be deflated (torch.save never compresses, but torch.load
+    inflates them): refuse it before ``torch.load`` when the sizes its central directory declares
+    (what torch allocates) add up to more than the record allows. Only the directory is parsed."""
+    if data[:4] != _ZIP_MAGIC:
+        return  # the legacy (pre-1.6) format: every storage is read from the file itself
+    import zipfile
+
+    try:
+        infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        raise _fail(record, key, f"unreadable or truncated (a bad zip archive: {exc})") from None
+    total = 0
+    for info in infos:
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise _fail(record, key, f"refused: zip entry {info.filename!r} uses compression method "
+                                     f"{info.compress_type}, which torch files never use")
+        total += info.file_size
+    if total > limit:
+        raise _fail(record, key, f"refused: its zip entries inflate to {total} bytes, far more than the record's "
+                                 f"{dtype} {list(shape)} ({expected} bytes; limit {limit}, a compressed "
+                                 "storage: a decompression bomb?)")
 
 
 def _load_pt(data: bytes, record: str, key: str) -> Any:
