@@ -17,7 +17,9 @@ def _common(p, *, build: bool = True) -> None:
                        help="worker processes of the LocalCluster started for big jobs (default: CPU count)")
         p.add_argument("--no-cluster", action="store_true", help="never start a LocalCluster: run tasks here")
         p.add_argument("--refresh", default="missing", choices=["missing", "check", "all", "none"],
-                       help="which rank directories to (re)index before answering (default: missing)")
+                       help="which rank directories to (re)index before answering (default: missing: those "
+                            "without an index and those whose dump.json changed since; none: build nothing and "
+                            "leave out what is stale)")
 
 
 def register(sub) -> None:

@@ -15,6 +15,7 @@ import time
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError, MsprobeError, StorageNotFoundError, require
+from msprobe.readers.index import doc_stat
 
 __all__ = ["discover_runs", "read_catalog", "LAKE_DIR", "INDEX_PREFIX", "MANIFEST_KEY", "CATALOG_JSON",
            "CATALOG_PARQUET", "MANIFEST_COLUMNS"]
@@ -128,23 +129,28 @@ def compact_key_of(key: str) -> str:
 
 # -- building -------------------------------------------------------------------------------------
 
-def _stat(store: Any, key: str) -> tuple:
-    """(size, mtime) of a key, (None, None) when unknown."""
-    local = store.local_path(key) if getattr(store, "is_local", False) else None
-    try:
-        if local:
-            st = os.stat(local)
-            return st.st_size, st.st_mtime
-        fs, root = getattr(store, "fs", None), getattr(store, "root", None)
-        if fs is None:
-            return store.size(key), None
-        info = fs.info(f"{root}/{key}" if root else key)
-        mt = info.get("LastModified") or info.get("mtime") or info.get("created")
-        if hasattr(mt, "timestamp"):
-            mt = mt.timestamp()
-        return info.get("size"), (float(mt) if isinstance(mt, (int, float)) else None)
-    except (OSError, MsprobeError, KeyError):
-        return None, None
+def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list) -> dict:
+    """Task: {rank prefix: (document name, size, mtime)} of each rank directory's dump.json
+    (or debug.json), from one listing per directory (concurrent on object stores): what an
+    open compares with what each index covers. A directory that went away is left out."""
+    from msprobe.format.documents import DEBUG_JSON, DUMP_JSON
+
+    store = _Prefetched(_store(root_url, storage_options))
+    store.prefetch(list(prefixes), ())
+    out = {}
+    for p in prefixes:
+        try:
+            names = set(store.list_dir(p))
+        except MsprobeError:
+            continue
+        name = DUMP_JSON if DUMP_JSON in names else DEBUG_JSON if DEBUG_JSON in names else None
+        if name is None:
+            out[p] = (None, None, None)
+            continue
+        key = f"{p}/{name}" if p else name
+        size, mtime = store.info.get(key) or doc_stat(store, key)
+        out[p] = (name, size, mtime)
+    return out
 
 
 def _tensor_bytes(store: Any, prefix: str) -> tuple:
@@ -313,16 +319,13 @@ class _CompactWriter:
 
 
 def _build_batch(root_url: str, storage_options: Optional[dict], run: str, run_prefix: str, locs: list,
-                 known_sizes: Optional[dict] = None, compact_key: Optional[str] = None) -> list:
+                 compact_key: Optional[str] = None) -> list:
     """Task: write the index of each rank directory in ``locs`` (prefix, step, rank_dir, rank,
     split) to ``_lake/index/...``; returns one manifest row per rank directory.
 
-    ``known_sizes``: {prefix: doc size} of ranks already indexed; a rank whose document still
-    has that size is not rebuilt (its row comes back with ``unchanged=True``).
     ``compact_key``: ``locs`` are every rank of one step: also stream their tables into
     that step's ``_compact.parquet`` (no second pass over the files)."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
     from msprobe.format.layout import MAPPING_CSV, TENSOR_DIR
@@ -347,13 +350,7 @@ def _build_batch(root_url: str, storage_options: Optional[dict], run: str, run_p
             dump = Dump(store, [src], engine="msprobe", url=root_url, storage_options=storage_options, run=run)
             key = index_key(run, step, rank, rank_dir, split)
             doc_name = src.doc_name
-            size, mtime = (store.info.get(src.doc_key) or _stat(store, src.doc_key)) if doc_name else (None, None)
-            if known_sizes is not None and prefix in known_sizes and known_sizes[prefix] == size:
-                rows.append({"prefix": prefix, "unchanged": True, "index_key": key})
-                if cw is not None:
-                    old = pq.read_table(io.BytesIO(out_store.get(key)))
-                    cw.add(key, old, 0)
-                continue
+            size, mtime = (store.info.get(src.doc_key) or doc_stat(store, src.doc_key)) if doc_name else (None, None)
             try:
                 doc = src.document()
             except StorageNotFoundError:
@@ -368,7 +365,8 @@ def _build_batch(root_url: str, storage_options: Optional[dict], run: str, run_p
                                      stack=src.stack(), construct=src.construct(),
                                      mapping=src.mapping() if has_map else None,
                                      source=src.url, dialect=dialect, doc_name=doc_name or "dump.json",
-                                     doc_size=src._doc_size)  # noqa: SLF001
+                                     doc_size=src._doc_size if src._doc_size is not None else size,  # noqa: SLF001
+                                     doc_mtime=mtime)
             puts.append(pool.submit(out_store.put, key, _table_bytes(table)))
             if len(puts) > 16:
                 puts.pop(0).result()
@@ -415,7 +413,7 @@ def _manifest_row_from_index(root_url: str, storage_options: Optional[dict], run
         return None
     return {"run": run, "run_prefix": run_prefix, "split": split, "step": step, "rank": rank, "rank_dir": rank_dir,
             "prefix": prefix, "index_key": key, "compact_key": None, "doc": m.get("doc"), "doc_size": m.get("doc_size"),
-            "mtime": None, "tensor_files": None, "tensor_bytes": None, "records": m.get("records"), "rows": None,
+            "mtime": m.get("doc_mtime"), "tensor_files": None, "tensor_bytes": None, "records": m.get("records"), "rows": None,
             "nan_rows": None, "framework": m.get("framework"), "task": m.get("task"), "level": m.get("level"),
             "dialect": m.get("dialect"), "built_at": None}
 

@@ -31,9 +31,11 @@ class Lake:
     ``client``: a ``dask.distributed.Client`` or a scheduler address; without one, jobs of
     :data:`msprobe.lake._dask.LOCAL_CLUSTER_MIN_TASKS` tasks or more start a
     ``LocalCluster`` of ``workers`` processes (``local=False``: never; ``True``: always).
-    ``refresh``: ``"missing"`` (index rank directories without an index), ``"check"``
-    (also re-index those whose document changed size), ``"all"`` (re-index everything),
-    ``"none"`` (read what is indexed; build nothing). ``batch``: rank directories per task.
+    ``refresh``: ``"missing"`` (index rank directories without an index, and re-index those
+    whose document changed since: another size or modification time than the index covers,
+    as after a re-dump into the same path; one listing per rank directory), ``"check"`` (the
+    same; kept for older scripts), ``"all"`` (re-index everything), ``"none"`` (build
+    nothing: read what is indexed, leaving out with a warning what is stale). ``batch``: rank directories per task.
     ``duckdb_config``: settings for DuckDB connections (default ``threads``/``memory_limit``).
     """
 
@@ -75,10 +77,11 @@ class Lake:
         old = {r["index_key"]: r for r in _core.read_manifest(self.store)}
         t2 = time.perf_counter()
         rows: dict = {}
-        todo: dict = {}  # compact key (one step of one run) -> [(loc, known doc size or None)]
+        todo: dict = {}  # compact key (one step of one run) -> [(run, loc)]
         members: dict = {}  # compact key -> how many rank dirs the step has
         recover: list = []
         prefix_of = {i["run"]: i["run_prefix"] for i in infos}
+        loc_of: dict = {}
         for info in infos:
             run = info["run"]
             for loc in info["locs"]:
@@ -86,34 +89,47 @@ class Lake:
                 key = _core.index_key(run, step, rank, rank_dir, split)
                 ckey = _core.compact_key_of(key)
                 members[ckey] = members.get(ckey, 0) + 1
-                if refresh == "none":
-                    if key in old:
-                        rows[key] = old[key]
-                    elif key in existing:
-                        recover.append((run, info["run_prefix"], tuple(loc)))
-                    continue
-                if refresh == "all" or key not in existing:
-                    todo.setdefault(ckey, []).append((run, tuple(loc), None))
-                elif key not in old:
+                loc_of[key] = (run, tuple(loc))
+                if refresh == "all" or (key not in existing and refresh != "none"):
+                    todo.setdefault(ckey, []).append((run, tuple(loc)))
+                elif key in old:
+                    rows[key] = old[key]
+                elif key in existing:
                     recover.append((run, info["run_prefix"], tuple(loc)))
-                elif refresh == "check":
-                    todo.setdefault(ckey, []).append((run, tuple(loc), old[key].get("doc_size")))
-                    rows[key] = old[key]
-                else:
-                    rows[key] = old[key]
+        changed_groups: set = set()
+        if recover:
+            rec_jobs = [(self.url, self.storage_options, recover[i:i + 256]) for i in range(0, len(recover), 256)]
+            for batch_rows in self.runner.map(_core._rebuild_rows, rec_jobs, local=False):  # noqa: SLF001
+                for r in batch_rows:
+                    rows[r["index_key"]] = r
+                    changed_groups.add(_core.compact_key_of(r["index_key"]))
+        # what each index covers (document size and time) against the documents now: a re-dump
+        # into the same path makes an index stale; it is rebuilt (or, refresh="none", left out)
+        stale = self._stale(rows)
+        for key, reason in stale.items():
+            del rows[key]
+            ckey = _core.compact_key_of(key)
+            changed_groups.add(ckey)
+            if refresh != "none":
+                todo.setdefault(ckey, []).append(loc_of[key])
+        if stale:
+            k0 = sorted(stale)[0]
+            from msprobe.readers.index import warn_stale
+
+            warn_stale(f"of {self.url} ({len(stale)} rank dir(s) changed since they were indexed; first: "
+                       f"{loc_of[k0][1][0]})", stale[k0],
+                       "left out (refresh='none')" if refresh == "none" else "re-indexing them")
         jobs = []
         direct: set = set()  # steps whose build task writes the compacted file too
         for ckey, items in sorted(todo.items()):
             run = items[0][0]
-            whole = (refresh != "check" and len(items) == members[ckey] and 2 <= len(items) <= self.batch)
+            whole = len(items) == members[ckey] and 2 <= len(items) <= self.batch
             if whole:
                 direct.add(ckey)
             for i in range(0, len(items), self.batch):
                 chunk = items[i:i + self.batch]
-                known = {loc[0]: size for _, loc, size in chunk} if refresh == "check" else None
-                jobs.append((self.url, self.storage_options, run, prefix_of[run], [loc for _, loc, _ in chunk], known,
+                jobs.append((self.url, self.storage_options, run, prefix_of[run], [loc for _, loc in chunk],
                              ckey if whole else None))
-        changed_groups: set = set()
         n_built = 0
         executor = "none"
         if jobs:
@@ -123,16 +139,8 @@ class Lake:
             executor = self.runner.last
             for batch_rows in built_rows:
                 for r in batch_rows:
-                    if r.get("unchanged"):
-                        continue
                     rows[r["index_key"]] = r
                     n_built += 1
-                    changed_groups.add(_core.compact_key_of(r["index_key"]))
-        if recover:
-            rec_jobs = [(self.url, self.storage_options, recover[i:i + 256]) for i in range(0, len(recover), 256)]
-            for batch_rows in self.runner.map(_core._rebuild_rows, rec_jobs, local=False):  # noqa: SLF001
-                for r in batch_rows:
-                    rows[r["index_key"]] = r
                     changed_groups.add(_core.compact_key_of(r["index_key"]))
         t3 = time.perf_counter()
         # index files of rank directories that went away
@@ -187,9 +195,36 @@ class Lake:
             _core.write_catalog(self.store_w, self.catalog_rows, self.url)
         t5 = time.perf_counter()
         self.stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": n_built, "recovered": len(recover),
-                      "removed": n_removed, "compacted": len(compact_jobs) + len(direct), "executor": executor}
+                      "removed": n_removed, "compacted": len(compact_jobs) + len(direct), "stale": len(stale),
+                      "executor": executor}
         self.timings = {"discover_s": t1 - t0, "list_s": t2 - t1, "index_s": t3 - t2, "compact_s": t4 - t3,
                         "catalog_s": t5 - t4, "total_s": t5 - t0}
+
+    def _stale(self, rows: dict) -> dict:
+        """{index key: why} of the indexed rank directories whose document no longer has the
+        size and modification time recorded when it was indexed (listings only, as tasks)."""
+        from msprobe.readers.index import stale_reason
+
+        prefixes = sorted({r["prefix"] for r in rows.values()})
+        if not prefixes:
+            return {}
+        jobs = [(self.url, self.storage_options, prefixes[i:i + 1024]) for i in range(0, len(prefixes), 1024)]
+        now: dict = {}
+        for part in self.runner.map(_core.doc_stats, jobs, local=False):
+            now.update(part)
+        local = bool(getattr(self.store, "is_local", False))
+        out = {}
+        for key, r in rows.items():
+            if r["prefix"] not in now:
+                continue  # gone: removed below
+            name, size, mtime = now[r["prefix"]]
+            if r.get("doc") and name and name != r["doc"]:
+                out[key] = f"{name} replaced {r['doc']}"
+                continue
+            reason = stale_reason({"doc_size": r.get("doc_size"), "doc_mtime": r.get("mtime")}, size, mtime, local=local)
+            if reason is not None:
+                out[key] = reason
+        return out
 
     @property
     def store_w(self) -> Any:

@@ -107,8 +107,21 @@ class RankSource:
         """True when rows and digests come from this rank's Parquet index."""
         if self._use_index is None:
             # a live journal holds records the index cannot know about: read the documents then
-            self._use_index = bool(self.prefer_index and self.has_index() and not self.has_journal())
+            self._use_index = bool(self.prefer_index and self.has_index() and not self.has_journal()
+                                   and self._index_covers())
         return self._use_index
+
+    def _index_covers(self) -> bool:
+        """False (with a StaleIndexWarning) when the document changed since the index was built."""
+        from msprobe.readers.index import doc_stat, stale_reason, warn_stale
+
+        if self.doc_name is None:
+            return True
+        size, mtime = doc_stat(self.store, self.doc_key)
+        reason = stale_reason(self.index_metadata(), size, mtime, local=bool(getattr(self.store, "is_local", False)))
+        if reason is not None:
+            warn_stale(self.url, reason)
+        return reason is None
 
     @property
     def index_store(self) -> Any:
@@ -438,7 +451,6 @@ class IndexSource:
     """
 
     index_only = True
-    use_index = True
 
     def __init__(self, index_store: Any, index_key: str, *, storage_options: Optional[dict] = None):
         self.index_store = index_store
@@ -452,6 +464,30 @@ class IndexSource:
         self.rank_dir: str = hints.get("rank_dir") or index_key.rsplit("/", 1)[0]
         self._meta: Optional[dict] = None
         self._rank: Optional[RankSource] = None
+        self._use_index: Optional[bool] = None
+
+    @property
+    def use_index(self) -> bool:
+        """True unless the document it was built from changed since (a re-dump into the same
+        path): then the rank directory is read instead, with a StaleIndexWarning. An index
+        whose dump cannot be reached (moved, other credentials) is used as it is."""
+        if self._use_index is None:
+            self._use_index = True
+            meta = self.index_metadata()
+            if meta.get("doc") and (meta.get("doc_size") is not None or meta.get("doc_mtime") is not None):
+                from msprobe.readers.index import doc_stat, stale_reason, warn_stale
+
+                try:
+                    rs = self.rank_source()
+                    size, mtime = doc_stat(rs.store, meta["doc"])
+                except MsprobeError:
+                    size = mtime = None
+                reason = stale_reason(meta, size, mtime, local=bool(getattr(self._rank and self._rank.store,
+                                                                            "is_local", False)))
+                if reason is not None:
+                    warn_stale(f"{self.url} (of {meta.get('source')})", reason)
+                    self._use_index = False
+        return self._use_index
 
     @property
     def key(self) -> tuple:

@@ -13,14 +13,21 @@ tensor keeps one row whose ``io`` is null, so every record is in the index.
 ``location`` is the payload's key relative to the rank directory. The Parquet
 key-value metadata holds ``msprobe_lake.index_version``, ``msprobe_lake.format_version``
 and what the reader needs without dump.json (task, level, framework, dialect, run,
-step, rank, rank_dir, split, source URL, record count, document size).
+step, rank, rank_dir, split, source URL, record count) and what it covers: the size
+(``doc_size``) and modification time (``doc_mtime``) of the document it was built from.
+An index whose document no longer has that size and time (a re-dump into the same path)
+is stale: readers and the lake ignore it, with a :class:`StaleIndexWarning`, and read
+(or re-index) the document instead.
 """
 from __future__ import annotations
 
 import io
 import json
+import logging
+import os
 import re
 import sys
+import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from msprobe.errors import StorageNotFoundError, require
@@ -39,7 +46,16 @@ __all__ = [
     "partition_key",
     "compact_index",
     "COMPACT_FILE",
+    "StaleIndexWarning",
+    "doc_stat",
+    "stale_reason",
 ]
+
+log = logging.getLogger("msprobe.readers")
+
+
+class StaleIndexWarning(UserWarning):
+    """A Parquet index no longer describes its document (re-dumped since): it is not used."""
 
 INDEX_VERSION = "1.0"
 META_PREFIX = "msprobe_lake."
@@ -82,15 +98,64 @@ def _parents(construct: Any) -> Optional[dict]:
     return construct.raw if hasattr(construct, "raw") else dict(construct)
 
 
+def doc_stat(store: Any, key: str) -> tuple:
+    """(size, mtime) of a document, (None, None) when it cannot be told: a local ``os.stat``,
+    else the file system's ``info`` (an object store's Last-Modified)."""
+    from msprobe.errors import MsprobeError
+
+    local = store.local_path(key) if getattr(store, "is_local", False) else None
+    try:
+        if local:
+            st = os.stat(local)
+            return st.st_size, st.st_mtime
+        fs, root = getattr(store, "fs", None), getattr(store, "root", None)
+        if fs is None:
+            return store.size(key), None
+        path = f"{root}/{key}" if root else key
+        fs.invalidate_cache(path)
+        info = fs.info(path)
+        return info.get("size"), _mtime_of(info)
+    except (OSError, MsprobeError, KeyError, ValueError):
+        return None, None
+
+
+def _mtime_of(info: dict) -> Optional[float]:
+    """The modification time in an fsspec ``info``/listing entry (seconds), or None."""
+    mt = info.get("LastModified") or info.get("mtime") or info.get("created")
+    if hasattr(mt, "timestamp"):
+        mt = mt.timestamp()
+    return float(mt) if isinstance(mt, (int, float)) and not isinstance(mt, bool) else None
+
+
+def stale_reason(meta: dict, size: Optional[int], mtime: Optional[float], *, local: bool = True) -> Optional[str]:
+    """Why an index whose metadata is ``meta`` no longer covers a document of ``size`` bytes
+    modified at ``mtime`` (None: it still does, or it cannot be told). Object stores' times
+    are compared to the second (listings and HEAD round differently)."""
+    old_size, old_mtime = meta.get("doc_size"), meta.get("doc_mtime")
+    if old_size is not None and size is not None and int(old_size) != int(size):
+        return f"the document has {size} bytes, the index was built from {old_size}"
+    if old_mtime is not None and mtime is not None and abs(float(old_mtime) - float(mtime)) > (0.0 if local else 1.0):
+        return "the document was modified after the index was built"
+    return None
+
+
+def warn_stale(where: str, reason: str, instead: str = "reading the document instead") -> None:
+    msg = f"stale Parquet index {where}: {reason}; {instead}"
+    log.warning(msg)
+    warnings.warn(msg, StaleIndexWarning, stacklevel=3)
+
+
 def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank_dir: str,
                      split: Optional[str] = None, run: Optional[str] = None, stack: Any = None,
                      construct: Any = None, mapping: Optional[dict] = None, source: Optional[str] = None,
                      dialect: Optional[str] = None, doc_name: Optional[str] = None,
-                     doc_size: Optional[int] = None, locations: Optional[dict] = None) -> Any:
+                     doc_size: Optional[int] = None, locations: Optional[dict] = None,
+                     doc_mtime: Optional[float] = None) -> Any:
     """The index table (pyarrow) of one rank's document, metadata included.
 
     ``doc``: a DumpDocument or the dump.json object; ``stack``/``construct``: a
-    StackDocument/ConstructDocument or their JSON objects (or None)."""
+    StackDocument/ConstructDocument or their JSON objects (or None). ``doc_size`` and
+    ``doc_mtime``: what the index covers (see :func:`stale_reason`)."""
     from msprobe import FORMAT_VERSION
 
     doc = _as_doc(doc)
@@ -103,6 +168,7 @@ def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank
         "task": doc.task, "level": doc.level, "framework": doc.framework, "dialect": dialect,
         "run": run, "step": step, "rank": rank, "rank_dir": rank_dir, "split": split, "source": source,
         "records": len(data), "doc": doc_name, "doc_size": doc_size,
+        "doc_mtime": None if doc_mtime is None else repr(float(doc_mtime)),
     }
     return rows_to_arrow(cols, {META_PREFIX + k: "" if v is None else v for k, v in meta.items()})
 
@@ -119,21 +185,24 @@ def write_rank_index(store: Any, rank_prefix: str, doc: Any, *, step: Optional[i
                      stack: Any = None, construct: Any = None, mapping: Optional[dict] = None,
                      dialect: Optional[str] = None, key: Optional[str] = None, doc_name: str = "dump.json",
                      doc_size: Optional[int] = None, source: Optional[str] = None,
-                     locations: Optional[dict] = None) -> str:
+                     locations: Optional[dict] = None, doc_mtime: Optional[float] = None) -> str:
     """Write the index of one rank through ``store`` (``store.put``, atomic) and return its key.
 
     ``doc`` is the rank's :class:`~msprobe.format.documents.DumpDocument` or the dump.json
     object; ``stack`` and ``construct`` its StackDocument / ConstructDocument or their JSON
     objects, when there are any. The key defaults to ``<rank_prefix>/index/records.parquet``.
     This is what a dumper calls at publish time (``dialect`` defaults to the marker's
-    ``msprobe-lake`` only when given).
+    ``msprobe-lake`` only when given). Without ``key``, ``doc_size`` and ``doc_mtime``, they are
+    taken from ``<rank_prefix>/<doc_name>`` as it is now (the document is published first).
     """
+    if key is None and doc_size is None and doc_mtime is None:
+        doc_size, doc_mtime = doc_stat(store, join(rank_prefix, doc_name))
     rank_dir = rank_dir or (rank_prefix.rstrip("/").rsplit("/", 1)[-1] if rank_prefix else "rank")
     if source is None:
         source = f"{store.url.rstrip('/')}/{rank_prefix}" if rank_prefix else store.url
     table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run, stack=stack,
                              construct=construct, mapping=mapping, source=source, dialect=dialect,
-                             doc_name=doc_name, doc_size=doc_size, locations=locations)
+                             doc_name=doc_name, doc_size=doc_size, locations=locations, doc_mtime=doc_mtime)
     key = key or join(rank_prefix, INDEX_FILE)
     store.put(key, _table_bytes(table))
     return key
@@ -179,6 +248,11 @@ def _decode_meta(md: dict) -> dict:
                 out[k] = int(out[k])
             except ValueError:
                 out[k] = None
+    if out.get("doc_mtime") is not None:
+        try:
+            out["doc_mtime"] = float(out["doc_mtime"])
+        except ValueError:
+            out["doc_mtime"] = None
     return out
 
 
@@ -246,8 +320,9 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
         else:
             store, prefix = out_store, ""
             key = partition_key(run, src.step, src.rank, src.rank_dir, src.split)
-        if not (skip_existing and store.exists(key)):
+        if not (skip_existing and store.exists(key) and _covers(store, key, src)):
             was_loaded = src.loaded
+            size, mtime = doc_stat(src.store, src.doc_key) if src.doc_name else (None, None)
             try:
                 doc = src.document()
             except StorageNotFoundError:
@@ -256,8 +331,8 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
                              split=src.split, run=run, stack=src.stack(), construct=src.construct(),
                              mapping=src.mapping() if src._has_mapping() else None,  # noqa: SLF001
                              dialect=dump.dialect_of(src), key=key, doc_name=src.doc_name or "dump.json",
-                             doc_size=src._doc_size, source=src.url,  # noqa: SLF001
-                             locations=src.tensor_locations())
+                             doc_size=src._doc_size if src._doc_size is not None else size,  # noqa: SLF001
+                             doc_mtime=mtime, source=src.url, locations=src.tensor_locations())
             if not was_loaded:
                 src._reset()  # noqa: SLF001 - bound memory: one document at a time
         written.append(f"{store.url.rstrip('/')}/{key}")
@@ -270,6 +345,21 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     if out_store is not None and compact and written:
         compact_index(out_store, runs=[run])
     return written
+
+
+def _covers(store: Any, key: str, src: Any) -> bool:
+    """True while the index at ``key`` still covers ``src``'s document (skip_existing)."""
+    try:
+        meta = read_index_metadata(store, key)
+    except (ValueError, OSError):  # a damaged index (MsprobeError and ArrowInvalid are ValueErrors)
+        return False
+    if not src.doc_name:
+        return True
+    size, mtime = doc_stat(src.store, src.doc_key)
+    reason = stale_reason(meta, size, mtime, local=bool(getattr(src.store, "is_local", False)))
+    if reason is not None:
+        log.info("re-indexing %s: %s", src.url, reason)
+    return reason is None
 
 
 def _partition_dir(key: str) -> str:

@@ -19,6 +19,7 @@ import lake_synth as S  # noqa: E402
 
 import msprobe.lake  # noqa: E402
 from msprobe.errors import ConfigError  # noqa: E402
+from msprobe.readers.index import StaleIndexWarning  # noqa: E402
 
 STEPS, RANKS = 4, 8
 
@@ -199,9 +200,10 @@ def test_refresh_new_and_removed_rank_dirs(lake_src, tmp_path):
     doc["data"]["Functional.extra.0.forward"] = {"input_args": [], "input_kwargs": {}, "output": []}
     with open(path, "w") as f:
         json.dump(doc, f)
-    assert msprobe.lake.open(root, local=False).stats["indexed"] == 0
-    lake = msprobe.lake.open(root, local=False, refresh="check")
-    assert lake.stats["indexed"] == 1
+    with pytest.warns(StaleIndexWarning, match="1 rank dir"):
+        lake = msprobe.lake.open(root, local=False)  # the default refresh sees it: another size
+    assert (lake.stats["indexed"], lake.stats["stale"]) == (1, 1)
+    assert msprobe.lake.open(root, local=False, refresh="check").stats["indexed"] == 0
     assert lake.sql("SELECT count(*) AS n FROM lake_records WHERE record = 'Functional.extra.0.forward'")["n"][0] == 1
     # a lost manifest is rebuilt from the index files' metadata, nothing re-indexed
     os.remove(os.path.join(root, "_lake", "manifest.parquet"))
@@ -330,3 +332,34 @@ def test_s3_sql_with_environment_only(tmp_path, s3_server, s3_bucket_url, monkey
     assert main(["lake", "sql", url, bad, "--no-cluster"]) == 1
     err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("lake: ")]
     assert len(err) == 1 and err[0].startswith("msprobe lake: error: SQL over ") and "404" in err[0], err
+
+
+def test_redump_into_the_same_path(tmp_path, capsys):
+    """A run re-dumped into the same path by our PrecisionDebugger: the lake's index of the
+    first dump no longer covers the documents; the default refresh re-indexes them, so
+    `lake nan` finds the NaN of the second dump. refresh='none' leaves the stale ranks out."""
+    pytest.importorskip("torch")
+    from readers_synth import debugger_dump
+
+    from msprobe.cli import main
+
+    root = tmp_path / "lake"
+    debugger_dump(root / "run_x", layers=2)
+    debugger_dump(root / "run_y", layers=2)
+    assert main(["lake", "nan", str(root), "--json", "--no-cluster"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    before = msprobe.lake.open(str(root), local=False).catalog_rows[0]["records"]
+    debugger_dump(root / "run_x", layers=5, nan=True)
+    with pytest.warns(StaleIndexWarning, match="left out"):
+        lake = msprobe.lake.open(str(root), local=False, refresh="none")
+    assert lake.runs == ["run_x", "run_y"] and lake.stats["stale"] == 1
+    assert set(lake.sql("SELECT DISTINCT run FROM lake")["run"]) == {"run_y"}  # nothing stale answers
+    with pytest.warns(StaleIndexWarning, match="re-indexing"):
+        assert main(["lake", "nan", str(root), "--json", "--no-cluster"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["run"], r["record"], bool(r["has_nan"])) for r in rows] == [
+        ("run_x", "Functional.linear.4.forward", True)]
+    lake = msprobe.lake.open(str(root), local=False)
+    assert lake.stats["stale"] == 0 and lake.catalog_rows[0]["records"] > before
+    doc = json.loads((root / "run_x" / "step0" / "rank" / "dump.json").read_text())
+    assert lake.catalog_rows[0]["records"] == len(doc["data"])

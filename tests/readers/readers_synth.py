@@ -232,3 +232,27 @@ def debug_dump(root: str) -> DumpWriter:
                                                                                          "value": 0.5}})
     w.write()
     return w
+
+
+def debugger_dump(path, layers: int, nan: bool = False, index: bool = False) -> None:
+    """A real (not synthetic) dump by our PrecisionDebugger into ``path``: one step of
+    ``layers`` Linear layers at L1 (``nan``: a NaN in the last one's input); ``index``: the
+    dumper writes the Parquet index at publish."""
+    import torch
+
+    from msprobe.pytorch import PrecisionDebugger
+
+    PrecisionDebugger._reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)])
+    dbg = PrecisionDebugger(dump_path=str(path), level="L1", index=index)
+    dbg.start(model)
+    x = torch.ones(2, 4)
+    for i, layer in enumerate(model):
+        if nan and i == layers - 1:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        x = layer(x)
+    dbg.stop()
+    dbg.step()
+    PrecisionDebugger._reset()

@@ -11,7 +11,7 @@ import msprobe.readers as readers
 from msprobe.cli import main as cli
 from msprobe.readers.index import INDEX_VERSION, build_index, read_index_metadata, write_rank_index
 
-from readers_synth import debug_dump, mindspore_dump, torch_dump
+from readers_synth import debug_dump, debugger_dump as _dump_run, mindspore_dump, torch_dump
 
 pa = pytest.importorskip("pyarrow")
 pd = pytest.importorskip("pandas")
@@ -267,3 +267,48 @@ def test_lake_compaction(tmp_path, dist):
     d = readers.open(str(lake))
     assert d.compacts == {}
     assert len(d.to_pandas()) == len(ref[~((ref["step"] == 1) & (ref["rank"] == 1))])
+
+
+def test_stale_index_after_redump_is_ignored(tmp_path):
+    """A re-dump into the same path leaves the old index behind: it covers another document
+    (size, mtime), so readers ignore it with a StaleIndexWarning and read dump.json."""
+    from msprobe.readers.index import StaleIndexWarning
+
+    root = tmp_path / "run"
+    _dump_run(root, layers=2, index=True)
+    rank = root / "step0" / "rank"
+    meta = read_index_metadata(readers.open(str(root)).store, "step0/rank/index/records.parquet")
+    st = os.stat(rank / "dump.json")
+    assert (meta["doc_size"], meta["doc_mtime"]) == (st.st_size, st.st_mtime)  # what it covers
+    old = readers.open(str(root)).count()
+    _dump_run(root, layers=5, nan=True)  # same path, no index written this time
+    assert (rank / "index" / "records.parquet").exists()
+    n_doc = len(json.loads((rank / "dump.json").read_text())["data"])
+    assert n_doc > old
+    with pytest.warns(StaleIndexWarning, match="stale Parquet index"):
+        d = readers.open(str(root))
+        assert d.count() == n_doc
+    assert not d.find_anomalies().empty
+    # an index lake built from the first dump: its file is stale too
+    _dump_run(tmp_path / "run2", layers=2)
+    lake = tmp_path / "lake"
+    build_index(str(tmp_path / "run2"), out=str(lake), run="r")
+    assert readers.open(str(lake)).count() == old
+    _dump_run(tmp_path / "run2", layers=5, nan=True)
+    with pytest.warns(StaleIndexWarning):
+        d = readers.open(str(lake))
+        assert d.count() == n_doc and not d.find_anomalies().empty
+    # build_index(skip_existing=True) rebuilds what is stale, keeps what holds
+    build_index(str(root), skip_existing=True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StaleIndexWarning)
+        d = readers.open(str(root))
+        assert d.engine == "index" and d.count() == n_doc
+        assert [r["source"] for r in d.summary()["rank_dirs"]] == ["index"]
+    # same size, rewritten later (a re-dump of the same shape): the time tells
+    doc = (rank / "dump.json").read_bytes()
+    (rank / "dump.json").write_bytes(doc.replace(b'"Max": ', b'"Max":', 1) + b" ")
+    with pytest.warns(StaleIndexWarning, match="modified after"):
+        assert readers.open(str(root)).summary()["rank_dirs"][0]["source"] == "dump.json"
