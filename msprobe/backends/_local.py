@@ -134,13 +134,13 @@ class LocalStore(Store):
             self._fail(exc, "get", path)
 
     def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
-        path = self._path(self._key(key))
+        path = self._read_path(key)  # a symlink out of the store is refused here too
         if start < 0 or (end is not None and end < 0):
             raise MsprobeError(f"get_range {path}: negative offsets are not supported")
         try:
             with open(path, "rb") as f:
-                f.seek(start)
-                return f.read() if end is None else f.read(max(0, end - start))
+                f.seek(start)  # never ask for more than the file holds (a huge end would allocate it)
+                return f.read() if end is None else f.read(max(0, min(end, os.fstat(f.fileno()).st_size) - start))
         except OSError as exc:
             self._fail(exc, "get_range", path)
 

@@ -179,11 +179,33 @@ def decode_index(raw: bytes, chunks_per_shard: int, where: str) -> np.ndarray:
     return np.frombuffer(body, dtype="<u8").reshape(chunks_per_shard, 2)
 
 
+#: c-blosc's worst-case frame overhead (BLOSC_MAX_OVERHEAD)
+BLOSC_MAX_OVERHEAD = 16
+
+
+def max_encoded_nbytes(raw_nbytes: int, compressed: bool) -> int:
+    """The most bytes an inner chunk of ``raw_nbytes`` may take in a shard."""
+    return raw_nbytes + BLOSC_MAX_OVERHEAD if compressed else raw_nbytes
+
+
 def decode_chunk(raw: bytes, dt: np.dtype, chunk_elems: int, compressed: bool) -> np.ndarray:
+    want = chunk_elems * dt.itemsize
     if compressed:  # a blosc frame describes itself (codec, shuffle, typesize)
         from numcodecs import Blosc
 
-        out = Blosc().decode(raw)
+        # what the frame says it inflates to is checked before inflating (a blosc bomb of 39 KB
+        # would otherwise allocate its declared size, up to 2 GiB per chunk)
+        if len(raw) < BLOSC_MAX_OVERHEAD:
+            raise FormatError(f"inner chunk of {len(raw)} bytes is too short for a blosc frame")
+        nbytes, _, cbytes = struct.unpack_from("<III", raw, 4)  # header: 4 flag bytes, nbytes, blocksize, cbytes
+        if nbytes != want or cbytes != len(raw):
+            raise FormatError(f"inner chunk: its blosc frame declares {nbytes} bytes ({cbytes} compressed) but the "
+                              f"chunk holds {want} bytes in {len(raw)}; refused before decompressing (corrupt or "
+                              "hostile shard)")
+        try:
+            out = Blosc().decode(raw)
+        except Exception as exc:  # noqa: BLE001
+            raise FormatError(f"inner chunk: blosc cannot decode it ({type(exc).__name__}: {exc})") from None
     else:
         out = raw
     arr = np.frombuffer(out, dtype=dt.newbyteorder("<"))

@@ -123,3 +123,42 @@ def cli_measured(argv: list, timeout: float = 300, preimport: str = "torch") -> 
     pre = f"import {preimport}; " if preimport else ""
     return run_measured(f"{pre}import msprobe.cli as _c; sys.exit(_c.main(sys.argv[1:]))",
                         ["msprobe", *argv], timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- Zarr shards
+def read_shard(path: str, chunks_per_shard: int) -> tuple:
+    """(list of the inner chunks' bytes or None, index rows) of a sharding_indexed shard file."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        data = f.read()
+    n = chunks_per_shard * 16 + 4
+    rows = [tuple(int(x) for x in r) for r in np.frombuffer(data[-n:-4], dtype="<u8").reshape(-1, 2)]
+    chunks = [None if off == 0xFFFFFFFFFFFFFFFF else data[off:off + size] for off, size in rows]
+    return chunks, rows
+
+
+def write_shard(path: str, chunks: list, rows: list = None) -> None:
+    """A shard file from inner chunks (None: missing); ``rows`` overrides the index (with a valid CRC)."""
+    import google_crc32c
+    import numpy as np
+
+    body, index, off = [], [], 0
+    for c in chunks:
+        if c is None:
+            index.append((0xFFFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF))
+        else:
+            index.append((off, len(c)))
+            body.append(c)
+            off += len(c)
+    ib = np.array(rows if rows is not None else index, dtype="<u8").tobytes()
+    with open(path, "wb") as f:
+        f.write(b"".join(body) + ib + struct.pack("<I", google_crc32c.value(ib)))
+
+
+def blosc_bomb(nbytes: int = 1 << 30) -> bytes:
+    """A real blosc frame of ``nbytes`` zeros (a few tens of KB)."""
+    import numpy as np
+    from numcodecs import Blosc
+
+    return bytes(Blosc(cname="zstd", clevel=9, shuffle=Blosc.NOSHUFFLE).encode(np.zeros(nbytes, dtype=np.uint8)))
