@@ -34,11 +34,15 @@ class ApiPatcher:
             return
         for key, (prefix, targets) in self.namespaces().items():
             for name in self.api_list.get(key, []):
+                # a dotted name (``linalg.vector_norm``) is the attribute of a submodule; its record
+                # takes the last part (``Torch.vector_norm``), as msprobe names it
+                sub, _, attr = name.rpartition(".")
                 for target in targets:
-                    orig = getattr(target, name, None)
+                    owner = getattr(target, sub, None) if sub else target
+                    orig = getattr(owner, attr, None) if owner is not None else None
                     if orig is None or not callable(orig) or getattr(orig, "__msprobe_wrapped__", False):
                         continue
-                    self._wrap(target, name, orig, f"{prefix}.{name}", handler)
+                    self._wrap(owner, attr, orig, f"{prefix}.{attr}", handler)
         for (_, name), (target, api_key) in self.extra.items():
             orig = getattr(target, name, None)
             if orig is not None and not getattr(orig, "__msprobe_wrapped__", False):

@@ -256,8 +256,10 @@ def test_fusion_attention_bf16_gqa_forward_backward(torch_npu, debugger, tmp_pat
         _stats_close(entry, ref_g.transpose(1, 2).reshape(B, S, n * D).bfloat16(), rel=3e-2)
 
 
-def test_tensor_npu_is_recorded_like_tensor_cuda(torch_npu, debugger, tmp_path):
+def test_tensor_npu_is_not_recorded_like_tensor_cuda(torch_npu, debugger, tmp_path):
+    # 26.2.0's lists wrap neither Tensor.npu nor Tensor.cuda (spec/FORMAT.md section 20, API coverage)
     data = _run_recorded(debugger, tmp_path, lambda: (torch.ones(3).npu(), torch.ones(2).to(torch.device("npu", 0))))
-    rec = data["Tensor.npu.0.forward"]
-    assert rec["input_args"][0]["dtype"] == "torch.float32" and rec["output"][0]["Max"] == 1.0
-    assert data["Tensor.to.0.forward"]["input_args"][1] == {"type": "torch.device", "value": "npu:0"}
+    assert not [n for n in data if n.startswith(("Tensor.npu.", "Tensor.cuda."))], list(data)
+    # (the test-only torch_npu's Tensor.npu is Python calling Tensor.to: that nested call is recorded)
+    to = [v for n, v in data.items() if n.startswith("Tensor.to.")]
+    assert to and to[-1]["input_args"][1] == {"type": "torch.device", "value": "npu:0"}, list(data)

@@ -17,6 +17,7 @@ import numpy as np
 from mindspore import Parameter, Tensor
 
 from msprobe.dumpers.encode import ValueEncoder
+from msprobe.dumpers.ndarray import ndarray_entry
 from msprobe.format.stats import crc32_hex, reference_stats, xor64
 
 __all__ = ["Encoder", "fetch_stats", "tensor_numpy", "tensor_raw"]
@@ -76,17 +77,6 @@ def _npy_bytes(t: Tensor) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(t.asnumpy()), allow_pickle=False)
     return buf.getvalue()
-
-
-def ndarray_entry(a: np.ndarray) -> dict:
-    """A numpy array argument (``Tensor.from_numpy``'s): numpy's dtype name and numpy's own
-    max/min/mean/2-norm in the array's dtype (as 26.2.0 writes them); never saved as a file."""
-    entry: dict = {"type": "numpy.ndarray", "dtype": str(a.dtype), "shape": list(a.shape),
-                   "Max": None, "Min": None, "Mean": None, "Norm": None}
-    if a.size and a.dtype.kind in "biuf":
-        entry.update(Max=a.max().item(), Min=a.min().item(), Mean=a.mean().item(),
-                     Norm=np.linalg.norm(a.ravel()).item())
-    return entry
 
 
 class Encoder(ValueEncoder):

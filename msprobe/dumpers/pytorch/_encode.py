@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 
 from msprobe.dumpers.encode import ValueEncoder
+from msprobe.dumpers.ndarray import is_ndarray, ndarray_entry
 from msprobe.format.stats import xor64
 
 __all__ = ["Encoder", "fetch_stats", "tensor_bytes"]
@@ -224,6 +225,8 @@ class Encoder(ValueEncoder):  # noqa: D101
         return super()._plain(v)
 
     def _special(self, value: Any) -> Any:
+        if is_ndarray(value):  # Tensor.numpy()'s output
+            return ndarray_entry(value)
         tname = type(value).__name__
         if tname == "ReduceOp" or tname == "RedOpType":
             return {"type": "torch.distributed.ReduceOp", "value": str(value)}
