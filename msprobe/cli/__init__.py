@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="msprobe", description="msprobe-lake: precision-debugging dumps as a data lake")
     parser.add_argument("--version", action="version", version=f"msprobe-lake {__version__}")
+    # the real tool's 8.x spelling ``msprobe -f pytorch <command>``: the framework is read from the dumps
+    parser.add_argument("-f", "--framework", choices=["pytorch", "mindspore"], default=None,
+                        help="accepted for compatibility with msprobe 8.x command lines (the dumps say which)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in SUBCOMMAND_MODULES:
         try:

@@ -1,27 +1,49 @@
-"""``msprobe compare TARGET BENCH [-o OUT]``: compare two dumps (also ``-tp T -gp G``)."""
+"""``msprobe compare TARGET BENCH [-o OUT]``: compare two dumps.
+
+Also the real tool's command lines: 26.x ``msprobe compare -tp T -gp G -o OUT`` (T and G a step or
+rank directory or a dump.json) and 8.x ``msprobe -f pytorch|mindspore compare -i compare.json -o OUT
+[-s] [-c] [-f] [-dm data_mapping.yaml]``.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="compare a target dump with a bench dump (statistics, md5 or tensor)")
-    p.add_argument("target", nargs="?", help="target dump: root, step or rank directory, or URL")
+    p.add_argument("target", nargs="?", help="target dump: root, step or rank directory, dump.json, or URL")
     p.add_argument("bench", nargs="?", help="bench (golden) dump")
     p.add_argument("-tp", "--target_path", "--target-path", dest="target_path", default=None,
                    help="target dump (the real tool's spelling)")
     p.add_argument("-gp", "--golden_path", "--golden-path", dest="golden_path", default=None,
                    help="bench dump (the real tool's spelling)")
+    p.add_argument("-i", "--input_path", "--input-path", dest="input_path", default=None,
+                   help="8.x compare.json: npu_path, bench_path (dump.json files or step directories), "
+                        "optional stack_path, is_print_compare_log")
     p.add_argument("-o", "--output_path", "--output-path", "--out", dest="out", default="compare_output",
                    help="output directory (default ./compare_output)")
+    p.add_argument("-s", "--stack_mode", dest="stack_mode", action="store_true",
+                   help="with -i and a stack_path: show NPU_Stack_Info (without stack_path it is shown when "
+                        "the target has stack.json, as 8.x does)")
+    p.add_argument("-c", "--compare_only", dest="compare_only", action="store_true",
+                   help="only the result tables: no first-divergence analysis printed")
+    p.add_argument("-f", "-fm", "--fuzzy_match", dest="fuzzy", action="store_true",
+                   help="records still unmatched pair with those of the same API/module whose call count differs")
+    p.add_argument("-dm", "--data_mapping", dest="data_mapping", default=None,
+                   help="YAML file of 'target row name: bench row name' pairs")
+    for flag, long, what in (("-am", "--api_mapping", "API"), ("-cm", "--cell_mapping", "cell"),
+                             ("-lm", "--layer_mapping", "layer")):
+        p.add_argument(flag, long, dest=long[2:], nargs="?", const=True, default=None,
+                       help=f"cross-framework {what} mapping: not supported (refused with an error)")
     p.add_argument("--xlsx", action="store_true", help="also write .xlsx files (needs openpyxl)")
     p.add_argument("--rank", type=int, default=None, help="compare only this rank")
     p.add_argument("--step", type=int, default=None, help="compare only this step")
     p.add_argument("--mode", default="auto", choices=["auto", "statistics", "md5", "tensor"],
-                   help="compare mode (default: from the dumps)")
+                   help="compare mode (default: from the dumps; a mode the dumps cannot support is refused)")
     p.add_argument("-n", "--workers", type=int, default=1, help="processes for multi-rank/multi-step compares")
     p.add_argument("--scheduler", default=None,
                    help="run the rank pairs as tasks on the Dask cluster at this address (tcp://host:port)")
@@ -32,49 +54,130 @@ def register(sub) -> None:
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--fail-on-divergence", action="store_true", help="exit 3 when a divergence is found")
+    p.add_argument("--divergence-threshold", dest="threshold", type=float, default=None, metavar="T",
+                   help="the first divergence is the first row whose NormRelativeErr exceeds T (a fraction, "
+                        "e.g. 1e-3) instead of the first row whose Result is not pass")
+    p.add_argument("--fail-on-divergence", action="store_true",
+                   help="exit 3 when there is a first divergence (by default: a row whose Result is not pass)")
     p.set_defaults(func=run, _parser=p)
+
+
+_STRING_OR_COMMENT = re.compile(r'("(?:\\.|[^"\\])*")|#[^\n]*')
+
+
+def _strip_comments(text: str) -> str:
+    """The text without ``#`` comments outside strings (the docs' compare.json examples carry them)."""
+    return _STRING_OR_COMMENT.sub(lambda m: m.group(1) or "", text)
+
+
+def read_compare_json(path: str) -> dict:
+    """The 8.x compare.json (``#`` comments allowed); ConfigError when unreadable or incomplete."""
+    from msprobe.errors import ConfigError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.loads(_strip_comments(f.read()))
+    except OSError as exc:
+        raise ConfigError(f"-i {path}: cannot read it ({exc.strerror or exc})") from exc
+    except ValueError as exc:
+        raise ConfigError(f"-i {path}: not a JSON object ({exc})") from exc
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"-i {path}: not a JSON object")
+    for key in ("npu_path", "bench_path"):
+        if not isinstance(cfg.get(key), str) or not cfg[key]:
+            raise ConfigError(f"-i {path}: '{key}' (a dump.json file or a step directory) is required")
+    stack = cfg.get("stack_path")
+    if stack is not None and not isinstance(stack, str):
+        raise ConfigError(f"-i {path}: 'stack_path' must be a path")
+    if stack and "://" not in stack and not os.path.isfile(stack):
+        raise ConfigError(f"-i {path}: stack_path {stack} does not exist")
+    return cfg
+
+
+def read_data_mapping(path: str) -> dict:
+    """{target row name: bench row name} from a data-mapping YAML file."""
+    from msprobe.errors import ConfigError, require
+
+    yaml = require("yaml", "yaml")
+    try:
+        with open(path, encoding="utf-8") as f:
+            m = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"-dm {path}: cannot read it ({exc.strerror or exc})") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"-dm {path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    if m is None:
+        m = {}
+    if not isinstance(m, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):
+        raise ConfigError(f"-dm {path}: expected 'target row name: bench row name' lines")
+    return m
 
 
 def run(args: argparse.Namespace) -> int:
     from msprobe.compare import compare
+    from msprobe.errors import ConfigError
 
-    target = args.target_path or args.target
-    bench = args.golden_path or args.bench
-    if args.target_path and args.target and not args.bench:
-        bench = bench or args.target
+    for name in ("api_mapping", "cell_mapping", "layer_mapping"):
+        if getattr(args, name) is not None:
+            raise ConfigError(f"--{name} (cross-framework mapping) is not supported; map rows with -dm "
+                              f"data_mapping.yaml, or let the names and the construct tree match them")
+    stack = True
+    if args.input_path:
+        if args.target or args.bench or args.target_path or args.golden_path:
+            raise ConfigError("-i compare.json names both dumps: give no other dump paths")
+        cfg = read_compare_json(args.input_path)
+        target, bench = cfg["npu_path"], cfg["bench_path"]
+        # 8.x: with a stack_path, -s decides; without one, stacks show when the dump has them
+        stack = bool(args.stack_mode) if cfg.get("stack_path") else True
+    else:
+        target = args.target_path or args.target
+        bench = args.golden_path or args.bench
+        if args.target_path and args.target and not args.bench:
+            bench = bench or args.target
     if not target or not bench:
         args._parser.print_usage(sys.stderr)
-        print("msprobe compare: error: a target and a bench dump are needed (TARGET BENCH or -tp T -gp G)",
-              file=sys.stderr)
+        print("msprobe compare: error: a target and a bench dump are needed (TARGET BENCH, -tp T -gp G, "
+              "or -i compare.json)", file=sys.stderr)
         return 2
+    mapping = read_data_mapping(args.data_mapping) if args.data_mapping else None
     opts = json.loads(args.storage_options) if args.storage_options else None
     s = compare(target, bench, args.out, step=args.step, rank=args.rank, mode=args.mode, xlsx=args.xlsx,
                 workers=max(1, args.workers), plot=not args.no_plot, storage_options=opts,
                 scheduler=args.scheduler, progress=not args.no_progress,
-                structural={"auto": "auto", "names": False, "structure": True}[args.match])
+                structural={"auto": "auto", "names": False, "structure": True}[args.match],
+                fuzzy=args.fuzzy, stack=stack, mapping=mapping, threshold=args.threshold)
+    for line in s.get("warnings", ()):
+        print(f"msprobe compare: warning: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(s, indent=1, default=str))
     else:
-        print(f"msprobe compare ({s['mode']}, {s['backend']}): {target} vs {bench}")
-        for r in s["pairs"]:
-            res = ", ".join(f"{k} {v}" for k, v in sorted(r["results"].items()))
-            print(f"  step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: {r['rows']} rows ({res}); "
-                  f"records {r['matched_records']}/{r['records']} matched, {r['unmatched_bench_records']} "
-                  f"bench-only -> {os.path.basename(r['files'][0])}")
-            if r["matched_by"].get("structural") or r["matched_by"].get("dialect"):
-                print(f"    matched by name {r['matched_by']['exact']}, across dialects {r['matched_by']['dialect']},"
-                      f" by structure {r['matched_by']['structural']}")
+        _print_summary(s, target, bench, analysis=not args.compare_only)
+    return 3 if args.fail_on_divergence and s["first_divergence"] else 0
+
+
+def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
+    print(f"msprobe compare ({s['mode']}, {s['backend']}): {target} vs {bench}")
+    for r in s["pairs"]:
+        res = ", ".join(f"{k} {v}" for k, v in sorted(r["results"].items()))
+        print(f"  step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: {r['rows']} rows ({res}); "
+              f"records {r['matched_records']}/{r['records']} matched, {r['unmatched_bench_records']} "
+              f"bench-only -> {os.path.basename(r['files'][0])}")
+        mb = r["matched_by"]
+        if mb.get("structural") or mb.get("dialect") or mb.get("fuzzy"):
+            print(f"    matched by name {mb['exact']}, across dialects {mb['dialect']}, by structure "
+                  f"{mb['structural']}" + (f", fuzzy {mb['fuzzy']}" if mb.get("fuzzy") else ""))
+    if analysis:
         fd = s["first_divergence"]
         if fd:
-            print(f"first divergence: {fd['row']} (step {fd['step']}, {fd['rank_dir']}, record #{fd['record_index']},"
-                  f" {fd['result']})")
+            why = fd["result"] if fd.get("err_message", "[]") == "[]" else f"{fd['result']} {fd['err_message']}"
+            print(f"first divergence: {fd['row']} (step {fd['step']}, {fd['rank_dir']}, record "
+                  f"#{fd['record_index']}, {why})")
         else:
             print("first divergence: none")
+        print(f"  ({s['divergence']})")
         for side in ("target", "bench"):
             nf = s[f"first_nan_inf_{side}"]
             print(f"first NaN/Inf in {side}: " + (f"{nf['row']} ({nf['rank_dir']})" if nf else "none"))
-        if s.get("plot_note"):
-            print(f"note: {s['plot_note']}")
-        print(f"summary: {s['summary_file']}")
-    return 3 if args.fail_on_divergence and s["first_divergence"] else 0
+    if s.get("plot_note"):
+        print(f"note: {s['plot_note']}")
+    print(f"summary: {s['summary_file']}")

@@ -10,8 +10,8 @@ columns for statistics, md5 and tensor dumps), optionally ``.xlsx``, a
 """
 from __future__ import annotations
 
-from msprobe.compare._core import COSINE_THRESHOLD, NORM_REL_THRESHOLD, compare, compare_pair, detect_mode, pair_sources
+from msprobe.compare._core import NORM_REL_THRESHOLD, compare, compare_pair, detect_mode, pair_sources
 from msprobe.compare._rows import COLUMNS, norm_record_name, record_leaves
 
 __all__ = ["compare", "compare_pair", "detect_mode", "pair_sources", "COLUMNS", "norm_record_name",
-           "record_leaves", "NORM_REL_THRESHOLD", "COSINE_THRESHOLD"]
+           "record_leaves", "NORM_REL_THRESHOLD"]

@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Optional
 
 from msprobe.compare._match import match_records
+from msprobe.compare._verdict import Facts, judge_record
 from msprobe.compare._rows import (
     COLUMNS,
     leaf_side,
@@ -23,24 +24,41 @@ from msprobe.compare._rows import (
 )
 from msprobe.errors import ConfigError, MissingDependencyError
 
-__all__ = ["compare", "compare_pair", "detect_mode", "pair_sources", "NORM_REL_THRESHOLD", "COSINE_THRESHOLD"]
+__all__ = ["compare", "compare_pair", "dump_dir_of", "detect_mode", "pair_sources", "NORM_REL_THRESHOLD",
+           "MOSTLY_UNMATCHED"]
 
+#: the reference line of the plot (relative Norm error); the first divergence follows the Result
+#: column unless compare(threshold=...) is given
 NORM_REL_THRESHOLD = 1e-3
 #: a single rank pair is split over ``workers`` forked processes from this many records on
 CHUNK_MIN_RECORDS = 2000
-#: record name stems (``<prefix>.<api>.<n>``'s prefix and api) whose CRC-32 differences 26.2.0
-#: does not flag in md5 mode (in-place writes and dtype casts)
-MD5_EXEMPT = {"Tensor.__setitem__", "Tensor.to"}
-COSINE_THRESHOLD = 0.99
+#: a rank pair where fewer than this share of the target records found a bench record is
+#: reported (the dumps are probably of different models or settings)
+MOSTLY_UNMATCHED = 0.5
 #: unmatched record names listed per side and rank pair in the summary (all are in the CSV)
 UNMATCHED_LISTED = 1000
 _NA = "N/A"
+#: metric columns per mode (after the 8 head columns)
+_N_METRICS = {"statistics": 8, "md5": 2, "tensor": 6}
+
+
+#: the documents a user may name instead of their rank directory (8.x and 26.x accept a dump.json)
+_DOC_FILES = ("dump.json", "debug.json")
+
+
+def dump_dir_of(path: str) -> str:
+    """The rank directory of ``path`` when it names a dump document (``.../dump.json``), else ``path``."""
+    url = str(path).rstrip("/")
+    head, _, base = url.rpartition("/")
+    if base in _DOC_FILES:
+        return head or ("/" if url.startswith("/") else ".")
+    return str(path)
 
 
 def _open(path: str, storage_options: Optional[dict] = None) -> Any:
     import msprobe.readers
 
-    return msprobe.readers.open(path, storage_options=storage_options)
+    return msprobe.readers.open(dump_dir_of(path), storage_options=storage_options)
 
 
 def _data(src: Any) -> dict:
@@ -152,23 +170,75 @@ def _csv_name(src: Any, ts: str, multi_step: bool) -> str:
     return f"compare_result_{step}{src.rank_dir}_{ts}.csv"
 
 
-_CTX: dict = {}
+class _PairContext:
+    """Everything one rank pair's row builder reads: passed explicitly to :func:`_chunk` (and
+    inherited by forked chunk processes), never kept at module level, so concurrent compares
+    (threads of one Dask worker, pool processes) share nothing."""
+
+    __slots__ = ("data_n", "data_b", "pairs", "rest", "src_n", "src_b", "mode", "progress", "stack", "mapping",
+                 "threshold")
+
+    def __init__(self, **kw: Any):
+        for k in self.__slots__:
+            setattr(self, k, kw.get(k))
 
 
-def _write_rows(fh: Any, rows: list) -> None:
-    """CSV lines (RFC 4180 quoting, only where needed), ~5x faster than csv.writer here."""
+def _write_rows(fh: Any, rows: list, drop: Optional[int] = None) -> None:
+    """CSV lines (RFC 4180 quoting, only where needed), ~5x faster than csv.writer here;
+    ``drop``: the index of a column left out (NPU_Stack_Info without stack mode)."""
+    if drop is not None:
+        rows = [r[:drop] + r[drop + 1:] for r in rows]
     fh.write("".join(",".join([('"' + f.replace('"', '""') + '"') if (',' in f or '"' in f or '\n' in f or '\r' in f)
                                else f for f in r]) + "\r\n" for r in rows))
 
 
-def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_rows: bool = False) -> dict:
+def _scalar_differs(n: Any, b: Any) -> bool:
+    """A scalar argument (``<class ...>`` dtype on both sides, shape ``[]``) whose value differs."""
+    return "class" in n.dtype and "class" in b.dtype and n.shape == "[]" and n.stats[0] != b.stats[0]
+
+
+def _facts(mode: str, row: list, n: Any, b: Any, metrics: list) -> Facts:
+    """What the verdict rules read of a row (see :mod:`msprobe.compare._verdict`)."""
+    if b is None:
+        return Facts(row[0], _NA, dtype_n=n.dtype, shape_n=n.shape, rg_n=n.rg, max_n=n.stats[0], min_n=n.stats[1],
+                     md5_n=n.md5 if mode == "md5" else _NA)
+    f = Facts(row[0], row[1], dtype_n=n.dtype, dtype_b=b.dtype, shape_n=n.shape, shape_b=b.shape, rg_n=n.rg,
+              rg_b=b.rg, max_n=n.stats[0], min_n=n.stats[1], max_b=b.stats[0], min_b=b.stats[1],
+              scalar_differs=_scalar_differs(n, b))
+    if mode == "statistics":
+        f.norm_rel = metrics[7]
+    elif mode == "tensor":
+        f.cosine, f.ratio = metrics[0], metrics[4]
+    else:
+        f.md5_n, f.md5_b = metrics[0], metrics[1]
+    return f
+
+
+def _mapped(row_name: str, mapping: dict) -> Optional[tuple]:
+    """(bench record, leaf suffix) that a data-mapping file names for the target row ``row_name``."""
+    to = mapping.get(row_name)
+    if to is None:
+        return None
+    for sep in (".input.", ".output.", ".parameters.", ".kwargs.", ".parameters_grad."):
+        i = to.rfind(sep)
+        if i > 0:
+            if sep == ".parameters_grad.":
+                return to[: i + len(".parameters_grad")], to[i + len(".parameters_grad."):]
+            return to[:i], to[i + 1:]
+    return None
+
+
+def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[str] = None,
+           keep_rows: bool = False) -> dict:
     """Rows of the record pairs ``lo:hi`` (and the bench-only records when ``with_rest``),
     appended to the CSV file ``part`` as they come (or returned as ``row_list``)."""
-    c = _CTX
-    data_n, data_b, pairs, rest = c["data_n"], c["data_b"], c["pairs"], c["rest"]
-    src_n, src_b, mode = c["src_n"], c["src_b"], c["mode"]
+    data_n, data_b, pairs, rest = c.data_n, c.data_b, c.pairs, c.rest
+    src_n, src_b, mode = c.src_n, c.src_b, c.mode
+    mapping = c.mapping or {}
+    threshold = c.threshold
     tensor_task = mode == "tensor"
     cols = COLUMNS[mode]
+    drop = None if c.stack is not False else cols.index("NPU_Stack_Info")
     rows: list = []
     kept: list = []
     counts: dict = {}
@@ -181,12 +251,40 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
     done = 0
     fh = open(part, "a", newline="", encoding="utf-8") if part is not None else None
     writer = fh
-    prog = c.get("progress")
+    prog = c.progress
+    leaves_cache: dict = {}
+
+    def bench_leaves_of(name: str) -> dict:
+        got = leaves_cache.get(name)
+        if got is None:
+            got = {}
+            for suffix, leaf, _io in record_leaves(name, data_b[name], tensor_task):
+                got.setdefault(suffix, leaf)
+            leaves_cache[name] = got
+        return got
+
+    def finish(facts: list, start: int, rec_i: Optional[int], nm: str) -> None:
+        """Judge one record's rows (26.2.0's rules), count them, note the first divergence."""
+        nonlocal first_div
+        judge_record(mode, [f for f, _ in facts])
+        for k, (f, m) in enumerate(facts):
+            row = rows[start + k]
+            row[_RES], row[_ERR] = f.result, f.err_message
+            counts[f.result] = counts.get(f.result, 0) + 1
+            if first_div is None and rec_i is not None and f.matched and f.name != _NA:
+                nrel = m
+                if (threshold is None and f.result != "pass") or \
+                        (threshold is not None and nrel is not None and nrel == nrel and nrel > threshold):
+                    first_div = {"record": nm, "row": f.name, "record_index": rec_i, "row_index": done + start + k,
+                                 "result": f.result, "err_message": f.err_message, "norm_relative_err": nrel if nrel == nrel else None,
+                                 "metrics": dict(zip(cols[8:8 + _N_METRICS[mode]], row[8:8 + _N_METRICS[mode]]))}
+
+    _RES, _ERR = cols.index("Result"), cols.index("Err_message")
     for rec_i in range(lo, hi):
         if prog is not None and (rec_i - lo) % 1000 == 999:
             prog.update(1000)
         if writer is not None and len(rows) >= 20000:
-            _write_rows(fh, rows)
+            _write_rows(fh, rows, drop)
             if keep_rows:
                 kept.extend(rows)
             done += len(rows)
@@ -197,80 +295,81 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
         bench_leaves: dict = {}
         if bm is not None:
             matched_records += 1
-            for suffix, leaf, _io in record_leaves(bm, data_b[bm], tensor_task):
-                bench_leaves.setdefault(suffix, leaf)
+            bench_leaves = dict(bench_leaves_of(bm))
         frames = src_n.frames_of(nm) if not nm.endswith(("backward", "debug")) else None
         stack = str(frames) if frames else _NA
         first_row = True
-        rec_norms: list = []
+        start = len(rows)
+        facts: list = []
         for suffix, leaf, _io in leaves_n:
             n = leaf_side(leaf)
             row_name = f"{nm}.{suffix}" if suffix else nm
             if first_nan_n is None and _nonfinite(n):
                 first_nan_n = {"record": nm, "row": row_name, "record_index": rec_i}
-            has_b = bm is not None and suffix in bench_leaves
-            if has_b:
+            bname, bl = None, None
+            if mapping and row_name in mapping:
+                got = _mapped(row_name, mapping)
+                if got is not None and got[0] in data_b and got[1] in bench_leaves_of(got[0]):
+                    bname = mapping[row_name]
+                    bl = bench_leaves_of(got[0])[got[1]]
+                    if got[0] == bm:
+                        bench_leaves.pop(got[1], None)
+            elif bm is not None and suffix in bench_leaves:
+                bname = f"{bm}.{suffix}" if suffix else bm
                 bl = bench_leaves.pop(suffix)
+            if bname is not None:
                 b = leaf_side(bl)
                 if first_nan_b is None and _nonfinite(b):
-                    first_nan_b = {"record": bm, "row": f"{bm}.{suffix}" if suffix else bm, "record_index": rec_i}
-                head = [row_name, f"{bm}.{suffix}" if suffix else bm, n.dtype, b.dtype, n.shape, b.shape, n.rg, b.rg]
-                diverged = False
+                    first_nan_b = {"record": bm, "row": bname, "record_index": rec_i}
+                head = [row_name, bname, n.dtype, b.dtype, n.shape, b.shape, n.rg, b.rg]
+                norm_rel = None
                 if mode == "statistics":
-                    metrics, result, err, norm_rel, _ = stats_metrics(n, b, _io == "input")
-                    series.append(norm_rel if n.tensor and norm_rel is not None else None)
-                    rec_norms.append((len(rows), _io, norm_rel, result))
-                    diverged = result != "pass" or (norm_rel is not None and norm_rel > NORM_REL_THRESHOLD)
+                    metrics, norm_rel = stats_metrics(n, b)
+                    series.append(norm_rel if n.tensor else None)
                     row = head + metrics + list(map(str, n.stats)) + list(map(str, b.stats))
                 elif mode == "md5":
-                    metrics, result, err = md5_metrics(n, b)
-                    if result != "pass" and nm.rsplit(".", 2)[0] in MD5_EXEMPT:
-                        # the real tool (26.2.0) leaves these rows at pass whatever their CRC-32
-                        result, err = "pass", "[]"
-                    diverged = result != "pass"
+                    metrics = md5_metrics(n, b)
                     series.append(None)
                     row = head + metrics
                 else:
                     na = _load(src_n, n, nm) if n.tensor else None
                     ba = _load(src_b, b, bm) if b.tensor else None
-                    metrics, result, err, cos = tensor_metrics(na, ba)
-                    _, _, _, norm_rel, _ = stats_metrics(n, b)
-                    series.append(norm_rel if n.tensor and norm_rel is not None else None)
-                    diverged = result != "pass" or (cos is not None and (math.isnan(cos) or cos < COSINE_THRESHOLD))
+                    metrics = tensor_metrics(na, ba)
+                    _, norm_rel = stats_metrics(n, b)
+                    series.append(norm_rel if n.tensor else None)
                     row = head + [str(m) for m in metrics] + list(map(str, n.stats)) + list(map(str, b.stats))
-                row += [str(n.rg == b.rg), result, err, stack if first_row else _NA]
+                row += [str(n.rg == b.rg), "pass", "[]", stack if first_row else _NA]
                 if mode == "tensor":
                     row.append(f"['{n.data_name or -1}', '{b.data_name or -1}']")
-                if diverged and first_div is None:
-                    first_div = {"record": nm, "row": row_name, "record_index": rec_i, "row_index": done + len(rows),
-                                 "result": result,
-                                 "metrics": dict(zip(cols[8:8 + len(metrics)], metrics))}
+                facts.append((_facts(mode, row, n, b, metrics), norm_rel))
             else:
                 unmatched_rows += 1
-                result = _NA
                 series.append(None)
                 row = _unmatched_row(mode, row_name, n, stack if first_row else _NA, target_side=True)
-            counts[result] = counts.get(result, 0) + 1
+                facts.append((_facts(mode, row, n, None, []), None))
             rows.append(row)
             first_row = False
-        if rec_norms:
-            _output_rule(rows, rec_norms, counts)
-        # bench leaves of a matched record that the target lacks
+        # bench leaves of a matched record that the target lacks (judged with the record)
         for suffix, bl in bench_leaves.items():
             unmatched_rows += 1
-            counts[_NA] = counts.get(_NA, 0) + 1
-            rows.append(_unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, leaf_side(bl), _NA,
-                                       target_side=False))
+            row = _unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, leaf_side(bl), _NA, target_side=False)
+            rows.append(row)
+            facts.append((Facts(_NA, row[1], md5_b=leaf_side(bl).md5 if mode == "md5" else _NA), None))
+        finish(facts, start, rec_i, nm)
     for bm in (rest if with_rest else ()):
+        start = len(rows)
+        facts = []
         for suffix, bl, _io in record_leaves(bm, data_b[bm], tensor_task):
             b = leaf_side(bl)
             if first_nan_b is None and _nonfinite(b):
                 first_nan_b = {"record": bm, "row": f"{bm}.{suffix}" if suffix else bm, "record_index": None}
             unmatched_rows += 1
-            counts[_NA] = counts.get(_NA, 0) + 1
-            rows.append(_unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, b, _NA, target_side=False))
+            row = _unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, b, _NA, target_side=False)
+            rows.append(row)
+            facts.append((Facts(_NA, row[1], md5_b=b.md5 if mode == "md5" else _NA), None))
+        finish(facts, start, None, bm)
     if writer is not None:
-        _write_rows(fh, rows)
+        _write_rows(fh, rows, drop)
         fh.close()
         if keep_rows:
             kept.extend(rows)
@@ -281,56 +380,40 @@ def _chunk(lo: int, hi: int, with_rest: bool, part: Optional[str] = None, keep_r
            "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
            "matched_records": matched_records, "unmatched_rows": unmatched_rows,
            "row_list": kept if writer is not None else rows}
+    if drop is not None and writer is None:
+        out["row_list"] = [r[:drop] + r[drop + 1:] for r in rows]
     return out
 
 
-_OUT10 = '["warning: The norm relative error of output is 10 times that of input."]'
-#: the input reference when no input has a (finite, non-zero) relative Norm error
-OUT10_FLOOR = 0.01
-
-
-def _output_rule(rows: list, rec_norms: list, counts: dict) -> None:
-    """26.2.0's record rule in statistics mode, found by experiment (the crafted dumps and the
-    real tool's CSV in tests/fixtures/real/compare_outputs/result_rule/): when the largest relative
-    Norm error among a record's outputs is more than 10 times the largest among its inputs
-    (positional and keyword, module parameters, tensors and scalars; undefined errors left out;
-    0.01 when none is above 0), the record's first output row becomes a warning."""
-    in_max = 0.0
-    out_max = None
-    first_out = None
-    for idx, io, r, result in rec_norms:
-        if io == "output":
-            if first_out is None:
-                first_out = (idx, result)
-            if r is not None and r == r and r != math.inf and (out_max is None or r > out_max):
-                out_max = r
-        elif io in ("input", "parameters") and r is not None and r == r and r != math.inf and r > in_max:
-            in_max = r
-    if first_out is None or out_max is None or first_out[1] != "pass":
-        return
-    if out_max > 10 * (in_max if in_max > 0 else OUT10_FLOOR):
-        row = rows[first_out[0]]
-        row[-3], row[-2] = "warning", _OUT10
-        counts["pass"] -= 1
-        counts["warning"] = counts.get("warning", 0) + 1
-
-
-def _chunk_job(args: tuple) -> dict:
-    return _chunk(*args)
+def _chunk_child(c: _PairContext, job: tuple, conn: Any) -> None:
+    """A forked chunk process: its rows go to the part file, its summary back through ``conn``."""
+    try:
+        r = _chunk(c, *job)
+        r.pop("row_list", None)
+        conn.send(("ok", r))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
 
 
 def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, multi_step: bool = False,
-                 xlsx: bool = False, chunks: int = 1, progress: Any = None, structural: Any = "auto") -> dict:
+                 xlsx: bool = False, chunks: int = 1, progress: Any = None, structural: Any = "auto",
+                 fuzzy: bool = False, stack: bool = True, mapping: Optional[dict] = None,
+                 threshold: Optional[float] = None) -> dict:
     """Compare one target rank directory with one bench rank directory; writes its CSV
     (and .xlsx) and returns its summary (with ``series``: the NormRelativeErr per row).
 
     ``chunks`` > 1 splits the records over forked processes (Linux; the dumps are shared
-    copy-on-write), each writing a part of the CSV that is then concatenated in order."""
+    copy-on-write), each writing a part of the CSV that is then concatenated in order.
+    ``stack=False`` leaves out the NPU_Stack_Info column; ``mapping`` maps target row names to
+    bench row names (a data-mapping file); ``threshold``: see :func:`compare`."""
     data_n, data_b = _data(src_n), _data(src_b)
     cols = COLUMNS[mode]
-    pairs, rest, how = match_records(data_n, data_b, _parents(src_n), _parents(src_b), structural)
-    _CTX.update(data_n=data_n, data_b=data_b, pairs=pairs, rest=rest, src_n=src_n, src_b=src_b, mode=mode,
-                progress=None)
+    pairs, rest, how = match_records(data_n, data_b, _parents(src_n), _parents(src_b), structural, fuzzy=fuzzy)
+    ctx = _PairContext(data_n=data_n, data_b=data_b, pairs=pairs, rest=rest, src_n=src_n, src_b=src_b, mode=mode,
+                       progress=None, stack=stack, mapping=mapping, threshold=threshold)
+    out_cols = cols if stack else [c for c in cols if c != "NPU_Stack_Info"]
     os.makedirs(out_dir, exist_ok=True)
     name = _csv_name(src_n, ts, multi_step)
     path = os.path.join(out_dir, name)
@@ -339,39 +422,27 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
     use_fork = chunks > 1 and n >= CHUNK_MIN_RECORDS and not xlsx and "fork" in _mp_methods()
     try:
         if use_fork:
-            import multiprocessing
-
-            bounds = [n * i // chunks for i in range(chunks + 1)]
+            results = _run_forked(ctx, n, chunks, path, progress)
             parts = [f"{path}.part{i}" for i in range(chunks)]
-            jobs = [(bounds[i], bounds[i + 1], i == chunks - 1, parts[i]) for i in range(chunks)]
-            with multiprocessing.get_context("fork").Pool(chunks) as pool:
-                results = []
-                for r in pool.imap(_chunk_job, jobs):
-                    results.append(r)
-                    if progress is not None:
-                        progress.update(r["records"])
-            for r in results:
-                r.pop("row_list", None)
             with open(path, "wb") as f:
-                f.write((",".join(cols) + "\r\n").encode())
+                f.write((",".join(out_cols) + "\r\n").encode())
                 for pp in parts:
                     with open(pp, "rb") as g:
                         shutil.copyfileobj(g, f, 1 << 22)
             rows = None
         else:
             with open(path, "w", newline="", encoding="utf-8") as f:
-                csv.writer(f).writerow(cols)
-            _CTX["progress"] = progress
-            results = [_chunk(0, n, True, path, keep_rows=xlsx)]
+                csv.writer(f).writerow(out_cols)
+            ctx.progress = progress
+            results = [_chunk(ctx, 0, n, True, path, keep_rows=xlsx)]
             rows = results[0].pop("row_list")
     finally:
         for pp in parts:
             if os.path.exists(pp):
                 os.remove(pp)
-        _CTX.clear()
     files = [path]
     if xlsx and rows is not None:
-        files.append(_write_xlsx(path[:-4] + ".xlsx", cols, rows))
+        files.append(_write_xlsx(path[:-4] + ".xlsx", out_cols, rows))
     counts: dict = {}
     series: list = []
     first = {"first_divergence": None, "first_nan_inf_target": None, "first_nan_inf_bench": None}
@@ -398,6 +469,41 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
                       "bench": rest[:UNMATCHED_LISTED]},
         **first, "series": series,
     }
+
+
+def _run_forked(ctx: _PairContext, n: int, chunks: int, path: str, progress: Any) -> list:
+    """The records split over ``chunks`` forked processes (each inherits ``ctx``; nothing is
+    pickled but the summaries); part ``i`` of the CSV goes to ``<path>.part<i>``."""
+    import multiprocessing
+
+    mp = multiprocessing.get_context("fork")
+    bounds = [n * i // chunks for i in range(chunks + 1)]
+    procs = []
+    for i in range(chunks):
+        recv, send = mp.Pipe(duplex=False)
+        p = mp.Process(target=_chunk_child, args=(ctx, (bounds[i], bounds[i + 1], i == chunks - 1, f"{path}.part{i}"),
+                                                  send), daemon=True)
+        p.start()
+        send.close()
+        procs.append((p, recv))
+    results = []
+    failure = None
+    for p, recv in procs:
+        try:
+            status, r = recv.recv()
+        except EOFError:
+            status, r = "error", f"a compare process died (exit code {p.join() or p.exitcode})"
+        p.join()
+        recv.close()
+        if status != "ok":
+            failure = failure or r
+            continue
+        results.append(r)
+        if progress is not None:
+            progress.update(r["records"])
+    if failure is not None:
+        raise RuntimeError(f"compare of {os.path.basename(path)} failed: {failure}")
+    return results
 
 
 def _mp_methods() -> list:
@@ -585,7 +691,8 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
             mode: str = "auto", xlsx: bool = False, workers: int = 1, plot: bool = True,
             storage_options: Optional[dict] = None, timestamp: Optional[str] = None,
             client: Any = None, scheduler: Optional[str] = None, progress: Optional[bool] = None,
-            structural: Any = "auto") -> dict:
+            structural: Any = "auto", fuzzy: bool = False, stack: bool = True, mapping: Optional[dict] = None,
+            threshold: Optional[float] = None) -> dict:
     """Compare ``target`` with ``bench`` (paths or URLs of any dialect); writes one CSV per
     (step,) rank, ``summary.json`` and ``compare_plot.png`` into ``out_dir`` (a path, or a URL:
     files are then uploaded there); returns the summary.
@@ -598,7 +705,15 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
 
     Records match by full name, then across dialects, then (``structural="auto"``, module-level
     dumps whose call counts differ) by the construct tree and execution order; ``True`` forces the
-    tree alignment, ``False`` names only (see :mod:`msprobe.compare._match`).
+    tree alignment, ``False`` names only (see :mod:`msprobe.compare._match`). ``fuzzy``: records
+    still unmatched then pair in order with the other side's of the same API or module whose call
+    count differs (the real tool's fuzzy match). ``mapping``: {target row name: bench row name}
+    (a data-mapping file). ``stack=False`` leaves out the NPU_Stack_Info column.
+
+    Result and Err_message follow 26.2.0's per-record rules (:mod:`msprobe.compare._verdict`).
+    The first divergence is the first row, in execution order, whose Result is not ``pass``; with
+    ``threshold`` it is instead the first row whose NormRelativeErr exceeds ``threshold`` (a
+    fraction), whatever its Result. A forced ``mode`` the dumps cannot support is refused.
     """
     import sys
 
@@ -612,16 +727,22 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     t0 = time.perf_counter()
     dn, db = _open(target, storage_options), _open(bench, storage_options)
     pairs = pair_sources(dn, db, step=step, rank=rank)
+    forced = mode != "auto"
     if mode == "auto":
         a, b = pairs[0]
         mode = detect_mode(_data(a), _data(b), _task(a), _task(b))
     if mode not in COLUMNS:
         raise ConfigError(f"unknown mode {mode!r}: statistics, md5, tensor or auto")
+    if forced:
+        check_mode(mode, pairs[0])
+    if threshold is not None and not (isinstance(threshold, (int, float)) and threshold >= 0):
+        raise ConfigError(f"the divergence threshold must be a number >= 0, not {threshold!r}")
     ts = timestamp or time.strftime("%Y%m%d%H%M%S")
     multi_step = len({a.step for a, _ in pairs}) > 1
     if structural not in ("auto", True, False):
         raise ConfigError(f"structural must be 'auto', True or False, not {structural!r}")
-    kw = {"mode": mode, "ts": ts, "multi_step": multi_step, "xlsx": xlsx, "structural": structural}
+    kw = {"mode": mode, "ts": ts, "multi_step": multi_step, "xlsx": xlsx, "structural": structural, "fuzzy": fuzzy,
+          "stack": stack, "mapping": mapping, "threshold": threshold}
     cl, owned = _dask_client(client, scheduler)
     backend = "dask" if cl is not None else ("processes" if workers > 1 and len(pairs) > 1 else "in-process")
     try:
@@ -677,7 +798,9 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     summary = {
         "target": target, "bench": bench, "mode": mode, "timestamp": ts,
         "target_dialect": dn.dialect, "bench_dialect": db.dialect,
-        "thresholds": {"norm_relative_err": NORM_REL_THRESHOLD, "cosine": COSINE_THRESHOLD},
+        "divergence": ("first row whose Result is not pass" if threshold is None
+                       else f"first row whose NormRelativeErr > {threshold}"),
+        "warnings": _warnings(results),
         "pairs": results, "first_divergence": first,
         "first_nan_inf_target": next((dict(r["first_nan_inf_target"], rank_dir=r["rank_dir"], step=r["step"])
                                       for r in results if r["first_nan_inf_target"]), None),
@@ -699,6 +822,42 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     else:
         summary["summary_file"] = os.path.join(local, "summary.json")
     return summary
+
+
+def check_mode(mode: str, pair: tuple) -> None:
+    """Refuse (ConfigError) a forced mode the first rank pair cannot support: md5 needs CRC-32
+    values on both sides, tensor needs tensor files on both sides."""
+    for side, src in zip(("target", "bench"), pair):
+        data = _data(src)
+        if mode == "md5" and not _has_leaf(data, lambda leaf: isinstance(leaf.get("md5"), str)):
+            raise ConfigError(f"--mode md5: the {side} dump ({src.rank_dir}) holds no md5 (CRC-32) values; "
+                              f"dump it with summary_mode md5, or compare in statistics mode")
+        if mode == "tensor" and (_task(src) != "tensor" or
+                                 not _has_leaf(data, lambda leaf: isinstance(leaf.get("data_name"), str))):
+            raise ConfigError(f"--mode tensor: the {side} dump ({src.rank_dir}) holds no tensor files; "
+                              f"dump it with task tensor, or compare in statistics mode")
+
+
+def _has_leaf(data: dict, test: Any, limit: int = 200) -> bool:
+    """Whether one of the first ``limit`` records holds a tensor leaf for which ``test`` is true."""
+    for i, (name, raw) in enumerate(data.items()):
+        if i >= limit:
+            break
+        for _, leaf, _ in record_leaves(name, raw):
+            if isinstance(leaf, dict) and "dtype" in leaf and "shape" in leaf and test(leaf):
+                return True
+    return False
+
+
+def _warnings(results: list) -> list:
+    """Lines worth a user's attention: rank pairs where most target records found no bench record."""
+    out = []
+    for r in results:
+        if r["records"] and r["matched_records"] < MOSTLY_UNMATCHED * r["records"]:
+            out.append(f"step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: only {r['matched_records']} of "
+                       f"{r['records']} target records matched a bench record (different models, levels or "
+                       f"settings?); the {r['unmatched_rows']} unmatched rows are not compared")
+    return out
 
 
 def _plot(results: list, out_dir: str, ts: str, mode: str) -> tuple:

@@ -221,12 +221,33 @@ def _structural(data_n: dict, data_b: dict, par_n: dict, par_b: dict) -> dict:
     return got
 
 
+def _fuzzy(pairs: list, rest: list, how: dict) -> tuple:
+    """The real tool's fuzzy match (``-f``): target records still unmatched pair, in order, with
+    unmatched bench records of the same count-free key (the same API or module called a different
+    number of times)."""
+    free: dict = {}
+    for nm in rest:
+        free.setdefault(record_key(nm), []).append(nm)
+    taken = set()
+    out = []
+    for nm, got in pairs:
+        if got is None:
+            cands = free.get(record_key(nm))
+            if cands:
+                got = cands.pop(0)
+                taken.add(got)
+                how["fuzzy"] = how.get("fuzzy", 0) + 1
+        out.append((nm, got))
+    return out, [nm for nm in rest if nm not in taken]
+
+
 def match_records(data_n: dict, data_b: dict, par_n: Optional[dict] = None, par_b: Optional[dict] = None,
-                  structural: Any = "auto") -> tuple:
+                  structural: Any = "auto", fuzzy: bool = False) -> tuple:
     """([(target name, bench name or None)] in target order, [bench-only names], {how: count}).
 
     ``structural``: "auto" aligns by the construct tree when both dumps have one and the count-free
-    keys occur a different number of times on the two sides (else names are exact); True/False force it."""
+    keys occur a different number of times on the two sides (else names are exact); True/False force it.
+    ``fuzzy``: then pair what is left by count-free key, in order (see :func:`_fuzzy`)."""
     par_n, par_b = par_n or {}, par_b or {}
     use_tree = bool(par_n) and bool(par_b) and (structural is True or
                                                 (structural == "auto" and _counts_differ(data_n, data_b, par_n, par_b)))
@@ -267,4 +288,6 @@ def match_records(data_n: dict, data_b: dict, par_n: Optional[dict] = None, par_
                 how["exact" if got == nm else "dialect"] += 1
         pairs.append((nm, got))
     rest = [nm for nm in data_b if nm not in used]
+    if fuzzy:
+        pairs, rest = _fuzzy(pairs, rest, how)
     return pairs, rest, how

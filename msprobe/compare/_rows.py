@@ -38,7 +38,6 @@ _TENSOR_TYPES = {"torch.Tensor", "mindspore.Tensor", "torch.nn.parameter.Paramet
 _SKIP_KEYS = {"is_recompute"}
 _PG = re.compile(r"\.parameters_grad\.\d+$")
 _NA = "N/A"
-MD5_ERR = '["error: The CRC-32 value of NPU differs from that of the bench."]'
 
 
 def is_tensor(v: Any) -> bool:
@@ -185,52 +184,38 @@ def _diff(a: Any, b: Any) -> tuple:
     return str(d), f"{rel * 100}%", rel
 
 
-SCALAR_ERR = '["error: The scalar parameters of NPU and Bench are inconsistent."]'
-
-
-def stats_metrics(n: Side, b: Side, scalar_input: bool = False) -> tuple:
-    """(metric strings [8], result, err_message, norm_rel (fraction or None), max_rel).
-
-    Result as 26.2.0 gives it (measured, see tests/compare/test_compare_rule.py): a differing
-    scalar argument is an error; statistics alone never make a row a warning (its output-vs-input
-    rule is applied per record by the caller), except a NaN that only one side has."""
+def stats_metrics(n: Side, b: Side) -> tuple:
+    """(the 8 metric strings: 4 diffs then 4 relative errors, NormRelativeErr as a fraction or None);
+    the verdict is the record's (:mod:`msprobe.compare._verdict`)."""
     ns, bs = n.stats, b.stats
-    d0, r0, f0 = _diff(ns[0], bs[0])
-    d1, r1, f1 = _diff(ns[1], bs[1])
-    d2, r2, f2 = _diff(ns[2], bs[2])
+    d0, r0, _ = _diff(ns[0], bs[0])
+    d1, r1, _ = _diff(ns[1], bs[1])
+    d2, r2, _ = _diff(ns[2], bs[2])
     d3, r3, f3 = _diff(ns[3], bs[3])
-    metrics = [d0, d1, d2, d3, r0, r1, r2, r3]
-    if scalar_input and not n.tensor and not b.tensor and n.dtype != _NA and ns[0] != bs[0]:
-        return metrics, "error", SCALAR_ERR, f3, f0
-    # not measured against the real tool: NaN on one side only
-    if (f0 is not None and f0 != f0) or (f1 is not None and f1 != f1) or (f2 is not None and f2 != f2) \
-            or (f3 is not None and f3 != f3):
-        return metrics, "warning", '["Need double check api accuracy."]', f3, f0
-    return metrics, "pass", "[]", f3, f0
+    return [d0, d1, d2, d3, r0, r1, r2, r3], f3
 
 
-def md5_metrics(n: Side, b: Side) -> tuple:
-    if n.md5 == b.md5:
-        return [n.md5, b.md5], "pass", "[]"
-    return [n.md5, b.md5], "error", MD5_ERR
+def md5_metrics(n: Side, b: Side) -> list:
+    return [n.md5, b.md5]
 
 
 def _r12(v: float) -> float:
     return float(f"{v:.12f}") if math.isfinite(v) else v
 
 
-def tensor_metrics(na: Any, ba: Any) -> tuple:
-    """(6 metric values, result, err_message, cosine) for two numpy arrays (None: unsupported)."""
+def tensor_metrics(na: Any, ba: Any) -> list:
+    """The 6 tensor metrics (Cosine, EucDist, MaxAbsErr, MaxRelativeErr, One Thousandth and Five
+    Thousandths Err Ratio) of two numpy arrays: numbers, or the real tool's strings (``unsupported``
+    where an array is missing, empty or 0-d, ``shape unmatched``, ``N/A`` for NaN/inf mismatches)."""
     import numpy as np
 
     uns = ["unsupported"] * 6
     if na is None or ba is None:
-        return uns, "pass", "[]", None
+        return uns
     if na.shape != ba.shape:
-        return ["shape unmatched"] + ["unsupported"] * 5, "error", \
-            '["Shape of NPU and bench Tensor do not match. Skipped."]', None
+        return ["shape unmatched"] + ["unsupported"] * 5
     if na.size == 0:
-        return uns, "pass", "[]", None
+        return uns
     n = na.astype(np.float64, copy=False).ravel()
     b = ba.astype(np.float64, copy=False).ravel()
     if not (np.isfinite(n).all() and np.isfinite(b).all()):
@@ -239,9 +224,9 @@ def tensor_metrics(na: Any, ba: Any) -> tuple:
             fin = np.isfinite(n)
             n, b = n[fin], b[fin]
             if n.size == 0:
-                return ["N/A"] * 6, "error", '["NPU or bench holds nan/inf only."]', None
+                return ["N/A"] * 6
         else:
-            return ["N/A"] * 6, "error", '["The Position of inf or nan in NPU and bench Tensor do not match."]', None
+            return ["N/A"] * 6
     d = np.abs(n - b)
     maxabs = float(d.max()) if d.size else 0.0
     bb = b.copy()
@@ -253,20 +238,15 @@ def tensor_metrics(na: Any, ba: Any) -> tuple:
     rel = np.abs((nn - bb) / bb)
     maxrel = float(rel.max()) if rel.size else 0.0
     if na.ndim == 0:
-        vals = ["unsupported", "unsupported", _r12(maxabs), _r12(maxrel), "unsupported", "unsupported"]
-        cos = None
+        return ["unsupported", "unsupported", _r12(maxabs), _r12(maxrel), "unsupported", "unsupported"]
+    nn_ = float(np.sqrt(np.dot(n, n)))
+    bn_ = float(np.sqrt(np.dot(b, b)))
+    if nn_ == 0 and bn_ == 0:
+        cos = 1.0
+    elif nn_ == 0 or bn_ == 0:
+        cos = math.nan
     else:
-        nn_ = float(np.sqrt(np.dot(n, n)))
-        bn_ = float(np.sqrt(np.dot(b, b)))
-        if nn_ == 0 and bn_ == 0:
-            cos = 1.0
-        elif nn_ == 0 or bn_ == 0:
-            cos = math.nan
-        else:
-            cos = float(np.dot(n, b) / (nn_ * bn_))
-            cos = min(cos, 1.0)
-        euc = float(np.sqrt(np.sum((n - b) ** 2)))
-        vals = [_r12(cos), euc, _r12(maxabs), _r12(maxrel), _r12(float(np.mean(rel < 0.001))),
-                _r12(float(np.mean(rel < 0.005)))]
-    bad = maxabs > 1 or (cos is not None and (math.isnan(cos) or cos < 0.9 or (cos < 0.99 and maxabs > 0.001)))
-    return vals, ("error" if bad else "pass"), "[]", cos
+        cos = min(float(np.dot(n, b) / (nn_ * bn_)), 1.0)
+    euc = float(np.sqrt(np.sum((n - b) ** 2)))
+    return [_r12(cos), euc, _r12(maxabs), _r12(maxrel), _r12(float(np.mean(rel < 0.001))),
+            _r12(float(np.mean(rel < 0.005)))]

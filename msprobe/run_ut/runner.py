@@ -31,10 +31,9 @@ def open_rank(path: str, *, step: Optional[int] = None, rank: Any = None,
     """(dump, source) for a dump.json, a rank directory or any dump root/URL holding one rank (or pick one)."""
     import msprobe.readers as R
 
-    url = str(path)
-    if url.rstrip("/").endswith("dump.json"):
-        url = url.rstrip("/")[: -len("dump.json")].rstrip("/") or "."
-    dump = R.open(url, storage_options=storage_options)
+    from msprobe.compare._core import dump_dir_of
+
+    dump = R.open(dump_dir_of(path), storage_options=storage_options)
     kw: dict = {}
     if step is not None:
         kw["step"] = step

@@ -49,17 +49,23 @@ def test_planted_nan_is_first_nan(tmp_path):
 
 def test_cli_positional_and_tp_gp(tmp_path, capsys):
     out = str(tmp_path / "a")
-    assert main(["compare", STATS, PERT, "-o", out, "--no-plot"]) == 0
+    assert main(["compare", STATS, PERT, "-o", out, "--no-plot", "--divergence-threshold", "1e-3"]) == 0
     text = capsys.readouterr().out
     assert "first divergence: Functional.linear.0.forward" in text
+    assert "(first row whose NormRelativeErr > 0.001)" in text
     assert "first NaN/Inf in target: none" in text
     assert os.path.exists(os.path.join(out, "summary.json"))
     out2 = str(tmp_path / "b")
     assert main(["compare", "-tp", STATS, "-gp", PERT, "-o", out2, "--no-plot"]) == 0
     files = sorted(os.listdir(out2))
     assert any(f.startswith("compare_result_proc11134_") and f.endswith(".csv") for f in files)
-    assert main(["compare", "-tp", STATS, "-gp", PERT, "-o", out2, "--no-plot", "--fail-on-divergence"]) == 3
+    # --fail-on-divergence follows the Result column: every row of this pair passes (as in the real tool)
+    assert main(["compare", "-tp", STATS, "-gp", PERT, "-o", out2, "--no-plot", "--fail-on-divergence"]) == 0
+    assert main(["compare", "-tp", STATS, "-gp", PERT, "-o", out2, "--no-plot", "--fail-on-divergence",
+                 "--divergence-threshold", "1e-3"]) == 3
     assert main(["compare", STATS, STATS, "-o", out2, "--no-plot", "--fail-on-divergence"]) == 0
+    planted = _plant_nan(tmp_path, "Torch.matmul.0.forward")  # NaN Max on the target only: an error row
+    assert main(["compare", planted, STATS, "-o", out2, "--no-plot", "--fail-on-divergence"]) == 3
 
 
 def test_cli_errors(tmp_path, capsys):

@@ -105,9 +105,9 @@ def test_planted_extra_module_call(tmp_path, level):
     assert {k for k, v in pairs.items() if v == "N/A"} == extra
     assert p["matched_by"]["structural"] > 0
     # every matched row compares a call with the same call: no divergence at all
-    assert set(p["results"]) == {"pass", "N/A"} and s["first_divergence"] is None
-    # by names alone the shifted calls compare with the wrong ones
-    s2 = compare(target, bench, str(tmp_path / "out2"), plot=False, progress=False, structural=False)
+    assert set(p["results"]) == {"pass"} and s["first_divergence"] is None
+    # by names alone the shifted calls compare with the wrong ones (their Norm errors show it)
+    s2 = compare(target, bench, str(tmp_path / "out2"), plot=False, progress=False, structural=False, threshold=1e-3)
     assert s2["first_divergence"]["record"] == "Module.block.Block.forward.1" if level == "L0" \
         else s2["first_divergence"]["record"] == "Functional.linear.1.forward"
 
@@ -121,7 +121,7 @@ def test_planted_extra_api_call_inside_a_module(tmp_path):
     s = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
     (p,) = s["pairs"]
     assert p["unmatched"]["target"] == ["Tensor.add.0.forward"]
-    assert set(p["results"]) == {"pass", "N/A"}
+    assert set(p["results"]) == {"pass"}
 
 
 def test_missing_call_on_target_side(tmp_path):

@@ -81,11 +81,17 @@ def test_matches_real_tool(tmp_path, scen, mode):
 
 
 def test_first_divergence_in_summary(tmp_path):
-    s = _run(tmp_path, "L1_statistics")
-    with open(os.path.join(str(tmp_path), "summary.json"), encoding="utf-8") as f:
+    # the real tool passes every row of this pair: by default no divergence (the Result column) ...
+    s = _run(tmp_path / "a", "L1_statistics")
+    assert s["first_divergence"] is None and set(s["pairs"][0]["results"]) == {"pass"}
+    # ... and with a NormRelativeErr threshold, the first row above it
+    s = _run(tmp_path / "b", "L1_statistics", threshold=1e-3)
+    with open(os.path.join(str(tmp_path / "b"), "summary.json"), encoding="utf-8") as f:
         saved = json.load(f)
     fd = saved["first_divergence"]
     assert fd is not None and fd["record"].startswith("Functional.linear.0.forward")
+    assert fd["norm_relative_err"] > 1e-3 and fd["result"] == "pass"
+    assert saved["divergence"] == "first row whose NormRelativeErr > 0.001"
     assert saved["first_nan_inf_target"] is None
 
 
