@@ -1,4 +1,5 @@
-"""``msprobe run_ut -api_info DUMP [-o OUT] ...`` (alias ``acc_check``): the offline precision pre-check."""
+"""``msprobe run_ut -api_info DUMP [-o OUT] ...`` (alias ``acc_check``): the offline precision pre-check;
+``msprobe multi_run_ut -api_info DUMP -n N -d 0 1 ...``: the same over N worker processes (default 8)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,20 @@ import json
 def register(sub) -> None:
     p = sub.add_parser("run_ut", aliases=["acc_check"],
                        help="replay every API of an L1 dump on the device and a CPU float64 benchmark and judge it")
+    _check_arguments(p, workers=1)
+    p.add_argument("--online", action="store_true",
+                   help="online run_ut: check APIs as the training side sends them (also: is_online in -config)")
+    from msprobe.cli.run_ut_online import add_online_arguments
+
+    add_online_arguments(p, with_config=False)
+    p.set_defaults(func=run, _parser=p)
+    m = sub.add_parser("multi_run_ut", help="run_ut over several worker processes (8.x's multi-device run_ut)")
+    _check_arguments(m, workers=8)
+    m.set_defaults(func=run, _parser=m, online=False)
+
+
+def _check_arguments(p, *, workers: int) -> None:
+    """The options run_ut and multi_run_ut share (the real tool's spellings first)."""
     p.add_argument("-api_info", "--api_info_file", dest="api_info", default=None,
                    help="dump.json, a rank directory, or any dump URL holding one rank (not with --online)")
     p.add_argument("-o", "--out_path", dest="out_path", default="./", help="output directory (default ./)")
@@ -19,8 +34,9 @@ def register(sub) -> None:
                    help="resume: the accuracy_checking_result_{ts}.csv of the interrupted run")
     p.add_argument("-config", "--config_path", dest="config", default=None,
                    help="config.json with white_list / black_list / error_data_path (run_ut section)")
-    p.add_argument("-n", "--num_splits", dest="workers", type=int, default=1,
-                   help="worker processes (default 1; 0 = in this process, without timeout/crash isolation)")
+    p.add_argument("-n", "--num_splits", dest="workers", type=int, default=workers,
+                   help=f"worker processes, at most {MAX_WORKERS} (default {workers}; 0 = in this process, without "
+                        "timeout/crash isolation); never more than the APIs to check")
     p.add_argument("-d", "--device", dest="devices", type=int, nargs="+", default=[0],
                    help="device ids for the device side when CUDA/NPU is present (default 0)")
     p.add_argument("-j", "--jit_compile", dest="jit_compile", action="store_true",
@@ -38,17 +54,18 @@ def register(sub) -> None:
     p.add_argument("--preload", action="append", default=[], metavar="MODULE",
                    help="a module every checking process imports first (custom ops); repeatable")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
-    p.add_argument("--online", action="store_true",
-                   help="online run_ut: check APIs as the training side sends them (also: is_online in -config)")
-    from msprobe.cli.run_ut_online import add_online_arguments
 
-    add_online_arguments(p, with_config=False)
-    p.set_defaults(func=run, _parser=p)
+
+#: the real tool's bound on -n/--num_splits
+MAX_WORKERS = 64
 
 
 def run(args: argparse.Namespace) -> int:
     from msprobe.cli.run_ut_online import config_is_online
+    from msprobe.errors import ConfigError
 
+    if not 0 <= args.workers <= MAX_WORKERS:
+        raise ConfigError(f"-n/--num_splits must be between 0 and {MAX_WORKERS}, not {args.workers}")
     if args.online or (args.api_info is None and config_is_online(args.config)):
         from msprobe.cli.run_ut_online import run as run_online
 

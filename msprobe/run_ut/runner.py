@@ -49,6 +49,19 @@ def open_rank(path: str, *, step: Optional[int] = None, rank: Any = None,
     return dump, sources[0]
 
 
+def _no_api_records(path: str, src: Any) -> None:
+    """ConfigError for a dump with no forward API record to check (an L0 dump holds modules only)."""
+    try:
+        level = src.document().raw.get("level")
+    except Exception:  # noqa: BLE001 - the message works without the level
+        level = None
+    if level == "L0":
+        raise ConfigError(f"{path}: this is a level L0 dump (module records only): run_ut replays APIs and needs "
+                          f"an L1 (or mix) dump; dump again with \"level\": \"L1\"")
+    raise ConfigError(f"{path}: no forward API record to check (level {level or 'unknown'}); run_ut needs an L1 "
+                      f"(or mix) dump of the APIs to replay")
+
+
 def _records(dump: Any, src: Any) -> list:
     return dump.records(step=src.step, rank=src.rank_dir, run=src.run, split=src.split)
 
@@ -327,6 +340,8 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
                               "black_list": cfg.get("black_list", options.black_list), "device": device})
     dump, src = open_rank(api_info, step=step, rank=rank, storage_options=storage_options)
     names, backward = list_tasks(dump, src, filter_api=filter_api)
+    if not names:
+        _no_api_records(api_info, src)
     writer = ResultWriter(out_path, resume_from=result_csv, precision=cfg.get("precision", 14))
     error_data = None
     if save_error_data_flag:
