@@ -1,0 +1,470 @@
+/* One-pass statistics and CRC-32 over the memory of a contiguous CPU buffer.
+ *
+ * The dumpers' fast path (msprobe/dumpers/fastpath.py loads it; the pure-torch / numpy code is
+ * the fallback and the reference). Values follow msprobe/format/stats.py:
+ *
+ *   stats(addr, n, code) -> (Max, Min, Mean, Norm)
+ *     floating point: Max/Min in the dtype, Mean and Norm accumulated in float64 and rounded to
+ *       the dtype (float16: double -> half, as numpy does; bfloat16: double -> float32 -> bfloat16,
+ *       round to nearest even); float64 gives Mean = Norm = None. A NaN anywhere makes all four NaN.
+ *     integers: (int Max, int Min, None, None); bool: (any, all, None, None).
+ *   crc32(addr, nbytes, crc=0) -> int: zlib's CRC-32 (the gzip polynomial), continuing from crc.
+ *
+ * The caller guarantees that [addr, addr + n * itemsize) is readable for the duration of the call
+ * (a live, contiguous CPU tensor or array) and that n > 0 for stats. The GIL is released for
+ * large buffers so that the dumper's writer threads run meanwhile.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#define FASTPATH_VERSION 1
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define MULTI __attribute__((target_clones("avx2", "default")))
+#else
+#define MULTI
+#endif
+
+#define LANES 8
+#define NOGIL_BYTES (1 << 16)
+
+enum { C_F32 = 0, C_F64 = 1, C_F16 = 2, C_BF16 = 3, C_I8 = 4, C_U8 = 5, C_I16 = 6, C_I32 = 7, C_I64 = 8,
+       C_BOOL = 9 };
+
+static inline float bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* IEEE half -> float without a branch: shift the exponent/mantissa into place, rescale the
+ * exponent with one multiply (which also normalises subnormals), force Inf/NaN back to an all-ones
+ * exponent, then put the sign back. */
+static inline float load_f16(uint16_t h) {
+    uint32_t u = ((uint32_t)h & 0x7fffu) << 13;
+    float f = bits_to_float(u) * bits_to_float((uint32_t)(254 - 15) << 23);
+    uint32_t r = float_to_bits(f);
+    r |= (f >= bits_to_float((uint32_t)(127 + 16) << 23)) ? (255u << 23) : 0u;
+    return bits_to_float(r | (((uint32_t)h & 0x8000u) << 16));
+}
+
+static inline float load_bf16(uint16_t h) { return bits_to_float((uint32_t)h << 16); }
+
+#define LOAD_F32(x) ((double)(x))
+#define LOAD_F64(x) (x)
+#define LOAD_F16(x) ((double)load_f16(x))
+#define LOAD_BF16(x) ((double)load_bf16(x))
+
+/* out = {max, min, sum, sum of squares}; eight independent lanes so that the compiler can keep
+ * them in vector registers (max/min written as the selects maxpd/minpd implement). */
+#define FLOAT_KERNEL(NAME, T, LOAD)                                                        \
+    MULTI static void NAME(const T *p, Py_ssize_t n, double *out) {                        \
+        double mx[LANES], mn[LANES], s[LANES], q[LANES];                                   \
+        double first = LOAD(p[0]);                                                         \
+        for (int j = 0; j < LANES; j++) { mx[j] = mn[j] = first; s[j] = q[j] = 0.0; }      \
+        Py_ssize_t i = 0;                                                                  \
+        for (; i + LANES <= n; i += LANES) {                                               \
+            for (int j = 0; j < LANES; j++) {                                              \
+                double v = LOAD(p[i + j]);                                                 \
+                mx[j] = v > mx[j] ? v : mx[j];                                             \
+                mn[j] = v < mn[j] ? v : mn[j];                                             \
+                s[j] += v;                                                                 \
+                q[j] += v * v;                                                             \
+            }                                                                              \
+        }                                                                                  \
+        for (; i < n; i++) {                                                               \
+            double v = LOAD(p[i]);                                                         \
+            mx[0] = v > mx[0] ? v : mx[0];                                                 \
+            mn[0] = v < mn[0] ? v : mn[0];                                                 \
+            s[0] += v;                                                                     \
+            q[0] += v * v;                                                                 \
+        }                                                                                  \
+        double M = mx[0], m = mn[0], S = 0.0, Q = 0.0;                                     \
+        for (int j = 0; j < LANES; j++) {                                                  \
+            M = mx[j] > M ? mx[j] : M;                                                     \
+            m = mn[j] < m ? mn[j] : m;                                                     \
+            S += s[j];                                                                     \
+            Q += q[j];                                                                     \
+        }                                                                                  \
+        out[0] = M; out[1] = m; out[2] = S; out[3] = Q;                                    \
+    }
+
+FLOAT_KERNEL(k_f32, float, LOAD_F32)
+FLOAT_KERNEL(k_f64, double, LOAD_F64)
+FLOAT_KERNEL(k_f16, uint16_t, LOAD_F16)
+FLOAT_KERNEL(k_bf16, uint16_t, LOAD_BF16)
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_X86_CODE 1
+#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+/* The same four reductions with AVX2: 16 elements a round, Max/Min in the element type (exact for
+ * float32 and narrower), Sum and sum of squares in float64 over eight independent accumulators.
+ * _mm256_max_ps(x, m) keeps m when x is NaN (as the scalar select above); NaN is detected from the
+ * sum of squares afterwards. */
+#define AVX2_F32_KERNEL(NAME, T, LOAD8)                                                    \
+    AVX2_TARGET static void NAME(const T *p, Py_ssize_t n, double *out) {                  \
+        __m256 mx0 = _mm256_set1_ps((float)LOAD_##T##_1(p[0])), mx1 = mx0, mn0 = mx0, mn1 = mx0; \
+        __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;                       \
+        __m256d q0 = s0, q1 = s0, q2 = s0, q3 = s0;                                        \
+        Py_ssize_t i = 0;                                                                  \
+        for (; i + 16 <= n; i += 16) {                                                     \
+            __m256 x = LOAD8(p + i), y = LOAD8(p + i + 8);                                 \
+            mx0 = _mm256_max_ps(x, mx0); mn0 = _mm256_min_ps(x, mn0);                      \
+            mx1 = _mm256_max_ps(y, mx1); mn1 = _mm256_min_ps(y, mn1);                      \
+            __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(x));                        \
+            __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));                      \
+            __m256d c = _mm256_cvtps_pd(_mm256_castps256_ps128(y));                        \
+            __m256d d = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));                      \
+            s0 = _mm256_add_pd(s0, a); q0 = _mm256_fmadd_pd(a, a, q0);                     \
+            s1 = _mm256_add_pd(s1, b); q1 = _mm256_fmadd_pd(b, b, q1);                     \
+            s2 = _mm256_add_pd(s2, c); q2 = _mm256_fmadd_pd(c, c, q2);                     \
+            s3 = _mm256_add_pd(s3, d); q3 = _mm256_fmadd_pd(d, d, q3);                     \
+        }                                                                                  \
+        float fm[16], fn[16];                                                              \
+        double ds[4], dq[4];                                                               \
+        _mm256_storeu_ps(fm, mx0); _mm256_storeu_ps(fm + 8, mx1);                          \
+        _mm256_storeu_ps(fn, mn0); _mm256_storeu_ps(fn + 8, mn1);                          \
+        _mm256_storeu_pd(ds, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3))); \
+        _mm256_storeu_pd(dq, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3))); \
+        double M = fm[0], m = fn[0], S = 0.0, Q = 0.0;                                     \
+        for (int j = 0; j < 16; j++) {                                                     \
+            M = fm[j] > M ? fm[j] : M;                                                     \
+            m = fn[j] < m ? fn[j] : m;                                                     \
+        }                                                                                  \
+        for (int j = 0; j < 4; j++) { S += ds[j]; Q += dq[j]; }                            \
+        for (; i < n; i++) {                                                               \
+            double v = LOAD_##T##_1(p[i]);                                                 \
+            M = v > M ? v : M;                                                             \
+            m = v < m ? v : m;                                                             \
+            S += v;                                                                        \
+            Q += v * v;                                                                    \
+        }                                                                                  \
+        out[0] = M; out[1] = m; out[2] = S; out[3] = Q;                                    \
+    }
+
+#define LOAD_float_1(x) ((double)(x))
+#define LOAD_f16_t_1(x) ((double)load_f16(x))
+#define LOAD_bf16_t_1(x) ((double)load_bf16(x))
+typedef uint16_t f16_t;
+typedef uint16_t bf16_t;
+#define L8_F32(q) _mm256_loadu_ps(q)
+#define L8_F16(q) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q)))
+#define L8_BF16(q) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(q))), 16))
+
+AVX2_F32_KERNEL(a_f32, float, L8_F32)
+AVX2_F32_KERNEL(a_f16, f16_t, L8_F16)
+AVX2_F32_KERNEL(a_bf16, bf16_t, L8_BF16)
+
+AVX2_TARGET static void a_f64(const double *p, Py_ssize_t n, double *out) {
+    __m256d mx0 = _mm256_set1_pd(p[0]), mx1 = mx0, mn0 = mx0, mn1 = mx0;
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256d a = _mm256_loadu_pd(p + i), b = _mm256_loadu_pd(p + i + 4);
+        mx0 = _mm256_max_pd(a, mx0); mn0 = _mm256_min_pd(a, mn0);
+        mx1 = _mm256_max_pd(b, mx1); mn1 = _mm256_min_pd(b, mn1);
+        s0 = _mm256_add_pd(s0, a); q0 = _mm256_fmadd_pd(a, a, q0);
+        s1 = _mm256_add_pd(s1, b); q1 = _mm256_fmadd_pd(b, b, q1);
+    }
+    double fm[8], fn[8], ds[4], dq[4];
+    _mm256_storeu_pd(fm, mx0); _mm256_storeu_pd(fm + 4, mx1);
+    _mm256_storeu_pd(fn, mn0); _mm256_storeu_pd(fn + 4, mn1);
+    _mm256_storeu_pd(ds, _mm256_add_pd(s0, s1));
+    _mm256_storeu_pd(dq, _mm256_add_pd(q0, q1));
+    double M = fm[0], m = fn[0], S = 0.0, Q = 0.0;
+    for (int j = 0; j < 8; j++) {
+        M = fm[j] > M ? fm[j] : M;
+        m = fn[j] < m ? fn[j] : m;
+    }
+    for (int j = 0; j < 4; j++) { S += ds[j]; Q += dq[j]; }
+    for (; i < n; i++) {
+        double v = p[i];
+        M = v > M ? v : M;
+        m = v < m ? v : m;
+        S += v;
+        Q += v * v;
+    }
+    out[0] = M; out[1] = m; out[2] = S; out[3] = Q;
+}
+#endif
+
+/* 1 when the AVX2 kernels may run (the CPU has AVX2, FMA and F16C, and simd is not switched off) */
+static int use_avx2 = 0;
+
+#define INT_KERNEL(NAME, T)                                                                \
+    MULTI static void NAME(const T *p, Py_ssize_t n, int64_t *out) {                       \
+        T M = p[0], m = p[0];                                                              \
+        for (Py_ssize_t i = 1; i < n; i++) {                                               \
+            T v = p[i];                                                                    \
+            M = v > M ? v : M;                                                             \
+            m = v < m ? v : m;                                                             \
+        }                                                                                  \
+        out[0] = (int64_t)M; out[1] = (int64_t)m;                                          \
+    }
+
+INT_KERNEL(k_i8, int8_t)
+INT_KERNEL(k_u8, uint8_t)
+INT_KERNEL(k_i16, int16_t)
+INT_KERNEL(k_i32, int32_t)
+INT_KERNEL(k_i64, int64_t)
+
+/* bool: any = some byte non-zero, all = no byte zero */
+MULTI static void k_bool(const uint8_t *p, Py_ssize_t n, int64_t *out) {
+    uint8_t any = 0, all = 1;
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        any |= (uint8_t)(p[i] != 0);
+        all &= (uint8_t)(p[i] != 0);
+    }
+    out[0] = any; out[1] = all;
+}
+
+static const Py_ssize_t ITEMSIZE[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1};
+
+/* double -> bfloat16 as the format defines it: through float32, then round to nearest even */
+static double round_bf16(double x) {
+    float f = (float)x;
+    if (f != f) return (double)f;
+    uint32_t u = float_to_bits(f);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return (double)bits_to_float(u);
+}
+
+static PyObject *round_to(double x, int code) {
+    if (code == C_F32) return PyFloat_FromDouble((double)(float)x);
+    if (code == C_BF16) return PyFloat_FromDouble(round_bf16(x));
+    /* float16: double -> half directly (round to nearest even, overflow to Inf), as numpy does */
+    unsigned char buf[2];
+    if (isnan(x)) return PyFloat_FromDouble(x);
+    if (fabs(x) >= 65520.0) return PyFloat_FromDouble(copysign(INFINITY, x));
+#if PY_VERSION_HEX >= 0x030B0000
+    if (PyFloat_Pack2(x, (char *)buf, 1) < 0) return NULL;
+    return PyFloat_FromDouble(PyFloat_Unpack2((const char *)buf, 1));
+#else
+    if (_PyFloat_Pack2(x, buf, 1) < 0) return NULL;
+    return PyFloat_FromDouble(_PyFloat_Unpack2(buf, 1));
+#endif
+}
+
+static PyObject *fp_stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "stats(addr, n, code)");
+        return NULL;
+    }
+    void *addr = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long code = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (addr == NULL || n <= 0 || code < 0 || code > C_BOOL) {
+        PyErr_SetString(PyExc_ValueError, "stats: a null address, no elements or an unknown dtype code");
+        return NULL;
+    }
+    double d[4];
+    int64_t iv[2];
+    int big = n * ITEMSIZE[code] >= NOGIL_BYTES;
+    PyThreadState *ts = big ? PyEval_SaveThread() : NULL;
+    switch (code) {
+#ifdef HAVE_X86_CODE
+    case C_F32: (use_avx2 ? a_f32 : k_f32)((const float *)addr, n, d); break;
+    case C_F64: (use_avx2 ? a_f64 : k_f64)((const double *)addr, n, d); break;
+    case C_F16: (use_avx2 ? a_f16 : k_f16)((const uint16_t *)addr, n, d); break;
+    case C_BF16: (use_avx2 ? a_bf16 : k_bf16)((const uint16_t *)addr, n, d); break;
+#else
+    case C_F32: k_f32((const float *)addr, n, d); break;
+    case C_F64: k_f64((const double *)addr, n, d); break;
+    case C_F16: k_f16((const uint16_t *)addr, n, d); break;
+    case C_BF16: k_bf16((const uint16_t *)addr, n, d); break;
+#endif
+    case C_I8: k_i8((const int8_t *)addr, n, iv); break;
+    case C_U8: k_u8((const uint8_t *)addr, n, iv); break;
+    case C_I16: k_i16((const int16_t *)addr, n, iv); break;
+    case C_I32: k_i32((const int32_t *)addr, n, iv); break;
+    case C_I64: k_i64((const int64_t *)addr, n, iv); break;
+    default: k_bool((const uint8_t *)addr, n, iv); break;
+    }
+    if (ts) PyEval_RestoreThread(ts);
+    if (code == C_BOOL)
+        return Py_BuildValue("(OOOO)", iv[0] ? Py_True : Py_False, iv[1] ? Py_True : Py_False, Py_None, Py_None);
+    if (code >= C_I8)
+        return Py_BuildValue("(LLOO)", (long long)iv[0], (long long)iv[1], Py_None, Py_None);
+    if (isnan(d[3])) d[0] = d[1] = d[3];  /* a NaN element (x*x is NaN only for NaN, never Inf - Inf) */
+    if (code == C_F64) return Py_BuildValue("(ddOO)", d[0], d[1], Py_None, Py_None);
+    PyObject *mean = round_to(d[2] / (double)n, (int)code);
+    PyObject *norm = mean ? round_to(sqrt(d[3]), (int)code) : NULL;
+    if (!norm) {
+        Py_XDECREF(mean);
+        return NULL;
+    }
+    return Py_BuildValue("(ddNN)", d[0], d[1], mean, norm);
+}
+
+/* ---- CRC-32 (reflected, polynomial 0xEDB88320: zlib's) ---- */
+
+static uint32_t crc_table[256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+/* on the inverted register, as the folding code below */
+static uint32_t crc_bytes(uint32_t c, const uint8_t *p, size_t n) {
+    while (n--) c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+    return c;
+}
+
+#ifdef HAVE_X86_CODE
+#define HAVE_CLMUL_CODE 1
+
+/* Carry-less multiplication folding (the method of Intel's "Fast CRC Computation for Generic
+ * Polynomials Using PCLMULQDQ"): four 128-bit accumulators fold 64 bytes per round, then they are
+ * folded into one, reduced to 64 and to 32 bits with a Barrett reduction. Constants are powers of x
+ * modulo the bit-reflected polynomial. Requires n >= 64; returns the register for the first
+ * n & ~15 bytes and sets *used. */
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t crc_clmul(uint32_t crc, const uint8_t *p, size_t n, size_t *used) {
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
+    const __m128i k5 = _mm_set_epi64x(0, 0x0163cd6124LL);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
+    const __m128i mask32 = _mm_setr_epi32(-1, 0, -1, 0);
+    size_t len = n & ~(size_t)15, left = len;
+    __m128i x1 = _mm_loadu_si128((const __m128i *)(p + 0x00));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(p + 0x10));
+    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 0x20));
+    __m128i x4 = _mm_loadu_si128((const __m128i *)(p + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
+    p += 64;
+    left -= 64;
+    while (left >= 64) {
+        __m128i a1 = _mm_clmulepi64_si128(x1, k1k2, 0x00), b1 = _mm_clmulepi64_si128(x1, k1k2, 0x11);
+        __m128i a2 = _mm_clmulepi64_si128(x2, k1k2, 0x00), b2 = _mm_clmulepi64_si128(x2, k1k2, 0x11);
+        __m128i a3 = _mm_clmulepi64_si128(x3, k1k2, 0x00), b3 = _mm_clmulepi64_si128(x3, k1k2, 0x11);
+        __m128i a4 = _mm_clmulepi64_si128(x4, k1k2, 0x00), b4 = _mm_clmulepi64_si128(x4, k1k2, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(a1, b1), _mm_loadu_si128((const __m128i *)(p + 0x00)));
+        x2 = _mm_xor_si128(_mm_xor_si128(a2, b2), _mm_loadu_si128((const __m128i *)(p + 0x10)));
+        x3 = _mm_xor_si128(_mm_xor_si128(a3, b3), _mm_loadu_si128((const __m128i *)(p + 0x20)));
+        x4 = _mm_xor_si128(_mm_xor_si128(a4, b4), _mm_loadu_si128((const __m128i *)(p + 0x30)));
+        p += 64;
+        left -= 64;
+    }
+#define FOLD1(acc, next)                                                                   \
+    do {                                                                                   \
+        __m128i lo_ = _mm_clmulepi64_si128(acc, k3k4, 0x00);                               \
+        __m128i hi_ = _mm_clmulepi64_si128(acc, k3k4, 0x11);                               \
+        acc = _mm_xor_si128(_mm_xor_si128(lo_, hi_), next);                                \
+    } while (0)
+    FOLD1(x1, x2);
+    FOLD1(x1, x3);
+    FOLD1(x1, x4);
+    while (left >= 16) {
+        FOLD1(x1, _mm_loadu_si128((const __m128i *)p));
+        p += 16;
+        left -= 16;
+    }
+#undef FOLD1
+    /* 128 -> 64 bits */
+    __m128i t = _mm_clmulepi64_si128(x1, k3k4, 0x10);
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), t);
+    t = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, mask32);
+    x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, k5, 0x00), t);
+    /* Barrett reduction to 32 bits */
+    t = _mm_and_si128(x1, mask32);
+    t = _mm_clmulepi64_si128(t, poly, 0x10);
+    t = _mm_and_si128(t, mask32);
+    t = _mm_clmulepi64_si128(t, poly, 0x00);
+    x1 = _mm_xor_si128(x1, t);
+    *used = len;
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+static int have_clmul = 0;
+
+static uint32_t crc32_any(uint32_t crc, const uint8_t *p, size_t n) {
+    uint32_t c = ~crc;
+#ifdef HAVE_CLMUL_CODE
+    if (have_clmul && n >= 64) {
+        size_t used = 0;
+        c = crc_clmul(c, p, n, &used);
+        p += used;
+        n -= used;
+    }
+#endif
+    return ~crc_bytes(c, p, n);
+}
+
+static PyObject *fp_crc32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "crc32(addr, nbytes, crc=0)");
+        return NULL;
+    }
+    void *addr = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    unsigned long crc = nargs == 3 ? PyLong_AsUnsignedLongMask(args[2]) : 0;
+    if (PyErr_Occurred()) return NULL;
+    if (n < 0 || (n > 0 && addr == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "crc32: a null address or a negative size");
+        return NULL;
+    }
+    uint32_t r;
+    if (n >= NOGIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        r = crc32_any((uint32_t)crc, (const uint8_t *)addr, (size_t)n);
+        Py_END_ALLOW_THREADS
+    } else {
+        r = crc32_any((uint32_t)crc, (const uint8_t *)addr, (size_t)n);
+    }
+    return PyLong_FromUnsignedLong(r);
+}
+
+/* set_simd(on) -> the previous setting: off runs the portable kernels (the tests cover both) */
+static PyObject *fp_set_simd(PyObject *self, PyObject *arg) {
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    int before = use_avx2 || have_clmul;
+#ifdef HAVE_X86_CODE
+    __builtin_cpu_init();
+    use_avx2 = on && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    have_clmul = on && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
+    return PyBool_FromLong(before);
+}
+
+static PyMethodDef methods[] = {
+    {"set_simd", fp_set_simd, METH_O, "set_simd(on) -> previous: use the AVX2/PCLMUL kernels when the CPU has them"},
+    {"stats", (PyCFunction)(void (*)(void))fp_stats, METH_FASTCALL,
+     "stats(addr, n, code) -> (Max, Min, Mean, Norm) of n contiguous elements at addr"},
+    {"crc32", (PyCFunction)(void (*)(void))fp_crc32, METH_FASTCALL,
+     "crc32(addr, nbytes, crc=0) -> zlib's CRC-32 of nbytes at addr"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_fastpath", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    crc_init();
+#ifdef HAVE_CLMUL_CODE
+    __builtin_cpu_init();
+    have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "VERSION", FASTPATH_VERSION) < 0 ||
+        PyModule_AddIntConstant(m, "HAVE_CLMUL", have_clmul) < 0 ||
+        PyModule_AddIntConstant(m, "SIMD", use_avx2) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

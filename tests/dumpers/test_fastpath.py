@@ -1,0 +1,241 @@
+"""The compiled one-pass statistics and CRC-32 (msprobe/dumpers/_fastpath.c) against the reference
+definitions (msprobe/format/stats.py) and against the pure-torch path they replace, with the SIMD
+kernels and with the portable ones; the first-use build; ``MSPROBE_LAKE_NATIVE=0``."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from msprobe.dumpers import fastpath  # noqa: E402
+from msprobe.format.stats import reference_stats  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def fast():
+    mod = fastpath.native()
+    assert mod is not None, "the extension neither installed nor buildable here (is a C compiler present?)"
+    return mod
+
+
+@pytest.fixture(params=["simd", "portable"])
+def kernels(request, fast):
+    before = fast.SIMD
+    fast.set_simd(request.param == "simd")
+    yield fast
+    fast.set_simd(bool(before))
+
+
+def _close(a, b, rtol=1e-6):
+    if a is None or b is None or isinstance(a, bool) or isinstance(b, bool):
+        return a is b if a is None or b is None else (type(a) is type(b) and a == b)
+    if isinstance(b, int):
+        return type(a) is int and a == b
+    if np.isnan(b):
+        return bool(np.isnan(a))
+    if np.isinf(b):
+        return a == b
+    return abs(a - b) <= rtol * abs(b) + 1e-300
+
+
+def _check(fast, t: torch.Tensor):
+    name = str(t.dtype).replace("torch.", "")
+    got = fast.stats(t.data_ptr(), t.numel(), fastpath.DTYPE_CODES[name])
+    if t.dtype == torch.bfloat16:
+        ref = reference_stats(t.float().numpy(), logical_dtype="bfloat16")
+    else:
+        ref = reference_stats(t.numpy())
+    assert all(_close(g, r) for g, r in zip(got, ref)), (name, t.numel(), got, ref)
+    return got
+
+
+SIZES = [1, 2, 7, 8, 15, 16, 17, 31, 33, 255, 1000, 4099, 70001]
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_float_stats_equal_the_reference(kernels, dtype):
+    g = torch.Generator().manual_seed(0)
+    for n in SIZES:
+        x = (torch.randn(n, generator=g, dtype=torch.float64) * 3 + 0.25).to(dtype)
+        _check(kernels, x)
+        if n < 2:
+            continue
+        # the extreme in the tail (the part after the last full SIMD round) and in the first element
+        y = x.clone()
+        y[-1] = 100
+        y[0] = -100
+        assert _check(kernels, y)[:2] == (100.0, -100.0)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_nan_and_inf(kernels, dtype):
+    for n in (5, 16, 40, 1001):
+        for pos in (0, n // 2, n - 1):
+            x = torch.linspace(-2, 3, n, dtype=torch.float64).to(dtype)
+            x[pos] = float("nan")
+            got = _check(kernels, x)
+            assert all(np.isnan(v) for v in got if v is not None)
+            x = torch.linspace(-2, 3, n, dtype=torch.float64).to(dtype)
+            x[pos] = float("inf")
+            x[(pos + 1) % n] = float("-inf")
+            got = _check(kernels, x)  # Max inf, Min -inf, Mean NaN (inf - inf), Norm inf
+            assert got[0] == float("inf") and got[1] == float("-inf")
+
+
+def test_low_precision_rounding_and_overflow(kernels):
+    # float16: Norm and Mean over 65504 overflow to inf after the float64 accumulation, as the reference
+    big = torch.full((300,), 60000.0, dtype=torch.float16)
+    assert _check(kernels, big)[3] == float("inf")
+    # subnormal float16 values survive the half -> float conversion
+    tiny = torch.tensor([6e-8, 1e-5, -3e-6] * 11, dtype=torch.float16)
+    _check(kernels, tiny)
+    # bfloat16 keeps float32's range: a mean rounded to bfloat16
+    b = torch.tensor([1e30, 3e30, -2e29] * 7, dtype=torch.bfloat16)
+    _check(kernels, b)
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+def test_int_stats(kernels, dtype):
+    info = torch.iinfo(dtype)
+    for n in SIZES:
+        x = torch.randint(info.min, info.max, (n,), dtype=dtype, generator=torch.Generator().manual_seed(n))
+        got = _check(kernels, x)
+        assert type(got[0]) is int and got[2:] == (None, None)
+    x = torch.tensor([info.min, 0, info.max] * 9, dtype=dtype)
+    assert _check(kernels, x)[:2] == (info.max, info.min)
+
+
+def test_bool_stats(kernels):
+    for vals in ([True] * 20, [False] * 20, [False] * 19 + [True], [True] * 19 + [False]):
+        x = torch.tensor(vals)
+        assert _check(kernels, x) == (any(vals), all(vals), None, None)
+
+
+def test_crc32_equals_zlib(kernels):
+    rng = np.random.default_rng(1)
+    buf = rng.integers(0, 256, 300_000, dtype=np.uint8)
+    for n in (0, 1, 15, 16, 63, 64, 65, 127, 128, 129, 1000, 65536, 70001, 300_000):
+        for off in (0, 1, 7):
+            b = buf[off:off + n]
+            assert kernels.crc32(b.ctypes.data, len(b)) == zlib.crc32(b), (n, off)
+            assert kernels.crc32(b.ctypes.data, len(b), 0xDEADBEEF) == zlib.crc32(b, 0xDEADBEEF), (n, off)
+
+
+def test_bad_arguments_are_refused(fast):
+    with pytest.raises(ValueError):
+        fast.stats(0, 10, 0)
+    with pytest.raises(ValueError):
+        fast.stats(torch.zeros(2).data_ptr(), 2, 99)
+    with pytest.raises(ValueError):
+        fast.crc32(0, 10)
+    with pytest.raises(TypeError):
+        fast.stats(1, 2)
+
+
+# ------------------------------------------------------------------ the dumper's encoder
+
+
+def _encoder_values(tensors, native: bool):
+    from msprobe.dumpers.pytorch import _encode
+
+    saved = _encode._FAST
+    _encode._FAST = _encode._fast() if native else None
+    try:
+        out = []
+        for t in tensors:
+            h = _encode._stat_handle(t)
+            v = dict(_encode.fetch_stats([h])[0])
+            v["md5"] = _encode._crc32_hex(t)
+            out.append(v)
+        return out
+    finally:
+        _encode._FAST = saved
+
+
+def _tensors():
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(64, 33, generator=g)
+    return [
+        base, base.t(), base[:, 3:9], base[5], base.reshape(-1)[10:], base.half(), base.bfloat16(),
+        base.double(), (base * 50).to(torch.int32), base > 0, torch.tensor(2.5), torch.tensor(-3),
+        torch.zeros(0, 4), torch.randn(5, 3, generator=g, dtype=torch.complex64),
+        torch.tensor([1.0, float("nan"), 2.0]), torch.tensor([float("inf"), 1.0, float("-inf")]),
+        torch.randn(3, 100_000, generator=g), torch.arange(24, dtype=torch.int64).reshape(2, 3, 4)[:, 1],
+    ]
+
+
+def test_encoder_values_equal_the_torch_path(fast):
+    ts = _tensors()
+    fast_vals, torch_vals = _encoder_values(ts, True), _encoder_values(ts, False)
+    for t, a, b in zip(ts, fast_vals, torch_vals):
+        assert a.keys() == b.keys()
+        assert a["md5"] == b["md5"], t.dtype
+        for k in ("Max", "Min", "Mean", "Norm"):
+            # the torch path accumulates float32 in float32: equal within the format's 1e-5
+            assert _close(a[k], b[k], rtol=1e-5), (t.dtype, tuple(t.shape), k, a[k], b[k])
+
+
+def test_encoder_takes_the_one_pass_kernel(fast, monkeypatch):
+    """A contiguous float32 CPU tensor is not given to torch's reductions when the kernel is there."""
+    from msprobe.dumpers.pytorch import _encode
+
+    monkeypatch.setattr(_encode, "_FAST", fast)
+    calls = []
+    monkeypatch.setattr(torch, "aminmax", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError))
+    h = _encode._stat_handle(torch.randn(10, 10))
+    assert h[0] == _encode._K_DONE and not calls
+    with pytest.raises(AssertionError):  # a non-contiguous one still is
+        _encode._stat_handle(torch.randn(10, 10).t())
+
+
+# ------------------------------------------------------------------ loading and the fallback
+
+
+def test_native_disabled_by_env(tmp_path):
+    code = ("import json, torch; from msprobe.dumpers import fastpath; from msprobe.dumpers.pytorch import _encode; "
+            "h = _encode._stat_handle(torch.arange(6.0)); "
+            "print(json.dumps([fastpath.native() is None, _encode.fetch_stats([h])[0], _encode._crc32_hex(torch.arange(6.0))]))")
+    out = {}
+    for flag in ("0", "1"):
+        env = dict(os.environ, PYTHONPATH=ROOT, MSPROBE_LAKE_NATIVE=flag)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[flag] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["0"][0] is True and out["1"][0] is False
+    assert out["0"][1] == out["1"][1] == {"Max": 5.0, "Min": 0.0, "Mean": 2.5, "Norm": 7.416198253631592}
+    assert out["0"][2] == out["1"][2] == f"{zlib.crc32(np.arange(6, dtype=np.float32).tobytes()):08x}"
+
+
+def test_first_use_build_in_the_cache(tmp_path, monkeypatch):
+    cc = sysconfig.get_config_var("CC") or "cc"
+    if shutil.which(cc.split()[0]) is None:
+        pytest.skip(f"no C compiler ({cc}) on this machine: the first-use build cannot run")
+    monkeypatch.setenv("MSPROBE_LAKE_CACHE", str(tmp_path))
+    mod = fastpath._built_in_cache()
+    assert mod is not None and mod.VERSION == fastpath.VERSION
+    built = list((tmp_path / "native").glob("_fastpath-*"))
+    assert [p for p in built if not p.name.endswith(".lock")], built
+    x = torch.arange(10, dtype=torch.float32)
+    assert mod.stats(x.data_ptr(), 10, 0) == (9.0, 0.0, 4.5, pytest.approx(16.881943016134134, rel=1e-7))
+    # a second call finds the built file (no compile: no compiler needed any more)
+    monkeypatch.setenv("CC", "/nonexistent-cc")
+    assert fastpath._built_in_cache() is not None
+
+
+def test_no_compiler_means_fallback(tmp_path, monkeypatch):
+    monkeypatch.setenv("MSPROBE_LAKE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "/nonexistent-cc")
+    assert fastpath._built_in_cache() is None
