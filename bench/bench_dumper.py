@@ -2,6 +2,14 @@
 
     .venv/bin/python bench/bench_dumper.py [--size gpt2|opheavy] [--rounds 3] [--modes L1,mix,md5,tensor]
         [--real-python /path/to/venv-with-mindstudio-probe/bin/python]
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_dumper.py --table     # the performance issue's table
+
+``--table``: statistics L1 / mix / L1+md5, tensor L1 in both layouts (classic ``.pt`` and the Zarr
+store) and the limits of the same run (``hooks``: our hooks and records, no tensor read, nothing
+written; ``floor``: the same plus one ``sum`` per recorded tensor), forward+backward in the dump window
+(the optimizer step outside it), measured twice: process CPU time with 1 torch thread and wall clock
+with 2, each against the no-tool run of the same interpreter; the real tool in its own venv side by
+side (tests/_realtool.py's cached venv unless ``--real-python``/``$MSPROBE_REAL_PYTHON`` says otherwise).
 
 Each measurement is a fresh process (1 warm-up + 5 measured steps, median); tools and
 modes run in alternating rounds; the ratio is against the no-tool run of the same
@@ -19,17 +27,107 @@ OURS = sys.executable
 THREADS = 0
 
 
+WINDOW = "step"
+
+
 def measure(python, tool, mode, size, steps, dump_path, env_extra=None):
     env = dict(os.environ)
     if python != OURS:  # the real tool: keep our package off its path
         env.pop("PYTHONPATH", None)
     env.update(env_extra or {})
     cmd = [python, os.path.join(HERE, "run_step_bench.py"), "--tool", tool, "--mode", mode, "--size", size,
-           "--steps", str(steps), "--dump-path", dump_path, "--threads", str(THREADS)]
+           "--steps", str(steps), "--dump-path", dump_path, "--threads", str(THREADS), "--window", WINDOW]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/tmp", timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{cmd} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def default_real_python():
+    """$MSPROBE_REAL_PYTHON, else tests/_realtool.py's cached venv of mindstudio-probe 26.2.0 (built when
+    missing; None when it cannot be)."""
+    if os.environ.get("MSPROBE_REAL_PYTHON"):
+        return os.environ["MSPROBE_REAL_PYTHON"]
+    sys.path.insert(0, os.path.dirname(HERE))
+    try:
+        from tests._realtool import RealToolUnavailable, real_tool_python
+    except ImportError:
+        return None
+    try:
+        return real_tool_python("26.2.0")
+    except RealToolUnavailable as exc:
+        print(f"real tool unavailable: {exc}", file=sys.stderr)
+        return None
+
+
+#: (label, ours' mode, the real tool's mode or None, target)
+TABLE = [
+    ("statistics L1", "L1", "L1", "<= 1.15x, within 0.03 of the floor"),
+    ("statistics mix", "mix", "mix", "<= 1.20x"),
+    ("L1 + md5 (CRC-32)", "md5", "md5", "<= 1.20x"),
+    ("tensor L1, classic .pt", "tensor", "tensor", "overhead <= 0.5 of the real tool's"),
+    ("tensor L1, Zarr store", "tensor_zarr", None, "overhead <= 0.5 of the real tool's"),
+    ("floor: hooks + one sum per tensor, nothing written", "floor", None, ""),
+    ("hooks and records only, nothing written", "hooks", None, ""),
+]
+
+
+def table(args):
+    """Both metrics, ours and the real tool, in interleaved rounds; prints one markdown table."""
+    global THREADS, WINDOW
+    WINDOW = args.window
+    real = args.real_python if args.real_python is not None else default_real_python()
+    tools = [("ours", OURS)] + ([("real", real)] if real and os.path.exists(real) else [])
+    configs = [("cpu", 1, "cpu_ms_median"), ("wall", 2, "ms_median")]
+    res: dict = {}
+    for r in range(args.rounds):
+        for metric, threads, key in configs:
+            THREADS = threads
+            for label, py in tools:
+                modes = ["none"] + [m_ours if label == "ours" else m_real for _, m_ours, m_real, _ in TABLE
+                                    if (m_ours if label == "ours" else m_real)]
+                for mode in modes:
+                    out = measure(py, "none" if mode == "none" else "msprobe", "L1" if mode == "none" else mode,
+                                  args.size, args.steps, f"/tmp/mb_{label}_{mode}")
+                    res.setdefault((metric, label, mode), []).append(out)
+                    print(f"round {r} {metric}/{threads}t {label:4s} {mode:11s} {out[key]:9.1f} ms/step "
+                          f"{out['records'] // out['steps_dumped']} records/step", file=sys.stderr)
+
+    def med(metric, label, mode):
+        key = dict((m, k) for m, _, k in configs)[metric]
+        runs = res.get((metric, label, mode))
+        return statistics.median(x[key] for x in runs) if runs else None
+
+    print(f"\nsize={args.size}, window={args.window}, {args.rounds} rounds x {args.steps} measured steps "
+          f"(median of per-run medians); CPU = process CPU ms/step with 1 torch thread, wall = wall ms/step "
+          f"with 2 torch threads; ratio = step / no-tool step of the same interpreter")
+    recs = {m: res[("cpu", "ours", m)][0]["records"] // res[("cpu", "ours", m)][0]["steps_dumped"]
+            for _, m, _, _ in TABLE}
+    print("\n| mode | records/step | ours CPU | real CPU | ours wall | real wall | ours/real overhead (CPU) | target |")
+    print("|---|---|---|---|---|---|---|---|")
+    base = {(mt, lb): med(mt, lb, "none") for mt, _, _ in configs for lb, _ in tools}
+    print(f"| no tool | – | {base[('cpu', 'ours')]:.0f} ms | "
+          f"{(base.get(('cpu', 'real')) or float('nan')):.0f} ms | {base[('wall', 'ours')]:.0f} ms | "
+          f"{(base.get(('wall', 'real')) or float('nan')):.0f} ms | | |")
+    for name, m_ours, m_real, target in TABLE:
+        cells = []
+        ratios = {}
+        for metric, _, _ in configs:
+            for label, _ in tools:
+                mode = m_ours if label == "ours" else m_real
+                v = med(metric, label, mode) if mode else None
+                ratios[(metric, label)] = v / base[(metric, label)] if v else None
+            cells += [f"{ratios[(metric, 'ours')]:.2f}x", f"{ratios[(metric, 'real')]:.2f}x"
+                      if ratios.get((metric, "real")) else "–"]
+        o, rr = ratios[("cpu", "ours")], ratios.get(("cpu", "real"))
+        if m_ours == "tensor_zarr":
+            rr = ratios.get(("cpu", "real")) or (med("cpu", "real", "tensor") / base[("cpu", "real")]
+                                                  if ("cpu", "real", "tensor") in res else None)
+        over = f"{(o - 1) / (rr - 1):.2f}" if rr and rr > 1 else "–"
+        print(f"| {name} | {recs[m_ours]} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {over} | {target} |")
+    fl = med("cpu", "ours", "floor") / base[("cpu", "ours")]
+    print(f"\nstatistics L1 - floor (CPU): {med('cpu', 'ours', 'L1') / base[('cpu', 'ours')] - fl:+.3f}; "
+          f"wall: {(med('wall', 'ours', 'L1') - med('wall', 'ours', 'floor')) / base[('wall', 'ours')]:+.3f}")
 
 
 def main():
@@ -38,13 +136,24 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--modes", default="L1,mix,md5,tensor")
-    ap.add_argument("--real-python", default=os.environ.get("MSPROBE_REAL_PYTHON", "/work/venvs/ms26/bin/python"))
+    ap.add_argument("--real-python", default=None,
+                    help="python of a venv with mindstudio-probe (default: $MSPROBE_REAL_PYTHON, else "
+                         "tests/_realtool.py's cached 26.2.0 venv); '' for ours only")
+    ap.add_argument("--table", action="store_true", help="the performance issue's table (see the docstring)")
+    ap.add_argument("--window", default=None, choices=["step", "fwd_bwd"],
+                    help="dump window (default: fwd_bwd with --table, else step)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's default)")
     ap.add_argument("--metric", default="wall", choices=["wall", "cpu"],
                     help="wall-clock ms/step, or process CPU ms/step (steadier on a shared machine)")
     args = ap.parse_args()
-    global THREADS
+    if args.table:
+        args.window = args.window or "fwd_bwd"
+        return table(args)
+    global THREADS, WINDOW
     THREADS = args.threads
+    WINDOW = args.window or "step"
+    if args.real_python is None:
+        args.real_python = default_real_python()
     mkey = "ms_median" if args.metric == "wall" else "cpu_ms_median"
     modes = args.modes.split(",")
     tools = [("ours", OURS)]

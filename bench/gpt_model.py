@@ -65,9 +65,10 @@ SIZES = {
 }
 
 
-def timed_steps(model, opt, size: dict, batch: int, steps: int, dbg=None):
+def timed_steps(model, opt, size: dict, batch: int, steps: int, dbg=None, optimizer_in_window: bool = True):
     """Run ``steps`` training steps of ``model`` on random ids (under ``dbg``, a PrecisionDebugger, when
-    given); return the wall and process-CPU milliseconds of each step."""
+    given); return the wall and process-CPU milliseconds of each step. ``optimizer_in_window=False``
+    stops the dump after the backward (the optimizer step runs outside it, as in the docs' example)."""
     wall, cpu = [], []
     for _ in range(steps):
         ids = torch.randint(0, size["vocab"], (batch, size["seq"]))
@@ -77,10 +78,13 @@ def timed_steps(model, opt, size: dict, batch: int, steps: int, dbg=None):
         logits = model(ids)
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, size["vocab"]), ids[:, 1:].reshape(-1))
         loss.backward()
+        if dbg is not None and not optimizer_in_window:
+            dbg.stop()
         opt.step()
         opt.zero_grad()
         if dbg is not None:
-            dbg.stop()
+            if optimizer_in_window:
+                dbg.stop()
             dbg.step()
         wall.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.process_time() - c0) * 1000)

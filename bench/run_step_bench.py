@@ -27,7 +27,34 @@ MODES = {
     "tensor_zarr": dict(task="tensor", level="L1", extra={"tensor_store": "zarr"}),  # default codec: lz4
     "tensor_zarr_zstd": dict(task="tensor", level="L1", extra={"tensor_store": "zarr", "tensor_compression": "zstd"}),
     "tensor_zarr_none": dict(task="tensor", level="L1", extra={"tensor_store": "zarr", "tensor_compression": "none"}),
+    # ours only, the limits of statistics L1 in the same run: the same hooks and records, nothing written;
+    # "floor" reads each recorded tensor once (one sum), "hooks" reads none
+    "floor": dict(task="statistics", level="L1", floor="sum"),
+    "hooks": dict(task="statistics", level="L1", floor="none"),
 }
+
+
+def install_floor(read: str) -> None:
+    """Our dumper with its statistics replaced by one ``sum`` per tensor (``read="sum"``) or by nothing
+    (``"none"``), and with nothing written: the journal and the documents are dropped after the pending
+    statistics are resolved. The hooks, the argument encoding and the records are the real ones."""
+    from msprobe.dumpers.pytorch import _encode
+    from msprobe.dumpers.session import DumpSession
+
+    def stat_handle(t):
+        if read == "sum" and t.numel():
+            t.sum()
+        return (_encode._K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
+
+    def drop(self, **_):
+        with self.lock:
+            self.pending.resolve(self.fetch_stats)
+            self._journal_queue = []
+            self._dirty = False
+
+    _encode._stat_handle = stat_handle
+    DumpSession.flush_journal = drop
+    DumpSession.publish = drop
 
 
 def zarr_stats(dump_path):
@@ -67,6 +94,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--dump-path", default="/tmp/msprobe_bench_dump")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--window", default="step", choices=["step", "fwd_bwd"],
+                    help="dump window: the whole step, or forward+backward (optimizer step outside)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,6 +110,8 @@ def main():
         from msprobe.pytorch import PrecisionDebugger
 
         m = MODES[args.mode]
+        if "floor" in m:
+            install_floor(m["floor"])
         cfg = {"task": m["task"], "dump_path": args.dump_path, "rank": [], "step": [], "level": m["level"],
                "async_dump": False, "risk_level": "ALL",
                **m.get("extra", {}),
@@ -90,7 +121,8 @@ def main():
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
         dbg = PrecisionDebugger(config_path=cfg_path)
-    times, cpu = timed_steps(model, opt, size, batch, args.warmup + args.steps, dbg)
+    times, cpu = timed_steps(model, opt, size, batch, args.warmup + args.steps, dbg,
+                             optimizer_in_window=args.window == "step")
     if dbg is not None and hasattr(dbg, "dumper"):  # ours: wait for the background writer
         dbg.dumper.close()
     nbytes = nfiles = records = 0
@@ -101,6 +133,8 @@ def main():
             if fn == "dump.json":
                 with open(os.path.join(root, fn)) as f:
                     records += len(json.load(f).get("data", {}))
+    if dbg is not None and "floor" in MODES[args.mode]:  # nothing written: count the records made
+        records = dbg.dumper.session.records_total if hasattr(dbg, "dumper") else 0
     measured = times[args.warmup:]
     zs = zarr_stats(args.dump_path) if args.mode.startswith("tensor_zarr") else None
     print(json.dumps({"ms_median": statistics.median(measured), "ms": measured,
