@@ -10,6 +10,12 @@ def _common(p, *, build: bool = True) -> None:
     p.add_argument("root", help="the lake root (a directory or URL holding one directory per run)")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    p.add_argument("--lake-dir", default=None,
+                   help="where the lake's own files (indexes, manifest, catalog) go (default: ROOT/_lake when ROOT "
+                        "can be written, else a cache directory, said on stderr); the dumps are only read")
+    p.add_argument("--lake-storage-options", default=None,
+                   help="JSON object of fsspec storage options for --lake-dir (default: those of ROOT for the "
+                        "same protocol)")
     if build:
         p.add_argument("--scheduler", default=None,
                        help="address of a Dask scheduler (tcp://host:8786) to run the tasks on")
@@ -77,12 +83,30 @@ def _opts(args):
     return json.loads(args.storage_options) if args.storage_options else None
 
 
+def _lake_opts(args):
+    from msprobe.errors import ConfigError
+
+    if not args.lake_storage_options:
+        return None
+    try:
+        opts = json.loads(args.lake_storage_options)
+    except ValueError:
+        opts = None
+    if not isinstance(opts, dict):
+        raise ConfigError("--lake-storage-options must be a JSON object")
+    return opts
+
+
 def _open(args):
     import msprobe.lake
 
     progress = None if args.json else (lambda what: print(f"lake: {what}", file=sys.stderr))
-    return msprobe.lake.open(args.root, _opts(args), client=args.scheduler, workers=args.workers,
-                             local=False if args.no_cluster else "auto", refresh=args.refresh, progress=progress)
+    lake = msprobe.lake.open(args.root, _opts(args), client=args.scheduler, workers=args.workers,
+                             local=False if args.no_cluster else "auto", refresh=args.refresh, progress=progress,
+                             lake_dir=args.lake_dir, lake_storage_options=_lake_opts(args))
+    if lake.lake_note and progress is None:  # said by the progress callback otherwise
+        print(f"lake: {lake.lake_note}", file=sys.stderr)
+    return lake
 
 
 def _with_lake(fn):
@@ -131,7 +155,7 @@ def _fmt_bytes(n) -> str:
 def run_ls(args) -> int:
     from msprobe.lake import read_catalog
 
-    runs = None if args.rebuild else read_catalog(args.root, _opts(args))
+    runs = None if args.rebuild else read_catalog(args.root, _opts(args), args.lake_dir, _lake_opts(args))
     if runs is None:
         lake = _open(args)
         runs = lake.catalog_rows

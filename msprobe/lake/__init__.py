@@ -17,6 +17,12 @@ Layout under the root (the dumps themselves are only read)::
     ROOT/_lake/manifest.parquet                          one row per rank dir (what was indexed)
     ROOT/_lake/catalog.json, catalog.parquet             one row per run
 
+The lake's own files (``ROOT/_lake/`` above) go where ``lake_dir=`` (``--lake-dir``) says;
+by default under the root when it can be written (one probe object written and deleted),
+else in a local cache directory (``$MSPROBE_LAKE_CACHE``, ``$XDG_CACHE_HOME/msprobe-lake``
+or ``~/.cache/msprobe-lake``), said on stderr: a read-only share or bucket is never written.
+With a remote Dask cluster, give a ``lake_dir`` the workers can write too.
+
 Index files are :mod:`msprobe.readers.index` files (same schema and metadata), so
 ``msprobe.readers.open(ROOT + "/_lake/index")`` reads the lake too. Importing this
 package imports neither pyarrow nor duckdb nor dask.
@@ -37,11 +43,12 @@ def open(root: Any, storage_options: Any = None, client: Any = None, **kwargs: A
     return Lake(root, storage_options=storage_options, client=client, **kwargs)
 
 
-def read_catalog(root: Any, storage_options: Any = None) -> Any:
+def read_catalog(root: Any, storage_options: Any = None, lake_dir: Any = None,
+                 lake_storage_options: Any = None) -> Any:
     """The persisted run catalog (a list of dicts) without opening the lake; None when absent."""
     from msprobe.lake._core import read_catalog as _read
 
-    return _read(root, storage_options)
+    return _read(root, storage_options, lake_dir, lake_storage_options)
 
 
 def __getattr__(name: str) -> Any:

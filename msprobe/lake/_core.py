@@ -20,11 +20,13 @@ from msprobe.readers.index import doc_stat
 __all__ = ["discover_runs", "read_catalog", "LAKE_DIR", "INDEX_PREFIX", "MANIFEST_KEY", "CATALOG_JSON",
            "CATALOG_PARQUET", "MANIFEST_COLUMNS"]
 
+#: the lake's own files, by default under the root (``ROOT/_lake``); the keys below are
+#: relative to that directory, wherever it is (``lake_dir``)
 LAKE_DIR = "_lake"
-INDEX_PREFIX = f"{LAKE_DIR}/index"
-MANIFEST_KEY = f"{LAKE_DIR}/manifest.parquet"
-CATALOG_JSON = f"{LAKE_DIR}/catalog.json"
-CATALOG_PARQUET = f"{LAKE_DIR}/catalog.parquet"
+INDEX_PREFIX = "index"
+MANIFEST_KEY = "manifest.parquet"
+CATALOG_JSON = "catalog.json"
+CATALOG_PARQUET = "catalog.parquet"
 CONFIG_NAMES = ("config.json", "msprobe_config.json")
 
 #: one row per indexed rank directory
@@ -54,6 +56,47 @@ def _store(root_url: str, storage_options: Optional[dict], *, write: bool = Fals
             _STORES.clear()
         _STORES[ck] = st
     return st
+
+
+# -- where the lake's own files go ---------------------------------------------------------
+
+def default_lake_url(root_url: str) -> str:
+    return f"{root_url.rstrip('/')}/{LAKE_DIR}"
+
+
+def cache_lake_dir(root_url: str) -> str:
+    """The local directory that holds the lake files of a root that cannot hold them:
+    ``$MSPROBE_LAKE_CACHE`` (else ``$XDG_CACHE_HOME/msprobe-lake``, else
+    ``~/.cache/msprobe-lake``) / ``<root's last name>-<hash of the root URL>``."""
+    import hashlib
+    import re
+
+    base = (os.environ.get("MSPROBE_LAKE_CACHE")
+            or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                            "msprobe-lake"))
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "_", root_url.rstrip("/").rsplit("/", 1)[-1]).strip("._") or "root"
+    return os.path.join(base, f"{tail[:40]}-{hashlib.sha256(root_url.encode('utf-8')).hexdigest()[:16]}")
+
+
+def write_refused(root_url: str, storage_options: Optional[dict]) -> Optional[str]:
+    """None when ``ROOT/_lake/`` can be written (one small object written and deleted), else
+    why not (a read-only mount, a directory without write permission, a bucket that refuses
+    PUTs...). Other storage errors propagate."""
+    import uuid
+
+    from msprobe.errors import StoragePermissionError
+
+    try:
+        st = _store(root_url, storage_options, write=True)
+        key = f"{LAKE_DIR}/.msprobe-probe-{uuid.uuid4().hex}"
+        st.put(key, b"")
+    except StoragePermissionError as exc:
+        return str(exc)
+    try:
+        st.delete(key)
+    except MsprobeError:
+        pass
+    return None
 
 
 # -- discovery ---------------------------------------------------------------------------------
@@ -318,10 +361,10 @@ class _CompactWriter:
             pass
 
 
-def _build_batch(root_url: str, storage_options: Optional[dict], run: str, run_prefix: str, locs: list,
-                 compact_key: Optional[str] = None) -> list:
+def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, lake_options: Optional[dict],
+                 run: str, run_prefix: str, locs: list, compact_key: Optional[str] = None) -> list:
     """Task: write the index of each rank directory in ``locs`` (prefix, step, rank_dir, rank,
-    split) to ``_lake/index/...``; returns one manifest row per rank directory.
+    split) to ``index/...`` of the lake directory; returns one manifest row per rank directory.
 
     ``compact_key``: ``locs`` are every rank of one step: also stream their tables into
     that step's ``_compact.parquet`` (no second pass over the files)."""
@@ -336,7 +379,7 @@ def _build_batch(root_url: str, storage_options: Optional[dict], run: str, run_p
 
     store = _Prefetched(_store(root_url, storage_options))
     store.prefetch([loc[0] for loc in locs], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
-    out_store = _store(root_url, storage_options, write=True)
+    out_store = _store(lake_url, lake_options, write=True)
     cw = _CompactWriter(out_store, compact_key) if compact_key else None
     rows = []
     from concurrent.futures import ThreadPoolExecutor
@@ -399,13 +442,13 @@ def _build_batch(root_url: str, storage_options: Optional[dict], run: str, run_p
     return rows
 
 
-def _manifest_row_from_index(root_url: str, storage_options: Optional[dict], run: str, run_prefix: str,
+def _manifest_row_from_index(lake_url: str, lake_options: Optional[dict], run: str, run_prefix: str,
                              loc: tuple) -> Optional[dict]:
     """A manifest row rebuilt from an existing index file's metadata (a lost or partial manifest)."""
     from msprobe.readers.index import read_index_metadata
 
     prefix, step, rank_dir, rank, split = loc
-    store = _store(root_url, storage_options)
+    store = _store(lake_url, lake_options)
     key = index_key(run, step, rank, rank_dir, split)
     try:
         m = read_index_metadata(store, key)
@@ -418,23 +461,23 @@ def _manifest_row_from_index(root_url: str, storage_options: Optional[dict], run
             "dialect": m.get("dialect"), "built_at": None}
 
 
-def _rebuild_rows(root_url: str, storage_options: Optional[dict], items: list) -> list:
+def _rebuild_rows(lake_url: str, lake_options: Optional[dict], items: list) -> list:
     """Task: manifest rows from the metadata of existing index files ([(run, run_prefix, loc)])."""
     out = []
     for run, run_prefix, loc in items:
-        r = _manifest_row_from_index(root_url, storage_options, run, run_prefix, loc)
+        r = _manifest_row_from_index(lake_url, lake_options, run, run_prefix, loc)
         if r is not None:
             out.append(r)
     return out
 
 
-def _compact_group(root_url: str, storage_options: Optional[dict], ckey: str, keys: list, records: int) -> str:
+def _compact_group(lake_url: str, lake_options: Optional[dict], ckey: str, keys: list, records: int) -> str:
     """Task: stream the index files ``keys`` (one step of one run) into ``ckey``, with the
     readers' ``covers`` metadata; memory holds one input file and one output row group."""
     require("pyarrow", "parquet")
     import pyarrow.parquet as pq
 
-    store = _store(root_url, storage_options, write=True)
+    store = _store(lake_url, lake_options, write=True)
     cw = _CompactWriter(store, ckey)
     try:
         for k in keys:
@@ -538,18 +581,32 @@ def write_catalog(store: Any, rows: list, root_url: str) -> None:
         write_table(store, CATALOG_PARQUET, pa.Table.from_pylist(rows))
 
 
-def read_catalog(root: Any, storage_options: Optional[dict] = None) -> Optional[list]:
-    """The runs of ``ROOT/_lake/catalog.json`` (one small GET), or None when there is none."""
-    try:
-        store = _store(root, storage_options)
-        raw = store.get(CATALOG_JSON)
-    except StorageNotFoundError:
+def read_catalog(root: Any, storage_options: Optional[dict] = None, lake_dir: Any = None,
+                 lake_storage_options: Optional[dict] = None) -> Optional[list]:
+    """The runs of the lake's ``catalog.json`` (one small GET), or None when there is none:
+    in ``lake_dir``, else ``ROOT/_lake/``, else the cache directory of a read-only root."""
+    if lake_dir is not None:
+        places = [(os.fspath(lake_dir), lake_storage_options)]
+    else:
+        try:
+            url = _store(root, storage_options).url
+        except StorageNotFoundError:
+            return None
+        places = [(default_lake_url(url), storage_options), (cache_lake_dir(url), None)]
+    raw = None
+    for where, opts in places:
+        try:
+            raw = _store(where, opts).get(CATALOG_JSON)
+            break
+        except StorageNotFoundError:
+            continue
+    if raw is None:
         return None
     try:
         doc = json.loads(raw)
     except ValueError as exc:
-        raise ConfigError(f"{CATALOG_JSON} under {root} is not JSON: {exc}") from None
+        raise ConfigError(f"{where}/{CATALOG_JSON} is not JSON: {exc}") from None
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list):
-        raise ConfigError(f"{CATALOG_JSON} under {root} has no 'runs' list")
+        raise ConfigError(f"{where}/{CATALOG_JSON} has no 'runs' list")
     return runs

@@ -7,8 +7,8 @@ import re
 import time
 from typing import Any, Iterable, Optional
 
-from msprobe.errors import (ConfigError, MissingDependencyError, MsprobeError, StorageError, StoragePermissionError,
-                            require)
+from msprobe.errors import (ConfigError, MissingDependencyError, MsprobeError, StorageError, StorageNotFoundError,
+                            StoragePermissionError, require)
 from msprobe.lake import _core
 from msprobe.lake._dask import Runner
 
@@ -37,11 +37,15 @@ class Lake:
     same; kept for older scripts), ``"all"`` (re-index everything), ``"none"`` (build
     nothing: read what is indexed, leaving out with a warning what is stale). ``batch``: rank directories per task.
     ``duckdb_config``: settings for DuckDB connections (default ``threads``/``memory_limit``).
+    ``lake_dir`` (and ``lake_storage_options``): where the lake's own files go (default
+    ``ROOT/_lake`` when the root can be written, else a local cache directory, said on
+    stderr and in :attr:`lake_note`); the root itself is then only read.
     """
 
     def __init__(self, root: Any, storage_options: Optional[dict] = None, client: Any = None, *,
                  refresh: str = "missing", workers: Optional[int] = None, local: Any = "auto", batch: int = 64,
-                 max_depth: int = 3, duckdb_config: Optional[dict] = None, progress: Any = None):
+                 max_depth: int = 3, duckdb_config: Optional[dict] = None, progress: Any = None,
+                 lake_dir: Any = None, lake_storage_options: Optional[dict] = None):
         if refresh not in _REFRESH:
             raise ConfigError(f"refresh={refresh!r}: valid values are {', '.join(_REFRESH)}")
         if batch < 1:
@@ -49,6 +53,9 @@ class Lake:
         self.storage_options = storage_options
         self.store = _core._store(root, storage_options)  # noqa: SLF001
         self.url = self.store.url
+        self._progress = progress
+        self.lake_note: Optional[str] = None
+        self._locate(lake_dir, lake_storage_options, refresh)
         self.runner = Runner(client, workers=workers, local=local)
         self.batch = batch
         self.duckdb_config = dict(duckdb_config or {})
@@ -57,13 +64,53 @@ class Lake:
         self._dataset: Any = None
         self.timings: dict = {}
         self.stats: dict = {}
-        self._progress = progress
         self._open(refresh, max_depth)
 
     # -- opening ----------------------------------------------------------------------------------
     def _say(self, what: str) -> None:
         if callable(self._progress):
             self._progress(what)
+
+    def _locate(self, lake_dir: Any, lake_options: Optional[dict], refresh: str) -> None:
+        """Where the lake's own files are (``self.lake_url``, ``self.lake_store``): ``lake_dir``
+        when given; else ``ROOT/_lake`` when the root can be written (a read-only root with a
+        ``_lake/`` that holds a manifest is read as it is with ``refresh='none'``); else a
+        local cache directory (:func:`msprobe.lake._core.cache_lake_dir`), said on stderr."""
+        if lake_dir is not None:
+            url = os.fspath(lake_dir)
+            if lake_options is None and "://" in url and url.split("://", 1)[0] == self.url.split("://", 1)[0]:
+                lake_options = self.storage_options  # the same store kind: the root's options
+        else:
+            url, lake_options = _core.default_lake_url(self.url), self.storage_options
+            why = None
+            if refresh != "none" or not self._holds_manifest(url, lake_options):
+                why = _core.write_refused(self.url, self.storage_options)
+            if why is not None:
+                url, lake_options = _core.cache_lake_dir(self.url), None
+                self.lake_note = (f"{self.url} cannot be written ({why}): the lake's own files go to {url} "
+                                  "(choose with --lake-dir / lake_dir=)")
+                log.warning("lake: %s", self.lake_note)
+                self._say(self.lake_note)
+        self.lake_options = lake_options
+        self.lake_store: Any = None
+        if refresh != "none":
+            try:
+                self.lake_store = _core._store(url, lake_options, write=True)  # noqa: SLF001
+            except StoragePermissionError:
+                pass  # read what is there; building says why it cannot
+        if self.lake_store is None:
+            try:
+                self.lake_store = _core._store(url, lake_options)  # noqa: SLF001
+            except StorageNotFoundError:
+                self.lake_store = None  # nothing indexed yet
+        self.lake_url = self.lake_store.url if self.lake_store is not None else url
+
+    @staticmethod
+    def _holds_manifest(url: str, options: Optional[dict]) -> bool:
+        try:
+            return _core._store(url, options).exists(_core.MANIFEST_KEY)  # noqa: SLF001
+        except MsprobeError:
+            return False
 
     def _open(self, refresh: str, max_depth: int) -> None:
         t0 = time.perf_counter()
@@ -73,8 +120,9 @@ class Lake:
                                 local=False)
         self.run_infos = infos
         t1 = time.perf_counter()
-        existing = set(self.store.list_prefix(_core.INDEX_PREFIX))
-        old = {r["index_key"]: r for r in _core.read_manifest(self.store)}
+        lake = self.lake_store
+        existing = set(lake.list_prefix(_core.INDEX_PREFIX)) if lake is not None else set()
+        old = {r["index_key"]: r for r in _core.read_manifest(lake)} if lake is not None else {}
         t2 = time.perf_counter()
         rows: dict = {}
         todo: dict = {}  # compact key (one step of one run) -> [(run, loc)]
@@ -98,7 +146,7 @@ class Lake:
                     recover.append((run, info["run_prefix"], tuple(loc)))
         changed_groups: set = set()
         if recover:
-            rec_jobs = [(self.url, self.storage_options, recover[i:i + 256]) for i in range(0, len(recover), 256)]
+            rec_jobs = [(self.lake_url, self.lake_options, recover[i:i + 256]) for i in range(0, len(recover), 256)]
             for batch_rows in self.runner.map(_core._rebuild_rows, rec_jobs, local=False):  # noqa: SLF001
                 for r in batch_rows:
                     rows[r["index_key"]] = r
@@ -128,13 +176,13 @@ class Lake:
                 direct.add(ckey)
             for i in range(0, len(items), self.batch):
                 chunk = items[i:i + self.batch]
-                jobs.append((self.url, self.storage_options, run, prefix_of[run], [loc for _, loc in chunk],
-                             ckey if whole else None))
+                jobs.append((self.url, self.storage_options, self.lake_url, self.lake_options, run, prefix_of[run],
+                             [loc for _, loc in chunk], ckey if whole else None))
         n_built = 0
         executor = "none"
         if jobs:
             self._writable()
-            self._say(f"indexing {sum(len(j[4]) for j in jobs)} rank dir(s) in {len(jobs)} task(s)")
+            self._say(f"indexing {sum(len(j[6]) for j in jobs)} rank dir(s) in {len(jobs)} task(s)")
             built_rows = self.runner.map(_core._build_batch, jobs)  # noqa: SLF001
             executor = self.runner.last
             for batch_rows in built_rows:
@@ -163,7 +211,7 @@ class Lake:
             fresh = ckey not in changed_groups and ckey in existing and all(rows[k].get("compact_key") == ckey
                                                                               for k in keys)
             if not fresh and refresh != "none":
-                compact_jobs.append((self.url, self.storage_options, ckey, keys,
+                compact_jobs.append((self.lake_url, self.lake_options, ckey, keys,
                                      sum(rows[k].get("records") or 0 for k in keys)))
             usable = fresh or refresh != "none"
             for k in keys:
@@ -179,7 +227,7 @@ class Lake:
             self._writable()
             for k in gone:
                 try:
-                    self.store_w.delete(k)
+                    self.lake_store.delete(k)
                 except MsprobeError:
                     pass
         t4 = time.perf_counter()
@@ -189,10 +237,10 @@ class Lake:
         changed = bool(jobs or recover or gone or compact_jobs or len(old) != len(rows))
         if refresh != "none" and changed:
             self._writable()
-            _core.write_table(self.store_w, _core.MANIFEST_KEY, _core.manifest_table(self.manifest_rows))
-        if refresh != "none" and (changed or _stale_catalog(self.store, self.catalog_rows)):
+            _core.write_table(self.lake_store, _core.MANIFEST_KEY, _core.manifest_table(self.manifest_rows))
+        if refresh != "none" and (changed or _stale_catalog(self.lake_store, self.catalog_rows)):
             self._writable()
-            _core.write_catalog(self.store_w, self.catalog_rows, self.url)
+            _core.write_catalog(self.lake_store, self.catalog_rows, self.url)
         t5 = time.perf_counter()
         self.stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": n_built, "recovered": len(recover),
                       "removed": n_removed, "compacted": len(compact_jobs) + len(direct), "stale": len(stale),
@@ -226,19 +274,11 @@ class Lake:
                 out[key] = reason
         return out
 
-    @property
-    def store_w(self) -> Any:
-        w = getattr(self, "_store_w", None)
-        if w is None:
-            w = self._store_w = _core._store(self.url, self.storage_options, write=True)  # noqa: SLF001
-        return w
-
     def _writable(self) -> None:
-        try:
-            self.store_w
-        except StoragePermissionError as exc:
-            raise StoragePermissionError(f"{self.url}: the lake needs to write {_core.LAKE_DIR}/ ({exc}); "
-                                         "open with refresh='none' to read what is indexed") from exc
+        if self.lake_store is None or self.lake_store.read_only:
+            raise StoragePermissionError(f"{self.lake_url}: the lake needs to write its files there, and cannot; "
+                                         "give another lake_dir (--lake-dir), or open with refresh='none' to read "
+                                         "what is indexed")
 
     # -- shape -------------------------------------------------------------------------------------------
     @property
@@ -300,7 +340,7 @@ class Lake:
             paths, parts = [], []
             fs = None
             for key, keys in self.files():
-                loc = arrow_location(self.store, key)
+                loc = arrow_location(self.lake_store, key)
                 if loc is None:
                     raise MissingDependencyError(f"{self.url}: pyarrow cannot read this store directly")
                 fs = loc[0]
@@ -420,12 +460,12 @@ class Lake:
         src = None
         if not files:
             src = None
-        elif getattr(self.store, "is_local", False):
-            paths = [self.store.local_path(k) for k in files]
+        elif getattr(self.lake_store, "is_local", False):
+            paths = [self.lake_store.local_path(k) for k in files]
             src = "read_parquet([" + ", ".join(_q(p) for p in paths) + "])"
             engine = "duckdb-parquet"
-        elif self.url.startswith("s3://") and _httpfs(con, self.store):
-            root = self.url.rstrip("/")
+        elif self.lake_url.startswith("s3://") and _httpfs(con, self.lake_store):
+            root = self.lake_url.rstrip("/")
             src = "read_parquet([" + ", ".join(_q(f"{root}/{k}") for k in files) + "])"
             engine = "duckdb-httpfs"
         if src is not None:
@@ -435,7 +475,7 @@ class Lake:
                 if engine != "duckdb-httpfs" or not _is_duckdb_error(exc):
                     raise
                 log.warning("lake: DuckDB's httpfs cannot read %s (%s); reading through pyarrow and s3fs",
-                            self.url, _first_line(exc))
+                            self.lake_url, _first_line(exc))
                 src = None
         if src is None:
             con.register("lake_ds", self.dataset)
@@ -499,6 +539,8 @@ def _stale_catalog(store: Any, rows: list) -> bool:
     new config.json, a run renamed...): one small GET."""
     import json
 
+    if store is None:
+        return True
     try:
         doc = json.loads(store.get(_core.CATALOG_JSON))
     except (MsprobeError, ValueError):

@@ -363,3 +363,112 @@ def test_redump_into_the_same_path(tmp_path, capsys):
     assert lake.stats["stale"] == 0 and lake.catalog_rows[0]["records"] > before
     doc = json.loads((root / "run_x" / "step0" / "rank" / "dump.json").read_text())
     assert lake.catalog_rows[0]["records"] == len(doc["data"])
+
+
+import contextlib  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+
+
+@contextlib.contextmanager
+def _read_only(path: str):
+    """``path`` made really read-only: its mode bits for a non-root user; as root (who ignores
+    them) a read-only bind mount of the directory onto itself. Skipped only where neither can
+    be done."""
+    if os.geteuid() != 0:
+        modes = {}
+        for dirpath, dirs, files in os.walk(path):
+            for n in [dirpath] + [os.path.join(dirpath, f) for f in files]:
+                modes[n] = os.stat(n).st_mode
+                os.chmod(n, modes[n] & ~0o222)
+        try:
+            yield
+        finally:
+            for n, m in modes.items():
+                os.chmod(n, m)
+        return
+    r = subprocess.run(["mount", "--bind", path, path], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot bind-mount a read-only directory here: {r.stderr.strip()}")
+    try:
+        r = subprocess.run(["mount", "-o", "remount,bind,ro", path], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot remount read-only here: {r.stderr.strip()}")
+        yield
+    finally:
+        subprocess.run(["umount", path], check=True)
+
+
+def test_read_only_root(tmp_path, monkeypatch, capsys):
+    """`msprobe lake ls DIR` on a read-only directory writes nothing there: the lake's files go
+    to --lake-dir / lake_dir=, else to the cache directory (said on stderr); every question
+    still answers."""
+    from msprobe.cli import main
+
+    root = S.make_lake(str(tmp_path / "share"), steps=2, ranks=4)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MSPROBE_LAKE_CACHE", str(cache))
+    before = sorted(os.listdir(root))
+    with _read_only(root):
+        with pytest.raises(OSError):
+            open(os.path.join(root, "probe"), "w").close()
+        assert main(["lake", "ls", root, "--no-cluster"]) == 0
+        out, err = capsys.readouterr()
+        assert "run_c" in out and "cannot be written" in err and str(cache) in err
+        assert sorted(os.listdir(root)) == before  # no _lake/ in the share
+        assert main(["lake", "nan", root, "--json", "--no-cluster"]) == 0
+        out, err = capsys.readouterr()
+        assert {(r["run"], r["rank"], r["record"]) for r in json.loads(out)} == {("run_c", S.NAN_RANK, S.NAN_RECORD)}
+        assert str(cache) in err  # said with --json too (on stderr)
+        lake = msprobe.lake.open(root, local=False)
+        assert lake.stats["indexed"] == 0 and lake.lake_url.startswith("file://" + str(cache))
+        assert lake.lake_note and lake.count_rows() > 0
+        # where the user says
+        mine = tmp_path / "mine"
+        assert main(["lake", "sql", root, "SELECT count(DISTINCT rank) AS n FROM lake", "--lake-dir", str(mine),
+                     "--json", "--no-cluster"]) == 0
+        assert json.loads(capsys.readouterr().out) == [{"n": 4}]
+        assert (mine / "manifest.parquet").exists() and (mine / "catalog.json").exists()
+        api = msprobe.lake.open(root, local=False, lake_dir=str(tmp_path / "api"))
+        assert api.lake_note is None and (tmp_path / "api" / "index").is_dir()
+        assert sorted(api.runs) == list(S.RUNS)
+        assert [r["run"] for r in msprobe.lake.read_catalog(root)] == list(S.RUNS)  # from the cache
+        assert sorted(os.listdir(root)) == before
+    # a writable root keeps its lake under ROOT/_lake, said nowhere
+    lake = msprobe.lake.open(root, local=False)
+    assert lake.lake_note is None and os.path.isfile(os.path.join(root, "_lake", "manifest.parquet"))
+    assert not [n for n in os.listdir(os.path.join(root, "_lake")) if n.startswith(".msprobe-probe")]
+
+
+@pytest.mark.s3
+def test_read_only_bucket(tmp_path, s3_server, s3_bucket_url, s3_fault_proxy, monkeypatch):
+    """A bucket that refuses every PUT (403 AccessDenied from a proxy in front of the real
+    server): the lake reads it and writes its own files elsewhere."""
+    import s3fs
+
+    from tests.conftest_s3 import s3_storage_options
+
+    src = S.make_lake(str(tmp_path / "src"), steps=1, ranks=2)
+    fs = s3fs.S3FileSystem(**s3_storage_options(s3_server))
+    bucket = s3_bucket_url[len("s3://"):]
+    fs.put(src.rstrip("/") + "/", f"{bucket}/lake/", recursive=True)
+    s3_fault_proxy.deny = re.compile(".")  # every PUT/POST: 403 AccessDenied
+    ro = s3_storage_options(s3_fault_proxy.endpoint, config_kwargs={"retries": {"max_attempts": 1}})
+    monkeypatch.setenv("MSPROBE_LAKE_CACHE", str(tmp_path / "cache"))
+    url = f"{s3_bucket_url}/lake"
+    lake = msprobe.lake.open(url, ro, local=False)
+    assert "cannot be written" in lake.lake_note and "denied" in lake.lake_note.lower(), lake.lake_note
+    assert lake.lake_url.startswith("file://" + str(tmp_path / "cache"))
+    assert lake.stats["indexed"] == 2 * len(S.RUNS) and s3_fault_proxy.counts["deny"] >= 1
+    assert lake.sql("SELECT count(DISTINCT run) AS n FROM lake")["n"][0] == len(S.RUNS)
+    fs.invalidate_cache()
+    assert not fs.exists(f"{bucket}/lake/_lake")
+    # --lake-dir in another, writable bucket (the real server, not the proxy)
+    other = f"s3://{bucket}-lake"
+    fs.mkdir(other[len("s3://"):])
+    lake = msprobe.lake.open(url, ro, local=False, lake_dir=f"{other}/idx",
+                             lake_storage_options=s3_storage_options(s3_server))
+    assert lake.lake_note is None and lake.stats["indexed"] == 2 * len(S.RUNS)
+    fs.invalidate_cache()
+    assert fs.exists(f"{other[len('s3://'):]}/idx/manifest.parquet")
+    assert lake.sql("SELECT count(*) AS n FROM lake")["n"][0] > 0
