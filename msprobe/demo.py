@@ -10,6 +10,9 @@ import math
 import time
 from typing import Optional
 
+from msprobe.errors import MissingDependencyError
+from msprobe.format.nonfinite import NonFiniteTracker, describe
+
 
 def build_model(vocab: int = 100, hidden: int = 32, heads: int = 2, layers: int = 2, seq: int = 16):
     import torch
@@ -51,7 +54,11 @@ def build_model(vocab: int = 100, hidden: int = 32, heads: int = 2, layers: int 
 
 def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: str = "mix", steps: int = 3,
              storage_options: Optional[dict] = None, quiet: bool = False) -> dict:
-    import torch
+    """Train, dump, validate and read back; needs only the ``torch`` extra (the tabular read-back
+    through ``to_pandas()`` runs when the ``parquet`` extra is installed, and says so when not)."""
+    from msprobe.errors import require
+
+    torch = require("torch", "torch")
     import torch.nn.functional as F
 
     from msprobe.pytorch import PrecisionDebugger, seed_all
@@ -87,17 +94,25 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
     report = validate_store(open_store(dump_path, storage_options=storage_options, read_only=True, create=False))
     say(report.summary())
     d = msprobe.readers.open(dump_path, storage_options=storage_options)
-    df = d.to_pandas()
+    n_tensors, nonfinite, first, outputs = _walk_records(d)
     say(f"read back: steps {d.steps}, ranks {d.ranks}, framework {d.framework}, task {d.task}, level {d.level}; "
-        f"{d.count()} records, {len(df)} tensor rows")
-    bad = df[df["has_nan"] | df["has_inf"]] if "has_nan" in df else df.iloc[:0]
-    say(f"records with NaN/Inf: {len(bad)}")
-    fwd = df[(df["direction"] == "forward") & (df["io"] == "output")] if len(df) else df
-    if len(fwd):
-        top = fwd.sort_values("norm", ascending=False).head(3)
+        f"{d.count()} records, {n_tensors} tensors")
+    say(f"non-finite values: {describe(nonfinite)}")
+    for kind in ("nan", "inf"):
+        if first[kind] is not None:
+            say(f"  first {'NaN' if kind == 'nan' else '+/-Inf'}: step {first[kind][0]} {first[kind][1]} {first[kind][2]}")
+    if outputs:
         say("largest forward outputs by Norm:")
-        for _, r in top.iterrows():
-            say(f"  step {r['step']} {r['record']} {r['arg_path']}: shape {r['shape']} Norm {r['norm']:.4g}")
+        for norm, step, name, path, shape in sorted(outputs, key=lambda o: -o[0])[:3]:
+            say(f"  step {step} {name} {path}: shape {shape} Norm {norm:.4g}")
+    rows = None
+    try:
+        df = d.to_pandas()
+    except MissingDependencyError:
+        say("table read-back (to_pandas, the Parquet index) skipped: pip install 'msprobe-lake[parquet]' adds it")
+    else:
+        rows = len(df)
+        say(f"to_pandas(): {rows} rows, one per tensor argument")
     rec = d.record("Functional.linear.0.forward", step=0)
     t = rec.input_args[0]
     say(f"Functional.linear.0.forward input 0: dtype {t.dtype}, shape {list(t.shape)}, "
@@ -107,4 +122,29 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
         assert math.isclose(float(arr.max()), t.max, rel_tol=1e-6)
         say(f"  loaded its tensor from storage: max {float(arr.max()):.4g} (matches the record)")
     say(f"done in {elapsed:.1f}s (dump) — valid: {report.ok}")
-    return {"ok": report.ok, "records": d.count(), "rows": len(df), "losses": losses}
+    return {"ok": report.ok, "records": d.count(), "tensors": n_tensors, "rows": rows, "losses": losses,
+            "nonfinite": nonfinite}
+
+
+def _walk_records(d) -> tuple:
+    """(tensor count, {"nan"/"inf"/"masked": tensors}, first NaN / first Inf, finite forward outputs)
+    from the records themselves (no pandas needed)."""
+    counts = {"nan": 0, "inf": 0, "masked": 0}
+    first: dict = {"nan": None, "inf": None}
+    outputs = []
+    n = 0
+    trackers: dict = {}
+    for rec in d.iter_records():  # in execution order within each (run, step, rank directory)
+        tracker = trackers.setdefault((rec.source.run, rec.step, rec.rank_dir, rec.source.split), NonFiniteTracker())
+        tracker.record(rec.name)
+        for io, t in rec.tensors():
+            n += 1
+            kind = tracker.see(io, t.path, (t.max, t.min, t.mean, t.norm), t.dtype, t.shape)
+            if kind in first and first[kind] is None:
+                first[kind] = (rec.step, rec.name, t.path)
+            if io == "output" and rec.direction == "forward" and isinstance(t.norm, float) and math.isfinite(t.norm):
+                outputs.append((t.norm, rec.step, rec.name, t.path, list(t.shape)))
+    for tracker in trackers.values():
+        for k, v in tracker.counts.items():
+            counts[k] += v
+    return n, counts, first, outputs

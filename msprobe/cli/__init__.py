@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    import msprobe
+
+    if not hasattr(msprobe, "DistributionConflictWarning"):  # mindstudio-probe's __init__ replaced ours
+        from msprobe._coexist import warn_if_mixed
+
+        warn_if_mixed()
     for stream in (sys.stdout, sys.stderr):  # names that are not UTF-8 (surrogate escapes) print, escaped
         try:
             stream.reconfigure(errors="backslashreplace")

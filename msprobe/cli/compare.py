@@ -176,8 +176,14 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
             print("first divergence: none")
         print(f"  ({s['divergence']})")
         for side in ("target", "bench"):
-            nf = s[f"first_nan_inf_{side}"]
-            print(f"first NaN/Inf in {side}: " + (f"{nf['row']} ({nf['rank_dir']})" if nf else "none"))
+            parts = []
+            for k, label in (("nan", "NaN"), ("inf", "+/-Inf")):
+                nf = s.get(f"first_{k}_{side}")
+                parts.append(f"first {label} in {side}: " + (f"{nf['row']} ({nf['rank_dir']})" if nf else "none"))
+            masked = s.get(f"masked_inf_{side}", 0)
+            if masked:
+                parts.append(f"-inf only in masked_fill outputs and the masks they feed: {masked} rows, as intended")
+            print("; ".join(parts))
     if s.get("plot_note"):
         print(f"note: {s['plot_note']}")
     print(f"summary: {s['summary_file']}")

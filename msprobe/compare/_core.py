@@ -23,6 +23,7 @@ from msprobe.compare._rows import (
     tensor_metrics,
 )
 from msprobe.errors import ConfigError, MissingDependencyError
+from msprobe.format.nonfinite import NonFiniteTracker
 
 __all__ = ["compare", "compare_pair", "dump_dir_of", "detect_mode", "pair_sources", "NORM_REL_THRESHOLD",
            "MOSTLY_UNMATCHED"]
@@ -151,11 +152,25 @@ def _load(src: Any, side: Any, rec: str) -> Any:
         return None
 
 
-def _nonfinite(side: Any) -> bool:
-    for v in side.stats:
-        if v.__class__ is float and (v != v or v == math.inf or v == -math.inf):
-            return True
-    return False
+class _Firsts:
+    """The first NaN and the first +/-Inf of one side (a mask's intended -inf counted apart,
+    :mod:`msprobe.format.nonfinite`)."""
+
+    def __init__(self) -> None:
+        self.tracker = NonFiniteTracker()
+        self.first: dict = {"nan": None, "inf": None}
+
+    def see(self, io: Any, suffix: str, side: Any, record: str, row: str, rec_i: Any) -> Optional[dict]:
+        """The entry for the summary when this leaf is the side's first NaN/Inf anomaly."""
+        kind = self.tracker.see(io, suffix, side.stats, side.dtype, side.shape)
+        if kind not in self.first or self.first[kind] is not None:
+            return None
+        self.first[kind] = {"record": record, "row": row, "record_index": rec_i, "kind": kind}
+        return self.first[kind] if self.first["nan" if kind == "inf" else "inf"] is None else None
+
+    def summary(self, side: str) -> dict:
+        return {f"first_nan_{side}": self.first["nan"], f"first_inf_{side}": self.first["inf"],
+                f"masked_inf_{side}": self.tracker.counts["masked"]}
 
 
 def _parents(src: Any) -> dict:
@@ -246,6 +261,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
     first_div = None
     first_nan_n = None
     first_nan_b = None
+    fin_n, fin_b = _Firsts(), _Firsts()
     matched_records = 0
     unmatched_rows = 0
     done = 0
@@ -296,6 +312,8 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
         if bm is not None:
             matched_records += 1
             bench_leaves = dict(bench_leaves_of(bm))
+            fin_b.tracker.record(bm)
+        fin_n.tracker.record(nm)
         frames = src_n.frames_of(nm) if not nm.endswith(("backward", "debug")) else None
         stack = str(frames) if frames else _NA
         first_row = True
@@ -304,8 +322,9 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
         for suffix, leaf, _io in leaves_n:
             n = leaf_side(leaf)
             row_name = f"{nm}.{suffix}" if suffix else nm
-            if first_nan_n is None and _nonfinite(n):
-                first_nan_n = {"record": nm, "row": row_name, "record_index": rec_i}
+            seen = fin_n.see(_io, suffix, n, nm, row_name, rec_i)
+            if first_nan_n is None and seen is not None:
+                first_nan_n = seen
             bname, bl = None, None
             if mapping and row_name in mapping:
                 got = _mapped(row_name, mapping)
@@ -319,8 +338,9 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
                 bl = bench_leaves.pop(suffix)
             if bname is not None:
                 b = leaf_side(bl)
-                if first_nan_b is None and _nonfinite(b):
-                    first_nan_b = {"record": bm, "row": bname, "record_index": rec_i}
+                seen = fin_b.see(_io, suffix, b, bm, bname, rec_i)
+                if first_nan_b is None and seen is not None:
+                    first_nan_b = seen
                 head = [row_name, bname, n.dtype, b.dtype, n.shape, b.shape, n.rg, b.rg]
                 norm_rel = None
                 if mode == "statistics":
@@ -359,10 +379,12 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
     for bm in (rest if with_rest else ()):
         start = len(rows)
         facts = []
+        fin_b.tracker.record(bm)
         for suffix, bl, _io in record_leaves(bm, data_b[bm], tensor_task):
             b = leaf_side(bl)
-            if first_nan_b is None and _nonfinite(b):
-                first_nan_b = {"record": bm, "row": f"{bm}.{suffix}" if suffix else bm, "record_index": None}
+            seen = fin_b.see(_io, suffix, b, bm, f"{bm}.{suffix}" if suffix else bm, None)
+            if first_nan_b is None and seen is not None:
+                first_nan_b = seen
             unmatched_rows += 1
             row = _unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, b, _NA, target_side=False)
             rows.append(row)
@@ -378,6 +400,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
     out = {"rows": done + len(rows), "records": hi - lo, "results": counts, "series": series,
            "first_divergence": first_div,
            "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
+           **fin_n.summary("target"), **fin_b.summary("bench"),
            "matched_records": matched_records, "unmatched_rows": unmatched_rows,
            "row_list": kept if writer is not None else rows}
     if drop is not None and writer is None:
@@ -445,7 +468,8 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
         files.append(_write_xlsx(path[:-4] + ".xlsx", out_cols, rows))
     counts: dict = {}
     series: list = []
-    first = {"first_divergence": None, "first_nan_inf_target": None, "first_nan_inf_bench": None}
+    first = {"first_divergence": None, "first_nan_inf_target": None, "first_nan_inf_bench": None,
+             **{f"first_{k}_{side}": None for k in ("nan", "inf") for side in ("target", "bench")}}
     offset = 0
     for r in results:
         for k, v in r["results"].items():
@@ -458,6 +482,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
                     first[key]["row_index"] += offset
         offset += r["rows"]
     matched = sum(r["matched_records"] for r in results)
+    masked = {f"masked_inf_{side}": sum(r[f"masked_inf_{side}"] for r in results) for side in ("target", "bench")}
     return {
         "step": src_n.step, "rank": src_n.rank, "rank_dir": src_n.rank_dir,
         "bench_step": src_b.step, "bench_rank_dir": src_b.rank_dir,
@@ -467,7 +492,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
         "unmatched_rows": sum(r["unmatched_rows"] for r in results), "results": counts, "matched_by": how,
         "unmatched": {"target": [nm for nm, bm in pairs if bm is None][:UNMATCHED_LISTED],
                       "bench": rest[:UNMATCHED_LISTED]},
-        **first, "series": series,
+        **first, **masked, "series": series,
     }
 
 
@@ -544,7 +569,7 @@ def _write_xlsx(path: str, cols: list, rows: list) -> str:
     try:
         import openpyxl
     except ImportError as exc:
-        raise MissingDependencyError("--xlsx needs openpyxl: pip install openpyxl") from exc
+        raise MissingDependencyError("--xlsx needs openpyxl: pip install 'msprobe-lake[xlsx]'") from exc
     wb = openpyxl.Workbook(write_only=True)
     ws = wb.create_sheet("compare_result")
     ws.append(cols)
@@ -721,7 +746,7 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
         try:
             import openpyxl  # noqa: F401
         except ImportError as exc:
-            raise MissingDependencyError("--xlsx needs openpyxl: pip install openpyxl") from exc
+            raise MissingDependencyError("--xlsx needs openpyxl: pip install 'msprobe-lake[xlsx]'") from exc
     if progress is None:
         progress = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
     t0 = time.perf_counter()
@@ -806,6 +831,7 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
                                       for r in results if r["first_nan_inf_target"]), None),
         "first_nan_inf_bench": next((dict(r["first_nan_inf_bench"], rank_dir=r["bench_rank_dir"],
                                           step=r["bench_step"]) for r in results if r["first_nan_inf_bench"]), None),
+        **_firsts_across(results),
         "plot": (f"{out_dir.rstrip('/')}/{os.path.basename(plot_file)}" if plot_file and remote else plot_file),
         "plot_note": plot_note, "backend": backend,
         "seconds": round(time.perf_counter() - t0, 3),
@@ -857,6 +883,17 @@ def _warnings(results: list) -> list:
             out.append(f"step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: only {r['matched_records']} of "
                        f"{r['records']} target records matched a bench record (different models, levels or "
                        f"settings?); the {r['unmatched_rows']} unmatched rows are not compared")
+    return out
+
+
+def _firsts_across(results: list) -> dict:
+    """The first NaN and first +/-Inf of each side over the rank pairs, and the masks' -inf counts."""
+    out: dict = {}
+    for side, rd, st in (("target", "rank_dir", "step"), ("bench", "bench_rank_dir", "bench_step")):
+        for k in ("nan", "inf"):
+            key = f"first_{k}_{side}"
+            out[key] = next((dict(r[key], rank_dir=r[rd], step=r[st]) for r in results if r.get(key)), None)
+        out[f"masked_inf_{side}"] = sum(r.get(f"masked_inf_{side}", 0) for r in results)
     return out
 
 

@@ -53,7 +53,7 @@ def test_cli_positional_and_tp_gp(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "first divergence: Functional.linear.0.forward" in text
     assert "(first row whose NormRelativeErr > 0.001)" in text
-    assert "first NaN/Inf in target: none" in text
+    assert "first NaN in target: none; first +/-Inf in target: none" in text
     assert os.path.exists(os.path.join(out, "summary.json"))
     out2 = str(tmp_path / "b")
     assert main(["compare", "-tp", STATS, "-gp", PERT, "-o", out2, "--no-plot"]) == 0
@@ -104,14 +104,14 @@ def test_xlsx_needs_openpyxl(tmp_path, monkeypatch):
     try:
         import openpyxl  # noqa: F401
     except ImportError:
-        with pytest.raises(MissingDependencyError, match="pip install openpyxl"):
+        with pytest.raises(MissingDependencyError, match=r"pip install .msprobe-lake\[xlsx\]."):
             compare(STATS, PERT, str(tmp_path), xlsx=True, plot=False)
         assert main(["compare", STATS, PERT, "-o", str(tmp_path), "--xlsx"]) == 1
     else:
         s = compare(STATS, PERT, str(tmp_path), xlsx=True, plot=False)
         assert s["pairs"][0]["files"][1].endswith(".xlsx")
         monkeypatch.setitem(sys.modules, "openpyxl", None)
-        with pytest.raises(MissingDependencyError, match="pip install openpyxl"):
+        with pytest.raises(MissingDependencyError, match=r"pip install .msprobe-lake\[xlsx\]."):
             compare(STATS, PERT, str(tmp_path / "x"), xlsx=True, plot=False)
 
 
