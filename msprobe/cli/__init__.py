@@ -49,7 +49,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: exit status after the reader of stdout went away (``| head``): a SIGPIPE'd process's
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``msprobe`` command line; a closed stdout (``msprobe ls ... | head``) ends it
+    quietly with status 141, as a tool killed by SIGPIPE, without a traceback."""
+    try:
+        try:
+            rc: object = _main(argv)
+        except SystemExit as exc:  # argparse's --help / usage errors: flushed first, then raised
+            rc = exc
+        sys.stdout.flush()  # what is still buffered goes now, where a closed pipe is caught
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
+    if isinstance(rc, SystemExit):
+        raise rc
+    return rc  # type: ignore[return-value]
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout's descriptor at /dev/null so the interpreter's final flush cannot fail."""
+    import os
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # not a real file (captured): nothing to redirect
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> int:
     import msprobe
 
     if not hasattr(msprobe, "DistributionConflictWarning"):  # mindstudio-probe's __init__ replaced ours
