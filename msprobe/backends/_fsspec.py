@@ -6,7 +6,7 @@ from typing import IO, Any, BinaryIO, Iterable, NoReturn
 
 from msprobe.backends._base import BytesLike, Store
 from msprobe.backends._keys import join_key
-from msprobe.backends._retry import MISSING_ERRORS, reraise
+from msprobe.backends._retry import MISSING_ERRORS, remaining_time, reraise
 from msprobe.errors import MsprobeError, StorageNotFoundError, StoragePermissionError
 
 __all__ = ["FsspecStore"]
@@ -64,6 +64,7 @@ class FsspecStore(Store):
         self._url = (url or fs.unstrip_protocol(self._root)).rstrip("/") or f"{self._protocol}://"
         self._secrets = tuple(sorted({s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True))
         self._in_memory = self._protocol == "memory"
+        self._async = bool(getattr(fs, "async_impl", False)) and not getattr(fs, "asynchronous", False)
         if self._protocol in _READ_ONLY_PROTOCOLS:
             self.supports_writes = False
             self.supports_deletes = False
@@ -91,6 +92,14 @@ class FsspecStore(Store):
     def __hash__(self) -> int:
         return hash((id(self._fs), self._root, self.read_only))
 
+    def _limit(self) -> dict[str, Any]:
+        """``timeout=`` for one call of an async file system (s3fs, ...): the time left of the
+        deadline of the retrying operation in progress, so no request outlives it."""
+        if not self._async:
+            return {}
+        left = remaining_time()
+        return {} if left is None else {"timeout": left}
+
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, "***")
@@ -116,7 +125,7 @@ class FsspecStore(Store):
         path = self._full(key)
         self._fs.invalidate_cache(path)
         try:
-            info = self._fs.info(path)
+            info = self._fs.info(path, **self._limit())
         except MISSING_ERRORS:
             return None
         except Exception as exc:
@@ -127,7 +136,7 @@ class FsspecStore(Store):
     def get(self, key: str) -> bytes:
         key = self._key(key)
         try:
-            return bytes(self._fs.cat_file(self._full(key)))
+            return bytes(self._fs.cat_file(self._full(key), **self._limit()))
         except Exception as exc:
             self._fail(exc, "get", key)
 
@@ -140,7 +149,7 @@ class FsspecStore(Store):
                 raise StorageNotFoundError(f"get_range {self._where(key)}: no such object")
             return b""
         try:
-            return bytes(self._fs.cat_file(self._full(key), start=start, end=end))
+            return bytes(self._fs.cat_file(self._full(key), start=start, end=end, **self._limit()))
         except Exception as exc:
             if classify_invalid_range(exc) and self.exists(key):
                 return b""  # start beyond the end: an empty slice, like local files
@@ -161,7 +170,7 @@ class FsspecStore(Store):
         base = self._full(prefix)
         self._fs.invalidate_cache(base)
         try:
-            paths = self._fs.find(base or "/", withdirs=False)
+            paths = self._fs.find(base or "/", withdirs=False, **self._limit())
         except MISSING_ERRORS:
             return []
         except Exception as exc:
@@ -175,7 +184,7 @@ class FsspecStore(Store):
         base = self._full(prefix)
         self._fs.invalidate_cache(base)
         try:
-            paths = self._fs.ls(base or "/", detail=False)
+            paths = self._fs.ls(base or "/", detail=False, **self._limit())
         except MISSING_ERRORS:
             return []
         except Exception as exc:
@@ -207,11 +216,11 @@ class FsspecStore(Store):
         body = data if isinstance(data, bytes) else bytes(data)
         try:
             if overwrite:
-                self._fs.pipe_file(self._full(key), body)
+                self._fs.pipe_file(self._full(key), body, **self._limit())
                 return
             if self._info(key) is not None:
                 self._refuse_existing("put", key)
-            self._fs.pipe_file(self._full(key), body, mode="create")
+            self._fs.pipe_file(self._full(key), body, mode="create", **self._limit())
         except FileExistsError:
             self._refuse_existing("put", key)
         except Exception as exc:
@@ -260,7 +269,7 @@ class FsspecStore(Store):
         self._check_writable()
         key = self._key(key)
         try:
-            self._fs.rm_file(self._full(key))
+            self._fs.rm_file(self._full(key), **self._limit())
         except MISSING_ERRORS:
             pass
         except Exception as exc:

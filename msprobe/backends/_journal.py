@@ -57,8 +57,13 @@ class Journal:
         max_buffer_bytes: int = 8 << 20,
         retry_policy: RetryPolicy | None = None,
         fsync: bool = True,
+        reserve_bytes: int = 0,
     ) -> None:
         store._check_writable()
+        #: local stores: disk blocks reserved beyond the end of the segment when it is created
+        #: (``fallocate`` KEEP_SIZE, where supported), so the journal still fits when other
+        #: writers fill the disk; released by :meth:`close`
+        self._reserve = max(0, int(reserve_bytes))
         #: local stores: fsync each flush (survives power loss) or only write to the OS
         #: (survives the process being killed, far cheaper per flush)
         self._fsync = fsync
@@ -96,6 +101,26 @@ class Journal:
             if self._buffered >= self._max_buffer:
                 self._flush_locked()
 
+    def open_segment(self) -> None:
+        """Local stores: create the segment file now (and reserve its blocks), not at the first flush."""
+        with self._lock:
+            if self._local_dir is not None and self._fd is None and not self._closed:
+                try:
+                    self._fd = self._open_local_segment()
+                except OSError as exc:
+                    reraise(exc, f"journal {self._store.url}/{self._prefix}")
+
+    def release_reserve(self) -> None:
+        """Give the blocks reserved beyond the end of the segment back (the disk is full and
+        other objects need them); later appends allocate as usual."""
+        with self._lock:
+            if self._reserve and self._fd is not None:
+                try:
+                    os.ftruncate(self._fd, self._offset)
+                except OSError:
+                    pass
+            self._reserve = 0
+
     def flush(self) -> None:
         """Make every appended line durable (fsync'ed file or committed object)."""
         with self._lock:
@@ -111,6 +136,11 @@ class Journal:
             finally:
                 self._closed = True
                 if self._fd is not None:
+                    if self._reserve:
+                        try:  # give the reserved blocks beyond the end back
+                            os.ftruncate(self._fd, self._offset)
+                        except OSError:
+                            pass
                     os.close(self._fd)
                     self._fd = None
 
@@ -145,6 +175,8 @@ class Journal:
                 continue
             self.segments.append(f"{self._prefix}/{name}")
             self._offset = 0
+            if self._reserve:
+                _reserve_blocks(fd, self._reserve)
             return fd
 
     def _append_local(self, data: bytes) -> None:
@@ -190,6 +222,21 @@ class Journal:
                 raise
             self.segments.append(key)
             return
+
+
+def _reserve_blocks(fd: int, nbytes: int) -> bool:
+    """Reserve ``nbytes`` of disk beyond the end of ``fd`` without changing its size
+    (Linux ``fallocate(FALLOC_FL_KEEP_SIZE)``); False where that is not possible."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fallocate = libc.fallocate
+        fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+        return fallocate(fd, 1, 0, int(nbytes)) == 0  # 1: FALLOC_FL_KEEP_SIZE
+    except (OSError, AttributeError):
+        return False
 
 
 def read_journal(

@@ -190,3 +190,39 @@ def _open_fsspec(url: str, protocol: str, options: dict[str, Any], *, read_only:
     if not create and not store.list_dir(""):
         raise StorageNotFoundError(f"store {store.url} does not exist or is empty (create=False)")
     return store
+
+
+def bounded_storage_options(url: str, storage_options: Mapping[str, Any] | None, deadline: float) -> dict[str, Any] | None:
+    """``storage_options`` for a writer whose every operation must end within ``deadline``
+    seconds: for s3:// the client's own connect/read timeouts are capped at the deadline and
+    its own retries turned off (the caller's :class:`RetryPolicy` retries, within the
+    deadline), so retries no longer stack. Other protocols are returned unchanged."""
+    if storage_options is None and not isinstance(url, str):
+        return None
+    head = str(url).split("::", 1)[0]
+    protocol = head.split("://", 1)[0].lower() if "://" in head else ""
+    if protocol not in ("s3", "s3a"):
+        return dict(storage_options) if storage_options is not None else None
+    options = dict(storage_options or {})
+    config = dict(options.get("config_kwargs") or {})
+    limit = max(1.0, float(deadline))
+    config["connect_timeout"] = min(float(config.get("connect_timeout", 5)), limit)
+    config["read_timeout"] = min(float(config.get("read_timeout", 20)), limit)
+    config["retries"] = {"total_max_attempts": 1, "mode": "standard"}
+    options["config_kwargs"] = config
+    options.setdefault("skip_instance_cache", True)  # a private instance: its retries are set below
+    return options
+
+
+def bound_store(store: Store) -> Store:
+    """The store of a deadline-bounded writer (see :func:`bounded_storage_options`): an s3fs
+    file system makes one attempt per request (s3fs otherwise retries some errors 5 times)."""
+    fs = getattr(store, "fs", None)
+    if fs is not None and getattr(fs, "retries", None) is not None and _protocol_of(fs) in ("s3", "s3a"):
+        fs.retries = 1
+    return store
+
+
+def _protocol_of(fs: Any) -> str:
+    proto = getattr(fs, "protocol", "")
+    return proto if isinstance(proto, str) else (proto[0] if proto else "")

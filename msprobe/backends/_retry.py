@@ -10,6 +10,7 @@ import errno
 import logging
 import random
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, NoReturn, Protocol, TypeVar
@@ -33,11 +34,38 @@ __all__ = [
     "translate_error",
     "reraise",
     "RetryPolicy",
+    "Breaker",
     "retry",
+    "remaining_time",
+    "is_disk_full",
 ]
 
 log = logging.getLogger("msprobe.backends")
 T = TypeVar("T")
+
+#: errnos that mean "no room left": never transient (retrying only slows training down)
+DISK_FULL_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT") if hasattr(errno, n))
+
+_DEADLINE = threading.local()
+
+
+def remaining_time() -> float | None:
+    """Seconds left of the deadline of the :meth:`RetryPolicy.call` running in this thread
+    (``None``: no deadline). Stores pass it on as the time limit of one request."""
+    end = getattr(_DEADLINE, "end", None)
+    if end is None:
+        return None
+    return max(0.05, end - time.monotonic())
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True if ``exc`` (or an error it was raised from) is ENOSPC / EDQUOT."""
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno in DISK_FULL_ERRNOS:
+            return True
+        if "No space left on device" in str(link) or "Disk quota exceeded" in str(link):
+            return True
+    return False
 
 
 class StoreLike(Protocol):
@@ -222,12 +250,60 @@ def reraise(
     raise err from exc
 
 
+class Breaker:
+    """Shared by every storage operation of one writer (the dumper's session): once an
+    operation has spent its whole deadline on a store that does not answer (retries of
+    transient errors exhausted), later operations fail at once instead of each waiting out
+    its own deadline, until ``cooldown`` seconds have passed; then one operation may try
+    again (and closes the breaker when it succeeds)."""
+
+    def __init__(self, cooldown: float = 60.0) -> None:
+        self.cooldown = float(cooldown)
+        self._lock = threading.Lock()
+        self._opened: float | None = None
+        self._cause: BaseException | None = None
+        self._probing = False
+        #: operations refused while open
+        self.refused = 0
+
+    @property
+    def open(self) -> bool:
+        return self._opened is not None
+
+    def allow(self) -> None:
+        """Raise :class:`StorageTransientError` when the breaker is open (and it is not time to probe)."""
+        with self._lock:
+            if self._opened is None:
+                return
+            if not self._probing and time.monotonic() - self._opened >= self.cooldown:
+                self._probing = True  # this call probes; the others keep failing fast
+                return
+            self.refused += 1
+            cause = self._cause
+        raise StorageTransientError(
+            f"not attempted: the store did not answer {time.monotonic() - self._opened:.0f} s ago "
+            f"({type(cause).__name__}: {cause}); retrying it in {self.cooldown:.0f} s steps"
+        )
+
+    def success(self) -> None:
+        if self._opened is not None:
+            with self._lock:
+                self._opened, self._cause, self._probing = None, None, False
+
+    def trip(self, exc: BaseException) -> None:
+        with self._lock:
+            self._opened, self._cause, self._probing = time.monotonic(), exc, False
+
+
 @dataclass
 class RetryPolicy:
     """How to retry: ``retries`` extra attempts, exponential backoff with jitter.
 
     The n-th retry sleeps a uniform random time in ``[d/2, d]`` with
-    ``d = min(backoff_max, backoff_base * 2**n)``.
+    ``d = min(backoff_max, backoff_base * 2**n)``. ``deadline`` (seconds) bounds one
+    :meth:`call`, retries and sleeps included: no retry starts that could not finish in
+    time, and stores limit each request to the time left (:func:`remaining_time`).
+    ``breaker``: a :class:`Breaker` shared by the operations of one writer.
     """
 
     retries: int = 5
@@ -235,6 +311,8 @@ class RetryPolicy:
     backoff_max: float = 2.0
     extra_transient_errnos: frozenset[int] = field(default_factory=frozenset)
     sleep: Callable[[float], None] = time.sleep
+    deadline: float | None = None
+    breaker: Breaker | None = None
 
     def delay(self, attempt: int) -> float:
         d = min(self.backoff_max, self.backoff_base * (2 ** attempt))
@@ -249,20 +327,39 @@ class RetryPolicy:
         *,
         on_retry: Callable[[int, BaseException, float], None] | None = None,
     ) -> T:
-        """Call ``fn()``; on a transient error sleep and try again, up to ``retries`` times."""
+        """Call ``fn()``; on a transient error sleep and try again, up to ``retries`` times
+        (and within ``deadline``)."""
+        if self.breaker is not None:
+            self.breaker.allow()
+        outer = getattr(_DEADLINE, "end", None)
+        end = None if self.deadline is None else time.monotonic() + self.deadline
+        if outer is not None and (end is None or outer < end):
+            end = outer  # nested calls never outlive the outer deadline
+        _DEADLINE.end = end
         attempt = 0
-        while True:
-            try:
-                return fn()
-            except Exception as exc:
-                if attempt >= self.retries or not self.is_transient(exc):
-                    raise
-                delay = self.delay(attempt)
-                if on_retry is not None:
-                    on_retry(attempt + 1, exc, delay)
-                log.debug("retry %d after %s: %s", attempt + 1, type(exc).__name__, exc)
-                self.sleep(delay)
-                attempt += 1
+        try:
+            while True:
+                try:
+                    result = fn()
+                except Exception as exc:
+                    transient = self.is_transient(exc)
+                    delay = self.delay(attempt) if transient else 0.0
+                    late = end is not None and time.monotonic() + delay >= end
+                    if attempt >= self.retries or not transient or late:
+                        if self.breaker is not None:  # no answer: open; any answer (403, ...): closed
+                            self.breaker.trip(exc) if transient else self.breaker.success()
+                        raise
+                    if on_retry is not None:
+                        on_retry(attempt + 1, exc, delay)
+                    log.debug("retry %d after %s: %s", attempt + 1, type(exc).__name__, exc)
+                    self.sleep(delay)
+                    attempt += 1
+                else:
+                    if self.breaker is not None:
+                        self.breaker.success()
+                    return result
+        finally:
+            _DEADLINE.end = outer
 
 
 def retry(

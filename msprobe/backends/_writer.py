@@ -112,6 +112,13 @@ class BackgroundWriter:
     (the common subtype when all failures agree) whose ``failures`` maps each
     failed key to its error.
 
+    ``retry_policy`` replaces the policy built from ``retries``/``backoff`` (a deadline
+    and a :class:`Breaker` shared with other writers); ``on_failure(key, error)`` is
+    called once per object that failed for good (in the worker, before ``on_done``).
+    The error log is appended with one attempt, never retried into the store that
+    just failed. ``digests=True`` records ``(size, CRC32)`` of each object written in
+    :attr:`digests`.
+
     ``verify=True`` checks the size of each object after writing it, and its
     CRC32 when the object is at most ``verify_crc_max_bytes``;
     ``verify="crc"`` always compares the CRC32. A mismatch is rewritten like a
@@ -132,6 +139,9 @@ class BackgroundWriter:
         overwrite: bool = True,
         extra_transient_errnos: Iterable[int] = (),
         name: str = "msprobe-writer",
+        retry_policy: RetryPolicy | None = None,
+        on_failure: "Callable[[str, BaseException], None] | None" = None,
+        digests: bool = False,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"BackgroundWriter workers={workers!r} is not valid; valid values: an int >= 1")
@@ -142,10 +152,13 @@ class BackgroundWriter:
         store._check_writable()
         self._store = store
         self._max = int(max_bytes_in_flight)
-        self._policy = RetryPolicy(
+        self._policy = retry_policy or RetryPolicy(
             retries=retries, backoff_base=backoff[0], backoff_max=backoff[1],
             extra_transient_errnos=frozenset(extra_transient_errnos),
         )
+        self._on_failure = on_failure
+        #: key -> (size, CRC32) of every object written (``digests=True``)
+        self.digests: dict[str, tuple[int, int]] | None = {} if digests else None
         self._error_log_key = validate_key(error_log_key) if error_log_key else None
         self._verify = verify
         self._crc_max = verify_crc_max_bytes
@@ -303,6 +316,8 @@ class BackgroundWriter:
             # these bytes means the write is done.
             if self._overwrite or not self._same(task.key, body):
                 raise
+        if self.digests is not None:
+            self.digests[task.key] = (_nbytes(body), zlib.crc32(body))
         return _nbytes(body)
 
     def _same(self, key: str, body: Any) -> bool:
@@ -325,7 +340,14 @@ class BackgroundWriter:
         with self._cond:
             self._failed[key] = exc
             self._stats.failures += 1
-        log.warning("could not write %s/%s: %s: %s", self._store.url, key, type(exc).__name__, exc)
+        log.debug("could not write %s/%s: %s: %s", self._store.url, key, type(exc).__name__, exc)
+        if self._on_failure is not None:
+            try:
+                self._on_failure(key, exc)
+            except Exception as cb_exc:  # noqa: BLE001 - a callback must not stop the worker
+                log.error("on_failure callback of %s failed: %s", key, cb_exc)
+        else:
+            log.warning("could not write %s/%s: %s: %s", self._store.url, key, type(exc).__name__, exc)
         if self._error_log_key:
             self._append_error_log(key, exc)
 
@@ -336,7 +358,8 @@ class BackgroundWriter:
         assert self._error_log_key is not None
         with self._log_lock:
             try:
-                append_log_line(self._store, self._error_log_key, line, retry_policy=self._policy)
+                # one attempt: never retried into the store that just failed
+                append_log_line(self._store, self._error_log_key, line, retry_policy=RetryPolicy(retries=0))
             except Exception as log_exc:  # noqa: BLE001 - the log must not hide the real failure
                 log.error("could not append to error log %s: %s", self._error_log_key, log_exc)
 

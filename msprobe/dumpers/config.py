@@ -30,6 +30,7 @@ _TOP_KEYS = {
     "task", "dump_path", "rank", "step", "level", "enable_dataloader", "async_dump", "seed", "is_deterministic",
     "acl_config", "framework", "precision", "storage_options", "journal_flush", "journal_fsync", "fsync_tensors", "index", "tensor_store",
     "tensor_compression", "tensor_shard_mb", "stack", "run_dir_policy", "dialect", "max_bytes_in_flight", "writer_workers", "strict",
+    "storage_timeout", "journal_window",
     # known keys of newer/older msprobe releases that we accept and ignore
     "risk_level", "extra_info", "dump_enable", "online_run_ut", "nfs_path", "host", "port", "tls_path",
     "online_run_ut_recompute", "dump_generate", "is_online",
@@ -92,7 +93,11 @@ class DumpConfig:
     overflow_nums: int = 1
     storage_options: Optional[dict] = field(default=None, repr=False)  # credentials: never in a repr
     # our own keys (spec/FORMAT.md, "Producer options")
-    journal_flush: int = 64  # records per journal flush (1 = flush per call)
+    # records per journal flush; None (default): 1 on local/shared directories (each record is
+    # os.write'n as it completes: a SIGKILL loses none), 64 on object stores (plus journal_window)
+    journal_flush: Optional[int] = None
+    journal_window: float = 1.0  # object stores: seconds a completed record may wait for its journal flush
+    storage_timeout: float = 30.0  # seconds per storage operation of the dumper, retries included
     journal_fsync: bool = False  # fsync each journal flush (power-loss safety) or not (process-kill safety)
     fsync_tensors: bool = False  # fsync each tensor file (power-loss safety); renames stay atomic either way
     index: bool = False  # write the Parquet side index at publish
@@ -140,8 +145,13 @@ class DumpConfig:
             raise _fail("tensor_shard_mb", self.tensor_shard_mb, "an integer from 1 to 4096 (MiB per shard)")
         if self.run_dir_policy not in ("overwrite", "refuse"):
             raise _fail("run_dir_policy", self.run_dir_policy, ["overwrite", "refuse"])
-        if not isinstance(self.journal_flush, int) or isinstance(self.journal_flush, bool) or self.journal_flush < 1:
-            raise _fail("journal_flush", self.journal_flush, "an integer >= 1 (records per flush)")
+        if self.journal_flush is not None and (not isinstance(self.journal_flush, int) or
+                                               isinstance(self.journal_flush, bool) or self.journal_flush < 1):
+            raise _fail("journal_flush", self.journal_flush, "an integer >= 1 (records per flush), or null (auto)")
+        for key, top in (("journal_window", 3600), ("storage_timeout", 3600)):
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= top:
+                raise _fail(key, v, f"a number of seconds in (0, {top}]")
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise _fail("storage_options", "<redacted>", "a JSON object")
         return self
@@ -209,7 +219,7 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
     cfg.async_dump = raw.get("async_dump", False)
     for key in ("storage_options", "journal_flush", "journal_fsync", "fsync_tensors", "index", "tensor_store", "tensor_compression",
                 "tensor_shard_mb", "stack", "run_dir_policy",
-                "max_bytes_in_flight", "writer_workers", "strict"):
+                "max_bytes_in_flight", "writer_workers", "strict", "storage_timeout", "journal_window"):
         if key in raw:
             setattr(cfg, key, raw[key])
     sub = raw.get(task) if isinstance(task, str) else None

@@ -9,11 +9,13 @@ published, never one sync per value.
 """
 from __future__ import annotations
 
-import errno
 import json
+import logging
 import os
 import threading
 import time
+import warnings
+import zlib
 from collections import defaultdict, deque
 from typing import Any, Callable, Optional
 
@@ -24,16 +26,91 @@ from msprobe.format.naming import MAX_FILE_NAME_LENGTH
 
 __all__ = ["DumpSession", "StackTable", "PendingStats"]
 
-#: storage errors the dumper retries besides the transient ones (timeouts, 5xx, resets): a full
-#: local disk (another process may free space; when it does not, the retries end in the
-#: recorded failure as before)
-RETRY_ERRNOS = (errno.ENOSPC,)
+log = logging.getLogger("msprobe.dump")
+
+#: disk reserved for the journal of a rank directory on local stores, so records are still
+#: journaled when tensor files fill the disk (released when the journal closes)
+JOURNAL_RESERVE = 256 << 10
+
+#: most error lines kept in memory per rank directory (copied to the store at publish)
+_MAX_LOG_LINES = 10_000
 
 
-def _retry_policy():
-    from msprobe.backends._retry import RetryPolicy
+class StorageFailureWarning(UserWarning):
+    """An object of the dump could not be written (emitted once per session, and once at the end)."""
 
-    return RetryPolicy(extra_transient_errnos=frozenset(RETRY_ERRNOS))
+
+class _Failures:
+    """The storage failures of one session: the first one is said once (``logging`` and
+    ``warnings``, on stderr), each is appended to an error log that lives on local disk (the
+    rank directory of a local store; a temporary file for object stores, copied into the
+    rank directory when the step's documents are published), and the objects not written are
+    counted for the summary at the end."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0  # objects not written
+        self.warned = False
+        self.disk_full = False
+        self.lines: dict = defaultdict(list)  # rank prefix -> error lines not yet copied to the store
+        self.local_log: Optional[str] = None  # where the lines are kept on local disk
+        self.first: Optional[str] = None
+
+    def temp_log(self) -> str:
+        import tempfile
+
+        if self.local_log is None:
+            self.local_log = os.path.join(tempfile.gettempdir(), f"msprobe_dump_error_info.{os.getpid()}.log")
+        return self.local_log
+
+
+def _probe_local_dir(path: str) -> None:
+    """Raise the OSError that writing below ``path`` meets: a probe file in ``path`` when it
+    exists, else a probe directory in its nearest existing ancestor (nothing is left behind)."""
+    from msprobe.backends._keys import TEMP_MARKER
+
+    path = os.path.abspath(path)
+    here = path
+    while not os.path.isdir(here):
+        if os.path.lexists(here):
+            raise NotADirectoryError(f"{here} exists and is not a directory")
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    probe = os.path.join(here, f".probe{TEMP_MARKER}{os.getpid()}-{threading.get_ident()}")
+    try:
+        _probe(probe, file=here == path)
+    except OSError as exc:
+        what = "a file" if here == path else "a directory"
+        raise type(exc)(exc.errno, f"cannot create {what} in {here}: {exc.strerror or exc}") from None
+
+
+def _probe(probe: str, *, file: bool) -> None:
+    if file:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"msprobe write probe")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    else:
+        os.mkdir(probe)
+        os.rmdir(probe)
+
+
+def _append_local(path: str, line: str) -> bool:
+    """One ``O_APPEND`` write of ``line`` to a local file (no retry); False when it failed."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            os.write(fd, line.encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
 
 
 def _data_names(raw: Any, out: list) -> list:
@@ -126,8 +203,8 @@ class StackTable:
 class _RetryingPut:
     """``put`` of a store with :func:`put_retrying` (the dumper's retry policy)."""
 
-    def __init__(self, store: Any) -> None:
-        self.store, self.policy = store, _retry_policy()
+    def __init__(self, store: Any, policy: Any) -> None:
+        self.store, self.policy = store, policy
 
     def put(self, key: str, data: bytes) -> None:
         from msprobe.backends._retry import put_retrying
@@ -167,6 +244,15 @@ class DumpSession:
         self.records_total = 0
         self.errors: list = []
         self._claimed: Optional[int] = None
+        self._breaker = None
+        self._jbatch: Optional[int] = None
+        self._window_timer: Optional[threading.Timer] = None
+        self.failures = _Failures()
+        #: a full disk (ENOSPC/EDQUOT): no more tensor files this run; records are still journaled
+        self.tensors_off = False
+        self._summarized = False
+        if getattr(config, "online", None) is None:  # online_run_ut sends packets, it writes no dump
+            self.check_writable()
 
     # ------------------------------------------------------------------ state
     def _reset_step_state(self) -> None:
@@ -187,6 +273,7 @@ class DumpSession:
         self._same_memory: dict = {}  # tensor store: memory key -> (owner ref, version, first data name)
         self._locations: dict = {}
         self.overflow_found = 0
+        self._skipped = 0  # tensor files of this step not written (the disk is full)
 
     def reset_counters(self) -> None:
         self.api_counts.clear()
@@ -197,9 +284,43 @@ class DumpSession:
     def store(self):
         if self._store is None:
             from msprobe.backends import open_store
+            from msprobe.backends._open import bounded_storage_options, bound_store
 
-            self._store = open_store(self.config.dump_path, storage_options=self.config.storage_options)
+            cfg = self.config
+            options = bounded_storage_options(cfg.dump_path, cfg.storage_options, cfg.storage_timeout)
+            self._store = bound_store(open_store(cfg.dump_path, storage_options=options))
         return self._store
+
+    def policy(self):
+        """The retry policy of every storage operation of this session: one total deadline
+        (``storage_timeout``) per operation, and one breaker: once the store has not answered
+        for a whole deadline, the operations that follow fail at once (counted, logged) for a
+        cool-down instead of each waiting out its own deadline."""
+        from msprobe.backends._retry import Breaker, RetryPolicy
+
+        if self._breaker is None:
+            self._breaker = Breaker(cooldown=2 * self.config.storage_timeout)
+        return RetryPolicy(deadline=self.config.storage_timeout, breaker=self._breaker)
+
+    def check_writable(self) -> None:
+        """At ``PrecisionDebugger()``: prove that ``dump_path`` can be written (a probe object
+        created and deleted), or raise a typed :class:`StorageError` naming the path and the cause."""
+        from msprobe.backends._keys import TEMP_MARKER
+        from msprobe.errors import StorageError, StoragePermissionError
+
+        path = self.config.dump_path
+        try:
+            if "://" not in path.split("::", 1)[0] or path.startswith("file://"):
+                _probe_local_dir(path.split("://", 1)[-1] if path.startswith("file://") else path)
+                return
+            store, key = self.store, f".probe{TEMP_MARKER}{os.getpid()}-{threading.get_ident()}"
+            policy = self.policy()
+            policy.call(lambda: store.put(key, b"msprobe write probe"))
+            policy.call(lambda: store.delete(key))
+        except Exception as exc:
+            cls = StoragePermissionError if isinstance(exc, PermissionError) else StorageError
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise cls(f"dump_path {path} is not writable: {cause}") from None
 
     @property
     def writer(self):
@@ -214,9 +335,22 @@ class DumpSession:
                 store = LocalStore(store.local_path(""), fsync=False)
             self._writer = BackgroundWriter(
                 store, max_bytes_in_flight=self.config.max_bytes_in_flight,
-                workers=self.config.writer_workers, error_log_key=f"{self.rank_prefix}/{ERROR_LOG}",
-                extra_transient_errnos=RETRY_ERRNOS)
+                workers=self.config.writer_workers, retry_policy=self.policy(), on_failure=self._tensor_failed,
+                digests=True)
         return self._writer
+
+    def _tensor_failed(self, key: str, exc: BaseException) -> None:
+        """A tensor file could not be written (writer thread): a full disk stops tensor writes."""
+        from msprobe.backends._retry import is_disk_full
+
+        if is_disk_full(exc):
+            self.tensors_off = True
+        self._note_error("tensor", exc, key=key)
+
+    @property
+    def objects_not_written(self) -> int:
+        """Objects (tensor files, documents, journal batches) this session could not write."""
+        return self.failures.count
 
     def resolve_rank(self) -> Optional[int]:
         if not self._rank_resolved:
@@ -234,20 +368,26 @@ class DumpSession:
 
     def claim(self) -> None:
         """Before writing a step: with ``run_dir_policy: "refuse"``, a rank directory that already
-        holds another run's dump is an error instead of being overwritten (msprobe overwrites)."""
+        holds another run's dump is an error instead of being overwritten (msprobe overwrites).
+
+        The directory is claimed atomically: by the exclusive creation of its claim marker
+        (``O_EXCL``/``link`` locally, a conditional put ``If-None-Match: *`` on object stores),
+        so of several runs starting together exactly one gets it."""
         if self.config.run_dir_policy != "refuse" or self._claimed == self.current_step:
             return
+        from msprobe.backends import claim_run_dir
         from msprobe.errors import StoragePermissionError
 
         prefix = self.rank_prefix
         try:
-            names = set(self.store.list_dir(prefix))
-        except Exception:
-            names = set()
-        if self._claimed != self.current_step and names & {DUMP_JSON, DEBUG_JSON, MARKER_FILE, JOURNAL_DIR, TENSOR_DIR}:
+            claim_run_dir(self.store, prefix, "refuse", retry_policy=self.policy(),
+                          info={"step": self.current_step, "rank": self.rank})
+        except StoragePermissionError as exc:
+            if "already holds another run" not in str(exc):
+                raise
             raise StoragePermissionError(
                 f"{self.store.url.rstrip('/')}/{prefix} already holds a dump of another run; "
-                "choose another dump_path or set run_dir_policy to 'overwrite'")
+                "choose another dump_path or set run_dir_policy to 'overwrite'") from None
         self._claimed = self.current_step
 
     def rank_enabled(self) -> bool:
@@ -305,7 +445,7 @@ class DumpSession:
             self._dirty = True
             self.records_total += 1
             self._journal_queue.append((name, raw, parent, sid))
-            if len(self._journal_queue) >= self.config.journal_flush:
+            if len(self._journal_queue) >= (self.config.journal_flush or 1):
                 self.flush_journal()
 
     def save_tensor(self, data_name: str, produce: Callable[[], bytes], nbytes: int) -> None:
@@ -315,8 +455,16 @@ class DumpSession:
         :meth:`flush_journal`)."""
         fname = self.data_file_name(data_name)
         self._files.add(fname)
+        if self.tensors_off:  # the disk is full: said once; each file not written is counted
+            self._skip_tensor()
+            return
         writer = self.writer
         with self._jlock:
+            if self._journal is None:  # before the first tensor file: the journal's room on the disk
+                try:
+                    self._open_journal()
+                except Exception as exc:  # noqa: BLE001 - the journal is a safety net
+                    self._note_error("journal", exc)
             self._inflight[data_name] = []
         try:
             writer.submit(f"{self.rank_prefix}/{TENSOR_DIR}/{fname}", produce, nbytes=nbytes,
@@ -324,6 +472,11 @@ class DumpSession:
         except BaseException:
             self._tensor_done(data_name)
             raise
+
+    def _skip_tensor(self) -> None:
+        with self.failures.lock:
+            self.failures.count += 1
+        self._skipped += 1
 
     def _tensor_done(self, data_name: str) -> None:
         """A tensor file is published (or failed for good): release the journal lines that
@@ -357,6 +510,9 @@ class DumpSession:
                      nbytes: int, same_as: Optional[str] = None) -> None:
         """Queue a tensor's raw little-endian bytes for the Zarr tensor store (deduplicated there)."""
         self._files.add(data_name)
+        if self.tensors_off:
+            self._skip_tensor()
+            return
         self.tensor_store.add(data_name, logical_dtype, shape, produce, nbytes, same_as=same_as)
 
     def flush_journal(self) -> None:
@@ -374,16 +530,6 @@ class DumpSession:
             lines = self._journal_lines(queue)
             with self._jlock:
                 inflight, held = self._inflight, self._held
-                if not inflight and not held:  # nothing to wait for (the statistics path): straight in
-                    try:
-                        j = self._open_journal()
-                        for line, is_record, _ in lines:
-                            j.append(line)
-                            self.records_journaled += is_record
-                        j.flush()
-                    except Exception as exc:  # the journal is a safety net: never crash training for it
-                        self._note_error("journal", exc)
-                    return
                 for line, is_record, raw in lines:
                     item = [line, 0, is_record]
                     if is_record and inflight:  # tensor mode: wait for the record's files still in flight
@@ -393,6 +539,24 @@ class DumpSession:
                                 waiting.append(item)
                                 item[1] += 1
                     held.append(item)
+                self._release_locked(force=False)
+
+    @property
+    def journal_batch(self) -> int:
+        """Records per journal flush: ``journal_flush``, or by default 1 on local and shared
+        directories (each record is handed to the kernel with one ``os.write`` as it completes,
+        so a SIGKILL loses none) and 64 on object stores (one new segment object per flush),
+        where a record waits at most ``journal_window`` seconds for its flush."""
+        if self._jbatch is None:
+            n = self.config.journal_flush
+            self._jbatch = n if n is not None else (1 if getattr(self.store, "is_local", False) else 64)
+        return self._jbatch
+
+    def _window_flush(self) -> None:
+        """Timer thread (object stores): flush the records waiting longer than ``journal_window``."""
+        with self._jlock:
+            self._window_timer = None
+            if self._unflushed:
                 self._release_locked(force=True)
 
     def _journal_lines(self, queue: list) -> list:
@@ -425,9 +589,13 @@ class DumpSession:
                 j.append(line[0])
                 self._unflushed += line[2]
                 self.records_journaled += line[2]
-            if self._unflushed and (force or self._unflushed >= self.config.journal_flush):
+            if self._unflushed and (force or self._unflushed >= self.journal_batch):
                 self._unflushed = 0
                 (j or self._open_journal()).flush()
+            elif self._unflushed and self._window_timer is None:  # flushed within journal_window at the latest
+                self._window_timer = threading.Timer(self.config.journal_window, self._window_flush)
+                self._window_timer.daemon = True
+                self._window_timer.start()
         except Exception as exc:  # the journal is a safety net: never crash training for it
             self._unflushed = 0
             self._note_error("journal", exc)
@@ -435,8 +603,12 @@ class DumpSession:
     def _open_journal(self):
         if self._journal is None:
             self._drop_final_marker()
+            local = getattr(self.store, "is_local", False)
             self._journal = self.store.journal(f"{self.rank_prefix}/{JOURNAL_DIR}", fsync=self.config.journal_fsync,
-                                               retry_policy=_retry_policy())
+                                               retry_policy=self.policy(), **({"reserve_bytes": JOURNAL_RESERVE}
+                                                                              if local else {}))
+            if local:
+                self._journal.open_segment()  # its reserve is taken before the tensor files fill the disk
         return self._journal
 
     def _mark_final(self) -> None:
@@ -446,7 +618,7 @@ class DumpSession:
             if self._journal is not None and self.store.exists(key):
                 marker = json.loads(self.store.get(key))
                 marker["final"] = True
-                _RetryingPut(self.store).put(key, json.dumps(marker, indent=1).encode("utf-8"))
+                _RetryingPut(self.store, self.policy()).put(key, json.dumps(marker, indent=1).encode("utf-8"))
         except Exception as exc:
             self._note_error("marker", exc)
 
@@ -460,15 +632,82 @@ class DumpSession:
         except Exception:
             pass
 
-    def _note_error(self, what: str, exc: BaseException) -> None:
-        self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
-        try:
-            from msprobe.backends import append_log_line
+    def _note_error(self, what: str, exc: BaseException, *, key: Optional[str] = None) -> None:
+        """One object (or batch) not written: counted, said once on stderr, logged locally."""
+        from msprobe.backends._retry import is_disk_full
 
-            line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {what} {type(exc).__name__}: {exc}"
-            append_log_line(self.store, f"{self.rank_prefix}/{ERROR_LOG}", line)
-        except Exception:
-            pass
+        f = self.failures
+        where = f"{self.store.url.rstrip('/')}/{key}" if key else f"{self.store.url} ({what})"
+        message = " ".join(f"{type(exc).__name__}: {exc}".split())
+        self.errors.append(f"{what}: {message}")
+        disk_full = is_disk_full(exc)
+        if disk_full:
+            self.tensors_off = True
+        prefix = key.rsplit(f"/{TENSOR_DIR}/", 1)[0] if key and f"/{TENSOR_DIR}/" in key else self.rank_prefix
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "+00:00"
+        line = f"{stamp}\t{key or what}\t{type(exc).__name__}\t{' '.join(str(exc).split())}\n"
+        with f.lock:
+            f.count += 1
+            first, f.warned = not f.warned, True
+            said_full, f.disk_full = f.disk_full, f.disk_full or disk_full
+            kept = self._keep_log_line(prefix, line)
+        if first or (disk_full and not said_full):
+            if disk_full:
+                text = (f"msprobe: the disk is full writing {where} ({message}): tensor files are no longer "
+                        "written in this run; records are still journaled while the journal fits")
+            else:
+                text = (f"msprobe: could not write {where} ({message}); training goes on, later failures are "
+                        "counted and the total is reported when the dump ends")
+            text += f"; error log: {kept}"
+            f.first = f.first or text
+            log.warning("%s", text)
+            warnings.warn(StorageFailureWarning(text), stacklevel=2)
+
+    def _keep_log_line(self, prefix: str, line: str) -> str:
+        """Append an error line where it cannot be lost to the failing store (caller holds
+        ``failures.lock``); returns where the log is."""
+        f = self.failures
+        store = self._store
+        if store is not None and getattr(store, "is_local", False):
+            path = store.local_path(f"{prefix}/{ERROR_LOG}")
+            if _append_local(path, line):
+                return path
+        else:
+            lines = f.lines[prefix]
+            if len(lines) < _MAX_LOG_LINES:
+                lines.append(line)
+        path = f.temp_log()
+        return path if _append_local(path, line) else "stderr only (no local file could be written)"
+
+    def _copy_error_log(self, prefix: str) -> None:
+        """Object stores: the step's error lines, kept locally, go into its rank directory once the
+        documents are written (one attempt: the store has just answered)."""
+        f = self.failures
+        with f.lock:
+            lines = f.lines.pop(prefix, None)
+        if not lines or getattr(self.store, "is_local", False):
+            return
+        from msprobe.backends import append_log_line
+        from msprobe.backends._retry import RetryPolicy
+
+        try:
+            append_log_line(self.store, f"{prefix}/{ERROR_LOG}", "".join(lines).rstrip("\n"),
+                            retry_policy=RetryPolicy(retries=0, deadline=self.config.storage_timeout))
+        except Exception as exc:  # noqa: BLE001 - the lines stay in the local log
+            log.debug("error log not copied to %s: %s", self.store.url, exc)
+
+    def summary_warning(self) -> None:
+        """At the end of the dump: the count of objects not written, if any."""
+        f = self.failures
+        if not f.count:
+            return
+        where = f.local_log
+        if getattr(self._store, "is_local", False):
+            where = os.path.join(self._store.local_path(""), "step*", "*", ERROR_LOG) + (f" and {where}" if where else "")
+        text = (f"msprobe: {f.count} object(s) of the dump could not be written to {self.config.dump_path}; "
+                f"error log: {where or 'stderr only'}")
+        log.warning("%s", text)
+        warnings.warn(StorageFailureWarning(text), stacklevel=2)
 
     # ---------------------------------------------------------------- publish
     def publish(self, *, final: bool = False) -> None:
@@ -499,12 +738,15 @@ class DumpSession:
                     failed = exc
                     self._locations = self._tstore.locations()
                     self._note_error("tensor_store", exc)
+            if self.tensors_off and self._journal is not None:  # the disk is full: the journal's room
+                self._journal.release_reserve()  # goes to the documents (the journal is flushed)
             debug = self.config.level == "debug"
             doc = {"task": self.config.task, "level": self.config.level, "framework": self.framework,
                    "dump_data_dir": self._dump_data_dir(), "data": self.data}
             try:  # a storage error is recorded (error log, errors), never raised unless strict
-                store = _RetryingPut(self.store)  # each document: one atomic put, transient failures retried
-                store.put(f"{prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_records_json(doc).encode("utf-8"))
+                store = _RetryingPut(self.store, self.policy())  # each document: one atomic put, transient failures retried
+                doc_bytes = dumps_records_json(doc).encode("utf-8")
+                store.put(f"{prefix}/{DEBUG_JSON if debug else DUMP_JSON}", doc_bytes)
                 if not debug:
                     stack_doc = {"_": self.stacks.to_json(self.render_stack)}
                     store.put(f"{prefix}/{STACK_JSON}", _unwrap(dumps_records_json(stack_doc, "_")))
@@ -515,11 +757,14 @@ class DumpSession:
                 marker = {"format_version": "1.0", "dialect": "msprobe-lake", "producer": self.producer,
                           "framework": self.framework, "task": self.config.task, "level": self.config.level,
                           "step": self.current_step, "rank": self.rank, "records": len(self.data),
-                          "complete": failed is None, "pid": os.getpid(),
+                          "complete": failed is None and not self._skipped, "pid": os.getpid(),
                           **({"tensor_format": "zarr"} if self._tstore is not None else {}),
                           # final: the documents hold the whole step; journal segments left behind by a
                           # kill during the journal's deletion are stale (msprobe recover skips them)
-                          "final": bool(final)}
+                          "final": bool(final),
+                          # what was written, so validate can tell a file or document that another
+                          # process overwrote (run_dir_policy "overwrite", section 6)
+                          "document_crc32": f"{zlib.crc32(doc_bytes):08x}", "files": self._digests(prefix)}
                 store.put(f"{prefix}/{MARKER_FILE}", json.dumps(marker, indent=1).encode("utf-8"))
                 if self.config.index and not debug:
                     self._write_index(prefix, doc)
@@ -528,11 +773,18 @@ class DumpSession:
                 self._note_error("publish", exc)
             else:
                 docs_failed = None
+                self._copy_error_log(prefix)
             self._dirty = False
             if final:  # the journal stays when the documents could not be written (msprobe recover)
                 self._close_journal(delete=docs_failed is None)
             if failed is not None and self.config.strict:
                 raise failed
+
+    def _digests(self, prefix: str) -> dict:
+        """{tensor file name: [size, CRC32 hex]} of the step's files this process wrote."""
+        digests = getattr(self._writer, "digests", None) or {}
+        head = f"{prefix}/{TENSOR_DIR}/"
+        return {k[len(head):]: [size, f"{crc:08x}"] for k, (size, crc) in sorted(digests.items()) if k.startswith(head)}
 
     def _write_index(self, prefix: str, doc: dict) -> None:
         try:
@@ -594,6 +846,9 @@ class DumpSession:
                     self.errors.append(str(exc))
                 self._writer = None
             self._close_tensor_store()
+            if not self._summarized:
+                self._summarized = True
+                self.summary_warning()
 
     def _close_tensor_store(self) -> None:
         if self._tstore is not None:

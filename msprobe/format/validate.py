@@ -237,6 +237,11 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
             if mapping.get(dn, dn) not in tensor_files:
                 report.problems.append(Problem("error", key, loc_json,
                                                f"data_name {dn!r} has no file in {TENSOR_DIR}/"))
+    if marker is not None:  # what the producer wrote vs what is there (concurrent runs, section 6)
+        from msprobe.format._digests import check_digests
+
+        check_digests(store, loc.prefix, key, marker, tensor_files,
+                      lambda *p: report.problems.append(Problem(*p)))
     converted = set(mapping.values())
     for f in sorted(tensor_files - set(named) - converted):
         report.problems.append(Problem("warning", _join(loc.prefix, TENSOR_DIR, f), "",

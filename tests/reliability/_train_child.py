@@ -26,12 +26,13 @@ def train(argv, out=sys.stdout):
     dump_path, task, steps = argv[0], argv[1], int(argv[2])
     storage_options = json.loads(argv[3]) or None
     extra = json.loads(argv[4]) if len(argv) > 4 else {}
+    extra = dict(extra)
     if "WORLD_SIZE" in os.environ:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
                                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
-    seed_all(7)
+    seed_all(extra.pop("seed", 7))
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16), nn.Linear(16, 4))
     iters = extra.pop("iters", 4)
     cfg = {"journal_flush": 1}
@@ -92,6 +93,50 @@ def serve():
         print(f"EXIT {pid} {os.waitstatus_to_exitcode(status)}", flush=True)
 
 
+def race(argv):
+    """``--race N START OUT_DIR`` then the arguments of ``train``: torch is imported once, then N
+    processes are forked that all start ``train`` at the wall-clock time START, each with its
+    own seed (different tensors); prints ``RC <i> <exit status>`` per process."""
+    import time
+
+    import s3fs  # noqa: F401 - imported before the fork, like torch
+
+    n, start, out_dir = int(argv[0]), float(argv[1]), argv[2]
+
+    def setup(i):
+        args = list(argv[3:])
+        args[4] = json.dumps({**json.loads(args[4]), "seed": 100 + i})
+        time.sleep(max(0.0, start - time.time()))
+        return args
+
+    _fork_all(n, out_dir, "proc", setup)
+
+
+def _fork_all(n, out_dir, name, setup):
+    """Fork ``n`` processes running ``train(setup(i))`` (output in OUT_DIR/<name><i>.out, a
+    traceback in .err); prints ``RC <i> <exit status>`` per process as they end."""
+    pids = {}
+    for i in range(n):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                args = setup(i)
+                with open(os.path.join(out_dir, f"{name}{i}.out"), "w", buffering=1) as out:
+                    train(args, out)
+            except BaseException:
+                import traceback
+
+                with open(os.path.join(out_dir, f"{name}{i}.err"), "w") as err:
+                    traceback.print_exc(file=err)
+                code = 1
+            os._exit(code)
+        pids[pid] = i
+    for _ in range(n):
+        pid, status = os.wait()
+        print(f"RC {pids[pid]} {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
 def ranks(argv):
     """``--ranks WORLD MASTER_PORT OUT_DIR`` then the arguments of ``train``: torch is imported
     once, then WORLD ranks are forked at once (RANK/WORLD_SIZE/MASTER_PORT set in each), each
@@ -99,26 +144,12 @@ def ranks(argv):
     import s3fs  # noqa: F401 - imported before the fork, like torch
 
     world, port, out_dir = int(argv[0]), argv[1], argv[2]
-    pids = {}
-    for rank in range(world):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_PORT=port, MASTER_ADDR="127.0.0.1")
-            try:
-                with open(os.path.join(out_dir, f"rank{rank}.out"), "w", buffering=1) as out:
-                    train(argv[3:], out)
-            except BaseException:
-                import traceback
 
-                with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as err:
-                    traceback.print_exc(file=err)
-                code = 1
-            os._exit(code)
-        pids[pid] = rank
-    for _ in range(world):
-        pid, status = os.wait()
-        print(f"RC {pids[pid]} {os.waitstatus_to_exitcode(status)}", flush=True)
+    def setup(rank):
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_PORT=port, MASTER_ADDR="127.0.0.1")
+        return argv[3:]
+
+    _fork_all(world, out_dir, "rank", setup)
 
 
 if __name__ == "__main__":
@@ -126,5 +157,7 @@ if __name__ == "__main__":
         serve()
     elif sys.argv[1] == "--ranks":
         ranks(sys.argv[2:])
+    elif sys.argv[1] == "--race":
+        race(sys.argv[2:])
     else:
         train(sys.argv[1:])
