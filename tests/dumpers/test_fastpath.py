@@ -239,3 +239,70 @@ def test_no_compiler_means_fallback(tmp_path, monkeypatch):
     monkeypatch.setenv("MSPROBE_LAKE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "/nonexistent-cc")
     assert fastpath._built_in_cache() is None
+
+
+# ------------------------------------------------------------------ CUDA: the fused Triton reduction
+
+_FUSED_CASES = """
+import json, sys, torch
+from msprobe.dumpers.pytorch import _cuda_stats, _encode
+from msprobe.format.stats import reference_stats, stats_equal
+assert _cuda_stats.available()
+_cuda_stats.MAX_PROGRAMS = 3  # more blocks than programs: the strided loop and the partials fold
+g = torch.Generator().manual_seed(5)
+cases = []
+for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    for n in (1, 7, 1024, 1025, 5000):
+        cases.append((torch.randn(n, generator=g) * 3 + 0.5).to(dtype))
+    x = torch.randn(3000, generator=g).to(dtype); x[1700] = float("nan"); cases.append(x)
+    x = torch.randn(3000, generator=g).to(dtype); x[5] = float("inf"); x[2999] = float("-inf"); cases.append(x)
+cases.append(torch.full((2100,), 60000.0, dtype=torch.float16))  # Norm overflows float16: inf
+handles = [(_encode._K_FUSED, _cuda_stats.raw(t), 4, t.dtype) for t in cases]
+got = _encode.fetch_stats(handles)
+bad = []
+for t, v in zip(cases, got):
+    ref = reference_stats(t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy(),
+                          logical_dtype="bfloat16" if t.dtype == torch.bfloat16 else None)
+    vals = (v["Max"], v["Min"], v["Mean"], v["Norm"])
+    if not all(stats_equal(a, b, rtol=1e-6, atol=0) for a, b in zip(vals, ref)):
+        bad.append([str(t.dtype), t.numel(), vals, ref])
+print(json.dumps({"n": len(cases), "bad": bad}))
+"""
+
+
+def test_cuda_fused_kernel_in_the_triton_interpreter():
+    """The Triton kernels on CPU tensors (TRITON_INTERPRET=1), through fetch_stats' batched rounding,
+    against the reference. Needs triton importable ($MSPROBE_TEST_TRITON_PATH may add its folder);
+    unmeasured on a GPU here."""
+    extra = os.environ.get("MSPROBE_TEST_TRITON_PATH", "")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(p for p in (ROOT, extra) if p))
+    probe = subprocess.run([sys.executable, "-c", "import triton"], env=env, capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("triton is not installed (it ships with torch's CUDA wheels): the CUDA kernel is not checked")
+    r = subprocess.run([sys.executable, "-c", _FUSED_CASES], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["n"] == 22 and out["bad"] == [], out["bad"]
+
+
+def test_fused_handles_round_and_batch_per_dtype():
+    """fetch_stats on fused handles (here made by torch in float64 on the CPU, as the kernel leaves
+    them on the device): one group per dtype, Mean/Norm rounded to it, md5 extras kept."""
+    from msprobe.dumpers.pytorch import _encode
+
+    g = torch.Generator().manual_seed(9)
+    ts = [torch.randn(n, generator=g).to(dt) for dt in (torch.float32, torch.float16, torch.bfloat16)
+          for n in (3, 100)]
+
+    def emulate(t):
+        d = t.double()
+        return torch.stack([d.max(), d.min(), d.mean(), d.norm()])
+
+    hs = [(_encode._K_FUSED, emulate(t), 4, t.dtype) for t in ts]
+    hs[0] = hs[0] + ({"md5": "0000abcd"},)
+    got = _encode.fetch_stats(hs)
+    for t, v in zip(ts, got):
+        ref = reference_stats(t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy(),
+                              logical_dtype="bfloat16" if t.dtype == torch.bfloat16 else None)
+        assert all(_close(a, b) for a, b in zip((v["Max"], v["Min"], v["Mean"], v["Norm"]), ref)), (t.dtype, v, ref)
+    assert got[0]["md5"] == "0000abcd"

@@ -15,7 +15,8 @@ from msprobe.format.stats import xor64
 __all__ = ["Encoder", "fetch_stats", "tensor_bytes"]
 
 _FLOAT_LOW = (torch.float16, torch.bfloat16)
-_K_FLOAT, _K_INT, _K_BOOL, _K_SCALAR, _K_DONE = 0, 1, 2, 3, 4
+_K_FLOAT, _K_INT, _K_BOOL, _K_SCALAR, _K_DONE, _K_FUSED = 0, 1, 2, 3, 4, 5
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: the compiled one-pass kernels (msprobe/dumpers/fastpath.py), loaded at the first tensor: False until then
 _FAST: Any = False
 _FAST_CODES: dict = {}
@@ -50,6 +51,11 @@ def _stat_handle(t: torch.Tensor) -> tuple:
         if code is not None and t.is_contiguous() and not t.is_neg() and (fast.SIMD or n <= _FAST_SCALAR_MAX):
             mx, mn, mean, norm = fast.stats(t.data_ptr(), n, code)
             return (_K_DONE, {"Max": mx, "Min": mn, "Mean": mean, "Norm": norm})
+    if t.is_cuda and t.dtype in _FUSED_DTYPES and t.dim() and t.is_contiguous() and not t.is_neg():
+        from msprobe.dumpers.pytorch import _cuda_stats
+
+        if _cuda_stats.available():  # one fused pass on the device (Triton), rounded and fetched in batches
+            return (_K_FUSED, _cuda_stats.raw(t.detach()), 4, t.dtype)
     if t.dtype == torch.bool:
         return (_K_BOOL, torch.stack([t.any(), t.all()]))
     if t.dim() == 0:
@@ -80,11 +86,16 @@ def fetch_stats(handles: list) -> list:
         if kind == _K_DONE:
             resolved[hid] = h[1]
         else:
-            width = h[2] if kind == _K_FLOAT else (2 if kind != _K_SCALAR else 1)
-            groups.setdefault((kind, width, h[1].dtype, h[1].device), []).append(hid)
-    for (kind, width, _, _), ids in groups.items():
+            width = h[2] if kind in (_K_FLOAT, _K_FUSED) else (2 if kind != _K_SCALAR else 1)
+            dtype = h[3] if kind == _K_FUSED else h[1].dtype  # fused: the dtype Mean/Norm round to
+            groups.setdefault((kind, width, dtype, h[1].device), []).append(hid)
+    for (kind, width, dtype, _), ids in groups.items():
         stacked = torch.stack([uniq[i][1] for i in ids]) if kind != _K_SCALAR else \
             torch.stack([uniq[i][1].reshape(()) for i in ids])
+        if kind == _K_FUSED:  # Mean, Norm: float64 -> the dtype (bfloat16 through float32, as the format)
+            mid = stacked[:, 2:]
+            mid = (mid.to(torch.float32) if dtype == torch.bfloat16 else mid).to(dtype)
+            stacked = torch.cat([stacked[:, :2], mid.to(torch.float64)], dim=1)
         rows = stacked.tolist()
         for i, r in zip(ids, rows):
             if kind == _K_SCALAR:
@@ -93,7 +104,7 @@ def fetch_stats(handles: list) -> list:
                 resolved[i] = {"Max": bool(r[0]), "Min": bool(r[1]), "Mean": None, "Norm": None}
             elif kind == _K_INT:
                 resolved[i] = {"Max": int(r[0]), "Min": int(r[1]), "Mean": None, "Norm": None}
-            else:
+            else:  # _K_FLOAT, _K_FUSED
                 resolved[i] = {"Max": r[0], "Min": r[1], "Mean": r[2] if width > 2 else None,
                                "Norm": r[3] if width > 3 else None}
     for hid, h in uniq.items():
