@@ -100,8 +100,13 @@ def client_ssl_context(tls_path: str) -> ssl.SSLContext:
 
 
 def server_ssl_context(tls_path: str) -> ssl.SSLContext:
-    """The checker's context: presents server.crt, requires a client certificate signed by ca.crt."""
-    return _context(tls_path, "server")
+    """The checker's context: presents server.crt, requires a client certificate signed by ca.crt
+    (whose extendedKeyUsage the listener judges: :mod:`msprobe.online._tls_purpose`)."""
+    from msprobe.online._tls_purpose import relax_client_purpose
+
+    ctx = _context(tls_path, "server")
+    relax_client_purpose(ctx)
+    return ctx
 
 
 # -------------------------------------------------------------------------- framing
@@ -323,6 +328,7 @@ class SocketListener:
         self.queue: "queue.Queue" = queue.Queue(maxsize=max_queued)
         self.refused: list = []
         self.connections = 0
+        self.noted_server_auth = False  # the note about a serverAuth client certificate was given
         self._closed = threading.Event()
         try:
             self._sock = socket.create_server((host, int(port)), reuse_port=False)
@@ -351,9 +357,13 @@ class SocketListener:
             try:
                 conn = self.ssl_context.wrap_socket(conn, server_side=True)
             except (ssl.SSLError, OSError) as exc:
-                log.warning("msprobe online: refused a connection from %s: TLS handshake failed: %s", addr, exc)
+                hint = " (a client certificate needs extendedKeyUsage clientAuth)" \
+                    if "unsuitable certificate purpose" in str(exc) else ""
+                log.warning("msprobe online: refused a connection from %s: TLS handshake failed: %s%s", addr, exc, hint)
                 self.refused.append((addr, str(exc)))
                 conn.close()
+                return
+            if not self._purpose_ok(conn, addr):
                 return
         try:
             conn.sendall(_ACCEPT)
@@ -387,6 +397,23 @@ class SocketListener:
                 conn.close()
             except OSError:
                 pass
+
+    def _purpose_ok(self, conn: Any, addr: Any) -> bool:
+        """The client certificate's extendedKeyUsage, when the context left it to the listener."""
+        from msprobe.online._tls_purpose import MARK, client_purpose
+
+        if not getattr(self.ssl_context, MARK, False):
+            return True
+        verdict, why = client_purpose(conn.getpeercert(binary_form=True))
+        if verdict == "server-auth" and not self.noted_server_auth:
+            self.noted_server_auth = True
+            log.warning("msprobe online: note: %s", why)
+        if verdict != "refuse":
+            return True
+        log.warning("msprobe online: refused a connection from %s: %s", addr, why)
+        self.refused.append((addr, why))
+        conn.close()
+        return False
 
     def packets(self, stop: Callable[[], bool], poll: float = 0.2) -> Iterator[Packet]:
         while True:
