@@ -50,6 +50,9 @@ def _check_arguments(p, *, workers: int) -> None:
                    help="inputs: dumped tensors where present (auto), only dumped (real), all generated (random)")
     p.add_argument("--no-recorded-check", dest="recorded", action="store_false",
                    help="do not judge the dumped outputs against the benchmark")
+    p.add_argument("--max-input-mb", dest="max_input_mb", type=float, default=None,
+                   help="ceiling of one API's generated inputs in MiB (default 256, or max_input_mb in -config); "
+                        "an API above it gets a SKIP row")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--preload", action="append", default=[], metavar="MODULE",
                    help="a module every checking process imports first (custom ops); repeatable")
@@ -84,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     s = run_ut(args.api_info, args.out_path, workers=args.workers, devices=args.devices, config=args.config,
                filter_api=args.filter_api, result_csv=args.result_csv, save_error_data_flag=args.save_error_data,
                timeout=args.timeout, step=args.step, rank=rank, storage_options=opts, options=options,
-               progress=not args.quiet, device=args.device_type, preload=tuple(args.preload))
+               progress=not args.quiet, device=args.device_type, preload=tuple(args.preload),
+               max_input_mb=args.max_input_mb)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items()))
     print(f"msprobe run_ut: {s['checked']} APIs checked ({s['resumed']} resumed) in {s['seconds']:.1f} s "
           f"[{counts}]")

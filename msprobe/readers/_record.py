@@ -302,17 +302,20 @@ class DumpRecord:
 
     # -- replay ---------------------------------------------------------------------
     def replay_inputs(self, mode: str = "auto", *, framework: str = "torch", seed: Optional[int] = None,
-                      need_grad: bool = False) -> tuple:
+                      need_grad: bool = False, max_generated_bytes: Optional[int] = None) -> tuple:
         """``(args, kwargs)`` to call the API again, like the real tool's run_ut.
 
         ``mode``: ``"real"`` loads every dumped tensor (an error when a tensor has no file),
         ``"random"`` generates every tensor from its dtype/shape/Max/Min, ``"auto"`` loads
         what was dumped and generates the rest. Non-tensor arguments are decoded
-        (slices, ellipsis, torch dtypes, None, nested lists).
+        (slices, ellipsis, torch dtypes, None, nested lists). ``max_generated_bytes``: the most
+        bytes the generated tensors of this call may take together, checked from the declared
+        shapes before anything is generated (:class:`msprobe.readers._replay.InputTooLargeError`).
         """
         from msprobe.readers._replay import replay_inputs
 
-        return replay_inputs(self, mode=mode, framework=framework, seed=seed, need_grad=need_grad)
+        return replay_inputs(self, mode=mode, framework=framework, seed=seed, need_grad=need_grad,
+                             max_generated_bytes=max_generated_bytes)
 
     def summary(self) -> dict:
         """The digest as a plain dict."""

@@ -25,13 +25,18 @@ from msprobe.format.model import (
 )
 from msprobe.readers._dtypes import canonical_dtype, is_bool, is_float, is_int
 
-__all__ = ["replay_inputs", "generate_tensor", "decode_value", "REPLAY_MODES"]
+__all__ = ["replay_inputs", "generate_tensor", "decode_value", "REPLAY_MODES", "InputTooLargeError"]
+
+
+class InputTooLargeError(MsprobeError):
+    """The tensors to generate for a call would exceed the configured ceiling (nothing was generated
+    past it)."""
 
 REPLAY_MODES = ("auto", "real", "random")
 
 
 def replay_inputs(record: Any, *, mode: str = "auto", framework: str = "torch", seed: Optional[int] = None,
-                  need_grad: bool = False) -> tuple:
+                  need_grad: bool = False, max_generated_bytes: Optional[int] = None) -> tuple:
     if mode not in REPLAY_MODES:
         raise ConfigError(f"mode={mode!r}: valid values are {', '.join(REPLAY_MODES)}")
     if framework not in ("torch", "numpy"):
@@ -49,6 +54,13 @@ def replay_inputs(record: Any, *, mode: str = "auto", framework: str = "torch", 
     else:
         args_src = record.input_args
         kwargs_src = record.input_kwargs
+    if max_generated_bytes is not None:  # every declared size is checked before anything is generated
+        need = sum(_generated_bytes(a, mode, record.name) for a in list(args_src) + list(kwargs_src.values()))
+        if need > max_generated_bytes:
+            raise InputTooLargeError(
+                f"record {record.name!r}: its generated inputs would take {need} bytes ({need / 2**20:.1f} MiB), "
+                f"above the ceiling of {max_generated_bytes} bytes ({max_generated_bytes / 2**20:.1f} MiB; "
+                "run_ut: --max-input-mb / config max_input_mb)")
     args = [decode_value(a, ctx) for a in args_src]
     kwargs = {k: decode_value(v, ctx) for k, v in kwargs_src.items()}
     return args, kwargs
@@ -73,6 +85,34 @@ def decode_value(arg: Any, ctx: tuple) -> Any:
     if isinstance(arg, MappingArg):
         return {k: decode_value(v, ctx) for k, v in arg.items.items()}
     return arg.raw
+
+
+def declared_shape(entry: Any, record: str, path: str) -> tuple:
+    """A tensor entry's shape as ints >= 0; a malformed one (NaN, Infinity, a string, 2**63) is a
+    :class:`~msprobe.errors.FormatError` naming the record."""
+    from msprobe.errors import FormatError
+
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    shape = shape if shape is not None else ()
+    if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < (1 << 62) for d in shape):
+        raise FormatError(f"record {record!r}: {path}: shape {str(shape)[:80]} is not a list of integers >= 0")
+    return tuple(shape)
+
+
+def _generated_bytes(arg: Any, mode: str, record: str) -> int:
+    """The bytes of the tensors in ``arg`` that replay would generate (not load)."""
+    from msprobe.readers._dtypes import itemsize
+
+    if isinstance(arg, TensorArg):
+        if mode != "random" and isinstance(arg.data_name, str) and hasattr(arg, "load"):
+            return 0
+        return math.prod(declared_shape(arg.raw, record, arg.path)) * (itemsize(arg.raw.get("dtype")) or 8)
+    if isinstance(arg, SequenceArg):
+        return sum(_generated_bytes(a, mode, record) for a in arg.items)
+    if isinstance(arg, MappingArg):
+        return sum(_generated_bytes(a, mode, record) for a in arg.items.values())
+    return 0
 
 
 def _typed(type_: str, value: Any, framework: str) -> Any:
@@ -149,7 +189,7 @@ def generate_tensor(entry: dict, *, framework: str = "torch", gen: Optional[_Gen
     """A tensor like the one ``entry`` (a tensor entry of dump.json) describes."""
     gen = gen or _Gen(framework, None)
     dtype = entry.get("dtype")
-    shape = tuple(int(d) for d in entry.get("shape") or ())
+    shape = declared_shape(entry, record, path)
     c = canonical_dtype(dtype)
     if c is None:
         raise MsprobeError(f"record {record!r}: {path}: no dtype to generate a tensor from")

@@ -19,6 +19,11 @@ __all__ = ["ApiPacket", "ApiResult", "CheckOptions", "check_packet", "packet_fro
            "resolve_api", "skip_result", "filter_reason"]
 
 
+#: the default ceiling of an API's generated inputs, MiB (a [2**25] float32 input, 128 MiB, peaks
+#: at about 3 GB through the float64 benchmark, the device copy and the gradients)
+DEFAULT_MAX_INPUT_MB = 256
+
+
 @dataclasses.dataclass
 class CheckOptions:
     """How to run the two sides."""
@@ -31,6 +36,9 @@ class CheckOptions:
     replay_mode: str = "auto"           #: readers' replay mode: auto | real | random
     seed: Optional[int] = 1234          #: seed of generated inputs and of each side's run
     keep_tensors: bool = False          #: keep inputs/outputs on the result (for -save_error_data)
+    #: the most bytes the generated (not dumped) inputs of one API may take, from their declared shapes;
+    #: above it the API gets a SKIP row (config ``max_input_mb``, CLI ``--max-input-mb``); None: no ceiling
+    max_input_bytes: Optional[int] = DEFAULT_MAX_INPUT_MB << 20
 
 
 @dataclasses.dataclass
@@ -390,13 +398,15 @@ def packet_from_record(record: Any, backward_record: Any = None, options: Option
     name = record.name
     if name.endswith(".forward"):
         name = name[: -len(".forward")]
-    args, kwargs = record.replay_inputs(options.replay_mode, seed=options.seed, need_grad=True)
+    args, kwargs = record.replay_inputs(options.replay_mode, seed=options.seed, need_grad=True,
+                                        max_generated_bytes=options.max_input_bytes)
     pkt = ApiPacket(name, list(args), dict(kwargs), has_backward=backward_record is not None)
     if options.check_recorded:
         pkt.recorded_output = _load_recorded(record.output)
     if backward_record is not None:
         try:
-            gargs, _ = backward_record.replay_inputs(options.replay_mode, seed=options.seed)
+            gargs, _ = backward_record.replay_inputs(options.replay_mode, seed=options.seed,
+                                                     max_generated_bytes=options.max_input_bytes)
         except Exception:  # noqa: BLE001 - the backward is then reported as not checkable
             gargs = []
         gt = _flatten(gargs, [])

@@ -127,6 +127,12 @@ def load_run_ut_config(path: Optional[str]) -> dict:
         if not isinstance(sec["error_data_path"], str):
             raise ConfigError(f"-config {path}: error_data_path must be a string")
         out["error_data_path"] = sec["error_data_path"]
+    if sec.get("max_input_mb") is not None:
+        v = sec["max_input_mb"]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or v != v or v == float("inf"):
+            raise ConfigError(f"-config {path}: max_input_mb must be a number of MiB > 0 (the ceiling of an "
+                              "API's generated inputs)")
+        out["max_input_mb"] = v
     if sec.get("precision") is not None:
         p = sec["precision"]
         if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p <= 20:
@@ -326,18 +332,26 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
            config: Optional[str] = None, filter_api: bool = False, result_csv: Optional[str] = None,
            save_error_data_flag: bool = False, timeout: float = DEFAULT_TIMEOUT, step: Optional[int] = None,
            rank: Any = None, storage_options: Optional[dict] = None, options: Optional[CheckOptions] = None,
-           progress: bool = True, device: str = "auto", preload: tuple = ()) -> dict:
+           progress: bool = True, device: str = "auto", preload: tuple = (),
+           max_input_mb: Optional[float] = None) -> dict:
     """Check every forward API record of one rank of ``api_info``; returns a summary dict.
 
     ``workers=0`` checks in this process (no timeout or crash isolation); ``workers>=1``
     uses that many worker processes, spread over ``devices`` (ids) when CUDA/NPU is present.
     ``preload``: modules every checking process imports first (custom ops, plugins).
+    ``max_input_mb``: the ceiling of one API's generated inputs (over the config's ``max_input_mb``;
+    default :data:`~msprobe.run_ut.execute.DEFAULT_MAX_INPUT_MB`); an API above it gets a SKIP row.
     """
     t0 = time.perf_counter()
     cfg = load_run_ut_config(config)
     options = options or CheckOptions()
     options = CheckOptions(**{**options.__dict__, "white_list": cfg.get("white_list", options.white_list),
                               "black_list": cfg.get("black_list", options.black_list), "device": device})
+    if max_input_mb is not None or "max_input_mb" in cfg:  # the CLI over the config over the default
+        mb = max_input_mb if max_input_mb is not None else cfg["max_input_mb"]
+        if not isinstance(mb, (int, float)) or isinstance(mb, bool) or not 0 < mb < float("inf"):
+            raise ConfigError(f"max_input_mb={mb!r}: a number of MiB > 0 is needed")
+        options.max_input_bytes = int(mb * (1 << 20))
     dump, src = open_rank(api_info, step=step, rank=rank, storage_options=storage_options)
     names, backward = list_tasks(dump, src, filter_api=filter_api)
     if not names:

@@ -121,3 +121,66 @@ def test_pt_deflated_but_honest_still_loads(tmp_path):
 
     got = load_tensor_file(LocalStore(str(tmp_path)), "t.pt", record="r", dtype="torch.float32", shape=(5, 12))
     assert np.array_equal(got, want.numpy())
+
+
+# -- run_ut: a tiny statistics dump.json declaring huge inputs ------------------------------------
+def _stats_dump(root, numel):
+    rank = os.path.join(root, "step0", "rank0")
+    os.makedirs(rank)
+    t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [numel], "Max": 1.0, "Min": 0.0, "Mean": 0.5,
+         "Norm": 1.0, "requires_grad": False}
+    doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None,
+           "data": {NAME: {"input_args": [t], "input_kwargs": {}, "output": [t]}}}
+    with open(os.path.join(rank, "dump.json"), "w") as f:
+        json.dump(doc, f)
+    return rank
+
+
+def _result_rows(out_dir):
+    name = [p for p in os.listdir(out_dir) if p.startswith("accuracy_checking_result")][0]
+    with open(os.path.join(out_dir, name)) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("numel,argv,config", [
+    (1 << 28, [], None),                                  # 1 GiB: above the default 256 MiB ceiling
+    (1 << 25, ["--max-input-mb", "64"], None),            # 128 MiB: above a CLI ceiling
+    (1 << 25, [], {"run_ut": {"max_input_mb": 64}}),      # ... and a config one
+], ids=["2^28-default", "2^25-cli", "2^25-config"])
+def test_run_ut_generated_input_ceiling(tmp_path, numel, argv, config, figures):
+    rank = _stats_dump(str(tmp_path / "dump"), numel)
+    assert os.path.getsize(os.path.join(rank, "dump.json")) < 1024
+    if config is not None:
+        with open(tmp_path / "config.json", "w") as f:
+            json.dump(config, f)
+        argv = argv + ["-config", str(tmp_path / "config.json")]
+    out_dir = tmp_path / "ut"
+    rc, out, err, grown = cli_measured(["run_ut", "-api_info", rank, "-o", str(out_dir), "-n", "0", "-q", *argv])
+    assert rc == 0 and "Traceback" not in err, err[-3000:]
+    text = _result_rows(out_dir)
+    assert "SKIP" in text and "ceiling" in text, text
+    assert grown < BOUND_MIB, grown
+    figures.setdefault("bomb_peak_mib", {})[f"run_ut_generated_input/[{numel}]{' '.join(argv[:2])}"] = grown.figure()
+
+
+def test_run_ut_below_the_ceiling_still_checks(tmp_path):
+    from msprobe.run_ut import run_ut
+
+    rank = _stats_dump(str(tmp_path / "dump"), 1000)
+    s = run_ut(rank, str(tmp_path / "a"), workers=0, progress=False, max_input_mb=1)
+    assert s["counts"].get("SKIP", 0) == 0 and sum(s["counts"].values()) == 1, s["counts"]
+    s = run_ut(rank, str(tmp_path / "b"), workers=0, progress=False, max_input_mb=0.001)  # 1 KiB < 4000 bytes
+    assert s["counts"].get("SKIP") == 1 and "ceiling" in _result_rows(tmp_path / "b")
+
+
+def test_run_ut_bad_ceiling_is_a_config_error(tmp_path):
+    from msprobe.errors import ConfigError
+    from msprobe.run_ut import run_ut
+
+    rank = _stats_dump(str(tmp_path / "dump"), 10)
+    with open(tmp_path / "c.json", "w") as f:
+        json.dump({"run_ut": {"max_input_mb": "big"}}, f)
+    with pytest.raises(ConfigError):
+        run_ut(rank, str(tmp_path / "o"), workers=0, progress=False, config=str(tmp_path / "c.json"))
+    with pytest.raises(ConfigError):
+        run_ut(rank, str(tmp_path / "o"), workers=0, progress=False, max_input_mb=float("nan"))
