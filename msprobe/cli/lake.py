@@ -57,7 +57,7 @@ def register(sub) -> None:
     q.add_argument("--out", default=None, help="keep compare's CSVs in this directory")
     q.add_argument("--all-steps", action="store_true", help="compare every step, not only up to the first divergence")
     q.set_defaults(func=run_diverge)
-    q = lsub.add_parser("disagree", help="ranks whose statistic differs from the others' (data-parallel grads)")
+    q = lsub.add_parser("disagree", help="ranks whose statistic differs from what a majority of the ranks agree on")
     _common(q)
     q.add_argument("--run", action="append", default=None)
     q.add_argument("--step", type=int, action="append", default=None)
@@ -66,6 +66,9 @@ def register(sub) -> None:
     q.add_argument("--stat", default="norm", choices=["max", "min", "mean", "norm"])
     q.add_argument("--rtol", type=float, default=1e-6)
     q.add_argument("--atol", type=float, default=0.0)
+    q.add_argument("--no-consensus", action="store_true",
+                   help="also list the rows where no majority of ranks agree (a DDP run's parameters_grad: "
+                        "local gradients, recorded before the all-reduce), with consensus=false")
     q.set_defaults(func=run_disagree)
     q = lsub.add_parser("trend", help="a record's statistic over steps (table, and a PNG with --plot)")
     _common(q)
@@ -230,8 +233,12 @@ def run_diverge(args, lake) -> int:
 @_with_lake
 def run_disagree(args, lake) -> int:
     df = lake.disagree(run=args.run, step=args.step, kind=None if args.kind == "all" else args.kind,
-                       record=args.record, stat=args.stat, rtol=args.rtol, atol=args.atol)
-    return _print_table(df, args.json, "every rank agrees")
+                       record=args.record, stat=args.stat, rtol=args.rtol, atol=args.atol,
+                       no_consensus=args.no_consensus)
+    note = df.attrs.get("note")
+    if note:  # what was compared and what was left out: on stderr with --json, after the table otherwise
+        print(f"note: {note}", file=sys.stderr if args.json else sys.stdout)
+    return _print_table(df, args.json, "no rank disagrees with the others" if note else "every rank agrees")
 
 
 @_with_lake

@@ -3,8 +3,10 @@
 * :func:`first_nan` — the first NaN/Inf statistic of each (run, rank): one DuckDB query.
 * :func:`diverge` — the first record where two runs diverge, over all their ranks:
   :func:`msprobe.compare.compare_pair` on each (step, rank) pair, as Dask tasks, step by step.
-* :func:`disagree` — ranks whose statistic of the same record differs from the other ranks'
-  in the same step (data-parallel gradients): one DuckDB query (median across ranks).
+* :func:`disagree` — ranks whose statistic of the same record differs from what a majority
+  of the ranks agree on in the same step: one DuckDB query (median across ranks); records
+  where no majority agrees (the local, pre-all-reduce gradients of a DDP run) are counted,
+  not blamed on a rank.
 * :func:`trend` — a record's statistic over steps, per run and rank, with a PNG plot.
 """
 from __future__ import annotations
@@ -190,20 +192,33 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
 # -- rank disagreement -------------------------------------------------------------------------------
 
 def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str] = "parameters_grad",
-             record: Any = None, stat: str = "norm", rtol: float = 1e-6, atol: float = 0.0) -> Any:
-    """Rows whose ``stat`` differs from the median of the other ranks' rows for the same
-    (run, step, record, argument): in data-parallel training every rank holds the same
-    parameter gradient after the all-reduce, so a rank that differs is suspect.
+             record: Any = None, stat: str = "norm", rtol: float = 1e-6, atol: float = 0.0,
+             no_consensus: bool = False) -> Any:
+    """Rows whose ``stat`` differs from what the other ranks agree on, for the same (run,
+    step, record, argument).
+
+    What it compares: the ranks' rows of one record, against their median. A rank is
+    reported only where a majority of the ranks agree (the *consensus*) and it does not: in
+    data-parallel training, a value every rank should hold (a reduced gradient, the
+    parameters) that one rank holds differently. Where no majority of ranks agree, nothing
+    can be blamed on one rank: that is what ``parameters_grad`` records of a data-parallel
+    (DDP) run are, because msprobe, like the real tool, records each parameter's gradient
+    when it is accumulated on its rank, *before* the all-reduce averages it; every rank's
+    local gradient differs and they are not disagreements. Those rows are left out (with
+    ``no_consensus=True`` they are returned too, ``consensus`` false) and counted in the
+    frame's ``attrs``: ``no_consensus_groups``, ``no_consensus_rows``, and ``note`` (a sentence
+    saying what was left out and why; None when nothing was).
 
     ``kind``: the records compared (default ``parameters_grad``; None: every record);
     ``record``: names or a glob. A value differs when ``|v - median| > atol + rtol*|median|``
     or exactly one of them is NaN. Columns: run, step, record, io, arg_path, rank, rank_dir,
-    value, median, rel_diff, ranks (how many ranks hold the row), disagreeing (how many differ)."""
+    value, median, rel_diff, ranks (how many ranks hold the row), disagreeing (how many
+    differ), consensus (a majority of the ranks agree)."""
     if stat not in STATS:
         raise ConfigError(f"stat={stat!r}: one of {', '.join(STATS)}")
     where = "TRUE" + _in("run", run) + _in("step", step) + (_in("kind", kind) if kind else "") + _record_where(record)
     part = "run, split, step, record, io, arg_path"
-    q = f"""
+    groups = f"""
     WITH v AS (
         SELECT run, split, step, record, io, arg_path, rank, rank_dir, {stat} AS value
         FROM lake WHERE {where} AND {stat} IS NOT NULL
@@ -214,17 +229,41 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
     ), d AS (
         SELECT *, CASE WHEN median IS NULL OR isnan(value) THEN NULL
                        WHEN median = 0 THEN abs(value) ELSE abs(value - median) / abs(median) END AS rel_diff,
-               (isnan(value) != (median IS NULL))
-               OR (NOT isnan(value) AND median IS NOT NULL
-                   AND abs(value - median) > {float(atol)!r} + {float(rtol)!r} * abs(median)) AS differs
+               coalesce((isnan(value) != (median IS NULL))
+                        OR (NOT isnan(value) AND median IS NOT NULL
+                            AND abs(value - median) > {float(atol)!r} + {float(rtol)!r} * abs(median)), FALSE) AS differs
         FROM m WHERE ranks > 1
-    )
-    SELECT run, split, step, record, io, arg_path, rank, rank_dir, value, median, rel_diff, ranks,
-           count(*) OVER (PARTITION BY {part}) AS disagreeing
-    FROM d WHERE differs
+    ), g AS (
+        SELECT *, count(*) FILTER (WHERE differs) OVER (PARTITION BY {part}) AS disagreeing,
+               2 * count(*) FILTER (WHERE NOT differs) OVER (PARTITION BY {part}) > ranks AS consensus
+        FROM d
+    )"""
+    q = groups + f"""
+    SELECT run, split, step, record, io, arg_path, rank, rank_dir, value, median, rel_diff, ranks, disagreeing,
+           consensus
+    FROM g WHERE differs {"" if no_consensus else "AND consensus"}
     ORDER BY run, step NULLS FIRST, split NULLS FIRST, record, io, arg_path, rank NULLS FIRST
     """
-    return lake.sql(q)
+    df = lake.sql(q)
+    left = lake.sql(groups + f"""
+    SELECT count(DISTINCT ({part})) AS n_groups, count(*) AS n_rows, count(DISTINCT (run, step)) AS n_steps,
+           count(DISTINCT run) AS n_runs
+    FROM g WHERE NOT consensus AND disagreeing > 0
+    """).iloc[0]
+    n_groups, n_rows = int(left["n_groups"]), int(left["n_rows"])
+    df.attrs["no_consensus_groups"], df.attrs["no_consensus_rows"] = n_groups, n_rows
+    df.attrs["note"] = None
+    if n_groups:
+        what = "parameter gradients" if kind == "parameters_grad" else "rows"
+        df.attrs["note"] = (
+            f"{n_groups} {what} ({n_rows} rank rows, {int(left['n_steps'])} step(s) of {int(left['n_runs'])} run(s)) "
+            f"have no majority of ranks agreeing, so no rank is blamed: "
+            + ("parameters_grad records are each rank's local gradient, recorded before the data-parallel "
+               "all-reduce averages it (as the real msprobe records them), so ranks differ by design; "
+               if kind == "parameters_grad" else "")
+            + ("returned with consensus=False" if no_consensus else "left out (no_consensus=True / "
+               "--no-consensus lists them)"))
+    return df
 
 
 # -- trend -------------------------------------------------------------------------------------------------

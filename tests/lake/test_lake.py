@@ -472,3 +472,47 @@ def test_read_only_bucket(tmp_path, s3_server, s3_bucket_url, s3_fault_proxy, mo
     fs.invalidate_cache()
     assert fs.exists(f"{other[len('s3://'):]}/idx/manifest.parquet")
     assert lake.sql("SELECT count(*) AS n FROM lake")["n"][0] > 0
+
+
+def test_disagree_on_a_healthy_ddp_run(tmp_path, capsys):
+    """A real 4-process gloo DistributedDataParallel run dumped by our PrecisionDebugger: its
+    parameters_grad records are each rank's local gradient (recorded before the all-reduce),
+    so no two ranks agree and no rank is to blame; `lake disagree` says so and flags nothing.
+    (A rank that differs from what the others agree on is still flagged: check_answers.)"""
+    pytest.importorskip("torch")
+    import socket
+
+    from msprobe.cli import main
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    root = tmp_path / "lake"
+    child = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ddp_child.py")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = [subprocess.Popen([sys.executable, child, str(root / "ddp"), "2"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="4", MASTER_PORT=str(port),
+                                       MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONPATH=repo))
+             for r in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [e[-2000:] for _, e in outs]
+    params = {o.split("PARAMS ", 1)[1].split()[0] for o, _ in outs}
+    assert len(params) == 1  # DDP kept the parameters equal on every rank: a healthy run
+
+    lake = msprobe.lake.open(str(root), local=False)
+    assert (lake.catalog_rows[0]["steps"], lake.catalog_rows[0]["ranks"]) == (2, 4)
+    grads = lake.sql("SELECT step, record, arg_path, count(DISTINCT rank) AS ranks, count(DISTINCT norm) AS values "
+                     "FROM lake WHERE kind = 'parameters_grad' GROUP BY ALL")
+    assert len(grads) == 2 * 4 and set(grads["ranks"]) == {4}  # 2 steps x (2 Linear x weight, bias)
+    assert set(grads["values"]) == {4}  # the local gradients: every rank its own
+
+    dis = lake.disagree()
+    assert dis.empty  # it used to flag every one of the 32 gradient rows
+    assert (dis.attrs["no_consensus_groups"], dis.attrs["no_consensus_rows"]) == (8, 32)
+    assert "before the data-parallel all-reduce" in dis.attrs["note"]
+    labelled = lake.disagree(no_consensus=True)
+    assert len(labelled) == 32 and not labelled["consensus"].any()
+    assert main(["lake", "disagree", str(root), "--no-cluster"]) == 0
+    out = capsys.readouterr().out
+    assert "no rank disagrees" in out and "before the data-parallel all-reduce" in out
