@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = [
     "msprobe.cli.index",
     "msprobe.cli.recover",
     "msprobe.cli.compare",
+    "msprobe.cli.merge_result",
     "msprobe.cli.run_ut",
     "msprobe.cli.api_precision_compare",
     "msprobe.cli.lake",

@@ -96,16 +96,10 @@ def read_compare_json(path: str) -> dict:
 
 def read_data_mapping(path: str) -> dict:
     """{target row name: bench row name} from a data-mapping YAML file."""
-    from msprobe.errors import ConfigError, require
+    from msprobe.compare.merge import read_yaml
+    from msprobe.errors import ConfigError
 
-    yaml = require("yaml", "yaml")
-    try:
-        with open(path, encoding="utf-8") as f:
-            m = yaml.safe_load(f)
-    except OSError as exc:
-        raise ConfigError(f"-dm {path}: cannot read it ({exc.strerror or exc})") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"-dm {path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    m = read_yaml(path, "-dm")
     if m is None:
         m = {}
     if not isinstance(m, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):

@@ -178,3 +178,41 @@ def test_mostly_unmatched_dumps_warn(tmp_path, capsys):
     assert s["warnings"] and s["pairs"][0]["matched_records"] < s["pairs"][0]["records"] / 2
     assert main(["compare", STATS, PERT, "-o", str(tmp_path / "b"), "--no-plot", "--no-progress"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_merge_result_errors_and_undefined_metrics(tmp_path, capsys):
+    pytest.importorskip("openpyxl")
+    import openpyxl
+
+    from msprobe.compare.merge import merge_result
+
+    ms8 = os.path.join(REAL, "ms8", "distributed_2rank")
+    out = str(tmp_path / "in")
+    compare(ms8, os.path.join(MS26, "distributed_2rank"), out, plot=False, progress=False)
+    (r1,) = glob.glob(os.path.join(out, "compare_result_rank1_*.csv"))
+    with open(r1, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    col = rows[0].index("NormRelativeErr")
+    (hit,) = [r for r in rows if r[0] == "Distributed.all_reduce.0.forward.output.0"]
+    hit[col] = "N/A"  # as for a metric that cannot be computed
+    with open(r1, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("api:\n- Distributed.all_reduce.0.forward\n")
+    s = merge_result(out, str(tmp_path / "o"), str(cfg), timestamp="T")
+    assert s["mode"] == "statistics" and s["ranks"] == [0, 1] and s["metrics"][0] == "Max diff"
+    ws = openpyxl.load_workbook(s["file"])["NormRelativeErr"]
+    cells = {r[0]: r[1:] for r in ws.iter_rows(min_row=2, values_only=True)}
+    assert cells and all(n.startswith("Distributed.all_reduce.0.forward.") for n in cells)
+    # a metric that cannot be computed shows both sides' max instead
+    got = cells["Distributed.all_reduce.0.forward.output.0"][1]
+    assert got.startswith("NPU:'") and "Bench:'" in got
+    assert not str(cells["Distributed.all_reduce.0.forward.output.0"][0]).startswith("NPU:")
+    cfg.write_text("compare_index: [Max diff]\n")
+    assert main(["merge_result", "-i", out, "-o", str(tmp_path / "o"), "-config", str(cfg)]) == 1
+    assert "'api' (a list of API or module names) is required" in capsys.readouterr().err
+    cfg.write_text("api: [Distributed]\ncompare_index: [Cosine]\n")
+    assert main(["merge_result", "-i", out, "-o", str(tmp_path / "o"), "-config", str(cfg)]) == 1
+    assert "compare_index ['Cosine'] are not statistics metrics" in capsys.readouterr().err
+    assert main(["merge_result", "-i", str(tmp_path), "-o", str(tmp_path / "o"), "-config", str(cfg)]) == 1
+    assert "no compare_result_rank<N>_<timestamp>.csv/.xlsx files" in capsys.readouterr().err
