@@ -64,7 +64,14 @@ class Lake:
         self._dataset: Any = None
         self.timings: dict = {}
         self.stats: dict = {}
-        self._open(refresh, max_depth)
+        try:
+            self._open(refresh, max_depth)
+        except _Relocate:  # the read-only root's own lake needs building: build it in the cache instead
+            url, note = self._fallback
+            self._fallback = None
+            self._note(note)
+            self._use(url, None, refresh)
+            self._open(refresh, max_depth)
 
     # -- opening ----------------------------------------------------------------------------------
     def _say(self, what: str) -> None:
@@ -73,24 +80,37 @@ class Lake:
 
     def _locate(self, lake_dir: Any, lake_options: Optional[dict], refresh: str) -> None:
         """Where the lake's own files are (``self.lake_url``, ``self.lake_store``): ``lake_dir``
-        when given; else ``ROOT/_lake`` when the root can be written (a read-only root with a
-        ``_lake/`` that holds a manifest is read as it is with ``refresh='none'``); else a
-        local cache directory (:func:`msprobe.lake._core.cache_lake_dir`), said on stderr."""
+        when given; else ``ROOT/_lake`` when the root can be written; else a local cache
+        directory (:func:`msprobe.lake._core.cache_lake_dir`), said on stderr. A read-only
+        root whose ``_lake/`` holds a manifest (built by whoever could write) is read as it is
+        while nothing needs writing; the cache takes over when something does."""
+        self._fallback: Optional[tuple] = None
         if lake_dir is not None:
             url = os.fspath(lake_dir)
             if lake_options is None and "://" in url and url.split("://", 1)[0] == self.url.split("://", 1)[0]:
                 lake_options = self.storage_options  # the same store kind: the root's options
         else:
             url, lake_options = _core.default_lake_url(self.url), self.storage_options
-            why = None
-            if refresh != "none" or not self._holds_manifest(url, lake_options):
-                why = _core.write_refused(self.url, self.storage_options)
+            held = self._holds_manifest(url, lake_options)
+            why = _core.write_refused(self.url, self.storage_options) if refresh != "none" or not held else None
             if why is not None:
-                url, lake_options = _core.cache_lake_dir(self.url), None
-                self.lake_note = (f"{self.url} cannot be written ({why}): the lake's own files go to {url} "
-                                  "(choose with --lake-dir / lake_dir=)")
-                log.warning("lake: %s", self.lake_note)
-                self._say(self.lake_note)
+                cache = _core.cache_lake_dir(self.url)
+                to_cache = (f"{self.url} cannot be written ({why}): the lake's own files go to {cache} "
+                            "(choose with --lake-dir / lake_dir=)")
+                if held:  # a lake built there before (by whoever could write): read it while it holds
+                    self._fallback = (cache, to_cache)
+                    self._note(f"{self.url} cannot be written ({why}): reading its lake {url} as it is")
+                else:
+                    url, lake_options = cache, None
+                    self._note(to_cache)
+        self._use(url, lake_options, refresh)
+
+    def _note(self, what: str) -> None:
+        self.lake_note = what
+        log.warning("lake: %s", what)
+        self._say(what)
+
+    def _use(self, url: str, lake_options: Optional[dict], refresh: str) -> None:
         self.lake_options = lake_options
         self.lake_store: Any = None
         if refresh != "none":
@@ -275,6 +295,8 @@ class Lake:
         return out
 
     def _writable(self) -> None:
+        if self._fallback is not None:
+            raise _Relocate()
         if self.lake_store is None or self.lake_store.read_only:
             raise StoragePermissionError(f"{self.lake_url}: the lake needs to write its files there, and cannot; "
                                          "give another lake_dir (--lake-dir), or open with refresh='none' to read "
@@ -532,6 +554,10 @@ class Lake:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _Relocate(Exception):
+    """The lake must write, and its directory is a read-only root's: use the cache instead."""
 
 
 def _stale_catalog(store: Any, rows: list) -> bool:

@@ -435,9 +435,19 @@ def test_read_only_root(tmp_path, monkeypatch, capsys):
         assert [r["run"] for r in msprobe.lake.read_catalog(root)] == list(S.RUNS)  # from the cache
         assert sorted(os.listdir(root)) == before
     # a writable root keeps its lake under ROOT/_lake, said nowhere
+    shutil.rmtree(cache)
     lake = msprobe.lake.open(root, local=False)
     assert lake.lake_note is None and os.path.isfile(os.path.join(root, "_lake", "manifest.parquet"))
     assert not [n for n in os.listdir(os.path.join(root, "_lake")) if n.startswith(".msprobe-probe")]
+    # that lake on a share made read-only afterwards: read as it is, nothing rebuilt, no cache
+    with _read_only(root):
+        lake = msprobe.lake.open(root, local=False)
+        assert lake.stats["indexed"] == 0 and lake.lake_url == "file://" + os.path.join(root, "_lake")
+        assert "reading its lake" in lake.lake_note and not cache.exists()
+        assert {(r.run, r.rank) for r in lake.first_nan().itertuples()} == {("run_c", S.NAN_RANK)}
+        # ... until something needs indexing: refresh="all" builds in the cache instead
+        lake = msprobe.lake.open(root, local=False, refresh="all")
+        assert lake.lake_url.startswith("file://" + str(cache)) and lake.stats["indexed"] == 2 * 4 * len(S.RUNS)
 
 
 @pytest.mark.s3
