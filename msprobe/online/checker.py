@@ -77,7 +77,9 @@ class _Progress:
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError:  # a line cut by a kill: everything after it is dropped
+            except (ValueError, RecursionError):  # a line cut by a kill: everything after it is dropped
+                break
+            if not isinstance(obj, dict):
                 break
             good += len(line) + 1
             if "files" in obj:
@@ -143,7 +145,8 @@ class OnlineChecker:
         self.progress = _Progress(out_dir)
         self.writers: dict = {}
         self.pending: dict = {}  # (run, rank, step, base) -> forward Packet waiting for its backward
-        self.counts = {"packets": 0, "apis": 0, "ignored_rank": 0, "duplicates": 0, "dropped_by_sender": 0}
+        self.counts = {"packets": 0, "apis": 0, "ignored_rank": 0, "duplicates": 0, "dropped_by_sender": 0,
+                       "bad_packets": 0}
         self._stop = threading.Event()
         self._last_packet = time.monotonic()
         self.listener: Any = None
@@ -218,6 +221,20 @@ class OnlineChecker:
         else:
             self._commit([p], None)
 
+    def handle_safely(self, p: Packet) -> None:
+        """:meth:`handle`, but a packet that makes the checker fail is logged, counted and recorded as
+        done, so neither this run nor a restart dies on it (any TCP client can send one)."""
+        try:
+            self.handle(p)
+        except Exception as exc:  # noqa: BLE001 - one bad packet must not end the checker
+            self.counts["bad_packets"] += 1
+            log.warning("msprobe online: packet %s (%s) could not be processed and is skipped: %s: %s",
+                        p.ident, str(p.name)[:200], type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
+            try:
+                self._commit([p], None)
+            except Exception as exc2:  # noqa: BLE001
+                log.warning("msprobe online: recording skipped packet %s failed: %s", p.ident, exc2)
+
     def _flush_pending(self, match: Callable[[tuple], bool]) -> None:
         for k in [k for k in self.pending if match(k)]:
             self._check(self.pending.pop(k), None)
@@ -264,12 +281,14 @@ class OnlineChecker:
             from msprobe.online.transport import StoreWatcher
 
             self.watcher = StoreWatcher(s.nfs_path, storage_options=s.storage_options, interval=s.poll_interval,
-                                        done=self.progress.keys, remove_done=not self.keep_packets)
+                                        done=self.progress.keys, remove_done=not self.keep_packets,
+                                        max_packet_bytes=s.max_packet_bytes)
             return self.watcher
         from msprobe.online.transport import SocketListener, server_ssl_context
 
         ctx = server_ssl_context(s.tls_path) if s.transport == "tls" else None
-        self.listener = SocketListener(s.host, s.port, ssl_context=ctx)
+        self.listener = SocketListener(s.host, s.port, ssl_context=ctx, max_frame_bytes=s.max_packet_bytes,
+                                       max_connections=s.max_connections)
         self.port = self.listener.port
         return self.listener
 
@@ -286,7 +305,7 @@ class OnlineChecker:
             self.on_listen(self.port)
         try:
             for p in source.packets(self._should_stop):
-                self.handle(p)
+                self.handle_safely(p)
                 if self._stop.is_set():
                     break
             if not self._stop.is_set():

@@ -10,8 +10,10 @@ Checker side, in ``"run_ut": {...}``: ``is_online``, ``nfs_path``, ``host``,
 absent means the current directory; ``""`` means plain TCP, which is only
 used when configured so explicitly. Our own keys: ``online_queue_size``
 (packets, default 256), ``online_queue_bytes`` (default 256 MiB),
-``online_flush_timeout`` (seconds ``stop``/exit waits for the queue, default 60)
-and ``poll_interval`` (checker, seconds between store listings).
+``online_flush_timeout`` (seconds ``stop``/exit waits for the queue, default 60),
+``poll_interval`` (checker, seconds between store listings), ``online_max_packet_mb``
+(checker, the largest packet accepted, default 1024) and ``online_max_connections`` (checker,
+TCP/TLS connections served at once, default 64).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from msprobe.errors import ConfigError
 __all__ = ["OnlineSettings", "parse_online", "ONLINE_KEYS"]
 
 ONLINE_KEYS = ("online_run_ut", "is_online", "nfs_path", "host", "port", "tls_path", "online_run_ut_recompute",
-               "rank_list", "online_queue_size", "online_queue_bytes", "online_flush_timeout", "poll_interval")
+               "rank_list", "online_queue_size", "online_queue_bytes", "online_flush_timeout", "poll_interval",
+               "online_max_packet_mb", "online_max_connections")
 
 
 def _fail(key: str, value: Any, valid: str) -> ConfigError:
@@ -42,6 +45,8 @@ class OnlineSettings:
     queue_bytes: int = 256 << 20
     flush_timeout: float = 60.0
     poll_interval: float = 0.2
+    max_packet_bytes: int = 1 << 30  #: checker: the largest packet (frame) accepted; its bytes are read as they arrive
+    max_connections: int = 64  #: checker: TCP/TLS connections served at once (one thread each); more are refused
     storage_options: Optional[dict] = field(default=None, repr=False)
 
     @property
@@ -111,6 +116,8 @@ def parse_online(raw: dict, *, side: str, storage_options: Optional[dict] = None
     s.queue_bytes = _num(raw, "online_queue_bytes", s.queue_bytes, minimum=1)
     s.flush_timeout = float(_num(raw, "online_flush_timeout", s.flush_timeout, minimum=0, integer=False))
     s.poll_interval = float(_num(raw, "poll_interval", s.poll_interval, minimum=0.01, integer=False))
+    s.max_packet_bytes = _num(raw, "online_max_packet_mb", s.max_packet_bytes >> 20, minimum=1) << 20
+    s.max_connections = _num(raw, "online_max_connections", s.max_connections, minimum=1)
     if not s.nfs_path:
         if not s.host:
             raise ConfigError(f"{switch} is true but neither nfs_path nor host/port is set; set nfs_path "

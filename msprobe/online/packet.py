@@ -122,6 +122,27 @@ def _rank_text(rank: Any) -> str:
     return "rank" if rank is None else f"rank{rank}"
 
 
+#: header fields every packet may carry -> (what they must be, the check); any other value is a PacketError,
+#: so a hostile or buggy sender cannot make the checker fail on a packet it already accepted
+_FIELDS = {
+    "dropped": ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "expects_backward": ("true or false", lambda v: isinstance(v, bool)),
+    "run": ("a string", lambda v: isinstance(v, str) and len(v) <= 4096),
+    "name": ("a string", lambda v: isinstance(v, str) and len(v) <= 4096),
+    "record": ("an object", lambda v: isinstance(v, dict)),
+    "stack": ("a list of strings or null", lambda v: v is None or (isinstance(v, list)
+                                                                  and all(isinstance(x, str) for x in v))),
+}
+
+
+def _check_fields(header: dict, where: str) -> None:
+    for field, (valid, ok) in _FIELDS.items():
+        if field in header and not (header[field] is None and field in ("name", "stack")) and not ok(header[field]):
+            raise PacketError(f"packet{where}: {field}={str(header[field])[:80]!r} is not {valid}")
+    if not str(header.get("run", "")).isprintable():
+        raise PacketError(f"packet{where}: run id {header['run']!r} holds control characters")
+
+
 def decode_packet(data: Any, *, key: Optional[str] = None) -> Packet:
     """Parse and check one packet; :class:`PacketError` for anything malformed."""
     mv = memoryview(data).cast("B")
@@ -134,6 +155,8 @@ def decode_packet(data: Any, *, key: Optional[str] = None) -> Packet:
         raise PacketError(f"packet{where}: header length {hlen} exceeds the {len(mv) - start} bytes present")
     try:
         header = json.loads(bytes(mv[start: start + hlen]).decode("utf-8"))
+    except RecursionError:
+        raise PacketError(f"packet{where}: header JSON nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise PacketError(f"packet{where}: header is not JSON ({exc})") from None
     if not isinstance(header, dict) or header.get("kind") not in KINDS:
@@ -147,6 +170,7 @@ def decode_packet(data: Any, *, key: Optional[str] = None) -> Packet:
     rank = header.get("rank")
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
         raise PacketError(f"packet{where}: rank={rank!r} is not an integer >= 0 or null")
+    _check_fields(header, where)
     payload = mv[start + hlen:]
     tensors = header.setdefault("tensors", {})
     if not isinstance(tensors, dict):

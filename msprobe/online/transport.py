@@ -51,7 +51,8 @@ __all__ = [
 log = logging.getLogger("msprobe.online")
 
 PACKET_SUFFIX = ".pkt"
-MAX_FRAME_BYTES = 8 << 30
+#: the default largest frame (config ``online_max_packet_mb``)
+MAX_FRAME_BYTES = 1 << 30
 _FRAME = struct.Struct(">Q")
 _FRAME_MAGIC = b"MSPF"
 _ACCEPT = b"MSPA"  # the checker's greeting: it accepted the connection (after the TLS handshake)
@@ -115,15 +116,18 @@ def send_frame(sock: Any, data: bytes) -> None:
     sock.sendall(data)
 
 
+_RECV_STEP = 1 << 20
+
+
 def _recv_exact(sock: Any, n: int) -> Optional[bytearray]:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], min(n - got, 1 << 20))
-        if k == 0:
-            return None if got == 0 else _truncated(got, n)
-        got += k
+    """``n`` bytes; the buffer grows as bytes arrive (a header announcing 1 GiB costs nothing
+    until the bytes come)."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), _RECV_STEP))
+        if not chunk:
+            return None if not buf else _truncated(len(buf), n)
+        buf += chunk
     return buf
 
 
@@ -321,8 +325,10 @@ class SocketListener:
     """
 
     def __init__(self, host: str, port: int, *, ssl_context: Optional[ssl.SSLContext] = None,
-                 max_queued: int = 64, max_frame_bytes: int = MAX_FRAME_BYTES):
+                 max_queued: int = 64, max_frame_bytes: int = MAX_FRAME_BYTES, max_connections: int = 64):
         self.host = host
+        self.max_connections = max_connections
+        self._active = threading.BoundedSemaphore(max_connections)
         self.ssl_context = ssl_context
         self.max_frame_bytes = max_frame_bytes
         self.queue: "queue.Queue" = queue.Queue(maxsize=max_queued)
@@ -349,7 +355,23 @@ class SocketListener:
                 if self._closed.is_set():
                     return
                 continue
-            threading.Thread(target=self._serve, args=(conn, addr), name="msprobe-online-conn", daemon=True).start()
+            if not self._active.acquire(blocking=False):  # bounded: one thread per connection, at most this many
+                log.warning("msprobe online: refused a connection from %s: %d connections are open already "
+                            "(online_max_connections)", addr, self.max_connections)
+                self.refused.append((addr, "too many connections"))
+                try:
+                    conn.close()
+                except OSError:
+                    pass
+                continue
+            threading.Thread(target=self._serve_bounded, args=(conn, addr), name="msprobe-online-conn",
+                             daemon=True).start()
+
+    def _serve_bounded(self, conn: Any, addr: Any) -> None:
+        try:
+            self._serve(conn, addr)
+        finally:
+            self._active.release()
 
     def _serve(self, conn: Any, addr: Any) -> None:
         conn.settimeout(30.0)
