@@ -8,7 +8,9 @@ from typing import Any, Optional
 
 import torch
 
+from msprobe.dumpers import fastpath
 from msprobe.dumpers.encode import ValueEncoder
+from msprobe.dumpers.pytorch import _ptfile
 from msprobe.dumpers.ndarray import is_ndarray, ndarray_entry
 from msprobe.format.stats import xor64
 
@@ -23,6 +25,8 @@ _FAST_CODES: dict = {}
 #: largest element count given to the C kernels when they have no SIMD code for this CPU (torch's own
 #: vectorised passes win above it)
 _FAST_SCALAR_MAX = 1 << 14
+#: classic .pt files written by _ptfile (torch.save's format around one copy); MSPROBE_LAKE_NATIVE=0: torch.save
+_PT_FAST = not fastpath.disabled()
 
 
 def _fast() -> Any:
@@ -144,6 +148,13 @@ def _serialize(t: torch.Tensor) -> bytes:
     buf = io.BytesIO()
     torch.save(t, buf)
     return buf.getvalue()
+
+
+def _finish_pt(f: Any) -> memoryview:
+    from msprobe.dumpers.pytorch._apis import GUARD
+
+    GUARD.inside = True  # a writer thread: these tensor calls are not the model's
+    return f.finish()
 
 
 def _raw_bytes(t: torch.Tensor) -> memoryview:
@@ -319,6 +330,10 @@ class Encoder(ValueEncoder):  # noqa: D101
             if self.zarr:
                 if not self._save_payload(t, name):
                     del entry["data_name"]  # not storable there (a sparse or quantized tensor): noted in the error log
+                return entry
+            if _PT_FAST and _ptfile.supported(t):  # copied once, into the file's buffer (see _ptfile)
+                f = _ptfile.PtFile(t)
+                self.session.save_tensor(name, lambda f=f: _finish_pt(f), f.buf.numel())
                 return entry
             cpu = t.detach().to("cpu", copy=True).contiguous() if t.device.type != "cpu" else t.detach().clone()
             self.session.save_tensor(name, lambda c=cpu: _serialize(c), cpu.numel() * cpu.element_size())

@@ -1,0 +1,140 @@
+"""A ``.pt`` tensor file (torch.save's zip format) written around the tensor's bytes, copied once.
+
+``torch.save`` of a tensor pickles it, copies its storage into a zip stream with a CRC-32 per record,
+and the stream is copied again to come out as bytes. Here the caller's one copy off the model's
+tensor (which has to be made before the hook returns: the model may overwrite it) lands directly at
+its final place in the file's buffer, 64-byte aligned after the record's local header, as torch.save
+aligns it (``torch.load(mmap=True)`` relies on that). The background writer then adds the CRC-32 (the
+carry-less-multiply kernel), the pickle and the small records torch writes, and the zip directory,
+and hands the buffer to the store as it is.
+
+The file holds the records of torch 2.x's format (``data.pkl``, ``.format_version``,
+``.storage_alignment``, ``byteorder``, ``data/0``, ``version``, ``.data/serialization_id``); it loads
+with ``torch.load(weights_only=True)`` to the same tensor (tests/dumpers/test_fastpath.py). Anything
+this does not cover (sparse, quantized, a dtype without a storage class, 2 GiB and more: the zip
+would need zip64) takes ``torch.save``.
+"""
+from __future__ import annotations
+
+import collections
+import io
+import os
+import pickle
+import struct
+import zlib
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["PtFile", "supported"]
+
+_ALIGN = 64
+_PREFIX = "archive/"
+_DATA = (_PREFIX + "data/0").encode()
+_HEAD = 30 + len(_DATA)
+_PAD = (-(_HEAD + 4)) % _ALIGN  # the local header of data/0, an "FB" extra field of _PAD bytes, then the data
+_DATA_OFF = _HEAD + 4 + _PAD
+_MAX_BYTES = (1 << 31) - (1 << 20)
+_STORAGE: dict = {}
+
+
+def _storage_class(dtype: torch.dtype) -> Optional[type]:
+    if not _STORAGE:
+        for dt, name in torch.storage._dtype_to_storage_type_map().items():
+            cls = getattr(torch, name, None)
+            if cls is not None:
+                _STORAGE[dt] = cls
+    return _STORAGE.get(dtype)
+
+
+def supported(t: torch.Tensor) -> bool:
+    return (t.layout == torch.strided and not t.is_quantized and not t.is_meta and _storage_class(t.dtype) is not None
+            and t.numel() * t.element_size() <= _MAX_BYTES and type(t) in (torch.Tensor, torch.nn.Parameter))
+
+
+class _Storage:
+    """Stands for the storage in the pickle (a persistent id, as torch.save writes it)."""
+
+
+class _Rebuild:
+    __slots__ = ("args",)
+
+    def __init__(self, args: tuple):
+        self.args = args
+
+    def __reduce__(self):
+        return (torch._utils._rebuild_tensor_v2, self.args)
+
+
+def _pickle(dtype: torch.dtype, shape: tuple, numel: int) -> bytes:
+    stride, acc = [], 1
+    for d in reversed(shape):
+        stride.append(acc)
+        acc *= max(int(d), 1)
+    sentinel = _Storage()
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=2)
+    key = ("storage", _storage_class(dtype), "0", "cpu", numel)
+    p.persistent_id = lambda obj: key if obj is sentinel else None  # type: ignore[method-assign]
+    p.dump(_Rebuild((sentinel, 0, tuple(int(d) for d in shape), tuple(reversed(stride)), False,
+                     collections.OrderedDict())))
+    return buf.getvalue()
+
+
+def _local(name: bytes, crc: int, size: int, extra: bytes = b"") -> bytes:
+    return struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0, crc, size, size, len(name), len(extra)) + name + extra
+
+
+def _central(name: bytes, crc: int, size: int, offset: int) -> bytes:
+    return struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 0, 0, 0, crc, size, size, len(name), 0, 0, 0, 0,
+                       0, offset) + name
+
+
+class PtFile:
+    """The file's buffer with the tensor copied in (``copy_from``, in the hook); ``finish()`` (in the
+    writer thread) completes it and returns its bytes as a memoryview."""
+
+    __slots__ = ("buf", "nbytes", "dtype", "shape", "numel")
+
+    def __init__(self, t: torch.Tensor):
+        self.dtype, self.shape, self.numel = t.dtype, tuple(t.shape), t.numel()
+        self.nbytes = self.numel * t.element_size()
+        tail = 2048 + 48 * t.dim()  # pickle, the small records and the zip directory fit in it
+        self.buf = torch.empty(_DATA_OFF + self.nbytes + tail, dtype=torch.uint8)
+        if self.nbytes:
+            dst = self.buf[_DATA_OFF:_DATA_OFF + self.nbytes].view(self.dtype).view(self.shape)
+            dst.copy_(t.detach().resolve_conj().resolve_neg())
+
+    def finish(self) -> memoryview:
+        from msprobe.dumpers.pytorch._encode import _fast
+
+        mv = memoryview(self.buf.numpy())
+        data = mv[_DATA_OFF:_DATA_OFF + self.nbytes]
+        fast = _fast()
+        if fast is not None and fast.HAVE_CLMUL and self.nbytes:
+            crc = fast.crc32(self.buf.data_ptr() + _DATA_OFF, self.nbytes)
+        else:
+            crc = zlib.crc32(data)
+        mv[:_DATA_OFF] = _local(_DATA, crc, self.nbytes, b"FB" + struct.pack("<H", _PAD) + b"Z" * _PAD)
+        records = [(_PREFIX + "data.pkl", _pickle(self.dtype, self.shape, self.numel)),
+                   (_PREFIX + ".format_version", b"1"), (_PREFIX + ".storage_alignment", b"64"),
+                   (_PREFIX + "byteorder", b"little"), (_PREFIX + "version", b"3\n"),
+                   (_PREFIX + ".data/serialization_id", f"{int.from_bytes(os.urandom(16), 'little'):040d}".encode())]
+        pos = _DATA_OFF + self.nbytes
+        central = [_central(_DATA, crc, self.nbytes, 0)]
+        tail = []
+        for name, body in records:
+            n, c = name.encode(), zlib.crc32(body)
+            central.append(_central(n, c, len(body), pos))
+            rec = _local(n, c, len(body)) + body
+            tail.append(rec)
+            pos += len(rec)
+        cd = b"".join(central)
+        tail.append(cd)
+        tail.append(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(central), len(central), len(cd), pos, 0))
+        end = b"".join(tail)
+        start = _DATA_OFF + self.nbytes
+        if start + len(end) > len(mv):  # cannot happen with the tail reserved above; keep it correct anyway
+            return memoryview(bytes(mv[:start]) + end)
+        mv[start:start + len(end)] = end
+        return mv[:start + len(end)]

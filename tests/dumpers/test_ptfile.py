@@ -1,0 +1,111 @@
+"""Classic tensor files written around one copy (msprobe/dumpers/pytorch/_ptfile.py): the same records
+as torch.save, loadable by torch.load(weights_only=True) (and with mmap), and a tensor-mode dump
+whose files load to the same tensors as the torch.save path's (MSPROBE_LAKE_NATIVE=0)."""
+from __future__ import annotations
+
+import io
+import os
+import struct
+import subprocess
+import sys
+import warnings
+import zipfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from msprobe.dumpers.pytorch._ptfile import PtFile, supported  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _cases():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 5, generator=g)
+    return [
+        base, base.t(), base[1:4, ::2], torch.tensor(3.5), torch.tensor(7), torch.zeros(0, 3), base.half(),
+        base.bfloat16(), base.double(), base > 0, (base * 9).to(torch.int8), (base * 9).to(torch.uint8),
+        (base * 900).to(torch.int16), (base * 9).to(torch.int32), (base * 9).to(torch.int64),
+        torch.randn(4, 3, generator=g, dtype=torch.complex64), torch.randn(2, generator=g, dtype=torch.complex64).conj(),
+        torch.randn(3, 1, 2, 1, 4, generator=g), torch.nn.Parameter(torch.ones(3)),
+    ]
+
+
+def _torch_save(t):
+    b = io.BytesIO()
+    torch.save(t.detach().resolve_conj().contiguous().clone(), b)
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("i", range(len(_cases())))
+def test_same_records_as_torch_save(i, tmp_path):
+    t = _cases()[i]
+    assert supported(t)
+    ours = bytes(PtFile(t).finish())
+    ref = zipfile.ZipFile(io.BytesIO(_torch_save(t)))
+    z = zipfile.ZipFile(io.BytesIO(ours))
+    assert z.testzip() is None  # every record's CRC-32 checks
+    assert sorted(z.namelist()) == sorted(ref.namelist())
+    for name in ref.namelist():
+        if not name.endswith("serialization_id"):
+            assert z.read(name) == ref.read(name), name
+    off = z.getinfo("archive/data/0").header_offset
+    name_len, extra_len = struct.unpack("<HH", ours[off + 26:off + 30])  # the local header's
+    assert (off + 30 + name_len + extra_len) % 64 == 0  # the data is 64-byte aligned, as torch.save's
+    loaded = torch.load(io.BytesIO(ours), weights_only=True)
+    want = t.detach().resolve_conj()
+    assert type(loaded) is torch.Tensor and loaded.dtype == t.dtype and loaded.shape == t.shape
+    assert torch.equal(loaded, want)
+    p = tmp_path / "x.pt"
+    p.write_bytes(ours)
+    assert torch.equal(torch.load(p, weights_only=True, mmap=True), want)
+
+
+def test_the_copy_is_taken_at_once():
+    """The file holds the values at the call, not later in-place writes (the model goes on)."""
+    t = torch.arange(10.0)
+    f = PtFile(t)
+    t.add_(100)
+    assert torch.equal(torch.load(io.BytesIO(bytes(f.finish())), weights_only=True), torch.arange(10.0))
+
+
+def test_unsupported_tensors_take_torch_save():
+    assert not supported(torch.zeros(3, device="meta"))
+    assert not supported(torch.zeros(3, 3).to_sparse())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated in torch, still accepted
+        q = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)
+    assert not supported(q)
+
+
+_DUMP = """
+import sys, torch, torch.nn as nn
+from msprobe.pytorch import PrecisionDebugger
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(6, 5), nn.GELU(), nn.LayerNorm(5), nn.Linear(5, 2))
+dbg = PrecisionDebugger(dump_path=sys.argv[1], level="mix", task="tensor")
+dbg.start(m)
+x = torch.randn(4, 6)
+m(x).sum().backward()
+(x.t().contiguous()[1:3] * 2).bfloat16().half()
+dbg.stop()
+dbg.step()
+"""
+
+
+def test_tensor_dump_files_equal_the_torch_save_path(tmp_path):
+    roots = {}
+    for flag in ("1", "0"):
+        root = tmp_path / f"native{flag}"
+        env = dict(os.environ, PYTHONPATH=ROOT, MSPROBE_LAKE_NATIVE=flag)
+        r = subprocess.run([sys.executable, "-c", _DUMP, str(root)], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        roots[flag] = root / "step0" / "rank" / "dump_tensor_data"
+    names = sorted(os.listdir(roots["1"]))
+    assert len(names) > 20 and names == sorted(os.listdir(roots["0"]))
+    for n in names:
+        a = torch.load(roots["1"] / n, weights_only=True)
+        b = torch.load(roots["0"] / n, weights_only=True)
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), n
