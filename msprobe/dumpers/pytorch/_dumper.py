@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from typing import Any, Optional
 
@@ -119,14 +120,21 @@ class TorchDumper(DumperControl):
                 self.session.add_structure(fwd, parent)
                 out = orig(*args, **kwargs)
                 if not api_key.startswith("Distributed.") and self._bw_wanted():
-                    self._hook_api_backward(out, base + ".backward", parent)
+                    self._hook_api_backward(out, base + ".backward", parent, args, kwargs)
                 return out
             rec = self._forward_inputs(fwd, args, kwargs)
             stack = capture_stack() if self.config.stack else None
             parent = self._parent()
             if api_key in self._mutating:  # writes memory (maybe without a version bump): forget cached stats
                 self.encoder.cache.clear()
-            out = orig(*args, **kwargs)
+            try:
+                out = orig(*args, **kwargs)
+            except BaseException:
+                # a call cut short (torch.utils.checkpoint stops its non-reentrant recompute inside the
+                # call that recovers the last saved tensor, or the API raised): its inputs, as 26.2.0
+                if rec and self.enabled:
+                    self.session.add_record(fwd, rec, stack=stack, parent=parent)
+                raise
             if api_key.startswith("Distributed."):  # the arguments after the collective, as msprobe does
                 self._forward_output(rec, fwd, list(args) + list(kwargs.values()))
             else:
@@ -134,7 +142,7 @@ class TorchDumper(DumperControl):
             if self._keep(rec):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
             if not api_key.startswith("Distributed.") and self._bw_wanted():
-                self._hook_api_backward(out, base + ".backward", parent)
+                self._hook_api_backward(out, base + ".backward", parent, args, kwargs)
             return out
         finally:
             GUARD.inside = False
@@ -221,9 +229,10 @@ class TorchDumper(DumperControl):
     def _encode_output(self, out: Any, prefix: str, save: bool, enc: Any = None) -> list:
         return (enc or self.encoder).encode_output(out, prefix, save, is_sequence=_is_sequence)
 
-    def _hook_api_backward(self, out: Any, bwd: str, parent: Optional[str]) -> None:
+    def _hook_api_backward(self, out: Any, bwd: str, parent: Optional[str], args: tuple = (),
+                           kwargs: Optional[dict] = None) -> None:
         t = _first_tensor(out)
-        if t is None or not t.requires_grad or t.grad_fn is None:
+        if t is None or not t.requires_grad or t.grad_fn is None or _identity_dropout(bwd, args, kwargs or {}):
             return
         dumper = weakref.ref(self)
         listed = self.config.level == "mix" and bool(self.config.list) and self._inside_listed_module()
@@ -288,6 +297,10 @@ class TorchDumper(DumperControl):
             item = calls.pop() if calls else None
             if item is not None and d is not None:
                 d._last_module_fwd = item[0]
+                if output is None and sys.exc_info()[0] is not None:
+                    # the forward raised (a checkpoint recompute cut short): leave the module and keep
+                    # its place in construct.json, but write no record (FORMAT §20)
+                    item = (item[0], None, item[2], item[3])
                 d._module_forward_end(item, mod, key, output, gated=True)
             return None
 
@@ -342,7 +355,7 @@ class TorchDumper(DumperControl):
         self._module_handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         if bw:
             self._module_handles.append(module.register_forward_pre_hook(pre_bw, with_kwargs=True))
-        self._module_handles.append(module.register_forward_hook(post, with_kwargs=True))
+        self._module_handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
         if bw:
             self._module_handles.append(module.register_forward_hook(post_bw, with_kwargs=True))
 
@@ -373,7 +386,7 @@ class TorchDumper(DumperControl):
                     rec = d.session.data.get(name)
                     rec = dict(rec) if isinstance(rec, dict) else {}
                     rec[pname] = [d.encoder.encode(param.grad, f"{name}.{pname}", save)]
-                    d.session.add_record(name, rec, parent=None, construct=True)
+                    d.session.add_record(name, rec, parent=None, construct=False)  # FORMAT §12: not listed
                 finally:
                     GUARD.inside = False
 
@@ -467,6 +480,19 @@ class _MutatingKeys:
         return v
 
 
+_DROPOUTS = ("Functional.dropout.", "Functional.dropout1d.", "Functional.dropout2d.", "Functional.dropout3d.")
+
+
+def _identity_dropout(bwd: str, args: tuple, kwargs: dict) -> bool:
+    """A dropout with ``p=0`` returns its input: its output's autograd node is the previous op's, so a
+    backward record would copy that op's gradients; 26.2.0 writes none (nor do we). Other calls that
+    return their input unchanged (``x.float()`` of a float32 ``x``) keep 26.2.0's copy (FORMAT §9)."""
+    if not bwd.startswith(_DROPOUTS):
+        return False
+    p = args[1] if len(args) >= 2 else kwargs.get("p", 0.5)
+    return isinstance(p, (int, float)) and p == 0
+
+
 def _needs_grad(values: Any) -> bool:
     return torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
 
@@ -477,6 +503,8 @@ class _GradTap(torch.autograd.Function):
     @staticmethod
     def forward(ctx, callback, *tensors):
         ctx.callback = callback
+        # an output nobody used gets None (written null, as the real tool does), not a zero tensor
+        ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*[t for t in tensors if not t.requires_grad])
         return tuple(t.view_as(t) for t in tensors)
 

@@ -181,18 +181,20 @@ class StatCache:
     the memory is written in place, the entry no longer matches.
     """
 
-    __slots__ = ("entries", "limit", "hits", "misses")
+    __slots__ = ("entries", "limit", "hits", "misses", "ordered")
 
-    def __init__(self, limit: int = 65536):
+    def __init__(self, limit: int = 65536, ordered: bool = False):
         self.entries: dict = {}
         self.limit = limit
         self.hits = self.misses = 0
+        self.ordered = ordered  # md5 mode: the checksum depends on the element order
 
-    @staticmethod
-    def _key(t: torch.Tensor) -> tuple:
+    def _key(self, t: torch.Tensor) -> tuple:
         base = t._base if t._base is not None else t
         if t.is_contiguous():
             layout: tuple = (t.numel(),)
+        elif self.ordered:  # a transposed view holds the same elements in another order
+            layout = (tuple(t.shape), tuple(t.stride()))
         else:
             layout = tuple(sorted(zip(t.shape, t.stride())))
         return (id(base), t.storage_offset(), layout, t.dtype, t.device), base
@@ -227,7 +229,7 @@ class Encoder(ValueEncoder):  # noqa: D101
     def __init__(self, session, *, save_tensors: bool, summary_mode: str, tensor_list: list):
         super().__init__(session, save_tensors=save_tensors, summary_mode=summary_mode, tensor_list=tensor_list)
         self.has_overflow = False
-        self.cache = StatCache()
+        self.cache = StatCache(ordered=summary_mode == "md5")
         self._overflow_handles: list = []
         self.zarr = getattr(getattr(session, "config", None), "tensor_store", "files") == "zarr"
 
