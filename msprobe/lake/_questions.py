@@ -238,18 +238,23 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
                2 * count(*) FILTER (WHERE NOT differs) OVER (PARTITION BY {part}) > ranks AS consensus
         FROM d
     )"""
-    q = groups + f"""
-    SELECT run, split, step, record, io, arg_path, rank, rank_dir, value, median, rel_diff, ranks, disagreeing,
-           consensus
-    FROM g WHERE differs {"" if no_consensus else "AND consensus"}
-    ORDER BY run, step NULLS FIRST, split NULLS FIRST, record, io, arg_path, rank NULLS FIRST
-    """
-    df = lake.sql(q)
-    left = lake.sql(groups + f"""
-    SELECT count(DISTINCT ({part})) AS n_groups, count(*) AS n_rows, count(DISTINCT (run, step)) AS n_steps,
-           count(DISTINCT run) AS n_runs
-    FROM g WHERE NOT consensus AND disagreeing > 0
-    """).iloc[0]
+    # one scan: the differing rows (a small share of the gradient rows) into a temporary table
+    tmp = "msprobe_disagree"
+    lake.sql(f"CREATE OR REPLACE TEMP TABLE {tmp} AS {groups} SELECT * FROM g WHERE differs")
+    try:
+        df = lake.sql(f"""
+        SELECT run, split, step, record, io, arg_path, rank, rank_dir, value, median, rel_diff, ranks, disagreeing,
+               consensus
+        FROM {tmp} {"" if no_consensus else "WHERE consensus"}
+        ORDER BY run, step NULLS FIRST, split NULLS FIRST, record, io, arg_path, rank NULLS FIRST
+        """)
+        left = lake.sql(f"""
+        SELECT count(DISTINCT ({part})) AS n_groups, count(*) AS n_rows, count(DISTINCT (run, step)) AS n_steps,
+               count(DISTINCT run) AS n_runs
+        FROM {tmp} WHERE NOT consensus
+        """).iloc[0]
+    finally:
+        lake.sql(f"DROP TABLE IF EXISTS {tmp}")
     n_groups, n_rows = int(left["n_groups"]), int(left["n_rows"])
     df.attrs["no_consensus_groups"], df.attrs["no_consensus_rows"] = n_groups, n_rows
     df.attrs["note"] = None
