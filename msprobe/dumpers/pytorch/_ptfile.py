@@ -36,6 +36,15 @@ _PAD = (-(_HEAD + 4)) % _ALIGN  # the local header of data/0, an "FB" extra fiel
 _DATA_OFF = _HEAD + 4 + _PAD
 _MAX_BYTES = (1 << 31) - (1 << 20)
 _STORAGE: dict = {}
+#: (dtype, shape) -> data.pkl's (name, crc, bytes)
+_PKL: dict = {}
+#: the records every file has, as torch 2.x writes them: (name, crc, bytes)
+_FIXED = [((_PREFIX + n).encode(), zlib.crc32(b), b) for n, b in
+          ((".format_version", b"1"), (".storage_alignment", b"64"), ("byteorder", b"little"), ("version", b"3\n"))]
+_FB = b"FB" + struct.pack("<H", _PAD) + b"Z" * _PAD  # torch.save's padding extra field
+_SID = (_PREFIX + ".data/serialization_id").encode()
+#: the serialization ids of this process: a random 128-bit start, counted up (torch: unique per save)
+_ID = [0, int.from_bytes(os.urandom(16), "little")]
 
 
 def _storage_class(dtype: torch.dtype) -> Optional[type]:
@@ -91,7 +100,7 @@ def _central(name: bytes, crc: int, size: int, offset: int) -> bytes:
 
 
 class PtFile:
-    """The file's buffer with the tensor copied in (``copy_from``, in the hook); ``finish()`` (in the
+    """The file's buffer with the tensor copied in (the constructor, in the hook); ``finish()`` (in the
     writer thread) completes it and returns its bytes as a memoryview."""
 
     __slots__ = ("buf", "nbytes", "dtype", "shape", "numel")
@@ -115,16 +124,21 @@ class PtFile:
             crc = fast.crc32(self.buf.data_ptr() + _DATA_OFF, self.nbytes)
         else:
             crc = zlib.crc32(data)
-        mv[:_DATA_OFF] = _local(_DATA, crc, self.nbytes, b"FB" + struct.pack("<H", _PAD) + b"Z" * _PAD)
-        records = [(_PREFIX + "data.pkl", _pickle(self.dtype, self.shape, self.numel)),
-                   (_PREFIX + ".format_version", b"1"), (_PREFIX + ".storage_alignment", b"64"),
-                   (_PREFIX + "byteorder", b"little"), (_PREFIX + "version", b"3\n"),
-                   (_PREFIX + ".data/serialization_id", f"{int.from_bytes(os.urandom(16), 'little'):040d}".encode())]
+        mv[:_DATA_OFF] = _local(_DATA, crc, self.nbytes, _FB)
+        key = (self.dtype, self.shape)
+        pkl = _PKL.get(key)
+        if pkl is None:
+            if len(_PKL) > 4096:
+                _PKL.clear()
+            body = _pickle(self.dtype, self.shape, self.numel)
+            pkl = _PKL[key] = (_PREFIX.encode() + b"data.pkl", zlib.crc32(body), body)
+        _ID[0] += 1
+        sid = f"{_ID[1] + _ID[0]:040d}".encode()[-40:]
+        records = [pkl, *_FIXED, (_SID, zlib.crc32(sid), sid)]
         pos = _DATA_OFF + self.nbytes
         central = [_central(_DATA, crc, self.nbytes, 0)]
         tail = []
-        for name, body in records:
-            n, c = name.encode(), zlib.crc32(body)
+        for n, c, body in records:
             central.append(_central(n, c, len(body), pos))
             rec = _local(n, c, len(body)) + body
             tail.append(rec)
