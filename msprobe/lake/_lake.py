@@ -457,7 +457,14 @@ class Lake:
         cfg.update(self.duckdb_config)
         for k, v in cfg.items():
             con.execute(f"SET {k} = '{v}'" if isinstance(v, str) else f"SET {k} = {v}")
-        self.sql_engine = self._register_lake(con)
+        try:
+            self.sql_engine = self._register_lake(con)
+        except Exception as exc:  # noqa: BLE001 - an index file that cannot be read: one typed line
+            con.close()
+            if not _is_duckdb_error(exc):
+                raise
+            raise StorageError(f"{self.lake_url}: cannot read the lake's index files ({_first_line(exc)}); "
+                               "reopen the lake to rebuild them") from None
         con.register("catalog_arrow", self.catalog_table())
         con.execute("CREATE VIEW catalog AS SELECT * FROM catalog_arrow")
         con.register("manifest_arrow", _core.manifest_table(self.manifest_rows))
@@ -517,8 +524,8 @@ class Lake:
         except Exception as exc:  # duckdb's errors: one typed one-line error
             if not _is_duckdb_error(exc):
                 raise
-            if type(exc).__name__ in ("IOException", "HTTPException"):
-                raise StorageError(f"SQL over {self.url}: {_first_line(exc)}") from None
+            if _is_io_error(exc):
+                raise StorageError(f"SQL over {self.lake_url}: {_first_line(exc)}") from None
             raise ConfigError(f"SQL error: {exc}") from None
 
     # -- questions (msprobe.lake._questions) ------------------------------------------------------------
@@ -578,6 +585,11 @@ def _stale_catalog(store: Any, rows: list) -> bool:
 
 def _is_duckdb_error(exc: BaseException) -> bool:
     return "duckdb" in type(exc).__module__
+
+
+def _is_io_error(exc: BaseException) -> bool:
+    """A DuckDB error that a read caused (its own readers', or an Arrow stream's IOError)."""
+    return type(exc).__name__ in ("IOException", "HTTPException") or "IOError" in str(exc).split("\n", 1)[0]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lake_synth as S  # noqa: E402
 
 import msprobe.lake  # noqa: E402
-from msprobe.errors import ConfigError  # noqa: E402
+from msprobe.errors import ConfigError, StorageError  # noqa: E402
 from msprobe.readers.index import StaleIndexWarning  # noqa: E402
 
 STEPS, RANKS = 4, 8
@@ -268,7 +268,7 @@ def test_cli(lake_src, tmp_path, capsys):
     assert "SQL error" in capsys.readouterr().err
 
 
-def test_errors(lake_src, tmp_path):
+def test_errors(lake_src, tmp_path, capsys):
     root = _copy(lake_src, str(tmp_path / "lake"))
     shutil.rmtree(os.path.join(root, "run_b"))
     shutil.rmtree(os.path.join(root, "run_c"))
@@ -288,6 +288,18 @@ def test_errors(lake_src, tmp_path):
     e = msprobe.lake.open(str(empty), local=False)
     assert e.runs == [] and e.count_rows() == 0 and e.first_nan().empty
     assert msprobe.lake.read_catalog(str(tmp_path / "nowhere")) is None
+    # index files that went away under an open lake: one typed line, whichever engine reads
+    shutil.rmtree(os.path.join(root, "_lake", "index"))
+    with pytest.raises(StorageError, match="cannot read the lake's index files"):
+        msprobe.lake.open(root, local=False, refresh="none").sql("SELECT count(*) FROM lake")
+    with pytest.raises(StorageError, match="SQL over .*No such file"):
+        msprobe.lake.open(root, local=False, refresh="none").filter(run="run_a").sql("SELECT count(*) FROM lake")
+    from msprobe.cli import main
+
+    assert main(["lake", "sql", root, "SELECT count(*) FROM lake", "--refresh", "none", "--json"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("msprobe lake: error: "), err
+    assert msprobe.lake.open(root, local=False).stats["indexed"] == STEPS * RANKS  # reopening rebuilds them
 
 
 @pytest.mark.s3
