@@ -456,8 +456,8 @@ def _manifest_row_from_index(lake_url: str, lake_options: Optional[dict], run: s
         return None
     return {"run": run, "run_prefix": run_prefix, "split": split, "step": step, "rank": rank, "rank_dir": rank_dir,
             "prefix": prefix, "index_key": key, "compact_key": None, "doc": m.get("doc"), "doc_size": m.get("doc_size"),
-            "mtime": m.get("doc_mtime"), "tensor_files": None, "tensor_bytes": None, "records": m.get("records"), "rows": None,
-            "nan_rows": None, "framework": m.get("framework"), "task": m.get("task"), "level": m.get("level"),
+            "mtime": m.get("doc_mtime"), "tensor_files": None, "tensor_bytes": None, "records": m.get("records"),
+            "rows": None, "nan_rows": None, "framework": m.get("framework"), "task": m.get("task"), "level": m.get("level"),
             "dialect": m.get("dialect"), "built_at": None}
 
 

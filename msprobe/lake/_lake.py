@@ -35,7 +35,8 @@ class Lake:
     whose document changed since: another size or modification time than the index covers,
     as after a re-dump into the same path; one listing per rank directory), ``"check"`` (the
     same; kept for older scripts), ``"all"`` (re-index everything), ``"none"`` (build
-    nothing: read what is indexed, leaving out with a warning what is stale). ``batch``: rank directories per task.
+    nothing: read what is indexed, leaving out with a warning what is stale).
+    ``batch``: rank directories per task.
     ``duckdb_config``: settings for DuckDB connections (default ``threads``/``memory_limit``).
     ``lake_dir`` (and ``lake_storage_options``): where the lake's own files go (default
     ``ROOT/_lake`` when the root can be written, else a local cache directory, said on
@@ -289,7 +290,8 @@ class Lake:
             if r.get("doc") and name and name != r["doc"]:
                 out[key] = f"{name} replaced {r['doc']}"
                 continue
-            reason = stale_reason({"doc_size": r.get("doc_size"), "doc_mtime": r.get("mtime")}, size, mtime, local=local)
+            covered = {"doc_size": r.get("doc_size"), "doc_mtime": r.get("mtime")}
+            reason = stale_reason(covered, size, mtime, local=local)
             if reason is not None:
                 out[key] = reason
         return out

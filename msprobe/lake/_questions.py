@@ -231,7 +231,8 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
                        WHEN median = 0 THEN abs(value) ELSE abs(value - median) / abs(median) END AS rel_diff,
                coalesce((isnan(value) != (median IS NULL))
                         OR (NOT isnan(value) AND median IS NOT NULL
-                            AND abs(value - median) > {float(atol)!r} + {float(rtol)!r} * abs(median)), FALSE) AS differs
+                            AND abs(value - median) > {float(atol)!r} + {float(rtol)!r} * abs(median)),
+                        FALSE) AS differs
         FROM m WHERE ranks > 1
     ), g AS (
         SELECT *, count(*) FILTER (WHERE differs) OVER (PARTITION BY {part}) AS disagreeing,

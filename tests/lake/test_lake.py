@@ -330,7 +330,8 @@ def test_s3_sql_with_environment_only(tmp_path, s3_server, s3_bucket_url, monkey
 
     lake = msprobe.lake.open(url, local=False)
     st = s3_settings(lake.store)
-    assert (st["endpoint"], st["key"], st["secret"], st["token"]) == (s3_server, "env-key-4711", "env-secret-4711", None)
+    assert (st["endpoint"], st["key"], st["secret"], st["token"]) == (s3_server, "env-key-4711", "env-secret-4711",
+                                                                      None)
     con = lake.duckdb()
     if _httpfs_file(con) is not None:  # the pinned httpfs binary: DuckDB itself reads the bucket
         assert lake.sql_engine == "duckdb-httpfs"
