@@ -96,3 +96,20 @@ def test_result_rule_pair_verdicts_equal_real_tool(tmp_path):
                 plot=False, progress=False)
     (real,) = glob.glob(os.path.join(rule, "compare_result_*.csv"))
     _same_verdicts(s["pairs"][0]["files"][0], real)
+
+
+@pytest.mark.parametrize("mode,seed", [(m, s) for m in ("statistics", "tensor") for s in (1, 2, 3)])
+def test_fuzzed_pairs_verdicts_equal_real_tool(tmp_path, mode, seed):
+    """Randomly perturbed copies of the real L1 dumps (verdict_rules/fuzz_pairs.py, rebuilt here)
+    against the originals: the rows nobody crafted get the real tool's verdicts too."""
+    if mode == "tensor":
+        pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("fuzz_pairs", os.path.join(VERDICTS, "fuzz_pairs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    bench = os.path.join(REAL, "ms26", f"L1_{mode}", "step0")
+    target = mod.main(bench, str(tmp_path / "t"), seed, mode)
+    s = compare(target, bench, str(tmp_path / "out"), plot=False, progress=False)
+    (real,) = glob.glob(os.path.join(VERDICTS, "fuzz", f"{mode}_{seed}", "compare_result_*.csv"))
+    _same_verdicts(s["pairs"][0]["files"][0], real)
+    assert set(s["pairs"][0]["results"]) != {"pass"}  # the perturbations do make warnings/errors
