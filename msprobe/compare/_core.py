@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Optional
 
 from msprobe.compare._match import match_records
-from msprobe.compare._verdict import Facts, judge_record
+from msprobe.compare._verdict import Facts, diverges, judge_record
 from msprobe.compare._rows import (
     COLUMNS,
     leaf_side,
@@ -287,13 +287,12 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
             row = rows[start + k]
             row[_RES], row[_ERR] = f.result, f.err_message
             counts[f.result] = counts.get(f.result, 0) + 1
-            if first_div is None and rec_i is not None and f.matched and f.name != _NA:
-                nrel = m
-                if (threshold is None and f.result != "pass") or \
-                        (threshold is not None and nrel is not None and nrel == nrel and nrel > threshold):
-                    first_div = {"record": nm, "row": f.name, "record_index": rec_i, "row_index": done + start + k,
-                                 "result": f.result, "err_message": f.err_message, "norm_relative_err": nrel if nrel == nrel else None,
-                                 "metrics": dict(zip(cols[8:8 + _N_METRICS[mode]], row[8:8 + _N_METRICS[mode]]))}
+            if first_div is None and rec_i is not None and f.matched and f.name != _NA \
+                    and diverges(f.result, m, threshold):
+                first_div = {"record": nm, "row": f.name, "record_index": rec_i, "row_index": done + start + k,
+                             "result": f.result, "err_message": f.err_message,
+                             "norm_relative_err": m if m == m else None,
+                             "metrics": dict(zip(cols[8:8 + _N_METRICS[mode]], row[8:8 + _N_METRICS[mode]]))}
 
     _RES, _ERR = cols.index("Result"), cols.index("Err_message")
     for rec_i in range(lo, hi):

@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any, Optional
 
-__all__ = ["Facts", "judge_record", "ignore_level", "ALL_IGNORE", "INPUT_IGNORE", "RULES"]
+__all__ = ["Facts", "judge_record", "diverges", "ignore_level", "ALL_IGNORE", "INPUT_IGNORE", "RULES"]
 
 PASS, WARNING, ERROR = "pass", "warning", "error"
 _LEVEL = {PASS: 0, WARNING: 1, ERROR: 2}
@@ -284,3 +284,11 @@ def judge_record(mode: str, facts: list) -> list:
             continue
         rule(inputs, outputs, judged)
     return facts
+
+
+def diverges(result: str, norm_rel: Optional[float], threshold: Optional[float]) -> bool:
+    """Whether a matched row is a divergence: its Result is not ``pass`` (``threshold`` None),
+    or its NormRelativeErr (a fraction; None/NaN when undefined) exceeds ``threshold``."""
+    if threshold is None:
+        return result != PASS
+    return norm_rel is not None and norm_rel == norm_rel and norm_rel > threshold

@@ -120,8 +120,9 @@ def _renamed(root: str, src: str, renames: dict) -> str:
 
 def test_fuzzy_match_and_data_mapping(tmp_path, capsys):
     # the target calls linear once more before: its counts are shifted by one
-    target = _renamed(str(tmp_path / "t"), STATS, {"Functional.linear.0.forward": "Functional.linear.5.forward",
-                                                   "Functional.leaky_relu.0.forward": "Functional.leaky_relu.9.forward"})
+    renames = {"Functional.linear.0.forward": "Functional.linear.5.forward",
+               "Functional.leaky_relu.0.forward": "Functional.leaky_relu.9.forward"}
+    target = _renamed(str(tmp_path / "t"), STATS, renames)
     out = str(tmp_path / "plain")
     s = compare(target, PERT, out, plot=False, progress=False, structural=False)
     assert s["pairs"][0]["unmatched_records"] == 2

@@ -19,23 +19,27 @@ from msprobe.online.transport import (PASSWORD_ENV, SocketListener, SocketSink, 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None or shutil.which("bash") is None,
                                 reason="needs the openssl command line")
 
-#: doc 08's commands (the CA, then a client and a server certificate), with the client's
+#: doc 08's commands (the CA, then a client and a server certificate; long lines continued), with the client's
 #: extendedKeyUsage as a parameter ($EKU; the docs write serverAuth), the CA's name ($CA), and
 #: $CLIENT_EXT: empty as in the docs (OpenSSL 3.0 then leaves the [v3_server] section out of the
 #: client certificate: a v1 certificate, no usage) or "-extensions v3_server" (the usage is in it,
 #: what other OpenSSL versions make of the docs' command)
 RECIPE = r'''
 set -e
-openssl req -new -newkey rsa:3072 -passout pass:ca_password -subj "/CN=*$CA.com/O=ca.Inc./C=CN/ST=Zhejiang/L=Hangzhou" -keyout ca.key -out ca.csr
-openssl x509 -req -days 365 -in ca.csr -signkey ca.key -passin pass:ca_password -out ca.crt -extensions v3_ca -extfile <(cat <<-EOF
+openssl req -new -newkey rsa:3072 -passout pass:ca_password \
+  -subj "/CN=*$CA.com/O=ca.Inc./C=CN/ST=Zhejiang/L=Hangzhou" -keyout ca.key -out ca.csr
+openssl x509 -req -days 365 -in ca.csr -signkey ca.key -passin pass:ca_password -out ca.crt \
+  -extensions v3_ca -extfile <(cat <<-EOF
 [v3_ca]
 basicConstraints = critical,CA:true
 keyUsage = critical, keyCertSign, cRLSign
 EOF
 )
 openssl genrsa -aes256 -passout pass:client_password -out client.key 3072
-openssl req -new -key client.key -passin pass:client_password -subj "/CN=*example.com/O=Test, Inc./C=CN/ST=Zhejiang/L=Hangzhou" -out client.csr
-openssl x509 -req -days 180 -CA ca.crt -CAkey ca.key -passin pass:ca_password -in client.csr -out client.crt -CAcreateserial $CLIENT_EXT -extfile <(cat <<-EOF
+openssl req -new -key client.key -passin pass:client_password \
+  -subj "/CN=*example.com/O=Test, Inc./C=CN/ST=Zhejiang/L=Hangzhou" -out client.csr
+openssl x509 -req -days 180 -CA ca.crt -CAkey ca.key -passin pass:ca_password -in client.csr \
+  -out client.crt -CAcreateserial $CLIENT_EXT -extfile <(cat <<-EOF
 [v3_server]
 basicConstraints = CA:FALSE
 keyUsage = critical, digitalSignature, keyEncipherment
@@ -43,8 +47,10 @@ extendedKeyUsage = $EKU
 EOF
 )
 openssl genrsa -aes256 -passout pass:server_password -out server.key 3072
-openssl req -new -key server.key -passin pass:server_password -subj "/CN=*example.com/O=Test, Inc./C=CN/ST=Zhejiang/L=Hangzhou" -out server.csr
-openssl x509 -req -days 180 -CA ca.crt -CAkey ca.key -passin pass:ca_password -in server.csr -out server.crt -CAcreateserial -extfile <(cat <<-EOF
+openssl req -new -key server.key -passin pass:server_password \
+  -subj "/CN=*example.com/O=Test, Inc./C=CN/ST=Zhejiang/L=Hangzhou" -out server.csr
+openssl x509 -req -days 180 -CA ca.crt -CAkey ca.key -passin pass:ca_password -in server.csr \
+  -out server.crt -CAcreateserial -extfile <(cat <<-EOF
 [v3_server]
 basicConstraints = CA:FALSE
 keyUsage = critical, digitalSignature, keyEncipherment
