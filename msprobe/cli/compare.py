@@ -24,8 +24,8 @@ def register(sub) -> None:
     p.add_argument("-i", "--input_path", "--input-path", dest="input_path", default=None,
                    help="8.x compare.json: npu_path, bench_path (dump.json files or step directories), "
                         "optional stack_path, is_print_compare_log")
-    p.add_argument("-o", "--output_path", "--output-path", "--out", dest="out", default="compare_output",
-                   help="output directory (default ./compare_output)")
+    p.add_argument("-o", "--output_path", "--output-path", "--out", dest="out", default="./output",
+                   help="output directory (default ./output, as the real tool)")
     p.add_argument("-s", "--stack_mode", dest="stack_mode", action="store_true",
                    help="with -i and a stack_path: show NPU_Stack_Info (without stack_path it is shown when "
                         "the target has stack.json, as 8.x does)")

@@ -217,3 +217,9 @@ def test_merge_result_errors_and_undefined_metrics(tmp_path, capsys):
     assert "compare_index ['Cosine'] are not statistics metrics" in capsys.readouterr().err
     assert main(["merge_result", "-i", str(tmp_path), "-o", str(tmp_path / "o"), "-config", str(cfg)]) == 1
     assert "no compare_result_rank<N>_<timestamp>.csv/.xlsx files" in capsys.readouterr().err
+
+
+def test_default_output_directory_is_the_real_tools(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "-tp", STATS, "-gp", PERT, "--no-plot", "--no-progress"]) == 0
+    assert len(glob.glob("output/compare_result_*.csv")) == 1  # 26.x and 8.x default: ./output
