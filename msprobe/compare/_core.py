@@ -143,7 +143,7 @@ def _load(src: Any, side: Any, rec: str) -> Any:
         return None
     try:
         shape = tuple(int(d) for d in json.loads(side.shape))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         shape = ()
     try:
         return load_tensor_file(src.store, src.tensor_key(side.data_name), record=rec, dtype=side.dtype,

@@ -32,6 +32,7 @@ class RecoveryResult:
     written: bool = False
     stale_journal: bool = False
     tensor_store_error: Optional[str] = None
+    dropped_invalid: list = field(default_factory=list)  #: journaled records validate would reject (why)
 
     def summary(self) -> str:
         if self.stale_journal:
@@ -41,6 +42,9 @@ class RecoveryResult:
                " (or payloads not complete in tensors.zarr)")
         if self.tensor_store_error:
             out += f"; tensor store unreadable: {self.tensor_store_error}"
+        if self.dropped_invalid:
+            out += (f"; {len(self.dropped_invalid)} malformed record(s) dropped (e.g. "
+                    f"{self.dropped_invalid[0][:200].encode('unicode_escape').decode('ascii')})")
         return out
 
 
@@ -109,11 +113,15 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
         try:
             entry = json.loads(line)
             if "frames" in entry and "name" not in entry:
-                frames_of[entry["stack_id"]] = tuple(entry["frames"])
+                frames_of[entry["stack_id"]] = tuple(_frames(entry["frames"]))
                 continue
             name = entry["name"]
-        except (ValueError, KeyError, TypeError):
+            problem = _invalid_entry(entry)
+        except (ValueError, KeyError, TypeError, RecursionError):  # torn, or hostile (nested 100k deep)
             res.truncated_lines += 1
+            continue
+        if problem:  # validate would reject the documents: the record is dropped, and said
+            res.dropped_invalid.append(f"{str(name)[:120]!r}: {problem}")
             continue
         data[name] = entry.get("record")
         if "parent" in entry:
@@ -155,6 +163,35 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
         store.delete(key)
     _ = parse_step_dir(step_dir.rsplit("/", 1)[-1]) if step_dir else None
     return res
+
+
+def _frames(frames: Any) -> list:
+    if not isinstance(frames, list) or not all(isinstance(f, str) for f in frames):
+        raise TypeError("stack frames must be a list of strings")
+    return frames
+
+
+def _invalid_entry(entry: dict) -> Optional[str]:
+    """Why a journaled record would make the rebuilt documents invalid (what ``validate`` checks), or None."""
+    from msprobe.errors import FormatError
+
+    name = entry.get("name")
+    if not isinstance(name, str):
+        return "the record name is not a string"
+    if entry.get("stack") is not None:
+        try:
+            _frames(entry["stack"])
+        except TypeError as exc:
+            return str(exc)
+    if "parent" in entry and entry["parent"] is not None and not isinstance(entry["parent"], str):
+        return "its parent is not a record name"
+    try:
+        Record(name, entry.get("record")).check(None)
+    except FormatError as exc:
+        return exc.message
+    except RecursionError:
+        return "nested too deeply"
+    return None
 
 
 def _zarr_names(store: Any, rank_prefix: str, res: RecoveryResult) -> Optional[set]:

@@ -75,8 +75,16 @@ class TensorArg(Arg):
 
     @property
     def shape(self) -> tuple:
+        """The declared shape; () when there is none. A shape that is not a list of integers >= 0
+        whose product fits int64 (``[NaN, 12]``, ``[Infinity, 12]``, ``[2**63, 2]``) is a
+        :class:`~msprobe.errors.DocumentError`, never a ValueError/OverflowError later."""
         s = self.raw.get("shape")
-        return tuple(s) if isinstance(s, list) else ()
+        if not isinstance(s, list):
+            return ()
+        if not is_valid_shape(s):
+            raise DocumentError(f"tensor {self.path or 'entry'}: shape {str(s)[:80]} is not a list of integers >= 0 "
+                                "whose product fits int64")
+        return tuple(s)
 
     @property
     def numel(self) -> int:
@@ -150,9 +158,10 @@ class SequenceArg(Arg):
     kind = "sequence"
     __slots__ = ("items",)
 
-    def __init__(self, raw: list, path: str = ""):
+    def __init__(self, raw: list, path: str = "", depth: int = 0):
         super().__init__(raw, path)
-        self.items = [parse_arg(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(raw)]
+        _check_depth(depth, path)
+        self.items = [parse_arg(v, f"{path}.{i}" if path else str(i), depth + 1) for i, v in enumerate(raw)]
 
     def __iter__(self) -> Iterator[Arg]:
         return iter(self.items)
@@ -170,9 +179,10 @@ class MappingArg(Arg):
     kind = "mapping"
     __slots__ = ("items",)
 
-    def __init__(self, raw: dict, path: str = ""):
+    def __init__(self, raw: dict, path: str = "", depth: int = 0):
         super().__init__(raw, path)
-        self.items = {k: parse_arg(v, f"{path}.{k}" if path else str(k)) for k, v in raw.items()}
+        _check_depth(depth, path)
+        self.items = {k: parse_arg(v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in raw.items()}
 
     def __iter__(self):
         return iter(self.items)
@@ -200,16 +210,26 @@ class UnknownArg(Arg):
 _SCALAR_TYPES = {"int", "float", "bool", "str", "complex"}
 
 
-def parse_arg(raw: Any, path: str = "") -> Arg:
-    """Classify one JSON argument value."""
+#: arguments nested deeper than this are refused (hostile input; real records nest a few levels):
+#: a DocumentError instead of a RecursionError in every reader of the Arg tree
+MAX_ARG_DEPTH = 64
+
+
+def _check_depth(depth: int, path: str) -> None:
+    if depth > MAX_ARG_DEPTH:
+        raise DocumentError(f"argument {path[:60]}...: nested deeper than {MAX_ARG_DEPTH} levels")
+
+
+def parse_arg(raw: Any, path: str = "", depth: int = 0) -> Arg:
+    """Classify one JSON argument value (``depth``: how deep it is nested, bounded by MAX_ARG_DEPTH)."""
     if raw is None:
         return NoneArg(raw, path)
     if isinstance(raw, list):
-        return SequenceArg(raw, path)
+        return SequenceArg(raw, path, depth)
     if isinstance(raw, dict):
         t = raw.get("type")
         if t is None:
-            return MappingArg(raw, path)
+            return MappingArg(raw, path, depth)
         if not isinstance(t, str):
             return UnknownArg(raw, path)
         if t in TENSOR_TYPES or "dtype" in raw and "shape" in raw:
@@ -328,15 +348,30 @@ class Record:
             _check_tensor(t, file, f"{loc}.{t.path}")
 
 
+#: the largest element count a shape may declare (int64, as the index and the frameworks hold it)
+MAX_NUMEL = (1 << 63) - 1
+
+
+def is_valid_shape(shape: Any) -> bool:
+    """A list of integers >= 0 (no bools, no floats) whose product fits int64."""
+    if not isinstance(shape, (list, tuple)):
+        return False
+    n = 1
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool) or d < 0 or d > MAX_NUMEL:
+            return False
+        n *= d
+    return n <= MAX_NUMEL
+
+
 def _check_tensor(t: TensorArg, file: Optional[str], loc: str) -> None:
     raw = t.raw
     if not isinstance(raw.get("dtype"), str):
         raise DocumentError("tensor entry needs a string 'dtype'", file=file, location=loc)
     shape = raw.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
-        raise DocumentError(f"tensor 'shape' must be a list of non-negative integers, got {shape!r}",
-                            file=file, location=loc)
+    if not is_valid_shape(shape):
+        raise DocumentError(f"tensor 'shape' must be a list of non-negative integers whose product fits int64, "
+                            f"got {str(shape)[:80]}", file=file, location=loc)
     for k in _STAT_KEYS:
         v = raw.get(k)
         if v is not None and not isinstance(v, (int, float, bool)):

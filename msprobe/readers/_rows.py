@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 
 from msprobe.errors import NameFormatError
 from msprobe.format.layout import TENSOR_DIR
-from msprobe.format.model import TENSOR_TYPES
+from msprobe.format.model import MAX_ARG_DEPTH, TENSOR_TYPES, is_valid_shape
 from msprobe.format.naming import RecordName, parse_record_name
 
 __all__ = [
@@ -66,17 +66,21 @@ def _is_tensor(v: dict) -> bool:
     return isinstance(t, str) and (t in TENSOR_TYPES or ("dtype" in v and "shape" in v))
 
 
-def _walk(value: Any, path: str, out: list) -> None:
+def _walk(value: Any, path: str, out: list, depth: int = 0) -> None:
+    if depth > MAX_ARG_DEPTH and isinstance(value, (dict, list)):
+        from msprobe.errors import DocumentError
+
+        raise DocumentError(f"argument {path[:60]}...: nested deeper than {MAX_ARG_DEPTH} levels")
     if isinstance(value, dict):
         t = value.get("type")
         if t is None:
             for k, v in value.items():
-                _walk(v, f"{path}.{k}" if path else str(k), out)
+                _walk(v, f"{path}.{k}" if path else str(k), out, depth + 1)
         elif _is_tensor(value):
             out.append((path, value))
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _walk(v, f"{path}.{i}" if path else str(i), out)
+            _walk(v, f"{path}.{i}" if path else str(i), out, depth + 1)
 
 
 def record_tensors(kind: str, raw: Any) -> list:
@@ -113,14 +117,11 @@ def _num(v: Any) -> Optional[float]:
 
 
 def _numel(shape: Any) -> Optional[int]:
-    if not isinstance(shape, list):
+    """The element count of a valid shape (see :func:`msprobe.format.model.is_valid_shape`), else None:
+    a NaN, infinite or beyond-int64 shape is indexed as null, never an OverflowError."""
+    if not isinstance(shape, list) or not is_valid_shape(shape):
         return None
-    n = 1
-    for d in shape:
-        if not isinstance(d, int) or isinstance(d, bool):
-            return None
-        n *= d
-    return n
+    return math.prod(shape)
 
 
 def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Optional[int], rank_dir: str,

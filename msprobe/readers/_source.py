@@ -240,7 +240,7 @@ class RankSource:
             for line in read_journal(self.store, self._k(JOURNAL_DIR), on_truncated=lambda key, part: None):
                 try:
                     obj = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # torn, or nested too deeply (hostile)
                     continue
                 if not isinstance(obj, dict):
                     continue
