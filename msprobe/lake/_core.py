@@ -172,16 +172,48 @@ def compact_key_of(key: str) -> str:
 
 # -- building -------------------------------------------------------------------------------------
 
-def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list) -> dict:
+def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, flat_steps: tuple = ()) -> dict:
     """Task: {rank prefix: (document name, size, mtime)} of each rank directory's dump.json
     (or debug.json), from one listing per directory (concurrent on object stores): what an
-    open compares with what each index covers. A directory that went away is left out."""
+    open compares with what each index covers. ``flat_steps``: step prefixes whose rank
+    directories hold few files (statistics dumps): on an object store they are listed with
+    one recursive listing each (a page per 1,000 keys instead of a request per rank dir)."""
     from msprobe.format.documents import DEBUG_JSON, DUMP_JSON
 
-    store = _Prefetched(_store(root_url, storage_options))
-    store.prefetch(list(prefixes), ())
-    out = {}
-    for p in prefixes:
+    base = _store(root_url, storage_options)
+    out: dict = {}
+    fs, root = getattr(base, "fs", None), getattr(base, "root", None)
+    if flat_steps and fs is not None and getattr(fs, "async_impl", False) and not getattr(base, "is_local", False):
+        import asyncio
+
+        from fsspec.asyn import sync
+
+        from msprobe.readers.index import _mtime_of
+
+        full = [(f"{root}/{st}" if root else st).rstrip("/") for st in flat_steps]
+
+        async def find_all() -> list:
+            return await asyncio.gather(*[fs._find(f, detail=True) for f in full], return_exceptions=True)
+
+        fs.invalidate_cache()
+        wanted = set(prefixes)
+        for step, f, found in zip(flat_steps, full, sync(fs.loop, find_all)):
+            if isinstance(found, BaseException):
+                continue  # listed one by one below
+            docs: dict = {}
+            for path, info in found.items():
+                parts = path[len(f) + 1:].split("/") if path.startswith(f + "/") else []
+                if len(parts) == 2 and parts[1] in (DUMP_JSON, DEBUG_JSON):
+                    docs.setdefault(f"{step}/{parts[0]}", {})[parts[1]] = (info.get("size"), _mtime_of(info))
+            for p in wanted:
+                if p.rsplit("/", 1)[0] == step:
+                    d = docs.get(p, {})
+                    name = DUMP_JSON if DUMP_JSON in d else DEBUG_JSON if DEBUG_JSON in d else None
+                    out[p] = (name, *d[name]) if name else (None, None, None)
+    rest = [p for p in prefixes if p not in out]
+    store = _Prefetched(base)
+    store.prefetch(rest, ())
+    for p in rest:
         try:
             names = set(store.list_dir(p))
         except MsprobeError:

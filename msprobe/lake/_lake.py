@@ -274,10 +274,24 @@ class Lake:
         size and modification time recorded when it was indexed (listings only, as tasks)."""
         from msprobe.readers.index import stale_reason
 
-        prefixes = sorted({r["prefix"] for r in rows.values()})
-        if not prefixes:
+        if not rows:
             return {}
-        jobs = [(self.url, self.storage_options, prefixes[i:i + 1024]) for i in range(0, len(prefixes), 1024)]
+        steps: dict = {}  # step prefix -> [rank prefixes]; few files per rank dir: one listing of the step
+        few: dict = {}
+        for r in rows.values():
+            sp = r["prefix"].rsplit("/", 1)[0] if "/" in r["prefix"] else None
+            steps.setdefault(sp, []).append(r["prefix"])
+            few[sp] = few.get(sp, True) and r.get("task") == "statistics" and not r.get("tensor_files")
+        jobs, chunk, flat = [], [], []
+        for sp, ps in sorted(steps.items(), key=lambda kv: kv[0] or ""):
+            chunk += ps
+            if sp is not None and few[sp] and len(ps) > 1:
+                flat.append(sp)
+            if len(chunk) >= 1024:
+                jobs.append((self.url, self.storage_options, chunk, tuple(flat)))
+                chunk, flat = [], []
+        if chunk:
+            jobs.append((self.url, self.storage_options, chunk, tuple(flat)))
         now: dict = {}
         for part in self.runner.map(_core.doc_stats, jobs, local=False):
             now.update(part)

@@ -340,6 +340,17 @@ def test_s3_sql_with_environment_only(tmp_path, s3_server, s3_bucket_url, monkey
     assert lake.sql("SELECT count(*) AS n FROM lake")["n"][0] == sum(r["n"] for r in rows)
     lake.close()
 
+    # a re-dump of one rank into the same keys: its index is stale (another size and time), the
+    # default refresh re-indexes it (one recursive listing per statistics step), `lake nan` finds it
+    key = f"{bucket}/lake/run_a/step0/rank1/dump.json"
+    doc = json.loads(fs.cat(key))
+    name = next(n for n, r in doc["data"].items() if r.get("output"))
+    doc["data"][name]["output"][0]["Max"] = float("nan")
+    fs.pipe(key, json.dumps(doc).encode())
+    with pytest.warns(StaleIndexWarning, match="1 rank dir"):
+        assert main(["lake", "nan", url, "--json", "--no-cluster"]) == 0
+    assert [(r["run"], r["rank"], r["record"]) for r in json.loads(capsys.readouterr().out)] == [("run_a", 1, name)]
+
     # what DuckDB cannot read is one typed line, no traceback
     bad = f"SELECT * FROM read_parquet('{s3_bucket_url}/nothing/here.parquet')"
     assert main(["lake", "sql", url, bad, "--no-cluster"]) == 1
