@@ -23,6 +23,7 @@ from msprobe.compare._rows import (
     tensor_metrics,
 )
 from msprobe.errors import ConfigError, MissingDependencyError
+from msprobe.compare._plot import PlotMarks, plot_compare
 from msprobe.format.nonfinite import NonFiniteTracker
 
 __all__ = ["compare", "compare_pair", "dump_dir_of", "detect_mode", "pair_sources", "NORM_REL_THRESHOLD",
@@ -262,6 +263,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
     first_nan_n = None
     first_nan_b = None
     fin_n, fin_b = _Firsts(), _Firsts()
+    plot_marks = PlotMarks()
     matched_records = 0
     unmatched_rows = 0
     done = 0
@@ -287,6 +289,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
             row = rows[start + k]
             row[_RES], row[_ERR] = f.result, f.err_message
             counts[f.result] = counts.get(f.result, 0) + 1
+            plot_marks.see(done + start + k, f.result, f.name, m)
             if first_div is None and rec_i is not None and f.matched and f.name != _NA \
                     and diverges(f.result, m, threshold):
                 first_div = {"record": nm, "row": f.name, "record_index": rec_i, "row_index": done + start + k,
@@ -371,6 +374,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
         # bench leaves of a matched record that the target lacks (judged with the record)
         for suffix, bl in bench_leaves.items():
             unmatched_rows += 1
+            series.append(None)
             row = _unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, leaf_side(bl), _NA, target_side=False)
             rows.append(row)
             facts.append((Facts(_NA, row[1], md5_b=leaf_side(bl).md5 if mode == "md5" else _NA), None))
@@ -385,6 +389,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
             if first_nan_b is None and seen is not None:
                 first_nan_b = seen
             unmatched_rows += 1
+            series.append(None)
             row = _unmatched_row(mode, f"{bm}.{suffix}" if suffix else bm, b, _NA, target_side=False)
             rows.append(row)
             facts.append((Facts(_NA, row[1], md5_b=b.md5 if mode == "md5" else _NA), None))
@@ -399,7 +404,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
     out = {"rows": done + len(rows), "records": hi - lo, "results": counts, "series": series,
            "first_divergence": first_div,
            "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
-           **fin_n.summary("target"), **fin_b.summary("bench"),
+           **fin_n.summary("target"), **fin_b.summary("bench"), "marks": plot_marks,
            "matched_records": matched_records, "unmatched_rows": unmatched_rows,
            "row_list": kept if writer is not None else rows}
     if drop is not None and writer is None:
@@ -470,10 +475,12 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
     first = {"first_divergence": None, "first_nan_inf_target": None, "first_nan_inf_bench": None,
              **{f"first_{k}_{side}": None for k in ("nan", "inf") for side in ("target", "bench")}}
     offset = 0
+    marks = PlotMarks()
     for r in results:
         for k, v in r["results"].items():
             counts[k] = counts.get(k, 0) + v
         series.extend(r["series"])
+        marks.merge(r["marks"], offset)
         for key in first:
             if first[key] is None and r[key] is not None:
                 first[key] = dict(r[key])
@@ -491,7 +498,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
         "unmatched_rows": sum(r["unmatched_rows"] for r in results), "results": counts, "matched_by": how,
         "unmatched": {"target": [nm for nm, bm in pairs if bm is None][:UNMATCHED_LISTED],
                       "bench": rest[:UNMATCHED_LISTED]},
-        **first, **masked, "series": series,
+        **first, **masked, "series": series, "marks": marks.as_dict(),
     }
 
 
@@ -816,9 +823,10 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     plot_file = None
     plot_note = None
     if plot:
-        plot_file, plot_note = _plot(results, local, ts, mode)
+        plot_file, plot_note = plot_compare(results, local, ts, mode, threshold or NORM_REL_THRESHOLD)
     for r in results:
         r.pop("series")
+        r["worst_rows"] = r.pop("marks")["worst"]
     summary = {
         "target": target, "bench": bench, "mode": mode, "timestamp": ts,
         "target_dialect": dn.dialect, "bench_dialect": db.dialect,
@@ -894,42 +902,3 @@ def _firsts_across(results: list) -> dict:
             out[key] = next((dict(r[key], rank_dir=r[rd], step=r[st]) for r in results if r.get(key)), None)
         out[f"masked_inf_{side}"] = sum(r.get(f"masked_inf_{side}", 0) for r in results)
     return out
-
-
-def _plot(results: list, out_dir: str, ts: str, mode: str) -> tuple:
-    if mode == "md5":
-        return None, "no plot in md5 mode (no statistics to compare)"
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None, "matplotlib is not installed: no plot (pip install matplotlib)"
-    fig, ax = plt.subplots(figsize=(10, 4))
-    for r in results:
-        xs = [i for i, v in enumerate(r["series"]) if v is not None and math.isfinite(v)]
-        ys = [max(r["series"][i], 1e-12) for i in xs]
-        label = f"step{r['step']} {r['rank_dir']}"
-        ax.plot(xs, ys, lw=0.8, label=label)
-        fd = r["first_divergence"]
-        if fd is not None:
-            rows_names = fd["row"]
-            ax.set_title(f"first divergence: {rows_names}", fontsize=8)
-            idx = _row_index(r, fd)
-            if idx is not None and r["series"][idx] is not None:
-                ax.plot([idx], [max(r["series"][idx], 1e-12)], "rx", ms=10)
-    ax.set_yscale("log")
-    ax.axhline(NORM_REL_THRESHOLD, color="r", lw=0.5, ls="--")
-    ax.set_xlabel("row (execution order)")
-    ax.set_ylabel("relative Norm error")
-    ax.legend(fontsize=7)
-    path = os.path.join(out_dir, f"compare_plot_{ts}.png")
-    os.makedirs(out_dir, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path, None
-
-
-def _row_index(r: dict, fd: dict) -> Optional[int]:
-    return fd.get("row_index")

@@ -1,0 +1,281 @@
+"""The compare plot: what a person wants to see in one fixed-size PNG (1200 x 700 px).
+
+* One rank pair: the relative Norm error of each CSV row (log axis; rows whose error is 0 are
+  counted, not drawn), error and warning rows marked along the top, the first divergence and
+  the worst rows numbered and listed beside the axes.
+* Several rank pairs (a cluster): a step x rank heatmap of each pair's worst relative Norm
+  error, pairs holding error rows outlined in red and those with warnings in orange, and the
+  worst rows over all pairs numbered on their cells and listed beside the map.
+
+:class:`PlotMarks` is what compare keeps per rank pair for it (beside the per-row series):
+the error/warning rows and the ``TOP_N`` worst rows, bounded whatever the pair's size.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import os
+from typing import Any, Optional
+
+__all__ = ["PlotMarks", "plot_compare", "cluster_grid", "TOP_N", "FIGSIZE", "DPI"]
+
+TOP_N = 10
+#: error/warning rows kept per rank pair for the single-pair plot (all are counted)
+MAX_MARKS = 20000
+FIGSIZE = (12, 7)
+DPI = 100
+_FLAGGED = ("error", "warning")
+
+
+class PlotMarks:
+    """Error/warning rows and the worst rows (by relative Norm error) of one rank pair."""
+
+    __slots__ = ("marks", "counts", "_worst")
+
+    def __init__(self) -> None:
+        self.marks: list = []  # [row index, result]
+        self.counts = {"error": 0, "warning": 0}
+        self._worst: list = []  # min-heap of (value, -row index, row name, result)
+
+    def see(self, idx: int, result: str, name: str, norm_rel: Optional[float]) -> None:
+        if result in _FLAGGED:
+            self.counts[result] += 1
+            if len(self.marks) < MAX_MARKS:
+                self.marks.append([idx, result])
+        if norm_rel is not None and norm_rel.__class__ is float and 0 < norm_rel < math.inf:
+            self._push((norm_rel, -idx, name, result))
+
+    def _push(self, item: tuple) -> None:
+        if len(self._worst) < TOP_N:
+            heapq.heappush(self._worst, item)
+        elif item > self._worst[0]:
+            heapq.heapreplace(self._worst, item)
+
+    def merge(self, other: Any, offset: int) -> None:
+        """Add a chunk's marks (a PlotMarks or its :meth:`as_dict`), its row indices shifted by ``offset``."""
+        d = other.as_dict() if isinstance(other, PlotMarks) else other
+        for k in self.counts:
+            self.counts[k] += d["counts"].get(k, 0)
+        room = MAX_MARKS - len(self.marks)
+        self.marks.extend([i + offset, res] for i, res in d["marks"][:max(room, 0)])
+        for w in d["worst"]:
+            self._push((w["norm_relative_err"], -(w["row_index"] + offset), w["row"], w["result"]))
+
+    def worst_rows(self) -> list:
+        """The worst rows, worst first: {row, row_index, norm_relative_err, result}."""
+        return [{"row": name, "row_index": -neg, "norm_relative_err": v, "result": res}
+                for v, neg, name, res in sorted(self._worst, reverse=True)]
+
+    def as_dict(self) -> dict:
+        return {"marks": self.marks, "counts": dict(self.counts), "worst": self.worst_rows()}
+
+    def __reduce__(self):  # plain data across processes and Dask
+        return (_from_dict, (self.as_dict(),))
+
+
+def _from_dict(d: dict) -> PlotMarks:
+    m = PlotMarks()
+    m.merge(d, 0)
+    return m
+
+
+# -- drawing -------------------------------------------------------------------------------------
+
+def plot_compare(results: list, out_dir: str, ts: str, mode: str, threshold: float) -> tuple:
+    """(PNG path, None) or (None, why there is no plot)."""
+    if mode == "md5":
+        return None, "no plot in md5 mode (no statistics to compare)"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None, "matplotlib is not installed: no plot (pip install matplotlib, or the plot extra)"
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"compare_plot_{ts}.png")
+    fig = plt.figure(figsize=FIGSIZE, dpi=DPI)
+    try:
+        if len(results) == 1:
+            _pair_figure(fig, results[0], threshold)
+        else:
+            _cluster_figure(fig, results)
+        fig.savefig(path, dpi=DPI)
+    finally:
+        plt.close(fig)
+    return path, None
+
+
+def _short(name: str, width: int = 58) -> str:
+    return name if len(name) <= width else name[: width // 2 - 1] + "…" + name[-(width // 2 - 1):]
+
+
+def _marks_of(r: dict) -> PlotMarks:
+    m = r.get("marks")
+    return m if isinstance(m, PlotMarks) else _from_dict(m or {"marks": [], "counts": {}, "worst": []})
+
+
+def _side_list(fig: Any, title: str, lines: list, left: float = 0.70) -> None:
+    ax = fig.add_axes((left, 0.10, 0.99 - left, 0.80))
+    ax.axis("off")
+    ax.text(0, 1, title, fontsize=10, weight="bold", va="top", transform=ax.transAxes)
+    for i, (text, color) in enumerate(lines):
+        ax.text(0, 0.95 - i * 0.045, text, fontsize=8, va="top", color=color, family="monospace",
+                transform=ax.transAxes)
+
+
+_COLOR = {"error": "#c62828", "warning": "#ef8f00", "pass": "#1f4e79"}
+
+
+def _pair_figure(fig: Any, r: dict, threshold: float) -> None:
+    series = r["series"]
+    marks = _marks_of(r)
+    ax = fig.add_axes((0.07, 0.12, 0.57, 0.76))
+    xs = [i for i, v in enumerate(series) if v is not None and 0 < v < math.inf]
+    zeros = sum(1 for v in series if v == 0)
+    ax.plot(xs, [series[i] for i in xs], ".", ms=3, color=_COLOR["pass"], label=f"rows with an error > 0 ({len(xs)})")
+    ax.set_yscale("log")
+    ax.axhline(threshold, color="#555555", lw=0.8, ls="--", label=f"{threshold:g}")
+    tr = ax.get_xaxis_transform()
+    for res, y in (("error", 1.036), ("warning", 1.014)):  # a rug above the axes, off the data
+        at = [i for i, rr in marks.marks if rr == res]
+        if marks.counts[res]:
+            ax.plot(at, [y] * len(at), "|", ms=8, mew=1.2, color=_COLOR[res], transform=tr, clip_on=False,
+                    label=f"{res} rows ({marks.counts[res]}), marked above the axes")
+    worst = marks.worst_rows()
+    for (x, y), ks in _label_groups(worst, max(len(series), 1)):
+        ax.annotate(",".join(map(str, ks)), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=8,
+                    color="black", weight="bold")
+    fd = r.get("first_divergence")
+    if fd is not None and fd.get("row_index") is not None and fd["row_index"] < len(series):
+        v = series[fd["row_index"]]
+        y = v if v is not None and 0 < v < math.inf else threshold
+        ax.plot([fd["row_index"]], [y], "o", ms=11, mfc="none", mec=_COLOR["error"], mew=1.5,
+                label="first divergence")
+    ax.set_xlim(-0.5, max(len(series), 1) - 0.5)
+    ax.set_xlabel("row of the compare CSV (execution order)")
+    ax.set_ylabel("relative Norm error (log)")
+    if zeros:
+        ax.plot([], [], " ", label=f"rows with error 0 ({zeros}, not drawn on the log axis)")
+    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    res = ", ".join(f"{k} {v}" for k, v in sorted(r["results"].items()))
+    ax.set_title(f"step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: {r['rows']} rows ({res})", fontsize=10,
+                 pad=26)
+    lines = []
+    for k, w in enumerate(worst, 1):
+        color = _COLOR.get(w["result"], "black")
+        lines += [(f"{k:>2}. {w['norm_relative_err']:.3g} {w['result']:<7} row {w['row_index']}", color),
+                  (f"     {_short(w['row'], 44)}", color)]
+    if fd is not None:
+        lines += [("", "black"), ("first divergence:", _COLOR["error"]), (f"  {_short(fd['row'], 46)}", _COLOR["error"])]
+    _side_list(fig, f"worst rows (of {r['rows']})", lines or [("no row with a relative Norm error > 0", "black")],
+               left=0.665)
+
+
+def _label_groups(worst: list, n_rows: int) -> list:
+    """[((x, y), [numbers])]: the worst rows' numbers, those drawn close together joined ("3,4,5")."""
+    groups: list = []
+    for k, w in enumerate(worst, 1):
+        x, y = w["row_index"], w["norm_relative_err"]
+        for g in groups:
+            (gx, gy), ks = g
+            if abs(gx - x) <= 0.03 * n_rows and abs(math.log10(gy) - math.log10(y)) < 0.35:
+                ks.append(k)
+                break
+        else:
+            groups.append(((x, y), [k]))
+    return groups
+
+
+def _rank_key(r: dict) -> tuple:
+    rank = r.get("rank")
+    return (rank is None, rank if isinstance(rank, int) else 0, str(r["rank_dir"]))
+
+
+def _step_key(s: Any) -> tuple:
+    return (s is None, s if isinstance(s, int) else 0, str(s))
+
+
+def cluster_grid(results: list) -> dict:
+    """What the cluster plot draws: ``steps``, ``ranks`` (rank dir names), ``worst``
+    (steps x ranks: a pair's largest finite relative Norm error, 0.0 when all its errors are 0,
+    None without a pair or a value), ``flags`` ({(i, j): 'error'/'warning'}) and ``top``
+    (the worst rows over all pairs, worst first, each with its cell)."""
+    steps = sorted({r["step"] for r in results}, key=_step_key)
+    ranks = [r["rank_dir"] for r in sorted({r["rank_dir"]: r for r in results}.values(), key=_rank_key)]
+    si, rj = {s: i for i, s in enumerate(steps)}, {d: j for j, d in enumerate(ranks)}
+    worst = [[None] * len(ranks) for _ in steps]
+    flags: dict = {}
+    top: list = []
+    for r in results:
+        i, j = si[r["step"]], rj[r["rank_dir"]]
+        finite = [v for v in r["series"] if v is not None and v.__class__ is float and v < math.inf]
+        worst[i][j] = max(finite) if finite else None
+        m = _marks_of(r)
+        if m.counts["error"]:
+            flags[(i, j)] = "error"
+        elif m.counts["warning"]:
+            flags[(i, j)] = "warning"
+        top.extend(dict(w, step=r["step"], rank_dir=r["rank_dir"], cell=(i, j)) for w in m.worst_rows())
+    top.sort(key=lambda w: -w["norm_relative_err"])
+    return {"steps": steps, "ranks": ranks, "worst": worst, "flags": flags, "top": top[:TOP_N]}
+
+
+def _cluster_figure(fig: Any, results: list) -> None:
+    import matplotlib
+    import numpy as np
+    from matplotlib import colors
+    from matplotlib.patches import Patch, Polygon, Rectangle
+
+    g = cluster_grid(results)
+    steps, ranks = g["steps"], g["ranks"]
+    data = np.array([[np.nan if v is None else v for v in row] for row in g["worst"]], dtype=float)
+    positive = data[np.isfinite(data) & (data > 0)]
+    ax = fig.add_axes((0.07, 0.12, 0.52, 0.76))
+    cax = fig.add_axes((0.605, 0.12, 0.012, 0.76))
+    cmap = matplotlib.colormaps["viridis"].with_extremes(under="#f2f2f2", bad="#ffffff")
+    lo = float(positive.min()) if positive.size else 1e-8
+    hi = float(positive.max()) if positive.size else 1.0
+    if hi <= lo:
+        lo, hi = lo / 10, hi * 10
+    shown = np.where(data == 0, lo / 10, data)  # a pair whose errors are all 0: the 'under' colour
+    im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap,
+                   norm=colors.LogNorm(vmin=lo, vmax=hi), origin="upper")
+    fig.colorbar(im, cax=cax, extend="min").set_label("worst relative Norm error of the rank pair", fontsize=9)
+    for (i, j), flag in g["flags"].items():
+        if flag == "error":  # outlined
+            ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, ec=_COLOR["error"], lw=2.2))
+        else:  # a corner: many pairs warn on float noise alone, the map stays readable
+            ax.add_patch(Polygon([(j - 0.5, i - 0.5), (j - 0.2, i - 0.5), (j - 0.5, i - 0.3)], fc=_COLOR["warning"],
+                                 ec="none"))
+    labelled: set = set()
+    for k, w in enumerate(g["top"], 1):
+        if w["cell"] not in labelled:
+            labelled.add(w["cell"])
+            i, j = w["cell"]
+            ax.text(j, i, str(k), ha="center", va="center", fontsize=8, weight="bold", color="white",
+                    bbox={"boxstyle": "circle,pad=0.15", "fc": "black", "ec": "none", "alpha": 0.6})
+    every_r = max(1, math.ceil(len(ranks) / 40))
+    every_s = max(1, math.ceil(len(steps) / 30))
+    ax.set_xticks(range(0, len(ranks), every_r))
+    ax.set_xticklabels([str(ranks[j]) for j in range(0, len(ranks), every_r)], rotation=90, fontsize=8)
+    ax.set_yticks(range(0, len(steps), every_s))
+    ax.set_yticklabels([str(steps[i]) for i in range(0, len(steps), every_s)], fontsize=8)
+    ax.set_xlabel("rank directory")
+    ax.set_ylabel("step")
+    n_err = sum(1 for f in g["flags"].values() if f == "error")
+    n_warn = sum(1 for f in g["flags"].values() if f == "warning")
+    ax.set_title(f"{len(results)} rank pairs ({len(steps)} steps x {len(ranks)} ranks): {n_err} with error rows, "
+                 f"{n_warn} more with warnings", fontsize=10)
+    fig.legend(handles=[Patch(fill=False, ec=_COLOR["error"], lw=2.2, label="pair with error rows"),
+                        Patch(fc=_COLOR["warning"], ec="none", label="warnings only (corner)"),
+                        Patch(fc="#f2f2f2", ec="#999999", label="all errors 0"),
+                        Patch(fc="#ffffff", ec="#999999", label="no value")],
+               fontsize=8, loc="lower left", bbox_to_anchor=(0.66, 0.01), ncol=2, frameon=False)
+    lines = []
+    for k, w in enumerate(g["top"], 1):
+        color = _COLOR.get(w["result"], "black")
+        lines += [(f"{k:>2}. {w['norm_relative_err']:.3g} {w['result']:<7} step {w['step']} {w['rank_dir']}", color),
+                  (f"     {_short(w['row'], 44)}", color)]
+    _side_list(fig, f"worst rows over all {len(results)} pairs",
+               lines or [("no row with a relative Norm error > 0", "black")], left=0.665)
