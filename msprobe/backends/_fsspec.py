@@ -6,7 +6,7 @@ from typing import IO, Any, BinaryIO, Iterable, NoReturn
 
 from msprobe.backends._base import BytesLike, Store
 from msprobe.backends._keys import join_key
-from msprobe.backends._retry import MISSING_ERRORS, remaining_time, reraise
+from msprobe.backends._retry import MISSING_ERRORS, is_transient, remaining_time, reraise
 from msprobe.errors import MsprobeError, StorageNotFoundError, StoragePermissionError
 
 __all__ = ["FsspecStore"]
@@ -92,13 +92,21 @@ class FsspecStore(Store):
     def __hash__(self) -> int:
         return hash((id(self._fs), self._root, self.read_only))
 
+    #: set by a writer that bounds its storage operations (:func:`bound_store`): the limit of
+    #: one call made outside a :meth:`RetryPolicy.call`, and the breaker such calls obey
+    op_timeout: float | None = None
+    breaker: Any = None
+
     def _limit(self) -> dict[str, Any]:
         """``timeout=`` for one call of an async file system (s3fs, ...): the time left of the
-        deadline of the retrying operation in progress, so no request outlives it."""
-        if not self._async:
-            return {}
+        deadline of the retrying operation in progress, so no request outlives it (outside
+        one: ``op_timeout``, once the breaker lets the call through)."""
         left = remaining_time()
-        return {} if left is None else {"timeout": left}
+        if left is None:
+            if self.breaker is not None:
+                self.breaker.allow()
+            left = self.op_timeout
+        return {"timeout": left} if self._async and left is not None else {}
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
@@ -106,6 +114,8 @@ class FsspecStore(Store):
         return text
 
     def _fail(self, exc: BaseException, op: str, key: str) -> NoReturn:
+        if self.breaker is not None and remaining_time() is None and is_transient(exc):
+            self.breaker.trip(exc)  # no answer to a call outside a retrying operation
         reraise(exc, f"{op} {self._where(key)}", scrub=self._scrub)
 
     def _full(self, key: str) -> str:
@@ -287,6 +297,7 @@ class FsspecStore(Store):
             url=f"{self._url.rstrip('/')}/{prefix}",
         )
         store._secrets = self._secrets
+        store.op_timeout, store.breaker = self.op_timeout, self.breaker
         return store
 
 

@@ -214,9 +214,12 @@ def bounded_storage_options(url: str, storage_options: Mapping[str, Any] | None,
     return options
 
 
-def bound_store(store: Store) -> Store:
+def bound_store(store: Store, deadline: float | None = None, breaker: Any = None) -> Store:
     """The store of a deadline-bounded writer (see :func:`bounded_storage_options`): an s3fs
-    file system makes one attempt per request (s3fs otherwise retries some errors 5 times)."""
+    file system makes one attempt per request (s3fs otherwise retries some errors 5 times);
+    calls made outside a retrying operation are limited to ``deadline`` and obey ``breaker``."""
+    if isinstance(store, FsspecStore):
+        store.op_timeout, store.breaker = deadline, breaker
     fs = getattr(store, "fs", None)
     if fs is not None and getattr(fs, "retries", None) is not None and _protocol_of(fs) in ("s3", "s3a"):
         fs.retries = 1

@@ -282,7 +282,7 @@ class Breaker:
             cause = self._cause
         raise StorageTransientError(
             f"not attempted: the store did not answer {time.monotonic() - self._opened:.0f} s ago "
-            f"({type(cause).__name__}: {cause}); retrying it in {self.cooldown:.0f} s steps"
+            f"({type(cause).__name__}: {str(cause) or 'no answer in time'}); retrying it in {self.cooldown:.0f} s steps"
         )
 
     def success(self) -> None:

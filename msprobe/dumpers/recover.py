@@ -152,7 +152,15 @@ def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Opti
              if files else None)
     doc = {"task": task, "level": level, "framework": marker.get("framework", framework),
            "dump_data_dir": local, "data": data}
-    store.put(f"{rank_prefix}/{DEBUG_JSON if debug else DUMP_JSON}", dumps_json(doc).encode("utf-8"))
+    doc_bytes = dumps_json(doc).encode("utf-8")
+    store.put(f"{rank_prefix}/{DEBUG_JSON if debug else DUMP_JSON}", doc_bytes)
+    if "document_crc32" in marker:  # a marker of an earlier publish of this step: it now describes our document
+        import zlib
+
+        from msprobe.format.layout import MARKER_FILE
+
+        marker["document_crc32"] = f"{zlib.crc32(doc_bytes):08x}"
+        store.put(f"{rank_prefix}/{MARKER_FILE}", json.dumps(marker, indent=1).encode("utf-8"))
     if not debug:
         stack_doc = {str(i): [names, list(frames)] for i, (frames, names) in enumerate(stacks.items())}
         store.put(f"{rank_prefix}/{STACK_JSON}", dumps_json(stack_doc).encode("utf-8"))

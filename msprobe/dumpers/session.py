@@ -288,7 +288,8 @@ class DumpSession:
 
             cfg = self.config
             options = bounded_storage_options(cfg.dump_path, cfg.storage_options, cfg.storage_timeout)
-            self._store = bound_store(open_store(cfg.dump_path, storage_options=options))
+            self._store = bound_store(open_store(cfg.dump_path, storage_options=options), cfg.storage_timeout,
+                                      self._get_breaker())
         return self._store
 
     def policy(self):
@@ -296,11 +297,16 @@ class DumpSession:
         (``storage_timeout``) per operation, and one breaker: once the store has not answered
         for a whole deadline, the operations that follow fail at once (counted, logged) for a
         cool-down instead of each waiting out its own deadline."""
-        from msprobe.backends._retry import Breaker, RetryPolicy
+        from msprobe.backends._retry import RetryPolicy
 
+        return RetryPolicy(deadline=self.config.storage_timeout, breaker=self._get_breaker())
+
+    def _get_breaker(self):
         if self._breaker is None:
+            from msprobe.backends._retry import Breaker
+
             self._breaker = Breaker(cooldown=2 * self.config.storage_timeout)
-        return RetryPolicy(deadline=self.config.storage_timeout, breaker=self._breaker)
+        return self._breaker
 
     def check_writable(self) -> None:
         """At ``PrecisionDebugger()``: prove that ``dump_path`` can be written (a probe object
@@ -503,7 +509,8 @@ class DumpSession:
             self._tstore = ZarrTensorWriter(
                 store, self.rank_prefix, compression=cfg.tensor_compression,
                 shard_bytes=cfg.tensor_shard_mb << 20, max_bytes_in_flight=cfg.max_bytes_in_flight,
-                workers=max(1, min(cfg.writer_workers, 4)), journal_fsync=cfg.journal_fsync)
+                workers=max(1, min(cfg.writer_workers, 4)), journal_fsync=cfg.journal_fsync,
+                flush_window=cfg.journal_window)  # a kill loses at most that window of payloads, not a shard
         return self._tstore
 
     def save_payload(self, data_name: str, logical_dtype: str, shape: tuple, produce: Callable[[], Any],

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
@@ -41,7 +42,7 @@ log = logging.getLogger("msprobe.tensor_store")
 
 class _Array:
     __slots__ = ("name", "dt", "isz", "chunk", "shard", "cps", "parts", "buffered", "buf_start", "next",
-                 "data_end", "shards", "pending", "written_shape")
+                 "data_end", "shards", "pending", "written_shape", "since")
 
     def __init__(self, name: str, shard_bytes: int, chunk_bytes: int) -> None:
         self.name = name
@@ -58,6 +59,7 @@ class _Array:
         self.shards: dict = {}  # shard number -> object size, once stored
         self.pending: list = []  # payload numbers not yet complete
         self.written_shape = -1
+        self.since = 0.0  # when the oldest buffered byte arrived
 
 
 class WriterSummary:
@@ -90,7 +92,7 @@ class ZarrTensorWriter:
 
     def __init__(self, store: Any, rank_prefix: str, *, compression: str = "lz4", shard_bytes: int = 128 << 20,
                  chunk_bytes: int = 256 << 10, max_bytes_in_flight: int = 1 << 30, workers: int = 2,
-                 journal_fsync: bool = False, retries: int = 5) -> None:
+                 journal_fsync: bool = False, retries: int = 5, flush_window: Optional[float] = None) -> None:
         if compression not in CODECS:
             raise ConfigError(f"invalid tensor_compression {compression!r}; valid: {sorted(CODECS)}")
         if shard_bytes < chunk_bytes or chunk_bytes < 64:
@@ -104,6 +106,9 @@ class ZarrTensorWriter:
         self.chunk_bytes = int(chunk_bytes)
         self.max_bytes = int(max_bytes_in_flight)
         self.journal_fsync = journal_fsync
+        #: seconds a payload may wait in a partly filled shard: then the shard is published as it
+        #: is (a kill loses at most that window, not the whole shard); None: only full shards
+        self.flush_window = flush_window
         self.policy = RetryPolicy(retries=retries)
         self.summary = WriterSummary()
         self._arrays: dict = {}
@@ -157,7 +162,10 @@ class ZarrTensorWriter:
         while True:
             with self._cond:
                 while not self._queue:
-                    if not self._cond.wait(timeout=1.0) and not self._queue:
+                    if not self._cond.wait(timeout=min(1.0, self.flush_window or 1.0)) and not self._queue:
+                        if self.flush_window is not None:  # idle: publish the partly filled shards now
+                            for arr in self._arrays.values():
+                                self._cut(arr, final=True)
                         self._packer = None
                         return
                 item = self._queue.popleft()
@@ -230,6 +238,8 @@ class ZarrTensorWriter:
                 s.dedup_content += 1
             self._name(data_name, pidx, shape)
             self._cut(arr, final=False)
+            if self.flush_window is not None and arr.buffered and time.monotonic() - arr.since >= self.flush_window:
+                self._cut(arr, final=True)
 
     def _name(self, data_name: str, pidx: int, shape: tuple) -> None:
         if data_name not in self._names:
@@ -272,6 +282,8 @@ class ZarrTensorWriter:
 
     @staticmethod
     def _append(arr: _Array, mv: memoryview) -> None:
+        if not arr.buffered:
+            arr.since = time.monotonic()
         arr.parts.append(mv)
         arr.buffered += len(mv)
 

@@ -158,8 +158,8 @@ def test_statistics_of_npu_tensors_are_fetched_in_batches(torch_npu, debugger, t
                   if isinstance(v, dict) and v.get("type") == "torch.Tensor")
     assert entries >= 200
     # one transfer per (kind, width, dtype, device) group at each crash-journal flush (every
-    # journal_flush records) and at publish: a few per step, against hundreds of tensors
-    flushes = len(data) // dbg._get().config.journal_flush
+    # journal_batch records) and at publish: a few per step, against hundreds of tensors
+    flushes = len(data) // dbg._get().dumper.session.journal_batch
     assert during <= flushes, (during, flushes)
     assert total <= flushes + 2, total
 

@@ -1,7 +1,8 @@
 """A training run whose S3 endpoint fails (run as a script by test_failing_storage.py).
 
 ``stop``: a moto server of its own serves the dump, and is stopped after ``stop_after`` steps
-(every later request meets a refused connection). ``refuse``: dump_path names a port where
+(every later request meets a refused connection). ``hang``: the dump goes through a
+FaultProxy that, after ``stop_after`` steps, answers no request (each is held, then reset). ``refuse``: dump_path names a port where
 nothing listens. Prints one JSON line: the wall time of each step (start() to step()), the
 objects not written, and (``refuse``) the error PrecisionDebugger() raised and how long it took.
 """
@@ -43,6 +44,12 @@ def main():
         import s3fs
 
         s3fs.S3FileSystem(**s3_storage_options(endpoint)).mkdir("outage")
+    proxy = None
+    if mode == "hang":
+        from tests.conftest_s3 import FaultProxy
+
+        proxy = FaultProxy(endpoint, kinds=("timeout",), hold=600).start()
+        endpoint = proxy.endpoint
     opts = s3_storage_options(endpoint)
     t0 = time.monotonic()
     try:
@@ -54,7 +61,10 @@ def main():
     times = []
     for step in range(steps):
         if server is not None and step == stop_after:
-            server.stop()
+            if proxy is not None:
+                proxy.rate = 1.0  # every request from now on: no answer
+            else:
+                server.stop()
         t = time.monotonic()
         dbg.start(model)
         for _ in range(3):

@@ -4,7 +4,8 @@ Usage: python _train_child.py DUMP_PATH TASK STEPS STORAGE_OPTIONS_JSON [EXTRA_C
 
 Prints ``READY`` once the debugger exists, then after every completed training
 iteration ``MARK <step> <n>`` where ``n`` is the number of records of that step
-so far (every one of them journaled: the tests run with journal_flush=1).
+so far and the wall-clock time (with the default journal_flush every one of them is
+journaled at once on local stores, within journal_window seconds on object stores).
 With WORLD_SIZE/RANK/MASTER_PORT in the environment it first joins a gloo
 process group on 127.0.0.1, so the dumper takes its rank from torch.distributed.
 Exit status 3 (and ``REFUSED`` on stdout) when the dumper refuses the run
@@ -13,6 +14,7 @@ directory (run_dir_policy="refuse").
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -35,8 +37,7 @@ def train(argv, out=sys.stdout):
     seed_all(extra.pop("seed", 7))
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16), nn.Linear(16, 4))
     iters = extra.pop("iters", 4)
-    cfg = {"journal_flush": 1}
-    cfg.update(extra)
+    cfg = dict(extra)  # the defaults unless the test says otherwise
     dbg = PrecisionDebugger(task=task, level="mix", dump_path=dump_path, storage_options=storage_options, **cfg)
     print("READY", file=out, flush=True)
     session = dbg.dumper.session
@@ -51,7 +52,7 @@ def train(argv, out=sys.stdout):
             y = model(x)
             loss = F.cross_entropy(y, torch.zeros(8, dtype=torch.long))
             loss.backward()
-            print(f"MARK {step} {len(session.data)}", file=out, flush=True)
+            print(f"MARK {step} {len(session.data)} {time.time():.4f}", file=out, flush=True)
         with torch.no_grad():  # plain SGD (torch.optim imports torch._dynamo: seconds per process)
             for p in model.parameters():
                 p -= 0.01 * p.grad
@@ -97,8 +98,6 @@ def race(argv):
     """``--race N START OUT_DIR`` then the arguments of ``train``: torch is imported once, then N
     processes are forked that all start ``train`` at the wall-clock time START, each with its
     own seed (different tensors); prints ``RC <i> <exit status>`` per process."""
-    import time
-
     import s3fs  # noqa: F401 - imported before the fork, like torch
 
     n, start, out_dir = int(argv[0]), float(argv[1]), argv[2]

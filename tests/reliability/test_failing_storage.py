@@ -129,11 +129,13 @@ def test_refused_connections_fail_at_debugger_within_the_deadline(figures):
 
 
 @pytest.mark.s3
-def test_server_stopped_mid_run_bounds_every_step(figures):
-    """The moto server is stopped before step 2 of 6: no step takes much more than one
-    deadline, the failure is said once, the count at the end; no unretrieved-task tracebacks."""
+@pytest.mark.parametrize("mode", ["stop", "hang"])
+def test_outage_mid_run_bounds_every_step(figures, mode):
+    """The moto server is stopped (or stops answering) before step 2 of 6: no step takes much
+    more than one deadline, the failure is said once, the count at the end; no
+    unretrieved-task tracebacks."""
     deadline = 3
-    out, err = _outage("stop", 6, 2, {"storage_timeout": deadline})
+    out, err = _outage(mode, 6, 2, {"storage_timeout": deadline})
     steps = out["steps"]
     assert max(steps[2:]) < deadline + 3, steps
     assert sum(steps[3:]) < deadline + 3, steps  # the breaker: later steps do not wait again
@@ -141,7 +143,7 @@ def test_server_stopped_mid_run_bounds_every_step(figures):
     assert err.count("msprobe: could not write") == 2, err[-3000:]  # logging + warnings, once each
     assert err.count(f"msprobe: {out['not_written']} object(s) of the dump could not be written") == 2
     assert "never retrieved" not in err and "Traceback" not in err, err[-3000:]
-    figures["moto stopped mid-run, storage_timeout=3"] = {"step_seconds": [round(s, 2) for s in steps],
+    figures[f"outage ({mode}) mid-run, storage_timeout=3"] = {"step_seconds": [round(s, 2) for s in steps],
                                                          "objects_not_written": out["not_written"]}
 
 
