@@ -20,7 +20,7 @@
 #include <string.h>
 #include <math.h>
 
-#define FASTPATH_VERSION 1
+#define FASTPATH_VERSION 2  /* bump with every change: a stale build is then rebuilt */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define MULTI __attribute__((target_clones("avx2", "default")))
@@ -248,24 +248,8 @@ static PyObject *round_to(double x, int code) {
 #endif
 }
 
-static PyObject *fp_stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "stats(addr, n, code)");
-        return NULL;
-    }
-    void *addr = PyLong_AsVoidPtr(args[0]);
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    long code = PyLong_AsLong(args[2]);
-    if (PyErr_Occurred()) return NULL;
-    if (addr == NULL || n <= 0 || code < 0 || code > C_BOOL) {
-        PyErr_SetString(PyExc_ValueError, "stats: a null address, no elements or an unknown dtype code");
-        return NULL;
-    }
-    double d[4];
-    int64_t iv[2];
-    int big = n * ITEMSIZE[code] >= NOGIL_BYTES;
-    PyThreadState *ts = big ? PyEval_SaveThread() : NULL;
+/* one contiguous run of n > 0 elements: d = {max, min, sum, sum of squares} (floats), iv = {max, min} */
+static void run_kernel(long code, const void *addr, Py_ssize_t n, double *d, int64_t *iv) {
     switch (code) {
 #ifdef HAVE_X86_CODE
     case C_F32: (use_avx2 ? a_f32 : k_f32)((const float *)addr, n, d); break;
@@ -285,7 +269,25 @@ static PyObject *fp_stats(PyObject *self, PyObject *const *args, Py_ssize_t narg
     case C_I64: k_i64((const int64_t *)addr, n, iv); break;
     default: k_bool((const uint8_t *)addr, n, iv); break;
     }
-    if (ts) PyEval_RestoreThread(ts);
+}
+
+/* fold the results of a later run into the first's */
+static void combine(long code, double *d, int64_t *iv, const double *d2, const int64_t *iv2) {
+    if (code == C_BOOL) {
+        iv[0] |= iv2[0];
+        iv[1] &= iv2[1];
+    } else if (code >= C_I8) {
+        iv[0] = iv2[0] > iv[0] ? iv2[0] : iv[0];
+        iv[1] = iv2[1] < iv[1] ? iv2[1] : iv[1];
+    } else {
+        d[0] = d2[0] > d[0] ? d2[0] : d[0];
+        d[1] = d2[1] < d[1] ? d2[1] : d[1];
+        d[2] += d2[2];
+        d[3] += d2[3];
+    }
+}
+
+static PyObject *finish(long code, Py_ssize_t n, double *d, const int64_t *iv) {
     if (code == C_BOOL)
         return Py_BuildValue("(OOOO)", iv[0] ? Py_True : Py_False, iv[1] ? Py_True : Py_False, Py_None, Py_None);
     if (code >= C_I8)
@@ -299,6 +301,92 @@ static PyObject *fp_stats(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     return Py_BuildValue("(ddNN)", d[0], d[1], mean, norm);
+}
+
+static PyObject *fp_stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "stats(addr, n, code)");
+        return NULL;
+    }
+    void *addr = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long code = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (addr == NULL || n <= 0 || code < 0 || code > C_BOOL) {
+        PyErr_SetString(PyExc_ValueError, "stats: a null address, no elements or an unknown dtype code");
+        return NULL;
+    }
+    double d[4];
+    int64_t iv[2];
+    int big = n * ITEMSIZE[code] >= NOGIL_BYTES;
+    PyThreadState *ts = big ? PyEval_SaveThread() : NULL;
+    run_kernel(code, addr, n, d, iv);
+    if (ts) PyEval_RestoreThread(ts);
+    return finish(code, n, d, iv);
+}
+
+#define MAX_OUTER 16
+
+/* stats_runs(addr, code, run, sizes, strides): the same statistics over a strided layout made of
+ * contiguous runs of `run` elements, the runs at the offsets (in elements) spanned by the outer
+ * `sizes` x `strides` (tuples, outermost first, at most 16). */
+static PyObject *fp_stats_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5 || !PyTuple_Check(args[3]) || !PyTuple_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "stats_runs(addr, code, run, sizes: tuple, strides: tuple)");
+        return NULL;
+    }
+    char *addr = (char *)PyLong_AsVoidPtr(args[0]);
+    long code = PyLong_AsLong(args[1]);
+    Py_ssize_t run = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t k = PyTuple_GET_SIZE(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (addr == NULL || run <= 0 || code < 0 || code > C_BOOL || k < 1 || k > MAX_OUTER ||
+        PyTuple_GET_SIZE(args[4]) != k) {
+        PyErr_SetString(PyExc_ValueError, "stats_runs: a null address, an empty run, an unknown dtype code "
+                                          "or 1 to 16 outer sizes and strides expected");
+        return NULL;
+    }
+    Py_ssize_t size[MAX_OUTER], stride[MAX_OUTER], idx[MAX_OUTER], n = run;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        size[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], j));
+        stride[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[4], j));
+        idx[j] = 0;
+        if (PyErr_Occurred()) return NULL;
+        if (size[j] <= 0) {
+            PyErr_SetString(PyExc_ValueError, "stats_runs: outer sizes must be positive");
+            return NULL;
+        }
+        n *= size[j];
+    }
+    Py_ssize_t item = ITEMSIZE[code];
+    double d[4], d2[4];
+    int64_t iv[2], iv2[2];
+    int big = n * item >= NOGIL_BYTES;
+    PyThreadState *ts = big ? PyEval_SaveThread() : NULL;
+    Py_ssize_t off = 0;  /* in elements */
+    int first = 1;
+    for (;;) {
+        if (first) {
+            run_kernel(code, addr + off * item, run, d, iv);
+            first = 0;
+        } else {
+            run_kernel(code, addr + off * item, run, d2, iv2);
+            combine(code, d, iv, d2, iv2);
+        }
+        Py_ssize_t j = k - 1;  /* the odometer over the outer dimensions, innermost first */
+        while (j >= 0) {
+            off += stride[j];
+            if (++idx[j] < size[j]) break;
+            off -= stride[j] * size[j];
+            idx[j] = 0;
+            j--;
+        }
+        if (j < 0) break;
+    }
+    if (ts) PyEval_RestoreThread(ts);
+    return finish(code, n, d, iv);
 }
 
 /* ---- CRC-32 (reflected, polynomial 0xEDB88320: zlib's) ---- */
@@ -444,6 +532,8 @@ static PyMethodDef methods[] = {
     {"set_simd", fp_set_simd, METH_O, "set_simd(on) -> previous: use the AVX2/PCLMUL kernels when the CPU has them"},
     {"stats", (PyCFunction)(void (*)(void))fp_stats, METH_FASTCALL,
      "stats(addr, n, code) -> (Max, Min, Mean, Norm) of n contiguous elements at addr"},
+    {"stats_runs", (PyCFunction)(void (*)(void))fp_stats_runs, METH_FASTCALL,
+     "stats_runs(addr, code, run, sizes, strides) -> (Max, Min, Mean, Norm) over contiguous runs"},
     {"crc32", (PyCFunction)(void (*)(void))fp_crc32, METH_FASTCALL,
      "crc32(addr, nbytes, crc=0) -> zlib's CRC-32 of nbytes at addr"},
     {NULL, NULL, 0, NULL},

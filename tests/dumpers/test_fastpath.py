@@ -124,6 +124,49 @@ def test_bool_stats(kernels):
         assert _check(kernels, x) == (any(vals), all(vals), None, None)
 
 
+def _strided_views():
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(2, 16, 3 * 40, generator=g)
+    q = qkv.split(40, dim=2)[1].reshape(2, 16, 4, 10).transpose(1, 2)  # the attention's head split
+    base = torch.randn(33, 70, generator=g)
+    return [
+        q, base.t(), base[:, 5:61], base[3:30:2, 8:], base.t()[10:40], torch.randn(6, 5, 40, generator=g).permute(2, 0, 1),
+        torch.as_strided(torch.randn(300, generator=g), (20, 16), (7, 1)),  # overlapping rows
+        base.bfloat16()[:, 5:61], base.half()[::3, :], (base * 50).to(torch.int32)[:, 10:30],
+        (base > 0)[:, 9:50], torch.randn(4, 3, 5, 32, generator=g)[:, 1:, :, 2:],
+    ]
+
+
+def test_strided_layouts_equal_the_reference(kernels):
+    from msprobe.dumpers.pytorch import _encode
+
+    taken = 0
+    for t in _strided_views():
+        assert not t.is_contiguous()
+        runs = _encode._runs(t)
+        assert runs is not None, (t.shape, t.stride())
+        name = str(t.dtype).replace("torch.", "")
+        code = fastpath.DTYPE_CODES[name]
+        got = kernels.stats(t.data_ptr(), t.numel(), code) if not runs[1] else \
+            kernels.stats_runs(t.data_ptr(), code, *runs)
+        c = t.contiguous()
+        ref = reference_stats(c.float().numpy() if t.dtype == torch.bfloat16 else c.numpy(),
+                              logical_dtype="bfloat16" if t.dtype == torch.bfloat16 else None)
+        assert all(_close(a, b) for a, b in zip(got, ref)), (tuple(t.shape), t.stride(), got, ref)
+        taken += bool(runs[1])
+    assert taken >= 8  # most of them are runs, not blocks
+
+
+def test_layouts_left_to_torch():
+    from msprobe.dumpers.pytorch import _encode
+
+    x = torch.randn(10, 20)
+    assert _encode._runs(x[:, ::2]) is None  # no unit stride
+    assert _encode._runs(torch.randn(5, 1).expand(5, 30)) is None  # stride 0 innermost
+    assert _encode._runs(x[:, 3:8]) is None  # runs of 5: torch's reductions
+    assert _encode._runs(x.t()) == (200, (), ())  # a transpose is one block
+
+
 def test_crc32_equals_zlib(kernels):
     rng = np.random.default_rng(1)
     buf = rng.integers(0, 256, 300_000, dtype=np.uint8)
@@ -143,6 +186,13 @@ def test_bad_arguments_are_refused(fast):
         fast.crc32(0, 10)
     with pytest.raises(TypeError):
         fast.stats(1, 2)
+    x = torch.zeros(8)
+    with pytest.raises(ValueError):
+        fast.stats_runs(x.data_ptr(), 0, 8, (), ())
+    with pytest.raises(ValueError):
+        fast.stats_runs(x.data_ptr(), 0, 4, (2, 0), (4, 1))
+    with pytest.raises(TypeError):
+        fast.stats_runs(x.data_ptr(), 0, 4, [2], [4])
 
 
 # ------------------------------------------------------------------ the dumper's encoder
@@ -174,6 +224,7 @@ def _tensors():
         torch.zeros(0, 4), torch.randn(5, 3, generator=g, dtype=torch.complex64),
         torch.tensor([1.0, float("nan"), 2.0]), torch.tensor([float("inf"), 1.0, float("-inf")]),
         torch.randn(3, 100_000, generator=g), torch.arange(24, dtype=torch.int64).reshape(2, 3, 4)[:, 1],
+        *_strided_views(),
     ]
 
 
@@ -197,8 +248,10 @@ def test_encoder_takes_the_one_pass_kernel(fast, monkeypatch):
     monkeypatch.setattr(torch, "aminmax", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError))
     h = _encode._stat_handle(torch.randn(10, 10))
     assert h[0] == _encode._K_DONE and not calls
-    with pytest.raises(AssertionError):  # a non-contiguous one still is
-        _encode._stat_handle(torch.randn(10, 10).t())
+    assert _encode._stat_handle(torch.randn(10, 10).t())[0] == _encode._K_DONE and not calls  # a block
+    assert _encode._stat_handle(torch.randn(10, 40)[:, 3:30])[0] == _encode._K_DONE and not calls  # runs
+    with pytest.raises(AssertionError):  # a layout without unit-stride runs still is
+        _encode._stat_handle(torch.randn(10, 10)[:, ::2])
 
 
 # ------------------------------------------------------------------ loading and the fallback

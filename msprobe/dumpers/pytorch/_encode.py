@@ -40,6 +40,24 @@ def _fast() -> Any:
     return _FAST
 
 
+def _runs(t: torch.Tensor) -> Optional[tuple]:
+    """A strided tensor's memory as contiguous runs: (run length, outer sizes, outer strides) with the
+    dimensions that continue the run merged into it (no outer dimension left: one block), or None when
+    its smallest stride is not 1 or the runs would be shorter than 8 elements (torch's reductions then).
+    The statistics do not depend on the order the elements are read in."""
+    dims = sorted(((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1), reverse=True)
+    if not dims or dims[-1][0] != 1:
+        return None
+    run = dims[-1][1]
+    i = len(dims) - 2
+    while i >= 0 and dims[i][0] == run:
+        run *= dims[i][1]
+        i -= 1
+    if run < 8 or i >= 16:
+        return None
+    return (run, tuple(sz for _, sz in dims[:i + 1]), tuple(st for st, _ in dims[:i + 1]))
+
+
 def _stat_handle(t: torch.Tensor) -> tuple:
     """Start computing the statistics of ``t`` (no host sync); returns a handle for fetch_stats.
 
@@ -52,9 +70,19 @@ def _stat_handle(t: torch.Tensor) -> tuple:
     fast = _FAST if _FAST is not False else _fast()
     if fast is not None and t.is_cpu and t.dim():
         code = _FAST_CODES.get(t.dtype)
-        if code is not None and t.is_contiguous() and not t.is_neg() and (fast.SIMD or n <= _FAST_SCALAR_MAX):
-            mx, mn, mean, norm = fast.stats(t.data_ptr(), n, code)
-            return (_K_DONE, {"Max": mx, "Min": mn, "Mean": mean, "Norm": norm})
+        if code is not None and not t.is_neg() and (fast.SIMD or n <= _FAST_SCALAR_MAX):
+            if t.is_contiguous():
+                v = fast.stats(t.data_ptr(), n, code)
+            else:
+                runs = _runs(t)
+                if runs is None:
+                    v = None
+                elif not runs[1]:  # a permutation of a contiguous block (a transpose): the block, in memory order
+                    v = fast.stats(t.data_ptr(), n, code)
+                else:
+                    v = fast.stats_runs(t.data_ptr(), code, *runs)
+            if v is not None:
+                return (_K_DONE, {"Max": v[0], "Min": v[1], "Mean": v[2], "Norm": v[3]})
     if t.is_cuda and t.dtype in _FUSED_DTYPES and t.dim() and t.is_contiguous() and not t.is_neg():
         from msprobe.dumpers.pytorch import _cuda_stats
 
