@@ -61,9 +61,10 @@ def _runs(t: torch.Tensor) -> Optional[tuple]:
 def _stat_handle(t: torch.Tensor) -> tuple:
     """Start computing the statistics of ``t`` (no host sync); returns a handle for fetch_stats.
 
-    A contiguous CPU tensor of a dtype the C kernels know is read once, now (Max, Min, Sum and sum
-    of squares in one pass); anything else takes the torch reductions below (the reference path,
-    also taken with ``MSPROBE_LAKE_NATIVE=0``)."""
+    A CPU tensor of a dtype the C kernels know, contiguous or made of unit-stride runs (``_runs``), is
+    read once, now (Max, Min, Sum and sum of squares in one pass); a contiguous float CUDA tensor gets
+    one fused Triton reduction when Triton is there; anything else takes the torch reductions below
+    (the reference path, also taken with ``MSPROBE_LAKE_NATIVE=0``)."""
     n = t.numel()
     if n == 0:
         return (_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
