@@ -24,8 +24,14 @@ def _fmt(v) -> str:
 
 
 def run(args) -> int:
+    import builtins
+
     import msprobe.readers
+    from msprobe.format.validate import printable
     from msprobe.readers import ANY
+
+    def print(text: str = "") -> None:  # noqa: A001 - every line holds names from the dump: escaped
+        builtins.print(printable(str(text)))
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
@@ -61,7 +67,8 @@ def run(args) -> int:
     if stack:
         print(f"  stack ({rec.stack_id}):")
         for frame in stack if isinstance(stack, list) else [stack]:
-            print("    " + str(frame).replace("\n", "\n    "))
+            for line in printable(str(frame), keep_newlines=True).split("\n"):
+                builtins.print("    " + line)
     return 0
 
 

@@ -10,19 +10,25 @@ def register(sub) -> None:
     p.add_argument("path", help="dump root, step or rank directory, or a rank's dump.json (path or URL)")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tensors", dest="tensors", action="store_true", default=None,
+                   help="load every tensor payload against its record (default: only where a rank "
+                        "directory declares at most 256 MiB of tensors)")
+    g.add_argument("--no-tensors", dest="tensors", action="store_false",
+                   help="check only that each payload exists")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from msprobe.backends import open_store
     from msprobe.compare._core import dump_dir_of
-    from msprobe.format.validate import validate_store
+    from msprobe.format.validate import printable, validate_store
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     store = open_store(dump_dir_of(args.path), storage_options=opts, read_only=True, create=False)
-    report = validate_store(store)
+    report = validate_store(store, tensors=args.tensors)
     if not args.quiet:
-        for p in report.problems:
-            print(p, file=sys.stderr if p.severity == "error" else sys.stdout)
-    print(report.summary())
+        for p in report.problems:  # names come from the dump: escaped for the terminal
+            print(printable(str(p)), file=sys.stderr if p.severity == "error" else sys.stdout)
+    print(printable(report.summary()))
     return 0 if report.ok else 1

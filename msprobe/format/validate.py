@@ -35,7 +35,23 @@ from msprobe.format.layout import (
     parse_step_dir,
 )
 
-__all__ = ["Problem", "Report", "RankLocation", "discover", "validate_store", "read_mapping"]
+__all__ = ["Problem", "Report", "RankLocation", "discover", "validate_store", "read_mapping", "printable"]
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` safe for a terminal: control characters (ESC sequences, CR, BEL, bidi controls, and
+    newlines unless ``keep_newlines``) written as ``\\xNN``/``\\uNNNN`` escapes, so a hostile record
+    name cannot move the cursor, clear the screen or fake output lines."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c.isprintable() or (keep_newlines and c == "\n"):
+            out.append(c)
+        else:
+            out.append(c.encode("unicode_escape").decode("ascii") if ord(c) > 0xFF or c in "\t\n\r"
+                       else f"\\x{ord(c):02x}")
+    return "".join(out)
 
 
 @dataclass
@@ -68,6 +84,8 @@ class Report:
     records: int = 0
     tensor_files: int = 0
     dialects: set = field(default_factory=set)
+    tensors_loaded: int = 0  #: payloads loaded (``tensors``: every one, by default for small dumps)
+    tensors_not_loaded: int = 0  #: rank dirs whose payloads were too large to load by default
 
     @property
     def errors(self) -> list:
@@ -84,7 +102,11 @@ class Report:
         warn = sum(1 for p in self.problems if p.severity == "warning")
         return (f"{state}: {len(steps)} step(s), {len(ranks)} rank dir(s) ({', '.join(ranks)}), "
                 f"{len(self.ranks)} rank dump(s), {self.records} records, {self.tensor_files} tensor files, "
-                f"dialect {', '.join(sorted(self.dialects)) or 'unknown'}" + (f", {warn} warning(s)" if warn else ""))
+                f"dialect {', '.join(sorted(self.dialects)) or 'unknown'}" + (f", {warn} warning(s)" if warn else "")
+                + (f", {self.tensors_loaded} tensor(s) loaded" if self.tensors_loaded else "")
+                + (f", payloads of {self.tensors_not_loaded} rank dir(s) not loaded (over "
+                   f"{AUTO_TENSOR_BYTES >> 20} MiB or {AUTO_TENSOR_COUNT} payloads declared; --tensors loads them)"
+                   if self.tensors_not_loaded else ""))
 
 
 def _join(*parts: str) -> str:
@@ -165,8 +187,19 @@ def _load(store: Any, key: str, cls: Any, report: Report) -> Optional[Any]:
     return None
 
 
-def validate_store(store: Any, prefix: str = "") -> Report:
-    """Validate every rank directory under ``prefix``; never raises for bad input."""
+#: by default (``tensors=None``) a rank directory's payloads are all loaded when its records declare at
+#: most this many bytes of tensors in at most AUTO_TENSOR_COUNT payloads
+AUTO_TENSOR_BYTES = 256 << 20
+AUTO_TENSOR_COUNT = 2000
+
+
+def validate_store(store: Any, prefix: str = "", *, tensors: Optional[bool] = None) -> Report:
+    """Validate every rank directory under ``prefix``; never raises for bad input.
+
+    ``tensors``: True loads every payload (tensor file or Zarr payload) against its record (a
+    symlink out of the dump, a truncated or oversized file, a corrupt shard, a shape or dtype
+    mismatch are errors); False checks only that each payload exists; None (default) loads them
+    where a rank directory's records declare at most :data:`AUTO_TENSOR_BYTES` of tensors."""
     report = Report()
     try:
         locs = discover(store, prefix)
@@ -179,11 +212,11 @@ def validate_store(store: Any, prefix: str = "") -> Report:
         return report
     report.ranks = locs
     for loc in locs:
-        _validate_rank(store, loc, report)
+        _validate_rank(store, loc, report, tensors)
     return report
 
 
-def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
+def _validate_rank(store: Any, loc: RankLocation, report: Report, load_tensors: Optional[bool] = None) -> None:
     names = set(store.list_dir(loc.prefix))
     doc_name = DUMP_JSON if DUMP_JSON in names else DEBUG_JSON if DEBUG_JSON in names else None
     if doc_name is None:
@@ -194,8 +227,10 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
     doc = _load(store, key, DebugDocument if doc_name == DEBUG_JSON else DumpDocument, report)
     if doc is None:
         return
+    bad_locations = set()  # entries the document check rejected: their payloads are not loaded too
     for p in doc.problems():
         report.problems.append(Problem("error", key, p.location or "", p.message))
+        bad_locations.add(p.location or "")
     data = doc.data
     report.records += len(data)
     try:
@@ -204,11 +239,13 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
         pass
     # tensor files
     tensor_files = set(store.list_dir(_join(loc.prefix, TENSOR_DIR))) if TENSOR_DIR in names else set()
+    zarr = None
     if "tensors.zarr" in names:  # the Zarr tensor store (section 21): its manifest names the payloads
         try:
             from msprobe.tensor_store import ZarrTensorReader
 
-            tensor_files |= set(ZarrTensorReader(store, loc.prefix).names())
+            zarr = ZarrTensorReader(store, loc.prefix)
+            tensor_files |= set(zarr.names())
         except MsprobeError as exc:
             report.problems.append(Problem("error", _join(loc.prefix, "tensors.zarr"), "", str(exc)))
     mapping: dict = {}
@@ -217,6 +254,7 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
         mapping = read_mapping(store.get(_join(loc.prefix, TENSOR_DIR, MAPPING_CSV)))
     report.tensor_files += len(tensor_files)
     named: dict = {}
+    payloads: list = []  # (record name, JSON location, tensor entry) of every payload present
     for rec in doc.records():
         try:
             tensors = list(rec.tensors())
@@ -237,6 +275,10 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
             if mapping.get(dn, dn) not in tensor_files:
                 report.problems.append(Problem("error", key, loc_json,
                                                f"data_name {dn!r} has no file in {TENSOR_DIR}/"))
+            elif loc_json not in bad_locations and f'$.data["{rec.name}"]' not in bad_locations:
+                payloads.append((rec.name, loc_json, t))
+    if payloads and _load_wanted(load_tensors, payloads, report, store):
+        _load_payloads(store, loc.prefix, key, payloads, mapping, zarr, report)
     if marker is not None:  # what the producer wrote vs what is there (concurrent runs, section 6)
         from msprobe.format._digests import check_digests
 
@@ -261,6 +303,52 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report) -> None:
                 cd.validate()
             except FormatError as exc:
                 report.problems.append(Problem("error", ck, exc.location or "", exc.message))
+
+
+def _load_wanted(load_tensors: Optional[bool], payloads: list, report: Report, store: Any) -> bool:
+    if not hasattr(store, "open_read"):  # a minimal read-only adapter: names only
+        return False
+    if load_tensors is not None:
+        return load_tensors
+    from msprobe.readers._dtypes import itemsize
+
+    declared = 0
+    for _, _, t in payloads:
+        try:
+            declared += t.numel * (itemsize(t.dtype) or 8)
+        except MsprobeError:
+            continue  # a bad shape: already an error of the document
+    if len(payloads) <= AUTO_TENSOR_COUNT and declared <= AUTO_TENSOR_BYTES:
+        return True
+    report.tensors_not_loaded += 1
+    return False
+
+
+def _load_payloads(store: Any, prefix: str, key: str, payloads: list, mapping: dict, zarr: Any,
+                   report: Report) -> None:
+    """Load every payload against its record, one at a time (each bounded by what its record
+    declares); every failure is an error naming the record's JSON location."""
+    from msprobe.errors import MissingDependencyError
+    from msprobe.readers._tensor import load_tensor_file
+
+    missing_dep: set = set()
+    for rec_name, loc_json, t in payloads:
+        dn = t.data_name
+        ext = dn.rsplit(".", 1)[-1] if "." in dn else ""
+        if ext in missing_dep:
+            continue
+        try:
+            if zarr is not None and dn in zarr:
+                zarr.load(dn, "numpy", record=rec_name, dtype=t.dtype, shape=t.shape)
+            else:
+                load_tensor_file(store, _join(prefix, TENSOR_DIR, mapping.get(dn, dn)), record=rec_name,
+                                 dtype=t.dtype, shape=t.shape, framework="numpy")
+            report.tensors_loaded += 1
+        except MissingDependencyError as exc:
+            missing_dep.add(ext)
+            report.problems.append(Problem("warning", key, loc_json, f"payloads not loaded: {exc}"))
+        except MsprobeError as exc:
+            report.problems.append(Problem("error", key, loc_json, str(exc)))
 
 
 def _check_marker(store: Any, key: str, report: Report) -> Optional[dict]:

@@ -126,6 +126,9 @@ def cli_measured(argv: list, timeout: float = 300, preimport: str = "torch") -> 
 
 
 # ----------------------------------------------------------------------------- Zarr shards
+#: inner chunks per float32 shard of the tensor store's defaults (33554432-element shards, 65536-element chunks)
+CPS_FLOAT32 = 512
+
 def read_shard(path: str, chunks_per_shard: int) -> tuple:
     """(list of the inner chunks' bytes or None, index rows) of a sharding_indexed shard file."""
     import numpy as np
