@@ -9,7 +9,7 @@ def register(sub) -> None:
                        help="compare the run_ut details CSV of an NPU run with that of a GPU run")
     p.add_argument("-npu", "--npu_csv_path", dest="npu", required=True, help="NPU accuracy_checking_details CSV")
     p.add_argument("-gpu", "--gpu_csv_path", dest="gpu", required=True, help="GPU accuracy_checking_details CSV")
-    p.add_argument("-o", "--out_path", dest="out_path", default="./", help="output directory (default ./)")
+    p.add_argument("-o", "--output-path", "--output_path", "--out_path", "--out", dest="out_path", default="./", help="output directory (default ./)")
     p.set_defaults(func=run)
 
 

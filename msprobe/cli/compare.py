@@ -12,6 +12,8 @@ import os
 import re
 import sys
 
+from msprobe.progress import add_progress_flag
+
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="compare a target dump with a bench dump (statistics, md5 or tensor)")
@@ -50,7 +52,7 @@ def register(sub) -> None:
     p.add_argument("--match", default="auto", choices=["auto", "names", "structure"],
                    help="record matching: names, then the construct tree when call counts differ (auto); "
                         "names only; or always the tree")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_progress_flag(p)
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     opts = json.loads(args.storage_options) if args.storage_options else None
     s = compare(target, bench, args.out, step=args.step, rank=args.rank, mode=args.mode, xlsx=args.xlsx,
                 workers=max(1, args.workers), plot=not args.no_plot, storage_options=opts,
-                scheduler=args.scheduler, progress=not args.no_progress,
+                scheduler=args.scheduler, progress=args.progress,
                 structural={"auto": "auto", "names": False, "structure": True}[args.match],
                 fuzzy=args.fuzzy, stack=stack, mapping=mapping, threshold=args.threshold)
     for line in s.get("warnings", ()):

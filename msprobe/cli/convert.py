@@ -10,7 +10,7 @@ def register(sub) -> None:
     p.add_argument("path", help="dump root, step or rank directory, or URL")
     p.add_argument("--to", required=True, choices=["classic", "zarr"],
                    help="classic: one .pt/.npy file per tensor (msprobe); zarr: tensors.zarr (spec section 21)")
-    p.add_argument("--out", default=None, help="write the converted dump here (default: convert in place)")
+    p.add_argument("-o", "--output-path", "--out", dest="out", default=None, help="write the converted dump here (default: convert in place)")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--compression", default="zstd", choices=["zstd", "zstd-byteshuffle", "lz4", "none"],
                    help="--to zarr: the codec of the inner chunks (default zstd: blosc zstd-1 bitshuffle, the smallest; the dumper defaults to lz4, the cheapest)")

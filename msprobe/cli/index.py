@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import json
 
+from msprobe.progress import add_progress_flag
+
 
 def register(sub) -> None:
     p = sub.add_parser("index", help="build the Parquet index of a dump (one file per step and rank)")
     p.add_argument("path", help="dump root, step or rank directory (path or URL)")
-    p.add_argument("--out", default=None,
+    p.add_argument("-o", "--output-path", "--out", dest="out", default=None,
                    help="write run=/step=/rank= partitions under this URL instead of <rank dir>/index/")
     p.add_argument("--run", default=None, help="run name for the 'run' column (default: the dump's directory name)")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options for PATH")
     p.add_argument("--out-storage-options", default=None, help="JSON object of fsspec storage options for --out")
     p.add_argument("--skip-existing", action="store_true", help="keep index files that already exist")
-    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    add_progress_flag(p, "--quiet", "-q")
+    p.add_argument("--json", action="store_true", help="print the written index files as JSON")
     p.set_defaults(func=run)
 
 
@@ -23,6 +26,10 @@ def run(args) -> int:
     opts = json.loads(args.storage_options) if args.storage_options else None
     out_opts = json.loads(args.out_storage_options) if args.out_storage_options else None
     written = build_index(args.path, args.out, storage_options=opts, out_storage_options=out_opts, run=args.run,
-                          progress=not args.quiet, skip_existing=args.skip_existing)
-    print(f"indexed {len(written)} rank dir(s)")
+                          progress="auto" if args.progress is None else args.progress,
+                          skip_existing=args.skip_existing)
+    if args.json:
+        print(json.dumps({"rank_dirs": len(written), "files": written}, indent=1))
+    else:
+        print(f"indexed {len(written)} rank dir(s)")
     return 0

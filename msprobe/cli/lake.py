@@ -54,7 +54,7 @@ def register(sub) -> None:
     q.add_argument("--step", type=int, default=None)
     q.add_argument("--rank", type=int, default=None)
     q.add_argument("--mode", default="auto", choices=["auto", "statistics", "md5", "tensor"])
-    q.add_argument("--out", default=None, help="keep compare's CSVs in this directory")
+    q.add_argument("-o", "--output-path", "--out", dest="out", default=None, help="keep compare's CSVs in this directory")
     q.add_argument("--all-steps", action="store_true", help="compare every step, not only up to the first divergence")
     q.set_defaults(func=run_diverge)
     q = lsub.add_parser("disagree", help="ranks whose statistic differs from what a majority of the ranks agree on")
@@ -163,6 +163,8 @@ def run_ls(args) -> int:
         lake = _open(args)
         runs = lake.catalog_rows
         lake.close()
+    elif not args.json:
+        _catalog_hint(args.root, _opts(args), {str(r.get("run")) for r in runs})
     if args.json:
         print(json.dumps(runs, indent=1, default=str))
         return 0
@@ -178,6 +180,25 @@ def run_ls(args) -> int:
     for x in rows:
         print("  ".join(v.ljust(w) for v, w in zip(x, widths)))
     return 0
+
+
+def _catalog_hint(root: str, opts, listed: set) -> None:
+    """On stderr: the listing is the saved catalog; which runs it misses or still lists, if any."""
+    from msprobe.backends import open_store
+    from msprobe.errors import MsprobeError
+
+    try:
+        names = {n.rstrip("/") for n in open_store(root, storage_options=opts, read_only=True, create=False)
+                 .list_dir("") if not n.startswith(("_", "."))}
+    except (MsprobeError, OSError):
+        names = None
+    new, gone = (sorted(names - listed), sorted(listed - names)) if names is not None else ([], [])
+    if new or gone:
+        what = "; ".join(x for x in (f"not in it: {', '.join(new[:5])}" if new else "",
+                                     f"gone: {', '.join(gone[:5])}" if gone else "") if x)
+        print(f"lake ls: the saved catalog is stale ({what}): msprobe lake ls {root} --rebuild", file=sys.stderr)
+    else:
+        print(f"lake ls: from the saved catalog (msprobe lake ls {root} --rebuild re-reads the runs)", file=sys.stderr)
 
 
 @_with_lake

@@ -16,8 +16,18 @@ def register(sub) -> None:
 def run(args) -> int:
     import msprobe.readers
 
+    from msprobe.errors import UnknownDialectError
+
     opts = json.loads(args.storage_options) if args.storage_options else None
-    d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
+    try:
+        d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
+    except UnknownDialectError as exc:
+        runs = _runs_below(args.path, opts)
+        if not runs:
+            raise
+        raise UnknownDialectError(f"{exc}. It is not one dump but holds {len(runs)} dump(s) "
+                                  f"({', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}): a lake root; list "
+                                  f"its runs with: msprobe lake ls {args.path}") from exc
     s = d.summary()
     kernel = d.kernel_dumps()
     if kernel:  # level L2: the Ascend runtime's files, listed but not decoded
@@ -46,6 +56,27 @@ def run(args) -> int:
         print(f"  kernel dump (L2): {len(kernel)} file(s), {sum(k.size for k in kernel)} bytes, step(s) "
               f"{_ranges(steps)}; opaque binaries in the Ascend runtime's dump format (not decoded)")
     return 0
+
+
+def _runs_below(path: str, opts) -> list:
+    """The first few sub-folders of ``path`` that open as dumps (a lake root holds one per run)."""
+    import msprobe.readers
+    from msprobe.backends import open_store
+    from msprobe.errors import MsprobeError
+
+    try:
+        names = [n.rstrip("/") for n in open_store(path, storage_options=opts, read_only=True, create=False)
+                 .list_dir("")]
+    except (MsprobeError, OSError):
+        return []
+    runs = []
+    for name in sorted(n for n in names if not n.startswith(("_", ".")))[:20]:
+        try:
+            msprobe.readers.open(f"{path.rstrip('/')}/{name}", storage_options=opts)
+        except (MsprobeError, OSError):
+            continue
+        runs.append(name)
+    return runs
 
 
 def _ranges(nums: list) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from msprobe.progress import add_progress_flag
+
 
 def register(sub) -> None:
     p = sub.add_parser("run_ut", aliases=["acc_check"],
@@ -25,7 +27,7 @@ def _check_arguments(p, *, workers: int) -> None:
     """The options run_ut and multi_run_ut share (the real tool's spellings first)."""
     p.add_argument("-api_info", "--api_info_file", dest="api_info", default=None,
                    help="dump.json, a rank directory, or any dump URL holding one rank (not with --online)")
-    p.add_argument("-o", "--out_path", dest="out_path", default="./", help="output directory (default ./)")
+    p.add_argument("-o", "--output-path", "--output_path", "--out_path", "--out", dest="out_path", default="./", help="output directory (default ./)")
     p.add_argument("-save_error_data", "--save_error_data", dest="save_error_data", action="store_true",
                    help="save inputs/outputs of failing APIs (under error_data_path, any storage URL)")
     p.add_argument("-f", "--filter_api", dest="filter_api", action="store_true",
@@ -56,7 +58,8 @@ def _check_arguments(p, *, workers: int) -> None:
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--preload", action="append", default=[], metavar="MODULE",
                    help="a module every checking process imports first (custom ops); repeatable")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    add_progress_flag(p, "-q", "--quiet")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 #: the real tool's bound on -n/--num_splits
@@ -87,11 +90,14 @@ def run(args: argparse.Namespace) -> int:
     s = run_ut(args.api_info, args.out_path, workers=args.workers, devices=args.devices, config=args.config,
                filter_api=args.filter_api, result_csv=args.result_csv, save_error_data_flag=args.save_error_data,
                timeout=args.timeout, step=args.step, rank=rank, storage_options=opts, options=options,
-               progress=not args.quiet, device=args.device_type, preload=tuple(args.preload),
+               progress=args.progress, device=args.device_type, preload=tuple(args.preload),
                max_input_mb=args.max_input_mb)
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items()))
+    if getattr(args, "json", False):
+        print(json.dumps(s, indent=1, default=str))
+        return 0
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(s["api_counts"].items()))
     print(f"msprobe run_ut: {s['checked']} APIs checked ({s['resumed']} resumed) in {s['seconds']:.1f} s "
-          f"[{counts}]")
+          f"[{counts}, each API by its worst of forward/backward]")
     print(f"result csv: {s['result_csv']}")
     print(f"details csv: {s['details_csv']}")
     if s.get("error_data"):

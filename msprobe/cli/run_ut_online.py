@@ -32,9 +32,12 @@ def add_online_arguments(p: argparse.ArgumentParser, *, with_config: bool = True
 
 def register(sub) -> None:
     p = sub.add_parser("run_ut_online", help="online run_ut: check APIs as the training side sends them")
-    p.add_argument("-o", "--out_path", "--out-path", dest="out_path", default="./", help="output directory")
-    p.add_argument("-d", "--device-type", "--device", dest="device_type", default="auto",
+    p.add_argument("-o", "--output-path", "--output_path", "--out_path", "--out-path", "--out", dest="out_path",
+                   default="./", help="output directory")
+    p.add_argument("--device-type", "--device", dest="device_type", default="auto",
                    help="device side: auto (CUDA, else NPU, else CPU in the recorded dtype), cpu, cuda:N, npu:N")
+    # the old spelling; run_ut's -d is device ids, so it is not documented here
+    p.add_argument("-d", dest="device_type", help=argparse.SUPPRESS)
     add_online_arguments(p)
     p.set_defaults(func=run)
 

@@ -29,6 +29,7 @@ def run(args) -> int:
     import msprobe.readers
     from msprobe.format.validate import printable
     from msprobe.readers import ANY
+    from msprobe.readers._dump import AmbiguousRecordError
 
     def print(text: str = "") -> None:  # noqa: A001 - every line holds names from the dump: escaped
         builtins.print(printable(str(text)))
@@ -37,7 +38,11 @@ def run(args) -> int:
     d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
     rank = ANY if args.rank is None else (int(args.rank) if args.rank.isdigit() else args.rank)
     step = ANY if args.step is None else args.step
-    rec = d.record(args.record, step=step, rank=rank)
+    try:
+        rec = d.record(args.record, step=step, rank=rank)
+    except AmbiguousRecordError as exc:  # the library's hint names its keywords; the command's are options
+        raise AmbiguousRecordError(str(exc).replace("pass step= and rank=", "pass --step N and/or --rank R")) \
+            from None
     if args.json:
         print(json.dumps({rec.name: rec.to_json()}, indent=1))
         return 0

@@ -16,6 +16,7 @@ def register(sub) -> None:
                         "directory declares at most 256 MiB of tensors)")
     g.add_argument("--no-tensors", dest="tensors", action="store_false",
                    help="check only that each payload exists")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (ok, summary, problems)")
     p.set_defaults(func=run)
 
 
@@ -27,6 +28,12 @@ def run(args) -> int:
     opts = json.loads(args.storage_options) if args.storage_options else None
     store = open_store(dump_dir_of(args.path), storage_options=opts, read_only=True, create=False)
     report = validate_store(store, tensors=args.tensors)
+    if args.json:
+        print(json.dumps({"ok": report.ok, "summary": report.summary(),
+                          "problems": [{"severity": p.severity, "file": p.file, "location": p.location,
+                                        "message": p.message} for p in report.problems]},
+                         indent=1))
+        return 0 if report.ok else 1
     if not args.quiet:
         for p in report.problems:  # names come from the dump: escaped for the terminal
             print(printable(str(p)), file=sys.stderr if p.severity == "error" else sys.stdout)

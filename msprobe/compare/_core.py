@@ -25,6 +25,7 @@ from msprobe.compare._rows import (
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.compare._plot import PlotMarks, plot_compare
 from msprobe.format.nonfinite import NonFiniteTracker
+from msprobe.progress import Progress
 
 __all__ = ["compare", "compare_pair", "dump_dir_of", "detect_mode", "pair_sources", "NORM_REL_THRESHOLD",
            "MOSTLY_UNMATCHED"]
@@ -100,6 +101,11 @@ def detect_mode(data_n: dict, data_b: dict, task_n: Optional[str], task_b: Optio
     return "statistics"
 
 
+def _step_order(s: Any) -> tuple:
+    """Steps in numeric order (``[0, 1, 2, 10]``, not as text), None last."""
+    return (s is None, s if isinstance(s, int) else 0, str(s))
+
+
 def pair_sources(dn: Any, db: Any, *, step: Any = None, rank: Any = None) -> list:
     """[(target source, bench source)] pairing steps, then ranks (a lone rank/proc directory
     pairs with the other side's lone directory, whatever its name)."""
@@ -108,15 +114,15 @@ def pair_sources(dn: Any, db: Any, *, step: Any = None, rank: Any = None) -> lis
     if step is not None:
         steps = [(step, step)] if step in steps_n and step in steps_b else []
         if not steps:
-            raise ConfigError(f"step {step} is not in both dumps (target {sorted(steps_n, key=str)}, "
-                              f"bench {sorted(steps_b, key=str)})")
+            raise ConfigError(f"step {step} is not in both dumps (target {sorted(steps_n, key=_step_order)}, "
+                              f"bench {sorted(steps_b, key=_step_order)})")
     elif len(steps_n) == 1 and len(steps_b) == 1:
         steps = [(next(iter(steps_n)), next(iter(steps_b)))]
     else:
         common = sorted(steps_n & steps_b, key=lambda s: (s is None, s or 0))
         if not common:
-            raise ConfigError(f"the dumps share no step (target {sorted(steps_n, key=str)}, "
-                              f"bench {sorted(steps_b, key=str)}); pass --step")
+            raise ConfigError(f"the dumps share no step (target {sorted(steps_n, key=_step_order)}, "
+                              f"bench {sorted(steps_b, key=_step_order)}); pass --step")
         steps = [(s, s) for s in common]
     pairs = []
     for sn, sb in steps:
@@ -637,59 +643,6 @@ def _pair_task(args: tuple) -> dict:
     return _run_pair(_open_one(url_n, so), _open_one(url_b, so), out_dir, so, kw)
 
 
-class Progress:
-    """A progress bar on stderr: tqdm when installed, else a plain counter
-    (``\r``-rewritten on a terminal, about every 10% otherwise)."""
-
-    def __init__(self, total: int, desc: str, unit: str, enabled: bool = True):
-        import sys
-
-        self.total, self.desc, self.unit, self.n = max(total, 0), desc, unit, 0
-        self.enabled = enabled and self.total > 0
-        self._bar = None
-        self._file = sys.stderr
-        self._tty = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
-        self._shown = -1
-        if self.enabled:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                self._draw()
-            else:
-                self._bar = tqdm(total=self.total, desc=desc, unit=unit, file=sys.stderr, leave=True)
-
-    def update(self, k: int = 1) -> None:
-        self.n += k
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.update(k)
-        else:
-            self._draw()
-
-    def _draw(self) -> None:
-        tenth = self.n * 10 // self.total
-        if self._tty:
-            self._file.write(f"\r{self.desc}: {self.n}/{self.total} {self.unit}")
-        elif tenth != self._shown or self.n == self.total:
-            if tenth == self._shown:
-                return
-            self._file.write(f"{self.desc}: {self.n}/{self.total} {self.unit}\n")
-        else:
-            return
-        self._shown = tenth
-        self._file.flush()
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.close()
-        elif self._tty:
-            self._file.write("\n")
-            self._file.flush()
-
-
 def _dask_client(client: Any, scheduler: Optional[str]) -> tuple:
     """(client, owned): the user's Client, or one connected to ``scheduler`` (closed after)."""
     if client is not None:
@@ -746,15 +699,11 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     ``threshold`` it is instead the first row whose NormRelativeErr exceeds ``threshold`` (a
     fraction), whatever its Result. A forced ``mode`` the dumps cannot support is refused.
     """
-    import sys
-
     if xlsx:
         try:
             import openpyxl  # noqa: F401
         except ImportError as exc:
             raise MissingDependencyError("--xlsx needs openpyxl: pip install 'msprobe-lake[xlsx]'") from exc
-    if progress is None:
-        progress = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
     t0 = time.perf_counter()
     dn, db = _open(target, storage_options), _open(bench, storage_options)
     pairs = pair_sources(dn, db, step=step, rank=rank)

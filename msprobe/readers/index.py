@@ -26,9 +26,8 @@ import json
 import logging
 import os
 import re
-import sys
 import warnings
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from msprobe.errors import StorageNotFoundError, require
 from msprobe.readers._rows import rank_rows, rows_to_arrow
@@ -263,21 +262,6 @@ def read_index_table(store: Any, key: str, columns: Optional[list] = None, filte
     return pq.read_table(io.BytesIO(data), columns=columns, filters=filter)
 
 
-def _progress_bar(total: int, stream: Any = None) -> Callable[[int, str], None]:
-    stream = stream or sys.stderr
-    width = 30
-
-    def show(done: int, what: str) -> None:
-        filled = int(width * done / total) if total else width
-        bar = "#" * filled + "-" * (width - filled)
-        stream.write(f"\rindexing [{bar}] {done}/{total} {what[-40:]:<40}")
-        if done >= total:
-            stream.write("\n")
-        stream.flush()
-
-    return show
-
-
 def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional[dict] = None,
                 out_storage_options: Optional[dict] = None, run: Optional[str] = None,
                 progress: Any = None, skip_existing: bool = False, compact: bool = True) -> list:
@@ -287,7 +271,8 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     ``out``: None writes ``<rank dir>/index/records.parquet`` into the dump itself;
     a URL/path (or Store) writes hive partitions there instead. ``run`` names the
     dump in the ``run`` column (default: the dump's directory name). ``progress``:
-    True for a bar on stderr, or a callable ``(done, total, what)``. With ``out``,
+    True for :class:`msprobe.progress.Progress` on stderr, ``"auto"`` for it when stderr is a
+    terminal, or a callable ``(done, total, what)``. With ``out``,
     ``compact=True`` finally merges the run's partitions into ``run=<run>/_compact.parquet``
     (see :func:`compact_index`); the per-(step, rank) files stay.
     """
@@ -311,7 +296,11 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
         if dump_store.read_only:
             dump_store = open_store(dump.url, dump.storage_options or None, read_only=False, create=False)
     sources = [s for s in dump.sources if isinstance(s, RankSource) and not getattr(s, "index_only", False)]
-    show = _progress_bar(len(sources)) if progress is True else None
+    show = None
+    if progress is True or progress == "auto":
+        from msprobe.progress import Progress
+
+        show = Progress(len(sources), "index", "rank dirs", enabled=None if progress == "auto" else True)
     written = []
     for i, src in enumerate(sources):
         if out_store is None:
@@ -336,12 +325,12 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
             if not was_loaded:
                 src._reset()  # noqa: SLF001 - bound memory: one document at a time
         written.append(f"{store.url.rstrip('/')}/{key}")
-        if show:
-            show(i + 1, src.url)
+        if show is not None:
+            show.update()
         elif callable(progress):
             progress(i + 1, len(sources), src.url)
-    if show and not sources:
-        show(0, "")
+    if show is not None:
+        show.close()
     if out_store is not None and compact and written:
         compact_index(out_store, runs=[run])
     return written

@@ -332,7 +332,7 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
            config: Optional[str] = None, filter_api: bool = False, result_csv: Optional[str] = None,
            save_error_data_flag: bool = False, timeout: float = DEFAULT_TIMEOUT, step: Optional[int] = None,
            rank: Any = None, storage_options: Optional[dict] = None, options: Optional[CheckOptions] = None,
-           progress: bool = True, device: str = "auto", preload: tuple = (),
+           progress: Optional[bool] = True, device: str = "auto", preload: tuple = (),
            max_input_mb: Optional[float] = None) -> dict:
     """Check every forward API record of one rank of ``api_info``; returns a summary dict.
 
@@ -381,7 +381,8 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
         writer.close()
         prog.done()
     return {"result_csv": writer.result_path, "details_csv": writer.details_path, "apis": len(names),
-            "checked": prog.n, "resumed": resumed, "counts": dict(writer.counts), "error_data": error_data,
+            "checked": prog.n, "resumed": resumed, "counts": dict(writer.counts), "api_counts": dict(prog.counts),
+            "error_data": error_data,
             "seconds": time.perf_counter() - t0, "apis_per_second": prog.n / max(prog.elapsed(), 1e-9)}
 
 
@@ -462,13 +463,16 @@ def _run_pool(todo: list, init: tuple, n_workers: int, devices: list, timeout: f
 
 
 class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total = total
+    """run_ut's progress (:class:`msprobe.progress.Progress`): APIs done, each counted once by its
+    worst status (forward, or backward when forward passes), the same counts the final line shows."""
+
+    def __init__(self, total: int, enabled: Optional[bool]):
+        from msprobe.progress import Progress
+
         self.n = 0
-        self.enabled = enabled
         self.t0 = time.perf_counter()
-        self.last = 0.0
         self.counts: dict = {}
+        self._bar = Progress(total, "run_ut", "APIs", enabled=enabled)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -477,18 +481,11 @@ class _Progress:
         self.n += 1
         s = res.forward if res.forward != "pass" or not res.backward else worst_of(res.forward, res.backward)
         self.counts[s] = self.counts.get(s, 0) + 1
-        now = time.perf_counter()
-        if self.enabled and (now - self.last > 1.0 or self.n == self.total):
-            self.last = now
-            rate = self.n / max(self.elapsed(), 1e-9)
-            cs = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
-            sys.stderr.write(f"\rrun_ut: {self.n}/{self.total} APIs, {rate:.1f} APIs/s ({cs})   ")
-            sys.stderr.flush()
+        self._bar.set_postfix(", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())))
+        self._bar.update()
 
     def done(self) -> None:
-        if self.enabled and self.n:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self._bar.close()
 
 
 def worst_of(a: str, b: str) -> str:

@@ -213,13 +213,14 @@ def test_cli_ls_show_index(dist, tmp_path, capsys):
     assert "input_args.0" in out and "max=" in out and "parent: Module.fc.Linear.forward.0" in out
     assert "File train.py, line 10" in out
     assert cli(["show", str(root), "Functional.linear.0.forward"]) == 1
-    assert "pass step= and rank=" in capsys.readouterr().err
+    assert "pass --step N and/or --rank R" in capsys.readouterr().err
     assert cli(["show", str(root), "Torch.sum.0.forward", "--step", "1", "--rank", "rank0", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown == {"Torch.sum.0.forward": writers[(1, "rank0")].data["Torch.sum.0.forward"]}
-    assert cli(["index", str(root)]) == 0
+    assert cli(["index", str(root), "--progress"]) == 0
     cap = capsys.readouterr()
-    assert "indexed 4 rank dir(s)" in cap.out and "indexing [" in cap.err
+    # stderr is not a terminal here: progress lines, no \r bar (and none at all without --progress)
+    assert "indexed 4 rank dir(s)" in cap.out and "index: 4/4 rank dirs [100%]" in cap.err and "\r" not in cap.err
     assert cli(["ls", str(root), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["engine"] == "index" and {r["source"] for r in s["rank_dirs"]} == {"index"}
