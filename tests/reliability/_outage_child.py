@@ -13,6 +13,24 @@ import sys
 import time
 
 
+def start_moto(bucket):
+    """A moto S3 server of this process on 127.0.0.1 with ``bucket`` made: (server, endpoint)."""
+    import logging
+
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    from tests.conftest_s3 import s3_storage_options
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    s3fs.S3FileSystem(**s3_storage_options(endpoint)).mkdir(bucket)
+    return server, endpoint
+
+
 def main():
     mode, steps, stop_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     extra = json.loads(sys.argv[4])
@@ -32,18 +50,7 @@ def main():
             s.bind(("127.0.0.1", 0))
             endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
     else:
-        import logging
-
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        import s3fs
-
-        s3fs.S3FileSystem(**s3_storage_options(endpoint)).mkdir("outage")
+        server, endpoint = start_moto("outage")
     proxy = None
     if mode == "hang":
         from tests.conftest_s3 import FaultProxy
