@@ -160,7 +160,8 @@ def test_run_ut_generated_input_ceiling(tmp_path, numel, argv, config, figures):
     text = _result_rows(out_dir)
     assert "SKIP" in text and "ceiling" in text, text
     assert grown < BOUND_MIB, grown
-    figures.setdefault("bomb_peak_mib", {})[f"run_ut_generated_input/[{numel}]{' '.join(argv[:2])}"] = grown.figure()
+    how = "config max_input_mb 64" if config is not None else " ".join(argv[:2]) or "default ceiling"
+    figures.setdefault("bomb_peak_mib", {})[f"run_ut_generated_input/[{numel}] {how}"] = grown.figure()
 
 
 def test_run_ut_below_the_ceiling_still_checks(tmp_path):
