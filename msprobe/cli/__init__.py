@@ -114,11 +114,32 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         if not ok:
             print(f"msprobe {args.command}: error: --storage-options must be a JSON object", file=sys.stderr)
             return 2
+    from msprobe.format.validate import printable
+
+    stdout, sys.stdout = sys.stdout, _EscapingStream(sys.stdout)  # names from dumps cannot drive the terminal
     try:
         rc = args.func(args)
     except MsprobeError as exc:
-        print(f"msprobe {args.command}: error: {exc}", file=sys.stderr)
+        print(f"msprobe {args.command}: error: {printable(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        sys.stdout = stdout
     return int(rc or 0)
+
+
+class _EscapingStream:
+    """stdout with control characters (ESC, BEL, CR, ...) written as escapes; newlines and tabs kept.
+    Every subcommand prints record and file names taken from dumps (progress bars go to stderr)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        from msprobe.format.validate import printable
+
+        return self._stream.write(printable(text, keep_newlines=True))
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)

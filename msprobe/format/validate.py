@@ -46,7 +46,7 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
         return text
     out = []
     for c in text:
-        if c.isprintable() or (keep_newlines and c == "\n"):
+        if c.isprintable() or (keep_newlines and c in "\n\t"):
             out.append(c)
         else:
             out.append(c.encode("unicode_escape").decode("ascii") if ord(c) > 0xFF or c in "\t\n\r"

@@ -153,3 +153,27 @@ def test_escape_codes_in_names_are_printed_escaped(pristine, tmp_path, capsys):
     text = out.out + out.err
     assert "\x1b" not in text and "\x07" not in text and "\r" not in text, repr(text)
     assert "\\x1b[2J" in text and "missing\\x1b[31m.pt" in text
+
+
+def test_every_command_prints_names_escaped(pristine, tmp_path, capsys):
+    """compare prints record names too: stdout of every subcommand is escaped, and so is the error line."""
+    root = str(tmp_path / "dump")
+    shutil.copytree(pristine, root)
+    evil = "Torch.a\x1b[2Jdd.0.forward"
+
+    def add(doc):
+        doc["data"][evil] = json.loads(json.dumps(doc["data"]["Torch.sum.0.forward"]))
+        for t in doc["data"][evil]["input_args"] + doc["data"][evil]["output"]:
+            t.pop("data_name", None)
+
+    _edit(root, add)
+    other = str(tmp_path / "other")
+    shutil.copytree(root, other)
+    _edit(other, lambda d: d["data"][evil]["output"][0].__setitem__("Max", 1e9))
+    cli_main(["compare", root, other, "-o", str(tmp_path / "cmp"), "--no-plot", "--no-progress", "--mode",
+              "statistics"])
+    cli_main(["show", root, evil, "--step", "0"])
+    cli_main(["show", root, "No\x1b[2J.such.0.forward", "--step", "0"])  # the error line names it
+    out = capsys.readouterr()
+    assert "\x1b" not in out.out + out.err, repr(out.out + out.err)
+    assert "\\x1b[2J" in out.out and "\\x1b[2J" in out.err
