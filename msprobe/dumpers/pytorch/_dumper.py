@@ -321,7 +321,8 @@ class TorchDumper(DumperControl):
             n = int(fwd.rsplit(".", 1)[1])
             state = {"gout": None}
             taps[fwd] = state
-            new_args = _tap(args, lambda grads: (dumper() and emit_backward(dumper(), n, state["gout"] or (), grads)))
+            new_args = _tap(args, lambda grads: (dumper() and emit_backward(dumper(), n, state["gout"] or (), grads)),
+                            nested=True)
             return new_args, kwargs
 
         def post_bw(mod, args, kwargs, output):
@@ -347,7 +348,7 @@ class TorchDumper(DumperControl):
                     dd.bw_stack.append(f"{key}.backward.{n}")
 
             single = not isinstance(output, tuple)
-            tapped = _tap(output if not single else (output,), got_output_grads)
+            tapped = _tap(output if not single else (output,), got_output_grads, nested=True)
             return tapped[0] if single else tapped
 
         taps: dict = {}
@@ -521,19 +522,46 @@ _SET_META = getattr(torch._C._autograd, "_set_creation_meta", None)
 _META_DEFAULT = getattr(getattr(torch._C._autograd, "CreationMeta", None), "DEFAULT", None)
 
 
-def _tap(values: tuple, callback) -> tuple:
-    """Route the tensors of ``values`` through one _GradTap; other values pass unchanged."""
-    idx = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    if not idx:
+def _seq_type(v: Any) -> bool:
+    return type(v) in (tuple, list) or (isinstance(v, tuple) and hasattr(v, "_fields"))
+
+
+def _float_tensors(values: Any, out: list, nested: bool) -> None:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if v.is_floating_point():
+                out.append(v)
+        elif nested and _seq_type(v):
+            _float_tensors(v, out, nested)
+
+
+def _rebuild(values: Any, it, nested: bool) -> list:
+    res = []
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            res.append(next(it))
+        elif nested and _seq_type(v):
+            items = _rebuild(v, it, nested)
+            res.append(list(items) if type(v) is list else type(v)(*items) if hasattr(v, "_fields") else tuple(items))
+        else:
+            res.append(v)
+    return res
+
+
+def _tap(values: tuple, callback, nested: bool = False) -> tuple:
+    """Route the floating tensors of ``values`` through one _GradTap (``nested``: also those inside
+    tuples and lists, in depth-first order, as LSTM's ``(out, (h, c))``); other values pass unchanged.
+    The callback gets one gradient per routed tensor, in that order."""
+    flat: list = []
+    _float_tensors(values, flat, nested)
+    if not flat:
         return values
     GUARD.inside = True
     try:
-        outs = _GradTap.apply(callback, *[values[i] for i in idx])
+        outs = _GradTap.apply(callback, *flat)
     finally:
         GUARD.inside = False
-    res = list(values)
-    for i, o in zip(idx, outs):
+    for o in outs:
         if _SET_META is not None and _META_DEFAULT is not None and o.requires_grad:
             _SET_META(o, _META_DEFAULT)  # allow in-place ops (ReLU(inplace=True)) on the tapped tensor
-        res[i] = o
-    return tuple(res)
+    return tuple(_rebuild(values, iter(outs), nested))

@@ -1,0 +1,144 @@
+"""The conformance zoo: ten small models beyond the tiny fixture model (tests/fixtures/real/scripts/
+zoo.py), each dumped by the real msprobe 26.2.0 (committed under tests/fixtures/real/zoo26, made by
+generate_zoo.py) and here by ours, with the same config. Same record names in the same order, same
+argument encodings, statistics within 1e-5 (relative), same tensor files, same construct.json parents
+of forward records; the only differences allowed are the documented ones of spec/FORMAT.md §20,
+each counted by kind (with MSPROBE_CONFORMANCE_FIGURES=FILE the figures go to FILE, and
+`python tests/dumpers/test_zoo.py FILE` prints the table of docs/conformance.md)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+REAL = os.path.join(ROOT, "tests", "fixtures", "real")
+sys.path.insert(0, HERE)
+sys.path.insert(0, REAL)
+from generate_zoo import OUT, SCRIPT, config, runs  # noqa: E402
+from test_conformance import _INPLACE, compare_values, doc, normalize_real, rank_dirs  # noqa: E402
+
+RUNS = runs()
+
+
+def run_ours(tmp_path, run: str, model: str, cfg: str) -> str:
+    path = tmp_path / f"{run}.json"
+    path.write_text(json.dumps(config(run, model, cfg)))
+    # 2 intra-op threads, as the fixtures were made (CPU reductions change their low bits with it)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, SCRIPT, "--model", model, "--config", str(path)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return str(tmp_path / run)
+
+
+def _cut_short_module(rec) -> bool:
+    """26.2.0's record of a module whose forward raised (a checkpoint recompute cut short, §20)."""
+    return isinstance(rec, dict) and rec.get("output") == [None] and rec.get("parameters") == {}
+
+
+def compare_run(real_root: str, ours_root: str) -> dict:
+    """Compare one run; returns the figures, with the problems found under "problems"."""
+    fig = {"records": 0, "equal": 0, "values": 0, "tensor_files": 0, "problems": [],
+           "module_backward_kept": 0, "module_cut_short": 0}
+    real_ranks, our_ranks = rank_dirs(real_root, 0), rank_dirs(ours_root, 0)
+    assert list(real_ranks) == list(our_ranks) == [None], (real_ranks, our_ranks)
+    rp, op = real_ranks[None], our_ranks[None]
+    _, rdoc = doc(rp)
+    _, odoc = doc(op)
+    for k in ("task", "level", "framework"):
+        if rdoc[k] != odoc[k]:
+            fig["problems"].append(("document", k, rdoc[k], odoc[k]))
+    real = {normalize_real(n): v for n, v in rdoc["data"].items()}
+    ours = dict(odoc["data"])
+    fig["records"] = len(real)
+    # §20 item 10: we keep the backward record of a module whose output an in-place op modified
+    kept = [n for n in ours if n not in real and n.startswith("Module.") and re.search(r"\.backward\.\d+$", n)]
+    # §20 item 27: 26.2.0 writes a module whose forward was cut short with output [null]; we do not
+    cut = [n for n in real if n not in ours and _cut_short_module(real[n])]
+    # §20 item 27: after an API call cut short, 26.2.0 writes no API forward record for the rest of the
+    # step (its nesting counter stays raised): ours has those (the optimizer's Tensor.add_) on top
+    cut_api = [n for n, v in real.items() if n.endswith(".forward") and isinstance(v, dict) and "input_args" in v
+               and "output" not in v]
+    after = []
+    if cut_api:
+        names = list(ours)
+        start = names.index(cut_api[0]) if cut_api[0] in names else len(names)
+        after = [n for n in names[start + 1:] if n not in real and n.endswith(".forward")]
+    fig["module_backward_kept"], fig["module_cut_short"], fig["api_after_cut_short"] = len(kept), len(cut), len(after)
+    ours = {n: v for n, v in ours.items() if n not in kept and n not in after}
+    real_cmp = {n: v for n, v in real.items() if n not in cut}
+    if set(real_cmp) != set(ours):
+        fig["problems"].append(("names", sorted(set(real_cmp) - set(ours)), sorted(set(ours) - set(real_cmp))))
+    elif list(real_cmp) != list(ours):
+        fig["problems"].append(("order", [(a, b) for a, b in zip(real_cmp, ours) if a != b][:5]))
+    for n in real_cmp:
+        if n not in ours:
+            continue
+        before = len(fig["problems"])
+        compare_values(real_cmp[n], ours[n], n, fig["problems"], {"inplace": bool(_INPLACE.match(n))})
+        fig["equal"] += len(fig["problems"]) == before
+        fig["values"] += len(re.findall(r'"(?:Max|Min|Mean|Norm|md5|value)"', json.dumps(real_cmp[n])))
+    # tensor files: ours has each file the real dump has, with the same values
+    rdir, odir = os.path.join(rp, "dump_tensor_data"), os.path.join(op, "dump_tensor_data")
+    real_files = sorted(os.listdir(rdir)) if os.path.isdir(rdir) else []
+    our_files = sorted(os.listdir(odir)) if os.path.isdir(odir) else []
+    real_files = [normalize_real(f[:-3]) + ".pt" if "parameters_grad" in f else f for f in real_files]
+    if real_files != our_files:
+        fig["problems"].append(("tensor files", sorted(set(real_files) ^ set(our_files))))
+    for f in set(real_files) & set(our_files):
+        a = torch.load(os.path.join(rdir, f), weights_only=True)
+        b = torch.load(os.path.join(odir, f), weights_only=True)
+        if a.dtype != b.dtype or a.shape != b.shape or not torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6):
+            fig["problems"].append(("tensor file", f))
+        fig["tensor_files"] += 1
+    # construct.json parents of forward records
+    rc = json.load(open(os.path.join(rp, "construct.json")))
+    oc = json.load(open(os.path.join(op, "construct.json")))
+    for child, parent in rc.items():
+        if re.search(r"\.forward(\.\d+)?$", child) and child not in cut and oc.get(child, "MISSING") != parent:
+            fig["problems"].append(("construct", child, parent, oc.get(child, "MISSING")))
+    return fig
+
+
+@pytest.mark.real_fixture
+@pytest.mark.parametrize("run,model,cfg", RUNS, ids=[r for r, _, _ in RUNS])
+def test_zoo_same_records_as_real_msprobe_26(tmp_path, run, model, cfg):
+    real_root = os.path.join(OUT, run)
+    assert os.path.isdir(real_root), f"no real fixture {run}: run tests/fixtures/real/generate_zoo.py"
+    fig = compare_run(real_root, run_ours(tmp_path, run, model, cfg))
+    if os.environ.get("MSPROBE_CONFORMANCE_FIGURES"):  # the figures of docs/conformance.md
+        with open(os.environ["MSPROBE_CONFORMANCE_FIGURES"], "a") as fh:
+            fh.write(json.dumps(dict(fig, run=run, problems=len(fig["problems"]))) + "\n")
+    assert not fig["problems"], fig["problems"][:20]
+    assert fig["equal"] == fig["records"] - fig["module_cut_short"]
+
+
+def table(lines: list) -> str:
+    """The markdown table of docs/conformance.md from the figures the test wrote."""
+    figs = sorted((json.loads(ln) for ln in lines if ln.strip()), key=lambda f: [r for r, _, _ in RUNS].index(f["run"]))
+    out = ["| run | records (26.2.0) | equal | values compared | tensor files | §20 differences |",
+           "|---|---|---|---|---|---|"]
+    for f in figs:
+        notes = []
+        if f["module_backward_kept"]:
+            notes.append(f"{f['module_backward_kept']} module backward kept (item 10)")
+        if f["module_cut_short"]:
+            notes.append(f"{f['module_cut_short']} cut-short module not written (item 27)")
+        if f.get("api_after_cut_short"):
+            notes.append(f"{f['api_after_cut_short']} API forward records after the cut-short call kept (item 27)")
+        out.append(f"| {f['run']} | {f['records']} | {f['equal']} | {f['values']} | {f['tensor_files']} | "
+                   f"{'; '.join(notes) or '-'} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python tests/dumpers/test_zoo.py FIGURES.jsonl: the table of docs/conformance.md
+    with open(sys.argv[1]) as fh:
+        print(table(fh.readlines()))
