@@ -88,6 +88,89 @@ def test_index_progress_is_terminal_aware(tmp_path):
     assert "\r" in bar and "index" in bar and "2/2" in bar  # tqdm's bar
 
 
+def _progress_lines(err: str, desc: str) -> list:
+    return [line for line in err.splitlines() if line.startswith(f"{desc}: ")]
+
+
+def _synth_lake(tmp_path) -> str:
+    sys.path.insert(0, os.path.join(HERE, "lake"))
+    import lake_synth
+
+    return lake_synth.make_lake(str(tmp_path / "lake"), runs=("run_a", "run_b"), steps=2, ranks=2)
+
+
+def test_lake_index_reports_rank_dirs_as_tasks_finish(tmp_path):
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("duckdb")
+    root = _synth_lake(tmp_path)
+    cmd = [sys.executable, "-m", "msprobe", "lake", "index", root, "--no-cluster", "--refresh", "all"]
+    quiet = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == "" and "indexed 8" in quiet.stdout  # a log gets nothing by default
+    r = subprocess.run(cmd + ["--progress"], capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = _progress_lines(r.stderr, "lake index")
+    # one task per step (4): a line as each finishes, not one at the end
+    assert lines == [f"lake index: {n}/8 rank dirs [{100 * n // 8}%]" for n in (2, 4, 6, 8)], r.stderr
+    assert "\r" not in r.stderr and "lake: indexing 8 rank dir(s) in 4 task(s)" in r.stderr
+
+
+def test_lake_index_progress_on_a_dask_scheduler(tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("duckdb")
+    distributed = pytest.importorskip("distributed")
+    root = _synth_lake(tmp_path)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
+        assert main(["lake", "index", root, "--scheduler", lc.scheduler_address, "--progress"]) == 0
+    out = capsys.readouterr()
+    assert "indexed 8" in out.out and "(client," in out.out
+    lines = _progress_lines(out.err, "lake index")
+    counts = [int(line.split(": ", 1)[1].split("/", 1)[0]) for line in lines]
+    assert counts == sorted(counts) and counts[-1] == 8 and len(counts) == 4, out.err  # as_completed, per task
+
+
+def _online_packets(nfs: str, n_api: int) -> None:
+    torch = pytest.importorskip("torch")
+    from msprobe.dumpers.pytorch._encode import tensor_bytes
+    from msprobe.online.packet import encode_packet
+    from msprobe.online.transport import StoreSink
+
+    def t(name, x):
+        return {"type": "torch.Tensor", "dtype": str(x.dtype), "shape": list(x.shape), "requires_grad": False,
+                "data_name": name}
+
+    sink = StoreSink(nfs)
+    a, b = torch.randn(4), torch.randn(4)
+    for k in range(n_api):
+        name = f"Torch.add.{k}.forward"
+        rec = {"input_args": [t(f"{name}.input.0.pt", a), t(f"{name}.input.1.pt", b)], "input_kwargs": {},
+               "output": [t(f"{name}.output.0.pt", a + b)]}
+        hdr = {"kind": "api", "run": "r", "rank": 0, "step": 0, "seq": k, "name": name, "record": rec}
+        sink.send(encode_packet(hdr, [(f"{name}.input.0.pt", tensor_bytes(a)), (f"{name}.input.1.pt", tensor_bytes(b)),
+                                      (f"{name}.output.0.pt", tensor_bytes(a + b))]), hdr)
+    hdr = {"kind": "close", "run": "r", "rank": 0, "step": 0, "seq": n_api}
+    sink.send(encode_packet(hdr), hdr)
+
+
+def test_online_checker_reports_packets_checked(tmp_path):
+    pytest.importorskip("msprobe.run_ut")
+    out = []
+    for i, flag in enumerate(([], ["--progress"])):
+        nfs = str(tmp_path / f"nfs{i}")
+        _online_packets(nfs, 5)
+        cmd = [sys.executable, "-m", "msprobe", "run_ut", "--online", "--nfs-path", nfs, "-o", str(tmp_path / f"o{i}"),
+               "--idle-timeout", "60", *flag]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "5 APIs checked from 6 packets" in r.stdout, r.stdout
+        out.append(r.stderr)
+    assert _progress_lines(out[0], "run_ut online") == []  # nothing by default in a log
+    lines = _progress_lines(out[1], "run_ut online")
+    assert lines[0] == "run_ut online: 1 packets (1 APIs checked)", out[1]
+    assert lines[-1] == "run_ut online: 6 packets (5 APIs checked)" and len(lines) == 4, out[1]  # 1, 2, 5, end
+    assert "\r" not in out[1]
+
+
 def test_one_progress_flag_and_old_spellings():
     parser = build_parser()
     for argv, want in [
@@ -96,6 +179,10 @@ def test_one_progress_flag_and_old_spellings():
         (["compare", "a", "b"], None), (["compare", "a", "b", "--no-progress"], False),
         (["run_ut", "-api_info", "x"], None), (["run_ut", "-api_info", "x", "-q"], False),
         (["run_ut", "-api_info", "x", "--quiet"], False), (["run_ut", "-api_info", "x", "--no-progress"], False),
+        (["run_ut", "--online"], None), (["run_ut", "--online", "--progress"], True),
+        (["run_ut_online"], None), (["run_ut_online", "-q"], False), (["run_ut_online", "--progress"], True),
+        (["lake", "index", "x"], None), (["lake", "index", "x", "--progress"], True),
+        (["lake", "ls", "x", "--no-progress"], False),
     ]:
         assert parser.parse_args(argv).progress is want, argv
 

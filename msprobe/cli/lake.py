@@ -5,6 +5,8 @@ import functools
 import json
 import sys
 
+from msprobe.progress import add_progress_flag, resolve
+
 
 def _common(p, *, build: bool = True) -> None:
     p.add_argument("root", help="the lake root (a directory or URL holding one directory per run)")
@@ -26,6 +28,7 @@ def _common(p, *, build: bool = True) -> None:
                        help="which rank directories to (re)index before answering (default: missing: those "
                             "without an index and those whose dump.json changed since; none: build nothing and "
                             "leave out what is stale)")
+        add_progress_flag(p)
 
 
 def register(sub) -> None:
@@ -103,9 +106,11 @@ def _lake_opts(args):
 def _open(args):
     import msprobe.lake
 
-    progress = None if args.json else (lambda what: print(f"lake: {what}", file=sys.stderr))
+    report = getattr(args, "progress", None)  # --progress/--no-progress: the steps and the index count
+    progress = None if args.json or not resolve(report) else (lambda what: print(f"lake: {what}", file=sys.stderr))
     lake = msprobe.lake.open(args.root, _opts(args), client=args.scheduler, workers=args.workers,
                              local=False if args.no_cluster else "auto", refresh=args.refresh, progress=progress,
+                             report_progress=False if args.json else report,
                              lake_dir=args.lake_dir, lake_storage_options=_lake_opts(args))
     if lake.lake_note and progress is None:  # said by the progress callback otherwise
         print(f"lake: {lake.lake_note}", file=sys.stderr)

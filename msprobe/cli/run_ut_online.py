@@ -39,6 +39,9 @@ def register(sub) -> None:
     # the old spelling; run_ut's -d is device ids, so it is not documented here
     p.add_argument("-d", dest="device_type", help=argparse.SUPPRESS)
     add_online_arguments(p)
+    from msprobe.progress import add_progress_flag
+
+    add_progress_flag(p, "-q", "--quiet")
     p.set_defaults(func=run)
 
 
@@ -85,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     checker = OnlineChecker(settings, args.out_path, white_list=lists.get("white_list", ()),
                             black_list=lists.get("black_list", ()), device=device,
                             keep_running=args.keep_running, idle_timeout=args.idle_timeout, on_listen=on_listen,
-                            keep_packets=args.keep_packets)
+                            keep_packets=args.keep_packets, report_progress=getattr(args, "progress", None))
     install_signal_handlers(checker)
     s = checker.run()
     print(f"msprobe run_ut online: {s['apis']} APIs checked from {s['packets']} packets "

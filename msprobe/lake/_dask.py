@@ -65,11 +65,13 @@ class Runner:
         self._own = True
         return self._client
 
-    def map(self, fn: Callable, args: Iterable, *, pure: bool = False, local: Any = None) -> list:
+    def map(self, fn: Callable, args: Iterable, *, pure: bool = False, local: Any = None,
+            on_done: Optional[Callable[[int], None]] = None) -> list:
         """``[fn(*a) for a in args]``, as Dask tasks where a client is (or is started).
 
         ``local``: overrides the runner's LocalCluster policy for this job (False for
-        cheap jobs such as listings, that run here unless a client was given)."""
+        cheap jobs such as listings, that run here unless a client was given).
+        ``on_done(i)``: called here as each task ``i`` finishes (in the order they finish)."""
         args = list(args)
         policy = self.local if local is None else local
         if not args:
@@ -81,10 +83,21 @@ class Runner:
             started = True
         if client is None:
             self.last = "in-process"
-            return [fn(*a) for a in args]
+            out = []
+            for i, a in enumerate(args):
+                out.append(fn(*a))
+                if on_done is not None:
+                    on_done(i)
+            return out
         self.last = "local-cluster" if self._cluster is not None else "client"
         futures = client.map(_star, [fn] * len(args), args, pure=pure)
         try:
+            if on_done is not None:
+                from distributed import as_completed
+
+                index = {f.key: i for i, f in enumerate(futures)}
+                for f in as_completed(futures):
+                    on_done(index[f.key])
             return client.gather(futures)
         finally:
             for f in futures:

@@ -37,6 +37,9 @@ class Lake:
     same; kept for older scripts), ``"all"`` (re-index everything), ``"none"`` (build
     nothing: read what is indexed, leaving out with a warning what is stale).
     ``batch``: rank directories per task.
+    ``progress``: a callable given each step's note (runs found, tasks started).
+    ``report_progress``: the rank directories indexed so far, as the tasks finish, on stderr
+    through :class:`msprobe.progress.Progress` (True; None: only on a terminal; False: never).
     ``duckdb_config``: settings for DuckDB connections (default ``threads``/``memory_limit``).
     ``lake_dir`` (and ``lake_storage_options``): where the lake's own files go (default
     ``ROOT/_lake`` when the root can be written, else a local cache directory, said on
@@ -46,7 +49,8 @@ class Lake:
     def __init__(self, root: Any, storage_options: Optional[dict] = None, client: Any = None, *,
                  refresh: str = "missing", workers: Optional[int] = None, local: Any = "auto", batch: int = 64,
                  max_depth: int = 3, duckdb_config: Optional[dict] = None, progress: Any = None,
-                 lake_dir: Any = None, lake_storage_options: Optional[dict] = None):
+                 lake_dir: Any = None, lake_storage_options: Optional[dict] = None,
+                 report_progress: Optional[bool] = False):
         if refresh not in _REFRESH:
             raise ConfigError(f"refresh={refresh!r}: valid values are {', '.join(_REFRESH)}")
         if batch < 1:
@@ -55,6 +59,7 @@ class Lake:
         self.store = _core._store(root, storage_options)  # noqa: SLF001
         self.url = self.store.url
         self._progress = progress
+        self._report = report_progress  # msprobe.progress.Progress's enabled= for the index tasks
         self.lake_note: Optional[str] = None
         self._locate(lake_dir, lake_storage_options, refresh)
         self.runner = Runner(client, workers=workers, local=local)
@@ -203,8 +208,13 @@ class Lake:
         executor = "none"
         if jobs:
             self._writable()
-            self._say(f"indexing {sum(len(j[6]) for j in jobs)} rank dir(s) in {len(jobs)} task(s)")
-            built_rows = self.runner.map(_core._build_batch, jobs)  # noqa: SLF001
+            n_dirs = sum(len(j[6]) for j in jobs)
+            self._say(f"indexing {n_dirs} rank dir(s) in {len(jobs)} task(s)")
+            from msprobe.progress import Progress
+
+            with Progress(n_dirs, "lake index", "rank dirs", enabled=self._report) as bar:
+                built_rows = self.runner.map(_core._build_batch, jobs,  # noqa: SLF001
+                                             on_done=lambda i: bar.update(len(jobs[i][6])))
             executor = self.runner.last
             for batch_rows in built_rows:
                 for r in batch_rows:

@@ -129,7 +129,8 @@ class OnlineChecker:
     def __init__(self, settings: OnlineSettings, out_dir: str = "./", *, white_list: Any = (),
                  black_list: Any = (), device: str = "cpu", keep_running: bool = False,
                  idle_timeout: Optional[float] = None, judge_fn: Optional[Callable] = None,
-                 on_listen: Optional[Callable[[int], None]] = None, keep_packets: bool = False):
+                 on_listen: Optional[Callable[[int], None]] = None, keep_packets: bool = False,
+                 report_progress: Optional[bool] = False):
         execute, self._csvio = _run_ut()
         self.settings = settings
         self.out_dir = out_dir
@@ -143,6 +144,7 @@ class OnlineChecker:
         self.judge = judge_fn or judge
         self.on_listen = on_listen
         self.progress = _Progress(out_dir)
+        self.report_progress = report_progress  # the packets checked so far on stderr (msprobe.progress)
         self.writers: dict = {}
         self.pending: dict = {}  # (run, rank, step, base) -> forward Packet waiting for its backward
         self.counts = {"packets": 0, "apis": 0, "ignored_rank": 0, "duplicates": 0, "dropped_by_sender": 0,
@@ -303,14 +305,21 @@ class OnlineChecker:
                     self.settings.rank_list, self.out_dir)
         if self.on_listen is not None and self.port is not None:
             self.on_listen(self.port)
+        from msprobe.progress import Progress
+
+        bar = Progress(None, "run_ut online", "packets", enabled=self.report_progress)
         try:
             for p in source.packets(self._should_stop):
                 self.handle_safely(p)
+                bar.set_postfix(f"{self.counts['apis']} APIs checked")
+                bar.update()
                 if self._stop.is_set():
                     break
             if not self._stop.is_set():
                 self._flush_pending(lambda k: True)
         finally:
+            bar.set_postfix(f"{self.counts['apis']} APIs checked")
+            bar.close()
             if self.listener is not None:
                 self.listener.close()
             self.close()
