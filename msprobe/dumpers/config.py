@@ -19,8 +19,20 @@ from msprobe.errors import ConfigError
 
 __all__ = ["DumpConfig", "load_config", "parse_int_list", "TASKS", "LEVELS", "SUMMARY_MODES", "DATA_MODES"]
 
-TASKS = ("statistics", "tensor", "structure", "overflow_check", "run_ut", "free_benchmark", "grad_probe")
+TASKS = ("statistics", "tensor", "structure", "overflow_check")
 DUMP_TASKS = ("statistics", "tensor", "structure", "overflow_check")
+#: tasks of config.json that PrecisionDebugger does not run here: refused, saying so
+NOT_DEBUGGER_TASKS = {
+    "run_ut": "task 'run_ut' is not a dump task: dump with task 'statistics' or 'tensor' (level L1), then run "
+              "'msprobe run_ut -api_info DUMP' (docs/run_ut.md); online checking: 'online_run_ut' in the "
+              "dump task's section",
+    "acc_check": "task 'acc_check' is not a dump task: dump with task 'statistics' or 'tensor' (level L1), then "
+                 "run 'msprobe acc_check -api_info DUMP' (docs/run_ut.md)",
+    "free_benchmark": "task 'free_benchmark' (no-benchmark perturbation checking) is not implemented by "
+                      "msprobe-lake's PrecisionDebugger; valid tasks: statistics, tensor, structure, overflow_check",
+    "grad_probe": "task 'grad_probe' (gradient monitoring) is not implemented by msprobe-lake's "
+                  "PrecisionDebugger; valid tasks: statistics, tensor, structure, overflow_check",
+}
 LEVELS = ("L0", "L1", "mix", "L2", "debug")
 SUMMARY_MODES = ("statistics", "md5", "xor")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
@@ -113,8 +125,10 @@ class DumpConfig:
     online: Any = None  # msprobe.online.config.OnlineSettings when online_run_ut is on
 
     def validate(self) -> "DumpConfig":
+        if self.task in NOT_DEBUGGER_TASKS:
+            raise ConfigError(NOT_DEBUGGER_TASKS[self.task])
         if self.task not in TASKS:
-            raise _fail("task", self.task, list(TASKS))
+            raise _fail("task", self.task, list(DUMP_TASKS))
         if self.level not in LEVELS:
             raise _fail("level", self.level, list(LEVELS))
         if self.summary_mode not in SUMMARY_MODES:
@@ -207,7 +221,7 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
             raw[k] = v
     cfg = DumpConfig()
     for k in raw:
-        if k not in _TOP_KEYS and k not in TASKS:
+        if k not in _TOP_KEYS and k not in TASKS and k not in NOT_DEBUGGER_TASKS:
             warnings.warn(f"msprobe config: unknown key {k!r} ignored", stacklevel=3)
     task = raw.get("task", "statistics")
     cfg.task = task
@@ -216,6 +230,14 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
     cfg.rank = parse_int_list("rank", raw.get("rank"))
     cfg.step = parse_int_list("step", raw.get("step"))
     cfg.level = raw.get("level", "L1")
+    if task == "structure" and cfg.level == "L1":  # as 8.1.1: the structure of an API-level dump is mix's
+        warnings.warn("msprobe config: task 'structure' with level 'L1' has no structure to dump; "
+                      "level 'mix' is used", stacklevel=3)
+        cfg.level = "mix"
+    if raw.get("enable_dataloader", False) is not False:
+        raise _fail("enable_dataloader", raw["enable_dataloader"],
+                    "false (the automatic DataLoader-driven dump is not implemented here, and deprecated by "
+                    "msprobe; call start/stop/step)")
     cfg.async_dump = raw.get("async_dump", False)
     for key in ("storage_options", "journal_flush", "journal_fsync", "fsync_tensors", "index", "tensor_store", "tensor_compression",
                 "tensor_shard_mb", "stack", "run_dir_policy",

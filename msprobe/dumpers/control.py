@@ -4,19 +4,25 @@ directions, overflow gating, construct.json parents and the call-stack capture.
 A framework dumper mixes ``DumperControl`` in, calls ``_init_state`` (``config``, ``session``,
 ``encoder``, ``enabled``, ``_hooked_models``, ``module_stack``, ``token_range``, ``_token_count``,
 ``_scope_state``, ``_parent_of``...) and provides the methods ``_encode_output(out, prefix, save)``,
-``_module_params(module)`` (a module's own ``(name, parameter)`` pairs) and
-``_hook_param_grads(module, key)``.
+``_module_params(module)`` (a module's own ``(name, parameter)`` pairs),
+``_hook_param_grads(module, key)``, and for ``save(..., save_backward=True)``
+``_grad_hookable(value)`` / ``_on_grad(tensor, fn)`` (a gradient hook on a tensor).
 """
 from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
+import weakref
 from typing import Any, Optional
 
 __all__ = ["DumperControl", "capture_stack", "render_stack"]
 
 _PKG_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+#: a record name's direction: API ``....forward``/``....backward``, module ``....forward.<n>``
+_DIRECTION = re.compile(r"\.(forward|backward)(?:\.\d+)?$")
+_MODULE_NAME = re.compile(r"^(Module|Cell)\..*\.(forward|backward)\.\d+$")
 
 
 def capture_stack() -> tuple:
@@ -59,9 +65,34 @@ class DumperControl:
         self.token_range = None
         self._token_count = -1
         self._parent_of: dict = {}
+        self._pgrad_seen: set = set()  # modules whose parameter gradients this step dumps
         self.debug_counts: dict = {}
         self.L1 = config.level in ("L1", "mix")
         self.L0 = config.level in ("L0", "mix")
+        #: the step generation: a backward hook set up while the dump was on records until the
+        #: step ends (``step()``), also after ``stop()`` (the docs: stop before loss.backward()
+        #: and step() after it collects the forward *and* backward of the calls in between)
+        self._gen = 0
+        self._overflow_count = 0  # overflow_check: overflowing records over the whole run
+        self._overflow_done = False  # overflow_nums reached: no more detection for the run
+        self._region: Optional[str] = None  # module_dump(module, name): the module's key, until module_dump_end
+
+    def _live(self, gen: int) -> bool:
+        """Whether a hook set up in step generation ``gen`` still records."""
+        return self.enabled or gen == self._gen
+
+    def _end_step_state(self) -> None:
+        """What a step's end resets (both dumpers)."""
+        self._gen += 1
+        self._scope_state = 0
+        self._token_count = -1
+        self.debug_counts.clear()
+        self.bw_stack.clear()
+        self._parent_of.clear()
+        self._pgrad_seen.clear()
+        reset = getattr(self.encoder, "reset_overflow", None)
+        if reset is not None:
+            reset()
 
     def _set_token_range(self, model: Any, token_range: Optional[list]) -> None:
         if token_range is None:
@@ -77,6 +108,9 @@ class DumperControl:
 
     def _record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
         """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
+        if self.config.task == "structure":  # its place in construct.json only
+            self.session.add_structure(bwd, parent)
+            return
         self.guard.inside = True
         try:
             want_in, want_out = self._io("backward")
@@ -86,7 +120,7 @@ class DumperControl:
                 rec["input"] = [self.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grads_in)]
             if want_out:
                 rec["output"] = [self.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grads_out)]
-            if self._keep(rec):
+            if self._keep(rec, bwd):
                 self.session.add_record(bwd, rec, parent=parent)
         finally:
             self.guard.inside = False
@@ -135,6 +169,8 @@ class DumperControl:
         None when the call is filtered out, or None when nothing is dumped now."""
         if not self.enabled or (self.token_range is not None and not self._in_token_range()):
             return None
+        if self._region is not None and key != self._region:
+            return None  # inside module_dump(...): only that module is dumped
         n = self.session.next_module_index(key)
         fwd = f"{key}.forward.{n}"
         parent = self._parent()
@@ -157,8 +193,11 @@ class DumperControl:
         if self.module_stack and self.module_stack[-1] == fwd:
             self.module_stack.pop()
         if rec is None:
+            self._scope_leave(fwd)
             if not gated or (self.enabled and self._in_token_range()):
                 self.session.add_structure(fwd, parent)
+                if self.enabled and self.config.backward_enabled and self.config.task != "structure":
+                    self._hook_param_grads(module, key)  # data_mode backward, list of backward names
             return
         self.guard.inside = True
         try:
@@ -168,23 +207,30 @@ class DumperControl:
                 rec["output"] = self._encode_output(output, f"{fwd}.output", save)
                 rec["parameters"] = {name: self.encoder.encode(p, f"{fwd}.parameters.{name}", save)
                                      for name, p in self._module_params(module)}
-            if self._keep(rec):
+            if self._keep(rec, fwd):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
+            if self.config.task != "structure":
                 self._hook_param_grads(module, key)
         finally:
             self.guard.inside = False
+            self._scope_leave(fwd)
 
-    def _module_backward(self, bwd: str, fwd: str, grads_in: Any, grads_out: Any) -> None:
+    def _module_backward(self, bwd: str, fwd: str, grads_in: Any, grads_out: Any, live: bool = False) -> None:
         """A module's backward (of its forward call ``fwd``): a record, or a structure entry when
-        filtered out; its parent is the backward of the forward's parent."""
+        filtered out; its parent is the backward of the forward's parent. ``live``: the step of
+        the forward call is still being dumped (after ``stop()`` too)."""
         parent = self._bw_parent(self._parent_of.get(fwd))
-        if not self._wanted(bwd):
-            self.session.add_structure(bwd, parent)
-            return
-        self._record_backward(bwd, grads_in, grads_out, parent)
+        try:
+            if not self._wanted(bwd, self._inside_listed_backward(), live=live):
+                self.session.add_structure(bwd, parent)
+                return
+            self._record_backward(bwd, grads_in, grads_out, parent)
+        finally:
+            self._scope_leave(bwd)
 
-    def _save_debug(self, variable: Any, name: str) -> Optional[str]:
-        """debug level ``save``: the record ``<name>.<n>.debug`` (None when this step/rank is not dumped)."""
+    def _save_debug(self, variable: Any, name: str, save_backward: bool = False) -> Optional[str]:
+        """debug level ``save``: the record ``<name>.<n>.debug`` and, ``save_backward``,
+        ``<name>_grad.<n>.debug`` (None when this step/rank is not dumped)."""
         if not self.enabled and not (self.session.step_enabled() and self.session.rank_enabled()):
             return None
         n = self.debug_counts.get(name, 0)
@@ -196,42 +242,128 @@ class DumperControl:
             self.session.add_record(key, self.encoder.encode(variable, key, save), construct=False)
         finally:
             self.guard.inside = False
+        if save_backward:
+            self._save_grads(variable, f"{name}_grad.{n}.debug")
         return key
+
+    def _save_grads(self, variable: Any, key: str) -> None:
+        """The gradients of ``variable``'s tensors, in its nesting: the record is there at once
+        with ``null`` in each place (as the real tool writes it) and fills in as they arrive."""
+        tensors: list = []
+        hookable = self._grad_hookable
+
+        def collect(v: Any, path: tuple) -> None:
+            if hookable(v):
+                tensors.append((path, v))
+            elif isinstance(v, (list, tuple)):
+                for i, x in enumerate(v):
+                    collect(x, path + (str(i),))
+            elif isinstance(v, dict):
+                for k, x in v.items():
+                    collect(x, path + (str(k),))
+
+        collect(variable, ())
+        grads: dict = {}
+        self.session.add_record(key, _nest(variable, grads), construct=False)
+        dumper_ref = weakref.ref(self)
+        gen = self._gen
+        for path, t in tensors:
+            def hook(g, path=path):
+                d = dumper_ref()
+                if d is None or not d._live(gen):
+                    return None
+                d.guard.inside = True
+                try:
+                    save = d.encoder.wants_tensors(key)
+                    grads[path] = d.encoder.encode(g, ".".join((key,) + path), save)
+                    d.session.add_record(key, _nest(variable, grads), construct=False)
+                finally:
+                    d.guard.inside = False
+                return None
+
+            self._on_grad(t, hook)
+
     # ---------------------------------------------------------------- filters
     def _in_scope(self, name: str) -> bool:
+        """The scope range, in execution order (a backward name as its backward runs). A range
+        that ends at a module (L0/mix) ends when that module's call ends: its inner calls are in
+        it (8.1.1/26.2.0); one that ends at an API ends with that API."""
         scope = self.config.scope
         if not scope:
             return True
         if self._scope_state == 0 and name == scope[0]:
             self._scope_state = 1
         if self._scope_state == 1:
-            if name == scope[1]:
+            if name == scope[1] and not (self.L0 and _MODULE_NAME.match(name)):
                 self._scope_state = 2
             return True
         return False
 
-    def _wanted(self, name: str, inside_listed: Optional[bool] = None) -> bool:
-        """``inside_listed``: whether the call sits in a module named by ``list`` (mix level);
-        None = look at the current module stack (forward)."""
-        if not self.enabled:
+    def _scope_enter(self, name: str) -> None:
+        """A module's call begins (a backward one: when its output gradients arrive)."""
+        scope = self.config.scope
+        if scope and self._scope_state == 0 and name == scope[0]:
+            self._scope_state = 1
+
+    def _scope_leave(self, name: str) -> None:
+        """A module's call ends: a scope ending at it ends here."""
+        scope = self.config.scope
+        if scope and self._scope_state == 1 and name == scope[1]:
+            self._scope_state = 2
+
+    def _listed(self, name: str) -> bool:
+        """``list``: a full record name (forward or backward), or a part of names (``"relu"``)."""
+        lst = self.config.list
+        return not lst or any(item == name or item in name for item in lst)
+
+    def _direction_on(self, name: str) -> bool:
+        """``data_mode`` forward/backward: whether records of ``name``'s direction are dumped."""
+        m = _DIRECTION.search(name)
+        if m is not None:
+            return self.config.forward_enabled if m.group(1) == "forward" else self.config.backward_enabled
+        if "parameters_grad" in name:
+            return self.config.backward_enabled
+        return True
+
+    def _wanted(self, name: str, inside_listed: Optional[bool] = None, live: bool = False) -> bool:
+        """Whether the call ``name`` is recorded: the dump is on (or, ``live``, the step of its
+        forward call is still dumped), inside token_range and scope, listed, of a dumped
+        direction. ``inside_listed``: whether the call sits in a module named by ``list`` (mix
+        level); None = look at the current module stack (forward). The scope is consulted for
+        every call, in execution order, so that ``scope`` + ``list`` is their intersection."""
+        if not (self.enabled or live) or self._overflow_done:
             return False
         if not self._in_token_range():
             return False
-        lst = self.config.list
-        if lst:
-            if not any(item == name or item in name for item in lst):
-                if inside_listed is None:
-                    inside_listed = self.config.level == "mix" and self._inside_listed_module()
-                if not inside_listed:
-                    return False
-        return self._in_scope(name)
+        if not self._in_scope(name):
+            return False
+        if not self._direction_on(name):
+            return False
+        if not self._listed(name):
+            if inside_listed is None:
+                inside_listed = self.config.level == "mix" and self._inside_listed_module()
+            if not inside_listed:
+                return False
+        return True
+
+    def _bw_listed(self, bwd: str, inside_listed: bool = False) -> bool:
+        """At a forward call: whether its backward ``bwd`` may be recorded (hook it then), by
+        ``list`` and ``data_mode``; the scope is decided when the backward runs."""
+        return self.config.backward_enabled and (inside_listed or self._listed(bwd))
 
     def _in_token_range(self) -> bool:
         return self.token_range is None or self.token_range[0] <= self._token_count <= self.token_range[1]
 
-    def _inside_listed_module(self) -> bool:
+    def _inside_listed_module(self, stack: Optional[list] = None) -> bool:
+        """Whether a module on ``stack`` (default: the forward module stack) is named by ``list``."""
         lst = self.config.list
-        return any(any(item == m or item in m for item in lst) for m in self.module_stack)
+        return bool(lst) and any(any(item == m or item in m for item in lst)
+                                 for m in (self.module_stack if stack is None else stack))
+
+    def _inside_listed_backward(self) -> bool:
+        """mix: whether a module backward in progress is named by ``list`` (a backward runs
+        inside its module's backward, which ``list`` names separately from its forward)."""
+        return self.config.level == "mix" and self._inside_listed_module(self.bw_stack)
 
     def _io(self, direction: str) -> tuple:
         cfg = self.config
@@ -241,16 +373,22 @@ class DumperControl:
     def _parent(self) -> Optional[str]:
         return self.module_stack[-1] if self.module_stack else None
 
-    def _keep(self, rec: dict) -> bool:
-        """overflow_check keeps only records whose tensors hold Inf/NaN, up to overflow_nums."""
+    def _keep(self, rec: dict, name: str, encoder: Any = None) -> bool:
+        """overflow_check keeps only records whose tensors hold Inf/NaN, with their tensor files
+        (the docs: the inputs and outputs of an overflowing API are dumped), up to
+        ``overflow_nums`` records over the whole run (-1: no limit). ``encoder``: the one that
+        encoded the record (default: the dumper's)."""
         if self.config.task != "overflow_check":
             return True
-        if not self.encoder.take_overflow():
+        enc = encoder or self.encoder
+        found = enc.take_overflow(name) and not self._overflow_done
+        enc.settle_overflow(name, keep=found)
+        if not found:
             return False
+        self._overflow_count += 1
         n = self.config.overflow_nums
-        self.session.overflow_found += 1
-        if n != -1 and self.session.overflow_found >= n:
-            self.enabled = False
+        if n != -1 and self._overflow_count >= n:
+            self._overflow_done = True
         return True
 
     @staticmethod
@@ -270,3 +408,12 @@ class DumperControl:
                 parent = self._bw_parent(self._parent_of.get(parent.replace(".backward.", ".forward.")))
                 seen += 1
             construct[child] = parent if parent in data or parent in construct else None
+
+
+def _nest(variable: Any, grads: dict, path: tuple = ()) -> Any:
+    """``variable``'s nesting with the gradient entries found in ``grads`` (by path), else None."""
+    if isinstance(variable, (list, tuple)):
+        return [_nest(v, grads, path + (str(i),)) for i, v in enumerate(variable)]
+    if isinstance(variable, dict):
+        return {k: _nest(v, grads, path + (str(k),)) for k, v in variable.items()}
+    return grads.get(path)

@@ -3,7 +3,8 @@
 A framework encoder subclasses ``ValueEncoder`` and provides ``tensor_types`` (the classes
 ``tensor()`` handles), ``tensor(value, data_name_prefix, save)``, and optionally
 ``framework_value(value)`` (its own dtype/device/shape types; ``NotImplemented`` when the
-value is not one) and ``_plain(v)`` for tensors used as slice bounds.
+value is not one) and ``_plain(v)`` for tensors used as slice bounds; for overflow_check,
+``_any_inf_nan(handles)`` and ``_write_tensor(entry, tensor, data_name)``.
 """
 from __future__ import annotations
 
@@ -25,6 +26,48 @@ class ValueEncoder:
         self.tensor_list = tensor_list
         self.check_overflow = False
         self._tls = threading.local()
+        #: overflow_check: (data name prefix, handle) of the float tensors encoded, and the tensors
+        #: whose files wait for their record's verdict, (prefix, entry, tensor, data_name)
+        self._overflow: list = []
+        self._deferred: list = []
+
+    # ------------------------------------------------------------ overflow_check
+    def _watch(self, prefix: str, handle: Any) -> None:
+        self._overflow.append((prefix, handle))
+
+    def _defer(self, prefix: str, entry: dict, tensor: Any, data_name: str) -> None:
+        self._deferred.append((prefix, entry, tensor, data_name))
+
+    @staticmethod
+    def _of(record: str, items: list) -> tuple:
+        """(the items of ``record``, the others): a record's tensors are named ``<record>.…``."""
+        head = record + "."
+        mine = [it for it in items if it[0].startswith(head)]
+        return mine, [it for it in items if not it[0].startswith(head)]
+
+    def take_overflow(self, record: str) -> bool:
+        """True when a float tensor of ``record`` encoded so far holds Inf/NaN (syncs)."""
+        mine, self._overflow = self._of(record, self._overflow)
+        return bool(mine) and self._any_inf_nan([h for _, h in mine])
+
+    def settle_overflow(self, record: str, *, keep: bool) -> None:
+        """The record overflowed (``keep``): write its tensors' files (named in its entries);
+        else forget them."""
+        mine, self._deferred = self._of(record, self._deferred)
+        if keep:
+            for _, entry, tensor, data_name in mine:
+                entry["data_name"] = data_name
+                self._write_tensor(entry, tensor, data_name)
+
+    def reset_overflow(self) -> None:
+        self._overflow = []
+        self._deferred = []
+
+    def _any_inf_nan(self, handles: list) -> bool:
+        raise NotImplementedError
+
+    def _write_tensor(self, entry: dict, tensor: Any, data_name: str) -> None:
+        raise NotImplementedError
 
     def wants_tensors(self, record: str) -> bool:
         return self.save_tensors or any(item in record for item in self.tensor_list)

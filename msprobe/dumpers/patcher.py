@@ -23,6 +23,7 @@ class ApiPatcher:
         self.guard = guard
         self.extra = extra or {}
         self._saved: list = []
+        self._handler: Optional[Callable] = None
 
     @property
     def installed(self) -> bool:
@@ -32,6 +33,7 @@ class ApiPatcher:
         """``handler(orig, api_key, args, kwargs)`` is called for each wrapped API call."""
         if self._saved:
             return
+        self._handler = handler
         for key, (prefix, targets) in self.namespaces().items():
             for name in self.api_list.get(key, []):
                 # a dotted name (``linalg.vector_norm``) is the attribute of a submodule; its record
@@ -39,6 +41,8 @@ class ApiPatcher:
                 sub, _, attr = name.rpartition(".")
                 for target in targets:
                     owner = getattr(target, sub, None) if sub else target
+                    if (id(owner), attr) in self.extra:  # a custom API (register_custom_api) takes its place
+                        continue
                     orig = getattr(owner, attr, None) if owner is not None else None
                     if orig is None or not callable(orig) or getattr(orig, "__msprobe_wrapped__", False):
                         continue
@@ -71,6 +75,37 @@ class ApiPatcher:
         except (AttributeError, TypeError):
             return
         self._saved.append((target, name, orig_attr, owned))
+
+    def _listed_key(self, target, name: str) -> Optional[str]:
+        for key, (prefix, targets) in self.namespaces().items():
+            if name in self.api_list.get(key, []) and any(t is target for t in targets):
+                return f"{prefix}.{name}"
+        return None
+
+    def _unwrap(self, target, name: str) -> None:
+        for i, (t, n, orig, owned) in enumerate(self._saved):
+            if t is target and n == name:
+                if owned:
+                    setattr(target, name, orig)
+                else:
+                    delattr(target, name)
+                del self._saved[i]
+                return
+
+    def set_custom(self, target, name: str, api_key: str) -> None:
+        """register_custom_api: ``target.name`` is recorded as ``api_key`` (instead of its listed name)."""
+        self.extra[(id(target), name)] = (target, api_key)
+        if self._saved:
+            self._unwrap(target, name)
+            self._wrap(target, name, getattr(target, name), api_key, self._handler)
+
+    def drop_custom(self, target, name: str) -> None:
+        """restore_custom_api: ``target.name`` is the original again, or its listed wrapper when listed."""
+        self.extra.pop((id(target), name), None)
+        self._unwrap(target, name)
+        key = self._listed_key(target, name) if self._saved else None
+        if key is not None:
+            self._wrap(target, name, getattr(target, name), key, self._handler)
 
     def uninstall(self) -> None:
         for target, name, orig, owned in reversed(self._saved):

@@ -827,6 +827,9 @@ class DumpSession:
             try:
                 for key in self.store.list_prefix(f"{self.rank_prefix}/{JOURNAL_DIR}"):
                     self.store.delete(key)
+                local = self.store.local_path(f"{self.rank_prefix}/{JOURNAL_DIR}")
+                if local is not None and os.path.isdir(local):
+                    os.rmdir(local)  # a final dump leaves no .journal/ behind (object stores have no directories)
             except Exception:
                 pass
 
@@ -843,8 +846,11 @@ class DumpSession:
             self.reset_counters()
 
     def close(self) -> None:
+        """The process ends (atexit) or the debugger is torn down: the current step's dump is
+        final, as after ``step()`` (also when ``stop()`` published it already and no step()
+        follows, as in the docs' quick start)."""
         with self.lock:
-            if self._dirty:
+            if self._dirty or self._journal is not None:
                 self.publish(final=True)
             if self._writer is not None:
                 try:

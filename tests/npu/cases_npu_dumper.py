@@ -172,10 +172,10 @@ def test_seed_all_seeds_the_npu_and_sets_deterministic_collectives(torch_npu, mo
     start = len(torch_npu.npu.calls)
     seed_all(4321, mode=False, rm_dropout=False)
     assert ("manual_seed", 4321) in torch_npu.npu.calls[start:] and ("manual_seed_all", 4321) in torch_npu.npu.calls
-    assert "HCCL_DETERMINISTIC" not in os.environ
+    assert os.environ["HCCL_DETERMINISTIC"] == "False" and "LCCL_DETERMINISTIC" not in os.environ
     try:
         seed_all(5, mode=True, rm_dropout=False)
-        assert os.environ["HCCL_DETERMINISTIC"] == "true" and os.environ["LCCL_DETERMINISTIC"] == "1"
+        assert os.environ["HCCL_DETERMINISTIC"] == "True" and os.environ["LCCL_DETERMINISTIC"] == "1"
         assert torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(False)

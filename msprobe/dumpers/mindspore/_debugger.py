@@ -114,9 +114,9 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True) -> N
     os.environ["PYTHONHASHSEED"] = str(seed)
     np.random.seed(seed)
     mindspore.set_seed(seed)
-    if mode:
-        mindspore.set_context(deterministic="ON")
-        os.environ["HCCL_DETERMINISTIC"] = "true"
+    # mode: deterministic kernels and reduce collectives (the docs); "False"/"OFF" without it (as 26.2.0)
+    mindspore.set_context(deterministic="ON" if mode else "OFF")
+    os.environ["HCCL_DETERMINISTIC"] = str(mode)
     if rm_dropout:
         _remove_dropout()
 

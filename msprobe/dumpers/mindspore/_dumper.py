@@ -152,7 +152,6 @@ class MindSporeDumper(DumperControl):
             self._warn_no_points()
         self.enabled = False
         GUARD.on = False
-        self.bw_stack.clear()
         if self._graph is not None:
             self._graph.flush_param_grads()
         self._flush_param_grads()
@@ -185,16 +184,16 @@ class MindSporeDumper(DumperControl):
             "it) is first run", RuntimeWarning, stacklevel=4)
 
     def step(self) -> None:
+        """Ends the step: the backward of the calls recorded before ``stop()`` is in it (the
+        docs: stop before the backward, step after it)."""
         self.stop()
+        self._flush_param_grads()
+        self._fix_dangling_parents()
         self.session.end_step()
         if self._split_session is not None:
             self._split_session.end_step()
-        self._scope_state = 0
-        self._token_count = -1
-        self.debug_counts.clear()
-        self.bw_stack.clear()
+        self._end_step_state()
         self.module_stack.clear()
-        self._parent_of.clear()
 
     def close(self) -> None:
         self.stop()
@@ -218,7 +217,7 @@ class MindSporeDumper(DumperControl):
         self.session.close()
 
     def _bw_wanted(self) -> bool:
-        return self.config.backward_enabled and self.config.task != "structure" and _grad_recording()
+        return self.config.backward_enabled and _grad_recording()
 
     # ------------------------------------------------------------------- APIs
     def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
@@ -232,10 +231,14 @@ class MindSporeDumper(DumperControl):
             dist = api_key.startswith(_DIST_PREFIXES)  # collectives: forward-only records
             bw = not dist and self._bw_wanted() and (_has_tensor(args) or _has_tensor(kwargs.values()))
             if not self._wanted(fwd):
-                if not (self.enabled and self.L0 and self._in_token_range()):
+                structure = self.enabled and self.L0 and self._in_token_range()
+                # its backward may still be wanted (list names it, data_mode backward)
+                backward = self.enabled and bw and self._bw_listed(base + ".backward", self._mix_listed())
+                if not structure and not backward:
                     return orig(*args, **kwargs)
-                self.session.add_structure(fwd, parent)
-                return self._call_api(orig, args, kwargs, base + ".backward", parent, bw, record=False)
+                if structure:
+                    self.session.add_structure(fwd, parent)
+                return self._call_api(orig, args, kwargs, base + ".backward", parent, bw, record=backward)
             # a call that writes into its arguments: read them (copies) before it does
             rec = self._forward_inputs(fwd, args, kwargs, self._encode_copy if _mutates(api_key) else None)
             stack = capture_stack() if self.config.stack else None
@@ -244,11 +247,15 @@ class MindSporeDumper(DumperControl):
                 self._collective_output(rec, fwd, api_key, args, kwargs, out)
             else:
                 self._forward_output(rec, fwd, out)
-            if self._keep(rec):
+            if self._keep(rec, fwd):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
             return out
         finally:
             GUARD.inside = False
+
+    def _mix_listed(self) -> bool:
+        """mix with a ``list``: a backward may sit in a listed module's backward (known only then)."""
+        return self.config.level == "mix" and bool(self.config.list)
 
     def _collective_output(self, rec: dict, fwd: str, api_key: str, args: tuple, kwargs: dict, out: Any) -> None:
         """mint.distributed collectives write into their arguments: the output entries are the
@@ -281,14 +288,14 @@ class MindSporeDumper(DumperControl):
             return orig(*args, **kwargs)
         cell = _ApiCell(orig)
         dumper = weakref.ref(self)
-        listed = self.config.level == "mix" and bool(self.config.list) and self._inside_listed_module()
+        gen = self._gen
 
         def hook(_cell, grad_input, grad_output):
             d = dumper()
-            if d is None or not d.enabled:
+            if d is None or not d._live(gen):
                 return None
             bw_parent = d.bw_stack[-1] if d.bw_stack else None
-            if not record or not d._wanted(bwd, listed):
+            if not record or not d._wanted(bwd, d._inside_listed_backward(), live=True):
                 if d.L0:
                     d.session.add_structure(bwd, bw_parent)
                 return None
@@ -339,14 +346,17 @@ class MindSporeDumper(DumperControl):
             if not wanted:
                 if self.enabled and self.L0:
                     self.session.add_structure(fwd, parent)
-                return call(*head, *args, **kwargs)
+                if not (self.enabled and bw and self._bw_listed(bwd, self._mix_listed())):
+                    return call(*head, *args, **kwargs)
+                out = call(*head, *self._hook_grads(args, bwd, "output"), **kwargs)  # its backward is wanted
+                return self._hook_grads(out, bwd, "input")
             rec = self._forward_inputs(fwd, args, kwargs)
             stack = capture_stack() if self.config.stack else None
             if bw:
                 args = self._hook_grads(args, bwd, "output")
             out = call(*head, *args, **kwargs)
             self._forward_output(rec, fwd, out)
-            if self._keep(rec):
+            if self._keep(rec, fwd):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
             if bw:
                 out = self._hook_grads(out, bwd, "input")
@@ -358,16 +368,16 @@ class MindSporeDumper(DumperControl):
         """Route the tensors of ``values`` through ops.HookBackward: their gradients extend the
         backward record's ``side`` list as they arrive."""
         dumper = weakref.ref(self)
-        listed = self.config.level == "mix" and bool(self.config.list) and self._inside_listed_module()
         captured: list = []
+        gen = self._gen
 
         def hook(grad):
             d = dumper()
-            if d is None or not d.enabled:
+            if d is None or not d._live(gen):
                 return None
             captured.extend(grad if isinstance(grad, (tuple, list)) else (grad,))
             parent = d.bw_stack[-1] if d.bw_stack else None
-            if not d._wanted(bwd, listed):
+            if d.config.task == "structure" or not d._wanted(bwd, d._inside_listed_backward(), live=True):
                 if d.L0:
                     d.session.add_structure(bwd, parent)
                 return None
@@ -386,7 +396,7 @@ class MindSporeDumper(DumperControl):
                     new.pop("input")
                 if not want_out:
                     new.pop("output")
-                if d._keep(new):
+                if d._keep(new, bwd):
                     d.session.add_record(bwd, new, parent=parent)
             finally:
                 GUARD.inside = False
@@ -524,44 +534,57 @@ class MindSporeDumper(DumperControl):
             calls.append(None if d is None else d._module_forward_begin(key, args, kwargs))
             return None
 
+        running: list = []  # backward calls in flight: (backward name, recorded)
+
         def post(c, args, kwargs, output):
             d = dumper()
             item = calls.pop() if calls else None
             if item is not None and d is not None:
                 if _grad_recording():
-                    done.append(int(item[0].rsplit(".", 1)[1]))
+                    done.append((int(item[0].rsplit(".", 1)[1]), d._gen))
                 d._module_forward_end(item, c, key, output)
             return None
 
         def bw_pre(c, grad_output):
             d = dumper()
-            if d is None or not d.enabled:
+            if d is None:
                 return None
-            n = done.pop() if done else 0
+            n, gen = done.pop() if done else (0, -1)
+            live = d._live(gen)  # the forward ran while this step was dumped (also before a stop())
             bwd = f"{key}.backward.{n}"
-            d.bw_stack.append(bwd)
+            running.append((bwd, live))
+            if live:
+                d._scope_enter(bwd)
+                d.bw_stack.append(bwd)
             return None
 
         def bw_post(c, grad_input, grad_output):
             d = dumper()
-            if d is None or not d.enabled:
+            if d is None:
                 return None
-            bwd = d.bw_stack.pop() if d.bw_stack and d.bw_stack[-1].startswith(key + ".backward.") else \
-                f"{key}.backward.{done.pop() if done else 0}"
+            if running:
+                bwd, live = running.pop()
+            else:  # no pre hook ran for it
+                n, gen = done.pop() if done else (0, -1)
+                bwd, live = f"{key}.backward.{n}", d._live(gen)
+            if not live:
+                return None
+            if d.bw_stack and d.bw_stack[-1] == bwd:
+                d.bw_stack.pop()
             d._flush_param_grads(key + ".parameters_grad")
-            d._module_backward(bwd, bwd.replace(".backward.", ".forward."), grad_output, grad_input)
+            d._module_backward(bwd, bwd.replace(".backward.", ".forward."), grad_output, grad_input, live=True)
             return None
 
         self._cell_handles.append(cell.register_forward_pre_hook(pre, with_kwargs=True))
         self._cell_handles.append(cell.register_forward_hook(post, with_kwargs=True))
-        if self.config.backward_enabled and self.config.task != "structure":
+        if self.config.backward_enabled:
             self._cell_handles.append(cell.register_backward_pre_hook(bw_pre))
             self._cell_handles.append(cell.register_backward_hook(bw_post))
 
     def _flush_param_grads(self, name: Optional[str] = None) -> None:
         for key in ([name] if name is not None else list(self._pgrads)):
             rec = self._pgrads.pop(key, None)
-            if rec:
+            if rec and self._keep(rec, key):
                 self.session.add_record(key, rec, parent=None, construct=False)
 
     @staticmethod
@@ -569,7 +592,10 @@ class MindSporeDumper(DumperControl):
         return cell._params.items()
 
     def _hook_param_grads(self, cell: nn.Cell, key: str) -> None:
-        if not self.config.backward_enabled or getattr(cell, "_msprobe_pgrad_hooked", False):
+        if not self.config.backward_enabled:
+            return
+        self._pgrad_seen.add(id(cell))  # this step dumps the Cell's parameter gradients
+        if getattr(cell, "_msprobe_pgrad_hooked", False):
             return
         object.__setattr__(cell, "_msprobe_pgrad_hooked", True)
         name = f"{key}.parameters_grad"
@@ -578,9 +604,9 @@ class MindSporeDumper(DumperControl):
             if not isinstance(p, Parameter) or not p.requires_grad:
                 continue
 
-            def hook(grad, pname=pname):
+            def hook(grad, pname=pname, cell_id=id(cell)):
                 d = dumper()
-                if d is None or not d.enabled or not d._wanted(name):
+                if d is None or cell_id not in d._pgrad_seen or not d._wanted(name, live=True):
                     return None
                 GUARD.inside = True
                 try:
@@ -595,7 +621,15 @@ class MindSporeDumper(DumperControl):
 
     # ------------------------------------------------------------------ debug
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
-        self._save_debug(variable, name)
+        self._save_debug(variable, name, save_backward)
+
+    @staticmethod
+    def _grad_hookable(value: Any) -> bool:
+        return isinstance(value, Tensor) and _floating(value)
+
+    @staticmethod
+    def _on_grad(tensor: Any, fn: Any) -> None:
+        tensor.register_hook(fn)
 
 
 def _sync() -> None:

@@ -86,7 +86,6 @@ class Encoder(ValueEncoder):
 
     def __init__(self, session, *, save_tensors: bool, summary_mode: str, tensor_list: list):
         super().__init__(session, save_tensors=save_tensors, summary_mode=summary_mode, tensor_list=tensor_list)
-        self._overflow: list = []
 
     def framework_value(self, value: Any) -> Any:
         if isinstance(value, mindspore.dtype.Type):
@@ -113,12 +112,18 @@ class Encoder(ValueEncoder):
             entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
             self.session.pending.add(entry, (held, mode == "md5"))
             if self.check_overflow and t.dtype in (mindspore.float16, mindspore.float32, mindspore.float64, _BF16):
-                self._overflow.append(held)
-        if save and (t.size or not getattr(self._tls, "in_output", False)):
+                self._watch(data_name_prefix, held)
+        if t.size or not getattr(self._tls, "in_output", False):
             name = f"{data_name_prefix}.npy"
-            entry["data_name"] = name
-            self.session.save_tensor(name, lambda c=held: _npy_bytes(c), int(t.nbytes))
+            if save:
+                entry["data_name"] = name
+                self._write_tensor(entry, held, name)
+            elif self.check_overflow:  # written when the record overflows (_keep)
+                self._defer(data_name_prefix, entry, held, name)
         return entry
+
+    def _write_tensor(self, entry: dict, t: Tensor, name: str) -> None:
+        self.session.save_tensor(name, lambda c=t: _npy_bytes(c), int(t.nbytes))
 
     @staticmethod
     def _xor(t: Tensor) -> Optional[str]:
@@ -130,9 +135,8 @@ class Encoder(ValueEncoder):
         raw = np.ascontiguousarray(tensor_raw(t))
         return f"0x{xor64(raw) & ((1 << 64) - 1):016x}"
 
-    def take_overflow(self) -> bool:
-        """True when any float tensor encoded since the last call holds Inf/NaN (syncs)."""
-        hs, self._overflow = self._overflow, []
+    @staticmethod
+    def _any_inf_nan(hs: list) -> bool:
         for h in hs:
             a = tensor_numpy(h)
             if a.size and not np.isfinite(a).all():

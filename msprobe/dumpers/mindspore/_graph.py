@@ -314,7 +314,7 @@ class GraphCellDump:
             params = rec.pop("parameters", {})
             rec["output"] = [call.pending[k] for k in sorted(call.pending)]
             rec["parameters"] = params
-        if d._keep(rec):
+        if d._keep(rec, fwd, self.encoder):
             self.session.add_record(fwd, rec, parent=call.parent)
 
     def _backward(self, d, key: str, kind: str, value: Tensor, i: int, n: int) -> None:
@@ -376,5 +376,5 @@ class GraphCellDump:
             got = call.rec.get("output", {})
             n = max(self.n_inputs.get(call.name.replace(".backward.", ".forward."), 0), len(got))
             rec["output"] = [got.get(k) for k in range(n)]
-        if d._keep(rec):
+        if d._keep(rec, call.name, self.encoder):
             self.session.add_record(call.name, rec, parent=call.parent)

@@ -103,24 +103,11 @@ class PrecisionDebugger:
             raise ConfigError(f"invalid api_prefix {api_prefix!r}; valid: a string")
         prefix = api_prefix or getattr(module, "__name__", type(module).__name__).split(".")[-1].capitalize()
         register_prefix(prefix)
-        patcher = self.dumper.patcher
-        patcher.extra[(id(module), api_name)] = (module, f"{prefix}.{api_name}")
-        if patcher.installed:
-            patcher._wrap(module, api_name, getattr(module, api_name), f"{prefix}.{api_name}", self.dumper._on_api)
+        self.dumper.patcher.set_custom(module, api_name, f"{prefix}.{api_name}")
 
     @classmethod
     def restore_custom_api(cls, module: Any, api_name: str) -> None:
-        self = cls._get()
-        patcher = self.dumper.patcher
-        patcher.extra.pop((id(module), api_name), None)
-        keep = []
-        for item in patcher._saved:
-            target, name, orig, owned = item
-            if target is module and name == api_name:
-                setattr(target, name, orig)
-            else:
-                keep.append(item)
-        patcher._saved = keep
+        cls._get().dumper.patcher.drop_custom(module, api_name)
 
     def _at_exit(self) -> None:
         try:
@@ -137,33 +124,43 @@ class PrecisionDebugger:
 
 
 def module_dump(module: Any, name: str) -> None:
-    """Dump one module's forward/backward (and the APIs inside) under ``name``."""
+    """Dump ``module`` as one module under ``name`` (``Module.<name>.<Class>``: its forward and
+    backward records), until :func:`module_dump_end`; the APIs and child modules called in
+    between are not dumped. Use it between ``start()`` and ``stop()`` (the docs)."""
     import torch
 
     dbg = PrecisionDebugger._get()
     d = dbg.dumper
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(f"module_dump needs a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"module_dump needs a non-empty str name, got {name!r}")
+    key = f"Module.{name}.{type(module).__name__}"
     if not any(module is m for m in d._hooked_models):
         d._hooked_models.append(module)
-        d._hook_module(module, f"Module.{name}.{type(module).__name__}")
-    d.enabled = True
-    if d.L1 or d.config.level == "L0":
-        d.patcher.install(d._on_api)
+        d._hook_module(module, key)
+    d._region = key
 
 
 def module_dump_end() -> None:
-    PrecisionDebugger._get().dumper.enabled = False
+    """End :func:`module_dump`: APIs and modules are dumped again, as usual, until ``stop()``."""
+    PrecisionDebugger._get().dumper._region = None
 
 
-def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True) -> None:
-    """Fix every source of randomness the docs list, and optionally disable dropout."""
+def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True, is_enhanced: bool = False) -> None:
+    """Fix every source of randomness the docs' table lists; ``mode`` turns on deterministic
+    algorithms; ``rm_dropout`` makes the dropout APIs use p=0; ``is_enhanced`` also fixes the
+    random state (every random API call starts from the state seed_all left, as 26.2.0 does)."""
     check_seed_args(seed, mode, rm_dropout)
+    if not isinstance(is_enhanced, bool):
+        raise ConfigError(f"invalid is_enhanced {is_enhanced!r}; valid: true or false")
     import numpy as np
     import torch
 
     random.seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
+    # the docs' table (and 8.1.1): deterministic collectives, "True" with mode, else "False"
+    os.environ["HCCL_DETERMINISTIC"] = str(mode)
     np.random.seed(seed)
     torch.manual_seed(seed)
     if torch.cuda.is_available():
@@ -174,12 +171,70 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True) -> N
     set_npu_seeds(seed, mode)  # torch_npu present: NPU seeds (+ deterministic collectives with mode)
     if mode:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-        torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.enabled = True
+    torch.use_deterministic_algorithms(mode)
+    # the docs' table: cuDNN off, deterministic algorithm choice, deterministic convolutions only
+    torch.backends.cudnn.enabled = False
     torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
     if rm_dropout:
         _remove_dropout()
+    if is_enhanced:
+        _fix_random_state()
+
+
+#: the random APIs whose state is_enhanced fixes: (module, names)
+_RANDOM_APIS = (
+    ("random", ("random", "randint", "randrange", "choice", "choices", "sample", "shuffle", "uniform", "gauss",
+                "normalvariate", "getrandbits", "betavariate", "expovariate", "gammavariate", "lognormvariate",
+                "paretovariate", "triangular", "vonmisesvariate", "weibullvariate")),
+    ("numpy.random", ("rand", "randn", "randint", "random", "random_sample", "choice", "shuffle", "permutation",
+                      "normal", "uniform", "binomial", "beta", "exponential", "poisson", "standard_normal")),
+    ("torch", ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson",
+               "rand_like", "randn_like", "randint_like")),
+    ("torch.Tensor", ("uniform_", "normal_", "bernoulli_", "random_", "exponential_", "geometric_", "cauchy_",
+                      "log_normal_", "bernoulli", "multinomial")),
+)
+_FIXED_STATE: dict = {}
+
+
+def _fix_random_state() -> None:
+    """Each call of a random API starts from the random state seed_all left (python, numpy,
+    torch CPU and CUDA) and leaves it so: the same draws wherever the call sits in the run."""
+    import importlib
+
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    _FIXED_STATE.clear()
+    _FIXED_STATE.update(state)
+
+    def restore():
+        random.setstate(_FIXED_STATE["python"])
+        np.random.set_state(_FIXED_STATE["numpy"])
+        torch.set_rng_state(_FIXED_STATE["torch"])
+        if _FIXED_STATE["cuda"] is not None:
+            torch.cuda.set_rng_state_all(_FIXED_STATE["cuda"])
+
+    def wrap(fn):
+        def fixed(*args, **kwargs):
+            restore()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                restore()
+
+        fixed.__name__ = getattr(fn, "__name__", "random_api")
+        fixed.__msprobe_fixed_random__ = fn
+        return fixed
+
+    for mod_name, names in _RANDOM_APIS:
+        owner = torch.Tensor if mod_name == "torch.Tensor" else importlib.import_module(mod_name)
+        for n in names:
+            fn = getattr(owner, n, None)
+            if fn is not None and not hasattr(fn, "__msprobe_fixed_random__"):
+                setattr(owner, n, wrap(fn))
 
 
 def _remove_dropout() -> None:

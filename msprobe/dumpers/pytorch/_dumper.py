@@ -41,7 +41,6 @@ class TorchDumper(DumperControl):
         self._init_state(config, "pytorch", Encoder, ApiPatcher, fetch_stats, _get_rank)
         self._module_handles: list = []
         self._root_models: list = []
-        self._pgrad_seen: set = set()
         self._last_module_fwd: Optional[str] = None
         self._optim_handles: list = []
         self._mutating = _MutatingKeys()
@@ -71,26 +70,26 @@ class TorchDumper(DumperControl):
         GUARD.on = True
 
     def stop(self) -> None:
+        """The dump goes off; dump.json holds what was recorded so far. Backward calls of the
+        forward calls recorded before are still recorded until ``step()`` (the docs: stop before
+        loss.backward(), step after it)."""
         if not self.enabled:
             return
         self.enabled = False
         GUARD.on = False
-        self.bw_stack.clear()
         self._fix_dangling_parents()
         self.session.publish()
 
     def step(self) -> None:
         self.stop()
+        self.bw_stack.clear()
+        self._fix_dangling_parents()
         if self.online is not None:
             self.online.end_step(self.session.current_step)
         self.session.end_step()
         self.encoder.cache.clear()
-        self._scope_state = 0
-        self._token_count = -1
+        self._end_step_state()
         self._pgrad_seen.clear()
-        self.debug_counts.clear()
-        self.bw_stack.clear()
-        self._parent_of.clear()
 
     def close(self) -> None:
         self.stop()
@@ -107,20 +106,28 @@ class TorchDumper(DumperControl):
     def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
         if self.token_range is not None and not self._in_token_range():
             return orig(*args, **kwargs)  # outside token_range nothing counts
+        if self._region is not None:  # inside module_dump(...): APIs are not dumped (nor counted)
+            return orig(*args, **kwargs)
         if self.online is not None:
             return self._online_api(orig, api_key, args, kwargs)
         GUARD.inside = True
         try:
             base, _ = self.session.next_api_name(api_key)
-            fwd = base + ".forward"
+            fwd, bwd = base + ".forward", base + ".backward"
+            dist = api_key.startswith("Distributed.")
             if not self._wanted(fwd):
-                if not (self.enabled and self.L0 and self._in_token_range()):
+                structure = self.enabled and self.L0 and self._in_token_range()
+                # its backward may still be wanted (list names it, data_mode backward)
+                backward = self.enabled and not dist and self._bw_wanted() and (structure or self._bw_listed(
+                    bwd, self.config.level == "mix" and bool(self.config.list)))
+                if not structure and not backward:
                     return orig(*args, **kwargs)
-                parent = self._parent()  # filtered out: not recorded, but part of the structure
-                self.session.add_structure(fwd, parent)
+                parent = self._parent()
+                if structure:  # filtered out: not recorded, but part of the structure
+                    self.session.add_structure(fwd, parent)
                 out = orig(*args, **kwargs)
-                if not api_key.startswith("Distributed.") and self._bw_wanted():
-                    self._hook_api_backward(out, base + ".backward", parent, args, kwargs)
+                if backward:
+                    self._hook_api_backward(out, bwd, parent, args, kwargs)
                 return out
             rec = self._forward_inputs(fwd, args, kwargs)
             stack = capture_stack() if self.config.stack else None
@@ -135,14 +142,14 @@ class TorchDumper(DumperControl):
                 if rec and self.enabled:
                     self.session.add_record(fwd, rec, stack=stack, parent=parent)
                 raise
-            if api_key.startswith("Distributed."):  # the arguments after the collective, as msprobe does
+            if dist:  # the arguments after the collective, as msprobe does
                 self._forward_output(rec, fwd, list(args) + list(kwargs.values()))
             else:
                 self._forward_output(rec, fwd, out)
-            if self._keep(rec):
+            if self._keep(rec, fwd):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
-            if not api_key.startswith("Distributed.") and self._bw_wanted():
-                self._hook_api_backward(out, base + ".backward", parent, args, kwargs)
+            if not dist and self._bw_wanted():
+                self._hook_api_backward(out, bwd, parent, args, kwargs)
             return out
         finally:
             GUARD.inside = False
@@ -224,7 +231,7 @@ class TorchDumper(DumperControl):
             GUARD.inside = False
 
     def _bw_wanted(self) -> bool:
-        return self.config.backward_enabled and torch.is_grad_enabled() and self.config.task != "structure"
+        return self.config.backward_enabled and torch.is_grad_enabled()
 
     def _encode_output(self, out: Any, prefix: str, save: bool, enc: Any = None) -> list:
         return (enc or self.encoder).encode_output(out, prefix, save, is_sequence=_is_sequence)
@@ -235,13 +242,13 @@ class TorchDumper(DumperControl):
         if t is None or not t.requires_grad or t.grad_fn is None or _identity_dropout(bwd, args, kwargs or {}):
             return
         dumper = weakref.ref(self)
-        listed = self.config.level == "mix" and bool(self.config.list) and self._inside_listed_module()
+        gen = self._gen
 
         def hook(grad_inputs, grad_outputs):
             d = dumper()
-            if d is None or not d.enabled:
+            if d is None or not d._live(gen):
                 return None
-            if not d._wanted(bwd, listed):
+            if not d._wanted(bwd, d._inside_listed_backward(), live=True):
                 if d.L0:
                     d.session.add_structure(bwd, d.bw_stack[-1] if d.bw_stack else None)
                 return None
@@ -284,7 +291,6 @@ class TorchDumper(DumperControl):
 
     def _hook_module(self, module: torch.nn.Module, key: str) -> None:
         calls: list = []
-        bw_count = [0]
         dumper = weakref.ref(self)
 
         def pre(mod, args, kwargs):
@@ -304,10 +310,10 @@ class TorchDumper(DumperControl):
                 d._module_forward_end(item, mod, key, output, gated=True)
             return None
 
-        def emit_backward(d, n, grad_output, grad_input):
+        def emit_backward(d, n, gen, grad_output, grad_input):
             bwd = f"{key}.backward.{n}"
-            if d.enabled:
-                d._module_backward(bwd, f"{key}.forward.{n}", grad_output, grad_input)
+            if d._live(gen):
+                d._module_backward(bwd, f"{key}.forward.{n}", grad_output, grad_input, live=True)
             if d.bw_stack and d.bw_stack[-1] == bwd:
                 d.bw_stack.pop()
 
@@ -319,9 +325,10 @@ class TorchDumper(DumperControl):
                 return None
             fwd = calls[-1][0]
             n = int(fwd.rsplit(".", 1)[1])
+            gen = d._gen
             state = {"gout": None}
             taps[fwd] = state
-            new_args = _tap(args, lambda grads: (dumper() and emit_backward(dumper(), n, state["gout"] or (), grads)),
+            new_args = _tap(args, lambda grads: (dumper() and emit_backward(dumper(), n, gen, state["gout"] or (), grads)),
                             nested=True)
             return new_args, kwargs
 
@@ -333,16 +340,18 @@ class TorchDumper(DumperControl):
             if fwd is None or not fwd.startswith(key + ".forward."):
                 return None
             n = int(fwd.rsplit(".", 1)[1])
+            gen = d._gen
             state = taps.pop(fwd, None)
             if not _needs_grad(output if isinstance(output, tuple) else (output,)):
                 return None
 
             def got_output_grads(grads):
                 dd = dumper()
-                if dd is None:
+                if dd is None or not dd._live(gen):
                     return
+                dd._scope_enter(f"{key}.backward.{n}")  # the module's backward begins
                 if state is None:  # no input needs grad: the record is complete now
-                    emit_backward(dd, n, grads, ())
+                    emit_backward(dd, n, gen, grads, ())
                 else:
                     state["gout"] = grads
                     dd.bw_stack.append(f"{key}.backward.{n}")
@@ -352,7 +361,7 @@ class TorchDumper(DumperControl):
             return tapped[0] if single else tapped
 
         taps: dict = {}
-        bw = self.config.backward_enabled and self.config.task != "structure"
+        bw = self.config.backward_enabled
         self._module_handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         if bw:
             self._module_handles.append(module.register_forward_pre_hook(pre_bw, with_kwargs=True))
@@ -367,7 +376,7 @@ class TorchDumper(DumperControl):
     def _hook_param_grads(self, mod: torch.nn.Module, key: str) -> None:
         if not self.config.backward_enabled or id(mod) in self._pgrad_seen:
             return
-        self._pgrad_seen.add(id(mod))
+        self._pgrad_seen.add(id(mod))  # this step dumps the module's parameter gradients
         if getattr(mod, "__msprobe_pgrad_hooked__", False):
             return
         mod.__msprobe_pgrad_hooked__ = True
@@ -379,14 +388,18 @@ class TorchDumper(DumperControl):
 
             def hook(param, pname=pname):
                 d = dumper()
-                if d is None or not d.enabled or param.grad is None or not d._wanted(name):
+                # the module's forward ran while this step was dumped (also before a stop())
+                if d is None or id(mod) not in d._pgrad_seen or param.grad is None or not d._wanted(name, live=True):
                     return
                 GUARD.inside = True
                 try:
                     save = d.encoder.wants_tensors(name)
+                    entry = d.encoder.encode(param.grad, f"{name}.{pname}", save)
+                    if not d._keep({pname: entry}, name):
+                        return
                     rec = d.session.data.get(name)
                     rec = dict(rec) if isinstance(rec, dict) else {}
-                    rec[pname] = [d.encoder.encode(param.grad, f"{name}.{pname}", save)]
+                    rec[pname] = [entry]
                     d.session.add_record(name, rec, parent=None, construct=False)  # FORMAT §12: not listed
                 finally:
                     GUARD.inside = False
@@ -395,58 +408,15 @@ class TorchDumper(DumperControl):
 
     # ------------------------------------------------------------------ debug
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
-        key = self._save_debug(variable, name)
-        if key is not None and save_backward:
-            head, _, n = key[:-len(".debug")].rpartition(".")
-            self._save_grads(variable, f"{head}_grad.{n}.debug")
+        self._save_debug(variable, name, save_backward)
 
-    def _save_grads(self, variable: Any, key: str) -> None:
-        tensors = []
+    @staticmethod
+    def _grad_hookable(value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and value.requires_grad
 
-        def collect(v, path):
-            if isinstance(v, torch.Tensor):
-                if v.requires_grad:
-                    tensors.append((path, v))
-            elif isinstance(v, (list, tuple)):
-                for i, x in enumerate(v):
-                    collect(x, path + (str(i),))
-            elif isinstance(v, dict):
-                for k, x in v.items():
-                    collect(x, path + (str(k),))
-
-        collect(variable, ())
-        if not tensors:
-            return
-        grads: dict = {}
-        dumper = weakref.ref(self)
-        # the gradient record takes its place now (as the real tool's does) and fills in as grads arrive
-        self.session.add_record(key, _nest(variable, grads), construct=False)
-
-        for path, t in tensors:
-            def hook(g, path=path):
-                d = dumper()
-                if d is None:
-                    return None
-                GUARD.inside = True
-                try:
-                    save = d.encoder.wants_tensors(key)
-                    grads[path] = d.encoder.encode(g, ".".join((key,) + path), save)
-                    d.session.add_record(key, _nest(variable, grads), construct=False)
-                finally:
-                    GUARD.inside = False
-                return None
-
-            t.register_hook(hook)
-
-
-def _nest(variable: Any, grads: dict, path: tuple = ()) -> Any:
-    if isinstance(variable, torch.Tensor):
-        return grads.get(path)
-    if isinstance(variable, (list, tuple)):
-        return [_nest(v, grads, path + (str(i),)) for i, v in enumerate(variable)]
-    if isinstance(variable, dict):
-        return {k: _nest(v, grads, path + (str(k),)) for k, v in variable.items()}
-    return None
+    @staticmethod
+    def _on_grad(tensor: Any, fn: Any) -> None:
+        tensor.register_hook(fn)
 
 
 def _is_sequence(out: Any) -> bool:

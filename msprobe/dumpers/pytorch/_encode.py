@@ -259,7 +259,6 @@ class Encoder(ValueEncoder):  # noqa: D101
         super().__init__(session, save_tensors=save_tensors, summary_mode=summary_mode, tensor_list=tensor_list)
         self.has_overflow = False
         self.cache = StatCache(ordered=summary_mode == "md5")
-        self._overflow_handles: list = []
         self.zarr = getattr(getattr(session, "config", None), "tensor_store", "files") == "zarr"
 
     def _save_payload(self, t: torch.Tensor, name: str) -> bool:
@@ -351,24 +350,30 @@ class Encoder(ValueEncoder):  # noqa: D101
                     self.cache.put(t, handle)
                 self.session.pending.add(entry, handle)
                 if self.check_overflow and data.is_floating_point() and data.numel():
-                    self._overflow_handles.append(data)
+                    self._watch(data_name_prefix, data)
         except RuntimeError:  # meta/fake tensors, unsupported dtypes: keep the entry without stats
             pass
         entry["requires_grad"] = bool(t.requires_grad)
-        if save and (t.numel() or not getattr(self._tls, "in_output", False)):  # an empty *output* has no file (as the real tool does)
+        if t.numel() or not getattr(self._tls, "in_output", False):  # an empty *output* has no file (as the real tool does)
             name = f"{data_name_prefix}.pt"
-            entry["data_name"] = name
-            if self.zarr:
-                if not self._save_payload(t, name):
-                    del entry["data_name"]  # not storable there (a sparse or quantized tensor): noted in the error log
-                return entry
-            if _PT_FAST and _ptfile.supported(t):  # copied once, into the file's buffer (see _ptfile)
-                f = _ptfile.PtFile(t)
-                self.session.save_tensor(name, lambda f=f: _finish_pt(f), f.buf.numel())
-                return entry
-            cpu = t.detach().to("cpu", copy=True).contiguous() if t.device.type != "cpu" else t.detach().clone()
-            self.session.save_tensor(name, lambda c=cpu: _serialize(c), cpu.numel() * cpu.element_size())
+            if save:
+                entry["data_name"] = name
+                self._write_tensor(entry, t, name)
+            elif self.check_overflow:  # written when the record overflows (_keep)
+                self._defer(data_name_prefix, entry, t.detach(), name)
         return entry
+
+    def _write_tensor(self, entry: dict, t: torch.Tensor, name: str) -> None:
+        if self.zarr:
+            if not self._save_payload(t, name):
+                del entry["data_name"]  # not storable there (a sparse or quantized tensor): noted in the error log
+            return
+        if _PT_FAST and _ptfile.supported(t):  # copied once, into the file's buffer (see _ptfile)
+            f = _ptfile.PtFile(t)
+            self.session.save_tensor(name, lambda f=f: _finish_pt(f), f.buf.numel())
+            return
+        cpu = t.detach().to("cpu", copy=True).contiguous() if t.device.type != "cpu" else t.detach().clone()
+        self.session.save_tensor(name, lambda c=cpu: _serialize(c), cpu.numel() * cpu.element_size())
 
     @staticmethod
     def _xor(data: torch.Tensor) -> Optional[str]:
@@ -379,10 +384,7 @@ class Encoder(ValueEncoder):  # noqa: D101
             return v if not isinstance(v, int) else f"0x{v & ((1 << 64) - 1):016x}"
         return f"0x{xor64(tensor_bytes(data)) & ((1 << 64) - 1):016x}"
 
-    def take_overflow(self) -> bool:
-        """True when any float tensor encoded since the last call holds Inf/NaN (syncs)."""
-        hs, self._overflow_handles = self._overflow_handles, []
-        if not hs:
-            return False
-        flags = torch.stack([(~torch.isfinite(h)).any() for h in hs])
+    @staticmethod
+    def _any_inf_nan(handles: list) -> bool:
+        flags = torch.stack([(~torch.isfinite(h)).any() for h in handles])
         return bool(flags.any().item())

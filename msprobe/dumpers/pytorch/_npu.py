@@ -44,7 +44,8 @@ def npu_available() -> bool:
 
 
 def set_npu_seeds(seed: int, mode: bool) -> bool:
-    """Seed every NPU and, with ``mode``, make collectives deterministic; False without torch_npu."""
+    """Seed every NPU and, with ``mode``, make LCCL collectives deterministic (seed_all sets
+    HCCL_DETERMINISTIC itself); False without torch_npu."""
     mod = torch_npu_module()
     if mod is None:
         return False
@@ -54,6 +55,5 @@ def set_npu_seeds(seed: int, mode: bool) -> bool:
     npu.manual_seed(seed)
     npu.manual_seed_all(seed)
     if mode:
-        os.environ["HCCL_DETERMINISTIC"] = "true"  # deterministic communication operators
-        os.environ["LCCL_DETERMINISTIC"] = "1"
+        os.environ["LCCL_DETERMINISTIC"] = "1"  # deterministic communication operators
     return True
