@@ -349,7 +349,7 @@ class DumperControl:
     def _bw_listed(self, bwd: str, inside_listed: bool = False) -> bool:
         """At a forward call: whether its backward ``bwd`` may be recorded (hook it then), by
         ``list`` and ``data_mode``; the scope is decided when the backward runs."""
-        return self.config.backward_enabled and (inside_listed or self._listed(bwd))
+        return self.config.backward_enabled and not self._overflow_done and (inside_listed or self._listed(bwd))
 
     def _in_token_range(self) -> bool:
         return self.token_range is None or self.token_range[0] <= self._token_count <= self.token_range[1]
