@@ -190,23 +190,16 @@ def test_doc_example_records(tmp_path, case):
 REAL_CASES = sorted(c for c, v in CASES.items() if v[4] is True)
 
 
-@pytest.fixture(scope="module")
-def real_python():
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from _realtool import real_tool_python
-
-    return real_tool_python("26.2.0")  # built on first use; a build failure fails the test
-
-
+@pytest.mark.real_tool
 @pytest.mark.parametrize("case", ["quick_start", "full_mix", "full_L0", "stop_before_backward_L1", "module_dump",
                                   "custom_api", "debug_save", "list_backward_name", "scope_and_list",
                                   "data_mode_backward_mix", "list_mix_substring", "structure_L1"])
-def test_expected_records_are_the_real_tools(tmp_path, real_python, case):
+def test_expected_records_are_the_real_tools(tmp_path, real_tool, case):
     """The expected lists above are what the real 26.2.0 writes for the same script and config
     (the run from a directory outside the project, whose msprobe/ would shadow the real one)."""
     assert case in REAL_CASES
     example, config, env, expected, _ = CASES[case]
-    proc, records, _ = run_example(str(tmp_path / "real"), example, config, env, python=real_python, ours=False)
+    proc, records, _ = run_example(str(tmp_path / "real"), example, config, env, python=real_tool, ours=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert records == expected
 
