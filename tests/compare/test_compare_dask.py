@@ -82,7 +82,7 @@ def test_dask_client_matches_in_process(tmp_path, cluster, capsys):
 def test_cli_scheduler_address(tmp_path, cluster, capsys):
     target, bench = _four_ranks(str(tmp_path))
     out = str(tmp_path / "o")
-    assert main(["compare", "-tp", target, "-gp", bench, "-o", out, "--no-plot",
+    assert main(["compare", "-tp", target, "-gp", bench, "-o", out, "--no-plot", "--progress",
                  "--scheduler", cluster.scheduler_address]) == 0
     text = capsys.readouterr()
     assert "(statistics, dask)" in text.out
