@@ -32,7 +32,7 @@ def run(args) -> int:
     from msprobe.readers._dump import AmbiguousRecordError
 
     def print(text: str = "") -> None:  # noqa: A001 - every line holds names from the dump: escaped
-        builtins.print(printable(str(text)))
+        builtins.print(printable(str(text), keep_newlines=True))
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
