@@ -54,7 +54,10 @@ def test_pt_bomb_is_real(pt_bomb):
     rc, out, err, grown = run_measured(f"import torch; t = torch.load({path!r}, weights_only=True); "
                                        "print('NBYTES', t.untyped_storage().nbytes())")
     assert rc == 0, err
-    assert "NBYTES 1073741824" in out and grown > 900, (out, grown)
+    # the child's peak RSS after the load holds the inflated GiB (its growth over the child's own earlier
+    # peak is not used: on a busy machine that baseline peak can already be high)
+    peak_after_kib = int(next(ln for ln in out.splitlines() if ln.startswith("PEAK_KIB")).split()[2])
+    assert "NBYTES 1073741824" in out and peak_after_kib >= 1 << 20, (out, grown)
 
 
 def test_pt_bomb_reader(pt_bomb, figures):
