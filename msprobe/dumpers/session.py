@@ -622,8 +622,9 @@ class DumpSession:
         """Published already (at stop()): say so in the marker before the journal is deleted."""
         key = f"{self.rank_prefix}/{MARKER_FILE}"
         try:
-            if self._journal is not None and self.store.exists(key):
-                marker = json.loads(self.store.get(key))
+            policy = self.policy()  # the marker is read back with the same retries as every publish
+            if self._journal is not None and policy.call(lambda: self.store.exists(key)):
+                marker = json.loads(policy.call(lambda: self.store.get(key)))
                 marker["final"] = True
                 _RetryingPut(self.store, self.policy()).put(key, json.dumps(marker, indent=1).encode("utf-8"))
         except Exception as exc:
