@@ -269,8 +269,9 @@ def test_collectives_on_a_two_worker_cpu_cluster(tmp_path):
         if "comm_all_reduce_error" in res:  # no CPU kernel for comm_func.all_reduce in MindSpore 2.10.0:
             assert "InnerCommAllReduce" in res["comm_all_reduce_error"], res  # the error reaches the caller
             assert data["Distributed.all_reduce.0.forward"]["input_args"][0]["Max"] == 1.0
-        else:
-            assert data["Distributed.all_reduce.0.forward"]["output"][0]["Max"] == 2.0
+        else:  # the kernel may also fail without a word (CPU wheel): the dump holds what the caller got
+            assert data["Distributed.all_reduce.0.forward"]["input_args"][0]["Max"] == 1.0
+            assert data["Distributed.all_reduce.0.forward"]["output"][0]["Max"] == max(res["comm_all_reduce"])
 
 
 # ------------------------------------------------------------------------------ custom APIs
