@@ -310,7 +310,7 @@ def _load_wanted(load_tensors: Optional[bool], payloads: list, report: Report, s
         return False
     if load_tensors is not None:
         return load_tensors
-    from msprobe.readers._dtypes import itemsize
+    from msprobe.format.dtypes import itemsize
 
     declared = 0
     for _, _, t in payloads:

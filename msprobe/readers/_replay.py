@@ -23,7 +23,7 @@ from msprobe.format.model import (
     TensorArg,
     TypedValueArg,
 )
-from msprobe.readers._dtypes import canonical_dtype, is_bool, is_float, is_int
+from msprobe.format.dtypes import canonical_dtype, is_bool, is_float, is_int, itemsize, numpy_dtype
 
 __all__ = ["replay_inputs", "generate_tensor", "decode_value", "REPLAY_MODES", "InputTooLargeError"]
 
@@ -102,8 +102,6 @@ def declared_shape(entry: Any, record: str, path: str) -> tuple:
 
 def _generated_bytes(arg: Any, mode: str, record: str) -> int:
     """The bytes of the tensors in ``arg`` that replay would generate (not load)."""
-    from msprobe.readers._dtypes import itemsize
-
     if isinstance(arg, TensorArg):
         if mode != "random" and isinstance(arg.data_name, str) and hasattr(arg, "load"):
             return 0
@@ -263,8 +261,6 @@ def _clip_inf(v: float, finfo: Any) -> float:
 def _numpy_tensor(c: str, shape: tuple, low: float, high: float, low_o: Any, high_o: Any, gen: _Gen,
                   record: str, path: str) -> Any:
     import numpy as np
-
-    from msprobe.readers._dtypes import numpy_dtype
 
     nd = numpy_dtype(c) or (np.dtype("float32") if is_float(c) else None)
     if nd is None:

@@ -21,7 +21,7 @@ from msprobe.errors import (
     StorageTransientError,
     TensorLoadError,
 )
-from msprobe.readers._dtypes import canonical_dtype, itemsize, numpy_dtype
+from msprobe.format.dtypes import canonical_dtype, itemsize, numpy_dtype
 
 __all__ = ["load_tensor_file", "byte_limit", "DEFAULT_SLACK_FACTOR", "DEFAULT_SLACK_BYTES", "UNKNOWN_SIZE_LIMIT"]
 

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from msprobe.errors import FormatError, MissingDependencyError, StorageNotFoundError, TensorLoadError
+from msprobe.format.dtypes import canonical_dtype
 from msprobe.tensor_store._layout import (
     MANIFEST_DIR,
     STORE_DIR,
@@ -323,8 +324,6 @@ class ZarrTensorReader:
     def load(self, data_name: str, framework: str = "numpy", *, record: str = "?", dtype: Any = None,
              shape: Optional[tuple] = None) -> Any:
         """The tensor of ``data_name`` (numpy: bf16/float8 widened to float32 exactly; torch: exact)."""
-        from msprobe.readers._dtypes import canonical_dtype
-
         logical, stored_shape = self.info(data_name)[:2]  # checked against the record before reading
         if shape is not None and tuple(int(d) for d in shape) != tuple(stored_shape):
             raise TensorLoadError(f"record {record!r}: {data_name}: stored shape {list(stored_shape)} differs "

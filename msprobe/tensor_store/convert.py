@@ -198,6 +198,6 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
 
 
 def _is_raw_non_numpy(t: Any) -> bool:
-    from msprobe.readers._dtypes import numpy_dtype
+    from msprobe.format.dtypes import numpy_dtype
 
     return numpy_dtype(t.dtype) is None
