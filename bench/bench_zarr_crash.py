@@ -44,12 +44,12 @@ print("DONE", flush=True)
 
 
 def trial(path: str, kill_after: float) -> dict:
+    import msprobe.readers
     from msprobe.backends import open_store, read_journal
     from msprobe.dumpers.recover import find_journals, recover_store
     from msprobe.format.model import Record
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
     from msprobe.tensor_store import ZarrTensorReader
-    import msprobe.readers
 
     env = dict(os.environ, PYTHONPATH=ROOT)
     p = subprocess.Popen([sys.executable, "-c", CHILD, path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -87,9 +87,9 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
     dbg.dumper.close()
     elapsed = time.perf_counter() - t0
 
-    from msprobe.backends import open_store
-    from msprobe.format.validate import validate_store
     import msprobe.readers
+    from msprobe.backends import open_store
+    from msprobe.readers.validate import validate_store
 
     report = validate_store(open_store(dump_path, storage_options=storage_options, read_only=True, create=False))
     say(report.summary())

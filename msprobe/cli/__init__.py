@@ -114,7 +114,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         if not ok:
             print(f"msprobe {args.command}: error: --storage-options must be a JSON object", file=sys.stderr)
             return 2
-    from msprobe.format.validate import printable
+    from msprobe.format.naming import printable
 
     stdout, sys.stdout = sys.stdout, _EscapingStream(sys.stdout)  # names from dumps cannot drive the terminal
     try:
@@ -137,7 +137,7 @@ class _EscapingStream:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        from msprobe.format.validate import printable
+        from msprobe.format.naming import printable
 
         return self._stream.write(printable(text, keep_newlines=True))
 

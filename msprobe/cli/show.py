@@ -27,7 +27,7 @@ def run(args) -> int:
     import builtins
 
     import msprobe.readers
-    from msprobe.format.validate import printable
+    from msprobe.format.naming import printable
     from msprobe.readers import ANY
     from msprobe.readers._dump import AmbiguousRecordError
 

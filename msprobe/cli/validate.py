@@ -23,7 +23,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from msprobe.backends import open_store
     from msprobe.compare._core import dump_dir_of
-    from msprobe.format.validate import printable, validate_store
+    from msprobe.format.naming import printable
+    from msprobe.readers.validate import validate_store
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     store = open_store(dump_dir_of(args.path), storage_options=opts, read_only=True, create=False)

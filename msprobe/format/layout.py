@@ -10,13 +10,18 @@ directory holds ``dump.json`` (or ``debug.json``), ``stack.json``,
 """
 from __future__ import annotations
 
+import csv
+import io
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from msprobe.errors import DocumentError, UnknownDialectError
 
 __all__ = [
+    "RankLocation",
+    "discover",
+    "read_mapping",
     "STEP_DIR_RE",
     "RANK_DIR_RE",
     "TENSOR_DIR",
@@ -205,3 +210,85 @@ def check_format_version(version: str, file: Optional[str] = None) -> None:
     if not m or m.group("major") != ours.group("major"):
         raise UnknownDialectError(f"format version {version!r} is not supported (this reader implements "
                                   f"{FORMAT_VERSION}; any {ours.group('major')}.x is accepted)", file=file)
+
+
+# --- finding the rank directories of a dump in a store, and its mapping.csv ---
+
+
+@dataclass
+class RankLocation:
+    """One rank directory of a dump: its key prefix and what it belongs to."""
+
+    prefix: str  # key prefix of the rank directory ('' when the store is rooted at it)
+    step: Optional[int]
+    rank_dir: str
+    rank: Optional[int]
+    split: Optional[str] = None  # 'graph' | 'pynative' for MindSpore jit dumps
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p)
+
+
+def _is_rank_dir(store: Any, prefix: str) -> bool:
+    names = store.list_dir(prefix)
+    return "dump.json" in names or "debug.json" in names or TENSOR_DIR in names
+
+
+def discover(store: Any, prefix: str = "") -> list[RankLocation]:
+    """Every rank directory under ``prefix``: the prefix may be a dump root, a ``graph``/
+    ``pynative`` split root, a step directory or a rank directory."""
+    here = prefix.rstrip("/").rsplit("/", 1)[-1]
+    if _is_rank_dir(store, prefix):
+        rd = parse_rank_dir(here)
+        step_name = prefix.rstrip("/").rsplit("/", 2)[-2] if prefix.count("/") else ""
+        return [RankLocation(prefix, parse_step_dir(step_name), here or ".", rd.rank if rd else None)]
+    out: list[RankLocation] = []
+    names = store.list_dir(prefix)
+    steps = [(parse_step_dir(n), n) for n in names if parse_step_dir(n) is not None]
+    if steps:
+        for step, name in sorted(steps):
+            out.extend(_ranks_of_step(store, _join(prefix, name), step))
+    elif any(parse_rank_dir(n) for n in names):
+        out.extend(_ranks_of_step(store, prefix, parse_step_dir(here)))
+    else:
+        for split in GRAPH_SPLIT_DIRS:
+            if split in names:
+                for loc in discover(store, _join(prefix, split)):
+                    loc.split = split
+                    out.append(loc)
+    return out
+
+
+def _ranks_of_step(store: Any, step_prefix: str, step: Optional[int]) -> Iterator[RankLocation]:
+    found = []
+    for n in store.list_dir(step_prefix):
+        rd = parse_rank_dir(n)
+        if rd is not None:
+            found.append(RankLocation(_join(step_prefix, n), step, n, rd.rank))
+    return iter(sorted(found, key=lambda r: (r.rank is None, r.rank or 0, r.rank_dir)))
+
+
+_CONVERTED_RE = re.compile(r"^\d{32}(?:\.[A-Za-z0-9]+)?$")
+
+
+def read_mapping(data: bytes) -> dict:
+    """mapping.csv -> {original file name: converted file name}.
+
+    Rows are ``converted,original`` (the real tool's column order, spec/FORMAT.md 14.3);
+    the reverse order is accepted too, recognising the converted name (32 digits plus an
+    extension). Header-like and short rows are skipped."""
+    out = {}
+    for row in csv.reader(io.StringIO(data.decode("utf-8", errors="replace"))):
+        if len(row) < 2:
+            continue
+        a, b = row[0].strip(), row[1].strip()
+        if not a or not b:
+            continue
+        if _CONVERTED_RE.match(a) and not _CONVERTED_RE.match(b):
+            out[b] = a
+        elif _CONVERTED_RE.match(b) and not _CONVERTED_RE.match(a):
+            out[a] = b
+        elif not a.lower().startswith(("original", "converted", "hash")):
+            out[b] = a  # real-tool order by default
+    return out

@@ -25,6 +25,7 @@ from typing import Optional
 from msprobe.errors import NameFormatError, UnsafePathError
 
 __all__ = [
+    "printable",
     "API_PREFIXES",
     "PYTORCH_API_PREFIXES",
     "MINDSPORE_API_PREFIXES",
@@ -258,3 +259,19 @@ def check_file_name(name: str) -> str:
 def needs_mapping(file_name: str) -> bool:
     """True when a file name exceeds 255 characters and must be renamed via mapping.csv."""
     return len(file_name) > MAX_FILE_NAME_LENGTH
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` safe for a terminal: control characters (ESC sequences, CR, BEL, bidi controls, and
+    newlines unless ``keep_newlines``) written as ``\\xNN``/``\\uNNNN`` escapes, so a hostile record
+    name cannot move the cursor, clear the screen or fake output lines."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c.isprintable() or (keep_newlines and c in "\n\t"):
+            out.append(c)
+        else:
+            out.append(c.encode("unicode_escape").decode("ascii") if ord(c) > 0xFF or c in "\t\n\r"
+                       else f"\\x{ord(c):02x}")
+    return "".join(out)

@@ -136,7 +136,7 @@ def discover_runs(store: Any, max_depth: int = 3) -> list:
 
 def _discover_run(root_url: str, storage_options: Optional[dict], run: str, prefix: str) -> dict:
     """Task: the rank directories of one run (directory listings only) and its config file."""
-    from msprobe.format.validate import discover
+    from msprobe.format.layout import discover
 
     store = _store(root_url, storage_options)
     locs = discover(store, prefix)
@@ -403,8 +403,7 @@ def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, 
     import pyarrow.compute as pc
 
     from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
-    from msprobe.format.layout import MAPPING_CSV, TENSOR_DIR
-    from msprobe.format.validate import RankLocation
+    from msprobe.format.layout import MAPPING_CSV, TENSOR_DIR, RankLocation
     from msprobe.readers._dump import Dump
     from msprobe.readers._source import RankSource
     from msprobe.readers.index import _table_bytes, rank_index_table

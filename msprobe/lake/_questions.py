@@ -80,7 +80,7 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None)
 # -- divergence between two runs ---------------------------------------------------------------------
 
 def _sources(lake: Any, run: str) -> list:
-    from msprobe.format.validate import RankLocation
+    from msprobe.format.layout import RankLocation
     from msprobe.readers._source import RankSource
 
     rows = [r for r in lake.manifest_rows if r["run"] == run]
@@ -101,7 +101,7 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
     without their per-row series."""
     from msprobe.compare._core import _data, _task, compare_pair, detect_mode
     from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
-    from msprobe.format.validate import RankLocation
+    from msprobe.format.layout import RankLocation
     from msprobe.lake._core import _Prefetched, _store
     from msprobe.readers._source import RankSource
 

@@ -16,10 +16,11 @@ from msprobe.format.layout import (
     INDEX_DIR,
     MARKER_FILE,
     TENSOR_DIR,
+    RankLocation,
+    discover,
     parse_rank_dir,
     parse_step_dir,
 )
-from msprobe.format.validate import RankLocation, discover
 from msprobe.readers._dump import Dump
 from msprobe.readers._source import IndexSource, RankSource
 

@@ -19,9 +19,16 @@ from msprobe.format.documents import (
     DumpDocument,
     StackDocument,
 )
-from msprobe.format.layout import INDEX_DIR, JOURNAL_DIR, MAPPING_CSV, MARKER_FILE, TENSOR_DIR
+from msprobe.format.layout import (
+    INDEX_DIR,
+    JOURNAL_DIR,
+    MAPPING_CSV,
+    MARKER_FILE,
+    TENSOR_DIR,
+    RankLocation,
+    read_mapping,
+)
 from msprobe.format.naming import check_file_name
-from msprobe.format.validate import RankLocation, read_mapping
 
 __all__ = ["RankSource", "INDEX_FILE", "join"]
 

@@ -80,7 +80,7 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
     if to not in TARGETS:
         raise ConfigError(f"convert --to {to!r}; valid: {list(TARGETS)}")
     from msprobe.backends import open_store
-    from msprobe.format.validate import discover
+    from msprobe.format.layout import discover
     from msprobe.readers._source import RankSource
 
     src_store = open_store(path, storage_options)

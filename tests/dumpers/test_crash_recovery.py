@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 from msprobe.backends import open_store  # noqa: E402
 from msprobe.dumpers.recover import recover_store  # noqa: E402
-from msprobe.format.validate import validate_store  # noqa: E402
+from msprobe.readers.validate import validate_store  # noqa: E402
 
 CHILD = os.path.join(os.path.dirname(__file__), "_crash_child.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))

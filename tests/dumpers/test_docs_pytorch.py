@@ -324,7 +324,7 @@ def test_quick_start_dump_is_final_without_step(tmp_path):
     """The docs' quick start ends with stop(), no step(): when the process exits the dump is
     final (no .journal/, "final": true), and valid."""
     from msprobe.backends import open_store
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     proc, records, dirs = run_example(str(tmp_path), "quick_start", None, {})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.s3, pytest.mark.usefixtures("fresh_debugger")]
 def test_tensor_dump_to_s3_round_trip(s3_server, s3_bucket_url):
     import msprobe.readers
     from msprobe.backends import open_store
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     opts = s3_storage_options(s3_server)
     url = f"{s3_bucket_url}/runs/run1"

@@ -15,9 +15,8 @@ import torch.nn.functional as F  # noqa: E402
 from msprobe.backends import open_store  # noqa: E402
 from msprobe.errors import ConfigError  # noqa: E402
 from msprobe.format.naming import parse_record_name  # noqa: E402
-from msprobe.format.validate import validate_store  # noqa: E402
 from msprobe.pytorch import PrecisionDebugger, module_dump, module_dump_end, seed_all  # noqa: E402
-
+from msprobe.readers.validate import validate_store  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_debugger")
 

@@ -5,8 +5,8 @@ import json
 import shutil
 
 import pytest
-
 from _fmt_support import GOLDEN, DirStore, open_dump
+
 from msprobe.errors import DocumentError, FormatError, MsprobeError, NameFormatError, UnsafePathError
 from msprobe.format.documents import (
     MAX_JSON_DEPTH,
@@ -17,8 +17,9 @@ from msprobe.format.documents import (
     dumps_json,
     loads_json,
 )
+from msprobe.format.layout import read_mapping
 from msprobe.format.naming import parse_record_name
-from msprobe.format.validate import read_mapping, validate_store
+from msprobe.readers.validate import validate_store
 
 API = "Functional.relu.0.forward"
 GOOD = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None,

@@ -11,14 +11,14 @@ import sys
 
 import numpy as np
 import pytest
-
 from _fmt_support import GOLDEN, SPEC, VECTORS, open_dump
+
 from msprobe.format.documents import ConstructDocument, DebugDocument, DumpDocument, StackDocument
-from msprobe.format.layout import detect_dialect
+from msprobe.format.layout import detect_dialect, read_mapping
 from msprobe.format.model import Arg, MappingArg, SequenceArg
 from msprobe.format.naming import parse_record_name
 from msprobe.format.stats import crc32_hex, reference_stats, stats_equal
-from msprobe.format.validate import read_mapping, validate_store
+from msprobe.readers.validate import validate_store
 
 GOLDENS = sorted(p.name for p in GOLDEN.iterdir() if (p / "expected.json").exists())
 DOC_CLASSES = {"dump.json": DumpDocument, "debug.json": DebugDocument, "stack.json": StackDocument,

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from _fmt_support import REAL, open_dump
+
 from msprobe.format.documents import ConstructDocument, DebugDocument, DumpDocument, StackDocument
-from msprobe.format.layout import detect_dialect, parse_rank_dir
+from msprobe.format.layout import detect_dialect, parse_rank_dir, read_mapping
 from msprobe.format.model import TensorArg
 from msprobe.format.naming import parse_data_name, parse_record_name
 from msprobe.format.stats import crc32_hex, reference_stats, stats_equal, xor64_hex
-from msprobe.format.validate import read_mapping, validate_store
+from msprobe.readers.validate import validate_store
 
 REAL_ROOT = Path(os.environ.get("MSPROBE_REAL_FIXTURES", REAL))
 TOOLS = {"ms26": "msprobe-26", "ms8": "msprobe-8"}

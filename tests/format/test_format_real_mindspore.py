@@ -15,7 +15,7 @@ from msprobe.backends import open_store
 from msprobe.format.documents import ConstructDocument, DumpDocument, StackDocument
 from msprobe.format.layout import parse_rank_dir
 from msprobe.format.naming import parse_record_name
-from msprobe.format.validate import validate_store
+from msprobe.readers.validate import validate_store
 
 BASE = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "ms26_mindspore"
 EXPECTED = ["L0_statistics", "L1_md5", "L1_statistics", "L1_tensor", "mix_statistics"]

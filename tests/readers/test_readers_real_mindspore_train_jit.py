@@ -16,7 +16,7 @@ from msprobe.backends import open_store
 from msprobe.format.documents import ConstructDocument, DumpDocument, StackDocument
 from msprobe.format.layout import parse_rank_dir
 from msprobe.format.naming import parse_record_name
-from msprobe.format.validate import validate_store
+from msprobe.readers.validate import validate_store
 
 BASE = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "ms26_mindspore"
 CASES = {  # fixture -> steps written, records per step

@@ -52,9 +52,8 @@ def _snapshot(store):
 
 
 def _check_root(store, world):
-    from msprobe.format.validate import validate_store
-
     import msprobe.readers
+    from msprobe.readers.validate import validate_store
 
     report = validate_store(store)
     assert report.ok, [str(p) for p in report.errors][:5]

@@ -167,7 +167,7 @@ def test_full_disk_stops_tensors_keeps_records(fresh_debugger, tmpfs_3m, tmp_pat
     tensor files stop, every record of every step is still in dump.json, said once."""
     from msprobe.backends import open_store
     from msprobe.dumpers.session import StorageFailureWarning
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     ref = fresh_debugger(task="tensor", level="L1", dump_path=str(tmp_path / "ref"))
     ref_times = _train(ref, steps=3, iters=8, width=256)

@@ -56,7 +56,7 @@ def _mismatches(store, prefix):
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_refuse_claims_the_rank_dir_atomically(where, tmp_path, request, figures):
     from msprobe.backends import open_store
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     if where == "local":
         url, opts, ropts = str(tmp_path / "d"), {}, None
@@ -79,7 +79,7 @@ def test_refuse_claims_the_rank_dir_atomically(where, tmp_path, request, figures
 
 def test_overwrite_mixed_files_are_detected(tmp_path, figures):
     from msprobe.backends import open_store
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     tries, mixed_seen = 0, 0
     while tries < 3 and not mixed_seen:

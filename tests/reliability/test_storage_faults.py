@@ -56,7 +56,7 @@ def test_transient_faults_lose_nothing(s3_server, s3_bucket_url, s3_fault_proxy,
 
     import msprobe.readers
     from msprobe.backends import open_store
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     s3_fault_proxy.rate, s3_fault_proxy.hold = 0.10, 0.3
     url = f"{s3_bucket_url}/faulty"
@@ -132,7 +132,7 @@ def test_local_disk_faults_lose_nothing(tmp_path, reference, figures, monkeypatc
     import msprobe.backends._journal as journal_mod
     import msprobe.backends._local as local_mod
     from msprobe.backends import open_store
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     faults = _LocalFaults(0.10, seed=12)
     real_write_all = local_mod._write_all

@@ -127,7 +127,7 @@ def test_round_trip_every_dtype_local(tmp_path):
         want = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
         assert bits.tobytes() == want.tobytes(), name
     # validate accepts the store as the tensors' home
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     report = validate_store(open_store(url), "")
     assert not [p for p in report.problems if p.severity == "error"], report.problems

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from ms_common import REAL, diff_values, frame_key, load, normalize_real, rank_dir, run_script
 
 CASES = ["L1_statistics", "L0_statistics", "mix_statistics", "L1_tensor", "L1_md5"]
@@ -289,7 +288,7 @@ def test_jit_ast_mix_split_against_the_real_bytecode_run(dumps):
     APIs run inside it (as at L1). Both trees open with the readers and validate."""
     import msprobe.readers
     from msprobe.backends import open_store
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     root = dumps["jit_ast_mix_statistics"][0]
     assert sorted(os.listdir(root)) == ["graph", "pynative"]

@@ -6,14 +6,13 @@ import json
 import os
 import warnings
 
+import mindspore
 import numpy as np
 import pytest
-
-import mindspore
 from mindspore import Tensor, nn
-
 from ms_common import diff_values
 from ms_common import read_doc as _doc
+
 from msprobe.errors import ConfigError
 from msprobe.mindspore import MsprobeStep, PrecisionDebugger
 
@@ -350,7 +349,7 @@ def _jit_run(root, level):
 def test_jit_cell_split_layout(tmp_path, level):
     import msprobe.readers
     from msprobe.backends import open_store
-    from msprobe.format.validate import validate_store
+    from msprobe.readers.validate import validate_store
 
     root = str(tmp_path / level)
     net, x = _jit_run(root, level)

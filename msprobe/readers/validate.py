@@ -1,17 +1,17 @@
 """Check a dump (any dialect) against the format specification.
 
 Works over any object with the read side of :class:`msprobe.backends.Store`
-(``get``, ``exists``, ``list_dir``), so it stays free of storage imports.
+(``get``, ``exists``, ``list_dir``), so it stays free of storage imports. Where the records'
+payloads are loaded, they are loaded the way :mod:`msprobe.readers` loads them (tensor files and
+the Zarr tensor store, each bounded by what its record declares).
 """
 from __future__ import annotations
 
-import csv
-import io
-import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-from msprobe.errors import FormatError, MsprobeError
+from msprobe.errors import FormatError, MissingDependencyError, MsprobeError
+from msprobe.format._digests import check_digests
 from msprobe.format.documents import (
     CONSTRUCT_JSON,
     DEBUG_JSON,
@@ -23,35 +23,26 @@ from msprobe.format.documents import (
     StackDocument,
     loads_json,
 )
+from msprobe.format.dtypes import itemsize
 from msprobe.format.layout import (
-    GRAPH_SPLIT_DIRS,
     MAPPING_CSV,
     MARKER_FILE,
     TENSOR_DIR,
+    RankLocation,
     check_format_version,
     detect_dialect,
+    discover,
+    read_mapping,
     validate_marker,
-    parse_rank_dir,
-    parse_step_dir,
 )
+from msprobe.readers._tensor import load_tensor_file
+from msprobe.tensor_store import ZarrTensorReader
 
-__all__ = ["Problem", "Report", "RankLocation", "discover", "validate_store", "read_mapping", "printable"]
+__all__ = ["Problem", "Report", "validate_store", "AUTO_TENSOR_BYTES", "AUTO_TENSOR_COUNT"]
 
 
-def printable(text: str, *, keep_newlines: bool = False) -> str:
-    """``text`` safe for a terminal: control characters (ESC sequences, CR, BEL, bidi controls, and
-    newlines unless ``keep_newlines``) written as ``\\xNN``/``\\uNNNN`` escapes, so a hostile record
-    name cannot move the cursor, clear the screen or fake output lines."""
-    if text.isprintable():
-        return text
-    out = []
-    for c in text:
-        if c.isprintable() or (keep_newlines and c in "\n\t"):
-            out.append(c)
-        else:
-            out.append(c.encode("unicode_escape").decode("ascii") if ord(c) > 0xFF or c in "\t\n\r"
-                       else f"\\x{ord(c):02x}")
-    return "".join(out)
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p)
 
 
 @dataclass
@@ -64,17 +55,6 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.file}:{self.location}" if self.location else self.file
         return f"{self.severity}: {where}: {self.message}"
-
-
-@dataclass
-class RankLocation:
-    """One rank directory of a dump: its key prefix and what it belongs to."""
-
-    prefix: str  # key prefix of the rank directory ('' when the store is rooted at it)
-    step: Optional[int]
-    rank_dir: str
-    rank: Optional[int]
-    split: Optional[str] = None  # 'graph' | 'pynative' for MindSpore jit dumps
 
 
 @dataclass
@@ -107,74 +87,6 @@ class Report:
                 + (f", payloads of {self.tensors_not_loaded} rank dir(s) not loaded (over "
                    f"{AUTO_TENSOR_BYTES >> 20} MiB or {AUTO_TENSOR_COUNT} payloads declared; --tensors loads them)"
                    if self.tensors_not_loaded else ""))
-
-
-def _join(*parts: str) -> str:
-    return "/".join(p.strip("/") for p in parts if p)
-
-
-def _is_rank_dir(store: Any, prefix: str) -> bool:
-    names = store.list_dir(prefix)
-    return DUMP_JSON in names or DEBUG_JSON in names or TENSOR_DIR in names
-
-
-def discover(store: Any, prefix: str = "") -> list[RankLocation]:
-    """Every rank directory under ``prefix``: the prefix may be a dump root, a ``graph``/
-    ``pynative`` split root, a step directory or a rank directory."""
-    here = prefix.rstrip("/").rsplit("/", 1)[-1]
-    if _is_rank_dir(store, prefix):
-        rd = parse_rank_dir(here)
-        step_name = prefix.rstrip("/").rsplit("/", 2)[-2] if prefix.count("/") else ""
-        return [RankLocation(prefix, parse_step_dir(step_name), here or ".", rd.rank if rd else None)]
-    out: list[RankLocation] = []
-    names = store.list_dir(prefix)
-    steps = [(parse_step_dir(n), n) for n in names if parse_step_dir(n) is not None]
-    if steps:
-        for step, name in sorted(steps):
-            out.extend(_ranks_of_step(store, _join(prefix, name), step))
-    elif any(parse_rank_dir(n) for n in names):
-        out.extend(_ranks_of_step(store, prefix, parse_step_dir(here)))
-    else:
-        for split in GRAPH_SPLIT_DIRS:
-            if split in names:
-                for loc in discover(store, _join(prefix, split)):
-                    loc.split = split
-                    out.append(loc)
-    return out
-
-
-def _ranks_of_step(store: Any, step_prefix: str, step: Optional[int]) -> Iterator[RankLocation]:
-    found = []
-    for n in store.list_dir(step_prefix):
-        rd = parse_rank_dir(n)
-        if rd is not None:
-            found.append(RankLocation(_join(step_prefix, n), step, n, rd.rank))
-    return iter(sorted(found, key=lambda r: (r.rank is None, r.rank or 0, r.rank_dir)))
-
-
-_CONVERTED_RE = re.compile(r"^\d{32}(?:\.[A-Za-z0-9]+)?$")
-
-
-def read_mapping(data: bytes) -> dict:
-    """mapping.csv -> {original file name: converted file name}.
-
-    Rows are ``converted,original`` (the real tool's column order, spec/FORMAT.md 14.3);
-    the reverse order is accepted too, recognising the converted name (32 digits plus an
-    extension). Header-like and short rows are skipped."""
-    out = {}
-    for row in csv.reader(io.StringIO(data.decode("utf-8", errors="replace"))):
-        if len(row) < 2:
-            continue
-        a, b = row[0].strip(), row[1].strip()
-        if not a or not b:
-            continue
-        if _CONVERTED_RE.match(a) and not _CONVERTED_RE.match(b):
-            out[b] = a
-        elif _CONVERTED_RE.match(b) and not _CONVERTED_RE.match(a):
-            out[a] = b
-        elif not a.lower().startswith(("original", "converted", "hash")):
-            out[b] = a  # real-tool order by default
-    return out
 
 
 def _load(store: Any, key: str, cls: Any, report: Report) -> Optional[Any]:
@@ -242,8 +154,6 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report, load_tensors: 
     zarr = None
     if "tensors.zarr" in names:  # the Zarr tensor store (section 21): its manifest names the payloads
         try:
-            from msprobe.tensor_store import ZarrTensorReader
-
             zarr = ZarrTensorReader(store, loc.prefix)
             tensor_files |= set(zarr.names())
         except MsprobeError as exc:
@@ -280,8 +190,6 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report, load_tensors: 
     if payloads and _load_wanted(load_tensors, payloads, report, store):
         _load_payloads(store, loc.prefix, key, payloads, mapping, zarr, report)
     if marker is not None:  # what the producer wrote vs what is there (concurrent runs, section 6)
-        from msprobe.format._digests import check_digests
-
         check_digests(store, loc.prefix, key, marker, tensor_files,
                       lambda *p: report.problems.append(Problem(*p)))
     converted = set(mapping.values())
@@ -310,8 +218,6 @@ def _load_wanted(load_tensors: Optional[bool], payloads: list, report: Report, s
         return False
     if load_tensors is not None:
         return load_tensors
-    from msprobe.format.dtypes import itemsize
-
     declared = 0
     for _, _, t in payloads:
         try:
@@ -328,9 +234,6 @@ def _load_payloads(store: Any, prefix: str, key: str, payloads: list, mapping: d
                    report: Report) -> None:
     """Load every payload against its record, one at a time (each bounded by what its record
     declares); every failure is an error naming the record's JSON location."""
-    from msprobe.errors import MissingDependencyError
-    from msprobe.readers._tensor import load_tensor_file
-
     missing_dep: set = set()
     for rec_name, loc_json, t in payloads:
         dn = t.data_name
