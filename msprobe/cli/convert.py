@@ -19,7 +19,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from msprobe.tensor_store.convert import convert
+    from msprobe.convert import convert
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     s = convert(args.path, args.to, args.out, storage_options=opts, shard_mb=args.shard_mb,

@@ -32,7 +32,7 @@ def pristine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pristine_zarr(tmp_path_factory):
-    from msprobe.tensor_store.convert import convert
+    from msprobe.convert import convert
 
     root = str(tmp_path_factory.mktemp("valz") / "dump")
     torch_dump(root)

@@ -28,7 +28,7 @@ CPS = 512  # float32: 33554432-element shards of 65536-element chunks
 
 
 def _zarr_dump(root):
-    from msprobe.tensor_store.convert import convert
+    from msprobe.convert import convert
     from tests.readers.readers_synth import torch_dump
 
     torch_dump(root)

@@ -16,10 +16,17 @@ import os
 import secrets
 from typing import Any, Optional
 
+from msprobe.backends import open_store
 from msprobe.errors import ConfigError, MsprobeError
-from msprobe.format.layout import INDEX_DIR, JOURNAL_DIR, MAPPING_CSV, MARKER_FILE, TENSOR_DIR
+from msprobe.format.documents import dumps_records_json
+from msprobe.format.dtypes import numpy_dtype
+from msprobe.format.layout import INDEX_DIR, JOURNAL_DIR, MAPPING_CSV, MARKER_FILE, TENSOR_DIR, discover
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
+from msprobe.readers._record import DumpRecord
+from msprobe.readers._source import RankSource
+from msprobe.readers.index import write_rank_index
 from msprobe.tensor_store._layout import STORE_DIR
+from msprobe.tensor_store._writer import ZarrTensorWriter
 
 __all__ = ["convert"]
 
@@ -64,8 +71,6 @@ def _join(*parts: str) -> str:
 
 
 def _rewrite_doc(raw: bytes, data_dir: Optional[str]) -> bytes:
-    from msprobe.format.documents import dumps_records_json
-
     doc = json.loads(raw)
     if isinstance(doc, dict) and "dump_data_dir" in doc:
         doc["dump_data_dir"] = data_dir
@@ -79,10 +84,6 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
     """Convert every rank directory of the dump at ``path``; returns counters."""
     if to not in TARGETS:
         raise ConfigError(f"convert --to {to!r}; valid: {list(TARGETS)}")
-    from msprobe.backends import open_store
-    from msprobe.format.layout import discover
-    from msprobe.readers._source import RankSource
-
     src_store = open_store(path, storage_options)
     dst_store = open_store(out, out_storage_options if out_storage_options is not None else storage_options,
                            create=True) if out is not None else src_store
@@ -105,8 +106,6 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
         doc = src.document()
         data_names = []
         for rec_name, raw in doc.data.items():
-            from msprobe.readers._record import DumpRecord
-
             rec = DumpRecord(rec_name, 0, src)
             rec._raw = raw  # noqa: SLF001 - the document is already parsed
             for _, t in rec.tensors():
@@ -114,8 +113,6 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
                     data_names.append((t, rec_name))
         locations: Optional[dict] = None
         if to == "zarr":
-            from msprobe.tensor_store._writer import ZarrTensorWriter
-
             w = ZarrTensorWriter(dst_store, prefix, compression=compression, shard_bytes=shard_mb << 20)
             seen = set()
             for t, _ in data_names:
@@ -175,8 +172,6 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
                 continue
             dst_store.put(_join(prefix, rel), body)
         if INDEX_DIR in names:
-            from msprobe.readers.index import write_rank_index
-
             write_rank_index(dst_store, prefix, doc, step=loc.step, rank=loc.rank, rank_dir=loc.rank_dir,
                              stack=src.stack(), construct=src.construct(), locations=locations)
         if in_place:  # the new form is complete: drop the old one
@@ -198,6 +193,4 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
 
 
 def _is_raw_non_numpy(t: Any) -> bool:
-    from msprobe.format.dtypes import numpy_dtype
-
     return numpy_dtype(t.dtype) is None
