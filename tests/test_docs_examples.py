@@ -201,7 +201,7 @@ def test_online_doc_examples_are_accepted(tmp_path):
     line parses with the real CLI parser into the online checker (running it needs the peer)."""
     from msprobe.cli import build_parser
     from msprobe.dumpers.config import load_config
-    from msprobe.online.checker import settings_from_config
+    from msprobe.run_ut.online import settings_from_config
 
     bl = blocks(ROOT / "docs" / "online_run_ut.md")
     dumper_cfg, checker_cfg = [json.loads(b) for lang, b in bl if lang == "json"]

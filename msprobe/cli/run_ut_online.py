@@ -48,7 +48,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from msprobe.online.checker import OnlineChecker, install_signal_handlers, settings_from_config
+    from msprobe.run_ut.online import OnlineChecker, install_signal_handlers, settings_from_config
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     settings, sec = settings_from_config(args.config, force_online=True) if args.config else (None, {})

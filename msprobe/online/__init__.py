@@ -8,7 +8,8 @@ shared store (``nfs_path``: a directory or any URL the backends open) or sends
 them over TCP, TLS 1.2+ with mutual certificates when ``tls_path`` is set. The
 checker (``msprobe run_ut --online``) consumes packets as they arrive, judges
 each API with run_ut's judgement and appends to the result/details CSVs,
-resuming after a kill.
+resuming after a kill; it lives with run_ut, whose judgement it uses
+(:mod:`msprobe.run_ut.online`).
 
 Importing this package imports neither torch nor s3fs.
 """

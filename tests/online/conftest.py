@@ -191,7 +191,7 @@ class ThreadChecker:
     def __init__(self, config: str, out: str, **kw):
         import threading
 
-        from msprobe.online.checker import OnlineChecker, settings_from_config
+        from msprobe.run_ut.online import OnlineChecker, settings_from_config
         from msprobe.run_ut import load_run_ut_config
 
         settings, _ = settings_from_config(config)

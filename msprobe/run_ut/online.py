@@ -25,9 +25,14 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from msprobe.errors import ConfigError, MissingDependencyError
-from msprobe.online.config import OnlineSettings
+from msprobe.errors import ConfigError
+from msprobe.online._source import PacketSource, packet_record
+from msprobe.online.config import OnlineSettings, parse_online, section_with_fallback
 from msprobe.online.packet import Packet
+from msprobe.online.transport import SocketListener, StoreWatcher, server_ssl_context
+from msprobe.progress import Progress
+from msprobe.run_ut import csvio, execute
+from msprobe.run_ut.runner import check_api
 
 __all__ = ["OnlineChecker", "PROGRESS_FILE", "judge"]
 
@@ -36,19 +41,9 @@ log = logging.getLogger("msprobe.online")
 PROGRESS_FILE = "online_run_ut_progress.jsonl"
 
 
-def _run_ut() -> Any:
-    try:
-        from msprobe.run_ut import csvio, execute
-    except ImportError as exc:
-        raise MissingDependencyError(f"online run_ut needs msprobe.run_ut (the run_ut judgement): {exc}") from None
-    return execute, csvio
-
-
 def judge(forward_record: Any, backward_record: Any, options: Any) -> Any:
     """The one place the checker asks run_ut for a verdict: an ``ApiResult`` for one API
     (run_ut's :func:`~msprobe.run_ut.check_api`, which never raises for the API's faults)."""
-    from msprobe.run_ut import check_api
-
     return check_api(forward_record, options, backward_record=backward_record)
 
 
@@ -131,7 +126,7 @@ class OnlineChecker:
                  idle_timeout: Optional[float] = None, judge_fn: Optional[Callable] = None,
                  on_listen: Optional[Callable[[int], None]] = None, keep_packets: bool = False,
                  report_progress: Optional[bool] = False):
-        execute, self._csvio = _run_ut()
+        self._csvio = csvio
         self.settings = settings
         self.out_dir = out_dir
         os.makedirs(out_dir, exist_ok=True)
@@ -157,7 +152,6 @@ class OnlineChecker:
 
     # ---------------------------------------------------------------- outputs
     def _restore_writers(self) -> None:
-        _, csvio = _run_ut()
         for rank, name in self.progress.files.items():
             result_path = os.path.join(self.out_dir, os.path.basename(name))  # the output dir may have moved
             if not os.path.exists(result_path):
@@ -173,7 +167,6 @@ class OnlineChecker:
     def _writer(self, rank: str) -> Any:
         w = self.writers.get(rank)
         if w is None:
-            _, csvio = _run_ut()
             ts = time.strftime("%Y%m%d%H%M%S")
             w = csvio.ResultWriter(self.out_dir, timestamp=f"{ts}_{rank}")
             self.writers[rank] = w
@@ -242,8 +235,6 @@ class OnlineChecker:
             self._check(self.pending.pop(k), None)
 
     def _check(self, fwd: Packet, bwd: Optional[Packet]) -> None:
-        from msprobe.online._source import PacketSource, packet_record
-
         src = PacketSource([fwd] + ([bwd] if bwd is not None else []))
         frec = packet_record(fwd, source=src)
         brec = packet_record(bwd, source=src) if bwd is not None else None
@@ -280,14 +271,10 @@ class OnlineChecker:
     def _source(self) -> Any:
         s = self.settings
         if s.transport == "store":
-            from msprobe.online.transport import StoreWatcher
-
             self.watcher = StoreWatcher(s.nfs_path, storage_options=s.storage_options, interval=s.poll_interval,
                                         done=self.progress.keys, remove_done=not self.keep_packets,
                                         max_packet_bytes=s.max_packet_bytes)
             return self.watcher
-        from msprobe.online.transport import SocketListener, server_ssl_context
-
         ctx = server_ssl_context(s.tls_path) if s.transport == "tls" else None
         self.listener = SocketListener(s.host, s.port, ssl_context=ctx, max_frame_bytes=s.max_packet_bytes,
                                        max_connections=s.max_connections)
@@ -305,8 +292,6 @@ class OnlineChecker:
                     self.settings.rank_list, self.out_dir)
         if self.on_listen is not None and self.port is not None:
             self.on_listen(self.port)
-        from msprobe.progress import Progress
-
         bar = Progress(None, "run_ut online", "packets", enabled=self.report_progress)
         try:
             for p in source.packets(self._should_stop):
@@ -354,7 +339,6 @@ def install_signal_handlers(checker: OnlineChecker) -> None:
 
 def settings_from_config(config_path: Optional[str], *, force_online: bool = False) -> tuple:
     """(OnlineSettings, run_ut section) from a checker config.json (task run_ut)."""
-    from msprobe.online.config import parse_online, section_with_fallback
 
     from msprobe.dumpers.config import read_config_json
 
