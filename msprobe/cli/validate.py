@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from msprobe.backends import open_store
-    from msprobe.compare._core import dump_dir_of
+    from msprobe.format.layout import dump_dir_of
     from msprobe.format.naming import printable
     from msprobe.readers.validate import validate_store
 

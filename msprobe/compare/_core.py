@@ -24,6 +24,7 @@ from msprobe.compare._rows import (
 )
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.compare._plot import PlotMarks, plot_compare
+from msprobe.format.layout import dump_dir_of
 from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.progress import Progress
 
@@ -43,19 +44,6 @@ UNMATCHED_LISTED = 1000
 _NA = "N/A"
 #: metric columns per mode (after the 8 head columns)
 _N_METRICS = {"statistics": 8, "md5": 2, "tensor": 6}
-
-
-#: the documents a user may name instead of their rank directory (8.x and 26.x accept a dump.json)
-_DOC_FILES = ("dump.json", "debug.json")
-
-
-def dump_dir_of(path: str) -> str:
-    """The rank directory of ``path`` when it names a dump document (``.../dump.json``), else ``path``."""
-    url = str(path).rstrip("/")
-    head, _, base = url.rpartition("/")
-    if base in _DOC_FILES:
-        return head or ("/" if url.startswith("/") else ".")
-    return str(path)
 
 
 def _open(path: str, storage_options: Optional[dict] = None) -> Any:

@@ -21,6 +21,7 @@ from msprobe.errors import DocumentError, UnknownDialectError
 __all__ = [
     "RankLocation",
     "discover",
+    "dump_dir_of",
     "read_mapping",
     "STEP_DIR_RE",
     "RANK_DIR_RE",
@@ -228,6 +229,16 @@ class RankLocation:
 
 def _join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p)
+
+
+#: the documents a user may name instead of their rank directory (8.x and 26.x accept a dump.json)
+def dump_dir_of(path: str) -> str:
+    """The rank directory of ``path`` when it names a dump document (``.../dump.json``), else ``path``."""
+    url = str(path).rstrip("/")
+    head, _, base = url.rpartition("/")
+    if base in ("dump.json", "debug.json"):
+        return head or ("/" if url.startswith("/") else ".")
+    return str(path)
 
 
 def _is_rank_dir(store: Any, prefix: str) -> bool:

@@ -15,9 +15,23 @@ import sys
 import time
 from typing import Any, Optional
 
+import msprobe.readers as R
+from msprobe.backends import open_store
 from msprobe.errors import ConfigError
+from msprobe.format.layout import dump_dir_of
+from msprobe.progress import Progress
 from msprobe.run_ut.csvio import ResultWriter
-from msprobe.run_ut.execute import ApiResult, CheckOptions, filter_reason, skip_result, split_api_name
+from msprobe.run_ut.execute import (
+    ApiPacket,
+    ApiResult,
+    CheckOptions,
+    check_packet,
+    filter_reason,
+    packet_from_record,
+    skip_result,
+    split_api_name,
+)
+from msprobe.run_ut.metrics import worst
 
 __all__ = ["run_ut", "open_rank", "list_tasks", "load_run_ut_config", "check_api", "DEFAULT_TIMEOUT"]
 
@@ -29,10 +43,6 @@ _STAT_KEYS = {"Max", "Min", "Mean", "Norm", "md5", "data_name", "Max_except_inf_
 def open_rank(path: str, *, step: Optional[int] = None, rank: Any = None,
               storage_options: Optional[dict] = None) -> tuple:
     """(dump, source) for a dump.json, a rank directory or any dump root/URL holding one rank (or pick one)."""
-    import msprobe.readers as R
-
-    from msprobe.compare._core import dump_dir_of
-
     dump = R.open(dump_dir_of(path), storage_options=storage_options)
     kw: dict = {}
     if step is not None:
@@ -146,8 +156,6 @@ def load_run_ut_config(path: Optional[str]) -> dict:
 
 def check_api(record: Any, options: Optional[CheckOptions] = None, *, backward_record: Any = None) -> ApiResult:
     """Check one forward record (a ``msprobe.readers`` record, or an ApiPacket): never raises for the API's faults."""
-    from msprobe.run_ut.execute import ApiPacket, check_packet, packet_from_record
-
     options = options or CheckOptions()
     if isinstance(record, ApiPacket):
         return _guarded(lambda: check_packet(record, options), record.name, record.has_backward)
@@ -206,8 +214,6 @@ def save_error_data(url: str, result: ApiResult) -> list:
     import io
 
     import torch
-
-    from msprobe.backends import open_store
 
     store = open_store(url, create=True)
     keys = []
@@ -467,8 +473,6 @@ class _Progress:
     worst status (forward, or backward when forward passes), the same counts the final line shows."""
 
     def __init__(self, total: int, enabled: Optional[bool]):
-        from msprobe.progress import Progress
-
         self.n = 0
         self.t0 = time.perf_counter()
         self.counts: dict = {}
@@ -489,6 +493,4 @@ class _Progress:
 
 
 def worst_of(a: str, b: str) -> str:
-    from msprobe.run_ut.metrics import worst
-
     return worst([a, b])
