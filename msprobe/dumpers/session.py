@@ -9,6 +9,7 @@ published, never one sync per value.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -138,6 +139,19 @@ def _unwrap(text: str) -> bytes:
     return "\n".join(inner).encode("utf-8")
 
 
+class StatsFetchError(Exception):
+    """Raised by a ``fetch_stats`` whose batch met the failure of the computation behind a
+    tensor (an asynchronous kernel error surfacing at the read): ``values`` holds the batch's
+    statistics (None where unreadable) and ``error`` the framework's exception, which the
+    session raises to the training script once the entries are filled: the dump never
+    swallows an error the script would have seen without it."""
+
+    def __init__(self, values: list, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.values = values
+        self.error = error
+
+
 class PendingStats:
     """Tensor entries whose statistics are still on the device.
 
@@ -162,7 +176,11 @@ class PendingStats:
     def resolve(self, fetch: Callable[[list], list]) -> None:
         if not self.entries:
             return
-        values = fetch(self.handles)
+        error = None
+        try:
+            values = fetch(self.handles)
+        except StatsFetchError as exc:
+            values, error = exc.values, exc.error
         for entry, vals in zip(self.entries, values):
             if "md5" in vals:
                 entry["md5"] = vals["md5"]
@@ -171,6 +189,8 @@ class PendingStats:
                     entry[k] = vals.get(k)
         self.entries = []
         self.handles = []
+        if error is not None:
+            raise error
 
 
 class StackTable:
@@ -231,6 +251,7 @@ class DumpSession:
         #: the writer's workers take it (never ``lock``: publish() holds ``lock`` while it
         #: waits for the writer)
         self._jlock = threading.Lock()
+        self._held_here = threading.local()  # see journal_held()
         self.current_step = 0
         self.rank: Optional[int] = None
         self._rank_resolved = False
@@ -451,8 +472,21 @@ class DumpSession:
             self._dirty = True
             self.records_total += 1
             self._journal_queue.append((name, raw, parent, sid))
-            if len(self._journal_queue) >= (self.config.journal_flush or 1):
+            if len(self._journal_queue) >= (self.config.journal_flush or 1) and \
+                    not getattr(self._held_here, "on", False):
                 self.flush_journal()
+
+    @contextlib.contextmanager
+    def journal_held(self):
+        """Records added by this thread inside the block are queued, not flushed: a callback
+        run by a graph in execution cannot read tensors (each read waits for that graph: a
+        deadlock). They are journaled by the next flush outside the block (stop, step)."""
+        prev = getattr(self._held_here, "on", False)
+        self._held_here.on = True
+        try:
+            yield
+        finally:
+            self._held_here.on = prev
 
     def save_tensor(self, data_name: str, produce: Callable[[], bytes], nbytes: int) -> None:
         """Queue a tensor file write under ``dump_tensor_data/`` (background, bounded, retried).

@@ -18,6 +18,7 @@ from mindspore import Parameter, Tensor
 
 from msprobe.dumpers.encode import ValueEncoder
 from msprobe.dumpers.ndarray import ndarray_entry
+from msprobe.dumpers.session import StatsFetchError
 from msprobe.format.stats import crc32_hex, reference_stats, xor64
 
 __all__ = ["Encoder", "fetch_stats", "tensor_numpy", "tensor_raw"]
@@ -46,15 +47,32 @@ def tensor_raw(t: Tensor) -> np.ndarray:
     return t.asnumpy()
 
 
+def _read_error(t: Tensor) -> Optional[RuntimeError]:
+    """None when the tensor reads, else the error the read raised."""
+    try:
+        t.asnumpy()
+        return None
+    except RuntimeError as exc:
+        return exc
+
+
 def fetch_stats(handles: list) -> list:
     """handle = (tensor, want_md5); one dict per handle (shared handles computed once)."""
     done: dict = {}
     out = []
+    failure = None
     for h in handles:
         key = id(h)
         vals = done.get(key)
         if vals is None:
             t, want_md5 = h
+            exc = _read_error(t) if t.dtype not in _NO_NUMPY else None  # a dtype numpy has: a computation failed
+            if exc is not None:
+                failure = failure or exc
+                if _read_error(t) is not None:  # (an asynchronous error surfaces at the first read, maybe not its own)
+                    vals = done[key] = {"Max": None, "Min": None, "Mean": None, "Norm": None}
+                    out.append(vals)
+                    continue
             try:
                 logical = "bfloat16" if t.dtype == _BF16 else None
                 mx, mn, mean, norm = reference_stats(tensor_numpy(t), framework="mindspore", logical_dtype=logical)
@@ -65,6 +83,8 @@ def fetch_stats(handles: list) -> list:
                 vals = {"Max": None, "Min": None, "Mean": None, "Norm": None}
             done[key] = vals
         out.append(vals)
+    if failure is not None:  # the script sees the error it would have seen without the dump
+        raise StatsFetchError(out, failure)
     return out
 
 

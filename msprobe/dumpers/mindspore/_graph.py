@@ -253,10 +253,11 @@ class GraphCellDump:
         GUARD.inside = True
         try:
             value = Tensor(np.array(arr, copy=True))
-            if kind in ("in", "param", "out"):
-                self._forward(d, key, kind, value, i, n)
-            else:
-                self._backward(d, key, kind, value, i, n)
+            with self.session.journal_held():  # in the graph's run: no tensor read until it ends
+                if kind in ("in", "param", "out"):
+                    self._forward(d, key, kind, value, i, n)
+                else:
+                    self._backward(d, key, kind, value, i, n)
         finally:
             GUARD.inside = False
 
