@@ -202,6 +202,11 @@ def _write_rows(fh: Any, rows: list, drop: Optional[int] = None) -> None:
                                else f for f in r]) + "\r\n" for r in rows))
 
 
+def _dropped(rows: list, drop: Optional[int]) -> list:
+    """``rows`` without column ``drop`` (the xlsx gets the CSV's columns)."""
+    return rows if drop is None else [r[:drop] + r[drop + 1:] for r in rows]
+
+
 def _scalar_differs(n: Any, b: Any) -> bool:
     """A scalar argument (``<class ...>`` dtype on both sides, shape ``[]``) whose value differs."""
     return "class" in n.dtype and "class" in b.dtype and n.shape == "[]" and n.stats[0] != b.stats[0]
@@ -236,6 +241,22 @@ def _mapped(row_name: str, mapping: dict) -> Optional[tuple]:
                 return to[: i + len(".parameters_grad")], to[i + len(".parameters_grad."):]
             return to[:i], to[i + 1:]
     return None
+
+
+def bench_counterpart(row_name: str, suffix: str, mapping: dict, data_b: dict, leaves_of: Any, bm: Optional[str],
+                      left: dict) -> tuple:
+    """(bench row name, what ``leaves_of(record)`` holds for its leaf) of the target row ``row_name``
+    (leaf ``suffix``), or (None, None): the row a data-mapping file names, else the same leaf of the
+    matched bench record ``bm``, taken from ``left`` (its leaves not yet paired)."""
+    if mapping and row_name in mapping:
+        got = _mapped(row_name, mapping)
+        if got is not None and got[0] in data_b and got[1] in leaves_of(got[0]):
+            if got[0] == bm:
+                left.pop(got[1], None)
+            return mapping[row_name], leaves_of(got[0])[got[1]]
+    elif bm is not None and suffix in left:
+        return (f"{bm}.{suffix}" if suffix else bm), left.pop(suffix)
+    return None, None
 
 
 def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[str] = None,
@@ -298,7 +319,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
         if writer is not None and len(rows) >= 20000:
             _write_rows(fh, rows, drop)
             if keep_rows:
-                kept.extend(rows)
+                kept.extend(_dropped(rows, drop))
             done += len(rows)
             rows = []
         nm, bm = pairs[rec_i]
@@ -321,17 +342,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
             seen = fin_n.see(_io, suffix, n, nm, row_name, rec_i)
             if first_nan_n is None and seen is not None:
                 first_nan_n = seen
-            bname, bl = None, None
-            if mapping and row_name in mapping:
-                got = _mapped(row_name, mapping)
-                if got is not None and got[0] in data_b and got[1] in bench_leaves_of(got[0]):
-                    bname = mapping[row_name]
-                    bl = bench_leaves_of(got[0])[got[1]]
-                    if got[0] == bm:
-                        bench_leaves.pop(got[1], None)
-            elif bm is not None and suffix in bench_leaves:
-                bname = f"{bm}.{suffix}" if suffix else bm
-                bl = bench_leaves.pop(suffix)
+            bname, bl = bench_counterpart(row_name, suffix, mapping, data_b, bench_leaves_of, bm, bench_leaves)
             if bname is not None:
                 b = leaf_side(bl)
                 seen = fin_b.see(_io, suffix, b, bm, bname, rec_i)
@@ -392,7 +403,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
         _write_rows(fh, rows, drop)
         fh.close()
         if keep_rows:
-            kept.extend(rows)
+            kept.extend(_dropped(rows, drop))
     if prog is not None:
         prog.update((hi - lo) % 1000)
     out = {"rows": done + len(rows), "records": hi - lo, "results": counts, "series": series,
@@ -421,14 +432,16 @@ def _chunk_child(c: _PairContext, job: tuple, conn: Any) -> None:
 def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, multi_step: bool = False,
                  xlsx: bool = False, chunks: int = 1, progress: Any = None, structural: Any = "auto",
                  fuzzy: bool = False, stack: bool = True, mapping: Optional[dict] = None,
-                 threshold: Optional[float] = None) -> dict:
+                 threshold: Optional[float] = None, engine: str = "auto") -> dict:
     """Compare one target rank directory with one bench rank directory; writes its CSV
     (and .xlsx) and returns its summary (with ``series``: the NormRelativeErr per row).
 
     ``chunks`` > 1 splits the records over forked processes (Linux; the dumps are shared
     copy-on-write), each writing a part of the CSV that is then concatenated in order.
     ``stack=False`` leaves out the NPU_Stack_Info column; ``mapping`` maps target row names to
-    bench row names (a data-mapping file); ``threshold``: see :func:`compare`."""
+    bench row names (a data-mapping file); ``threshold``, ``engine``: see :func:`compare`."""
+    from msprobe.compare import _columnar
+
     data_n, data_b = _data(src_n), _data(src_b)
     cols = COLUMNS[mode]
     pairs, rest, how = match_records(data_n, data_b, _parents(src_n), _parents(src_b), structural, fuzzy=fuzzy)
@@ -440,9 +453,16 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
     path = os.path.join(out_dir, name)
     n = len(pairs)
     parts: list = []
-    use_fork = chunks > 1 and n >= CHUNK_MIN_RECORDS and not xlsx and "fork" in _mp_methods()
+    columnar = engine != "rows" and mode in _columnar.MODES
+    use_fork = not columnar and chunks > 1 and n >= CHUNK_MIN_RECORDS and not xlsx and "fork" in _mp_methods()
     try:
-        if use_fork:
+        if columnar:
+            with open(path, "w", newline="", encoding="utf-8") as f:
+                csv.writer(f).writerow(out_cols)
+            ctx.progress = progress
+            results = [_columnar.columnar_pair(ctx, path, keep_rows=xlsx)]
+            rows = results[0].pop("row_list")
+        elif use_fork:
             results = _run_forked(ctx, n, chunks, path, progress)
             parts = [f"{path}.part{i}" for i in range(chunks)]
             with open(path, "wb") as f:
@@ -664,7 +684,7 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
             storage_options: Optional[dict] = None, timestamp: Optional[str] = None,
             client: Any = None, scheduler: Optional[str] = None, progress: Optional[bool] = None,
             structural: Any = "auto", fuzzy: bool = False, stack: bool = True, mapping: Optional[dict] = None,
-            threshold: Optional[float] = None) -> dict:
+            threshold: Optional[float] = None, engine: str = "auto") -> dict:
     """Compare ``target`` with ``bench`` (paths or URLs of any dialect); writes one CSV per
     (step,) rank, ``summary.json`` and ``compare_plot.png`` into ``out_dir`` (a path, or a URL:
     files are then uploaded there); returns the summary.
@@ -686,6 +706,10 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     The first divergence is the first row, in execution order, whose Result is not ``pass``; with
     ``threshold`` it is instead the first row whose NormRelativeErr exceeds ``threshold`` (a
     fraction), whatever its Result. A forced ``mode`` the dumps cannot support is refused.
+
+    ``engine``: ``"auto"`` builds statistics and md5 rows column-wise
+    (:mod:`msprobe.compare._columnar`) and tensor rows one by one; ``"rows"`` builds every mode
+    one row at a time (the reference the columnar path is held to, byte for byte).
     """
     if xlsx:
         try:
@@ -709,7 +733,9 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     multi_step = len({a.step for a, _ in pairs}) > 1
     if structural not in ("auto", True, False):
         raise ConfigError(f"structural must be 'auto', True or False, not {structural!r}")
-    kw = {"mode": mode, "ts": ts, "multi_step": multi_step, "xlsx": xlsx, "structural": structural, "fuzzy": fuzzy,
+    if engine not in ("auto", "rows"):
+        raise ConfigError(f"engine must be 'auto' or 'rows', not {engine!r}")
+    kw = {"engine": engine, "mode": mode, "ts": ts, "multi_step": multi_step, "xlsx": xlsx, "structural": structural, "fuzzy": fuzzy,
           "stack": stack, "mapping": mapping, "threshold": threshold}
     cl, owned = _dask_client(client, scheduler)
     backend = "dask" if cl is not None else ("processes" if workers > 1 and len(pairs) > 1 else "in-process")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional
 
-from msprobe.compare._rows import norm_record_name
+from msprobe.compare._rows import as_float, norm_record_name
 
 __all__ = ["match_records", "record_key"]
 
@@ -59,7 +59,7 @@ def _signature(raw: Any, out: list) -> list:
         if "dtype" in raw and "shape" in raw:
             v = raw.get("Norm", raw.get("Max"))
             if isinstance(v, (int, float)) and not isinstance(v, bool):
-                out.append(float(v))
+                out.append(as_float(v))
         else:
             for v in raw.values():
                 _signature(v, out)

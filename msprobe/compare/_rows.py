@@ -16,7 +16,7 @@ import zlib
 from typing import Any, Optional
 
 __all__ = ["COLUMNS", "record_leaves", "norm_record_name", "Side", "stats_metrics", "md5_metrics",
-           "tensor_metrics", "leaf_side", "is_tensor"]
+           "tensor_metrics", "leaf_side", "is_tensor", "as_float"]
 
 _HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
          "NPU Requires_grad", "Bench Requires_grad"]
@@ -153,6 +153,15 @@ _INF = math.inf
 _NUM = (int, float)
 
 
+def as_float(v: Any) -> float:
+    """``float(v)`` of an int or float; an int too large for a float is +-inf (a hostile dump's
+    ``10**400`` is no crash)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return _INF if v > 0 else -_INF
+
+
 def _diff(a: Any, b: Any) -> tuple:
     """(diff, relative error in percent, rel as a float or None) the way 26.2.0's CSV prints them:
     numbers subtract (integers as floats), a zero bench gives an ``inf`` relative error, differing
@@ -161,7 +170,8 @@ def _diff(a: Any, b: Any) -> tuple:
     if ta is float and tb is float:
         d = a - b
     elif (ta is float or ta is int) and (tb is float or tb is int):
-        d = float(a) - float(b)
+        a, b = as_float(a), as_float(b)
+        d = a - b
     elif a == b:
         return "0", "0", 0.0
     elif a is None or b is None:

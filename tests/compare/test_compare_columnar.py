@@ -1,0 +1,237 @@
+"""The columnar compare (statistics, md5) writes the same bytes as the row-by-row builder.
+
+Every case runs :func:`msprobe.compare.compare` twice on the same dumps with the same timestamp,
+``engine="auto"`` (columnar for statistics and md5) and ``engine="rows"`` (one row at a time, the
+reference), and requires byte-identical CSVs, the same xlsx sheet and the same summary.json
+(timing and file paths aside). The dumps are the real tools' fixtures of both frameworks (8.x and
+26.x, statistics, md5, tensor, mix/structural, multi-rank) and seeded mutations of them that plant
+what the metrics and rules branch on: NaN/+-Inf/-inf masks, None and string and bool and huge int
+statistics, dtype/shape/requires_grad changes, scalar arguments, missing and extra records and
+arguments, fused qkv names, the ignored APIs.
+"""
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import random
+import shutil
+import zipfile
+
+import pytest
+
+from msprobe.compare import compare
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REAL = os.path.join(os.path.dirname(HERE), "fixtures", "real")
+TS = "20260101000000"
+
+
+def _f(*parts: str) -> str:
+    return os.path.join(REAL, *parts)
+
+
+def _outputs(out: str) -> dict:
+    """{file name: bytes} of a compare output (xlsx: its sheet and shared strings)."""
+    got = {}
+    for p in sorted(glob.glob(os.path.join(out, "*"))):
+        name = os.path.basename(p)
+        if name.endswith(".xlsx"):
+            with zipfile.ZipFile(p) as z:
+                for m in z.namelist():
+                    if m.startswith("xl/"):
+                        got[f"{name}:{m}"] = z.read(m)
+        elif name == "summary.json":
+            with open(p, encoding="utf-8") as fh:
+                s = json.load(fh)
+            s.pop("seconds")
+            for r in s["pairs"]:
+                r["files"] = [os.path.basename(x) for x in r["files"]]
+            got[name] = json.dumps(s, sort_keys=True).replace(out, "OUT").encode()
+        elif name.endswith(".csv"):
+            with open(p, "rb") as fh:
+                got[name] = fh.read()
+    return got
+
+
+def _both(tmp_path, target: str, bench: str, **kw) -> dict:
+    """Compare with both engines; assert equal outputs; the columnar run's outputs."""
+    runs = {}
+    for engine in ("auto", "rows"):
+        out = str(tmp_path / f"out_{engine}")
+        shutil.rmtree(out, ignore_errors=True)
+        compare(target, bench, out, timestamp=TS, plot=False, progress=False, engine=engine, **kw)
+        runs[engine] = _outputs(out)
+    a, b = runs["auto"], runs["rows"]
+    assert sorted(a) == sorted(b)
+    for name in a:
+        if a[name] != b[name]:
+            la, lb = a[name].split(b"\n"), b[name].split(b"\n")
+            bad = next(i for i, (x, y) in enumerate(zip(la + [b""], lb + [b""])) if x != y)
+            raise AssertionError(f"{name} differs at line {bad}:\n columnar: {la[bad][:400]!r}\n"
+                                 f" rows:     {lb[bad][:400]!r}")
+    assert any(n.endswith(".csv") for n in a)
+    return a
+
+
+REAL_PAIRS = [
+    ("ms26/L1_statistics", "ms26/L1_statistics_perturbed"),
+    ("ms26/L1_md5", "ms26/L1_md5_perturbed"),
+    ("ms26/L1_statistics", "ms26/L1_md5"),
+    ("ms26/mix_statistics", "ms26/L0_statistics"),
+    ("ms26/L1_statistics", "ms8/L1_statistics"),
+    ("ms8/L1_statistics", "ms8/L1_statistics_perturbed"),
+    ("ms8/L1_md5", "ms26/L1_md5"),
+    ("ms8/mix_statistics", "ms26/mix_statistics"),
+    ("ms26/distributed_2rank", "ms8/distributed_2rank"),
+    ("ms26/L1_tensor", "ms26/L1_tensor_perturbed"),
+    ("ms26_mindspore/L1_statistics", "ms26_mindspore/train_L1_statistics"),
+    ("ms26_mindspore/L1_md5", "ms26_mindspore/L1_md5"),
+    ("ms26_mindspore/mix_statistics", "ms26_mindspore/train_mix_statistics"),
+    ("zoo26/attention_L1", "zoo26/attention_mix"),
+    ("zoo26/inplace_md5", "zoo26/inplace_L1"),
+]
+
+
+@pytest.mark.parametrize("target,bench", REAL_PAIRS, ids=[f"{a}-vs-{b}" for a, b in REAL_PAIRS])
+def test_real_fixtures_same_bytes(tmp_path, target, bench):
+    t, b = _f(*target.split("/"), "step0"), _f(*bench.split("/"), "step0")
+    if not (os.path.isdir(t) and os.path.isdir(b)):
+        t, b = _f(*target.split("/")), _f(*bench.split("/"))
+    _both(tmp_path, t, b)
+
+
+def test_tensor_dumps_in_statistics_mode_and_options(tmp_path):
+    t, b = _f("ms26", "L1_tensor", "step0"), _f("ms26", "L1_tensor_perturbed", "step0")
+    _both(tmp_path, t, b, mode="statistics", xlsx=True)
+    t, b = _f("ms26", "L1_statistics", "step0"), _f("ms26", "L1_statistics_perturbed", "step0")
+    _both(tmp_path, t, b, stack=False, threshold=1e-6)
+    _both(tmp_path, t, b, threshold=0.0, xlsx=True)
+    _both(tmp_path, _f("ms26", "L1_md5", "step0"), _f("ms26", "L1_md5_perturbed", "step0"), xlsx=True,
+          stack=False)
+
+
+_ODD = [float("nan"), float("inf"), -float("inf"), None, "inf", " NaN", "x", True, False, 0, 0.0, -0.0, 7,
+        2 ** 70, 10 ** 400, 1e308, -1e-310, 5e-324]
+
+
+def _mutate(doc: dict, seed: int, side: str) -> dict:
+    """A seeded copy of ``doc`` with odd values, changed leaves and records planted."""
+    rng = random.Random(seed)
+    doc = copy.deepcopy(doc)
+
+    def leaf(v: dict) -> None:
+        if "Max" in v:
+            for k in ("Max", "Min", "Mean", "Norm"):
+                r = rng.random()
+                if r < 0.12:
+                    v[k] = rng.choice(_ODD)
+                elif r < 0.3 and isinstance(v.get(k), float):
+                    v[k] = v[k] * (1 + rng.choice([1e-4, 1e-2, 0.7, 20.0]) * rng.uniform(-1, 1))
+            r = rng.random()
+            if r < 0.04:
+                v["dtype"] = "torch.float16"
+            elif r < 0.08:
+                v["shape"] = [3, 3]
+            elif r < 0.12:
+                v["requires_grad"] = not v.get("requires_grad", False)
+            elif r < 0.14:
+                v.pop("requires_grad", None)
+            elif r < 0.16:
+                v["Max"] = v["Min"] = -float("inf")
+            elif r < 0.18 and side == "b":
+                v["md5"] = "%08x" % rng.getrandbits(32)
+        elif "value" in v and rng.random() < 0.3:
+            v["value"] = rng.choice([1, 2.5, "s", True, None, float("inf"), [1, 2]])
+
+    def walk(v):
+        if isinstance(v, dict):
+            if "type" in v:
+                leaf(v)
+            else:
+                for c in list(v.values()):
+                    walk(c)
+        elif isinstance(v, list):
+            for c in v:
+                walk(c)
+
+    data = doc["data"]
+    walk(data)
+    names = list(data)
+    for nm in names:
+        r = rng.random()
+        if r < 0.05:
+            del data[nm]
+        elif r < 0.08 and isinstance(data[nm], dict):
+            args = data[nm].get("input_args")
+            if isinstance(args, list) and args:
+                args.pop(rng.randrange(len(args))) if rng.random() < 0.5 else args.append({"type": "int", "value": 3})
+        elif r < 0.10 and isinstance(data[nm], dict):
+            data[nm]["output"] = data[nm].get("output") or []
+    # planted names: ignored APIs, a fused qkv bench name, a mask feeding an add
+    neg = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2, 2], "Max": -float("inf"),
+           "Min": -float("inf"), "Mean": -float("inf"), "Norm": float("inf"), "requires_grad": False}
+    t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2, 2], "Max": 1.0, "Min": 0.0, "Mean": 0.5,
+         "Norm": 1.0 if side == "t" else 1.5, "requires_grad": False}
+    data["Tensor.masked_fill.0.forward"] = {"input_args": [t], "input_kwargs": {}, "output": [neg]}
+    data["Tensor.__add__.0.forward"] = {"input_args": [t, neg], "input_kwargs": {"attn_mask": neg}, "output": [neg]}
+    data["Torch.empty.0.forward"] = {"input_args": [t], "input_kwargs": {}, "output": [dict(t, Max=9.0)]}
+    data["Distributed._reduce_scatter_base.0.forward"] = {"input_args": [dict(t, Max=2.0 if side == "t" else 1.0)],
+                                                           "input_kwargs": {}, "output": [dict(t, Norm=3.0)]}
+    data[f"Functional.linear.{'1' if side == 't' else '2'}.forward"] = {"input_args": [t], "output": [t]}
+    data["Module.qkv_proj.Linear.forward.0"] = {"input_args": [t], "input_kwargs": {},
+                                                "output": [dict(t, dtype="torch.bfloat16" if side == "b" else
+                                                                "torch.float32")]}
+    data["Tensor.add.0.forward"] = {"input_args": [dict(t, Norm=0.0)], "input_kwargs": {}, "output": [dict(t, Norm=7.0)]}
+    if side == "t":
+        data["Tensor.only_target.0.forward"] = {"input_args": [t, None], "output": [t]}
+    else:
+        data["Tensor.only_bench.0.forward"] = {"input_args": [t], "output": [neg]}
+    return doc
+
+
+def _write(root: str, doc: dict, src_rank: str) -> str:
+    rank = os.path.join(root, "step0", "rank0")
+    os.makedirs(rank)
+    with open(os.path.join(rank, "dump.json"), "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1)
+    for name in ("stack.json", "construct.json"):
+        src = os.path.join(src_rank, name)
+        if os.path.exists(src):
+            shutil.copy(src, rank)
+    return os.path.join(root, "step0")
+
+
+MUTATED = ["ms26/L1_statistics", "ms26/L1_md5", "ms8/L1_statistics", "ms26/mix_statistics",
+           "ms26_mindspore/L1_statistics", "ms26_mindspore/L1_md5", "zoo26/attention_mix"]
+
+
+@pytest.mark.parametrize("fixture", MUTATED)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_mutated_dumps_same_bytes(tmp_path, fixture, seed):
+    (rank,) = glob.glob(os.path.join(_f(*fixture.split("/")), "step0", "*"))
+    with open(os.path.join(rank, "dump.json"), encoding="utf-8") as fh:
+        doc = json.load(fh)
+    t = _write(str(tmp_path / "t"), _mutate(doc, seed, "t"), rank)
+    b = _write(str(tmp_path / "b"), _mutate(doc, seed + 100, "b"), rank)
+    got = _both(tmp_path, t, b, xlsx=seed == 1)
+    csv_bytes = next(v for k, v in got.items() if k.endswith(".csv"))
+    assert b"error" in csv_bytes  # the planted changes reach the rules
+    _both(tmp_path, t, b, fuzzy=True, structural=False, threshold=0.001)
+    if "md5" not in fixture:
+        _both(tmp_path, t, b, mode="statistics", stack=False,
+              mapping={"Functional.linear.1.forward.input.0": "Functional.linear.2.forward.input.0",
+                       "Tensor.only_target.0.forward.output.0": "Tensor.only_bench.0.forward.input.0"})
+
+
+def test_generated_dump_with_non_finite_values(tmp_path):
+    """The benchmark's generator (NaN/Inf statistics, kwargs, parameters), 3 ranks."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
+    from bench_compare import synthesize
+
+    t, b = synthesize(str(tmp_path / "gen"), 600, ranks=3)
+    _both(tmp_path, t, b)
+    _both(tmp_path, t, b, workers=2)
