@@ -1,111 +1,111 @@
-"""Generate msprobe/dumpers/mindspore/support_wrap_ops.yaml from MindSpore's own namespaces.
+"""Generate msprobe/dumpers/mindspore/support_wrap_ops.yaml: the real tool's lists, plus EXTRAS.
 
-Rule: every public Python function of ``mindspore.ops``, ``mindspore.mint``,
-``mindspore.mint.nn.functional``, the collectives of ``communication.comm_func`` and
-``mint.distributed``, and the computing methods of ``mindspore.Tensor`` (plus the
-arithmetic/comparison operators), minus metadata, conversion and autograd helpers.
-Run in a venv with the pinned MindSpore (numpy<2):
-``python scripts/gen_ms_api_list.py``. The YAML is the editable list afterwards.
+Rule (issue 18 item 10): per namespace, the names mindstudio-probe 26.2.0 wraps (its
+``support_wrap_ops.yaml``, a data file of the installed package) that are callable attributes
+of the pinned MindSpore, plus the names in ``EXTRAS``, each listed with its reason in
+spec/FORMAT.md section 20 (item 25), where the names 26.2.0 lists that MindSpore 2.10.0 lacks
+are listed too. tests/dumpers/test_ms_api_coverage.py checks the result against the installed
+real tool, tests/dumpers/mindspore/ms_test_apilist.py against the installed MindSpore.
+
+Run in the MindSpore venv (tests/dumpers/mindspore/ms_venv.py), with the real tool's list:
+
+    python scripts/gen_ms_api_list.py PATH/TO/msprobe/mindspore/dump/dump_processor/hook_cell/support_wrap_ops.yaml
+
+This module imports MindSpore only when a function needs it, so the tests of the main
+environment (no MindSpore) can read its tables.
 """
-import inspect
+import importlib
 import os
+import re
+import sys
 
-import mindspore
-from mindspore import Tensor, mint, ops
-from mindspore.mint.nn import functional as mint_f
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OUT = os.path.join(ROOT, "msprobe", "dumpers", "mindspore", "support_wrap_ops.yaml")
+SPEC = os.path.join(ROOT, "spec", "FORMAT.md")
+#: where the list lies in the installed real package
+REAL_LIST = ("mindspore", "dump", "dump_processor", "hook_cell", "support_wrap_ops.yaml")
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "msprobe", "dumpers", "mindspore", "support_wrap_ops.yaml")
-
-# static constructors of Tensor from host data that are recorded (26.2.0 records them too: with
-# Model.train, the dataset iterator's conversion of each batch)
-STATIC_APIS = {"from_numpy"}
-NOT_OPS = {
-    # metadata, conversion, storage, autograd and hook helpers: not computations
-    "asnumpy", "numpy", "tolist", "item", "itemset", "dim", "ndimension", "numel", "nelement", "size",
-    "element_size", "stride", "storage_offset", "data_ptr", "is_contiguous", "is_floating_point", "is_complex",
-    "is_signed", "is_persistent_data", "init_data", "set_init_flag", "set_dtype", "set_const_arg", "has_init",
-    "register_hook", "remove_hook", "hooks", "backward", "retain_grad", "requires_grad_", "detach_", "flush_from_cache",
-    "offload", "offload_file_path", "move_to", "assign_value", "assign_value_cpp", "data_sync",
-    "contiguous", "is_init", "slice_num_of_persistent_data", "slice_shape_of_persistent_data",
-    "_offload", "asnumpy_of_slice_persistent_data", "storage", "untyped_storage", "dtype", "shape", "device",
-    "get_bytes", "dump_data", "param_info", "set_param_ps", "set_data", "copy_", "new_empty", "new_tensor",
-    "is_neg", "is_conj", "type", "to", "cpu", "npu", "ascend", "pin_memory", "_convert_stub",
-    # ops: dtype/context helpers
-    "dtype_to_nptype", "dtype_to_pytype", "pytype_to_dtype", "get_vm_impl_fn", "constexpr", "primitive",
-    "prim_attr_register", "signature", "grad", "value_and_grad", "vjp", "jvp", "jacfwd", "jacrev", "vmap",
-    "stop_gradient", "depend", "print_", "tensor_dump", "custom_info_register", "kernel", "ms_kernel",
-    "is_tensor", "isconstant", "is_floating_point", "is_complex", "is_nonzero", "typeof", "names",
-    "shape", "rank", "dtype", "size", "numel", "get_grad", "_make_mint_func",
+#: our yaml key -> (the real tool's yaml key, record prefix, "module" or "module:attribute" wrapped)
+NAMESPACES = {
+    "ops": ("ops", "Functional", "mindspore.ops"),
+    "tensor": ("tensor", "Tensor", "mindspore:Tensor"),
+    "mint": ("mint.ops", "Mint", "mindspore.mint"),
+    "mint.nn.functional": ("mint.nn.functional", "MintFunctional", "mindspore.mint.nn.functional"),
+    "communication.comm_func": ("communication.comm_func", "Distributed", "mindspore.communication.comm_func"),
+    "mint.distributed": ("mint.distributed", "MintDistributed", "mindspore.mint.distributed"),
 }
-DUNDER_OPS = {
-    "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__", "__imul__",
-    "__truediv__", "__rtruediv__", "__itruediv__", "__floordiv__", "__rfloordiv__", "__ifloordiv__", "__mod__",
-    "__rmod__", "__imod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__imatmul__", "__and__",
-    "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__neg__", "__abs__", "__invert__", "__eq__",
-    "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
-}
-# (no barrier: it has no tensors, and msprobe does not wrap it either)
-COMM = ["all_reduce", "all_gather_into_tensor", "reduce", "reduce_scatter_tensor", "broadcast", "gather_into_tensor",
-        "scatter_tensor", "send", "recv", "isend", "irecv", "all_to_all_single_with_output_shape",
-        "all_to_all_with_output_shape", "batch_isend_irecv", "all_gather", "gather", "scatter", "reduce_scatter",
-        "all_to_all", "all_to_all_single"]
+#: wrapped beyond 26.2.0's lists (spec/FORMAT.md section 20, item 25): none so far
+EXTRAS: dict = {}
 
 
-def functions(mod) -> list:
-    out = []
-    for name in dir(mod):
-        if name.startswith("_") or name in NOT_OPS:
-            continue
-        obj = getattr(mod, name, None)
-        if inspect.isfunction(obj) or inspect.isbuiltin(obj):
-            out.append(name)
-    return sorted(out)
+def real_names(real: dict, key: str) -> list:
+    """26.2.0's names for our namespace ``key``, in its order, once each."""
+    return list(dict.fromkeys(real.get(NAMESPACES[key][0]) or []))
 
 
-def tensor_methods() -> list:
-    out = []
-    for name in dir(Tensor):
-        if name in DUNDER_OPS:
-            out.append(name)
-            continue
-        if name.startswith("_") or name in NOT_OPS:
-            continue
-        attr = inspect.getattr_static(Tensor, name, None)
-        if isinstance(attr, staticmethod) and name in STATIC_APIS:
-            out.append(name)
-            continue
-        if isinstance(attr, (property, staticmethod, classmethod)) or attr is None:
-            continue
-        if callable(attr):
-            out.append(name)
-    return sorted(out)
+def spec_names(kind: str, path: str = SPEC) -> dict:
+    """our yaml key -> names, from the ``<!-- BEGIN api-KIND mindspore -->`` block of section 20,
+    where each name is written as ``Prefix.name`` (the record prefix of its namespace)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    block = re.search(rf"<!-- BEGIN api-{kind} mindspore -->(.*?)<!-- END api-{kind} -->", text, re.S)
+    if block is None:
+        raise ValueError(f"{path}: no api-{kind} block for mindspore")
+    by_prefix = {prefix: key for key, (_, prefix, _) in NAMESPACES.items()}
+    out: dict = {}
+    for prefix, name in re.findall(r"`(\w+)\.([^`]+)`", block.group(1)):
+        if prefix not in by_prefix:
+            raise ValueError(f"{path}: api-{kind}: `{prefix}.{name}`: {prefix} is no namespace's prefix")
+        out.setdefault(by_prefix[prefix], set()).add(name)
+    return out
 
 
-def comm(mod) -> list:
-    return [n for n in COMM if callable(getattr(mod, n, None))]
+def target(key: str):
+    """The MindSpore object whose attributes namespace ``key`` wraps."""
+    module, _, attr = NAMESPACES[key][2].partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+def exists(obj, name: str) -> bool:
+    """``name`` (``sub.attr`` for a submodule's attribute) is a callable attribute of ``obj``, as the
+    real tool requires before it wraps a listed name."""
+    sub, _, attr = name.rpartition(".")
+    owner = getattr(obj, sub, None) if sub else obj
+    return owner is not None and attr in dir(owner) and callable(getattr(owner, attr, None))
+
+
+def build(real: dict) -> dict:
+    lists = {}
+    for key in NAMESPACES:
+        obj = target(key)
+        names = [n for n in real_names(real, key) if exists(obj, n)]
+        lists[key] = names + [n for n in EXTRAS.get(key, []) if n not in names and exists(obj, n)]
+    return lists
 
 
 def main() -> None:
-    from mindspore.communication import comm_func
-    from mindspore.mint import distributed
+    import mindspore
+    import yaml
 
-    sections = [
-        ("ops", "Functional", functions(ops)),
-        ("tensor", "Tensor", tensor_methods()),
-        ("mint", "Mint", functions(mint)),
-        ("mint.nn.functional", "MintFunctional", functions(mint_f)),
-        ("communication.comm_func", "Distributed", comm(comm_func)),
-        ("mint.distributed", "MintDistributed", comm(distributed)),
-    ]
-    lines = ["# APIs wrapped by the MindSpore dumper, per namespace (prefix in the comment).",
-             f"# Generated by scripts/gen_ms_api_list.py from mindspore {mindspore.__version__}; edit freely.", ""]
-    for key, prefix, names in sections:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        real = yaml.safe_load(f)
+    lists = build(real)
+    lines = ["# APIs wrapped by the MindSpore dumper, per namespace (record prefix in the comment):",
+             "# mindstudio-probe 26.2.0's lists (the names that are callable attributes of mindspore",
+             f"# {mindspore.__version__}) plus the extras of spec/FORMAT.md section 20, item 25.",
+             "# Generated by scripts/gen_ms_api_list.py; tests/dumpers/test_ms_api_coverage.py checks it.", ""]
+    for key, (_, prefix, _) in NAMESPACES.items():
         lines.append(f"{key}:  # {prefix}")
-        lines.extend(f"  - {n}" for n in names)
+        lines.extend(f"  - {n}" for n in lists[key])
         lines.append("")
     with open(OUT, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
-    print({k: len(n) for k, _, n in sections})
+    print({k: len(v) for k, v in lists.items()})
+    for key in NAMESPACES:  # for the api-absent block of spec/FORMAT.md section 20
+        absent = [n for n in real_names(real, key) if n not in lists[key]]
+        print(NAMESPACES[key][1], absent)
 
 
 if __name__ == "__main__":
