@@ -38,7 +38,7 @@ def _run_inner(py: str, *modules: str, env: Optional[dict] = None) -> subprocess
 
 
 @pytest.mark.parametrize("module", ["ms_test_conformance.py", "ms_test_features.py", "ms_test_graph.py",
-                                    "ms_test_more.py", "ms_test_docs.py"])
+                                    "ms_test_more.py", "ms_test_docs.py", "ms_test_apilist.py"])
 def test_mindspore_suite(ms_python, module, request):
     env = {}
     if module == "ms_test_more.py":  # its s3 test dumps to this process's moto S3 server
