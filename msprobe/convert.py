@@ -106,8 +106,7 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
         doc = src.document()
         data_names = []
         for rec_name, raw in doc.data.items():
-            rec = DumpRecord(rec_name, 0, src)
-            rec._raw = raw  # noqa: SLF001 - the document is already parsed
+            rec = DumpRecord(rec_name, 0, src, raw=raw)  # the document is already parsed
             for _, t in rec.tensors():
                 if isinstance(t.data_name, str):
                     data_names.append((t, rec_name))

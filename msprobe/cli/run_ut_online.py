@@ -68,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
         settings.rank_list = sorted({int(x) for x in args.rank_list.split(",") if x.strip()})
     if args.storage_options:
         settings.storage_options = json.loads(args.storage_options)
-    from msprobe.run_ut.runner import _pick_device
+    from msprobe.run_ut.runner import pick_device
 
-    device = _pick_device(getattr(args, "device_type", "auto") or "auto", None)
+    device = pick_device(getattr(args, "device_type", "auto") or "auto", None)
 
     def on_listen(port: int) -> None:
         print(f"msprobe run_ut online: listening on {settings.host}:{port}", flush=True)

@@ -27,6 +27,8 @@ from msprobe.compare._plot import PlotMarks, plot_compare
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.progress import Progress
+from msprobe.readers._source import records_of as _data
+from msprobe.readers._source import task_of as _task
 
 __all__ = ["compare", "compare_pair", "dump_dir_of", "detect_mode", "pair_sources", "NORM_REL_THRESHOLD",
            "MOSTLY_UNMATCHED"]
@@ -50,22 +52,6 @@ def _open(path: str, storage_options: Optional[dict] = None) -> Any:
     import msprobe.readers
 
     return msprobe.readers.open(dump_dir_of(path), storage_options=storage_options)
-
-
-def _data(src: Any) -> dict:
-    from msprobe.errors import StorageNotFoundError
-
-    try:
-        return src.document().data
-    except StorageNotFoundError:
-        return {}
-
-
-def _task(src: Any) -> Optional[str]:
-    try:
-        return src.document().raw.get("task")
-    except Exception:  # noqa: BLE001
-        return None
 
 
 def detect_mode(data_n: dict, data_b: dict, task_n: Optional[str], task_b: Optional[str]) -> str:

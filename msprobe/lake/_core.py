@@ -106,10 +106,10 @@ def discover_runs(store: Any, max_depth: int = 3) -> list:
     (step<N>/, rank<N>/, proc<pid>/, dump.json...), searched ``max_depth`` levels deep;
     the run name is its path below the root. Names starting with ``_`` or ``.`` are skipped.
     A root that is itself a dump is one run named after the root."""
-    from msprobe.readers._api import _looks_like_dump
+    from msprobe.readers._api import looks_like_dump
 
     names = store.list_dir("")
-    if _looks_like_dump([n for n in names if not n.startswith(("_", "."))]):
+    if looks_like_dump([n for n in names if not n.startswith(("_", "."))]):
         base = store.url.rstrip("/").rsplit("/", 1)[-1] or "run"
         return [(base, "")]
     out: list = []
@@ -125,7 +125,7 @@ def discover_runs(store: Any, max_depth: int = 3) -> list:
                 continue
             if not sub:
                 continue
-            if _looks_like_dump(sub):
+            if looks_like_dump(sub):
                 out.append((p, p))
             elif depth > 1:
                 walk(p, depth - 1)

@@ -99,11 +99,11 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
     """Task: :func:`msprobe.compare.compare_pair` on each (target loc, bench loc); the CSVs go
     to ``out_dir`` (a temporary directory, removed, when None). Returns the summaries
     without their per-row series."""
-    from msprobe.compare._core import _data, _task, compare_pair, detect_mode
+    from msprobe.compare._core import compare_pair, detect_mode
     from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
     from msprobe.format.layout import RankLocation
     from msprobe.lake._core import _Prefetched, _store
-    from msprobe.readers._source import RankSource
+    from msprobe.readers._source import RankSource, records_of, task_of
 
     store = _Prefetched(_store(root_url, storage_options))
     store.prefetch([loc[0] for pair in pairs for loc in pair], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
@@ -117,7 +117,7 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
             sb = RankSource(store, RankLocation(*lb))
             m = mode
             if m == "auto":
-                m = detect_mode(_data(sn), _data(sb), _task(sn), _task(sb))
+                m = detect_mode(records_of(sn), records_of(sb), task_of(sn), task_of(sb))
             r = compare_pair(sn, sb, mode=m, out_dir=out_dir, ts=ts, multi_step=True)
             r.pop("series", None)
             r["mode"] = m
@@ -125,8 +125,8 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
             if tmp is not None:
                 r["files"] = []
             out.append(r)
-            sn._reset()  # noqa: SLF001
-            sb._reset()  # noqa: SLF001
+            sn.release()
+            sb.release()
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -24,7 +24,7 @@ from msprobe.format.layout import (
 from msprobe.readers._dump import Dump
 from msprobe.readers._source import IndexSource, RankSource
 
-__all__ = ["open", "Engine", "MsprobeEngine", "IndexEngine", "ENGINES", "list_engines", "guess_engine"]
+__all__ = ["open", "Engine", "MsprobeEngine", "IndexEngine", "ENGINES", "list_engines", "guess_engine", "looks_like_dump"]
 
 _DUMP_MARKERS = {DUMP_JSON, DEBUG_JSON, TENSOR_DIR, MARKER_FILE}
 
@@ -48,7 +48,8 @@ class Engine:
         raise NotImplementedError  # pragma: no cover - abstract
 
 
-def _looks_like_dump(names: list) -> bool:
+def looks_like_dump(names: list) -> bool:
+    """Whether the names listed in a directory are those of a dump (a document, a step, rank or split dir)."""
     if _DUMP_MARKERS.intersection(names):
         return True
     if any(parse_step_dir(n) is not None or parse_rank_dir(n) is not None for n in names):
@@ -88,7 +89,7 @@ class MsprobeEngine(Engine):
     description = "dump.json layouts: stepN/rank|rank<N>|proc<pid>, graph/pynative splits, .pt/.npy/raw tensors"
 
     def guess_can_open(self, store: Any, names: list) -> bool:
-        return _looks_like_dump(names)
+        return looks_like_dump(names)
 
     def open(self, store: Any, *, url: str, storage_options: Optional[dict], run: Optional[str]) -> Dump:
         return _open_rank_dirs(store, url, storage_options, run, prefer_index=False, engine=self.name)
@@ -138,13 +139,13 @@ class IndexEngine(Engine):
     def guess_can_open(self, store: Any, names: list) -> bool:
         if any(n.endswith(".parquet") or n.startswith(("run=", "step=", "split=")) for n in names):
             return True
-        if _looks_like_dump(names):
+        if looks_like_dump(names):
             return INDEX_DIR in _first_rank_names(store, names)
         return False
 
     def open(self, store: Any, *, url: str, storage_options: Optional[dict], run: Optional[str]) -> Dump:
         names = store.list_dir("")
-        if _looks_like_dump(names) and not any(n.startswith(("run=", "step=")) for n in names):
+        if looks_like_dump(names) and not any(n.startswith(("run=", "step=")) for n in names):
             return _open_rank_dirs(store, url, storage_options, run, prefer_index=True, engine=self.name)
         from msprobe.readers.index import COMPACT_FILE, read_compactions
 

@@ -291,7 +291,7 @@ class Dump:
             data = src.document().data
         except StorageNotFoundError:
             data = {}
-        has_map = src._has_mapping() if hasattr(src, "_has_mapping") else False  # noqa: SLF001
+        has_map = src.has_mapping() if hasattr(src, "has_mapping") else False
         cols = rank_rows(data, run=src.run, step=src.step, rank=src.rank, rank_dir=src.rank_dir, split=src.split,
                          stack_ids=src.stack_ids(), parents=src.parents(),
                          mapping=src.mapping() if has_map else None,

@@ -115,12 +115,13 @@ class DumpRecord:
 
     __slots__ = ("name", "seq", "source", "_digest", "_raw", "_fields", "_dump")
 
-    def __init__(self, name: str, seq: int, source: Any, digest: Optional[dict] = None, dump: Any = None):
+    def __init__(self, name: str, seq: int, source: Any, digest: Optional[dict] = None, dump: Any = None,
+                 raw: Any = None):
         self.name = name
         self.seq = seq
         self.source = source
         self._digest = digest
-        self._raw: Any = _UNSET
+        self._raw: Any = _UNSET if raw is None else raw  # the record's JSON object, when already parsed
         self._fields: Optional[tuple] = None
         self._dump = dump
 

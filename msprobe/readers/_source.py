@@ -30,7 +30,7 @@ from msprobe.format.layout import (
 )
 from msprobe.format.naming import check_file_name
 
-__all__ = ["RankSource", "INDEX_FILE", "join"]
+__all__ = ["RankSource", "INDEX_FILE", "join", "records_of", "task_of"]
 
 #: The index file of a rank directory, relative to it.
 INDEX_FILE = f"{INDEX_DIR}/records.parquet"
@@ -92,6 +92,20 @@ class RankSource:
         self.split: Optional[str] = loc.split
         self.run = run
         self._reset()
+
+    def release(self) -> None:
+        """Drop everything read so far (documents, listings, mapping); the next use reads again. Bounds memory
+        when many ranks are walked one after another."""
+        self._reset()
+
+    @property
+    def doc_size(self) -> Optional[int]:
+        """The size in bytes of the dump document as last read; None before it is read."""
+        return self._doc_size
+
+    def has_mapping(self) -> bool:
+        """Whether the rank has a mapping.csv (one listing of dump_tensor_data, cached)."""
+        return self._has_mapping()
 
     def _reset(self) -> None:
         self._names: Optional[set] = None
@@ -426,6 +440,22 @@ class RankSource:
         if changed:
             self._reset()
         return changed
+
+
+def records_of(src: Any) -> dict:
+    """The ``data`` object of a source's dump document; ``{}`` when the rank has no document."""
+    try:
+        return src.document().data
+    except StorageNotFoundError:
+        return {}
+
+
+def task_of(src: Any) -> Optional[str]:
+    """The ``task`` of a source's dump document; None when it cannot be read."""
+    try:
+        return src.document().raw.get("task")
+    except Exception:  # noqa: BLE001 - any unreadable document: no task (compare then picks by content)
+        return None
 
 
 def parse_partition_path(key: str) -> dict:

@@ -33,7 +33,7 @@ from msprobe.run_ut.execute import (
 )
 from msprobe.run_ut.metrics import worst
 
-__all__ = ["run_ut", "open_rank", "list_tasks", "load_run_ut_config", "check_api", "DEFAULT_TIMEOUT"]
+__all__ = ["run_ut", "open_rank", "list_tasks", "load_run_ut_config", "check_api", "DEFAULT_TIMEOUT", "pick_device"]
 
 DEFAULT_TIMEOUT = 300.0
 _STAT_KEYS = {"Max", "Min", "Mean", "Norm", "md5", "data_name", "Max_except_inf_nan", "Min_except_inf_nan",
@@ -244,7 +244,7 @@ def _worker_main(conn: Any, init: tuple) -> None:  # pragma: no cover - runs in 
         torch.set_num_threads(max(1, int(os.environ.get("MSPROBE_RUN_UT_THREADS", "1"))))
         dump_path, step, rank, storage_options, options, error_data, preload, device_id = init
         _preload(preload)
-        options = CheckOptions(**{**options.__dict__, "device": _pick_device(options.device, device_id)})
+        options = CheckOptions(**{**options.__dict__, "device": pick_device(options.device, device_id)})
         checker = _Checker(dump_path, step, rank, storage_options, options, error_data)
         _warm_up()
         conn.send(("ready", None, None))
@@ -287,7 +287,9 @@ def _preload(modules: tuple) -> None:
             raise ConfigError(f"--preload {m}: {exc}") from exc
 
 
-def _pick_device(device: str, device_id: Optional[int]) -> str:
+def pick_device(device: str, device_id: Optional[int]) -> str:
+    """The device to run on: ``device`` itself unless it is ``auto``/empty; then ``cuda:N`` or ``npu:N``
+    (N = ``device_id``, 0 by default) where one is present, else ``cpu``."""
     if device not in ("auto", ""):
         return device
     import torch
@@ -376,7 +378,7 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
         if workers <= 0:
             _preload(tuple(preload))
             checker = _Checker(api_info, step, rank, storage_options,
-                               CheckOptions(**{**options.__dict__, "device": _pick_device(device, None)}), error_data)
+                               CheckOptions(**{**options.__dict__, "device": pick_device(device, None)}), error_data)
             for _, n in todo:
                 res = checker.check(n)
                 writer.write(res)
