@@ -11,6 +11,7 @@ Every import counts, the ones inside functions and under ``if TYPE_CHECKING`` in
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,28 @@ def test_doc_lists_the_layers():
                 continue
             shown = unit.replace("msprobe.", "", 1)
             assert f"`{shown}`" in doc, f"docs/architecture.md does not name the layer entry `{shown}`"
+
+
+def test_data_path_names_real_code():
+    """Every file the data-path diagram of docs/architecture.md names exists, and every class or
+    function it names is defined in one of them."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"^```text\n(.*?)^```", doc, re.S | re.M)
+    assert block, "docs/architecture.md has no data-path diagram"
+    text = block.group(1)
+    files = re.findall(r"\b([a-z_]+(?:/[a-z_]+)*\.py)\b", text)
+    assert len(files) >= 8, files
+    defined: set = set()
+    for f in files:
+        path = PKG / f
+        assert path.is_file(), f"docs/architecture.md names {f}, which is not in msprobe/"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    names = re.findall(r"\b([A-Z][A-Za-z]+|[a-z]+_[a-z_]+)\b(?!\.py|/)", text)
+    names = [n for n in names if not re.search(rf"\b{n}\.py|\b{n}/", text)]
+    assert names, text
+    missing = sorted(set(names) - defined)
+    assert not missing, f"the diagram names {missing}, defined in none of {files}"
 
 
 @pytest.mark.parametrize("module", ["msprobe.readers._dump"])
