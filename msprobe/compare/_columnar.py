@@ -23,6 +23,8 @@ same bytes.
 from __future__ import annotations
 
 import json
+import operator
+from itertools import repeat
 from typing import Any, Optional
 
 from msprobe.compare._plot import TOP_N, PlotMarks
@@ -61,59 +63,61 @@ _TENSOR_TYPES = ("torch.Tensor", "mindspore.Tensor", "torch.nn.parameter.Paramet
 
 
 class _Leaves:
-    """Flat columns of the leaves of one side."""
+    """Flat columns of the leaves of one side: ``leaf`` is filled by the flattening pass, the
+    columns by :meth:`finish` (what :func:`leaf_side` reads, a whole column at a time)."""
 
     __slots__ = ("dtype", "shape", "rg", "mx", "mn", "mean", "norm", "md5", "tensor", "leaf")
 
     def __init__(self) -> None:
-        for k in self.__slots__:
-            setattr(self, k, [])
+        self.leaf: list = []
 
-    def add(self, leaf: Any) -> int:
-        """Append one leaf (a typed JSON entry or None), as :func:`leaf_side` reads it; its index."""
-        i = len(self.leaf)
-        self.leaf.append(leaf)
-        if leaf is not None and leaf.__class__ is dict and "dtype" in leaf and "shape" in leaf:
-            g = leaf.get
-            self.dtype.append(str(g("dtype")))
-            self.shape.append(str(g("shape")))
-            rg = g("requires_grad")
-            self.rg.append(_NA if rg is None else str(rg))
-            self.mx.append(g("Max"))
-            self.mn.append(g("Min"))
-            self.mean.append(g("Mean"))
-            self.norm.append(g("Norm"))
-            md5 = g("md5")
-            self.md5.append(md5 if md5.__class__ is str else (_NA if md5 is None else str(md5)))
-            self.tensor.append(True)
-            return i
-        s = leaf_side(leaf)
-        self.dtype.append(s.dtype)
-        self.shape.append(s.shape)
-        self.rg.append(s.rg)
-        self.mx.append(s.stats[0])
-        self.mn.append(s.stats[1])
-        self.mean.append(s.stats[2])
-        self.norm.append(s.stats[3])
-        self.md5.append(s.md5)
-        self.tensor.append(s.tensor)
-        return i
+    def finish(self, with_md5: bool) -> None:
+        from itertools import repeat
+
+        leaves = self.leaf
+        tensor = [leaf.__class__ is dict and "dtype" in leaf and "shape" in leaf for leaf in leaves]
+        views = leaves
+        if not all(tensor):  # the other leaves (scalars, None, tensors without dtype/shape) as leaf_side reads them
+            views = list(leaves)
+            for i in [i for i, t in enumerate(tensor) if not t]:
+                sd = leaf_side(leaves[i])
+                views[i] = {"dtype": sd.dtype, "shape": sd.shape, "requires_grad": None if sd.rg == _NA else sd.rg,
+                            "Max": sd.stats[0], "Min": sd.stats[1], "Mean": sd.stats[2], "Norm": sd.stats[3],
+                            "md5": sd.md5}
+                tensor[i] = sd.tensor
+        get = dict.get
+        self.tensor = tensor
+        self.dtype = list(map(str, map(get, views, repeat("dtype"))))
+        self.shape = list(map(str, map(get, views, repeat("shape"))))
+        self.rg = [_NA if v is None else str(v) for v in map(get, views, repeat("requires_grad"))]
+        self.mx = list(map(get, views, repeat("Max")))
+        self.mn = list(map(get, views, repeat("Min")))
+        self.mean = list(map(get, views, repeat("Mean")))
+        self.norm = list(map(get, views, repeat("Norm")))
+        self.md5 = ([v if v.__class__ is str else (_NA if v is None else str(v)) for v in map(get, views, repeat("md5"))]
+                    if with_md5 else [])
+
+
+#: type codes of :func:`_floats`: 0 float, 1 int, 2 anything else (bool, str, None...)
+_CODES = {float: 0, int: 1}
 
 
 def _floats(values: list) -> tuple:
     """(float64 array with 0 where a value is not an int/float, mask of float-class values,
     mask of int/float-class values); bools and strings are not numbers here."""
+    from itertools import repeat
+
     import numpy as np
 
     n = len(values)
-    types = list(map(type, values))
-    isf = np.fromiter((t is float for t in types), bool, n)
-    isnum = np.fromiter((t is float or t is int for t in types), bool, n)
-    if isnum.all():
-        try:
-            return np.array(values, dtype=np.float64), isf, isnum
-        except OverflowError:
-            pass
+    codes = np.fromiter(map(_CODES.get, map(type, values), repeat(2)), np.int8, n)
+    isf = codes == 0
+    isnum = codes < 2
+    vals = values if isnum.all() else [v if c < 2 else 0.0 for v, c in zip(values, codes.tolist())]
+    try:
+        return np.array(vals, dtype=np.float64), isf, isnum
+    except OverflowError:  # an int beyond a float's range: that one is no number here (the scalar diff reads it)
+        pass
     out = np.zeros(n, dtype=np.float64)
     for i in np.flatnonzero(isnum).tolist():
         try:
@@ -261,6 +265,7 @@ def _flatten(c: Any, prog: Any) -> _Flat:
     mapping = c.mapping or {}
     f = _Flat()
     T, B = f.t, f.b
+    tl, bl = T.leaf, B.leaf
     r_t, r_b, r_name, r_bname, r_stack, r_rec = f.r_t, f.r_b, f.r_name, f.r_bname, f.r_stack, f.r_rec
     cache: dict = {}
 
@@ -270,7 +275,8 @@ def _flatten(c: Any, prog: Any) -> _Flat:
             got = {}
             for suffix, leaf, _io in record_leaves(name, data_b[name]):
                 if suffix not in got:
-                    got[suffix] = B.add(leaf)
+                    got[suffix] = len(bl)
+                    bl.append(leaf)
             cache[name] = got
         return got
 
@@ -287,7 +293,8 @@ def _flatten(c: Any, prog: Any) -> _Flat:
         stack = str(frames) if frames else _NA
         ign_name = None
         for suffix, leaf, io in record_leaves(nm, data_n[nm]):
-            ti = T.add(leaf)
+            ti = len(tl)
+            tl.append(leaf)
             row_name = f"{nm}.{suffix}" if suffix else nm
             if ign_name is None and ".output." not in row_name:
                 ign_name = row_name
@@ -320,7 +327,8 @@ def _flatten(c: Any, prog: Any) -> _Flat:
         g = len(f.g_ign)
         b_epoch, b_epoch_name = b_epoch + 1, bm
         for suffix, leaf, io in record_leaves(bm, data_b[bm]):
-            bi = B.add(leaf)
+            bi = len(bl)
+            bl.append(leaf)
             bname = f"{bm}.{suffix}" if suffix else bm
             f.b_see.append((bi, io, suffix, bm, bname, None, b_epoch, bm))
             r_t.append(-1)
@@ -337,7 +345,7 @@ def _flatten(c: Any, prog: Any) -> _Flat:
     return f
 
 
-def _replay(fin: Any, events: list, flagged: Any) -> Optional[dict]:
+def _replay(fin: Any, leaves: _Leaves, events: list, flagged: list) -> Optional[dict]:
     """Feed the flagged leaves to a side's NaN/Inf tracker with the state the row-by-row order
     gives it (``record()`` of the record last started before each); the first entry it reports."""
     first = None
@@ -350,7 +358,7 @@ def _replay(fin: Any, events: list, flagged: Any) -> Optional[dict]:
             epoch = ep
             if ep_name is not None:
                 fin.tracker.record(ep_name)
-        seen = fin.see(io, suffix, leaf_side(fin.leaves.leaf[li]), record, row, rec_i)
+        seen = fin.see(io, suffix, leaf_side(leaves.leaf[li]), record, row, rec_i)
         if first is None and seen is not None:
             first = seen
     return first
@@ -379,199 +387,233 @@ def _first_output(groups: Any, out_rows: Any, n_groups: int) -> Any:
     return first
 
 
-def columnar_pair(c: Any, part: str, keep_rows: bool = False) -> dict:
-    """The rows of one rank pair appended to the CSV ``part`` and its summary (the dict of
-    :func:`msprobe.compare._core._chunk` over all records, bench-only records included)."""
+def _objs(n: int, fill: Any = _NA) -> Any:
+    """An object array of ``n`` times ``fill`` (np.full is 5x slower for objects)."""
     import numpy as np
 
+    return np.array([fill] * n, dtype=object)
+
+
+class _Frame:
+    """The index columns of one rank pair's rows and what every mode's builder reads of them."""
+
+    def __init__(self, f: _Flat) -> None:
+        import numpy as np
+
+        self.f = f
+        self.R = R = len(f.r_t)
+        self.r_t = np.array(f.r_t, dtype=np.int64)
+        self.r_b = np.array(f.r_b, dtype=np.int64)
+        self.groups = np.array(f.r_rec, dtype=np.int64)
+        self.n_groups = len(f.g_ign)
+        self.has_t, self.has_b = self.r_t >= 0, self.r_b >= 0
+        self.matched = self.has_t & self.has_b
+        self.midx = np.flatnonzero(self.matched)
+        self.name = np.array(f.r_name, dtype=object)
+        self.bname = np.array(f.r_bname, dtype=object)
+        self.out_rows = np.fromiter(map(operator.contains, f.r_name, repeat(".output.")), bool, R)
+        self.g_ign = np.array([0 if x is None else (2 if x == "all" else 1) for x in f.g_ign], dtype=np.int8)
+        row_ign = self.g_ign[self.groups] if R else np.zeros(0, dtype=np.int8)
+        self.judged = (row_ign == 0) | ((row_ign == 1) & self.out_rows)
+        self.in_ok = row_ign == 0  # for the rules that skip input-ignored records
+        self.bits = np.zeros(R, dtype=np.int64)
+        self.norm = np.full(R, np.nan)  # NormRelativeErr as a fraction, NaN where None or unmatched
+        self.norm_none = np.ones(R, dtype=bool)
+
+    def col(self, side: str, values: list, fill: Any = _NA) -> Any:
+        """A side's leaf column over the rows (``fill`` where the side has no leaf)."""
+        import numpy as np
+
+        return np.array(values + [fill], dtype=object)[self.r_t if side == "t" else self.r_b]
+
+    def mask(self, side: str, values: Any) -> Any:
+        """A side's boolean leaf column over the rows (False where the side has no leaf)."""
+        import numpy as np
+
+        return np.append(np.asarray(values, dtype=bool), False)[self.r_t if side == "t" else self.r_b]
+
+    def fire(self, bit: int, where: Any) -> None:
+        self.bits[where] |= bit
+
+
+def _stats_rows(fr: _Frame) -> tuple:
+    """Statistics mode: ([8 metric columns], [8 statistics columns], series); the rules' bits set."""
+    import numpy as np
+
+    T, B, R, midx = fr.f.t, fr.f.b, fr.R, fr.midx
+    tm, bm = fr.r_t[midx].tolist(), fr.r_b[midx].tolist()
+    metric = [_objs(R) for _ in range(8)]
+    number = percent = np.zeros(0)
+    for k, (tv, bv) in enumerate(((T.mx, B.mx), (T.mn, B.mn), (T.mean, B.mean), (T.norm, B.norm))):
+        ds, rs, rel, none = _diffs(list(map(tv.__getitem__, tm)), list(map(bv.__getitem__, bm)))
+        metric[k][midx] = ds
+        metric[4 + k][midx] = rs
+        if k == 3:
+            fr.norm[midx] = rel
+            fr.norm_none[midx] = none
+            number, percent = _percent_cells(rel, none, rs)
+    stat_cols = [fr.col("t", list(map(str, v))) for v in (T.mx, T.mn, T.mean, T.norm)]
+    stat_cols += [fr.col("b", list(map(str, v))) for v in (B.mx, B.mn, B.mean, B.norm)]
+    series = _objs(R, None)
+    ser = midx[fr.mask("t", T.tensor)[midx]]
+    if len(ser):
+        series[ser] = [None if nn else v for v, nn in zip(fr.norm[ser].tolist(), fr.norm_none[ser].tolist())]
+    # -- 26.2.0's rules, in their order (bit k: the k-th message of _RULE_MSGS)
+    matched, judged, in_ok, out_rows, groups = fr.matched, fr.judged, fr.in_ok, fr.out_rows, fr.groups
+    num_in = np.full(R, np.nan)
+    pct = np.zeros(R)
+    num_in[midx] = number
+    pct[midx] = percent
+    t_bad = fr.mask("t", _inf_or_nan(T.mx) | _inf_or_nan(T.mn))
+    b_bad = fr.mask("b", _inf_or_nan(B.mx) | _inf_or_nan(B.mn))
+    fr.fire(1, judged & t_bad & ~b_bad)
+    x_in = _group_max(groups, ~out_rows & fr.has_t, num_in, fr.n_groups)
+    x_out = _group_max(groups, out_rows, num_in, fr.n_groups)
+    fr.fire(2, in_ok & out_rows & (x_in[groups] < NORM_IN_LIMIT) & (np.abs(pct) > NORM_OUT_LIMIT))
+    t_rg, b_rg = fr.col("t", T.rg), fr.col("b", B.rg)
+    fr.fire(4, judged & matched & (t_rg != "") & (b_rg != "") & (t_rg != b_rg))
+    t_dtype, b_dtype = fr.col("t", T.dtype), fr.col("b", B.dtype)
+    t_shape, b_shape = fr.col("t", T.shape), fr.col("b", B.shape)
+    if len(midx):
+        sc = np.zeros(R, dtype=bool)
+        sc[midx] = [("class" in dn and "class" in db and sn == "[]" and x != y)
+                    for dn, db, sn, x, y in zip(t_dtype[midx].tolist(), b_dtype[midx].tolist(),
+                                                t_shape[midx].tolist(), map(T.mx.__getitem__, tm),
+                                                map(B.mx.__getitem__, bm))]
+        fr.fire(8, in_ok & ~out_rows & sc)
+    fused = (np.fromiter(map(operator.contains, fr.f.r_bname, repeat("qkv")), bool, R)
+             | np.fromiter(map(operator.contains, fr.f.r_bname, repeat("gate_up")), bool, R))
+    fr.fire(16, judged & matched & (fr.name != _NA) & ~fused & (t_dtype != "") & (b_dtype != "")
+            & (t_dtype != b_dtype))
+    fr.fire(32, judged & matched & (t_shape != b_shape))
+    first_out = _first_output(groups, out_rows, fr.n_groups)
+    with np.errstate(all="ignore"):
+        big = np.where(x_in == 0, x_out > NORM_ZERO_IN_OUT, (x_out / np.where(x_in == 0, 1, x_in)) > NORM_RATIO)
+    fr.fire(64, first_out[(fr.g_ign == 0) & (first_out >= 0) & big])
+    return metric, stat_cols, series
+
+
+def _md5_rows(fr: _Frame) -> tuple:
+    """md5 mode: ([NPU MD5, BENCH MD5], [], series); the CRC rule's bits set."""
+    import numpy as np
+
+    t_md5, b_md5 = fr.col("t", fr.f.t.md5), fr.col("b", fr.f.b.md5)
+    differ = fr.judged & (t_md5 != b_md5)
+    blank = np.isin(t_md5, [_NA, "Nan", ""]) | np.isin(b_md5, [_NA, "Nan", ""])
+    fr.fire(1, differ & ~blank)
+    fr.fire(2, differ & blank)
+    return [t_md5, b_md5], [], _objs(fr.R, None)
+
+
+#: one row builder per mode
+_BUILDERS = {"statistics": _stats_rows, "md5": _md5_rows}
+
+
+def _verdicts(fr: _Frame, mode: str) -> tuple:
+    """(Result column, Err_message column) from the rule bits."""
+    import numpy as np
+
+    msgs, warn_bit = _RULE_MSGS[mode], _WARNING_BITS[mode]
+    uniq, inv = np.unique(fr.bits, return_inverse=True)
+    res_u, err_u = [], []
+    for u in uniq.tolist():
+        err_u.append(json.dumps([m for k, m in enumerate(msgs) if u >> k & 1]))
+        res_u.append("pass" if u == 0 else ("warning" if u & ~warn_bit == 0 else "error"))
+    if not fr.R:
+        return _objs(0), _objs(0)
+    return np.array(res_u, dtype=object)[inv.ravel()], np.array(err_u, dtype=object)[inv.ravel()]
+
+
+def _counts(result: list) -> dict:
+    """Rows per Result, keyed in the order the results first occur (as the row builder counts)."""
+    counts: dict = {}
+    for r in result:
+        counts[r] = counts.get(r, 0) + 1
+    return counts
+
+
+def _marks(fr: _Frame, result: Any, statistics: bool) -> PlotMarks:
+    """The plot's marks: every error/warning row and the TOP_N worst rows by NormRelativeErr
+    (only those go through PlotMarks.see: the others would not change it)."""
+    import numpy as np
+
+    marks = PlotMarks()
+    flagged = np.flatnonzero((result == "error") | (result == "warning"))
+    is_float = fr.matched & ~fr.norm_none & statistics
+    with np.errstate(invalid="ignore"):
+        cand = np.flatnonzero(is_float & (fr.norm > 0) & (fr.norm < np.inf))
+    if len(cand) > TOP_N:
+        cand = np.sort(cand[np.lexsort((-cand, fr.norm[cand]))[-TOP_N:]])
+    for i in np.union1d(flagged, cand).tolist():
+        marks.see(i, result[i], fr.name[i], float(fr.norm[i]) if is_float[i] else None)
+    return marks
+
+
+def _first_divergence(fr: _Frame, result: Any, err: Any, out_cols: list, mode: str,
+                      threshold: Optional[float]) -> Optional[dict]:
+    import numpy as np
+
+    f = fr.f
+    in_target = np.array([x is not None for x in f.g_rec_i], dtype=bool)[fr.groups] if fr.R else fr.matched
+    cand = fr.matched & in_target
+    is_float = fr.matched & ~fr.norm_none & (mode == "statistics")
+    if threshold is None:
+        cand &= result != "pass"
+    else:
+        with np.errstate(invalid="ignore"):
+            cand &= is_float & (fr.norm > threshold)
+    hit = np.flatnonzero(cand)
+    if not len(hit):
+        return None
+    i = int(hit[0])
+    g = int(fr.groups[i])
+    m = float(fr.norm[i]) if is_float[i] else None
+    n = _N_METRICS[mode]
+    cols = COLUMNS[mode]
+    return {"record": f.g_name[g], "row": fr.name[i], "record_index": f.g_rec_i[g], "row_index": i,
+            "result": result[i], "err_message": err[i], "norm_relative_err": m if m is not None and m == m else None,
+            "metrics": dict(zip(cols[8:8 + n], [out_cols[8 + k][i] for k in range(n)]))}
+
+
+def _nonfinite_leaves(L: _Leaves) -> list:
+    if not L.leaf:
+        return []
+    return (_nonfinite_float(L.mx) | _nonfinite_float(L.mn) | _nonfinite_float(L.mean)
+            | _nonfinite_float(L.norm)).tolist()
+
+
+def columnar_pair(c: Any, part: str, keep_rows: bool = False) -> dict:
+    """The rows of one rank pair appended to the CSV ``part`` and its summary (the dict of
+    :func:`msprobe.compare._core._chunk` over all records, bench-only records included).
+
+    Plans first (the flat index columns of every row), then builds the mode's columns, then
+    writes and summarises."""
     from msprobe.compare._core import _Firsts
 
     mode = c.mode
-    threshold = c.threshold
-    cols = COLUMNS[mode]
     f = _flatten(c, c.progress)
-    T, B = f.t, f.b
-    R = len(f.r_t)
-    r_t = np.array(f.r_t, dtype=np.int64)
-    r_b = np.array(f.r_b, dtype=np.int64)
-    groups = np.array(f.r_rec, dtype=np.int64)
-    n_groups = len(f.g_ign)
-    has_t, has_b = r_t >= 0, r_b >= 0
-    matched = has_t & has_b
-    ti, bi = r_t[has_t], r_b[has_b]
-
-    def gather(side_vals: list, idx: Any, where: Any, fill: Any = _NA) -> Any:
-        out = np.full(R, fill, dtype=object)
-        if len(side_vals):
-            out[where] = np.array(side_vals, dtype=object)[idx]
-        return out
-
-    def gather_mask(side_mask: Any, idx: Any, where: Any) -> Any:
-        out = np.zeros(R, dtype=bool)
-        if len(side_mask):
-            out[where] = side_mask[idx]
-        return out
-
-    t_dtype, b_dtype = gather(T.dtype, ti, has_t), gather(B.dtype, bi, has_b)
-    t_shape, b_shape = gather(T.shape, ti, has_t), gather(B.shape, bi, has_b)
-    t_rg, b_rg = gather(T.rg, ti, has_t), gather(B.rg, bi, has_b)
-    t_md5, b_md5 = gather(T.md5, ti, has_t), gather(B.md5, bi, has_b)
-    t_tensor = gather_mask(np.array(T.tensor, dtype=bool), ti, has_t)
-    name = np.array(f.r_name, dtype=object)
-    bname = np.array(f.r_bname, dtype=object)
-    out_rows = np.fromiter((".output." in s for s in f.r_name), bool, R)
-    g_ign = np.array([0 if x is None else (2 if x == "all" else 1) for x in f.g_ign], dtype=np.int8)
-    row_ign = g_ign[groups] if R else np.zeros(0, dtype=np.int8)
-    judged = (row_ign == 0) | ((row_ign == 1) & out_rows)
-    in_ok = row_ign == 0  # the rules that skip input-ignored records
-    bits = np.zeros(R, dtype=np.int64)
-    midx = np.flatnonzero(matched)
-    series = np.full(R, None, dtype=object)
-    norm_m = np.full(R, np.nan)  # NormRelativeErr as a fraction (None -> NaN), matched rows
-    norm_none = np.ones(R, dtype=bool)
-    metric_cols: list = []
-    stat_cols: list = []
-
-    if mode == "statistics":
-        stat_src = ((T.mx, B.mx), (T.mn, B.mn), (T.mean, B.mean), (T.norm, B.norm))
-        diff_cols = [np.full(R, _NA, dtype=object) for _ in range(4)]
-        rel_cols = [np.full(R, _NA, dtype=object) for _ in range(4)]
-        tm, bm_ = r_t[midx], r_b[midx]
-        for k, (tv, bv) in enumerate(stat_src):
-            a_vals = [tv[i] for i in tm.tolist()]
-            b_vals = [bv[i] for i in bm_.tolist()]
-            ds, rs, rel, none = _diffs(a_vals, b_vals)
-            diff_cols[k][midx] = ds
-            rel_cols[k][midx] = rs
-            if k == 3:
-                norm_m[midx] = rel
-                norm_none[midx] = none
-                number, percent = _percent_cells(rel, none, rs)
-        metric_cols = diff_cols + rel_cols
-        for tv, _ in stat_src:
-            stat_cols.append(gather(list(map(str, tv)), ti, has_t))
-        for _, bv in stat_src:
-            stat_cols.append(gather(list(map(str, bv)), bi, has_b))
-        ser_sel = midx[t_tensor[midx]]
-        vals = np.full(R, None, dtype=object)
-        if len(midx):
-            vals[midx] = [None if nn else v for v, nn in zip(norm_m[midx].tolist(), norm_none[midx].tolist())]
-        series[ser_sel] = vals[ser_sel]
-        # -- the rules (statistics)
-        num_in = np.full(R, np.nan)
-        pct = np.zeros(R)
-        if len(midx):
-            num_in[midx] = number
-            pct[midx] = percent
-        t_bad = gather_mask(_inf_or_nan(T.mx) | _inf_or_nan(T.mn), ti, has_t)
-        b_bad = gather_mask(_inf_or_nan(B.mx) | _inf_or_nan(B.mn), bi, has_b)
-        bits |= np.where(judged & t_bad & ~b_bad, 1, 0)
-        x_in = _group_max(groups, ~out_rows & has_t, num_in, n_groups)
-        x_out = _group_max(groups, out_rows, num_in, n_groups)
-        rule2 = in_ok & out_rows & (x_in[groups] < NORM_IN_LIMIT) & (np.abs(pct) > NORM_OUT_LIMIT)
-        bits |= np.where(rule2, 2, 0)
-        rg_diff = matched & (t_rg != "") & (b_rg != "") & (t_rg != b_rg)
-        bits |= np.where(judged & rg_diff, 4, 0)
-        if len(midx):
-            sc = np.zeros(R, dtype=bool)
-            t_mx0 = [T.mx[i] for i in tm.tolist()]
-            b_mx0 = [B.mx[i] for i in bm_.tolist()]
-            sc[midx] = [("class" in dn and "class" in db and sn == "[]" and x != y)
-                        for dn, db, sn, x, y in zip(t_dtype[midx].tolist(), b_dtype[midx].tolist(),
-                                                    t_shape[midx].tolist(), t_mx0, b_mx0)]
-            bits |= np.where(in_ok & ~out_rows & sc, 8, 0)
-        fused = np.fromiter(("qkv" in s or "gate_up" in s for s in f.r_bname), bool, R)
-        dt = matched & (name != _NA) & ~fused & (t_dtype != "") & (b_dtype != "") & (t_dtype != b_dtype)
-        bits |= np.where(judged & dt, 16, 0)
-        bits |= np.where(judged & matched & (t_shape != b_shape), 32, 0)
-        first_out = _first_output(groups, out_rows, n_groups)
-        with np.errstate(all="ignore"):
-            fire = np.where(x_in == 0, x_out > NORM_ZERO_IN_OUT, (x_out / np.where(x_in == 0, 1, x_in)) > NORM_RATIO)
-        g_ok = (g_ign == 0) & (first_out >= 0) & fire
-        bits[first_out[g_ok]] |= 64
-    else:  # md5
-        metric_cols = [t_md5, b_md5]
-        differ = judged & (t_md5 != b_md5)
-        blank = np.isin(t_md5, [_NA, "Nan", ""]) | np.isin(b_md5, [_NA, "Nan", ""])
-        bits |= np.where(differ & ~blank, 1, 0)
-        bits |= np.where(differ & blank, 2, 0)
-
-    # -- Result and Err_message from the rule bits
-    msgs = _RULE_MSGS[mode]
-    warn_bit = _WARNING_BITS[mode]
-    uniq, inv = np.unique(bits, return_inverse=True)
-    res_u, err_u = [], []
-    for u in uniq.tolist():
-        fired = [m for k, m in enumerate(msgs) if u >> k & 1]
-        err_u.append(json.dumps(fired))
-        res_u.append("pass" if u == 0 else ("warning" if u & ~warn_bit == 0 else "error"))
-    result = np.array(res_u, dtype=object)[inv] if R else np.zeros(0, dtype=object)
-    err = np.array(err_u, dtype=object)[inv] if R else np.zeros(0, dtype=object)
-    rg_cons = np.full(R, _NA, dtype=object)
-    if len(midx):
-        rg_cons[midx] = [str(a == b) for a, b in zip(t_rg[midx].tolist(), b_rg[midx].tolist())]
-
-    head = [name, bname, t_dtype, b_dtype, t_shape, b_shape, t_rg, b_rg]
-    out_cols = head + metric_cols + stat_cols + [rg_cons, result, err, np.array(f.r_stack, dtype=object)]
-    out_cols = [col.tolist() for col in out_cols]
+    f.t.finish(mode == "md5")
+    f.b.finish(mode == "md5")
+    fr = _Frame(f)
+    metric_cols, stat_cols, series = _BUILDERS[mode](fr)
+    result, err = _verdicts(fr, mode)
+    rg_cons = _objs(fr.R)
+    if len(fr.midx):
+        t_rg, b_rg = fr.col("t", f.t.rg)[fr.midx].tolist(), fr.col("b", f.b.rg)[fr.midx].tolist()
+        rg_cons[fr.midx] = [str(a == b) for a, b in zip(t_rg, b_rg)]
+    head = [fr.name, fr.bname] + [fr.col(side, vals) for kind in ("dtype", "shape", "rg")
+                                  for side, vals in (("t", getattr(f.t, kind)), ("b", getattr(f.b, kind)))]
+    out_cols = [col.tolist() for col in head + metric_cols + stat_cols + [rg_cons, result, err]] + [f.r_stack]
     if c.stack is False:
-        del out_cols[cols.index("NPU_Stack_Info")]
+        del out_cols[COLUMNS[mode].index("NPU_Stack_Info")]
     write_columns(part, out_cols)
-
-    # -- summary: counts, marks, series, the first divergence, the first NaN/Inf
-    counts: dict = {}
-    for r, k in zip(*np.unique(result.astype(str), return_counts=True)) if R else ():
-        counts[str(r)] = int(k)
-    # the row-by-row builder counts in row order: keep its key order (dict order reaches the summary)
-    order = {}
-    for r in result.tolist():
-        if r not in order:
-            order[r] = counts[r]
-            if len(order) == len(counts):
-                break
-    counts = order
-    marks = PlotMarks()
-    flagged_rows = np.flatnonzero((result == "error") | (result == "warning"))
-    m_is_float = matched & ~norm_none & (mode == "statistics")
-    with np.errstate(invalid="ignore"):
-        cand = np.flatnonzero(m_is_float & (norm_m > 0) & (norm_m < np.inf))
-    if len(cand) > TOP_N:
-        order_c = np.lexsort((-cand, norm_m[cand]))
-        cand = np.sort(cand[order_c[-TOP_N:]])
-    see_rows = np.union1d(flagged_rows, cand).tolist()
-    res_l, name_l = result, name
-    for i in see_rows:
-        m = float(norm_m[i]) if m_is_float[i] else None
-        marks.see(i, res_l[i], name_l[i], m)
-    first_div = None
-    cand_div = matched & np.array([x is not None for x in f.g_rec_i], dtype=bool)[groups] if R else matched
-    if threshold is None:
-        cand_div = cand_div & (result != "pass")
-    else:
-        with np.errstate(invalid="ignore"):
-            cand_div = cand_div & m_is_float & (norm_m > threshold)
-    hit = np.flatnonzero(cand_div)
-    if len(hit):
-        i = int(hit[0])
-        g = int(groups[i])
-        m = float(norm_m[i]) if m_is_float[i] else None
-        nm_ = _N_METRICS[mode]
-        first_div = {"record": f.g_name[g], "row": name[i], "record_index": f.g_rec_i[g], "row_index": i,
-                     "result": result[i], "err_message": err[i],
-                     "norm_relative_err": m if m is not None and m == m else None,
-                     "metrics": dict(zip(cols[8:8 + nm_], [out_cols[8 + k][i] for k in range(nm_)]))}
+    res_list = out_cols[COLUMNS[mode].index("Result")]
     fin_n, fin_b = _Firsts(), _Firsts()
-    fin_n.leaves, fin_b.leaves = T, B
-    t_flag = (_nonfinite_float(T.mx) | _nonfinite_float(T.mn) | _nonfinite_float(T.mean)
-              | _nonfinite_float(T.norm)).tolist() if T.leaf else []
-    b_flag = (_nonfinite_float(B.mx) | _nonfinite_float(B.mn) | _nonfinite_float(B.mean)
-              | _nonfinite_float(B.norm)).tolist() if B.leaf else []
-    first_nan_n = _replay(fin_n, f.t_see, t_flag)
-    first_nan_b = _replay(fin_b, f.b_see, b_flag)
-    out = {"rows": R, "records": len(c.pairs), "results": counts, "series": series.tolist(),
-           "first_divergence": first_div, "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
-           **fin_n.summary("target"), **fin_b.summary("bench"), "marks": marks,
-           "matched_records": sum(1 for _, bm in c.pairs if bm is not None),
-           "unmatched_rows": int(R - len(midx)), "row_list": list(zip(*out_cols)) if keep_rows else []}
-    return out
-
+    return {"rows": fr.R, "records": len(c.pairs), "results": _counts(res_list), "series": series.tolist(),
+            "first_divergence": _first_divergence(fr, result, err, out_cols, mode, c.threshold),
+            "first_nan_inf_target": _replay(fin_n, f.t, f.t_see, _nonfinite_leaves(f.t)),
+            "first_nan_inf_bench": _replay(fin_b, f.b, f.b_see, _nonfinite_leaves(f.b)),
+            **fin_n.summary("target"), **fin_b.summary("bench"), "marks": _marks(fr, result, mode == "statistics"),
+            "matched_records": sum(1 for _, bm in c.pairs if bm is not None),
+            "unmatched_rows": int(fr.R - len(fr.midx)), "row_list": list(zip(*out_cols)) if keep_rows else [],
+}
