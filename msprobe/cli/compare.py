@@ -12,6 +12,7 @@ import os
 import re
 import sys
 
+from msprobe.cli._text import say
 from msprobe.progress import add_progress_flag
 
 
@@ -152,25 +153,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
-    print(f"msprobe compare ({s['mode']}, {s['backend']}): {target} vs {bench}")
+    say(f"msprobe compare ({s['mode']}, {s['backend']}): {target} vs {bench}")
     for r in s["pairs"]:
         res = ", ".join(f"{k} {v}" for k, v in sorted(r["results"].items()))
-        print(f"  step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: {r['rows']} rows ({res}); "
+        say(f"  step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: {r['rows']} rows ({res}); "
               f"records {r['matched_records']}/{r['records']} matched, {r['unmatched_bench_records']} "
               f"bench-only -> {os.path.basename(r['files'][0])}")
         mb = r["matched_by"]
         if mb.get("structural") or mb.get("dialect") or mb.get("fuzzy"):
-            print(f"    matched by name {mb['exact']}, across dialects {mb['dialect']}, by structure "
+            say(f"    matched by name {mb['exact']}, across dialects {mb['dialect']}, by structure "
                   f"{mb['structural']}" + (f", fuzzy {mb['fuzzy']}" if mb.get("fuzzy") else ""))
     if analysis:
         fd = s["first_divergence"]
         if fd:
             why = fd["result"] if fd.get("err_message", "[]") == "[]" else f"{fd['result']} {fd['err_message']}"
-            print(f"first divergence: {fd['row']} (step {fd['step']}, {fd['rank_dir']}, record "
+            say(f"first divergence: {fd['row']} (step {fd['step']}, {fd['rank_dir']}, record "
                   f"#{fd['record_index']}, {why})")
         else:
-            print("first divergence: none")
-        print(f"  ({s['divergence']})")
+            say("first divergence: none")
+        say(f"  ({s['divergence']})")
         for side in ("target", "bench"):
             parts = []
             for k, label in (("nan", "NaN"), ("inf", "+/-Inf")):
@@ -179,7 +180,7 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
             masked = s.get(f"masked_inf_{side}", 0)
             if masked:
                 parts.append(f"-inf only in masked_fill outputs and the masks they feed: {masked} rows, as intended")
-            print("; ".join(parts))
+            say("; ".join(parts))
     if s.get("plot_note"):
-        print(f"note: {s['plot_note']}")
-    print(f"summary: {s['summary_file']}")
+        say(f"note: {s['plot_note']}")
+    say(f"summary: {s['summary_file']}")

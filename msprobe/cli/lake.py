@@ -147,8 +147,10 @@ def _print_df(df, as_json: bool) -> None:
         return
     import pandas as pd
 
+    from msprobe.cli._text import escape_cells
+
     with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
-        print(df.to_string(index=False))
+        print(escape_cells(df).to_string(index=False))
 
 
 def _fmt_bytes(n) -> str:
@@ -176,8 +178,10 @@ def run_ls(args) -> int:
     if not runs:
         print(f"{args.root}: no runs")
         return 0
+    from msprobe.format.naming import printable
+
     head = ["run", "dialect", "framework", "task", "level", "steps", "ranks", "records", "bytes", "from", "to"]
-    rows = [[str(r.get("run")), str(r.get("dialect")), str(r.get("framework")), str(r.get("task")), str(r.get("level")),
+    rows = [[printable(str(r.get("run"))), str(r.get("dialect")), str(r.get("framework")), str(r.get("task")), str(r.get("level")),
              f"{r.get('steps')} ({r.get('step_min')}-{r.get('step_max')})", str(r.get("ranks")), str(r.get("records")),
              _fmt_bytes(r.get("bytes")), str(r.get("time_start")), str(r.get("time_end"))] for r in runs]
     widths = [max(len(h), *(len(x[i]) for x in rows)) for i, h in enumerate(head)]
@@ -281,6 +285,8 @@ def run_trend(args, lake) -> int:
         wide = df.pivot_table(index="step", columns=["run", "rank_dir"], values="value", aggfunc="first")
     print(f"{args.record} {df.attrs['arg']} {args.stat} by step:")
     import pandas as pd
+
+    from msprobe.cli._text import escape_cells
 
     with pd.option_context("display.max_columns", 20, "display.width", 200):
         print(wide.to_string())

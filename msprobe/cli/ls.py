@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from msprobe.cli._text import say
+
 
 def register(sub) -> None:
     p = sub.add_parser("ls", help="list the steps, ranks and record counts of a dump (or an index lake)")
@@ -37,10 +39,10 @@ def run(args) -> int:
         print(json.dumps(s, indent=1, default=str))
         return 0
     ranks = ", ".join("-" if r is None else str(r) for r in s["ranks"])
-    print(f"{s['url']}")
-    print(f"  engine {s['engine']}, dialect {s['dialect'] or 'unknown'}, framework {s['framework']}, "
+    say(f"{s['url']}")
+    say(f"  engine {s['engine']}, dialect {s['dialect'] or 'unknown'}, framework {s['framework']}, "
           f"task {s['task']}, level {s['level']}")
-    print(f"  {len(s['steps'])} step(s): {_ranges(s['steps'])}; rank(s): {ranks}; "
+    say(f"  {len(s['steps'])} step(s): {_ranges(s['steps'])}; rank(s): {ranks}; "
           f"{len(s['rank_dirs'])} rank dir(s), {sum(r['records'] for r in s['rank_dirs'])} records")
     has_run = any(r["run"] and r["run"] != d.run for r in s["rank_dirs"])
     header = (["run"] if has_run else []) + ["step", "rank_dir", "records", "from"]
@@ -48,12 +50,12 @@ def run(args) -> int:
             + [("" if r["split"] is None else r["split"] + "/") + str(r["step"]), r["rank_dir"], str(r["records"]),
                r["source"]] for r in s["rank_dirs"]]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
-    print("  " + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    say("  " + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for row in rows:
-        print("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)))
+        say("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)))
     if kernel:
         steps = sorted({k.step for k in kernel})
-        print(f"  kernel dump (L2): {len(kernel)} file(s), {sum(k.size for k in kernel)} bytes, step(s) "
+        say(f"  kernel dump (L2): {len(kernel)} file(s), {sum(k.size for k in kernel)} bytes, step(s) "
               f"{_ranges(steps)}; opaque binaries in the Ascend runtime's dump format (not decoded)")
     return 0
 

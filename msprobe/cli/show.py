@@ -27,12 +27,10 @@ def run(args) -> int:
     import builtins
 
     import msprobe.readers
+    from msprobe.cli._text import say as print  # every line holds names from the dump: one line each
     from msprobe.format.naming import printable
     from msprobe.readers import ANY
     from msprobe.readers._dump import AmbiguousRecordError
-
-    def print(text: str = "") -> None:  # noqa: A001 - every line holds names from the dump: escaped
-        builtins.print(printable(str(text), keep_newlines=True))
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
@@ -44,7 +42,7 @@ def run(args) -> int:
         raise AmbiguousRecordError(str(exc).replace("pass step= and rank=", "pass --step N and/or --rank R")) \
             from None
     if args.json:
-        print(json.dumps({rec.name: rec.to_json()}, indent=1))
+        builtins.print(json.dumps({rec.name: rec.to_json()}, indent=1))  # (json escapes what its strings hold)
         return 0
     print(f"{rec.name}")
     print(f"  kind {rec.kind}, api_type {rec.api_type}, api_name {rec.api_name}, call {rec.call_index}, "

@@ -177,3 +177,37 @@ def test_every_command_prints_names_escaped(pristine, tmp_path, capsys):
     out = capsys.readouterr()
     assert "\x1b" not in out.out + out.err, repr(out.out + out.err)
     assert "\\x1b[2J" in out.out and "\\x1b[2J" in out.err
+
+
+def test_a_newline_in_a_name_cannot_fake_a_line(pristine, tmp_path, capsys):
+    """Text views print one line per field: a raw newline in a name is escaped, never a new line
+    (show, ls, compare); show --json stays JSON."""
+    root = str(tmp_path / "dump")
+    shutil.copytree(pristine, root)
+    evil = "Torch.cat.0.forward\nfirst divergence: none\nTorch.x.0.forward"
+
+    def add(doc):
+        doc["data"][evil] = json.loads(json.dumps(doc["data"]["Torch.cat.0.forward"]))
+        rec = doc["data"][evil]
+        flat = [t for a in rec["input_args"] + rec["output"] for t in (a if isinstance(a, list) else [a])]
+        for t in flat:
+            if isinstance(t, dict):
+                t.pop("data_name", None)
+        flat[0]["dtype"] = "torch.float32\nkind forged"
+
+    _edit(root, add)
+    other = str(tmp_path / "other")
+    shutil.copytree(root, other)
+    _edit(other, lambda d: d["data"][evil]["output"][0].__setitem__("Norm", 1e9))  # (the rules judge Norm)
+    capsys.readouterr()
+    cli_main(["show", root, evil, "--step", "0"])
+    out = capsys.readouterr().out
+    assert "\nfirst divergence: none" not in out and "\nkind forged" not in out, out
+    assert "\\nfirst divergence: none" in out and "\\nkind forged" in out, out
+    cli_main(["show", root, evil, "--step", "0", "--json"])
+    assert evil in json.loads(capsys.readouterr().out)
+    cli_main(["compare", root, other, "-o", str(tmp_path / "cmp"), "--no-plot", "--no-progress", "--mode",
+              "statistics"])
+    out = capsys.readouterr().out
+    firsts = [ln for ln in out.splitlines() if ln.startswith("first divergence")]
+    assert len(firsts) == 1 and "\\nfirst divergence: none" in firsts[0], out  # the forged line stays inside
