@@ -114,6 +114,35 @@ def test_graph_l0_matches_pynative_l0(tmp_path):
     assert w0 != w1
 
 
+def test_graph_top_cell_called_directly_and_stop_before_the_gradient_call(tmp_path):
+    """``net(x)`` compiled as the graph's top Cell (an evaluation loop) is dumped; a gradient call
+    after stop() is a new compiled call (forward and backward in one graph): it is not recorded."""
+    root = str(tmp_path / "d")
+    (net,) = _nets(1)
+    _set_mode(True)
+    x, y = _data()
+    loss_fn = nn.MSELoss()
+
+    def forward(a, b):
+        return loss_fn(net(a), b)
+
+    grad_fn = mindspore.value_and_grad(forward, None, net.trainable_params())
+    dbg = PrecisionDebugger(task="statistics", dump_path=root, level="L0")
+    outs = []
+    for _ in range(2):
+        dbg.start(net)
+        outs.append(net(x).asnumpy())
+        dbg.stop()
+        grad_fn(x, y)
+        dbg.step()
+    PrecisionDebugger._reset()
+    for step in (0, 1):
+        data = _doc(root, step)["data"]
+        assert sorted(data) == sorted(f"Cell.{c}.forward.0" for c in CELLS), list(data)
+        out = data["Cell.fc.Dense.forward.0"]["output"][0]
+        assert out["Max"] == pytest.approx(float(outs[step].max()), rel=1e-6)
+
+
 class Pair(nn.Cell):
     def construct(self, a, b, c=None):
         return a + b, a * c
