@@ -20,12 +20,20 @@ from msprobe.backends import open_store
 from msprobe.errors import ConfigError, MsprobeError
 from msprobe.format.documents import dumps_records_json
 from msprobe.format.dtypes import numpy_dtype
-from msprobe.format.layout import INDEX_DIR, JOURNAL_DIR, MAPPING_CSV, MARKER_FILE, TENSOR_DIR, discover
+from msprobe.format.layout import (
+    INDEX_DIR,
+    JOURNAL_DIR,
+    MAPPING_CSV,
+    MARKER_FILE,
+    STORE_DIR,
+    TENSOR_DIR,
+    discover,
+    join_key,
+)
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
 from msprobe.readers._record import DumpRecord
 from msprobe.readers._source import RankSource
 from msprobe.readers.index import write_rank_index
-from msprobe.tensor_store._layout import STORE_DIR
 from msprobe.tensor_store._writer import ZarrTensorWriter
 
 __all__ = ["convert"]
@@ -66,10 +74,6 @@ def _rank_files(store: Any, prefix: str, skip: set) -> list:
     return out
 
 
-def _join(*parts: str) -> str:
-    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
-
-
 def _rewrite_doc(raw: bytes, data_dir: Optional[str]) -> bytes:
     doc = json.loads(raw)
     if isinstance(doc, dict) and "dump_data_dir" in doc:
@@ -101,7 +105,7 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
         if (to == "zarr" and not has_files) or (to == "classic" and not has_zarr):
             if not in_place:  # nothing to convert: copied as it is
                 for rel in _rank_files(src_store, prefix, {JOURNAL_DIR}):
-                    dst_store.put(_join(prefix, rel), src_store.get(_join(prefix, rel)))
+                    dst_store.put(join_key(prefix, rel), src_store.get(join_key(prefix, rel)))
             continue
         doc = src.document()
         data_names = []
@@ -144,17 +148,17 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
                     body = buf.getvalue()
                 else:
                     body = _torch_bytes(t)
-                dst_store.put(_join(prefix, TENSOR_DIR, fname), body)
+                dst_store.put(join_key(prefix, TENSOR_DIR, fname), body)
                 stats["tensors"] += 1
             if mapping:
                 rows = "".join(f"{v},{k}\n" for k, v in mapping.items())
-                dst_store.put(_join(prefix, TENSOR_DIR, MAPPING_CSV), rows.encode("utf-8"))
+                dst_store.put(join_key(prefix, TENSOR_DIR, MAPPING_CSV), rows.encode("utf-8"))
             skip = {TENSOR_DIR, STORE_DIR, JOURNAL_DIR, INDEX_DIR}
             new_dir = TENSOR_DIR
-        local = dst_store.local_path(_join(prefix, new_dir))
-        data_dir = local if local is not None else f"{dst_store.url.rstrip('/')}/{_join(prefix, new_dir)}"
+        local = dst_store.local_path(join_key(prefix, new_dir))
+        data_dir = local if local is not None else f"{dst_store.url.rstrip('/')}/{join_key(prefix, new_dir)}"
         for rel in _rank_files(src_store, prefix, skip):
-            body = src_store.get(_join(prefix, rel))
+            body = src_store.get(join_key(prefix, rel))
             if rel in ("dump.json", "debug.json"):
                 body = _rewrite_doc(body, data_dir)
             elif rel == MARKER_FILE:
@@ -169,20 +173,20 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
                     pass
             if in_place and rel not in ("dump.json", "debug.json", MARKER_FILE):
                 continue
-            dst_store.put(_join(prefix, rel), body)
+            dst_store.put(join_key(prefix, rel), body)
         if INDEX_DIR in names:
             write_rank_index(dst_store, prefix, doc, step=loc.step, rank=loc.rank, rank_dir=loc.rank_dir,
                              stack=src.stack(), construct=src.construct(), locations=locations)
         if in_place:  # the new form is complete: drop the old one
             old = TENSOR_DIR if to == "zarr" else STORE_DIR
-            for key in src_store.list_prefix(_join(prefix, old)):
-                if to == "classic" and key.startswith(_join(prefix, TENSOR_DIR) + "/"):
+            for key in src_store.list_prefix(join_key(prefix, old)):
+                if to == "classic" and key.startswith(join_key(prefix, TENSOR_DIR) + "/"):
                     continue
                 src_store.delete(key)
             if getattr(src_store, "is_local", False):  # no empty directory left behind
                 import shutil
 
-                path = src_store.local_path(_join(prefix, old))
+                path = src_store.local_path(join_key(prefix, old))
                 if path and not any(files for _, _, files in os.walk(path)):
                     shutil.rmtree(path, ignore_errors=True)
         stats["converted_rank_dirs"] += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 from msprobe.errors import UnsafePathError
+from msprobe.format.layout import join_key  # the one key joiner; re-exported here for the stores
 
 __all__ = ["validate_key", "validate_prefix", "join_key", "TEMP_MARKER", "is_temp_name"]
 
@@ -57,6 +58,3 @@ def validate_prefix(prefix: str) -> str:
     return validate_key(stripped)
 
 
-def join_key(prefix: str, key: str) -> str:
-    """Join a validated prefix ('' allowed) and a key."""
-    return f"{prefix}/{key}" if prefix else key

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_json
-from msprobe.format.layout import JOURNAL_DIR, TENSOR_DIR, parse_rank_dir, parse_step_dir
+from msprobe.format.layout import JOURNAL_DIR, STORE_DIR, TENSOR_DIR, parse_rank_dir, parse_step_dir
 from msprobe.format.model import Record
 
-STORE_DIR = "tensors.zarr"  # msprobe.tensor_store.STORE_DIR (not imported here: it needs numpy)
 
 __all__ = ["RecoveryResult", "recover_store", "find_journals"]
 

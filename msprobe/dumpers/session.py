@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from msprobe.dumpers.config import DumpConfig
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_records_json
-from msprobe.format.layout import ERROR_LOG, JOURNAL_DIR, MARKER_FILE, TENSOR_DIR, rank_dir_name
+from msprobe.format.layout import ERROR_LOG, FORMAT_VERSION, JOURNAL_DIR, MARKER_FILE, TENSOR_DIR, rank_dir_name
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
 
 __all__ = ["DumpSession", "StackTable", "PendingStats"]
@@ -796,7 +796,7 @@ class DumpSession:
                 if self._mapping:
                     rows = "".join(f"{v},{k}\n" for k, v in self._mapping.items())  # converted,original
                     store.put(f"{prefix}/{TENSOR_DIR}/mapping.csv", rows.encode("utf-8"))
-                marker = {"format_version": "1.0", "dialect": "msprobe-lake", "producer": self.producer,
+                marker = {"format_version": FORMAT_VERSION, "dialect": "msprobe-lake", "producer": self.producer,
                           "framework": self.framework, "task": self.config.task, "level": self.config.level,
                           "step": self.current_step, "rank": self.rank, "records": len(self.data),
                           "complete": failed is None and not self._skipped, "pid": os.getpid(),
@@ -846,7 +846,7 @@ class DumpSession:
             return None
         sub = TENSOR_DIR
         if self.config.tensor_store == "zarr":
-            from msprobe.tensor_store import STORE_DIR as sub
+            from msprobe.format.layout import STORE_DIR as sub
         local = self.store.local_path(f"{self.rank_prefix}/{sub}")
         return local if local is not None else f"{self.store.url.rstrip('/')}/{self.rank_prefix}/{sub}"
 

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional
 
+from msprobe import FORMAT_VERSION  # the one definition, re-exported here
 from msprobe.errors import DocumentError, UnknownDialectError
 
 __all__ = [
@@ -41,13 +42,13 @@ __all__ = [
     "detect_dialect",
     "get_dialect",
     "FORMAT_VERSION",
+    "STORE_DIR",
+    "join_key",
     "FORMAT_VERSION_RE",
     "validate_marker",
     "check_format_version",
 ]
 
-#: The version of spec/FORMAT.md this code implements; readers accept any 1.x.
-FORMAT_VERSION = "1.0"
 FORMAT_VERSION_RE = re.compile(r"^(?P<major>[0-9]+)\.(?P<minor>[0-9]+)$")
 
 STEP_DIR_RE = re.compile(r"^step(?P<step>\d+)$")
@@ -58,7 +59,15 @@ MAPPING_CSV = "mapping.csv"
 ERROR_LOG = "dump_error_info.log"
 JOURNAL_DIR = ".journal"
 INDEX_DIR = "index"
+#: the Zarr tensor store of a rank directory (spec section 21; :mod:`msprobe.tensor_store`)
+STORE_DIR = "tensors.zarr"
 GRAPH_SPLIT_DIRS = ("graph", "pynative")
+
+
+def join_key(*parts: str) -> str:
+    """Join storage key parts with ``/``: empty parts and the slashes around each are dropped
+    (``join_key("", "step0/", "rank0")`` is ``"step0/rank0"``). The one key joiner of the package."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
 def parse_step_dir(name: str) -> Optional[int]:
@@ -227,10 +236,6 @@ class RankLocation:
     split: Optional[str] = None  # 'graph' | 'pynative' for MindSpore jit dumps
 
 
-def _join(*parts: str) -> str:
-    return "/".join(p.strip("/") for p in parts if p)
-
-
 #: the documents a user may name instead of their rank directory (8.x and 26.x accept a dump.json)
 def dump_dir_of(path: str) -> str:
     """The rank directory of ``path`` when it names a dump document (``.../dump.json``), else ``path``."""
@@ -259,13 +264,13 @@ def discover(store: Any, prefix: str = "") -> list[RankLocation]:
     steps = [(parse_step_dir(n), n) for n in names if parse_step_dir(n) is not None]
     if steps:
         for step, name in sorted(steps):
-            out.extend(_ranks_of_step(store, _join(prefix, name), step))
+            out.extend(_ranks_of_step(store, join_key(prefix, name), step))
     elif any(parse_rank_dir(n) for n in names):
         out.extend(_ranks_of_step(store, prefix, parse_step_dir(here)))
     else:
         for split in GRAPH_SPLIT_DIRS:
             if split in names:
-                for loc in discover(store, _join(prefix, split)):
+                for loc in discover(store, join_key(prefix, split)):
                     loc.split = split
                     out.append(loc)
     return out
@@ -276,7 +281,7 @@ def _ranks_of_step(store: Any, step_prefix: str, step: Optional[int]) -> Iterato
     for n in store.list_dir(step_prefix):
         rd = parse_rank_dir(n)
         if rd is not None:
-            found.append(RankLocation(_join(step_prefix, n), step, n, rd.rank))
+            found.append(RankLocation(join_key(step_prefix, n), step, n, rd.rank))
     return iter(sorted(found, key=lambda r: (r.rank is None, r.rank or 0, r.rank_dir)))
 
 

@@ -369,7 +369,7 @@ class _CompactWriter:
         self.pending, self.n = [], 0
 
     def close(self) -> str:
-        from msprobe import FORMAT_VERSION
+        from msprobe.format.layout import FORMAT_VERSION
         from msprobe.readers.index import COMPACT_FILE, INDEX_VERSION, META_PREFIX
 
         try:

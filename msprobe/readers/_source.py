@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from msprobe.errors import DocumentError, MsprobeError, RecordNotFoundError, StorageNotFoundError
+from msprobe.errors import (
+    DocumentError,
+    MsprobeError,
+    RecordNotFoundError,
+    StorageNotFoundError,
+)
 from msprobe.format.documents import (
     CONSTRUCT_JSON,
     DEBUG_JSON,
@@ -24,13 +29,15 @@ from msprobe.format.layout import (
     JOURNAL_DIR,
     MAPPING_CSV,
     MARKER_FILE,
+    STORE_DIR,
     TENSOR_DIR,
     RankLocation,
+    join_key,
     read_mapping,
 )
 from msprobe.format.naming import check_file_name
 
-__all__ = ["RankSource", "INDEX_FILE", "join", "records_of", "task_of"]
+__all__ = ["RankSource", "INDEX_FILE", "records_of", "task_of"]
 
 #: The index file of a rank directory, relative to it.
 INDEX_FILE = f"{INDEX_DIR}/records.parquet"
@@ -66,10 +73,6 @@ def parse_document(data: bytes, file: str) -> DumpDocument:
 
 def _num(v: Optional[int]) -> int:
     return -1 if v is None else v
-
-
-def join(*parts: str) -> str:
-    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
 class RankSource:
@@ -163,7 +166,7 @@ class RankSource:
         return f"{base}/{self.prefix}" if self.prefix else base
 
     def _k(self, *parts: str) -> str:
-        return join(self.prefix, *parts)
+        return join_key(self.prefix, *parts)
 
     # -- listings -----------------------------------------------------------
     def names(self) -> set:
@@ -370,7 +373,7 @@ class RankSource:
         """The rank's Zarr tensor store (:class:`msprobe.tensor_store.ZarrTensorReader`), or None."""
         if self._tstore is False:
             self._tstore = None
-            if "tensors.zarr" in self.names():
+            if STORE_DIR in self.names():
                 from msprobe.tensor_store import ZarrTensorReader
 
                 self._tstore = ZarrTensorReader(self.store, self.prefix)

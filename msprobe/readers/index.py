@@ -31,7 +31,8 @@ from typing import Any, Iterable, Optional
 
 from msprobe.errors import StorageNotFoundError, require
 from msprobe.readers._rows import rank_rows, rows_to_arrow
-from msprobe.readers._source import INDEX_FILE, RankSource, join
+from msprobe.format.layout import FORMAT_VERSION, join_key
+from msprobe.readers._source import INDEX_FILE, RankSource
 
 __all__ = [
     "INDEX_VERSION",
@@ -155,8 +156,6 @@ def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank
     ``doc``: a DumpDocument or the dump.json object; ``stack``/``construct``: a
     StackDocument/ConstructDocument or their JSON objects (or None). ``doc_size`` and
     ``doc_mtime``: what the index covers (see :func:`stale_reason`)."""
-    from msprobe import FORMAT_VERSION
-
     doc = _as_doc(doc)
     data = doc.data
     cols = rank_rows(data, run=run, step=step, rank=rank, rank_dir=rank_dir, split=split,
@@ -195,14 +194,14 @@ def write_rank_index(store: Any, rank_prefix: str, doc: Any, *, step: Optional[i
     taken from ``<rank_prefix>/<doc_name>`` as it is now (the document is published first).
     """
     if key is None and doc_size is None and doc_mtime is None:
-        doc_size, doc_mtime = doc_stat(store, join(rank_prefix, doc_name))
+        doc_size, doc_mtime = doc_stat(store, join_key(rank_prefix, doc_name))
     rank_dir = rank_dir or (rank_prefix.rstrip("/").rsplit("/", 1)[-1] if rank_prefix else "rank")
     if source is None:
         source = f"{store.url.rstrip('/')}/{rank_prefix}" if rank_prefix else store.url
     table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run, stack=stack,
                              construct=construct, mapping=mapping, source=source, dialect=dialect,
                              doc_name=doc_name, doc_size=doc_size, locations=locations, doc_mtime=doc_mtime)
-    key = key or join(rank_prefix, INDEX_FILE)
+    key = key or join_key(rank_prefix, INDEX_FILE)
     store.put(key, _table_bytes(table))
     return key
 
@@ -287,7 +286,7 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
 
     if out is not None:
         out_store = open_store(out, out_storage_options, create=True)
-        stale = join(f"run={_safe(run)}" if run else "", COMPACT_FILE)
+        stale = join_key(f"run={_safe(run)}" if run else "", COMPACT_FILE)
         if out_store.exists(stale):
             out_store.delete(stale)  # the run's files change: its compaction no longer holds
     else:
@@ -305,7 +304,7 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     for i, src in enumerate(sources):
         if out_store is None:
             store, prefix = dump_store, src.prefix
-            key = join(prefix, INDEX_FILE)
+            key = join_key(prefix, INDEX_FILE)
         else:
             store, prefix = out_store, ""
             key = partition_key(run, src.step, src.rank, src.rank_dir, src.split)
@@ -392,7 +391,7 @@ def compact_index(out: Any, *, storage_options: Optional[dict] = None, runs: Opt
             meta.pop((META_PREFIX + k).encode(), None)
         buf = io.BytesIO()
         pq.write_table(table.replace_schema_metadata(meta), buf, compression="zstd", row_group_size=1 << 16)
-        key = join(part, COMPACT_FILE)
+        key = join_key(part, COMPACT_FILE)
         store.put(key, buf.getvalue())
         written.append(key)
     return written

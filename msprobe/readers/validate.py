@@ -27,11 +27,13 @@ from msprobe.format.dtypes import itemsize
 from msprobe.format.layout import (
     MAPPING_CSV,
     MARKER_FILE,
+    STORE_DIR,
     TENSOR_DIR,
     RankLocation,
     check_format_version,
     detect_dialect,
     discover,
+    join_key,
     read_mapping,
     validate_marker,
 )
@@ -39,10 +41,6 @@ from msprobe.readers._tensor import load_tensor_file
 from msprobe.tensor_store import ZarrTensorReader
 
 __all__ = ["Problem", "Report", "validate_store", "AUTO_TENSOR_BYTES", "AUTO_TENSOR_COUNT"]
-
-
-def _join(*parts: str) -> str:
-    return "/".join(p.strip("/") for p in parts if p)
 
 
 @dataclass
@@ -132,10 +130,10 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report, load_tensors: 
     names = set(store.list_dir(loc.prefix))
     doc_name = DUMP_JSON if DUMP_JSON in names else DEBUG_JSON if DEBUG_JSON in names else None
     if doc_name is None:
-        report.problems.append(Problem("error", _join(loc.prefix, DUMP_JSON), "", "missing dump.json (or debug.json)"))
+        report.problems.append(Problem("error", join_key(loc.prefix, DUMP_JSON), "", "missing dump.json (or debug.json)"))
         return
-    marker = _check_marker(store, _join(loc.prefix, MARKER_FILE), report) if MARKER_FILE in names else None
-    key = _join(loc.prefix, doc_name)
+    marker = _check_marker(store, join_key(loc.prefix, MARKER_FILE), report) if MARKER_FILE in names else None
+    key = join_key(loc.prefix, doc_name)
     doc = _load(store, key, DebugDocument if doc_name == DEBUG_JSON else DumpDocument, report)
     if doc is None:
         return
@@ -150,18 +148,18 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report, load_tensors: 
     except MsprobeError:
         pass
     # tensor files
-    tensor_files = set(store.list_dir(_join(loc.prefix, TENSOR_DIR))) if TENSOR_DIR in names else set()
+    tensor_files = set(store.list_dir(join_key(loc.prefix, TENSOR_DIR))) if TENSOR_DIR in names else set()
     zarr = None
-    if "tensors.zarr" in names:  # the Zarr tensor store (section 21): its manifest names the payloads
+    if STORE_DIR in names:  # the Zarr tensor store (section 21): its manifest names the payloads
         try:
             zarr = ZarrTensorReader(store, loc.prefix)
             tensor_files |= set(zarr.names())
         except MsprobeError as exc:
-            report.problems.append(Problem("error", _join(loc.prefix, "tensors.zarr"), "", str(exc)))
+            report.problems.append(Problem("error", join_key(loc.prefix, STORE_DIR), "", str(exc)))
     mapping: dict = {}
     if MAPPING_CSV in tensor_files:
         tensor_files.discard(MAPPING_CSV)
-        mapping = read_mapping(store.get(_join(loc.prefix, TENSOR_DIR, MAPPING_CSV)))
+        mapping = read_mapping(store.get(join_key(loc.prefix, TENSOR_DIR, MAPPING_CSV)))
     report.tensor_files += len(tensor_files)
     named: dict = {}
     payloads: list = []  # (record name, JSON location, tensor entry) of every payload present
@@ -194,17 +192,17 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report, load_tensors: 
                       lambda *p: report.problems.append(Problem(*p)))
     converted = set(mapping.values())
     for f in sorted(tensor_files - set(named) - converted):
-        report.problems.append(Problem("warning", _join(loc.prefix, TENSOR_DIR, f), "",
+        report.problems.append(Problem("warning", join_key(loc.prefix, TENSOR_DIR, f), "",
                                        "tensor file named by no record"))
     if STACK_JSON in names:
-        sd = _load(store, _join(loc.prefix, STACK_JSON), StackDocument, report)
+        sd = _load(store, join_key(loc.prefix, STACK_JSON), StackDocument, report)
         if sd is not None:
             try:
                 sd.validate()
             except FormatError as exc:
                 report.problems.append(Problem("error", exc.file or "", exc.location or "", exc.message))
     if CONSTRUCT_JSON in names:
-        ck = _join(loc.prefix, CONSTRUCT_JSON)
+        ck = join_key(loc.prefix, CONSTRUCT_JSON)
         cd = _load(store, ck, ConstructDocument, report)
         if cd is not None:
             try:
@@ -244,7 +242,7 @@ def _load_payloads(store: Any, prefix: str, key: str, payloads: list, mapping: d
             if zarr is not None and dn in zarr:
                 zarr.load(dn, "numpy", record=rec_name, dtype=t.dtype, shape=t.shape)
             else:
-                load_tensor_file(store, _join(prefix, TENSOR_DIR, mapping.get(dn, dn)), record=rec_name,
+                load_tensor_file(store, join_key(prefix, TENSOR_DIR, mapping.get(dn, dn)), record=rec_name,
                                  dtype=t.dtype, shape=t.shape, framework="numpy")
             report.tensors_loaded += 1
         except MissingDependencyError as exc:

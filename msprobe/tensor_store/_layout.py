@@ -20,13 +20,13 @@ from typing import Any, Optional
 import numpy as np
 
 from msprobe.errors import FormatError
+from msprobe.format.layout import STORE_DIR
 
 __all__ = [
     "STORE_DIR", "MANIFEST_DIR", "LAYOUT_VERSION", "CODECS", "storage_dtype", "array_metadata",
     "encode_shard", "decode_index", "shard_key", "location", "parse_location",
 ]
 
-STORE_DIR = "tensors.zarr"
 MANIFEST_DIR = ".manifest"
 LAYOUT_VERSION = "1.0"
 #: tensor_compression values -> the blosc configuration of the inner chunks (None: no compressor)

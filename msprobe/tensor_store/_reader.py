@@ -15,12 +15,18 @@ from typing import Any, Optional
 
 import numpy as np
 
-from msprobe.errors import FormatError, MissingDependencyError, StorageNotFoundError, TensorLoadError
+from msprobe.errors import (
+    FormatError,
+    MissingDependencyError,
+    StorageNotFoundError,
+    TensorLoadError,
+)
 from msprobe.format.dtypes import canonical_dtype
+from msprobe.format.layout import join_key
 from msprobe.tensor_store._layout import (
+    _MISSING,
     MANIFEST_DIR,
     STORE_DIR,
-    _MISSING,
     decode_chunk,
     decode_index,
     index_nbytes,
@@ -146,7 +152,7 @@ class ZarrTensorReader:
         self._load_manifest()
 
     def _k(self, *parts: str) -> str:
-        return "/".join(p for p in (self.prefix,) + parts if p)
+        return join_key(self.prefix, *parts)
 
     # -------------------------------------------------------------- manifest
     def _load_manifest(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from msprobe.errors import ConfigError, StorageError
+from msprobe.format.layout import join_key
 from msprobe.tensor_store._layout import (
     CODECS,
     LAYOUT_VERSION,
@@ -133,7 +134,7 @@ class ZarrTensorWriter:
 
     # ------------------------------------------------------------------ keys
     def _k(self, *parts: str) -> str:
-        return "/".join(p for p in (self.prefix,) + parts if p)
+        return join_key(self.prefix, *parts)
 
     # ----------------------------------------------------------------- input
     def add(self, data_name: str, logical: str, shape: tuple, produce: Callable[[], Any], nbytes: int,

@@ -1,0 +1,84 @@
+"""Issue 22: each shared constant and helper is defined once (read from the source's AST).
+
+``FORMAT_VERSION`` is defined in ``msprobe/__init__.py`` (the bottom layer; re-exported by
+:mod:`msprobe.format.layout`), ``STORE_DIR`` in :mod:`msprobe.format.layout`; no other module
+assigns them or spells them as literals, and storage keys are joined by the one ``join_key``."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import msprobe
+from msprobe.format import layout
+
+PKG = pathlib.Path(msprobe.__file__).parent
+HOME = PKG / "format" / "layout.py"
+HOMES = {"FORMAT_VERSION": PKG / "__init__.py", "STORE_DIR": HOME}
+
+
+def _modules():
+    for path in sorted(PKG.rglob("*.py")):
+        yield path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _docstrings(tree: ast.AST) -> set:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _where(path: pathlib.Path, node: ast.AST) -> str:
+    return f"{path.relative_to(PKG.parent)}:{node.lineno}"
+
+
+def test_constants_are_defined_once():
+    assigned, literals, marker_versions = [], [], []
+    for path, tree in _modules():
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Name) and t.id in HOMES and path != HOMES[t.id]:
+                        assigned.append(f"{t.id} at {_where(path, node)}")
+            elif (isinstance(node, ast.Constant) and node.value == layout.STORE_DIR and id(node) not in docs
+                  and path != HOME):
+                literals.append(_where(path, node))
+            elif isinstance(node, ast.Dict):
+                for k, v in zip(node.keys, node.values):
+                    if isinstance(k, ast.Constant) and k.value == "format_version" and isinstance(v, ast.Constant):
+                        marker_versions.append(_where(path, node))
+    assert not assigned, f"defined again outside their homes {HOMES}: {assigned}"
+    assert not literals, f"{layout.STORE_DIR!r} spelled as a literal (use format.layout.STORE_DIR): {literals}"
+    assert not marker_versions, f"a literal format_version (use FORMAT_VERSION): {marker_versions}"
+    assert msprobe.FORMAT_VERSION == layout.FORMAT_VERSION
+
+
+def _is_slash_join(fn: ast.FunctionDef) -> bool:
+    """A function whose result is ``"/".join(...)`` of its arguments: a key joiner."""
+    for node in ast.walk(fn):
+        if (isinstance(node, ast.Return) and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "join"
+                and isinstance(node.value.func.value, ast.Constant) and node.value.func.value.value == "/"):
+            return True
+    return False
+
+
+def test_one_key_joiner():
+    joiners = []
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and _is_slash_join(node) and "join" in node.name:
+                joiners.append(f"{node.name} at {_where(path, node)}")
+    assert joiners == [f"join_key at {_where(HOME, _find(HOME, 'join_key'))}"], joiners
+    assert layout.join_key("", "step0/", "/rank0", "", "dump.json") == "step0/rank0/dump.json"
+    assert layout.join_key("", "") == ""
+
+
+def _find(path: pathlib.Path, name: str) -> ast.FunctionDef:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
