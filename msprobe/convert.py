@@ -31,9 +31,9 @@ from msprobe.format.layout import (
     join_key,
 )
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
+from msprobe.index import write_rank_index
 from msprobe.readers._record import DumpRecord
 from msprobe.readers._source import RankSource
-from msprobe.readers.index import write_rank_index
 from msprobe.tensor_store._writer import ZarrTensorWriter
 
 __all__ = ["convert"]

@@ -830,7 +830,7 @@ class DumpSession:
 
     def _write_index(self, prefix: str, doc: dict) -> None:
         try:
-            from msprobe.readers.index import write_rank_index
+            from msprobe.index import write_rank_index
         except ImportError as exc:
             self._note_error("index", exc)
             return

@@ -23,7 +23,7 @@ else in a local cache directory (``$MSPROBE_LAKE_CACHE``, ``$XDG_CACHE_HOME/mspr
 or ``~/.cache/msprobe-lake``), said on stderr: a read-only share or bucket is never written.
 With a remote Dask cluster, give a ``lake_dir`` the workers can write too.
 
-Index files are :mod:`msprobe.readers.index` files (same schema and metadata), so
+Index files are :mod:`msprobe.index` files (same schema and metadata), so
 ``msprobe.readers.open(ROOT + "/_lake/index")`` reads the lake too. Importing this
 package imports neither pyarrow nor duckdb nor dask.
 """

@@ -10,12 +10,21 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
 import time
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError, MsprobeError, StorageNotFoundError, require
-from msprobe.readers.index import doc_stat
+from msprobe.index import (
+    COMPACT_FILE,
+    CompactWriter,
+    compact_files,
+    doc_stat,
+    mtime_of,
+    partition_key,
+    rank_index_table,
+    read_index_metadata,
+    table_bytes,
+)
 
 __all__ = ["discover_runs", "read_catalog", "LAKE_DIR", "INDEX_PREFIX", "MANIFEST_KEY", "CATALOG_JSON",
            "CATALOG_PARQUET", "MANIFEST_COLUMNS"]
@@ -157,15 +166,11 @@ def _discover_run(root_url: str, storage_options: Optional[dict], run: str, pref
 
 
 def index_key(run: str, step: Optional[int], rank: Optional[int], rank_dir: str, split: Optional[str]) -> str:
-    from msprobe.readers.index import partition_key
-
     return f"{INDEX_PREFIX}/{partition_key(run, step, rank, rank_dir, split)}"
 
 
 def compact_key_of(key: str) -> str:
     """The step's compacted file for a rank's index key (``.../step=N/_compact.parquet``)."""
-    from msprobe.readers.index import COMPACT_FILE
-
     step_dir = key.rsplit("/", 2)[0]
     return f"{step_dir}/{COMPACT_FILE}"
 
@@ -188,8 +193,6 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
 
         from fsspec.asyn import sync
 
-        from msprobe.readers.index import _mtime_of
-
         full = [(f"{root}/{st}" if root else st).rstrip("/") for st in flat_steps]
 
         async def find_all() -> list:
@@ -204,7 +207,7 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
             for path, info in found.items():
                 parts = path[len(f) + 1:].split("/") if path.startswith(f + "/") else []
                 if len(parts) == 2 and parts[1] in (DUMP_JSON, DEBUG_JSON):
-                    docs.setdefault(f"{step}/{parts[0]}", {})[parts[1]] = (info.get("size"), _mtime_of(info))
+                    docs.setdefault(f"{step}/{parts[0]}", {})[parts[1]] = (info.get("size"), mtime_of(info))
             for p in wanted:
                 if p.rsplit("/", 1)[0] == step:
                     d = docs.get(p, {})
@@ -333,66 +336,6 @@ class _Prefetched:
                     self._data[k] = data
 
 
-class _CompactWriter:
-    """Streams rank index tables into one ``_compact.parquet`` (readers' ``covers`` metadata
-    added at the end): memory holds at most one output row group."""
-
-    def __init__(self, store: Any, ckey: str):
-        require("pyarrow", "parquet")
-        import pyarrow.parquet as pq
-
-        from msprobe.readers._rows import arrow_schema
-
-        self.store, self.ckey = store, ckey
-        self.schema = arrow_schema()
-        fd, self.tmp = tempfile.mkstemp(suffix=".parquet", prefix=".msprobe-compact-")
-        os.close(fd)
-        self.w = pq.ParquetWriter(self.tmp, self.schema, compression="zstd", write_statistics=True)
-        self.pending: list = []
-        self.n = 0
-        self.keys: list = []
-        self.records = 0
-
-    def add(self, key: str, table: Any, records: int) -> None:
-        self.pending.append(table.replace_schema_metadata(None).cast(self.schema))
-        self.n += table.num_rows
-        self.keys.append(key)
-        self.records += records or 0
-        if self.n >= 1 << 16:
-            self._flush()
-
-    def _flush(self) -> None:
-        import pyarrow as pa
-
-        if self.pending:
-            self.w.write_table(pa.concat_tables(self.pending), row_group_size=1 << 17)
-        self.pending, self.n = [], 0
-
-    def close(self) -> str:
-        from msprobe.format.layout import FORMAT_VERSION
-        from msprobe.readers.index import COMPACT_FILE, INDEX_VERSION, META_PREFIX
-
-        try:
-            self._flush()
-            base = self.ckey[: -len(COMPACT_FILE)]
-            self.w.add_key_value_metadata({
-                META_PREFIX + "index_version": INDEX_VERSION, META_PREFIX + "format_version": FORMAT_VERSION,
-                META_PREFIX + "covers": json.dumps([k[len(base):] for k in self.keys]),
-                META_PREFIX + "records": str(self.records)})
-            self.w.close()
-            with open(self.tmp, "rb") as f:
-                self.store.put_stream(self.ckey, f)
-        finally:
-            self.abort()
-        return self.ckey
-
-    def abort(self) -> None:
-        try:
-            os.remove(self.tmp)
-        except OSError:
-            pass
-
-
 def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, lake_options: Optional[dict],
                  run: str, run_prefix: str, locs: list, compact_key: Optional[str] = None) -> list:
     """Task: write the index of each rank directory in ``locs`` (prefix, step, rank_dir, rank,
@@ -406,12 +349,11 @@ def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, 
     from msprobe.format.layout import MAPPING_CSV, TENSOR_DIR, RankLocation
     from msprobe.readers._dump import Dump
     from msprobe.readers._source import RankSource
-    from msprobe.readers.index import _table_bytes, rank_index_table
 
     store = _Prefetched(_store(root_url, storage_options))
     store.prefetch([loc[0] for loc in locs], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
     out_store = _store(lake_url, lake_options, write=True)
-    cw = _CompactWriter(out_store, compact_key) if compact_key else None
+    cw = CompactWriter(out_store, compact_key) if compact_key else None
     rows = []
     from concurrent.futures import ThreadPoolExecutor
 
@@ -441,7 +383,7 @@ def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, 
                                      source=src.url, dialect=dialect, doc_name=doc_name or "dump.json",
                                      doc_size=src._doc_size if src._doc_size is not None else size,  # noqa: SLF001
                                      doc_mtime=mtime)
-            puts.append(pool.submit(out_store.put, key, _table_bytes(table)))
+            puts.append(pool.submit(out_store.put, key, table_bytes(table)))
             if len(puts) > 16:
                 puts.pop(0).result()
             data = doc.data
@@ -449,7 +391,7 @@ def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, 
             n_rows = table.num_rows - hn.null_count  # the record-only placeholder rows have no statistics
             nan_rows = pc.sum(pc.or_(hn, hi).cast("int64")).as_py() or 0
             if cw is not None:
-                cw.add(key, table, len(data))
+                cw.add(key, table)
             del table
             files, tbytes = _tensor_bytes(store, prefix) if doc.task == "tensor" else (0, 0)
             rows.append({
@@ -476,8 +418,6 @@ def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, 
 def _manifest_row_from_index(lake_url: str, lake_options: Optional[dict], run: str, run_prefix: str,
                              loc: tuple) -> Optional[dict]:
     """A manifest row rebuilt from an existing index file's metadata (a lost or partial manifest)."""
-    from msprobe.readers.index import read_index_metadata
-
     prefix, step, rank_dir, rank, split = loc
     store = _store(lake_url, lake_options)
     key = index_key(run, step, rank, rank_dir, split)
@@ -504,21 +444,9 @@ def _rebuild_rows(lake_url: str, lake_options: Optional[dict], items: list) -> l
 
 def _compact_group(lake_url: str, lake_options: Optional[dict], ckey: str, keys: list, records: int) -> str:
     """Task: stream the index files ``keys`` (one step of one run) into ``ckey``, with the
-    readers' ``covers`` metadata; memory holds one input file and one output row group."""
-    require("pyarrow", "parquet")
-    import pyarrow.parquet as pq
-
-    store = _store(lake_url, lake_options, write=True)
-    cw = _CompactWriter(store, ckey)
-    try:
-        for k in keys:
-            cw.add(k, pq.read_table(io.BytesIO(store.get(k))), 0)
-        cw.records = records
-        out = cw.close()
-    except BaseException:
-        cw.abort()
-        raise
-    return out
+    readers' ``covers`` metadata; memory holds one input file and one output row group.
+    (``records``, the manifest's count, is what the files' metadata add up to.)"""
+    return compact_files(_store(lake_url, lake_options, write=True), ckey, keys)
 
 
 # -- manifest and catalog ----------------------------------------------------------------------

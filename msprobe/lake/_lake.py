@@ -188,7 +188,7 @@ class Lake:
                 todo.setdefault(ckey, []).append(loc_of[key])
         if stale:
             k0 = sorted(stale)[0]
-            from msprobe.readers.index import warn_stale
+            from msprobe.index import warn_stale
 
             warn_stale(f"of {self.url} ({len(stale)} rank dir(s) changed since they were indexed; first: "
                        f"{loc_of[k0][1][0]})", stale[k0],
@@ -282,7 +282,7 @@ class Lake:
     def _stale(self, rows: dict) -> dict:
         """{index key: why} of the indexed rank directories whose document no longer has the
         size and modification time recorded when it was indexed (listings only, as tasks)."""
-        from msprobe.readers.index import stale_reason
+        from msprobe.index import stale_reason
 
         if not rows:
             return {}
@@ -382,7 +382,7 @@ class Lake:
             import pyarrow.compute as pc
             import pyarrow.dataset as pads
 
-            from msprobe.readers._rows import arrow_schema
+            from msprobe.index.rows import arrow_schema
             from msprobe.readers._store import arrow_location
 
             paths, parts = [], []
@@ -414,7 +414,7 @@ class Lake:
 
         import pyarrow.compute as pc
 
-        from msprobe.readers._rows import COLUMNS
+        from msprobe.index.rows import COLUMNS
 
         e = self._expr
         for name, value in eq.items():
@@ -508,7 +508,7 @@ class Lake:
         if self._expr is not None:
             # a filtered view: the pyarrow dataset applies the expression, DuckDB scans the result stream
             con.register("lake_ds", self.dataset.scanner(filter=self._expr).to_reader())
-            con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
+            con.execute(f"CREATE VIEW lake_records AS SELECT * FROM lake_ds")
             con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
             return "pyarrow-filtered"
         engine = "pyarrow"

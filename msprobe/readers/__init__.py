@@ -16,10 +16,10 @@ Importing this package imports neither torch nor pyarrow nor pandas.
 """
 from __future__ import annotations
 
+from msprobe.index.rows import COLUMNS
 from msprobe.readers._api import ENGINES, Engine, IndexEngine, MsprobeEngine, guess_engine, list_engines, open
 from msprobe.readers._dump import ANY, AmbiguousRecordError, Dump
 from msprobe.readers._record import DumpRecord, TensorRef
-from msprobe.readers._rows import COLUMNS
 from msprobe.readers.index import build_index, write_rank_index
 
 __all__ = [

@@ -21,6 +21,7 @@ from msprobe.format.layout import (
     parse_rank_dir,
     parse_step_dir,
 )
+from msprobe.index.files import COMPACT_FILE, read_compactions
 from msprobe.readers._dump import Dump
 from msprobe.readers._source import IndexSource, RankSource
 
@@ -147,8 +148,6 @@ class IndexEngine(Engine):
         names = store.list_dir("")
         if looks_like_dump(names) and not any(n.startswith(("run=", "step=")) for n in names):
             return _open_rank_dirs(store, url, storage_options, run, prefer_index=True, engine=self.name)
-        from msprobe.readers.index import COMPACT_FILE, read_compactions
-
         state: dict = {}
 
         def sources() -> list:

@@ -6,8 +6,9 @@ import re
 from typing import Any, Iterable, Iterator, Optional
 
 from msprobe.errors import MsprobeError, RecordNotFoundError, StorageNotFoundError
+from msprobe.index.files import concat_tables, read_index_table
+from msprobe.index.rows import COLUMNS, DIGEST_COLUMNS, arrow_schema, rank_rows, rows_to_arrow
 from msprobe.readers._record import DumpRecord
-from msprobe.readers._rows import COLUMNS, DIGEST_COLUMNS, rank_rows, rows_to_arrow
 
 __all__ = ["Dump", "ANY", "AmbiguousRecordError"]
 
@@ -205,8 +206,6 @@ class Dump:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from msprobe.readers.index import concat_tables, read_index_table
-
         parts = [read_index_table(src.index_store, k, columns=list(DIGEST_COLUMNS)) for k in src.index_keys()]
         t = concat_tables(parts) if len(parts) > 1 else parts[0]
         if t.num_rows == 0:
@@ -310,9 +309,6 @@ class Dump:
         require("pyarrow", "parquet")
         import pyarrow.compute as pc
         import pyarrow.dataset as pads
-
-        from msprobe.readers._rows import arrow_schema
-        from msprobe.readers.index import concat_tables
 
         cols = list(columns) if columns is not None else list(COLUMNS)
         unknown = [c for c in cols if c not in COLUMNS]
@@ -481,9 +477,7 @@ def _scan_indexes(sources: list, columns: list, expr: Any, compacts: Optional[di
     import pyarrow as pa
     import pyarrow.dataset as pads
 
-    from msprobe.readers._rows import arrow_schema
     from msprobe.readers._store import arrow_location
-    from msprobe.readers.index import concat_tables, read_index_table
 
     groups: list = []  # (file system or None, paths or (store, key) pairs, run override)
     for src, store, key in _with_compactions(sources, compacts or {}):
@@ -522,8 +516,6 @@ _STRINGS = ["run", "rank_dir", "split", "record", "kind", "api_type", "api_name"
 def _dict_schema() -> Any:
     import pyarrow as pa
 
-    from msprobe.readers._rows import arrow_schema
-
     s = arrow_schema()
     return pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in _STRINGS else f
                       for f in s])
@@ -531,7 +523,6 @@ def _dict_schema() -> Any:
 
 def _set_run(t: Any, run: Optional[str]) -> Any:
     import pyarrow as pa
-
     import pyarrow.compute as pc
 
     i = t.schema.get_field_index("run")

@@ -18,7 +18,7 @@ from msprobe.format.model import (
     TensorArg,
     parse_arg,
 )
-from msprobe.readers._rows import record_fields, record_tensors
+from msprobe.index.rows import forward_twin, record_fields, record_tensors
 
 __all__ = ["DumpRecord", "TensorRef", "bind_args"]
 
@@ -255,9 +255,7 @@ class DumpRecord:
         ids = self.source.stack_ids()
         sid = ids.get(self.name)
         if sid is None and self.direction == "backward":
-            from msprobe.readers._rows import _forward_twin
-
-            sid = ids.get(_forward_twin(self.name, self.kind))
+            sid = ids.get(forward_twin(self.name, self.kind))
         return sid
 
     @property
@@ -265,9 +263,7 @@ class DumpRecord:
         """Call-stack frames from stack.json (a backward record gets its forward's stack)."""
         frames = self.source.frames_of(self.name)
         if frames is None and self.direction == "backward":
-            from msprobe.readers._rows import _forward_twin
-
-            frames = self.source.frames_of(_forward_twin(self.name, self.kind))
+            frames = self.source.frames_of(forward_twin(self.name, self.kind))
         return frames
 
     @property

@@ -36,11 +36,17 @@ from msprobe.format.layout import (
     read_mapping,
 )
 from msprobe.format.naming import check_file_name
+from msprobe.index.files import (
+    INDEX_FILE,
+    doc_stat,
+    parse_partition_path,
+    read_index_metadata,
+    stale_reason,
+    warn_stale,
+)
 
-__all__ = ["RankSource", "INDEX_FILE", "records_of", "task_of"]
+__all__ = ["RankSource", "IndexSource", "INDEX_FILE", "records_of", "task_of"]
 
-#: The index file of a rank directory, relative to it.
-INDEX_FILE = f"{INDEX_DIR}/records.parquet"
 #: Major versions of the format (msprobe_lake.json ``format_version``) this reader accepts.
 SUPPORTED_MAJORS = ("1",)
 
@@ -137,8 +143,6 @@ class RankSource:
 
     def _index_covers(self) -> bool:
         """False (with a StaleIndexWarning) when the document changed since the index was built."""
-        from msprobe.readers.index import doc_stat, stale_reason, warn_stale
-
         if self.doc_name is None:
             return True
         size, mtime = doc_stat(self.store, self.doc_key)
@@ -417,8 +421,6 @@ class RankSource:
         """Key-value metadata of this rank's Parquet index ({} when there is none);
         ``records`` is summed over the parts."""
         if self._index_meta is False:
-            from msprobe.readers.index import read_index_metadata
-
             keys = self.index_keys()
             meta = read_index_metadata(self.store, keys[0]) if keys else {}
             if len(keys) > 1 and meta.get("records") is not None:
@@ -461,27 +463,6 @@ def task_of(src: Any) -> Optional[str]:
         return None
 
 
-def parse_partition_path(key: str) -> dict:
-    """``run=a/step=0/rank=3/records.parquet`` -> {'run': 'a', 'step': 0, 'rank': 3, ...}."""
-    out: dict = {}
-    for part in key.split("/")[:-1]:
-        if "=" in part:
-            k, v = part.split("=", 1)
-            out[k] = v
-    if "step" in out:
-        out["step"] = int(out["step"]) if out["step"].isdigit() else None
-    if "rank" in out:
-        r = out["rank"]
-        if r.isdigit():
-            out["rank"], out["rank_dir"] = int(r), f"rank{r}"
-        else:
-            from msprobe.format.layout import parse_rank_dir
-
-            rd = parse_rank_dir(r)
-            out["rank"], out["rank_dir"] = (rd.rank if rd else None), r
-    return out
-
-
 class IndexSource:
     """One index file of an index-only lake (written by ``build_index(..., out=URL)``).
 
@@ -515,8 +496,6 @@ class IndexSource:
             self._use_index = True
             meta = self.index_metadata()
             if meta.get("doc") and (meta.get("doc_size") is not None or meta.get("doc_mtime") is not None):
-                from msprobe.readers.index import doc_stat, stale_reason, warn_stale
-
                 try:
                     rs = self.rank_source()
                     size, mtime = doc_stat(rs.store, meta["doc"])
@@ -548,8 +527,6 @@ class IndexSource:
 
     def index_metadata(self) -> dict:
         if self._meta is None:
-            from msprobe.readers.index import read_index_metadata
-
             self._meta = read_index_metadata(self.index_store, self.index_key)
             m = self._meta
             self.rank_dir = m.get("rank_dir") or self.rank_dir

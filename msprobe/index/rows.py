@@ -25,6 +25,7 @@ __all__ = [
     "arrow_schema",
     "rows_to_arrow",
     "empty_columns",
+    "forward_twin",
 ]
 
 #: Columns of a row that describe the record (repeated on each of its tensors).
@@ -145,7 +146,7 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
         tensors = record_tensors(kind, raw)
         sid = stack_ids.get(name)
         if sid is None and direction == "backward":
-            sid = stack_ids.get(_forward_twin(name, kind))
+            sid = stack_ids.get(forward_twin(name, kind))
         par = parents.get(name)
         par = par if isinstance(par, str) else None
         rec_vals = (run, step, rank, rank_dir, split, seq, name, kind, api_type, api_name, call_index, direction)
@@ -190,7 +191,7 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
     return cols
 
 
-def _forward_twin(name: str, kind: str) -> str:
+def forward_twin(name: str, kind: str) -> str:
     if kind == "api" and name.endswith(".backward"):
         return name[: -len("backward")] + "forward"
     if kind == "module":

@@ -1,0 +1,323 @@
+"""The Parquet side index: one file per (step, rank), one row per tensor-like argument.
+
+Default location: ``<rank dir>/index/records.parquet``. With ``out=URL`` the files go
+to ``<out>/run=<run>/[split=<split>/]step=<N>/rank=<R>/records.parquet`` (``R`` is
+the rank number, or the rank directory's name for ``rank``/``proc<pid>``), so the
+indexes of many dumps form one pyarrow dataset (``msprobe.readers.open(out)``).
+
+Columns are :data:`msprobe.index.rows.COLUMNS` (``run, step, rank, rank_dir,
+split, seq, record, kind, api_type, api_name, call_index, direction, io, arg_path,
+type, dtype, shape, numel, max, min, mean, norm, md5, has_nan, has_inf,
+requires_grad, data_name, location, stack_id, parent``). A record without any
+tensor keeps one row whose ``io`` is null, so every record is in the index.
+``location`` is the payload's key relative to the rank directory. The Parquet
+key-value metadata holds ``msprobe_lake.index_version``, ``msprobe_lake.format_version``
+and what the reader needs without dump.json (task, level, framework, dialect, run,
+step, rank, rank_dir, split, source URL, record count) and what it covers: the size
+(``doc_size``) and modification time (``doc_mtime``) of the document it was built from.
+An index whose document no longer has that size and time (a re-dump into the same path)
+is stale: readers and the lake ignore it, with a :class:`StaleIndexWarning`, and read
+(or re-index) the document instead.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import warnings
+from typing import Any, Iterable, Optional
+
+from msprobe.errors import MsprobeError, require
+from msprobe.format.documents import DumpDocument, StackDocument
+from msprobe.format.layout import FORMAT_VERSION, INDEX_DIR, join_key, parse_rank_dir
+from msprobe.index.rows import rank_rows, rows_to_arrow
+
+__all__ = [
+    "INDEX_VERSION",
+    "INDEX_FILE",
+    "META_PREFIX",
+    "COMPACT_FILE",
+    "StaleIndexWarning",
+    "rank_index_table",
+    "table_bytes",
+    "write_rank_index",
+    "read_index_metadata",
+    "read_index_table",
+    "read_compactions",
+    "concat_tables",
+    "partition_key",
+    "parse_partition_path",
+    "partition_order",
+    "doc_stat",
+    "mtime_of",
+    "stale_reason",
+    "warn_stale",
+]
+
+log = logging.getLogger("msprobe.readers")
+
+
+class StaleIndexWarning(UserWarning):
+    """A Parquet index no longer describes its document (re-dumped since): it is not used."""
+
+
+INDEX_VERSION = "1.0"
+META_PREFIX = "msprobe_lake."
+#: A run's partitions merged into one file (``<out>/run=<run>/_compact.parquet``): same rows,
+#: far fewer files to open. Its metadata lists the files it covers (``covers``); readers use
+#: it only while every one of them is still listed, and read files it does not cover as usual.
+COMPACT_FILE = "_compact.parquet"
+#: The index file of a rank directory, relative to it.
+INDEX_FILE = f"{INDEX_DIR}/records.parquet"
+_SAFE_RE = re.compile(r"[^A-Za-z0-9._\-]+")
+
+
+def _pa() -> Any:
+    return require("pyarrow", "parquet")
+
+
+def _pq() -> Any:
+    _pa()
+    import pyarrow.parquet as pq
+
+    return pq
+
+
+def _as_doc(doc: Any) -> Any:
+    return doc if isinstance(doc, DumpDocument) else DumpDocument(doc if isinstance(doc, dict) else {})
+
+
+def _stack_ids(stack: Any) -> Optional[dict]:
+    if stack is None:
+        return None
+    sd = stack if isinstance(stack, StackDocument) else StackDocument(stack)
+    return sd.ids_of()
+
+
+def _parents(construct: Any) -> Optional[dict]:
+    if construct is None:
+        return None
+    return construct.raw if hasattr(construct, "raw") else dict(construct)
+
+
+def doc_stat(store: Any, key: str) -> tuple:
+    """(size, mtime) of a document, (None, None) when it cannot be told: a local ``os.stat``,
+    else the file system's ``info`` (an object store's Last-Modified)."""
+    local = store.local_path(key) if getattr(store, "is_local", False) else None
+    try:
+        if local:
+            st = os.stat(local)
+            return st.st_size, st.st_mtime
+        fs, root = getattr(store, "fs", None), getattr(store, "root", None)
+        if fs is None:
+            return store.size(key), None
+        path = f"{root}/{key}" if root else key
+        fs.invalidate_cache(path)
+        info = fs.info(path)
+        return info.get("size"), mtime_of(info)
+    except (OSError, MsprobeError, KeyError, ValueError):
+        return None, None
+
+
+def mtime_of(info: dict) -> Optional[float]:
+    """The modification time in an fsspec ``info``/listing entry (seconds), or None."""
+    mt = info.get("LastModified") or info.get("mtime") or info.get("created")
+    if hasattr(mt, "timestamp"):
+        mt = mt.timestamp()
+    return float(mt) if isinstance(mt, (int, float)) and not isinstance(mt, bool) else None
+
+
+def stale_reason(meta: dict, size: Optional[int], mtime: Optional[float], *, local: bool = True) -> Optional[str]:
+    """Why an index whose metadata is ``meta`` no longer covers a document of ``size`` bytes
+    modified at ``mtime`` (None: it still does, or it cannot be told). Object stores' times
+    are compared to the second (listings and HEAD round differently)."""
+    old_size, old_mtime = meta.get("doc_size"), meta.get("doc_mtime")
+    if old_size is not None and size is not None and int(old_size) != int(size):
+        return f"the document has {size} bytes, the index was built from {old_size}"
+    if old_mtime is not None and mtime is not None and abs(float(old_mtime) - float(mtime)) > (0.0 if local else 1.0):
+        return "the document was modified after the index was built"
+    return None
+
+
+def warn_stale(where: str, reason: str, instead: str = "reading the document instead") -> None:
+    msg = f"stale Parquet index {where}: {reason}; {instead}"
+    log.warning(msg)
+    warnings.warn(msg, StaleIndexWarning, stacklevel=3)
+
+
+def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank_dir: str,
+                     split: Optional[str] = None, run: Optional[str] = None, stack: Any = None,
+                     construct: Any = None, mapping: Optional[dict] = None, source: Optional[str] = None,
+                     dialect: Optional[str] = None, doc_name: Optional[str] = None,
+                     doc_size: Optional[int] = None, locations: Optional[dict] = None,
+                     doc_mtime: Optional[float] = None) -> Any:
+    """The index table (pyarrow) of one rank's document, metadata included.
+
+    ``doc``: a DumpDocument or the dump.json object; ``stack``/``construct``: a
+    StackDocument/ConstructDocument or their JSON objects (or None). ``doc_size`` and
+    ``doc_mtime``: what the index covers (see :func:`stale_reason`)."""
+    doc = _as_doc(doc)
+    data = doc.data
+    cols = rank_rows(data, run=run, step=step, rank=rank, rank_dir=rank_dir, split=split,
+                     stack_ids=_stack_ids(stack), parents=_parents(construct), mapping=mapping, placeholders=True,
+                     locations=locations)
+    meta = {
+        "index_version": INDEX_VERSION, "format_version": FORMAT_VERSION,
+        "task": doc.task, "level": doc.level, "framework": doc.framework, "dialect": dialect,
+        "run": run, "step": step, "rank": rank, "rank_dir": rank_dir, "split": split, "source": source,
+        "records": len(data), "doc": doc_name, "doc_size": doc_size,
+        "doc_mtime": None if doc_mtime is None else repr(float(doc_mtime)),
+    }
+    return rows_to_arrow(cols, {META_PREFIX + k: "" if v is None else v for k, v in meta.items()})
+
+
+def table_bytes(table: Any) -> bytes:
+    pq = _pq()
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", write_statistics=True)
+    return buf.getvalue()
+
+
+def write_rank_index(store: Any, rank_prefix: str, doc: Any, *, step: Optional[int], rank: Optional[int],
+                     rank_dir: Optional[str] = None, split: Optional[str] = None, run: Optional[str] = None,
+                     stack: Any = None, construct: Any = None, mapping: Optional[dict] = None,
+                     dialect: Optional[str] = None, key: Optional[str] = None, doc_name: str = "dump.json",
+                     doc_size: Optional[int] = None, source: Optional[str] = None,
+                     locations: Optional[dict] = None, doc_mtime: Optional[float] = None) -> str:
+    """Write the index of one rank through ``store`` (``store.put``, atomic) and return its key.
+
+    ``doc`` is the rank's :class:`~msprobe.format.documents.DumpDocument` or the dump.json
+    object; ``stack`` and ``construct`` its StackDocument / ConstructDocument or their JSON
+    objects, when there are any. The key defaults to ``<rank_prefix>/index/records.parquet``.
+    This is what a dumper calls at publish time (``dialect`` defaults to the marker's
+    ``msprobe-lake`` only when given). Without ``key``, ``doc_size`` and ``doc_mtime``, they are
+    taken from ``<rank_prefix>/<doc_name>`` as it is now (the document is published first).
+    """
+    if key is None and doc_size is None and doc_mtime is None:
+        doc_size, doc_mtime = doc_stat(store, join_key(rank_prefix, doc_name))
+    rank_dir = rank_dir or (rank_prefix.rstrip("/").rsplit("/", 1)[-1] if rank_prefix else "rank")
+    if source is None:
+        source = f"{store.url.rstrip('/')}/{rank_prefix}" if rank_prefix else store.url
+    table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run, stack=stack,
+                             construct=construct, mapping=mapping, source=source, dialect=dialect,
+                             doc_name=doc_name, doc_size=doc_size, locations=locations, doc_mtime=doc_mtime)
+    key = key or join_key(rank_prefix, INDEX_FILE)
+    store.put(key, table_bytes(table))
+    return key
+
+
+def partition_key(run: Optional[str], step: Optional[int], rank: Optional[int], rank_dir: str,
+                  split: Optional[str] = None) -> str:
+    """``run=<run>/[split=<s>/]step=<N>/rank=<R>/records.parquet`` (hive style)."""
+    parts = []
+    if run:
+        parts.append(f"run={_safe(run)}")
+    if split:
+        parts.append(f"split={_safe(split)}")
+    parts.append(f"step={step if step is not None else 'none'}")
+    parts.append(f"rank={rank if rank is not None else _safe(rank_dir)}")
+    return "/".join(parts) + "/records.parquet"
+
+
+def parse_partition_path(key: str) -> dict:
+    """``run=a/step=0/rank=3/records.parquet`` -> {'run': 'a', 'step': 0, 'rank': 3, ...}."""
+    out: dict = {}
+    for part in key.split("/")[:-1]:
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k] = v
+    if "step" in out:
+        out["step"] = int(out["step"]) if out["step"].isdigit() else None
+    if "rank" in out:
+        r = out["rank"]
+        if r.isdigit():
+            out["rank"], out["rank_dir"] = int(r), f"rank{r}"
+        else:
+            rd = parse_rank_dir(r)
+            out["rank"], out["rank_dir"] = (rd.rank if rd else None), r
+    return out
+
+
+def partition_order(key: str) -> tuple:
+    """The order readers list a partition's index file in: run, split, step, rank (numerically,
+    single-process directories first), rank directory name."""
+    h = parse_partition_path(key)
+    step, rank = h.get("step"), h.get("rank")
+    return (h.get("run") or "", h.get("split") or "", -1 if step is None else step, -1 if rank is None else rank,
+            h.get("rank_dir") or key.rsplit("/", 1)[0])
+
+
+def _safe(value: str) -> str:
+    s = _SAFE_RE.sub("_", str(value)).strip(".") or "_"
+    return s
+
+
+def read_index_metadata(store: Any, key: str) -> dict:
+    """The msprobe key-value metadata of an index file (prefix stripped; typed step/rank/records)."""
+    pq = _pq()
+    with store.open_read(key) as f:
+        md = pq.read_metadata(f).metadata or {}
+    return _decode_meta(md)
+
+
+def _decode_meta(md: dict) -> dict:
+    out: dict = {}
+    for k, v in md.items():
+        k = k.decode() if isinstance(k, bytes) else k
+        if not k.startswith(META_PREFIX):
+            continue
+        v = v.decode() if isinstance(v, bytes) else v
+        out[k[len(META_PREFIX):]] = v if v != "" else None
+    for k in ("step", "rank", "records", "doc_size"):
+        if out.get(k) is not None:
+            try:
+                out[k] = int(out[k])
+            except ValueError:
+                out[k] = None
+    if out.get("doc_mtime") is not None:
+        try:
+            out["doc_mtime"] = float(out["doc_mtime"])
+        except ValueError:
+            out["doc_mtime"] = None
+    return out
+
+
+def read_index_table(store: Any, key: str, columns: Optional[list] = None, filter: Any = None) -> Any:
+    """Read one index file through ``store``."""
+    pq = _pq()
+    data = store.get(key)
+    return pq.read_table(io.BytesIO(data), columns=columns, filters=filter)
+
+
+
+
+def read_compactions(store: Any, keys: list) -> dict:
+    """compact key -> the keys it covers, for the compacted files that still hold (every file
+    they cover is among ``keys``)."""
+    present = set(keys)
+    out = {}
+    for key in keys:
+        if key.rsplit("/", 1)[-1] != COMPACT_FILE:
+            continue
+        pq = _pq()
+        with store.open_read(key) as f:
+            md = pq.read_metadata(f).metadata or {}
+        raw = md.get((META_PREFIX + "covers").encode())
+        try:
+            rel = json.loads(raw) if raw else []
+        except ValueError:
+            continue
+        prefix = key[: -len(COMPACT_FILE)]
+        covered = tuple(prefix + r for r in rel)
+        if covered and all(c in present for c in covered):
+            out[key] = covered
+    return out
+
+
+def concat_tables(tables: Iterable[Any]) -> Any:
+    """Concatenate tables of the same columns (schema metadata dropped)."""
+    pa = _pa()
+    tables = [t.replace_schema_metadata(None) for t in tables]
+    return pa.concat_tables(tables)
