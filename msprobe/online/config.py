@@ -12,8 +12,10 @@ used when configured so explicitly. Our own keys: ``online_queue_size``
 (packets, default 256), ``online_queue_bytes`` (default 256 MiB),
 ``online_flush_timeout`` (seconds ``stop``/exit waits for the queue, default 60),
 ``poll_interval`` (checker, seconds between store listings), ``online_max_packet_mb``
-(checker, the largest packet accepted, default 1024) and ``online_max_connections`` (checker,
-TCP/TLS connections served at once, default 64).
+(checker, the largest packet accepted, default 1024), ``online_max_connections`` (checker,
+TCP/TLS connections served at once, default 64) and ``online_idle_timeout`` (checker, seconds a
+connection may stay silent before it is closed and its slot freed, default 300; the sender
+reconnects when it has a packet again).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ __all__ = ["OnlineSettings", "parse_online", "ONLINE_KEYS"]
 
 ONLINE_KEYS = ("online_run_ut", "is_online", "nfs_path", "host", "port", "tls_path", "online_run_ut_recompute",
                "rank_list", "online_queue_size", "online_queue_bytes", "online_flush_timeout", "poll_interval",
-               "online_max_packet_mb", "online_max_connections")
+               "online_max_packet_mb", "online_max_connections",
+               "online_idle_timeout")
 
 
 def _fail(key: str, value: Any, valid: str) -> ConfigError:
@@ -47,6 +50,7 @@ class OnlineSettings:
     poll_interval: float = 0.2
     max_packet_bytes: int = 1 << 30  #: checker: the largest packet (frame) accepted; its bytes are read as they arrive
     max_connections: int = 64  #: checker: TCP/TLS connections served at once (one thread each); more are refused
+    idle_timeout: float = 300.0  #: checker: seconds a connection may stay silent before it is closed
     storage_options: Optional[dict] = field(default=None, repr=False)
 
     @property
@@ -118,6 +122,7 @@ def parse_online(raw: dict, *, side: str, storage_options: Optional[dict] = None
     s.poll_interval = float(_num(raw, "poll_interval", s.poll_interval, minimum=0.01, integer=False))
     s.max_packet_bytes = _num(raw, "online_max_packet_mb", s.max_packet_bytes >> 20, minimum=1) << 20
     s.max_connections = _num(raw, "online_max_connections", s.max_connections, minimum=1)
+    s.idle_timeout = float(_num(raw, "online_idle_timeout", s.idle_timeout, minimum=0.01, integer=False))
     if not s.nfs_path:
         if not s.host:
             raise ConfigError(f"{switch} is true but neither nfs_path nor host/port is set; set nfs_path "

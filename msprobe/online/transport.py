@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import select
 import socket
 import ssl
 import struct
@@ -216,6 +217,8 @@ class SocketSink:
         return s
 
     def send(self, data: bytes, header: dict) -> None:
+        if self._sock is not None and _peer_closed(self._sock):  # e.g. closed by the checker when idle
+            self._drop()
         if self._sock is None:
             self._sock = self._connect()
         try:
@@ -240,6 +243,26 @@ class SocketSink:
             except (OSError, ssl.SSLError, ValueError):
                 pass
         self._drop()
+
+
+def _peer_closed(sock: Any) -> bool:
+    """True when the checker closed the connection: the socket is readable at end of stream
+    (the checker never sends after its greeting; TLS records such as session tickets are read
+    and dropped). A frame sent there would be lost without an error."""
+    try:
+        if not select.select([sock], [], [], 0)[0]:
+            return False
+        sock.setblocking(False)
+        try:
+            while True:
+                if not sock.recv(4096):
+                    return True
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False
+        finally:
+            sock.setblocking(True)
+    except (OSError, ValueError, ssl.SSLError):
+        return True
 
 
 # --------------------------------------------------------------------- receivers
@@ -325,8 +348,11 @@ class SocketListener:
     """
 
     def __init__(self, host: str, port: int, *, ssl_context: Optional[ssl.SSLContext] = None,
-                 max_queued: int = 64, max_frame_bytes: int = MAX_FRAME_BYTES, max_connections: int = 64):
+                 max_queued: int = 64, max_frame_bytes: int = MAX_FRAME_BYTES, max_connections: int = 64,
+                 idle_timeout: float = 300.0):
         self.host = host
+        self.idle_timeout = idle_timeout  # a silent connection is closed after this (its slot is freed)
+        self.idle_closed = 0
         self.max_connections = max_connections
         self._active = threading.BoundedSemaphore(max_connections)
         self.ssl_context = ssl_context
@@ -394,11 +420,17 @@ class SocketListener:
             self.refused.append((addr, str(exc)))
             conn.close()
             return
-        conn.settimeout(None)
+        conn.settimeout(self.idle_timeout)  # each read: a client silent for that long gives its slot back
         self.connections += 1
         try:
             while not self._closed.is_set():
-                frame = recv_frame(conn, self.max_frame_bytes)
+                try:
+                    frame = recv_frame(conn, self.max_frame_bytes)
+                except socket.timeout:
+                    self.idle_closed += 1
+                    log.info("msprobe online: closed a connection from %s silent for %.0f s (online_idle_timeout)",
+                             addr, self.idle_timeout)
+                    return
                 if frame is None:
                     return
                 try:

@@ -277,7 +277,7 @@ class OnlineChecker:
             return self.watcher
         ctx = server_ssl_context(s.tls_path) if s.transport == "tls" else None
         self.listener = SocketListener(s.host, s.port, ssl_context=ctx, max_frame_bytes=s.max_packet_bytes,
-                                       max_connections=s.max_connections)
+                                       max_connections=s.max_connections, idle_timeout=s.idle_timeout)
         self.port = self.listener.port
         return self.listener
 

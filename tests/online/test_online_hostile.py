@@ -204,3 +204,27 @@ def test_idle_connections_are_bounded(tmp_path, figures):
         if p.poll() is None:
             p.terminate()
             _finish(p)
+
+
+def test_silent_connections_give_their_slot_back_and_the_sender_reconnects():
+    """A connection silent for online_idle_timeout is closed (its slot freed): a client that connects
+    and sends nothing cannot hold the checker's slots; a real sender idle that long reconnects when
+    it has a packet again, and no packet is lost."""
+    from msprobe.online.transport import SocketListener
+
+    listener = SocketListener("127.0.0.1", 0, max_connections=2, idle_timeout=0.5)
+    try:
+        idle = [_connect(listener.port) for _ in range(2)]  # served (greeted): both slots are taken
+        for s in idle:
+            assert s.recv(1) == b""  # closed by the checker after 0.5 s of silence
+            s.close()
+        assert listener.idle_closed == 2
+        sink = SocketSink("127.0.0.1", listener.port)
+        sink.send(_good_api(0), {})
+        time.sleep(1.5)  # longer than the idle timeout: the checker closed the sender's connection
+        sink.send(_good_api(1), {})
+        sink.close()
+        got = [listener.queue.get(timeout=10).header["seq"] for _ in range(2)]
+        assert got == [0, 1] and listener.refused == []
+    finally:
+        listener.close()
