@@ -6,8 +6,13 @@ by a relative 1e-4 (a few records by 1e-2). Both tools run in fresh subprocesses
 the other on the same machine, and report wall time and peak RSS (``wait4``'s ru_maxrss):
 
 * ours: ``python -m msprobe compare T B -o OUT --no-plot -n N`` for each ``--workers`` N (1 and 2)
-* real: ``/work/venvs/ms26/bin/msprobe compare -tp T -gp B -o OUT`` (mindstudio-probe 26.2.0 in
-  its own venv; skipped when absent, or with ``--real ''``); T and B are step directories, so with
+  (statistics rows built column-wise, :mod:`msprobe.compare._columnar`)
+* baseline (``--baseline rows``, the default): the same compare with ``engine="rows"``, our
+  row-by-row builder (the reference the columnar path is held to byte for byte), ``-n 1``;
+  its CSV is checked to be byte-identical to ours
+* ``--plot``: ours once more with the plot drawn (the other runs use ``--no-plot``)
+* real: ``<venv>/bin/msprobe compare -tp T -gp B -o OUT`` (mindstudio-probe 26.2.0 in the venv
+  that tests/_realtool.py caches under ~/.cache/msprobe-lake; skipped when absent, or with ``--real ''``); T and B are step directories, so with
   ``--ranks`` > 1 it compares every ``rank*`` pair in one command (its batch mode)
 
 Generated data lives under a temporary directory and is deleted at the end unless ``--keep``.
@@ -16,6 +21,11 @@ Generated data lives under a temporary directory and is deleted at the end unles
     python bench/bench_compare.py --records 10000    # a quick run
     python bench/bench_compare.py --ranks 64 --records 2000   # 64 rank pairs (the real tool: its step-level batch mode)
     python bench/bench_compare.py --records 2000 --ranks 2 --check   # also compare the CSVs cell by cell
+    python bench/bench_compare.py --records 20000 --workers 1 --plot  # ours, the row baseline, the real tool
+
+Each tool's figures are wall seconds and process CPU seconds (``ru_utime + ru_stime`` of the
+process and the children it waited for); the ratios printed at the end divide the baseline's
+(and the real tool's) by ours, from the same run.
 """
 from __future__ import annotations
 
@@ -34,7 +44,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from bench_readers import _rank_doc  # noqa: E402
 
-REAL = "/work/venvs/ms26/bin/msprobe"
+
+def _real_default() -> str:
+    """The real tool's msprobe of the venv tests/_realtool.py caches (mindstudio-probe 26.2.0), or ''."""
+    cache = os.environ.get("MSPROBE_LAKE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "msprobe-lake"))
+    found = sorted(glob.glob(os.path.join(cache, "venv-ms26.2.0-*", "bin", "msprobe")))
+    return found[-1] if found else ""
+
+
+REAL = _real_default()
 
 
 def _perturb(doc: dict, seed: int) -> dict:
@@ -113,6 +131,32 @@ def _run(cmd: list, timeout: float, ours: bool = True) -> dict:
             "tail": out[-600:] if rc else ""}
 
 
+_BASELINE = ("import sys; from msprobe.compare import compare; "
+             "compare(sys.argv[1], sys.argv[2], sys.argv[3], plot=False, progress=False, engine=sys.argv[4])")
+
+
+def _same_csvs(a: str, b: str) -> bool:
+    """Whether two compare outputs hold byte-identical CSVs (paired by rank directory)."""
+    def by_rank(d: str) -> dict:
+        return {os.path.basename(f).rsplit("_", 1)[0]: f
+                for f in glob.glob(os.path.join(d, "**", "compare_result_*.csv"), recursive=True)}
+
+    x, y = by_rank(a), by_rank(b)
+    if sorted(x) != sorted(y) or not x:
+        return False
+    for k in x:
+        with open(x[k], "rb") as f1, open(y[k], "rb") as f2:
+            if f1.read() != f2.read():
+                return False
+    return True
+
+
+def _ratio(base: dict, ours: dict, key: str) -> object:
+    if base.get(key) and ours.get(key):
+        return round(base[key] / ours[key], 1)
+    return None
+
+
 def _rows(out_dir: str) -> int:
     n = 0
     for f in glob.glob(os.path.join(out_dir, "**", "compare_result_*.csv"), recursive=True):
@@ -172,6 +216,8 @@ def main() -> int:
     ap.add_argument("--check", action="store_true",
                     help="compare our CSVs with the real tool's, cell by cell (stack column aside)")
     ap.add_argument("--reuse", action="store_true", help="use the dumps already in --workdir (from --keep)")
+    ap.add_argument("--baseline", default="rows", help="engine of the baseline run ('rows'; '' to skip)")
+    ap.add_argument("--plot", action="store_true", help="also time ours with the plot drawn")
     args = ap.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="msprobe_bench_compare_")
     try:
@@ -192,8 +238,26 @@ def main() -> int:
                              "-n", str(n)], args.timeout)
             res[key]["rows"] = _rows(out)
             print(f"{key}:", json.dumps(res[key]))
-            if not (args.check and n == args.workers[0]):
+            if not ((args.check and n == args.workers[0]) or (args.baseline and n == 1)):
                 shutil.rmtree(out, ignore_errors=True)
+        if args.plot:
+            out = os.path.join(work, "ours_plot")
+            res["ours_plot"] = _run([sys.executable, "-m", "msprobe", "compare", target, bench, "-o", out,
+                                     "-n", "1"], args.timeout)
+            res["ours_plot"]["png"] = bool(glob.glob(os.path.join(out, "*.png")))
+            print("ours_plot:", json.dumps(res["ours_plot"]))
+            shutil.rmtree(out, ignore_errors=True)
+        if args.baseline:
+            out = os.path.join(work, "baseline")
+            res["baseline"] = _run([sys.executable, "-c", _BASELINE, target, bench, out, args.baseline], args.timeout)
+            res["baseline"]["engine"] = args.baseline
+            res["baseline"]["rows"] = _rows(out)
+            if "ours" in res:
+                res["baseline"]["same_csv_bytes_as_ours"] = _same_csvs(out, os.path.join(work, "ours"))
+                if not args.check:
+                    shutil.rmtree(os.path.join(work, "ours"), ignore_errors=True)
+            print("baseline:", json.dumps(res["baseline"]))
+            shutil.rmtree(out, ignore_errors=True)
         if args.real and os.path.exists(args.real):
             out = os.path.join(work, "out_real")
             os.makedirs(out, exist_ok=True)
@@ -209,6 +273,15 @@ def main() -> int:
                 print(f"speedup ({key}): {res.get(f'speedup_{key}')}x")
         else:
             print("real tool not found: skipped")
+        ratios = {}
+        for base in ("baseline", "real"):
+            for key in [k for k in res if k.startswith("ours")]:
+                if base in res and res[base].get("wall_s"):
+                    ratios[f"{base}/{key}"] = {"wall": _ratio(res[base], res[key], "wall_s"),
+                                               "cpu": _ratio(res[base], res[key], "cpu_s")}
+        res["ratios"] = ratios
+        for k, v in ratios.items():
+            print(f"ratio {k}: wall {v['wall']}x, cpu {v['cpu']}x")
         if args.check and "real" in res:
             res["check"] = check(os.path.join(work, "ours" if args.workers[0] == 1 else f"ours_n{args.workers[0]}"),
                                  os.path.join(work, "out_real"))

@@ -23,7 +23,9 @@ from msprobe.compare._rows import (
     tensor_metrics,
 )
 from msprobe.errors import ConfigError, MissingDependencyError
-from msprobe.compare._plot import PlotMarks, plot_compare
+from msprobe.compare._plot import PlotMarks
+from msprobe.compare._plotproc import start as start_plotter
+from msprobe.compare._plotproc import draw as draw_plot
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.progress import Progress
@@ -703,6 +705,22 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
         except ImportError as exc:
             raise MissingDependencyError("--xlsx needs openpyxl: pip install 'msprobe-lake[xlsx]'") from exc
     t0 = time.perf_counter()
+    plotter = start_plotter() if plot else None  # imports matplotlib while the dumps are compared
+    try:
+        return _compare(target, bench, out_dir, step=step, rank=rank, mode=mode, xlsx=xlsx, workers=workers,
+                        plot=plot, storage_options=storage_options, timestamp=timestamp, client=client,
+                        scheduler=scheduler, progress=progress, structural=structural, fuzzy=fuzzy, stack=stack,
+                        mapping=mapping, threshold=threshold, engine=engine, plotter=plotter, t0=t0)
+    finally:
+        if plotter is not None:
+            plotter.close()
+
+
+def _compare(target: str, bench: str, out_dir: str, *, step: Optional[int], rank: Optional[int], mode: str,
+             xlsx: bool, workers: int, plot: bool, storage_options: Optional[dict], timestamp: Optional[str],
+             client: Any, scheduler: Optional[str], progress: Optional[bool], structural: Any, fuzzy: bool,
+             stack: bool, mapping: Optional[dict], threshold: Optional[float], engine: str, plotter: Any,
+             t0: float) -> dict:
     dn, db = _open(target, storage_options), _open(bench, storage_options)
     pairs = pair_sources(dn, db, step=step, rank=rank)
     forced = mode != "auto"
@@ -772,7 +790,7 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     plot_file = None
     plot_note = None
     if plot:
-        plot_file, plot_note = plot_compare(results, local, ts, mode, threshold or NORM_REL_THRESHOLD)
+        plot_file, plot_note = draw_plot(plotter, results, local, ts, mode, threshold or NORM_REL_THRESHOLD)
     for r in results:
         r.pop("series")
         r["worst_rows"] = r.pop("marks")["worst"]
