@@ -235,3 +235,31 @@ def test_generated_dump_with_non_finite_values(tmp_path):
     t, b = synthesize(str(tmp_path / "gen"), 600, ranks=3)
     _both(tmp_path, t, b)
     _both(tmp_path, t, b, workers=2)
+
+
+def test_garbage_collector_paused_during_compare_and_restored(tmp_path, monkeypatch):
+    import gc
+
+    import msprobe.compare._core as core
+
+    seen = []
+    real = core.match_records
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(core, "match_records", spy)
+    t, b = _f("ms26", "L1_statistics", "step0"), _f("ms26", "L1_statistics_perturbed", "step0")
+    assert gc.isenabled()
+    compare(t, b, str(tmp_path / "a"), plot=False, progress=False)
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(Exception):
+        compare(str(tmp_path / "missing"), b, str(tmp_path / "b"), plot=False, progress=False)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        compare(t, b, str(tmp_path / "c"), plot=False, progress=False)
+        assert not gc.isenabled()  # a caller's own pause is kept
+    finally:
+        gc.enable()
