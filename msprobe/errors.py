@@ -6,6 +6,9 @@ matches its meaning, so callers can catch either.
 """
 from __future__ import annotations
 
+import json
+from typing import Any, Callable, Optional
+
 __all__ = [
     "MsprobeError",
     "FormatError",
@@ -21,6 +24,8 @@ __all__ = [
     "MissingDependencyError",
     "TensorLoadError",
     "RecordNotFoundError",
+    "invalid_value",
+    "read_json_object",
 ]
 
 
@@ -111,3 +116,40 @@ def require(module: str, extra: str):
         raise MissingDependencyError(
             f"{module} is required for this feature: pip install 'msprobe-lake[{extra}]'"
         ) from exc
+
+
+def invalid_value(key: str, value: Any, valid: Any) -> ConfigError:
+    """The one-line error of a configuration key with a bad value: it names the key, the value
+    and what is valid (every config reader raises this shape)."""
+    return ConfigError(f"invalid config value {key}={value!r}; valid: {valid}")
+
+
+#: a configuration file larger than this is refused before it is read (they are a few KiB)
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def read_json_object(path: str, what: str, *, preprocess: Optional[Callable[[str], str]] = None) -> dict:
+    """The JSON object in the file ``path`` (config.json, compare.json...); ``what`` names it in
+    errors (``"config_path"``, ``"-config"``, ``"-i"``). ``preprocess`` edits the text before it
+    is parsed (compare.json's ``#`` comments). :class:`ConfigError` in one line when the file is
+    missing, unreadable, larger than :data:`MAX_CONFIG_BYTES`, not UTF-8 JSON, or not an object."""
+    where = f"{what} {str(path)!r}"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{where}: is a directory, not a file") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not a configuration file")
+    try:
+        text = raw.decode("utf-8-sig")
+        obj = json.loads(preprocess(text) if preprocess is not None else text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: the top level must be a JSON object, not {type(obj).__name__}")
+    return obj

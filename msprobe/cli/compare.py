@@ -75,17 +75,9 @@ def _strip_comments(text: str) -> str:
 
 def read_compare_json(path: str) -> dict:
     """The 8.x compare.json (``#`` comments allowed); ConfigError when unreadable or incomplete."""
-    from msprobe.errors import ConfigError
+    from msprobe.errors import ConfigError, read_json_object
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.loads(_strip_comments(f.read()))
-    except OSError as exc:
-        raise ConfigError(f"-i {path}: cannot read it ({exc.strerror or exc})") from exc
-    except ValueError as exc:
-        raise ConfigError(f"-i {path}: not a JSON object ({exc})") from exc
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"-i {path}: not a JSON object")
+    cfg = read_json_object(path, "-i", preprocess=_strip_comments)
     for key in ("npu_path", "bench_path"):
         if not isinstance(cfg.get(key), str) or not cfg[key]:
             raise ConfigError(f"-i {path}: '{key}' (a dump.json file or a step directory) is required")

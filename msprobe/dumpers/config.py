@@ -8,14 +8,12 @@ unknown keys only warn (newer msprobe releases add keys such as
 from __future__ import annotations
 
 import builtins
-import json
-import os
 import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from msprobe.errors import ConfigError
+from msprobe.errors import ConfigError, invalid_value, read_json_object
 
 __all__ = ["DumpConfig", "load_config", "parse_int_list", "TASKS", "LEVELS", "SUMMARY_MODES", "DATA_MODES"]
 
@@ -59,33 +57,29 @@ _TASK_KEYS = {
 }
 
 
-def _fail(key: str, value: Any, valid: Any) -> ConfigError:
-    return ConfigError(f"invalid config value {key}={value!r}; valid: {valid}")
-
-
 def parse_int_list(key: str, value: Any) -> Optional[set]:
     """``[0, 2, "4-6"]`` -> {0, 2, 4, 5, 6}; ``[]``/None -> None (all)."""
     if value is None or value == []:
         return None
     if not isinstance(value, list):
-        raise _fail(key, value, "a list of integers >= 0 and 'a-b' range strings, e.g. [0, 2, \"4-6\"]")
+        raise invalid_value(key, value, "a list of integers >= 0 and 'a-b' range strings, e.g. [0, 2, \"4-6\"]")
     out: set = set()
     for item in value:
         if isinstance(item, bool):
-            raise _fail(key, item, "integers >= 0 or 'a-b' strings")
+            raise invalid_value(key, item, "integers >= 0 or 'a-b' strings")
         if isinstance(item, int):
             if item < 0:
-                raise _fail(key, item, "integers >= 0 or 'a-b' strings")
+                raise invalid_value(key, item, "integers >= 0 or 'a-b' strings")
             out.add(item)
         elif isinstance(item, str) and re.fullmatch(r"\d+-\d+", item.strip()):
             a, b = (int(x) for x in item.strip().split("-"))
             if a > b:
-                raise _fail(key, item, "a range 'a-b' with a <= b")
+                raise invalid_value(key, item, "a range 'a-b' with a <= b")
             out.update(range(a, b + 1))
         elif isinstance(item, str) and item.strip().isdigit():
             out.add(int(item))
         else:
-            raise _fail(key, item, "integers >= 0 or 'a-b' strings")
+            raise invalid_value(key, item, "integers >= 0 or 'a-b' strings")
     return out
 
 
@@ -128,46 +122,48 @@ class DumpConfig:
         if self.task in NOT_DEBUGGER_TASKS:
             raise ConfigError(NOT_DEBUGGER_TASKS[self.task])
         if self.task not in TASKS:
-            raise _fail("task", self.task, list(DUMP_TASKS))
+            raise invalid_value("task", self.task, list(DUMP_TASKS))
         if self.level not in LEVELS:
-            raise _fail("level", self.level, list(LEVELS))
+            raise invalid_value("level", self.level, list(LEVELS))
         if self.summary_mode not in SUMMARY_MODES:
-            raise _fail("summary_mode", self.summary_mode, list(SUMMARY_MODES))
+            raise invalid_value("summary_mode", self.summary_mode, list(SUMMARY_MODES))
         if not isinstance(self.data_mode, list) or not self.data_mode or any(m not in DATA_MODES for m in self.data_mode):
-            raise _fail("data_mode", self.data_mode, f"a non-empty list of {list(DATA_MODES)}")
+            raise invalid_value("data_mode", self.data_mode, f"a non-empty list of {list(DATA_MODES)}")
         if "all" in self.data_mode and len(self.data_mode) > 1:
-            raise _fail("data_mode", self.data_mode, "'all' alone, or a combination of the others")
+            raise invalid_value("data_mode", self.data_mode, "'all' alone, or a combination of the others")
         for key in ("scope", "list", "tensor_list"):
             v = getattr(self, key)
             if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-                raise _fail(key, v, "a list of non-empty strings")
+                raise invalid_value(key, v, "a list of non-empty strings")
         if self.scope and len(self.scope) != 2:
-            raise _fail("scope", self.scope, "exactly two names [start, end]")
+            raise invalid_value("scope", self.scope, "exactly two names [start, end]")
         if not isinstance(self.dump_path, str) or not self.dump_path:
-            raise _fail("dump_path", self.dump_path, "a non-empty path or URL string")
+            raise invalid_value("dump_path", self.dump_path, "a non-empty path or URL string")
         if not isinstance(self.async_dump, bool):
-            raise _fail("async_dump", self.async_dump, "true or false")
+            raise invalid_value("async_dump", self.async_dump, "true or false")
         if not isinstance(self.overflow_nums, int) or isinstance(self.overflow_nums, bool) or \
                 (self.overflow_nums < 1 and self.overflow_nums != -1):
-            raise _fail("overflow_nums", self.overflow_nums, "an integer >= 1, or -1 for no limit")
+            raise invalid_value("overflow_nums", self.overflow_nums, "an integer >= 1, or -1 for no limit")
         if self.tensor_store not in TENSOR_STORES:
-            raise _fail("tensor_store", self.tensor_store, list(TENSOR_STORES))
+            raise invalid_value("tensor_store", self.tensor_store, list(TENSOR_STORES))
         if self.tensor_compression not in ("zstd", "zstd-byteshuffle", "lz4", "none"):
-            raise _fail("tensor_compression", self.tensor_compression, ["zstd", "zstd-byteshuffle", "lz4", "none"])
+            raise invalid_value("tensor_compression", self.tensor_compression,
+                                ["zstd", "zstd-byteshuffle", "lz4", "none"])
         if not isinstance(self.tensor_shard_mb, int) or isinstance(self.tensor_shard_mb, bool) or \
                 not 1 <= self.tensor_shard_mb <= 4096:
-            raise _fail("tensor_shard_mb", self.tensor_shard_mb, "an integer from 1 to 4096 (MiB per shard)")
+            raise invalid_value("tensor_shard_mb", self.tensor_shard_mb, "an integer from 1 to 4096 (MiB per shard)")
         if self.run_dir_policy not in ("overwrite", "refuse"):
-            raise _fail("run_dir_policy", self.run_dir_policy, ["overwrite", "refuse"])
+            raise invalid_value("run_dir_policy", self.run_dir_policy, ["overwrite", "refuse"])
         if self.journal_flush is not None and (not isinstance(self.journal_flush, int) or
                                                isinstance(self.journal_flush, bool) or self.journal_flush < 1):
-            raise _fail("journal_flush", self.journal_flush, "an integer >= 1 (records per flush), or null (auto)")
+            raise invalid_value("journal_flush", self.journal_flush,
+                                "an integer >= 1 (records per flush), or null (auto)")
         for key, top in (("journal_window", 3600), ("storage_timeout", 3600)):
             v = getattr(self, key)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= top:
-                raise _fail(key, v, f"a number of seconds in (0, {top}]")
+                raise invalid_value(key, v, f"a number of seconds in (0, {top}]")
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
-            raise _fail("storage_options", "<redacted>", "a JSON object")
+            raise invalid_value("storage_options", "<redacted>", "a JSON object")
         return self
 
     @property
@@ -193,16 +189,7 @@ class DumpConfig:
 
 def read_config_json(config_path: str) -> dict:
     """The JSON object of a config.json; :class:`ConfigError` when it is missing or not one."""
-    if not os.path.isfile(config_path):
-        raise ConfigError(f"config_path {config_path!r} is not a file")
-    try:
-        with open(config_path, "rb") as f:
-            raw = json.loads(f.read().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config_path {config_path!r} is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config_path {config_path!r}: the top level must be a JSON object")
-    return raw
+    return read_json_object(config_path, "config_path")
 
 
 def check_seed_args(seed: Any, mode: Any, rm_dropout: Any) -> None:
@@ -235,7 +222,7 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
                       "level 'mix' is used", stacklevel=3)
         cfg.level = "mix"
     if raw.get("enable_dataloader", False) is not False:
-        raise _fail("enable_dataloader", raw["enable_dataloader"],
+        raise invalid_value("enable_dataloader", raw["enable_dataloader"],
                     "false (the automatic DataLoader-driven dump is not implemented here, and deprecated by "
                     "msprobe; call start/stop/step)")
     cfg.async_dump = raw.get("async_dump", False)
@@ -246,7 +233,7 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
             setattr(cfg, key, raw[key])
     sub = raw.get(task) if isinstance(task, str) else None
     if sub is not None and not isinstance(sub, dict):
-        raise _fail(task, sub, "a JSON object of task options")
+        raise invalid_value(task, sub, "a JSON object of task options")
     for k, v in (sub or {}).items():
         if k not in _TASK_KEYS:
             warnings.warn(f"msprobe config: unknown key {task}.{k} ignored", stacklevel=3)
@@ -269,6 +256,6 @@ def _online(cfg: DumpConfig, raw: dict, task: Any) -> None:
     cfg.online = parse_online(sec, side="training", storage_options=cfg.storage_options)
     if cfg.online is not None:
         if task not in ("tensor", "statistics"):
-            raise _fail("task", task, "'tensor' (or 'statistics') with online_run_ut")
+            raise invalid_value("task", task, "'tensor' (or 'statistics') with online_run_ut")
         if raw.get("level", "L1") != "L1":
-            raise _fail("level", raw["level"], "'L1' with online_run_ut (API-level packets)")
+            raise invalid_value("level", raw["level"], "'L1' with online_run_ut (API-level packets)")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from msprobe.errors import ConfigError
+from msprobe.errors import ConfigError, invalid_value
 
 __all__ = ["OnlineSettings", "parse_online", "ONLINE_KEYS"]
 
@@ -30,10 +30,6 @@ ONLINE_KEYS = ("online_run_ut", "is_online", "nfs_path", "host", "port", "tls_pa
                "rank_list", "online_queue_size", "online_queue_bytes", "online_flush_timeout", "poll_interval",
                "online_max_packet_mb", "online_max_connections",
                "online_idle_timeout")
-
-
-def _fail(key: str, value: Any, valid: str) -> ConfigError:
-    return ConfigError(f"invalid config value {key}={value!r}; valid: {valid}")
 
 
 @dataclass
@@ -69,7 +65,7 @@ class OnlineSettings:
 def _bool(raw: dict, key: str, default: bool) -> bool:
     v = raw.get(key, default)
     if not isinstance(v, bool):
-        raise _fail(key, v, "true or false")
+        raise invalid_value(key, v, "true or false")
     return v
 
 
@@ -78,7 +74,7 @@ def _text(raw: dict, key: str, default: str, valid: str) -> str:
     if v is None:
         return default
     if not isinstance(v, str):
-        raise _fail(key, v, valid)
+        raise invalid_value(key, v, valid)
     return v
 
 
@@ -86,7 +82,7 @@ def _num(raw: dict, key: str, default: Any, *, minimum: float, integer: bool = T
     v = raw.get(key, default)
     ok = isinstance(v, int) if integer else isinstance(v, (int, float))
     if not ok or isinstance(v, bool) or v < minimum:
-        raise _fail(key, v, f"{'an integer' if integer else 'a number'} >= {minimum}")
+        raise invalid_value(key, v, f"{'an integer' if integer else 'a number'} >= {minimum}")
     return v
 
 
@@ -106,7 +102,7 @@ def parse_online(raw: dict, *, side: str, storage_options: Optional[dict] = None
     if port is None:
         port = -1
     if not isinstance(port, int) or isinstance(port, bool) or not (port == -1 or 0 <= port <= 65535):
-        raise _fail("port", port, "an integer port 0..65535 (-1: not set)")
+        raise invalid_value("port", port, "an integer port 0..65535 (-1: not set)")
     s.port = port
     s.tls_path = _text(raw, "tls_path", "./", "a directory path, or \"\" for plain TCP")
     s.recompute = _bool(raw, "online_run_ut_recompute", False)
@@ -114,7 +110,7 @@ def parse_online(raw: dict, *, side: str, storage_options: Optional[dict] = None
     if ranks is None or ranks == []:
         ranks = [0]
     if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
-        raise _fail("rank_list", ranks, "a list of integers >= 0 (default [0])")
+        raise invalid_value("rank_list", ranks, "a list of integers >= 0 (default [0])")
     s.rank_list = sorted(set(ranks))
     s.queue_size = _num(raw, "online_queue_size", s.queue_size, minimum=1)
     s.queue_bytes = _num(raw, "online_queue_bytes", s.queue_bytes, minimum=1)
@@ -128,9 +124,9 @@ def parse_online(raw: dict, *, side: str, storage_options: Optional[dict] = None
             raise ConfigError(f"{switch} is true but neither nfs_path nor host/port is set; set nfs_path "
                               "(a shared directory or URL) or host and port")
         if side == "training" and s.port <= 0:
-            raise _fail("port", s.port, "the checker's port, 1..65535")
+            raise invalid_value("port", s.port, "the checker's port, 1..65535")
         if side == "checker" and s.port < 0:
-            raise _fail("port", s.port, "a port to listen on, 0..65535 (0: any free port)")
+            raise invalid_value("port", s.port, "a port to listen on, 0..65535 (0: any free port)")
     return s
 
 

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from msprobe.errors import ConfigError, MsprobeError
+from msprobe.errors import ConfigError, MsprobeError, invalid_value
 from msprobe.online.packet import Packet, PacketError, decode_packet
 
 __all__ = [
@@ -67,14 +67,13 @@ class TransportError(MsprobeError, OSError):
 # ----------------------------------------------------------------------------- TLS
 def _tls_files(tls_path: str, role: str) -> tuple:
     if not os.path.isdir(tls_path):
-        raise ConfigError(f"invalid config value tls_path={tls_path!r}; valid: a directory holding {role}.key, "
-                          f"{role}.crt and ca.crt, or \"\" for plain TCP")
+        raise invalid_value("tls_path", tls_path, f"a directory holding {role}.key, {role}.crt and ca.crt, "
+                                                  "or \"\" for plain TCP")
     key, crt, ca = (os.path.join(tls_path, n) for n in (f"{role}.key", f"{role}.crt", "ca.crt"))
     missing = [os.path.basename(p) for p in (key, crt, ca) if not os.path.isfile(p)]
     if missing:
-        raise ConfigError(f"invalid config value tls_path={tls_path!r}: missing {', '.join(missing)} "
-                          f"(the {role} side needs {role}.key, {role}.crt and ca.crt); "
-                          "set tls_path to \"\" for plain TCP")
+        raise invalid_value("tls_path", tls_path, f"a directory holding {role}.key, {role}.crt and ca.crt "
+                                                  f"(this one lacks {', '.join(missing)}), or \"\" for plain TCP")
     crl = os.path.join(tls_path, "crl.pem")
     return key, crt, ca, crl if os.path.isfile(crl) else None
 

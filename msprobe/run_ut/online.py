@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from msprobe.errors import ConfigError
+from msprobe.errors import invalid_value, read_json_object
 from msprobe.online._source import PacketSource, packet_record
 from msprobe.online.config import OnlineSettings, parse_online, section_with_fallback
 from msprobe.online.packet import Packet
@@ -339,13 +339,10 @@ def install_signal_handlers(checker: OnlineChecker) -> None:
 
 def settings_from_config(config_path: Optional[str], *, force_online: bool = False) -> tuple:
     """(OnlineSettings, run_ut section) from a checker config.json (task run_ut)."""
-
-    from msprobe.dumpers.config import read_config_json
-
-    raw: dict = read_config_json(config_path) if config_path else {}
+    raw: dict = read_json_object(config_path, "config_path") if config_path else {}
     task = raw.get("task", "run_ut")
     if task != "run_ut":
-        raise ConfigError(f"invalid config value task={task!r}; valid: 'run_ut' for the checker")
+        raise invalid_value("task", task, "'run_ut' for the checker")
     sec = section_with_fallback(raw, "run_ut")
     if force_online:
         sec["is_online"] = True

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import msprobe.readers as R
 from msprobe.backends import open_store
-from msprobe.errors import ConfigError
+from msprobe.errors import ConfigError, read_json_object
 from msprobe.format.layout import dump_dir_of
 from msprobe.progress import Progress
 from msprobe.run_ut.csvio import ResultWriter
@@ -115,15 +115,7 @@ def load_run_ut_config(path: Optional[str]) -> dict:
     """white_list / black_list / error_data_path / precision from a config.json (``run_ut`` section or top level)."""
     if not path:
         return {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"-config {path}: no such file") from exc
-    except ValueError as exc:
-        raise ConfigError(f"-config {path}: not valid JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise ConfigError(f"-config {path}: a JSON object is needed")
+    doc = read_json_object(path, "-config")
     sec = doc.get("run_ut") if isinstance(doc.get("run_ut"), dict) else doc
     out: dict = {}
     for key in ("white_list", "black_list"):
