@@ -376,12 +376,12 @@ def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, 
             except MsprobeError:
                 dialect = None
             names = src.names()
-            has_map = (TENSOR_DIR in names or MAPPING_CSV in names) and src._has_mapping()  # noqa: SLF001
+            has_map = (TENSOR_DIR in names or MAPPING_CSV in names) and src.has_mapping()
             table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run,
                                      stack=src.stack(), construct=src.construct(),
                                      mapping=src.mapping() if has_map else None,
                                      source=src.url, dialect=dialect, doc_name=doc_name or "dump.json",
-                                     doc_size=src._doc_size if src._doc_size is not None else size,  # noqa: SLF001
+                                     doc_size=src.doc_size if src.doc_size is not None else size,
                                      doc_mtime=mtime)
             puts.append(pool.submit(out_store.put, key, table_bytes(table)))
             if len(puts) > 16:
@@ -397,12 +397,12 @@ def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, 
             rows.append({
                 "run": run, "run_prefix": run_prefix, "split": split, "step": step, "rank": rank,
                 "rank_dir": rank_dir, "prefix": prefix, "index_key": key, "compact_key": compact_key,
-                "doc": doc_name, "doc_size": src._doc_size if src._doc_size is not None else size,  # noqa: SLF001
+                "doc": doc_name, "doc_size": src.doc_size if src.doc_size is not None else size,
                 "mtime": mtime, "tensor_files": files, "tensor_bytes": tbytes, "records": len(data),
                 "rows": n_rows, "nan_rows": nan_rows, "framework": doc.framework, "task": doc.task,
                 "level": doc.level, "dialect": dialect, "built_at": time.time(),
             })
-            src._reset()  # noqa: SLF001 - one document in memory at a time
+            src.release()  # one document in memory at a time
         for f in puts:
             f.result()
         if cw is not None:

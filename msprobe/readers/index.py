@@ -76,12 +76,12 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
                 continue
             write_rank_index(store, prefix, doc, step=src.step, rank=src.rank, rank_dir=src.rank_dir,
                              split=src.split, run=run, stack=src.stack(), construct=src.construct(),
-                             mapping=src.mapping() if src._has_mapping() else None,  # noqa: SLF001
+                             mapping=src.mapping() if src.has_mapping() else None,
                              dialect=dump.dialect_of(src), key=key, doc_name=src.doc_name or "dump.json",
-                             doc_size=src._doc_size if src._doc_size is not None else size,  # noqa: SLF001
+                             doc_size=src.doc_size if src.doc_size is not None else size,
                              doc_mtime=mtime, source=src.url, locations=src.tensor_locations())
             if not was_loaded:
-                src._reset()  # noqa: SLF001 - bound memory: one document at a time
+                src.release()  # bound memory: one document at a time
         written.append(f"{store.url.rstrip('/')}/{key}")
         if show is not None:
             show.update()
