@@ -11,7 +11,6 @@ tables it has just built into a :class:`CompactWriter`.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import tempfile
@@ -20,7 +19,7 @@ from typing import Any, Iterable, Optional
 from msprobe.backends import open_store
 from msprobe.errors import require
 from msprobe.format.layout import FORMAT_VERSION, join_key
-from msprobe.index.files import COMPACT_FILE, INDEX_VERSION, META_PREFIX, _safe, partition_order
+from msprobe.index.files import COMPACT_FILE, INDEX_VERSION, META_PREFIX, _safe, partition_order, read_index_table
 from msprobe.index.rows import arrow_schema
 
 __all__ = ["CompactWriter", "compact_files", "compact_index", "run_compact_key", "ROW_GROUP_ROWS"]
@@ -121,11 +120,10 @@ def compact_files(store: Any, ckey: str, keys: Iterable[str]) -> str:
     """Stream the index files ``keys`` of ``store`` (in that order) into ``ckey``; one input
     file in memory at a time. Returns ``ckey``."""
     require("pyarrow", "parquet")
-    import pyarrow.parquet as pq
 
     with CompactWriter(store, ckey) as cw:
         for k in keys:
-            cw.add(k, pq.read_table(io.BytesIO(store.get(k))))
+            cw.add(k, read_index_table(store, k))
     return ckey
 
 

@@ -29,7 +29,7 @@ import re
 import warnings
 from typing import Any, Iterable, Optional
 
-from msprobe.errors import MsprobeError, require
+from msprobe.errors import FormatError, MsprobeError, require
 from msprobe.format.documents import DumpDocument, StackDocument
 from msprobe.format.layout import FORMAT_VERSION, INDEX_DIR, join_key, parse_rank_dir
 from msprobe.index.rows import rank_rows, rows_to_arrow
@@ -45,6 +45,14 @@ __all__ = [
     "write_rank_index",
     "read_index_metadata",
     "read_index_table",
+    "read_index_bytes",
+    "decode_strings",
+    "STRING_COLUMNS",
+    "IndexBombError",
+    "check_index_file",
+    "check_index_footer",
+    "check_decoded_strings",
+    "decode_limit",
     "read_compactions",
     "concat_tables",
     "partition_key",
@@ -284,11 +292,96 @@ def _decode_meta(md: dict) -> dict:
     return out
 
 
-def read_index_table(store: Any, key: str, columns: Optional[list] = None, filter: Any = None) -> Any:
-    """Read one index file through ``store``."""
+class IndexBombError(FormatError):
+    """An index file that would inflate far beyond its size (a Parquet bomb): refused from its
+    footer, or from its dictionaries before the strings are decoded."""
+
+
+#: What an index file may inflate to: this floor, or this many times its size. An honest index
+#: (names, numbers, zstd) decodes to about 10x its bytes.
+DECODE_FLOOR = 64 << 20
+DECODE_RATIO = 64
+STRING_COLUMNS = ("run", "rank_dir", "split", "record", "kind", "api_type", "api_name", "direction", "io",
+                  "arg_path", "type", "dtype", "md5", "data_name", "location", "stack_id", "parent")
+
+
+def decode_limit(size: int) -> int:
+    """The most bytes index files of ``size`` bytes in all may decode to."""
+    return max(DECODE_FLOOR, DECODE_RATIO * max(int(size), 0))
+
+
+def check_index_footer(md: Any, size: int, where: str) -> int:
+    """Refuse an index whose footer declares more decoded bytes than :func:`decode_limit` allows
+    (each column chunk counts its uncompressed bytes, at least 8 per row: a run-length encoded
+    column of a billion rows costs a few bytes on disk). Returns the estimate."""
+    est = 0
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        for j in range(rg.num_columns):
+            est += max(int(rg.column(j).total_uncompressed_size), 8 * int(rg.num_rows))
+    if est > decode_limit(size):
+        raise IndexBombError(f"{where}: the index file ({size} bytes) declares {md.num_rows} rows and "
+                             f"{est} bytes decoded, over the limit of {decode_limit(size)}: refused (a Parquet bomb?)")
+    return est
+
+
+def check_decoded_strings(table: Any, limit: int, where: str) -> None:
+    """A table read with its string columns dictionary-encoded: refuse it before decoding when
+    the strings its rows reference add up to more than ``limit`` bytes (a few huge dictionary
+    values referenced by many rows)."""
+    pa, pc = _pa(), __import__("pyarrow.compute", fromlist=["compute"])
+    total = 0
+    for name in table.column_names:
+        col = table.column(name)
+        if not pa.types.is_dictionary(col.type):
+            continue
+        for chunk in col.chunks:
+            if len(chunk) == 0 or len(chunk.dictionary) == 0:
+                continue
+            lengths = pc.binary_length(chunk.dictionary)
+            total += int(pc.sum(pc.take(lengths, chunk.indices.fill_null(0))).as_py() or 0)
+            if total > limit:
+                raise IndexBombError(f"{where}: the index's strings decode to more than {limit} bytes: refused "
+                                     "(a Parquet bomb?)")
+
+
+def decode_strings(table: Any) -> Any:
+    """Dictionary-encoded string columns back to plain strings (the index's schema)."""
+    pa = _pa()
+    fields = [pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in table.schema]
+    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
+
+
+def check_index_file(store: Any, key: str) -> int:
+    """:func:`check_index_footer` of an index file read by another engine (DuckDB); its size."""
     pq = _pq()
+    with store.open_read(key) as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        check_index_footer(pq.read_metadata(f), size, key)
+    return size
+
+
+def read_index_table(store: Any, key: str, columns: Optional[list] = None, filter: Any = None) -> Any:
+    """Read one index file through ``store``, bounded: its footer and its dictionaries are
+    checked (:class:`IndexBombError`) before anything is inflated or decoded."""
     data = store.get(key)
-    return pq.read_table(io.BytesIO(data), columns=columns, filters=filter)
+    return read_index_bytes(data, key, columns=columns, filter=filter)
+
+
+def read_index_bytes(data: bytes, where: str, columns: Optional[list] = None, filter: Any = None) -> Any:
+    """:func:`read_index_table` of an index file's bytes."""
+    pq = _pq()
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data))
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors: not a Parquet file
+        raise FormatError(f"{where}: not a readable index file: {exc}") from None
+    check_index_footer(pf.metadata, len(data), where)
+    names = pf.schema_arrow.names
+    strings = [c for c in STRING_COLUMNS if c in names and (columns is None or c in columns)]
+    table = pq.read_table(io.BytesIO(data), columns=columns, filters=filter, read_dictionary=strings)
+    check_decoded_strings(table, decode_limit(len(data)), where)
+    return decode_strings(table)
 
 
 

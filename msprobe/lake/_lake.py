@@ -505,6 +505,13 @@ class Lake:
 
     def _register_lake(self, con: Any) -> str:
         files = [k for k, _ in self.files()]
+        from msprobe.index.files import check_index_file
+
+        for k in files:  # a Parquet bomb is refused from its footer, before DuckDB or pyarrow inflate it
+            try:
+                check_index_file(self.lake_store, k)
+            except StorageError:  # a file gone or unreadable: said below, as DuckDB meets it
+                break
         if self._expr is not None:
             # a filtered view: the pyarrow dataset applies the expression, DuckDB scans the result stream
             con.register("lake_ds", self.dataset.scanner(filter=self._expr).to_reader())

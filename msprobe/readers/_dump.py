@@ -6,7 +6,8 @@ import re
 from typing import Any, Iterable, Iterator, Optional
 
 from msprobe.errors import MsprobeError, RecordNotFoundError, StorageNotFoundError
-from msprobe.index.files import concat_tables, read_index_table
+from msprobe.index.files import (check_decoded_strings, check_index_footer, concat_tables, decode_limit,
+                                 read_index_table)
 from msprobe.index.rows import COLUMNS, DIGEST_COLUMNS, arrow_schema, rank_rows, rows_to_arrow
 from msprobe.readers._record import DumpRecord
 
@@ -500,7 +501,13 @@ def _scan_indexes(sources: list, columns: list, expr: Any, compacts: Optional[di
             # strings are read dictionary-encoded (as stored) and decoded after the filter
             fmt = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dictionary_columns=_STRINGS))
             ds = pads.dataset(items, format=fmt, filesystem=fs, schema=_dict_schema())
+            size = 0
+            for frag in ds.get_fragments():  # each footer before any page is inflated
+                n = fs.get_file_info(frag.path).size or 0
+                check_index_footer(frag.metadata, n, frag.path)
+                size += n
             t = ds.to_table(columns=columns, filter=expr)
+            check_decoded_strings(t, decode_limit(size), "index files")  # before the strings are decoded
             full = arrow_schema()
             t = t.cast(pa.schema([full.field(c) for c in t.column_names]))
             if run is not None and "run" in columns:

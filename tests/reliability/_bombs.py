@@ -165,3 +165,31 @@ def blosc_bomb(nbytes: int = 1 << 30) -> bytes:
     from numcodecs import Blosc
 
     return bytes(Blosc(cname="zstd", clevel=9, shuffle=Blosc.NOSHUFFLE).encode(np.zeros(nbytes, dtype=np.uint8)))
+
+
+# ----------------------------------------------------------------------------- Parquet index
+def write_parquet_bomb(index: str, kind: str) -> None:
+    """Rewrite the index file ``index`` as a Parquet bomb: ``dict`` (one 100 MiB dictionary value
+    referenced by 20 rows), ``strings`` (40 MiB, 20 rows: within the footer's limit, 800 MiB
+    decoded), ``rows`` (10M run-length encoded rows of two columns). A few KiB each on disk."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(index)
+    if kind == "rows":  # 10M rows, two columns, run-length encoded: a few KiB
+        n = 10_000_000
+        codes = pa.array(np.zeros(n, np.int32))
+        bt = pa.table({"record": pa.DictionaryArray.from_arrays(codes, pa.array(["Torch.sum.0.forward"])),
+                       "seq": pa.nulls(n, pa.int64())})
+    else:  # strings: one dictionary value referenced by every row
+        value_mib, n = (100, 20) if kind == "dict" else (40, 20)
+        big = pa.array(["Torch.x" + "A" * (value_mib << 20) + ".0.forward"])
+        cols = {}
+        for f in t.schema:
+            if f.name == "record":
+                cols[f.name] = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), big)
+            else:
+                cols[f.name] = pa.concat_arrays([t.column(f.name).combine_chunks().slice(0, 1)] * n)
+        bt = pa.table(cols)
+    pq.write_table(bt.replace_schema_metadata(t.schema.metadata), index, compression="zstd")
