@@ -66,10 +66,11 @@ class _Leaves:
     """Flat columns of the leaves of one side: ``leaf`` is filled by the flattening pass, the
     columns by :meth:`finish` (what :func:`leaf_side` reads, a whole column at a time)."""
 
-    __slots__ = ("dtype", "shape", "rg", "mx", "mn", "mean", "norm", "md5", "tensor", "leaf")
+    __slots__ = ("dtype", "shape", "rg", "mx", "mn", "mean", "norm", "md5", "tensor", "leaf", "floats")
 
     def __init__(self) -> None:
         self.leaf: list = []
+        self.floats: dict = {}  # id of a statistics column -> its _floats
 
     def finish(self, with_md5: bool) -> None:
         from itertools import repeat
@@ -98,13 +99,13 @@ class _Leaves:
                     if with_md5 else [])
 
 
-#: type codes of :func:`_floats`: 0 float, 1 int, 2 anything else (bool, str, None...)
-_CODES = {float: 0, int: 1}
+#: type codes of :func:`_floats`: 0 float, 1 int, 3 str, 2 anything else (bool, None...)
+_CODES = {float: 0, int: 1, str: 3}
 
 
 def _floats(values: list) -> tuple:
     """(float64 array with 0 where a value is not an int/float, mask of float-class values,
-    mask of int/float-class values); bools and strings are not numbers here."""
+    mask of int/float-class values, mask of strings); bools and strings are not numbers here."""
     from itertools import repeat
 
     import numpy as np
@@ -113,9 +114,10 @@ def _floats(values: list) -> tuple:
     codes = np.fromiter(map(_CODES.get, map(type, values), repeat(2)), np.int8, n)
     isf = codes == 0
     isnum = codes < 2
+    isstr = codes == 3
     vals = values if isnum.all() else [v if c < 2 else 0.0 for v, c in zip(values, codes.tolist())]
     try:
-        return np.array(vals, dtype=np.float64), isf, isnum
+        return np.array(vals, dtype=np.float64), isf, isnum, isstr
     except OverflowError:  # an int beyond a float's range: that one is no number here (the scalar diff reads it)
         pass
     out = np.zeros(n, dtype=np.float64)
@@ -124,39 +126,49 @@ def _floats(values: list) -> tuple:
             out[i] = float(values[i])
         except OverflowError:
             isnum[i] = False
-    return out, isf, isnum
+    return out, isf, isnum, isstr
 
 
-def _nonfinite_float(values: list) -> Any:
-    """Mask of the values that are float NaN/+-inf (the others, whatever they are, are not)."""
+def _nonfinite_float(fl: tuple) -> Any:
+    """Mask of the values that are float NaN/+-inf (the others, whatever they are, are not),
+    from their :func:`_floats`."""
     import numpy as np
 
-    arr, isf, _ = _floats(values)
-    return isf & ~np.isfinite(arr)
+    return fl[1] & ~np.isfinite(fl[0])
 
 
-def _inf_or_nan(values: list) -> Any:
+def _inf_or_nan(values: list, fl: tuple) -> Any:
     """:func:`msprobe.compare._verdict._inf_or_nan` over a column: float NaN/inf, or the strings."""
-    out = _nonfinite_float(values)
-    for i, v in enumerate(values):
-        if v.__class__ is str and v.strip().lower() in ("inf", "-inf", "nan"):
+    import numpy as np
+
+    out = _nonfinite_float(fl)
+    for i in np.flatnonzero(fl[3]).tolist():
+        if values[i].strip().lower() in ("inf", "-inf", "nan"):
             out[i] = True
     return out
+
+
+def _floats_of(L: "_Leaves", values: list) -> tuple:
+    """:func:`_floats` of one of ``L``'s statistics columns, computed once."""
+    got = L.floats.get(id(values))
+    if got is None:
+        got = L.floats[id(values)] = _floats(values)
+    return got
 
 
 def _reprs(arr: Any) -> list:
     return list(map(repr, arr.tolist()))
 
 
-def _diffs(a_vals: list, b_vals: list) -> tuple:
+def _diffs(a_vals: list, b_vals: list, ai: Any, bi: Any, af: tuple, bf: tuple) -> tuple:
     """([diff strings], [relative error strings], float array of the relative errors with NaN
-    where :func:`_diff` gives None, mask of None): :func:`_diff` over two columns."""
+    where :func:`_diff` gives None, mask of None): :func:`_diff` of ``a_vals[ai]`` and
+    ``b_vals[bi]`` (their :func:`_floats` ``af``, ``bf``)."""
     import numpy as np
 
-    n = len(a_vals)
-    a, _, a_num = _floats(a_vals)
-    b, _, b_num = _floats(b_vals)
-    num = a_num & b_num
+    n = len(ai)
+    a, b = af[0][ai], bf[0][bi]
+    num = af[2][ai] & bf[2][bi]
     with np.errstate(all="ignore"):
         d = a - b
         rel = np.abs(d) / np.abs(b)
@@ -184,7 +196,7 @@ def _diffs(a_vals: list, b_vals: list) -> tuple:
     rs[reg] = [f"{p}%" for p in pct[reg].tolist()]
     rel_out[reg] = rel[reg]
     for i in np.flatnonzero(~num).tolist():
-        x, y, f = _diff(a_vals[i], b_vals[i])
+        x, y, f = _diff(a_vals[ai[i]], b_vals[bi[i]])
         ds[i], rs[i] = x, y
         if f is None:
             none[i] = True
@@ -445,7 +457,7 @@ def _stats_rows(fr: _Frame) -> tuple:
     metric = [_objs(R) for _ in range(8)]
     number = percent = np.zeros(0)
     for k, (tv, bv) in enumerate(((T.mx, B.mx), (T.mn, B.mn), (T.mean, B.mean), (T.norm, B.norm))):
-        ds, rs, rel, none = _diffs(list(map(tv.__getitem__, tm)), list(map(bv.__getitem__, bm)))
+        ds, rs, rel, none = _diffs(tv, bv, fr.r_t[midx], fr.r_b[midx], _floats_of(T, tv), _floats_of(B, bv))
         metric[k][midx] = ds
         metric[4 + k][midx] = rs
         if k == 3:
@@ -464,8 +476,8 @@ def _stats_rows(fr: _Frame) -> tuple:
     pct = np.zeros(R)
     num_in[midx] = number
     pct[midx] = percent
-    t_bad = fr.mask("t", _inf_or_nan(T.mx) | _inf_or_nan(T.mn))
-    b_bad = fr.mask("b", _inf_or_nan(B.mx) | _inf_or_nan(B.mn))
+    t_bad = fr.mask("t", _inf_or_nan(T.mx, _floats_of(T, T.mx)) | _inf_or_nan(T.mn, _floats_of(T, T.mn)))
+    b_bad = fr.mask("b", _inf_or_nan(B.mx, _floats_of(B, B.mx)) | _inf_or_nan(B.mn, _floats_of(B, B.mn)))
     fr.fire(1, judged & t_bad & ~b_bad)
     x_in = _group_max(groups, ~out_rows & fr.has_t, num_in, fr.n_groups)
     x_out = _group_max(groups, out_rows, num_in, fr.n_groups)
@@ -578,8 +590,8 @@ def _first_divergence(fr: _Frame, result: Any, err: Any, out_cols: list, mode: s
 def _nonfinite_leaves(L: _Leaves) -> list:
     if not L.leaf:
         return []
-    return (_nonfinite_float(L.mx) | _nonfinite_float(L.mn) | _nonfinite_float(L.mean)
-            | _nonfinite_float(L.norm)).tolist()
+    return (_nonfinite_float(_floats_of(L, L.mx)) | _nonfinite_float(_floats_of(L, L.mn))
+            | _nonfinite_float(_floats_of(L, L.mean)) | _nonfinite_float(_floats_of(L, L.norm))).tolist()
 
 
 def columnar_pair(c: Any, part: str, keep_rows: bool = False) -> dict:
