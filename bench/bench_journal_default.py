@@ -3,9 +3,16 @@ write() locally; 64 = the old default), best of 4 steps of 20 iterations of 8 x 
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python bench/bench_journal_default.py null
 """
-import sys, time, tempfile, json
-import torch, torch.nn as nn
+import json
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+
 from msprobe.pytorch import PrecisionDebugger
+
 jf = json.loads(sys.argv[1])
 torch.manual_seed(0)
 model = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(64, 64), nn.GELU())])

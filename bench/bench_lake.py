@@ -41,7 +41,7 @@ PG_LAYERS = 8  # parameters_grad records per rank (weight + bias: 2 rows each)
 
 
 def _rank_doc(records: int, step: int, rank: int, plant: dict) -> dict:
-    doc = bench_readers._rank_doc(records, 1000003 * step + rank)  # noqa: SLF001
+    doc = bench_readers._rank_doc(records, 1000003 * step + rank)
     data = doc["data"]
     if plant.get("nan"):
         name = list(data)[plant["nan"]]
@@ -52,8 +52,8 @@ def _rank_doc(records: int, step: int, rank: int, plant: dict) -> dict:
         data[name]["output"][0]["Norm"] *= 1.5
     rng = random.Random(7 * step + 1)  # the same on every rank of a step: all-reduced gradients
     for i in range(PG_LAYERS):
-        w = bench_readers._tensor(rng, [256, 256], False)  # noqa: SLF001
-        b = bench_readers._tensor(rng, [256], False)  # noqa: SLF001
+        w = bench_readers._tensor(rng, [256, 256], False)
+        b = bench_readers._tensor(rng, [256], False)
         if plant.get("dis") and i == 3:
             w = dict(w, Norm=w["Norm"] * 1.01)
         data[f"Module.layers.{i}.Linear.parameters_grad.0"] = {"weight": [w], "bias": [b]}

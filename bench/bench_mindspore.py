@@ -28,10 +28,9 @@ def child(tool: str, level: str, steps: int, warmup: int) -> dict:
     """``level`` "graph-L0": GRAPH_MODE, the debugger started with the model before the loop (the
     docs' static-graph use); the baseline and the dumped run then use two instances of the net,
     because the dump points are compiled into the second one's graph."""
-    import numpy as np
-
     import mindspore
-    from mindspore import Tensor, mint, nn, ops
+    import numpy as np
+    from mindspore import Tensor, nn, ops
 
     graph = level.startswith("graph-")
     level = level[len("graph-"):] if graph else level

@@ -117,8 +117,8 @@ def synthesize(work: str, records: int, runs: int, steps: int, ranks: int, lake_
 
 def _query_index(path: str, threshold: float, repeat: int) -> dict:
     t0 = time.perf_counter()
-    import pyarrow.compute  # noqa: F401 - import cost reported apart
-    import pyarrow.dataset  # noqa: F401
+    import pyarrow.compute  # import cost reported apart
+    import pyarrow.dataset
     import pyarrow.parquet  # noqa: F401
 
     import msprobe.readers as readers

@@ -13,9 +13,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-
-from gpt_model import GPT, SIZES, timed_steps  # noqa: E402
+import torch
+from gpt_model import GPT, SIZES, timed_steps
 
 MODES = {
     "L1": dict(task="statistics", level="L1"),

@@ -169,7 +169,6 @@ def test_run_ut_doc_examples(tmp_path, monkeypatch):
     subst = {"DUMP": str(tmp_path / "dump" / "step0" / "rank"), "OUT": "out", "WORKERS": "1", "S": "60",
              "config.json": "config.json"}
     args = []
-    skip = False
     for a in run_ut[1:]:
         a = a.strip("[]")
         if a in ("-save_error_data", "-f", "-csv_path", "RESULT_CSV", "-d", "DEVICE_ID", "...", "--preload",

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _realtool  # noqa: E402
+import _realtool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -54,7 +54,7 @@ class Store(abc.ABC):
         ro = ", read_only=True" if self.read_only else ""
         return f"{type(self).__name__}({self.url!r}{ro})"
 
-    def _check_writable(self) -> None:
+    def check_writable(self) -> None:
         """The one guard every mutating method calls first."""
         if self.read_only or not self.supports_writes:
             raise StoragePermissionError(f"store {self.url} is read-only")

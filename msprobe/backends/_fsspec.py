@@ -5,7 +5,6 @@ import io
 from typing import IO, Any, BinaryIO, Iterable, NoReturn
 
 from msprobe.backends._base import BytesLike, Store
-from msprobe.backends._keys import join_key
 from msprobe.backends._retry import MISSING_ERRORS, is_transient, remaining_time, reraise
 from msprobe.errors import MsprobeError, StorageNotFoundError, StoragePermissionError
 
@@ -24,12 +23,12 @@ def _abort_upload(f: Any) -> None:
     """Throw away an unfinished upload so nothing partial is ever committed."""
     try:
         f.discard()  # S3File: abort the multipart upload
-    except Exception:
+    except Exception:  # noqa: BLE001 - fsspec file systems raise any type: each becomes one typed StorageError
         pass
     try:
         f.buffer = None
         f.closed = True  # so close()/__del__ never commit it
-    except Exception:
+    except Exception:  # noqa: BLE001 - fsspec file systems raise any type: each becomes one typed StorageError
         pass
 
 
@@ -59,7 +58,7 @@ class FsspecStore(Store):
     ) -> None:
         super().__init__(read_only=read_only)
         self._fs = fs
-        self._root = fs._strip_protocol(path).rstrip("/") if path else ""
+        self._root = fs._strip_protocol(path).rstrip("/") if path else ""  # noqa: SLF001 - fsspec's own path normaliser
         self._protocol = _protocol(fs)
         self._url = (url or fs.unstrip_protocol(self._root)).rstrip("/") or f"{self._protocol}://"
         self._secrets = tuple(sorted({s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True))
@@ -124,7 +123,7 @@ class FsspecStore(Store):
         return f"{self._root}/{key}" if self._root else key
 
     def _relative(self, path: str) -> str | None:
-        path = self._fs._strip_protocol(path).rstrip("/")
+        path = self._fs._strip_protocol(path).rstrip("/")  # noqa: SLF001 - fsspec's own path normaliser
         if not self._root:
             return path.lstrip("/")
         if path.startswith(self._root + "/"):
@@ -138,7 +137,7 @@ class FsspecStore(Store):
             info = self._fs.info(path, **self._limit())
         except MISSING_ERRORS:
             return None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "info", key)
         return info if info.get("type") == "file" else None
 
@@ -147,7 +146,7 @@ class FsspecStore(Store):
         key = self._key(key)
         try:
             return bytes(self._fs.cat_file(self._full(key), **self._limit()))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "get", key)
 
     def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
@@ -160,7 +159,7 @@ class FsspecStore(Store):
             return b""
         try:
             return bytes(self._fs.cat_file(self._full(key), start=start, end=end, **self._limit()))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             if classify_invalid_range(exc) and self.exists(key):
                 return b""  # start beyond the end: an empty slice, like local files
             self._fail(exc, "get_range", key)
@@ -183,7 +182,7 @@ class FsspecStore(Store):
             paths = self._fs.find(base or "/", withdirs=False, **self._limit())
         except MISSING_ERRORS:
             return []
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "list", prefix)
         keys = (self._relative(p) for p in paths)
         want = prefix + "/" if prefix else ""
@@ -197,7 +196,7 @@ class FsspecStore(Store):
             paths = self._fs.ls(base or "/", detail=False, **self._limit())
         except MISSING_ERRORS:
             return []
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "list_dir", prefix)
         want = prefix + "/" if prefix else ""
         names = set()
@@ -213,7 +212,7 @@ class FsspecStore(Store):
             return io.BytesIO(self.get(key))
         try:
             return self._fs.open(self._full(key), "rb")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "open", key)
 
     # -- writes -----------------------------------------------------------
@@ -221,7 +220,7 @@ class FsspecStore(Store):
         raise StoragePermissionError(f"{op} {self._where(key)}: already exists and overwrite=False")
 
     def put(self, key: str, data: BytesLike, *, overwrite: bool = True) -> None:
-        self._check_writable()
+        self.check_writable()
         key = self._key(key)
         body = data if isinstance(data, bytes) else bytes(data)
         try:
@@ -233,16 +232,16 @@ class FsspecStore(Store):
             self._fs.pipe_file(self._full(key), body, mode="create", **self._limit())
         except FileExistsError:
             self._refuse_existing("put", key)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "put", key)
 
     def put_stream(self, key: str, fileobj: BinaryIO, *, overwrite: bool = True) -> int:
-        self._check_writable()
+        self.check_writable()
         key = self._key(key)
         if self._in_memory:
             try:
                 data = fileobj.read()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
                 self._fail(exc, "put_stream", key)
             self.put(key, data, overwrite=overwrite)
             return len(data)
@@ -250,7 +249,7 @@ class FsspecStore(Store):
             self._refuse_existing("put_stream", key)
         try:
             f = self._fs.open(self._full(key), "wb" if overwrite else "xb")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "put_stream", key)
         total = 0
         try:
@@ -270,19 +269,19 @@ class FsspecStore(Store):
         except FileExistsError:
             _abort_upload(f)
             self._refuse_existing("put_stream", key)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             _abort_upload(f)
             self._fail(exc, "put_stream", key)
         return total
 
     def delete(self, key: str) -> None:
-        self._check_writable()
+        self.check_writable()
         key = self._key(key)
         try:
             self._fs.rm_file(self._full(key), **self._limit())
         except MISSING_ERRORS:
             pass
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "delete", key)
 
     # -- navigation -------------------------------------------------------

@@ -59,7 +59,7 @@ class Journal:
         fsync: bool = True,
         reserve_bytes: int = 0,
     ) -> None:
-        store._check_writable()
+        store.check_writable()
         #: local stores: disk blocks reserved beyond the end of the segment when it is created
         #: (``fallocate`` KEEP_SIZE, where supported), so the journal still fits when other
         #: writers fill the disk; released by :meth:`close`

@@ -84,7 +84,7 @@ class LocalStore(Store):
     def _below(cls, parent: "LocalStore", root: str) -> "LocalStore":
         store = cls.__new__(cls)
         Store.__init__(store, read_only=parent.read_only)
-        store._root, store._fsync = root, parent._fsync
+        store._root, store._fsync = root, parent._fsync  # noqa: SLF001 - a sub-store of this class
         return store
 
     # -- identity ---------------------------------------------------------
@@ -197,12 +197,12 @@ class LocalStore(Store):
 
     # -- writes -----------------------------------------------------------
     def put(self, key: str, data: BytesLike, *, overwrite: bool = True) -> None:
-        self._check_writable()
+        self.check_writable()
         view = _as_bytes_view(data)
         self._publish(self._key(key), lambda fd: _write_all(fd, view), overwrite, "put")
 
     def put_stream(self, key: str, fileobj: BinaryIO, *, overwrite: bool = True) -> int:
-        self._check_writable()
+        self.check_writable()
 
         def copy(fd: int) -> int:
             buf = bytearray(_CHUNK)
@@ -241,7 +241,7 @@ class LocalStore(Store):
                 os.replace(tmp, path)
             else:
                 self._link_exclusive(tmp, path, op)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - removed, then re-raised typed
             _unlink_quiet(tmp)
             self._fail(exc, op, path)
         except BaseException:
@@ -281,7 +281,7 @@ class LocalStore(Store):
             os.close(fd)
 
     def delete(self, key: str) -> None:
-        self._check_writable()
+        self.check_writable()
         path = self._path(self._key(key))
         try:
             os.unlink(path)

@@ -413,7 +413,7 @@ def put_retrying(
             raise
         try:
             same = policy.call(lambda: store.get(key)) == bytes(data)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unreadable read-back counts as not written
             same = False
         if not same:
             raise

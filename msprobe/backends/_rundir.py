@@ -46,7 +46,7 @@ def claim_run_dir(
     if policy not in CLAIM_POLICIES:
         raise ConfigError(f"claim_run_dir policy={policy!r} is not valid; valid values: {list(CLAIM_POLICIES)}")
     name = validate_key(name.rstrip("/"))
-    store._check_writable()
+    store.check_writable()
     body = json.dumps(
         {
             "token": uuid.uuid4().hex,

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 from msprobe.backends._keys import validate_key
 from msprobe.backends._retry import RetryPolicy, reraise
-from msprobe.errors import ConfigError, StorageError, StorageNotFoundError, StoragePermissionError, StorageTransientError
+from msprobe.errors import (
+    ConfigError,
+    StorageError,
+    StorageNotFoundError,
+    StoragePermissionError,
+    StorageTransientError,
+)
 
 if TYPE_CHECKING:
     from msprobe.backends._base import Store
@@ -53,7 +59,7 @@ def append_log_line(store: "Store", key: str, line: bytes | str, *, retry_policy
     data = line.encode("utf-8", "replace") if isinstance(line, str) else bytes(line)
     if not data.endswith(b"\n"):
         data += b"\n"
-    store._check_writable()
+    store.check_writable()
     policy = retry_policy or RetryPolicy()
     path = store.local_path(key) if store.is_local else None
     if path is not None:
@@ -149,7 +155,7 @@ class BackgroundWriter:
             raise ConfigError(f"BackgroundWriter max_bytes_in_flight={max_bytes_in_flight!r} is not valid; valid values: an int >= 1")
         if verify not in (False, True, "crc"):
             raise ConfigError(f"BackgroundWriter verify={verify!r} is not valid; valid values: False, True, 'crc'")
-        store._check_writable()
+        store.check_writable()
         self._store = store
         self._max = int(max_bytes_in_flight)
         self._policy = retry_policy or RetryPolicy(
@@ -323,7 +329,7 @@ class BackgroundWriter:
     def _same(self, key: str, body: Any) -> bool:
         try:
             return self._policy.call(lambda: self._store.get(key)) == bytes(body)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unreadable read-back counts as not written
             return False
 
     def _check(self, key: str, body: Any) -> None:

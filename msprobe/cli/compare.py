@@ -62,7 +62,7 @@ def register(sub) -> None:
                         "e.g. 1e-3) instead of the first row whose Result is not pass")
     p.add_argument("--fail-on-divergence", action="store_true",
                    help="exit 3 when there is a first divergence (by default: a row whose Result is not pass)")
-    p.set_defaults(func=run, _parser=p)
+    p.set_defaults(func=run, subparser=p)
 
 
 _STRING_OR_COMMENT = re.compile(r'("(?:\\.|[^"\\])*")|#[^\n]*')
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         if args.target_path and args.target and not args.bench:
             bench = bench or args.target
     if not target or not bench:
-        args._parser.print_usage(sys.stderr)
+        args.subparser.print_usage(sys.stderr)
         print("msprobe compare: error: a target and a bench dump are needed (TARGET BENCH, -tp T -gp G, "
               "or -i compare.json)", file=sys.stderr)
         return 2

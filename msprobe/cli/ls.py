@@ -17,7 +17,6 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import msprobe.readers
-
     from msprobe.errors import UnknownDialectError
 
     opts = json.loads(args.storage_options) if args.storage_options else None

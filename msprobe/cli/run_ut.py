@@ -17,10 +17,10 @@ def register(sub) -> None:
     from msprobe.cli.run_ut_online import add_online_arguments
 
     add_online_arguments(p, with_config=False)
-    p.set_defaults(func=run, _parser=p)
+    p.set_defaults(func=run, subparser=p)
     m = sub.add_parser("multi_run_ut", help="run_ut over several worker processes (8.x's multi-device run_ut)")
     _check_arguments(m, workers=8)
-    m.set_defaults(func=run, _parser=m, online=False)
+    m.set_defaults(func=run, subparser=m, online=False)
 
 
 def _check_arguments(p, *, workers: int) -> None:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_online(args)
     if args.api_info is None:
-        args._parser.print_usage()
+        args.subparser.print_usage()
         print("msprobe run_ut: error: -api_info is required (or --online / is_online in -config)")
         return 2
     from msprobe.run_ut import CheckOptions, run_ut

@@ -52,7 +52,7 @@ def run(args) -> int:
     non_tensor = _non_tensors(rec)
     if tensors:
         print("  tensors:")
-        for io, t in tensors:
+        for _io, t in tensors:
             st = t.stats
             extra = f" md5={t.md5}" if t.md5 else ""
             extra += f" file={t.data_name}" if t.data_name else ""

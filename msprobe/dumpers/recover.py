@@ -239,5 +239,5 @@ def _marker(store: Any, rank_prefix: str) -> dict:
     try:
         raw = json.loads(store.get(f"{rank_prefix}/{MARKER_FILE}"))
         return raw if isinstance(raw, dict) else {}
-    except Exception:
+    except Exception:  # noqa: BLE001 - an unreadable marker: recovered without it
         return {}

@@ -305,7 +305,7 @@ class DumpSession:
     def store(self):
         if self._store is None:
             from msprobe.backends import open_store
-            from msprobe.backends._open import bounded_storage_options, bound_store
+            from msprobe.backends._open import bound_store, bounded_storage_options
 
             cfg = self.config
             options = bounded_storage_options(cfg.dump_path, cfg.storage_options, cfg.storage_timeout)
@@ -344,7 +344,7 @@ class DumpSession:
             policy = self.policy()
             policy.call(lambda: store.put(key, b"msprobe write probe"))
             policy.call(lambda: store.delete(key))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
             cls = StoragePermissionError if isinstance(exc, PermissionError) else StorageError
             cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             raise cls(f"dump_path {path} is not writable: {cause}") from None
@@ -637,7 +637,7 @@ class DumpSession:
                 self._window_timer = threading.Timer(self.config.journal_window, self._window_flush)
                 self._window_timer.daemon = True
                 self._window_timer.start()
-        except Exception as exc:  # the journal is a safety net: never crash training for it
+        except Exception as exc:  # noqa: BLE001 - the journal is a safety net: never crash training for it
             self._unflushed = 0
             self._note_error("journal", exc)
 
@@ -661,7 +661,7 @@ class DumpSession:
                 marker = json.loads(policy.call(lambda: self.store.get(key)))
                 marker["final"] = True
                 _RetryingPut(self.store, self.policy()).put(key, json.dumps(marker, indent=1).encode("utf-8"))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
             self._note_error("marker", exc)
 
     def _drop_final_marker(self) -> None:
@@ -671,7 +671,7 @@ class DumpSession:
         try:
             if self.store.exists(key) and json.loads(self.store.get(key)).get("final"):
                 self.store.delete(key)
-        except Exception:
+        except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
             pass
 
     def _note_error(self, what: str, exc: BaseException, *, key: Optional[str] = None) -> None:
@@ -768,7 +768,7 @@ class DumpSession:
             if self._writer is not None:
                 try:
                     self._writer.flush()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - never crash training for the dump
                     failed = exc
                     self.errors.append(str(exc))
             with self._jlock:  # every tensor is settled: the journal holds every record
@@ -776,7 +776,7 @@ class DumpSession:
             if self._tstore is not None:
                 try:
                     self._locations = self._tstore.checkpoint()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - never crash training for the dump
                     failed = exc
                     self._locations = self._tstore.locations()
                     self._note_error("tensor_store", exc)
@@ -810,7 +810,7 @@ class DumpSession:
                 store.put(f"{prefix}/{MARKER_FILE}", json.dumps(marker, indent=1).encode("utf-8"))
                 if self.config.index and not debug:
                     self._write_index(prefix, doc)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - never crash training for the dump
                 docs_failed = failed = exc
                 self._note_error("publish", exc)
             else:
@@ -838,7 +838,7 @@ class DumpSession:
             write_rank_index(self.store, prefix, doc, step=self.current_step, rank=self.rank,
                              stack=self.stacks.to_json(self.render_stack), construct=self.construct,
                              locations=self._locations or None)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
             self._note_error("index", exc)
 
     def _dump_data_dir(self) -> Optional[str]:
@@ -855,7 +855,7 @@ class DumpSession:
             if self._journal is not None:
                 try:
                     self._journal.close()
-                except Exception:
+                except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
                     pass
                 self._journal = None
         if delete:
@@ -865,7 +865,7 @@ class DumpSession:
                 local = self.store.local_path(f"{self.rank_prefix}/{JOURNAL_DIR}")
                 if local is not None and os.path.isdir(local):
                     os.rmdir(local)  # a final dump leaves no .journal/ behind (object stores have no directories)
-            except Exception:
+            except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
                 pass
 
     def end_step(self) -> None:
@@ -890,7 +890,7 @@ class DumpSession:
             if self._writer is not None:
                 try:
                     self._writer.close()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - never crash training for the dump
                     self.errors.append(str(exc))
                 self._writer = None
             self._close_tensor_store()
@@ -902,6 +902,6 @@ class DumpSession:
         if self._tstore is not None:
             try:
                 self._tstore.close()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - never crash training for the dump
                 self.errors.append(str(exc))
             self._tstore = None

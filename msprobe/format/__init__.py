@@ -19,14 +19,17 @@ from msprobe.format.documents import (
 )
 from msprobe.format.layout import (
     DIALECTS,
+    FORMAT_VERSION,
     TENSOR_DIR,
     Dialect,
     RankDir,
+    check_format_version,
     detect_dialect,
     get_dialect,
     parse_rank_dir,
     parse_step_dir,
     rank_dir_name,
+    validate_marker,
 )
 from msprobe.format.model import (
     Arg,
@@ -45,7 +48,6 @@ from msprobe.format.naming import (
     parse_data_name,
     parse_record_name,
 )
-from msprobe.format.layout import FORMAT_VERSION, check_format_version, validate_marker
 from msprobe.format.stats import crc32_hex, reference_stats, xor64_hex
 
 __all__ = [

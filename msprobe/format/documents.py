@@ -312,7 +312,7 @@ class StackDocument:
     def stack_of(self, record_name: str) -> Optional[list]:
         if self._index is None:
             self._index = {}
-            for key, names, frames in self._entries():
+            for _key, names, frames in self._entries():
                 for n in names:
                     self._index[n] = frames
         return self._index.get(record_name)

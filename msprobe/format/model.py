@@ -382,7 +382,7 @@ def _check_tensor(t: TensorArg, file: Optional[str], loc: str) -> None:
             raise DocumentError("'data_name' must be a string", file=file, location=loc)
         try:
             check_file_name(dn)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any naming failure is one DocumentError at this location
             raise DocumentError(str(exc), file=file, location=loc) from None
     md5 = raw.get("md5")
     # a string; msprobe 26.x xor mode writes a 0-d float tensor's value itself (a number)

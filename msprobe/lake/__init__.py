@@ -29,7 +29,10 @@ package imports neither pyarrow nor duckdb nor dask.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the class is imported on first use (it needs pyarrow)
+    from msprobe.lake._lake import Lake
 
 __all__ = ["open", "Lake", "LAKE_DIR", "read_catalog"]
 

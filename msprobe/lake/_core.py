@@ -196,7 +196,7 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
         full = [(f"{root}/{st}" if root else st).rstrip("/") for st in flat_steps]
 
         async def find_all() -> list:
-            return await asyncio.gather(*[fs._find(f, detail=True) for f in full], return_exceptions=True)
+            return await asyncio.gather(*[fs._find(f, detail=True) for f in full], return_exceptions=True)  # noqa: SLF001
 
         fs.invalidate_cache()
         wanted = set(prefixes)
@@ -309,7 +309,7 @@ class _Prefetched:
         full = {p: (f"{root}/{p}" if root else p).rstrip("/") for p in prefixes}
 
         async def ls_all() -> list:
-            return await asyncio.gather(*[fs._ls(full[p], detail=True) for p in prefixes], return_exceptions=True)
+            return await asyncio.gather(*[fs._ls(full[p], detail=True) for p in prefixes], return_exceptions=True)  # noqa: SLF001
 
         fs.invalidate_cache()
         listed = sync(fs.loop, ls_all)

@@ -7,8 +7,15 @@ import re
 import time
 from typing import Any, Iterable, Optional
 
-from msprobe.errors import (ConfigError, MissingDependencyError, MsprobeError, StorageError, StorageNotFoundError,
-                            StoragePermissionError, require)
+from msprobe.errors import (
+    ConfigError,
+    MissingDependencyError,
+    MsprobeError,
+    StorageError,
+    StorageNotFoundError,
+    StoragePermissionError,
+    require,
+)
 from msprobe.lake import _core
 from msprobe.lake._dask import Runner
 
@@ -180,7 +187,7 @@ class Lake:
         # what each index covers (document size and time) against the documents now: a re-dump
         # into the same path makes an index stale; it is rebuilt (or, refresh="none", left out)
         stale = self._stale(rows)
-        for key, reason in stale.items():
+        for key in stale:
             del rows[key]
             ckey = _core.compact_key_of(key)
             changed_groups.add(ckey)
@@ -228,7 +235,7 @@ class Lake:
             changed_groups.add(_core.compact_key_of(k))
         # one compacted file per (run, step) of two or more ranks
         groups: dict = {}
-        for key, r in rows.items():
+        for key in rows:
             groups.setdefault(_core.compact_key_of(key), []).append(key)
         compact_jobs = []
         for ckey, keys in sorted(groups.items()):
@@ -430,8 +437,8 @@ class Lake:
         if expr is not None:
             e = expr if e is None else e & expr
         view = copy.copy(self)
-        view._expr = e
-        view._con = None
+        view._expr = e  # noqa: SLF001 - a copy of this class
+        view._con = None  # noqa: SLF001 - a copy of this class
         return view
 
     def to_arrow(self, columns: Optional[Iterable[str]] = None, *, records_only: bool = False) -> Any:
@@ -485,7 +492,7 @@ class Lake:
             con.execute(f"SET {k} = '{v}'" if isinstance(v, str) else f"SET {k} = {v}")
         try:
             self.sql_engine = self._register_lake(con)
-        except Exception as exc:  # noqa: BLE001 - an index file that cannot be read: one typed line
+        except Exception as exc:  # an index file that cannot be read: one typed line
             con.close()
             if not _is_duckdb_error(exc):
                 raise
@@ -533,7 +540,7 @@ class Lake:
         if src is not None:
             try:
                 con.execute(f"CREATE VIEW lake_records AS SELECT * FROM {src}")
-            except Exception as exc:  # noqa: BLE001 - DuckDB cannot read where s3fs can: read through s3fs
+            except Exception as exc:  # DuckDB cannot read where s3fs can: read through s3fs
                 if engine != "duckdb-httpfs" or not _is_duckdb_error(exc):
                     raise
                 log.warning("lake: DuckDB's httpfs cannot read %s (%s); reading through pyarrow and s3fs",
@@ -541,7 +548,7 @@ class Lake:
                 src = None
         if src is None:
             con.register("lake_ds", self.dataset)
-            con.execute(f"CREATE VIEW lake_records AS SELECT * FROM lake_ds")
+            con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
             engine = "pyarrow"
         con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
         return engine

@@ -115,7 +115,7 @@ class OnlineSender:
     def _send_one(self, build: Callable[[], tuple]) -> None:
         try:
             data, header = build()
-        except Exception as exc:  # a packet that cannot be built is reported, never raised into training
+        except Exception as exc:  # noqa: BLE001 - a packet that cannot be built is reported, never raised into training
             self.stats.failed += 1
             self._note(f"building a packet failed: {type(exc).__name__}: {exc}")
             return
@@ -132,7 +132,7 @@ class OnlineSender:
                 self.stats.bytes_sent += len(data)
                 self._down_until = 0.0
                 return
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - never raise into training: the failure is counted and logged
                 attempts += 1
                 self._note(f"sending {header.get('name') or header.get('kind')} failed: {exc}")
                 if not control or attempts >= 3 or self._closing and attempts >= 2:
@@ -178,7 +178,7 @@ class OnlineSender:
         self._thread.join(timeout=5.0)
         try:
             self.sink.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - never raise into training: the failure is counted and logged
             pass
         st = self.stats
         if st.dropped or st.sampled_out or st.failed:

@@ -289,7 +289,7 @@ class StoreWatcher:
         """Keys of packets present and not yet seen, in order."""
         try:
             keys = self.store.list_prefix("")
-        except Exception as exc:  # a transient listing error: try again at the next poll
+        except Exception as exc:  # noqa: BLE001 - a transient listing error: try again at the next poll
             log.warning("msprobe online: listing %s failed: %s", self.url, exc)
             return []
         new = [k for k in keys if k.endswith(PACKET_SUFFIX) and k not in self.seen]

@@ -226,8 +226,8 @@ def _resolve_engine(engine: Any) -> Optional[Engine]:
                       f"engines: {_engine_help()}")
 
 
-def open(path: Any, engine: Any = None, storage_options: Optional[dict] = None, *,
-         run: Optional[str] = None) -> Dump:  # noqa: A001 - the public name, like xarray.open_dataset
+def open(path: Any, engine: Any = None, storage_options: Optional[dict] = None, *,  # noqa: A001 - like xarray's
+         run: Optional[str] = None) -> Dump:
     """Open a dump: a dump root, a step directory or a rank directory; a local/NFS path,
     ``file://``, ``memory://``, ``s3://`` (with ``storage_options``) or any fsspec URL;
     or an index-only lake written by :func:`msprobe.readers.index.build_index`.

@@ -298,7 +298,7 @@ class Dump:
                          locations=_tensor_locations(src))
         return rows_to_arrow(cols)
 
-    def to_arrow(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, filter: Any = None,
+    def to_arrow(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, filter: Any = None,  # noqa: A002 - the public keyword
                  columns: Optional[Iterable[str]] = None) -> Any:
         """One row per tensor-like argument (columns: :data:`msprobe.readers.COLUMNS`).
 
@@ -340,7 +340,7 @@ class Dump:
             return arrow_schema().empty_table().select(cols)
         return concat_tables(parts) if len(parts) > 1 else parts[0]
 
-    def to_pandas(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, filter: Any = None,
+    def to_pandas(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, filter: Any = None,  # noqa: A002 - the public keyword
                   columns: Optional[Iterable[str]] = None) -> Any:
         """:meth:`to_arrow` as a pandas DataFrame (nullable ints/bools, ``shape`` as tuples)."""
         return table_to_pandas(self.to_arrow(step, rank, run=run, split=split, filter=filter, columns=columns))

@@ -13,6 +13,7 @@ import math
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError, MsprobeError, TensorLoadError
+from msprobe.format.dtypes import canonical_dtype, is_bool, is_float, is_int, itemsize, numpy_dtype
 from msprobe.format.model import (
     EllipsisArg,
     MappingArg,
@@ -23,7 +24,6 @@ from msprobe.format.model import (
     TensorArg,
     TypedValueArg,
 )
-from msprobe.format.dtypes import canonical_dtype, is_bool, is_float, is_int, itemsize, numpy_dtype
 
 __all__ = ["replay_inputs", "generate_tensor", "decode_value", "REPLAY_MODES", "InputTooLargeError"]
 

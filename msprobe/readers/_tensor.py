@@ -148,7 +148,7 @@ def _load_pt(data: bytes, record: str, key: str) -> Any:
         ) from None
     try:
         value = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except Exception as exc:  # UnpicklingError, RuntimeError (bad zip), EOFError, ...
+    except Exception as exc:  # noqa: BLE001 - UnpicklingError, RuntimeError (bad zip), EOFError, ...
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "weights_only" in str(exc) or "Unsupported global" in str(exc) or isinstance(exc, _pickle_errors()):
             raise _fail(record, key, f"refused: not a plain tensor file ({type(exc).__name__}: {why[:300]})") from None
@@ -168,7 +168,7 @@ def _load_npy(data: bytes, record: str, key: str) -> np.ndarray:
     buf = io.BytesIO(data)
     try:
         shape, dt = _npy_header(buf)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is one TensorLoadError naming the record
         raise _fail(record, key, f"bad .npy header ({exc})") from None
     if dt.hasobject:
         raise _fail(record, key, "refused: .npy holds Python objects (would need pickle)")
@@ -180,7 +180,7 @@ def _load_npy(data: bytes, record: str, key: str) -> np.ndarray:
     buf.seek(0)
     try:
         return np.load(buf, allow_pickle=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is one TensorLoadError naming the record
         raise _fail(record, key, f"unreadable .npy ({type(exc).__name__}: {exc})") from None
 
 
@@ -256,7 +256,7 @@ def _convert(value: Any, framework: str) -> Any:
         if str(t.dtype) in ("torch.bfloat16",) or "float8" in str(t.dtype):
             t = t.float()
         elif str(t.dtype) == "torch.complex32":
-            t = t.to(getattr(__import__("torch"), "complex64"))
+            t = t.to(__import__("torch").complex64)
         return t.numpy()
     if isinstance(value, np.ndarray):
         import torch

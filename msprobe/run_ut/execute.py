@@ -120,11 +120,11 @@ def resolve_api(api_type: str, api_name: str) -> Callable:
     if api_type == "Tensor":
         fn = getattr(torch.Tensor, api_name, None)
     elif api_type == "Torch":
-        fn = getattr(torch, api_name, None) or getattr(torch._C._VariableFunctions, api_name, None)
+        fn = getattr(torch, api_name, None) or getattr(torch._C._VariableFunctions, api_name, None)  # noqa: SLF001
     elif api_type == "Functional":
         fn = getattr(torch.nn.functional, api_name, None)
     elif api_type == "VF":
-        fn = getattr(torch._VF, api_name, None)
+        fn = getattr(torch._VF, api_name, None)  # noqa: SLF001 - torch functions not exported at the top
     elif api_type == "Aten":
         op, _, overload = api_name.partition(".")
         packet = getattr(torch.ops.aten, op, None)
@@ -238,8 +238,6 @@ def _first_line(exc: BaseException) -> str:
 
 def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None) -> ApiResult:
     """Replay ``packet`` on both sides and judge every output (and input gradient)."""
-    import torch
-
     options = options or CheckOptions()
     t0 = time.perf_counter()
     name = packet.name

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Any, Optional
 
@@ -399,7 +398,6 @@ def _run_pool(todo: list, init: tuple, n_workers: int, devices: list, timeout: f
     pending: dict = {}
     next_idx = 0
     order = [i for i, _ in todo]
-    names = dict(todo)
 
     def emit(idx: int, res: ApiResult) -> None:
         nonlocal next_idx

@@ -53,8 +53,8 @@ def test_cluster_plot_is_a_step_by_rank_heatmap(tmp_path):
 
 
 def test_cluster_grid(tmp_path):
-    from msprobe.compare._core import compare_pair, pair_sources
     import msprobe.readers
+    from msprobe.compare._core import compare_pair, pair_sources
 
     target, bench = _cluster(tmp_path)
     dn, db = msprobe.readers.open(target), msprobe.readers.open(bench)

@@ -13,8 +13,9 @@ import glob
 import importlib.util
 import os
 
-from msprobe.compare import compare
 from test_compare_real import _check
+
+from msprobe.compare import compare
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RULE = os.path.join(os.path.dirname(HERE), "fixtures", "real", "compare_outputs", "result_rule")

@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from msprobe.backends import open_store  # noqa: E402
-from msprobe.dumpers.recover import recover_store  # noqa: E402
-from msprobe.readers.validate import validate_store  # noqa: E402
+from msprobe.backends import open_store
+from msprobe.dumpers.recover import recover_store
+from msprobe.readers.validate import validate_store
 
 CHILD = os.path.join(os.path.dirname(__file__), "_crash_child.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))

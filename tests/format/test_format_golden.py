@@ -15,7 +15,6 @@ from _fmt_support import GOLDEN, SPEC, VECTORS, open_dump
 
 from msprobe.format.documents import ConstructDocument, DebugDocument, DumpDocument, StackDocument
 from msprobe.format.layout import detect_dialect, read_mapping
-from msprobe.format.model import Arg, MappingArg, SequenceArg
 from msprobe.format.naming import parse_record_name
 from msprobe.format.stats import crc32_hex, reference_stats, stats_equal
 from msprobe.readers.validate import validate_store
@@ -67,7 +66,6 @@ def test_golden_marker_and_names(name):
 
 
 def _lookup(record_raw, path: str):
-    arg = Arg(record_raw)
     node = record_raw
     for part in [p for p in path.split(".") if p]:
         node = node[int(part)] if isinstance(node, list) else node[part]

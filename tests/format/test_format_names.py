@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _fmt_support import VECTORS
+
 from msprobe.errors import FormatError, NameFormatError, UnsafePathError
 from msprobe.format.naming import (
     MAX_FILE_NAME_LENGTH,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _fmt_support import SCHEMA_FILES, SPEC, VECTORS
+
 from msprobe.errors import DocumentError
 from msprobe.format.documents import ConstructDocument, DebugDocument, DumpDocument, StackDocument, loads_json
 from msprobe.format.layout import validate_marker

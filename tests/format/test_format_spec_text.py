@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from _fmt_support import SPEC
+
 from msprobe.format import layout, naming
 from msprobe.format.documents import MAX_JSON_DEPTH
 from msprobe.format.model import TENSOR_TYPES

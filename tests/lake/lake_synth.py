@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "readers"))
-from readers_synth import DumpWriter  # noqa: E402
+from readers_synth import DumpWriter
 
 RUNS = ("run_a", "run_b", "run_c")
 LAYERS = 6

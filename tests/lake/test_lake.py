@@ -15,11 +15,11 @@ pytest.importorskip("duckdb")
 pytest.importorskip("distributed")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import lake_synth as S  # noqa: E402
+import lake_synth as S
 
-import msprobe.lake  # noqa: E402
-from msprobe.errors import ConfigError, StorageError  # noqa: E402
-from msprobe.readers.index import StaleIndexWarning  # noqa: E402
+import msprobe.lake
+from msprobe.errors import ConfigError, StorageError
+from msprobe.readers.index import StaleIndexWarning
 
 STEPS, RANKS = 4, 8
 
@@ -226,7 +226,7 @@ def test_default_local_cluster_for_big_jobs(lake_src, tmp_path):
     # 32 rank dirs in tasks of 2: at least LOCAL_CLUSTER_MIN_TASKS tasks start a LocalCluster
     lake = msprobe.lake.open(root, batch=2, workers=1)
     assert lake.stats["executor"] == "local-cluster" and lake.stats["indexed"] == STEPS * RANKS
-    assert lake.runner._cluster is None  # closed after the job  # noqa: SLF001
+    assert lake.runner._cluster is None  # closed after the job
     assert lake.first_nan().empty
 
 

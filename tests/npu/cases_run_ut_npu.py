@@ -2,14 +2,11 @@
 the recorded dtype, benchmark on the CPU in float64."""
 from __future__ import annotations
 
-import pytest
-
 
 def test_npu_api_replayed_on_npu(torch_npu):
     import torch
 
-    from msprobe.run_ut import ApiPacket, CheckOptions, check_api
-    from msprobe.run_ut import execute
+    from msprobe.run_ut import ApiPacket, CheckOptions, check_api, execute
 
     execute._NPU = None  # re-probe torch_npu (imported by the fixture)
     x = torch.randn(4, 8, dtype=torch.bfloat16)

@@ -84,7 +84,7 @@ def finish(proc: subprocess.Popen, timeout: float = 150) -> str:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-        raise AssertionError("checker did not finish:\n" + out)
+        raise AssertionError("checker did not finish:\n" + out) from None
     assert proc.returncode == 0, out
     return out
 
@@ -191,8 +191,8 @@ class ThreadChecker:
     def __init__(self, config: str, out: str, **kw):
         import threading
 
-        from msprobe.run_ut.online import OnlineChecker, settings_from_config
         from msprobe.run_ut import load_run_ut_config
+        from msprobe.run_ut.online import OnlineChecker, settings_from_config
 
         settings, _ = settings_from_config(config)
         lists = load_run_ut_config(config)
@@ -210,7 +210,7 @@ class ThreadChecker:
     def _run(self):
         try:
             self.summary = self.checker.run()
-        except BaseException as exc:  # reported by join()
+        except BaseException as exc:  # noqa: BLE001 - reported by join()
             self.error = exc
 
     @property

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("msprobe.run_ut")
 
 from msprobe.dumpers.pytorch._encode import tensor_bytes  # noqa: E402
-from msprobe.run_ut.online import PROGRESS_FILE, OnlineChecker  # noqa: E402
 from msprobe.online.config import OnlineSettings  # noqa: E402
 from msprobe.online.packet import decode_packet, encode_packet  # noqa: E402
+from msprobe.run_ut.online import PROGRESS_FILE, OnlineChecker  # noqa: E402
 
 
 def _t(name, t):

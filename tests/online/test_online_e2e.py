@@ -11,18 +11,17 @@ import pytest
 
 from tests.conftest_s3 import s3_storage_options
 from tests.online.conftest import (
+    ThreadChecker,
     assert_covers,
     checker_config,
     details_rows,
     finish,
-    ThreadChecker,
     result_rows,
     run_training,
-    start_training,
-    training_result,
     start_checker,
+    start_training,
     training_config,
-    wait_for,
+    training_result,
 )
 
 pytest.importorskip("torch")
@@ -126,8 +125,8 @@ def test_two_ranks_over_tcp(tmp_path):
 def test_tls_path_default_needs_certificates(tmp_path, monkeypatch):
     """tls_path absent means the current directory: without client.key there, a clear error (plain
     TCP only when tls_path is "" explicitly)."""
-    from msprobe.dumpers.pytorch._online import make_sink
     from msprobe.dumpers.config import load_config
+    from msprobe.dumpers.pytorch._online import make_sink
     from msprobe.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)

@@ -4,7 +4,6 @@ arrives, and serves a bounded number of connections (threads)."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import struct
@@ -21,6 +20,7 @@ from msprobe.dumpers.pytorch._encode import tensor_bytes  # noqa: E402
 from msprobe.online.packet import PacketError, decode_packet, encode_packet  # noqa: E402
 from msprobe.online.transport import SocketSink, StoreSink  # noqa: E402
 from tests.online.conftest import checker_config, env, result_rows, wait_for  # noqa: E402
+
 
 @pytest.fixture
 def figures(request):

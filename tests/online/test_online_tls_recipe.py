@@ -13,8 +13,14 @@ import pytest
 
 from msprobe.online._tls_purpose import EKU_SERVER_AUTH, extended_key_usage
 from msprobe.online.packet import encode_packet
-from msprobe.online.transport import (PASSWORD_ENV, SocketListener, SocketSink, TransportError, client_ssl_context,
-                                      server_ssl_context)
+from msprobe.online.transport import (
+    PASSWORD_ENV,
+    SocketListener,
+    SocketSink,
+    TransportError,
+    client_ssl_context,
+    server_ssl_context,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None or shutil.which("bash") is None,
                                 reason="needs the openssl command line")

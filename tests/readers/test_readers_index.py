@@ -6,12 +6,12 @@ import os
 
 import numpy as np
 import pytest
+from readers_synth import debug_dump, mindspore_dump, torch_dump
+from readers_synth import debugger_dump as _dump_run
 
 import msprobe.readers as readers
 from msprobe.cli import main as cli
 from msprobe.readers.index import INDEX_VERSION, build_index, read_index_metadata, write_rank_index
-
-from readers_synth import debug_dump, debugger_dump as _dump_run, mindspore_dump, torch_dump
 
 pa = pytest.importorskip("pyarrow")
 pd = pytest.importorskip("pandas")

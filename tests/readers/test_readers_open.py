@@ -10,11 +10,10 @@ import sys
 
 import numpy as np
 import pytest
+from readers_synth import debug_dump, mindspore_dump, torch_dump
 
 import msprobe.readers as readers
 from msprobe.errors import ConfigError, RecordNotFoundError, UnknownDialectError
-
-from readers_synth import debug_dump, mindspore_dump, torch_dump
 
 torch = pytest.importorskip("torch")
 

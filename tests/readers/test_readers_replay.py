@@ -5,12 +5,11 @@ import math
 
 import numpy as np
 import pytest
+from readers_synth import torch_dump
 
 import msprobe.readers as readers
 from msprobe.errors import ConfigError, TensorLoadError
 from msprobe.readers._replay import generate_tensor
-
-from readers_synth import torch_dump
 
 torch = pytest.importorskip("torch")
 

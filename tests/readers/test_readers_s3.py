@@ -5,11 +5,10 @@ import os
 
 import numpy as np
 import pytest
+from readers_synth import torch_dump
 
 import msprobe.readers as readers
 from msprobe.readers.index import build_index
-
-from readers_synth import torch_dump
 
 pytestmark = pytest.mark.s3
 pd = pytest.importorskip("pandas")
@@ -30,8 +29,8 @@ def _upload(local_root, store, prefix):
 
 
 def test_s3_roundtrip(tmp_path, s3_server, s3_bucket_url):
-    from tests.conftest_s3 import s3_storage_options
     from msprobe.backends import open_store
+    from tests.conftest_s3 import s3_storage_options
 
     local = tmp_path / "run1"
     writers = torch_dump(str(local), dialect="msprobe-8", steps=(0,), ranks=(0, 1))

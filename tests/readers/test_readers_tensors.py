@@ -6,11 +6,10 @@ import pickle
 
 import numpy as np
 import pytest
+from readers_synth import torch_dump
 
 import msprobe.readers as readers
 from msprobe.errors import TensorLoadError, UnsafePathError
-
-from readers_synth import torch_dump
 
 torch = pytest.importorskip("torch")
 

@@ -82,7 +82,7 @@ def serve():
             try:
                 with open(args[0], "w", buffering=1) as out:
                     train(args[1:], out)
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - the traceback goes to the parent
                 import traceback
 
                 traceback.print_exc()
@@ -123,7 +123,7 @@ def _fork_all(n, out_dir, name, setup):
                 args = setup(i)
                 with open(os.path.join(out_dir, f"{name}{i}.out"), "w", buffering=1) as out:
                     train(args, out)
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - the traceback goes to the parent
                 import traceback
 
                 with open(os.path.join(out_dir, f"{name}{i}.err"), "w") as err:

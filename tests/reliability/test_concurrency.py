@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.conftest_s3 import s3_storage_options  # noqa: E402
+from tests.conftest_s3 import s3_storage_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_train_child.py")

@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-import msprobe.readers  # noqa: E402
-from msprobe.cli import main as cli_main  # noqa: E402
-from msprobe.errors import MsprobeError  # noqa: E402
-from tests.readers.readers_synth import torch_dump  # noqa: E402
+import msprobe.readers
+from msprobe.cli import main as cli_main
+from msprobe.errors import MsprobeError
+from tests.readers.readers_synth import torch_dump
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK = os.path.join("step0", "proc4242")

@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("numcodecs")
 pytest.importorskip("torch")
 
-import msprobe.readers  # noqa: E402
-from msprobe.cli import main as cli_main  # noqa: E402
-from msprobe.errors import FormatError, MsprobeError, TensorLoadError, UnsafePathError  # noqa: E402
-from tests.reliability._bombs import blosc_bomb, read_shard, run_measured, write_shard  # noqa: E402
+import msprobe.readers
+from msprobe.cli import main as cli_main
+from msprobe.errors import FormatError, MsprobeError, TensorLoadError, UnsafePathError
+from tests.reliability._bombs import blosc_bomb, read_shard, run_measured, write_shard
 
 RANK = os.path.join("step0", "proc4242")
 NAME = "Functional.linear.0.forward"

@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from msprobe.backends import open_store  # noqa: E402
-from msprobe.dumpers.recover import recover_store  # noqa: E402
-from msprobe.pytorch import PrecisionDebugger  # noqa: E402
-from msprobe.readers.validate import validate_store  # noqa: E402
-from tests.reliability._model import train  # noqa: E402
+from msprobe.backends import open_store
+from msprobe.dumpers.recover import recover_store
+from msprobe.pytorch import PrecisionDebugger
+from msprobe.readers.validate import validate_store
+from tests.reliability._model import train
 
 pytestmark = pytest.mark.usefixtures("fresh_debugger")
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from msprobe.cli import main  # noqa: E402
+from msprobe.cli import main
 
 REAL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "real")
 

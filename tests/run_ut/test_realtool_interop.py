@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import _realtool  # noqa: E402
+import _realtool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REAL = os.path.join(HERE, "..", "fixtures", "real")

@@ -181,7 +181,7 @@ def test_dedup_identity_content_and_never_differing_bytes(tmp_path):
     z.view(-1)[5] += 1  # one element differs
     w_int = x.view(torch.int32)  # same bits, other dtype: never merged (other array)
     cases = {"x": x, "x_again": x, "y": y, "z": z, "x_flat": x.view(-1), "x_t": x.t(), "w_int": w_int}
-    d = _dump(str(tmp_path / "d"), cases)
+    _dump(str(tmp_path / "d"), cases)
     x.add_(1.0)  # after the dump: must not matter
     r = ZarrTensorReader(open_store(str(tmp_path / "d")), "step0/rank")
     locs = r.locations()

@@ -5,8 +5,8 @@ import os
 import random
 from typing import Any, Optional
 
-from msprobe.dumpers.pytorch._debugger import PrecisionDebugger as _BaseDebugger
 from msprobe.dumpers.config import check_seed_args
+from msprobe.dumpers.pytorch._debugger import PrecisionDebugger as _BaseDebugger
 from msprobe.errors import ConfigError
 
 __all__ = ["PrecisionDebugger", "MsprobeStep", "seed_all"]
@@ -34,7 +34,7 @@ class PrecisionDebugger(_BaseDebugger):
     def set_init_step(cls, step: int) -> None:
         """Also numbers the ``graph/`` session of the jit-Cell split (spec/FORMAT.md §23.3) from ``step``."""
         super().set_init_step(step)
-        split = cls._get().dumper._split_session  # noqa: SLF001
+        split = cls._get().dumper._split_session
         if split is not None:
             split.current_step = step
 

@@ -44,7 +44,7 @@ def _grad_recording() -> bool:
         return True
     try:
         return bool(_EXECUTOR.requires_grad())
-    except Exception:
+    except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
         return True
 
 
@@ -54,7 +54,7 @@ def _get_rank() -> Optional[int]:
 
         if getattr(GlobalComm, "INITED", False):
             return int(get_rank())
-    except Exception:
+    except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
         pass
     return None
 
@@ -62,14 +62,14 @@ def _get_rank() -> Optional[int]:
 def _graph_mode() -> bool:
     try:
         return mindspore.get_context("mode") == mindspore.GRAPH_MODE
-    except Exception:
+    except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
         return False
 
 
 def _device_target() -> str:
     try:
         return str(mindspore.get_context("device_target"))
-    except Exception:
+    except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
         return "CPU"
 
 
@@ -203,7 +203,7 @@ class MindSporeDumper(DumperControl):
         for h in self._cell_handles + self._param_handles:
             try:
                 h.remove()
-            except Exception:
+            except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
                 pass
         self._cell_handles = []
         self._param_handles = []
@@ -604,7 +604,7 @@ class MindSporeDumper(DumperControl):
             if not isinstance(p, Parameter) or not p.requires_grad:
                 continue
 
-            def hook(grad, pname=pname, cell_id=id(cell)):
+            def hook(grad, pname=pname, cell_id=id(cell)):  # noqa: B008 - bound now, per parameter
                 d = dumper()
                 if d is None or cell_id not in d._pgrad_seen or not d._wanted(name, live=True):
                     return None
@@ -637,7 +637,7 @@ def _sync() -> None:
     if wait is not None:
         try:
             wait()
-        except Exception:
+        except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
             pass
 
 

@@ -43,7 +43,7 @@ def _namespaces() -> dict:
 
         if dist.is_available():
             ns["distributed"] = ("Distributed", [dist, dist.distributed_c10d])
-    except Exception:
+    except Exception:  # noqa: BLE001 - torch.distributed unusable here: its APIs are not wrapped
         pass
     from msprobe.dumpers.pytorch._npu import torch_npu_module
 

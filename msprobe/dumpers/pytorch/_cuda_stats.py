@@ -31,7 +31,7 @@ def available() -> bool:
             try:
                 _build()
                 ok = True
-            except Exception:  # no triton, or one that cannot build here: the torch path
+            except Exception:  # noqa: BLE001 - no triton, or one that cannot build here: the torch path
                 ok = False
         _state["ok"] = ok
     return _state["ok"]

@@ -112,7 +112,7 @@ class PrecisionDebugger:
     def _at_exit(self) -> None:
         try:
             self.dumper.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - closing must not hide the caller's own exception
             pass
 
     @classmethod
@@ -241,7 +241,7 @@ def _remove_dropout() -> None:
     import torch.nn.functional as F
 
     def zero_p(fn):
-        def wrapper(input, p=0.5, *args, **kwargs):
+        def wrapper(input, p=0.5, *args, **kwargs):  # noqa: A002 - torch's own parameter name
             return fn(input, 0.0, *args, **kwargs)
 
         wrapper.__name__ = getattr(fn, "__name__", "dropout")

@@ -25,7 +25,7 @@ def _get_rank() -> Optional[int]:
 
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank()
-    except Exception:
+    except Exception:  # noqa: BLE001 - never break training for the dump
         pass
     return None
 
@@ -167,7 +167,7 @@ class TorchDumper(DumperControl):
             try:
                 rec = {"input_args": [enc.encode(a, f"{fwd}.input.{i}", True) for i, a in enumerate(args)],
                        "input_kwargs": {k: enc.encode(v, f"{fwd}.input.{k}", True) for k, v in kwargs.items()}}
-            except Exception:
+            except Exception:  # noqa: BLE001 - never break training for the dump
                 online.discard()
                 return orig(*args, **kwargs)
             # the backward: gradients of this call's own inputs, in argument order (a tap on the
@@ -179,7 +179,7 @@ class TorchDumper(DumperControl):
             if tap:
                 try:
                     call_args = _tap(args, self._online_grads_callback(base + ".backward", args, grads_state))
-                except Exception:  # inference tensors and the like: no backward check, training goes on
+                except Exception:  # noqa: BLE001 - inference tensors and the like: no backward check, training goes on
                     tap = False
             GUARD.inside = True  # (_tap resets it) calls made inside the API are not recorded
             out = orig(*call_args, **kwargs)
@@ -188,7 +188,7 @@ class TorchDumper(DumperControl):
                 t = _first_tensor(out)
                 backward = tap and t is not None and t.requires_grad and t.grad_fn is not None
                 online.submit(fwd, rec, self.session.current_step, expects_backward=backward)
-            except Exception:
+            except Exception:  # noqa: BLE001 - never break training for the dump
                 online.discard()
                 return out
             if backward:
@@ -225,7 +225,7 @@ class TorchDumper(DumperControl):
             rec = {"input": [enc.encode(g, f"{bwd}.input.{i}", True) for i, g in enumerate(grads_in)],
                    "output": [enc.encode(g, f"{bwd}.output.{i}", True) for i, g in enumerate(grads_out)]}
             online.submit(bwd, rec, self.session.current_step)
-        except Exception:
+        except Exception:  # noqa: BLE001 - never break training for the dump
             online.discard()
         finally:
             GUARD.inside = False
@@ -483,7 +483,7 @@ class _GradTap(torch.autograd.Function):
     def backward(ctx, *grads):
         try:
             ctx.callback(grads)
-        except Exception:  # never break training for the dump
+        except Exception:  # noqa: BLE001 - never break training for the dump
             pass
         return (None,) + grads
 

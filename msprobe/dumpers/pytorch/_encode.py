@@ -10,8 +10,8 @@ import torch
 
 from msprobe.dumpers import fastpath
 from msprobe.dumpers.encode import ValueEncoder
-from msprobe.dumpers.pytorch import _ptfile
 from msprobe.dumpers.ndarray import is_ndarray, ndarray_entry
+from msprobe.dumpers.pytorch import _ptfile
 from msprobe.format.stats import xor64
 
 __all__ = ["Encoder", "fetch_stats", "tensor_bytes"]
@@ -250,7 +250,7 @@ class StatCache:
         self.entries.clear()
 
 
-class Encoder(ValueEncoder):  # noqa: D101
+class Encoder(ValueEncoder):
     """Turns call arguments into JSON-ready entries; owns the per-call tensor decisions."""
 
     tensor_types = (torch.Tensor,)
@@ -328,7 +328,7 @@ class Encoder(ValueEncoder):  # noqa: D101
                 ranks = dist.get_process_group_ranks(value)
                 return {"type": "torch.ProcessGroup", "group_ranks": ranks,
                         "group_id": f"{zlib.crc32(str(ranks).encode()):08x}"}
-            except Exception:
+            except Exception:  # noqa: BLE001 - a process group that cannot be described: no group_id
                 return {"type": "torch.ProcessGroup", "value": None}
         return None
 

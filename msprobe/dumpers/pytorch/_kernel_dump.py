@@ -78,7 +78,7 @@ class KernelDumper:
                 "not installed or cannot be imported (it needs Ascend hardware and the CANN libraries)")
         try:
             available = bool(self.torch_npu.npu.is_available())
-        except Exception:
+        except Exception:  # noqa: BLE001 - torch_npu without a usable device: as if absent
             available = False
         if not available:
             raise ConfigError("level 'L2' (kernel dump) needs an Ascend NPU: torch.npu.is_available() is False")
@@ -129,7 +129,7 @@ class KernelDumper:
     def _device(self) -> int:
         try:
             return int(self.torch_npu.npu.current_device())
-        except Exception:
+        except Exception:  # noqa: BLE001 - torch_npu without a usable device: as if absent
             return 0
 
     def _write_kernel_config(self) -> str:

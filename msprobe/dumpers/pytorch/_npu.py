@@ -27,7 +27,7 @@ def torch_npu_module() -> Optional[Any]:
             _CACHE["absent"] = True
             return None
         return importlib.import_module("torch_npu")
-    except Exception:  # installed but unusable (no CANN): as if absent
+    except Exception:  # noqa: BLE001 - installed but unusable (no CANN): as if absent
         _CACHE["absent"] = True
         return None
 
@@ -39,7 +39,7 @@ def npu_available() -> bool:
         return False
     try:
         return bool(mod.npu.is_available())
-    except Exception:
+    except Exception:  # noqa: BLE001 - torch_npu without a usable device: as if absent
         return False
 
 

@@ -22,7 +22,7 @@ import os
 import pickle
 import struct
 import zlib
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 

@@ -8,19 +8,17 @@ from __future__ import annotations
 import os
 import sys
 
+import mindspore
 import numpy as np
 import pytest
-
-import mindspore
 from mindspore import Tensor, ops
-
 from ms_common import ROOT, pynative, read_doc  # noqa: F401 - pynative: the fixture
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from gen_ms_api_list import NAMESPACES, exists, spec_names, target  # noqa: E402
+from gen_ms_api_list import NAMESPACES, exists, spec_names, target
 
-from msprobe.dumpers.mindspore._apis import load_api_list, namespaces  # noqa: E402
-from msprobe.mindspore import PrecisionDebugger  # noqa: E402
+from msprobe.dumpers.mindspore._apis import load_api_list, namespaces
+from msprobe.mindspore import PrecisionDebugger
 
 
 def test_the_pinned_mindspore():

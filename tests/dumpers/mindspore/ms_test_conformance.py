@@ -6,8 +6,6 @@ parents, the same stack.json grouping and frames, and the same tensor files, up 
 deliberate differences of spec/FORMAT.md §20. Runs in the MindSpore venv (ms_venv.py)."""
 from __future__ import annotations
 
-import glob
-import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor

@@ -9,17 +9,14 @@ import subprocess
 import sys
 import warnings
 
+import mindspore
 import numpy as np
 import pytest
+from mindspore import Tensor, mint, nn
+from ms_common import ROOT, pynative, read_doc  # noqa: F401 - the fixture
 
-import mindspore  # noqa: E402
-from mindspore import Tensor, mint, nn  # noqa: E402
-
-from msprobe.errors import ConfigError  # noqa: E402
-from msprobe.mindspore import PrecisionDebugger, seed_all  # noqa: E402
-
-from ms_common import ROOT, pynative  # noqa: E402,F401 - the fixture
-from ms_common import read_doc  # noqa: E402
+from msprobe.errors import ConfigError
+from msprobe.mindspore import PrecisionDebugger, seed_all
 
 pytestmark = pytest.mark.usefixtures("pynative")
 

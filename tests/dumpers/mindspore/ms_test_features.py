@@ -24,13 +24,11 @@ def test_package_imports_under_numpy_1():
 # ---------------------------------------------------------------------------------------------
 import mindspore  # noqa: E402
 from mindspore import Tensor, mint, nn, ops  # noqa: E402
+from ms_common import pynative  # noqa: E402,F401 - the fixture
+from ms_common import read_doc as _doc  # noqa: E402
 
 from msprobe.errors import ConfigError  # noqa: E402
 from msprobe.mindspore import MsprobeStep, PrecisionDebugger, seed_all  # noqa: E402
-
-
-from ms_common import pynative  # noqa: E402,F401 - the fixture
-from ms_common import read_doc as _doc  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("pynative")
 

@@ -17,14 +17,13 @@ import mindspore.numpy as mnp
 import numpy as np
 import pytest
 from mindspore import Tensor, mint, nn, ops
+from ms_common import pynative  # noqa: F401 - the fixture
+from ms_common import read_doc as _doc
 
 import msprobe.readers
 from msprobe.errors import ConfigError
 from msprobe.format.stats import xor64
 from msprobe.mindspore import PrecisionDebugger
-
-from ms_common import pynative  # noqa: F401 - the fixture
-from ms_common import read_doc as _doc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_npu import _backend
-from torch_npu import npu
+from torch_npu import _backend, npu
 from torch_npu._ops import define_all
 
 __version__ = "2.13.0.fake"
