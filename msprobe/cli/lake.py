@@ -286,8 +286,6 @@ def run_trend(args, lake) -> int:
     print(f"{args.record} {df.attrs['arg']} {args.stat} by step:")
     import pandas as pd
 
-    from msprobe.cli._text import escape_cells
-
     with pd.option_context("display.max_columns", 20, "display.width", 200):
         print(wide.to_string())
     if df.attrs["plot"]:
