@@ -125,7 +125,7 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
                 value = t.load("torch" if t.data_name.endswith(".pt") else "numpy") \
                     if not _is_raw_non_numpy(t) else t.load("torch")
                 logical, shape, data = _payload(value)
-                w.add(t.data_name, logical, shape, lambda d=data: d, len(data))
+                w.add(t.data_name, logical, shape, lambda d=data: d, len(data))  # type: ignore[misc]
                 stats["tensors"] += 1
             w.close()
             locations = w.locations()

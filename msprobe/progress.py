@@ -68,7 +68,7 @@ class Progress:
                 while self._next <= self.n:  # 1, 2, 5, 10, 20, 50, ...
                     self._next = self._next * 5 // 2 if str(self._next)[0] == "2" else self._next * 2
                 self._shown = self.n
-        elif self.enabled:
+        elif self.enabled and self.total is not None:
             tenth = min(self.n * 10 // self.total, 10)
             if tenth != self._shown:
                 self._shown = tenth

@@ -144,6 +144,19 @@ def test_doc_lists_the_layers():
             assert f"`{shown}`" in doc, f"docs/architecture.md does not name the layer entry `{shown}`"
 
 
+def test_the_test_command_lints():
+    """CI's command (scripts/test.sh, run by .ci/run) runs ruff and mypy before the tests, with the
+    settings of pyproject.toml, and the dev install pins both."""
+    script = (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8").splitlines()
+    steps = [line.split("#")[0].strip() for line in script]
+    assert ".venv/bin/ruff check ." in steps and ".venv/bin/mypy" in steps, steps
+    assert steps.index(".venv/bin/mypy") < next(i for i, s in enumerate(steps) if "pytest" in s)
+    pins = (ROOT / "constraints" / "ci.txt").read_text(encoding="utf-8")
+    assert re.search(r"^ruff==", pins, re.M) and re.search(r"^mypy==", pins, re.M)
+    toml = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert "[tool.ruff.lint]" in toml and "[tool.mypy]" in toml and "warn_unused_ignores = true" in toml
+
+
 def test_data_path_names_real_code():
     """Every file the data-path diagram of docs/architecture.md names exists, and every class or
     function it names is defined in one of them."""

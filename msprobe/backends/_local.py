@@ -171,7 +171,7 @@ class LocalStore(Store):
             if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
                 self._fail(exc, "list", exc.filename or base)
 
-        keys = []
+        keys: list = []
         for dirpath, _dirs, files in os.walk(base, onerror=onerror):
             rel = os.path.relpath(dirpath, self._root)
             rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"

@@ -87,7 +87,8 @@ def _missing_dependency(protocol: str, exc: BaseException | None = None) -> Miss
 def _check_options(cls: type, protocol: str, options: Mapping[str, Any]) -> None:
     """Reject storage options the file system class would silently ignore."""
     try:
-        params = inspect.signature(cls.__init__).parameters
+        # __init__'s own parameters: fsspec's caching metaclass hides them from signature(cls)
+        params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
     except (TypeError, ValueError):
         return
     if protocol not in _PASSTHROUGH and any(p.kind is p.VAR_KEYWORD for p in params.values()):

@@ -95,7 +95,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         warn_if_mixed()
     for stream in (sys.stdout, sys.stderr):  # names that are not UTF-8 (surrogate escapes) print, escaped
         try:
-            stream.reconfigure(errors="backslashreplace")
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]  # TextIOWrapper
         except (AttributeError, ValueError, OSError):
             pass
     parser = build_parser()

@@ -83,11 +83,11 @@ def merge_result(input_dir: str, output_dir: str, config: str, *, timestamp: Opt
     openpyxl = _openpyxl()
     if not os.path.isdir(input_dir):
         raise ConfigError(f"-i {input_dir}: not a directory")
-    files = {}
+    files: dict = {}
     for f in sorted(os.listdir(input_dir)):
-        m = _RANK.match(f)
-        if m:
-            files.setdefault(int(m.group(1)), os.path.join(input_dir, f))
+        fm = _RANK.match(f)
+        if fm:
+            files.setdefault(int(fm.group(1)), os.path.join(input_dir, f))
     if not files:
         raise ConfigError(f"-i {input_dir}: no compare_result_rank<N>_<timestamp>.csv/.xlsx files (the output of a "
                           f"multi-rank compare)")
@@ -119,6 +119,7 @@ def merge_result(input_dir: str, output_dir: str, config: str, *, timestamp: Opt
                 if v.strip() in _UNDEFINED:
                     v = f"NPU:'{r[col['NPU max']]}'  Bench:'{r[col['Bench max']]}'"
                 table.setdefault(x, {}).setdefault(name, {})[rank] = v
+    assert mode is not None  # files is not empty: every file set it
     metrics = index or METRICS[mode]
     ranks = sorted(files)
     wb = openpyxl.Workbook()

@@ -56,7 +56,7 @@ class Arg:
         return f"{type(self).__name__}({self.path!r}, {self.raw!r})"
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.raw == other.raw  # type: ignore[attr-defined]
+        return isinstance(other, Arg) and type(self) is type(other) and self.raw == other.raw
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -314,7 +314,7 @@ def trend(lake: Any, record: str, *, stat: str = "norm", arg: Optional[str] = No
     return df
 
 
-def _plot(df: Any, path: str, record: str, arg: str, stat: str) -> str:
+def _plot(df: Any, path: str, record: str, arg: Optional[str], stat: str) -> str:
     try:
         import matplotlib
 

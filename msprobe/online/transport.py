@@ -30,7 +30,7 @@ import ssl
 import struct
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 from msprobe.errors import ConfigError, MsprobeError, invalid_value
 from msprobe.online.packet import Packet, PacketError, decode_packet
@@ -131,7 +131,7 @@ def _recv_exact(sock: Any, n: int) -> Optional[bytearray]:
     return buf
 
 
-def _truncated(got: int, n: int) -> None:
+def _truncated(got: int, n: int) -> NoReturn:
     raise TransportError(f"connection closed in the middle of a frame ({got} of {n} bytes)")
 
 
@@ -164,7 +164,7 @@ class StoreSink:
             from msprobe.backends import LocalStore
 
             # still temp file + atomic rename, without an fsync per packet (they are transient)
-            store = LocalStore(store.local_path(""), fsync=False)
+            store = LocalStore(store.local_path(""), fsync=False)  # type: ignore[arg-type]  # local: a path
         self.store = store
 
     @staticmethod

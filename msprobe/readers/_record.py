@@ -84,7 +84,8 @@ class TensorRef(TensorArg):
             return ts.load(dn, framework, record=rec_name, dtype=self.dtype if check else None,
                            shape=self.shape if check else None)
         key = self.key
-        return load_tensor_file(self.record.source.store, key, record=rec_name, dtype=self.dtype,  # type: ignore[union-attr]
+        return load_tensor_file(self.record.source.store, key,  # type: ignore[union-attr, arg-type]
+                                record=rec_name, dtype=self.dtype,
                                 shape=self.shape, framework=framework, max_bytes=max_bytes, check=check)
 
     def __repr__(self) -> str:

@@ -178,7 +178,7 @@ def _number(v: Any, what: str, record: str, path: str) -> float:
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, (int, float)):
-        return v  # type: ignore[return-value]
+        return v
     raise MsprobeError(f"record {record!r}: {path}: {what} is {v!r}; a number is needed to generate a tensor")
 
 

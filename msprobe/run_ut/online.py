@@ -311,7 +311,7 @@ class OnlineChecker:
         return self.summary()
 
     def summary(self) -> dict:
-        out = dict(self.counts)
+        out: dict = dict(self.counts)
         out["files"] = {r: [w.result_path, w.details_path] for r, w in self.writers.items()}
         out["closed"] = sorted(self.progress.closed)
         out["pending"] = len(self.pending)

@@ -133,7 +133,8 @@ def _compressor(codec: Optional[str]) -> Any:
         return None
     from numcodecs import Blosc
 
-    shuffle = {"shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE, "noshuffle": Blosc.NOSHUFFLE}[cfg["shuffle"]]
+    shuffles = {"shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE, "noshuffle": Blosc.NOSHUFFLE}
+    shuffle = shuffles[str(cfg["shuffle"])]
     return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=shuffle)
 
 

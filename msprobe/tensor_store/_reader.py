@@ -303,7 +303,7 @@ class ZarrTensorReader:
             out.append(self._read_in_shard(a, k, meta, pos - k * meta["shard"], s_end - k * meta["shard"]))
             pos = s_end
         flat = out[0] if len(out) == 1 else np.concatenate(out)
-        if sha and hashlib.sha256(memoryview(np.ascontiguousarray(flat)).cast("B")).hexdigest()[:len(sha)] != sha:
+        if sha and hashlib.sha256(memoryview(np.ascontiguousarray(flat)).cast("B")).hexdigest()[:len(sha)] != sha:  # type: ignore[arg-type]
             raise TensorLoadError(f"{data_name}: the stored bytes do not match their SHA-256 (corrupt store)")
         return logical, shape, flat
 

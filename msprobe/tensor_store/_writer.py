@@ -126,7 +126,7 @@ class ZarrTensorWriter:
         self._busy = 0  # queue items + shard jobs not finished
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="msprobe-zarr")
         self._packer: Optional[threading.Thread] = None
-        self._journal = None
+        self._journal: Any = None  # the manifest journal, opened with the first payload
         self._group_state: Optional[bool] = None  # the 'complete' flag last written to the group
         self._dirty = False  # payloads added since the last checkpoint
         self._names_unflushed = False  # names of stored payloads journaled, not yet flushed
@@ -255,7 +255,7 @@ class ZarrTensorWriter:
 
     def _journal_line(self, obj: dict) -> None:
         try:
-            self._journal.append(json.dumps(obj, separators=(",", ":")))  # type: ignore[union-attr]
+            self._journal.append(json.dumps(obj, separators=(",", ":")))
         except Exception as exc:  # noqa: BLE001
             self._failed["manifest journal"] = exc
 
