@@ -5,7 +5,6 @@ import contextlib
 import csv
 import gc
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -15,20 +14,19 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Iterator, Optional
 
 from msprobe.compare._match import match_records
-from msprobe.compare._verdict import Facts, diverges, judge_record
+from msprobe.compare._plot import PlotMarks
+from msprobe.compare._plotproc import draw as draw_plot
+from msprobe.compare._plotproc import start as start_plotter
 from msprobe.compare._rows import (
     COLUMNS,
     leaf_side,
     md5_metrics,
-    norm_record_name,
     record_leaves,
     stats_metrics,
     tensor_metrics,
 )
+from msprobe.compare._verdict import Facts, diverges, judge_record
 from msprobe.errors import ConfigError, MissingDependencyError
-from msprobe.compare._plot import PlotMarks
-from msprobe.compare._plotproc import start as start_plotter
-from msprobe.compare._plotproc import draw as draw_plot
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.progress import Progress

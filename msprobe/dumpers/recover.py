@@ -18,7 +18,6 @@ from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STAC
 from msprobe.format.layout import JOURNAL_DIR, STORE_DIR, TENSOR_DIR, parse_rank_dir, parse_step_dir
 from msprobe.format.model import Record
 
-
 __all__ = ["RecoveryResult", "recover_store", "find_journals"]
 
 

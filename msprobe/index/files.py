@@ -131,7 +131,7 @@ def doc_stat(store: Any, key: str) -> tuple:
 
 def mtime_of(info: dict) -> Optional[float]:
     """The modification time in an fsspec ``info``/listing entry (seconds), or None."""
-    mt = info.get("LastModified") or info.get("mtime") or info.get("created")
+    mt: Any = info.get("LastModified") or info.get("mtime") or info.get("created")
     if hasattr(mt, "timestamp"):
         mt = mt.timestamp()
     return float(mt) if isinstance(mt, (int, float)) and not isinstance(mt, bool) else None
@@ -362,14 +362,14 @@ def check_index_file(store: Any, key: str) -> int:
     return size
 
 
-def read_index_table(store: Any, key: str, columns: Optional[list] = None, filter: Any = None) -> Any:
+def read_index_table(store: Any, key: str, columns: Optional[list] = None, filter: Any = None) -> Any:  # noqa: A002
     """Read one index file through ``store``, bounded: its footer and its dictionaries are
     checked (:class:`IndexBombError`) before anything is inflated or decoded."""
     data = store.get(key)
     return read_index_bytes(data, key, columns=columns, filter=filter)
 
 
-def read_index_bytes(data: bytes, where: str, columns: Optional[list] = None, filter: Any = None) -> Any:
+def read_index_bytes(data: bytes, where: str, columns: Optional[list] = None, filter: Any = None) -> Any:  # noqa: A002
     """:func:`read_index_table` of an index file's bytes."""
     pq = _pq()
     try:

@@ -522,7 +522,7 @@ class Lake:
         if self._expr is not None:
             # a filtered view: the pyarrow dataset applies the expression, DuckDB scans the result stream
             con.register("lake_ds", self.dataset.scanner(filter=self._expr).to_reader())
-            con.execute(f"CREATE VIEW lake_records AS SELECT * FROM lake_ds")
+            con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
             con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
             return "pyarrow-filtered"
         engine = "pyarrow"

@@ -6,8 +6,7 @@ import re
 from typing import Any, Iterable, Iterator, Optional
 
 from msprobe.errors import MsprobeError, RecordNotFoundError, StorageNotFoundError
-from msprobe.index.files import (check_decoded_strings, check_index_footer, concat_tables, decode_limit,
-                                 read_index_table)
+from msprobe.index.files import check_decoded_strings, check_index_footer, concat_tables, decode_limit, read_index_table
 from msprobe.index.rows import COLUMNS, DIGEST_COLUMNS, arrow_schema, rank_rows, rows_to_arrow
 from msprobe.readers._record import DumpRecord
 

@@ -12,9 +12,20 @@ from typing import Any, Optional
 from msprobe.errors import StorageNotFoundError, require
 from msprobe.format.layout import join_key
 from msprobe.index.compact import compact_index, run_compact_key
+
 # the public index names this module has always offered (msprobe.index is their home)
-from msprobe.index.files import COMPACT_FILE, INDEX_FILE, INDEX_VERSION, META_PREFIX, StaleIndexWarning
-from msprobe.index.files import doc_stat, partition_key, read_index_metadata, stale_reason, write_rank_index
+from msprobe.index.files import (
+    COMPACT_FILE,
+    INDEX_FILE,
+    INDEX_VERSION,
+    META_PREFIX,
+    StaleIndexWarning,
+    doc_stat,
+    partition_key,
+    read_index_metadata,
+    stale_reason,
+    write_rank_index,
+)
 from msprobe.progress import Progress
 from msprobe.readers._api import open as open_dump
 from msprobe.readers._dump import Dump

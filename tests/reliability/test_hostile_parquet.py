@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("torch")
 
-from tests.reliability._bombs import cli_measured, run_measured  # noqa: E402
+from tests.reliability._bombs import cli_measured, run_measured
 
 BOUND_MIB = 200
 HERE = os.path.dirname(os.path.abspath(__file__))
