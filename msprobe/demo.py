@@ -10,8 +10,12 @@ import math
 import time
 from typing import Optional
 
-from msprobe.errors import MissingDependencyError
+import msprobe.readers
+from msprobe.backends import open_store
+from msprobe.errors import MissingDependencyError, require
 from msprobe.format.nonfinite import NonFiniteTracker, describe
+from msprobe.pytorch import PrecisionDebugger, seed_all
+from msprobe.readers.validate import validate_store
 
 
 def build_model(vocab: int = 100, hidden: int = 32, heads: int = 2, layers: int = 2, seq: int = 16):
@@ -56,12 +60,8 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
              storage_options: Optional[dict] = None, quiet: bool = False) -> dict:
     """Train, dump, validate and read back; needs only the ``torch`` extra (the tabular read-back
     through ``to_pandas()`` runs when the ``parquet`` extra is installed, and says so when not)."""
-    from msprobe.errors import require
-
     torch = require("torch", "torch")
     import torch.nn.functional as F
-
-    from msprobe.pytorch import PrecisionDebugger, seed_all
 
     say = (lambda *a: None) if quiet else print
     seed_all(1234)
@@ -86,10 +86,6 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
         say(f"  step {step}: loss {losses[-1]:.4f}")
     dbg.dumper.close()
     elapsed = time.perf_counter() - t0
-
-    import msprobe.readers
-    from msprobe.backends import open_store
-    from msprobe.readers.validate import validate_store
 
     report = validate_store(open_store(dump_path, storage_options=storage_options, read_only=True, create=False))
     say(report.summary())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import abc
 from typing import IO, TYPE_CHECKING, BinaryIO, Union
 
+from msprobe.backends._journal import Journal
 from msprobe.backends._keys import validate_key, validate_prefix
 from msprobe.errors import StoragePermissionError
 
@@ -130,8 +131,6 @@ class Store(abc.ABC):
 
     def journal(self, prefix: str, **kwargs: object) -> "Journal":
         """An append-only, crash-safe :class:`Journal` under ``prefix``."""
-        from msprobe.backends._journal import Journal
-
         return Journal(self, prefix, **kwargs)  # type: ignore[arg-type]
 
     # helpers for subclasses

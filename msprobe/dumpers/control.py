@@ -17,6 +17,9 @@ import sys
 import weakref
 from typing import Any, Optional
 
+from msprobe.dumpers.session import DumpSession
+from msprobe.errors import ConfigError
+
 __all__ = ["DumperControl", "capture_stack", "render_stack"]
 
 _PKG_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
@@ -48,8 +51,6 @@ class DumperControl:
                     get_rank: Any) -> None:
         """What every dumper starts with: its session and encoder, the API patcher, and the
         bookkeeping this mixin reads (stacks, filters, parents, levels)."""
-        from msprobe.dumpers.session import DumpSession
-
         self.config = config
         self.session = DumpSession(config, framework, fetch_stats=fetch_stats, render_stack=render_stack,
                                    get_rank=get_rank)
@@ -97,7 +98,6 @@ class DumperControl:
     def _set_token_range(self, model: Any, token_range: Optional[list]) -> None:
         if token_range is None:
             return
-        from msprobe.errors import ConfigError
 
         if model is None:
             raise ConfigError("token_range requires model")
@@ -147,8 +147,6 @@ class DumperControl:
     def _add_models(self, model: Any, cls: type, what: str, handles: list) -> Optional[list]:
         """The models of ``start(model=...)`` (one, or a list/tuple), None when they are hooked
         already; with a token_range the first one's forward pre-hook counts the tokens."""
-        from msprobe.errors import ConfigError
-
         models = list(model) if isinstance(model, (list, tuple)) else [model]
         for m in models:
             if not isinstance(m, cls):

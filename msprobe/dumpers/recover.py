@@ -14,9 +14,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from msprobe.backends import read_journal
+from msprobe.backends._keys import is_temp_name
+from msprobe.errors import FormatError, MsprobeError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_json
-from msprobe.format.layout import JOURNAL_DIR, STORE_DIR, TENSOR_DIR, parse_rank_dir, parse_step_dir
+from msprobe.format.layout import JOURNAL_DIR, MARKER_FILE, STORE_DIR, TENSOR_DIR, parse_rank_dir, parse_step_dir
 from msprobe.format.model import Record
+from msprobe.tensor_store import ZarrTensorReader
 
 __all__ = ["RecoveryResult", "recover_store", "find_journals"]
 
@@ -85,8 +89,6 @@ def recover_store(store: Any, prefix: str = "", *, task: Optional[str] = None, l
 
 def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Optional[str],
                   framework: str) -> RecoveryResult:
-    from msprobe.backends import read_journal
-
     res = RecoveryResult(rank_prefix)
     marker = _marker(store, rank_prefix)
     if marker.get("final") is True and (store.exists(f"{rank_prefix}/{DUMP_JSON}")
@@ -179,8 +181,6 @@ def _frames(frames: Any) -> list:
 
 def _invalid_entry(entry: dict) -> Optional[str]:
     """Why a journaled record would make the rebuilt documents invalid (what ``validate`` checks), or None."""
-    from msprobe.errors import FormatError
-
     name = entry.get("name")
     if not isinstance(name, str):
         return "the record name is not a string"
@@ -205,8 +205,6 @@ def _zarr_names(store: Any, rank_prefix: str, res: RecoveryResult) -> Optional[s
     the group manifest merged with its manifest journal), or None when there is no store."""
     if not store.exists(f"{rank_prefix}/{STORE_DIR}/zarr.json"):
         return None
-    from msprobe.errors import MsprobeError
-    from msprobe.tensor_store import ZarrTensorReader
 
     try:
         return set(ZarrTensorReader(store, rank_prefix).names())
@@ -218,8 +216,6 @@ def _zarr_names(store: Any, rank_prefix: str, res: RecoveryResult) -> Optional[s
 def _remove_stale_temps(store: Any, prefix: str) -> None:
     """Temp files of writes the kill interrupted (never visible under a final name): remove them."""
     import os
-
-    from msprobe.backends._keys import is_temp_name
 
     local = store.local_path(prefix) if getattr(store, "is_local", False) else None
     if not local or not os.path.isdir(local):
@@ -233,8 +229,6 @@ def _remove_stale_temps(store: Any, prefix: str) -> None:
 
 
 def _marker(store: Any, rank_prefix: str) -> dict:
-    from msprobe.format.layout import MARKER_FILE
-
     try:
         raw = json.loads(store.get(f"{rank_prefix}/{MARKER_FILE}"))
         return raw if isinstance(raw, dict) else {}

@@ -20,7 +20,12 @@ import zlib
 from collections import defaultdict, deque
 from typing import Any, Callable, Optional
 
+from msprobe import __version__
+from msprobe.backends import append_log_line, claim_run_dir
+from msprobe.backends._keys import TEMP_MARKER
+from msprobe.backends._retry import RetryPolicy, is_disk_full, put_retrying
 from msprobe.dumpers.config import DumpConfig
+from msprobe.errors import StorageError, StoragePermissionError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_records_json
 from msprobe.format.layout import ERROR_LOG, FORMAT_VERSION, JOURNAL_DIR, MARKER_FILE, TENSOR_DIR, rank_dir_name
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
@@ -68,8 +73,6 @@ class _Failures:
 def _probe_local_dir(path: str) -> None:
     """Raise the OSError that writing below ``path`` meets: a probe file in ``path`` when it
     exists, else a probe directory in its nearest existing ancestor (nothing is left behind)."""
-    from msprobe.backends._keys import TEMP_MARKER
-
     path = os.path.abspath(path)
     here = path
     while not os.path.isdir(here):
@@ -227,8 +230,6 @@ class _RetryingPut:
         self.store, self.policy = store, policy
 
     def put(self, key: str, data: bytes) -> None:
-        from msprobe.backends._retry import put_retrying
-
         put_retrying(self.store, key, data, overwrite=True, policy=self.policy)
 
 
@@ -238,8 +239,6 @@ class DumpSession:
     def __init__(self, config: DumpConfig, framework: str, *, fetch_stats: Callable[[list], list],
                  render_stack: Callable[[tuple], list], get_rank: Callable[[], Optional[int]],
                  producer: str = "msprobe-lake"):
-        from msprobe import __version__
-
         self.config = config
         self.framework = framework
         self.fetch_stats = fetch_stats
@@ -318,8 +317,6 @@ class DumpSession:
         (``storage_timeout``) per operation, and one breaker: once the store has not answered
         for a whole deadline, the operations that follow fail at once (counted, logged) for a
         cool-down instead of each waiting out its own deadline."""
-        from msprobe.backends._retry import RetryPolicy
-
         return RetryPolicy(deadline=self.config.storage_timeout, breaker=self._get_breaker())
 
     def _get_breaker(self):
@@ -332,9 +329,6 @@ class DumpSession:
     def check_writable(self) -> None:
         """At ``PrecisionDebugger()``: prove that ``dump_path`` can be written (a probe object
         created and deleted), or raise a typed :class:`StorageError` naming the path and the cause."""
-        from msprobe.backends._keys import TEMP_MARKER
-        from msprobe.errors import StorageError, StoragePermissionError
-
         path = self.config.dump_path
         try:
             if "://" not in path.split("::", 1)[0] or path.startswith("file://"):
@@ -368,8 +362,6 @@ class DumpSession:
 
     def _tensor_failed(self, key: str, exc: BaseException) -> None:
         """A tensor file could not be written (writer thread): a full disk stops tensor writes."""
-        from msprobe.backends._retry import is_disk_full
-
         if is_disk_full(exc):
             self.tensors_off = True
         self._note_error("tensor", exc, key=key)
@@ -402,8 +394,6 @@ class DumpSession:
         so of several runs starting together exactly one gets it."""
         if self.config.run_dir_policy != "refuse" or self._claimed == self.current_step:
             return
-        from msprobe.backends import claim_run_dir
-        from msprobe.errors import StoragePermissionError
 
         prefix = self.rank_prefix
         try:
@@ -676,8 +666,6 @@ class DumpSession:
 
     def _note_error(self, what: str, exc: BaseException, *, key: Optional[str] = None) -> None:
         """One object (or batch) not written: counted, said once on stderr, logged locally."""
-        from msprobe.backends._retry import is_disk_full
-
         f = self.failures
         where = f"{self.store.url.rstrip('/')}/{key}" if key else f"{self.store.url} ({what})"
         message = " ".join(f"{type(exc).__name__}: {exc}".split())
@@ -729,8 +717,6 @@ class DumpSession:
             lines = f.lines.pop(prefix, None)
         if not lines or getattr(self.store, "is_local", False):
             return
-        from msprobe.backends import append_log_line
-        from msprobe.backends._retry import RetryPolicy
 
         try:
             append_log_line(self.store, f"{prefix}/{ERROR_LOG}", "".join(lines).rstrip("\n"),

@@ -7,6 +7,7 @@ import io
 from typing import Any, Optional
 
 from msprobe.errors import StorageNotFoundError
+from msprobe.readers import DumpRecord
 
 __all__ = ["PacketSource", "packet_record"]
 
@@ -90,7 +91,5 @@ class PacketSource:
 
 
 def packet_record(packet: Any, seq: Optional[int] = None, *, source: Optional[PacketSource] = None) -> Any:
-    from msprobe.readers import DumpRecord
-
     src = source if source is not None else PacketSource([packet])
     return DumpRecord(packet.name, packet.seq if seq is None else seq, src)

@@ -26,6 +26,7 @@ import struct
 from typing import Any, Iterable, Optional
 
 from msprobe.errors import FormatError
+from msprobe.online._source import packet_record
 
 __all__ = ["MAGIC", "Packet", "PacketError", "encode_packet", "decode_packet", "KINDS", "MAX_HEADER_BYTES"]
 
@@ -110,8 +111,6 @@ class Packet:
 
     def record(self, seq: Optional[int] = None) -> Any:
         """This packet's record as a :class:`msprobe.readers.DumpRecord` (tensors load from the packet)."""
-        from msprobe.online._source import packet_record
-
         return packet_record(self, seq)
 
     def __repr__(self) -> str:

@@ -24,6 +24,7 @@ from msprobe.format.layout import (
 from msprobe.index.files import COMPACT_FILE, read_compactions
 from msprobe.readers._dump import Dump
 from msprobe.readers._source import IndexSource, RankSource
+from msprobe.readers._store import open_store
 
 __all__ = ["open", "Engine", "MsprobeEngine", "IndexEngine", "ENGINES", "list_engines", "guess_engine", "looks_like_dump"]
 
@@ -239,7 +240,6 @@ def open(path: Any, engine: Any = None, storage_options: Optional[dict] = None, 
     """
     if isinstance(path, Dump):
         return path
-    from msprobe.readers._store import open_store
 
     store = open_store(path, storage_options, read_only=True, create=False)
     url = store.url

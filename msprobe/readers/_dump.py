@@ -5,10 +5,13 @@ import fnmatch
 import re
 from typing import Any, Iterable, Iterator, Optional
 
-from msprobe.errors import MsprobeError, RecordNotFoundError, StorageNotFoundError
+from msprobe.errors import MsprobeError, RecordNotFoundError, StorageNotFoundError, require
+from msprobe.format.layout import detect_dialect
 from msprobe.index.files import check_decoded_strings, check_index_footer, concat_tables, decode_limit, read_index_table
 from msprobe.index.rows import COLUMNS, DIGEST_COLUMNS, arrow_schema, rank_rows, rows_to_arrow
+from msprobe.readers._kernel import kernel_configs, list_kernel_dumps
 from msprobe.readers._record import DumpRecord
+from msprobe.readers._store import arrow_location
 
 __all__ = ["Dump", "ANY", "AmbiguousRecordError"]
 
@@ -92,14 +95,10 @@ class Dump:
         """The level-L2 kernel-dump files (:class:`~msprobe.readers._kernel.KernelDumpFile`) under
         ``stepN/{timestamp}/{device}/``, optionally of one step. They are the Ascend runtime's binary
         dump format: listed with their name parts and sizes, readable as bytes, not decoded."""
-        from msprobe.readers._kernel import list_kernel_dumps
-
         return list_kernel_dumps(self.store, None if step is ANY else step)
 
     def kernel_configs(self) -> dict:
         """{(step, device): key} of the ``kernel_config_{device}.json`` files of an L2 dump."""
-        from msprobe.readers._kernel import kernel_configs
-
         return kernel_configs(self.store)
 
     def _meta(self, key: str) -> Any:
@@ -127,8 +126,6 @@ class Dump:
         return self._dialect
 
     def dialect_of(self, src: Any) -> Optional[str]:
-        from msprobe.format.layout import detect_dialect
-
         if src.use_index:
             d = src.index_metadata().get("dialect")
             if d:
@@ -304,8 +301,6 @@ class Dump:
         ``filter``: a ``pyarrow.compute`` expression, pushed down into the Parquet
         scan when the index is used. ``columns``: a subset, in that order.
         """
-        from msprobe.errors import require
-
         require("pyarrow", "parquet")
         import pyarrow.compute as pc
         import pyarrow.dataset as pads
@@ -476,8 +471,6 @@ def _scan_indexes(sources: list, columns: list, expr: Any, compacts: Optional[di
     indexed by its producer without one); files of an index-only lake keep theirs."""
     import pyarrow as pa
     import pyarrow.dataset as pads
-
-    from msprobe.readers._store import arrow_location
 
     groups: list = []  # (file system or None, paths or (store, key) pairs, run override)
     for src, store, key in _with_compactions(sources, compacts or {}):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator, Optional
 
-from msprobe.errors import TensorLoadError
+from msprobe.errors import RecordNotFoundError, TensorLoadError
 from msprobe.format.model import (
     Arg,
     MappingArg,
@@ -18,7 +18,10 @@ from msprobe.format.model import (
     TensorArg,
     parse_arg,
 )
+from msprobe.format.naming import parse_record_name
 from msprobe.index.rows import forward_twin, record_fields, record_tensors
+from msprobe.readers._replay import replay_inputs
+from msprobe.readers._tensor import load_tensor_file
 
 __all__ = ["DumpRecord", "TensorRef", "bind_args"]
 
@@ -71,8 +74,6 @@ class TensorRef(TensorArg):
         tensors come back as float32 arrays (exactly representable).
         Raises :class:`TensorLoadError` naming the record and the file.
         """
-        from msprobe.readers._tensor import load_tensor_file
-
         rec_name = self.record.name if self.record is not None else "?"
         dn = self.data_name
         if not isinstance(dn, str):
@@ -149,8 +150,6 @@ class DumpRecord:
     @property
     def parsed(self) -> Any:
         """The :class:`~msprobe.format.naming.RecordName` (class name, module path, ...)."""
-        from msprobe.format.naming import parse_record_name
-
         return parse_record_name(self.name, strict=False)
 
     def __repr__(self) -> str:
@@ -243,7 +242,6 @@ class DumpRecord:
         for _, t in self.tensors():
             if t.path == arg_path:
                 return t
-        from msprobe.errors import RecordNotFoundError
 
         raise RecordNotFoundError(f"record {self.name!r} has no tensor at {arg_path!r}")
 
@@ -310,8 +308,6 @@ class DumpRecord:
         bytes the generated tensors of this call may take together, checked from the declared
         shapes before anything is generated (:class:`msprobe.readers._replay.InputTooLargeError`).
         """
-        from msprobe.readers._replay import replay_inputs
-
         return replay_inputs(self, mode=mode, framework=framework, seed=seed, need_grad=need_grad,
                              max_generated_bytes=max_generated_bytes)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from msprobe.errors import ConfigError, MsprobeError, TensorLoadError
+from msprobe.errors import ConfigError, FormatError, MsprobeError, TensorLoadError
 from msprobe.format.dtypes import canonical_dtype, is_bool, is_float, is_int, itemsize, numpy_dtype
 from msprobe.format.model import (
     EllipsisArg,
@@ -90,8 +90,6 @@ def decode_value(arg: Any, ctx: tuple) -> Any:
 def declared_shape(entry: Any, record: str, path: str) -> tuple:
     """A tensor entry's shape as ints >= 0; a malformed one (NaN, Infinity, a string, 2**63) is a
     :class:`~msprobe.errors.FormatError` naming the record."""
-    from msprobe.errors import FormatError
-
     shape = entry.get("shape") if isinstance(entry, dict) else None
     shape = shape if shape is not None else ()
     if not isinstance(shape, (list, tuple)) or not all(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+from msprobe.backends import read_journal
 from msprobe.errors import (
     DocumentError,
     MsprobeError,
@@ -257,8 +258,6 @@ class RankSource:
 
     def _merge_journal(self, doc: DumpDocument) -> None:
         """Append journaled records the document lacks (the documents win for the others)."""
-        from msprobe.backends import read_journal
-
         recs: dict = {}
         parents: dict = {}
         stacks: dict = {}

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from msprobe.backends import open_store as _open
+
 __all__ = ["open_store", "arrow_location"]
 
 
 def open_store(url: Any, storage_options: Optional[dict] = None, *, read_only: bool = False,
                create: bool = False) -> Any:
-    from msprobe.backends import open_store as _open
-
     return _open(url, storage_options, read_only=read_only, create=create)
 
 

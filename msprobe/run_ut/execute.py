@@ -12,6 +12,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional
 
+from msprobe.format.model import SequenceArg, TensorArg
 from msprobe.run_ut import standards as S
 from msprobe.run_ut.metrics import ERROR, PASS, SKIP, WARNING, compare_values, skip_row, worst
 
@@ -362,8 +363,6 @@ def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str
 
 
 def _flatten_args(args: list, out: list) -> list:
-    from msprobe.format.model import SequenceArg
-
     for a in args:
         if isinstance(a, SequenceArg):
             _flatten_args(list(a.items), out)
@@ -373,8 +372,6 @@ def _flatten_args(args: list, out: list) -> list:
 
 
 def _load_recorded(args: list) -> Optional[list]:
-    from msprobe.format.model import TensorArg
-
     flat = _flatten_args(args, [])
     out: list = []
     any_file = False

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from msprobe.backends import read_journal
 from msprobe.errors import (
     FormatError,
     MissingDependencyError,
@@ -172,8 +173,6 @@ class ZarrTensorReader:
         self.incomplete -= set(self.tensors)
 
     def _replay_journal(self) -> None:
-        from msprobe.backends import read_journal
-
         names_waiting: dict = {}
         where = self._k(STORE_DIR, MANIFEST_DIR)
         for line in read_journal(self.store, where, on_truncated=lambda k, b: None):

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from msprobe.backends._retry import RetryPolicy
 from msprobe.errors import ConfigError, StorageError
 from msprobe.format.layout import join_key
 from msprobe.tensor_store._layout import (
@@ -98,7 +99,6 @@ class ZarrTensorWriter:
             raise ConfigError(f"invalid tensor_compression {compression!r}; valid: {sorted(CODECS)}")
         if shard_bytes < chunk_bytes or chunk_bytes < 64:
             raise ConfigError(f"tensor store: shard_bytes={shard_bytes} must be >= chunk_bytes={chunk_bytes} >= 64")
-        from msprobe.backends._retry import RetryPolicy
 
         self.store = store
         self.prefix = rank_prefix.strip("/")

@@ -16,6 +16,7 @@ import torch
 
 from msprobe.dumpers.apilist import load_api_list as _load_api_list
 from msprobe.dumpers.patcher import ApiPatcher as _ApiPatcher
+from msprobe.dumpers.pytorch._npu import torch_npu_module
 
 __all__ = ["load_api_list", "ApiPatcher", "GUARD", "NAMESPACES"]
 
@@ -45,7 +46,6 @@ def _namespaces() -> dict:
             ns["distributed"] = ("Distributed", [dist, dist.distributed_c10d])
     except Exception:  # noqa: BLE001 - torch.distributed unusable here: its APIs are not wrapped
         pass
-    from msprobe.dumpers.pytorch._npu import torch_npu_module
 
     torch_npu = torch_npu_module()
     if torch_npu is not None:  # its public operators: torch_npu.npu_* (torch.ops.npu.* underneath)

@@ -7,7 +7,9 @@ import threading
 from typing import Any, Optional
 
 from msprobe.dumpers.config import check_seed_args, load_config
+from msprobe.dumpers.pytorch._npu import set_npu_seeds
 from msprobe.errors import ConfigError
+from msprobe.format.naming import register_prefix
 
 __all__ = ["PrecisionDebugger", "seed_all", "module_dump", "module_dump_end"]
 
@@ -94,7 +96,6 @@ class PrecisionDebugger:
     @classmethod
     def register_custom_api(cls, module: Any, api_name: str, api_prefix: Optional[str] = None) -> None:
         self = cls._get()
-        from msprobe.format.naming import register_prefix
 
         if not isinstance(api_name, str) or not callable(getattr(module, api_name, None)):
             raise ConfigError(f"invalid custom API {api_name!r}: {getattr(module, '__name__', module)!r} "
@@ -166,7 +167,6 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True, is_e
     if torch.cuda.is_available():
         torch.cuda.manual_seed(seed)
         torch.cuda.manual_seed_all(seed)
-    from msprobe.dumpers.pytorch._npu import set_npu_seeds
 
     set_npu_seeds(seed, mode)  # torch_npu present: NPU seeds (+ deterministic collectives with mode)
     if mode:

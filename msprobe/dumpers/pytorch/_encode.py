@@ -12,7 +12,9 @@ from msprobe.dumpers import fastpath
 from msprobe.dumpers.encode import ValueEncoder
 from msprobe.dumpers.ndarray import is_ndarray, ndarray_entry
 from msprobe.dumpers.pytorch import _ptfile
+from msprobe.errors import MsprobeError
 from msprobe.format.stats import xor64
+from msprobe.tensor_store._layout import storage_dtype
 
 __all__ = ["Encoder", "fetch_stats", "tensor_bytes"]
 
@@ -267,8 +269,6 @@ class Encoder(ValueEncoder):
         bytes are hashed and deduplicated by content in the store's packer thread."""
         session = self.session
         logical = str(t.dtype).replace("torch.", "", 1)
-        from msprobe.errors import MsprobeError
-        from msprobe.tensor_store._layout import storage_dtype
 
         try:
             if t.layout != torch.strided:

@@ -25,6 +25,8 @@ from typing import Any, Optional
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._dumper import _first_tensor, _get_rank
+from msprobe.dumpers.pytorch._npu import torch_npu_module
+from msprobe.dumpers.session import DumpSession
 from msprobe.errors import ConfigError, MissingDependencyError
 
 __all__ = ["KernelDumper", "KERNEL_CONFIG_NAME"]
@@ -58,8 +60,6 @@ class KernelDumper:
     """The dumper of ``level: "L2"`` (same control surface as TorchDumper: start/stop/step/close)."""
 
     def __init__(self, config: DumpConfig):
-        from msprobe.dumpers.pytorch._npu import torch_npu_module
-
         if len(config.list) != 1 or not _API_NAME.match(config.list[0]):
             raise ConfigError(
                 f"level 'L2' dumps the kernels of exactly one API per step: list={config.list!r}; valid: one "
@@ -82,7 +82,6 @@ class KernelDumper:
             available = False
         if not available:
             raise ConfigError("level 'L2' (kernel dump) needs an Ascend NPU: torch.npu.is_available() is False")
-        from msprobe.dumpers.session import DumpSession
 
         self.config = config
         self.root = str(root)[len("file://"):] if str(root).startswith("file://") else str(root)

@@ -17,13 +17,13 @@ from msprobe.dumpers.pytorch._apis import GUARD
 from msprobe.dumpers.pytorch._encode import Encoder, tensor_bytes
 from msprobe.online.config import OnlineSettings
 from msprobe.online.packet import encode_packet
+from msprobe.online.sender import OnlineSender
+from msprobe.online.transport import SocketSink, StoreSink, client_ssl_context
 
 __all__ = ["OnlineRunUt", "make_sink"]
 
 
 def make_sink(settings: OnlineSettings) -> Any:
-    from msprobe.online.transport import SocketSink, StoreSink, client_ssl_context
-
     if settings.transport == "store":
         return StoreSink(settings.nfs_path, storage_options=settings.storage_options)
     ctx = client_ssl_context(settings.tls_path) if settings.transport == "tls" else None
@@ -76,8 +76,6 @@ class OnlineRunUt:
     """One per dumper: the sink, the sender and the packet sequence of this process."""
 
     def __init__(self, settings: OnlineSettings, get_rank: Any):
-        from msprobe.online.sender import OnlineSender
-
         self.settings = settings
         self.get_rank = get_rank
         self.run = time.strftime("run%Y%m%dT%H%M%S", time.gmtime()) + f"_{os.getpid()}_{os.urandom(3).hex()}"
