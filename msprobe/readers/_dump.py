@@ -421,7 +421,7 @@ def _where(step: Any, rank: Any) -> str:
 
 
 def _name_matcher(name: Any, regex: Any) -> Any:
-    tests = []
+    tests: list = []
     if name is not None:
         if isinstance(name, re.Pattern):
             tests.append(name.search)

@@ -139,8 +139,9 @@ def _st(ok: bool) -> str:
 
 
 def _apply(algo: str, npu: dict, gpu: dict, dtype: str, out: dict) -> tuple:
-    n = {k: _num(v) for k, v in npu.items() if k not in ("name", "status", "message", "device_dtype")}
-    g = {k: _num(v) for k, v in gpu.items() if k not in ("name", "status", "message", "device_dtype")}
+    # the indices of each side (None where the CSV cell is empty: checked before each use)
+    n: dict = {k: _num(v) for k, v in npu.items() if k not in ("name", "status", "message", "device_dtype")}
+    g: dict = {k: _num(v) for k, v in gpu.items() if k not in ("name", "status", "message", "device_dtype")}
     msgs: list = []
     if algo == S.BINARY:
         if n.get("binary_err") is None:
