@@ -31,6 +31,7 @@ from msprobe.format.layout import (
     join_key,
 )
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
+from msprobe.format.protocols import ReadableStore
 from msprobe.index import write_rank_index
 from msprobe.readers._record import DumpRecord
 from msprobe.readers._source import RankSource
@@ -63,7 +64,7 @@ def _payload(value: Any) -> tuple:
     return str(t.dtype).replace("torch.", "", 1), tuple(t.shape), bytes(tensor_bytes(t))
 
 
-def _rank_files(store: Any, prefix: str, skip: set) -> list:
+def _rank_files(store: ReadableStore, prefix: str, skip: set) -> list:
     out = []
     for key in store.list_prefix(prefix):
         rel = key[len(prefix):].lstrip("/") if prefix else key

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from msprobe.backends._keys import validate_key
 from msprobe.backends._retry import RetryPolicy, put_retrying, reraise
 from msprobe.errors import MsprobeError, StoragePermissionError
+from msprobe.format.protocols import ReadableStore
 
 if TYPE_CHECKING:
     from msprobe.backends._base import Store
@@ -27,7 +28,7 @@ def _segment_name(n: int) -> str:
     return f"{n:06d}.jsonl"
 
 
-def _segments(store: "Store", prefix: str) -> list[tuple[int, str]]:
+def _segments(store: ReadableStore, prefix: str) -> list[tuple[int, str]]:
     found = (_SEGMENT_RE.match(name) for name in store.list_dir(prefix))
     return sorted((int(m.group(1)), m.group(0)) for m in found if m)
 
@@ -240,7 +241,7 @@ def _reserve_blocks(fd: int, nbytes: int) -> bool:
 
 
 def read_journal(
-    store: "Store",
+    store: ReadableStore,
     prefix: str,
     *,
     on_truncated: Callable[[str, bytes], None] | None = None,
@@ -267,7 +268,7 @@ def read_journal(
 
 
 def _complete_lines(
-    lines: Iterator[bytes], key: str, on_truncated: Callable[[str, bytes], None] | None, store: "Store"
+    lines: Iterator[bytes], key: str, on_truncated: Callable[[str, bytes], None] | None, store: ReadableStore
 ) -> Iterator[bytes]:
     for line in lines:
         if line.endswith(b"\n"):

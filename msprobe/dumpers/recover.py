@@ -20,6 +20,7 @@ from msprobe.errors import FormatError, MsprobeError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_json
 from msprobe.format.layout import JOURNAL_DIR, MARKER_FILE, STORE_DIR, TENSOR_DIR, parse_rank_dir, parse_step_dir
 from msprobe.format.model import Record
+from msprobe.format.protocols import ReadableStore
 from msprobe.tensor_store import ZarrTensorReader
 
 __all__ = ["RecoveryResult", "recover_store", "find_journals"]
@@ -50,7 +51,7 @@ class RecoveryResult:
         return out
 
 
-def find_journals(store: Any, prefix: str = "") -> list:
+def find_journals(store: ReadableStore, prefix: str = "") -> list:
     """Rank prefixes under ``prefix`` that hold a non-empty journal."""
     out = set()
     for key in store.list_prefix(prefix):
@@ -62,7 +63,7 @@ def find_journals(store: Any, prefix: str = "") -> list:
     return sorted(out)
 
 
-def find_unfinished(store: Any, prefix: str = "") -> list:
+def find_unfinished(store: ReadableStore, prefix: str = "") -> list:
     """Rank prefixes under ``prefix`` holding a journal, or tensor data without any document: a run
     killed after a record's tensor files were published but before the record was journaled
     leaves the latter (no journal yet), whose step still needs its documents."""
@@ -79,7 +80,7 @@ def find_unfinished(store: Any, prefix: str = "") -> list:
     return sorted(journals | (data - docs))
 
 
-def recover_store(store: Any, prefix: str = "", *, task: Optional[str] = None, level: Optional[str] = None,
+def recover_store(store: ReadableStore, prefix: str = "", *, task: Optional[str] = None, level: Optional[str] = None,
                   framework: str = "pytorch") -> list:
     results = []
     for rank_prefix in find_unfinished(store, prefix):
@@ -87,7 +88,7 @@ def recover_store(store: Any, prefix: str = "", *, task: Optional[str] = None, l
     return results
 
 
-def _recover_rank(store: Any, rank_prefix: str, task: Optional[str], level: Optional[str],
+def _recover_rank(store: ReadableStore, rank_prefix: str, task: Optional[str], level: Optional[str],
                   framework: str) -> RecoveryResult:
     res = RecoveryResult(rank_prefix)
     marker = _marker(store, rank_prefix)
@@ -200,7 +201,7 @@ def _invalid_entry(entry: dict) -> Optional[str]:
     return None
 
 
-def _zarr_names(store: Any, rank_prefix: str, res: RecoveryResult) -> Optional[set]:
+def _zarr_names(store: ReadableStore, rank_prefix: str, res: RecoveryResult) -> Optional[set]:
     """The data names whose payloads are complete in the rank's Zarr tensor store (spec 21.5:
     the group manifest merged with its manifest journal), or None when there is no store."""
     if not store.exists(f"{rank_prefix}/{STORE_DIR}/zarr.json"):
@@ -213,7 +214,7 @@ def _zarr_names(store: Any, rank_prefix: str, res: RecoveryResult) -> Optional[s
         return set()
 
 
-def _remove_stale_temps(store: Any, prefix: str) -> None:
+def _remove_stale_temps(store: ReadableStore, prefix: str) -> None:
     """Temp files of writes the kill interrupted (never visible under a final name): remove them."""
     import os
 
@@ -228,7 +229,7 @@ def _remove_stale_temps(store: Any, prefix: str) -> None:
                 pass
 
 
-def _marker(store: Any, rank_prefix: str) -> dict:
+def _marker(store: ReadableStore, rank_prefix: str) -> dict:
     try:
         raw = json.loads(store.get(f"{rank_prefix}/{MARKER_FILE}"))
         return raw if isinstance(raw, dict) else {}

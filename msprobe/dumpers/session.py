@@ -29,6 +29,7 @@ from msprobe.errors import StorageError, StoragePermissionError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_records_json
 from msprobe.format.layout import ERROR_LOG, FORMAT_VERSION, JOURNAL_DIR, MARKER_FILE, TENSOR_DIR, rank_dir_name
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
+from msprobe.format.protocols import ReadableStore
 
 __all__ = ["DumpSession", "StackTable", "PendingStats"]
 
@@ -226,7 +227,7 @@ class StackTable:
 class _RetryingPut:
     """``put`` of a store with :func:`put_retrying` (the dumper's retry policy)."""
 
-    def __init__(self, store: Any, policy: Any) -> None:
+    def __init__(self, store: ReadableStore, policy: Any) -> None:
         self.store, self.policy = store, policy
 
     def put(self, key: str, data: bytes) -> None:

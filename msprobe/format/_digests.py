@@ -8,6 +8,7 @@ import zlib
 from typing import Any, Callable
 
 from msprobe.errors import MsprobeError
+from msprobe.format.protocols import ReadableStore
 
 __all__ = ["check_digests", "CRC_BUDGET"]
 
@@ -15,7 +16,7 @@ __all__ = ["check_digests", "CRC_BUDGET"]
 CRC_BUDGET = 1 << 30
 
 
-def check_digests(store: Any, prefix: str, doc_key: str, marker: dict, tensor_files: set,
+def check_digests(store: ReadableStore, prefix: str, doc_key: str, marker: dict, tensor_files: set,
                   problem: Callable[[str, str, str, str], None], *, crc_budget: int = CRC_BUDGET) -> None:
     """Report (``problem(severity, file, location, message)``) every disagreement between the
     marker's digests and the stored document and tensor files."""

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from msprobe import FORMAT_VERSION  # the one definition, re-exported here
 from msprobe.errors import DocumentError, UnknownDialectError
+from msprobe.format.protocols import ReadableStore
 
 __all__ = [
     "RankLocation",
@@ -246,12 +247,12 @@ def dump_dir_of(path: str) -> str:
     return str(path)
 
 
-def _is_rank_dir(store: Any, prefix: str) -> bool:
+def _is_rank_dir(store: ReadableStore, prefix: str) -> bool:
     names = store.list_dir(prefix)
     return "dump.json" in names or "debug.json" in names or TENSOR_DIR in names
 
 
-def discover(store: Any, prefix: str = "") -> list[RankLocation]:
+def discover(store: ReadableStore, prefix: str = "") -> list[RankLocation]:
     """Every rank directory under ``prefix``: the prefix may be a dump root, a ``graph``/
     ``pynative`` split root, a step directory or a rank directory."""
     here = prefix.rstrip("/").rsplit("/", 1)[-1]
@@ -276,7 +277,7 @@ def discover(store: Any, prefix: str = "") -> list[RankLocation]:
     return out
 
 
-def _ranks_of_step(store: Any, step_prefix: str, step: Optional[int]) -> Iterator[RankLocation]:
+def _ranks_of_step(store: ReadableStore, step_prefix: str, step: Optional[int]) -> Iterator[RankLocation]:
     found = []
     for n in store.list_dir(step_prefix):
         rd = parse_rank_dir(n)

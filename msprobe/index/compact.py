@@ -16,7 +16,7 @@ import os
 import tempfile
 from typing import Any, Iterable, Optional
 
-from msprobe.backends import open_store
+from msprobe.backends import Store, open_store
 from msprobe.errors import require
 from msprobe.format.layout import FORMAT_VERSION, join_key
 from msprobe.index.files import COMPACT_FILE, INDEX_VERSION, META_PREFIX, _safe, partition_order, read_index_table
@@ -44,7 +44,7 @@ class CompactWriter:
     only, plus ``index_version``, ``format_version``, ``covers`` (the keys relative to the
     compacted file's directory) and ``records`` (their sum)."""
 
-    def __init__(self, store: Any, ckey: str):
+    def __init__(self, store: Store, ckey: str):
         require("pyarrow", "parquet")
         import pyarrow.parquet as pq
 
@@ -116,7 +116,7 @@ class CompactWriter:
             pass
 
 
-def compact_files(store: Any, ckey: str, keys: Iterable[str]) -> str:
+def compact_files(store: Store, ckey: str, keys: Iterable[str]) -> str:
     """Stream the index files ``keys`` of ``store`` (in that order) into ``ckey``; one input
     file in memory at a time. Returns ``ckey``."""
     require("pyarrow", "parquet")

@@ -29,9 +29,11 @@ import re
 import warnings
 from typing import Any, Iterable, Optional
 
+from msprobe.backends import Store
 from msprobe.errors import FormatError, MsprobeError, require
 from msprobe.format.documents import DumpDocument, StackDocument
 from msprobe.format.layout import FORMAT_VERSION, INDEX_DIR, join_key, parse_rank_dir
+from msprobe.format.protocols import ReadableStore
 from msprobe.index.rows import rank_rows, rows_to_arrow
 
 __all__ = [
@@ -110,7 +112,7 @@ def _parents(construct: Any) -> Optional[dict]:
     return construct.raw if hasattr(construct, "raw") else dict(construct)
 
 
-def doc_stat(store: Any, key: str) -> tuple:
+def doc_stat(store: ReadableStore, key: str) -> tuple:
     """(size, mtime) of a document, (None, None) when it cannot be told: a local ``os.stat``,
     else the file system's ``info`` (an object store's Last-Modified)."""
     local = store.local_path(key) if getattr(store, "is_local", False) else None
@@ -188,7 +190,7 @@ def table_bytes(table: Any) -> bytes:
     return buf.getvalue()
 
 
-def write_rank_index(store: Any, rank_prefix: str, doc: Any, *, step: Optional[int], rank: Optional[int],
+def write_rank_index(store: Store, rank_prefix: str, doc: Any, *, step: Optional[int], rank: Optional[int],
                      rank_dir: Optional[str] = None, split: Optional[str] = None, run: Optional[str] = None,
                      stack: Any = None, construct: Any = None, mapping: Optional[dict] = None,
                      dialect: Optional[str] = None, key: Optional[str] = None, doc_name: str = "dump.json",
@@ -262,7 +264,7 @@ def _safe(value: str) -> str:
     return s
 
 
-def read_index_metadata(store: Any, key: str) -> dict:
+def read_index_metadata(store: ReadableStore, key: str) -> dict:
     """The msprobe key-value metadata of an index file (prefix stripped; typed step/rank/records)."""
     pq = _pq()
     with store.open_read(key) as f:
@@ -352,7 +354,7 @@ def decode_strings(table: Any) -> Any:
     return table.cast(pa.schema(fields, metadata=table.schema.metadata))
 
 
-def check_index_file(store: Any, key: str) -> int:
+def check_index_file(store: ReadableStore, key: str) -> int:
     """:func:`check_index_footer` of an index file read by another engine (DuckDB); its size."""
     pq = _pq()
     with store.open_read(key) as f:
@@ -362,7 +364,7 @@ def check_index_file(store: Any, key: str) -> int:
     return size
 
 
-def read_index_table(store: Any, key: str, columns: Optional[list] = None, filter: Any = None) -> Any:  # noqa: A002
+def read_index_table(store: ReadableStore, key: str, columns: Optional[list] = None, filter: Any = None) -> Any:  # noqa: A002
     """Read one index file through ``store``, bounded: its footer and its dictionaries are
     checked (:class:`IndexBombError`) before anything is inflated or decoded."""
     data = store.get(key)
@@ -386,7 +388,7 @@ def read_index_bytes(data: bytes, where: str, columns: Optional[list] = None, fi
 
 
 
-def read_compactions(store: Any, keys: list) -> dict:
+def read_compactions(store: ReadableStore, keys: list) -> dict:
     """compact key -> the keys it covers, for the compacted files that still hold (every file
     they cover is among ``keys``)."""
     present = set(keys)

@@ -13,7 +13,9 @@ import os
 import time
 from typing import Any, Optional
 
+from msprobe.backends import Store
 from msprobe.errors import ConfigError, MsprobeError, StorageNotFoundError, require
+from msprobe.format.protocols import ReadableStore
 from msprobe.index import (
     COMPACT_FILE,
     CompactWriter,
@@ -110,7 +112,7 @@ def write_refused(root_url: str, storage_options: Optional[dict]) -> Optional[st
 
 # -- discovery ---------------------------------------------------------------------------------
 
-def discover_runs(store: Any, max_depth: int = 3) -> list:
+def discover_runs(store: ReadableStore, max_depth: int = 3) -> list:
     """[(run name, run prefix)]: every directory under the root that looks like a dump
     (step<N>/, rank<N>/, proc<pid>/, dump.json...), searched ``max_depth`` levels deep;
     the run name is its path below the root. Names starting with ``_`` or ``.`` are skipped.
@@ -231,7 +233,7 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
     return out
 
 
-def _tensor_bytes(store: Any, prefix: str) -> tuple:
+def _tensor_bytes(store: ReadableStore, prefix: str) -> tuple:
     """(files, bytes) below the rank's dump_tensor_data/ (one recursive listing)."""
     from msprobe.format.layout import TENSOR_DIR
 
@@ -264,7 +266,7 @@ class _Prefetched:
     fetched concurrently up front (one round of requests instead of one per file on an
     object store); everything else goes to the wrapped store."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: ReadableStore):
         self._s = store
         self._data: dict = {}
         self._dirs: dict = {}
@@ -460,7 +462,7 @@ def manifest_table(rows: list) -> Any:
     return pa.Table.from_pydict({c: [r.get(c) for r in rows] for c in MANIFEST_COLUMNS}, schema=schema)
 
 
-def write_table(store: Any, key: str, table: Any) -> None:
+def write_table(store: Store, key: str, table: Any) -> None:
     import pyarrow.parquet as pq
 
     buf = io.BytesIO()
@@ -468,7 +470,7 @@ def write_table(store: Any, key: str, table: Any) -> None:
     store.put(key, buf.getvalue())
 
 
-def read_manifest(store: Any) -> list:
+def read_manifest(store: ReadableStore) -> list:
     """The manifest rows ([] when there is none or it cannot be read)."""
     if not store.exists(MANIFEST_KEY):
         return []
@@ -532,7 +534,7 @@ def catalog_rows(manifest: list, runs: list, root_url: str) -> list:
     return out
 
 
-def write_catalog(store: Any, rows: list, root_url: str) -> None:
+def write_catalog(store: Store, rows: list, root_url: str) -> None:
     pa = require("pyarrow", "parquet")
     doc = {"root": root_url, "written_at": _iso(time.time()), "runs": rows}
     store.put(CATALOG_JSON, json.dumps(doc, indent=1, default=str).encode("utf-8"))

@@ -16,6 +16,7 @@ from msprobe.errors import (
     StoragePermissionError,
     require,
 )
+from msprobe.format.protocols import ReadableStore
 from msprobe.lake import _core
 from msprobe.lake._dask import Runner
 
@@ -125,7 +126,7 @@ class Lake:
 
     def _use(self, url: str, lake_options: Optional[dict], refresh: str) -> None:
         self.lake_options = lake_options
-        self.lake_store: Any = None
+        self.lake_store: ReadableStore = None
         if refresh != "none":
             try:
                 self.lake_store = _core._store(url, lake_options, write=True)  # noqa: SLF001
@@ -607,7 +608,7 @@ class _Relocate(Exception):
     """The lake must write, and its directory is a read-only root's: use the cache instead."""
 
 
-def _stale_catalog(store: Any, rows: list) -> bool:
+def _stale_catalog(store: ReadableStore, rows: list) -> bool:
     """True when ROOT/_lake/catalog.json is missing or says something else about a run (a
     new config.json, a run renamed...): one small GET."""
     import json
@@ -678,7 +679,7 @@ def _load_httpfs(con: Any) -> bool:
     return True
 
 
-def s3_settings(store: Any) -> dict:
+def s3_settings(store: ReadableStore) -> dict:
     """What the S3 file system of ``store`` (s3fs) resolved through botocore: ``endpoint``
     (``AWS_ENDPOINT_URL``, ``endpoint_url`` options, the config file...), ``region``, and the
     credentials of its chain (options, environment, profile, instance role...), as the
@@ -727,7 +728,7 @@ def _secret_sql(settings: dict) -> str:
     return f"CREATE OR REPLACE SECRET msprobe_lake_s3 ({', '.join(parts)})"
 
 
-def _httpfs(con: Any, store: Any) -> bool:
+def _httpfs(con: Any, store: ReadableStore) -> bool:
     """Load DuckDB's httpfs extension (installed beforehand; nothing is downloaded here) and
     give it the endpoint and credentials the store's s3fs resolved; False when it is not there
     or the settings cannot be resolved (the caller reads through pyarrow then)."""

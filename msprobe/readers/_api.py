@@ -21,6 +21,7 @@ from msprobe.format.layout import (
     parse_rank_dir,
     parse_step_dir,
 )
+from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import COMPACT_FILE, read_compactions
 from msprobe.readers._dump import Dump
 from msprobe.readers._source import IndexSource, RankSource
@@ -43,10 +44,10 @@ class Engine:
     def available(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
 
-    def guess_can_open(self, store: Any, names: list) -> bool:  # pragma: no cover - abstract
+    def guess_can_open(self, store: ReadableStore, names: list) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def open(self, store: Any, *, url: str, storage_options: Optional[dict], run: Optional[str]) -> Dump:
+    def open(self, store: ReadableStore, *, url: str, storage_options: Optional[dict], run: Optional[str]) -> Dump:
         raise NotImplementedError  # pragma: no cover - abstract
 
 
@@ -79,7 +80,7 @@ def _fix_root_location(loc: RankLocation, url: str) -> RankLocation:
     return loc
 
 
-def _rank_sources(store: Any, url: str, run: Optional[str], prefer_index: bool) -> list:
+def _rank_sources(store: ReadableStore, url: str, run: Optional[str], prefer_index: bool) -> list:
     locs = [_fix_root_location(loc, url) for loc in discover(store, "")]
     return [RankSource(store, loc, run=run, prefer_index=prefer_index) for loc in locs]
 
@@ -90,14 +91,14 @@ class MsprobeEngine(Engine):
     name = "msprobe"
     description = "dump.json layouts: stepN/rank|rank<N>|proc<pid>, graph/pynative splits, .pt/.npy/raw tensors"
 
-    def guess_can_open(self, store: Any, names: list) -> bool:
+    def guess_can_open(self, store: ReadableStore, names: list) -> bool:
         return looks_like_dump(names)
 
-    def open(self, store: Any, *, url: str, storage_options: Optional[dict], run: Optional[str]) -> Dump:
+    def open(self, store: ReadableStore, *, url: str, storage_options: Optional[dict], run: Optional[str]) -> Dump:
         return _open_rank_dirs(store, url, storage_options, run, prefer_index=False, engine=self.name)
 
 
-def _open_rank_dirs(store: Any, url: str, storage_options: Optional[dict], run: Optional[str], *,
+def _open_rank_dirs(store: ReadableStore, url: str, storage_options: Optional[dict], run: Optional[str], *,
                     prefer_index: bool, engine: str) -> Dump:
     sources = _rank_sources(store, url, run, prefer_index)
     if not sources:
@@ -109,11 +110,11 @@ def _open_rank_dirs(store: Any, url: str, storage_options: Optional[dict], run: 
                 rediscover=lambda: _rank_sources(store, url, run, prefer_index))
 
 
-def _parquet_keys(store: Any) -> list:
+def _parquet_keys(store: ReadableStore) -> list:
     return sorted(k for k in store.list_prefix("") if k.endswith(".parquet"))
 
 
-def _first_rank_names(store: Any, names: list) -> list:
+def _first_rank_names(store: ReadableStore, names: list) -> list:
     """The listing of the first rank directory under the root (a few list_dir calls)."""
     prefix = ""
     for _ in range(4):
@@ -138,14 +139,14 @@ class IndexEngine(Engine):
     extra = "parquet"
     requires = ("pyarrow",)
 
-    def guess_can_open(self, store: Any, names: list) -> bool:
+    def guess_can_open(self, store: ReadableStore, names: list) -> bool:
         if any(n.endswith(".parquet") or n.startswith(("run=", "step=", "split=")) for n in names):
             return True
         if looks_like_dump(names):
             return INDEX_DIR in _first_rank_names(store, names)
         return False
 
-    def open(self, store: Any, *, url: str, storage_options: Optional[dict], run: Optional[str]) -> Dump:
+    def open(self, store: ReadableStore, *, url: str, storage_options: Optional[dict], run: Optional[str]) -> Dump:
         names = store.list_dir("")
         if looks_like_dump(names) and not any(n.startswith(("run=", "step=")) for n in names):
             return _open_rank_dirs(store, url, storage_options, run, prefer_index=True, engine=self.name)
@@ -191,7 +192,7 @@ def _unknown(url: str, names: list) -> UnknownDialectError:
         f"with dump.json, or a Parquet index. Engines: {_engine_help()}")
 
 
-def guess_engine(store: Any, url: str = "") -> "Engine":
+def guess_engine(store: ReadableStore, url: str = "") -> "Engine":
     names = store.list_dir("")
     would_match = []
     for e in ENGINES.values():

@@ -7,6 +7,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from msprobe.errors import MsprobeError, RecordNotFoundError, StorageNotFoundError, require
 from msprobe.format.layout import detect_dialect
+from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import check_decoded_strings, check_index_footer, concat_tables, decode_limit, read_index_table
 from msprobe.index.rows import COLUMNS, DIGEST_COLUMNS, arrow_schema, rank_rows, rows_to_arrow
 from msprobe.readers._kernel import kernel_configs, list_kernel_dumps
@@ -50,7 +51,7 @@ class Dump:
     per rank on first use and tensors are read one at a time by ``arg.load()``.
     """
 
-    def __init__(self, store: Any, sources: list, *, engine: str, url: str, storage_options: Optional[dict],
+    def __init__(self, store: ReadableStore, sources: list, *, engine: str, url: str, storage_options: Optional[dict],
                  run: Optional[str], rediscover: Any = None):
         self.store = store
         self.engine = engine

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from msprobe.format.layout import parse_step_dir
+from msprobe.format.protocols import ReadableStore
 
 __all__ = ["KernelDumpFile", "list_kernel_dumps", "has_kernel_dumps"]
 
@@ -37,14 +38,16 @@ class KernelDumpFile:
     stream_id: Optional[int]
     time: Optional[int]
     size: int
-    store: Any = None
+    store: Optional[ReadableStore] = None
 
     def read_bytes(self) -> bytes:
         """The file's raw bytes (undecoded)."""
+        if self.store is None:
+            raise ValueError(f"{self.key}: a kernel dump file listed without its store")
         return self.store.get(self.key)
 
 
-def _step_dirs(store: Any) -> list:
+def _step_dirs(store: ReadableStore) -> list:
     out = []
     for n in store.list_dir(""):
         s = parse_step_dir(n)
@@ -55,7 +58,7 @@ def _step_dirs(store: Any) -> list:
     return sorted(out)
 
 
-def has_kernel_dumps(store: Any) -> bool:
+def has_kernel_dumps(store: ReadableStore) -> bool:
     """True when some ``stepN/`` holds a kernel_config_*.json or a timestamp directory."""
     for _, prefix in _step_dirs(store):
         for n in store.list_dir(prefix):
@@ -64,7 +67,7 @@ def has_kernel_dumps(store: Any) -> bool:
     return False
 
 
-def list_kernel_dumps(store: Any, step: Any = None) -> list:
+def list_kernel_dumps(store: ReadableStore, step: Any = None) -> list:
     """Every kernel-dump file under the store root, in (step, timestamp, device, key) order."""
     found = []
     for s, prefix in _step_dirs(store):
@@ -88,7 +91,7 @@ def list_kernel_dumps(store: Any, step: Any = None) -> list:
     return found
 
 
-def kernel_configs(store: Any) -> dict:
+def kernel_configs(store: ReadableStore) -> dict:
     """{(step, device): key} of the kernel_config_{device}.json files."""
     out = {}
     for s, prefix in _step_dirs(store):

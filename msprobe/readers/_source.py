@@ -37,6 +37,7 @@ from msprobe.format.layout import (
     read_mapping,
 )
 from msprobe.format.naming import check_file_name
+from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import (
     INDEX_FILE,
     doc_stat,
@@ -91,7 +92,7 @@ class RankSource:
 
     index_only = False
 
-    def __init__(self, store: Any, loc: RankLocation, *, run: Optional[str] = None, prefer_index: bool = False):
+    def __init__(self, store: ReadableStore, loc: RankLocation, *, run: Optional[str] = None, prefer_index: bool = False):
         self.store = store
         self.prefer_index = prefer_index
         self.loc = loc
@@ -131,7 +132,7 @@ class RankSource:
         self._has_map: Optional[bool] = None
         self._journal_live: Optional[bool] = None
         self._journal: Optional[dict] = None
-        self._tstore: Any = False
+        self._tstore: ReadableStore = False
 
     @property
     def use_index(self) -> bool:
@@ -472,7 +473,7 @@ class IndexSource:
 
     index_only = True
 
-    def __init__(self, index_store: Any, index_key: str, *, storage_options: Optional[dict] = None):
+    def __init__(self, index_store: ReadableStore, index_key: str, *, storage_options: Optional[dict] = None):
         self.index_store = index_store
         self.index_key = index_key
         self._options = storage_options

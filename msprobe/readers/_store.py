@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from msprobe.backends import open_store as _open
+from msprobe.format.protocols import ReadableStore
 
 __all__ = ["open_store", "arrow_location"]
 
@@ -13,7 +14,7 @@ def open_store(url: Any, storage_options: Optional[dict] = None, *, read_only: b
     return _open(url, storage_options, read_only=read_only, create=create)
 
 
-def arrow_location(store: Any, key: str) -> Optional[tuple]:
+def arrow_location(store: ReadableStore, key: str) -> Optional[tuple]:
     """``(pyarrow FileSystem, path)`` for ``key`` of ``store`` when pyarrow can read it
     directly (local directories, fsspec file systems), else None."""
     local = store.local_path(key) if getattr(store, "is_local", False) else None

@@ -22,6 +22,7 @@ from msprobe.errors import (
     TensorLoadError,
 )
 from msprobe.format.dtypes import canonical_dtype, itemsize, numpy_dtype
+from msprobe.format.protocols import ReadableStore
 
 __all__ = ["load_tensor_file", "byte_limit", "DEFAULT_SLACK_FACTOR", "DEFAULT_SLACK_BYTES", "UNKNOWN_SIZE_LIMIT"]
 
@@ -53,7 +54,7 @@ def _fail(record: str, key: str, why: str) -> TensorLoadError:
     return TensorLoadError(f"record {record!r}: tensor file {key}: {why}")
 
 
-def load_tensor_file(store: Any, key: str, *, record: str, dtype: Any, shape: tuple,
+def load_tensor_file(store: ReadableStore, key: str, *, record: str, dtype: Any, shape: tuple,
                      framework: str = "numpy", max_bytes: Optional[int] = None, check: bool = True) -> Any:
     """Read ``key`` from ``store`` and return a numpy array (or a torch tensor).
 
@@ -80,7 +81,7 @@ def load_tensor_file(store: Any, key: str, *, record: str, dtype: Any, shape: tu
     return _convert(value, framework)
 
 
-def _read_bounded(store: Any, key: str, record: str, limit: int, expected: Optional[int], dtype: Any,
+def _read_bounded(store: ReadableStore, key: str, record: str, limit: int, expected: Optional[int], dtype: Any,
                   shape: tuple) -> bytes:
     """The file's bytes, refusing it before reading when it is larger than ``limit``
     (one open: a HEAD and a GET on object stores)."""

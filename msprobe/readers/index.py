@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from msprobe.backends import Store
 from msprobe.errors import StorageNotFoundError, require
 from msprobe.format.layout import join_key
+from msprobe.format.protocols import ReadableStore
 from msprobe.index.compact import compact_index, run_compact_key
 
 # the public index names this module has always offered (msprobe.index is their home)
@@ -63,8 +65,9 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
             out_store.delete(stale)  # the run's files change: its compaction no longer holds
     else:
         out_store = None
-        dump_store = dump.store
-        if dump_store.read_only:
+        if isinstance(dump.store, Store) and not dump.store.read_only:
+            dump_store = dump.store
+        else:  # the reader's store is read-only: a writable one on the same place
             dump_store = open_store(dump.url, dump.storage_options or None, read_only=False, create=False)
     sources = [s for s in dump.sources if isinstance(s, RankSource) and not getattr(s, "index_only", False)]
     show = None
@@ -105,7 +108,7 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     return written
 
 
-def _covers(store: Any, key: str, src: Any) -> bool:
+def _covers(store: ReadableStore, key: str, src: Any) -> bool:
     """True while the index at ``key`` still covers ``src``'s document (skip_existing)."""
     try:
         meta = read_index_metadata(store, key)

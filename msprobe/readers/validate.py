@@ -37,6 +37,7 @@ from msprobe.format.layout import (
     read_mapping,
     validate_marker,
 )
+from msprobe.format.protocols import ReadableStore
 from msprobe.readers._tensor import load_tensor_file
 from msprobe.tensor_store import ZarrTensorReader
 
@@ -87,7 +88,7 @@ class Report:
                    if self.tensors_not_loaded else ""))
 
 
-def _load(store: Any, key: str, cls: Any, report: Report) -> Optional[Any]:
+def _load(store: ReadableStore, key: str, cls: Any, report: Report) -> Optional[Any]:
     try:
         return cls.loads(store.get(key), file=key, validate=False)
     except FormatError as exc:
@@ -103,7 +104,7 @@ AUTO_TENSOR_BYTES = 256 << 20
 AUTO_TENSOR_COUNT = 2000
 
 
-def validate_store(store: Any, prefix: str = "", *, tensors: Optional[bool] = None) -> Report:
+def validate_store(store: ReadableStore, prefix: str = "", *, tensors: Optional[bool] = None) -> Report:
     """Validate every rank directory under ``prefix``; never raises for bad input.
 
     ``tensors``: True loads every payload (tensor file or Zarr payload) against its record (a
@@ -126,7 +127,7 @@ def validate_store(store: Any, prefix: str = "", *, tensors: Optional[bool] = No
     return report
 
 
-def _validate_rank(store: Any, loc: RankLocation, report: Report, load_tensors: Optional[bool] = None) -> None:
+def _validate_rank(store: ReadableStore, loc: RankLocation, report: Report, load_tensors: Optional[bool] = None) -> None:
     names = set(store.list_dir(loc.prefix))
     doc_name = DUMP_JSON if DUMP_JSON in names else DEBUG_JSON if DEBUG_JSON in names else None
     if doc_name is None:
@@ -211,7 +212,7 @@ def _validate_rank(store: Any, loc: RankLocation, report: Report, load_tensors: 
                 report.problems.append(Problem("error", ck, exc.location or "", exc.message))
 
 
-def _load_wanted(load_tensors: Optional[bool], payloads: list, report: Report, store: Any) -> bool:
+def _load_wanted(load_tensors: Optional[bool], payloads: list, report: Report, store: ReadableStore) -> bool:
     if not hasattr(store, "open_read"):  # a minimal read-only adapter: names only
         return False
     if load_tensors is not None:
@@ -228,7 +229,7 @@ def _load_wanted(load_tensors: Optional[bool], payloads: list, report: Report, s
     return False
 
 
-def _load_payloads(store: Any, prefix: str, key: str, payloads: list, mapping: dict, zarr: Any,
+def _load_payloads(store: ReadableStore, prefix: str, key: str, payloads: list, mapping: dict, zarr: Any,
                    report: Report) -> None:
     """Load every payload against its record, one at a time (each bounded by what its record
     declares); every failure is an error naming the record's JSON location."""
@@ -252,7 +253,7 @@ def _load_payloads(store: Any, prefix: str, key: str, payloads: list, mapping: d
             report.problems.append(Problem("error", key, loc_json, str(exc)))
 
 
-def _check_marker(store: Any, key: str, report: Report) -> Optional[dict]:
+def _check_marker(store: ReadableStore, key: str, report: Report) -> Optional[dict]:
     try:
         marker = validate_marker(loads_json(store.get(key), key), key)
         check_format_version(marker["format_version"], key)

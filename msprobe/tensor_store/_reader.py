@@ -24,6 +24,7 @@ from msprobe.errors import (
 )
 from msprobe.format.dtypes import canonical_dtype
 from msprobe.format.layout import join_key
+from msprobe.format.protocols import ReadableStore
 from msprobe.tensor_store._layout import (
     _MISSING,
     MANIFEST_DIR,
@@ -144,7 +145,7 @@ def _tensor_entry(v: Any, where: str) -> tuple:
 class ZarrTensorReader:
     """The tensor store of one rank directory (``prefix`` in ``store``)."""
 
-    def __init__(self, store: Any, prefix: str) -> None:
+    def __init__(self, store: ReadableStore, prefix: str) -> None:
         self.store = store
         self.prefix = prefix.strip("/")
         self._lock = threading.Lock()

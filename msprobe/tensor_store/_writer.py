@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from msprobe.backends import Store
 from msprobe.backends._retry import RetryPolicy
 from msprobe.errors import ConfigError, StorageError
 from msprobe.format.layout import join_key
@@ -92,7 +93,7 @@ class ZarrTensorWriter:
     the payloads they concern are listed as incomplete, never as stored.
     """
 
-    def __init__(self, store: Any, rank_prefix: str, *, compression: str = "lz4", shard_bytes: int = 128 << 20,
+    def __init__(self, store: Store, rank_prefix: str, *, compression: str = "lz4", shard_bytes: int = 128 << 20,
                  chunk_bytes: int = 256 << 10, max_bytes_in_flight: int = 1 << 30, workers: int = 2,
                  journal_fsync: bool = False, retries: int = 5, flush_window: Optional[float] = None) -> None:
         if compression not in CODECS:
@@ -430,9 +431,10 @@ class ZarrTensorWriter:
                     if manifest["complete"]:
                         for key in self.store.list_prefix(self._k(STORE_DIR, MANIFEST_DIR)):
                             self.store.delete(key)
-                        if getattr(self.store, "is_local", False):
+                        here = self.store.local_path(self._k(STORE_DIR, MANIFEST_DIR))
+                        if here is not None:
                             try:
-                                os.rmdir(self.store.local_path(self._k(STORE_DIR, MANIFEST_DIR)))
+                                os.rmdir(here)
                             except OSError:
                                 pass
             except Exception as exc:  # noqa: BLE001

@@ -64,6 +64,13 @@ class StoreTests:
     def reopen(self, store: Store, *, read_only: bool) -> Store:
         raise NotImplementedError
 
+    def test_is_a_readable_store(self, store: Store, reader: Store) -> None:
+        """Every backend (and its read-only handle and children) meets the readers' contract."""
+        from msprobe.format.protocols import ReadableStore
+
+        for s in (store, reader, store.child("x")):
+            assert isinstance(s, ReadableStore), type(s)
+
     # -- put / get ---------------------------------------------------------
     def test_put_get_roundtrip(self, store: Store, other: Store) -> None:
         store.put("a/b/c.bin", b"hello")

@@ -1,0 +1,41 @@
+"""The contracts the format's readers hold their storage to, as types.
+
+:class:`ReadableStore` is what reading a dump needs of a store: every
+:class:`msprobe.backends.Store` is one (structurally: no inheritance needed), and so is any
+object with these methods, e.g. a caching wrapper. It lives here, below ``backends`` in the
+layer order, so that the format's own helpers (layout discovery, digests) can name it.
+Writing needs the whole :class:`msprobe.backends.Store`.
+"""
+from __future__ import annotations
+
+from typing import IO, Optional, Protocol, runtime_checkable
+
+__all__ = ["ReadableStore"]
+
+
+@runtime_checkable
+class ReadableStore(Protocol):
+    """Keys are '/'-separated relative strings; a missing key raises ``StorageNotFoundError``."""
+
+    is_local: bool
+
+    @property
+    def url(self) -> str: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def get_range(self, key: str, start: int, end: Optional[int] = None) -> bytes: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def size(self, key: str) -> int: ...
+
+    def list_prefix(self, prefix: str = "") -> list[str]: ...
+
+    def list_dir(self, prefix: str = "") -> list[str]: ...
+
+    def open_read(self, key: str) -> IO[bytes]: ...
+
+    def child(self, prefix: str) -> "ReadableStore": ...
+
+    def local_path(self, key: str = "") -> Optional[str]: ...
