@@ -7,14 +7,14 @@ but not a list of API names (a number, a nested mapping) is refused with a
 """
 from __future__ import annotations
 
+from msprobe.errors import ConfigError
+
 __all__ = ["load_api_list"]
 
 
 def load_api_list(path: str) -> dict:
     """{namespace: [API name, ...]} from the YAML file at ``path``."""
     import yaml
-
-    from msprobe.errors import ConfigError
 
     try:
         with open(path, encoding="utf-8") as f:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError, invalid_value, read_json_object
+from msprobe.online.config import parse_online, section_with_fallback
 
 __all__ = ["DumpConfig", "load_config", "parse_int_list", "TASKS", "LEVELS", "SUMMARY_MODES", "DATA_MODES"]
 
@@ -250,8 +251,6 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
 
 def _online(cfg: DumpConfig, raw: dict, task: Any) -> None:
     """online_run_ut (docs 08): API packets go to a checker instead of dump files."""
-    from msprobe.online.config import parse_online, section_with_fallback
-
     sec = section_with_fallback(raw, task if isinstance(task, str) else "")
     cfg.online = parse_online(sec, side="training", storage_options=cfg.storage_options)
     if cfg.online is not None:

@@ -32,7 +32,9 @@ import threading
 import time
 from typing import Any, Callable, Iterator, NoReturn, Optional
 
+from msprobe.backends import open_store
 from msprobe.errors import ConfigError, MsprobeError, invalid_value
+from msprobe.online._tls_purpose import MARK, client_purpose, relax_client_purpose
 from msprobe.online.packet import Packet, PacketError, decode_packet
 
 __all__ = [
@@ -103,8 +105,6 @@ def client_ssl_context(tls_path: str) -> ssl.SSLContext:
 def server_ssl_context(tls_path: str) -> ssl.SSLContext:
     """The checker's context: presents server.crt, requires a client certificate signed by ca.crt
     (whose extendedKeyUsage the listener judges: :mod:`msprobe.online._tls_purpose`)."""
-    from msprobe.online._tls_purpose import relax_client_purpose
-
     ctx = _context(tls_path, "server")
     relax_client_purpose(ctx)
     return ctx
@@ -156,8 +156,6 @@ class StoreSink:
     """Publishes packets into a shared store: ``<run>/rank<R>/<seq:09d>.pkt``."""
 
     def __init__(self, url: str, *, storage_options: Optional[dict] = None):
-        from msprobe.backends import open_store
-
         self.url = url
         store = open_store(url, storage_options=storage_options)
         if getattr(store, "is_local", False):
@@ -274,8 +272,6 @@ class StoreWatcher:
 
     def __init__(self, url: str, *, storage_options: Optional[dict] = None, interval: float = 0.2,
                  done: Optional[set] = None, max_packet_bytes: int = MAX_FRAME_BYTES, remove_done: bool = False):
-        from msprobe.backends import open_store
-
         self.url = url
         self.store = open_store(url, storage_options=storage_options)
         self.interval = interval
@@ -453,8 +449,6 @@ class SocketListener:
 
     def _purpose_ok(self, conn: Any, addr: Any) -> bool:
         """The client certificate's extendedKeyUsage, when the context left it to the listener."""
-        from msprobe.online._tls_purpose import MARK, client_purpose
-
         if not getattr(self.ssl_context, MARK, False):
             return True
         verdict, why = client_purpose(conn.getpeercert(binary_form=True))
