@@ -269,7 +269,9 @@ def _ignore(name: str) -> Optional[str]:
     return "all" if parts[1] in ALL_IGNORE else ("input" if parts[1] in INPUT_IGNORE else None)
 
 
-def _flatten(c: Any, prog: Any) -> _Flat:
+def _flatten(c: Any, prog: Any, lo: int, hi: int, with_rest: bool, state: dict) -> _Flat:
+    """The rows of the record pairs ``lo:hi`` (and of the bench-only records when ``with_rest``);
+    ``state`` carries the bench tracker's epoch from block to block."""
     from msprobe.compare._core import bench_counterpart
 
     data_n, data_b, pairs, rest = c.data_n, c.data_b, c.pairs, c.rest
@@ -292,8 +294,9 @@ def _flatten(c: Any, prog: Any) -> _Flat:
             cache[name] = got
         return got
 
-    b_epoch, b_epoch_name = -1, None
-    for rec_i, (nm, bm) in enumerate(pairs):
+    b_epoch, b_epoch_name = state["b_epoch"]
+    for rec_i in range(lo, hi):
+        nm, bm = pairs[rec_i]
         if prog is not None and rec_i % 1000 == 999:
             prog.update(1000)
         g = len(f.g_ign)
@@ -335,7 +338,7 @@ def _flatten(c: Any, prog: Any) -> _Flat:
         f.g_ign.append(_ignore(ign_name) if ign_name is not None else None)
         f.g_rec_i.append(rec_i)
         f.g_name.append(nm)
-    for bm in rest:
+    for bm in (rest if with_rest else ()):
         g = len(f.g_ign)
         b_epoch, b_epoch_name = b_epoch + 1, bm
         for suffix, leaf, io in record_leaves(bm, data_b[bm]):
@@ -352,16 +355,18 @@ def _flatten(c: Any, prog: Any) -> _Flat:
         f.g_ign.append(None)
         f.g_rec_i.append(None)
         f.g_name.append(bm)
-    if prog is not None:
+    if prog is not None and with_rest:
         prog.update(len(pairs) % 1000)
+    state["b_epoch"] = (b_epoch, b_epoch_name)
     return f
 
 
-def _replay(fin: Any, leaves: _Leaves, events: list, flagged: list) -> Optional[dict]:
+def _replay(fin: Any, leaves: _Leaves, events: list, flagged: list, state: dict, key: str) -> Optional[dict]:
     """Feed the flagged leaves to a side's NaN/Inf tracker with the state the row-by-row order
-    gives it (``record()`` of the record last started before each); the first entry it reports."""
+    gives it (``record()`` of the record last started before each; ``state[key]``: the epoch
+    last replayed, carried across blocks); the first entry it reports."""
     first = None
-    epoch = None
+    epoch = state.get(key)
     for ev in events:
         li, io, suffix, record, row, rec_i, ep, ep_name = ev
         if not flagged[li]:
@@ -373,6 +378,7 @@ def _replay(fin: Any, leaves: _Leaves, events: list, flagged: list) -> Optional[
         seen = fin.see(io, suffix, leaf_side(leaves.leaf[li]), record, row, rec_i)
         if first is None and seen is not None:
             first = seen
+    state[key] = epoch
     return first
 
 
@@ -544,12 +550,11 @@ def _counts(result: list) -> dict:
     return counts
 
 
-def _marks(fr: _Frame, result: Any, statistics: bool) -> PlotMarks:
-    """The plot's marks: every error/warning row and the TOP_N worst rows by NormRelativeErr
-    (only those go through PlotMarks.see: the others would not change it)."""
+def _marks(marks: PlotMarks, fr: _Frame, result: Any, statistics: bool, offset: int) -> None:
+    """Add a block's rows to the plot's marks: every error/warning row and the TOP_N worst rows
+    by NormRelativeErr (only those go through PlotMarks.see: the others would not change it)."""
     import numpy as np
 
-    marks = PlotMarks()
     flagged = np.flatnonzero((result == "error") | (result == "warning"))
     is_float = fr.matched & ~fr.norm_none & statistics
     with np.errstate(invalid="ignore"):
@@ -557,8 +562,7 @@ def _marks(fr: _Frame, result: Any, statistics: bool) -> PlotMarks:
     if len(cand) > TOP_N:
         cand = np.sort(cand[np.lexsort((-cand, fr.norm[cand]))[-TOP_N:]])
     for i in np.union1d(flagged, cand).tolist():
-        marks.see(i, result[i], fr.name[i], float(fr.norm[i]) if is_float[i] else None)
-    return marks
+        marks.see(offset + i, result[i], fr.name[i], float(fr.norm[i]) if is_float[i] else None)
 
 
 def _first_divergence(fr: _Frame, result: Any, err: Any, out_cols: list, mode: str,
@@ -594,16 +598,14 @@ def _nonfinite_leaves(L: _Leaves) -> list:
             | _nonfinite_float(_floats_of(L, L.mean)) | _nonfinite_float(_floats_of(L, L.norm))).tolist()
 
 
-def columnar_pair(c: Any, part: str, keep_rows: bool = False) -> dict:
-    """The rows of one rank pair appended to the CSV ``part`` and its summary (the dict of
-    :func:`msprobe.compare._core._chunk` over all records, bench-only records included).
+#: records per block: a block's columns are built, written and dropped before the next one's
+#: (bounds the memory of a 100,000-record pair)
+BLOCK_RECORDS = 2000
 
-    Plans first (the flat index columns of every row), then builds the mode's columns, then
-    writes and summarises."""
-    from msprobe.compare._core import _Firsts
 
+def _block(c: Any, f: _Flat, part: str, keep: Optional[list]) -> tuple:
+    """Build, write (and keep, for the xlsx) one block's rows: (frame, Result, Err_message, columns)."""
     mode = c.mode
-    f = _flatten(c, c.progress)
     f.t.finish(mode == "md5")
     f.b.finish(mode == "md5")
     fr = _Frame(f)
@@ -619,13 +621,53 @@ def columnar_pair(c: Any, part: str, keep_rows: bool = False) -> dict:
     if c.stack is False:
         del out_cols[COLUMNS[mode].index("NPU_Stack_Info")]
     write_columns(part, out_cols)
-    res_list = out_cols[COLUMNS[mode].index("Result")]
+    if keep is not None:
+        keep.extend(zip(*out_cols))
+    return fr, result, err, out_cols, series
+
+
+def columnar_pair(c: Any, part: str, keep_rows: bool = False) -> dict:
+    """The rows of one rank pair appended to the CSV ``part`` and its summary (the dict of
+    :func:`msprobe.compare._core._chunk` over all records, bench-only records included).
+
+    Block by block (:data:`BLOCK_RECORDS` records, bench-only records in the last): plans (the
+    flat index columns of every row), builds the mode's columns, writes them, then folds the
+    block into the summary."""
+    from msprobe.compare._core import _Firsts
+
+    mode, n = c.mode, len(c.pairs)
     fin_n, fin_b = _Firsts(), _Firsts()
-    return {"rows": fr.R, "records": len(c.pairs), "results": _counts(res_list), "series": series.tolist(),
-            "first_divergence": _first_divergence(fr, result, err, out_cols, mode, c.threshold),
-            "first_nan_inf_target": _replay(fin_n, f.t, f.t_see, _nonfinite_leaves(f.t)),
-            "first_nan_inf_bench": _replay(fin_b, f.b, f.b_see, _nonfinite_leaves(f.b)),
-            **fin_n.summary("target"), **fin_b.summary("bench"), "marks": _marks(fr, result, mode == "statistics"),
-            "matched_records": sum(1 for _, bm in c.pairs if bm is not None),
-            "unmatched_rows": int(fr.R - len(fr.midx)), "row_list": list(zip(*out_cols)) if keep_rows else [],
-}
+    state: dict = {"b_epoch": (-1, None)}
+    keep: Optional[list] = [] if keep_rows else None
+    counts: dict = {}
+    series: list = []
+    marks = PlotMarks()
+    first_div = first_nan_n = first_nan_b = None
+    rows = unmatched = 0
+    lo = 0
+    while True:
+        hi = min(n, lo + BLOCK_RECORDS)
+        f = _flatten(c, c.progress, lo, hi, hi == n, state)
+        fr, result, err, out_cols, ser = _block(c, f, part, keep)
+        for k, v in _counts(out_cols[COLUMNS[mode].index("Result")]).items():
+            counts[k] = counts.get(k, 0) + v
+        series.extend(ser.tolist())
+        _marks(marks, fr, result, mode == "statistics", rows)
+        if first_div is None:
+            first_div = _first_divergence(fr, result, err, out_cols, mode, c.threshold)
+            if first_div is not None:
+                first_div["row_index"] += rows
+        got = _replay(fin_n, f.t, f.t_see, _nonfinite_leaves(f.t), state, "t")
+        first_nan_n = got if first_nan_n is None else first_nan_n
+        got = _replay(fin_b, f.b, f.b_see, _nonfinite_leaves(f.b), state, "b")
+        first_nan_b = got if first_nan_b is None else first_nan_b
+        rows += fr.R
+        unmatched += int(fr.R - len(fr.midx))
+        if hi == n:
+            break
+        lo = hi
+    return {"rows": rows, "records": n, "results": counts, "series": series, "first_divergence": first_div,
+            "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
+            **fin_n.summary("target"), **fin_b.summary("bench"), "marks": marks,
+            "matched_records": sum(1 for _, bm in c.pairs if bm is not None), "unmatched_rows": unmatched,
+            "row_list": keep if keep is not None else []}

@@ -263,3 +263,21 @@ def test_garbage_collector_paused_during_compare_and_restored(tmp_path, monkeypa
         assert not gc.isenabled()  # a caller's own pause is kept
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("block", [1, 7])
+def test_blocks_of_records_same_bytes(tmp_path, monkeypatch, block):
+    """The columnar path builds and writes a pair block by block: small blocks, same bytes
+    (rows, marks, first divergence, NaN/Inf entries across block boundaries)."""
+    import msprobe.compare._columnar as columnar
+
+    monkeypatch.setattr(columnar, "BLOCK_RECORDS", block)
+    (rank,) = glob.glob(os.path.join(_f("ms26", "L1_statistics"), "step0", "*"))
+    with open(os.path.join(rank, "dump.json"), encoding="utf-8") as fh:
+        doc = json.load(fh)
+    t = _write(str(tmp_path / "t"), _mutate(doc, 5, "t"), rank)
+    b = _write(str(tmp_path / "b"), _mutate(doc, 105, "b"), rank)
+    _both(tmp_path, t, b, xlsx=True)
+    _both(tmp_path, t, b, mapping={"Functional.linear.1.forward.input.0": "Functional.linear.2.forward.input.0"},
+          threshold=0.01)
+    _both(tmp_path, _f("ms26", "L1_md5", "step0"), _f("ms26", "L1_md5_perturbed", "step0"))
