@@ -17,6 +17,7 @@ import lake_synth as S  # noqa: E402
 
 import msprobe  # noqa: E402
 import msprobe.lake  # noqa: E402
+from msprobe.errors import FormatError  # noqa: E402
 from msprobe.index import compact  # noqa: E402
 
 INDEX_PKG = pathlib.Path(msprobe.__file__).parent / "index"
@@ -70,7 +71,8 @@ def test_one_compactor_for_runs_and_steps(lake_root, monkeypatch):
 
 
 def test_a_failed_compaction_leaves_nothing(lake_root):
-    """An unreadable input stops the compaction: no file is written, the temporary one is gone."""
+    """An unreadable input stops the compaction with a typed error: no file is written, the
+    temporary one is gone."""
     from msprobe.backends import open_store
 
     store = open_store(str(lake_root / "_lake" / "index"))
@@ -78,7 +80,7 @@ def test_a_failed_compaction_leaves_nothing(lake_root):
     store.put("run=run_a/step=0/rank=9/records.parquet", b"not parquet")
     try:
         before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
-        with pytest.raises(pa.ArrowInvalid):
+        with pytest.raises(FormatError, match="not a readable index file"):
             compact.compact_files(store, "run=run_a/_broken.parquet",
                                   keys + ["run=run_a/step=0/rank=9/records.parquet"])
         assert not store.exists("run=run_a/_broken.parquet")
