@@ -204,7 +204,7 @@ def cluster_grid(results: list) -> dict:
     steps = sorted({r["step"] for r in results}, key=_step_key)
     ranks = [r["rank_dir"] for r in sorted({r["rank_dir"]: r for r in results}.values(), key=_rank_key)]
     si, rj = {s: i for i, s in enumerate(steps)}, {d: j for j, d in enumerate(ranks)}
-    worst = [[None] * len(ranks) for _ in steps]
+    worst: list = [[None] * len(ranks) for _ in steps]  # step x rank: the worst value, None when none
     flags: dict = {}
     top: list = []
     for r in results:

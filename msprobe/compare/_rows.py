@@ -85,7 +85,7 @@ def record_leaves(name: str, raw: Any, tensor_task: bool = False) -> list:
     if name.endswith(".debug"):
         _walk(raw, "", out, "debug")
         return [(p.lstrip("."), v, io) for p, v, io in out]
-    items = raw.items()
+    items: Any = raw.items()  # (key, value) pairs: the document's order or sorted below
     if "parameters" in raw and "output" in raw:  # rows: inputs, parameters, then outputs (as 26.2.0)
         items = sorted(items, key=lambda kv: 1 if kv[0] == "output" else 0)
     for key, value in items:
