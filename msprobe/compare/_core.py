@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from msprobe.compare._match import match_records
 from msprobe.compare._plot import PlotMarks
@@ -32,6 +32,9 @@ from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.progress import Progress
 from msprobe.readers._source import records_of as _data
 from msprobe.readers._source import task_of as _task
+
+if TYPE_CHECKING:
+    from msprobe.readers.protocols import DumpSource, RecordSource
 
 __all__ = ["compare", "compare_pair", "dump_dir_of", "detect_mode", "pair_sources", "NORM_REL_THRESHOLD",
            "MOSTLY_UNMATCHED"]
@@ -119,7 +122,7 @@ def pair_sources(dn: Any, db: Any, *, step: Any = None, rank: Any = None) -> lis
     return pairs
 
 
-def _load(src: Any, side: Any, rec: str) -> Any:
+def _load(src: DumpSource, side: Any, rec: str) -> Any:
     from msprobe.errors import TensorLoadError
     from msprobe.readers._tensor import load_tensor_file
 
@@ -157,14 +160,14 @@ class _Firsts:
                 f"masked_inf_{side}": self.tracker.counts["masked"]}
 
 
-def _parents(src: Any) -> dict:
+def _parents(src: RecordSource) -> dict:
     try:
         return src.parents() or {}
     except Exception:  # noqa: BLE001 - no or unreadable construct.json: match by names
         return {}
 
 
-def _csv_name(src: Any, ts: str, multi_step: bool) -> str:
+def _csv_name(src: DumpSource, ts: str, multi_step: bool) -> str:
     step = f"step{src.step}_" if multi_step and src.step is not None else ""
     return f"compare_result_{step}{src.rank_dir}_{ts}.csv"
 

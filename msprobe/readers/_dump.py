@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Any, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from msprobe.errors import MsprobeError, RecordNotFoundError, StorageNotFoundError, require
 from msprobe.format.layout import detect_dialect
@@ -13,6 +13,9 @@ from msprobe.index.rows import COLUMNS, DIGEST_COLUMNS, arrow_schema, rank_rows,
 from msprobe.readers._kernel import kernel_configs, list_kernel_dumps
 from msprobe.readers._record import DumpRecord
 from msprobe.readers._store import arrow_location
+
+if TYPE_CHECKING:
+    from msprobe.readers.protocols import DumpSource
 
 __all__ = ["Dump", "ANY", "AmbiguousRecordError"]
 
@@ -126,7 +129,7 @@ class Dump:
             self._dialect = self.dialect_of(self._sources[0]) if self._sources else None
         return self._dialect
 
-    def dialect_of(self, src: Any) -> Optional[str]:
+    def dialect_of(self, src: DumpSource) -> Optional[str]:
         if src.use_index:
             d = src.index_metadata().get("dialect")
             if d:
@@ -185,7 +188,7 @@ class Dump:
         return False
 
     # -- records ---------------------------------------------------------------------------
-    def _records_of(self, src: Any) -> tuple:
+    def _records_of(self, src: DumpSource) -> tuple:
         got = self._recs.get(id(src))
         if got is None:
             if src.use_index:
@@ -200,7 +203,7 @@ class Dump:
             self._recs[id(src)] = got
         return got
 
-    def _digests_from_index(self, src: Any) -> list:
+    def _digests_from_index(self, src: DumpSource) -> list:
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -221,7 +224,7 @@ class Dump:
             out.append(DumpRecord(d["record"], d["seq"], src, d, self))
         return out
 
-    def _record_in(self, src: Any, name: str) -> Optional[DumpRecord]:
+    def _record_in(self, src: DumpSource, name: str) -> Optional[DumpRecord]:
         return self._records_of(src)[1].get(name)
 
     def iter_records(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, kind: Any = None,
@@ -283,7 +286,7 @@ class Dump:
         return self.iter_records()
 
     # -- tables -------------------------------------------------------------------------------
-    def _json_table(self, src: Any) -> Any:
+    def _json_table(self, src: DumpSource) -> Any:
         try:
             data = src.document().data
         except StorageNotFoundError:
@@ -393,7 +396,7 @@ class Dump:
                 "rank_dirs": rows}
 
 
-def _count_one(dump: Dump, src: Any) -> int:
+def _count_one(dump: Dump, src: DumpSource) -> int:
     if src.use_index and id(src) not in dump._recs:  # noqa: SLF001
         c = src.index_metadata().get("records")
         if c is not None:
@@ -402,7 +405,7 @@ def _count_one(dump: Dump, src: Any) -> int:
 
 
 def _split(r: DumpRecord) -> str:
-    sp = r.source.split
+    sp = getattr(r.source, "split", None)  # (packet sources have none)
     return f"split={sp!r}, " if sp else ""
 
 
@@ -544,7 +547,7 @@ def table_to_pandas(table: Any) -> Any:
     return df
 
 
-def _tensor_locations(src: Any) -> Optional[dict]:
+def _tensor_locations(src: DumpSource) -> Optional[dict]:
     """data name -> location for a rank with a Zarr tensor store (spec section 21), else None."""
     fn = getattr(src, "tensor_locations", None)
     if fn is None:

@@ -8,7 +8,7 @@ by :meth:`TensorRef.load`.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from msprobe.errors import RecordNotFoundError, TensorLoadError
 from msprobe.format.model import (
@@ -22,6 +22,9 @@ from msprobe.format.naming import parse_record_name
 from msprobe.index.rows import forward_twin, record_fields, record_tensors
 from msprobe.readers._replay import replay_inputs
 from msprobe.readers._tensor import load_tensor_file
+
+if TYPE_CHECKING:
+    from msprobe.readers.protocols import RecordSource
 
 __all__ = ["DumpRecord", "TensorRef", "bind_args"]
 
@@ -117,7 +120,7 @@ class DumpRecord:
 
     __slots__ = ("name", "seq", "source", "_digest", "_raw", "_fields", "_dump")
 
-    def __init__(self, name: str, seq: int, source: Any, digest: Optional[dict] = None, dump: Any = None,
+    def __init__(self, name: str, seq: int, source: RecordSource, digest: Optional[dict] = None, dump: Any = None,
                  raw: Any = None):
         self.name = name
         self.seq = seq

@@ -7,7 +7,7 @@ still-running dump may have changed.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from msprobe.backends import read_journal
 from msprobe.errors import (
@@ -46,6 +46,9 @@ from msprobe.index.files import (
     stale_reason,
     warn_stale,
 )
+
+if TYPE_CHECKING:
+    from msprobe.readers.protocols import DumpSource
 
 __all__ = ["RankSource", "IndexSource", "INDEX_FILE", "records_of", "task_of"]
 
@@ -447,7 +450,7 @@ class RankSource:
         return changed
 
 
-def records_of(src: Any) -> dict:
+def records_of(src: DumpSource) -> dict:
     """The ``data`` object of a source's dump document; ``{}`` when the rank has no document."""
     try:
         return src.document().data
@@ -455,7 +458,7 @@ def records_of(src: Any) -> dict:
         return {}
 
 
-def task_of(src: Any) -> Optional[str]:
+def task_of(src: DumpSource) -> Optional[str]:
     """The ``task`` of a source's dump document; None when it cannot be read."""
     try:
         return src.document().raw.get("task")

@@ -108,7 +108,7 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     return written
 
 
-def _covers(store: ReadableStore, key: str, src: Any) -> bool:
+def _covers(store: ReadableStore, key: str, src: RankSource) -> bool:
     """True while the index at ``key`` still covers ``src``'s document (skip_existing)."""
     try:
         meta = read_index_metadata(store, key)

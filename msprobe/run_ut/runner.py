@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import msprobe.readers as R
 from msprobe.backends import open_store
@@ -31,6 +31,9 @@ from msprobe.run_ut.execute import (
     split_api_name,
 )
 from msprobe.run_ut.metrics import worst
+
+if TYPE_CHECKING:
+    from msprobe.readers.protocols import DumpSource
 
 __all__ = ["run_ut", "open_rank", "list_tasks", "load_run_ut_config", "check_api", "DEFAULT_TIMEOUT", "pick_device"]
 
@@ -58,7 +61,7 @@ def open_rank(path: str, *, step: Optional[int] = None, rank: Any = None,
     return dump, sources[0]
 
 
-def _no_api_records(path: str, src: Any) -> None:
+def _no_api_records(path: str, src: DumpSource) -> None:
     """ConfigError for a dump with no forward API record to check (an L0 dump holds modules only)."""
     try:
         level = src.document().raw.get("level")
@@ -71,11 +74,11 @@ def _no_api_records(path: str, src: Any) -> None:
                       f"(or mix) dump of the APIs to replay")
 
 
-def _records(dump: Any, src: Any) -> list:
+def _records(dump: Any, src: DumpSource) -> list:
     return dump.records(step=src.step, rank=src.rank_dir, run=src.run, split=src.split)
 
 
-def list_tasks(dump: Any, src: Any, *, filter_api: bool = False) -> tuple:
+def list_tasks(dump: Any, src: DumpSource, *, filter_api: bool = False) -> tuple:
     """([forward API record names in dump order], {names of backward records})."""
     recs = _records(dump, src)
     names = [r.name for r in recs if r.kind == "api" and r.direction == "forward"]
