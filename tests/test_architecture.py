@@ -22,7 +22,7 @@ PKG = ROOT / "msprobe"
 # bottom first; a module may import its own layer and the ones before it. Keep in step with
 # docs/architecture.md (test_doc_lists_the_layers checks the two agree).
 LAYERS: list[tuple[str, ...]] = [
-    ("msprobe", "msprobe._coexist", "msprobe.errors", "msprobe.progress"),
+    ("msprobe", "msprobe._coexist", "msprobe.errors", "msprobe.progress", "msprobe.execution"),
     ("msprobe.format",),
     ("msprobe.backends",),
     ("msprobe.tensor_store",),

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from msprobe.compare._match import match_records
@@ -27,6 +27,7 @@ from msprobe.compare._rows import (
 )
 from msprobe.compare._verdict import Facts, diverges, judge_record
 from msprobe.errors import ConfigError, MissingDependencyError
+from msprobe.execution import Executor
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.progress import Progress
@@ -636,12 +637,24 @@ def _open_one(url: str, storage_options: Optional[dict]) -> Any:
     return srcs[0]
 
 
-def _pair_task(args: tuple) -> dict:
-    """One rank pair, opened from its URLs through msprobe.readers (a process-pool or Dask task:
-    nothing is shared with the caller but these arguments)."""
-    url_n, url_b, so, out_dir, kw = args
+@dataclass(frozen=True)
+class PairJob:
+    """One rank pair as a process-pool or Dask task: its two rank directories' URLs, the
+    storage options, where the files go and :func:`compare_pair`'s keyword arguments."""
+
+    target_url: str
+    bench_url: str
+    storage_options: Optional[dict]
+    out_dir: str
+    options: dict
+
+
+def _pair_task(job: PairJob) -> dict:
+    """One rank pair, opened from its URLs through msprobe.readers (nothing is shared with
+    the caller but the job)."""
+    so = job.storage_options
     with gc_paused():
-        return _run_pair(_open_one(url_n, so), _open_one(url_b, so), out_dir, so, kw)
+        return _run_pair(_open_one(job.target_url, so), _open_one(job.bench_url, so), job.out_dir, so, job.options)
 
 
 @contextlib.contextmanager
@@ -669,34 +682,6 @@ def gc_paused() -> Iterator[None]:
 _GC_LOCK = threading.Lock()
 _GC_PAUSES = 0
 _GC_STATE = [True]
-
-
-def _dask_client(client: Any, scheduler: Optional[str]) -> tuple:
-    """(client, owned): the user's Client, or one connected to ``scheduler`` (closed after)."""
-    if client is not None:
-        return client, False
-    if scheduler is None:
-        return None, False
-    from msprobe.errors import require
-
-    distributed = require("distributed", "dask")
-    return distributed.Client(scheduler), True
-
-
-def _run_dask(client: Any, jobs: list, prog: Progress) -> list:
-    from distributed import as_completed
-
-    futs = client.map(_pair_task, jobs, pure=False)
-    where = {f.key: i for i, f in enumerate(futs)}
-    results: list = [None] * len(futs)
-    try:
-        for fut in as_completed(futs):
-            results[where[fut.key]] = fut.result()
-            prog.update()
-    except BaseException:
-        client.cancel(futs)
-        raise
-    return results
 
 
 def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None, rank: Optional[int] = None,
@@ -774,24 +759,13 @@ def _compare(target: str, bench: str, out_dir: str, *, step: Optional[int], rank
         raise ConfigError(f"engine must be 'auto' or 'rows', not {engine!r}")
     kw = {"engine": engine, "mode": mode, "ts": ts, "multi_step": multi_step, "xlsx": xlsx, "structural": structural, "fuzzy": fuzzy,
           "stack": stack, "mapping": mapping, "threshold": threshold}
-    cl, owned = _dask_client(client, scheduler)
-    backend = "dask" if cl is not None else ("processes" if workers > 1 and len(pairs) > 1 else "in-process")
+    executor = Executor(client if client is not None else scheduler, processes=max(int(workers), 1))
+    backend = executor.backend(len(pairs))
     try:
-        if cl is not None or (workers > 1 and len(pairs) > 1):
-            jobs = [(a.url, b.url, storage_options, out_dir, kw) for a, b in pairs]
-            prog = Progress(len(pairs), "compare", "rank pairs", progress)
-            try:
-                if cl is not None:
-                    results = _run_dask(cl, jobs, prog)
-                else:
-                    with ProcessPoolExecutor(max_workers=min(workers, len(pairs))) as ex:
-                        futs = [ex.submit(_pair_task, j) for j in jobs]
-                        for f in futs:
-                            f.result()
-                            prog.update()
-                        results = [f.result() for f in futs]
-            finally:
-                prog.close()
+        if backend != "in-process":
+            jobs = [PairJob(a.url, b.url, storage_options, out_dir, kw) for a, b in pairs]
+            with Progress(len(pairs), "compare", "rank pairs", progress) as prog:
+                results = executor.map(_pair_task, jobs, progress=prog)
         else:
             one = len(pairs) == 1
             prog = Progress(len(_data(pairs[0][0])) if one else len(pairs), "compare",
@@ -810,8 +784,7 @@ def _compare(target: str, bench: str, out_dir: str, *, step: Optional[int], rank
             finally:
                 prog.close()
     finally:
-        if owned:
-            cl.close()
+        executor.close()
     # first divergence across ranks: the lowest record index, then (step, rank) order
     divs = [(r["first_divergence"]["record_index"], i, r) for i, r in enumerate(results) if r["first_divergence"]]
     first = None

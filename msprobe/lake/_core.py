@@ -1,9 +1,9 @@
 """Discovery, index building, compaction, manifest and catalog of a lake root.
 
-Every function that runs as a Dask task (``_discover_run``, ``_build_batch``,
-``_compact_group``) takes the root URL and storage options, opens its own store, and
-returns plain data: it can run in this process, in a LocalCluster worker or on a
-remote cluster.
+Every function that runs as a task of :class:`msprobe.execution.Executor` (``_discover_run``,
+``_build_batch`` with a :class:`BuildJob`, ``_compact_group`` with a :class:`CompactJob`...)
+takes the root URL and storage options, opens its own store, and returns plain data: it can
+run in this process, in a LocalCluster worker or on a remote cluster.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import io
 import json
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from msprobe.backends import Store
@@ -338,13 +339,40 @@ class _Prefetched:
                     self._data[k] = data
 
 
-def _build_batch(root_url: str, storage_options: Optional[dict], lake_url: str, lake_options: Optional[dict],
-                 run: str, run_prefix: str, locs: list, compact_key: Optional[str] = None) -> list:
-    """Task: write the index of each rank directory in ``locs`` (prefix, step, rank_dir, rank,
-    split) to ``index/...`` of the lake directory; returns one manifest row per rank directory.
+@dataclass(frozen=True)
+class BuildJob:
+    """What one index-building task does (:func:`_build_batch`): the rank directories ``locs``
+    ((prefix, step, rank_dir, rank, split) each) of run ``run`` under the root, indexed into the
+    lake directory; with ``compact_key`` they are every rank of one step, streamed into that
+    step's ``_compact.parquet`` as they are built."""
 
-    ``compact_key``: ``locs`` are every rank of one step: also stream their tables into
-    that step's ``_compact.parquet`` (no second pass over the files)."""
+    root_url: str
+    storage_options: Optional[dict]
+    lake_url: str
+    lake_options: Optional[dict]
+    run: str
+    run_prefix: str
+    locs: list
+    compact_key: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class CompactJob:
+    """One step's compaction (:func:`_compact_group`): the index files ``keys`` into ``ckey``."""
+
+    lake_url: str
+    lake_options: Optional[dict]
+    ckey: str
+    keys: list
+
+
+def _build_batch(job: BuildJob) -> list:
+    """Task: write the index of each rank directory of ``job.locs`` to ``index/...`` of the
+    lake directory; returns one manifest row per rank directory (no second pass over the
+    files for the step's compaction when ``job.compact_key`` is set)."""
+    root_url, storage_options, lake_url, lake_options = (job.root_url, job.storage_options, job.lake_url,
+                                                         job.lake_options)
+    run, run_prefix, locs, compact_key = job.run, job.run_prefix, job.locs, job.compact_key
     import pyarrow.compute as pc
 
     from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
@@ -444,11 +472,10 @@ def _rebuild_rows(lake_url: str, lake_options: Optional[dict], items: list) -> l
     return out
 
 
-def _compact_group(lake_url: str, lake_options: Optional[dict], ckey: str, keys: list, records: int) -> str:
-    """Task: stream the index files ``keys`` (one step of one run) into ``ckey``, with the
-    readers' ``covers`` metadata; memory holds one input file and one output row group.
-    (``records``, the manifest's count, is what the files' metadata add up to.)"""
-    return compact_files(_store(lake_url, lake_options, write=True), ckey, keys)
+def _compact_group(job: CompactJob) -> str:
+    """Task: stream the index files of one step of one run into its compacted file, with the
+    readers' ``covers`` metadata; memory holds one input file and one output row group."""
+    return compact_files(_store(job.lake_url, job.lake_options, write=True), job.ckey, job.keys)
 
 
 # -- manifest and catalog ----------------------------------------------------------------------

@@ -16,9 +16,10 @@ from msprobe.errors import (
     StoragePermissionError,
     require,
 )
+from msprobe.execution import Executor, star
 from msprobe.format.protocols import ReadableStore
 from msprobe.lake import _core
-from msprobe.lake._dask import Runner
+from msprobe.progress import Progress
 
 __all__ = ["Lake", "s3_settings"]
 
@@ -37,7 +38,7 @@ class Lake:
     catalog under ``ROOT/_lake/``.
 
     ``client``: a ``dask.distributed.Client`` or a scheduler address; without one, jobs of
-    :data:`msprobe.lake._dask.LOCAL_CLUSTER_MIN_TASKS` tasks or more start a
+    :data:`msprobe.execution.LOCAL_CLUSTER_MIN_TASKS` tasks or more start a
     ``LocalCluster`` of ``workers`` processes (``local=False``: never; ``True``: always).
     ``refresh``: ``"missing"`` (index rank directories without an index, and re-index those
     whose document changed since: another size or modification time than the index covers,
@@ -70,7 +71,7 @@ class Lake:
         self._report = report_progress  # msprobe.progress.Progress's enabled= for the index tasks
         self.lake_note: Optional[str] = None
         self._locate(lake_dir, lake_storage_options, refresh)
-        self.runner = Runner(client, workers=workers, local=local)
+        self.runner = Executor(client, local_cluster=local, cluster_workers=workers)
         self.batch = batch
         self.duckdb_config = dict(duckdb_config or {})
         self._expr: Any = None
@@ -150,8 +151,8 @@ class Lake:
         t0 = time.perf_counter()
         found = _core.discover_runs(self.store, max_depth)
         self._say(f"{len(found)} run(s)")
-        infos = self.runner.map(_core._discover_run, [(self.url, self.storage_options, r, p) for r, p in found],  # noqa: SLF001
-                                local=False)
+        infos = self.runner.map(star(_core._discover_run),  # noqa: SLF001
+                                [(self.url, self.storage_options, r, p) for r, p in found], local_cluster=False)
         self.run_infos = infos
         t1 = time.perf_counter()
         lake = self.lake_store
@@ -181,7 +182,7 @@ class Lake:
         changed_groups: set = set()
         if recover:
             rec_jobs = [(self.lake_url, self.lake_options, recover[i:i + 256]) for i in range(0, len(recover), 256)]
-            for batch_rows in self.runner.map(_core._rebuild_rows, rec_jobs, local=False):  # noqa: SLF001
+            for batch_rows in self.runner.map(star(_core._rebuild_rows), rec_jobs, local_cluster=False):  # noqa: SLF001
                 for r in batch_rows:
                     rows[r["index_key"]] = r
                     changed_groups.add(_core.compact_key_of(r["index_key"]))
@@ -210,19 +211,17 @@ class Lake:
                 direct.add(ckey)
             for i in range(0, len(items), self.batch):
                 chunk = items[i:i + self.batch]
-                jobs.append((self.url, self.storage_options, self.lake_url, self.lake_options, run, prefix_of[run],
-                             [loc for _, loc in chunk], ckey if whole else None))
+                jobs.append(_core.BuildJob(self.url, self.storage_options, self.lake_url, self.lake_options, run,
+                                           prefix_of[run], [loc for _, loc in chunk], ckey if whole else None))
         n_built = 0
         executor = "none"
         if jobs:
             self._writable()
-            n_dirs = sum(len(j[6]) for j in jobs)
+            n_dirs = sum(len(j.locs) for j in jobs)
             self._say(f"indexing {n_dirs} rank dir(s) in {len(jobs)} task(s)")
-            from msprobe.progress import Progress
-
             with Progress(n_dirs, "lake index", "rank dirs", enabled=self._report) as bar:
-                built_rows = self.runner.map(_core._build_batch, jobs,  # noqa: SLF001
-                                             on_done=lambda i: bar.update(len(jobs[i][6])))
+                built_rows = self.runner.map(_core._build_batch, jobs, progress=bar,  # noqa: SLF001
+                                             weight=lambda job: len(job.locs))
             executor = self.runner.last
             for batch_rows in built_rows:
                 for r in batch_rows:
@@ -250,8 +249,7 @@ class Lake:
             fresh = ckey not in changed_groups and ckey in existing and all(rows[k].get("compact_key") == ckey
                                                                               for k in keys)
             if not fresh and refresh != "none":
-                compact_jobs.append((self.lake_url, self.lake_options, ckey, keys,
-                                     sum(rows[k].get("records") or 0 for k in keys)))
+                compact_jobs.append(_core.CompactJob(self.lake_url, self.lake_options, ckey, keys))
             usable = fresh or refresh != "none"
             for k in keys:
                 rows[k]["compact_key"] = ckey if usable else None
@@ -311,7 +309,7 @@ class Lake:
         if chunk:
             jobs.append((self.url, self.storage_options, chunk, tuple(flat)))
         now: dict = {}
-        for part in self.runner.map(_core.doc_stats, jobs, local=False):
+        for part in self.runner.map(star(_core.doc_stats), jobs, local_cluster=False):
             now.update(part)
         local = bool(getattr(self.store, "is_local", False))
         out = {}

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError, MissingDependencyError
+from msprobe.execution import star
 
 __all__ = ["first_nan", "diverge", "disagree", "trend", "STATS"]
 
@@ -168,7 +169,7 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     for key in sorted(by_step):
         items = by_step[key]
         jobs = [(lake.url, lake.storage_options, items[i:i + batch], mode, out, ts) for i in range(0, len(items), batch)]
-        results = [r for part in lake.runner.map(_compare_batch, jobs) for r in part]
+        results = [r for part in lake.runner.map(star(_compare_batch), jobs) for r in part]
         n_pairs += len(results)
         steps_done.append(key[1] if key[1] >= 0 else None)
         if results:

@@ -155,7 +155,7 @@ def test_concurrent_pairs_in_threads_keep_their_rows(tmp_path):
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    from msprobe.compare._core import _pair_task
+    from msprobe.compare._core import PairJob, _pair_task
 
     target, bench = _four_ranks(str(tmp_path))
     ref = compare(target, bench, str(tmp_path / "ref"), plot=False, timestamp="T", progress=False)
@@ -167,7 +167,7 @@ def test_concurrent_pairs_in_threads_keep_their_rows(tmp_path):
         with ThreadPoolExecutor(RANKS) as ex:
             for i in range(30):
                 out = str(tmp_path / f"t{i}")
-                futs = [ex.submit(_pair_task, (f"{target}/rank{r}", f"{bench}/rank{r}", None, out, kw))
+                futs = [ex.submit(_pair_task, PairJob(f"{target}/rank{r}", f"{bench}/rank{r}", None, out, kw))
                         for r in range(RANKS)]
                 got = [f.result() for f in futs]
                 assert _csvs(out) == expected, f"round {i}"
