@@ -118,7 +118,7 @@ def load_run_ut_config(path: Optional[str]) -> dict:
     if not path:
         return {}
     doc = read_json_object(path, "-config")
-    sec = doc.get("run_ut") if isinstance(doc.get("run_ut"), dict) else doc
+    sec: dict = doc["run_ut"] if isinstance(doc.get("run_ut"), dict) else doc
     out: dict = {}
     for key in ("white_list", "black_list"):
         v = sec.get(key, [])
