@@ -626,16 +626,20 @@ def _block(c: Any, f: _Flat, part: str, keep: Optional[list]) -> tuple:
     return fr, result, err, out_cols, series
 
 
-def columnar_pair(c: Any, part: str, keep_rows: bool = False) -> dict:
-    """The rows of one rank pair appended to the CSV ``part`` and its summary (the dict of
-    :func:`msprobe.compare._core._chunk` over all records, bench-only records included).
+def columnar_pair(c: Any, part: str, keep_rows: bool = False, *, lo: int = 0, hi: Optional[int] = None,
+                  with_rest: bool = True) -> dict:
+    """The rows of the record pairs ``lo:hi`` of one rank pair (and of the bench-only records
+    when ``with_rest``) appended to the CSV ``part``, and their summary (the dict of
+    :func:`msprobe.compare._core._chunk`; a forked chunk of compare -n runs one range).
 
     Block by block (:data:`BLOCK_RECORDS` records, bench-only records in the last): plans (the
     flat index columns of every row), builds the mode's columns, writes them, then folds the
     block into the summary."""
     from msprobe.compare._core import _Firsts
 
-    mode, n = c.mode, len(c.pairs)
+    mode = c.mode
+    n = len(c.pairs) if hi is None else hi
+    start = lo
     fin_n, fin_b = _Firsts(), _Firsts()
     state: dict = {"b_epoch": (-1, None)}
     keep: Optional[list] = [] if keep_rows else None
@@ -644,10 +648,9 @@ def columnar_pair(c: Any, part: str, keep_rows: bool = False) -> dict:
     marks = PlotMarks()
     first_div = first_nan_n = first_nan_b = None
     rows = unmatched = 0
-    lo = 0
     while True:
         hi = min(n, lo + BLOCK_RECORDS)
-        f = _flatten(c, c.progress, lo, hi, hi == n, state)
+        f = _flatten(c, c.progress, lo, hi, with_rest and hi == n, state)
         fr, result, err, out_cols, ser = _block(c, f, part, keep)
         for k, v in _counts(out_cols[COLUMNS[mode].index("Result")]).items():
             counts[k] = counts.get(k, 0) + v
@@ -666,8 +669,8 @@ def columnar_pair(c: Any, part: str, keep_rows: bool = False) -> dict:
         if hi == n:
             break
         lo = hi
-    return {"rows": rows, "records": n, "results": counts, "series": series, "first_divergence": first_div,
+    return {"rows": rows, "records": n - start, "results": counts, "series": series, "first_divergence": first_div,
             "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
             **fin_n.summary("target"), **fin_b.summary("bench"), "marks": marks,
-            "matched_records": sum(1 for _, bm in c.pairs if bm is not None), "unmatched_rows": unmatched,
+            "matched_records": sum(1 for _, bm in c.pairs[start:n] if bm is not None), "unmatched_rows": unmatched,
             "row_list": keep if keep is not None else []}

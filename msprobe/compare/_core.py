@@ -179,7 +179,7 @@ class _PairContext:
     (threads of one Dask worker, pool processes) share nothing."""
 
     __slots__ = ("data_n", "data_b", "pairs", "rest", "src_n", "src_b", "mode", "progress", "stack", "mapping",
-                 "threshold")
+                 "threshold", "columnar")
 
     def __init__(self, **kw: Any):
         for k in self.__slots__:
@@ -413,7 +413,14 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
 def _chunk_child(c: _PairContext, job: tuple, conn: Any) -> None:
     """A forked chunk process: its rows go to the part file, its summary back through ``conn``."""
     try:
-        r = _chunk(c, *job)
+        if c.columnar:
+            from msprobe.compare._columnar import columnar_pair
+
+            lo, hi, with_rest, part = job
+            open(part, "w").close()  # the part exists even when the chunk has no rows
+            r = columnar_pair(c, part, False, lo=lo, hi=hi, with_rest=with_rest)
+        else:
+            r = _chunk(c, *job)
         r.pop("row_list", None)
         conn.send(("ok", r))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
@@ -446,10 +453,10 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
     path = os.path.join(out_dir, name)
     n = len(pairs)
     parts: list = []
-    columnar = engine != "rows" and mode in _columnar.MODES
-    use_fork = not columnar and chunks > 1 and n >= CHUNK_MIN_RECORDS and not xlsx and "fork" in _mp_methods()
+    ctx.columnar = engine != "rows" and mode in _columnar.MODES
+    use_fork = chunks > 1 and n >= CHUNK_MIN_RECORDS and not xlsx and "fork" in _mp_methods()
     try:
-        if columnar:
+        if ctx.columnar and not use_fork:
             with open(path, "w", newline="", encoding="utf-8") as f:
                 csv.writer(f).writerow(out_cols)
             ctx.progress = progress

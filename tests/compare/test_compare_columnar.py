@@ -281,3 +281,31 @@ def test_blocks_of_records_same_bytes(tmp_path, monkeypatch, block):
     _both(tmp_path, t, b, mapping={"Functional.linear.1.forward.input.0": "Functional.linear.2.forward.input.0"},
           threshold=0.01)
     _both(tmp_path, _f("ms26", "L1_md5", "step0"), _f("ms26", "L1_md5_perturbed", "step0"))
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_forked_chunks_of_one_pair_same_bytes(tmp_path, monkeypatch, workers):
+    """compare -n on one rank pair forks chunks of its records (the columnar path too): same
+    CSV as the row builder in one process, and the same summary fields the chunks can know."""
+    import msprobe.compare._columnar as columnar
+    import msprobe.compare._core as core
+
+    monkeypatch.setattr(core, "CHUNK_MIN_RECORDS", 0)
+    monkeypatch.setattr(columnar, "BLOCK_RECORDS", 5)
+    forked = []
+    real = core._run_forked
+    monkeypatch.setattr(core, "_run_forked", lambda *a, **k: forked.append(1) or real(*a, **k))
+    (rank,) = glob.glob(os.path.join(_f("ms26", "L1_statistics"), "step0", "*"))
+    with open(os.path.join(rank, "dump.json"), encoding="utf-8") as fh:
+        doc = json.load(fh)
+    t = _write(str(tmp_path / "t"), _mutate(doc, 7, "t"), rank)
+    b = _write(str(tmp_path / "b"), _mutate(doc, 107, "b"), rank)
+    ref = compare(t, b, str(tmp_path / "ref"), timestamp=TS, plot=False, progress=False, engine="rows")
+    got = compare(t, b, str(tmp_path / "got"), timestamp=TS, plot=False, progress=False, workers=workers)
+    assert forked == [1]
+    (pr,), (pg,) = ref["pairs"], got["pairs"]
+    with open(pr["files"][0], "rb") as f1, open(pg["files"][0], "rb") as f2:
+        assert f1.read() == f2.read()
+    for k in ("first_divergence", "first_nan_inf_target", "results", "rows", "matched_records", "unmatched_rows",
+              "worst_rows"):
+        assert pr[k] == pg[k], k
