@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+import msprobe.readers
+from msprobe.backends import open_store
+from msprobe.compare import _columnar
 from msprobe.compare._match import match_records
 from msprobe.compare._plot import PlotMarks
 from msprobe.compare._plotproc import draw as draw_plot
@@ -26,13 +29,14 @@ from msprobe.compare._rows import (
     tensor_metrics,
 )
 from msprobe.compare._verdict import Facts, diverges, judge_record
-from msprobe.errors import ConfigError, MissingDependencyError
+from msprobe.errors import ConfigError, MissingDependencyError, TensorLoadError
 from msprobe.execution import Executor
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.progress import Progress
 from msprobe.readers._source import records_of as _data
 from msprobe.readers._source import task_of as _task
+from msprobe.readers._tensor import load_tensor_file
 
 if TYPE_CHECKING:
     from msprobe.readers.protocols import DumpSource, RecordSource
@@ -56,8 +60,6 @@ _N_METRICS = {"statistics": 8, "md5": 2, "tensor": 6}
 
 
 def _open(path: str, storage_options: Optional[dict] = None) -> Any:
-    import msprobe.readers
-
     return msprobe.readers.open(dump_dir_of(path), storage_options=storage_options)
 
 
@@ -124,9 +126,6 @@ def pair_sources(dn: Any, db: Any, *, step: Any = None, rank: Any = None) -> lis
 
 
 def _load(src: DumpSource, side: Any, rec: str) -> Any:
-    from msprobe.errors import TensorLoadError
-    from msprobe.readers._tensor import load_tensor_file
-
     if side.data_name is None or not side.tensor:
         return None
     try:
@@ -440,8 +439,6 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
     copy-on-write), each writing a part of the CSV that is then concatenated in order.
     ``stack=False`` leaves out the NPU_Stack_Info column; ``mapping`` maps target row names to
     bench row names (a data-mapping file); ``threshold``, ``engine``: see :func:`compare`."""
-    from msprobe.compare import _columnar
-
     data_n, data_b = _data(src_n), _data(src_b)
     cols = COLUMNS[mode]
     pairs, rest, how = match_records(data_n, data_b, _parents(src_n), _parents(src_b), structural, fuzzy=fuzzy)
@@ -609,8 +606,6 @@ def _local_dir(out_dir: str) -> str:
 
 def _publish(out_dir: str, local: str, names: list, storage_options: Optional[dict]) -> list:
     """Upload ``names`` from the local directory ``local`` to the store ``out_dir``; their URLs."""
-    from msprobe.backends import open_store
-
     store = open_store(out_dir, storage_options)
     urls = []
     for name in names:

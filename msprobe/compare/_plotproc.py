@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Optional
 
+import msprobe
+
 __all__ = ["PlotProcess", "draw", "start"]
 
 #: the helper: import matplotlib first (the slow part), then draw what stdin asks for
@@ -41,8 +43,6 @@ class PlotProcess:
     """A helper interpreter importing matplotlib while compare runs (see the module doc)."""
 
     def __init__(self) -> None:
-        import msprobe
-
         root = os.path.dirname(os.path.dirname(os.path.abspath(msprobe.__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])

@@ -29,34 +29,22 @@ package imports neither pyarrow nor duckdb nor dask.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # the class is imported on first use (it needs pyarrow)
-    from msprobe.lake._lake import Lake
+from msprobe.lake._core import read_catalog as _read
+from msprobe.lake._lake import Lake
 
 __all__ = ["open", "Lake", "LAKE_DIR", "read_catalog"]
 
 LAKE_DIR = "_lake"
 
 
-def open(root: Any, storage_options: Any = None, client: Any = None, **kwargs: Any) -> "Lake":  # noqa: A001
+def open(root: Any, storage_options: Any = None, client: Any = None, **kwargs: Any) -> Lake:  # noqa: A001
     """Open (and index what is missing of) the lake at ``root``; see :class:`Lake`."""
-    from msprobe.lake._lake import Lake
-
     return Lake(root, storage_options=storage_options, client=client, **kwargs)
 
 
 def read_catalog(root: Any, storage_options: Any = None, lake_dir: Any = None,
                  lake_storage_options: Any = None) -> Any:
     """The persisted run catalog (a list of dicts) without opening the lake; None when absent."""
-    from msprobe.lake._core import read_catalog as _read
-
     return _read(root, storage_options, lake_dir, lake_storage_options)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Lake":
-        from msprobe.lake._lake import Lake
-
-        return Lake
-    raise AttributeError(name)

@@ -14,8 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from msprobe.backends import Store
-from msprobe.errors import ConfigError, MsprobeError, StorageNotFoundError, require
+from msprobe.backends import Store, open_store
+from msprobe.errors import ConfigError, MsprobeError, StorageNotFoundError, StoragePermissionError, require
+from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
+from msprobe.format.layout import MAPPING_CSV, TENSOR_DIR, RankLocation, discover
 from msprobe.format.protocols import ReadableStore
 from msprobe.index import (
     COMPACT_FILE,
@@ -28,6 +30,9 @@ from msprobe.index import (
     read_index_metadata,
     table_bytes,
 )
+from msprobe.readers._api import looks_like_dump
+from msprobe.readers._dump import Dump
+from msprobe.readers._source import RankSource
 
 __all__ = ["discover_runs", "read_catalog", "LAKE_DIR", "INDEX_PREFIX", "MANIFEST_KEY", "CATALOG_JSON",
            "CATALOG_PARQUET", "MANIFEST_COLUMNS"]
@@ -53,8 +58,6 @@ _STORES: dict = {}
 def _store(root_url: str, storage_options: Optional[dict], *, write: bool = False) -> Any:
     """The store of ``root_url``, one per process and options (a Dask worker runs many tasks:
     making an S3 client costs more than most of them)."""
-    from msprobe.backends import open_store
-
     try:
         ck = (root_url, json.dumps(storage_options, sort_keys=True, default=repr), write)
     except (TypeError, ValueError):
@@ -96,8 +99,6 @@ def write_refused(root_url: str, storage_options: Optional[dict]) -> Optional[st
     PUTs...). Other storage errors propagate."""
     import uuid
 
-    from msprobe.errors import StoragePermissionError
-
     try:
         st = _store(root_url, storage_options, write=True)
         key = f"{LAKE_DIR}/.msprobe-probe-{uuid.uuid4().hex}"
@@ -118,8 +119,6 @@ def discover_runs(store: ReadableStore, max_depth: int = 3) -> list:
     (step<N>/, rank<N>/, proc<pid>/, dump.json...), searched ``max_depth`` levels deep;
     the run name is its path below the root. Names starting with ``_`` or ``.`` are skipped.
     A root that is itself a dump is one run named after the root."""
-    from msprobe.readers._api import looks_like_dump
-
     names = store.list_dir("")
     if looks_like_dump([n for n in names if not n.startswith(("_", "."))]):
         base = store.url.rstrip("/").rsplit("/", 1)[-1] or "run"
@@ -148,8 +147,6 @@ def discover_runs(store: ReadableStore, max_depth: int = 3) -> list:
 
 def _discover_run(root_url: str, storage_options: Optional[dict], run: str, prefix: str) -> dict:
     """Task: the rank directories of one run (directory listings only) and its config file."""
-    from msprobe.format.layout import discover
-
     store = _store(root_url, storage_options)
     locs = discover(store, prefix)
     config = None
@@ -186,8 +183,6 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
     open compares with what each index covers. ``flat_steps``: step prefixes whose rank
     directories hold few files (statistics dumps): on an object store they are listed with
     one recursive listing each (a page per 1,000 keys instead of a request per rank dir)."""
-    from msprobe.format.documents import DEBUG_JSON, DUMP_JSON
-
     base = _store(root_url, storage_options)
     out: dict = {}
     fs, root = getattr(base, "fs", None), getattr(base, "root", None)
@@ -236,8 +231,6 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
 
 def _tensor_bytes(store: ReadableStore, prefix: str) -> tuple:
     """(files, bytes) below the rank's dump_tensor_data/ (one recursive listing)."""
-    from msprobe.format.layout import TENSOR_DIR
-
     key = f"{prefix}/{TENSOR_DIR}" if prefix else TENSOR_DIR
     local = store.local_path(key) if getattr(store, "is_local", False) else None
     n = total = 0
@@ -374,11 +367,6 @@ def _build_batch(job: BuildJob) -> list:
                                                          job.lake_options)
     run, run_prefix, locs, compact_key = job.run, job.run_prefix, job.locs, job.compact_key
     import pyarrow.compute as pc
-
-    from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
-    from msprobe.format.layout import MAPPING_CSV, TENSOR_DIR, RankLocation
-    from msprobe.readers._dump import Dump
-    from msprobe.readers._source import RankSource
 
     store = _Prefetched(_store(root_url, storage_options))
     store.prefetch([loc[0] for loc in locs], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))

@@ -18,8 +18,13 @@ from msprobe.errors import (
 )
 from msprobe.execution import Executor, star
 from msprobe.format.protocols import ReadableStore
+from msprobe.index import stale_reason
+from msprobe.index.files import check_index_file
+from msprobe.index.rows import COLUMNS
 from msprobe.lake import _core
+from msprobe.lake._questions import disagree, diverge, first_nan, trend
 from msprobe.progress import Progress
+from msprobe.readers._dump import table_to_pandas
 
 __all__ = ["Lake", "s3_settings"]
 
@@ -288,8 +293,6 @@ class Lake:
     def _stale(self, rows: dict) -> dict:
         """{index key: why} of the indexed rank directories whose document no longer has the
         size and modification time recorded when it was indexed (listings only, as tasks)."""
-        from msprobe.index import stale_reason
-
         if not rows:
             return {}
         steps: dict = {}  # step prefix -> [rank prefixes]; few files per rank dir: one listing of the step
@@ -420,8 +423,6 @@ class Lake:
 
         import pyarrow.compute as pc
 
-        from msprobe.index.rows import COLUMNS
-
         e = self._expr
         for name, value in eq.items():
             if name not in COLUMNS:
@@ -453,8 +454,6 @@ class Lake:
         return self.dataset.to_table(columns=cols, filter=e)
 
     def to_pandas(self, columns: Optional[Iterable[str]] = None, **kw: Any) -> Any:
-        from msprobe.readers._dump import table_to_pandas
-
         return table_to_pandas(self.to_arrow(columns, **kw))
 
     def count_rows(self) -> int:
@@ -511,7 +510,6 @@ class Lake:
 
     def _register_lake(self, con: Any) -> str:
         files = [k for k, _ in self.files()]
-        from msprobe.index.files import check_index_file
 
         for k in files:  # a Parquet bomb is refused from its footer, before DuckDB or pyarrow inflate it
             try:
@@ -569,23 +567,15 @@ class Lake:
 
     # -- questions (msprobe.lake._questions) ------------------------------------------------------------
     def first_nan(self, **kw: Any) -> Any:
-        from msprobe.lake._questions import first_nan
-
         return first_nan(self, **kw)
 
     def diverge(self, run_a: str, run_b: str, **kw: Any) -> dict:
-        from msprobe.lake._questions import diverge
-
         return diverge(self, run_a, run_b, **kw)
 
     def disagree(self, **kw: Any) -> Any:
-        from msprobe.lake._questions import disagree
-
         return disagree(self, **kw)
 
     def trend(self, record: str, **kw: Any) -> Any:
-        from msprobe.lake._questions import trend
-
         return trend(self, record, **kw)
 
     # -- lifetime -------------------------------------------------------------------------------------------

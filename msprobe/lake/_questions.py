@@ -19,8 +19,13 @@ import time
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from msprobe.compare._core import compare_pair, detect_mode, pair_sources
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import star
+from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
+from msprobe.format.layout import RankLocation
+from msprobe.lake._core import _Prefetched, _store
+from msprobe.readers._source import RankSource, records_of, task_of
 
 __all__ = ["first_nan", "diverge", "disagree", "trend", "STATS"]
 
@@ -81,9 +86,6 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None)
 # -- divergence between two runs ---------------------------------------------------------------------
 
 def _sources(lake: Any, run: str) -> list:
-    from msprobe.format.layout import RankLocation
-    from msprobe.readers._source import RankSource
-
     rows = [r for r in lake.manifest_rows if r["run"] == run]
     if not rows:
         raise ConfigError(f"no run {run!r} in {lake.url}; runs: {', '.join(lake.runs) or 'none'}")
@@ -100,12 +102,6 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
     """Task: :func:`msprobe.compare.compare_pair` on each (target loc, bench loc); the CSVs go
     to ``out_dir`` (a temporary directory, removed, when None). Returns the summaries
     without their per-row series."""
-    from msprobe.compare._core import compare_pair, detect_mode
-    from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
-    from msprobe.format.layout import RankLocation
-    from msprobe.lake._core import _Prefetched, _store
-    from msprobe.readers._source import RankSource, records_of, task_of
-
     store = _Prefetched(_store(root_url, storage_options))
     store.prefetch([loc[0] for pair in pairs for loc in pair], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
     tmp = None
@@ -149,8 +145,6 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     result, metrics} or None, "ranks": [the first divergence of each diverging rank of
     that step, in order], "steps_compared": [...], "pairs_compared": n, "mode": ...}``.
     """
-    from msprobe.compare._core import pair_sources
-
     if run_a == run_b:
         raise ConfigError("diverge: give two different runs")
     sa, sb = _sources(lake, run_a), _sources(lake, run_b)
