@@ -77,6 +77,8 @@ def _built_in_cache() -> Optional[Any]:
     try:
         loader = importlib.machinery.ExtensionFileLoader("msprobe.dumpers._fastpath", path)
         spec = importlib.util.spec_from_file_location("msprobe.dumpers._fastpath", path, loader=loader)
+        if spec is None:  # the loader is given, so this does not happen; treated as "no fast path"
+            return None
         mod = importlib.util.module_from_spec(spec)
         loader.exec_module(mod)
     except (ImportError, OSError):

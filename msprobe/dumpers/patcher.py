@@ -9,7 +9,7 @@ straight to the originals; ``guard.on = False`` turns every wrapper into a pass-
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 __all__ = ["ApiPatcher"]
 
@@ -66,6 +66,7 @@ class ApiPatcher:
             pass
         wrapper.__msprobe_wrapped__ = True  # type: ignore[attr-defined]
         owned = not isinstance(target, type) or name in target.__dict__
+        new_attr: Any  # the wrapper, or a staticmethod of it
         if owned and isinstance(target, type) and isinstance(target.__dict__[name], staticmethod):
             orig_attr, new_attr = target.__dict__[name], staticmethod(wrapper)  # Tensor.from_numpy
         else:
@@ -95,7 +96,7 @@ class ApiPatcher:
     def set_custom(self, target, name: str, api_key: str) -> None:
         """register_custom_api: ``target.name`` is recorded as ``api_key`` (instead of its listed name)."""
         self.extra[(id(target), name)] = (target, api_key)
-        if self._saved:
+        if self._saved and self._handler is not None:  # installed (install sets the handler first)
             self._unwrap(target, name)
             self._wrap(target, name, getattr(target, name), api_key, self._handler)
 
@@ -104,7 +105,7 @@ class ApiPatcher:
         self.extra.pop((id(target), name), None)
         self._unwrap(target, name)
         key = self._listed_key(target, name) if self._saved else None
-        if key is not None:
+        if key is not None and self._handler is not None:
             self._wrap(target, name, getattr(target, name), key, self._handler)
 
     def uninstall(self) -> None:

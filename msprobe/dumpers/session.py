@@ -22,14 +22,14 @@ from typing import Any, Callable, Optional
 
 from msprobe import __version__
 from msprobe.backends import append_log_line, claim_run_dir
+from msprobe.backends._base import Store
 from msprobe.backends._keys import TEMP_MARKER
-from msprobe.backends._retry import RetryPolicy, is_disk_full, put_retrying
+from msprobe.backends._retry import RetryPolicy, StoreLike, is_disk_full, put_retrying
 from msprobe.dumpers.config import DumpConfig
 from msprobe.errors import StorageError, StoragePermissionError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_records_json
 from msprobe.format.layout import ERROR_LOG, FORMAT_VERSION, JOURNAL_DIR, MARKER_FILE, TENSOR_DIR, rank_dir_name
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
-from msprobe.format.protocols import ReadableStore
 
 __all__ = ["DumpSession", "StackTable", "PendingStats"]
 
@@ -227,7 +227,7 @@ class StackTable:
 class _RetryingPut:
     """``put`` of a store with :func:`put_retrying` (the dumper's retry policy)."""
 
-    def __init__(self, store: ReadableStore, policy: Any) -> None:
+    def __init__(self, store: StoreLike, policy: Any) -> None:
         self.store, self.policy = store, policy
 
     def put(self, key: str, data: bytes) -> None:
@@ -255,7 +255,7 @@ class DumpSession:
         self.current_step = 0
         self.rank: Optional[int] = None
         self._rank_resolved = False
-        self._store = None
+        self._store: Optional[Store] = None
         self._writer = None
         self._tstore = None
         self._journal = None
@@ -302,7 +302,7 @@ class DumpSession:
 
     # ---------------------------------------------------------------- storage
     @property
-    def store(self):
+    def store(self) -> Store:
         if self._store is None:
             from msprobe.backends import open_store
             from msprobe.backends._open import bound_store, bounded_storage_options
@@ -699,8 +699,8 @@ class DumpSession:
         ``failures.lock``); returns where the log is."""
         f = self.failures
         store = self._store
-        if store is not None and getattr(store, "is_local", False):
-            path = store.local_path(f"{prefix}/{ERROR_LOG}")
+        path = store.local_path(f"{prefix}/{ERROR_LOG}") if store is not None and getattr(store, "is_local", False) else None
+        if path is not None:
             if _append_local(path, line):
                 return path
         else:
@@ -731,8 +731,9 @@ class DumpSession:
         if not f.count:
             return
         where = f.local_log
-        if getattr(self._store, "is_local", False):
-            where = os.path.join(self._store.local_path(""), "step*", "*", ERROR_LOG) + (f" and {where}" if where else "")
+        root = self._store.local_path("") if self._store is not None and getattr(self._store, "is_local", False) else None
+        if root is not None:
+            where = os.path.join(root, "step*", "*", ERROR_LOG) + (f" and {where}" if where else "")
         text = (f"msprobe: {f.count} object(s) of the dump could not be written to {self.config.dump_path}; "
                 f"error log: {where or 'stderr only'}")
         log.warning("%s", text)
@@ -751,7 +752,8 @@ class DumpSession:
             self.pending.resolve(self.fetch_stats)
             self.flush_journal()
             prefix = self.rank_prefix
-            failed = None
+            failed: Optional[Exception] = None
+            docs_failed: Optional[Exception] = None
             if self._writer is not None:
                 try:
                     self._writer.flush()

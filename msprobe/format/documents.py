@@ -151,8 +151,10 @@ class DumpDocument:
         self.file = file
 
     @classmethod
-    def new(cls, task: str, level: str, framework: str, dump_data_dir: Optional[str] = None,
-            data: Optional[dict] = None, **extra: Any) -> "DumpDocument":
+    def new(cls, task: Optional[str], level: Optional[str], framework: Optional[str],
+            dump_data_dir: Optional[str] = None, data: Optional[dict] = None, **extra: Any) -> "DumpDocument":
+        """A document with no records; ``task``/``level``/``framework`` are None while not known yet
+        (a rank whose dump has not written its document)."""
         raw = {"task": task, "level": level, "framework": framework, "dump_data_dir": dump_data_dir,
                "data": data if data is not None else {}}
         raw.update(extra)

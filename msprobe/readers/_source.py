@@ -135,7 +135,7 @@ class RankSource:
         self._has_map: Optional[bool] = None
         self._journal_live: Optional[bool] = None
         self._journal: Optional[dict] = None
-        self._tstore: ReadableStore = False
+        self._tstore: Any = False  # False: not looked up yet; then a ZarrTensorReader or None
 
     @property
     def use_index(self) -> bool:

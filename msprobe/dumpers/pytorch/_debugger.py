@@ -20,6 +20,7 @@ class PrecisionDebugger:
     """One debugger per process: instantiating it again returns the same object (the docs' cross-file use)."""
 
     _instance: Optional["PrecisionDebugger"] = None
+    _initialized: bool = False  # per instance: set by __new__, then True once __init__ has run
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "PrecisionDebugger":
         with _LOCK:

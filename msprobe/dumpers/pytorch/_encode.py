@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import weakref
 import zlib
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -157,8 +157,9 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     c = c.contiguous()
     if c.numel() == 0:
         return memoryview(b"")
-    return memoryview(c.view(torch.uint8).numpy()).cast("B") if c.dim() else memoryview(
-        c.reshape(1).view(torch.uint8).numpy()).cast("B")
+    # ``.data``: the array's buffer (numpy's stubs type ndarray as a buffer only for Python >= 3.12)
+    return memoryview(c.view(torch.uint8).numpy().data).cast("B") if c.dim() else memoryview(
+        c.reshape(1).view(torch.uint8).numpy().data).cast("B")
 
 
 def _crc32_hex(t: torch.Tensor) -> str:
@@ -376,7 +377,7 @@ class Encoder(ValueEncoder):
         self.session.save_tensor(name, lambda c=cpu: _serialize(c), cpu.numel() * cpu.element_size())
 
     @staticmethod
-    def _xor(data: torch.Tensor) -> Optional[str]:
+    def _xor(data: torch.Tensor) -> Union[float, str, None]:  # a 0-d float tensor: its value
         if data.numel() == 0:
             return None
         if data.dim() == 0:

@@ -121,7 +121,11 @@ class OnlineRunUt:
         if self.closed:
             return
         header = self._header(kind, step)
-        self.sender.submit(lambda h=header: (encode_packet(h), h), 0, control=True)
+
+        def build(header: dict = header) -> tuple:
+            return encode_packet(header), header
+
+        self.sender.submit(build, 0, control=True)
 
     def end_step(self, step: int) -> None:
         self.control("step_end", step)

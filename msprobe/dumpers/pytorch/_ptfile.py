@@ -117,7 +117,7 @@ class PtFile:
     def finish(self) -> memoryview:
         from msprobe.dumpers.pytorch._encode import _fast
 
-        mv = memoryview(self.buf.numpy())
+        mv = memoryview(self.buf.numpy().data)  # .data: see _encode.tensor_bytes
         data = mv[_DATA_OFF:_DATA_OFF + self.nbytes]
         fast = _fast()
         if fast is not None and fast.HAVE_CLMUL and self.nbytes:
