@@ -94,8 +94,8 @@ class DumpConfig:
     async_dump: bool = False
     scope: list = field(default_factory=builtins.list)
     list: list = field(default_factory=builtins.list)
-    tensor_list: list = field(default_factory=builtins.list)
-    data_mode: list = field(default_factory=lambda: ["all"])
+    tensor_list: builtins.list = field(default_factory=builtins.list)
+    data_mode: builtins.list = field(default_factory=lambda: ["all"])
     summary_mode: str = "statistics"
     overflow_nums: int = 1
     storage_options: Optional[dict] = field(default=None, repr=False)  # credentials: never in a repr

@@ -45,7 +45,9 @@ def render_stack(frames: tuple) -> list:
 
 
 class DumperControl:
-    guard = None  # the framework's thread-local API guard (``guard.inside`` while the dumper works)
+    # the framework's thread-local API guard (``guard.inside`` while the dumper works), a
+    # threading.local that each subclass sets
+    guard: Any = None
 
     def _init_state(self, config: Any, framework: str, encoder_cls: Any, patcher_cls: Any, fetch_stats: Any,
                     get_rank: Any) -> None:

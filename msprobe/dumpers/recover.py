@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from msprobe.backends import read_journal
+from msprobe.backends._base import Store
 from msprobe.backends._keys import is_temp_name
 from msprobe.errors import FormatError, MsprobeError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_json
@@ -67,7 +68,9 @@ def find_unfinished(store: ReadableStore, prefix: str = "") -> list:
     """Rank prefixes under ``prefix`` holding a journal, or tensor data without any document: a run
     killed after a record's tensor files were published but before the record was journaled
     leaves the latter (no journal yet), whose step still needs its documents."""
-    journals, data, docs = set(), set(), set()
+    journals: set[str] = set()
+    data: set[str] = set()
+    docs: set[str] = set()
     for key in store.list_prefix(prefix):
         parts = key.split("/")
         for i, part in enumerate(parts[1:], 1):
@@ -80,7 +83,7 @@ def find_unfinished(store: ReadableStore, prefix: str = "") -> list:
     return sorted(journals | (data - docs))
 
 
-def recover_store(store: ReadableStore, prefix: str = "", *, task: Optional[str] = None, level: Optional[str] = None,
+def recover_store(store: Store, prefix: str = "", *, task: Optional[str] = None, level: Optional[str] = None,
                   framework: str = "pytorch") -> list:
     results = []
     for rank_prefix in find_unfinished(store, prefix):
@@ -88,7 +91,7 @@ def recover_store(store: ReadableStore, prefix: str = "", *, task: Optional[str]
     return results
 
 
-def _recover_rank(store: ReadableStore, rank_prefix: str, task: Optional[str], level: Optional[str],
+def _recover_rank(store: Store, rank_prefix: str, task: Optional[str], level: Optional[str],
                   framework: str) -> RecoveryResult:
     res = RecoveryResult(rank_prefix)
     marker = _marker(store, rank_prefix)

@@ -105,7 +105,7 @@ class MindSporeDumper(DumperControl):
         self._jit_saved: Optional[tuple] = None
         self._pijit_saved: Optional[tuple] = None
         self._pgrads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
-        self._graph = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
+        self._graph: Optional[GraphCellDump] = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
         self._warned_points = False
 
     # ---------------------------------------------------------------- control
@@ -172,6 +172,8 @@ class MindSporeDumper(DumperControl):
         """GRAPH_MODE: a dumped step in which no dump point ran means the model ran from a graph
         compiled before start(model) (or did not run): said once, instead of an empty dump."""
         g = self._graph
+        if g is None:  # called only once the graph dump exists (end of step)
+            return
         if g.fired or self._split_session is not None or not _graph_mode() or self._warned_points:
             return
         self._warned_points = True

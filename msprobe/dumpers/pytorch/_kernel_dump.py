@@ -71,11 +71,12 @@ class KernelDumper:
         if "://" in str(root) and not str(root).startswith("file://"):
             raise ConfigError(f"level 'L2': the Ascend runtime writes kernel dumps to a local directory; "
                               f"dump_path={root!r} is not local")
-        self.torch_npu = torch_npu_module()
-        if self.torch_npu is None:
+        npu = torch_npu_module()
+        if npu is None:
             raise MissingDependencyError(
                 "level 'L2' (kernel dump) drives torch_npu's init_dump/set_dump/finalize_dump: torch_npu is "
                 "not installed or cannot be imported (it needs Ascend hardware and the CANN libraries)")
+        self.torch_npu = npu
         try:
             available = bool(self.torch_npu.npu.is_available())
         except Exception:  # noqa: BLE001 - torch_npu without a usable device: as if absent
