@@ -5,6 +5,8 @@ import os
 import random
 from typing import Any, Optional
 
+from mindspore.train import Callback  # the base of MsprobeStep and MsprobeInitStep (this module needs MindSpore)
+
 from msprobe.dumpers.config import check_seed_args
 from msprobe.dumpers.pytorch._debugger import PrecisionDebugger as _BaseDebugger
 from msprobe.errors import ConfigError
@@ -39,13 +41,7 @@ class PrecisionDebugger(_BaseDebugger):
             split.current_step = step
 
 
-def _callback_base():
-    from mindspore.train import Callback
-
-    return Callback
-
-
-class MsprobeStep(_callback_base()):
+class MsprobeStep(Callback):
     """Model.train callback: ``start()`` when each step begins, ``stop()`` and ``step()`` when it ends."""
 
     def __init__(self, debugger: PrecisionDebugger):
@@ -78,7 +74,7 @@ class MsprobeStep(_callback_base()):
         return None
 
 
-class MsprobeInitStep(_callback_base()):
+class MsprobeInitStep(Callback):
     """Model.train callback for resumed training: numbers the dumped steps from the global step
     the run resumes at, through :meth:`PrecisionDebugger.set_init_step`, before the first step.
 
