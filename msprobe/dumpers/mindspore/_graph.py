@@ -84,7 +84,7 @@ def _through(values: tuple, point, last):
     for v in values:
         if ops.is_tensor(v):
             n = n + 1
-    res = ()
+    res: tuple = ()
     i = 0
     for v in values:
         if ops.is_tensor(v):
@@ -326,7 +326,7 @@ class GraphCellDump:
             new = call is None or call.n_out > 0 or (call.exp_in is not None and call.n_in >= call.exp_in)
         else:
             new = call is None
-        if new:
+        if new or call is None:  # (call is None only where new is True)
             done = self.done.get(key)
             idx = done.pop() if done else 0
             bwd = f"{key}.backward.{idx}"
