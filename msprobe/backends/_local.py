@@ -10,7 +10,7 @@ from typing import IO, BinaryIO, Callable, NoReturn
 from msprobe.backends._base import BytesLike, Store
 from msprobe.backends._keys import TEMP_MARKER, is_temp_name
 from msprobe.backends._retry import reraise
-from msprobe.errors import MsprobeError, StorageError, StorageNotFoundError, StoragePermissionError
+from msprobe.errors import MsprobeError, StorageError, StorageNotFoundError, StoragePermissionError, UnsafePathError
 
 __all__ = ["LocalStore"]
 
@@ -120,8 +120,6 @@ class LocalStore(Store):
         if os.path.islink(path) or not os.path.realpath(path).startswith(os.path.realpath(self._root) + os.sep):
             real, root = os.path.realpath(path), os.path.realpath(self._root)
             if os.path.commonpath([real, root]) != root:
-                from msprobe.errors import UnsafePathError
-
                 raise UnsafePathError(f"{path} is a link to {real}, outside the store root {root}; refused")
         return path
 

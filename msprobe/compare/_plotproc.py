@@ -17,6 +17,7 @@ import sys
 from typing import Optional
 
 import msprobe
+from msprobe.compare._plot import plot_compare
 
 __all__ = ["PlotProcess", "draw", "start"]
 
@@ -107,7 +108,5 @@ def _end(proc: subprocess.Popen) -> None:
 
 def draw(helper: Optional[PlotProcess], results: list, out_dir: str, ts: str, mode: str, threshold: float) -> tuple:
     """(PNG path, note): drawn by ``helper`` when it can, else in-process."""
-    from msprobe.compare._plot import plot_compare
-
     got = helper.draw(results, out_dir, ts, mode, threshold) if helper is not None else None
     return got if got is not None else plot_compare(results, out_dir, ts, mode, threshold)

@@ -21,15 +21,17 @@ from collections import defaultdict, deque
 from typing import Any, Callable, Optional
 
 from msprobe import __version__
-from msprobe.backends import append_log_line, claim_run_dir
+from msprobe.backends import BackgroundWriter, LocalStore, append_log_line, claim_run_dir, open_store
 from msprobe.backends._base import Store
 from msprobe.backends._keys import TEMP_MARKER
-from msprobe.backends._retry import RetryPolicy, StoreLike, is_disk_full, put_retrying
+from msprobe.backends._open import bound_store, bounded_storage_options
+from msprobe.backends._retry import Breaker, RetryPolicy, StoreLike, is_disk_full, put_retrying
 from msprobe.dumpers.config import DumpConfig
 from msprobe.errors import StorageError, StoragePermissionError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_records_json
 from msprobe.format.layout import ERROR_LOG, FORMAT_VERSION, JOURNAL_DIR, MARKER_FILE, TENSOR_DIR, rank_dir_name
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
+from msprobe.tensor_store import ZarrTensorWriter
 
 __all__ = ["DumpSession", "StackTable", "PendingStats"]
 
@@ -304,9 +306,6 @@ class DumpSession:
     @property
     def store(self) -> Store:
         if self._store is None:
-            from msprobe.backends import open_store
-            from msprobe.backends._open import bound_store, bounded_storage_options
-
             cfg = self.config
             options = bounded_storage_options(cfg.dump_path, cfg.storage_options, cfg.storage_timeout)
             self._store = bound_store(open_store(cfg.dump_path, storage_options=options), cfg.storage_timeout,
@@ -322,8 +321,6 @@ class DumpSession:
 
     def _get_breaker(self):
         if self._breaker is None:
-            from msprobe.backends._retry import Breaker
-
             self._breaker = Breaker(cooldown=2 * self.config.storage_timeout)
         return self._breaker
 
@@ -347,12 +344,8 @@ class DumpSession:
     @property
     def writer(self):
         if self._writer is None:
-            from msprobe.backends import BackgroundWriter
-
             store = self.store
             if getattr(store, "is_local", False) and not self.config.fsync_tensors:
-                from msprobe.backends import LocalStore
-
                 # tensor files: still atomic (temp file + rename), not fsync'ed one by one
                 store = LocalStore(store.local_path(""), fsync=False)
             self._writer = BackgroundWriter(
@@ -522,13 +515,9 @@ class DumpSession:
     def tensor_store(self):
         """The Zarr tensor store writer of the current step and rank (``tensor_store: "zarr"``)."""
         if self._tstore is None:
-            from msprobe.tensor_store import ZarrTensorWriter
-
             cfg = self.config
             store = self.store
             if getattr(store, "is_local", False) and not cfg.fsync_tensors:
-                from msprobe.backends import LocalStore
-
                 # shards: still atomic (temp file + rename), not fsync'ed (as the classic tensor files)
                 store = LocalStore(store.local_path(""), fsync=False)
             self._tstore = ZarrTensorWriter(

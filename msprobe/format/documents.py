@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any, Iterator, Optional, Union
 
-from msprobe.errors import DocumentError, FormatError, NameFormatError
+from msprobe.errors import DocumentError, FormatError, NameFormatError, RecordNotFoundError
 from msprobe.format.model import Record
 
 __all__ = [
@@ -192,8 +192,6 @@ class DumpDocument:
     def record(self, name: str) -> Record:
         names = self.data
         if name not in names:
-            from msprobe.errors import RecordNotFoundError
-
             raise RecordNotFoundError(f"no record {name!r} in {self.file or 'the document'}")
         return Record(name, names[name], list(names).index(name))
 

@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any, Iterable, Optional
 
-from msprobe.errors import NameFormatError
+from msprobe.errors import DocumentError, NameFormatError
 from msprobe.format.layout import TENSOR_DIR
 from msprobe.format.model import MAX_ARG_DEPTH, TENSOR_TYPES, is_valid_shape
 from msprobe.format.naming import RecordName, parse_record_name
@@ -69,8 +69,6 @@ def _is_tensor(v: dict) -> bool:
 
 def _walk(value: Any, path: str, out: list, depth: int = 0) -> None:
     if depth > MAX_ARG_DEPTH and isinstance(value, (dict, list)):
-        from msprobe.errors import DocumentError
-
         raise DocumentError(f"argument {path[:60]}...: nested deeper than {MAX_ARG_DEPTH} levels")
     if isinstance(value, dict):
         t = value.get("type")

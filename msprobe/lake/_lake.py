@@ -18,13 +18,14 @@ from msprobe.errors import (
 )
 from msprobe.execution import Executor, star
 from msprobe.format.protocols import ReadableStore
-from msprobe.index import stale_reason
+from msprobe.index import stale_reason, warn_stale
 from msprobe.index.files import check_index_file
-from msprobe.index.rows import COLUMNS
+from msprobe.index.rows import COLUMNS, arrow_schema
 from msprobe.lake import _core
 from msprobe.lake._questions import disagree, diverge, first_nan, trend
 from msprobe.progress import Progress
 from msprobe.readers._dump import table_to_pandas
+from msprobe.readers._store import arrow_location
 
 __all__ = ["Lake", "s3_settings"]
 
@@ -202,7 +203,6 @@ class Lake:
                 todo.setdefault(ckey, []).append(loc_of[key])
         if stale:
             k0 = sorted(stale)[0]
-            from msprobe.index import warn_stale
 
             warn_stale(f"of {self.url} ({len(stale)} rank dir(s) changed since they were indexed; first: "
                        f"{loc_of[k0][1][0]})", stale[k0],
@@ -390,9 +390,6 @@ class Lake:
             require("pyarrow", "parquet")
             import pyarrow.compute as pc
             import pyarrow.dataset as pads
-
-            from msprobe.index.rows import arrow_schema
-            from msprobe.readers._store import arrow_location
 
             paths, parts = [], []
             fs = None

@@ -24,6 +24,7 @@ from msprobe.format.layout import (
 from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import COMPACT_FILE, read_compactions
 from msprobe.readers._dump import Dump
+from msprobe.readers._kernel import has_kernel_dumps
 from msprobe.readers._source import IndexSource, RankSource
 from msprobe.readers._store import open_store
 
@@ -102,8 +103,6 @@ def _open_rank_dirs(store: ReadableStore, url: str, storage_options: Optional[di
                     prefer_index: bool, engine: str) -> Dump:
     sources = _rank_sources(store, url, run, prefer_index)
     if not sources:
-        from msprobe.readers._kernel import has_kernel_dumps
-
         if not has_kernel_dumps(store):  # a level-L2 dump has step dirs but no rank dirs
             raise _unknown(url, store.list_dir(""))
     return Dump(store, sources, engine=engine, url=url, storage_options=storage_options, run=run,

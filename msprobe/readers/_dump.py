@@ -5,7 +5,7 @@ import fnmatch
 import re
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
-from msprobe.errors import MsprobeError, RecordNotFoundError, StorageNotFoundError, require
+from msprobe.errors import ConfigError, MsprobeError, RecordNotFoundError, StorageNotFoundError, require
 from msprobe.format.layout import detect_dialect
 from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import check_decoded_strings, check_index_footer, concat_tables, decode_limit, read_index_table
@@ -312,8 +312,6 @@ class Dump:
         cols = list(columns) if columns is not None else list(COLUMNS)
         unknown = [c for c in cols if c not in COLUMNS]
         if unknown:
-            from msprobe.errors import ConfigError
-
             raise ConfigError(f"unknown columns {unknown}; valid: {', '.join(COLUMNS)}")
         expr = pc.field("has_nan").is_valid()  # drops the index's record-only rows (cheaper than io)
         if filter is not None:

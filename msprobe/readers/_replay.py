@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from msprobe.errors import ConfigError, FormatError, MsprobeError, TensorLoadError
+from msprobe.errors import ConfigError, FormatError, MsprobeError, TensorLoadError, require
 from msprobe.format.dtypes import canonical_dtype, is_bool, is_float, is_int, itemsize, numpy_dtype
 from msprobe.format.model import (
     EllipsisArg,
@@ -42,8 +42,6 @@ def replay_inputs(record: Any, *, mode: str = "auto", framework: str = "torch", 
     if framework not in ("torch", "numpy"):
         raise ConfigError(f"framework={framework!r}: valid values are torch, numpy")
     if framework == "torch":
-        from msprobe.errors import require
-
         require("torch", "torch")
     gen = _Gen(framework, seed)
     ctx = (mode, framework, gen, need_grad, record.name)

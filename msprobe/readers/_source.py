@@ -15,6 +15,7 @@ from msprobe.errors import (
     MsprobeError,
     RecordNotFoundError,
     StorageNotFoundError,
+    UnknownDialectError,
 )
 from msprobe.format.documents import (
     CONSTRUCT_JSON,
@@ -46,6 +47,8 @@ from msprobe.index.files import (
     stale_reason,
     warn_stale,
 )
+from msprobe.readers._store import open_store
+from msprobe.tensor_store import ZarrTensorReader
 
 if TYPE_CHECKING:
     from msprobe.readers.protocols import DumpSource
@@ -255,8 +258,6 @@ class RankSource:
         m = self.marker()
         v = m.get("format_version")
         if isinstance(v, str) and v.split(".", 1)[0] not in SUPPORTED_MAJORS:
-            from msprobe.errors import UnknownDialectError
-
             raise UnknownDialectError(f"{self._k(MARKER_FILE)}: format_version {v} is not supported "
                                       f"(this reader knows {', '.join(m + '.x' for m in SUPPORTED_MAJORS)})")
 
@@ -381,8 +382,6 @@ class RankSource:
         if self._tstore is False:
             self._tstore = None
             if STORE_DIR in self.names():
-                from msprobe.tensor_store import ZarrTensorReader
-
                 self._tstore = ZarrTensorReader(self.store, self.prefix)
         return self._tstore
 
@@ -541,7 +540,6 @@ class IndexSource:
             source = self.index_metadata().get("source")
             if not source:
                 raise StorageNotFoundError(f"index {self.url} does not say where its dump is (no 'source')")
-            from msprobe.readers._store import open_store
 
             store = open_store(source, self._options, read_only=True)
             loc = RankLocation("", self.step, self.rank_dir, self.rank, self.split)

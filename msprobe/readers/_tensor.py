@@ -15,6 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from msprobe.errors import (
+    ConfigError,
     MissingDependencyError,
     StorageError,
     StorageNotFoundError,
@@ -63,8 +64,6 @@ def load_tensor_file(store: ReadableStore, key: str, *, record: str, dtype: Any,
     array) or disagrees with the record's dtype or shape (``check=True``).
     """
     if framework not in _FRAMEWORKS:
-        from msprobe.errors import ConfigError
-
         raise ConfigError(f"framework={framework!r}: valid values are {', '.join(_FRAMEWORKS)}")
     expected, limit = byte_limit(shape, dtype, max_bytes)
     data = _read_bounded(store, key, record, limit, expected, dtype, shape)

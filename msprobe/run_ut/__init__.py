@@ -24,6 +24,7 @@ from __future__ import annotations
 from msprobe.run_ut.csvio import RESULT_HEADER, ResultWriter
 from msprobe.run_ut.execute import ApiPacket, ApiResult, CheckOptions, check_packet, packet_from_record
 from msprobe.run_ut.metrics import DETAILS_HEADER, compare_values
+from msprobe.run_ut.precision_compare import api_precision_compare as _apc
 from msprobe.run_ut.runner import check_api, list_tasks, load_run_ut_config, open_rank, run_ut
 
 __all__ = ["run_ut", "check_api", "check_packet", "packet_from_record", "ApiPacket", "ApiResult", "CheckOptions",
@@ -32,6 +33,4 @@ __all__ = ["run_ut", "check_api", "check_packet", "packet_from_record", "ApiPack
 
 
 def api_precision_compare(npu_csv: str, gpu_csv: str, out_path: str = ".") -> dict:
-    from msprobe.run_ut.precision_compare import api_precision_compare as _apc
-
     return _apc(npu_csv, gpu_csv, out_path)

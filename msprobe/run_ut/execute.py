@@ -12,6 +12,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional
 
+from msprobe.errors import MsprobeError
 from msprobe.format.model import SequenceArg, TensorArg
 from msprobe.run_ut import standards as S
 from msprobe.run_ut.metrics import ERROR, PASS, SKIP, WARNING, compare_values, skip_row, worst
@@ -136,8 +137,6 @@ def resolve_api(api_type: str, api_name: str) -> Callable:
 
         fn = getattr(torch_npu, api_name, None) or getattr(getattr(torch.ops, "npu", None), api_name, None)
     if fn is None:
-        from msprobe.errors import MsprobeError
-
         raise MsprobeError(f"{api_type}.{api_name}: torch {torch.__version__} has no such API")
     return fn
 

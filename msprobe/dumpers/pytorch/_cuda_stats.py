@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from msprobe.dumpers.fastpath import disabled
+
 __all__ = ["available", "raw", "MAX_PROGRAMS", "BLOCK"]
 
 BLOCK = 1024
@@ -24,8 +26,6 @@ _state: dict = {}
 
 def available() -> bool:
     if "ok" not in _state:
-        from msprobe.dumpers.fastpath import disabled
-
         ok = False
         if not disabled():
             try:

@@ -10,8 +10,9 @@ import torch
 
 from msprobe.dumpers import fastpath
 from msprobe.dumpers.encode import ValueEncoder
+from msprobe.dumpers.fastpath import DTYPE_CODES, native
 from msprobe.dumpers.ndarray import is_ndarray, ndarray_entry
-from msprobe.dumpers.pytorch import _ptfile
+from msprobe.dumpers.pytorch import _cuda_stats, _ptfile
 from msprobe.errors import MsprobeError
 from msprobe.format.stats import xor64
 from msprobe.tensor_store._layout import storage_dtype
@@ -34,8 +35,6 @@ _PT_FAST = not fastpath.disabled()
 def _fast() -> Any:
     global _FAST
     if _FAST is False:
-        from msprobe.dumpers.fastpath import DTYPE_CODES, native
-
         mod = native()
         _FAST_CODES.update({getattr(torch, k): v for k, v in DTYPE_CODES.items()})
         _FAST = mod
@@ -87,8 +86,6 @@ def _stat_handle(t: torch.Tensor) -> tuple:
             if v is not None:
                 return (_K_DONE, {"Max": v[0], "Min": v[1], "Mean": v[2], "Norm": v[3]})
     if t.is_cuda and t.dtype in _FUSED_DTYPES and t.dim() and t.is_contiguous() and not t.is_neg():
-        from msprobe.dumpers.pytorch import _cuda_stats
-
         if _cuda_stats.available():  # one fused pass on the device (Triton), rounded and fetched in batches
             return (_K_FUSED, _cuda_stats.raw(t.detach()), 4, t.dtype)
     if t.dtype == torch.bool:
