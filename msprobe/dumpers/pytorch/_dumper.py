@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 import weakref
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -13,6 +13,9 @@ from msprobe.dumpers.control import DumperControl, capture_stack
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
 from msprobe.errors import ConfigError
+
+if TYPE_CHECKING:
+    from msprobe.dumpers.pytorch._online import OnlineRunUt
 
 __all__ = ["TorchDumper"]
 
@@ -108,8 +111,9 @@ class TorchDumper(DumperControl):
             return orig(*args, **kwargs)  # outside token_range nothing counts
         if self._region is not None:  # inside module_dump(...): APIs are not dumped (nor counted)
             return orig(*args, **kwargs)
-        if self.online is not None:
-            return self._online_api(orig, api_key, args, kwargs)
+        online = self.online
+        if online is not None:
+            return self._online_api(online, orig, api_key, args, kwargs)
         GUARD.inside = True
         try:
             base, _ = self.session.next_api_name(api_key)
@@ -154,9 +158,8 @@ class TorchDumper(DumperControl):
         finally:
             GUARD.inside = False
 
-    def _online_api(self, orig, api_key: str, args: tuple, kwargs: dict):
+    def _online_api(self, online: OnlineRunUt, orig, api_key: str, args: tuple, kwargs: dict):
         """online_run_ut: the call's inputs and outputs go to the checker as one packet."""
-        online = self.online
         GUARD.inside = True
         try:
             base, _ = self.session.next_api_name(api_key)
@@ -191,7 +194,7 @@ class TorchDumper(DumperControl):
             except Exception:  # noqa: BLE001 - never break training for the dump
                 online.discard()
                 return out
-            if backward:
+            if backward and t is not None:  # (backward implies a tensor)
                 t.register_hook(lambda g, st=grads_state: st.__setitem__("gout", (g,)))
             return out
         finally:
@@ -217,7 +220,7 @@ class TorchDumper(DumperControl):
 
     def _online_backward(self, bwd: str, grads_in: Any, grads_out: Any) -> None:
         online = self.online
-        if not online.admit():
+        if online is None or not online.admit():  # (the callback runs only while online is set)
             return
         GUARD.inside = True
         try:
@@ -379,7 +382,7 @@ class TorchDumper(DumperControl):
         self._pgrad_seen.add(id(mod))  # this step dumps the module's parameter gradients
         if getattr(mod, "__msprobe_pgrad_hooked__", False):
             return
-        mod.__msprobe_pgrad_hooked__ = True
+        mod.__msprobe_pgrad_hooked__ = True  # type: ignore[assignment]  # torch types Module attrs as Tensor|Module
         name = f"{key}.parameters_grad"
         dumper = weakref.ref(self)
         for pname, p in mod.named_parameters(recurse=False):
