@@ -14,6 +14,7 @@ import linecache
 import os
 import re
 import sys
+import types
 import weakref
 from typing import Any, Optional
 
@@ -30,7 +31,7 @@ _MODULE_NAME = re.compile(r"^(Module|Cell)\..*\.(forward|backward)\.\d+$")
 
 def capture_stack() -> tuple:
     """(filename, lineno, function) of the user frames, innermost first; code lines are read at publish."""
-    f = sys._getframe(2)
+    f: Optional[types.FrameType] = sys._getframe(2)
     out = []
     while f is not None:
         fn = f.f_code.co_filename
@@ -49,6 +50,25 @@ class DumperControl:
     # threading.local that each subclass sets
     guard: Any = None
 
+    # -- provided by each framework's dumper (the PyTorch and MindSpore ones define them all)
+    def _encode_output(self, out: Any, prefix: str, save: bool) -> list:
+        raise NotImplementedError
+
+    @staticmethod
+    def _module_params(mod: Any) -> Any:
+        raise NotImplementedError
+
+    def _hook_param_grads(self, mod: Any, key: str) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _grad_hookable(value: Any) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def _on_grad(tensor: Any, fn: Any) -> None:
+        raise NotImplementedError
+
     def _init_state(self, config: Any, framework: str, encoder_cls: Any, patcher_cls: Any, fetch_stats: Any,
                     get_rank: Any) -> None:
         """What every dumper starts with: its session and encoder, the API patcher, and the
@@ -65,7 +85,7 @@ class DumperControl:
         self.bw_stack: list = []
         self._hooked_models: list = []
         self._scope_state = 0  # 0 before scope start, 1 inside, 2 after end
-        self.token_range = None
+        self.token_range: Optional[tuple] = None
         self._token_count = -1
         self._parent_of: dict = {}
         self._pgrad_seen: set = set()  # modules whose parameter gradients this step dumps
