@@ -286,6 +286,11 @@ def run_trend(args, lake) -> int:
     print(f"{args.record} {df.attrs['arg']} {args.stat} by step:")
     import pandas as pd
 
+    from msprobe.format.naming import printable
+
+    # the columns are run and rank directory names from the dumps: escaped, a label per line
+    wide.columns = wide.columns.map(lambda c: tuple(printable(str(x)) for x in c) if isinstance(c, tuple)
+                                    else printable(str(c)))
     with pd.option_context("display.max_columns", 20, "display.width", 200):
         print(wide.to_string())
     if df.attrs["plot"]:
