@@ -179,6 +179,18 @@ class _PairContext:
 
     __slots__ = ("data_n", "data_b", "pairs", "rest", "src_n", "src_b", "mode", "progress", "stack", "mapping",
                  "threshold", "columnar")
+    data_n: Any
+    data_b: Any
+    pairs: Any
+    rest: Any
+    src_n: Any
+    src_b: Any
+    mode: Any
+    progress: Any
+    stack: Any
+    mapping: Any
+    threshold: Any
+    columnar: Any
 
     def __init__(self, **kw: Any):
         for k in self.__slots__:
@@ -391,7 +403,7 @@ def _chunk(c: _PairContext, lo: int, hi: int, with_rest: bool, part: Optional[st
             rows.append(row)
             facts.append((Facts(_NA, row[1], md5_b=b.md5 if mode == "md5" else _NA), None))
         finish(facts, start, None, bm)
-    if writer is not None:
+    if fh is not None:
         _write_rows(fh, rows, drop)
         fh.close()
         if keep_rows:
@@ -483,7 +495,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
         files.append(_write_xlsx(path[:-4] + ".xlsx", out_cols, rows))
     counts: dict = {}
     series: list = []
-    first = {"first_divergence": None, "first_nan_inf_target": None, "first_nan_inf_bench": None,
+    first: dict = {"first_divergence": None, "first_nan_inf_target": None, "first_nan_inf_bench": None,
              **{f"first_{k}_{side}": None for k in ("nan", "inf") for side in ("target", "bench")}}
     offset = 0
     marks = PlotMarks()
@@ -534,7 +546,8 @@ def _run_forked(ctx: _PairContext, n: int, chunks: int, path: str, progress: Any
         try:
             status, r = recv.recv()
         except EOFError:
-            status, r = "error", f"a compare process died (exit code {p.join() or p.exitcode})"
+            p.join()
+            status, r = "error", f"a compare process died (exit code {p.exitcode})"
         p.join()
         recv.close()
         if status != "ok":

@@ -7,6 +7,7 @@ import re
 import time
 from typing import Any, Iterable, Optional
 
+from msprobe.backends import FsspecStore, Store
 from msprobe.errors import (
     ConfigError,
     MissingDependencyError,
@@ -61,6 +62,10 @@ class Lake:
     stderr and in :attr:`lake_note`); the root itself is then only read.
     """
 
+    _fallback: Optional[tuple]  # (cache url, note): where to build when the root's own lake cannot be written
+    lake_store: Optional[ReadableStore]  # the lake's own files (writable when refresh allows)
+
+
     def __init__(self, root: Any, storage_options: Optional[dict] = None, client: Any = None, *,
                  refresh: str = "missing", workers: Optional[int] = None, local: Any = "auto", batch: int = 64,
                  max_depth: int = 3, duckdb_config: Optional[dict] = None, progress: Any = None,
@@ -88,6 +93,7 @@ class Lake:
         try:
             self._open(refresh, max_depth)
         except _Relocate:  # the read-only root's own lake needs building: build it in the cache instead
+            assert self._fallback is not None  # (_Relocate is raised only with a fallback)
             url, note = self._fallback
             self._fallback = None
             self._note(note)
@@ -105,7 +111,7 @@ class Lake:
         directory (:func:`msprobe.lake._core.cache_lake_dir`), said on stderr. A read-only
         root whose ``_lake/`` holds a manifest (built by whoever could write) is read as it is
         while nothing needs writing; the cache takes over when something does."""
-        self._fallback: Optional[tuple] = None
+        self._fallback = None
         if lake_dir is not None:
             url = os.fspath(lake_dir)
             if lake_options is None and "://" in url and url.split("://", 1)[0] == self.url.split("://", 1)[0]:
@@ -133,7 +139,7 @@ class Lake:
 
     def _use(self, url: str, lake_options: Optional[dict], refresh: str) -> None:
         self.lake_options = lake_options
-        self.lake_store: ReadableStore = None
+        self.lake_store = None
         if refresh != "none":
             try:
                 self.lake_store = _core._store(url, lake_options, write=True)  # noqa: SLF001
@@ -266,10 +272,10 @@ class Lake:
         n_removed = len(gone)
         gone += [ck for ck in sorted(changed_groups) if ck not in groups and ck in existing]
         if gone:
-            self._writable()
+            lake_store = self._writable()
             for k in gone:
                 try:
-                    self.lake_store.delete(k)
+                    lake_store.delete(k)
                 except MsprobeError:
                     pass
         t4 = time.perf_counter()
@@ -278,11 +284,10 @@ class Lake:
         self.catalog_rows = _core.catalog_rows(self.manifest_rows, infos, self.url)
         changed = bool(jobs or recover or gone or compact_jobs or len(old) != len(rows))
         if refresh != "none" and changed:
-            self._writable()
-            _core.write_table(self.lake_store, _core.MANIFEST_KEY, _core.manifest_table(self.manifest_rows))
-        if refresh != "none" and (changed or _stale_catalog(self.lake_store, self.catalog_rows)):
-            self._writable()
-            _core.write_catalog(self.lake_store, self.catalog_rows, self.url)
+            _core.write_table(self._writable(), _core.MANIFEST_KEY, _core.manifest_table(self.manifest_rows))
+        if refresh != "none" and (changed or self.lake_store is None
+                                   or _stale_catalog(self.lake_store, self.catalog_rows)):
+            _core.write_catalog(self._writable(), self.catalog_rows, self.url)
         t5 = time.perf_counter()
         self.stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": n_built, "recovered": len(recover),
                       "removed": n_removed, "compacted": len(compact_jobs) + len(direct), "stale": len(stale),
@@ -329,13 +334,22 @@ class Lake:
                 out[key] = reason
         return out
 
-    def _writable(self) -> None:
+    def _own(self) -> ReadableStore:
+        """The store of the lake's own files (there is one whenever it lists files)."""
+        if self.lake_store is None:
+            raise StorageNotFoundError(f"{self.lake_url}: the lake has no files there yet")
+        return self.lake_store
+
+    def _writable(self) -> Store:
+        """The lake's store, writable (raises when it is not)."""
         if self._fallback is not None:
             raise _Relocate()
-        if self.lake_store is None or self.lake_store.read_only:
-            raise StoragePermissionError(f"{self.lake_url}: the lake needs to write its files there, and cannot; "
-                                         "give another lake_dir (--lake-dir), or open with refresh='none' to read "
-                                         "what is indexed")
+        store = self.lake_store
+        if isinstance(store, Store) and not store.read_only:
+            return store
+        raise StoragePermissionError(f"{self.lake_url}: the lake needs to write its files there, and cannot; "
+                                     "give another lake_dir (--lake-dir), or open with refresh='none' to read "
+                                     "what is indexed")
 
     # -- shape -------------------------------------------------------------------------------------------
     @property
@@ -394,7 +408,7 @@ class Lake:
             paths, parts = [], []
             fs = None
             for key, keys in self.files():
-                loc = arrow_location(self.lake_store, key)
+                loc = arrow_location(self._own(), key)
                 if loc is None:
                     raise MissingDependencyError(f"{self.url}: pyarrow cannot read this store directly")
                 fs = loc[0]
@@ -510,7 +524,7 @@ class Lake:
 
         for k in files:  # a Parquet bomb is refused from its footer, before DuckDB or pyarrow inflate it
             try:
-                check_index_file(self.lake_store, k)
+                check_index_file(self._own(), k)
             except StorageError:  # a file gone or unreadable: said below, as DuckDB meets it
                 break
         if self._expr is not None:
@@ -524,10 +538,10 @@ class Lake:
         if not files:
             src = None
         elif getattr(self.lake_store, "is_local", False):
-            paths = [self.lake_store.local_path(k) for k in files]
+            paths = [str(self._own().local_path(k)) for k in files]
             src = "read_parquet([" + ", ".join(_q(p) for p in paths) + "])"
             engine = "duckdb-parquet"
-        elif self.lake_url.startswith("s3://") and _httpfs(con, self.lake_store):
+        elif self.lake_url.startswith("s3://") and _httpfs(con, self._own()):
             root = self.lake_url.rstrip("/")
             src = "read_parquet([" + ", ".join(_q(f"{root}/{k}") for k in files) + "])"
             engine = "duckdb-httpfs"
@@ -664,7 +678,7 @@ def _load_httpfs(con: Any) -> bool:
     return True
 
 
-def s3_settings(store: ReadableStore) -> dict:
+def s3_settings(store: FsspecStore) -> dict:
     """What the S3 file system of ``store`` (s3fs) resolved through botocore: ``endpoint``
     (``AWS_ENDPOINT_URL``, ``endpoint_url`` options, the config file...), ``region``, and the
     credentials of its chain (options, environment, profile, instance role...), as the
@@ -717,7 +731,7 @@ def _httpfs(con: Any, store: ReadableStore) -> bool:
     """Load DuckDB's httpfs extension (installed beforehand; nothing is downloaded here) and
     give it the endpoint and credentials the store's s3fs resolved; False when it is not there
     or the settings cannot be resolved (the caller reads through pyarrow then)."""
-    if not _load_httpfs(con):
+    if not isinstance(store, FsspecStore) or not _load_httpfs(con):
         return False
     try:
         settings = s3_settings(store)
