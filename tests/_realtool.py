@@ -104,6 +104,33 @@ def real_tool_python(version: str = "26.2.0") -> str:
     return str(py)
 
 
+#: Triton for the CUDA kernels' test in Triton's CPU interpreter (torch's CPU wheel ships none)
+TRITON_VERSION = "3.9.0"
+
+
+def triton_path() -> str:
+    """A folder holding ``triton`` (``pip install --target``, cached next to the venvs; built on first
+    use), to put on PYTHONPATH; ``RealToolUnavailable`` when pip cannot install it."""
+    tdir = _cache_root() / f"triton-{TRITON_VERSION}-py{sys.version_info[0]}{sys.version_info[1]}"
+    ok = tdir / ".ok"
+    if ok.exists():
+        return str(tdir)
+    tdir.parent.mkdir(parents=True, exist_ok=True)
+    log = tdir.parent / f"{tdir.name}.log"
+    import fcntl
+
+    with open(tdir.parent / f"{tdir.name}.lock", "w") as lf:
+        fcntl.flock(lf, fcntl.LOCK_EX)
+        if ok.exists():
+            return str(tdir)
+        cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps", "--target",
+               str(tdir), f"triton=={TRITON_VERSION}"]
+        if _run(cmd, log) != 0:
+            raise RealToolUnavailable(f"pip cannot install triton=={TRITON_VERSION} (see {log})")
+        ok.write_text(TRITON_VERSION + "\n")
+    return str(tdir)
+
+
 _WRAP8 = """
 import importlib, sys, torch
 def _noop(*a, **k):
