@@ -100,13 +100,13 @@ def test_bad_l2_config_is_a_config_error(torch_npu, debugger, tmp_path, kwargs, 
 
 
 def test_without_torch_npu_or_npu_l2_is_a_typed_error(torch_npu, debugger, tmp_path, monkeypatch):
-    import msprobe.dumpers.pytorch._npu as npu_mod
+    import msprobe.dumpers.pytorch._kernel_dump as kernel_dump_mod
 
     monkeypatch.setattr(torch_npu.npu, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="needs an Ascend NPU"):
         _l2(debugger, tmp_path, ["NPU.npu_rms_norm.0.forward"])
     debugger._reset()
-    monkeypatch.setattr(npu_mod, "torch_npu_module", lambda: None)
+    monkeypatch.setattr(kernel_dump_mod, "torch_npu_module", lambda: None)  # (the name the L2 dumper calls)
     with pytest.raises(MissingDependencyError, match="torch_npu") as ei:
         _l2(debugger, tmp_path, ["NPU.npu_rms_norm.0.forward"])
     assert isinstance(ei.value, MsprobeError) and isinstance(ei.value, ImportError)
