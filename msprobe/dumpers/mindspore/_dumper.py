@@ -111,6 +111,8 @@ class MindSporeDumper(DumperControl):
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
         cfg = self.config
+        if _graph_mode():  # graphs run before start (outside the dump) finish their callbacks first
+            _synchronize()
         if _graph_mode() and cfg.level not in ("L0", "debug"):
             raise ConfigError(
                 f"level {cfg.level!r} dumps MindSpore in PyNative mode only: this process runs in GRAPH_MODE, "
@@ -678,3 +680,13 @@ def _mutates(api_key: str) -> bool:
     return api_key.startswith("MintDistributed.") or (api.endswith("_") and not api.endswith("__")) or \
         api.startswith("__i") or api in ("assign", "assign_add", "assign_sub", "scatter_update",
                                          "scatter_nd_update", "copy_")
+
+
+def _synchronize() -> None:
+    """Wait for the graphs in flight (their dump points' callbacks are asynchronous)."""
+    try:
+        import mindspore.runtime
+
+        mindspore.runtime.synchronize()
+    except Exception:  # noqa: BLE001 - no such call, or no device stream (CPU): nothing to wait for
+        pass
