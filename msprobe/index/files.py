@@ -331,7 +331,8 @@ def check_decoded_strings(table: Any, limit: int, where: str) -> None:
     """A table read with its string columns dictionary-encoded: refuse it before decoding when
     the strings its rows reference add up to more than ``limit`` bytes (a few huge dictionary
     values referenced by many rows)."""
-    pa, pc = _pa(), __import__("pyarrow.compute", fromlist=["compute"])
+    pa = _pa()
+    import pyarrow.compute as pc
     total = 0
     for name in table.column_names:
         col = table.column(name)

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 from msprobe.errors import ConfigError, MsprobeError, RecordNotFoundError, StorageNotFoundError, require
 from msprobe.format.layout import detect_dialect
 from msprobe.format.protocols import ReadableStore
-from msprobe.index.files import check_decoded_strings, check_index_footer, concat_tables, decode_limit, read_index_table
+from msprobe.index.files import (
+    STRING_COLUMNS,
+    check_decoded_strings,
+    check_index_footer,
+    concat_tables,
+    decode_limit,
+    read_index_table,
+)
 from msprobe.index.rows import COLUMNS, DIGEST_COLUMNS, arrow_schema, rank_rows, rows_to_arrow
 from msprobe.readers._kernel import kernel_configs, list_kernel_dumps
 from msprobe.readers._record import DumpRecord
@@ -510,8 +517,7 @@ def _scan_indexes(sources: list, columns: list, expr: Any, compacts: Optional[di
     return concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
-_STRINGS = ["run", "rank_dir", "split", "record", "kind", "api_type", "api_name", "direction", "io", "arg_path",
-            "type", "dtype", "md5", "data_name", "location", "stack_id", "parent"]
+_STRINGS = list(STRING_COLUMNS)  # read dictionary-encoded (as stored), decoded after the filter
 
 
 def _dict_schema() -> Any:
