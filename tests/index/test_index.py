@@ -70,22 +70,30 @@ def test_one_compactor_for_runs_and_steps(lake_root, monkeypatch):
     assert "msprobe_lake.rank" not in run_meta and "msprobe_lake.doc_mtime" not in run_meta
 
 
-def test_a_failed_compaction_leaves_nothing(lake_root):
+def test_a_failed_compaction_leaves_nothing(lake_root, tmp_path, monkeypatch):
     """An unreadable input stops the compaction with a typed error: no file is written, the
-    temporary one is gone."""
+    temporary one is gone. The temporary files go to this test's own TMPDIR (never the shared /tmp,
+    where other workers' compactions come and go)."""
+    import tempfile
+
     from msprobe.backends import open_store
 
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(own_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     store = open_store(str(lake_root / "_lake" / "index"))
     keys = sorted(k for k in store.list_prefix("run=run_a") if k.endswith("records.parquet"))
+    writer = compact.CompactWriter(store, "run=run_a/_probe.parquet")  # the temporary file is made there
+    assert [n for n in os.listdir(own_tmp) if n.startswith(".msprobe-compact-")]
+    writer.abort()
+    assert os.listdir(own_tmp) == []
     store.put("run=run_a/step=0/rank=9/records.parquet", b"not parquet")
     try:
-        before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
         with pytest.raises(FormatError, match="not a readable index file"):
             compact.compact_files(store, "run=run_a/_broken.parquet",
                                   keys + ["run=run_a/step=0/rank=9/records.parquet"])
         assert not store.exists("run=run_a/_broken.parquet")
-        left = {n for n in set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) - before
-                if n.startswith(".msprobe-compact-")}
-        assert not left
+        assert os.listdir(own_tmp) == []
     finally:
         store.delete("run=run_a/step=0/rank=9/records.parquet")
