@@ -1,6 +1,6 @@
 """API coverage: the APIs our PyTorch dumper wraps are, namespace by namespace, those the installed
 real mindstudio-probe 26.2.0 wraps (its own ``support_wrap_ops.yaml``, as far as the names exist in
-this torch), plus exactly the extras spec/FORMAT.md section 20 lists with their reasons."""
+this torch), plus exactly the extras spec/PRODUCER.md section 20 lists with their reasons."""
 from __future__ import annotations
 
 import os
@@ -27,11 +27,11 @@ _FIND = ("import importlib.util, os; s = importlib.util.find_spec('msprobe'); "
 
 
 def spec_extras(framework: str) -> dict:
-    """namespace -> names, from the api-extras block of spec/FORMAT.md section 20."""
-    with open(os.path.join(ROOT, "spec", "FORMAT.md"), encoding="utf-8") as f:
+    """namespace -> names, from the api-extras block of spec/PRODUCER.md section 20."""
+    with open(os.path.join(ROOT, "spec", "PRODUCER.md"), encoding="utf-8") as f:
         text = f.read()
     block = re.search(rf"<!-- BEGIN api-extras {framework} -->(.*?)<!-- END api-extras -->", text, re.S)
-    assert block, f"spec/FORMAT.md section 20 has no api-extras block for {framework}"
+    assert block, f"spec/PRODUCER.md section 20 has no api-extras block for {framework}"
     out: dict = {}
     for ns, name in re.findall(r"`(\w+)\.([\w.]+)`", block.group(1)):
         out.setdefault(ns, set()).add(name)
@@ -63,7 +63,7 @@ def test_wrapped_apis_are_the_real_tools_plus_documented_extras(real_lists, ns):
         ours = {n for n in ours_listed if exists(objs, n)}
         assert ours == ours_listed, f"listed but absent from torch {torch.__version__}: {sorted(ours_listed - ours)}"
     assert not real - ours, f"{ns}: 26.2.0 wraps these, we do not: {sorted(real - ours)}"
-    assert ours - real == extras, (f"{ns}: wrapped beyond 26.2.0 but not in FORMAT.md section 20: "
+    assert ours - real == extras, (f"{ns}: wrapped beyond 26.2.0 but not in PRODUCER.md section 20: "
                                    f"{sorted(ours - real - extras)}; listed there but not wrapped or wrapped "
                                    f"by 26.2.0 too: {sorted(extras - (ours - real))}")
 

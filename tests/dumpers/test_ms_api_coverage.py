@@ -1,6 +1,6 @@
 """API coverage, MindSpore: the APIs our MindSpore dumper wraps are, namespace by namespace, those
 the installed real mindstudio-probe 26.2.0 lists (its own ``support_wrap_ops.yaml``, a data file of
-the package, read from its venv), less exactly the names spec/FORMAT.md section 20 lists as absent
+the package, read from its venv), less exactly the names spec/PRODUCER.md section 20 lists as absent
 from MindSpore 2.10.0, plus exactly the extras listed there.
 
 That the absent names are absent, and that every name we list is a callable attribute of
@@ -60,11 +60,11 @@ def test_wrapped_apis_are_the_real_tools_plus_documented_extras(real_lists, ns):
     real = set(real_names(real_lists, ns))
     absent = spec_names("absent").get(ns, set())
     extras = spec_names("extras").get(ns, set())
-    assert real - ours == absent, (f"{ns}: 26.2.0 lists these, we do not, and FORMAT.md section 20 does not list "
+    assert real - ours == absent, (f"{ns}: 26.2.0 lists these, we do not, and PRODUCER.md section 20 does not list "
                                    f"them as absent from MindSpore 2.10.0: {sorted(real - ours - absent)}; "
                                    f"listed there as absent but wrapped or not in 26.2.0's list: "
                                    f"{sorted(absent - (real - ours))}")
-    assert ours - real == extras, (f"{ns}: wrapped beyond 26.2.0 but not in FORMAT.md section 20: "
+    assert ours - real == extras, (f"{ns}: wrapped beyond 26.2.0 but not in PRODUCER.md section 20: "
                                    f"{sorted(ours - real - extras)}; listed there but not wrapped or wrapped "
                                    f"by 26.2.0 too: {sorted(extras - (ours - real))}")
 

@@ -2,7 +2,7 @@
 zoo.py), each dumped by the real msprobe 26.2.0 (committed under tests/fixtures/real/zoo26, made by
 generate_zoo.py) and here by ours, with the same config. Same record names in the same order, same
 argument encodings, statistics within 1e-5 (relative), same tensor files, same construct.json parents
-of forward records; the only differences allowed are the documented ones of spec/FORMAT.md §20,
+of forward records; the only differences allowed are the documented ones of spec/FORMAT.md and PRODUCER.md §20,
 each counted by kind (with MSPROBE_CONFORMANCE_FIGURES=FILE the figures go to FILE, and
 `python tests/dumpers/test_zoo.py FILE` prints the table of docs/conformance.md)."""
 from __future__ import annotations

@@ -12,6 +12,7 @@ from msprobe.format.documents import MAX_JSON_DEPTH
 from msprobe.format.model import TENSOR_TYPES
 
 TEXT = (SPEC / "FORMAT.md").read_text(encoding="utf-8")
+PRODUCER = (SPEC / "PRODUCER.md").read_text(encoding="utf-8")
 
 
 def _spec_form(pattern: str) -> str:
@@ -51,4 +52,4 @@ def test_every_dialect_is_in_the_table():
 
 
 def test_deliberate_differences_section_is_marked_for_extension():
-    assert "<!-- BEGIN deliberate-differences" in TEXT and "<!-- END deliberate-differences -->" in TEXT
+    assert "<!-- BEGIN deliberate-differences" in PRODUCER and "<!-- END deliberate-differences -->" in PRODUCER

@@ -257,7 +257,7 @@ def test_fusion_attention_bf16_gqa_forward_backward(torch_npu, debugger, tmp_pat
 
 
 def test_tensor_npu_is_not_recorded_like_tensor_cuda(torch_npu, debugger, tmp_path):
-    # 26.2.0's lists wrap neither Tensor.npu nor Tensor.cuda (spec/FORMAT.md section 20, API coverage)
+    # 26.2.0's lists wrap neither Tensor.npu nor Tensor.cuda (spec/PRODUCER.md section 20, API coverage)
     data = _run_recorded(debugger, tmp_path, lambda: (torch.ones(3).npu(), torch.ones(2).to(torch.device("npu", 0))))
     assert not [n for n in data if n.startswith(("Tensor.npu.", "Tensor.cuda."))], list(data)
     # (the test-only torch_npu's Tensor.npu is Python calling Tensor.to: that nested call is recorded)

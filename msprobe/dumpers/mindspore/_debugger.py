@@ -34,7 +34,7 @@ class PrecisionDebugger(_BaseDebugger):
 
     @classmethod
     def set_init_step(cls, step: int) -> None:
-        """Also numbers the ``graph/`` session of the jit-Cell split (spec/FORMAT.md §23.3) from ``step``."""
+        """Also numbers the ``graph/`` session of the jit-Cell split (spec/PRODUCER.md §23.3) from ``step``."""
         super().set_init_step(step)
         split = cls._get().dumper._split_session
         if split is not None:

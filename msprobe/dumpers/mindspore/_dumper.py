@@ -166,7 +166,7 @@ class MindSporeDumper(DumperControl):
 
     @property
     def _split_session(self) -> Optional[DumpSession]:
-        """The ``graph/`` session of the jit-Cell split (spec/FORMAT.md §23.3); None without the split."""
+        """The ``graph/`` session of the jit-Cell split (spec/PRODUCER.md §23.3); None without the split."""
         g = self._graph
         return g.session if g is not None and g.session is not self.session else None
 

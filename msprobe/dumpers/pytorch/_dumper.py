@@ -308,7 +308,7 @@ class TorchDumper(DumperControl):
                 d._last_module_fwd = item[0]
                 if output is None and sys.exc_info()[0] is not None:
                     # the forward raised (a checkpoint recompute cut short): leave the module and keep
-                    # its place in construct.json, but write no record (FORMAT §20)
+                    # its place in construct.json, but write no record (spec/PRODUCER.md §20 item 27)
                     item = (item[0], None, item[2], item[3])
                 d._module_forward_end(item, mod, key, output, gated=True)
             return None

@@ -18,7 +18,7 @@ _PGRAD_COUNT = re.compile(r"\.parameters_grad\.\d+$")
 
 
 def normalize_real(name: str) -> str:
-    """Deliberate difference 2 (spec/FORMAT.md §20): parameters_grad records carry no count."""
+    """Deliberate difference 2 (spec/FORMAT.md and PRODUCER.md §20): parameters_grad records carry no count."""
     return _PGRAD_COUNT.sub(".parameters_grad", name)
 
 

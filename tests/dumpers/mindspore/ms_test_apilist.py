@@ -1,7 +1,7 @@
 """The MindSpore API list against the installed MindSpore 2.10.0 (runs in the MindSpore venv).
 
 tests/dumpers/test_ms_api_coverage.py compares our lists with the real tool's, up to the names
-spec/FORMAT.md section 20 lists as absent from MindSpore 2.10.0; here every name we list must be a
+spec/PRODUCER.md section 20 lists as absent from MindSpore 2.10.0; here every name we list must be a
 callable attribute of MindSpore 2.10.0 and every name listed as absent must not be one."""
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_every_listed_name_is_a_callable_attribute(ns):
 @pytest.mark.parametrize("ns", list(NAMESPACES))
 def test_the_names_listed_as_absent_are_absent(ns):
     present = sorted(n for n in spec_names("absent").get(ns, ()) if exists(target(ns), n))
-    assert not present, f"{ns}: FORMAT.md section 20 lists these as absent, mindspore has them: {present}"
+    assert not present, f"{ns}: PRODUCER.md section 20 lists these as absent, mindspore has them: {present}"
 
 
 def test_the_dumper_wraps_the_generators_namespaces():

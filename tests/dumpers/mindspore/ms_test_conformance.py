@@ -3,7 +3,7 @@ seeded script tests/fixtures/real/scripts/ms_run_scenario.py gives the records o
 fixtures (tests/fixtures/real/ms26_mindspore, same script, same configs), in the same order,
 with the same argument encodings and statistics (1e-5 relative), the same construct.json
 parents, the same stack.json grouping and frames, and the same tensor files, up to the
-deliberate differences of spec/FORMAT.md §20. Runs in the MindSpore venv (ms_venv.py)."""
+deliberate differences of spec/FORMAT.md and PRODUCER.md §20. Runs in the MindSpore venv (ms_venv.py)."""
 from __future__ import annotations
 
 import os
@@ -51,7 +51,7 @@ def dumps(tmp_path_factory):
 
 
 def user_frames(frames: list) -> list:
-    """Deliberate difference (spec/FORMAT.md §20): 26.2.0 runs each API inside a Cell of its own and
+    """Deliberate difference (spec/FORMAT.md and PRODUCER.md §20): 26.2.0 runs each API inside a Cell of its own and
     records its stack from that Cell's hook, so the stack starts with MindSpore's Cell.__call__
     frames (and the jit_forbidden wrapper); ours starts at the caller. Compared without that head."""
     keys = [frame_key(f) for f in frames]
@@ -223,7 +223,7 @@ def _ast_name(bc_name: str) -> str:
 
 
 def test_jit_ast_l1_against_the_real_bytecode_run(dumps):
-    """Deliberate difference (spec/FORMAT.md §20): at L1 an ast-captured jit Cell / function is one
+    """Deliberate difference (spec/FORMAT.md and PRODUCER.md §20): at L1 an ast-captured jit Cell / function is one
     ``Jit.<Cell class or function>.<n>`` record (the documented behaviour; 26.2.0 cannot compile it).
     The same script with capture_mode="bytecode" is what 26.2.0 records: outside the jit parts our
     records equal its records (values too), and each Jit record's inputs, outputs and gradients equal

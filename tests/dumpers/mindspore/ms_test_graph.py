@@ -288,7 +288,7 @@ def test_graph_mode_l0_off_cpu_is_a_typed_error(tmp_path, monkeypatch):
 
 
 def test_graph_compiled_before_start_is_said(tmp_path):
-    """FORMAT §23.2: a graph compiled before start(model) has no dump points. A Cell called before
+    """PRODUCER.md §23.2: a graph compiled before start(model) has no dump points. A Cell called before
     start is said at start (its compile cache); a function compiled before (value_and_grad here)
     is said at stop, when no point ran in the dumped step; the dump is empty either way."""
     _set_mode(True)

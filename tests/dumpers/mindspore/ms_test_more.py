@@ -121,7 +121,7 @@ class PrimBoom(nn.Cell):
 
 
 def test_overflow_check_l1_primitive_ops(tmp_path):
-    """Primitive ops are checked too (spec/FORMAT.md §20 item 21): here the overflow is in mint.exp."""
+    """Primitive ops are checked too (spec/PRODUCER.md §20 item 21): here the overflow is in mint.exp."""
     root = str(tmp_path / "d")
     net = PrimBoom()
     dbg = PrecisionDebugger(config_path=_config(tmp_path, task="overflow_check", dump_path=root, level="L1",
