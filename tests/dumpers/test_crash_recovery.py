@@ -7,7 +7,7 @@ import random
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 
@@ -21,20 +21,36 @@ CHILD = os.path.join(os.path.dirname(__file__), "_crash_child.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
-def run_child(dump_path, task, steps, kill_after=None, storage_options=None, extra=None):
+def run_child(dump_path, task, steps, kill_at=None, storage_options=None, extra=None):
+    """Run the child to its end, or with ``kill_at = (step, n)`` SIGKILL it at the point it reports:
+    after the ``n``-th record of step ``step``, once a record of that unfinished step is journaled
+    (tests/dumpers/_crash_child.py). Returns the child's exit code and, when killed, how many
+    records of that step it reported journaled."""
     env = dict(os.environ, PYTHONPATH=ROOT)
-    p = subprocess.Popen([sys.executable, CHILD, dump_path, task, str(steps), json.dumps(storage_options or {}),
-                          json.dumps(extra or {})],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    assert p.stdout.readline().strip() == "READY"
-    if kill_after is None:
+    args = [sys.executable, CHILD, dump_path, task, str(steps), json.dumps(storage_options or {}),
+            json.dumps(extra or {})]
+    if kill_at is None:
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
-        return None
-    time.sleep(kill_after)
-    p.send_signal(signal.SIGKILL)
+        return 0, None
+    p = subprocess.Popen(args + [json.dumps(list(kill_at))], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env=env, text=True)
+    watchdog = threading.Timer(300, p.kill)  # a child that never reports fails the test, it does not hang it
+    watchdog.start()
+    lines = []
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("JOURNALED "):
+                p.send_signal(signal.SIGKILL)
+                break
+    finally:
+        watchdog.cancel()
     p.wait(timeout=60)
-    return p.returncode
+    p.stdout.close()
+    assert lines and lines[-1].startswith("JOURNALED "), "".join(lines)[-3000:]
+    return p.returncode, int(lines[-1].split()[2])
 
 
 def records(path, step):
@@ -42,20 +58,30 @@ def records(path, step):
         return json.load(f)["data"]
 
 
-def kill_and_recover(path, kill_after, extra=None):
-    """Run the child (tensor task, 3 steps), SIGKILL it after ``kill_after`` s, recover; skip
-    the trial when there was nothing to recover."""
-    rc = run_child(path, "tensor", 3, kill_after=kill_after, extra=extra)
-    if rc == 0:
-        pytest.skip("the run finished before the kill")
-    if not os.path.isdir(path):
-        pytest.skip("killed before the dump directory existed")
+def kill_point(reference, rng):
+    """A random (step, n): the step killed, and after how many of its records (the complete run has them)."""
+    step = rng.randrange(3)
+    return step, rng.randint(1, len(records(reference, step)))
+
+
+def kill_and_recover(path, kill_at, extra=None):
+    """Run the child (tensor task, 3 steps), SIGKILL it at ``kill_at`` (a record of that step
+    journaled), recover: the killed step is rebuilt (every record journaled before the kill is
+    recovered, or counted as dropped when its Zarr payload was not stored), the finished ones are
+    left intact. Returns the recovery results."""
+    from msprobe.backends import read_journal
+
+    rc, reported = run_child(path, "tensor", 3, kill_at=kill_at, extra=extra)
+    assert rc == -signal.SIGKILL, rc
     store = open_store(path)
+    names = {json.loads(line).get("name") for line in read_journal(store, f"step{kill_at[0]}/rank/.journal")} - {None}
+    assert reported >= 1 and names, (reported, names)
     results = recover_store(store)
-    if not results:  # tensor mode journals a record once its files are written: none of the unfinished step was yet
-        report = validate_store(open_store(path, read_only=True))
-        assert report.ok, [str(p) for p in report.errors]  # the finished steps (if any) are intact
-        pytest.skip("killed before a record of the unfinished step was journaled")
+    assert [r.rank_prefix for r in results] == [f"step{kill_at[0]}/rank"], results
+    r = results[0]
+    assert r.written and r.records + len(r.dropped_missing_tensor) == len(names), (len(names), r.summary())
+    for step in range(kill_at[0]):  # published before the kill
+        assert records(path, step)
     return results
 
 
@@ -70,7 +96,8 @@ def reference(tmp_path_factory):
 def test_sigkill_then_recover(tmp_path, reference, trial):
     rng = random.Random(trial)
     path = str(tmp_path / "d")
-    results = kill_and_recover(path, rng.uniform(0.3, 2.5))
+    results = kill_and_recover(path, kill_point(reference, rng))
+    assert not results[0].dropped_missing_tensor and results[0].records > 0  # a journaled record has its files
     report = validate_store(open_store(path, read_only=True))
     assert report.ok, [str(p) for p in report.errors]
     for r in results:
@@ -177,10 +204,10 @@ def test_zarr_sigkill_mid_step_then_recover(tmp_path):
 
 
 @pytest.mark.parametrize("trial", range(3))
-def test_zarr_sigkill_random_time_then_recover(tmp_path, trial):
+def test_zarr_sigkill_random_point_then_recover(tmp_path, reference, trial):
     rng = random.Random(100 + trial)
     path = str(tmp_path / "d")
-    results = kill_and_recover(path, rng.uniform(0.5, 3.0), extra={"tensor_store": "zarr", "tensor_shard_mb": 1})
+    results = kill_and_recover(path, kill_point(reference, rng), extra={"tensor_store": "zarr", "tensor_shard_mb": 1})
     _check_recovered_zarr(path, results)
 
 
