@@ -156,14 +156,7 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
             say(f"    matched by name {mb['exact']}, across dialects {mb['dialect']}, by structure "
                   f"{mb['structural']}" + (f", fuzzy {mb['fuzzy']}" if mb.get("fuzzy") else ""))
     if analysis:
-        fd = s["first_divergence"]
-        if fd:
-            why = fd["result"] if fd.get("err_message", "[]") == "[]" else f"{fd['result']} {fd['err_message']}"
-            say(f"first divergence: {fd['row']} (step {fd['step']}, {fd['rank_dir']}, record "
-                  f"#{fd['record_index']}, {why})")
-        else:
-            say("first divergence: none")
-        say(f"  ({s['divergence']})")
+        _print_divergence(s)
         for side in ("target", "bench"):
             parts = []
             for k, label in (("nan", "NaN"), ("inf", "+/-Inf")):
@@ -176,3 +169,24 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
     if s.get("plot_note"):
         say(f"note: {s['plot_note']}")
     say(f"summary: {s['summary_file']}")
+
+
+def _print_divergence(s: dict) -> None:
+    """Where the error is introduced (our localisation) and, when it is another row, the first row
+    of the Result column's rule (26.2.0's) or of --divergence-threshold."""
+    from msprobe.compare._origin import describe
+
+    o, fd = s.get("origin"), s["first_divergence"]
+    if o:
+        say(f"first divergence: {describe(o)}; step {o['step']}, {o['rank_dir']}, record #{o['record_index']} "
+            f"(where the error is introduced)")
+    if fd and not (o and o["row"] == fd["row"] and o["step"] == fd["step"] and o["rank"] == fd["rank"]):
+        why = fd["result"] if fd.get("err_message", "[]") == "[]" else f"{fd['result']} {fd['err_message']}"
+        say(f"{'first divergence' if not o else '  ' + s['divergence']}: {fd['row']} (step {fd['step']}, "
+            f"{fd['rank_dir']}, record #{fd['record_index']}, {why})")
+    elif fd:
+        say(f"  (also the {s['divergence']})")
+    if not o and not fd:
+        say("first divergence: none")
+    if not o:
+        say(f"  ({s['divergence']})")

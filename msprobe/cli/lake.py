@@ -245,8 +245,13 @@ def run_diverge(args, lake) -> int:
     f = res["first"]
     print(f"{res['run_a']} vs {res['run_b']} ({res['mode']}): {res['pairs_compared']} rank pair(s) in "
           f"step(s) {res['steps_compared']}")
+    o = res.get("origin")
+    if o is not None:
+        from msprobe.compare._origin import describe
+
+        print(f"error introduced at: step {o['step']} {o['rank_dir']} {describe(o)} (record #{o['record_index']})")
     if f is None:
-        print("no divergence")
+        print("no divergence" if o is None else "no row whose Result is not pass")
         return 0
     print(f"first divergence: step {f['step']} {f['rank_dir']} record {f['record']} (row {f['row']}, "
           f"record #{f['record_index']}, {f['result']})")

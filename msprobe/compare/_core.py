@@ -17,6 +17,7 @@ import msprobe.readers
 from msprobe.backends import open_store
 from msprobe.compare import _columnar
 from msprobe.compare._match import match_records
+from msprobe.compare._origin import earliest, find_origin
 from msprobe.compare._plot import PlotMarks
 from msprobe.compare._plotproc import draw as draw_plot
 from msprobe.compare._plotproc import start as start_plotter
@@ -511,6 +512,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
                     first[key]["row_index"] += offset
         offset += r["rows"]
     matched = sum(r["matched_records"] for r in results)
+    origin = find_origin(data_n, data_b, pairs, rest, mode, threshold)
     masked = {f"masked_inf_{side}": sum(r[f"masked_inf_{side}"] for r in results) for side in ("target", "bench")}
     return {
         "step": src_n.step, "rank": src_n.rank, "rank_dir": src_n.rank_dir,
@@ -521,7 +523,7 @@ def compare_pair(src_n: Any, src_b: Any, *, mode: str, out_dir: str, ts: str, mu
         "unmatched_rows": sum(r["unmatched_rows"] for r in results), "results": counts, "matched_by": how,
         "unmatched": {"target": [nm for nm, bm in pairs if bm is None][:UNMATCHED_LISTED],
                       "bench": rest[:UNMATCHED_LISTED]},
-        **first, **masked, "series": series, "marks": marks.as_dict(),
+        **first, "origin": origin, **masked, "series": series, "marks": marks.as_dict(),
     }
 
 
@@ -800,12 +802,8 @@ def _compare(target: str, bench: str, out_dir: str, *, step: Optional[int], rank
                 prog.close()
     finally:
         executor.close()
-    # first divergence across ranks: the lowest record index, then (step, rank) order
-    divs = [(r["first_divergence"]["record_index"], i, r) for i, r in enumerate(results) if r["first_divergence"]]
-    first = None
-    if divs:
-        _, _, r = min(divs, key=lambda t: (t[0], t[1]))
-        first = dict(r["first_divergence"], step=r["step"], rank=r["rank"], rank_dir=r["rank_dir"])
+    # across rank pairs: the earliest step, then the lowest record index over that step's ranks
+    first, origin = (_located(earliest(results, key), key) for key in ("first_divergence", "origin"))
     remote = _is_remote(out_dir)
     local = tempfile.mkdtemp(prefix="msprobe_compare_") if remote else _local_dir(out_dir)
     plot_file = None
@@ -821,11 +819,9 @@ def _compare(target: str, bench: str, out_dir: str, *, step: Optional[int], rank
         "divergence": ("first row whose Result is not pass" if threshold is None
                        else f"first row whose NormRelativeErr > {threshold}"),
         "warnings": _warnings(results),
-        "pairs": results, "first_divergence": first,
-        "first_nan_inf_target": next((dict(r["first_nan_inf_target"], rank_dir=r["rank_dir"], step=r["step"])
-                                      for r in results if r["first_nan_inf_target"]), None),
-        "first_nan_inf_bench": next((dict(r["first_nan_inf_bench"], rank_dir=r["bench_rank_dir"],
-                                          step=r["bench_step"]) for r in results if r["first_nan_inf_bench"]), None),
+        "pairs": results, "first_divergence": first, "origin": origin,
+        "first_nan_inf_target": _located(earliest(results, "first_nan_inf_target"), "first_nan_inf_target"),
+        "first_nan_inf_bench": _located(earliest(results, "first_nan_inf_bench"), "first_nan_inf_bench", "bench_"),
         **_firsts_across(results),
         "plot": (f"{out_dir.rstrip('/')}/{os.path.basename(plot_file)}" if plot_file and remote else plot_file),
         "plot_note": plot_note, "backend": backend,
@@ -881,12 +877,20 @@ def _warnings(results: list) -> list:
     return out
 
 
+def _located(r: Optional[dict], key: str, side: str = "") -> Optional[dict]:
+    """Result ``r``'s ``key`` entry with the step, rank and rank directory of its side added."""
+    if r is None:
+        return None
+    return dict(r[key], step=r[f"{side}step"], rank=r["rank"], rank_dir=r[f"{side}rank_dir"])
+
+
 def _firsts_across(results: list) -> dict:
-    """The first NaN and first +/-Inf of each side over the rank pairs, and the masks' -inf counts."""
+    """The first NaN and first +/-Inf of each side over the rank pairs (:func:`earliest`), and the
+    masks' -inf counts."""
     out: dict = {}
-    for side, rd, st in (("target", "rank_dir", "step"), ("bench", "bench_rank_dir", "bench_step")):
+    for side, pre in (("target", ""), ("bench", "bench_")):
         for k in ("nan", "inf"):
             key = f"first_{k}_{side}"
-            out[key] = next((dict(r[key], rank_dir=r[rd], step=r[st]) for r in results if r.get(key)), None)
+            out[key] = _located(earliest(results, key), key, pre)
         out[f"masked_inf_{side}"] = sum(r.get(f"masked_inf_{side}", 0) for r in results)
     return out

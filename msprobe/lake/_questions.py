@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from msprobe.compare._core import compare_pair, detect_mode, pair_sources
+from msprobe.compare._origin import earliest, order_key
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import star
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
@@ -142,8 +143,12 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     directory that keeps compare's CSVs (one per rank pair).
 
     Returns ``{"first": {run_a, run_b, step, rank, rank_dir, record, row, record_index,
-    result, metrics} or None, "ranks": [the first divergence of each diverging rank of
-    that step, in order], "steps_compared": [...], "pairs_compared": n, "mode": ...}``.
+    result, metrics} or None, "origin": {run_a, run_b, step, rank, rank_dir, record, row,
+    argument, role, size, note, record_index} or None, "ranks": [the first divergence of each
+    diverging rank of that step, in order], "steps_compared": [...], "pairs_compared": n,
+    "mode": ...}``. ``first`` follows the Result column (26.2.0's rules); ``origin`` is where
+    the error is introduced (:mod:`msprobe.compare._origin`); both are the earliest step's,
+    then the lowest record index over its ranks (:func:`msprobe.compare._origin.earliest`).
     """
     if run_a == run_b:
         raise ConfigError("diverge: give two different runs")
@@ -151,11 +156,11 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     pairs = pair_sources(SimpleNamespace(sources=sa), SimpleNamespace(sources=sb), step=step, rank=rank)
     by_step: dict = {}
     for a, b in pairs:
-        by_step.setdefault((a.split or "", -1 if a.step is None else a.step), []).append((_loc(a), _loc(b)))
+        by_step.setdefault((-1 if a.step is None else a.step, a.split or ""), []).append((_loc(a), _loc(b)))
     ts = time.strftime("%Y%m%d%H%M%S")
     if out is not None:
         os.makedirs(out, exist_ok=True)
-    first = None
+    first = origin = None
     ranks: list = []
     steps_done: list = []
     n_pairs = 0
@@ -165,12 +170,17 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
         jobs = [(lake.url, lake.storage_options, items[i:i + batch], mode, out, ts) for i in range(0, len(items), batch)]
         results = [r for part in lake.runner.map(star(_compare_batch), jobs) for r in part]
         n_pairs += len(results)
-        steps_done.append(key[1] if key[1] >= 0 else None)
+        steps_done.append(key[0] if key[0] >= 0 else None)
         if results:
             used_mode = results[0]["mode"]
+        if origin is None:
+            got = earliest(results, "origin")
+            if got is not None:
+                origin = dict(got["origin"], step=got["step"], rank=got["rank"], rank_dir=got["rank_dir"],
+                              split=got["split"], run_a=run_a, run_b=run_b)
         divs = [r for r in results if r["first_divergence"]]
         if divs:
-            divs.sort(key=lambda r: (r["first_divergence"]["record_index"], r["rank"] is not None, r["rank"] or 0))
+            divs.sort(key=lambda r: order_key(r, "first_divergence"))
             for r in divs:
                 fd = r["first_divergence"]
                 ranks.append({"step": r["step"], "rank": r["rank"], "rank_dir": r["rank_dir"], "split": r["split"],
@@ -178,9 +188,9 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
                               "result": fd["result"], "metrics": fd["metrics"], "files": r["files"]})
             if first is None:
                 first = dict(ranks[0], run_a=run_a, run_b=run_b)
-            if not all_steps:
-                break
-    return {"run_a": run_a, "run_b": run_b, "mode": used_mode, "first": first, "ranks": ranks,
+        if (divs or origin is not None) and not all_steps:
+            break
+    return {"run_a": run_a, "run_b": run_b, "mode": used_mode, "first": first, "origin": origin, "ranks": ranks,
             "steps_compared": steps_done, "pairs_compared": n_pairs, "executor": lake.runner.last}
 
 

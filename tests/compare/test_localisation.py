@@ -1,0 +1,67 @@
+"""Where compare and the lake say precision breaks (issue 29): real training runs of a small
+transformer with a known fault (bench/faults.py), compared with the healthy run through the CLI."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from msprobe.cli import main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
+
+import faults  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for kind in ("none", "weight_scale", "nan"):
+        faults.run("gpt", kind, str(root / kind))
+    return root
+
+
+def _json(capsys, argv: list) -> dict:
+    capsys.readouterr()
+    assert main(argv + ["--json", "--no-plot"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_first_divergence_is_the_earliest_step(runs, tmp_path, capsys):
+    """The earliest step first, then the lowest record index: the NaN enters at step 1, the
+    scaled weight at step 0 (today's code took the lowest record index over all steps)."""
+    s = _json(capsys, ["compare", str(runs / "nan"), str(runs / "none"), "-o", str(tmp_path / "a")])
+    assert s["first_divergence"]["step"] == 1
+    assert s["first_nan_target"]["step"] == 1
+    s = _json(capsys, ["compare", str(runs / "weight_scale"), str(runs / "none"), "-o", str(tmp_path / "b")])
+    assert s["first_divergence"]["step"] == 0
+    s = _json(capsys, ["compare", str(runs / "weight_scale"), str(runs / "none"), "-o", str(tmp_path / "c"),
+                       "--divergence-threshold", "1e-4"])
+    assert s["first_divergence"]["step"] == 0
+    # the lake picks by the same rule
+    assert main(["lake", "diverge", str(runs), "weight_scale", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "first divergence: step 0 " in out and "error introduced at: step 0 " in out
+
+
+def test_first_divergence_names_where_the_error_is_introduced(runs, tmp_path, capsys):
+    """The scaled weight's own linear (its input.1, 5 % off), not the downstream op that 26.2.0's
+    Result rule flags; both are printed."""
+    tgt, ref = str(runs / "weight_scale"), str(runs / "none")
+    s = _json(capsys, ["compare", tgt, ref, "-o", str(tmp_path / "a")])
+    o = s["origin"]
+    assert (o["record"], o["argument"], o["role"], o["step"]) == ("Functional.linear.6.forward", "input.1",
+                                                                 "parameter", 0)
+    assert o["size"] == pytest.approx(0.05, rel=1e-3)
+    # the Result column is 26.2.0's: the scaled weight's rows pass
+    assert s["first_divergence"]["record"] != "Functional.linear.6.forward"
+    assert main(["compare", tgt, ref, "-o", str(tmp_path / "b"), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert ("first divergence: Functional.linear.6.forward input.1 (parameter, 5% off the bench); step 0, rank, "
+            "record #61 (where the error is introduced)") in out
+    assert f"  first row whose Result is not pass: {s['first_divergence']['row']} (step 0" in out
+    s = _json(capsys, ["compare", str(runs / "nan"), ref, "-o", str(tmp_path / "c")])
+    assert (s["origin"]["row"], s["origin"]["step"]) == ("Functional.linear.6.forward.input.1", 1)
