@@ -46,9 +46,12 @@ def register(sub) -> None:
     q.add_argument("query", help='e.g. "SELECT run, count(*) FROM lake GROUP BY run"')
     q.add_argument("--csv", default=None, help="write the result to this CSV file too")
     q.set_defaults(func=run_sql)
-    q = lsub.add_parser("nan", help="the first NaN/Inf of each run and rank")
+    q = lsub.add_parser("nan", help="the first NaN/Inf of each run and rank (attention masks' -inf counted apart)")
     _common(q)
     q.add_argument("--run", action="append", default=None, help="only this run (repeatable)")
+    q.add_argument("--kind", default="any", choices=["any", "nan", "inf"],
+                   help="look for a NaN or an Inf (any, default), NaN only, or Inf only; an attention mask's "
+                        "intended -inf is neither")
     q.set_defaults(func=run_nan)
     q = lsub.add_parser("diverge", help="the first record where two runs diverge, over all ranks (compare)")
     _common(q)
@@ -232,7 +235,13 @@ def run_sql(args, lake) -> int:
 
 @_with_lake
 def run_nan(args, lake) -> int:
-    return _print_table(lake.first_nan(run=args.run), args.json, "no NaN or Inf in any statistic")
+    df = lake.first_nan(run=args.run, kind=args.kind)
+    what = {"any": "no NaN or Inf", "nan": "no NaN", "inf": "no Inf"}[args.kind]
+    rc = _print_table(df, args.json, f"{what} in any statistic")
+    for m in df.attrs.get("masked_only", ()):
+        print(f"note: {m['run']} {m['rank_dir']}: -inf only in attention masks and what they feed "
+              f"({m['masked_rows']} rows, as intended)", file=sys.stderr if args.json else sys.stdout)
+    return rc
 
 
 @_with_lake

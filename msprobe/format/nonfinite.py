@@ -7,8 +7,8 @@ walks one rank's records in execution order and calls each entry one of:
 
 * ``"nan"``: a NaN statistic;
 * ``"inf"``: ``+inf``, or ``-inf`` that is not a mask's;
-* ``"masked"``: ``-inf`` only, in an output of ``masked_fill``/``masked_fill_`` (or its fill
-  value), in an input whose name says ``mask``, in the same tensor passed on (same dtype,
+* ``"masked"``: ``-inf`` only, in an output of ``masked_fill``/``masked_fill_``,
+  ``full``/``full_like``/``new_full``/``fill_`` (or its fill value), in an input whose name says ``mask``, in the same tensor passed on (same dtype,
   shape and statistics), or in the output of a record fed such a mask;
 * ``None``: finite.
 
@@ -23,8 +23,9 @@ from typing import Any, Iterable, Optional
 
 __all__ = ["MASKING_APIS", "stat_kinds", "NonFiniteTracker", "describe"]
 
-#: APIs whose -inf outputs are a mask by construction
-MASKING_APIS = frozenset({"masked_fill", "masked_fill_"})
+#: APIs whose -inf outputs are a mask by construction (``masked_fill(mask, -inf)``, and the
+#: ``torch.full((t, t), -inf)`` / ``fill_`` a causal mask starts from before ``triu``)
+MASKING_APIS = frozenset({"masked_fill", "masked_fill_", "full", "full_like", "fill_", "new_full"})
 _INF = math.inf
 
 

@@ -1,6 +1,7 @@
 """Questions that span runs, steps and ranks.
 
-* :func:`first_nan` — the first NaN/Inf statistic of each (run, rank): one DuckDB query.
+* :func:`first_nan` — the first NaN/Inf statistic of each (run, rank) that is no attention
+  mask's intended ``-inf``: one DuckDB query, then compare's rule over the non-finite rows.
 * :func:`diverge` — the first record where two runs diverge, over all their ranks:
   :func:`msprobe.compare.compare_pair` on each (step, rank) pair, as Dask tasks, step by step.
 * :func:`disagree` — ranks whose statistic of the same record differs from what a majority
@@ -28,7 +29,7 @@ from msprobe.format.layout import RankLocation
 from msprobe.lake._core import _Prefetched, _store
 from msprobe.readers._source import RankSource, records_of, task_of
 
-__all__ = ["first_nan", "diverge", "disagree", "trend", "STATS"]
+__all__ = ["first_nan", "diverge", "disagree", "trend", "STATS", "NAN_KINDS"]
 
 STATS = ("max", "min", "mean", "norm")
 #: document order of a record's argument groups (rows of one record sort by it, then arg_path)
@@ -67,21 +68,62 @@ def _record_where(record: Any) -> str:
 
 # -- first NaN/Inf ----------------------------------------------------------------------------------
 
-def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None) -> Any:
-    """One row per (run, rank) that has a NaN or Inf in a statistic: the first such row in
+#: what :func:`first_nan` looks for
+NAN_KINDS = ("any", "nan", "inf")
+
+
+def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None, kind: str = "any") -> Any:
+    """One row per (run, rank) that has a NaN or an Inf in a statistic: the first such row in
     execution order (step, then the record's position in dump.json, then its arguments).
-    Columns: run, rank, rank_dir, split, step, seq, record, io, arg_path, max, min, mean,
-    norm, has_nan, has_inf, nan_rows (how many such rows that rank has in all)."""
+
+    An attention mask's intended ``-inf`` (``masked_fill(..., -inf)``, ``torch.full(..., -inf)``
+    and the tensors such a mask feeds) is no anomaly: the rows are classed by the rule compare
+    uses (:class:`msprobe.format.nonfinite.NonFiniteTracker`, each rank's records of a step in
+    order) and the masks' ``-inf`` counted apart. ``kind``: ``"any"`` (a NaN or a non-mask
+    Inf), ``"nan"`` (NaN only) or ``"inf"`` (non-mask Inf only).
+
+    Columns: run, rank, rank_dir, split, step, seq, record, io, arg_path, max, min, mean, norm,
+    has_nan, has_inf, kind ("nan" or "inf"), and the rank's counts over the rows asked about:
+    nan_rows, inf_rows (Inf that is no mask's), masked_rows (a mask's -inf). The frame's
+    ``attrs["masked_only"]`` lists the (run, rank_dir) whose only non-finite values are masks'."""
+    import pandas as pd
+
+    from msprobe.format.nonfinite import NonFiniteTracker
+
+    if kind not in NAN_KINDS:
+        raise ConfigError(f"kind={kind!r}: one of {', '.join(NAN_KINDS)}")
     where = "(has_nan OR has_inf)" + _in("run", run) + _in("step", step) + _in("rank", rank)
-    q = f"""
-    SELECT run, rank, rank_dir, split, step, seq, record, io, arg_path, max, min, mean, norm, has_nan, has_inf,
-           count(*) OVER (PARTITION BY run, rank, rank_dir) AS nan_rows
-    FROM lake WHERE {where}
-    QUALIFY row_number() OVER (PARTITION BY run, rank, rank_dir
-                               ORDER BY step NULLS FIRST, split NULLS FIRST, seq, {_IO_ORDER}, arg_path) = 1
-    ORDER BY run, rank NULLS FIRST, rank_dir
-    """
-    return lake.sql(q)
+    cols = ["run", "rank", "rank_dir", "split", "step", "seq", "record", "io", "arg_path", "max", "min", "mean",
+            "norm", "has_nan", "has_inf"]
+    df = lake.sql(f"""
+    SELECT {", ".join(cols)}, dtype, shape FROM lake WHERE {where}
+    ORDER BY run, rank NULLS FIRST, rank_dir, step NULLS FIRST, split NULLS FIRST, seq, {_IO_ORDER}, arg_path
+    """)
+    firsts: dict = {}
+    counts: dict = {}
+    tracker, part, rec = NonFiniteTracker(), None, None
+    for row in df.itertuples(index=False):
+        key = (row.run, row.rank_dir)
+        if (key, row.split, row.step) != part:  # compare classes one rank's records of one step
+            tracker, part, rec = NonFiniteTracker(), (key, row.split, row.step), None
+        if (row.seq, row.record) != rec:
+            rec = (row.seq, row.record)
+            tracker.record(row.record)
+        stats = tuple(None if v is None or pd.isna(v) and not isinstance(v, float) else float(v)
+                      for v in (row.max, row.min, row.mean, row.norm))
+        got = tracker.see(row.io, row.arg_path, stats, row.dtype, row.shape)
+        c = counts.setdefault(key, {"nan": 0, "inf": 0, "masked": 0})
+        if got is None:
+            continue
+        c[got] += 1
+        if got != "masked" and kind in ("any", got) and key not in firsts:
+            firsts[key] = dict(zip(cols, row[:len(cols)]), kind=got)
+    out = [dict(f, nan_rows=counts[k]["nan"], inf_rows=counts[k]["inf"], masked_rows=counts[k]["masked"])
+           for k, f in firsts.items()]
+    res = pd.DataFrame(out, columns=cols + ["kind", "nan_rows", "inf_rows", "masked_rows"])
+    res.attrs["masked_only"] = [{"run": k[0], "rank_dir": k[1], "masked_rows": c["masked"]}
+                                for k, c in counts.items() if c["masked"] and not c["nan"] and not c["inf"]]
+    return res
 
 
 # -- divergence between two runs ---------------------------------------------------------------------

@@ -65,3 +65,33 @@ def test_first_divergence_names_where_the_error_is_introduced(runs, tmp_path, ca
     assert f"  first row whose Result is not pass: {s['first_divergence']['row']} (step 0" in out
     s = _json(capsys, ["compare", str(runs / "nan"), ref, "-o", str(tmp_path / "c")])
     assert (s["origin"]["row"], s["origin"]["step"]) == ("Functional.linear.6.forward.input.1", 1)
+
+
+@pytest.fixture(scope="module")
+def full_mask_runs(tmp_path_factory):
+    """The transformer whose causal mask is ``torch.full((t, t), -inf).triu(1)``: healthy, and with
+    a NaN weight element before step 1."""
+    root = tmp_path_factory.mktemp("full_mask")
+    for kind in ("none", "nan"):
+        faults.run("tfm", kind, str(root / kind))
+    return root
+
+
+def test_masks_minus_inf_is_no_nan_inf_in_compare_and_lake(full_mask_runs, tmp_path, capsys):
+    """One rule for compare and lake nan: Torch.full's -inf and what it feeds are the mask's."""
+    root = full_mask_runs
+    s = _json(capsys, ["compare", str(root / "none"), str(root / "none"), "-o", str(tmp_path / "a")])
+    assert s["first_inf_target"] is None and s["first_nan_target"] is None and s["masked_inf_target"] > 0
+    assert main(["lake", "nan", str(root)]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith(("nan ", "none "))]
+    assert len(lines) == 1 and "Functional.linear.6.forward" in lines[0] and " nan " in lines[0], out
+    assert "note: none rank: -inf only in attention masks" in out
+    capsys.readouterr()
+    assert main(["lake", "nan", str(root), "--kind", "nan", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["run"], r["step"], r["record"], r["arg_path"], r["kind"]) for r in rows] == [
+        ("nan", 1, "Functional.linear.6.forward", "input_args.1", "nan")]
+    assert rows[0]["nan_rows"] > 0 and rows[0]["inf_rows"] == 0 and rows[0]["masked_rows"] > 0
+    assert main(["lake", "nan", str(root), "--kind", "inf"]) == 0
+    assert "no Inf in any statistic" in capsys.readouterr().out
