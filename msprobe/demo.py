@@ -91,7 +91,9 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
     say(report.summary())
     d = msprobe.readers.open(dump_path, storage_options=storage_options)
     n_tensors, nonfinite, first, outputs = _walk_records(d)
-    say(f"read back: steps {d.steps}, ranks {d.ranks}, framework {d.framework}, task {d.task}, level {d.level}; "
+    ranks = ("one process (no torch.distributed rank: rank directory 'rank')" if d.ranks == [None]
+             else ", ".join("-" if r is None else str(r) for r in d.ranks))
+    say(f"read back: steps {d.steps}, ranks {ranks}, framework {d.framework}, task {d.task}, level {d.level}; "
         f"{d.count()} records, {n_tensors} tensors")
     say(f"non-finite values: {describe(nonfinite)}")
     for kind in ("nan", "inf"):
@@ -112,14 +114,28 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
     rec = d.record("Functional.linear.0.forward", step=0)
     t = rec.input_args[0]
     say(f"Functional.linear.0.forward input 0: dtype {t.dtype}, shape {list(t.shape)}, "
-        f"Max {t.max:.4g}, Min {t.min:.4g}, parent {rec.parent}")
+        f"Max {t.max:.4g}, Min {t.min:.4g}, parent {rec.parent_name or '-'}")
     if task == "tensor":
         arr = t.load()
         assert math.isclose(float(arr.max()), t.max, rel_tol=1e-6)
         say(f"  loaded its tensor from storage: max {float(arr.max()):.4g} (matches the record)")
     say(f"done in {elapsed:.1f}s (dump) — valid: {report.ok}")
+    say("next:")
+    for line in next_commands(dump_path):
+        say(f"  {line}")
     return {"ok": report.ok, "records": d.count(), "tensors": n_tensors, "rows": rows, "losses": losses,
             "nonfinite": nonfinite}
+
+
+def next_commands(dump_path: str) -> list:
+    """The commands a user runs next on the demo's dump (printed at its end)."""
+    import shlex
+
+    p = shlex.quote(dump_path)
+    return [f"msprobe ls {p}                      # steps, ranks, record counts",
+            f"msprobe ls {p} --records --step 0   # the record names",
+            f"msprobe show {p} 'Module.head*' --step 0   # records by glob, with statistics",
+            f"msprobe compare {p} {p} -o ./cmp    # compare two dumps (here: the dump with itself)"]
 
 
 def _walk_records(d) -> tuple:

@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
 # Create (or reuse) ./.venv and install the package with everything the demo and the tests need.
+# pip's and the build's own output go to .venv/bootstrap.log (shown in full when the set-up fails):
+# stdout stays the demo's (scripts/demo.sh), stderr gets one line saying that the set-up runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+log=.venv/bootstrap.log
+stamp=.venv/.msprobe-installed
+want=$(cat pyproject.toml constraints/ci.txt | sha1sum | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+echo "msprobe-lake: setting up ./.venv (the first time takes a few minutes; log: $log)" >&2
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-stamp=.venv/.msprobe-installed
-want=$(cat pyproject.toml constraints/ci.txt | sha1sum | cut -d' ' -f1)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+if ! {
+    .venv/bin/python -m pip install -q --upgrade pip &&
     .venv/bin/python -m pip install -q -c constraints/ci.txt -e '.[all,test]'
-    echo "$want" > "$stamp"
+} >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "msprobe-lake: setting up ./.venv failed (the log above, kept in $log)" >&2
+    exit 1
 fi
+echo "$want" > "$stamp"

@@ -58,6 +58,8 @@ def _claim(name: str, lang: str, body: str) -> str:
         return "online"
     if name in ("reliability.md", "benchmarks.md"):
         return "commands"
+    if name == "everyday.md":
+        return "everyday"  # tests/test_everyday.py::test_everyday_doc_blocks_run
     if name == "architecture.md":
         return "diagram"  # tests/test_architecture.py::test_data_path_names_real_code
     if name == "conformance.md" and "real-tool conformance" in body:

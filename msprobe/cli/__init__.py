@@ -18,6 +18,7 @@ __all__ = ["main", "SUBCOMMAND_MODULES"]
 #: subcommand modules, in the order shown by ``--help``
 SUBCOMMAND_MODULES = [
     "msprobe.cli.validate",
+    "msprobe.cli.validate_config",
     "msprobe.cli.demo",
     "msprobe.cli.ls",
     "msprobe.cli.show",
@@ -31,6 +32,77 @@ SUBCOMMAND_MODULES = [
     "msprobe.cli.convert",
     "msprobe.cli.run_ut_online",
 ]
+
+
+#: an example of each subcommand (its ``--help`` ends with them); ``lake`` questions by their name
+EXAMPLES = {
+    "validate": ["msprobe validate ./dump_path", "msprobe validate ./dump_path/step0/rank0 --json"],
+    "validate-config": ["msprobe validate-config ./config.json"],
+    "demo": ["msprobe demo", "msprobe demo --dump-path ./demo_dump --task tensor --steps 2"],
+    "ls": ["msprobe ls ./dump_path", "msprobe ls ./dump_path --records --step 0"],
+    "show": ["msprobe show ./dump_path Functional.linear.0.forward --step 0",
+             "msprobe show ./dump_path 'Module.head*' --step 0"],
+    "index": ["msprobe index ./dump_path"],
+    "recover": ["msprobe recover ./dump_path"],
+    "compare": ["msprobe compare ./npu_dump ./gpu_dump -o ./out",
+                "msprobe compare -tp ./npu_dump/step0/rank0/dump.json -gp ./gpu_dump/step0/rank0/dump.json -o ./out"],
+    "merge_result": ["msprobe merge_result -i ./compare_out -o ./merged -config ./config.yaml"],
+    "run_ut": ["msprobe run_ut -api_info ./dump_path/step0/rank0/dump.json -o ./ut"],
+    "acc_check": ["msprobe acc_check -api_info ./dump_path/step0/rank0/dump.json -o ./ut"],
+    "multi_run_ut": ["msprobe multi_run_ut -api_info ./dump_path/step0/rank0/dump.json -n 4 -d 0 1"],
+    "api_precision_compare": ["msprobe api_precision_compare -npu ./npu/accuracy_checking_details_1.csv "
+                              "-gpu ./gpu/accuracy_checking_details_1.csv -o ./out"],
+    "convert": ["msprobe convert ./dump_path/step0 --to zarr", "msprobe convert ./dump_path/step0 --to classic"],
+    "run_ut_online": ["msprobe run_ut_online -config ./config.json"],
+    "lake": ["msprobe lake ls ./lake", "msprobe lake nan ./lake"],
+    "lake ls": ["msprobe lake ls ./lake", "msprobe lake ls ./lake --rebuild"],
+    "lake index": ["msprobe lake index ./lake"],
+    "lake sql": ['msprobe lake sql ./lake "SELECT run, count(*) FROM lake GROUP BY run"'],
+    "lake nan": ["msprobe lake nan ./lake", "msprobe lake nan ./lake --run run_npu --json"],
+    "lake diverge": ["msprobe lake diverge ./lake run_npu run_gpu", "msprobe lake diverge ./lake run_npu run_gpu --step 0"],
+    "lake disagree": ["msprobe lake disagree ./lake", "msprobe lake disagree ./lake --kind all --stat max"],
+    "lake trend": ['msprobe lake trend ./lake "Module.head.Linear.parameters_grad" --arg weight.0 --plot norm.png'],
+}
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict:
+    """{name: parser} of ``parser``'s subcommands (an alias once under each of its names)."""
+    out: dict = {}
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public accessor for its subparsers
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 - (the same)
+            out.update(action.choices)
+    return out
+
+
+def _add_examples(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    for name, sp in _subparsers(parser).items():
+        lines = EXAMPLES.get(prefix + name)
+        if lines and not sp.epilog:
+            sp.epilog = "example:\n" + "\n".join(f"  {x}" for x in lines)
+            sp.formatter_class = argparse.RawDescriptionHelpFormatter
+        if not prefix:
+            _add_examples(sp, f"{name} ")
+
+
+def _unrecognized(parser: argparse.ArgumentParser, argv: list, extra: list) -> None:
+    """Unknown options: the error of the (sub)command they were given to, with its usage and
+    the nearest option of that command (``--xslx``: did you mean --xlsx?)."""
+    import difflib
+
+    target, tokens = parser, list(argv)
+    while tokens:  # the deepest subcommand named on the line
+        subs = _subparsers(target)
+        hit = next((t for t in tokens if t in subs), None)
+        if hit is None:
+            break
+        target, tokens = subs[hit], tokens[tokens.index(hit) + 1:]
+    options = [o for a in target._actions for o in a.option_strings]  # noqa: SLF001 - (as in _subparsers)
+    said = []
+    for arg in extra:
+        close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6) \
+            if arg.startswith("-") else []
+        said.append(f"{arg} (did you mean {close[0]}?)" if close else arg)
+    target.error(f"unrecognized arguments: {' '.join(said)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
             importlib.import_module(mod).register(sub)
         except ImportError:  # a subcommand whose module is absent in this build
             continue
+    _add_examples(parser)
     return parser
 
 
@@ -99,7 +172,10 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         except (AttributeError, ValueError, OSError):
             pass
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unrecognized(parser, argv, extra)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

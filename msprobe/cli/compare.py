@@ -161,7 +161,7 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
             parts = []
             for k, label in (("nan", "NaN"), ("inf", "+/-Inf")):
                 nf = s.get(f"first_{k}_{side}")
-                parts.append(f"first {label} in {side}: " + (f"{nf['row']} ({nf['rank_dir']})" if nf else "none"))
+                parts.append(f"first {label} in {side}: " + (f"{nf['row']} (step {nf['step']}, {nf['rank_dir']})" if nf else "none"))
             masked = s.get(f"masked_inf_{side}", 0)
             if masked:
                 parts.append(f"-inf only in masked_fill outputs and the masks they feed: {masked} rows, as intended")

@@ -169,18 +169,20 @@ def run_ls(args) -> int:
     from msprobe.lake import read_catalog
 
     runs = None if args.rebuild else read_catalog(args.root, _opts(args), args.lake_dir, _lake_opts(args))
+    if runs is not None and _catalog_hint(args.root, _opts(args), {str(r.get("run")) for r in runs}, args.json):
+        runs = None  # stale: read the runs again, as sql and the questions do
     if runs is None:
         lake = _open(args)
         runs = lake.catalog_rows
         lake.close()
-    elif not args.json:
-        _catalog_hint(args.root, _opts(args), {str(r.get("run")) for r in runs})
     if args.json:
         print(json.dumps(runs, indent=1, default=str))
         return 0
     if not runs:
-        print(f"{args.root}: no runs")
-        return 0
+        from msprobe.errors import StorageNotFoundError
+
+        raise StorageNotFoundError(f"{args.root}: no runs (no dump below it; a lake root holds one directory per "
+                                   "run, e.g. ROOT/run1/step0/rank0/dump.json)")
     from msprobe.format.naming import printable
 
     head = ["run", "dialect", "framework", "task", "level", "steps", "ranks", "records", "bytes", "from", "to"]
@@ -194,8 +196,9 @@ def run_ls(args) -> int:
     return 0
 
 
-def _catalog_hint(root: str, opts, listed: set) -> None:
-    """On stderr: the listing is the saved catalog; which runs it misses or still lists, if any."""
+def _catalog_hint(root: str, opts, listed: set, quiet: bool) -> bool:
+    """Whether the saved catalog is stale (runs it misses or still lists), said on stderr
+    (unless ``quiet``) either way."""
     from msprobe.backends import open_store
     from msprobe.errors import MsprobeError
 
@@ -208,9 +211,12 @@ def _catalog_hint(root: str, opts, listed: set) -> None:
     if new or gone:
         what = "; ".join(x for x in (f"not in it: {', '.join(new[:5])}" if new else "",
                                      f"gone: {', '.join(gone[:5])}" if gone else "") if x)
-        print(f"lake ls: the saved catalog is stale ({what}): msprobe lake ls {root} --rebuild", file=sys.stderr)
-    else:
+        if not quiet:
+            print(f"lake ls: the saved catalog was stale ({what}): reading the runs again", file=sys.stderr)
+        return True
+    if not quiet:
         print(f"lake ls: from the saved catalog (msprobe lake ls {root} --rebuild re-reads the runs)", file=sys.stderr)
+    return False
 
 
 @_with_lake
@@ -251,7 +257,7 @@ def run_diverge(args, lake) -> int:
     if args.json:
         print(json.dumps(res, indent=1, default=str))
         return 0
-    f = res["first"]
+    f = res["first_divergence"]
     print(f"{res['run_a']} vs {res['run_b']} ({res['mode']}): {res['pairs_compared']} rank pair(s) in "
           f"step(s) {res['steps_compared']}")
     o = res.get("origin")
@@ -282,7 +288,15 @@ def run_disagree(args, lake) -> int:
     note = df.attrs.get("note")
     if note:  # what was compared and what was left out: on stderr with --json, after the table otherwise
         print(f"note: {note}", file=sys.stderr if args.json else sys.stdout)
-    return _print_table(df, args.json, "no rank disagrees with the others" if note else "every rank agrees")
+    if df.empty and df.attrs.get("compared") == 0:
+        kind = "" if args.kind == "all" else f" {args.kind}"
+        print(f"nothing to compare: no{kind} record's {args.stat} is held by two or more ranks of the same run and "
+              "step (each run and step selected has one rank)", file=sys.stderr if args.json else sys.stdout)
+        if args.json:
+            print("[]")
+        return 0
+    return _print_table(df, args.json, "no rank disagrees with the others" if note else
+                        f"every rank agrees ({df.attrs.get('compared')} rows held by 2+ ranks compared)")
 
 
 @_with_lake

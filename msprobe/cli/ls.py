@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from msprobe.cli._text import say
+from msprobe.format.layout import step_ranges
 
 
 def register(sub) -> None:
@@ -12,6 +13,11 @@ def register(sub) -> None:
     p.add_argument("--engine", default=None, help="reading engine: msprobe or index (default: guess)")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--records", action="store_true",
+                   help="list the record names instead (step, rank directory, name; in execution order)")
+    p.add_argument("--step", type=int, default=None, help="with --records: only this step")
+    p.add_argument("--rank", default=None, help="with --records: only this rank id or rank directory name")
+    p.add_argument("--match", default=None, help="with --records: only names matching this glob, e.g. 'Module.head*'")
     p.set_defaults(func=run)
 
 
@@ -29,6 +35,12 @@ def run(args) -> int:
         raise UnknownDialectError(f"{exc}. It is not one dump but holds {len(runs)} dump(s) "
                                   f"({', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}): a lake root; list "
                                   f"its runs with: msprobe lake ls {args.path}") from exc
+    if args.records:
+        return _list_records(d, args)
+    if args.step is not None or args.rank is not None or args.match is not None:
+        from msprobe.errors import ConfigError
+
+        raise ConfigError("--step, --rank and --match select records: add --records")
     s = d.summary()
     kernel = d.kernel_dumps()
     if kernel:  # level L2: the Ascend runtime's files, listed but not decoded
@@ -41,7 +53,7 @@ def run(args) -> int:
     say(f"{s['url']}")
     say(f"  engine {s['engine']}, dialect {s['dialect'] or 'unknown'}, framework {s['framework']}, "
           f"task {s['task']}, level {s['level']}")
-    say(f"  {len(s['steps'])} step(s): {_ranges(s['steps'])}; rank(s): {ranks}; "
+    say(f"  {len(s['steps'])} step(s): {step_ranges(s['steps'])}; rank(s): {ranks}; "
           f"{len(s['rank_dirs'])} rank dir(s), {sum(r['records'] for r in s['rank_dirs'])} records")
     has_run = any(r["run"] and r["run"] != d.run for r in s["rank_dirs"])
     header = (["run"] if has_run else []) + ["step", "rank_dir", "records", "from"]
@@ -55,7 +67,29 @@ def run(args) -> int:
     if kernel:
         steps = sorted({k.step for k in kernel})
         say(f"  kernel dump (L2): {len(kernel)} file(s), {sum(k.size for k in kernel)} bytes, step(s) "
-              f"{_ranges(steps)}; opaque binaries in the Ascend runtime's dump format (not decoded)")
+              f"{step_ranges(steps)}; opaque binaries in the Ascend runtime's dump format (not decoded)")
+    return 0
+
+
+def _list_records(d, args) -> int:
+    from msprobe.readers import ANY
+
+    rank = ANY if args.rank is None else (int(args.rank) if args.rank.isdigit() else args.rank)
+    recs = d.iter_records(step=ANY if args.step is None else args.step, rank=rank, name=args.match)
+    if args.json:
+        print(json.dumps([{"step": r.step, "rank_dir": r.rank_dir, "name": r.name, "kind": r.kind} for r in recs],
+                         indent=1))
+        return 0
+    n = 0
+    for r in recs:
+        say(f"step{r.step}  {r.rank_dir}  {r.name}")
+        n += 1
+    if not n:
+        from msprobe.errors import RecordNotFoundError
+
+        what = f" matching {args.match!r}" if args.match else ""
+        near = d.near_names(args.match, ANY if args.step is None else args.step, rank) if args.match else ""
+        raise RecordNotFoundError(f"no record{what} in {d.url}{near}")
     return 0
 
 
@@ -79,16 +113,3 @@ def _runs_below(path: str, opts) -> list:
         runs.append(name)
     return runs
 
-
-def _ranges(nums: list) -> str:
-    if not nums:
-        return "-"
-    out, start, prev = [], nums[0], nums[0]
-    for n in nums[1:] + [None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ",".join(out)

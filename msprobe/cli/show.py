@@ -5,9 +5,11 @@ import json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("show", help="show one record: arguments with statistics, stack, parent and children")
+    p = sub.add_parser("show", help="show one record (or those a glob matches): arguments with statistics, stack, "
+                                    "parent and children")
     p.add_argument("path", help="dump root, step or rank directory (path or URL)")
-    p.add_argument("record", help="record name, e.g. Functional.linear.0.forward")
+    p.add_argument("record", help="record name, e.g. Functional.linear.0.forward, or a glob such as 'Module.head*' "
+                                  "(quoted; msprobe ls PATH --records lists the names)")
     p.add_argument("--step", type=int, default=None, help="step number (needed when several steps hold it)")
     p.add_argument("--rank", default=None,
                    help="rank id, or a rank directory name such as proc1234 (needed when several ranks hold it)")
@@ -36,14 +38,42 @@ def run(args) -> int:
     d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
     rank = ANY if args.rank is None else (int(args.rank) if args.rank.isdigit() else args.rank)
     step = ANY if args.step is None else args.step
-    try:
-        rec = d.record(args.record, step=step, rank=rank)
-    except AmbiguousRecordError as exc:  # the library's hint names its keywords; the command's are options
-        raise AmbiguousRecordError(str(exc).replace("pass step= and rank=", "pass --step N and/or --rank R")) \
-            from None
-    if args.json:
-        builtins.print(json.dumps({rec.name: rec.to_json()}, indent=1))  # (json escapes what its strings hold)
+    if any(c in args.record for c in "*?["):  # a glob: every record it matches, up to SHOW_AT_MOST
+        recs = d.records(step=step, rank=rank, name=args.record)
+        if not recs:
+            from msprobe.errors import RecordNotFoundError
+
+            raise RecordNotFoundError(f"no record matches {args.record!r} in {d.url}"
+                                      f"{d.near_names(args.record, step, rank)}")
+    else:
+        try:
+            recs = [d.record(args.record, step=step, rank=rank)]
+        except AmbiguousRecordError as exc:  # the library's hint names its keywords; the command's are options
+            raise AmbiguousRecordError(str(exc).replace("pass step= and rank=", "pass --step N and/or --rank R")) \
+                from None
+    if args.json:  # (json escapes what its strings hold)
+        builtins.print(json.dumps({recs[0].name: recs[0].to_json()} if len(recs) == 1 else
+                                  [{"step": r.step, "rank_dir": r.rank_dir, "name": r.name, "record": r.to_json()}
+                                   for r in recs[:SHOW_AT_MOST]], indent=1))
         return 0
+    for i, rec in enumerate(recs[:SHOW_AT_MOST]):
+        if i:
+            print("")
+        _show(rec, print, builtins.print, printable)
+    if len(recs) > SHOW_AT_MOST:
+        print(f"... and {len(recs) - SHOW_AT_MOST} more record(s) matching {args.record!r}: "
+              f"msprobe ls {args.path} --records --match {args.record!r} lists them")
+    elif len(recs) > 1:
+        print(f"({len(recs)} records match {args.record!r})")
+    return 0
+
+
+#: a glob shows at most this many records in full
+SHOW_AT_MOST = 10
+
+
+def _show(rec, print_line, raw_print, printable) -> None:
+    print = print_line  # noqa: A001 - every line below holds names from the dump: one escaped line each
     print(f"{rec.name}")
     print(f"  kind {rec.kind}, api_type {rec.api_type}, api_name {rec.api_name}, call {rec.call_index}, "
           f"direction {rec.direction or '-'}")
@@ -71,8 +101,7 @@ def run(args) -> int:
         print(f"  stack ({rec.stack_id}):")
         for frame in stack if isinstance(stack, list) else [stack]:
             for line in printable(str(frame), keep_newlines=True).split("\n"):
-                builtins.print("    " + line)
-    return 0
+                raw_print("    " + line)
 
 
 def _non_tensors(rec) -> list:

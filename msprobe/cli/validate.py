@@ -37,6 +37,7 @@ def run(args) -> int:
         return 0 if report.ok else 1
     if not args.quiet:
         for p in report.problems:  # names come from the dump: escaped for the terminal
-            print(printable(str(p)), file=sys.stderr if p.severity == "error" else sys.stdout)
+            print(printable(str(p).replace("msprobe recover DUMP_PATH", f"msprobe recover {args.path}")),
+                  file=sys.stderr if p.severity == "error" else sys.stdout)
     print(printable(report.summary()))
     return 0 if report.ok else 1

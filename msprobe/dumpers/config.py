@@ -1,13 +1,18 @@
 """config.json as msprobe documents it (02.config_introduction), validated up front.
 
 Arguments of ``PrecisionDebugger`` override the file. Every invalid value is a
-:class:`ConfigError` naming the key, the bad value and the valid values;
-unknown keys only warn (newer msprobe releases add keys such as
-``risk_level`` and ``extra_info``).
+:class:`ConfigError` naming the key, the bad value and the valid values.
+Unknown keys warn, naming the nearest valid key (``unknown key 'levle' ignored; did you
+mean 'level'?``): newer msprobe releases add keys such as ``risk_level`` and
+``extra_info``. In strict mode (``"strict_config": true`` in config.json, or the
+environment variable ``MSPROBE_STRICT_CONFIG=1``; ``msprobe validate-config`` always checks
+so) an unknown key is a :class:`ConfigError` instead.
 """
 from __future__ import annotations
 
 import builtins
+import difflib
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -16,7 +21,8 @@ from typing import Any, Optional
 from msprobe.errors import ConfigError, invalid_value, read_json_object
 from msprobe.online.config import parse_online, section_with_fallback
 
-__all__ = ["DumpConfig", "load_config", "parse_int_list", "TASKS", "LEVELS", "SUMMARY_MODES", "DATA_MODES"]
+__all__ = ["DumpConfig", "load_config", "parse_int_list", "unknown_keys", "TASKS", "LEVELS", "SUMMARY_MODES",
+           "DATA_MODES"]
 
 TASKS = ("statistics", "tensor", "structure", "overflow_check")
 DUMP_TASKS = ("statistics", "tensor", "structure", "overflow_check")
@@ -36,12 +42,13 @@ LEVELS = ("L0", "L1", "mix", "L2", "debug")
 SUMMARY_MODES = ("statistics", "md5", "xor")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 TENSOR_STORES = ("files", "zarr")
+RUN_DIR_POLICIES = ("overwrite", "clear", "refuse")
 
 _TOP_KEYS = {
     "task", "dump_path", "rank", "step", "level", "enable_dataloader", "async_dump", "seed", "is_deterministic",
     "acl_config", "framework", "precision", "storage_options", "journal_flush", "journal_fsync", "fsync_tensors", "index", "tensor_store",
     "tensor_compression", "tensor_shard_mb", "stack", "run_dir_policy", "dialect", "max_bytes_in_flight", "writer_workers", "strict",
-    "storage_timeout", "journal_window",
+    "storage_timeout", "journal_window", "strict_config",
     # known keys of newer/older msprobe releases that we accept and ignore
     "risk_level", "extra_info", "dump_enable", "online_run_ut", "nfs_path", "host", "port", "tls_path",
     "online_run_ut_recompute", "dump_generate", "is_online",
@@ -112,7 +119,9 @@ class DumpConfig:
     tensor_compression: str = "lz4"  # zarr store: "lz4" (blosc lz4 + byte shuffle), "zstd" (blosc zstd-1 bitshuffle), "zstd-byteshuffle", "none"
     tensor_shard_mb: int = 128  # zarr store: raw MiB per shard object
     stack: bool = True  # capture stack.json
-    run_dir_policy: str = "overwrite"  # 'overwrite' (msprobe's behaviour) | 'refuse'
+    # 'overwrite' (msprobe's behaviour; the steps of an earlier run this run does not write are named in a
+    # warning at the end) | 'clear' (this rank directory of every step is removed at the first write) | 'refuse'
+    run_dir_policy: str = "overwrite"
     max_bytes_in_flight: int = 1 << 30
     writer_workers: int = 4
     strict: bool = False  # storage errors raise at step()/stop() when True
@@ -153,8 +162,8 @@ class DumpConfig:
         if not isinstance(self.tensor_shard_mb, int) or isinstance(self.tensor_shard_mb, bool) or \
                 not 1 <= self.tensor_shard_mb <= 4096:
             raise invalid_value("tensor_shard_mb", self.tensor_shard_mb, "an integer from 1 to 4096 (MiB per shard)")
-        if self.run_dir_policy not in ("overwrite", "refuse"):
-            raise invalid_value("run_dir_policy", self.run_dir_policy, ["overwrite", "refuse"])
+        if self.run_dir_policy not in RUN_DIR_POLICIES:
+            raise invalid_value("run_dir_policy", self.run_dir_policy, list(RUN_DIR_POLICIES))
         if self.journal_flush is not None and (not isinstance(self.journal_flush, int) or
                                                isinstance(self.journal_flush, bool) or self.journal_flush < 1):
             raise invalid_value("journal_flush", self.journal_flush,
@@ -201,16 +210,49 @@ def check_seed_args(seed: Any, mode: Any, rm_dropout: Any) -> None:
         raise ConfigError("mode and rm_dropout must be booleans")
 
 
+def _did_you_mean(key: str, known: Any) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_keys(raw: dict) -> list:
+    """(key, hint) for each key of the config object ``raw`` that this dumper does not know: the
+    key as ``'levle'`` or ``statistics.lsit``, the hint naming the nearest valid key
+    (`` (did you mean 'level'?)``) or empty."""
+    top = _TOP_KEYS | set(TASKS) | set(NOT_DEBUGGER_TASKS)
+    out = [(repr(k), _did_you_mean(k, top)) for k in raw if k not in top]
+    task = raw.get("task", "statistics")
+    sub = raw.get(task) if isinstance(task, str) else None
+    if isinstance(sub, dict):
+        out += [(f"{task}.{k}", _did_you_mean(k, _TASK_KEYS)) for k in sub if k not in _TASK_KEYS]
+    return out
+
+
+def strict_config(raw: dict) -> bool:
+    """Strict mode: ``"strict_config": true`` in the config, or ``MSPROBE_STRICT_CONFIG=1``."""
+    flag = raw.get("strict_config", False)
+    if not isinstance(flag, bool):
+        raise invalid_value("strict_config", flag, "true or false")
+    return flag or os.environ.get("MSPROBE_STRICT_CONFIG", "") not in ("", "0")
+
+
 def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConfig:
-    """Read config.json (if given) and apply non-None ``overrides`` (task, dump_path, level, step, ...)."""
+    """Read config.json (if given) and apply non-None ``overrides`` (task, dump_path, level, step, ...).
+
+    An unknown key warns, naming the nearest valid key; in strict mode (:func:`strict_config`)
+    it raises :class:`ConfigError`."""
     raw: dict = read_config_json(config_path) if config_path is not None else {}
     for k, v in overrides.items():
         if v is not None:
             raw[k] = v
     cfg = DumpConfig()
-    for k in raw:
-        if k not in _TOP_KEYS and k not in TASKS and k not in NOT_DEBUGGER_TASKS:
-            warnings.warn(f"msprobe config: unknown key {k!r} ignored", stacklevel=3)
+    unknown = unknown_keys(raw)
+    if unknown and strict_config(raw):
+        where = f" of {config_path}" if config_path is not None else ""
+        raise ConfigError(f"msprobe config{where} (strict_config): "
+                          + "; ".join(f"unknown key {k}{hint}" for k, hint in unknown))
+    for k, hint in unknown:
+        warnings.warn(f"msprobe config: unknown key {k} ignored{hint}", stacklevel=3)
     task = raw.get("task", "statistics")
     cfg.task = task
     if "dump_path" in raw:
@@ -236,8 +278,7 @@ def load_config(config_path: Optional[str] = None, **overrides: Any) -> DumpConf
     if sub is not None and not isinstance(sub, dict):
         raise invalid_value(task, sub, "a JSON object of task options")
     for k, v in (sub or {}).items():
-        if k not in _TASK_KEYS:
-            warnings.warn(f"msprobe config: unknown key {task}.{k} ignored", stacklevel=3)
+        if k not in _TASK_KEYS:  # (warned above)
             continue
         if k in ("scope", "list", "tensor_list", "data_mode", "summary_mode", "overflow_nums"):
             setattr(cfg, k, v)

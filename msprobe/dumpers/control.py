@@ -100,6 +100,44 @@ class DumperControl:
         self._overflow_done = False  # overflow_nums reached: no more detection for the run
         self._region: Optional[str] = None  # module_dump(module, name): the module's key, until module_dump_end
 
+    def _warn_if_nothing(self) -> None:
+        """At ``step()``: a step that was dumped (``start()`` ran with its step and rank on) and
+        recorded nothing warns once, naming the filter that excluded every call (``list``,
+        ``scope``, ``data_mode``, ``token_range``) or saying that no wrapped call ran."""
+        import warnings
+
+        started, self._dumped_step = getattr(self, "_dumped_step", False), False
+        before, self._records_before = getattr(self, "_records_before", 0), self.session.records_total
+        cfg = self.config
+        if (not started or self.session.records_total > before or getattr(self, "_told_nothing", False)
+                or cfg.task == "overflow_check" or cfg.level == "debug"):
+            return
+        self._told_nothing = True
+        seen = sorted(set(self.session.api_counts) | {k.rsplit(".", 1)[0] for k in self.session.module_counts})
+        why = []
+        if cfg.list:
+            import difflib
+
+            short = {**{n.split(".", 1)[-1]: n for n in seen}, **{n: n for n in seen}}  # linear -> Functional.linear
+            near = sorted({short[m] for item in cfg.list
+                           for m in difflib.get_close_matches(item, list(short), n=2, cutoff=0.6)})
+            why.append(f"list {cfg.list} matched none of the {len(seen)} APIs/modules called"
+                       + (f" (near: {', '.join(near[:4])})" if near else
+                          f" ({', '.join(seen[:4])}{', ...' if len(seen) > 4 else ''})" if seen else ""))
+        if cfg.scope:
+            state = ("its start never ran" if self._scope_state == 0 else "it opened but nothing in it was dumped")
+            why.append(f"scope {cfg.scope}: {state}")
+        if cfg.data_mode != ["all"]:
+            why.append(f"data_mode {cfg.data_mode}")
+        if self.token_range is not None:
+            why.append(f"token_range {list(self.token_range)} (forward calls counted: {self._token_count + 1})")
+        if not why:
+            hooked = "no model passed to start(model)" if not self._hooked_models else "the model's modules"
+            why.append(f"no call went through a wrapped API or a hooked module between start() and step() "
+                       f"(level {cfg.level}, {len(seen)} APIs/modules seen; {hooked})")
+        warnings.warn(f"msprobe: step {self.session.current_step} was dumped but recorded nothing: "
+                      f"{'; '.join(why)} (said once)", RuntimeWarning, stacklevel=4)
+
     def _live(self, gen: int) -> bool:
         """Whether a hook set up in step generation ``gen`` still records."""
         return self.enabled or gen == self._gen

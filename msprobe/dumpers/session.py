@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import warnings
@@ -29,7 +30,16 @@ from msprobe.backends._retry import Breaker, RetryPolicy, StoreLike, is_disk_ful
 from msprobe.dumpers.config import DumpConfig
 from msprobe.errors import StorageError, StoragePermissionError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_records_json
-from msprobe.format.layout import ERROR_LOG, FORMAT_VERSION, JOURNAL_DIR, MARKER_FILE, TENSOR_DIR, rank_dir_name
+from msprobe.format.layout import (
+    ERROR_LOG,
+    FORMAT_VERSION,
+    JOURNAL_DIR,
+    MARKER_FILE,
+    STEP_DIR_RE,
+    TENSOR_DIR,
+    rank_dir_name,
+    step_ranges,
+)
 from msprobe.format.naming import MAX_FILE_NAME_LENGTH
 from msprobe.tensor_store import ZarrTensorWriter
 
@@ -267,6 +277,8 @@ class DumpSession:
         self.records_total = 0
         self.errors: list = []
         self._claimed: Optional[int] = None
+        self._earlier_steps: Optional[set] = None  # steps of this rank dir in dump_path before the run (claim())
+        self._steps_written: set = set()
         self._breaker = None
         self._jbatch: Optional[int] = None
         self._window_timer: Optional[threading.Timer] = None
@@ -385,8 +397,21 @@ class DumpSession:
 
         The directory is claimed atomically: by the exclusive creation of its claim marker
         (``O_EXCL``/``link`` locally, a conditional put ``If-None-Match: *`` on object stores),
-        so of several runs starting together exactly one gets it."""
-        if self.config.run_dir_policy != "refuse" or self._claimed == self.current_step:
+        so of several runs starting together exactly one gets it.
+
+        At the run's first claim, the steps that ``dump_path`` already holds for this rank
+        directory are noted (``"clear"``: removed); at :meth:`close` those this run did not
+        write are named in one warning (readers would mix them with this run)."""
+        if self._claimed == self.current_step:
+            return
+        if self._earlier_steps is None:
+            self._earlier_steps = self._steps_held()
+            if self.config.run_dir_policy == "clear" and self._earlier_steps:
+                self._clear_steps(self._earlier_steps)
+                self._earlier_steps = set()
+        if self.config.run_dir_policy != "refuse":
+            self._steps_written.add(self.current_step)
+            self._claimed = self.current_step
             return
 
         prefix = self.rank_prefix
@@ -398,8 +423,54 @@ class DumpSession:
                 raise
             raise StoragePermissionError(
                 f"{self.store.url.rstrip('/')}/{prefix} already holds a dump of another run; "
-                "choose another dump_path or set run_dir_policy to 'overwrite'") from None
+                "choose another dump_path or set run_dir_policy to 'overwrite' (or 'clear')") from None
+        self._steps_written.add(self.current_step)
         self._claimed = self.current_step
+
+    def _steps_held(self) -> set:
+        """The steps of ``dump_path`` that hold this process's rank directory (an earlier run's)."""
+        store, rank_dir = self.store, self.rank_dir
+        try:
+            steps = [int(m.group("step")) for m in map(STEP_DIR_RE.match, (n.rstrip("/") for n in store.list_dir("")))
+                     if m]
+            return {n for n in steps if rank_dir in {x.rstrip("/") for x in store.list_dir(f"step{n}")}}
+        except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
+            self._note_error("listing", exc)
+            return set()
+
+    def _clear_steps(self, steps: set) -> None:
+        """``run_dir_policy: "clear"``: remove this rank directory from each step of ``steps``."""
+        store = self.store
+        for n in sorted(steps):
+            prefix = f"step{n}/{self.rank_dir}"
+            try:
+                local = store.local_path(prefix)
+                if local is not None:
+                    shutil.rmtree(local)
+                    with contextlib.suppress(OSError):  # the step's folder, when no other rank is in it
+                        os.rmdir(os.path.dirname(local))
+                    continue
+                for key in store.list_prefix(prefix):
+                    store.delete(key)
+            except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
+                self._note_error("clearing", exc, key=prefix)
+        log.info("msprobe: run_dir_policy 'clear': removed %s of step(s) %s of an earlier run from %s",
+                 self.rank_dir, step_ranges(sorted(steps)), self.store.url)
+
+    def stale_steps(self) -> list:
+        """The steps ``dump_path`` held for this rank directory before this run and that this run
+        has not written (an earlier, longer run's): readers mix them with this run's."""
+        return sorted((self._earlier_steps or set()) - self._steps_written)
+
+    def _warn_stale_steps(self) -> None:
+        stale = self.stale_steps()
+        if not stale or not self._steps_written:  # (a run that wrote nothing mixes nothing)
+            return
+        warnings.warn(
+            f"msprobe: {self.store.url.rstrip('/')} still holds step(s) {step_ranges(stale)} of an earlier run in "
+            f"{self.rank_dir}/ beside this run's step(s) {step_ranges(sorted(self._steps_written))}: readers mix the two "
+            f"runs; remove them, or dump with run_dir_policy 'clear' (removes them at start) or 'refuse'",
+            RuntimeWarning, stacklevel=2)
 
     def rank_enabled(self) -> bool:
         ranks = self.config.rank
@@ -875,6 +946,7 @@ class DumpSession:
             if not self._summarized:
                 self._summarized = True
                 self.summary_warning()
+                self._warn_stale_steps()
 
     def _close_tensor_store(self) -> None:
         if self._tstore is not None:
@@ -883,3 +955,4 @@ class DumpSession:
             except Exception as exc:  # noqa: BLE001 - never crash training for the dump
                 self.errors.append(str(exc))
             self._tstore = None
+

@@ -26,6 +26,7 @@ __all__ = [
     "dump_dir_of",
     "read_mapping",
     "STEP_DIR_RE",
+    "step_ranges",
     "RANK_DIR_RE",
     "TENSOR_DIR",
     "MARKER_FILE",
@@ -89,6 +90,17 @@ def parse_rank_dir(name: str) -> Optional[RankDir]:
         return None
     r, pid = m.group("rank"), m.group("pid")
     return RankDir(name, None if r is None else int(r), None if pid is None else int(pid))
+
+
+def step_ranges(nums: list) -> str:
+    """Sorted step (or rank) numbers as ranges: ``[0, 1, 2, 5]`` -> ``"0-2,5"``; ``[]`` -> ``"-"``."""
+    out: list = []
+    for n in nums:
+        if out and n == out[-1][1] + 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out) or "-"
 
 
 def rank_dir_name(rank: Optional[int], *, pid: Optional[int] = None) -> str:

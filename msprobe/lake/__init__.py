@@ -40,11 +40,15 @@ LAKE_DIR = "_lake"
 
 
 def open(root: Any, storage_options: Any = None, client: Any = None, **kwargs: Any) -> Lake:  # noqa: A001
-    """Open (and index what is missing of) the lake at ``root``; see :class:`Lake`."""
+    """Open (and index what is missing of) the lake at ``root``; see :class:`Lake`.
+
+    Example: ``with msprobe.lake.open("./lake") as lake: lake.catalog`` (``msprobe lake ls ./lake``)."""
     return Lake(root, storage_options=storage_options, client=client, **kwargs)
 
 
 def read_catalog(root: Any, storage_options: Any = None, lake_dir: Any = None,
                  lake_storage_options: Any = None) -> Any:
-    """The persisted run catalog (a list of dicts) without opening the lake; None when absent."""
+    """The persisted run catalog (a list of dicts) without opening the lake; None when absent.
+
+    Example: ``msprobe.lake.read_catalog("./lake")`` -> ``[{"run": "run_npu", "steps": 2, ...}]``."""
     return _read(root, storage_options, lake_dir, lake_storage_options)

@@ -119,8 +119,14 @@ class Lake:
         else:
             url, lake_options = _core.default_lake_url(self.url), self.storage_options
             held = self._holds_manifest(url, lake_options)
-            why = _core.write_refused(self.url, self.storage_options) if refresh != "none" or not held else None
-            if why is not None:
+            kept = None if held else self._not_a_root()
+            why = None if kept is not None else \
+                _core.write_refused(self.url, self.storage_options) if refresh != "none" or not held else None
+            if kept is not None:  # read-only means read-only: no _lake/ inside a dump or an empty folder
+                url, lake_options = _core.cache_lake_dir(self.url), None
+                self._note(f"{self.url} is only read ({kept}): the lake's own files go to {url} "
+                           "(choose with --lake-dir / lake_dir=)")
+            elif why is not None:
                 cache = _core.cache_lake_dir(self.url)
                 to_cache = (f"{self.url} cannot be written ({why}): the lake's own files go to {cache} "
                             "(choose with --lake-dir / lake_dir=)")
@@ -131,6 +137,19 @@ class Lake:
                     url, lake_options = cache, None
                     self._note(to_cache)
         self._use(url, lake_options, refresh)
+
+    def _not_a_root(self) -> Optional[str]:
+        """Why the lake's own files must not go into the root although it can be written: it is
+        one run's dump (``_lake/`` would sit inside the dump) or it holds nothing; else None."""
+        try:
+            names = [n for n in self.store.list_dir("") if not n.startswith(("_", "."))]
+        except MsprobeError:
+            return None
+        if not names:
+            return "it is empty"
+        if _core.looks_like_dump(names):
+            return "it is one run's dump, not a directory of runs"
+        return None
 
     def _note(self, what: str) -> None:
         self.lake_note = what
@@ -562,7 +581,10 @@ class Lake:
         return engine
 
     def sql(self, query: str, *, as_arrow: bool = False) -> Any:
-        """Run a DuckDB query over the views of :meth:`duckdb`; a pandas DataFrame (or Arrow table)."""
+        """Run a DuckDB query over the views of :meth:`duckdb` (``lake``: one row per tensor
+        argument; ``lake_records``, ``catalog``, ``manifest``); a pandas DataFrame (or Arrow table).
+
+        Example: ``lake.sql("SELECT run, count(*) FROM lake GROUP BY run")``."""
         con = self.duckdb()
         try:
             rel = con.sql(query)
@@ -578,15 +600,29 @@ class Lake:
 
     # -- questions (msprobe.lake._questions) ------------------------------------------------------------
     def first_nan(self, **kw: Any) -> Any:
+        """The first NaN/Inf statistic of each (run, rank): :func:`msprobe.lake._questions.first_nan`.
+
+        Example: ``lake.first_nan(run="run_npu")``."""
         return first_nan(self, **kw)
 
     def diverge(self, run_a: str, run_b: str, **kw: Any) -> dict:
+        """The first record where ``run_b`` diverges from ``run_a`` (compare, as Dask tasks):
+        :func:`msprobe.lake._questions.diverge`; the answer's ``first_divergence`` is compare's.
+
+        Example: ``lake.diverge("run_npu", "run_gpu", step=0)["first_divergence"]``."""
         return diverge(self, run_a, run_b, **kw)
 
     def disagree(self, **kw: Any) -> Any:
+        """Ranks whose statistic differs from what most ranks agree on:
+        :func:`msprobe.lake._questions.disagree`.
+
+        Example: ``lake.disagree(kind="parameters_grad", stat="norm")``."""
         return disagree(self, **kw)
 
     def trend(self, record: str, **kw: Any) -> Any:
+        """A record's statistic over steps, per run and rank: :func:`msprobe.lake._questions.trend`.
+
+        Example: ``lake.trend("Module.head.Linear.parameters_grad", arg="weight.0", plot="norm.png")``."""
         return trend(self, record, **kw)
 
     # -- lifetime -------------------------------------------------------------------------------------------

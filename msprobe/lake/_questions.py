@@ -85,7 +85,11 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
     Columns: run, rank, rank_dir, split, step, seq, record, io, arg_path, max, min, mean, norm,
     has_nan, has_inf, kind ("nan" or "inf"), and the rank's counts over the rows asked about:
     nan_rows, inf_rows (Inf that is no mask's), masked_rows (a mask's -inf). The frame's
-    ``attrs["masked_only"]`` lists the (run, rank_dir) whose only non-finite values are masks'."""
+    ``attrs["masked_only"]`` lists the (run, rank_dir) whose only non-finite values are masks'.
+    ``run``, ``step``, ``rank``: a value or a list of values to keep.
+
+    Example: ``msprobe.lake.open("./lake").first_nan(run="run_npu")`` -> a DataFrame, empty
+    when no statistic holds a NaN or a non-mask Inf (``msprobe lake nan ./lake``)."""
     import pandas as pd
 
     from msprobe.format.nonfinite import NonFiniteTracker
@@ -184,13 +188,16 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     ``pass``, or its relative Norm error exceeds the threshold). ``out``: a local
     directory that keeps compare's CSVs (one per rank pair).
 
-    Returns ``{"first": {run_a, run_b, step, rank, rank_dir, record, row, record_index,
+    Returns ``{"first_divergence": {run_a, run_b, step, rank, rank_dir, record, row, record_index,
     result, metrics} or None, "origin": {run_a, run_b, step, rank, rank_dir, record, row,
     argument, role, size, note, record_index} or None, "ranks": [the first divergence of each
     diverging rank of that step, in order], "steps_compared": [...], "pairs_compared": n,
-    "mode": ...}``. ``first`` follows the Result column (26.2.0's rules); ``origin`` is where
-    the error is introduced (:mod:`msprobe.compare._origin`); both are the earliest step's,
+    "mode": ...}``; ``first_divergence`` is the key of compare's summary.json too (``"first"``,
+    the same object, is kept for older scripts). ``first_divergence`` follows the Result
+    column (26.2.0's rules); ``origin`` is where the error is introduced (:mod:`msprobe.compare._origin`); both are the earliest step's,
     then the lowest record index over its ranks (:func:`msprobe.compare._origin.earliest`).
+
+    Example: ``lake.diverge("run_npu", "run_gpu")["first_divergence"]["record"]``.
     """
     if run_a == run_b:
         raise ConfigError("diverge: give two different runs")
@@ -232,7 +239,8 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
                 first = dict(ranks[0], run_a=run_a, run_b=run_b)
         if (divs or origin is not None) and not all_steps:
             break
-    return {"run_a": run_a, "run_b": run_b, "mode": used_mode, "first": first, "origin": origin, "ranks": ranks,
+    return {"run_a": run_a, "run_b": run_b, "mode": used_mode, "first_divergence": first, "first": first,
+            "origin": origin, "ranks": ranks,
             "steps_compared": steps_done, "pairs_compared": n_pairs, "executor": lake.runner.last}
 
 
@@ -254,7 +262,12 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
     local gradient differs and they are not disagreements. Those rows are left out (with
     ``no_consensus=True`` they are returned too, ``consensus`` false) and counted in the
     frame's ``attrs``: ``no_consensus_groups``, ``no_consensus_rows``, and ``note`` (a sentence
-    saying what was left out and why; None when nothing was).
+    saying what was left out and why; None when nothing was). When no row differs,
+    ``attrs["compared"]`` counts the rows that two or more ranks hold (0: every run and step
+    has one rank, so there was nothing to compare).
+
+    Example: ``lake.disagree(run="run_npu", stat="max")`` -> a DataFrame, empty when every
+    rank agrees.
 
     ``kind``: the records compared (default ``parameters_grad``; None: every record);
     ``record``: names or a glob. A value differs when ``|v - median| > atol + rtol*|median|``
@@ -306,6 +319,11 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
     n_groups, n_rows = int(left["n_groups"]), int(left["n_rows"])
     df.attrs["no_consensus_groups"], df.attrs["no_consensus_rows"] = n_groups, n_rows
     df.attrs["note"] = None
+    df.attrs["compared"] = None  # rows held by 2+ ranks: counted when nothing differs (one rank: nothing to compare)
+    if df.empty and not n_groups:
+        df.attrs["compared"] = int(lake.sql(f"""
+        SELECT count(*) AS n FROM (SELECT {part} FROM lake WHERE {where} AND {stat} IS NOT NULL
+                                   GROUP BY {part} HAVING count(*) > 1)""").iloc[0]["n"])
     if n_groups:
         what = "parameter gradients" if kind == "parameters_grad" else "rows"
         df.attrs["note"] = (
@@ -328,7 +346,10 @@ def trend(lake: Any, record: str, *, stat: str = "norm", arg: Optional[str] = No
     ``arg``: the argument (``output.0``, ``weight``...; default: the record's first one:
     ``output.0`` when there is one). ``plot``: a PNG path: one line per run (the mean over
     ranks) with the band between the ranks' min and max; needs matplotlib. The frame's
-    ``attrs`` hold ``arg``, ``plot`` (the file) and ``plot_note`` (why there is none)."""
+    ``attrs`` hold ``arg``, ``plot`` (the file) and ``plot_note`` (why there is none).
+
+    Example: ``lake.trend("Module.head.Linear.parameters_grad", arg="weight.0", plot="norm.png")``
+    (``msprobe lake trend ./lake "Module.head.Linear.parameters_grad" --arg weight.0 --plot norm.png``)."""
     if stat not in STATS:
         raise ConfigError(f"stat={stat!r}: one of {', '.join(STATS)}")
     where = "TRUE" + _record_where(record) + _in("run", run) + _in("rank", rank)

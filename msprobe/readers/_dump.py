@@ -278,12 +278,36 @@ class Dump:
                 found.append(r)
         if not found:
             where = _where(step, rank)
-            raise RecordNotFoundError(f"no record {name!r} in {self.url}{where}")
+            raise RecordNotFoundError(f"no record {name!r} in {self.url}{where}"
+                                      + self.near_names(name, step, rank, run=run, split=split))
         if len(found) > 1:
             places = ", ".join(f"({_split(r)}step={r.step}, rank_dir={r.rank_dir!r})" for r in found[:6])
             raise AmbiguousRecordError(f"record {name!r} is in {len(found)} rank directories: {places}; "
                                        "pass step= and rank=")
         return found[0]
+
+    def near_names(self, name: str, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY) -> str:
+        """What to say after "no record NAME": for a glob, its matches (``record()`` takes one
+        exact name) or the names nearest its literal start; else the closest names, or those
+        holding ``name``; ``""`` when none is near."""
+        import difflib
+
+        names: set = set()
+        for src in self.select(step, rank, run=run, split=split):
+            names.update(self._records_of(src)[1])
+        if any(c in name for c in "*?["):
+            hits = sorted(n for n in names if fnmatch.fnmatchcase(n, name))
+            if hits:
+                return (f"; {name!r} is a glob matching {len(hits)} record(s) ({', '.join(hits[:3])}"
+                        f"{', ...' if len(hits) > 3 else ''}): records(name=...) returns them all")
+            head = re.split(r"[*?\[]", name)[0]
+            starts = {n[:len(head)]: n for n in sorted(names, reverse=True)} if head else {}
+            close = [starts[c] for c in difflib.get_close_matches(head, sorted(starts), n=3, cutoff=0.6)]
+            return f"; names near it: {', '.join(repr(c) for c in close)}" if close else ""
+        close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.6)
+        if not close:  # a part of a name: those holding it
+            close = sorted(n for n in names if name in n)[:3]
+        return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
     def count(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY) -> int:
         """Number of records (from the index metadata when there is an index)."""

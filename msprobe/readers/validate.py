@@ -25,6 +25,7 @@ from msprobe.format.documents import (
 )
 from msprobe.format.dtypes import itemsize
 from msprobe.format.layout import (
+    JOURNAL_DIR,
     MAPPING_CSV,
     MARKER_FILE,
     STORE_DIR,
@@ -131,7 +132,11 @@ def _validate_rank(store: ReadableStore, loc: RankLocation, report: Report, load
     names = set(store.list_dir(loc.prefix))
     doc_name = DUMP_JSON if DUMP_JSON in names else DEBUG_JSON if DEBUG_JSON in names else None
     if doc_name is None:
-        report.problems.append(Problem("error", join_key(loc.prefix, DUMP_JSON), "", "missing dump.json (or debug.json)"))
+        why = "missing dump.json (or debug.json)"
+        if JOURNAL_DIR in {n.rstrip("/") for n in names}:  # a run killed before it published: the journal holds it
+            why += (f"; its crash journal {JOURNAL_DIR}/ is there (a killed run): 'msprobe recover DUMP_PATH' "
+                    "rebuilds the documents from it")
+        report.problems.append(Problem("error", join_key(loc.prefix, DUMP_JSON), "", why))
         return
     marker = _check_marker(store, join_key(loc.prefix, MARKER_FILE), report) if MARKER_FILE in names else None
     key = join_key(loc.prefix, doc_name)

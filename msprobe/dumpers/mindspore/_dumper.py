@@ -144,6 +144,7 @@ class MindSporeDumper(DumperControl):
             self._patch_jit()
             self._patch_pijit()
         self.enabled = True
+        self._dumped_step = True
         GUARD.on = True
 
     def stop(self) -> None:
@@ -193,6 +194,8 @@ class MindSporeDumper(DumperControl):
         self.stop()
         self._flush_param_grads()
         self._fix_dangling_parents()
+        if self._graph is None:  # (GRAPH_MODE says it itself: _warn_no_points)
+            self._warn_if_nothing()
         self.session.end_step()
         if self._split_session is not None:
             self._split_session.end_step()

@@ -70,6 +70,7 @@ class TorchDumper(DumperControl):
         if self.L1 and cfg.level != "debug":
             self.patcher.install(self._on_api)
         self.enabled = True
+        self._dumped_step = True
         GUARD.on = True
 
     def stop(self) -> None:
@@ -89,6 +90,8 @@ class TorchDumper(DumperControl):
         self._fix_dangling_parents()
         if self.online is not None:
             self.online.end_step(self.session.current_step)
+        else:
+            self._warn_if_nothing()
         self.session.end_step()
         self.encoder.cache.clear()
         self._end_step_state()
