@@ -282,8 +282,7 @@ class RankSource:
                 if not isinstance(obj.get("name"), str) or "record" not in obj:
                     continue  # neither form: ignored (spec 17)
                 name = obj["name"]
-                recs.pop(name, None)  # a later line replaces the earlier one, at its new position
-                recs[name] = obj["record"]
+                recs[name] = obj["record"]  # a later line replaces the earlier one, at its first position
                 if "parent" in obj:
                     parents[name] = obj["parent"]
                 if isinstance(obj.get("stack"), list):
