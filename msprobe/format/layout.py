@@ -222,7 +222,28 @@ def validate_marker(raw: Any, file: Optional[str] = None) -> dict:
     for key in _MARKER_STRINGS:
         if key in raw and not isinstance(raw[key], str):
             raise DocumentError(f"'{key}' must be a string", file=file, location=f"$.{key}")
+    for key, ok, want in _MARKER_TYPED:
+        if key in raw and not ok(raw[key]):
+            raise DocumentError(f"'{key}' must be {want}, got {raw[key]!r}", file=file, location=f"$.{key}")
     return raw
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+#: the typed keys of the marker (spec/FORMAT.md section 6): key, check, what it must be
+_MARKER_TYPED = (
+    ("step", lambda v: v is None or _count(v), "an integer >= 0 or null"),
+    ("rank", lambda v: v is None or _count(v), "an integer >= 0 or null"),
+    ("records", _count, "an integer >= 0"),
+    ("complete", lambda v: isinstance(v, bool), "a boolean"),
+    ("final", lambda v: isinstance(v, bool), "a boolean"),
+    ("pid", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    ("document_crc32", lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{8}", v) is not None,
+     "8 lowercase hex digits"),
+    ("files", lambda v: isinstance(v, dict), "an object"),
+)
 
 
 def check_format_version(version: str, file: Optional[str] = None) -> None:

@@ -909,6 +909,16 @@ def validate_marker(doc: Any) -> list:
     for k in ("producer", "framework", "task", "level", "summary_mode", "tensor_format"):
         if k in doc and not isinstance(doc[k], str):
             out.append(f"{k} must be a string")
+
+    def count(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    typed = {"step": lambda v: v is None or count(v), "rank": lambda v: v is None or count(v), "records": count,
+             "complete": lambda v: isinstance(v, bool), "final": lambda v: isinstance(v, bool),
+             "pid": lambda v: isinstance(v, int) and not isinstance(v, bool),
+             "document_crc32": lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{8}", v) is not None,
+             "files": lambda v: isinstance(v, dict)}
+    out += [f"{k} has the wrong type" for k, ok in typed.items() if k in doc and not ok(doc[k])]
     return out
 
 

@@ -272,6 +272,11 @@ def valid_vectors():
                                                      "summary_mode": "statistics", "tensor_format": "pt"}
     v["msprobe_lake", "future-minor"] = marker_template() | {"format_version": "1.7", "x_future": True}
     v["msprobe_lake", "other-dialect"] = marker_template() | {"dialect": "msprobe-26"}
+    v["msprobe_lake", "typed"] = marker_template() | {"step": 3, "rank": None, "records": 12, "complete": True,
+                                                      "final": True, "pid": 4242, "document_crc32": "0a1b2c3d",
+                                                      "files": {"Functional.relu.0.forward.input.0.pt":
+                                                                [1234, "89abcdef"]}}
+    v["msprobe_lake", "files-entry-ignored"] = marker_template() | {"files": {"x.pt": "not a pair"}}
     return v
 
 
@@ -383,6 +388,12 @@ def invalid_vectors():
     v["msprobe_lake", "dialect-not-string"] = {"format_version": "1.0", "dialect": ["msprobe-lake"]}
     v["msprobe_lake", "producer-not-string"] = marker_template() | {"producer": {"name": "x"}}
     v["msprobe_lake", "tensor-format-not-string"] = marker_template() | {"tensor_format": 1}
+    v["msprobe_lake", "step-not-integer"] = marker_template() | {"step": "3"}
+    v["msprobe_lake", "rank-negative"] = marker_template() | {"rank": -1}
+    v["msprobe_lake", "records-not-integer"] = marker_template() | {"records": 1.5}
+    v["msprobe_lake", "complete-not-boolean"] = marker_template() | {"complete": "yes"}
+    v["msprobe_lake", "document-crc32-not-hex"] = marker_template() | {"document_crc32": "CRC"}
+    v["msprobe_lake", "files-not-object"] = marker_template() | {"files": [["x.pt", 1, "00000000"]]}
     return v
 
 
