@@ -5,6 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# msprobe view's browser tests drive Debian's chromium through Playwright (never Playwright's own
+# browser download); tests/view/conftest.py installs it the same way when it is missing
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "msprobe-lake: installing chromium (apt-get) for the explorer's browser tests" >&2
+    apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+        || echo "msprobe-lake: could not install chromium (the view's browser tests will fail)" >&2
+fi
 log=.venv/bootstrap.log
 stamp=.venv/.msprobe-installed
 want=$(cat pyproject.toml constraints/ci.txt | sha1sum | cut -d' ' -f1)

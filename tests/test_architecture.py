@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("msprobe.dumpers", "msprobe.compare", "msprobe.run_ut"),
     ("msprobe.convert",),
     ("msprobe.lake", "msprobe.pytorch", "msprobe.mindspore"),
+    ("msprobe.view",),
     ("msprobe.cli", "msprobe.demo", "msprobe.__main__"),
 ]
 # the packages of one layer that must not import each other (the layer is a fan, not a chain)

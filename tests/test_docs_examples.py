@@ -144,6 +144,7 @@ def test_readme_examples_run(tmp_path, monkeypatch, s3_lake_env):
     assert fs.exists("bucket/cmp/summary.json")
     assert (tmp_path / "norm.png").stat().st_size > 1000
     assert (tmp_path / "lake" / "_lake" / "catalog.json").exists()
+    assert 'id="msprobe-data"' in (tmp_path / "report.html").read_text(encoding="utf-8")  # msprobe report
 
 
 # -- docs/run_ut.md ------------------------------------------------------------------------------

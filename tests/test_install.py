@@ -52,6 +52,11 @@ def test_wheel_metadata(wheel):
         lic = next(n for n in names if n.endswith("licenses/LICENSE"))
         assert "Apache License" in z.read(lic).decode()
         assert "msprobe/dumpers/pytorch/support_wrap_ops.yaml" in names
+        # msprobe view's page ships built, with the licences of what it bundles; its sources do not
+        for asset in ("app.js", "app.css", "LICENSES.txt"):
+            assert f"msprobe/view/static/{asset}" in names
+        assert "ECharts" in z.read("msprobe/view/static/LICENSES.txt").decode()
+        assert not any("frontend" in n or "node_modules" in n for n in names)
     head = dict(line.split(": ", 1) for line in meta.split("\n\n", 1)[0].splitlines() if ": " in line)
     assert head["License-Expression"] == "Apache-2.0"
     assert head["License-File"] == "LICENSE"
@@ -60,7 +65,8 @@ def test_wheel_metadata(wheel):
     requires = [line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Requires-Dist: ")]
     assert "pyyaml>=6" in requires and any(r.startswith("tqdm") for r in requires)
     extras = {line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Provides-Extra: ")}
-    assert {"torch", "parquet", "duckdb", "plot", "xlsx", "lake", "all"} <= extras and "yaml" not in extras
+    assert {"torch", "parquet", "duckdb", "plot", "xlsx", "lake", "view", "all"} <= extras and "yaml" not in extras
+    assert any(r.startswith("starlette") and 'extra == "view"' in r for r in requires)
     assert any(r.startswith("openpyxl") and 'extra == "xlsx"' in r for r in requires)
     assert any(r.startswith("duckdb>=1.0.1") for r in requires)
 

@@ -1,4 +1,4 @@
-"""``import msprobe`` (its format, backends and readers packages, and ``msprobe --help``)
+"""``import msprobe`` (its format, backends, readers and view packages, and ``msprobe --help``)
 loads none of the heavy optional dependencies."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("torch", "mindspore", "pyarrow", "zarr", "s3fs", "dask", "duckdb")
-PACKAGES = ("msprobe", "msprobe.format", "msprobe.backends", "msprobe.readers")
+HEAVY = ("torch", "mindspore", "pyarrow", "zarr", "s3fs", "dask", "duckdb", "starlette", "uvicorn")
+PACKAGES = ("msprobe", "msprobe.format", "msprobe.backends", "msprobe.readers", "msprobe.view")
 
 _PROBE = """
 import contextlib, importlib, io, json, sys

@@ -31,6 +31,7 @@ SUBCOMMAND_MODULES = [
     "msprobe.cli.lake",
     "msprobe.cli.convert",
     "msprobe.cli.run_ut_online",
+    "msprobe.cli.view",
 ]
 
 

@@ -1,0 +1,446 @@
+// The msprobe explorer: overview heatmap, divergence list, model tree, trends, record detail.
+// Every name, dtype and stack line comes from a dump (attacker-written): it is only ever set as
+// text (textContent, ECharts labels escaped), never parsed as HTML.
+import * as echarts from "echarts/core";
+import { HeatmapChart, LineChart, BarChart } from "echarts/charts";
+import { GridComponent, TooltipComponent, VisualMapComponent, LegendComponent, DataZoomComponent, MarkLineComponent } from "echarts/components";
+import { CanvasRenderer, SVGRenderer } from "echarts/renderers";
+import { makeApi } from "./api.js";
+import "./style.css";
+
+echarts.use([HeatmapChart, LineChart, BarChart, GridComponent, TooltipComponent, VisualMapComponent, LegendComponent,
+  DataZoomComponent, MarkLineComponent, CanvasRenderer, SVGRenderer]);
+
+const api = makeApi();
+const state = { meta: null, overview: null, cell: 0, filters: { dir: "all", kind: "all", result: "all", sort: "order", q: "" },
+  record: null, trendName: null, trendStat: "norm", view: "overview" };
+const charts = {};
+window.__msprobe = { charts, state };
+
+// -- small DOM helpers (text only) ------------------------------------------------------------
+function el(tag, attrs = {}, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of kids.flat()) if (c !== null && c !== undefined) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+function fmt(v, pct = false) {
+  if (v === null || v === undefined) return "";
+  if (typeof v === "string") return v;
+  if (typeof v === "boolean") return v ? "yes" : "";
+  if (!isFinite(v)) return String(v);
+  if (pct) return (v * 100).toPrecision(4) + "%";
+  const a = Math.abs(v);
+  return a !== 0 && (a < 1e-3 || a >= 1e6) ? v.toExponential(3) : String(Number(v.toPrecision(6)));
+}
+function cellLabel(c) { return `${c.run ? c.run + " / " : ""}step ${c.step ?? "-"} · ${c.rank_dir}`; }
+function resultClass(r, nan) { return nan ? "r-nan" : r === "error" ? "r-error" : r === "warning" ? "r-warning" : r === "pass" ? "r-pass" : "r-none"; }
+function download(name, href) { const a = el("a", { href, download: name }); document.body.append(a); a.click(); a.remove(); }
+function downloadText(name, text, type) { const url = URL.createObjectURL(new Blob([text], { type })); download(name, url); setTimeout(() => URL.revokeObjectURL(url), 5000); }
+
+// -- layout ---------------------------------------------------------------------------------------
+const VIEWS = [["overview", "Overview"], ["list", "Divergences"], ["tree", "Model tree"], ["trends", "Trends"], ["record", "Record"]];
+const root = document.getElementById("app");
+const header = el("header", { class: "top" });
+const tabs = el("nav", { class: "tabs" });
+const cellBadge = el("span", { class: "cell-badge", id: "cell-badge" });
+const main = el("main", { class: "main" });
+const panes = {};
+for (const [id, label] of VIEWS) {
+  tabs.append(el("button", { class: "tab", "data-view": id, onclick: () => show(id), text: label }));
+  panes[id] = el("section", { class: "pane", id: `view-${id}`, hidden: true });
+  main.append(panes[id]);
+}
+const status = el("div", { class: "status", id: "status" });
+root.append(header, main, status);
+
+function show(view) {
+  state.view = view;
+  for (const [id] of VIEWS) {
+    panes[id].hidden = id !== view;
+    tabs.querySelector(`[data-view=${id}]`).classList.toggle("active", id === view);
+  }
+  for (const c of Object.values(charts)) if (c && !c.isDisposed()) c.resize();
+}
+function setStatus(text, bad = false) { status.textContent = text; status.classList.toggle("bad", bad); }
+async function guard(fn) { try { return await fn(); } catch (e) { setStatus(String(e.message || e), true); return null; } }
+
+// -- overview -------------------------------------------------------------------------------------
+function level(c) {
+  if (c.nan_inf > 0) return 4;
+  if (c.errors > 0) return 3;
+  if (c.warnings > 0) return 2;
+  if (c.rows > 0) return 1;
+  return 0;
+}
+function renderOverview() {
+  const p = panes.overview;
+  p.replaceChildren();
+  const o = state.overview;
+  const cells = o.cells;
+  const rankDirs = [...new Set(cells.map((c) => c.rank_dir))].sort((a, b) => (parseInt(a.replace(/\D/g, "")) || 0) - (parseInt(b.replace(/\D/g, "")) || 0) || (a < b ? -1 : 1));
+  const rowKey = (c) => (c.run ? c.run + " / " : "") + "step " + (c.step ?? "-");
+  const rowKeys = [...new Set(cells.map(rowKey))];
+  const first = o.first_cell !== null ? cells.find((c) => c.cell === o.first_cell) : null;
+  const m = state.meta;
+  const facts = el("div", { class: "facts" },
+    el("div", { class: "fact" }, el("b", { text: "Target" }), " ", el("span", { text: m.target || "-" })),
+    m.has_bench ? el("div", { class: "fact" }, el("b", { text: "Bench" }), " ", el("span", { text: m.bench || "-" })) : null,
+    el("div", { class: "fact" }, el("b", { text: "Cells" }), ` ${cells.length} · rows ${m.rows}`, m.mode ? ` · ${m.mode} mode` : ""),
+    el("div", { class: "fact first-div-fact", id: "first-divergence", "data-cell": first ? first.cell : "" },
+      el("b", { text: "First divergence" }), " ",
+      first ? el("a", { href: "#", onclick: (e) => { e.preventDefault(); openCell(first.cell, "list"); }, text: `${cellLabel(first)} · ${first.first_div_name}` })
+        : el("span", { text: m.has_bench ? "none" : "no bench: NaN/Inf only" })));
+  const chartBox = el("div", { class: "chart", id: "overview-chart" });
+  const legend = el("div", { class: "legend" }, ...[["r-pass", "pass"], ["r-warning", "warning"], ["r-error", "error"], ["r-nan", "NaN/Inf"], ["r-none", "no rows"]]
+    .map(([c, t]) => el("span", { class: "chip" }, el("i", { class: `dot ${c}` }), t)), el("span", { class: "hint", text: "click a cell to open its records" }));
+  const worst = [...cells].filter((c) => c.max_score > 1e6 || c.nan_inf > 0).sort((a, b) => b.max_score - a.max_score).slice(0, 10);
+  const table = el("table", { class: "grid worst-cells", id: "worst-cells" },
+    el("thead", {}, el("tr", {}, ...["cell", "rows", "errors", "warnings", "NaN/Inf", "worst rel. Norm err", "first divergent row"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...worst.map((c) => el("tr", { class: `clickable ${resultClass(c.errors ? "error" : c.warnings ? "warning" : "pass", c.nan_inf > 0)}`, "data-cell": c.cell, "data-step": c.step, "data-rank": c.rank_dir, onclick: () => openCell(c.cell, "list") },
+      el("td", { text: cellLabel(c) }), el("td", { text: c.rows }), el("td", { text: c.errors }), el("td", { text: c.warnings }), el("td", { text: c.nan_inf }),
+      el("td", { text: fmt(c.worst_norm_rel, true) }), el("td", { class: "mono", text: c.first_div_name || "" })))));
+  p.append(facts, legend, chartBox, el("h3", { text: worst.length ? "Worst cells" : "No divergent cell" }), table);
+  const data = cells.map((c) => ({ value: [rankDirs.indexOf(c.rank_dir), rowKeys.indexOf(rowKey(c)), level(c)], cell: c }));
+  const chart = echarts.init(chartBox, null, { renderer: "canvas" });
+  charts.overview = chart;
+  const dense = rankDirs.length * rowKeys.length > 400;
+  chart.setOption({
+    animation: false,
+    tooltip: { formatter: (pt) => { const c = pt.data.cell; return `<b>${esc(cellLabel(c))}</b><br>${c.rows} rows · ${c.errors} errors · ${c.warnings} warnings · ${c.nan_inf} NaN/Inf<br>worst rel. Norm err ${esc(fmt(c.worst_norm_rel, true))}${c.first_div_name ? "<br>first divergent: " + esc(c.first_div_name) : ""}`; } },
+    grid: { left: 110, right: 30, top: 20, bottom: 60 },
+    xAxis: { type: "category", data: rankDirs, name: "rank", nameLocation: "middle", nameGap: 35, splitArea: { show: true } },
+    yAxis: { type: "category", data: rowKeys, inverse: true, splitArea: { show: true } },
+    visualMap: { show: false, type: "piecewise", dimension: 2, pieces: [{ value: 0, color: "#e5e7eb" }, { value: 1, color: "#7cc48a" }, { value: 2, color: "#f2c14e" }, { value: 3, color: "#e4572e" }, { value: 4, color: "#7b2cbf" }] },
+    dataZoom: dense ? [{ type: "inside", xAxisIndex: 0 }, { type: "slider", xAxisIndex: 0, bottom: 8 }] : [],
+    series: [{ type: "heatmap", data, progressive: 5000,
+      label: { show: !dense, formatter: (pt) => { const c = pt.data.cell; return c.nan_inf > 0 ? "NaN/Inf" : c.cell === o.first_cell ? "1st ▲" : c.errors ? `${c.errors} err` : c.warnings ? `${c.warnings} warn` : ""; }, color: "#111", fontSize: 11 },
+      itemStyle: { borderColor: "#fff", borderWidth: 1 },
+      emphasis: { itemStyle: { borderColor: "#111", borderWidth: 2 } } }],
+  });
+  chart.on("click", (pt) => { if (pt.data && pt.data.cell) openCell(pt.data.cell.cell, "list"); });
+  window.__msprobe.overviewIndex = { rankDirs, rowKeys, rowKey: (cell) => { const c = cells.find((x) => x.cell === cell); return [rankDirs.indexOf(c.rank_dir), rowKeys.indexOf(rowKey(c))]; } };
+}
+
+function openCell(cell, view) {
+  state.cell = cell;
+  const c = state.meta.cells.find((x) => x.cell === cell);
+  cellBadge.textContent = c ? cellLabel(c) : "";
+  list.reset();
+  tree.load();
+  if (view) show(view);
+}
+
+// -- divergence list (virtual scroll over paged rows) ---------------------------------------------
+const ROW_H = 28;
+const PAGE = 200;
+const COLS = [["i", "#", 60], ["name", "row", 420], ["result", "result", 80], ["norm_rel", "rel. Norm err", 110], ["max_rel", "rel. Max err", 100],
+  ["cosine", "cosine", 80], ["npu_dtype", "dtype", 110], ["npu_shape", "shape", 120], ["bench_name", "bench row", 300], ["err", "message", 300]];
+const list = (() => {
+  let total = 0, firstDiv = null, pages = new Map(), gen = 0;
+  const bar = el("div", { class: "filters" });
+  const mkSel = (key, opts) => el("label", {}, key + " ", el("select", { "data-filter": key, onchange: (e) => { state.filters[key] = e.target.value; reset(); } },
+    ...opts.map(([v, t]) => el("option", { value: v, text: t }))));
+  bar.append(
+    mkSel("dir", [["all", "all"], ["forward", "forward"], ["backward", "backward"]]),
+    mkSel("kind", [["all", "API + module"], ["api", "API"], ["module", "module"]]),
+    mkSel("result", [["all", "all rows"], ["divergent", "divergent"], ["nan_inf", "NaN/Inf"], ["unmatched", "unmatched"]]),
+    mkSel("sort", [["order", "execution order"], ["score", "worst first"], ["norm_rel", "rel. Norm err"], ["name", "name"]]),
+    el("input", { type: "search", placeholder: "filter by name", "data-filter": "q", oninput: debounce((e) => { state.filters.q = e.target.value; reset(); }, 250) }),
+    el("button", { id: "export-csv", onclick: () => guard(async () => downloadText(`msprobe_rows_cell${state.cell}.csv`, await api.csv(state.cell, state.filters), "text/csv")), text: "Export CSV" }),
+    el("button", { onclick: () => { if (firstDiv !== null) jumpTo(firstDiv); }, text: "Go to first divergence" }));
+  const count = el("div", { class: "count", id: "row-count" });
+  const head = el("div", { class: "vhead" }, ...COLS.map(([, t, w]) => el("div", { class: "vcell", style: `width:${w}px`, text: t })));
+  const scroller = el("div", { class: "vscroll", id: "row-scroller" });
+  const spacer = el("div", { class: "vspacer" });
+  const body = el("div", { class: "vbody", id: "rows" });
+  spacer.append(body);
+  scroller.append(spacer);
+  panes.list.append(bar, count, el("div", { class: "vtable" }, head, scroller));
+  scroller.addEventListener("scroll", () => render());
+
+  function reset() {
+    gen++; pages = new Map(); total = 0; firstDiv = null;
+    scroller.scrollTop = 0;
+    fetchPage(0).then(() => render());
+  }
+  async function fetchPage(n) {
+    if (pages.has(n)) return pages.get(n);
+    const g = gen;
+    const pr = guard(() => api.rows(state.cell, n * PAGE, (n + 1) * PAGE, state.filters)).then((r) => {
+      if (g !== gen || !r) return null;
+      total = r.total; firstDiv = r.first_div;
+      pages.set(n, r.rows);
+      spacer.style.height = `${Math.max(total * ROW_H, 1)}px`;
+      count.textContent = `${total} rows` + (firstDiv !== null ? ` · first divergent row #${firstDiv}` : "");
+      return r.rows;
+    });
+    pages.set(n, pr);
+    return pr;
+  }
+  function render() {
+    const top = scroller.scrollTop, h = scroller.clientHeight || 600;
+    const lo = Math.max(Math.floor(top / ROW_H) - 10, 0), hi = Math.min(Math.ceil((top + h) / ROW_H) + 10, total);
+    const need = new Set();
+    for (let k = Math.floor(lo / PAGE); k <= Math.floor(Math.max(hi - 1, 0) / PAGE); k++) need.add(k);
+    const frag = [];
+    let missing = false;
+    for (let idx = lo; idx < hi; idx++) {
+      const pg = pages.get(Math.floor(idx / PAGE));
+      if (!Array.isArray(pg)) { missing = true; continue; }
+      const r = pg[idx % PAGE];
+      if (!r) continue;
+      const div = r.i === firstDiv;
+      const row = el("div", { class: `vrow ${resultClass(r.result, r.nan_inf)}${div ? " first-div" : ""}`, style: `top:${idx * ROW_H}px`, "data-name": r.name, "data-i": r.i, onclick: () => openRecord(r.record, r.name) });
+      for (const [k, , w] of COLS) {
+        let v = k === "norm_rel" || k === "max_rel" ? fmt(r[k], true) : fmt(r[k]);
+        if (k === "result" && r.nan_inf) v = (v ? v + " " : "") + "NaN/Inf";
+        const c = el("div", { class: `vcell${k === "name" || k === "bench_name" ? " mono" : ""}`, style: `width:${w}px`, title: k === "name" || k === "err" ? String(r[k] ?? "") : null, text: v });
+        if (k === "name" && div) c.prepend(el("span", { class: "badge", text: "first" }));
+        row.append(c);
+      }
+      frag.push(row);
+    }
+    body.replaceChildren(...frag);
+    if (missing) Promise.all([...need].map(fetchPage)).then(() => render());
+  }
+  async function jumpTo(i) {
+    // the position of row i under the current filter: find it by paging (execution order: a direct jump)
+    if (state.filters.sort === "order" && state.filters.result === "all" && state.filters.dir === "all" && state.filters.kind === "all" && !state.filters.q) {
+      scroller.scrollTop = Math.max(i * ROW_H - 2 * ROW_H, 0);
+    } else {
+      for (let n = 0; n * PAGE < total; n++) {
+        const pg = await fetchPage(n);
+        const k = (pg || []).findIndex((r) => r.i === i);
+        if (k >= 0) { scroller.scrollTop = Math.max((n * PAGE + k) * ROW_H - 2 * ROW_H, 0); break; }
+      }
+    }
+    render();
+  }
+  return { reset, render };
+})();
+
+function debounce(fn, ms) { let t; return (...a) => { clearTimeout(t); t = setTimeout(() => fn(...a), ms); }; }
+
+// -- model tree ---------------------------------------------------------------------------------
+const tree = (() => {
+  const bar = el("div", { class: "filters" });
+  const input = el("input", { type: "search", id: "tree-search", placeholder: "search a module or API" });
+  const hits = el("ul", { class: "hits", id: "tree-hits" });
+  input.addEventListener("input", debounce(async () => {
+    const q = input.value.trim();
+    hits.replaceChildren();
+    if (!q) return;
+    const r = await guard(() => api.search(state.cell, q));
+    if (!r) return;
+    hits.replaceChildren(...r.hits.map((h) => el("li", { class: "clickable mono", onclick: () => reveal(h.record), text: h.record })));
+  }, 250));
+  bar.append(input, el("span", { class: "hint", text: "colour: the worst result below each node · target | bench side by side" }));
+  const head = el("div", { class: "thead" }, el("span", { class: "tcol-name", text: "target" }), el("span", { class: "tcol-bench", text: "bench" }), el("span", { class: "tcol-err", text: "worst rel. Norm err" }));
+  const box = el("div", { class: "tree", id: "tree" });
+  const benchOnly = el("div", { class: "bench-only", id: "bench-only" });
+  panes.tree.append(bar, hits, head, box, benchOnly);
+  const nodes = new Map();
+  let gen = 0;
+
+  function nodeEl(n) {
+    const li = el("li", { class: "tnode", "data-name": n.name });
+    const toggle = el("span", { class: "toggle", text: n.children ? "▸" : "·" });
+    const line = el("div", { class: `tline ${resultClass(n.worst_result, n.nan_inf)}${n.matched ? "" : " unmatched"}` },
+      toggle, el("i", { class: `dot ${resultClass(n.worst_result, n.nan_inf)}` }),
+      el("span", { class: "tcol-name mono", title: n.name, text: n.name }),
+      el("span", { class: "tcol-bench mono", title: n.bench || "", text: n.bench || (n.matched ? "" : "unmatched") }),
+      el("span", { class: "tcol-err", text: n.nan_inf ? "NaN/Inf" : fmt(n.norm_rel, true) }));
+    const kids = el("ul", { class: "tkids", hidden: true });
+    li.append(line, kids);
+    const entry = { n, li, kids, toggle, loaded: false, open: false };
+    nodes.set(n.name, entry);
+    toggle.addEventListener("click", (e) => { e.stopPropagation(); if (n.children) setOpen(entry, !entry.open); });
+    line.addEventListener("click", () => { if (n.rows) openRecord(n.name); else if (n.children) setOpen(entry, !entry.open); });
+    return li;
+  }
+  async function setOpen(entry, open) {
+    entry.open = open;
+    entry.toggle.textContent = open ? "▾" : "▸";
+    entry.kids.hidden = !open;
+    if (open && !entry.loaded) {
+      entry.loaded = true;
+      const r = await guard(() => api.tree(state.cell, entry.n.name));
+      if (r) entry.kids.replaceChildren(...r.nodes.map(nodeEl));
+    }
+  }
+  async function load() {
+    const g = ++gen;
+    nodes.clear();
+    box.replaceChildren();
+    const r = await guard(() => api.tree(state.cell, null));
+    if (!r || g !== gen) return;
+    box.replaceChildren(el("ul", { class: "troot" }, ...r.nodes.map(nodeEl)));
+    benchOnly.replaceChildren();
+    if (r.bench_only && r.bench_only.length) {
+      benchOnly.append(el("h4", { text: `bench records without a target counterpart (${r.bench_only.length})` }),
+        el("ul", {}, ...r.bench_only.map((b) => el("li", { class: "mono unmatched", text: b }))));
+    }
+  }
+  async function reveal(record) {
+    const r = await guard(() => api.treePath(state.cell, record));
+    if (!r) return;
+    for (const e of box.querySelectorAll(".hl, .on-path")) e.classList.remove("hl", "on-path");
+    for (const name of r.path.slice(0, -1)) {
+      let entry = nodes.get(name);
+      if (!entry) break;
+      entry.li.querySelector(":scope > .tline").classList.add("on-path");
+      await setOpen(entry, true);
+    }
+    const last = nodes.get(r.path[r.path.length - 1]);
+    if (last) { const line = last.li.querySelector(":scope > .tline"); line.classList.add("hl"); line.scrollIntoView({ block: "center" }); }
+    show("tree");
+  }
+  return { load, reveal };
+})();
+
+// -- trends ---------------------------------------------------------------------------------------
+const trends = (() => {
+  const nameIn = el("input", { type: "text", id: "trend-name", placeholder: "a row name, e.g. Functional.linear.0.forward.output.0", size: 60 });
+  const statSel = el("select", { id: "trend-stat" }, ...["norm", "max", "min", "mean"].map((s) => el("option", { value: s, text: s })));
+  const stepSel = el("select", { id: "spread-step" });
+  const box = el("div", { class: "chart", id: "trend-chart" });
+  const spread = el("div", { class: "chart short", id: "spread-chart" });
+  const exports = (key, name) => el("span", { class: "exports" },
+    el("button", { onclick: () => exportChart(key, name, "png"), text: "PNG" }), el("button", { onclick: () => exportChart(key, name, "svg"), text: "SVG" }));
+  panes.trends.append(el("div", { class: "filters" }, nameIn, statSel, el("button", { onclick: () => load(nameIn.value.trim(), statSel.value), text: "Show" }), exports("trend", "trend")),
+    box, el("div", { class: "filters" }, el("span", { text: "spread across ranks at step " }), stepSel, exports("spread", "spread")), spread);
+  statSel.addEventListener("change", () => load(nameIn.value.trim(), statSel.value));
+  stepSel.addEventListener("change", () => drawSpread());
+  let last = null;
+  async function load(name, stat) {
+    if (!name) return;
+    state.trendName = name; state.trendStat = stat;
+    nameIn.value = name; statSel.value = stat;
+    const r = await guard(() => api.trend(name, stat));
+    if (!r) return;
+    last = r;
+    const num = (v) => (typeof v === "number" ? v : v === "NaN" || v === "Inf" || v === "-Inf" ? null : v);
+    const series = [];
+    const many = r.series.length > 16;
+    for (const s of r.series.slice(0, 64)) {
+      series.push({ name: `${s.rank} target`, type: "line", showSymbol: !many, data: s.points.map((p) => [p.step, num(p.target)]) });
+      if (state.meta.has_bench) series.push({ name: `${s.rank} bench`, type: "line", showSymbol: !many, lineStyle: { type: "dashed" }, data: s.points.map((p) => [p.step, num(p.bench)]) });
+    }
+    const chart = charts.trend || (charts.trend = echarts.init(box));
+    chart.setOption({ animation: false, title: { show: false },
+      tooltip: { trigger: "axis", formatter: (pts) => pts.map((p) => `${esc(p.seriesName)}: ${esc(fmt(p.value[1]))}`).join("<br>") },
+      legend: { type: "scroll", top: 0 }, grid: { left: 70, right: 30, top: 40, bottom: 40 },
+      xAxis: { type: "value", name: "step", minInterval: 1 }, yAxis: { type: "value", name: stat, scale: true }, series }, true);
+    stepSel.replaceChildren(...r.steps.map((s) => el("option", { value: s, text: s })));
+    const cur = state.meta.cells.find((c) => c.cell === state.cell);
+    if (cur && r.steps.includes(cur.step)) stepSel.value = String(cur.step);
+    drawSpread();
+    show("trends");
+  }
+  function drawSpread() {
+    if (!last) return;
+    const step = Number(stepSel.value);
+    const ranks = [], tv = [], bv = [];
+    for (const s of last.series) {
+      const p = s.points.find((x) => x.step === step);
+      if (!p) continue;
+      ranks.push(s.rank); tv.push(typeof p.target === "number" ? p.target : null); bv.push(typeof p.bench === "number" ? p.bench : null);
+    }
+    const chart = charts.spread || (charts.spread = echarts.init(spread));
+    chart.setOption({ animation: false, tooltip: { trigger: "axis" }, legend: { top: 0 }, grid: { left: 70, right: 30, top: 30, bottom: 40 },
+      xAxis: { type: "category", data: ranks }, yAxis: { type: "value", scale: true },
+      series: [{ name: "target", type: "bar", data: tv }, ...(state.meta.has_bench ? [{ name: "bench", type: "bar", data: bv }] : [])] }, true);
+  }
+  return { load };
+})();
+
+function exportChart(key, name, kind) {
+  const chart = charts[key];
+  if (!chart) return;
+  if (kind === "png") { download(`${name}.png`, chart.getDataURL({ type: "png", pixelRatio: 2, backgroundColor: "#fff" })); return; }
+  const div = el("div", { style: `width:${chart.getWidth()}px;height:${chart.getHeight()}px;position:absolute;left:-10000px` });
+  document.body.append(div);
+  const svg = echarts.init(div, null, { renderer: "svg" });
+  svg.setOption({ ...chart.getOption(), animation: false });
+  download(`${name}.svg`, svg.getDataURL({ type: "svg" }));
+  svg.dispose(); div.remove();
+}
+
+// -- record detail -----------------------------------------------------------------------------
+async function openRecord(record, rowName) {
+  state.record = record;
+  const r = await guard(() => api.record(state.cell, record));
+  if (!r) return;
+  const p = panes.record;
+  const cur = state.meta.cells.find((c) => c.cell === state.cell);
+  const stats = ["max", "min", "mean", "norm"];
+  const table = el("table", { class: "grid args", id: "record-args" },
+    el("thead", {}, el("tr", {}, ...["argument", "result", "dtype", "shape", ...stats.map((s) => "target " + s), ...stats.map((s) => "bench " + s), "rel. Norm err", "cosine", "md5 target", "md5 bench", ""].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...r.args.map((a) => el("tr", { class: `${resultClass(a.result, a.nan_inf)}${a.name === rowName ? " hl" : ""}`, "data-name": a.name },
+      el("td", { class: "mono", text: a.name.slice(record.length + 1) || a.name }), el("td", { text: (a.result || "") + (a.nan_inf ? " NaN/Inf" : "") }),
+      el("td", { text: a.npu_dtype + (a.bench_dtype && a.bench_dtype !== a.npu_dtype ? " | " + a.bench_dtype : "") }), el("td", { text: a.npu_shape }),
+      ...stats.map((s) => el("td", { class: "num", text: fmt(a["npu_" + s]) })), ...stats.map((s) => el("td", { class: "num", text: fmt(a["bench_" + s]) })),
+      el("td", { class: "num", text: fmt(a.norm_rel, true) }), el("td", { class: "num", text: fmt(a.cosine) }),
+      el("td", { class: "mono", text: a.npu_md5 || "" }), el("td", { class: "mono", text: a.bench_md5 || "" }),
+      el("td", {}, el("button", { onclick: () => trends.load(a.name, state.trendStat), text: "trend" }),
+        a.data_name ? el("button", { onclick: () => showTensor(a.name), text: "tensor" }) : null)))));
+  const err = r.args.map((a) => a.err).filter((e) => e && e !== "N/A" && e !== "None");
+  p.replaceChildren(
+    el("h2", { class: "mono", id: "record-name", text: record }),
+    el("div", { class: "facts" }, el("span", { text: cur ? cellLabel(cur) : "" }),
+      el("button", { id: "show-in-tree", onclick: () => tree.reveal(record), text: "Show in model tree" }),
+      el("button", { onclick: () => trends.load(r.args[r.args.length - 1].name, state.trendStat), text: "Trend of its last output" })),
+    table,
+    err.length ? el("div", { class: "errs" }, ...[...new Set(err)].map((e) => el("div", { class: "mono", text: e }))) : null,
+    el("div", { class: "tensor", id: "tensor-box" }),
+    el("h3", { text: "Stack" }),
+    el("pre", { class: "stack", id: "record-stack", text: r.stack && r.stack.length ? r.stack.join("\n") : "(no stack recorded)" }));
+  show("record");
+}
+
+async function showTensor(name) {
+  const box = document.getElementById("tensor-box");
+  box.replaceChildren(el("h3", { text: "Tensor " + name }));
+  for (const side of state.meta.has_bench ? ["target", "bench"] : ["target"]) {
+    const t = await guard(() => api.tensor(state.cell, name, side));
+    if (!t) continue;
+    if (!t.available) { box.append(el("div", { class: "hint", text: `${side}: ${t.why}` })); continue; }
+    const c = el("div", { class: "chart short" });
+    box.append(el("div", { text: `${side}: ${t.dtype} ${JSON.stringify(t.shape)} · NaN ${t.nan} · Inf ${t.inf}` }), c,
+      el("pre", { class: "preview", text: t.preview.map((v) => fmt(v)).join("  ") }));
+    const h = t.histogram;
+    const ch = echarts.init(c);
+    ch.setOption({ animation: false, grid: { left: 60, right: 20, top: 10, bottom: 30 }, tooltip: {},
+      xAxis: { type: "category", data: h.counts.map((_, k) => fmt((h.edges[k] + h.edges[k + 1]) / 2)) }, yAxis: { type: "value" },
+      series: [{ type: "bar", data: h.counts }] });
+  }
+}
+
+// -- start ---------------------------------------------------------------------------------------
+async function start() {
+  const t0 = performance.now();
+  header.append(el("span", { class: "brand", text: "msprobe" }), el("span", { class: "title", id: "title" }), tabs, cellBadge,
+    el("span", { class: "mode", text: api.mode === "report" ? "report" : "live" }));
+  const [meta, ov] = await Promise.all([api.meta(), api.overview()]);
+  if (!meta || !ov) return;
+  state.meta = meta; state.overview = ov;
+  document.getElementById("title").textContent = meta.title || "";
+  document.title = "msprobe · " + (meta.title || "");
+  renderOverview();
+  show("overview");
+  const firstCell = ov.first_cell !== null ? ov.first_cell : (meta.cells[0] || { cell: 0 }).cell;
+  openCell(firstCell, null);
+  const ms = Math.round(performance.now() - t0);
+  setStatus(`ready in ${ms} ms`);
+  document.body.setAttribute("data-ready", String(ms));
+}
+start().catch((e) => setStatus(String(e.message || e), true));
+window.addEventListener("resize", () => { for (const c of Object.values(charts)) if (c && c.resize && !c.isDisposed()) c.resize(); });

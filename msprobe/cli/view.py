@@ -1,0 +1,69 @@
+"""``msprobe view PATH [BENCH]`` (a local explorer server) and ``msprobe report PATH [BENCH] -o FILE``
+(the same views as one self-contained HTML file)."""
+from __future__ import annotations
+
+import json
+
+
+def _common(p) -> None:
+    p.add_argument("path", help="a dump (root, step or rank directory), a lake index or a compare output (path or URL)")
+    p.add_argument("bench", nargs="?", default=None, help="the bench dump: the pair is compared on the fly")
+    p.add_argument("--divergence-threshold", type=float, default=None, metavar="FRACTION",
+                   help="the first divergence is the first row whose NormRelativeErr exceeds this "
+                        "(default: the first row whose Result is not pass)")
+    p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    p.add_argument("--work-dir", default=None,
+                   help="where the compare output and the view's tables go (default: a temporary directory)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("view", help="explore a dump, a pair, a lake or a compare output in the browser")
+    _common(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    p.set_defaults(func=run_view)
+    r = sub.add_parser("report", help="write the explorer's views as one self-contained HTML file")
+    _common(r)
+    r.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    r.add_argument("--max-rows", type=int, default=None, help="rows kept per step and rank (default 20000)")
+    r.set_defaults(func=run_report)
+
+
+def _open(args):
+    from msprobe.view import open_view
+
+    opts = json.loads(args.storage_options) if args.storage_options else None
+    return open_view(args.path, args.bench, storage_options=opts, work_dir=args.work_dir,
+                     threshold=args.divergence_threshold)
+
+
+def run_view(args) -> int:
+    import sys
+
+    from msprobe.cli._text import say
+    from msprobe.view import serve
+
+    def announce(line: str) -> None:
+        say(line)
+        sys.stdout.flush()
+
+    data = _open(args)
+    try:
+        serve(data, host=args.host, port=args.port, announce=announce)
+    finally:
+        data.close()
+    return 0
+
+
+def run_report(args) -> int:
+    from msprobe.cli._text import say
+    from msprobe.view import write_report
+    from msprobe.view._report import MAX_ROWS_PER_CELL
+
+    data = _open(args)
+    try:
+        out = write_report(data, args.output, args.max_rows or MAX_ROWS_PER_CELL)
+    finally:
+        data.close()
+    say(f"report: {out}")
+    return 0

@@ -1,0 +1,122 @@
+"""``msprobe report``: the explorer as one self-contained HTML file (no server, no network).
+
+The page holds the built script and stylesheet inline, and the data as one JSON block
+(``<script type="application/json">``, never executed): the overview, each cell's rows (bounded:
+``max_rows`` per cell, the divergent rows kept first), each cell's model tree and the stacks of
+the records kept. Its Content-Security-Policy allows only that one script, by its SHA-256 hash.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from typing import Any
+
+from msprobe.view._data import ROW_FIELDS, ViewData, json_safe
+from msprobe.view._server import static_asset
+
+__all__ = ["write_report", "report_bundle", "MAX_ROWS_PER_CELL", "MAX_TREE_NODES"]
+
+MAX_ROWS_PER_CELL = 20000
+MAX_TREE_NODES = 20000
+#: the row fields a report keeps (the list, the record detail and the trends need these)
+_FIELDS = [f for f in ROW_FIELDS]
+
+
+def _tree_bundle(data: ViewData, cell: int, keep: set) -> dict:
+    t = data.tree(cell)
+    nodes: dict = {}
+    children: dict = {}
+    # breadth-first from the roots, so a bounded tree keeps its upper levels
+    queue: list = [None]
+    while queue and len(nodes) < MAX_TREE_NODES:
+        parent = queue.pop(0)
+        kids = t.children.get(parent, [])
+        children["" if parent is None else parent] = kids[: MAX_TREE_NODES - len(nodes)]
+        for k in children["" if parent is None else parent]:
+            v = t.view(k)
+            if v["rows"] and k not in keep:
+                v["rows"] = 0  # its rows are not in the report: the node is not a link
+            nodes[k] = v
+            queue.append(k)
+    for name, v in nodes.items():  # children counts match what the report holds
+        v["children"] = len(children.get(name, []))
+    return {"nodes": nodes, "children": children, "bench_only": t.bench_only[:200]}
+
+
+def report_bundle(data: ViewData, max_rows: int = MAX_ROWS_PER_CELL) -> dict:
+    """The report's data: bounded, pre-aggregated, JSON-ready."""
+    meta = data.meta()
+    overview = data.overview()
+    rows: dict = {}
+    stacks: dict = {}
+    stack_texts: list = []
+    stack_ids: dict = {}
+    trees: dict = {}
+    truncated = 0
+    for c in meta["cells"]:
+        cell = c["cell"]
+        kept = data.query(f"""SELECT {', '.join(_FIELDS)}, stack FROM rows WHERE cell = ? AND i IN (
+            SELECT i FROM rows WHERE cell = ? ORDER BY (CASE WHEN {data.divergent_sql} THEN 0 ELSE 1 END), i
+            LIMIT ?) ORDER BY i""", [cell, cell, max_rows])
+        total = next((x["rows"] for x in overview["cells"] if x["cell"] == cell), len(kept))
+        truncated += max(total - len(kept), 0)
+        cell_stacks: dict = {}
+        for r in kept:
+            rec = r["record"]
+            if rec not in cell_stacks:
+                frames = data.record_stack(cell, rec, r.pop("stack"))
+                key = "\n".join(frames)
+                if key not in stack_ids:
+                    stack_ids[key] = len(stack_texts)
+                    stack_texts.append(frames)
+                cell_stacks[rec] = stack_ids[key]
+            else:
+                r.pop("stack")
+        rows[str(cell)] = [[json_safe(r[f]) for f in _FIELDS] for r in kept]
+        stacks[str(cell)] = cell_stacks
+        trees[str(cell)] = _tree_bundle(data, cell, set(cell_stacks))
+    meta = dict(meta, truncated_rows=truncated)
+    threshold = None
+    div = str(data.summary.get("divergence") or "")
+    if "NormRelativeErr >" in div:
+        threshold = float(div.rsplit(">", 1)[1])
+    return {"meta": meta, "overview": json_safe(overview), "columns": _FIELDS, "rows": rows, "stacks": stacks,
+            "stack_texts": stack_texts, "trees": json_safe(trees), "threshold": threshold, "csv_fields": list(ROW_FIELDS)}
+
+
+def _json_block(obj: Any) -> str:
+    """JSON that cannot end its ``<script>`` element nor open a comment (every ``<``, ``>``, ``&`` escaped)."""
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def render_report(bundle: dict) -> str:
+    script = static_asset("app.js")
+    style = static_asset("app.css")
+    if "</script" in script.lower():
+        script = script.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
+    csp = (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data: blob:; "
+           f"base-uri 'none'; form-action 'none'")
+    title = str(bundle["meta"].get("title") or "")
+    esc_title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><link rel=\"icon\" href=\"data:,\">\n"
+            f"<title>msprobe report · {esc_title}</title>\n<style>{style}</style></head>\n<body><div id=\"app\"></div>\n"
+            f"<script type=\"application/json\" id=\"msprobe-data\">{_json_block(bundle)}</script>\n"
+            f"<script>{script}</script>\n</body></html>\n")
+
+
+def write_report(data: ViewData, out: str, max_rows: int = MAX_ROWS_PER_CELL) -> str:
+    """Write the report of ``data`` to ``out`` (a local path); returns the path."""
+    html = render_report(report_bundle(data, max_rows))
+    tmp = out + ".part"
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(html)
+    os.replace(tmp, out)
+    return out

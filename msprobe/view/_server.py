@@ -1,0 +1,231 @@
+"""The explorer's HTTP server: a Starlette app over a :class:`~msprobe.view._data.ViewData`.
+
+Every request needs the access token (``?token=`` once, then a same-site cookie, or the
+``X-Msprobe-Token`` header); every response carries a Content-Security-Policy without inline
+script. Endpoints take cells, record and row names as query values and look them up in the
+tables: no request names a file, so nothing outside the given roots can be read.
+"""
+from __future__ import annotations
+
+import csv
+import hmac
+import io
+import os
+import secrets
+import socket
+from typing import Any, Optional
+
+from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError
+from msprobe.view._data import FILTERS, ROW_FIELDS, ViewData, json_safe
+
+__all__ = ["make_app", "serve", "STATIC_DIR", "CSP", "free_port", "static_asset"]
+
+STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+       "connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+COOKIE = "msprobe_view_token"
+_STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8",
+           "LICENSES.txt": "text/plain; charset=utf-8"}
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
+<title>msprobe view</title><link rel="icon" href="data:,"><link rel="stylesheet" href="static/app.css"></head>
+<body><div id="app"></div><script src="static/app.js"></script></body></html>
+"""
+
+
+def static_asset(name: str) -> str:
+    """The text of a built front-end asset (``app.js``, ``app.css``); a typed error when missing."""
+    path = os.path.join(STATIC_DIR, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise MissingDependencyError(f"the explorer's page asset {name} is missing from {STATIC_DIR} "
+                                     f"(a broken install; rebuild with: cd frontend && npm ci && npm run build)") \
+            from exc
+
+
+def _starlette() -> Any:
+    try:
+        import starlette  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError("msprobe view needs starlette and uvicorn: pip install 'msprobe-lake[view]'") \
+            from exc
+
+
+def _int(v: Any, name: str, default: Optional[int] = None) -> int:
+    if v is None or v == "":
+        if default is None:
+            raise ConfigError(f"missing {name}")
+        return default
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be an integer, not {v!r}") from None
+
+
+def make_app(data: ViewData, token: str) -> Any:
+    """The ASGI app serving ``data``; every request must present ``token``."""
+    _starlette()
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    class SafeJSON(JSONResponse):
+        def render(self, content: Any) -> bytes:  # NaN / Inf as strings: JSON has neither
+            return super().render(json_safe(content))
+
+    def authorized(request: Request) -> bool:
+        for given in (request.query_params.get("token"), request.headers.get("x-msprobe-token"),
+                      request.cookies.get(COOKIE)):
+            if given and hmac.compare_digest(given.encode("utf-8", "replace"), token.encode()):
+                return True
+        return False
+
+    def secure(resp: Response) -> Response:
+        resp.headers["Content-Security-Policy"] = CSP
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Referrer-Policy"] = "no-referrer"
+        resp.headers["X-Frame-Options"] = "DENY"
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
+    def guarded(handler: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            if not authorized(request):
+                return secure(PlainTextResponse("a valid token is needed (the URL msprobe view printed)",
+                                                status_code=403))
+            try:
+                resp = await handler(request)
+            except (ConfigError, KeyError) as exc:
+                msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+                return secure(JSONResponse({"error": f"not found or invalid: {msg}"}, status_code=400))
+            except MsprobeError as exc:
+                return secure(JSONResponse({"error": str(exc)}, status_code=500))
+            return secure(resp)
+        return endpoint
+
+    def q(request: Request, name: str, default: Any = None) -> Any:
+        return request.query_params.get(name, default)
+
+    def filters(request: Request) -> dict:
+        f = {k: q(request, k, v[0]) for k, v in FILTERS.items()}
+        f["q"] = q(request, "q", "")
+        return f
+
+    async def page(request: Request) -> Response:
+        resp = Response(_PAGE, media_type="text/html; charset=utf-8")
+        if request.query_params.get("token"):
+            resp.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+        return resp
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC:
+            return PlainTextResponse("not found", status_code=404)
+        return Response(static_asset(name), media_type=_STATIC[name])
+
+    async def meta(request: Request) -> Response:
+        return SafeJSON(data.meta())
+
+    async def overview(request: Request) -> Response:
+        return SafeJSON(data.overview())
+
+    async def rows(request: Request) -> Response:
+        cell = _int(q(request, "cell"), "cell")
+        return SafeJSON(data.rows(cell, _int(q(request, "begin"), "begin", 0),
+                                      _int(q(request, "end"), "end", 100), filters(request)))
+
+    async def export_csv(request: Request) -> Response:
+        cell = _int(q(request, "cell"), "cell")
+        f = filters(request)
+        data.rows(cell, 0, 0, f)  # checks the filters before the stream starts
+
+        def lines() -> Any:
+            buf = io.StringIO()
+            w = csv.writer(buf)
+            w.writerow(ROW_FIELDS)
+            for r in data.iter_csv_rows(cell, f):
+                w.writerow([_csv_cell(r[k]) for k in ROW_FIELDS])
+                if buf.tell() > 1 << 16:
+                    yield buf.getvalue()
+                    buf.seek(0)
+                    buf.truncate()
+            yield buf.getvalue()
+        return StreamingResponse(lines(), media_type="text/csv; charset=utf-8",
+                                 headers={"Content-Disposition": f'attachment; filename="msprobe_rows_{cell}.csv"'})
+
+    async def tree(request: Request) -> Response:
+        cell = _int(q(request, "cell"), "cell")
+        t = data.tree(cell)
+        out = t.kids(q(request, "node") or None, _int(q(request, "begin"), "begin", 0),
+                     _int(q(request, "end"), "end", 500))
+        if not q(request, "node"):
+            out["bench_only"] = t.bench_only[:200]
+        return SafeJSON(out)
+
+    async def tree_path(request: Request) -> Response:
+        cell = _int(q(request, "cell"), "cell")
+        name = q(request, "record") or ""
+        t = data.tree(cell)
+        if name not in t.nodes:
+            raise ConfigError(f"no record {name!r} in the tree")
+        return SafeJSON({"path": t.path(name)})
+
+    async def search(request: Request) -> Response:
+        cell = _int(q(request, "cell"), "cell")
+        return SafeJSON({"hits": data.search(cell, q(request, "q") or "")})
+
+    async def record(request: Request) -> Response:
+        cell = _int(q(request, "cell"), "cell")
+        return SafeJSON(data.record(cell, q(request, "record") or ""))
+
+    async def trend(request: Request) -> Response:
+        return SafeJSON(data.trend(q(request, "name") or "", q(request, "stat") or "norm"))
+
+    async def tensor(request: Request) -> Response:
+        from msprobe.view._tensor import tensor_view
+
+        cell = _int(q(request, "cell"), "cell")
+        return SafeJSON(tensor_view(data, cell, q(request, "name") or "", q(request, "side") or "target"))
+
+    routes = [Route("/", guarded(page)), Route("/static/{name}", guarded(static)),
+              Route("/api/meta", guarded(meta)), Route("/api/overview", guarded(overview)),
+              Route("/api/rows", guarded(rows)), Route("/api/export.csv", guarded(export_csv)),
+              Route("/api/tree", guarded(tree)), Route("/api/tree_path", guarded(tree_path)),
+              Route("/api/search", guarded(search)), Route("/api/record", guarded(record)),
+              Route("/api/trend", guarded(trend)), Route("/api/tensor", guarded(tensor))]
+    return Starlette(routes=routes)
+
+
+def _csv_cell(v: Any) -> Any:
+    """A CSV cell that a spreadsheet will not run as a formula (names are attacker-written)."""
+    if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + v
+    return "" if v is None else v
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def serve(data: ViewData, *, host: str = "127.0.0.1", port: Optional[int] = None, token: Optional[str] = None,
+          announce: Any = print) -> None:
+    """Serve ``data`` until interrupted; ``announce`` gets the lines to show (URL, ssh hint)."""
+    _starlette()
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise MissingDependencyError("msprobe view needs uvicorn: pip install 'msprobe-lake[view]'") from exc
+    token = token or secrets.token_urlsafe(24)
+    port = port if port else free_port(host)
+    app = make_app(data, token)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    announce(f"msprobe view: http://{shown}:{port}/?token={token}")
+    announce(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {socket.gethostname()}  "
+             f"then open http://127.0.0.1:{port}/?token={token}")
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
