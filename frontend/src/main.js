@@ -97,7 +97,12 @@ function renderOverview() {
     el("div", { class: "fact first-div-fact", id: "first-divergence", "data-cell": first ? first.cell : "" },
       el("b", { text: "First divergence" }), " ",
       first ? el("a", { href: "#", onclick: (e) => { e.preventDefault(); openCell(first.cell, "list"); }, text: `${cellLabel(first)} · ${first.first_div_name}` })
-        : el("span", { text: m.has_bench ? "none" : "no bench: NaN/Inf only" })));
+        : el("span", { text: m.has_bench ? "none" : "no bench: NaN/Inf only" })),
+    o.origin && o.origin.cell !== null && o.origin.cell !== undefined ? el("div", { class: "fact origin-fact", id: "origin" },
+      el("b", { text: "Error enters at" }), " ",
+      el("a", { href: "#", onclick: (e) => { e.preventDefault(); openCell(o.origin.cell, null); openRecord(o.origin.record, o.origin.row); },
+        text: `${cellLabel(cells.find((c) => c.cell === o.origin.cell))} · ${o.origin.row || o.origin.record}` }),
+      el("span", { class: "hint", text: ` ${o.origin.role || ""}${o.origin.note ? " · " + o.origin.note : ""}` })) : null);
   const chartBox = el("div", { class: "chart", id: "overview-chart" });
   const legend = el("div", { class: "legend" }, ...[["r-pass", "pass"], ["r-warning", "warning"], ["r-error", "error"], ["r-nan", "NaN/Inf"], ["r-none", "no rows"]]
     .map(([c, t]) => el("span", { class: "chip" }, el("i", { class: `dot ${c}` }), t)), el("span", { class: "hint", text: "click a cell to open its records" }));

@@ -261,10 +261,26 @@ class ViewData:
             if fd is not None:
                 r = self.query("SELECT name FROM rows WHERE cell = ? AND i = ?", [c["cell"], fd])
                 c["first_div_name"] = r[0]["name"] if r else None
-        # the first divergent cell in execution order: lowest row index, then cell order
-        firsts = [c for c in cells if c["first_div"] is not None]
-        first = min(firsts, key=lambda c: (c["first_div"], c["cell"]))["cell"] if firsts else None
-        return {"cells": cells, "first_cell": first}
+        # the first divergent cell: compare's own pick (the earliest step, then the lowest record index
+        # over its ranks) when a compare made the rows, else the same order over the cells' first rows
+        first = self._summary_cell(self.summary.get("first_divergence"), cells)
+        if first is None:
+            firsts = [c for c in cells if c["first_div"] is not None]
+            first = min(firsts, key=lambda c: (c["step"] is None, c["step"] or 0, c["first_div"], c["cell"]))["cell"] \
+                if firsts else None
+        origin = self.summary.get("origin")
+        if isinstance(origin, dict):
+            origin = {k: origin.get(k) for k in ("record", "row", "argument", "role", "note", "step", "rank_dir")}
+            origin["cell"] = self._summary_cell(origin, cells)
+        return {"cells": cells, "first_cell": first, "origin": origin if isinstance(origin, dict) else None}
+
+    @staticmethod
+    def _summary_cell(entry: Any, cells: list) -> Optional[int]:
+        """The cell a summary entry (with its ``step`` and ``rank_dir``) names."""
+        if not isinstance(entry, dict):
+            return None
+        return next((c["cell"] for c in cells if c["step"] == entry.get("step")
+                     and c["rank_dir"] == entry.get("rank_dir")), None)
 
     def _where(self, cell: int, f: dict) -> tuple:
         where: list = ["cell = ?"]

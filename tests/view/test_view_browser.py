@@ -52,6 +52,7 @@ def _walk_the_views(page, url: str, prefix: str) -> None:
     first = page.locator("#first-divergence")
     assert "step 1 · rank1" in first.inner_text() and FAULT_ROW in first.inner_text()
     worst = page.locator("#worst-cells tbody tr")
+    assert FAULT_ROW in page.locator("#origin").inner_text()
     assert worst.count() == 1 and worst.first.get_attribute("data-step") == "1"
     assert worst.first.get_attribute("data-rank") == "rank1"
     shot(page, f"{prefix}overview")

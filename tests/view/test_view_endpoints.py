@@ -81,6 +81,14 @@ def test_overview_marks_the_faulty_rank_and_step(client):
     first = next(c for c in o["cells"] if c["cell"] == o["first_cell"])
     assert (first["step"], first["rank_dir"]) == (1, "rank1") and first["first_div_name"] == FAULT_ROW
     assert all(c["rows"] > 20 for c in o["cells"])
+    assert o["origin"]["row"] == FAULT_ROW and o["origin"]["cell"] == first["cell"]  # compare's localisation
+
+
+def test_overview_names_where_a_scaled_weight_enters(scale_view):
+    o = scale_view.overview()
+    cell = next(c for c in o["cells"] if c["cell"] == o["origin"]["cell"])
+    assert (cell["step"], cell["rank_dir"]) == (1, "rank1")
+    assert o["origin"]["row"] == FAULT_ROW and o["origin"]["role"] == "parameter"
 
 
 def test_rows_are_paged_filtered_and_sorted(client):
@@ -204,7 +212,7 @@ def test_report_is_one_self_contained_file(nan_view, tmp_path):
     assert len(scripts) == 1
     digest = base64.b64encode(hashlib.sha256(scripts[0].encode()).digest()).decode()
     assert f"script-src 'sha256-{digest}'" in csp and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
-    assert not re.search(r'<(script|link|img)[^>]+(src|href)=', html)  # nothing to fetch
+    assert not re.search(r'<(script|link|img)[^>]+(src|href)="(?!data:)', html)  # nothing to fetch
     bundle = json.loads(data)
     assert bundle["overview"]["first_cell"] == nan_view.overview()["first_cell"]
     assert sum(len(v) for v in bundle["rows"].values()) == nan_view.meta()["rows"]
