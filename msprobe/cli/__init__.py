@@ -63,6 +63,9 @@ EXAMPLES = {
     "lake diverge": ["msprobe lake diverge ./lake run_npu run_gpu", "msprobe lake diverge ./lake run_npu run_gpu --step 0"],
     "lake disagree": ["msprobe lake disagree ./lake", "msprobe lake disagree ./lake --kind all --stat max"],
     "lake trend": ['msprobe lake trend ./lake "Module.head.Linear.parameters_grad" --arg weight.0 --plot norm.png'],
+    "view": ["msprobe view ./npu_dump ./gpu_dump", "msprobe view ./compare_out --port 8765",
+             "msprobe view s3://bucket/npu s3://bucket/gpu --storage-options '{\"anon\": false}'"],
+    "report": ["msprobe report ./npu_dump ./gpu_dump -o report.html", "msprobe report ./compare_out -o report.html"],
 }
 
 
