@@ -307,11 +307,14 @@ def run_trend(args, lake) -> int:
                           "plot_note": df.attrs["plot_note"], "rows": json.loads(df.to_json(orient="records"))},
                          indent=1))
         return 0
-    if df.groupby(["run", "rank_dir"]).ngroups > 12:  # many ranks: their spread, per run
-        wide = df.groupby(["step", "run"])["value"].agg(["mean", "min", "max"]).unstack("run")
-    else:
-        wide = df.pivot_table(index="step", columns=["run", "rank_dir"], values="value", aggfunc="first")
-    print(f"{args.record} {df.attrs['arg']} {args.stat} by step:")
+    cols = ["run", "rank_dir"] + (["record"] if len(df.attrs["records"]) > 1 else [])
+    if df.groupby(["run", "rank_dir"]).ngroups > 12:  # many ranks: their spread, per run (and record)
+        wide = df.groupby(["step"] + cols[::2])["value"].agg(["mean", "min", "max"]).unstack(cols[::2])
+    else:  # one column per run, rank directory (and matched record): never merged
+        wide = df.pivot_table(index="step", columns=cols, values="value", aggfunc="first", dropna=False)
+    wide.index = wide.index.astype("Int64")
+    print(f"{args.record} {df.attrs['arg']} {args.stat} by step"
+          + (f" ({len(df.attrs['records'])} records):" if len(df.attrs["records"]) > 1 else ":"))
     import pandas as pd
 
     from msprobe.format.naming import printable

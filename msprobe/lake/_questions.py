@@ -29,7 +29,7 @@ from msprobe.format.layout import RankLocation
 from msprobe.lake._core import _Prefetched, _store
 from msprobe.readers._source import RankSource, records_of, task_of
 
-__all__ = ["first_nan", "diverge", "disagree", "trend", "STATS", "NAN_KINDS"]
+__all__ = ["first_nan", "diverge", "disagree", "trend", "STATS", "NAN_KINDS", "TREND_MAX_RECORDS"]
 
 STATS = ("max", "min", "mean", "norm")
 #: document order of a record's argument groups (rows of one record sort by it, then arg_path)
@@ -339,14 +339,35 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
 
 # -- trend -------------------------------------------------------------------------------------------------
 
+#: records one trend draws at most (a glob matching more is refused: narrow it)
+TREND_MAX_RECORDS = 12
+
+
+def _main_arg(args: Any) -> Optional[str]:
+    """The argument a trend shows by default: the record's main output (``output.0``), else a
+    parameter gradient's weight, else its first argument in document order."""
+    names = [a for a in args["arg_path"].tolist() if isinstance(a, str)]
+    if not names:
+        return None
+    for want in ("output.0", "output"):
+        if want in names:
+            return want
+    weights = [a for a in names if a.split(".")[0] == "weight"]
+    return weights[0] if weights else names[0]
+
+
 def trend(lake: Any, record: str, *, stat: str = "norm", arg: Optional[str] = None, run: Any = None,
           rank: Any = None, plot: Optional[str] = None) -> Any:
-    """``stat`` of one record's argument over steps: a DataFrame (run, rank, step, value)
-    sorted by run, rank, step. ``record``: a name or a glob (``Module.fc.*.parameters_grad*``);
-    ``arg``: the argument (``output.0``, ``weight``...; default: the record's first one:
-    ``output.0`` when there is one). ``plot``: a PNG path: one line per run (the mean over
-    ranks) with the band between the ranks' min and max; needs matplotlib. The frame's
-    ``attrs`` hold ``arg``, ``plot`` (the file) and ``plot_note`` (why there is none).
+    """``stat`` of one record's argument over steps: a DataFrame (run, rank, rank_dir, step,
+    record, arg_path, value) sorted by run, rank, record, step. ``record``: a name or a glob
+    (``Module.layers.*.linear1.Linear.parameters_grad``): each matched record keeps its own rows
+    and its own line (a glob matching more than :data:`TREND_MAX_RECORDS` records is refused);
+    ``arg``: the argument (``output.0``, ``weight``...; default: the record's main output,
+    ``output.0``, else a gradient's ``weight``, else its first argument). ``plot``: a PNG path:
+    one line per run and record (the mean over ranks) with the band between the ranks' min and
+    max, integer steps, NaN and Inf values drawn as markers at the plot's edge; needs
+    matplotlib. The frame's ``attrs`` hold ``arg``, ``records`` (the matched names), ``plot``
+    (the file) and ``plot_note`` (why there is none).
 
     Example: ``lake.trend("Module.head.Linear.parameters_grad", arg="weight.0", plot="norm.png")``
     (``msprobe lake trend ./lake "Module.head.Linear.parameters_grad" --arg weight.0 --plot norm.png``)."""
@@ -354,15 +375,15 @@ def trend(lake: Any, record: str, *, stat: str = "norm", arg: Optional[str] = No
         raise ConfigError(f"stat={stat!r}: one of {', '.join(STATS)}")
     where = "TRUE" + _record_where(record) + _in("run", run) + _in("rank", rank)
     if arg is None:
-        args = lake.sql(f"SELECT DISTINCT arg_path, io FROM lake WHERE {where}")
+        args = lake.sql(f"SELECT arg_path, min({_IO_ORDER}) AS o, min(seq) AS s FROM lake WHERE {where} "
+                        f"GROUP BY arg_path ORDER BY o, arg_path")
         if args.empty:
             raise ConfigError(f"trend: no record {record!r} in the lake" + (f" (run {run})" if run else ""))
-        names = sorted(args["arg_path"].dropna().tolist())
-        arg = "output.0" if "output.0" in names else (names[0] if names else None)
+        arg = _main_arg(args)
     q = f"""
     SELECT run, rank, rank_dir, step, record, arg_path, {stat} AS value
     FROM lake WHERE {where} AND arg_path = {_q(arg)}
-    ORDER BY run, rank NULLS FIRST, rank_dir, step NULLS FIRST, record
+    ORDER BY run, rank NULLS FIRST, rank_dir, record, step NULLS FIRST
     """
     df = lake.sql(q)
     if df.empty:
@@ -370,8 +391,13 @@ def trend(lake: Any, record: str, *, stat: str = "norm", arg: Optional[str] = No
         if not have:
             raise ConfigError(f"trend: no record {record!r} in the lake" + (f" (run {run})" if run else ""))
         raise ConfigError(f"trend: record {record!r} has no argument {arg!r}; its arguments: {', '.join(have)}")
+    records = sorted(df["record"].unique().tolist())
+    if len(records) > TREND_MAX_RECORDS:
+        raise ConfigError(f"trend: {record!r} matches {len(records)} records ({', '.join(records[:3])}, ...); "
+                          f"at most {TREND_MAX_RECORDS} are drawn, one line each: narrow the glob")
     df.attrs["arg"] = arg
     df.attrs["stat"] = stat
+    df.attrs["records"] = records
     df.attrs["plot"] = None
     df.attrs["plot_note"] = None
     if plot:
@@ -388,19 +414,41 @@ def _plot(df: Any, path: str, record: str, arg: Optional[str], stat: str) -> str
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise MissingDependencyError("the trend plot needs matplotlib: pip install matplotlib "
                                      "(the values are in the returned table)") from None
+    import numpy as np
+
     fig, ax = plt.subplots(figsize=(9, 4))
-    for run, g in df.groupby("run", sort=True):
-        agg = g.groupby("step")["value"].agg(["mean", "min", "max"]).reset_index()
-        xs = agg["step"].tolist()
-        ax.plot(xs, agg["mean"].tolist(), marker="o", lw=1.2, label=f"{run} (mean over {g['rank_dir'].nunique()} ranks)")
-        if g["rank_dir"].nunique() > 1:
+    many = df["record"].nunique() > 1
+    vals = [v for v in df["value"].tolist() if v is not None and isinstance(v, float) and math.isfinite(v)]
+    top = max(vals) if vals else 1.0
+    bottom = min(vals) if vals else 0.0
+    bad_x: dict = {"NaN": [], "+Inf": [], "-Inf": []}
+    bad_y: dict = {"NaN": [], "+Inf": [], "-Inf": []}
+    for (run, rec), g in df.groupby(["run", "record"], sort=True):
+        v = g["value"].astype(float)
+        for label, sel in (("NaN", v.isna()), ("+Inf", v == np.inf), ("-Inf", v == -np.inf)):
+            steps = g.loc[sel, "step"].tolist()
+            bad_x[label] += steps
+            bad_y[label] += [bottom if label == "-Inf" else top] * len(steps)
+        fin = g[np.isfinite(v)]
+        agg = fin.groupby("step")["value"].agg(["mean", "min", "max"]).reindex(sorted(g["step"].dropna().unique()))
+        xs = agg.index.tolist()
+        n_ranks = g["rank_dir"].nunique()
+        label = f"{run} {rec}" if many else f"{run}"
+        ax.plot(xs, agg["mean"].tolist(), marker="o", lw=1.2,
+                label=label + (f" (mean over {n_ranks} ranks)" if n_ranks > 1 else ""))
+        if n_ranks > 1:
             ax.fill_between(xs, agg["min"].tolist(), agg["max"].tolist(), alpha=0.2)
-    vals = [v for v in df["value"].tolist() if v is not None and isinstance(v, float) and math.isfinite(v) and v > 0]
-    if vals and max(vals) / min(vals) > 1e3:
+    for label, marker, color in (("NaN", "X", "red"), ("+Inf", "^", "purple"), ("-Inf", "v", "purple")):
+        if bad_x[label]:
+            ax.scatter(bad_x[label], bad_y[label], marker=marker, s=80, color=color, zorder=5, label=label)
+    pos = [v for v in vals if v > 0]
+    if pos and len(pos) == len(vals) and max(pos) / min(pos) > 1e3:
         ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel(stat)
     ax.set_title(f"{record} {arg}", fontsize=9)

@@ -165,7 +165,10 @@ def _compare_float(name: str, api_name: str, bench: Any, device: Any) -> dict:
         cos = None
     else:
         nd, nb = float(d.norm()), float(b.norm())
-        if (nd == 0 or nb == 0) and max(float(d.abs().max()), float(b.abs().max())) < 1e-12:
+        if not d.numel():  # every element NaN/Inf (a mask filled with -inf): inf_nan_err judges them
+            msgs.append("No finite element on both sides: the cosine similarity does not apply.")
+            cos = None
+        elif (nd == 0 or nb == 0) and max(float(d.abs().max()), float(b.abs().max())) < 1e-12:
             msgs.append("Device and benchmark outputs are all (numerically) zero: the cosine similarity does not apply.")
             cos = None
         elif nd == 0 or nb == 0:

@@ -95,3 +95,47 @@ def test_masks_minus_inf_is_no_nan_inf_in_compare_and_lake(full_mask_runs, tmp_p
     assert rows[0]["nan_rows"] > 0 and rows[0]["inf_rows"] == 0 and rows[0]["masked_rows"] > 0
     assert main(["lake", "nan", str(root), "--kind", "inf"]) == 0
     assert "no Inf in any statistic" in capsys.readouterr().out
+
+
+def test_trend_of_a_glob_draws_each_record(runs, tmp_path, capsys):
+    """lake trend: one column (and line) per matched record, the gradient's weight by default,
+    integer steps, NaN drawn; too wide a glob is refused."""
+    rec = "Module.blocks.*.fc.Linear.parameters_grad"
+    png = str(tmp_path / "t.png")
+    capsys.readouterr()
+    assert main(["lake", "trend", str(runs), rec, "--run", "nan", "--plot", png]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{rec} weight.0 norm by step (3 records):"), out
+    for i in range(3):
+        assert f"Module.blocks.{i}.fc.Linear.parameters_grad" in out
+    lines = out.splitlines()
+    step_rows = [ln.split() for ln in lines if ln[:1].isdigit()]
+    assert [r[0] for r in step_rows] == ["0", "1", "2"] and all(len(r) == 4 for r in step_rows)
+    assert step_rows[1][1:] == ["NaN"] * 3  # the NaN weight's gradients at step 1
+    assert os.path.getsize(png) > 0
+    assert main(["lake", "trend", str(runs), "Module.blocks.1.fc.Linear.forward.0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["arg"] == "output.0" and {r["step"] for r in doc["rows"]} == {0, 1, 2}
+    assert main(["lake", "trend", str(runs), "Module.blocks.*"]) == 1
+    assert "matches 48 records" in capsys.readouterr().err
+
+
+def test_run_ut_passes_a_healthy_fp32_run(full_mask_runs, tmp_path, capsys):
+    """A healthy fp32 CPU training step (Adam's addcdiv_/addcmul_, a torch.full(-inf) mask):
+    every API passes; none is SKIPped for its -inf."""
+    import csv
+    import glob
+
+    from msprobe.run_ut.standards import ABSOLUTE, BENCHMARK, algorithm_of
+
+    assert [algorithm_of(a) for a in ("addcdiv_", "addcmul", "rsqrt", "lerp_", "__truediv__")] == [
+        BENCHMARK, BENCHMARK, BENCHMARK, BENCHMARK, ABSOLUTE]
+    dump = str(full_mask_runs / "none" / "step0" / "rank" / "dump.json")
+    assert main(["run_ut", "-api_info", dump, "-o", str(tmp_path), "--no-progress"]) == 0
+    (res,) = glob.glob(str(tmp_path / "accuracy_checking_result_*.csv"))
+    with open(res, encoding="utf-8-sig") as f:
+        rows = list(csv.DictReader(f))
+    bad = [(r["API name"], r["Forward Test Success"], r["Message"][:80]) for r in rows
+           if r["Forward Test Success"] != "pass"]
+    assert len(rows) > 300 and bad == []
+    assert any(r["API name"].startswith("Torch.full.") for r in rows)
