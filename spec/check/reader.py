@@ -386,12 +386,10 @@ def detect_dialect(rank_dir_names: list, data: Optional[dict], marker: Optional[
 
 # ---------------------------------------------------------------- section 5: layout
 
-def _is_rank_dir(path: str) -> bool:
-    if not RANK_DIR_RE.match(os.path.basename(path.rstrip("/"))) or not os.path.isdir(path):
-        return False
+def _holds_documents(path: str) -> bool:
+    """5.8 rule 1."""
     names = set(os.listdir(path))
-    return bool(names & {"dump.json", "debug.json", "msprobe_lake.json", ".journal", "dump_tensor_data",
-                         "tensors.zarr"})
+    return bool(names & {"dump.json", "debug.json"}) or os.path.isdir(os.path.join(path, "dump_tensor_data"))
 
 
 def _rank_of(name: str) -> Optional[int]:
@@ -399,43 +397,47 @@ def _rank_of(name: str) -> Optional[int]:
     return int(m.group("rank")) if m and m.group("rank") is not None else None
 
 
+def _step_of(name: str) -> Optional[int]:
+    m = STEP_DIR_RE.match(name)
+    return int(m.group("step")) if m else None
+
+
+def _found(path: str, step: Optional[int], split: Optional[str]) -> dict:
+    name = os.path.basename(path)
+    return {"split": split, "step": step, "rank": _rank_of(name), "rank_dir": name, "path": path}
+
+
+def _rank_dirs_of(path: str, step: Optional[int], split: Optional[str]) -> list:
+    return [_found(os.path.join(path, n), step, split) for n in os.listdir(path)
+            if RANK_DIR_RE.match(n) and os.path.isdir(os.path.join(path, n))]
+
+
+def _discover(path: str, split: Optional[str]) -> list:
+    if _holds_documents(path):  # rule 1
+        return [_found(path, _step_of(os.path.basename(os.path.dirname(path))), split)]
+    names = [n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n))]
+    steps = [n for n in names if STEP_DIR_RE.match(n)]
+    if steps:  # rule 2
+        return [r for n in steps for r in _rank_dirs_of(os.path.join(path, n), _step_of(n), split)]
+    if any(RANK_DIR_RE.match(n) for n in names):  # rule 3
+        return _rank_dirs_of(path, _step_of(os.path.basename(path)), split)
+    out = []
+    if split is None:  # rule 4
+        for sp in ("graph", "pynative"):
+            if sp in names:
+                out += _discover(os.path.join(path, sp), sp)
+    return out
+
+
 def discover(path: str) -> list:
     """5.8: [{split, step, rank, rank_dir, path}] in the spec's order."""
     path = os.path.abspath(path)
     if os.path.isfile(path) and os.path.basename(path) in ("dump.json", "debug.json"):
-        path = os.path.dirname(path)
-    out = []
-    if _is_rank_dir(path):
-        m = STEP_DIR_RE.match(os.path.basename(os.path.dirname(path)))
-        name = os.path.basename(path)
-        out.append({"split": None, "step": int(m.group("step")) if m else None, "rank": _rank_of(name),
-                    "rank_dir": name, "path": path})
-        return out
-
-    def steps_under(root: str, split: Optional[str]) -> list:
-        found = []
-        m = STEP_DIR_RE.match(os.path.basename(root))
-        step_dirs = [root] if m else [os.path.join(root, n) for n in os.listdir(root)
-                                      if STEP_DIR_RE.match(n) and os.path.isdir(os.path.join(root, n))]
-        for sd in step_dirs:
-            step = int(STEP_DIR_RE.match(os.path.basename(sd)).group("step"))
-            for n in os.listdir(sd):
-                p = os.path.join(sd, n)
-                if _is_rank_dir(p):
-                    found.append({"split": split, "step": step, "rank": _rank_of(n), "rank_dir": n, "path": p})
-        return found
-
-    has_steps = STEP_DIR_RE.match(os.path.basename(path)) or any(
-        STEP_DIR_RE.match(n) for n in os.listdir(path))
-    if has_steps:
-        out = steps_under(path, None)
-    else:
-        for split in ("graph", "pynative"):
-            if os.path.isdir(os.path.join(path, split)):
-                out += steps_under(os.path.join(path, split), split)
+        path = os.path.dirname(path)  # 5.4
+    out = _discover(path, None)
     order = {None: 0, "graph": 1, "pynative": 2}
-    out.sort(key=lambda r: (order[r["split"]], r["step"] if r["step"] is not None else -1,
-                            r["rank"] is not None, r["rank"] or 0, r["rank_dir"]))
+    out.sort(key=lambda r: (order[r["split"]], (r["step"] is not None, r["step"] or 0),
+                            (r["rank"] is not None, r["rank"] or 0), r["rank_dir"]))
     return out
 
 

@@ -186,13 +186,16 @@ def layouts(root: str) -> None:
         "distributed": ["step0/rank0", "step0/rank1", "step0/rank10", "step0/rank2"],
         "steps": ["step10/rank", "step2/rank", "step0/rank"],
         "split": ["graph/step0/rank0", "pynative/step0/rank0", "graph/step1/rank0", "pynative/step1/rank0"],
+        "no-steps": ["rank1", "rank0"],
     }
     for name, dirs in trees.items():
         for d in dirs:
             put(os.path.join(root, name, d, "dump.json"), _doc("mindspore" if name == "split" else "pytorch",
                                                                "L0" if name == "split" else "L1"))
-        put(os.path.join(root, name, "step0", "notes.txt") if name != "split" else
+        put(os.path.join(root, name, "step0", "notes.txt") if name not in ("split", "no-steps") else
             os.path.join(root, name, "README.txt"), "not part of the dump\n")
+    # a rank directory holding no document is still one (5.8 rule 2): step1's holds an unknown file only
+    put(os.path.join(root, "single-rank", "step1", "rank", "notes.txt"), "not part of the dump\n")
     # kernel dumps only (5.7)
     k = os.path.join(root, "kernel-only")
     put(os.path.join(k, "step0", "kernel_config_0.json"),
@@ -201,7 +204,7 @@ def layouts(root: str) -> None:
     put(os.path.join(k, "step0", "20260101120000", "0", "0", "MatMul.MatMul_2.13.3.1767268800000001"), "kernel\n")
     import msprobe.readers as mr
 
-    paths = ["single-rank", "proc", "distributed", "steps", "split", "kernel-only", "distributed/step0",
+    paths = ["single-rank", "proc", "distributed", "steps", "split", "no-steps", "kernel-only", "distributed/step0",
              "distributed/step0/rank1", "split/graph"]
     out = []
     for p in paths:
