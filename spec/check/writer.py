@@ -3,7 +3,8 @@
 ``write_dump`` turns a list of calls (numpy arrays for tensors, Python values for the rest)
 into a dump of one dialect (section 4), task and summary mode: the layout of section 5, the
 names of section 7, the documents of sections 8-13, the tensor files and mapping.csv of
-section 14, the statistics and checksums of section 15, the marker of section 6 and,
+section 14 (or, with ``zarr=True``, the Zarr tensor store of section 21, through the generic
+``zarr`` library), the statistics and checksums of section 15, the marker of section 6 and,
 optionally, only a crash journal (section 17). Imports nothing of msprobe-lake.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from typing import Any, Optional
 
 import numpy as np
-from reader import MAX_FILE_NAME_LENGTH, crc32_hex, dumps_indent1, element_bytes, stats, xor_md5
+from reader import MAX_FILE_NAME_LENGTH, crc32_hex, dumps_indent1, element_bytes, logical_dtype, stats, xor_md5
 
 _MS_DTYPES = {"float32": "Float32", "float16": "Float16", "float64": "Float64", "bfloat16": "BFloat16",
               "int8": "Int8", "int16": "Int16", "int32": "Int32", "int64": "Int64", "uint8": "UInt8",
@@ -62,11 +63,13 @@ def record_name(c: Call, dialect: str) -> str:
 
 
 class _Writer:
-    def __init__(self, rank_path: str, dialect: str, framework: str, task: str, mode: str):
+    def __init__(self, rank_path: str, dialect: str, framework: str, task: str, mode: str, zarr: bool = False):
         self.path, self.dialect, self.framework, self.task, self.mode = rank_path, dialect, framework, task, mode
         self.ext = "pt" if framework == "pytorch" else "npy"
         self.files: dict = {}  # stored name -> bytes
         self.mapping: list = []
+        self.zarr = zarr
+        self.payloads: list = []  # (data_name, logical dtype, shape, stored array): section 21
 
     # -- 10.2 tensor entries
     def tensor(self, value: Any, data_name: Optional[str], param: bool = False) -> dict:
@@ -98,7 +101,12 @@ class _Writer:
         return e
 
     def save(self, name: str, a: np.ndarray, bf16: bool) -> None:
-        """14.1 (and 7.3 for names over 255 characters)."""
+        """14.1 (and 7.3 for names over 255 characters); 21 with a Zarr store."""
+        if self.zarr:
+            stored = np.frombuffer(element_bytes(a, "bfloat16" if bf16 else str(a.dtype)),
+                                   dtype="<u2" if bf16 else a.dtype.newbyteorder("<"))
+            self.payloads.append((name, "bfloat16" if bf16 else logical_dtype(str(a.dtype)), list(a.shape), stored))
+            return
         if self.ext == "pt":
             import io
 
@@ -188,7 +196,7 @@ def rank_dir_name(dialect: str, rank: Optional[int], pid: int) -> str:
 
 def write_dump(root: str, calls: list, *, dialect: str = "msprobe-lake", framework: str = "pytorch",
                task: str = "statistics", mode: str = "statistics", level: str = "L1", steps: tuple = (0,),
-               ranks: tuple = (None,), pid: int = 4242, journal_only: bool = False) -> list:
+               ranks: tuple = (None,), pid: int = 4242, journal_only: bool = False, zarr: bool = False) -> list:
     """Write ``calls`` for every step and rank; return the rank directory paths."""
     out = []
     for step in steps:
@@ -196,7 +204,7 @@ def write_dump(root: str, calls: list, *, dialect: str = "msprobe-lake", framewo
             rdir = os.path.join(root, f"step{step}", rank_dir_name(dialect, rank, pid))
             os.makedirs(rdir, exist_ok=True)
             out.append(rdir)
-            _write_rank(rdir, calls, dialect, framework, task, mode, level, step, rank, journal_only)
+            _write_rank(rdir, calls, dialect, framework, task, mode, level, step, rank, journal_only, zarr)
     return out
 
 
@@ -205,9 +213,70 @@ def _put(path: str, data: bytes) -> None:
         f.write(data)
 
 
+_CHUNK_BYTES = 16  # producer's choices (21.3): tiny, so that payloads span inner chunks and shards are padded
+_SHARD_CHUNKS = 4
+
+
+def write_zarr(rdir: str, payloads: list) -> None:
+    """Section 21: one 1-D array per logical dtype, payloads concatenated (equal bytes stored once),
+    a payload never straddling two shards (the writer pads to the next shard), the manifest in
+    the group's attributes."""
+    import hashlib
+
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    root = os.path.join(rdir, "tensors.zarr")
+    by_dtype: dict = {}
+    manifest: dict = {"layout_version": "1.0", "complete": True, "compression": "zstd", "arrays": {},
+                      "payloads": [], "tensors": {}, "incomplete": []}
+    seen: dict = {}
+    for name, ld, shape, stored in payloads:
+        raw = stored.tobytes()
+        sha = hashlib.sha256(raw).hexdigest()[:32]
+        key = (ld, len(raw), sha)
+        if key not in seen:
+            parts = by_dtype.setdefault(ld, {"parts": [], "length": 0, "dtype": stored.dtype})
+            size = stored.dtype.itemsize
+            chunk = max(1, _CHUNK_BYTES // size)
+            shard = chunk * _SHARD_CHUNKS
+            n = stored.size
+            start = parts["length"]
+            if n and n <= shard and start // shard != (start + n - 1) // shard:
+                pad = shard - start % shard  # the next shard boundary
+                parts["parts"].append(np.zeros(pad, dtype=stored.dtype))
+                start += pad
+            parts["parts"].append(stored)
+            parts["length"] = start + n
+            seen[key] = len(manifest["payloads"])
+            manifest["payloads"].append([ld, start, n, sha])
+        manifest["tensors"][name] = [seen[key], shape]
+    group = zarr.open_group(root, mode="w", zarr_format=3)
+    for ld, parts in by_dtype.items():
+        dt = parts["dtype"]
+        chunk = max(1, _CHUNK_BYTES // dt.itemsize)
+        shard = chunk * _SHARD_CHUNKS
+        data = np.concatenate(parts["parts"]) if parts["parts"] else np.zeros(0, dt)
+        storage = str(np.dtype(dt).newbyteorder("="))
+        arr = group.create_array(ld, shape=(len(data),), dtype=storage,
+                                 chunks=(chunk,), shards=(shard,), fill_value=0,
+                                 compressors=[BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle",
+                                                         typesize=dt.itemsize)],
+                                 attributes={"msprobe_lake": {"logical_dtype": ld, "storage_dtype": storage,
+                                                              "layout_version": "1.0"}})
+        if len(data):
+            arr[:] = data
+        cdir = os.path.join(root, ld, "c")
+        shards = {n: os.path.getsize(os.path.join(cdir, n)) for n in sorted(os.listdir(cdir), key=int)} \
+            if os.path.isdir(cdir) else {}
+        manifest["arrays"][ld] = {"shards": shards, "shard_elements": shard, "chunk_elements": chunk,
+                                  "storage_dtype": storage, "compressed": True}
+    group.attrs["msprobe_lake"] = manifest
+
+
 def _write_rank(rdir: str, calls: list, dialect: str, framework: str, task: str, mode: str, level: str,
-                step: int, rank: Optional[int], journal_only: bool) -> None:
-    w = _Writer(rdir, dialect, framework, task, mode)
+                step: int, rank: Optional[int], journal_only: bool, zarr: bool = False) -> None:
+    w = _Writer(rdir, dialect, framework, task, mode, zarr)
     data: dict = {}
     construct: dict = {}
     stacks: dict = {}
@@ -221,6 +290,9 @@ def _write_rank(rdir: str, calls: list, dialect: str, framework: str, task: str,
     debug = level == "debug"
     doc = {"task": task, "level": level, "framework": framework,
            "dump_data_dir": os.path.join(rdir, "dump_tensor_data") if w.files else None, "data": data}
+    if zarr:
+        write_zarr(rdir, w.payloads)
+        doc["dump_data_dir"] = os.path.join(rdir, "tensors.zarr")  # 21.1
     if w.files:
         os.makedirs(os.path.join(rdir, "dump_tensor_data"), exist_ok=True)
         for n, b in w.files.items():
@@ -255,7 +327,8 @@ def _write_rank(rdir: str, calls: list, dialect: str, framework: str, task: str,
     if dialect == "msprobe-lake":  # 6
         marker = {"format_version": "1.0", "dialect": "msprobe-lake", "producer": "spec-check 1.0",
                   "framework": framework, "task": task, "level": level, "summary_mode": mode,
-                  "tensor_format": "pt" if framework == "pytorch" else "npy", "step": step, "rank": rank,
+                  "tensor_format": "zarr" if zarr else ("pt" if framework == "pytorch" else "npy"),
+                  "step": step, "rank": rank,
                   "records": len(data)}
         if not journal_only:
             marker["document_crc32"] = crc32_hex(doc_bytes)
