@@ -80,6 +80,7 @@ class ViewData:
         self._db.execute(f"SET temp_directory='{os.path.join(work_dir, 'spill')}'")
         self._dumps: dict = {}
         self._trees: dict = {}
+        self._lake: Any = None
 
     # -- queries ----------------------------------------------------------------------
     def query(self, sql: str, params: Any = ()) -> list:
@@ -94,6 +95,8 @@ class ViewData:
 
     def close(self) -> None:
         self._db.close()
+        if self._lake is not None:
+            self._lake.close()
         if self._owns:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -180,6 +183,36 @@ class ViewData:
         finally:
             cur.close()
 
+    #: index rows (staged in ``t_in`` with their ``cell`` and ``pos``, the row order) -> ``rows``
+    _INDEX_INSERT = """INSERT INTO rows SELECT cell, row_number() OVER (PARTITION BY cell ORDER BY seq, pos) - 1,
+        name, record, io, dir, kind, CASE WHEN nan_inf THEN 'nan_inf' ELSE '' END, NULL, NULL, NULL, NULL,
+        dtype, NULL, shape, NULL, NULL, max, min, mean, norm, NULL, NULL, NULL, NULL, md5, NULL,
+        nan_inf, 0.0, data_name, NULL
+      FROM (SELECT cell, record || CASE WHEN arg_path IS NULL OR arg_path = '' THEN '' ELSE '.' ||
+          -- the compare's row names: input_args.N / input_kwargs.K -> input.N / input.K, a
+          -- parameters_grad leaf without its position
+          CASE WHEN kind = 'parameters_grad' THEN regexp_replace(arg_path, '\\.0$', '')
+          ELSE regexp_replace(arg_path, '^input_(args|kwargs)\\.', 'input.') END END AS name,
+          record, CASE WHEN starts_with(io, 'input') THEN 'input' ELSE io END AS io,
+          CASE WHEN direction = 'backward' OR kind = 'parameters_grad' THEN 'backward' ELSE 'forward' END AS dir,
+          CASE WHEN kind IN ('module', 'parameters_grad') THEN 'module' ELSE 'api' END AS kind,
+          dtype, CAST(shape AS VARCHAR) AS shape, try_cast(max AS DOUBLE) AS max,
+          try_cast(min AS DOUBLE) AS min, try_cast(mean AS DOUBLE) AS mean,
+          try_cast(norm AS DOUBLE) AS norm, md5, coalesce(has_nan, false) OR coalesce(has_inf, false)
+          AS nan_inf, data_name, seq, pos FROM t_in)"""
+
+    def _insert_index_rows(self, cur: Any, table: Any, cell_sql: str, params: list) -> None:
+        """Stage an Arrow table of index rows and insert it; ``cell_sql`` gives each row its cell."""
+        cur.register("t_arrow", table)
+        # staged as a table first: its rowid is the row order
+        cur.execute("CREATE OR REPLACE TEMP TABLE t_raw AS SELECT * FROM t_arrow")
+        cur.unregister("t_arrow")
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE t_in AS SELECT {cell_sql} AS cell, t.*, t.rowid AS pos FROM "
+                    f"t_raw t", params)
+        cur.execute(self._INDEX_INSERT)
+        cur.execute("DROP TABLE t_in")
+        cur.execute("DROP TABLE t_raw")
+
     def load_dump(self, dump: Any) -> None:
         """Rows of one dump without a bench: the readers' index rows, one rank directory at a time."""
         self._dumps["target"] = dump
@@ -191,26 +224,29 @@ class ViewData:
                 cur.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?, NULL, NULL)",
                             [cell, src.run, src.step, rank, src.rank_dir])
                 table = dump.to_arrow(step=src.step, rank=src.rank, run=src.run if src.run else ANY)
-                cur.register("t_arrow", table)
-                cur.execute("CREATE OR REPLACE TEMP TABLE t_in AS SELECT * FROM t_arrow")  # rowid: the row order
-                cur.unregister("t_arrow")
-                cur.execute("""INSERT INTO rows SELECT ?, row_number() OVER (ORDER BY seq, pos) - 1, name, record,
-                    io, dir, kind, CASE WHEN nan_inf THEN 'nan_inf' ELSE '' END, NULL, NULL, NULL, NULL,
-                    dtype, NULL, shape, NULL, NULL, max, min, mean, norm, NULL, NULL, NULL, NULL, md5, NULL,
-                    nan_inf, 0.0, data_name, NULL
-                  FROM (SELECT record || CASE WHEN arg_path IS NULL OR arg_path = '' THEN '' ELSE '.' ||
-                      -- the compare's row names: input_args.N / input_kwargs.K -> input.N / input.K, a
-                      -- parameters_grad leaf without its position
-                      CASE WHEN kind = 'parameters_grad' THEN regexp_replace(arg_path, '\\.0$', '')
-                      ELSE regexp_replace(arg_path, '^input_(args|kwargs)\\.', 'input.') END END AS name,
-                      record, CASE WHEN starts_with(io, 'input') THEN 'input' ELSE io END AS io, CASE WHEN direction = 'backward' OR kind = 'parameters_grad'
-                      THEN 'backward' ELSE 'forward' END AS dir,
-                      CASE WHEN kind IN ('module', 'parameters_grad') THEN 'module' ELSE 'api' END AS kind,
-                      dtype, CAST(shape AS VARCHAR) AS shape, try_cast(max AS DOUBLE) AS max,
-                      try_cast(min AS DOUBLE) AS min, try_cast(mean AS DOUBLE) AS mean,
-                      try_cast(norm AS DOUBLE) AS norm, md5, coalesce(has_nan, false) OR coalesce(has_inf, false)
-                      AS nan_inf, data_name, seq, rowid AS pos FROM t_in)""", [cell])
-                cur.execute("DROP TABLE t_in")
+                self._insert_index_rows(cur, table, "?::INTEGER", [cell])
+        finally:
+            cur.close()
+
+    def load_lake(self, lake: Any) -> None:
+        """Rows of a lake (many runs x steps x ranks, no bench): its index through the lake's DuckDB,
+        one (run, step) at a time, so a step of every rank is the most held at once."""
+        self._lake = lake
+        self._create()
+        cells = _arrow(lake.sql("SELECT DISTINCT run, step, rank, rank_dir FROM lake ORDER BY run, step, rank, "
+                                "rank_dir", as_arrow=True)).to_pylist()
+        cur = self._db.cursor()
+        try:
+            for cell, c in enumerate(cells):
+                cur.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?, NULL, NULL)",
+                            [cell, c["run"], c["step"], c["rank"], c["rank_dir"]])
+            for run, step in sorted({(c["run"], c["step"]) for c in cells}, key=lambda t: (t[0], t[1] is None,
+                                                                                            t[1] or 0)):
+                where = f"run = {_sql_text(run)} AND " + ("step IS NULL" if step is None else f"step = {int(step)}")
+                table = _arrow(lake.sql(f"SELECT * FROM lake WHERE {where}", as_arrow=True))
+                self._insert_index_rows(cur, table, "(SELECT cell FROM cells c WHERE c.run = t.run AND "
+                                                    "c.step IS NOT DISTINCT FROM t.step AND c.rank_dir = t.rank_dir)",
+                                        [])
         finally:
             cur.close()
 
@@ -371,10 +407,25 @@ class ViewData:
         return self._dumps[side]
 
     def source(self, side: str, cell: int) -> Any:
-        d = self.dump(side)
+        """The rank directory (a readers source) of ``cell`` on ``side``, or None."""
+        c = self._cell(cell)
+        if self._lake is not None:  # a lake: the cell's run, opened once
+            if side != "target" or c["run"] is None:
+                return None
+            key = ("run", c["run"])
+            if key not in self._dumps:
+                import msprobe.readers
+
+                try:
+                    self._dumps[key] = msprobe.readers.open(self._lake.run_url(c["run"]),
+                                                            storage_options=self.storage_options)
+                except (MsprobeError, OSError):
+                    self._dumps[key] = None
+            d = self._dumps[key]
+        else:
+            d = self.dump(side)
         if d is None:
             return None
-        c = self._cell(cell)
         step = c["step"] if side == "target" else c["bench_step"]
         rd = c["rank_dir"] if side == "target" else c["bench_rank_dir"]
         for s in d.sources:
@@ -452,6 +503,16 @@ def _finite(v: Any) -> Any:
     return f
 
 
+def _arrow(t: Any) -> Any:
+    """An Arrow table (DuckDB's ``.arrow()`` is a batch reader in some versions)."""
+    return t.read_all() if hasattr(t, "read_all") else t
+
+
+def _sql_text(v: Any) -> str:
+    """A SQL string literal (quotes doubled)."""
+    return "'" + str(v).replace("'", "''") + "'"
+
+
 def _is_compare_output(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "summary.json"))
 
@@ -480,10 +541,17 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
             data.load_compare_output(path)
         else:
             import msprobe.readers
+            from msprobe.errors import UnknownDialectError
 
-            d = msprobe.readers.open(path, storage_options=storage_options)
             data.target = path
-            data.load_dump(d)
+            try:
+                d = msprobe.readers.open(path, storage_options=storage_options)
+            except UnknownDialectError:  # not one dump: a lake of runs (indexed as msprobe.lake does)
+                import msprobe.lake
+
+                data.load_lake(msprobe.lake.open(path, storage_options=storage_options, progress=False))
+            else:
+                data.load_dump(d)
         data.finish()
     except BaseException:
         data.close()

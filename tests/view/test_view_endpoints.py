@@ -282,3 +282,44 @@ def test_cli_view_prints_the_url_and_serves_it(nan_pair, tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_lake_of_runs_shows_run_by_step_by_rank(nan_pair, tmp_path):
+    import shutil
+
+    from msprobe.view import open_view
+
+    root = tmp_path / "lake"
+    shutil.copytree(os.path.join(nan_pair, "target"), root / "run_npu")
+    shutil.copytree(os.path.join(nan_pair, "bench"), root / "run_gpu")
+    with open_view(str(root)) as v:
+        o = v.overview()
+        assert len(o["cells"]) == 12 and {c["run"] for c in o["cells"]} == {"run_npu", "run_gpu"}
+        bad = [(c["run"], c["step"], c["rank_dir"]) for c in o["cells"] if c["nan_inf"]]
+        assert bad == [("run_npu", 1, "rank1")]
+        first = next(c for c in o["cells"] if c["cell"] == o["first_cell"])
+        assert first["run"] == "run_npu" and first["first_div_name"] == FAULT_ROW
+        assert v.tree(first["cell"]).path(FAULT_RECORD) == [FAULT_MODULE, FAULT_RECORD]
+        assert "linear.py" in v.record(first["cell"], FAULT_RECORD)["stack"][0]
+        series = {s["rank"]: s["points"] for s in v.trend(f"{FAULT_RECORD}.output.0", "max")["series"]}
+        assert series["run_npu/rank1"][1]["target"] == "NaN" and series["run_gpu/rank1"][1]["target"] != "NaN"
+
+
+@pytest.mark.s3
+def test_a_pair_in_a_bucket(nan_pair, nan_view, s3_server, s3_bucket_url):
+    import s3fs
+
+    from msprobe.view import open_view
+    from tests.conftest_s3 import s3_storage_options
+
+    opts = s3_storage_options(s3_server)
+    fs = s3fs.S3FileSystem(**opts)
+    for side in ("target", "bench"):
+        fs.put(os.path.join(nan_pair, side) + "/", f"{s3_bucket_url}/{side}/", recursive=True)
+    with open_view(f"{s3_bucket_url}/target", f"{s3_bucket_url}/bench", storage_options=opts) as v:
+        keep = ("step", "rank_dir", "rows", "errors", "nan_inf", "first_div_name")
+        assert [{k: c[k] for k in keep} for c in v.overview()["cells"]] == \
+            [{k: c[k] for k in keep} for c in nan_view.overview()["cells"]]
+        cell = v.overview()["first_cell"]
+        assert "linear.py" in v.record(cell, FAULT_RECORD)["stack"][0]  # stack.json read from the bucket
+        assert v.tree(cell).path(FAULT_RECORD) == [FAULT_MODULE, FAULT_RECORD]
