@@ -4,7 +4,11 @@ generate_zoo.py) and here by ours, with the same config. Same record names in th
 argument encodings, statistics within 1e-5 (relative), same tensor files, same construct.json parents
 of forward records; the only differences allowed are the documented ones of spec/FORMAT.md and PRODUCER.md §20,
 each counted by kind (with MSPROBE_CONFORMANCE_FIGURES=FILE the figures go to FILE, and
-`python tests/dumpers/test_zoo.py FILE` prints the table of docs/conformance.md)."""
+`python tests/dumpers/test_zoo.py FILE` prints the table of docs/conformance.md).
+
+The checksums of floating-point tensors (the ``md5`` runs) are the CPU kernels' bits: they are
+compared with the real tool run live on this machine, not with the committed dump (see
+tests/dumpers/test_conformance.py and tests/fixtures/real/README.md)."""
 from __future__ import annotations
 
 import json
@@ -23,20 +27,35 @@ REAL = os.path.join(ROOT, "tests", "fixtures", "real")
 sys.path.insert(0, HERE)
 sys.path.insert(0, REAL)
 from generate_zoo import OUT, SCRIPT, config, runs  # noqa: E402
-from test_conformance import _INPLACE, compare_values, doc, normalize_real, rank_dirs  # noqa: E402
+from test_conformance import (  # noqa: E402
+    _INPLACE,
+    compare_values,
+    doc,
+    float_checksums_in,
+    normalize_real,
+    rank_dirs,
+)
 
 RUNS = runs()
 
 
-def run_ours(tmp_path, run: str, model: str, cfg: str) -> str:
+def run_zoo(tmp_path, run: str, model: str, cfg: str, python: str = sys.executable, ours: bool = True) -> str:
+    """Run one zoo config in ``tmp_path`` with our msprobe, or (``ours=False``) with the real one
+    of the venv ``python`` (without PYTHONPATH, from a folder outside the project)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"{run}.json"
     path.write_text(json.dumps(config(run, model, cfg)))
     # 2 intra-op threads, as the fixtures were made (CPU reductions change their low bits with it)
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2")
-    out = subprocess.run([sys.executable, SCRIPT, "--model", model, "--config", str(path)], cwd=tmp_path, env=env,
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", **({"PYTHONPATH": ROOT} if ours else {}))
+    out = subprocess.run([python, SCRIPT, "--model", model, "--config", str(path)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return str(tmp_path / run)
+
+
+def run_ours(tmp_path, run: str, model: str, cfg: str) -> str:
+    return run_zoo(tmp_path, run, model, cfg)
 
 
 def _cut_short_module(rec) -> bool:
@@ -44,10 +63,12 @@ def _cut_short_module(rec) -> bool:
     return isinstance(rec, dict) and rec.get("output") == [None] and rec.get("parameters") == {}
 
 
-def compare_run(real_root: str, ours_root: str) -> dict:
-    """Compare one run; returns the figures, with the problems found under "problems"."""
+def compare_run(real_root: str, ours_root: str, float_checksums: bool = False) -> dict:
+    """Compare one run with a real dump (committed: ``float_checksums`` False, the checksums of
+    float tensors left out; live: True); returns the figures, with the problems found under
+    "problems" and the float checksums compared under "float_checksums"."""
     fig = {"records": 0, "equal": 0, "values": 0, "tensor_files": 0, "problems": [],
-           "module_backward_kept": 0, "module_cut_short": 0}
+           "module_backward_kept": 0, "module_cut_short": 0, "float_checksums": 0}
     real_ranks, our_ranks = rank_dirs(real_root, 0), rank_dirs(ours_root, 0)
     assert list(real_ranks) == list(our_ranks) == [None], (real_ranks, our_ranks)
     rp, op = real_ranks[None], our_ranks[None]
@@ -83,7 +104,10 @@ def compare_run(real_root: str, ours_root: str) -> dict:
         if n not in ours:
             continue
         before = len(fig["problems"])
-        compare_values(real_cmp[n], ours[n], n, fig["problems"], {"inplace": bool(_INPLACE.match(n))})
+        inplace = bool(_INPLACE.match(n))
+        compare_values(real_cmp[n], ours[n], n, fig["problems"], {"inplace": inplace,
+                                                                  "float_checksums": float_checksums})
+        fig["float_checksums"] += float_checksums_in(real_cmp[n]) if float_checksums and not inplace else 0
         fig["equal"] += len(fig["problems"]) == before
         fig["values"] += len(re.findall(r'"(?:Max|Min|Mean|Norm|md5|value)"', json.dumps(real_cmp[n])))
     # tensor files: ours has each file the real dump has, with the same values
@@ -109,11 +133,21 @@ def compare_run(real_root: str, ours_root: str) -> dict:
 
 
 @pytest.mark.real_fixture
-@pytest.mark.parametrize("run,model,cfg", RUNS, ids=[r for r, _, _ in RUNS])
-def test_zoo_same_records_as_real_msprobe_26(tmp_path, run, model, cfg):
+@pytest.mark.parametrize("run,model,cfg", [pytest.param(*r, marks=pytest.mark.real_tool) if r[2] == "md5" else r
+                                           for r in RUNS], ids=[r for r, _, _ in RUNS])
+def test_zoo_same_records_as_real_msprobe_26(tmp_path, request, run, model, cfg):
+    """Ours against the committed real dump; the md5 runs also against the real tool run live
+    here, float checksums included."""
     real_root = os.path.join(OUT, run)
     assert os.path.isdir(real_root), f"no real fixture {run}: run tests/fixtures/real/generate_zoo.py"
-    fig = compare_run(real_root, run_ours(tmp_path, run, model, cfg))
+    ours_root = run_ours(tmp_path / "ours", run, model, cfg)
+    if cfg == "md5":
+        live_root = run_zoo(tmp_path / "real", run, model, cfg, python=request.getfixturevalue("real_tool"),
+                            ours=False)
+        live = compare_run(live_root, ours_root, float_checksums=True)
+        assert not live["problems"], ("against the live real run", live["problems"][:20])
+        assert live["float_checksums"] > 20, live["float_checksums"]
+    fig = compare_run(real_root, ours_root)
     if os.environ.get("MSPROBE_CONFORMANCE_FIGURES"):  # the figures of docs/conformance.md
         with open(os.environ["MSPROBE_CONFORMANCE_FIGURES"], "a") as fh:
             fh.write(json.dumps(dict(fig, run=run, problems=len(fig["problems"]))) + "\n")
