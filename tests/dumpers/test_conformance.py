@@ -109,6 +109,12 @@ def compare_values(real, ours, path, problems, ctx):
                 continue  # 26.2.0 hashes in-place inputs after the op (asynchronously)
             if k == "md5" and not ctx.get("float_checksums", True) and _FLOAT_DTYPE.search(str(real.get("dtype"))):
                 continue  # the bits of a computed float tensor are the CPU's: compared with a live run only
+            if k == "md5" and real[k] != ours.get(k) and real[k] in ctx.get("later", ()):
+                # 26.2.0 hashes in a background thread: a tensor that a later in-place op changes (the
+                # output of fc before ReLU(inplace=True)) may be hashed after that op. Accepted when the
+                # value is what ours hashed for that tensor later on (counted: "raced")
+                ctx["raced"].append(f"{path}.md5")
+                continue
             if k == "data_name":
                 continue  # same names up to parameters_grad count, checked by file existence
             compare_values(real[k], ours[k], f"{path}.{k}", problems, ctx)
@@ -152,6 +158,25 @@ def float_checksums_in(value) -> int:
     return 0
 
 
+def later_checksums(records: dict, name: str) -> set:
+    """The checksums of ``records`` (ours) from record ``name`` on: the values the tensors had later."""
+    names = list(records)
+    out: set = set()
+
+    def walk(v):
+        if isinstance(v, dict):
+            if isinstance(v.get("md5"), str):
+                out.add(v["md5"])
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk([records[n] for n in names[names.index(name):]])
+    return out
+
+
 def check_same_records(real_root: str, ours_root: str, float_checksums: bool) -> int:
     """Assert ours is the real dump ``real_root`` (committed or live) up to the deliberate
     differences; returns how many float checksums of the real dump were compared."""
@@ -176,12 +201,16 @@ def check_same_records(real_root: str, ours_root: str, float_checksums: bool) ->
             assert list(real) == [n for n in ours if n in real], "record order differs"
             assert set(real) == set(ours), (sorted(set(real) - set(ours)), sorted(set(ours) - set(real)))
             problems: list = []
+            raced: list = []
             for n in real:
                 compare_values(real[n], ours[n], n, problems, {"inplace": bool(_INPLACE.match(n)),
-                                                               "float_checksums": float_checksums})
+                                                               "float_checksums": float_checksums,
+                                                               "later": later_checksums(ours, n) if float_checksums
+                                                               else (), "raced": raced})
             if float_checksums:
                 checked += float_checksums_in([v for n, v in real.items() if not _INPLACE.match(n)])
             assert not problems, problems[:20]
+            assert len(raced) <= max(2, checked // 10), raced
             # every data_name we wrote has its file
             files = set(os.listdir(os.path.join(op, "dump_tensor_data"))) if os.path.isdir(
                 os.path.join(op, "dump_tensor_data")) else set()
