@@ -91,8 +91,8 @@ class _Writer:
         if self.framework == "pytorch":
             e["requires_grad"] = bool(param)
         if self.mode == "md5":
-            src = a.astype(np.float32) if (self.dialect == "msprobe-8" or self.framework == "mindspore") and bf16 \
-                else a
+            cast = self.dialect == "msprobe-8" or (self.framework == "mindspore" and self.dialect != "msprobe-lake")
+            src = a.astype(np.float32) if cast and bf16 else a  # 15.2
             e["md5"] = crc32_hex(element_bytes(src, "float32" if src is not a else dtype))
         if self.task == "tensor" and data_name is not None:
             name = f"{data_name}.{self.ext}"
