@@ -5,6 +5,7 @@ import contextlib
 import csv
 import gc
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -597,16 +598,57 @@ def _unmatched_row(mode: str, name: str, s: Any, stack: str, *, target_side: boo
     return [row[c] for c in cols]
 
 
+#: the xlsx's row fills by Result (8.1.1 colours error rows red and warning rows yellow)
+XLSX_FILLS = {"error": "FFC7CE", "warning": "FFEB9C"}
+
+
+def _xlsx_value(v: Any) -> Any:
+    """A CSV cell as the xlsx stores it: a finite number as a number, ``12.5%`` as the number
+    0.125 (shown as a percentage), anything else (names, ``N/A``, ``nan``, ``inf``) as text."""
+    if not isinstance(v, str) or not v or v[0] not in "-+.0123456789":
+        return v
+    pct = v.endswith("%")
+    try:
+        x = float(v[:-1] if pct else v)
+    except ValueError:
+        return v
+    if not math.isfinite(x):
+        return v
+    if pct:
+        return x / 100, True
+    return int(x) if x.is_integer() and "." not in v and "e" not in v.lower() else x
+
+
 def _write_xlsx(path: str, cols: list, rows: list) -> str:
+    """The CSV's rows as an xlsx sheet: the metric and statistics cells as numbers (Excel sorts
+    them), error rows red and warning rows yellow."""
     try:
         import openpyxl
+        from openpyxl.cell import WriteOnlyCell
+        from openpyxl.styles import PatternFill
     except ImportError as exc:
         raise MissingDependencyError("--xlsx needs openpyxl: pip install 'msprobe-lake[xlsx]'") from exc
     wb = openpyxl.Workbook(write_only=True)
     ws = wb.create_sheet("compare_result")
     ws.append(cols)
+    fills = {k: PatternFill("solid", start_color=c, end_color=c) for k, c in XLSX_FILLS.items()}
+    res_i = cols.index("Result") if "Result" in cols else None
+    first = next((k for k, c in enumerate(cols) if c in ("Max diff", "Cosine")), len(cols))
+    last = cols.index("Bench l2norm") if "Bench l2norm" in cols else first - 1
     for r in rows:
-        ws.append(r)
+        fill = fills.get(r[res_i]) if res_i is not None else None
+        out = []
+        for k, v in enumerate(r):
+            x = _xlsx_value(v) if first <= k <= last else v
+            if isinstance(x, tuple) or fill is not None:
+                cell = WriteOnlyCell(ws, value=x[0] if isinstance(x, tuple) else x)
+                if isinstance(x, tuple):
+                    cell.number_format = "0.00########%"
+                if fill is not None:
+                    cell.fill = fill
+                x = cell
+            out.append(x)
+        ws.append(out)
     wb.save(path)
     return path
 

@@ -139,3 +139,31 @@ def test_run_ut_passes_a_healthy_fp32_run(full_mask_runs, tmp_path, capsys):
            if r["Forward Test Success"] != "pass"]
     assert len(rows) > 300 and bad == []
     assert any(r["API name"].startswith("Torch.full.") for r in rows)
+
+
+def test_xlsx_holds_numbers_and_colours_flagged_rows(runs, tmp_path, capsys):
+    """--xlsx: the metric and statistics cells are numbers (percentages as fractions), error rows
+    red and warning rows yellow."""
+    import openpyxl
+
+    from msprobe.compare._core import XLSX_FILLS
+
+    seen: dict = {}
+    for kind in ("nan", "weight_scale"):  # error rows, warning rows
+        out = tmp_path / kind
+        assert main(["compare", str(runs / kind), str(runs / "none"), "-o", str(out), "--no-plot", "--xlsx",
+                     "--step", "1" if kind == "nan" else "0"]) == 0
+        (path,) = [p for p in out.iterdir() if p.suffix == ".xlsx"]
+        ws = openpyxl.load_workbook(path).active
+        head = [c.value for c in ws[1]]
+        res, nre, mx = head.index("Result"), head.index("NormRelativeErr"), head.index("NPU max")
+        for row in ws.iter_rows(min_row=2):
+            seen.setdefault(row[res].value, row)
+    assert {"pass", "warning", "error"} <= set(seen), set(seen)
+    for result, row in seen.items():
+        want = XLSX_FILLS.get(result)
+        assert all((c.fill.fgColor.rgb[-6:] if c.fill.fill_type == "solid" else None) == want for c in row), result
+    num = [r for r in ws.iter_rows(min_row=2) if isinstance(r[mx].value, float)]
+    assert num and all(isinstance(r[head.index("Max diff")].value, (int, float)) for r in num[:50])
+    pct = [r[nre] for r in ws.iter_rows(min_row=2) if isinstance(r[nre].value, float)]
+    assert pct and pct[0].number_format.endswith("%")
