@@ -336,3 +336,41 @@ def test_generated_vectors_are_reproduced(tmp_path):
         for f in files_a:
             pa, pb = (a / f, b / f) if f is not None else (a, b)
             assert pa.read_bytes() == pb.read_bytes(), f"{rel}/{f}: generated files differ from the committed ones"
+
+
+def test_the_real_dumps_show_what_the_spec_says_readers_must_tolerate():
+    """The tolerances of spec/FORMAT.md are what the committed real-tool dumps hold (figures of issue 33)."""
+    recompute_before_output = recompute_last_in_modules = backward_down = forward_down = 0
+    spawn_ends = construct_keys_not_records = zero_d_int_max = 0
+    for root in REAL_ROOTS:
+        for rd in R.Dump(root).rank_dirs:
+            data = rd.data or {}
+            last: dict = {}
+            for name, rec in data.items():
+                f = R.parse_record_name(name)
+                if isinstance(rec, dict) and "is_recompute" in rec:  # 9.2
+                    keys = list(rec)
+                    if f["kind"] == "api" and "output" in keys and keys.index("is_recompute") < keys.index("output"):
+                        recompute_before_output += 1
+                    if f["kind"] == "module" and keys[-1] == "is_recompute":
+                        recompute_last_in_modules += 1
+                if f["kind"] in ("api", "module"):  # 9.3
+                    key = (f["prefix"], f["api_name"], f["class_name"], f["direction"])
+                    if key in last and f["call_index"] < last[key]:
+                        backward_down += f["direction"] == "backward"
+                        forward_down += f["direction"] == "forward"
+                    last[key] = f["call_index"]
+                for _, t in R.tensor_leaves(rec):  # table 4.1
+                    if R.detect_dialect([rd.rank_dir], data, None) == "msprobe-8" and t["shape"] == [] and \
+                            str(t["dtype"]).startswith("torch.int") and type(t.get("Max")) is int:
+                        zero_d_int_max += 1
+            for v in (rd.stack or {}).values():  # 11.1
+                if isinstance(v, list) and len(v) == 2 and v[1] and "in spawn_main" in v[1][-1]:
+                    spawn_ends += 1
+            construct_keys_not_records += sum(1 for k in (rd.construct or {}) if k not in data)  # 12
+    assert forward_down == 0
+    assert recompute_before_output >= 350 and recompute_last_in_modules >= 30
+    assert backward_down >= 100
+    assert spawn_ends >= 30
+    assert construct_keys_not_records >= 300
+    assert zero_d_int_max >= 20
