@@ -53,8 +53,9 @@ def _check_arguments(p, *, workers: int) -> None:
     p.add_argument("--no-recorded-check", dest="recorded", action="store_false",
                    help="do not judge the dumped outputs against the benchmark")
     p.add_argument("--max-input-mb", dest="max_input_mb", type=float, default=None,
-                   help="ceiling of one API's generated inputs in MiB (default 256, or max_input_mb in -config); "
-                        "an API above it gets a SKIP row")
+                   help="ceiling of one API's generated inputs in MiB (default: derived from the memory available at "
+                        "the start, shared among the workers; or max_input_mb in -config); an API above it gets a "
+                        "SKIP row, counted in the summary")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
     p.add_argument("--preload", action="append", default=[], metavar="MODULE",
                    help="a module every checking process imports first (custom ops); repeatable")
@@ -100,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
           f"[{counts}, each API by its worst of forward/backward]")
     print(f"result csv: {s['result_csv']}")
     print(f"details csv: {s['details_csv']}")
+    if s.get("skipped_input_ceiling"):
+        print(f"{s['skipped_input_ceiling']} APIs skipped (SKIP rows): their generated inputs exceed the ceiling of "
+              f"{s['input_ceiling_bytes'] / 2**20:.0f} MiB ({s['input_ceiling']}); raise it with --max-input-mb")
     if s.get("error_data"):
         print(f"error data: {s['error_data']}")
     return 0

@@ -222,7 +222,8 @@ def _torch_tensor(c: str, shape: tuple, low: float, high: float, low_o: Any, hig
         lo_s = _clip_inf(low, finfo)
         hi_s = _clip_inf(high, finfo)
         gen_dtype = torch.float32 if "float8" in c else dtype
-        t = torch.rand(shape, dtype=gen_dtype, generator=gen.torch_gen) * (hi_s - lo_s) + lo_s
+        t = torch.rand(shape, dtype=gen_dtype, generator=gen.torch_gen)
+        t.mul_(hi_s - lo_s).add_(lo_s)  # in place: the same values as t * (hi - lo) + lo, one tensor alive
     elif is_int(c):
         t = torch.randint(int(low), int(high) + 1, shape, dtype=dtype, generator=gen.torch_gen)
     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from msprobe.errors import MsprobeError
 from msprobe.format.model import SequenceArg, TensorArg
@@ -18,12 +18,12 @@ from msprobe.run_ut import standards as S
 from msprobe.run_ut.metrics import ERROR, PASS, SKIP, WARNING, compare_values, skip_row, worst
 
 __all__ = ["ApiPacket", "ApiResult", "CheckOptions", "check_packet", "packet_from_record", "split_api_name",
-           "resolve_api", "skip_result", "filter_reason"]
+           "resolve_api", "skip_result", "filter_reason", "AUTO_CEILING"]
 
 
-#: the default ceiling of an API's generated inputs, MiB (a [2**25] float32 input, 128 MiB, peaks
-#: at about 3 GB through the float64 benchmark, the device copy and the gradients)
-DEFAULT_MAX_INPUT_MB = 256
+#: ``CheckOptions.max_input_bytes`` default: derived from the memory available when the check starts
+#: (:func:`msprobe.run_ut.memory.default_input_ceiling`; run_ut shares it among its workers)
+AUTO_CEILING = "auto"
 
 
 @dataclasses.dataclass
@@ -39,8 +39,17 @@ class CheckOptions:
     seed: Optional[int] = 1234          #: seed of generated inputs and of each side's run
     keep_tensors: bool = False          #: keep inputs/outputs on the result (for -save_error_data)
     #: the most bytes the generated (not dumped) inputs of one API may take, from their declared shapes;
-    #: above it the API gets a SKIP row (config ``max_input_mb``, CLI ``--max-input-mb``); None: no ceiling
-    max_input_bytes: Optional[int] = DEFAULT_MAX_INPUT_MB << 20
+    #: above it the API gets a SKIP row (config ``max_input_mb``, CLI ``--max-input-mb``); None: no ceiling;
+    #: ``"auto"``: from the memory available (:func:`msprobe.run_ut.memory.default_input_ceiling`)
+    max_input_bytes: Union[int, str, None] = AUTO_CEILING
+
+    def input_ceiling(self) -> Optional[int]:
+        """``max_input_bytes`` as bytes (``"auto"`` resolved for one process)."""
+        if self.max_input_bytes == AUTO_CEILING:
+            from msprobe.run_ut.memory import default_input_ceiling
+
+            return int(default_input_ceiling(1)[0])
+        return self.max_input_bytes  # type: ignore[return-value]
 
 
 @dataclasses.dataclass
@@ -65,6 +74,7 @@ class ApiResult:
     rows: list = dataclasses.field(default_factory=list)   #: details rows (dicts, see metrics.DETAIL_FIELDS)
     seconds: float = 0.0
     tensors: Optional[dict] = None       #: inputs/outputs kept for -save_error_data
+    skip_cause: str = ""                 #: "input_ceiling": skipped for the generated inputs' ceiling
 
     @property
     def failed(self) -> bool:
@@ -158,14 +168,20 @@ def skip_result(name: str, message: str, has_backward: bool) -> ApiResult:
 class _Side:
     """Inputs placed for one side, with the positional tensor leaves tracked for gradients."""
 
-    def __init__(self, args: list, kwargs: dict, *, device: str, upcast: bool, need_grad: bool, inplace: bool):
+    def __init__(self, args: list, kwargs: dict, *, device: str, upcast: bool, need_grad: bool, inplace: bool,
+                 copy: bool = True):
         self.device = device
         self.upcast = upcast
         self.need_grad = need_grad
         self.inplace = inplace
+        self.copy = copy  #: False: a tensor already on the device in its dtype is used as it is (no copy)
         self.leaves: list = []
         self.args = [self._conv(a, track=True) for a in args]
         self.kwargs = {k: self._conv(v, track=False) for k, v in kwargs.items()}
+
+    def release(self) -> None:
+        """Drop the inputs (once the call has run and no backward needs them)."""
+        self.args, self.kwargs, self.leaves = [], {}, []
 
     def _conv(self, x: Any, *, track: bool) -> Any:
         import torch
@@ -174,13 +190,13 @@ class _Side:
             dtype = x.dtype
             if self.upcast and x.is_floating_point() and dtype in (torch.float16, torch.bfloat16, torch.float32):
                 dtype = torch.float64
-            t = x.detach().to(device=self.device, dtype=dtype, copy=True)
+            t = x.detach().to(device=self.device, dtype=dtype, copy=self.copy)
             grad = self.need_grad and x.requires_grad and t.is_floating_point()
             if grad:
                 t.requires_grad_(True)
             if track:
                 self.leaves.append(t if grad else None)
-            if grad:  # a leaf may not be modified in place (in-place APIs, inplace=True kwargs)
+            if grad and self.inplace:  # a leaf may not be modified in place (in-place APIs, inplace=True kwargs)
                 return t.clone()
             return t
         if isinstance(x, (list, tuple)):
@@ -236,8 +252,20 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {s[0] if s else ''}"[:500]
 
 
-def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None) -> ApiResult:
-    """Replay ``packet`` on both sides and judge every output (and input gradient)."""
+def _mutates(api_name: str, kwargs: dict) -> bool:
+    """Whether the call may write into its arguments (in-place API, ``inplace=True``, ``out=``)."""
+    return _is_inplace(api_name) or kwargs.get("inplace") is True or kwargs.get("out") is not None
+
+
+def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None, *, consume: bool = False) -> ApiResult:
+    """Replay ``packet`` on both sides and judge every output (and input gradient).
+
+    The CPU benchmark runs first, on its own (float64) copies; the device side then uses the
+    packet's tensors as they are where they are already on the device in their dtype and the call
+    does not write into its arguments. ``consume=True``: the caller no longer needs the packet's
+    inputs, which are dropped once both sides have run (a forward-only check then holds at most
+    the two outputs and one float64 array of their size while it judges them).
+    """
     options = options or CheckOptions()
     t0 = time.perf_counter()
     name = packet.name
@@ -247,32 +275,52 @@ def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None) -> A
         return skip_result(name, reason, packet.has_backward)
     fn = resolve_api(api_type, api_name)
     base = S.base_api_name(api_name)
-    inplace = _is_inplace(api_name)
     want_bwd = packet.has_backward and base not in S.NO_BACKWARD_APIS
     upcast = options.upcast and base not in S.KEEP_DTYPE_APIS
     if api_name in ("__setitem__", "__getitem__") and len(packet.args) > 1 and isinstance(packet.args[1], list):
         packet.args[1] = tuple(packet.args[1])  # a multi-dimensional index is a tuple (dump.json has a list)
-    dev = _Side(packet.args, packet.kwargs, device=options.device, upcast=False, need_grad=want_bwd, inplace=inplace)
+    mutates = _mutates(api_name, packet.kwargs)
+    bench: Optional[_Side] = _Side(packet.args, packet.kwargs, device="cpu", upcast=upcast, need_grad=want_bwd,
+                                   inplace=mutates)
+    bench_exc: Optional[Exception] = None
+    out_b: Any = None
+    try:
+        out_b = _run(fn, bench, options.seed)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - reported after the device side (its failure is reported first)
+        bench_exc, bench = exc, None
+        if upcast:  # built now, from the inputs before the device side may write into them
+            bench = _Side(packet.args, packet.kwargs, device="cpu", upcast=False, need_grad=want_bwd, inplace=mutates)
+    if bench is not None and bench_exc is None and not want_bwd:
+        bench.release()
+    dev = _Side(packet.args, packet.kwargs, device=options.device, upcast=False, need_grad=want_bwd, inplace=mutates,
+                copy=mutates or options.keep_tensors)
     try:
         out_d = _run(fn, dev, options.seed)
     except Exception as exc:  # noqa: BLE001 - reported, never fatal
         msg = f"The API raised on the device side ({options.device}): {_first_line(exc)}"
         return skip_result(name, msg, packet.has_backward)
-    bench = _Side(packet.args, packet.kwargs, device="cpu", upcast=upcast, need_grad=want_bwd, inplace=inplace)
+    if not want_bwd:
+        dev.release()
     note = ""
-    try:
-        out_b = _run(fn, bench, options.seed)
-    except Exception as exc:  # noqa: BLE001
-        if not upcast:
-            return skip_result(name, f"The API raised on the CPU benchmark: {_first_line(exc)}",
+    if bench_exc is not None:
+        if bench is None:
+            return skip_result(name, f"The API raised on the CPU benchmark: {_first_line(bench_exc)}",
                                packet.has_backward)
-        bench = _Side(packet.args, packet.kwargs, device="cpu", upcast=False, need_grad=want_bwd, inplace=inplace)
         try:
             out_b = _run(fn, bench, options.seed)
         except Exception as exc2:  # noqa: BLE001
             return skip_result(name, f"The API raised on the CPU benchmark: {_first_line(exc2)}",
                                packet.has_backward)
-        note = f"Benchmark ran in the recorded dtype (float64 failed: {_first_line(exc)})."
+        if not want_bwd:
+            bench.release()
+        note = f"Benchmark ran in the recorded dtype (float64 failed: {_first_line(bench_exc)})."
+    assert bench is not None
+    tensors = None
+    if options.keep_tensors:
+        tensors = {"forward.input": packet.args, "forward.input_kwargs": packet.kwargs,
+                   "forward.output.device": out_d, "forward.output.bench": out_b}
+    elif consume and not want_bwd:
+        packet.args, packet.kwargs = [], {}
     flat_d = _flatten(out_d, [])
     flat_b = _flatten(out_b, [])
     rows = []
@@ -297,10 +345,6 @@ def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None) -> A
     if packet.has_backward:
         brows, bwd, message = _backward(packet, options, name, api_name, base, out_d, out_b, dev, bench)
         rows.extend(brows)
-    tensors = None
-    if options.keep_tensors:
-        tensors = {"forward.input": packet.args, "forward.input_kwargs": packet.kwargs,
-                   "forward.output.device": out_d, "forward.output.bench": out_b}
     return ApiResult(name, fwd, bwd, message, rows, time.perf_counter() - t0, tensors)
 
 
@@ -392,15 +436,16 @@ def packet_from_record(record: Any, backward_record: Any = None, options: Option
     name = record.name
     if name.endswith(".forward"):
         name = name[: -len(".forward")]
+    ceiling = options.input_ceiling()
     args, kwargs = record.replay_inputs(options.replay_mode, seed=options.seed, need_grad=True,
-                                        max_generated_bytes=options.max_input_bytes)
+                                        max_generated_bytes=ceiling)
     pkt = ApiPacket(name, list(args), dict(kwargs), has_backward=backward_record is not None)
     if options.check_recorded:
         pkt.recorded_output = _load_recorded(record.output)
     if backward_record is not None:
         try:
             gargs, _ = backward_record.replay_inputs(options.replay_mode, seed=options.seed,
-                                                     max_generated_bytes=options.max_input_bytes)
+                                                     max_generated_bytes=ceiling)
         except Exception:  # noqa: BLE001 - the backward is then reported as not checkable
             gargs = []
         gt = _flatten(gargs, [])

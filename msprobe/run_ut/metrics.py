@@ -119,86 +119,184 @@ def _compare_builtin(name: str, bench: Any, device: Any) -> dict:
                 [f"{type(device).__name__} value: binary comparison only."])
 
 
-def _compare_exact(name: str, bench: Any, device: Any) -> dict:
-    import torch
+#: elements per chunk of the passes over an output pair (2 MiB of float64): the metrics keep the pair
+#: and at most one float64 array of its size (for a mean), never a float64 temporary per operation
+_CHUNK = 1 << 18
 
-    d = device.detach().cpu()
-    b = bench.detach().cpu()
-    if b.dtype != d.dtype:
-        b = b.to(d.dtype)
-    diff = (d != b)
-    if d.is_floating_point():
-        diff &= ~(torch.isnan(d) & torch.isnan(b))
-    rate = float(diff.sum()) / d.numel()
+
+def _flat(t: Any) -> Any:
+    """``t`` on the CPU as a 1-D tensor in its own dtype (a view where it can be)."""
+    return t.detach().cpu().reshape(-1)
+
+
+def _chunks(n: int):
+    return ((s, min(s + _CHUNK, n)) for s in range(0, n, _CHUNK))
+
+
+def _compare_exact(name: str, bench: Any, device: Any) -> dict:
+    d, b = _flat(device), _flat(bench)
+    conv = b.dtype != d.dtype
+    floating = d.is_floating_point()
+    wrong = 0
+    for s, e in _chunks(d.numel()):
+        dc, bc = d[s:e], b[s:e]
+        if conv:
+            bc = bc.to(d.dtype)
+        wrong += int(_differ(dc, bc, floating).sum())
+    rate = float(wrong) / d.numel()
     return _row(name, bench, device, {"binary_err": rate, "status": PASS if rate == 0 else ERROR},
                 [f"{_canon(d.dtype)} data: binary comparison only."])
 
 
-def _as64(t: Any) -> Any:
+def _differ(d: Any, b: Any, floating: bool) -> Any:
+    """Where ``d`` and ``b`` differ (two NaNs are equal)."""
     import torch
 
-    return t.detach().to("cpu").to(torch.float64).reshape(-1)
+    diff = d != b
+    if floating:
+        diff &= ~(torch.isnan(d) & torch.isnan(b))
+    return diff
+
+
+class _Pair:
+    """A device output and its benchmark, read as float64 chunks of the elements compared: the pairs
+    where both are finite. Every value is the one a float64 copy of the whole pair gives: where every
+    pair is finite the chunks are converted from the two outputs; otherwise the finite pairs are
+    gathered into two float64 arrays first."""
+
+    def __init__(self, device: Any, bench: Any):
+        import torch
+
+        self.f64 = torch.float64
+        self.dev, self.bench = _flat(device), _flat(bench)
+        self.n = self.dev.numel()
+        bad = 0
+        mask = None
+        for s, e in _chunks(self.n):
+            d, b = self.dev[s:e].to(self.f64), self.bench[s:e].to(self.f64)
+            fin = torch.isfinite(d) & torch.isfinite(b)
+            if mask is None and not bool(fin.all()):
+                mask = torch.ones(self.n, dtype=torch.bool)
+            if mask is not None:
+                mask[s:e] = fin
+                same = (torch.isnan(d) & torch.isnan(b)) | (d == b)
+                bad += int((~fin & ~same).sum())
+        self.inf_nan_err = float(bad) / self.n
+        self.d, self.b = self.dev, self.bench
+        if mask is not None:
+            m = int(mask.sum())
+            self.d, self.b = torch.empty(m, dtype=self.f64), torch.empty(m, dtype=self.f64)
+            at = 0
+            for s, e in _chunks(self.n):
+                keep = mask[s:e]
+                k = int(keep.sum())
+                self.d[at:at + k] = self.dev[s:e].to(self.f64)[keep]
+                self.b[at:at + k] = self.bench[s:e].to(self.f64)[keep]
+                at += k
+        self.m = self.d.numel()
+        self._scratch: Any = None
+
+    def full(self, which: str) -> Any:
+        """The compared elements of one side as one float64 array (converted once when needed)."""
+        t = self.d if which == "d" else self.b
+        return t if t.dtype == self.f64 else t.to(self.f64)
+
+    def scratch(self, full_d: Any = None) -> Any:
+        """A float64 array of ``m`` elements to fill: ``full_d`` (a converted copy of the device side
+        that is no longer needed) where there is one."""
+        if self._scratch is None:
+            if full_d is not None and full_d.data_ptr() != self.d.data_ptr():
+                self._scratch = full_d
+            else:
+                import torch
+
+                self._scratch = torch.empty(self.m, dtype=self.f64)
+        return self._scratch
+
+    def pairs(self):
+        """(slice, d - b, |d - b|, |b|): float64 chunks of the compared elements, in order."""
+        for s, e in _chunks(self.m):
+            b = self.b[s:e].to(self.f64)
+            diff = self.d[s:e].to(self.f64) - b
+            yield slice(s, e), diff, diff.abs(), b.abs()
 
 
 def _compare_float(name: str, api_name: str, bench: Any, device: Any) -> dict:
     import torch
 
     dtype = _canon(device.dtype)
-    d, b = _as64(device), _as64(bench)
-    n = d.numel()
+    p = _Pair(device, bench)
+    n, m = p.n, p.m
     msgs: list = []
     f: dict = {}
-    fin_d, fin_b = torch.isfinite(d), torch.isfinite(b)
-    both = fin_d & fin_b
-    special = ~(fin_d & fin_b)
-    same_special = (torch.isnan(d) & torch.isnan(b)) | (d == b)
-    inf_nan_err = float((special & ~same_special).sum()) / n
-    if not bool(both.all()):
-        d, b = d[both], b[both]
-    diff = d - b
-    absd = diff.abs()
-    max_abs = float(absd.max()) if absd.numel() else 0.0
-    f["max_abs"] = max_abs
-    # cosine similarity
+    inf_nan_err = p.inf_nan_err
+    pos = neg = 0
+    max_abs = None
+    covered = dtype in S.NEW_STANDARD_DTYPES
+    sv, satol = (S.SMALL_VALUE[dtype], S.SMALL_VALUE_ATOL[dtype]) if covered else (0.0, 0.0)
+    n_small = small_err = n_normal = 0
+    max_rel = None
+    # cosine similarity, over the whole arrays (a float sum depends on how it is split)
+    cos = None
+    full_d = None
     if n == 1:
         msgs.append("Scalar output: the cosine similarity does not apply.")
-        cos = None
     else:
-        nd, nb = float(d.norm()), float(b.norm())
-        if not d.numel():  # every element NaN/Inf (a mask filled with -inf): inf_nan_err judges them
+        full_d, full_b = p.full("d"), p.full("b")
+        nd, nb = float(full_d.norm()), float(full_b.norm())
+        if not full_d.numel():  # every element NaN/Inf (a mask filled with -inf): inf_nan_err judges them
             msgs.append("No finite element on both sides: the cosine similarity does not apply.")
-            cos = None
-        elif (nd == 0 or nb == 0) and max(float(d.abs().max()), float(b.abs().max())) < 1e-12:
+        elif (nd == 0 or nb == 0) and max(_abs_max(full_d), _abs_max(full_b)) < 1e-12:
             msgs.append("Device and benchmark outputs are all (numerically) zero: the cosine similarity does not apply.")
-            cos = None
         elif nd == 0 or nb == 0:
             cos = 0.0
         else:
-            cos = float(torch.dot(d, b)) / (nd * nb)
+            cos = float(torch.dot(full_d, full_b)) / (nd * nb)
             cos = min(cos, 1.0)
+        del full_b
+    for _, diff, absd, absb in p.pairs():
+        pos += int((diff > 0).sum())
+        neg += int((diff < 0).sum())
+        cm = float(absd.max())
+        max_abs = cm if max_abs is None else max(max_abs, cm)
+        if covered:
+            small = absb < sv
+            n_small += int(small.sum())
+            small_err += int((small & (absd > satol)).sum())
+            normal = ~small
+            k = int(normal.sum())
+            if k:
+                rel = p.scratch(full_d)[n_normal:n_normal + k]
+                torch.div(absd[normal], absb[normal], out=rel)
+                n_normal += k
+    full_d = None
+    max_abs = max_abs if max_abs is not None else 0.0
+    f["max_abs"] = max_abs
+    if n != 1:
         f["cosine"] = cos
-    covered = dtype in S.NEW_STANDARD_DTYPES
     if covered:
-        m = absd.numel()
-        sv, satol = S.SMALL_VALUE[dtype], S.SMALL_VALUE_ATOL[dtype]
-        absb = b.abs()
-        small = absb < sv
-        n_small = int(small.sum())
-        f["eb"] = abs(float(torch.sign(diff).sum())) / m if m else 0.0
-        f["rmse"] = math.sqrt(float((diff * diff).mean())) if m else 0.0
-        f["small_value_err"] = float((small & (absd > satol)).sum()) / n_small if n_small else 0.0
-        normal = ~small
-        if bool(normal.any()):
-            rel = absd[normal] / absb[normal]
-            f["max_rel"], f["mean_rel"] = float(rel.max()), float(rel.mean())
+        if n_normal:
+            rel = p.scratch()[:n_normal]
+            max_rel, mean_rel = float(rel.max()), float(rel.mean())
+        f["eb"] = abs(float(pos - neg)) / m if m else 0.0
+        if m:
+            sq = p.scratch()
+            for at, diff, _, _ in p.pairs():
+                torch.mul(diff, diff, out=sq[at])
+            f["rmse"] = math.sqrt(float(sq.mean()))
+        else:
+            f["rmse"] = 0.0
+        f["small_value_err"] = float(small_err) / n_small if n_small else 0.0
+        if n_normal:
+            f["max_rel"], f["mean_rel"] = max_rel, mean_rel
         else:
             f["max_rel"] = f["mean_rel"] = 0.0
     else:
         msgs.append(f"{_canon(device.dtype)} is not covered by the new precision standard: "
                     "only the cosine/max-abs-error rule applies.")
     # the docs' section 4.1 rule
-    old = _old_rule(f, cos, max_abs, dtype, absd, b, msgs)
-    new = _new_rule(f, api_name, dtype, device, bench, absd, b, inf_nan_err, msgs) if covered else None
+    old = _old_rule(f, cos, max_abs, dtype, p, msgs)
+    new = _new_rule(f, api_name, dtype, device, bench, p, inf_nan_err, msgs) if covered else None
     status = worst([old, new])
     if inf_nan_err > 0:
         f["inf_nan_err"] = inf_nan_err
@@ -208,25 +306,35 @@ def _compare_float(name: str, api_name: str, bench: Any, device: Any) -> dict:
     return _row(name, bench, device, f, msgs)
 
 
-def _rel_all(absd: Any, b: Any) -> Any:
+def _abs_max(t: Any) -> float:
+    """``float(t.abs().max())`` of a non-empty ``t``, without the copy."""
     import torch
 
-    absb = b.abs()
-    rel = torch.where(absb > 0, absd / absb.clamp_min(1e-300), torch.where(absd > 0, math.inf, 0.0))
-    return rel
+    lo, hi = torch.aminmax(t)
+    return max(-float(lo), float(hi))
 
 
-def _old_rule(f: dict, cos: Optional[float], max_abs: float, dtype: str, absd: Any, b: Any, msgs: list) -> str:
+def _rel_all(absd: Any, absb: Any) -> Any:
+    import torch
+
+    return torch.where(absb > 0, absd / absb.clamp_min(1e-300), torch.where(absd > 0, math.inf, 0.0))
+
+
+def _old_rule(f: dict, cos: Optional[float], max_abs: float, dtype: str, p: _Pair, msgs: list) -> str:
     if cos is not None and cos <= 0.99:
         msgs.append(f"Cosine similarity {cos:.6f} <= 0.99: error.")
         return ERROR
     if max_abs < 0.001:
         msgs.append("Max abs error < 0.001: pass (the relative-error indices are left blank).")
         return PASS
-    rel = _rel_all(absd, b)
-    m = rel.numel()
+    below = {0.01: 0, 0.001: 0, 0.0001: 0}
+    for _, _, absd, absb in p.pairs():
+        rel = _rel_all(absd, absb)
+        for t in below:
+            below[t] += int((rel < t).sum())
+    m = p.m
     for key, t in (("rel100", 0.01), ("rel1000", 0.001), ("rel10000", 0.0001)):
-        f[key] = float((rel < t).sum()) / m if m else 1.0
+        f[key] = float(below[t]) / m if m else 1.0
 
     # (index deciding error, its tolerance, index deciding warning, its tolerance) by dtype
     if dtype in ("float16", "bfloat16"):
@@ -240,16 +348,18 @@ def _old_rule(f: dict, cos: Optional[float], max_abs: float, dtype: str, absd: A
     return PASS
 
 
-def _new_rule(f: dict, api_name: str, dtype: str, device: Any, bench: Any, absd: Any, b: Any, inf_nan_err: float,
+def _new_rule(f: dict, api_name: str, dtype: str, device: Any, bench: Any, p: _Pair, inf_nan_err: float,
               msgs: list) -> Optional[str]:
     import torch
 
     algo = S.algorithm_of(api_name)
+    m = p.m
     if algo == S.BINARY:
-        d = device.detach().cpu()
-        bb = bench.detach().cpu().to(d.dtype)
-        neq = (d != bb) & ~(torch.isnan(d) & torch.isnan(bb))
-        rate = float(neq.sum()) / d.numel()
+        d, b = p.dev, p.bench
+        wrong = 0
+        for s, e in _chunks(p.n):
+            wrong += int(_differ(d[s:e], b[s:e].to(d.dtype), True).sum())
+        rate = float(wrong) / p.n
         f["binary_err"] = rate
         if rate:
             msgs.append(f"Binary consistency: {rate:.2%} of the elements differ from the benchmark: error.")
@@ -257,37 +367,46 @@ def _new_rule(f: dict, api_name: str, dtype: str, device: Any, bench: Any, absd:
         return PASS
     if algo == S.ABSOLUTE:
         rtol, sv, satol = S.absolute_thresholds(dtype) or (0.0, 0.0, 0.0)  # covered dtypes all have them
-        absb = b.abs()
-        small = absb < sv
-        normal = ~small
-        n_n, n_s = int(normal.sum()), int(small.sum())
+        n_n = n_s = rel_err = abs_err = 0
+        for _, _, absd, absb in p.pairs():
+            small = absb < sv
+            normal = ~small
+            n_n += int(normal.sum())
+            n_s += int(small.sum())
+            rel_err += int((normal & (absd > rtol * absb)).sum())
+            abs_err += int((small & (absd > satol)).sum())
         f["inf_nan_err"] = inf_nan_err
-        f["rel_err_ratio"] = float((normal & (absd > rtol * absb)).sum()) / n_n if n_n else 0.0
-        f["abs_err_ratio"] = float((small & (absd > satol)).sum()) / n_s if n_s else 0.0
+        f["rel_err_ratio"] = float(rel_err) / n_n if n_n else 0.0
+        f["abs_err_ratio"] = float(abs_err) / n_s if n_s else 0.0
         if f["rel_err_ratio"] or f["abs_err_ratio"] or inf_nan_err:
             msgs.append("Absolute threshold: relative/absolute error or inf/nan above the thresholds: error.")
             return ERROR
         return PASS
     if algo == S.ULP:
         mant, min_exp = S.ULP_PARAMS[dtype]
-        absb = b.abs()
-        exp = torch.floor(torch.log2(absb.clamp_min(2.0 ** min_exp))).clamp_min(min_exp)
-        ulp = torch.pow(2.0, exp - mant)
-        err = absd / ulp
         thr = S.ulp_threshold(dtype)
-        m = err.numel()
-        f["ulp_max"] = float(err.max()) if m else 0.0
-        f["ulp_mean"] = float(err.mean()) if m else 0.0
-        f["ulp_ratio"] = float((err > thr).sum()) / m if m else 0.0
+        above = 0
+        if m:
+            err = p.scratch()
+            for at, _, absd, absb in p.pairs():
+                exp = torch.floor(torch.log2(absb.clamp_min(2.0 ** min_exp))).clamp_min(min_exp)
+                ulp = torch.pow(2.0, exp - mant)
+                torch.div(absd, ulp, out=err[at])
+                above += int((err[at] > thr).sum())
+            f["ulp_max"], f["ulp_mean"] = float(err.max()), float(err.mean())
+        else:
+            f["ulp_max"] = f["ulp_mean"] = 0.0
+        f["ulp_ratio"] = float(above) / m if m else 0.0
         ok = (f["ulp_mean"] < 64 or f["ulp_ratio"] < 0.05) if dtype == "float32" else f["ulp_ratio"] < 0.001
         if not ok:
             msgs.append(f"ULP error: mean {f['ulp_mean']:.3f}, {f['ulp_ratio']:.2%} above {thr:g} ULP: error.")
             return ERROR
         return PASS
     if algo == S.THOUSANDTH:
-        rel = _rel_all(absd, b)
-        m = rel.numel()
-        f["rel1000"] = float((rel < 0.001).sum()) / m if m else 1.0
+        within = 0
+        for _, _, absd, absb in p.pairs():
+            within += int((_rel_all(absd, absb) < 0.001).sum())
+        f["rel1000"] = float(within) / m if m else 1.0
         if f["rel1000"] <= 0.999:
             msgs.append(f"Thousandth rule: only {f['rel1000']:.4%} of the elements within 0.1%: error.")
             return ERROR

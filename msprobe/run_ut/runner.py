@@ -19,8 +19,10 @@ from msprobe.backends import open_store
 from msprobe.errors import ConfigError, read_json_object
 from msprobe.format.layout import dump_dir_of
 from msprobe.progress import Progress
+from msprobe.readers._replay import InputTooLargeError
 from msprobe.run_ut.csvio import ResultWriter
 from msprobe.run_ut.execute import (
+    AUTO_CEILING,
     ApiPacket,
     ApiResult,
     CheckOptions,
@@ -30,6 +32,7 @@ from msprobe.run_ut.execute import (
     skip_result,
     split_api_name,
 )
+from msprobe.run_ut.memory import default_input_ceiling
 from msprobe.run_ut.metrics import worst
 
 if TYPE_CHECKING:
@@ -161,7 +164,7 @@ def check_api(record: Any, options: Optional[CheckOptions] = None, *, backward_r
         return skip_result(name, reason, has_bwd)
 
     def go() -> ApiResult:
-        return check_packet(packet_from_record(record, backward_record, options), options)
+        return check_packet(packet_from_record(record, backward_record, options), options, consume=True)
 
     return _guarded(go, name, has_bwd)
 
@@ -174,6 +177,8 @@ def _guarded(fn: Any, name: str, has_bwd: bool) -> ApiResult:
         text = str(exc).strip().splitlines()
         r = skip_result(name, f"run_ut could not check the API: {type(exc).__name__}: {text[0] if text else ''}"[:500],
                         has_bwd)
+        if isinstance(exc, InputTooLargeError):
+            r.skip_cause = "input_ceiling"
         r.seconds = time.perf_counter() - t0
         return r
 
@@ -341,8 +346,10 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
     ``workers=0`` checks in this process (no timeout or crash isolation); ``workers>=1``
     uses that many worker processes, spread over ``devices`` (ids) when CUDA/NPU is present.
     ``preload``: modules every checking process imports first (custom ops, plugins).
-    ``max_input_mb``: the ceiling of one API's generated inputs (over the config's ``max_input_mb``;
-    default :data:`~msprobe.run_ut.execute.DEFAULT_MAX_INPUT_MB`); an API above it gets a SKIP row.
+    ``max_input_mb``: the ceiling of one API's generated inputs (over the config's ``max_input_mb``,
+    over ``options.max_input_bytes``; by default the memory available at the start shared among the
+    workers, :func:`msprobe.run_ut.memory.default_input_ceiling`); an API above it gets a SKIP row,
+    counted in the summary's ``skipped_input_ceiling`` with the ceiling and how it was chosen.
     """
     t0 = time.perf_counter()
     cfg = load_run_ut_config(config)
@@ -354,6 +361,9 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
         if not isinstance(mb, (int, float)) or isinstance(mb, bool) or not 0 < mb < float("inf"):
             raise ConfigError(f"max_input_mb={mb!r}: a number of MiB > 0 is needed")
         options.max_input_bytes = int(mb * (1 << 20))
+        ceiling_how = f"{'--max-input-mb' if max_input_mb is not None else 'config max_input_mb'} {mb:g}"
+    else:
+        ceiling_how = "options.max_input_bytes"
     dump, src = open_rank(api_info, step=step, rank=rank, storage_options=storage_options)
     names, backward = list_tasks(dump, src, filter_api=filter_api)
     if not names:
@@ -366,6 +376,8 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
             else base.rstrip("/") + f"/ut_error_data{time.strftime('%Y%m%d%H%M%S')}"
     todo = [(i, n) for i, n in enumerate(names) if n[: -len(".forward")] not in writer.done]
     resumed = len(names) - len(todo)
+    if options.max_input_bytes == AUTO_CEILING:  # shared by the processes that check at the same time
+        options.max_input_bytes, ceiling_how = default_input_ceiling(_pool_size(workers, len(todo)))
     prog = _Progress(len(todo), progress)
     init = (api_info, step, rank, storage_options, options, error_data, tuple(preload))
     try:
@@ -384,8 +396,14 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
         prog.done()
     return {"result_csv": writer.result_path, "details_csv": writer.details_path, "apis": len(names),
             "checked": prog.n, "resumed": resumed, "counts": dict(writer.counts), "api_counts": dict(prog.counts),
-            "error_data": error_data,
+            "error_data": error_data, "input_ceiling_bytes": options.max_input_bytes, "input_ceiling": ceiling_how,
+            "skipped_input_ceiling": prog.causes.get("input_ceiling", 0),
             "seconds": time.perf_counter() - t0, "apis_per_second": prog.n / max(prog.elapsed(), 1e-9)}
+
+
+def _pool_size(workers: int, tasks: int) -> int:
+    """The processes checking at the same time: ``workers`` (0: this one), never more than the tasks or 64."""
+    return max(1, min(workers, tasks or 1, 64))
 
 
 def _run_pool(todo: list, init: tuple, n_workers: int, devices: list, timeout: float, writer: ResultWriter,
@@ -394,7 +412,7 @@ def _run_pool(todo: list, init: tuple, n_workers: int, devices: list, timeout: f
     from multiprocessing.connection import wait
 
     ctx = mp.get_context("spawn")
-    n_workers = max(1, min(n_workers, len(todo) or 1, 64))
+    n_workers = _pool_size(n_workers, len(todo))
     pool = [_Worker(ctx, init + (devices[i % len(devices)],)) for i in range(n_workers)]
     queue = list(todo)
     queue.reverse()
@@ -471,6 +489,7 @@ class _Progress:
         self.n = 0
         self.t0 = time.perf_counter()
         self.counts: dict = {}
+        self.causes: dict = {}  #: skip causes (ApiResult.skip_cause) -> APIs
         self._bar = Progress(total, "run_ut", "APIs", enabled=enabled)
 
     def elapsed(self) -> float:
@@ -480,6 +499,8 @@ class _Progress:
         self.n += 1
         s = res.forward if res.forward != "pass" or not res.backward else worst_of(res.forward, res.backward)
         self.counts[s] = self.counts.get(s, 0) + 1
+        if res.skip_cause:
+            self.causes[res.skip_cause] = self.causes.get(res.skip_cause, 0) + 1
         self._bar.set_postfix(", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())))
         self._bar.update()
 

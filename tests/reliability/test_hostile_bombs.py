@@ -146,10 +146,10 @@ def _result_rows(out_dir):
 
 
 @pytest.mark.parametrize("numel,argv,config", [
-    (1 << 28, [], None),                                  # 1 GiB: above the default 256 MiB ceiling
+    (1 << 40, [], None),                                  # 4 TiB: above the default ceiling (a memory share)
     (1 << 25, ["--max-input-mb", "64"], None),            # 128 MiB: above a CLI ceiling
     (1 << 25, [], {"run_ut": {"max_input_mb": 64}}),      # ... and a config one
-], ids=["2^28-default", "2^25-cli", "2^25-config"])
+], ids=["2^40-default", "2^25-cli", "2^25-config"])
 def test_run_ut_generated_input_ceiling(tmp_path, numel, argv, config, figures):
     rank = _stats_dump(str(tmp_path / "dump"), numel)
     assert os.path.getsize(os.path.join(rank, "dump.json")) < 1024
