@@ -63,6 +63,7 @@ root.append(header, main, status);
 
 function show(view) {
   state.view = view;
+  if (view === "tree") tree.ensure();
   for (const [id] of VIEWS) {
     panes[id].hidden = id !== view;
     tabs.querySelector(`[data-view=${id}]`).classList.toggle("active", id === view);
@@ -139,7 +140,7 @@ function openCell(cell, view) {
   const c = state.meta.cells.find((x) => x.cell === cell);
   cellBadge.textContent = c ? cellLabel(c) : "";
   list.reset();
-  tree.load();
+  tree.invalidate();
   if (view) show(view);
 }
 
@@ -281,7 +282,12 @@ const tree = (() => {
       if (r) entry.kids.replaceChildren(...r.nodes.map(nodeEl));
     }
   }
+  // the tree of a cell is built on the server when first asked for: only when the view opens
+  let loadedCell = null;
+  function invalidate() { loadedCell = null; gen++; nodes.clear(); box.replaceChildren(); benchOnly.replaceChildren(); if (state.view === "tree") load(); }
+  async function ensure() { if (loadedCell !== state.cell) await load(); }
   async function load() {
+    loadedCell = state.cell;
     const g = ++gen;
     nodes.clear();
     box.replaceChildren();
@@ -295,6 +301,7 @@ const tree = (() => {
     }
   }
   async function reveal(record) {
+    await ensure();
     const r = await guard(() => api.treePath(state.cell, record));
     if (!r) return;
     for (const e of box.querySelectorAll(".hl, .on-path")) e.classList.remove("hl", "on-path");
@@ -308,7 +315,7 @@ const tree = (() => {
     if (last) { const line = last.li.querySelector(":scope > .tline"); line.classList.add("hl"); line.scrollIntoView({ block: "center" }); }
     show("tree");
   }
-  return { load, reveal };
+  return { load, reveal, invalidate, ensure };
 })();
 
 // -- trends ---------------------------------------------------------------------------------------

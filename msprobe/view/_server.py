@@ -69,6 +69,7 @@ def make_app(data: ViewData, token: str) -> Any:
     """The ASGI app serving ``data``; every request must present ``token``."""
     _starlette()
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
@@ -97,8 +98,8 @@ def make_app(data: ViewData, token: str) -> Any:
             if not authorized(request):
                 return secure(PlainTextResponse("a valid token is needed (the URL msprobe view printed)",
                                                 status_code=403))
-            try:
-                resp = await handler(request)
+            try:  # the tables' queries run in worker threads: a slow one holds up no other request
+                resp = await run_in_threadpool(handler, request)
             except (ConfigError, KeyError) as exc:
                 msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
                 return secure(JSONResponse({"error": f"not found or invalid: {msg}"}, status_code=400))
@@ -115,30 +116,30 @@ def make_app(data: ViewData, token: str) -> Any:
         f["q"] = q(request, "q", "")
         return f
 
-    async def page(request: Request) -> Response:
+    def page(request: Request) -> Response:
         resp = Response(_PAGE, media_type="text/html; charset=utf-8")
         if request.query_params.get("token"):
             resp.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
         return resp
 
-    async def static(request: Request) -> Response:
+    def static(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in _STATIC:
             return PlainTextResponse("not found", status_code=404)
         return Response(static_asset(name), media_type=_STATIC[name])
 
-    async def meta(request: Request) -> Response:
+    def meta(request: Request) -> Response:
         return SafeJSON(data.meta())
 
-    async def overview(request: Request) -> Response:
+    def overview(request: Request) -> Response:
         return SafeJSON(data.overview())
 
-    async def rows(request: Request) -> Response:
+    def rows(request: Request) -> Response:
         cell = _int(q(request, "cell"), "cell")
         return SafeJSON(data.rows(cell, _int(q(request, "begin"), "begin", 0),
                                       _int(q(request, "end"), "end", 100), filters(request)))
 
-    async def export_csv(request: Request) -> Response:
+    def export_csv(request: Request) -> Response:
         cell = _int(q(request, "cell"), "cell")
         f = filters(request)
         data.rows(cell, 0, 0, f)  # checks the filters before the stream starts
@@ -157,7 +158,7 @@ def make_app(data: ViewData, token: str) -> Any:
         return StreamingResponse(lines(), media_type="text/csv; charset=utf-8",
                                  headers={"Content-Disposition": f'attachment; filename="msprobe_rows_{cell}.csv"'})
 
-    async def tree(request: Request) -> Response:
+    def tree(request: Request) -> Response:
         cell = _int(q(request, "cell"), "cell")
         t = data.tree(cell)
         out = t.kids(q(request, "node") or None, _int(q(request, "begin"), "begin", 0),
@@ -166,7 +167,7 @@ def make_app(data: ViewData, token: str) -> Any:
             out["bench_only"] = t.bench_only[:200]
         return SafeJSON(out)
 
-    async def tree_path(request: Request) -> Response:
+    def tree_path(request: Request) -> Response:
         cell = _int(q(request, "cell"), "cell")
         name = q(request, "record") or ""
         t = data.tree(cell)
@@ -174,18 +175,18 @@ def make_app(data: ViewData, token: str) -> Any:
             raise ConfigError(f"no record {name!r} in the tree")
         return SafeJSON({"path": t.path(name)})
 
-    async def search(request: Request) -> Response:
+    def search(request: Request) -> Response:
         cell = _int(q(request, "cell"), "cell")
         return SafeJSON({"hits": data.search(cell, q(request, "q") or "")})
 
-    async def record(request: Request) -> Response:
+    def record(request: Request) -> Response:
         cell = _int(q(request, "cell"), "cell")
         return SafeJSON(data.record(cell, q(request, "record") or ""))
 
-    async def trend(request: Request) -> Response:
+    def trend(request: Request) -> Response:
         return SafeJSON(data.trend(q(request, "name") or "", q(request, "stat") or "norm"))
 
-    async def tensor(request: Request) -> Response:
+    def tensor(request: Request) -> Response:
         from msprobe.view._tensor import tensor_view
 
         cell = _int(q(request, "cell"), "cell")

@@ -66,15 +66,11 @@ class Tree:
                 parent = None
             t.children.setdefault(parent, []).append(name)
         t._rollup(order)
-        b_src = data.source("bench", cell)
-        if b_src is not None:
-            matched = {n["bench"] for n in t.nodes.values() if n["bench"]}
-            b_names = list(cls._parents(b_src))
-            try:
-                b_names += [k for k in b_src.document().data if k not in b_names]
-            except (MsprobeError, OSError, ValueError, AttributeError):
-                pass
-            t.bench_only = [n for n in b_names if n not in matched and n not in t.nodes][:1000]
+        # bench records no target record matched: compare's summary lists them per rank pair
+        pairs = data.summary.get("pairs") or []
+        if cell < len(pairs) and isinstance(pairs[cell], dict):
+            unmatched = (pairs[cell].get("unmatched") or {}).get("bench") or []
+            t.bench_only = [str(n) for n in unmatched][:1000]
         return t
 
     def _rollup(self, order: dict) -> None:
