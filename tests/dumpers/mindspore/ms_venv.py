@@ -10,7 +10,13 @@ it: ``MSPROBE_LAKE_MS_SEED_VENV=/path/to/venv``, else an earlier cached
 ``venv-mindspore-<version>*`` (its site-packages are copied, except any
 ``msprobe``/``mindstudio-probe``, then pip installs what the requirements add).
 
-Command line: ``python tests/dumpers/mindspore/ms_venv.py`` builds it and prints its python.
+``ensure_real_venv()`` builds (once) a second venv beside it holding the real
+``mindstudio-probe`` 26.2.0 over the same packages (a ``.pth`` file appends the MindSpore
+venv's site-packages after its own, as tests/_realtool.py does for torch): the MindSpore
+tests run the real tool live in it for what a committed dump cannot check on another machine
+(the checksums of float tensors, tests/fixtures/real/README.md).
+
+Command line: ``python tests/dumpers/mindspore/ms_venv.py`` builds both and prints their pythons.
 """
 from __future__ import annotations
 
@@ -120,7 +126,74 @@ def ensure_venv(timeout: float = 3600) -> tuple:
     return venv_python(path), None
 
 
+REAL_TOOL = ["mindstudio-probe==26.2.0", "numpy<2"]
+_REAL_KEY = hashlib.sha256(" ".join([_KEY, *REAL_TOOL]).encode()).hexdigest()[:8]
+#: run from the venv's own folder (away from our checkout, whose msprobe/ would shadow the real one)
+_REAL_CHECK = ("import os, sys, mindspore, numpy, msprobe; from msprobe.mindspore import PrecisionDebugger; "
+               "p = os.path.realpath(msprobe.__file__); assert p.startswith(os.path.realpath(sys.prefix)), p; "
+               "assert numpy.__version__ < '2'; print(p)")
+
+
+def real_venv_dir() -> str:
+    return os.path.join(cache_root(), f"venv-mindspore-{MS_VERSION}-realtool-{_REAL_KEY}")
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
+def ensure_real_venv(timeout: float = 1800) -> tuple:
+    """(python path, None) of the venv holding the real mindstudio-probe 26.2.0 with MindSpore,
+    else (None, reason)."""
+    path = real_venv_dir()
+    if _ready_real(path):
+        return venv_python(path), None
+    base_py, why = ensure_venv()
+    if base_py is None:
+        return None, why
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _ready_real(path):
+            return venv_python(path), None
+        tmp = f"{path}.build-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        log: list = []
+        try:
+            base = getattr(sys, "_base_executable", None) or sys.executable
+            _run([base, "-m", "venv", tmp], log, 600)
+            shared = _site_packages(venv_dir())
+            own = _site_packages(tmp)
+            if shared is None or own is None:
+                raise RuntimeError("no site-packages in the MindSpore venv or the new one")
+            with open(os.path.join(own, "zz_msprobe_lake_mindspore.pth"), "w", encoding="utf-8") as f:
+                f.write(shared + "\n")
+            _run([venv_python(tmp), "-m", "pip", "install", "--disable-pip-version-check", *REAL_TOOL], log, timeout)
+            proc = subprocess.run([venv_python(tmp), "-c", _REAL_CHECK], cwd=tmp, env=_clean_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the real msprobe does not import with MindSpore: {proc.stdout[-1500:]}")
+            shutil.rmtree(path, ignore_errors=True)
+            os.rename(tmp, path)  # the venv's paths name tmp: its python is still found by venv_python(path)
+            with open(os.path.join(path, ".msprobe-lake-ready"), "w", encoding="utf-8") as f:
+                f.write(_REAL_KEY)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tail = log[-1][-1500:] if log else ""
+            return None, f"cannot create the real-tool MindSpore venv ({exc})\n{tail}"
+    return venv_python(path), None
+
+
+def _ready_real(path: str) -> bool:
+    marker = os.path.join(path, ".msprobe-lake-ready")
+    if not os.path.exists(marker):
+        return False
+    with open(marker, encoding="utf-8") as f:
+        return f.read().strip() == _REAL_KEY
+
+
 if __name__ == "__main__":
     py, why = ensure_venv()
     print(py or why)
-    sys.exit(0 if py else 1)
+    real, why_real = ensure_real_venv() if py else (None, why)
+    print(real or why_real)
+    sys.exit(0 if py and real else 1)
