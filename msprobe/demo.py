@@ -131,11 +131,28 @@ def next_commands(dump_path: str) -> list:
     """The commands a user runs next on the demo's dump (printed at its end)."""
     import shlex
 
-    p = shlex.quote(dump_path)
-    return [f"msprobe ls {p}                      # steps, ranks, record counts",
-            f"msprobe ls {p} --records --step 0   # the record names",
-            f"msprobe show {p} 'Module.head*' --step 0   # records by glob, with statistics",
-            f"msprobe compare {p} {p} -o ./cmp    # compare two dumps (here: the dump with itself)"]
+    p, m = shlex.quote(dump_path), _msprobe_command()
+    return [f"{m} ls {p}                      # steps, ranks, record counts",
+            f"{m} ls {p} --records --step 0   # the record names",
+            f"{m} show {p} 'Module.head*' --step 0   # records by glob, with statistics",
+            f"{m} compare {p} {p} -o ./cmp    # compare two dumps (here: the dump with itself)"]
+
+
+def _msprobe_command() -> str:
+    """How to call this installation's ``msprobe``: its name when the PATH finds this one, else
+    its path (``.venv/bin/msprobe`` after ``scripts/demo.sh``)."""
+    import os
+    import shutil
+    import sys
+
+    mine = os.path.join(os.path.dirname(sys.executable), "msprobe")
+    if not os.path.exists(mine):
+        return "msprobe"
+    found = shutil.which("msprobe")
+    if found is not None and os.path.realpath(found) == os.path.realpath(mine):
+        return "msprobe"
+    rel = os.path.relpath(mine)
+    return rel if not rel.startswith("..") else mine
 
 
 def _walk_records(d) -> tuple:

@@ -53,12 +53,22 @@ def _train(dump_path: str, steps: int, *, config: dict = None, model_in_start: b
 
 def test_dumping_again_names_the_stale_steps_of_the_earlier_run(tmp_path):
     dp = str(tmp_path / "dp")
-    assert not [w for w in _train(dp, 3, task="statistics", level="L1") if "earlier run" in w]
+    first = subprocess.run(  # the earlier run: another process
+        [sys.executable, "-W", "error::RuntimeWarning", "-c",
+         "import sys; from tests.test_everyday import _train; "
+         "assert not [w for w in _train(sys.argv[1], 3, task='statistics', level='L1') if 'earlier run' in w]", dp],
+        capture_output=True, text=True, cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert first.returncode == 0, first.stderr
     said = [w for w in _train(dp, 1, task="statistics", level="L1") if "earlier run" in w]
     assert len(said) == 1, said
     assert "step(s) 1-2 of an earlier run in rank/ beside this run's step(s) 0" in said[0]
     assert "run_dir_policy 'clear'" in said[0]
     assert sorted(os.listdir(dp)) == ["step0", "step1", "step2"]  # default overwrite: kept, as msprobe does
+    r = subprocess.run([sys.executable, "-m", "msprobe", "validate", dp], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert r.returncode == 0, r.stderr  # a warning, not an error: a resumed run writes so too
+    assert re.search(r"rank/ was written by 2 processes: step\(s\) 0 by pid \d+; step\(s\) 1-2 by pid \d+", r.stdout)
+    assert "1 warning(s)" in r.stdout
 
 
 def test_run_dir_policy_clear_removes_the_earlier_run(tmp_path):
@@ -248,7 +258,9 @@ def test_demo_says_rank_and_next_commands(demo_dump):
     assert "ranks [None]" not in r.stdout and "DumpRecord(" not in r.stdout
     assert "ranks one process (no torch.distributed rank: rank directory 'rank')" in r.stdout
     nxt = r.stdout.split("next:\n", 1)[1].splitlines()
-    assert nxt[0].strip().startswith("msprobe ls ") and any("msprobe show" in x for x in nxt)
+    assert re.match(r"\S*msprobe ls ", nxt[0].strip()) and any("msprobe show" in x for x in nxt), nxt
+    cmd = nxt[0].split()[0]
+    assert cmd == "msprobe" or os.path.isfile(cmd), cmd  # a command this installation runs
 
 
 def test_compare_first_nan_names_the_step(tmp_path, capsys):
@@ -345,3 +357,24 @@ def test_everyday_doc_blocks_run(tmp_path):
     assert "not found" in out and "usage error" in out
     assert "run_a" in out and "run_b" in out and "summary: s3://bucket/cmp/summary.json" in out
     assert "Traceback" not in r.stderr
+
+
+# -- each warning once --------------------------------------------------------------------------------------------
+
+def test_a_stale_index_and_a_lake_note_are_said_once(tmp_path):
+    dump = tmp_path / "dump"
+    shutil.copytree(STATS, dump)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MSPROBE_LAKE_CACHE=str(tmp_path / "cache"))
+
+    def msprobe(*args) -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "msprobe", *args], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    msprobe("index", str(dump))
+    doc = next((dump / "step0").glob("*/dump.json"))
+    doc.write_text(doc.read_text() + " ")  # the document changed since it was indexed
+    assert msprobe("ls", str(dump)).stderr.count("stale Parquet index") == 1
+    pytest.importorskip("duckdb")
+    assert msprobe("lake", "ls", str(dump), "--no-cluster").stderr.count("is only read") == 1

@@ -153,7 +153,7 @@ def stale_reason(meta: dict, size: Optional[int], mtime: Optional[float], *, loc
 
 def warn_stale(where: str, reason: str, instead: str = "reading the document instead") -> None:
     msg = f"stale Parquet index {where}: {reason}; {instead}"
-    log.warning(msg)
+    log.info(msg)  # (said once, by the warning: a WARNING record would print it again without a logging set-up)
     warnings.warn(msg, StaleIndexWarning, stacklevel=3)
 
 

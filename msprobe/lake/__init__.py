@@ -20,7 +20,8 @@ Layout under the root (the dumps themselves are only read)::
 The lake's own files (``ROOT/_lake/`` above) go where ``lake_dir=`` (``--lake-dir``) says;
 by default under the root when it can be written (one probe object written and deleted),
 else in a local cache directory (``$MSPROBE_LAKE_CACHE``, ``$XDG_CACHE_HOME/msprobe-lake``
-or ``~/.cache/msprobe-lake``), said on stderr: a read-only share or bucket is never written.
+or ``~/.cache/msprobe-lake``), said in ``lake.lake_note`` (the CLI prints it on stderr): a
+read-only share or bucket, a run's own directory and an empty folder are never written.
 With a remote Dask cluster, give a ``lake_dir`` the workers can write too.
 
 Index files are :mod:`msprobe.index` files (same schema and metadata), so

@@ -58,8 +58,8 @@ class Lake:
     through :class:`msprobe.progress.Progress` (True; None: only on a terminal; False: never).
     ``duckdb_config``: settings for DuckDB connections (default ``threads``/``memory_limit``).
     ``lake_dir`` (and ``lake_storage_options``): where the lake's own files go (default
-    ``ROOT/_lake`` when the root can be written, else a local cache directory, said on
-    stderr and in :attr:`lake_note`); the root itself is then only read.
+    ``ROOT/_lake`` when the root can be written and holds runs, else a local cache directory,
+    said in :attr:`lake_note`, which the CLI prints on stderr); the root itself is then only read.
     """
 
     _fallback: Optional[tuple]  # (cache url, note): where to build when the root's own lake cannot be written
@@ -108,7 +108,8 @@ class Lake:
     def _locate(self, lake_dir: Any, lake_options: Optional[dict], refresh: str) -> None:
         """Where the lake's own files are (``self.lake_url``, ``self.lake_store``): ``lake_dir``
         when given; else ``ROOT/_lake`` when the root can be written; else a local cache
-        directory (:func:`msprobe.lake._core.cache_lake_dir`), said on stderr. A read-only
+        directory (:func:`msprobe.lake._core.cache_lake_dir`), said in :attr:`lake_note`; also
+        when the root is one run's dump or empty (nothing is written into it). A read-only
         root whose ``_lake/`` holds a manifest (built by whoever could write) is read as it is
         while nothing needs writing; the cache takes over when something does."""
         self._fallback = None
@@ -153,7 +154,7 @@ class Lake:
 
     def _note(self, what: str) -> None:
         self.lake_note = what
-        log.warning("lake: %s", what)
+        log.info("lake: %s", what)  # said on stderr by the CLI (lake_note), once
         self._say(what)
 
     def _use(self, url: str, lake_options: Optional[dict], refresh: str) -> None:

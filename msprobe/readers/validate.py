@@ -36,6 +36,7 @@ from msprobe.format.layout import (
     discover,
     join_key,
     read_mapping,
+    step_ranges,
     validate_marker,
 )
 from msprobe.format.protocols import ReadableStore
@@ -123,12 +124,26 @@ def validate_store(store: ReadableStore, prefix: str = "", *, tensors: Optional[
                                        "no dump found: expected step<N>/rank|rank<N>|proc<pid>/dump.json"))
         return report
     report.ranks = locs
+    pids: dict = {}  # (split, rank_dir) -> {pid of its marker: [steps]}
     for loc in locs:
-        _validate_rank(store, loc, report, tensors)
+        marker = _validate_rank(store, loc, report, tensors)
+        if marker is not None and isinstance(marker.get("pid"), int) and loc.step is not None:
+            pids.setdefault((loc.split, loc.rank_dir), {}).setdefault(marker["pid"], []).append(loc.step)
+    for (split, rank_dir), by_pid in sorted(pids.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+        if len(by_pid) > 1:  # one rank directory written by several processes: several runs (or a resumed one)
+            parts = sorted((sorted(steps), pid) for pid, steps in by_pid.items())
+            report.problems.append(Problem(
+                "warning", f"{split + '/' if split else ''}step*/{rank_dir}", "",
+                f"{rank_dir}/ was written by {len(parts)} processes: "
+                + "; ".join(f"step(s) {step_ranges(st)} by pid {pid}" for st, pid in parts)
+                + ": runs mixed in one dump_path (unless a run was resumed); dump with run_dir_policy 'clear' "
+                  "to start clean"))
     return report
 
 
-def _validate_rank(store: ReadableStore, loc: RankLocation, report: Report, load_tensors: Optional[bool] = None) -> None:
+def _validate_rank(store: ReadableStore, loc: RankLocation, report: Report,
+                   load_tensors: Optional[bool] = None) -> Optional[dict]:
+    """Check one rank directory into ``report``; its marker (``msprobe_lake.json``) when valid."""
     names = set(store.list_dir(loc.prefix))
     doc_name = DUMP_JSON if DUMP_JSON in names else DEBUG_JSON if DEBUG_JSON in names else None
     if doc_name is None:
@@ -137,12 +152,12 @@ def _validate_rank(store: ReadableStore, loc: RankLocation, report: Report, load
             why += (f"; its crash journal {JOURNAL_DIR}/ is there (a killed run): 'msprobe recover DUMP_PATH' "
                     "rebuilds the documents from it")
         report.problems.append(Problem("error", join_key(loc.prefix, DUMP_JSON), "", why))
-        return
+        return None
     marker = _check_marker(store, join_key(loc.prefix, MARKER_FILE), report) if MARKER_FILE in names else None
     key = join_key(loc.prefix, doc_name)
     doc = _load(store, key, DebugDocument if doc_name == DEBUG_JSON else DumpDocument, report)
     if doc is None:
-        return
+        return marker
     bad_locations = set()  # entries the document check rejected: their payloads are not loaded too
     for p in doc.problems():
         report.problems.append(Problem("error", key, p.location or "", p.message))
@@ -215,6 +230,7 @@ def _validate_rank(store: ReadableStore, loc: RankLocation, report: Report, load
                 cd.validate()
             except FormatError as exc:
                 report.problems.append(Problem("error", ck, exc.location or "", exc.message))
+    return marker
 
 
 def _load_wanted(load_tensors: Optional[bool], payloads: list, report: Report, store: ReadableStore) -> bool:
