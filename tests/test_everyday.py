@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from msprobe.cli import EXAMPLES, build_parser, main
+from msprobe.cli import build_parser, main
 from tests.test_docs_examples import blocks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,8 +226,7 @@ def test_every_subcommand_has_help_with_an_example(capsys):
         with pytest.raises(SystemExit):
             main([*name.split(), "--help"])
         out = capsys.readouterr().out
-        assert "example:\n  msprobe " in out, name
-        assert name in EXAMPLES
+        assert "example:\n  msprobe " in out, name  # (EXAMPLES, or the subcommand's own epilog)
 
 
 def test_lake_functions_have_docstrings_with_an_example():

@@ -38,19 +38,20 @@ def run(args) -> int:
     d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
     rank = ANY if args.rank is None else (int(args.rank) if args.rank.isdigit() else args.rank)
     step = ANY if args.step is None else args.step
-    if any(c in args.record for c in "*?["):  # a glob: every record it matches, up to SHOW_AT_MOST
-        recs = d.records(step=step, rank=rank, name=args.record)
-        if not recs:
-            from msprobe.errors import RecordNotFoundError
+    from msprobe.errors import RecordNotFoundError
 
+    try:
+        recs = [d.record(args.record, step=step, rank=rank)]  # a name first (names may hold '[' too)
+    except AmbiguousRecordError as exc:  # the library's hint names its keywords; the command's are options
+        raise AmbiguousRecordError(str(exc).replace("pass step= and rank=", "pass --step N and/or --rank R")) \
+            from None
+    except RecordNotFoundError:
+        if not any(c in args.record for c in "*?["):
+            raise
+        recs = d.records(step=step, rank=rank, name=args.record)  # a glob: every record it matches
+        if not recs:
             raise RecordNotFoundError(f"no record matches {args.record!r} in {d.url}"
-                                      f"{d.near_names(args.record, step, rank)}")
-    else:
-        try:
-            recs = [d.record(args.record, step=step, rank=rank)]
-        except AmbiguousRecordError as exc:  # the library's hint names its keywords; the command's are options
-            raise AmbiguousRecordError(str(exc).replace("pass step= and rank=", "pass --step N and/or --rank R")) \
-                from None
+                                      f"{d.near_names(args.record, step, rank)}") from None
     if args.json:  # (json escapes what its strings hold)
         builtins.print(json.dumps({recs[0].name: recs[0].to_json()} if len(recs) == 1 else
                                   [{"step": r.step, "rank_dir": r.rank_dir, "name": r.name, "record": r.to_json()}
