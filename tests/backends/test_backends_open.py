@@ -36,16 +36,23 @@ def test_unknown_protocol() -> None:
         open_store("nosuchproto://bucket/x")
 
 
-@pytest.mark.parametrize("url, extra", [("gs://bucket/x", "gcs"), ("az://container/x", "azure")])
-def test_missing_package_names_extra(url: str, extra: str) -> None:
-    pytest.importorskip("fsspec")
-    try:
-        __import__({"gcs": "gcsfs", "azure": "adlfs"}[extra])
-        pytest.skip(f"the {extra} package is installed here")
-    except ImportError:
-        pass
-    with pytest.raises(MissingDependencyError, match=rf"pip install 'msprobe-lake\[{extra}\]'"):
-        open_store(url)
+def _without(package: str, body: str) -> subprocess.CompletedProcess:
+    """Run ``body`` in a fresh interpreter where ``package`` cannot be imported (installed or not)."""
+    code = f"import sys\nsys.modules[{package!r}] = None  # as if not installed\n" + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("url, extra, package", [("gs://bucket/x", "gcs", "gcsfs"), ("az://container/x", "azure", "adlfs")])
+def test_missing_package_names_extra(url: str, extra: str, package: str) -> None:
+    out = _without(package, f"""
+        from msprobe.backends import open_store
+        from msprobe.errors import MissingDependencyError
+        try:
+            open_store({url!r})
+        except MissingDependencyError as exc:
+            print("OK", exc)
+        """)
+    assert out.stdout.startswith("OK") and f"pip install 'msprobe-lake[{extra}]'" in out.stdout, out.stderr
 
 
 def test_missing_s3fs_names_s3_extra() -> None:
@@ -79,14 +86,15 @@ def test_s3_session_options_pass() -> None:
 
 
 def test_known_protocol_without_its_package() -> None:
-    try:
-        import paramiko  # noqa: F401
-
-        pytest.skip("paramiko is installed here")
-    except ImportError:
-        pass
-    with pytest.raises(MissingDependencyError, match="sftp"):
-        open_store("sftp://host/path")
+    out = _without("paramiko", """
+        from msprobe.backends import open_store
+        from msprobe.errors import MissingDependencyError
+        try:
+            open_store("sftp://host/path")
+        except MissingDependencyError as exc:
+            print("OK", exc)
+        """)
+    assert out.stdout.startswith("OK") and "sftp" in out.stdout, out.stderr
 
 
 def test_redact_options() -> None:

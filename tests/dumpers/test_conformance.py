@@ -19,8 +19,6 @@ import sys
 
 import pytest
 
-pytest.importorskip("torch")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REAL = os.path.join(ROOT, "tests", "fixtures", "real")
 sys.path.insert(0, REAL)

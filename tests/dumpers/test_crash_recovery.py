@@ -11,8 +11,6 @@ import threading
 
 import pytest
 
-pytest.importorskip("torch")
-
 from msprobe.backends import open_store
 from msprobe.dumpers.recover import recover_store
 from msprobe.readers.validate import validate_store

@@ -18,8 +18,7 @@ import subprocess
 import sys
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -7,18 +7,17 @@ import os
 import pathlib
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lake"))
-import lake_synth as S  # noqa: E402
+import lake_synth as S
 
-import msprobe  # noqa: E402
-import msprobe.lake  # noqa: E402
-from msprobe.errors import FormatError  # noqa: E402
-from msprobe.index import compact  # noqa: E402
+import msprobe
+import msprobe.lake
+from msprobe.errors import FormatError
+from msprobe.index import compact
 
 INDEX_PKG = pathlib.Path(msprobe.__file__).parent / "index"
 ABOVE = ("msprobe.readers", "msprobe.dumpers", "msprobe.online", "msprobe.compare", "msprobe.run_ut",
