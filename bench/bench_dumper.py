@@ -28,6 +28,9 @@ THREADS = 0
 
 
 WINDOW = "step"
+DEVICE = "cpu"
+#: where the runs dump (each run removes its dump when it ends)
+DUMP_ROOT = os.environ.get("MSPROBE_BENCH_DUMP_ROOT", "/tmp")
 
 
 def measure(python, tool, mode, size, steps, dump_path, env_extra=None):
@@ -36,7 +39,8 @@ def measure(python, tool, mode, size, steps, dump_path, env_extra=None):
         env.pop("PYTHONPATH", None)
     env.update(env_extra or {})
     cmd = [python, os.path.join(HERE, "run_step_bench.py"), "--tool", tool, "--mode", mode, "--size", size,
-           "--steps", str(steps), "--dump-path", dump_path, "--threads", str(THREADS), "--window", WINDOW]
+           "--steps", str(steps), "--dump-path", dump_path, "--threads", str(THREADS), "--window", WINDOW,
+           "--device", DEVICE]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/tmp", timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{cmd} failed:\n{out.stderr[-3000:]}")
@@ -74,21 +78,22 @@ TABLE = [
 
 def table(args):
     """Both metrics, ours and the real tool, in interleaved rounds; prints one markdown table."""
-    global THREADS, WINDOW
-    WINDOW = args.window
+    global THREADS, WINDOW, DEVICE
+    WINDOW, DEVICE = args.window, args.device
     real = args.real_python if args.real_python is not None else default_real_python()
     tools = [("ours", OURS)] + ([("real", real)] if real and os.path.exists(real) else [])
-    configs = [("cpu", 1, "cpu_ms_median"), ("wall", 2, "ms_median")]
+    configs = [c for c in [("cpu", 1, "cpu_ms_median"), ("wall", 2, "ms_median")] if c[0] in args.table_metrics.split(",")]
+    rows = [r for r in TABLE if not args.table_modes or r[1] in args.table_modes.split(",")]
     res: dict = {}
     for r in range(args.rounds):
         for metric, threads, key in configs:
             THREADS = threads
             for label, py in tools:
-                modes = ["none"] + [m_ours if label == "ours" else m_real for _, m_ours, m_real, _ in TABLE
+                modes = ["none"] + [m_ours if label == "ours" else m_real for _, m_ours, m_real, _ in rows
                                     if (m_ours if label == "ours" else m_real)]
                 for mode in modes:
                     out = measure(py, "none" if mode == "none" else "msprobe", "L1" if mode == "none" else mode,
-                                  args.size, args.steps, f"/tmp/mb_{label}_{mode}")
+                                  args.size, args.steps, os.path.join(DUMP_ROOT, f"mb_{label}_{mode}"))
                     res.setdefault((metric, label, mode), []).append(out)
                     print(f"round {r} {metric}/{threads}t {label:4s} {mode:11s} {out[key]:9.1f} ms/step "
                           f"{out['records'] // out['steps_dumped']} records/step", file=sys.stderr)
@@ -98,36 +103,42 @@ def table(args):
         runs = res.get((metric, label, mode))
         return statistics.median(x[key] for x in runs) if runs else None
 
-    print(f"\nsize={args.size}, window={args.window}, {args.rounds} rounds x {args.steps} measured steps "
+    print(f"\nsize={args.size}, device={args.device}, window={args.window}, {args.rounds} rounds x {args.steps} measured steps "
           f"(median of per-run medians); CPU = process CPU ms/step with 1 torch thread, wall = wall ms/step "
           f"with 2 torch threads; ratio = step / no-tool step of the same interpreter")
-    recs = {m: res[("cpu", "ours", m)][0]["records"] // res[("cpu", "ours", m)][0]["steps_dumped"]
-            for _, m, _, _ in TABLE}
-    print("\n| mode | records/step | ours CPU | real CPU | ours wall | real wall | ours/real overhead (CPU) | target |")
-    print("|---|---|---|---|---|---|---|---|")
+    first = configs[0][0]
+    recs = {m: res[(first, "ours", m)][0]["records"] // res[(first, "ours", m)][0]["steps_dumped"]
+            for _, m, _, _ in rows}
     base = {(mt, lb): med(mt, lb, "none") for mt, _, _ in configs for lb, _ in tools}
-    print(f"| no tool | – | {base[('cpu', 'ours')]:.0f} ms | "
-          f"{(base.get(('cpu', 'real')) or float('nan')):.0f} ms | {base[('wall', 'ours')]:.0f} ms | "
-          f"{(base.get(('wall', 'real')) or float('nan')):.0f} ms | | |")
-    for name, m_ours, m_real, target in TABLE:
-        cells = []
-        ratios = {}
+    # the overhead ratio is read on the CPU metric when it ran, else on the wall clock (bench/gpu/run.sh)
+    over_metric = "cpu" if any(c[0] == "cpu" for c in configs) else "wall"
+    print(f"\n| mode | records/step | ours CPU | real CPU | ours wall | real wall | ours/real overhead ({over_metric}) "
+          "| target |")
+    print("|---|---|---|---|---|---|---|---|")
+
+    def ms(metric, label):
+        v = base.get((metric, label))
+        return f"{v:.0f} ms" if v else "–"
+
+    print(f"| no tool | – | {ms('cpu', 'ours')} | {ms('cpu', 'real')} | {ms('wall', 'ours')} | {ms('wall', 'real')} | | |")
+    for name, m_ours, m_real, target in rows:
+        ratios: dict = {}
         for metric, _, _ in configs:
             for label, _ in tools:
                 mode = m_ours if label == "ours" else m_real
                 v = med(metric, label, mode) if mode else None
                 ratios[(metric, label)] = v / base[(metric, label)] if v else None
-            cells += [f"{ratios[(metric, 'ours')]:.2f}x", f"{ratios[(metric, 'real')]:.2f}x"
-                      if ratios.get((metric, "real")) else "–"]
-        o, rr = ratios[("cpu", "ours")], ratios.get(("cpu", "real"))
-        if m_ours == "tensor_zarr":
-            rr = ratios.get(("cpu", "real")) or (med("cpu", "real", "tensor") / base[("cpu", "real")]
-                                                  if ("cpu", "real", "tensor") in res else None)
-        over = f"{(o - 1) / (rr - 1):.2f}" if rr and rr > 1 else "–"
+        cells = [f"{ratios[(mt, lb)]:.2f}x" if ratios.get((mt, lb)) else "–"
+                 for mt in ("cpu", "wall") for lb in ("ours", "real")]
+        o, rr = ratios.get((over_metric, "ours")), ratios.get((over_metric, "real"))
+        if m_ours == "tensor_zarr" and (over_metric, "real", "tensor") in res:
+            rr = med(over_metric, "real", "tensor") / base[(over_metric, "real")]
+        over = f"{(o - 1) / (rr - 1):.2f}" if o and rr and rr > 1 else "–"
         print(f"| {name} | {recs[m_ours]} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {over} | {target} |")
-    fl = med("cpu", "ours", "floor") / base[("cpu", "ours")]
-    print(f"\nstatistics L1 - floor (CPU): {med('cpu', 'ours', 'L1') / base[('cpu', 'ours')] - fl:+.3f}; "
-          f"wall: {(med('wall', 'ours', 'L1') - med('wall', 'ours', 'floor')) / base[('wall', 'ours')]:+.3f}")
+    if any(r[1] == "floor" for r in rows) and any(r[1] == "L1" for r in rows):
+        fl = {mt: med(mt, "ours", "floor") / base[(mt, "ours")] for mt, _, _ in configs}
+        print("\nstatistics L1 - floor: " + "; ".join(
+            f"{mt} {med(mt, 'ours', 'L1') / base[(mt, 'ours')] - fl[mt]:+.3f}" for mt, _, _ in configs))
 
 
 def main():
@@ -143,15 +154,21 @@ def main():
     ap.add_argument("--window", default=None, choices=["step", "fwd_bwd"],
                     help="dump window (default: fwd_bwd with --table, else step)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="where the model runs: cpu, or cuda (bench/gpu/run.sh)")
+    ap.add_argument("--table-metrics", default="cpu,wall",
+                    help="with --table: cpu (process CPU, 1 torch thread) and/or wall (wall clock, 2 threads)")
+    ap.add_argument("--table-modes", default=None,
+                    help="with --table: the comma-separated rows to run (ours' mode names; default all)")
     ap.add_argument("--metric", default="wall", choices=["wall", "cpu"],
                     help="wall-clock ms/step, or process CPU ms/step (steadier on a shared machine)")
     args = ap.parse_args()
     if args.table:
         args.window = args.window or "fwd_bwd"
         return table(args)
-    global THREADS, WINDOW
+    global THREADS, WINDOW, DEVICE
     THREADS = args.threads
     WINDOW = args.window or "step"
+    DEVICE = args.device
     if args.real_python is None:
         args.real_python = default_real_python()
     mkey = "ms_median" if args.metric == "wall" else "cpu_ms_median"

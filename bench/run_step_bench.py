@@ -93,6 +93,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--dump-path", default="/tmp/msprobe_bench_dump")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (bench/gpu/run.sh)")
     ap.add_argument("--window", default="step", choices=["step", "fwd_bwd"],
                     help="dump window: the whole step, or forward+backward (optimizer step outside)")
     args = ap.parse_args()
@@ -101,7 +102,7 @@ def main():
     size = dict(SIZES[args.size])
     batch = size.pop("batch")
     torch.manual_seed(0)
-    model = GPT(**size)
+    model = GPT(**size).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     shutil.rmtree(args.dump_path, ignore_errors=True)
     dbg = None
@@ -121,7 +122,7 @@ def main():
             json.dump(cfg, f)
         dbg = PrecisionDebugger(config_path=cfg_path)
     times, cpu = timed_steps(model, opt, size, batch, args.warmup + args.steps, dbg,
-                             optimizer_in_window=args.window == "step")
+                             optimizer_in_window=args.window == "step", device=args.device)
     if dbg is not None and hasattr(dbg, "dumper"):  # ours: wait for the background writer
         dbg.dumper.close()
     nbytes = nfiles = records = 0
