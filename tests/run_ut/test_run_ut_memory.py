@@ -7,13 +7,11 @@ import json
 import os
 import sys
 
-import pytest
+import torch  # noqa: F401 - run_ut checks with torch: without it these tests fail, never skip
 
-torch = pytest.importorskip("torch")
-
-from msprobe.cli import main  # noqa: E402
-from msprobe.run_ut import memory as M  # noqa: E402
-from msprobe.run_ut import run_ut  # noqa: E402
+from msprobe.cli import main
+from msprobe.run_ut import memory as M
+from msprobe.run_ut import run_ut
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
