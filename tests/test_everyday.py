@@ -171,6 +171,14 @@ def test_no_wrapped_call_is_said(tmp_path):
     PrecisionDebugger._reset()
     said = [str(w.message) for w in caught if "recorded nothing" in str(w.message)]
     assert said and "no call went through a wrapped API or a hooked module" in said[0]
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dp2"), level="L1")  # no step(): the process ends the step
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dbg.start()
+        torch.ones(3)
+        dbg.stop()
+        PrecisionDebugger._reset()  # (what atexit does)
+    assert [w for w in caught if "step 0 was dumped but recorded nothing" in str(w.message)]
     assert not [w for w in _train(str(tmp_path / "ok"), 1, task="statistics", level="L1") if "recorded nothing" in w]
 
 
@@ -230,12 +238,16 @@ def test_every_subcommand_has_help_with_an_example(capsys):
 
 
 def test_lake_functions_have_docstrings_with_an_example():
+    import inspect
+
     import msprobe.lake
     from msprobe.lake import _questions
 
-    for fn in (_questions.first_nan, _questions.diverge, _questions.disagree, _questions.trend,
-               msprobe.lake.Lake.first_nan, msprobe.lake.Lake.diverge, msprobe.lake.Lake.disagree,
-               msprobe.lake.Lake.trend, msprobe.lake.Lake.sql, msprobe.lake.open, msprobe.lake.read_catalog):
+    public = [f.fget if isinstance(f, property) else f for n, f in inspect.getmembers(msprobe.lake.Lake)
+              if not n.startswith("_")]
+    assert len(public) >= 19
+    for fn in [_questions.first_nan, _questions.diverge, _questions.disagree, _questions.trend,
+               msprobe.lake.open, msprobe.lake.read_catalog, *public]:
         assert fn.__doc__ and "Example" in fn.__doc__, fn.__qualname__
 
 

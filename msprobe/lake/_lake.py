@@ -374,21 +374,29 @@ class Lake:
     # -- shape -------------------------------------------------------------------------------------------
     @property
     def runs(self) -> list:
+        """The run names, as the catalog lists them. Example: ``lake.runs`` -> ``["run_gpu", "run_npu"]``."""
         return [r["run"] for r in self.catalog_rows]
 
     @property
     def catalog(self) -> Any:
-        """One row per run (pandas): framework, task, level, config, steps, ranks, bytes, time span..."""
+        """One row per run (pandas): framework, task, level, config, steps, ranks, bytes, time span...
+
+        Example: ``lake.catalog[["run", "steps", "ranks"]]`` (``msprobe lake ls ROOT``)."""
         import pandas as pd
 
         return pd.DataFrame(self.catalog_rows)
 
     @property
     def manifest(self) -> Any:
-        """One row per rank directory (pandas)."""
+        """One row per rank directory (pandas): what was indexed, from which document.
+
+        Example: ``lake.manifest.groupby("run").size()``."""
         return _core.manifest_table(self.manifest_rows).to_pandas()
 
     def run_url(self, run: str) -> str:
+        """The URL of one run's dump (a :class:`ConfigError` naming the runs when absent).
+
+        Example: ``msprobe.readers.open(lake.run_url("run_npu"))``."""
         for r in self.catalog_rows:
             if r["run"] == run:
                 return r["url"]
@@ -400,7 +408,9 @@ class Lake:
 
     # -- the dataset -------------------------------------------------------------------------------------
     def files(self) -> list:
-        """[(key, {run, step, rank?, split})]: what a scan reads (compacted steps as one file)."""
+        """[(key, {run, step, rank?, split})]: what a scan reads (compacted steps as one file).
+
+        Example: ``len(lake.files())``."""
         out = []
         done: set = set()
         for r in self.manifest_rows:
@@ -419,7 +429,9 @@ class Lake:
     def dataset(self) -> Any:
         """The union of the indexes as one ``pyarrow.dataset.FileSystemDataset`` whose fragments
         carry their partition keys (run, step, rank) as expressions, so filters on them skip
-        files without opening them. Rows are those of :data:`msprobe.readers.COLUMNS`."""
+        files without opening them. Rows are those of :data:`msprobe.readers.COLUMNS`.
+
+        Example: ``lake.dataset.count_rows()``."""
         if self._dataset is None:
             require("pyarrow", "parquet")
             import pyarrow.compute as pc
@@ -449,7 +461,9 @@ class Lake:
 
     def filter(self, expr: Any = None, **eq: Any) -> "Lake":
         """A view of the lake restricted by a ``pyarrow.compute`` expression and/or column
-        equalities (``run="a"``, ``step=[1, 2]``, ``rank=0``, ``record="Torch.add.0.forward"``)."""
+        equalities (``run="a"``, ``step=[1, 2]``, ``rank=0``, ``record="Torch.add.0.forward"``).
+
+        Example: ``lake.filter(run="run_npu", step=[0, 1]).to_pandas(["record", "norm"])``."""
         import copy
 
         import pyarrow.compute as pc
@@ -474,7 +488,9 @@ class Lake:
 
     def to_arrow(self, columns: Optional[Iterable[str]] = None, *, records_only: bool = False) -> Any:
         """The rows (one per tensor-like argument; ``records_only=True`` keeps the index's
-        placeholder rows of records without tensors too) as a pyarrow Table."""
+        placeholder rows of records without tensors too) as a pyarrow Table.
+
+        Example: ``lake.to_arrow(["run", "record", "max"])``."""
         import pyarrow.compute as pc
 
         e = self._expr
@@ -485,16 +501,20 @@ class Lake:
         return self.dataset.to_table(columns=cols, filter=e)
 
     def to_pandas(self, columns: Optional[Iterable[str]] = None, **kw: Any) -> Any:
+        """:meth:`to_arrow` as a pandas DataFrame. Example: ``lake.to_pandas(["run", "step", "record", "norm"])``."""
         return table_to_pandas(self.to_arrow(columns, **kw))
 
     def count_rows(self) -> int:
+        """How many tensor rows the (filtered) lake holds. Example: ``lake.filter(run="run_npu").count_rows()``."""
         import pyarrow.compute as pc
 
         e = pc.field("has_nan").is_valid()
         return self.dataset.count_rows(filter=e if self._expr is None else e & self._expr)
 
     def scanner(self, columns: Optional[Iterable[str]] = None, batch_size: int = 1 << 16) -> Any:
-        """A streaming ``pyarrow.dataset.Scanner`` over the (filtered) rows."""
+        """A streaming ``pyarrow.dataset.Scanner`` over the (filtered) rows.
+
+        Example: ``for batch in lake.scanner(["record", "norm"]).to_batches(): ...``."""
         import pyarrow.compute as pc
 
         e = pc.field("has_nan").is_valid()
@@ -510,7 +530,9 @@ class Lake:
         httpfs extension when it is installed, given the endpoint, region and credentials
         that s3fs resolved through botocore (``storage_options``, ``AWS_ENDPOINT_URL``,
         ``AWS_*`` variables, profiles, instance roles: see :func:`s3_settings`), else (or when
-        httpfs cannot read there) through the pyarrow dataset over the fsspec file system."""
+        httpfs cannot read there) through the pyarrow dataset over the fsspec file system.
+
+        Example: ``lake.duckdb().sql("SELECT count(*) FROM lake_records").fetchall()``."""
         if self._con is not None:
             return self._con
         duckdb = require("duckdb", "duckdb")
@@ -535,6 +557,9 @@ class Lake:
         return con
 
     def catalog_table(self) -> Any:
+        """The catalog as a pyarrow Table (the ``catalog`` view of :meth:`duckdb`).
+
+        Example: ``lake.catalog_table().column("run")``."""
         import pyarrow as pa
 
         return pa.Table.from_pylist(self.catalog_rows) if self.catalog_rows else pa.table({"run": pa.array([], pa.string())})
@@ -628,6 +653,9 @@ class Lake:
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def close(self) -> None:
+        """Close the DuckDB connection and the executor (a LocalCluster it started).
+
+        Example: ``with msprobe.lake.open("./lake") as lake: ...`` closes it at the end."""
         if self._con is not None:
             self._con.close()
             self._con = None

@@ -204,6 +204,8 @@ class MindSporeDumper(DumperControl):
 
     def close(self) -> None:
         self.stop()
+        if self._graph is None:  # a step ended by the process, not by step(): said as step() says it
+            self._warn_if_nothing()
         self.patcher.uninstall()
         self._unpatch_jit()
         self._unpatch_pijit()

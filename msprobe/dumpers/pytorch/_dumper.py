@@ -101,6 +101,8 @@ class TorchDumper(DumperControl):
         self.stop()
         if self.online is not None:
             self.online.close(self.session.current_step)
+        else:  # a step ended by the process, not by step(): said as step() says it
+            self._warn_if_nothing()
         self.patcher.uninstall()
         for h in self._module_handles + self._optim_handles:
             h.remove()
