@@ -67,10 +67,12 @@ def test_index_bombs_are_refused_before_inflating(indexed, tmp_path, kind, figur
     figures.setdefault("bomb_peak_mib", {})[f"parquet_{kind}/reader"] = grown.figure()
     # the lake reads the index files it built (from dump.json); a bomb there is refused from its
     # footer before DuckDB reads it ('strings' passes the footer: DuckDB is not asked for them here)
-    argv = ["lake", "sql", root, "SELECT count(*) AS n FROM lake_records"]
+    # (a dump as the lake's root is only read: the lake's own files go to --lake-dir)
+    lake_dir = str(tmp_path / "lake_dir")
+    argv = ["lake", "sql", root, "SELECT count(*) AS n FROM lake_records", "--lake-dir", lake_dir]
     rc, out, err, _ = cli_measured(argv, preimport="")
     assert rc == 0, err[-2000:]
-    (own,) = glob.glob(os.path.join(root, "_lake", "index", "**", "records.parquet"), recursive=True)
+    (own,) = glob.glob(os.path.join(lake_dir, "index", "**", "records.parquet"), recursive=True)
     _bomb(own, kind)
     rc, out, err, grown = cli_measured(argv, preimport="")
     assert "Traceback" not in err, err[-3000:]
