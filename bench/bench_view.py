@@ -111,6 +111,20 @@ def _timed(page, action, js: str) -> float:
     return time.perf_counter() - t0
 
 
+def _measured(browser, proc, url: str, out: dict, steps) -> dict:
+    """Run ``steps(page, out)`` on a fresh page of the server ``proc``; then its peak RSS; then stop it."""
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        out["first_paint_s"] = _paint(page, url)
+        steps(page, out)
+        out["server_rss_mb"] = round(_vmhwm_mb(proc.pid), 1)
+        page.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return out
+
+
 def bench_pair(browser, work: str, records: int) -> dict:
     from bench_compare import synthesize
 
@@ -121,9 +135,8 @@ def bench_pair(browser, work: str, records: int) -> dict:
     gen = time.perf_counter() - t0
     proc, url, setup = _serve([target, bench], os.path.join(work, "view"))
     out: dict = {"records": records, "tree_nodes": nodes, "generate_s": round(gen, 1), "setup_s": round(setup, 2)}
-    try:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        out["first_paint_s"] = _paint(page, url)
+
+    def steps(page, out: dict) -> None:
         out["rows"] = page.evaluate("() => window.__msprobe.state.meta.rows")
         page.locator(".tab[data-view=list]").click()
         total = page.evaluate("() => parseInt(document.getElementById('row-count').textContent)")
@@ -131,10 +144,10 @@ def bench_pair(browser, work: str, records: int) -> dict:
         out["list_jump_to_middle_s"] = _timed(
             page, lambda: page.evaluate(f"() => {{ document.getElementById('row-scroller').scrollTop = {mid * 28}; }}"),
             f"() => [...document.querySelectorAll('#rows .vrow')].some((r) => Math.abs(r.dataset.i - {mid}) < 30)")
+        before = page.locator("#row-count").inner_text()
         out["list_filter_divergent_s"] = _timed(
             page, lambda: page.select_option("select[data-filter=result]", "divergent"),
-            "() => /^\\d+ rows/.test(document.getElementById('row-count').textContent) && "
-            "document.getElementById('row-count').textContent !== '" + page.locator("#row-count").inner_text() + "'")
+            f"() => document.getElementById('row-count').textContent !== {json.dumps(before)}")
         out["list_sort_worst_first_s"] = _timed(
             page, lambda: page.select_option("select[data-filter=sort]", "score"),
             "() => document.querySelector('#rows .vrow') !== null")
@@ -147,12 +160,8 @@ def bench_pair(browser, work: str, records: int) -> dict:
             page, lambda: page.locator("#tree .tkids .tnode .toggle").first.click(),
             f"() => document.querySelectorAll('#tree .tnode').length > {n}")
         out["tree_layer_children"] = page.locator("#tree .tnode").count() - n
-        out["server_rss_mb"] = round(_vmhwm_mb(proc.pid), 1)
-        page.close()
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    return out
+
+    return _measured(browser, proc, url, out, steps)
 
 
 def bench_lake(browser, work: str, ranks: int, steps: int, records: int) -> dict:
@@ -173,20 +182,15 @@ def bench_lake(browser, work: str, ranks: int, steps: int, records: int) -> dict
     proc, url, setup = _serve([root], os.path.join(work, "lake_view"))
     out: dict = {"ranks": ranks, "steps": steps, "records_per_rank": records, "generate_s": round(gen, 1),
                  "lake_index_s": round(index_s, 1), "setup_s": round(setup, 2)}
-    try:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        out["first_paint_s"] = _paint(page, url)
+
+    def measure(page, out: dict) -> None:
         out["cells"] = page.evaluate("() => window.__msprobe.state.meta.cells.length")
         first = page.locator("#first-divergence").inner_text()
         out["first_nan_found"] = f"step {steps // 2} · rank{ranks // 3}" in first
         out["open_worst_cell_s"] = _timed(page, lambda: page.locator("#worst-cells tbody tr").first.click(),
                                           "() => document.querySelector('#view-list:not([hidden]) #rows .vrow')")
-        out["server_rss_mb"] = round(_vmhwm_mb(proc.pid), 1)
-        page.close()
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    return out
+
+    return _measured(browser, proc, url, out, measure)
 
 
 def main(argv=None) -> int:

@@ -112,7 +112,7 @@ function renderOverview() {
     el("thead", {}, el("tr", {}, ...["cell", "rows", "errors", "warnings", "NaN/Inf", "worst rel. Norm err", "first divergent row"].map((h) => el("th", { text: h })))),
     el("tbody", {}, ...worst.map((c) => el("tr", { class: `clickable ${resultClass(c.errors ? "error" : c.warnings ? "warning" : "pass", c.nan_inf > 0)}`, "data-cell": c.cell, "data-step": c.step, "data-rank": c.rank_dir, onclick: () => openCell(c.cell, "list") },
       el("td", { text: cellLabel(c) }), el("td", { text: c.rows }), el("td", { text: c.errors }), el("td", { text: c.warnings }), el("td", { text: c.nan_inf }),
-      el("td", { text: fmt(c.worst_norm_rel, true) }), el("td", { class: "mono", text: c.first_div_name || "" })))));
+      el("td", { text: c.nan_inf > 0 ? "NaN/Inf" : fmt(c.worst_norm_rel, true) }), el("td", { class: "mono", text: c.first_div_name || "" })))));
   p.append(facts, legend, chartBox, el("h3", { text: worst.length ? "Worst cells" : "No divergent cell" }), table);
   const data = cells.map((c) => ({ value: [rankDirs.indexOf(c.rank_dir), rowKeys.indexOf(rowKey(c)), level(c)], cell: c }));
   const chart = echarts.init(chartBox, null, { renderer: "canvas" });
@@ -147,7 +147,7 @@ function openCell(cell, view) {
 // -- divergence list (virtual scroll over paged rows) ---------------------------------------------
 const ROW_H = 28;
 const PAGE = 200;
-const COLS = [["i", "#", 60], ["name", "row", 420], ["result", "result", 80], ["norm_rel", "rel. Norm err", 110], ["max_rel", "rel. Max err", 100],
+const COLS = [["i", "#", 60], ["name", "row", 420], ["result", "result", 130], ["norm_rel", "rel. Norm err", 110], ["max_rel", "rel. Max err", 100],
   ["cosine", "cosine", 80], ["npu_dtype", "dtype", 110], ["npu_shape", "shape", 120], ["bench_name", "bench row", 300], ["err", "message", 300]];
 const list = (() => {
   let total = 0, firstDiv = null, pages = new Map(), gen = 0;
@@ -263,7 +263,7 @@ const tree = (() => {
       toggle, el("i", { class: `dot ${resultClass(n.worst_result, n.nan_inf)}` }),
       el("span", { class: "tcol-name mono", title: n.name, text: n.name }),
       el("span", { class: "tcol-bench mono", title: n.bench || "", text: n.bench || (n.matched ? "" : "unmatched") }),
-      el("span", { class: "tcol-err", text: n.nan_inf ? "NaN/Inf" : fmt(n.norm_rel, true) }));
+      el("span", { class: "tcol-err", text: n.nan_inf ? "NaN/Inf" : fmt(n.worst_norm_rel, true) }));
     const kids = el("ul", { class: "tkids", hidden: true });
     li.append(line, kids);
     const entry = { n, li, kids, toggle, loaded: false, open: false };
@@ -350,7 +350,7 @@ const trends = (() => {
     chart.setOption({ animation: false, title: { show: false },
       tooltip: { trigger: "axis", formatter: (pts) => pts.map((p) => `${esc(p.seriesName)}: ${esc(fmt(p.value[1]))}`).join("<br>") },
       legend: { type: "scroll", top: 0 }, grid: { left: 70, right: 30, top: 40, bottom: 40 },
-      xAxis: { type: "value", name: "step", minInterval: 1 }, yAxis: { type: "value", name: stat, scale: true }, series }, true);
+      xAxis: { type: "value", name: "step", nameLocation: "middle", nameGap: 26, minInterval: 1 }, yAxis: { type: "value", name: stat, scale: true }, series }, true);
     stepSel.replaceChildren(...r.steps.map((s) => el("option", { value: s, text: s })));
     const cur = state.meta.cells.find((c) => c.cell === state.cell);
     if (cur && r.steps.includes(cur.step)) stepSel.value = String(cur.step);
@@ -404,13 +404,13 @@ async function openRecord(record, rowName) {
       el("td", { class: "mono", text: a.npu_md5 || "" }), el("td", { class: "mono", text: a.bench_md5 || "" }),
       el("td", {}, el("button", { onclick: () => trends.load(a.name, state.trendStat), text: "trend" }),
         a.data_name ? el("button", { onclick: () => showTensor(a.name), text: "tensor" }) : null)))));
-  const err = r.args.map((a) => a.err).filter((e) => e && e !== "N/A" && e !== "None");
+  const err = r.args.map((a) => a.err).filter((e) => e && !["N/A", "None", "[]", "", "nan"].includes(String(e).trim()));
   p.replaceChildren(
     el("h2", { class: "mono", id: "record-name", text: record }),
     el("div", { class: "facts" }, el("span", { text: cur ? cellLabel(cur) : "" }),
       el("button", { id: "show-in-tree", onclick: () => tree.reveal(record), text: "Show in model tree" }),
       el("button", { onclick: () => trends.load(r.args[r.args.length - 1].name, state.trendStat), text: "Trend of its last output" })),
-    table,
+    el("div", { class: "hscroll" }, table),
     err.length ? el("div", { class: "errs" }, ...[...new Set(err)].map((e) => el("div", { class: "mono", text: e }))) : null,
     el("div", { class: "tensor", id: "tensor-box" }),
     el("h3", { text: "Stack" }),

@@ -39,6 +39,10 @@ FILTERS = {
 }
 _SEVERITY = "CASE result WHEN 'error' THEN 3 WHEN 'warning' THEN 2 WHEN 'pass' THEN 1 ELSE 0 END"
 MEMORY_LIMIT = os.environ.get("MSPROBE_VIEW_MEMORY", "256MB")
+#: what "worst" means, one number per row: severity first, then NaN/Inf, then the error
+_SCORE = f"""(({_SEVERITY}) * 1e6 + CASE WHEN nan_inf THEN 1e5 ELSE 0 END
+    + least(coalesce(CASE WHEN isnan(norm_rel) THEN 1e5 ELSE norm_rel END, 0), 1e5 - 1)
+    + CASE WHEN cosine IS NOT NULL AND NOT isnan(cosine) THEN 1 - cosine ELSE 0 END)"""
 _RECORD_SQL = r"""CASE
   WHEN regexp_matches(name, '\.parameters_grad') THEN regexp_extract(name, '^(.*\.parameters_grad)', 1)
   WHEN regexp_matches(name, '^.*?\.(forward|backward)(\.\d+)?\.(input|output|parameters|kwargs)(\.|$)')
@@ -155,9 +159,9 @@ class ViewData:
             cos = _num(c("Cosine"))
             stats = [_num(c(f"{side} {k}")) for side in ("NPU", "Bench") for k in ("max", "min", "mean", "l2norm")]
             # staged as a table first: its rowid is the file's row order (the execution order)
-            cur.execute("CREATE OR REPLACE TEMP TABLE csv_in AS SELECT * FROM read_csv(?, all_varchar=true, "
+            cur.execute("CREATE OR REPLACE TABLE csv_in AS SELECT * FROM read_csv(?, all_varchar=true, "
                         "header=true)", [csv])
-            sql = f"""INSERT INTO rows SELECT ? AS cell, ? + row_number() OVER (ORDER BY pos) - 1 AS i, name,
+            sql = f"""INSERT INTO rows SELECT * REPLACE ({_SCORE} AS score) FROM (SELECT ? AS cell, ? + row_number() OVER (ORDER BY pos) - 1 AS i, name,
                 {_RECORD_SQL} AS record,
                 CASE WHEN regexp_matches(name, '\\.parameters_grad') THEN 'parameters_grad'
                      ELSE coalesce(nullif(regexp_extract(name,
@@ -168,14 +172,14 @@ class ViewData:
                 result, err, norm_rel, max_rel, cosine, npu_dtype, bench_dtype, npu_shape, bench_shape, bench_name,
                 s0, s1, s2, s3, s4, s5, s6, s7, npu_md5, bench_md5,
                 coalesce({" OR ".join(f"isnan(s{k}) OR isinf(s{k})" for k in range(4))}, false) AS nan_inf,
-                0.0, data_name, stack
+                0.0 AS score, data_name, stack
               FROM (SELECT "NPU Name" AS name, lower(coalesce("Result", '')) AS result, "Err_message" AS err,
                 {norm} AS norm_rel, {_num(c('MaxRelativeErr'))} AS max_rel, {cos} AS cosine,
                 "NPU Dtype" AS npu_dtype, "Bench Dtype" AS bench_dtype, "NPU Tensor Shape" AS npu_shape,
                 "Bench Tensor Shape" AS bench_shape, "Bench Name" AS bench_name,
                 {', '.join(f'{s} AS s{k}' for k, s in enumerate(stats))},
                 {c('NPU MD5')} AS npu_md5, {c('BENCH MD5')} AS bench_md5,
-                {c('Data_name')} AS data_name, {c('NPU_Stack_Info')} AS stack, rowid AS pos FROM csv_in)"""
+                {c('Data_name')} AS data_name, {c('NPU_Stack_Info')} AS stack, rowid AS pos FROM csv_in))"""
             cur.execute(sql, [cell, offset])
             n = cur.execute("SELECT count(*) FROM csv_in").fetchone()[0]
             cur.execute("DROP TABLE csv_in")
@@ -184,10 +188,11 @@ class ViewData:
             cur.close()
 
     #: index rows (staged in ``t_in`` with their ``cell`` and ``pos``, the row order) -> ``rows``
-    _INDEX_INSERT = """INSERT INTO rows SELECT cell, row_number() OVER (PARTITION BY cell ORDER BY seq, pos) - 1,
-        name, record, io, dir, kind, CASE WHEN nan_inf THEN 'nan_inf' ELSE '' END, NULL, NULL, NULL, NULL,
+    _INDEX_INSERT = f"""INSERT INTO rows SELECT * REPLACE ({_SCORE} AS score) FROM (SELECT cell, row_number() OVER (PARTITION BY cell ORDER BY seq, pos) - 1,
+        name, record, io, dir, kind, CASE WHEN nan_inf THEN 'nan_inf' ELSE '' END AS result, NULL AS err,
+        NULL::DOUBLE AS norm_rel, NULL::DOUBLE AS max_rel, NULL::DOUBLE AS cosine,
         dtype, NULL, shape, NULL, NULL, max, min, mean, norm, NULL, NULL, NULL, NULL, md5, NULL,
-        nan_inf, 0.0, data_name, NULL
+        nan_inf, 0.0 AS score, data_name, NULL
       FROM (SELECT cell, record || CASE WHEN arg_path IS NULL OR arg_path = '' THEN '' ELSE '.' ||
           -- the compare's row names: input_args.N / input_kwargs.K -> input.N / input.K, a
           -- parameters_grad leaf without its position
@@ -199,15 +204,15 @@ class ViewData:
           dtype, CAST(shape AS VARCHAR) AS shape, try_cast(max AS DOUBLE) AS max,
           try_cast(min AS DOUBLE) AS min, try_cast(mean AS DOUBLE) AS mean,
           try_cast(norm AS DOUBLE) AS norm, md5, coalesce(has_nan, false) OR coalesce(has_inf, false)
-          AS nan_inf, data_name, seq, pos FROM t_in)"""
+          AS nan_inf, data_name, seq, pos FROM t_in))"""
 
     def _insert_index_rows(self, cur: Any, table: Any, cell_sql: str, params: list) -> None:
         """Stage an Arrow table of index rows and insert it; ``cell_sql`` gives each row its cell."""
         cur.register("t_arrow", table)
         # staged as a table first: its rowid is the row order
-        cur.execute("CREATE OR REPLACE TEMP TABLE t_raw AS SELECT * FROM t_arrow")
+        cur.execute("CREATE OR REPLACE TABLE t_raw AS SELECT * FROM t_arrow")
         cur.unregister("t_arrow")
-        cur.execute(f"CREATE OR REPLACE TEMP TABLE t_in AS SELECT {cell_sql} AS cell, t.*, t.rowid AS pos FROM "
+        cur.execute(f"CREATE OR REPLACE TABLE t_in AS SELECT {cell_sql} AS cell, t.*, t.rowid AS pos FROM "
                     f"t_raw t", params)
         cur.execute(self._INDEX_INSERT)
         cur.execute("DROP TABLE t_in")
@@ -252,12 +257,6 @@ class ViewData:
 
     def finish(self) -> None:
         """The derived columns and aggregates: each row's score, each cell's worst and first divergence."""
-        # score: what "worst" means, one number: severity first, then the error (NaN/Inf counts as worst)
-        self._db.execute(f"""UPDATE rows SET score = ({_SEVERITY}) * 1e6
-            + CASE WHEN nan_inf THEN 1e5 ELSE 0 END
-            + least(coalesce(CASE WHEN isnan(norm_rel) THEN 1e5 ELSE norm_rel END, 0), 1e5 - 1)
-            + CASE WHEN cosine IS NOT NULL AND NOT isnan(cosine) THEN 1 - cosine ELSE 0 END""")
-        self._db.execute("CREATE OR REPLACE TABLE names AS SELECT DISTINCT name FROM rows")
         threshold = None
         div = str(self.summary.get("divergence") or "")
         if "NormRelativeErr >" in div:
@@ -517,6 +516,31 @@ def _is_compare_output(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "summary.json"))
 
 
+def _compare_apart(path: str, bench: str, out: str, storage_options: Optional[dict],
+                   threshold: Optional[float]) -> None:
+    """``msprobe compare`` in a child process: the parsed dumps' memory goes with it, so the server's
+    peak stays that of its tables; the child's one-line error is raised here as a ConfigError."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "msprobe", "compare", path, bench, "-o", out, "--no-plot"]
+    if threshold is not None:
+        cmd += ["--divergence-threshold", repr(float(threshold))]
+    if storage_options:
+        try:
+            cmd += ["--storage-options", json.dumps(storage_options)]
+        except TypeError:  # options that are objects (a session): they cannot cross; compare here
+            from msprobe.compare import compare
+
+            compare(path, bench, out, plot=False, progress=False, storage_options=storage_options,
+                    threshold=threshold)
+            return
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        raise ConfigError(lines[-1] if lines else f"msprobe compare exited with status {done.returncode}")
+
+
 def open_view(path: str, bench: Optional[str] = None, *, storage_options: Optional[dict] = None,
               work_dir: Optional[str] = None, threshold: Optional[float] = None, title: Optional[str] = None) -> ViewData:
     """The explorer's data for ``path`` (a dump, lake index or compare output) and optional ``bench``.
@@ -530,11 +554,8 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
                     storage_options=storage_options, owns_dir=owns)
     try:
         if bench is not None:
-            from msprobe.compare import compare
-
             out = os.path.join(wd, "compare")
-            compare(path, bench, out, plot=False, progress=False, storage_options=storage_options,
-                    threshold=threshold, timestamp="view")
+            _compare_apart(path, bench, out, storage_options, threshold)
             data.target, data.bench = path, bench
             data.load_compare_output(out)
         elif _is_compare_output(path):

@@ -89,20 +89,24 @@ class Tree:
                 stack.extend((k, False) for k in kids if "worst" not in self.nodes[k])
                 continue
             worst, first, sev, nan = node["score"], node["i"], node["sev"], node["nan_inf"]
+            norm = node["norm_rel"]
             for k in kids:
                 kn = self.nodes[k]
                 worst = max(worst, kn["worst"])
+                if kn["worst_norm"] is not None and (norm is None or kn["worst_norm"] > norm):
+                    norm = kn["worst_norm"]
                 sev = max(sev, kn["worst_sev"])
                 nan = nan or kn["worst_nan"]
                 if kn["first"] is not None and (first is None or kn["first"] < first):
                     first = kn["first"]
-            node.update(worst=worst, worst_sev=sev, worst_nan=nan, first=first)
+            node.update(worst=worst, worst_sev=sev, worst_nan=nan, first=first, worst_norm=norm)
 
     def view(self, name: str) -> dict:
         n = self.nodes[name]
         return {"name": name, "i": n["i"], "rows": n["rows"], "bench": n["bench"], "matched": n["matched"],
                 "result": _SEV[n["sev"]], "worst": n["worst"], "worst_result": _SEV[n["worst_sev"]],
-                "nan_inf": n["worst_nan"], "norm_rel": n["norm_rel"], "cosine": n["cosine"],
+                "nan_inf": n["worst_nan"], "norm_rel": n["norm_rel"], "worst_norm_rel": n["worst_norm"],
+                "cosine": n["cosine"],
                 "children": len(self.children.get(name, []))}
 
     def kids(self, parent: Optional[str], begin: int = 0, end: int = 500) -> dict:

@@ -251,6 +251,10 @@ def test_cli_report_and_typed_errors(nan_pair, tmp_path):
     bad = _cli("report", str(tmp_path / "nothing"), "-o", str(tmp_path / "x.html"))
     assert bad.returncode == 1 and bad.stderr.startswith("msprobe report: error:") and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    # the pair's compare runs in a child process: its one-line error comes back as the command's
+    pair = _cli("report", str(tmp_path / "nothing"), os.path.join(nan_pair, "bench"), "-o", str(tmp_path / "y.html"))
+    assert pair.returncode == 1 and pair.stderr.startswith("msprobe report: error: msprobe compare: error:")
+    assert len(pair.stderr.strip().splitlines()) == 1 and "nothing" in pair.stderr
 
 
 def test_cli_view_prints_the_url_and_serves_it(nan_pair, tmp_path):
