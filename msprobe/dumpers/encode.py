@@ -8,12 +8,24 @@ value is not one) and ``_plain(v)`` for tensors used as slice bounds; for overfl
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
-from typing import Any
+from typing import Any, Optional
 
 __all__ = ["ValueEncoder"]
 
 MAX_DEPTH = 32
+
+
+def _fields(value: Any) -> Optional[tuple]:
+    """The field names of a namedtuple or a dataclass instance (every field, also those holding None:
+    a ModelOutput's dict holds only the others), else None."""
+    if isinstance(value, tuple):
+        f = getattr(type(value), "_fields", None)
+        return tuple(f) if isinstance(f, tuple) else None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return tuple(f.name for f in dataclasses.fields(value))
+    return None
 
 
 class ValueEncoder:
@@ -94,6 +106,11 @@ class ValueEncoder:
         special = self.framework_value(value)
         if special is not NotImplemented:
             return special
+        fields = _fields(value)
+        if fields is not None:  # a namedtuple or a dataclass (a transformers ModelOutput): by field, as 26.2.0
+            if depth > MAX_DEPTH:
+                return None
+            return {k: self.encode(getattr(value, k, None), f"{data_prefix}.{k}", save, depth + 1) for k in fields}
         if isinstance(value, (list, tuple)):
             if depth > MAX_DEPTH:
                 return None
@@ -117,11 +134,14 @@ class ValueEncoder:
     def _special(self, value: Any) -> Any:
         return None
 
-    def encode_output(self, out: Any, prefix: str, save: bool, *, is_sequence=None) -> list:
-        """A call's output as a list of entries (a tuple/list output one entry per element);
+    def encode_output(self, out: Any, prefix: str, save: bool, *, is_sequence=None) -> Any:
+        """A call's output as a list of entries (a tuple/list output one entry per element; a namedtuple
+        is the tuple of the call and becomes its mapping by field, not a list, as 26.2.0 writes it);
         an empty output tensor gets no file (as the real tool does)."""
         self._tls.in_output = True
         try:
+            if isinstance(out, tuple) and _fields(out) is not None:
+                return self.encode(out, prefix, save)
             seq = isinstance(out, (list, tuple)) if is_sequence is None else is_sequence(out)
             if seq:
                 return [self.encode(o, f"{prefix}.{i}", save) for i, o in enumerate(out)]

@@ -52,6 +52,14 @@ class ApiPatcher:
             if orig is not None and not getattr(orig, "__msprobe_wrapped__", False):
                 self._wrap(target, name, orig, api_key, handler)
 
+    def originals(self) -> dict:
+        """id(original function) -> its record prefix and name (``Functional.gelu``), of the APIs wrapped now."""
+        out = {}
+        for target, name, orig, _ in self._saved:
+            fn = orig.__func__ if isinstance(orig, staticmethod) else orig
+            out[id(fn)] = getattr(getattr(target, name, None), "__msprobe_key__", name)
+        return out
+
     def _wrap(self, target, name: str, orig, api_key: str, handler: Callable) -> None:
         guard = self.guard
 
@@ -65,6 +73,7 @@ class ApiPatcher:
         except (AttributeError, TypeError):
             pass
         wrapper.__msprobe_wrapped__ = True  # type: ignore[attr-defined]
+        wrapper.__msprobe_key__ = api_key  # type: ignore[attr-defined]
         owned = not isinstance(target, type) or name in target.__dict__
         new_attr: Any  # the wrapper, or a staticmethod of it
         if owned and isinstance(target, type) and isinstance(target.__dict__[name], staticmethod):

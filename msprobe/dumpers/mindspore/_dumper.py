@@ -107,6 +107,11 @@ class MindSporeDumper(DumperControl):
         self._pgrads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
         self._graph: Optional[GraphCellDump] = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
         self._warned_points = False
+        if self.L1 and not _graph_mode():
+            # the API wrappers go in when the debugger is created, as 26.2.0 does: a Cell built after it
+            # that keeps an op in an attribute (self.act = ops.gelu) holds the wrapper; they pass
+            # straight through until start()
+            self.patcher.install(self._on_api)
 
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
@@ -230,6 +235,8 @@ class MindSporeDumper(DumperControl):
 
     # ------------------------------------------------------------------- APIs
     def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
+        if not self.enabled:  # before start(), after stop(), in a step not dumped: not recorded nor counted
+            return orig(*args, **kwargs)
         if self.token_range is not None and not self._in_token_range():
             return orig(*args, **kwargs)
         GUARD.inside = True

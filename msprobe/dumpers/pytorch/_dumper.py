@@ -1,6 +1,7 @@
 """The PyTorch adapter: API and module hooks feeding the framework-neutral DumpSession."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import weakref
@@ -47,16 +48,24 @@ class TorchDumper(DumperControl):
         self._last_module_fwd: Optional[str] = None
         self._optim_handles: list = []
         self._mutating = _MutatingKeys()
+        self._captured_checked: set = set()
         self.online = None
         if config.online is not None:  # online_run_ut: packets to the checker instead of dump files
             from msprobe.dumpers.pytorch._online import OnlineRunUt
 
             self.online = OnlineRunUt(config.online, self.session.resolve_rank)
+        if self.L1 and config.level != "debug":
+            # the API wrappers go in when the debugger is created, as 26.2.0 does: a model built after
+            # it that keeps an API in an attribute (transformers' GELUActivation: self.act = F.gelu)
+            # holds the wrapper, so its calls are recorded; they pass straight through until start()
+            self.patcher.install(self._on_api)
 
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
         cfg = self.config
         self._set_token_range(model, token_range)
+        if model is not None and self.L1 and cfg.level != "debug":
+            self._warn_captured_apis(model)
         if model is not None and (self.L0 or token_range is not None):
             self._hook_models(model)
         if self.config.level == "mix" and not self._optim_handles:
@@ -72,6 +81,32 @@ class TorchDumper(DumperControl):
         self.enabled = True
         self._dumped_step = True
         GUARD.on = True
+
+    def _warn_captured_apis(self, model: Any) -> None:
+        """Warn (once per model) about module attributes holding an API as it was before the wrappers
+        went in (a model built before ``PrecisionDebugger(...)``: ``self.act = F.gelu``, a
+        ``functools.partial`` of it): those calls cannot be recorded."""
+        models = list(model) if isinstance(model, (list, tuple)) else [model]
+        todo = [m for m in models if isinstance(m, torch.nn.Module) and id(m) not in self._captured_checked]
+        if not todo or not self.patcher.installed:
+            return
+        self._captured_checked.update(id(m) for m in todo)
+        originals = self.patcher.originals()
+        found = []
+        for m in todo:
+            for path, sub in m.named_modules():
+                for attr, v in vars(sub).items():
+                    fn = v.func if isinstance(v, functools.partial) else v
+                    key = originals.get(id(fn)) if callable(fn) else None
+                    if key is not None:
+                        found.append(f"{path + '.' if path else ''}{attr} ({key})")
+        if found:
+            import warnings
+
+            warnings.warn(f"msprobe: {len(found)} module attribute(s) hold an API captured before PrecisionDebugger "
+                          f"was created, whose calls are not dumped: {', '.join(found[:5])}"
+                          f"{', ...' if len(found) > 5 else ''}; create the debugger before the model",
+                          stacklevel=4)
 
     def stop(self) -> None:
         """The dump goes off; dump.json holds what was recorded so far. Backward calls of the
@@ -112,6 +147,8 @@ class TorchDumper(DumperControl):
 
     # ------------------------------------------------------------------- APIs
     def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
+        if not self.enabled:  # before start(), after stop(), in a step not dumped: not recorded nor counted
+            return orig(*args, **kwargs)
         if self.token_range is not None and not self._in_token_range():
             return orig(*args, **kwargs)  # outside token_range nothing counts
         if self._region is not None:  # inside module_dump(...): APIs are not dumped (nor counted)
@@ -152,7 +189,7 @@ class TorchDumper(DumperControl):
                     self.session.add_record(fwd, rec, stack=stack, parent=parent)
                 raise
             if dist:  # the arguments after the collective, as msprobe does
-                self._forward_output(rec, fwd, list(args) + list(kwargs.values()))
+                self._forward_output(rec, fwd, tuple(args) + tuple(kwargs.values()))
             else:
                 self._forward_output(rec, fwd, out)
             if self._keep(rec, fwd):
@@ -329,7 +366,7 @@ class TorchDumper(DumperControl):
             # tap the inputs so their per-call gradients reach us (what a full backward hook does,
             # but tolerant of in-place ops on the taps' outputs)
             d = dumper()
-            if d is None or not d.enabled or not calls or calls[-1] is None or not _needs_grad(args):
+            if d is None or not d.enabled or not calls or calls[-1] is None or not _grad_tensors(args):
                 return None
             fwd = calls[-1][0]
             n = int(fwd.rsplit(".", 1)[1])
@@ -350,7 +387,7 @@ class TorchDumper(DumperControl):
             n = int(fwd.rsplit(".", 1)[1])
             gen = d._gen
             state = taps.pop(fwd, None)
-            if not _needs_grad(output if isinstance(output, tuple) else (output,)):
+            if not _grad_tensors((output,)):
                 return None
 
             def got_output_grads(grads):
@@ -364,9 +401,9 @@ class TorchDumper(DumperControl):
                     state["gout"] = grads
                     dd.bw_stack.append(f"{key}.backward.{n}")
 
-            single = not isinstance(output, tuple)
-            tapped = _tap(output if not single else (output,), got_output_grads, nested=True)
-            return tapped[0] if single else tapped
+            # the output's tensors that need a gradient, in depth-first order through tuples, lists and
+            # dicts (a ModelOutput): the record's "input" holds one gradient each, as 26.2.0's
+            return _tap((output,), got_output_grads, nested=True)[0]
 
         taps: dict = {}
         bw = self.config.backward_enabled
@@ -405,7 +442,8 @@ class TorchDumper(DumperControl):
                     entry = d.encoder.encode(param.grad, f"{name}.{pname}", save)
                     if not d._keep({pname: entry}, name):
                         return
-                    rec = d.session.data.get(name)
+                    with d.session.lock:  # the record takes its place at the module's last gradient, as 26.2.0's
+                        rec = d.session.data.pop(name, None)
                     rec = dict(rec) if isinstance(rec, dict) else {}
                     rec[pname] = [entry]
                     d.session.add_record(name, rec, parent=None, construct=False)  # FORMAT §12: not listed
@@ -428,7 +466,9 @@ class TorchDumper(DumperControl):
 
 
 def _is_sequence(out: Any) -> bool:
-    return isinstance(out, (list, tuple)) and not isinstance(out, torch.Size)
+    """A tuple output is written one entry per element; anything else (a list, a dict, a namedtuple or
+    dataclass, by field) is the one entry of the output (26.2.0's rule)."""
+    return isinstance(out, tuple) and not isinstance(out, torch.Size) and not hasattr(type(out), "_fields")
 
 
 def _first_tensor(out: Any) -> Optional[torch.Tensor]:
@@ -484,8 +524,10 @@ class _GradTap(torch.autograd.Function):
         ctx.callback = callback
         # an output nobody used gets None (written null, as the real tool does), not a zero tensor
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(*[t for t in tensors if not t.requires_grad])
-        return tuple(t.view_as(t) for t in tensors)
+        outs = tuple(t.view_as(t) for t in tensors)
+        # a tensor that needed no gradient stays so (marking the inputs would mark nothing: the outputs are views)
+        ctx.mark_non_differentiable(*[o for t, o in zip(tensors, outs) if not t.requires_grad])
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -504,32 +546,54 @@ def _seq_type(v: Any) -> bool:
     return type(v) in (tuple, list) or (isinstance(v, tuple) and hasattr(v, "_fields"))
 
 
+def _routed(v: Any, nested: bool) -> bool:
+    """Whether the tap routes ``v``: at the top level (an API's arguments) every floating tensor; nested
+    (a module's arguments and output) the tensors that need a gradient, as 26.2.0's module hooks."""
+    return isinstance(v, torch.Tensor) and (v.requires_grad if nested else v.is_floating_point())
+
+
 def _float_tensors(values: Any, out: list, nested: bool) -> None:
     for v in values:
-        if isinstance(v, torch.Tensor):
-            if v.is_floating_point():
-                out.append(v)
+        if _routed(v, nested):
+            out.append(v)
         elif nested and _seq_type(v):
             _float_tensors(v, out, nested)
+        elif nested and isinstance(v, dict):
+            _float_tensors(list(v.values()), out, nested)
 
 
 def _rebuild(values: Any, it, nested: bool) -> list:
     res = []
     for v in values:
-        if isinstance(v, torch.Tensor) and v.is_floating_point():
+        if _routed(v, nested):
             res.append(next(it))
         elif nested and _seq_type(v):
             items = _rebuild(v, it, nested)
             res.append(list(items) if type(v) is list else type(v)(*items) if hasattr(v, "_fields") else tuple(items))
+        elif nested and isinstance(v, dict):
+            # in place: a ModelOutput keeps its identity and its attributes follow its items
+            for k, new in zip(list(v.keys()), _rebuild(list(v.values()), it, nested)):
+                if new is not v[k]:
+                    v[k] = new
+            res.append(v)
         else:
             res.append(v)
     return res
 
 
+def _grad_tensors(values: Any) -> list:
+    """The tensors needing a gradient in ``values`` (through tuples, lists and dicts), when grad is on."""
+    flat: list = []
+    if torch.is_grad_enabled():
+        _float_tensors(values, flat, True)
+    return flat
+
+
 def _tap(values: tuple, callback, nested: bool = False) -> tuple:
-    """Route the floating tensors of ``values`` through one _GradTap (``nested``: also those inside
-    tuples and lists, in depth-first order, as LSTM's ``(out, (h, c))``); other values pass unchanged.
-    The callback gets one gradient per routed tensor, in that order."""
+    """Route tensors of ``values`` through one _GradTap: the floating ones, or (``nested``) those that need
+    a gradient, also inside tuples, lists and dicts, in depth-first order (LSTM's ``(out, (h, c))``, a
+    ModelOutput); other values pass unchanged. The callback gets one gradient per routed tensor, in that
+    order."""
     flat: list = []
     _float_tensors(values, flat, nested)
     if not flat:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import math
 import weakref
 import zlib
 from typing import Any, Optional, Union
@@ -20,6 +21,7 @@ from msprobe.tensor_store._layout import storage_dtype
 __all__ = ["Encoder", "fetch_stats", "tensor_bytes"]
 
 _FLOAT_LOW = (torch.float16, torch.bfloat16)
+_F32_MAX = float(torch.finfo(torch.float32).max)
 _K_FLOAT, _K_INT, _K_BOOL, _K_SCALAR, _K_DONE, _K_FUSED = 0, 1, 2, 3, 4, 5
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: the compiled one-pass kernels (msprobe/dumpers/fastpath.py), loaded at the first tensor: False until then
@@ -84,7 +86,10 @@ def _stat_handle(t: torch.Tensor) -> tuple:
                 else:
                     v = fast.stats_runs(t.data_ptr(), code, *runs)
             if v is not None:
-                return (_K_DONE, {"Max": v[0], "Min": v[1], "Mean": v[2], "Norm": v[3]})
+                mean = v[2]
+                if t.dtype == torch.float32 and mean is not None and abs(mean) * n > _F32_MAX:
+                    mean = math.copysign(math.inf, mean)  # torch's float32 sum overflows there (26.2.0: -inf)
+                return (_K_DONE, {"Max": v[0], "Min": v[1], "Mean": mean, "Norm": v[3]})
     if t.is_cuda and t.dtype in _FUSED_DTYPES and t.dim() and t.is_contiguous() and not t.is_neg():
         if _cuda_stats.available():  # one fused pass on the device (Triton), rounded and fetched in batches
             return (_K_FUSED, _cuda_stats.raw(t.detach()), 4, t.dtype)
@@ -221,7 +226,8 @@ class StatCache:
     def _key(self, t: torch.Tensor) -> tuple:
         base = t._base if t._base is not None else t
         if t.is_contiguous():
-            layout: tuple = (t.numel(),)
+            # a 0-d tensor's statistics (Mean/Norm = its value) are not those of its [1]-shaped views
+            layout: tuple = (t.numel(), t.dim() == 0)
         elif self.ordered:  # a transposed view holds the same elements in another order
             layout = (tuple(t.shape), tuple(t.stride()))
         else:
@@ -302,8 +308,8 @@ class Encoder(ValueEncoder):
             return {"type": "torch.Size", "value": list(value)}
         if isinstance(value, torch.dtype):
             return {"type": "torch.dtype", "value": str(value)}
-        if isinstance(value, torch.device):
-            return {"type": "torch.device", "value": str(value)}
+        if isinstance(value, torch.device):  # type, colon, index, as 26.2.0 writes it ("cpu:None", "cuda:0")
+            return {"type": "torch.device", "value": f"{value.type}:{value.index}"}
         if isinstance(value, torch.memory_format):
             return {"type": "torch.memory_format", "format": str(value).replace("torch.", "", 1)}
         return NotImplemented

@@ -447,3 +447,48 @@ def test_dump_to_s3(tmp_path):
     assert add.output[0].max == pytest.approx(float(out.asnumpy().max()), rel=1e-6)
     loaded = [t for io, t in add.tensors() if io == "output"][0].load("numpy")
     np.testing.assert_array_equal(loaded, out.asnumpy())
+
+
+# ------------------------------------------------- model code as libraries write it (issue 26)
+class _KeepsOps(nn.Cell):
+    """An op kept in an attribute at __init__ (as transformers-style code does), and a Cell returning a
+    namedtuple."""
+
+    NT = __import__("collections").namedtuple("NT", "a b")
+
+    def __init__(self):
+        super().__init__()
+        self.act = ops.gelu
+        self.act2 = __import__("functools").partial(ops.silu)
+
+    def construct(self, x):
+        return self.NT(self.act(x), self.act2(x))
+
+
+class _Holder(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.inner = _KeepsOps()
+
+    def construct(self, x):
+        o = self.inner(x)
+        return o[0].sum() + o[1].sum()
+
+
+def test_ops_kept_in_attributes_are_recorded_when_the_cell_is_built_after_the_debugger(tmp_path):
+    root = str(tmp_path / "d")
+    dbg = PrecisionDebugger(config_path=_config(tmp_path, task="statistics", dump_path=root, level="mix",
+                                                statistics={"summary_mode": "statistics"}))
+    net = _Holder()  # after the debugger: its attributes hold the wrappers (26.2.0's timing)
+    x = _f32(1.0, -2.0, 3.0)
+    net(x)  # before start(): neither recorded nor counted
+    dbg.start(model=net)
+    net(x)
+    dbg.stop()
+    dbg.step()
+    data = _doc(root)["data"]
+    assert "Functional.gelu.0.forward" in data and "Functional.silu.0.forward" in data, sorted(data)
+    assert "Functional.gelu.1.forward" not in data
+    # a namedtuple output is written by field, not as a list (26.2.0)
+    out = data["Cell.inner._KeepsOps.forward.0"]["output"]
+    assert isinstance(out, dict) and list(out) == ["a", "b"], out
