@@ -117,6 +117,8 @@ def _typed(type_: str, value: Any, framework: str) -> Any:
     if type_ == "torch.dtype" and isinstance(value, str):
         return getattr(torch, value.rsplit(".", 1)[-1], value)
     if type_ == "torch.device" and isinstance(value, str):
+        if value.endswith(":None"):  # 26.2.0's (and our) spelling of a device without index: "cpu:None"
+            value = value[:-len(":None")]
         try:
             return torch.device(value)
         except (RuntimeError, TypeError):

@@ -91,3 +91,11 @@ def test_generate_special_values():
     assert torch.isnan(nan_inside[1]) and nan_inside[-1].item() == 1.0
     a = generate_tensor({"dtype": "Float32", "shape": [3], "Max": 1.0, "Min": 0.0}, framework="numpy")
     assert isinstance(a, np.ndarray) and a.dtype == np.float32 and a[0] == 0.0 and a[-1] == 1.0
+
+
+def test_device_without_index_is_decoded():
+    """26.2.0 (and our dumper) write a device as type:index, "cpu:None" for one without index."""
+    from msprobe.readers._replay import _typed
+
+    assert _typed("torch.device", "cpu:None", "torch") == torch.device("cpu")
+    assert _typed("torch.device", "cpu", "torch") == torch.device("cpu")
