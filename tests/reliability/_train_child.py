@@ -2,9 +2,9 @@
 
 Usage: python _train_child.py DUMP_PATH TASK STEPS STORAGE_OPTIONS_JSON [EXTRA_CONFIG_JSON]
 
-Prints ``READY`` once the debugger exists, then after every completed training
-iteration ``MARK <step> <n>`` where ``n`` is the number of records of that step
-so far and the wall-clock time (with the default journal_flush every one of them is
+Prints ``READY`` once the debugger exists, then after the forward and after the backward
+of every training iteration ``MARK <step> <n> <time>`` where ``n`` is the number of records
+of that step so far and ``time`` the wall-clock time (with the default journal_flush every one of them is
 journaled at once on local stores, within journal_window seconds on object stores).
 With WORLD_SIZE/RANK/MASTER_PORT in the environment it first joins a gloo
 process group on 127.0.0.1, so the dumper takes its rank from torch.distributed.
@@ -51,6 +51,7 @@ def train(argv, out=sys.stdout):
         for _ in range(iters):
             y = model(x)
             loss = F.cross_entropy(y, torch.zeros(8, dtype=torch.long))
+            print(f"MARK {step} {len(session.data)} {time.time():.4f}", file=out, flush=True)  # forward done
             loss.backward()
             print(f"MARK {step} {len(session.data)} {time.time():.4f}", file=out, flush=True)
         with torch.no_grad():  # plain SGD (torch.optim imports torch._dynamo: seconds per process)

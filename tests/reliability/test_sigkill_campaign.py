@@ -1,5 +1,8 @@
 """SIGKILL campaign: a seeded training run under the PyTorch dumper (statistics and tensor,
-local and s3:// on the local S3 server, the default journal settings) is killed at a seeded random time;
+local and s3:// on the local S3 server, the default journal settings) is killed at a seeded random point
+of its own reported progress (right after its READY line, or right after its k-th MARK line: the end
+of a forward or of a backward), never after a number of seconds, so the kill points do not depend on the
+machine's speed;
 ``msprobe recover`` (the CLI) rebuilds the documents, ``msprobe validate`` passes, and what
 was recovered is a prefix of a complete reference run of the same script, with equal values.
 
@@ -36,8 +39,9 @@ WINDOW = 1.0 + 0.5
 MODES = [("statistics", "local"), ("tensor", "local"), ("statistics", "s3"), ("tensor", "s3")]
 TRIALS = {"local": 7 * SCALE, "s3": 3 * SCALE}
 #: (steps, training iterations per step): two steps locally (a kill can hit a step's publish and
-#: journal deletion); each journal flush is one PUT on s3, so the s3 runs are shorter
-SHAPE = {"local": (2, 2), "s3": (1, 2)}
+#: journal deletion); each journal flush is one PUT on s3, so the s3 runs are shorter, but long
+#: enough (128 records) for a flush of 64 records before their end
+SHAPE = {"local": (2, 2), "s3": (1, 4)}
 
 
 def _argv(url, task, where, opts):
@@ -51,9 +55,11 @@ class Server:
         self.p = subprocess.Popen([sys.executable, CHILD, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   env=env, text=True, bufsize=1)
 
-    def run(self, progress, argv, kill_after=None):
-        """Run one training; returns (exit code, READY->DONE seconds, [(step, n, wall time)] marks,
-        wall time of the kill or None)."""
+    def run(self, progress, argv, kill_at=None, then=None):
+        """Run one training; with ``kill_at`` (-1: after READY, k: after the k-th MARK, from 0)
+        SIGKILL it as soon as its progress file reports that point and ``then()`` (if given) is
+        true. Returns (exit code, READY->DONE seconds, [(step, n, wall time)] marks, wall time of
+        the kill or None)."""
         self.p.stdin.write(json.dumps([progress] + argv) + "\n")
         self.p.stdin.flush()
         pid = int(self.p.stdout.readline().split()[1])
@@ -63,8 +69,16 @@ class Server:
             time.sleep(0.01)
         ready = time.monotonic()
         killed_at = None
-        if kill_after is not None:
-            time.sleep(kill_after)
+        if kill_at is not None:
+            while True:
+                lines = _lines(progress)
+                if "DONE" in lines:
+                    break
+                if sum(ln.startswith("MARK ") and len(ln.split()) == 4 for ln in lines) > kill_at and \
+                        (then is None or then()):
+                    break
+                assert time.monotonic() - ready < 300, f"the child never reported MARK {kill_at}: {lines[-3:]}"
+                time.sleep(0.002 if then is None else 0.02)
             killed_at = time.time()
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -105,6 +119,21 @@ def bucket(s3_server, _s3_admin_fs):
     return f"s3://{name}"
 
 
+def _something_journaled(url, opts, where) -> bool:
+    """A record of some step is in a journal of the store: locally a journal line (tensor mode
+    journals a record once its files are written); on s3 a journal segment of step 0 (the s3 runs
+    have one step; one segment per flush, every journal_window seconds or 64 records; one LIST)."""
+    from msprobe.errors import StorageNotFoundError
+
+    try:
+        store = _store(url, opts or None)
+        if where == "s3":
+            return bool(store.list_dir("step0/rank/.journal"))
+        return any(_journaled(store).values())
+    except (StorageNotFoundError, FileNotFoundError):
+        return False
+
+
 def _store(url, opts):
     from msprobe.backends import open_store
 
@@ -138,9 +167,9 @@ def references(server, tmp_path_factory, s3_server, bucket):
         if (task, where) not in refs:
             opts = s3_storage_options(s3_server, picklable=True) if where == "s3" else {}
             url = f"{bucket}/ref-{task}" if where == "s3" else str(base / f"ref-{task}")
-            rc, took, _, _ = server.run(str(base / f"{task}-{where}.progress"), _argv(url, task, where, opts))
+            rc, took, marks, _ = server.run(str(base / f"{task}-{where}.progress"), _argv(url, task, where, opts))
             assert rc == 0
-            refs[(task, where)] = (_docs(_store(url, opts or None)), took)
+            refs[(task, where)] = (_docs(_store(url, opts or None)), took, len(marks))
         return refs[(task, where)]
 
     return get
@@ -183,7 +212,7 @@ def test_sigkill_campaign(server, references, tmp_path, s3_server, bucket, task,
     from msprobe.cli import main as cli_main
     from msprobe.errors import StorageNotFoundError
 
-    ref_docs, ref_took = references(task, where)
+    ref_docs, _, ref_marks = references(task, where)
     opts = s3_storage_options(s3_server, picklable=True) if where == "s3" else {}
     opt_args = ["--storage-options", json.dumps(opts)] if opts else []
     fig = figures.setdefault(f"sigkill {task} {where}", {
@@ -194,10 +223,11 @@ def test_sigkill_campaign(server, references, tmp_path, s3_server, bucket, task,
     for trial in range(TRIALS[where]):
         t_run = time.monotonic()
         rng = random.Random(f"{task}-{where}-{trial}")
-        kill_after = rng.uniform(0.0, ref_took * 1.05)
+        kill_at = rng.randrange(ref_marks)  # after one of the reference's MARKs (records exist then)
         url = f"{bucket}/t{trial}-{task}-{os.getpid()}-{rng.getrandbits(32)}" if where == "s3" else str(tmp_path / f"t{trial}")
         rc, _, marks, killed_at = server.run(str(tmp_path / f"t{trial}.progress"), _argv(url, task, where, opts),
-                                  kill_after=kill_after)
+                                  kill_at=kill_at,
+                                  then=lambda: _something_journaled(url, opts, where))
         fig["trials"] += 1
         t_check = time.monotonic()
         fig["seconds_training"] = round(fig["seconds_training"] + t_check - t_run, 1)
@@ -210,13 +240,10 @@ def test_sigkill_campaign(server, references, tmp_path, s3_server, bucket, task,
         try:
             store = _store(url, opts or None)
         except StorageNotFoundError:
-            continue  # killed before the first record
-        if not store.list_dir(""):
-            continue
+            raise AssertionError(f"trial {trial}: no dump at {url} after MARK {kill_at}") from None
         journaled = _journaled(store)  # what the last journal flush before the kill made durable
-        if not any(journaled.values()) and not _docs(store):
-            fig["nothing_journaled_yet"] += 1  # killed before the first record was journaled
-            continue
+        # the kill came after a MARK, once a record was in a journal
+        assert any(journaled.values()) or _docs(store), f"trial {trial}: nothing journaled at MARK {kill_at}"
         out = _recover(url, opt_args, subprocess_cli=trial == 0)
         dropped = truncated = 0
         for line in out.splitlines():
