@@ -343,7 +343,13 @@ def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None, *, c
     bwd = ""
     message = ""
     if packet.has_backward:
-        brows, bwd, message = _backward(packet, options, name, api_name, base, out_d, out_b, dev, bench)
+        outs = [out_d, out_b]
+        drop = tensors is None  # nothing else keeps the outputs: _backward lets each go once it is done
+        if drop:
+            out_d = out_b = recorded = b = d = None
+            flat_d, flat_b = [], []
+        brows, bwd, message = _backward(packet, options, name, api_name, base, outs, dev, bench,
+                                        consume=consume and drop)
         rows.extend(brows)
     return ApiResult(name, fwd, bwd, message, rows, time.perf_counter() - t0, tensors)
 
@@ -353,16 +359,19 @@ def _aggregate(rows: list) -> str:
     return worst(r.get("status") for r in rows)
 
 
-def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str, base: str, out_d: Any,
-              out_b: Any, dev: _Side, bench: _Side) -> tuple:
+def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str, base: str, outs: list,
+              dev: _Side, bench: _Side, *, consume: bool = False) -> tuple:
+    """The backward rows. ``outs``: [device output, benchmark output], emptied here (with the two
+    sides' inputs) once the backward ran, so that only the input gradients are alive while they are
+    judged; ``consume``: the packet's inputs and gradient go too."""
     import torch
 
     rname = f"{name}.backward.output.0"
     if base in S.NO_BACKWARD_APIS:
         msg = f"The backward of {api_name} is not checked by run_ut."
         return [skip_row(rname, msg)], SKIP, msg
-    td = [t for t in _flatten(out_d, []) if isinstance(t, torch.Tensor)]
-    tb = [t for t in _flatten(out_b, []) if isinstance(t, torch.Tensor)]
+    td = [t for t in _flatten(outs[0], []) if isinstance(t, torch.Tensor)]
+    tb = [t for t in _flatten(outs[1], []) if isinstance(t, torch.Tensor)]
     if len(td) != 1 or len(tb) != 1:
         msg = "The API has several outputs: its backward is not checked."
         return [skip_row(rname, msg)], SKIP, msg
@@ -374,6 +383,8 @@ def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str
         msg = "The dump holds no gradient for the output: the backward is not checked."
         return [skip_row(rname, msg)], SKIP, msg
     od, ob = td[0], tb[0]
+    td = tb = []
+    outs.clear()
     if not od.requires_grad or not ob.requires_grad:
         rows = [skip_row(f"{name}.backward.output.{i}", "No gradient flows to this argument: nothing to compare.")
                 for i in range(max(1, len(dev.leaves)))]
@@ -383,16 +394,27 @@ def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str
             raise ValueError(f"gradient shape {tuple(grad.shape)} differs from the output shape {tuple(od.shape)}")
         _seed(options.seed, dev.device)
         od.backward(grad.detach().to(device=od.device, dtype=od.dtype))
+        del od  # the device side's graph is gone: its output too
+        g64 = grad.detach().to(device="cpu", dtype=ob.dtype)
+        del grad
+        if consume:
+            packet.grad = None
         _seed(options.seed, "cpu")
-        ob.backward(grad.detach().to(device="cpu", dtype=ob.dtype))
+        ob.backward(g64)
+        del ob, g64
     except Exception as exc:  # noqa: BLE001
         msg = f"The backward raised: {_first_line(exc)}"
         return [skip_row(rname, msg)], SKIP, msg
+    grads_d = [ld.grad if ld is not None else None for ld in dev.leaves]
+    grads_b = [lb.grad if lb is not None else None for lb in bench.leaves]
+    dev.release()
+    bench.release()
+    if consume:
+        packet.args, packet.kwargs = [], {}
     rows = []
     rec = packet.recorded_grads if options.check_recorded else None
-    for i, (ld, lb) in enumerate(zip(dev.leaves, bench.leaves)):
-        gd = ld.grad if ld is not None else None
-        gb = lb.grad if lb is not None else None
+    for i, (gd, gb) in enumerate(zip(grads_d, grads_b)):
+        grads_d[i] = grads_b[i] = None  # each pair goes once judged
         r = rec[i] if rec and i < len(rec) else None
         # gradients are judged by the benchmark rule: an API's forward algorithm (single rounding, exact,
         # ULP) says nothing of its backward (reductions over broadcast dims, masks, transposed matmuls)

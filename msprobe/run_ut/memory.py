@@ -1,7 +1,7 @@
 """The default ceiling of one API's generated inputs, from the memory this process may use.
 
 run_ut's peak memory for one API is a multiple of the bytes its generated inputs declare
-(docs/benchmarks.md: about 5.5x for a forward-only float32 API, 12.5x with its backward,
+(docs/benchmarks.md: about 5.5x for a forward-only float32 API, 10.1x with its backward,
 measured by ``bench/bench_run_ut_memory.py``). The default ceiling gives each worker process
 an equal share of the memory available when the run starts, divided by :data:`PEAK_FACTOR`.
 Available memory is the smaller of the kernel's ``MemAvailable`` and what the cgroup limit
