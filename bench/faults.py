@@ -11,8 +11,8 @@ Fault kinds (:data:`KINDS`):
 * ``weight_scale``: a layer's weight multiplied by 1.05 from the first step on;
 * ``dtype_lower``: one layer computes in bfloat16 (its input and parameters cast, its output cast back);
 * ``nan`` / ``inf``: one weight element set to NaN / +inf before one step (of one rank);
-* ``api_wrong``: one API replaced by a slightly wrong one (``gelu``/``tanh`` with the tanh
-  approximation / a 1e-3 offset), recorded under the API's own name;
+* ``api_wrong``: one API replaced by a slightly wrong one (``gelu``: the tanh approximation,
+  ``tanh``: both computed in bfloat16, ~0.4 % off), recorded under the API's own name;
 * ``rank_wrong``: a 2-rank gloo DDP run where one rank's weight is off by 1 % at one step;
 * ``layer_skip``: a layer left out of the forward pass.
 
@@ -139,18 +139,18 @@ def _wrong_api(api: str) -> None:
     import torch
     import torch.nn.functional as F
 
-    if api == "gelu":
+    if api == "gelu":  # the tanh approximation, computed in bfloat16 (a kernel of lower precision)
         right = F.gelu
-        F.gelu = lambda x, approximate="none": right(x, approximate="tanh")  # type: ignore[assignment]
-    else:
+        F.gelu = lambda x, approximate="none": right(x.bfloat16(), approximate="tanh").to(x.dtype)  # type: ignore[assignment]
+    else:  # computed in bfloat16
         right = torch.tanh
-        torch.tanh = lambda x, *a, **k: right(x, *a, **k) + 1e-3  # type: ignore[assignment]
+        torch.tanh = lambda x, *a, **k: right(x.bfloat16(), *a, **k).to(x.dtype)  # type: ignore[assignment]
 
 
 def train(model_name: str, fault: str, out: str, *, rank: Optional[int] = None, world: int = 1,
-          steps: int = STEPS, task: str = "statistics") -> dict:
-    """Train ``model_name`` with ``fault`` ("none" for the bench), dumping into ``out``; returns
-    :func:`place` (None for "none")."""
+          steps: Optional[int] = None, task: str = "statistics") -> dict:
+    """Train ``model_name`` with ``fault`` ("none" for the bench), dumping into ``out`` (``task``
+    "tensor": one step, with the tensors, for run_ut); returns :func:`place` (None for "none")."""
     where = place(model_name, fault, world) if fault != "none" else None
     if fault == "api_wrong":
         _wrong_api(where["api"])  # type: ignore[index]
@@ -185,7 +185,7 @@ def train(model_name: str, fault: str, out: str, *, rank: Optional[int] = None, 
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     debugger = PrecisionDebugger(task=task, level="mix", dump_path=out)
     g = torch.Generator().manual_seed(7 + (rank or 0))
-    for step in range(steps):
+    for step in range(steps or (1 if task == "tensor" else STEPS)):
         if fault in ("nan", "inf", "rank_wrong") and step == where["step"] \
                 and (where["rank"] is None or where["rank"] == rank):  # type: ignore[index]
             with torch.no_grad():
@@ -209,12 +209,13 @@ def train(model_name: str, fault: str, out: str, *, rank: Optional[int] = None, 
     return where  # type: ignore[return-value]
 
 
-def run(model_name: str, fault: str, out: str, *, world: int = 1, python: str = sys.executable) -> Optional[dict]:
+def run(model_name: str, fault: str, out: str, *, world: int = 1, python: str = sys.executable,
+        task: str = "statistics") -> Optional[dict]:
     """:func:`train` in fresh processes (one per rank; 2-rank gloo for rank_wrong)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 2000), OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                      env.get("PYTHONPATH")) if p)
-    cmd = [python, os.path.abspath(__file__), model_name, fault, out, "--world", str(world)]
+    cmd = [python, os.path.abspath(__file__), model_name, fault, out, "--world", str(world), "--task", task]
     procs = [subprocess.Popen(cmd + ["--rank", str(r)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for r in range(world)]
     for p in procs:
@@ -233,6 +234,7 @@ if __name__ == "__main__":
     ap.add_argument("out")
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--task", default="statistics", choices=("statistics", "tensor"))
     a = ap.parse_args()
-    res = train(a.model, a.fault, a.out, rank=a.rank if a.world > 1 else None, world=a.world)
+    res = train(a.model, a.fault, a.out, rank=a.rank if a.world > 1 else None, world=a.world, task=a.task)
     print(json.dumps(res))

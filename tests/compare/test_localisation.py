@@ -167,3 +167,18 @@ def test_xlsx_holds_numbers_and_colours_flagged_rows(runs, tmp_path, capsys):
     assert num and all(isinstance(r[head.index("Max diff")].value, (int, float)) for r in num[:50])
     pct = [r[nre] for r in ws.iter_rows(min_row=2) if isinstance(r[nre].value, float)]
     assert pct and pct[0].number_format.endswith("%")
+
+
+def test_localisation_benchmark_small(tmp_path):
+    """The small version of bench/bench_localisation.py: the MLP with each fault kind; compare,
+    lake diverge, lake nan and run_ut name the injected place (record, step, rank) first, and a
+    healthy run gives run_ut and lake nan nothing to report."""
+    import bench_localisation as B
+
+    scores = B.bench(str(tmp_path), ["mlp"], list(faults.KINDS), real=False)
+    tools = ("compare", "compare_nan", "lake_diverge", "lake_nan", "run_ut")
+    misses = {(k, t): (s.get(f"{t}_named") or s.get("run_ut_errors")) for k, s in scores.items() for t in tools
+              if s.get(t) is False}
+    assert not misses, misses
+    assert sum(1 for s in scores.values() for t in tools if s.get(t)) == len(faults.KINDS) * 2 + 2 + 2 + 1
+    assert scores["mlp/healthy"]["run_ut_clean"] and scores["mlp/healthy"]["lake_nan_clean"]
