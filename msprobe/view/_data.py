@@ -38,7 +38,7 @@ FILTERS = {
     "sort": ("order", "score", "norm_rel", "name"),
 }
 _SEVERITY = "CASE result WHEN 'error' THEN 3 WHEN 'warning' THEN 2 WHEN 'pass' THEN 1 ELSE 0 END"
-MEMORY_LIMIT = os.environ.get("MSPROBE_VIEW_MEMORY", "256MB")
+MEMORY_LIMIT = os.environ.get("MSPROBE_VIEW_MEMORY", "128MB")
 #: what "worst" means, one number per row: severity first, then NaN/Inf, then the error
 _SCORE = f"""(({_SEVERITY}) * 1e6 + CASE WHEN nan_inf THEN 1e5 ELSE 0 END
     + least(coalesce(CASE WHEN isnan(norm_rel) THEN 1e5 ELSE norm_rel END, 0), 1e5 - 1)
@@ -48,6 +48,13 @@ _RECORD_SQL = r"""CASE
   WHEN regexp_matches(name, '^.*?\.(forward|backward)(\.\d+)?\.(input|output|parameters|kwargs)(\.|$)')
     THEN regexp_extract(name, '^(.*?\.(?:forward|backward)(?:\.\d+)?)\.(?:input|output|parameters|kwargs)(?:\.|$)', 1)
   ELSE name END"""
+
+
+#: the compare CSV columns the rows are made of
+_CSV_COLUMNS = {"NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
+                "NormRelativeErr", "MaxRelativeErr", "Cosine", "NPU max", "NPU min", "NPU mean", "NPU l2norm",
+                "Bench max", "Bench min", "Bench mean", "Bench l2norm", "NPU MD5", "BENCH MD5", "Result",
+                "Err_message", "NPU_Stack_Info", "Data_name"}
 
 
 def _num(col: str) -> str:
@@ -96,6 +103,10 @@ class ViewData:
             return [dict(zip(cols, r)) for r in res.fetchall()]
         finally:
             cur.close()
+
+    def cursor(self) -> Any:
+        """A new DuckDB cursor of the tables (close it after use)."""
+        return self._db.cursor()
 
     def close(self) -> None:
         self._db.close()
@@ -159,7 +170,8 @@ class ViewData:
             cos = _num(c("Cosine"))
             stats = [_num(c(f"{side} {k}")) for side in ("NPU", "Bench") for k in ("max", "min", "mean", "l2norm")]
             # staged as a table first: its rowid is the file's row order (the execution order)
-            cur.execute("CREATE OR REPLACE TABLE csv_in AS SELECT * FROM read_csv(?, all_varchar=true, "
+            wanted = ", ".join(f'"{n}"' for n in sorted(cols & _CSV_COLUMNS))  # only what the rows hold
+            cur.execute(f"CREATE OR REPLACE TABLE csv_in AS SELECT {wanted} FROM read_csv(?, all_varchar=true, "
                         "header=true)", [csv])
             sql = f"""INSERT INTO rows SELECT * REPLACE ({_SCORE} AS score) FROM (SELECT ? AS cell, ? + row_number() OVER (ORDER BY pos) - 1 AS i, name,
                 {_RECORD_SQL} AS record,

@@ -13,6 +13,7 @@ import io
 import os
 import secrets
 import socket
+import threading
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError
@@ -225,6 +226,14 @@ def serve(data: ViewData, *, host: str = "127.0.0.1", port: Optional[int] = None
     token = token or secrets.token_urlsafe(24)
     port = port if port else free_port(host)
     app = make_app(data, token)
+    first = data.overview()["first_cell"]
+
+    def prebuild() -> None:  # the tree of the cell the page opens first, built while the overview is read
+        try:
+            data.tree(first if first is not None else 0)
+        except (MsprobeError, OSError):
+            pass  # asked for again (and its error shown) when the tree view opens
+    threading.Thread(target=prebuild, daemon=True).start()
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     announce(f"msprobe view: http://{shown}:{port}/?token={token}")
     announce(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {socket.gethostname()}  "
