@@ -188,10 +188,12 @@ def test_losses_equal_to_the_real_run(dumps):
     """The dumper does not change the computation: the script's losses are those of a run without it
     (and of the real tool's runs: Model.train gives the value_and_grad losses)."""
     for case, (_, out) in dumps.items():
-        losses = [line for line in out.splitlines() if line.startswith("step ")]
-        want = ["step 0 loss 1.098609", "step 1 loss 1.107225"] if case.startswith("jit") else \
-            ["step 0 loss 1.113591", "step 1 loss 1.395835"]
-        assert losses == want, (case, out[-2000:])
+        losses = [line.split() for line in out.splitlines() if line.startswith("step ")]
+        want = [1.098609, 1.107225] if case.startswith("jit") else [1.113591, 1.395835]
+        # printed with 6 decimals; compared within 2 units of the last one (the low bits of a computed
+        # loss are the CPU kernels', tests/fixtures/real/README.md)
+        assert [ln[:3] for ln in losses] == [["step", "0", "loss"], ["step", "1", "loss"]], (case, out[-2000:])
+        assert all(abs(float(ln[3]) - w) <= 2e-6 for ln, w in zip(losses, want)), (case, losses)
 
 
 # ------------------------------------------- Model.train + MsprobeStep, jit Cells and functions
