@@ -36,6 +36,9 @@ _PGRAD_COUNT = re.compile(r"\.parameters_grad\.\d+$")
 #: APIs we record and 26.2.0 leaves out (it skips them internally)
 EXTRA_OURS = re.compile(r"^$")  # none: our API lists are 26.2.0's (tests/dumpers/test_api_coverage.py)
 _INPLACE = re.compile(r"^Tensor\.(__setitem__|__i\w+__|\w+_)\.\d+\.forward$")
+#: inputs an API itself updates in place (batch_norm's running_mean and running_var in training):
+#: 26.2.0 hashes them in a background thread, before or after the update (seen in live runs)
+_UPDATED_INPUTS = re.compile(r"^Functional\.batch_norm\.\d+\.forward\.input_args\.[12]$")
 
 
 def normalize_real(name: str) -> str:
@@ -103,7 +106,7 @@ def compare_values(real, ours, path, problems, ctx):
             problems.append((path, "keys", rk, ok))
             return
         for k in real:
-            if k == "md5" and ctx.get("inplace"):
+            if k == "md5" and (ctx.get("inplace") or _UPDATED_INPUTS.match(path)):
                 continue  # 26.2.0 hashes in-place inputs after the op (asynchronously)
             if k == "md5" and not ctx.get("float_checksums", True) and _FLOAT_DTYPE.search(str(real.get("dtype"))):
                 continue  # the bits of a computed float tensor are the CPU's: compared with a live run only
