@@ -114,7 +114,8 @@ function renderOverview() {
       el("td", { text: cellLabel(c) }), el("td", { text: c.rows }), el("td", { text: c.errors }), el("td", { text: c.warnings }), el("td", { text: c.nan_inf }),
       el("td", { text: c.nan_inf > 0 ? "NaN/Inf" : fmt(c.worst_norm_rel, true) }), el("td", { class: "mono", text: c.first_div_name || "" })))));
   p.append(facts, legend, chartBox, el("h3", { text: worst.length ? "Worst cells" : "No divergent cell" }), table);
-  const data = cells.map((c) => ({ value: [rankDirs.indexOf(c.rank_dir), rowKeys.indexOf(rowKey(c)), level(c)], cell: c }));
+  const xOf = new Map(rankDirs.map((r, k) => [r, k])), yOf = new Map(rowKeys.map((r, k) => [r, k]));
+  const data = cells.map((c) => ({ value: [xOf.get(c.rank_dir), yOf.get(rowKey(c)), level(c)], cell: c }));
   const chart = echarts.init(chartBox, null, { renderer: "canvas" });
   charts.overview = chart;
   const dense = rankDirs.length * rowKeys.length > 400;
@@ -132,7 +133,7 @@ function renderOverview() {
       emphasis: { itemStyle: { borderColor: "#111", borderWidth: 2 } } }],
   });
   chart.on("click", (pt) => { if (pt.data && pt.data.cell) openCell(pt.data.cell.cell, "list"); });
-  window.__msprobe.overviewIndex = { rankDirs, rowKeys, rowKey: (cell) => { const c = cells.find((x) => x.cell === cell); return [rankDirs.indexOf(c.rank_dir), rowKeys.indexOf(rowKey(c))]; } };
+  window.__msprobe.overviewIndex = { rankDirs, rowKeys, rowKey: (cell) => { const c = cells.find((x) => x.cell === cell); return [xOf.get(c.rank_dir), yOf.get(rowKey(c))]; } };
 }
 
 function openCell(cell, view) {

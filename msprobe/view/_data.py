@@ -300,14 +300,10 @@ class ViewData:
                 "rows": self.query("SELECT count(*) AS n FROM rows")[0]["n"]}
 
     def overview(self) -> dict:
-        cells = self.query("""SELECT cell, run, step, rank, rank_dir, rows, errors, warnings, nan_inf, unmatched,
-            worst_norm_rel, worst_cosine, first_div, max_score FROM cell_stats ORDER BY cell""")
-        for c in cells:
-            fd = c["first_div"]
-            c["first_div_name"] = None
-            if fd is not None:
-                r = self.query("SELECT name FROM rows WHERE cell = ? AND i = ?", [c["cell"], fd])
-                c["first_div_name"] = r[0]["name"] if r else None
+        cells = self.query("""SELECT s.cell, s.run, s.step, s.rank, s.rank_dir, s.rows, s.errors, s.warnings,
+            s.nan_inf, s.unmatched, s.worst_norm_rel, s.worst_cosine, s.first_div, s.max_score,
+            r.name AS first_div_name
+            FROM cell_stats s LEFT JOIN rows r ON r.cell = s.cell AND r.i = s.first_div ORDER BY s.cell""")
         # the first divergent cell: compare's own pick (the earliest step, then the lowest record index
         # over its ranks) when a compare made the rows, else the same order over the cells' first rows
         first = self._summary_cell(self.summary.get("first_divergence"), cells)
@@ -362,8 +358,12 @@ class ViewData:
         order = {"order": "i", "score": "score DESC, i", "norm_rel": "norm_rel DESC NULLS LAST, i",
                  "name": "name, i"}[f.get("sort", "order")]
         total = self.query(f"SELECT count(*) AS n FROM rows WHERE {where}", params)[0]["n"]
-        rows = self.query(f"SELECT {', '.join(ROW_FIELDS)} FROM rows WHERE {where} ORDER BY {order} "
-                          f"LIMIT ? OFFSET ?", params + [end - begin, begin])
+        if where == "cell = ?" and order == "i":  # every row in execution order: row k is the k-th, no sort
+            rows = self.query(f"SELECT {', '.join(ROW_FIELDS)} FROM rows WHERE cell = ? AND i >= ? AND i < ? "
+                              f"ORDER BY i", params + [begin, end])
+        else:
+            rows = self.query(f"SELECT {', '.join(ROW_FIELDS)} FROM rows WHERE {where} ORDER BY {order} "
+                              f"LIMIT ? OFFSET ?", params + [end - begin, begin])
         first = self.query(f"SELECT min(i) AS i FROM rows WHERE cell = ? AND {self.divergent_sql}", [cell])[0]["i"]
         return {"total": total, "begin": begin, "rows": rows, "first_div": first}
 
@@ -419,10 +419,14 @@ class ViewData:
 
     def source(self, side: str, cell: int) -> Any:
         """The rank directory (a readers source) of ``cell`` on ``side``, or None."""
+        return self.located(side, cell)[1]
+
+    def located(self, side: str, cell: int) -> tuple:
+        """(the Dump, its source) holding ``cell`` on ``side``; (None, None) when it cannot be opened."""
         c = self._cell(cell)
         if self._lake is not None:  # a lake: the cell's run, opened once
             if side != "target" or c["run"] is None:
-                return None
+                return None, None
             key = ("run", c["run"])
             if key not in self._dumps:
                 import msprobe.readers
@@ -436,13 +440,13 @@ class ViewData:
         else:
             d = self.dump(side)
         if d is None:
-            return None
+            return None, None
         step = c["step"] if side == "target" else c["bench_step"]
         rd = c["rank_dir"] if side == "target" else c["bench_rank_dir"]
         for s in d.sources:
             if s.step == step and s.rank_dir == rd and (side != "target" or c["run"] is None or s.run == c["run"]):
-                return s
-        return None
+                return d, s
+        return d, None
 
     def _stack(self, cell: int, record: str) -> Optional[list]:
         src = self.source("target", cell)
