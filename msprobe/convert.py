@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import secrets
 from typing import Any, Optional
 
 from msprobe.backends import open_store
@@ -27,10 +26,13 @@ from msprobe.format.layout import (
     MARKER_FILE,
     STORE_DIR,
     TENSOR_DIR,
+    data_dir_url,
     discover,
+    encode_mapping,
     join_key,
 )
-from msprobe.format.naming import MAX_FILE_NAME_LENGTH
+from msprobe.format.marker import with_tensor_format
+from msprobe.format.naming import converted_file_name, needs_mapping
 from msprobe.format.protocols import ReadableStore
 from msprobe.index import write_rank_index
 from msprobe.readers._record import DumpRecord
@@ -138,8 +140,8 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
             for dn in reader.names():
                 t = reader.load(dn, "torch")
                 fname = dn
-                if len(dn) > MAX_FILE_NAME_LENGTH:
-                    fname = "".join(str(secrets.randbelow(10)) for _ in range(32)) + "." + dn.rsplit(".", 1)[-1]
+                if needs_mapping(dn):
+                    fname = converted_file_name(dn)
                     mapping[dn] = fname
                 if dn.endswith(".npy"):
                     import numpy as np
@@ -152,26 +154,16 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
                 dst_store.put(join_key(prefix, TENSOR_DIR, fname), body)
                 stats["tensors"] += 1
             if mapping:
-                rows = "".join(f"{v},{k}\n" for k, v in mapping.items())
-                dst_store.put(join_key(prefix, TENSOR_DIR, MAPPING_CSV), rows.encode("utf-8"))
+                dst_store.put(join_key(prefix, TENSOR_DIR, MAPPING_CSV), encode_mapping(mapping))
             skip = {TENSOR_DIR, STORE_DIR, JOURNAL_DIR, INDEX_DIR}
             new_dir = TENSOR_DIR
-        local = dst_store.local_path(join_key(prefix, new_dir))
-        data_dir = local if local is not None else f"{dst_store.url.rstrip('/')}/{join_key(prefix, new_dir)}"
+        data_dir = data_dir_url(dst_store, join_key(prefix, new_dir))
         for rel in _rank_files(src_store, prefix, skip):
             body = src_store.get(join_key(prefix, rel))
             if rel in ("dump.json", "debug.json"):
                 body = _rewrite_doc(body, data_dir)
             elif rel == MARKER_FILE:
-                try:
-                    m = json.loads(body)
-                    if to == "zarr":
-                        m["tensor_format"] = "zarr"
-                    else:
-                        m.pop("tensor_format", None)
-                    body = json.dumps(m, indent=1).encode("utf-8")
-                except ValueError:
-                    pass
+                body = with_tensor_format(body, to == "zarr")
             if in_place and rel not in ("dump.json", "debug.json", MARKER_FILE):
                 continue
             dst_store.put(join_key(prefix, rel), body)

@@ -82,3 +82,63 @@ def test_one_key_joiner():
 def _find(path: pathlib.Path, name: str) -> ast.FunctionDef:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+# --- issue 28: each file format is written and read in one module -------------------------------
+
+JOURNAL = PKG / "format" / "journal.py"
+MARKER = PKG / "format" / "marker.py"
+MODEL = PKG / "format" / "model.py"
+NAMING = PKG / "format" / "naming.py"
+#: the keys of journal lines and of the marker (spec/FORMAT.md 17 and 6.1)
+_RECORD_KEYS = {"name", "record", "parent", "stack_id", "stack"}
+_MARKER_KEYS = {"format_version", "dialect", "producer", "framework", "task", "level", "summary_mode", "tensor_format",
+                "step", "rank", "records", "complete", "final", "pid", "document_crc32", "files"}
+
+
+def _const_keys(node: ast.Dict) -> set:
+    return {k.value for k in node.keys if isinstance(k, ast.Constant)}
+
+
+def test_each_format_has_one_home():
+    """Journal lines are built only in format/journal.py, markers only in format/marker.py,
+    32-digit file names only in format/naming.py, tensor types only in format/model.py."""
+    found = []
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                keys = _const_keys(node)
+                if path != JOURNAL and (keys == {"stack_id", "frames"} or {"name", "record"} <= keys <= _RECORD_KEYS):
+                    found.append(f"a journal line built at {_where(path, node)}")
+                if path != MARKER and {"format_version", "dialect"} <= keys <= _MARKER_KEYS:
+                    found.append(f"a marker built at {_where(path, node)}")
+            elif isinstance(node, ast.Assign) and path != MARKER:
+                for t in node.targets:  # the rewrites of a marker: final, document_crc32, tensor_format
+                    key = t.slice.value if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) else None
+                    if (key in ("document_crc32", "tensor_format")
+                            or key == "final" and isinstance(node.value, ast.Constant) and node.value.value is True):
+                        found.append(f"marker key {key!r} set at {_where(path, node)}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "randbelow" and path != NAMING):
+                found.append(f"a converted (32-digit) file name made at {_where(path, node)}")
+            elif isinstance(node, (ast.Set, ast.Tuple, ast.List)) and path != MODEL:
+                values = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if {"torch.Tensor", "mindspore.Tensor"} <= values:
+                    found.append(f"a set of tensor types at {_where(path, node)} (use format.model.is_tensor_entry)")
+    assert not found, found
+
+
+def test_one_is_tensor_entry():
+    """compare, the index and the record model agree on what a tensor entry is (spec 10.2)."""
+    from msprobe.compare._rows import leaf_side
+    from msprobe.format.model import TENSOR_TYPES, TensorArg, is_tensor_entry, parse_arg
+    from msprobe.index.rows import record_tensors
+
+    cases = [{"type": t} for t in sorted(TENSOR_TYPES)] + [
+        {"type": "jax.Array"}, {"type": "x.Y", "dtype": "f", "shape": []}, {"type": "int", "value": 1}]
+    for leaf in cases:
+        want = leaf["type"] in TENSOR_TYPES or "dtype" in leaf
+        assert is_tensor_entry(leaf) is want, leaf
+        assert isinstance(parse_arg(leaf), TensorArg) is want, leaf
+        assert leaf_side(leaf).tensor is want, leaf
+        assert bool(record_tensors("api", {"output": [leaf]})) is want, leaf

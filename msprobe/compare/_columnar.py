@@ -58,8 +58,6 @@ _RULE_MSGS = {"statistics": [MSG_INF_NAN, MSG_NORM_OUT, MSG_REQ_GRAD, MSG_SCALAR
                              MSG_NORM_10X],
               "md5": [MSG_CRC, MSG_CRC_UNMATCHED]}
 _WARNING_BITS = {"statistics": 1 << 6, "md5": 1 << 1}
-_TENSOR_TYPES = ("torch.Tensor", "mindspore.Tensor", "torch.nn.parameter.Parameter", "mindspore.Parameter",
-                 "numpy.ndarray", "jax.Array")
 
 
 class _Leaves:

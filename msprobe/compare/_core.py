@@ -836,9 +836,7 @@ def _compare(target: str, bench: str, out_dir: str, *, step: Optional[int], rank
                                              dict(kw, chunks=workers if one else 1), progress=prog if one else None))
                     if not one:
                         for src in (a, b):  # parsed documents are not kept across rank pairs
-                            reset = getattr(src, "_reset", None)
-                            if reset is not None:
-                                reset()
+                            src.release()
                         prog.update()
             finally:
                 prog.close()

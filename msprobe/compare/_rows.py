@@ -15,8 +15,10 @@ import re
 import zlib
 from typing import Any, Optional
 
+from msprobe.format.model import is_tensor_entry
+
 __all__ = ["COLUMNS", "record_leaves", "norm_record_name", "Side", "stats_metrics", "md5_metrics",
-           "tensor_metrics", "leaf_side", "is_tensor", "as_float"]
+           "tensor_metrics", "leaf_side", "as_float"]
 
 _HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
          "NPU Requires_grad", "Bench Requires_grad"]
@@ -33,18 +35,9 @@ COLUMNS = {
               + ["Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info", "Data_name"],
 }
 
-_TENSOR_TYPES = {"torch.Tensor", "mindspore.Tensor", "torch.nn.parameter.Parameter", "mindspore.Parameter",
-                 "numpy.ndarray", "jax.Array"}
 _SKIP_KEYS = {"is_recompute"}
 _PG = re.compile(r"\.parameters_grad\.\d+$")
 _NA = "N/A"
-
-
-def is_tensor(v: Any) -> bool:
-    if not isinstance(v, dict):
-        return False
-    t = v.get("type")
-    return isinstance(t, str) and (t in _TENSOR_TYPES or ("dtype" in v and "shape" in v))
 
 
 def norm_record_name(name: str) -> str:
@@ -96,7 +89,7 @@ def record_leaves(name: str, raw: Any, tensor_task: bool = False) -> list:
         elif key == "input_kwargs":
             if isinstance(value, dict):
                 for k, v in value.items():
-                    pre = "kwargs" if tensor_task and is_tensor(v) and isinstance(v.get("data_name"), str) else "input"
+                    pre = "kwargs" if tensor_task and is_tensor_entry(v) and isinstance(v.get("data_name"), str) else "input"
                     _walk(v, f"{pre}.{k}", out, "input")
         elif key in ("input", "output"):
             _walk(value, key, out, key)
@@ -128,7 +121,7 @@ def leaf_side(leaf: Any) -> Side:
     if leaf is None:
         return Side(_NA, _NA, _NA, (None, None, None, None), _NA, None, False, None)
     t = leaf.get("type")
-    if t in _TENSOR_TYPES or ("dtype" in leaf and "shape" in leaf):
+    if is_tensor_entry(leaf):
         shape = leaf.get("shape")
         numel = None
         rg = leaf.get("requires_grad")

@@ -10,7 +10,6 @@ the documents atomically. A truncated last line is skipped and counted.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -19,7 +18,17 @@ from msprobe.backends._base import Store
 from msprobe.backends._keys import is_temp_name
 from msprobe.errors import FormatError, MsprobeError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_json
-from msprobe.format.layout import JOURNAL_DIR, MARKER_FILE, STORE_DIR, TENSOR_DIR, parse_rank_dir, parse_step_dir
+from msprobe.format.journal import RecordLine, Replay, StackLine, decode_line
+from msprobe.format.layout import (
+    JOURNAL_DIR,
+    MARKER_FILE,
+    STORE_DIR,
+    TENSOR_DIR,
+    data_dir_url,
+    parse_rank_dir,
+    parse_step_dir,
+)
+from msprobe.format.marker import decode_marker, encode_marker, with_document
 from msprobe.format.model import Record
 from msprobe.format.protocols import ReadableStore
 from msprobe.tensor_store import ZarrTensorReader
@@ -104,38 +113,24 @@ def _recover_rank(store: Store, rank_prefix: str, task: Optional[str], level: Op
         for key in store.list_prefix(f"{rank_prefix}/{JOURNAL_DIR}"):
             store.delete(key)
         return res
-    data: dict = {}
-    construct: dict = {}
-    stacks: dict = {}  # frames tuple -> [names]
-    frames_of: dict = {}  # stack id -> frames
-    has_parent = False
+    replay = Replay()
 
     def truncated(key: str, partial: bytes) -> None:
         res.truncated_lines += 1
 
     for line in read_journal(store, f"{rank_prefix}/{JOURNAL_DIR}", on_truncated=truncated):
-        try:
-            entry = json.loads(line)
-            if "frames" in entry and "name" not in entry:
-                frames_of[entry["stack_id"]] = tuple(_frames(entry["frames"]))
-                continue
-            name = entry["name"]
-            problem = _invalid_entry(entry)
-        except (ValueError, KeyError, TypeError, RecursionError):  # torn, or hostile (nested 100k deep)
-            res.truncated_lines += 1
+        entry = decode_line(line)
+        if entry is None or isinstance(entry, StackLine) and not _all_strings(entry.frames):
+            res.truncated_lines += 1  # torn, hostile (nested 100k deep), or neither form: ignored (spec 17)
             continue
+        problem = _invalid_entry(entry) if isinstance(entry, RecordLine) else None
         if problem:  # validate would reject the documents: the record is dropped, and said
-            res.dropped_invalid.append(f"{str(name)[:120]!r}: {problem}")
+            res.dropped_invalid.append(f"{getattr(entry, 'name', '')[:120]!r}: {problem}")
             continue
-        data[name] = entry.get("record")
-        if "parent" in entry:
-            has_parent = True
-            construct[name] = entry["parent"]
-        frames = tuple(entry["stack"]) if entry.get("stack") is not None else frames_of.get(entry.get("stack_id"))
-        if frames is not None:
-            names = stacks.setdefault(frames, [])
-            if name not in names:
-                names.append(name)
+        replay.add(entry)
+    replay.finish()
+    data = replay.records
+    has_parent = bool(replay.parents)  # of every journaled record, the dropped ones included
     _remove_stale_temps(store, f"{rank_prefix}/{TENSOR_DIR}")
     files = set(store.list_dir(f"{rank_prefix}/{TENSOR_DIR}"))
     zarr = _zarr_names(store, rank_prefix, res)
@@ -145,30 +140,22 @@ def _recover_rank(store: Store, rank_prefix: str, task: Optional[str], level: Op
         missing = [dn for dn in Record(name, data[name]).data_names() if dn not in files]
         if missing:
             res.dropped_missing_tensor.append(name)
-            del data[name]
-            construct.pop(name, None)
+            replay.drop(name)
     task = task or marker.get("task") or ("tensor" if files else "statistics")
     level = level or marker.get("level") or ("mix" if has_parent else "L1")
     debug = level == "debug" or (data and all(n.endswith(".debug") for n in data))
     step_dir = rank_prefix.rsplit("/", 1)[0] if "/" in rank_prefix else ""
     tdir = STORE_DIR if zarr is not None else TENSOR_DIR
-    local = (store.local_path(f"{rank_prefix}/{tdir}") or f"{store.url.rstrip('/')}/{rank_prefix}/{tdir}"
-             if files else None)
+    local = data_dir_url(store, f"{rank_prefix}/{tdir}") if files else None
     doc = {"task": task, "level": level, "framework": marker.get("framework", framework),
            "dump_data_dir": local, "data": data}
     doc_bytes = dumps_json(doc).encode("utf-8")
     store.put(f"{rank_prefix}/{DEBUG_JSON if debug else DUMP_JSON}", doc_bytes)
     if "document_crc32" in marker:  # a marker of an earlier publish of this step: it now describes our document
-        import zlib
-
-        from msprobe.format.layout import MARKER_FILE
-
-        marker["document_crc32"] = f"{zlib.crc32(doc_bytes):08x}"
-        store.put(f"{rank_prefix}/{MARKER_FILE}", json.dumps(marker, indent=1).encode("utf-8"))
+        store.put(f"{rank_prefix}/{MARKER_FILE}", encode_marker(with_document(marker, doc_bytes)))
     if not debug:
-        stack_doc = {str(i): [names, list(frames)] for i, (frames, names) in enumerate(stacks.items())}
-        store.put(f"{rank_prefix}/{STACK_JSON}", dumps_json(stack_doc).encode("utf-8"))
-        store.put(f"{rank_prefix}/{CONSTRUCT_JSON}", dumps_json(construct).encode("utf-8"))
+        store.put(f"{rank_prefix}/{STACK_JSON}", dumps_json(replay.stack_groups()).encode("utf-8"))
+        store.put(f"{rank_prefix}/{CONSTRUCT_JSON}", dumps_json(replay.parents).encode("utf-8"))
     res.records = len(data)
     res.written = True
     for key in store.list_prefix(f"{rank_prefix}/{JOURNAL_DIR}"):  # consumed: the documents now hold it
@@ -177,26 +164,18 @@ def _recover_rank(store: Store, rank_prefix: str, task: Optional[str], level: Op
     return res
 
 
-def _frames(frames: Any) -> list:
-    if not isinstance(frames, list) or not all(isinstance(f, str) for f in frames):
-        raise TypeError("stack frames must be a list of strings")
-    return frames
+def _all_strings(frames: Any) -> bool:
+    return isinstance(frames, list) and all(isinstance(f, str) for f in frames)
 
 
-def _invalid_entry(entry: dict) -> Optional[str]:
+def _invalid_entry(entry: RecordLine) -> Optional[str]:
     """Why a journaled record would make the rebuilt documents invalid (what ``validate`` checks), or None."""
-    name = entry.get("name")
-    if not isinstance(name, str):
-        return "the record name is not a string"
-    if entry.get("stack") is not None:
-        try:
-            _frames(entry["stack"])
-        except TypeError as exc:
-            return str(exc)
-    if "parent" in entry and entry["parent"] is not None and not isinstance(entry["parent"], str):
+    if entry.stack is not None and not _all_strings(entry.stack):
+        return "stack frames must be a list of strings"
+    if entry.parent is not None and entry.has_parent and not isinstance(entry.parent, str):
         return "its parent is not a record name"
     try:
-        Record(name, entry.get("record")).check(None)
+        Record(entry.name, entry.record).check(None)
     except FormatError as exc:
         return exc.message
     except RecursionError:
@@ -234,7 +213,6 @@ def _remove_stale_temps(store: ReadableStore, prefix: str) -> None:
 
 def _marker(store: ReadableStore, rank_prefix: str) -> dict:
     try:
-        raw = json.loads(store.get(f"{rank_prefix}/{MARKER_FILE}"))
-        return raw if isinstance(raw, dict) else {}
+        return decode_marker(store.get(f"{rank_prefix}/{MARKER_FILE}"))
     except Exception:  # noqa: BLE001 - an unreadable marker: recovered without it
         return {}

@@ -10,14 +10,12 @@ published, never one sync per value.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
 import threading
 import time
 import warnings
-import zlib
 from collections import defaultdict, deque
 from typing import Any, Callable, Optional
 
@@ -30,17 +28,22 @@ from msprobe.backends._retry import Breaker, RetryPolicy, StoreLike, is_disk_ful
 from msprobe.dumpers.config import DumpConfig
 from msprobe.errors import StorageError, StoragePermissionError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_records_json
+from msprobe.format.journal import NO_PARENT, encode_record, encode_stack
 from msprobe.format.layout import (
     ERROR_LOG,
-    FORMAT_VERSION,
     JOURNAL_DIR,
+    MAPPING_CSV,
     MARKER_FILE,
     STEP_DIR_RE,
     TENSOR_DIR,
+    data_dir_url,
+    encode_mapping,
+    join_key,
     rank_dir_name,
     step_ranges,
 )
-from msprobe.format.naming import MAX_FILE_NAME_LENGTH
+from msprobe.format.marker import build_marker, decode_marker, encode_marker, mark_final
+from msprobe.format.naming import converted_file_name, needs_mapping
 from msprobe.tensor_store import ZarrTensorWriter
 
 __all__ = ["DumpSession", "StackTable", "PendingStats"]
@@ -494,12 +497,9 @@ class DumpSession:
 
     def data_file_name(self, data_name: str) -> str:
         """The file name for ``data_name`` (the 255-character rule, recorded in mapping.csv)."""
-        if len(data_name) <= MAX_FILE_NAME_LENGTH:
+        if not needs_mapping(data_name):
             return data_name
-        import secrets
-
-        ext = data_name.rsplit(".", 1)[-1]
-        short = "".join(str(secrets.randbelow(10)) for _ in range(32)) + "." + ext
+        short = converted_file_name(data_name)
         self._mapping[data_name] = short
         return short
 
@@ -653,19 +653,13 @@ class DumpSession:
 
     def _journal_lines(self, queue: list) -> list:
         """[(line bytes, 1 for a record / 0 for a stack, record)] of the queued entries."""
-        dumps = json.dumps
         with_parent = self.config.level in ("L0", "mix")
         out = []
         for name, raw, parent, sid in queue:
             if name is None:  # a new stack: its frames once, records refer to its id
-                out.append((dumps({"stack_id": raw, "frames": self.render_stack(sid)}).encode("utf-8"), 0, None))
+                out.append((encode_stack(raw, self.render_stack(sid)), 0, None))
                 continue
-            entry = {"name": name, "record": raw}
-            if with_parent:
-                entry["parent"] = parent
-            if sid is not None:
-                entry["stack_id"] = sid
-            out.append((dumps(entry).encode("utf-8"), 1, raw))
+            out.append((encode_record(name, raw, parent=parent if with_parent else NO_PARENT, stack_id=sid), 1, raw))
         return out
 
     def _release_locked(self, *, force: bool) -> None:
@@ -709,9 +703,7 @@ class DumpSession:
         try:
             policy = self.policy()  # the marker is read back with the same retries as every publish
             if self._journal is not None and policy.call(lambda: self.store.exists(key)):
-                marker = json.loads(policy.call(lambda: self.store.get(key)))
-                marker["final"] = True
-                _RetryingPut(self.store, self.policy()).put(key, json.dumps(marker, indent=1).encode("utf-8"))
+                _RetryingPut(self.store, self.policy()).put(key, mark_final(policy.call(lambda: self.store.get(key))))
         except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
             self._note_error("marker", exc)
 
@@ -720,7 +712,7 @@ class DumpSession:
         marker, so recovery does not mistake this run's journal for stale leftovers."""
         key = f"{self.rank_prefix}/{MARKER_FILE}"
         try:
-            if self.store.exists(key) and json.loads(self.store.get(key)).get("final"):
+            if self.store.exists(key) and decode_marker(self.store.get(key)).get("final"):
                 self.store.delete(key)
         except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
             pass
@@ -843,20 +835,13 @@ class DumpSession:
                     store.put(f"{prefix}/{STACK_JSON}", _unwrap(dumps_records_json(stack_doc, "_")))
                     store.put(f"{prefix}/{CONSTRUCT_JSON}", _unwrap(dumps_records_json({"_": self.construct}, "_")))
                 if self._mapping:
-                    rows = "".join(f"{v},{k}\n" for k, v in self._mapping.items())  # converted,original
-                    store.put(f"{prefix}/{TENSOR_DIR}/mapping.csv", rows.encode("utf-8"))
-                marker = {"format_version": FORMAT_VERSION, "dialect": "msprobe-lake", "producer": self.producer,
-                          "framework": self.framework, "task": self.config.task, "level": self.config.level,
-                          "step": self.current_step, "rank": self.rank, "records": len(self.data),
-                          "complete": failed is None and not self._skipped, "pid": os.getpid(),
-                          **({"tensor_format": "zarr"} if self._tstore is not None else {}),
-                          # final: the documents hold the whole step; journal segments left behind by a
-                          # kill during the journal's deletion are stale (msprobe recover skips them)
-                          "final": bool(final),
-                          # what was written, so validate can tell a file or document that another
-                          # process overwrote (run_dir_policy "overwrite", section 6)
-                          "document_crc32": f"{zlib.crc32(doc_bytes):08x}", "files": self._digests(prefix)}
-                store.put(f"{prefix}/{MARKER_FILE}", json.dumps(marker, indent=1).encode("utf-8"))
+                    store.put(join_key(prefix, TENSOR_DIR, MAPPING_CSV), encode_mapping(self._mapping))
+                marker = build_marker(producer=self.producer, framework=self.framework, task=self.config.task,
+                                      level=self.config.level, step=self.current_step, rank=self.rank,
+                                      records=len(self.data), complete=failed is None and not self._skipped,
+                                      pid=os.getpid(), zarr=self._tstore is not None, final=final,
+                                      doc_bytes=doc_bytes, files=self._digests(prefix))
+                store.put(f"{prefix}/{MARKER_FILE}", encode_marker(marker))
                 if self.config.index and not debug:
                     self._write_index(prefix, doc)
             except Exception as exc:  # noqa: BLE001 - never crash training for the dump
@@ -896,8 +881,7 @@ class DumpSession:
         sub = TENSOR_DIR
         if self.config.tensor_store == "zarr":
             from msprobe.format.layout import STORE_DIR as sub
-        local = self.store.local_path(f"{self.rank_prefix}/{sub}")
-        return local if local is not None else f"{self.store.url.rstrip('/')}/{self.rank_prefix}/{sub}"
+        return data_dir_url(self.store, f"{self.rank_prefix}/{sub}")
 
     def _close_journal(self, *, delete: bool) -> None:
         with self._jlock:

@@ -25,6 +25,8 @@ __all__ = [
     "discover",
     "dump_dir_of",
     "read_mapping",
+    "encode_mapping",
+    "data_dir_url",
     "STEP_DIR_RE",
     "step_ranges",
     "RANK_DIR_RE",
@@ -320,6 +322,18 @@ def _ranks_of_step(store: ReadableStore, step_prefix: str, step: Optional[int]) 
 
 
 _CONVERTED_RE = re.compile(r"^\d{32}(?:\.[A-Za-z0-9]+)?$")
+
+
+def encode_mapping(mapping: dict) -> bytes:
+    """{original file name: converted file name} -> mapping.csv, rows ``converted,original``
+    (the real tool's column order, spec/FORMAT.md 14.3)."""
+    return "".join(f"{v},{k}\n" for k, v in mapping.items()).encode("utf-8")
+
+
+def data_dir_url(store: ReadableStore, key: str) -> str:
+    """``dump_data_dir`` of a document: the local path of ``key`` (a tensor directory), else its URL."""
+    local = store.local_path(key)
+    return local if local else f"{store.url.rstrip('/')}/{key}"
 
 
 def read_mapping(data: bytes) -> dict:

@@ -28,6 +28,7 @@ __all__ = [
     "iter_tensors",
     "Record",
     "tensor_entry",
+    "is_tensor_entry",
     "typed_value",
 ]
 
@@ -37,6 +38,15 @@ TENSOR_TYPES = frozenset({
     "mindspore.common.parameter.Parameter", "numpy.ndarray", "mindtorch.Tensor",
 })
 _STAT_KEYS = ("Max", "Min", "Mean", "Norm")
+
+
+def is_tensor_entry(value: Any) -> bool:
+    """A tensor entry (spec/FORMAT.md 10.2): an object whose ``type`` is one of TENSOR_TYPES, or
+    any object with a string ``type`` and both ``dtype`` and ``shape``."""
+    if not isinstance(value, dict):
+        return False
+    t = value.get("type")
+    return isinstance(t, str) and (t in TENSOR_TYPES or "dtype" in value and "shape" in value)
 
 
 class Arg:
@@ -232,7 +242,7 @@ def parse_arg(raw: Any, path: str = "", depth: int = 0) -> Arg:
             return MappingArg(raw, path, depth)
         if not isinstance(t, str):
             return UnknownArg(raw, path)
-        if t in TENSOR_TYPES or "dtype" in raw and "shape" in raw:
+        if is_tensor_entry(raw):
             return TensorArg(raw, path)
         if t in _SCALAR_TYPES:
             return ScalarArg(raw, path)

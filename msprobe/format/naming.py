@@ -43,6 +43,7 @@ __all__ = [
     "parse_data_name",
     "check_file_name",
     "needs_mapping",
+    "converted_file_name",
     "register_prefix",
 ]
 
@@ -254,6 +255,14 @@ def check_file_name(name: str) -> str:
     if re.match(r"^[A-Za-z]:", name):
         raise UnsafePathError(f"unsafe file name {name!r}: drive-qualified")
     return name
+
+
+def converted_file_name(data_name: str) -> str:
+    """A random 32-digit file name with ``data_name``'s extension, for a name longer than
+    MAX_FILE_NAME_LENGTH (recorded in mapping.csv, spec/FORMAT.md 7.3)."""
+    import secrets
+
+    return "".join(str(secrets.randbelow(10)) for _ in range(32)) + "." + data_name.rsplit(".", 1)[-1]
 
 
 def needs_mapping(file_name: str) -> bool:

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 
 from msprobe.errors import DocumentError, NameFormatError
 from msprobe.format.layout import TENSOR_DIR
-from msprobe.format.model import MAX_ARG_DEPTH, TENSOR_TYPES, is_valid_shape
+from msprobe.format.model import MAX_ARG_DEPTH, is_tensor_entry, is_valid_shape
 from msprobe.format.naming import RecordName, parse_record_name
 
 __all__ = [
@@ -62,11 +62,6 @@ def record_fields(name: str) -> tuple:
     return (rn.kind, rn.prefix or None, api_name, rn.call_index, rn.direction)
 
 
-def _is_tensor(v: dict) -> bool:
-    t = v.get("type")
-    return isinstance(t, str) and (t in TENSOR_TYPES or ("dtype" in v and "shape" in v))
-
-
 def _walk(value: Any, path: str, out: list, depth: int = 0) -> None:
     if depth > MAX_ARG_DEPTH and isinstance(value, (dict, list)):
         raise DocumentError(f"argument {path[:60]}...: nested deeper than {MAX_ARG_DEPTH} levels")
@@ -75,7 +70,7 @@ def _walk(value: Any, path: str, out: list, depth: int = 0) -> None:
         if t is None:
             for k, v in value.items():
                 _walk(v, f"{path}.{k}" if path else str(k), out, depth + 1)
-        elif _is_tensor(value):
+        elif is_tensor_entry(value):
             out.append((path, value))
     elif isinstance(value, list):
         for i, v in enumerate(value):

@@ -26,6 +26,7 @@ from msprobe.format.documents import (
     DumpDocument,
     StackDocument,
 )
+from msprobe.format.journal import Replay
 from msprobe.format.layout import (
     INDEX_DIR,
     JOURNAL_DIR,
@@ -37,6 +38,7 @@ from msprobe.format.layout import (
     join_key,
     read_mapping,
 )
+from msprobe.format.marker import decode_marker
 from msprobe.format.naming import check_file_name
 from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import (
@@ -263,44 +265,17 @@ class RankSource:
 
     def _merge_journal(self, doc: DumpDocument) -> None:
         """Append journaled records the document lacks (the documents win for the others)."""
-        recs: dict = {}
-        parents: dict = {}
-        stacks: dict = {}
-        frames_of: dict = {}  # journal stack id -> frames
-        stack_ids: dict = {}
         try:
-            for line in read_journal(self.store, self._k(JOURNAL_DIR), on_truncated=lambda key, part: None):
-                try:
-                    obj = json.loads(line)
-                except (ValueError, RecursionError):  # torn, or nested too deeply (hostile)
-                    continue
-                if not isinstance(obj, dict):
-                    continue
-                if "frames" in obj and "name" not in obj and isinstance(obj.get("frames"), list):
-                    frames_of[str(obj.get("stack_id"))] = obj["frames"]  # a stack, written once
-                    continue
-                if not isinstance(obj.get("name"), str) or "record" not in obj:
-                    continue  # neither form: ignored (spec 17)
-                name = obj["name"]
-                recs[name] = obj["record"]  # a later line replaces the earlier one, at its first position
-                if "parent" in obj:
-                    parents[name] = obj["parent"]
-                if isinstance(obj.get("stack"), list):
-                    stacks[name] = obj["stack"]
-                elif obj.get("stack_id") is not None:
-                    stack_ids[name] = str(obj["stack_id"])
+            j = Replay.of(read_journal(self.store, self._k(JOURNAL_DIR), on_truncated=lambda key, part: None))
         except MsprobeError:
             return
         data = doc.raw.setdefault("data", {})
-        added = [n for n in recs if n not in data]
+        added = [n for n in j.records if n not in data]
         for n in added:
-            data[n] = recs[n]
-        for n, sid in stack_ids.items():
-            if n not in stacks and sid in frames_of:
-                stacks[n] = frames_of[sid]
-        self._journal = {"records": len(added), "parents": {n: parents[n] for n in added if n in parents},
-                         "stacks": {n: stacks[n] for n in added if n in stacks},
-                         "stack_ids": {n: stack_ids[n] for n in added if n in stack_ids}}
+            data[n] = j.records[n]
+        self._journal = {"records": len(added), "parents": {n: j.parents[n] for n in added if n in j.parents},
+                         "stacks": {n: j.stacks[n] for n in added if n in j.stacks},
+                         "stack_ids": {n: j.stack_ids[n] for n in added if n in j.stack_ids}}
 
     @property
     def live(self) -> bool:
@@ -358,9 +333,8 @@ class RankSource:
             self._marker = {}
             if MARKER_FILE in self.names():
                 try:
-                    m = json.loads(self.store.get(self._k(MARKER_FILE)))
-                    self._marker = m if isinstance(m, dict) else {}
-                except (ValueError, MsprobeError):
+                    self._marker = decode_marker(self.store.get(self._k(MARKER_FILE)))
+                except MsprobeError:
                     self._marker = {}
         return self._marker
 
@@ -576,6 +550,11 @@ class IndexSource:
 
     def marker(self) -> dict:
         return {}
+
+    def release(self) -> None:
+        """Drop what the rank directory it describes has read so far (the index metadata stays)."""
+        if self._rank is not None:
+            self._rank.release()
 
     def tensor_key(self, data_name: str) -> str:
         return self.rank_source().tensor_key(data_name)

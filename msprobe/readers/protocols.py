@@ -91,3 +91,7 @@ class DumpSource(RecordSource, Protocol):
     def tensor_store(self) -> Any: ...
 
     def tensor_locations(self) -> Optional[dict]: ...
+
+    def release(self) -> None:
+        """Drop what was read so far (documents, listings); the next use reads again (bounds memory
+        when many rank directories are walked one after another)."""

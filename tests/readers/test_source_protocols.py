@@ -10,7 +10,8 @@ import msprobe.readers as readers
 from msprobe.readers.protocols import DumpSource, RecordSource
 
 
-def test_rank_and_index_sources_are_dump_sources(tmp_path):
+def _dump_and_lake(tmp_path) -> tuple:
+    """A rank directory's dump and an index-only lake of it."""
     pytest.importorskip("pyarrow")
     from msprobe.readers.index import build_index
 
@@ -18,7 +19,11 @@ def test_rank_and_index_sources_are_dump_sources(tmp_path):
     torch_dump(str(root), steps=(0,))
     lake = tmp_path / "lake"
     build_index(str(root), out=str(lake))
-    for path in (root, lake):
+    return root, lake
+
+
+def test_rank_and_index_sources_are_dump_sources(tmp_path):
+    for path in _dump_and_lake(tmp_path):
         d = readers.open(str(path))
         assert d.sources, path
         for src in d.sources:
@@ -44,3 +49,15 @@ def test_packet_source_is_a_record_source():
     assert isinstance(src, RecordSource) and not isinstance(src, DumpSource)
     rec = packet_record(packet, source=src)
     assert rec.name == name and rec.source is src and src.raw_record(name) == header["record"]
+
+
+def test_release_drops_what_was_read(tmp_path):
+    """DumpSource.release() (compare calls it between rank pairs): an index file's source releases
+    the documents of the rank directory it read them from, as a rank directory's source does."""
+    for path in _dump_and_lake(tmp_path):
+        src = readers.open(str(path)).sources[0]
+        rank = src.rank_source() if src.index_only else src
+        assert src.document().data and rank.loaded
+        src.release()
+        assert not rank.loaded, path
+        assert src.document().data  # read again on the next use
