@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from msprobe.backends import open_store
 from msprobe.errors import ConfigError, MsprobeError
-from msprobe.format.documents import dumps_records_json
+from msprobe.format.documents import encode_document
 from msprobe.format.dtypes import numpy_dtype
 from msprobe.format.layout import (
     INDEX_DIR,
@@ -81,7 +81,7 @@ def _rewrite_doc(raw: bytes, data_dir: Optional[str]) -> bytes:
     doc = json.loads(raw)
     if isinstance(doc, dict) and "dump_data_dir" in doc:
         doc["dump_data_dir"] = data_dir
-        return dumps_records_json(doc).encode("utf-8")
+        return encode_document(doc)
     return raw
 
 

@@ -89,6 +89,7 @@ def _find(path: pathlib.Path, name: str) -> ast.FunctionDef:
 JOURNAL = PKG / "format" / "journal.py"
 MARKER = PKG / "format" / "marker.py"
 MODEL = PKG / "format" / "model.py"
+DOCUMENTS = PKG / "format" / "documents.py"
 NAMING = PKG / "format" / "naming.py"
 #: the keys of journal lines and of the marker (spec/FORMAT.md 17 and 6.1)
 _RECORD_KEYS = {"name", "record", "parent", "stack_id", "stack"}
@@ -102,7 +103,8 @@ def _const_keys(node: ast.Dict) -> set:
 
 def test_each_format_has_one_home():
     """Journal lines are built only in format/journal.py, markers only in format/marker.py,
-    32-digit file names only in format/naming.py, tensor types only in format/model.py."""
+    32-digit file names only in format/naming.py, tensor types only in format/model.py, the rank
+    directory's documents only in format/documents.py (the one writer of publish, recover, convert)."""
     found = []
     for path, tree in _modules():
         for node in ast.walk(tree):
@@ -121,11 +123,29 @@ def test_each_format_has_one_home():
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                   and node.func.attr == "randbelow" and path != NAMING):
                 found.append(f"a converted (32-digit) file name made at {_where(path, node)}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and path != DOCUMENTS
+                  and node.func.id in ("dumps_json", "dumps_records_json")):
+                found.append(f"a document encoded at {_where(path, node)} (use format.documents.encode_documents)")
             elif isinstance(node, (ast.Set, ast.Tuple, ast.List)) and path != MODEL:
                 values = {e.value for e in node.elts if isinstance(e, ast.Constant)}
                 if {"torch.Tensor", "mindspore.Tensor"} <= values:
                     found.append(f"a set of tensor types at {_where(path, node)} (use format.model.is_tensor_entry)")
     assert not found, found
+
+
+def test_one_leaf_walker():
+    """Walkers over raw records: format.model.tensor_entries only (the index and the session use it)."""
+    from msprobe.format.model import data_names, tensor_entries
+
+    t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [1], "data_name": "a.pt"}
+    raw = {"input_args": [t, [dict(t, data_name="b.pt")]], "input_kwargs": {"k": {"type": "int", "value": 1}},
+           "output": [dict(t, data_name=None)]}
+    assert [p for p, _ in tensor_entries(raw)] == ["input_args.0", "input_args.1.0", "output.0"]
+    assert data_names(raw) == ["a.pt", "b.pt"]
+    walkers = [f"{n.name} at {_where(p, n)}" for p, tree in _modules() for n in ast.walk(tree)
+               if isinstance(n, ast.FunctionDef) and n.name in ("_walk", "_data_names", "_is_tensor")
+               and p.parent.name in ("index", "dumpers")]
+    assert not walkers, walkers
 
 
 def test_one_is_tensor_entry():

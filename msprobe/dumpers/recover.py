@@ -17,7 +17,7 @@ from msprobe.backends import read_journal
 from msprobe.backends._base import Store
 from msprobe.backends._keys import is_temp_name
 from msprobe.errors import FormatError, MsprobeError
-from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_json
+from msprobe.format.documents import DEBUG_JSON, DUMP_JSON, encode_documents
 from msprobe.format.journal import RecordLine, Replay, StackLine, decode_line
 from msprobe.format.layout import (
     JOURNAL_DIR,
@@ -143,19 +143,19 @@ def _recover_rank(store: Store, rank_prefix: str, task: Optional[str], level: Op
             replay.drop(name)
     task = task or marker.get("task") or ("tensor" if files else "statistics")
     level = level or marker.get("level") or ("mix" if has_parent else "L1")
-    debug = level == "debug" or (data and all(n.endswith(".debug") for n in data))
+    debug = level == "debug" or bool(data and all(n.endswith(".debug") for n in data))
     step_dir = rank_prefix.rsplit("/", 1)[0] if "/" in rank_prefix else ""
     tdir = STORE_DIR if zarr is not None else TENSOR_DIR
     local = data_dir_url(store, f"{rank_prefix}/{tdir}") if files else None
     doc = {"task": task, "level": level, "framework": marker.get("framework", framework),
            "dump_data_dir": local, "data": data}
-    doc_bytes = dumps_json(doc).encode("utf-8")
-    store.put(f"{rank_prefix}/{DEBUG_JSON if debug else DUMP_JSON}", doc_bytes)
+    (doc_name, doc_bytes), *others = encode_documents(doc, debug=debug, stack=replay.stack_groups(),
+                                                      construct=replay.parents)
+    store.put(f"{rank_prefix}/{doc_name}", doc_bytes)
     if "document_crc32" in marker:  # a marker of an earlier publish of this step: it now describes our document
         store.put(f"{rank_prefix}/{MARKER_FILE}", encode_marker(with_document(marker, doc_bytes)))
-    if not debug:
-        store.put(f"{rank_prefix}/{STACK_JSON}", dumps_json(replay.stack_groups()).encode("utf-8"))
-        store.put(f"{rank_prefix}/{CONSTRUCT_JSON}", dumps_json(replay.parents).encode("utf-8"))
+    for name, body in others:  # stack.json, construct.json
+        store.put(f"{rank_prefix}/{name}", body)
     res.records = len(data)
     res.written = True
     for key in store.list_prefix(f"{rank_prefix}/{JOURNAL_DIR}"):  # consumed: the documents now hold it

@@ -27,7 +27,7 @@ from msprobe.backends._open import bound_store, bounded_storage_options
 from msprobe.backends._retry import Breaker, RetryPolicy, StoreLike, is_disk_full, put_retrying
 from msprobe.dumpers.config import DumpConfig
 from msprobe.errors import StorageError, StoragePermissionError
-from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON, dumps_records_json
+from msprobe.format.documents import encode_documents
 from msprobe.format.journal import NO_PARENT, encode_record, encode_stack
 from msprobe.format.layout import (
     ERROR_LOG,
@@ -43,6 +43,7 @@ from msprobe.format.layout import (
     step_ranges,
 )
 from msprobe.format.marker import build_marker, decode_marker, encode_marker, mark_final
+from msprobe.format.model import data_names
 from msprobe.format.naming import converted_file_name, needs_mapping
 from msprobe.tensor_store import ZarrTensorWriter
 
@@ -131,31 +132,6 @@ def _append_local(path: str, line: str) -> bool:
         return True
     except OSError:
         return False
-
-
-def _data_names(raw: Any, out: list) -> list:
-    """Every ``data_name`` string in a JSON-ready record (the tensor files it refers to)."""
-    if isinstance(raw, dict):
-        dn = raw.get("data_name")
-        if isinstance(dn, str):
-            out.append(dn)
-        for v in raw.values():
-            if isinstance(v, (dict, list)):
-                _data_names(v, out)
-    elif isinstance(raw, list):
-        for v in raw:
-            if isinstance(v, (dict, list)):
-                _data_names(v, out)
-    return out
-
-
-def _unwrap(text: str) -> bytes:
-    """``{"_": {...}}`` laid out by dumps_records_json -> the inner object, same layout."""
-    lines = text.split("\n")
-    if lines[1] == ' "_": {}':
-        return b"{}"
-    inner = ["{"] + lines[2:-2] + ["}"]
-    return "\n".join(inner).encode("utf-8")
 
 
 class StatsFetchError(Exception):
@@ -625,7 +601,7 @@ class DumpSession:
                 for line, is_record, raw in lines:
                     item = [line, 0, is_record]
                     if is_record and inflight:  # tensor mode: wait for the record's files still in flight
-                        for dn in _data_names(raw, []):
+                        for dn in data_names(raw, bounded=False):
                             waiting = inflight.get(dn)
                             if waiting is not None:
                                 waiting.append(item)
@@ -828,12 +804,11 @@ class DumpSession:
                    "dump_data_dir": self._dump_data_dir(), "data": self.data}
             try:  # a storage error is recorded (error log, errors), never raised unless strict
                 store = _RetryingPut(self.store, self.policy())  # each document: one atomic put, transient failures retried
-                doc_bytes = dumps_records_json(doc).encode("utf-8")
-                store.put(f"{prefix}/{DEBUG_JSON if debug else DUMP_JSON}", doc_bytes)
-                if not debug:
-                    stack_doc = {"_": self.stacks.to_json(self.render_stack)}
-                    store.put(f"{prefix}/{STACK_JSON}", _unwrap(dumps_records_json(stack_doc, "_")))
-                    store.put(f"{prefix}/{CONSTRUCT_JSON}", _unwrap(dumps_records_json({"_": self.construct}, "_")))
+                docs = encode_documents(doc, debug=debug, stack=None if debug else self.stacks.to_json(self.render_stack),
+                                        construct=self.construct)
+                for name, body in docs:
+                    store.put(f"{prefix}/{name}", body)
+                doc_bytes = docs[0][1]
                 if self._mapping:
                     store.put(join_key(prefix, TENSOR_DIR, MAPPING_CSV), encode_mapping(self._mapping))
                 marker = build_marker(producer=self.producer, framework=self.framework, task=self.config.task,

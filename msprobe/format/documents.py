@@ -23,6 +23,8 @@ __all__ = [
     "loads_json",
     "dumps_json",
     "dumps_records_json",
+    "encode_document",
+    "encode_documents",
     "DumpDocument",
     "DebugDocument",
     "StackDocument",
@@ -132,6 +134,31 @@ def dumps_records_json(head: dict, data_key: str = "data") -> str:
             parts.append(f" {enc(k)}: {enc(v)}{comma}")
     parts.append("}")
     return "\n".join(parts)
+
+
+def _unwrap(text: str) -> bytes:
+    """``{"_": {...}}`` laid out by dumps_records_json -> the inner object, same layout."""
+    lines = text.split("\n")
+    if lines[1] == ' "_": {}':
+        return b"{}"
+    inner = ["{"] + lines[2:-2] + ["}"]
+    return "\n".join(inner).encode("utf-8")
+
+
+def encode_document(doc: dict) -> bytes:
+    """dump.json (or debug.json) as the producer writes it (:func:`dumps_records_json`)."""
+    return dumps_records_json(doc).encode("utf-8")
+
+
+def encode_documents(doc: dict, *, debug: bool, stack: Optional[dict], construct: Optional[dict]) -> list:
+    """[(file name, bytes)] of a rank directory's documents, the one writer of the producer's
+    publish, recovery and convert: the document first (debug.json when ``debug``, without
+    stack.json and construct.json), then stack.json and construct.json, one record per line."""
+    out = [(DEBUG_JSON if debug else DUMP_JSON, encode_document(doc))]
+    if not debug:
+        out.append((STACK_JSON, _unwrap(dumps_records_json({"_": stack or {}}, "_"))))
+        out.append((CONSTRUCT_JSON, _unwrap(dumps_records_json({"_": construct or {}}, "_"))))
+    return out
 
 
 def _require_object(obj: Any, file: Optional[str], location: str = "$") -> dict:

@@ -29,6 +29,8 @@ __all__ = [
     "Record",
     "tensor_entry",
     "is_tensor_entry",
+    "tensor_entries",
+    "data_names",
     "typed_value",
 ]
 
@@ -230,6 +232,29 @@ def _check_depth(depth: int, path: str) -> None:
         raise DocumentError(f"argument {path[:60]}...: nested deeper than {MAX_ARG_DEPTH} levels")
 
 
+def tensor_entries(value: Any, path: str = "", *, bounded: bool = True) -> list:
+    """[(argument path, entry)] of every tensor entry in a raw JSON value, depth first in document
+    order: the one leaf walker over raw records (objects without ``type`` and arrays are walked
+    into; other typed values are leaves). ``bounded``: a DocumentError past MAX_ARG_DEPTH."""
+    out: list = []
+    _walk_entries(value, path, out, 0, MAX_ARG_DEPTH if bounded else None)
+    return out
+
+
+def _walk_entries(value: Any, path: str, out: list, depth: int, limit: Optional[int]) -> None:
+    if limit is not None and depth > limit and isinstance(value, (dict, list)):
+        _check_depth(depth, path)
+    if isinstance(value, dict):
+        if value.get("type") is None:
+            for k, v in value.items():
+                _walk_entries(v, f"{path}.{k}" if path else str(k), out, depth + 1, limit)
+        elif is_tensor_entry(value):
+            out.append((path, value))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _walk_entries(v, f"{path}.{i}" if path else str(i), out, depth + 1, limit)
+
+
 def parse_arg(raw: Any, path: str = "", depth: int = 0) -> Arg:
     """Classify one JSON argument value (``depth``: how deep it is nested, bounded by MAX_ARG_DEPTH)."""
     if raw is None:
@@ -264,6 +289,12 @@ def iter_tensors(arg: Arg) -> Iterator[TensorArg]:
         items = arg.items.values() if isinstance(arg, MappingArg) else arg.items
         for a in items:
             yield from iter_tensors(a)
+
+
+def data_names(raw: Any, *, bounded: bool = True) -> list:
+    """The ``data_name`` strings of the tensor entries in a raw JSON value, in order (the files a
+    record being written refers to; :meth:`Record.data_names` reads a record's sections)."""
+    return [e["data_name"] for _, e in tensor_entries(raw, bounded=bounded) if isinstance(e.get("data_name"), str)]
 
 
 # Sections of a record, in the order the real tool writes them.

@@ -10,9 +10,9 @@ import json
 import math
 from typing import Any, Iterable, Optional
 
-from msprobe.errors import DocumentError, NameFormatError
+from msprobe.errors import NameFormatError
 from msprobe.format.layout import TENSOR_DIR
-from msprobe.format.model import MAX_ARG_DEPTH, is_tensor_entry, is_valid_shape
+from msprobe.format.model import is_valid_shape, tensor_entries
 from msprobe.format.naming import RecordName, parse_record_name
 
 __all__ = [
@@ -62,32 +62,15 @@ def record_fields(name: str) -> tuple:
     return (rn.kind, rn.prefix or None, api_name, rn.call_index, rn.direction)
 
 
-def _walk(value: Any, path: str, out: list, depth: int = 0) -> None:
-    if depth > MAX_ARG_DEPTH and isinstance(value, (dict, list)):
-        raise DocumentError(f"argument {path[:60]}...: nested deeper than {MAX_ARG_DEPTH} levels")
-    if isinstance(value, dict):
-        t = value.get("type")
-        if t is None:
-            for k, v in value.items():
-                _walk(v, f"{path}.{k}" if path else str(k), out, depth + 1)
-        elif is_tensor_entry(value):
-            out.append((path, value))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _walk(v, f"{path}.{i}" if path else str(i), out, depth + 1)
-
-
 def record_tensors(kind: str, raw: Any) -> list:
     """[(io, arg_path, tensor entry)] of one record, in document order."""
     out: list = []
     if kind in ("parameters_grad", "debug") or not isinstance(raw, dict):
-        found: list = []
-        _walk(raw, "", found)
+        found = tensor_entries(raw)
         io = kind if kind in ("parameters_grad", "debug") else None
         return [(io, p, t) for p, t in found]
     for key, value in raw.items():
-        found = []
-        _walk(value, key, found)
+        found = tensor_entries(value, key)
         out.extend((key, p, t) for p, t in found)
     return out
 

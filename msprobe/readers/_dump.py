@@ -231,8 +231,16 @@ class Dump:
             out.append(DumpRecord(d["record"], d["seq"], src, d, self))
         return out
 
-    def _record_in(self, src: DumpSource, name: str) -> Optional[DumpRecord]:
+    def record_in(self, src: DumpSource, name: str) -> Optional[DumpRecord]:
+        """The record ``name`` of one of this dump's sources, or None."""
         return self._records_of(src)[1].get(name)
+
+    def _count_one(self, src: DumpSource) -> int:
+        if src.use_index and id(src) not in self._recs:
+            c = src.index_metadata().get("records")
+            if c is not None:
+                return c
+        return len(self._records_of(src)[0])
 
     def iter_records(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY, kind: Any = None,
                      prefix: Any = None, api_type: Any = None, api_name: Any = None, name: Any = None,
@@ -273,7 +281,7 @@ class Dump:
         :class:`AmbiguousRecordError` if several (step, rank) hold it."""
         found = []
         for src in self.select(step, rank, run=run, split=split):
-            r = self._record_in(src, name)
+            r = self.record_in(src, name)
             if r is not None:
                 found.append(r)
         if not found:
@@ -311,7 +319,7 @@ class Dump:
 
     def count(self, step: Any = ANY, rank: Any = ANY, *, run: Any = ANY, split: Any = ANY) -> int:
         """Number of records (from the index metadata when there is an index)."""
-        return sum(_count_one(self, src) for src in self.select(step, rank, run=run, split=split))
+        return sum(self._count_one(src) for src in self.select(step, rank, run=run, split=split))
 
     def __iter__(self) -> Iterator[DumpRecord]:
         return self.iter_records()
@@ -418,19 +426,12 @@ class Dump:
         rows = []
         for s in self._sources:
             rows.append({"run": s.run, "split": s.split, "step": s.step, "rank": s.rank, "rank_dir": s.rank_dir,
-                         "records": _count_one(self, s),
+                         "records": self._count_one(s),
                          "source": "index" if s.use_index else (s.doc_name or "-")})
         return {"url": self.url, "engine": self.engine, "dialect": self.dialect, "framework": self.framework,
                 "task": self.task, "level": self.level, "steps": self.steps, "ranks": self.ranks,
                 "rank_dirs": rows}
 
-
-def _count_one(dump: Dump, src: DumpSource) -> int:
-    if src.use_index and id(src) not in dump._recs:  # noqa: SLF001
-        c = src.index_metadata().get("records")
-        if c is not None:
-            return c
-    return len(dump._records_of(src)[0])  # noqa: SLF001
 
 
 def _split(r: DumpRecord) -> str:

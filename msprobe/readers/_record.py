@@ -282,7 +282,7 @@ class DumpRecord:
         name = self.parent_name
         if name is None or self._dump is None:
             return None
-        return self._dump._record_in(self.source, name)  # noqa: SLF001
+        return self._dump.record_in(self.source, name)
 
     @property
     def children_names(self) -> list:
@@ -294,7 +294,7 @@ class DumpRecord:
             return []
         out = []
         for n in self.children_names:
-            r = self._dump._record_in(self.source, n)  # noqa: SLF001
+            r = self._dump.record_in(self.source, n)
             if r is not None:
                 out.append(r)
         return out
