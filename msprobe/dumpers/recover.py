@@ -150,7 +150,7 @@ def _recover_rank(store: Store, rank_prefix: str, task: Optional[str], level: Op
     doc = {"task": task, "level": level, "framework": marker.get("framework", framework),
            "dump_data_dir": local, "data": data}
     (doc_name, doc_bytes), *others = encode_documents(doc, debug=debug, stack=replay.stack_groups(),
-                                                      construct=replay.parents)
+                                                      construct=replay.parents, records_layout=False)  # spec 8.4
     store.put(f"{rank_prefix}/{doc_name}", doc_bytes)
     if "document_crc32" in marker:  # a marker of an earlier publish of this step: it now describes our document
         store.put(f"{rank_prefix}/{MARKER_FILE}", encode_marker(with_document(marker, doc_bytes)))

@@ -150,14 +150,21 @@ def encode_document(doc: dict) -> bytes:
     return dumps_records_json(doc).encode("utf-8")
 
 
-def encode_documents(doc: dict, *, debug: bool, stack: Optional[dict], construct: Optional[dict]) -> list:
+def encode_documents(doc: dict, *, debug: bool, stack: Optional[dict], construct: Optional[dict],
+                     records_layout: bool = True) -> list:
     """[(file name, bytes)] of a rank directory's documents, the one writer of the producer's
-    publish, recovery and convert: the document first (debug.json when ``debug``, without
-    stack.json and construct.json), then stack.json and construct.json, one record per line."""
-    out = [(DEBUG_JSON if debug else DUMP_JSON, encode_document(doc))]
+    publish and of recovery: the document first (debug.json when ``debug``, without stack.json
+    and construct.json), then stack.json and construct.json. ``records_layout``: one record per
+    line (the producer, spec 8.4 and 20 item 13); else ``indent=1`` (crash recovery, spec 8.4)."""
+    def encode(obj: dict) -> bytes:
+        if not records_layout:
+            return dumps_json(obj).encode("utf-8")
+        return _unwrap(dumps_records_json({"_": obj}, "_"))
+
+    out = [(DEBUG_JSON if debug else DUMP_JSON, encode_document(doc) if records_layout else encode(doc))]
     if not debug:
-        out.append((STACK_JSON, _unwrap(dumps_records_json({"_": stack or {}}, "_"))))
-        out.append((CONSTRUCT_JSON, _unwrap(dumps_records_json({"_": construct or {}}, "_"))))
+        out.append((STACK_JSON, encode(stack or {})))
+        out.append((CONSTRUCT_JSON, encode(construct or {})))
     return out
 
 

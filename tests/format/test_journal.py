@@ -52,6 +52,9 @@ def test_recover_and_reader_apply_the_spec_rules(tmp_path):
     # relu.1 found its frames through the integer stack id; gelu.0 is listed once, with its last stack
     assert stack == {"0": [["Functional.relu.1.forward"], A], "1": [["Functional.gelu.0.forward"], B]}, stack
     assert json.loads(store.get("step0/rank0/construct.json")) == dict.fromkeys(names)
+    for name in ("dump.json", "stack.json", "construct.json"):  # recovery writes indent=1 (spec 8.4)
+        raw = store.get(f"step0/rank0/{name}")
+        assert raw == json.dumps(json.loads(raw), indent=1).encode(), name
 
 
 def test_encode_decode_round_trip():
