@@ -250,3 +250,14 @@ def test_float32_mean_overflows_as_torch_sums(tmp_path):
                                                           torch.zeros(16), torch.full((16,), lo)))
     out = data["Torch.where.0.forward"]["output"][0]
     assert out["Mean"] == float("-inf") and out["Min"] == lo  # T5's mask: 26.2.0 writes -inf
+
+
+def test_a_compiled_model_is_refused_with_a_config_error(tmp_path):
+    """26.2.0 fails inside start() (TypeError: M does not support len()); ours said nothing and crashed in
+    TorchDynamo's tracing of the wrappers at the first call: now a typed error before anything runs."""
+    from msprobe.errors import ConfigError
+
+    dbg = debugger(tmp_path)
+    net = nn.Linear(4, 4)
+    with pytest.raises(ConfigError, match=r"torch.compile'd model.*_orig_mod"):
+        dbg.start(torch.compile(net))

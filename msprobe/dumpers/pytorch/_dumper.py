@@ -63,6 +63,7 @@ class TorchDumper(DumperControl):
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
         cfg = self.config
+        _refuse_compiled(model)
         self._set_token_range(model, token_range)
         if model is not None and self.L1 and cfg.level != "debug":
             self._warn_captured_apis(model)
@@ -427,6 +428,7 @@ class TorchDumper(DumperControl):
         mod.__msprobe_pgrad_hooked__ = True  # type: ignore[assignment]  # torch types Module attrs as Tensor|Module
         name = f"{key}.parameters_grad"
         dumper = weakref.ref(self)
+        wanted = [n for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
         for pname, p in mod.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
@@ -442,8 +444,12 @@ class TorchDumper(DumperControl):
                     entry = d.encoder.encode(param.grad, f"{name}.{pname}", save)
                     if not d._keep({pname: entry}, name):
                         return
-                    with d.session.lock:  # the record takes its place at the module's last gradient, as 26.2.0's
-                        rec = d.session.data.pop(name, None)
+                    with d.session.lock:
+                        rec = d.session.data.get(name)
+                        if isinstance(rec, dict) and not all(n in rec for n in wanted):
+                            # not complete yet: the record takes its place where the module's last parameter
+                            # gets its first gradient, as 26.2.0's (later accumulations keep the place)
+                            d.session.data.pop(name, None)
                     rec = dict(rec) if isinstance(rec, dict) else {}
                     rec[pname] = [entry]
                     d.session.add_record(name, rec, parent=None, construct=False)  # FORMAT §12: not listed
@@ -463,6 +469,16 @@ class TorchDumper(DumperControl):
     @staticmethod
     def _on_grad(tensor: Any, fn: Any) -> None:
         tensor.register_hook(fn)
+
+
+def _refuse_compiled(model: Any) -> None:
+    """A ``torch.compile``d model runs graphs the API wrappers and hooks cannot see into (TorchDynamo
+    traces them, and fails on the dumper's reads): refused with a ConfigError before anything runs."""
+    for m in model if isinstance(model, (list, tuple)) else [model]:
+        if type(m).__name__ == "OptimizedModule" and hasattr(m, "_orig_mod"):
+            raise ConfigError("start(model=...) got a torch.compile'd model: msprobe dumps eager execution; "
+                              "pass and call the model itself (model._orig_mod), without torch.compile, "
+                              "while dumping")
 
 
 def _is_sequence(out: Any) -> bool:
