@@ -196,7 +196,7 @@ class DumperControl:
             enc = self.encoder.encode
             arg = encode_arg or enc
             rec["input_args"] = [arg(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
-            rec["input_kwargs"] = {k: enc(v, f"{fwd}.input.{k}", save) for k, v in kwargs.items()}
+            rec["input_kwargs"] = {k: enc(v, f"{fwd}.kwargs.{k}", save) for k, v in kwargs.items()}
         return rec
 
     def _forward_output(self, rec: dict, fwd: str, out: Any) -> None:

@@ -261,3 +261,15 @@ def test_a_compiled_model_is_refused_with_a_config_error(tmp_path):
     net = nn.Linear(4, 4)
     with pytest.raises(ConfigError, match=r"torch.compile'd model.*_orig_mod"):
         dbg.start(torch.compile(net))
+
+
+def test_keyword_tensor_files_are_named_kwargs(tmp_path):
+    """26.2.0 (and spec/FORMAT.md's file names) name a keyword argument's tensor file
+    ``<record>.kwargs.<key>.pt`` (T5's attention mask, a module's ``encoder_hidden_states=``)."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"task": "tensor", "dump_path": str(tmp_path), "level": "L1"}))
+    dbg = PrecisionDebugger(config_path=str(cfg))
+    dump(tmp_path, dbg, None, lambda: F.scaled_dot_product_attention(
+        torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), attn_mask=torch.zeros(3, 3)))
+    files = os.listdir(os.path.join(tmp_path, "step0", "rank", "dump_tensor_data"))
+    assert "Functional.scaled_dot_product_attention.0.forward.kwargs.attn_mask.pt" in files, sorted(files)
