@@ -28,6 +28,7 @@ import csv
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -157,16 +158,25 @@ def _checker_errors(work: str) -> list:
 
 
 def _trim(dump_json: str, n: int) -> str:
-    """A copy of ``dump_json`` with its first ``n`` forward API records (for the real acc_check),
-    next to it (its tensor files resolve the same)."""
-    dst = os.path.join(os.path.dirname(dump_json), f"dump_first{n}.json")
+    """A rank directory beside ``dump_json``'s holding its first ``n`` forward API records (for
+    the real acc_check; its tensor files linked): the new dump.json's path."""
+    src = os.path.dirname(dump_json)
+    dst = os.path.join(os.path.dirname(src), f"first{n}", "rank")
+    os.makedirs(dst, exist_ok=True)
     with open(dump_json, encoding="utf-8") as f:
         doc = json.load(f)
     keep = [k for k in doc["data"] if not k.startswith("Module.") and k.endswith(".forward")][:n]
     doc["data"] = {k: doc["data"][k] for k in keep}
-    with open(dst, "w", encoding="utf-8") as f:
+    data = os.path.join(dst, "dump_tensor_data")  # copies: the readers refuse links
+    os.makedirs(data, exist_ok=True)
+    for name in os.listdir(os.path.join(src, "dump_tensor_data")):
+        if any(name.startswith(k + ".") for k in keep):
+            shutil.copyfile(os.path.join(src, "dump_tensor_data", name), os.path.join(data, name))
+    doc["dump_data_dir"] = data
+    out = os.path.join(dst, "dump.json")
+    with open(out, "w", encoding="utf-8") as f:
         json.dump(doc, f)
-    return dst
+    return out
 
 
 def _real_compare(target_step: str, bench_step: str, work: str, place: dict, run: str) -> dict:
@@ -219,6 +229,8 @@ def bench(out: str, models: list, kinds: list, real: bool) -> dict:
             target, ref = os.path.join(mdir, kind), os.path.join(mdir, bench_run)
             work = os.path.join(out, "work", model, kind)
             key = f"{model}/{kind}"
+            if scores.get(key, {}).get("done") == real:  # scored by an earlier run (resumed)
+                continue
             sc = dict(scores.get(key, {}), model=model, kind=kind, place=place)
             sc.update(score_compare(target, ref, place, work))
             sc.update(score_lake(mdir, kind, bench_run, place))
@@ -243,7 +255,9 @@ def bench(out: str, models: list, kinds: list, real: bool) -> dict:
                     # ours on the same trimmed dump, side by side
                     errs = _run_ut_errors(trimmed, os.path.join(work, "ut_trim"))
                     sc["run_ut_trimmed_errors"] = sorted({e.rsplit(".", 1)[0] for e in errs})
+            sc["done"] = real
             scores[key] = sc
+            _save(path, scores)
             print(json.dumps({k: sc.get(k) for k in ("model", "kind", "compare", "compare_named", "result_column",
                                                      "lake_diverge", "lake_nan", "run_ut", "real_compare",
                                                      "real_acc_check")}), file=sys.stderr)
@@ -267,9 +281,13 @@ def bench(out: str, models: list, kinds: list, real: bool) -> dict:
             run_real_checker("26.2.0", trimmed, w)
             sc["real_acc_check_clean_errors"] = sorted(set(_checker_errors(w)))
         scores[key] = sc
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(scores, f, indent=1, default=str)
+        _save(path, scores)
     return scores
+
+
+def _save(path: str, scores: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(scores, f, indent=1, default=str)
 
 
 TOOLS = [("compare", "compare (ours: where the error is introduced)"), ("compare_nan", "compare first NaN/Inf"),
