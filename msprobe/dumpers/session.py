@@ -381,8 +381,8 @@ class DumpSession:
         At the run's first claim, the steps that ``dump_path`` already holds for this rank
         directory are noted (``"clear"``: removed); at :meth:`close` those this run did not
         write are named in one warning (readers would mix them with this run)."""
-        if self._claimed == self.current_step:
-            return
+        if self._claimed == self.current_step or getattr(self.config, "online", None) is not None:
+            return  # (online_run_ut sends packets: dump_path, and its storage_options, are not written)
         if self._earlier_steps is None:
             self._earlier_steps = self._steps_held()
             if self.config.run_dir_policy == "clear" and self._earlier_steps:
