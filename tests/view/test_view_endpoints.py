@@ -336,6 +336,10 @@ REAL = os.path.join(ROOT, "tests", "fixtures", "real")
     ("ms26/L1_statistics", "ms26/L1_statistics_perturbed", "statistics"),
     ("ms26/L1_md5", "ms26/L1_md5_perturbed", "md5"),
     ("ms8/L1_statistics", "ms8/L1_statistics_perturbed", "statistics"),
+    # MindSpore dumps of the real 26.2.0 (its PyNative dialect), each against the other's statistics or itself
+    ("ms26_mindspore/L1_statistics", "ms26_mindspore/L1_md5", "statistics"),
+    ("ms26_mindspore/L1_md5", "ms26_mindspore/L1_md5", "md5"),
+    ("ms26_mindspore/L1_tensor", "ms26_mindspore/L1_tensor", "tensor"),
 ])
 def test_the_real_tools_dumps_view_as_compare_judges_them(target, bench, mode, tmp_path):
     from msprobe.compare import compare
