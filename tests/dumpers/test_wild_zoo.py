@@ -39,7 +39,7 @@ CONFIGS = {
 #: (an md5 run is a mix run whose entries also hold the CRC: it covers that model's mix records too)
 RUNS = [("llama", "L1"), ("llama", "mix"), ("gpt2", "mix"), ("bert", "mix"), ("bert", "L0"), ("t5", "mix"),
         ("mixtral", "md5"), ("resnet", "md5"), ("generate", "L1"), ("lora", "mix"), ("accum", "mix"),
-        ("bf16", "mix")]
+        ("bf16", "mix"), ("ddp", "mix")]
 
 # --- the listed differences (spec/FORMAT.md §20), counted by kind ---
 #: item 25: the APIs we wrap beyond 26.2.0's lists (the transformers MoE calls F.grouped_mm)
@@ -72,10 +72,9 @@ def run_tool(python: str, cwd, model: str, cfg: str, ours: bool) -> str:
     return os.path.join(cwd, cfg)
 
 
-def _rank_dir(root: str, step: str) -> str:
-    dirs = glob.glob(os.path.join(root, step, "*", ""))
-    assert len(dirs) == 1, dirs
-    return dirs[0]
+def _rank_dirs(root: str, step: str) -> list:
+    """The rank directories of a step, by name (``rank`` alone, or ``rank0``, ``rank1`` of a DDP run)."""
+    return sorted(glob.glob(os.path.join(root, step, "*", "")))
 
 
 def compare_runs(real_root: str, ours_root: str, model: str) -> dict:
@@ -84,52 +83,61 @@ def compare_runs(real_root: str, ours_root: str, model: str) -> dict:
     steps = sorted(os.listdir(real_root))
     assert steps == ["step0", "step1"] and sorted(os.listdir(ours_root)) == steps
     for step in steps:
-        rp, op = _rank_dir(real_root, step), _rank_dir(ours_root, step)
-        rdoc = json.load(open(os.path.join(rp, "dump.json")))
-        odoc = json.load(open(os.path.join(op, "dump.json")))
-        for k in ("task", "level", "framework"):
-            if rdoc[k] != odoc[k]:
-                fig["problems"].append(("document", k, rdoc[k], odoc[k]))
-        real = {normalize_real(n): v for n, v in rdoc["data"].items()}
-        ours = dict(odoc["data"])
-        fig["records"] += len(real)
-        kept = [n for n in ours if n not in real and n.startswith("Module.") and re.search(r"\.backward\.\d+$", n)]
-        extra = [n for n in ours if n not in real and EXTRA_API.match(n)]
-        fig["module_backward_kept"] += len(kept)
-        fig["extra_api"] += len(extra)
-        ours = {n: v for n, v in ours.items() if n not in kept and n not in extra}
-        if set(real) != set(ours):
-            fig["problems"].append((step, "names", sorted(set(real) - set(ours))[:10], sorted(set(ours) - set(real))[:10]))
-        elif list(real) != list(ours):
-            fig["problems"].append((step, "order", [(a, b) for a, b in zip(real, ours) if a != b][:5]))
-        uninit, racy = UNINIT.get(model), RACY_MD5.get(model)
-        for n in real:
-            if n not in ours:
-                continue
-            found: list = []
-            compare_values(real[n], ours[n], n, found, {"inplace": bool(_INPLACE.match(n))})
-            fig["inplace_md5"] += bool(_INPLACE.match(n)) and '"md5"' in json.dumps(real[n])
-            left = []
-            for p in found:
-                # item 12: a dtype or device passed positionally: 26.2.0 writes {}
-                if p[1] == "keys" and p[2] == [] and p[3] == ["type", "value"] and (ours_at(ours[n], p[0], n) or {}
-                                                                                        ).get("type") == "torch.device":
-                    fig["positional_object"] += 1
-                elif uninit is not None and uninit.match(p[0]):
-                    fig["uninitialised"] += 1
-                elif racy is not None and racy.match(p[0]) and _stats_equal(real[n], ours[n], p[0], n):
-                    fig["racy_md5"] += 1
-                else:
-                    left.append(p)
-            fig["problems"].extend(left)
-            fig["equal"] += not left
-            fig["values"] += len(re.findall(r'"(?:Max|Min|Mean|Norm|md5|value)"', json.dumps(real[n])))
-        rc = json.load(open(os.path.join(rp, "construct.json")))
-        oc = json.load(open(os.path.join(op, "construct.json")))
-        for child, parent in rc.items():
-            if re.search(r"\.forward(\.\d+)?$", child) and oc.get(child, "MISSING") != parent:
-                fig["problems"].append((step, "construct", child, parent, oc.get(child, "MISSING")))
+        real_dirs, our_dirs = _rank_dirs(real_root, step), _rank_dirs(ours_root, step)
+        assert [os.path.basename(d.rstrip("/")) for d in real_dirs] == [os.path.basename(d.rstrip("/"))
+                                                                        for d in our_dirs], (real_dirs, our_dirs)
+        assert len(real_dirs) == (2 if model == "ddp" else 1), real_dirs
+        for rp, op in zip(real_dirs, our_dirs):
+            _compare_rank(fig, step, rp, op, model)
     return fig
+
+
+def _compare_rank(fig: dict, step: str, rp: str, op: str, model: str) -> None:
+    """One rank directory of one step: real (``rp``) against ours (``op``), into ``fig``."""
+    rdoc = json.load(open(os.path.join(rp, "dump.json")))
+    odoc = json.load(open(os.path.join(op, "dump.json")))
+    for k in ("task", "level", "framework"):
+        if rdoc[k] != odoc[k]:
+            fig["problems"].append(("document", k, rdoc[k], odoc[k]))
+    real = {normalize_real(n): v for n, v in rdoc["data"].items()}
+    ours = dict(odoc["data"])
+    fig["records"] += len(real)
+    kept = [n for n in ours if n not in real and n.startswith("Module.") and re.search(r"\.backward\.\d+$", n)]
+    extra = [n for n in ours if n not in real and EXTRA_API.match(n)]
+    fig["module_backward_kept"] += len(kept)
+    fig["extra_api"] += len(extra)
+    ours = {n: v for n, v in ours.items() if n not in kept and n not in extra}
+    if set(real) != set(ours):
+        fig["problems"].append((step, "names", sorted(set(real) - set(ours))[:10], sorted(set(ours) - set(real))[:10]))
+    elif list(real) != list(ours):
+        fig["problems"].append((step, "order", [(a, b) for a, b in zip(real, ours) if a != b][:5]))
+    uninit, racy = UNINIT.get(model), RACY_MD5.get(model)
+    for n in real:
+        if n not in ours:
+            continue
+        found: list = []
+        compare_values(real[n], ours[n], n, found, {"inplace": bool(_INPLACE.match(n))})
+        fig["inplace_md5"] += bool(_INPLACE.match(n)) and '"md5"' in json.dumps(real[n])
+        left = []
+        for p in found:
+            # item 12: a dtype or device passed positionally: 26.2.0 writes {}
+            if p[1] == "keys" and p[2] == [] and p[3] == ["type", "value"] and (ours_at(ours[n], p[0], n) or {}
+                                                                                    ).get("type") == "torch.device":
+                fig["positional_object"] += 1
+            elif uninit is not None and uninit.match(p[0]):
+                fig["uninitialised"] += 1
+            elif racy is not None and racy.match(p[0]) and _stats_equal(real[n], ours[n], p[0], n):
+                fig["racy_md5"] += 1
+            else:
+                left.append(p)
+        fig["problems"].extend(left)
+        fig["equal"] += not left
+        fig["values"] += len(re.findall(r'"(?:Max|Min|Mean|Norm|md5|value)"', json.dumps(real[n])))
+    rc = json.load(open(os.path.join(rp, "construct.json")))
+    oc = json.load(open(os.path.join(op, "construct.json")))
+    for child, parent in rc.items():
+        if re.search(r"\.forward(\.\d+)?$", child) and oc.get(child, "MISSING") != parent:
+            fig["problems"].append((step, "construct", child, parent, oc.get(child, "MISSING")))
 
 
 def _stats_equal(real_rec, our_rec, path: str, name: str) -> bool:
