@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -64,6 +65,7 @@ class TorchDumper(DumperControl):
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
         cfg = self.config
         _refuse_compiled(model)
+        _warn_fsdp2(model, self._captured_checked)
         self._set_token_range(model, token_range)
         if model is not None and self.L1 and cfg.level != "debug":
             self._warn_captured_apis(model)
@@ -479,6 +481,26 @@ def _refuse_compiled(model: Any) -> None:
             raise ConfigError("start(model=...) got a torch.compile'd model: msprobe dumps eager execution; "
                               "pass and call the model itself (model._orig_mod), without torch.compile, "
                               "while dumping")
+
+
+def _warn_fsdp2(model: Any, seen: set) -> None:
+    """FSDP2 (``fully_shard``) is not what 26.2.0 or we dump faithfully: said once per model, never a
+    silent partial dump (spec/PRODUCER.md §20 item 42)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return
+    for m in model if isinstance(model, (list, tuple)) else [model]:
+        key = ("fsdp2", id(m))
+        if not isinstance(m, torch.nn.Module) or key in seen:
+            continue
+        seen.add(key)
+        if any(isinstance(sub, FSDPModule) for sub in m.modules()):
+            warnings.warn("msprobe: start(model=...) got FSDP2 (fully_shard) modules: their parameters are written "
+                          "as the gathered full tensors (as 26.2.0 does), but their parameters_grad records hold "
+                          "this rank's unreduced gradients under another name, and FSDP2's own split/view_as calls "
+                          "around its all-gather are recorded (spec/PRODUCER.md section 20 item 42)",
+                          RuntimeWarning, stacklevel=3)
 
 
 def _is_sequence(out: Any) -> bool:

@@ -61,6 +61,24 @@ def _runs(t: torch.Tensor) -> Optional[tuple]:
     return (run, tuple(sz for _, sz in dims[:i + 1]), tuple(st for st, _ in dims[:i + 1]))
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor`` (FSDP2's sharded parameters, tensor parallelism) as its full value, gathered from its
+    mesh: the statistics are the whole tensor's, as 26.2.0's reductions over it give (every rank reaches
+    the same record, so the gather is a collective they all make); any other tensor as it is."""
+    if type(t).__name__ == "DTensor" and hasattr(t, "full_tensor"):
+        return t.full_tensor()
+    return t
+
+
+def _no_storage(t: torch.Tensor) -> bool:
+    """Elements but no memory to read them from: a storage freed by ``resize_(0)`` (FSDP's resharded
+    parameters) or a wrapper subclass without data; its statistics are null, never read."""
+    try:
+        return t.untyped_storage().nbytes() < (t.storage_offset() + 1) * t.element_size()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return True
+
+
 def _stat_handle(t: torch.Tensor) -> tuple:
     """Start computing the statistics of ``t`` (no host sync); returns a handle for fetch_stats.
 
@@ -69,7 +87,7 @@ def _stat_handle(t: torch.Tensor) -> tuple:
     one fused Triton reduction when Triton is there; anything else takes the torch reductions below
     (the reference path, also taken with ``MSPROBE_LAKE_NATIVE=0``)."""
     n = t.numel()
-    if n == 0:
+    if n == 0 or (t.device.type != "meta" and _no_storage(t)):
         return (_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
     fast = _FAST if _FAST is not False else _fast()
     if fast is not None and t.is_cpu and t.dim():
@@ -341,7 +359,7 @@ class Encoder(ValueEncoder):
         entry: dict = {"type": "torch.Tensor", "dtype": dtype, "shape": list(t.shape)}
         mode = self.summary_mode
         try:
-            data = t.detach()
+            data = _dense(t.detach())
             if mode == "xor":
                 entry["md5"] = self._xor(data)
             else:
