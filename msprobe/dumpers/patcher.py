@@ -13,6 +13,11 @@ from typing import Any, Callable, Optional
 
 __all__ = ["ApiPatcher"]
 
+#: id(guard) -> the patcher whose wrappers are installed now, per framework (its guard): a newer
+#: install takes the APIs over from one never uninstalled (a dumper dropped without close()), whose
+#: wrappers would otherwise stay in place and keep every later dumper from seeing a call
+_ACTIVE: dict = {}
+
 
 class ApiPatcher:
     """``namespaces()`` -> {yaml key: (record prefix, [objects whose attributes are wrapped])}."""
@@ -33,6 +38,10 @@ class ApiPatcher:
         """``handler(orig, api_key, args, kwargs)`` is called for each wrapped API call."""
         if self._saved:
             return
+        previous = _ACTIVE.get(id(self.guard))
+        if previous is not None and previous is not self:
+            previous.uninstall()
+        _ACTIVE[id(self.guard)] = self
         self._handler = handler
         for key, (prefix, targets) in self.namespaces().items():
             for name in self.api_list.get(key, []):
@@ -118,6 +127,8 @@ class ApiPatcher:
             self._wrap(target, name, getattr(target, name), key, self._handler)
 
     def uninstall(self) -> None:
+        if _ACTIVE.get(id(self.guard)) is self:
+            del _ACTIVE[id(self.guard)]
         for target, name, orig, owned in reversed(self._saved):
             try:
                 if owned:

@@ -53,3 +53,21 @@ def test_wrap_call_and_restore():
     assert inspect.getattr_static(Box, "make") is orig_make
     assert Box.__dict__["double"] is orig_double
     assert not patcher.installed
+
+
+def test_a_newer_install_takes_over_from_a_patcher_never_uninstalled():
+    """A dumper dropped without close() left its wrappers in place: the next dumper's install saw them
+    as already wrapped and skipped them, so it never saw a call (its step 'recorded nothing')."""
+    mod = types.SimpleNamespace(triple=lambda x: 3 * x)
+    orig_triple = mod.triple
+    guard = threading.local()
+    spec = ({"mod": ["triple"]}, lambda: {"mod": ("Functional", [mod])}, guard)
+    old, new = ApiPatcher(*spec), ApiPatcher(*spec)
+    seen: list = []
+    old.install(lambda orig, key, a, k: seen.append(("old", key)) or orig(*a, **k))
+    new.install(lambda orig, key, a, k: seen.append(("new", key)) or orig(*a, **k))
+    assert mod.triple(2) == 6 and seen == [("new", "Functional.triple")]
+    old.uninstall()  # the dropped one, closed late: the newer wrappers stay
+    assert mod.triple(1) == 3 and seen[-1] == ("new", "Functional.triple")
+    new.uninstall()
+    assert mod.triple is orig_triple
