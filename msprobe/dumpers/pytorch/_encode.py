@@ -71,8 +71,9 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def _no_storage(t: torch.Tensor) -> bool:
-    """Elements but no memory to read them from: a storage freed by ``resize_(0)`` (FSDP's resharded
-    parameters) or a wrapper subclass without data; its statistics are null, never read."""
+    """A CPU tensor with elements but no memory to read them from: a storage freed by ``resize_(0)``
+    (FSDP's resharded parameters) or a wrapper subclass without data; its statistics are null, never read.
+    (Other devices take torch's reductions, which refuse such a tensor with a RuntimeError.)"""
     try:
         return t.untyped_storage().nbytes() < (t.storage_offset() + 1) * t.element_size()
     except (RuntimeError, NotImplementedError, TypeError):
@@ -87,7 +88,7 @@ def _stat_handle(t: torch.Tensor) -> tuple:
     one fused Triton reduction when Triton is there; anything else takes the torch reductions below
     (the reference path, also taken with ``MSPROBE_LAKE_NATIVE=0``)."""
     n = t.numel()
-    if n == 0 or (t.device.type != "meta" and _no_storage(t)):
+    if n == 0 or (t.is_cpu and _no_storage(t)):  # (the memory the C kernels below would read)
         return (_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
     fast = _FAST if _FAST is not False else _fast()
     if fast is not None and t.is_cpu and t.dim():
