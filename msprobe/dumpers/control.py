@@ -16,7 +16,7 @@ import re
 import sys
 import types
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from msprobe.dumpers.session import DumpSession
 from msprobe.errors import ConfigError
@@ -459,13 +459,14 @@ class DumperControl:
     def _fix_dangling_parents(self) -> None:
         """A module whose backward never completed leaves no record: its children go to the
         nearest recorded ancestor."""
-        data, construct = self.session.data, self.session.construct
-        for child, parent in list(construct.items()):
+        def fix(parent: Optional[str], known: Callable[[Optional[str]], bool]) -> Optional[str]:
             seen = 0
-            while parent is not None and parent not in data and parent not in construct and seen < 64:
+            while parent is not None and not known(parent) and seen < 64:
                 parent = self._bw_parent(self._parent_of.get(parent.replace(".backward.", ".forward.")))
                 seen += 1
-            construct[child] = parent if parent in data or parent in construct else None
+            return parent if known(parent) else None
+
+        self.session.rewrite_parents(fix)
 
 
 def _nest(variable: Any, grads: dict, path: tuple = ()) -> Any:

@@ -16,6 +16,7 @@ import shutil
 import threading
 import time
 import warnings
+import weakref
 from collections import defaultdict, deque
 from typing import Any, Callable, Optional
 
@@ -293,6 +294,11 @@ class DumpSession:
         self.api_counts.clear()
         self.module_counts.clear()
 
+    def set_step(self, step: int) -> None:
+        """Number the current step ``step`` (``set_init_step``, the sessions of a split dump)."""
+        with self.lock:
+            self.current_step = step
+
     # ---------------------------------------------------------------- storage
     @property
     def store(self) -> Store:
@@ -349,7 +355,7 @@ class DumpSession:
         """A tensor file could not be written (writer thread): a full disk stops tensor writes."""
         if is_disk_full(exc):
             self.tensors_off = True
-        self._note_error("tensor", exc, key=key)
+        self.note_error("tensor", exc, key=key)
 
     @property
     def objects_not_written(self) -> int:
@@ -414,7 +420,7 @@ class DumpSession:
                      if m]
             return {n for n in steps if rank_dir in {x.rstrip("/") for x in store.list_dir(f"step{n}")}}
         except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
-            self._note_error("listing", exc)
+            self.note_error("listing", exc)
             return set()
 
     def _clear_steps(self, steps: set) -> None:
@@ -432,7 +438,7 @@ class DumpSession:
                 for key in store.list_prefix(prefix):
                     store.delete(key)
             except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
-                self._note_error("clearing", exc, key=prefix)
+                self.note_error("clearing", exc, key=prefix)
         log.info("msprobe: run_dir_policy 'clear': removed %s of step(s) %s of an earlier run from %s",
                  self.rank_dir, step_ranges(sorted(steps)), self.store.url)
 
@@ -507,6 +513,46 @@ class DumpSession:
                     not getattr(self._held_here, "on", False):
                 self.flush_journal()
 
+    def record(self, name: str) -> Any:
+        """The record ``name`` of the current step so far (None when there is none)."""
+        with self.lock:
+            return self.data.get(name)
+
+    def remove_record(self, name: str) -> None:
+        """Drop the record ``name`` of the current step (it is added again at its new place)."""
+        with self.lock:
+            self.data.pop(name, None)
+
+    def ensure_structure(self, name: str, parent: Optional[str] = None) -> None:
+        """``name`` in construct.json (under ``parent``) unless it is there already."""
+        with self.lock:
+            self.construct.setdefault(name, parent)
+
+    def rewrite_parents(self, fix: Callable[[Optional[str], Callable[[Optional[str]], bool]], Optional[str]]) -> None:
+        """Each parent of construct.json replaced by ``fix(parent, known)``, where ``known(name)``
+        says whether ``name`` is a record or in construct.json."""
+        with self.lock:
+            data, construct = self.data, self.construct
+
+            def known(name: Optional[str]) -> bool:
+                return name in data or name in construct
+
+            for child, parent in list(construct.items()):
+                construct[child] = fix(parent, known)
+
+    def same_memory(self, key: tuple, owner: Any, version: int) -> Optional[str]:
+        """Tensor store: the data name of the tensor saved earlier in this step from the memory
+        ``key`` of ``owner`` at ``version`` (None when there is none)."""
+        hit = self._same_memory.get(key)
+        return hit[2] if hit is not None and hit[0]() is owner and hit[1] == version else None
+
+    def remember_memory(self, key: tuple, owner: Any, version: int, data_name: str) -> None:
+        """Tensor store: ``data_name`` was saved from the memory ``key`` of ``owner`` at ``version``."""
+        try:
+            self._same_memory[key] = (weakref.ref(owner), version, data_name)
+        except TypeError:  # an owner without weak references: never aliased
+            pass
+
     @contextlib.contextmanager
     def journal_held(self):
         """Records added by this thread inside the block are queued, not flushed: a callback
@@ -535,7 +581,7 @@ class DumpSession:
                 try:
                     self._open_journal()
                 except Exception as exc:  # noqa: BLE001 - the journal is a safety net
-                    self._note_error("journal", exc)
+                    self.note_error("journal", exc)
             self._inflight[data_name] = []
         try:
             writer.submit(f"{self.rank_prefix}/{TENSOR_DIR}/{fname}", produce, nbytes=nbytes,
@@ -660,7 +706,7 @@ class DumpSession:
                 self._window_timer.start()
         except Exception as exc:  # noqa: BLE001 - the journal is a safety net: never crash training for it
             self._unflushed = 0
-            self._note_error("journal", exc)
+            self.note_error("journal", exc)
 
     def _open_journal(self):
         if self._journal is None:
@@ -681,7 +727,7 @@ class DumpSession:
             if self._journal is not None and policy.call(lambda: self.store.exists(key)):
                 _RetryingPut(self.store, self.policy()).put(key, mark_final(policy.call(lambda: self.store.get(key))))
         except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
-            self._note_error("marker", exc)
+            self.note_error("marker", exc)
 
     def _drop_final_marker(self) -> None:
         """A new journal in a rank dir whose marker says ``final`` (an earlier run): remove that
@@ -693,7 +739,7 @@ class DumpSession:
         except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
             pass
 
-    def _note_error(self, what: str, exc: BaseException, *, key: Optional[str] = None) -> None:
+    def note_error(self, what: str, exc: BaseException, *, key: Optional[str] = None) -> None:
         """One object (or batch) not written: counted, said once on stderr, logged locally."""
         f = self.failures
         where = f"{self.store.url.rstrip('/')}/{key}" if key else f"{self.store.url} ({what})"
@@ -796,7 +842,7 @@ class DumpSession:
                 except Exception as exc:  # noqa: BLE001 - never crash training for the dump
                     failed = exc
                     self._locations = self._tstore.locations()
-                    self._note_error("tensor_store", exc)
+                    self.note_error("tensor_store", exc)
             if self.tensors_off and self._journal is not None:  # the disk is full: the journal's room
                 self._journal.release_reserve()  # goes to the documents (the journal is flushed)
             debug = self.config.level == "debug"
@@ -821,7 +867,7 @@ class DumpSession:
                     self._write_index(prefix, doc)
             except Exception as exc:  # noqa: BLE001 - never crash training for the dump
                 docs_failed = failed = exc
-                self._note_error("publish", exc)
+                self.note_error("publish", exc)
             else:
                 docs_failed = None
                 self._copy_error_log(prefix)
@@ -841,14 +887,14 @@ class DumpSession:
         try:
             from msprobe.index import write_rank_index
         except ImportError as exc:
-            self._note_error("index", exc)
+            self.note_error("index", exc)
             return
         try:
             write_rank_index(self.store, prefix, doc, step=self.current_step, rank=self.rank,
                              stack=self.stacks.to_json(self.render_stack), construct=self.construct,
                              locations=self._locations or None)
         except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
-            self._note_error("index", exc)
+            self.note_error("index", exc)
 
     def _dump_data_dir(self) -> Optional[str]:
         if self.config.task != "tensor" and not self._files:

@@ -38,7 +38,7 @@ class PrecisionDebugger(_BaseDebugger):
         super().set_init_step(step)
         split = cls._get().dumper._split_session
         if split is not None:
-            split.current_step = step
+            split.set_step(step)
 
 
 class MsprobeStep(Callback):

@@ -142,7 +142,7 @@ class MindSporeDumper(DumperControl):
             return
         self.session.claim()
         if self._split_session is not None:
-            self._split_session.current_step = self.session.current_step
+            self._split_session.set_step(self.session.current_step)
             self._split_session.claim()
         if self.L1:
             self.patcher.install(self._on_api)
@@ -403,7 +403,7 @@ class MindSporeDumper(DumperControl):
                 if not (want_in if side == "input" else want_out):
                     return None
                 save = d.encoder.wants_tensors(bwd)
-                rec = d.session.data.get(bwd)
+                rec = d.session.record(bwd)
                 rec = dict(rec) if isinstance(rec, dict) else {}
                 entries = [d.encoder.encode(g, f"{bwd}.{side}.{i}", save) for i, g in enumerate(captured)]
                 new = {"input": rec.get("input", []), "output": rec.get("output", [])}
@@ -537,7 +537,7 @@ class MindSporeDumper(DumperControl):
         cfg = dataclasses.replace(self.config, dump_path=_join(self.config.dump_path, sub))
         session = DumpSession(cfg, "mindspore", fetch_stats=fetch_stats, render_stack=render_stack,
                               get_rank=_get_rank)
-        session.current_step = self.session.current_step
+        session.set_step(self.session.current_step)
         return session
 
     def _hook_cell(self, cell: nn.Cell, key: str) -> None:

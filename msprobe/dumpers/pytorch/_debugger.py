@@ -92,7 +92,7 @@ class PrecisionDebugger:
     def set_init_step(cls, step: int) -> None:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"invalid init step {step!r}; valid: an integer >= 0")
-        cls._get().dumper.session.current_step = step
+        cls._get().dumper.session.set_step(step)
 
     @classmethod
     def register_custom_api(cls, module: Any, api_name: str, api_prefix: Optional[str] = None) -> None:

@@ -328,7 +328,7 @@ class TorchDumper(DumperControl):
             d = dumper()
             if d is not None and d.enabled:
                 d.module_stack.append("optimizer")
-                d.session.construct.setdefault("optimizer", None)
+                d.session.ensure_structure("optimizer")
 
         def post(opt, args, kwargs):
             d = dumper()
@@ -446,12 +446,11 @@ class TorchDumper(DumperControl):
                     entry = d.encoder.encode(param.grad, f"{name}.{pname}", save)
                     if not d._keep({pname: entry}, name):
                         return
-                    with d.session.lock:
-                        rec = d.session.data.get(name)
-                        if isinstance(rec, dict) and not all(n in rec for n in wanted):
-                            # not complete yet: the record takes its place where the module's last parameter
-                            # gets its first gradient, as 26.2.0's (later accumulations keep the place)
-                            d.session.data.pop(name, None)
+                    rec = d.session.record(name)
+                    if isinstance(rec, dict) and not all(n in rec for n in wanted):
+                        # not complete yet: the record takes its place where the module's last parameter
+                        # gets its first gradient, as 26.2.0's (later accumulations keep the place)
+                        d.session.remove_record(name)
                     rec = dict(rec) if isinstance(rec, dict) else {}
                     rec[pname] = [entry]
                     d.session.add_record(name, rec, parent=None, construct=False)  # FORMAT §12: not listed

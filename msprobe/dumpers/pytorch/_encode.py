@@ -298,16 +298,16 @@ class Encoder(ValueEncoder):
                 raise MsprobeError(f"layout {t.layout} is not supported by the tensor store")
             storage_dtype(logical)
         except MsprobeError as exc:
-            session._note_error("tensor_store", MsprobeError(f"{name}: {exc}"))
+            session.note_error("tensor_store", MsprobeError(f"{name}: {exc}"))
             return False
         key = owner = None
         try:
             owner = t._base if t._base is not None else t
             layout = (t.numel(),) if t.is_contiguous() else (tuple(t.shape), tuple(t.stride()))
             key = (id(owner), t.storage_offset(), layout, t.dtype, t.device, t.is_conj(), t.is_neg())
-            hit = session._same_memory.get(key)
-            if hit is not None and hit[0]() is owner and hit[1] == t._version:
-                session.save_payload(name, logical, tuple(t.shape), _no_bytes, 0, same_as=hit[2])
+            same_as = session.same_memory(key, owner, t._version)
+            if same_as is not None:
+                session.save_payload(name, logical, tuple(t.shape), _no_bytes, 0, same_as=same_as)
                 return True
         except (RuntimeError, TypeError):  # sparse, meta, ...: no memory identity
             key = None
@@ -316,10 +316,7 @@ class Encoder(ValueEncoder):
         c = c.resolve_conj().resolve_neg().contiguous()
         session.save_payload(name, logical, tuple(c.shape), lambda c=c: _raw_bytes(c), c.numel() * c.element_size())
         if key is not None:
-            try:
-                session._same_memory[key] = (weakref.ref(owner), t._version, name)
-            except TypeError:
-                pass
+            session.remember_memory(key, owner, t._version, name)
         return True
 
     def framework_value(self, value: Any) -> Any:
