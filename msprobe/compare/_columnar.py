@@ -1,674 +1,756 @@
-"""The columnar compare of one rank pair (statistics and md5 modes): the same rows, bytes and
-summary as the row-by-row builder of :mod:`msprobe.compare._core`, at column speed.
+"""The compare engine: one rank pair's rows, summary and CSV, built a column at a time.
 
-1. **Flatten** (one Python pass over the record pairs): every target leaf and every bench leaf
-   it meets becomes an entry of flat columns (names, dtype, shape, requires_grad, the four
-   statistics as dumped, md5), and each output row is a pair of indices into them (``-1``: the
-   other side has no leaf). Bench leaves are flattened once per bench record.
-2. **Metrics** (numpy, over all matched rows at once): the four diffs and relative errors of
-   :func:`msprobe.compare._rows._diff`, with the same IEEE operations in the same order, so the
-   printed ``repr`` of each value is the same; the few rows whose values are not numbers
-   (``None``, bools, strings) take the scalar function.
-3. **Verdict** (numpy, grouped by record): 26.2.0's rules of :mod:`msprobe.compare._verdict`
-   as masks and per-record maxima; a row's Err_message is the JSON list of the rules that fired.
+1. **Plan** (:func:`plan_rows`, one Python pass over the record pairs): every target leaf and
+   every bench leaf it meets becomes an entry of flat leaf columns (:class:`Leaves`: names, dtype,
+   shape, requires_grad, the four statistics as dumped, md5, data_name), and each output row is a
+   pair of indices into them (``-1``: the other side has no leaf). Bench leaves are flattened
+   once per bench record.
+2. **Metrics** (one kernel per mode, numpy over all matched rows at once): statistics' four diffs
+   and relative errors (:func:`msprobe.compare._rows.diff_cells`' IEEE operations in the same
+   order, so the printed ``repr`` of each value is the same; the few rows whose values are not
+   numbers take the scalar function); md5's CRC-32 columns; tensor mode's six metrics
+   (:func:`msprobe.compare._rows.tensor_metrics` of the two loaded tensors of each matched row)
+   as one more column, beside the statistics.
+3. **Verdict**: 26.2.0's rules, one table evaluated over the columns
+   (:func:`msprobe.compare._verdict.judge`).
 4. **NaN/Inf and marks**: only the leaves whose statistics are not finite go through
    :class:`msprobe.format.nonfinite.NonFiniteTracker`, replayed with the tracker state the
    row-by-row order would have given it.
-5. **Write**: column by column (quoting only the columns that need it), then joined in rows.
+5. **Write** (:mod:`msprobe.compare._write`): column by column, then joined in rows.
 
-The row-by-row builder stays the reference (``engine="rows"``) and serves tensor mode, whose
-cost is loading the tensors; ``tests/compare/test_compare_columnar.py`` holds the two to the
-same bytes.
+The rows go block by block (:data:`BLOCK_RECORDS` records): each block's columns are built,
+written and folded into the pair's :class:`~msprobe.compare._summary.PairSummary` before the
+next. ``tests/compare/row_oracle.py`` builds the same rows one at a time (the reference this
+engine is held to, byte for byte, by ``tests/compare/test_compare_columnar.py``).
 """
 from __future__ import annotations
 
 import json
 import operator
+from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Optional
 
 from msprobe.compare._plot import TOP_N, PlotMarks
-from msprobe.compare._rows import COLUMNS, _diff, leaf_side, record_leaves
-from msprobe.compare._verdict import (
-    ALL_IGNORE,
-    INPUT_IGNORE,
-    MSG_CRC,
-    MSG_CRC_UNMATCHED,
-    MSG_DTYPE,
-    MSG_INF_NAN,
-    MSG_NORM_10X,
-    MSG_NORM_OUT,
-    MSG_REQ_GRAD,
-    MSG_SCALAR,
-    MSG_SHAPE,
-    NORM_IN_LIMIT,
-    NORM_OUT_LIMIT,
-    NORM_RATIO,
-    NORM_ZERO_IN_OUT,
-)
+from msprobe.compare._rows import COLUMNS, diff_cells, leaf_side, record_leaves, tensor_metrics
+from msprobe.compare._summary import NonFiniteFirsts, PairSummary
+from msprobe.compare._verdict import ignore_class, judge
+from msprobe.compare._write import write_columns
+from msprobe.errors import TensorLoadError
+from msprobe.readers._tensor import load_tensor_file
 
-__all__ = ["columnar_pair", "MODES"]
+__all__ = ["columnar_pair", "PairContext", "bench_counterpart", "load_side", "BLOCK_RECORDS", "METRIC_COUNT"]
 
-#: the modes the columnar path builds (tensor mode loads tensors row by row)
-MODES = ("statistics", "md5")
 _NA = "N/A"
-_N_METRICS = {"statistics": 8, "md5": 2}
-#: rule bits, in 26.2.0's order (Err_message lists the messages in this order)
-_RULE_MSGS = {"statistics": [MSG_INF_NAN, MSG_NORM_OUT, MSG_REQ_GRAD, MSG_SCALAR, MSG_DTYPE, MSG_SHAPE,
-                             MSG_NORM_10X],
-              "md5": [MSG_CRC, MSG_CRC_UNMATCHED]}
-_WARNING_BITS = {"statistics": 1 << 6, "md5": 1 << 1}
+#: metric columns per mode (after the 8 head columns)
+METRIC_COUNT = {"statistics": 8, "md5": 2, "tensor": 6}
+#: records per block: a block's columns are built, written and dropped before the next one's
+#: (bounds the memory of a 100,000-record pair)
+BLOCK_RECORDS = 2000
+#: the statistics of a leaf, as the dump names them
+_STATISTICS = ("Max", "Min", "Mean", "Norm")
 
 
-class _Leaves:
-    """Flat columns of the leaves of one side: ``leaf`` is filled by the flattening pass, the
-    columns by :meth:`finish` (what :func:`leaf_side` reads, a whole column at a time)."""
+@dataclass
+class PairContext:
+    """Everything one rank pair's rows are built from: passed explicitly (and inherited by forked
+    chunk processes), never kept at module level, so concurrent compares share nothing.
+    ``pairs``: [(target record, matched bench record or None)]; ``rest``: bench-only records."""
 
-    __slots__ = ("dtype", "shape", "rg", "mx", "mn", "mean", "norm", "md5", "tensor", "leaf", "floats")
+    target_data: Any
+    bench_data: Any
+    pairs: list
+    rest: list
+    target_source: Any
+    bench_source: Any
+    mode: str
+    stack: bool = True
+    mapping: Optional[dict] = None
+    threshold: Optional[float] = None
+    progress: Any = None
+
+
+def load_side(source: Any, side: Any, record: str) -> Any:
+    """The tensor of one leaf (:class:`msprobe.compare._rows.Side`) as a numpy array, or None."""
+    if side.data_name is None or not side.tensor:
+        return None
+    try:
+        shape = tuple(int(extent) for extent in json.loads(side.shape))
+    except (ValueError, TypeError, OverflowError):
+        shape = ()
+    try:
+        return load_tensor_file(source.store, source.tensor_key(side.data_name), record=record, dtype=side.dtype,
+                                shape=shape, framework="numpy")
+    except TensorLoadError:
+        return None
+
+
+def _mapped(row_name: str, mapping: dict) -> Optional[tuple]:
+    """(bench record, leaf suffix) that a data-mapping file names for the target row ``row_name``."""
+    to = mapping.get(row_name)
+    if to is None:
+        return None
+    for separator in (".input.", ".output.", ".parameters.", ".kwargs.", ".parameters_grad."):
+        at = to.rfind(separator)
+        if at > 0:
+            if separator == ".parameters_grad.":
+                return to[: at + len(".parameters_grad")], to[at + len(".parameters_grad."):]
+            return to[:at], to[at + 1:]
+    return None
+
+
+def bench_counterpart(row_name: str, suffix: str, mapping: dict, bench_data: dict, leaves_of: Any,
+                      bench_record: Optional[str], left: dict) -> tuple:
+    """(bench row name, what ``leaves_of(record)`` holds for its leaf) of the target row ``row_name``
+    (leaf ``suffix``), or (None, None): the row a data-mapping file names, else the same leaf of the
+    matched bench record ``bench_record``, taken from ``left`` (its leaves not yet paired)."""
+    if mapping and row_name in mapping:
+        got = _mapped(row_name, mapping)
+        if got is not None and got[0] in bench_data and got[1] in leaves_of(got[0]):
+            if got[0] == bench_record:
+                left.pop(got[1], None)
+            return mapping[row_name], leaves_of(got[0])[got[1]]
+    elif bench_record is not None and suffix in left:
+        return (f"{bench_record}.{suffix}" if suffix else bench_record), left.pop(suffix)
+    return None, None
+
+
+# ---------------------------------------------------------------- 1. the plan
+
+class Leaves:
+    """Flat columns of the leaves of one side: ``leaf`` is filled by the plan, the columns by
+    :meth:`finish` (what :func:`leaf_side` reads, a whole column at a time)."""
+
+    __slots__ = ("dtype", "shape", "requires_grad", "statistics", "md5", "data_name", "tensor", "leaf", "floats")
 
     def __init__(self) -> None:
         self.leaf: list = []
-        self.floats: dict = {}  # id of a statistics column -> its _floats
+        self.floats: dict = {}  # statistic name -> its number_columns
 
-    def finish(self, with_md5: bool) -> None:
-        from itertools import repeat
-
+    def finish(self, mode: str) -> None:
         leaves = self.leaf
         tensor = [leaf.__class__ is dict and "dtype" in leaf and "shape" in leaf for leaf in leaves]
         views = leaves
         if not all(tensor):  # the other leaves (scalars, None, tensors without dtype/shape) as leaf_side reads them
             views = list(leaves)
-            for i in [i for i, t in enumerate(tensor) if not t]:
-                sd = leaf_side(leaves[i])
-                views[i] = {"dtype": sd.dtype, "shape": sd.shape, "requires_grad": None if sd.rg == _NA else sd.rg,
-                            "Max": sd.stats[0], "Min": sd.stats[1], "Mean": sd.stats[2], "Norm": sd.stats[3],
-                            "md5": sd.md5}
-                tensor[i] = sd.tensor
+            for position in [position for position, is_tensor in enumerate(tensor) if not is_tensor]:
+                side = leaf_side(leaves[position])
+                views[position] = {"dtype": side.dtype, "shape": side.shape,
+                                   "requires_grad": None if side.rg == _NA else side.rg,
+                                   **dict(zip(_STATISTICS, side.stats)), "md5": side.md5,
+                                   "data_name": side.data_name}
+                tensor[position] = side.tensor
         get = dict.get
         self.tensor = tensor
         self.dtype = list(map(str, map(get, views, repeat("dtype"))))
         self.shape = list(map(str, map(get, views, repeat("shape"))))
-        self.rg = [_NA if v is None else str(v) for v in map(get, views, repeat("requires_grad"))]
-        self.mx = list(map(get, views, repeat("Max")))
-        self.mn = list(map(get, views, repeat("Min")))
-        self.mean = list(map(get, views, repeat("Mean")))
-        self.norm = list(map(get, views, repeat("Norm")))
-        self.md5 = ([v if v.__class__ is str else (_NA if v is None else str(v)) for v in map(get, views, repeat("md5"))]
-                    if with_md5 else [])
+        self.requires_grad = [_NA if value is None else str(value) for value in map(get, views, repeat("requires_grad"))]
+        self.statistics = {name: list(map(get, views, repeat(name))) for name in _STATISTICS}
+        self.md5 = ([value if value.__class__ is str else (_NA if value is None else str(value))
+                     for value in map(get, views, repeat("md5"))] if mode == "md5" else [])
+        self.data_name = ([value if value.__class__ is str and value else "-1"
+                           for value in map(get, views, repeat("data_name"))] if mode == "tensor" else [])
+
+    def numbers(self, statistic: str) -> tuple:
+        """:func:`number_columns` of one statistic, computed once."""
+        got = self.floats.get(statistic)
+        if got is None:
+            got = self.floats[statistic] = number_columns(self.statistics[statistic])
+        return got
+
+    def nonfinite(self) -> list:
+        """Per leaf, whether one of its statistics is a float NaN/+-inf."""
+        if not self.leaf:
+            return []
+        masks = [_nonfinite_float(self.numbers(name)) for name in _STATISTICS]
+        return (masks[0] | masks[1] | masks[2] | masks[3]).tolist()
 
 
-#: type codes of :func:`_floats`: 0 float, 1 int, 3 str, 2 anything else (bool, None...)
+class Plan:
+    """The output rows of some record pairs as index columns, built in one pass over the pairs."""
+
+    def __init__(self) -> None:
+        self.target = Leaves()
+        self.bench = Leaves()
+        self.row_target: list = []        # target leaf index per row, -1 for bench-only rows
+        self.row_bench: list = []         # bench leaf index per row, -1 for unmatched target rows
+        self.row_name: list = []          # NPU Name
+        self.row_bench_name: list = []    # Bench Name
+        self.row_stack: list = []         # NPU_Stack_Info
+        self.row_group: list = []         # record group (one per judged record) per row
+        self.group_ignore: list = []      # per group: its ignore class (0, 1, 2)
+        self.group_index: list = []       # per group: target record index or None
+        self.group_name: list = []        # per group: the record's name
+        self.group_bench: list = []       # per group: its bench record or None
+        # NaN/Inf replay: (leaf index, io, suffix, record, row name, record index, tracker epoch, epoch record)
+        self.target_seen: list = []
+        self.bench_seen: list = []
+
+
+def _ignore(name: Optional[str]) -> int:
+    parts = name.split(".") if name is not None else ()
+    return ignore_class(parts[1]) if len(parts) >= 2 else 0
+
+
+class _Planner:
+    """Adds the rows of record pairs to a :class:`Plan` (one per block)."""
+
+    def __init__(self, context: PairContext, plan: Plan) -> None:
+        self.context = context
+        self.plan = plan
+        self.tensor_task = context.mode == "tensor"
+        self.cache: dict = {}
+
+    def bench_leaves_of(self, name: str) -> dict:
+        got = self.cache.get(name)
+        if got is None:
+            got = {}
+            leaves = self.plan.bench.leaf
+            for suffix, leaf, _io in record_leaves(name, self.context.bench_data[name], self.tensor_task):
+                if suffix not in got:
+                    got[suffix] = len(leaves)
+                    leaves.append(leaf)
+            self.cache[name] = got
+        return got
+
+    def add_row(self, target_index: int, bench_index: int, name: str, bench_name: str, stack: str,
+                group: int) -> None:
+        plan = self.plan
+        plan.row_target.append(target_index)
+        plan.row_bench.append(bench_index)
+        plan.row_name.append(name)
+        plan.row_bench_name.append(bench_name)
+        plan.row_stack.append(stack)
+        plan.row_group.append(group)
+
+    def add_group(self, ignore: int, record_index: Optional[int], name: str, bench: Optional[str]) -> None:
+        plan = self.plan
+        plan.group_ignore.append(ignore)
+        plan.group_index.append(record_index)
+        plan.group_name.append(name)
+        plan.group_bench.append(bench)
+
+    def add_pair(self, record_index: int, epoch: int) -> None:
+        """The rows of one target record and its matched bench record."""
+        context, plan = self.context, self.plan
+        name, bench = context.pairs[record_index]
+        group = len(plan.group_ignore)
+        bench_left = dict(self.bench_leaves_of(bench)) if bench is not None else {}
+        frames = context.target_source.frames_of(name) if not name.endswith(("backward", "debug")) else None
+        stack = str(frames) if frames else _NA
+        ignore_name = None
+        target_leaves = plan.target.leaf
+        for suffix, leaf, io in record_leaves(name, context.target_data[name], self.tensor_task):
+            target_index = len(target_leaves)
+            target_leaves.append(leaf)
+            row_name = f"{name}.{suffix}" if suffix else name
+            if ignore_name is None and ".output." not in row_name:
+                ignore_name = row_name
+            plan.target_seen.append((target_index, io, suffix, name, row_name, record_index, record_index, name))
+            bench_name, bench_index = bench_counterpart(row_name, suffix, context.mapping or {}, context.bench_data,
+                                                        self.bench_leaves_of, bench, bench_left)
+            if bench_name is None:
+                bench_name, bench_index = _NA, -1
+            else:
+                plan.bench_seen.append((bench_index, io, suffix, bench, bench_name, record_index, epoch, bench))
+            self.add_row(target_index, bench_index, row_name, bench_name, stack, group)
+            stack = _NA
+        for suffix, bench_index in bench_left.items():
+            ignore_name = _NA if ignore_name is None else ignore_name
+            self.add_row(-1, bench_index, _NA, f"{bench}.{suffix}" if suffix else bench, _NA, group)
+        self.add_group(_ignore(ignore_name), record_index, name, bench)
+
+    def add_bench_only(self, bench: str, epoch: int) -> None:
+        """The rows of a bench record no target record matched."""
+        plan = self.plan
+        group = len(plan.group_ignore)
+        for suffix, leaf, io in record_leaves(bench, self.context.bench_data[bench], self.tensor_task):
+            bench_index = len(plan.bench.leaf)
+            plan.bench.leaf.append(leaf)
+            bench_name = f"{bench}.{suffix}" if suffix else bench
+            plan.bench_seen.append((bench_index, io, suffix, bench, bench_name, None, epoch, bench))
+            self.add_row(-1, bench_index, _NA, bench_name, _NA, group)
+        self.add_group(0, None, bench, bench)
+
+
+def plan_rows(context: PairContext, start: int, stop: int, with_rest: bool, state: dict) -> Plan:
+    """The rows of the record pairs ``start:stop`` (and of the bench-only records when
+    ``with_rest``); ``state`` carries the bench tracker's epoch from block to block."""
+    plan = Plan()
+    planner = _Planner(context, plan)
+    progress = context.progress
+    epoch, epoch_name = state["bench_epoch"]
+    for record_index in range(start, stop):
+        if progress is not None and record_index % 1000 == 999:
+            progress.update(1000)
+        bench = context.pairs[record_index][1]
+        if bench is not None:
+            epoch, epoch_name = epoch + 1, bench
+        planner.add_pair(record_index, epoch)
+    for bench in (context.rest if with_rest else ()):
+        epoch, epoch_name = epoch + 1, bench
+        planner.add_bench_only(bench, epoch)
+    if progress is not None and with_rest:
+        progress.update(len(context.pairs) % 1000)
+    state["bench_epoch"] = (epoch, epoch_name)
+    return plan
+
+
+# ---------------------------------------------------------------- 2. numbers and the frame
+
+#: type codes of :func:`number_columns`: 0 float, 1 int, 3 str, 2 anything else (bool, None...)
 _CODES = {float: 0, int: 1, str: 3}
 
 
-def _floats(values: list) -> tuple:
+def number_columns(values: list) -> tuple:
     """(float64 array with 0 where a value is not an int/float, mask of float-class values,
     mask of int/float-class values, mask of strings); bools and strings are not numbers here."""
-    from itertools import repeat
-
     import numpy as np
 
-    n = len(values)
-    codes = np.fromiter(map(_CODES.get, map(type, values), repeat(2)), np.int8, n)
-    isf = codes == 0
-    isnum = codes < 2
-    isstr = codes == 3
-    vals = values if isnum.all() else [v if c < 2 else 0.0 for v, c in zip(values, codes.tolist())]
+    count = len(values)
+    codes = np.fromiter(map(_CODES.get, map(type, values), repeat(2)), np.int8, count)
+    is_float = codes == 0
+    is_number = codes < 2
+    is_text = codes == 3
+    numbers = values if is_number.all() else [v if code < 2 else 0.0 for v, code in zip(values, codes.tolist())]
     try:
-        return np.array(vals, dtype=np.float64), isf, isnum, isstr
+        return np.array(numbers, dtype=np.float64), is_float, is_number, is_text
     except OverflowError:  # an int beyond a float's range: that one is no number here (the scalar diff reads it)
         pass
-    out = np.zeros(n, dtype=np.float64)
-    for i in np.flatnonzero(isnum).tolist():
+    out = np.zeros(count, dtype=np.float64)
+    for position in np.flatnonzero(is_number).tolist():
         try:
-            out[i] = float(values[i])
+            out[position] = float(values[position])
         except OverflowError:
-            isnum[i] = False
-    return out, isf, isnum, isstr
+            is_number[position] = False
+    return out, is_float, is_number, is_text
 
 
-def _nonfinite_float(fl: tuple) -> Any:
-    """Mask of the values that are float NaN/+-inf (the others, whatever they are, are not),
-    from their :func:`_floats`."""
+def _nonfinite_float(numbers: tuple) -> Any:
+    """Mask of the values that are float NaN/+-inf, from their :func:`number_columns`."""
     import numpy as np
 
-    return fl[1] & ~np.isfinite(fl[0])
+    return numbers[1] & ~np.isfinite(numbers[0])
 
 
-def _inf_or_nan(values: list, fl: tuple) -> Any:
-    """:func:`msprobe.compare._verdict._inf_or_nan` over a column: float NaN/inf, or the strings."""
+def _inf_or_nan(values: list, numbers: tuple) -> Any:
+    """Float NaN/inf, or the strings ``inf``/``-inf``/``nan`` (any case, spaces around)."""
     import numpy as np
 
-    out = _nonfinite_float(fl)
-    for i in np.flatnonzero(fl[3]).tolist():
-        if values[i].strip().lower() in ("inf", "-inf", "nan"):
-            out[i] = True
+    out = _nonfinite_float(numbers)
+    for position in np.flatnonzero(numbers[3]).tolist():
+        if values[position].strip().lower() in ("inf", "-inf", "nan"):
+            out[position] = True
     return out
 
 
-def _floats_of(L: "_Leaves", values: list) -> tuple:
-    """:func:`_floats` of one of ``L``'s statistics columns, computed once."""
-    got = L.floats.get(id(values))
-    if got is None:
-        got = L.floats[id(values)] = _floats(values)
-    return got
+def _objects(count: int, fill: Any = _NA) -> Any:
+    """An object array of ``count`` times ``fill`` (np.full is 5x slower for objects)."""
+    import numpy as np
+
+    return np.array([fill] * count, dtype=object)
 
 
-def _reprs(arr: Any) -> list:
-    return list(map(repr, arr.tolist()))
+class Frame:
+    """The index columns of one block's rows and what the kernels and the rules read of them."""
+
+    def __init__(self, plan: Plan) -> None:
+        import numpy as np
+
+        self.plan = plan
+        self.row_count = count = len(plan.row_target)
+        self.target_index = np.array(plan.row_target, dtype=np.int64)
+        self.bench_index = np.array(plan.row_bench, dtype=np.int64)
+        self.groups = np.array(plan.row_group, dtype=np.int64)
+        self.group_count = len(plan.group_ignore)
+        self.has_target, self.has_bench = self.target_index >= 0, self.bench_index >= 0
+        self.matched = self.has_target & self.has_bench
+        self.matched_rows = np.flatnonzero(self.matched)
+        self.name = np.array(plan.row_name, dtype=object)
+        self.output_rows = np.fromiter(map(operator.contains, plan.row_name, repeat(".output.")), bool, count)
+        self.group_ignore = np.array(plan.group_ignore, dtype=np.int8)
+        row_ignore = self.group_ignore[self.groups] if count else np.zeros(0, dtype=np.int8)
+        self.judged = (row_ignore == 0) | ((row_ignore == 1) & self.output_rows)
+        self.fully_judged = row_ignore == 0  # the rows of the rules that skip input-ignored records
+        self.norm = np.full(count, np.nan)  # NormRelativeErr as a fraction, NaN where None or unmatched
+        self.norm_none = np.ones(count, dtype=bool)
+        self.norm_cell = np.full(count, np.nan)  # what the rules read of the NormRelativeErr cell
+        self.norm_percent = np.zeros(count)
+        self.cosine_number = np.full(count, np.nan)
+        self.ratio_number = np.full(count, np.nan)
+        self._first_output: Any = None
+
+    def leaves(self, side: str) -> Leaves:
+        return self.plan.target if side == "target" else self.plan.bench
+
+    def _index(self, side: str) -> Any:
+        return self.target_index if side == "target" else self.bench_index
+
+    def column(self, side: str, values: list, fill: Any = _NA) -> Any:
+        """A side's leaf column over the rows (``fill`` where the side has no leaf)."""
+        import numpy as np
+
+        return np.array(values + [fill], dtype=object)[self._index(side)]
+
+    def mask(self, side: str, values: Any) -> Any:
+        """A side's boolean leaf column over the rows (False where the side has no leaf)."""
+        import numpy as np
+
+        return np.append(np.asarray(values, dtype=bool), False)[self._index(side)]
+
+    def text(self, side: str, kind: str) -> Any:
+        """A side's dtype / shape / requires_grad / md5 column over the rows (``N/A`` where none)."""
+        leaves = self.leaves(side)
+        return self.column(side, getattr(leaves, kind))
+
+    def nonfinite_max_min(self, side: str) -> Any:
+        leaves = self.leaves(side)
+        max_bad = _inf_or_nan(leaves.statistics["Max"], leaves.numbers("Max"))
+        return self.mask(side, max_bad | _inf_or_nan(leaves.statistics["Min"], leaves.numbers("Min")))
+
+    def scalar_differs(self) -> Any:
+        """Matched rows of scalar arguments (``<class ...>`` dtypes, shape ``[]``) whose values differ."""
+        import numpy as np
+
+        out = np.zeros(self.row_count, dtype=bool)
+        rows = self.matched_rows
+        if len(rows):
+            target_max = self.plan.target.statistics["Max"]
+            bench_max = self.plan.bench.statistics["Max"]
+            out[rows] = [("class" in target_dtype and "class" in bench_dtype and shape == "[]"
+                          and target_max[target] != bench_max[bench])
+                         for target_dtype, bench_dtype, shape, target, bench in
+                         zip(self.text("target", "dtype")[rows].tolist(), self.text("bench", "dtype")[rows].tolist(),
+                             self.text("target", "shape")[rows].tolist(), self.target_index[rows].tolist(),
+                             self.bench_index[rows].tolist())]
+        return out
+
+    def bench_name_has(self, *parts: str) -> Any:
+        import numpy as np
+
+        out = np.zeros(self.row_count, dtype=bool)
+        for part in parts:
+            out |= np.fromiter(map(operator.contains, self.plan.row_bench_name, repeat(part)), bool, self.row_count)
+        return out
+
+    def group_max(self, rows: Any, values: Any) -> Any:
+        """Per record, the largest of ``values`` over ``rows`` (0 where none; NaN takes no part)."""
+        import numpy as np
+
+        out = np.zeros(self.group_count)
+        counted = rows & ~np.isnan(values)
+        np.maximum.at(out, self.groups[counted], values[counted])
+        return out
+
+    def group_min(self, rows: Any, values: Any) -> Any:
+        """Per record, the smallest of ``values`` over ``rows``, at most 1 (1 where none; NaN takes no part)."""
+        import numpy as np
+
+        out = np.ones(self.group_count)
+        counted = rows & ~np.isnan(values)
+        np.minimum.at(out, self.groups[counted], values[counted])
+        return out
+
+    def first_output(self) -> Any:
+        """Per record, the index of its first output row (-1 where none)."""
+        import numpy as np
+
+        if self._first_output is None:
+            first = np.full(self.group_count, -1, dtype=np.int64)
+            rows = np.flatnonzero(self.output_rows)
+            distinct, position = np.unique(self.groups[rows], return_index=True)
+            first[distinct] = rows[position]
+            self._first_output = first
+        return self._first_output
+
+    def statistic_columns(self) -> list:
+        """The 8 statistics columns as the CSV prints them (target's four, then bench's)."""
+        return [self.column(side, list(map(str, self.leaves(side).statistics[name])))
+                for side in ("target", "bench") for name in _STATISTICS]
+
+    def series(self) -> Any:
+        """The NormRelativeErr per row for the plot: on matched rows whose target leaf is a tensor."""
+        series = _objects(self.row_count, None)
+        rows = self.matched_rows[self.mask("target", self.plan.target.tensor)[self.matched_rows]]
+        if len(rows):
+            series[rows] = [None if none else value
+                            for value, none in zip(self.norm[rows].tolist(), self.norm_none[rows].tolist())]
+        return series
 
 
-def _diffs(a_vals: list, b_vals: list, ai: Any, bi: Any, af: tuple, bf: tuple) -> tuple:
+# ---------------------------------------------------------------- the metric kernels
+
+def _reprs(array: Any) -> list:
+    return list(map(repr, array.tolist()))
+
+
+def _diffs(target_values: list, bench_values: list, target_rows: Any, bench_rows: Any, target_numbers: tuple,
+           bench_numbers: tuple) -> tuple:
     """([diff strings], [relative error strings], float array of the relative errors with NaN
-    where :func:`_diff` gives None, mask of None): :func:`_diff` of ``a_vals[ai]`` and
-    ``b_vals[bi]`` (their :func:`_floats` ``af``, ``bf``)."""
+    where :func:`diff_cells` gives None, mask of None): :func:`diff_cells` of
+    ``target_values[target_rows]`` and ``bench_values[bench_rows]``."""
     import numpy as np
 
-    n = len(ai)
-    a, b = af[0][ai], bf[0][bi]
-    num = af[2][ai] & bf[2][bi]
+    count = len(target_rows)
+    target, bench = target_numbers[0][target_rows], bench_numbers[0][bench_rows]
+    numeric = target_numbers[2][target_rows] & bench_numbers[2][bench_rows]
     with np.errstate(all="ignore"):
-        d = a - b
-        rel = np.abs(d) / np.abs(b)
-        pct = rel * 100
-    ds = np.empty(n, dtype=object)
-    rs = np.empty(n, dtype=object)
-    rel_out = np.full(n, np.nan)
-    none = np.zeros(n, dtype=bool)
-    zero = num & ((d == 0) | (np.isnan(d) & ((np.isnan(a) & np.isnan(b)) | (a == b))))
-    nan = num & np.isnan(d) & ~zero
-    bz = num & ~zero & ~nan & (b == 0)
-    binf = num & ~zero & ~nan & ~bz & np.isinf(b)
-    reg = num & ~zero & ~nan & ~bz & ~binf
-    ds[zero] = "0"
-    rs[zero] = "0"
-    rel_out[zero] = 0.0
-    ds[nan] = "nan"
-    rs[nan] = "nan"
-    sel = bz | binf | reg
-    ds[sel] = _reprs(d[sel])
-    rs[bz] = "inf"
-    rel_out[bz] = np.inf
-    rs[binf] = _NA
-    none[binf] = True
-    rs[reg] = [f"{p}%" for p in pct[reg].tolist()]
-    rel_out[reg] = rel[reg]
-    for i in np.flatnonzero(~num).tolist():
-        x, y, f = _diff(a_vals[ai[i]], b_vals[bi[i]])
-        ds[i], rs[i] = x, y
-        if f is None:
-            none[i] = True
+        difference = target - bench
+        relative = np.abs(difference) / np.abs(bench)
+        percent = relative * 100
+    diff_text = np.empty(count, dtype=object)
+    relative_text = np.empty(count, dtype=object)
+    relative_out = np.full(count, np.nan)
+    none = np.zeros(count, dtype=bool)
+    zero = numeric & ((difference == 0) | (np.isnan(difference) & ((np.isnan(target) & np.isnan(bench))
+                                                                   | (target == bench))))
+    nan = numeric & np.isnan(difference) & ~zero
+    bench_zero = numeric & ~zero & ~nan & (bench == 0)
+    bench_inf = numeric & ~zero & ~nan & ~bench_zero & np.isinf(bench)
+    regular = numeric & ~zero & ~nan & ~bench_zero & ~bench_inf
+    diff_text[zero] = "0"
+    relative_text[zero] = "0"
+    relative_out[zero] = 0.0
+    diff_text[nan] = "nan"
+    relative_text[nan] = "nan"
+    printed = bench_zero | bench_inf | regular
+    diff_text[printed] = _reprs(difference[printed])
+    relative_text[bench_zero] = "inf"
+    relative_out[bench_zero] = np.inf
+    relative_text[bench_inf] = _NA
+    none[bench_inf] = True
+    relative_text[regular] = [f"{value}%" for value in percent[regular].tolist()]
+    relative_out[regular] = relative[regular]
+    for position in np.flatnonzero(~numeric).tolist():
+        text, rel_text, value = diff_cells(target_values[target_rows[position]], bench_values[bench_rows[position]])
+        diff_text[position], relative_text[position] = text, rel_text
+        if value is None:
+            none[position] = True
         else:
-            rel_out[i] = f
-    return ds, rs, rel_out, none
+            relative_out[position] = value
+    return diff_text, relative_text, relative_out, none
 
 
-def _percent_cells(rel: Any, none: Any, rs: Any) -> tuple:
-    """(the value :func:`_verdict._number` reads of a relative-error cell, NaN where it takes no
-    part; the value :func:`_verdict.percent` reads): cells ``"<x>%"`` read as x/100."""
+def _norm_cells(frame: Frame, relative: Any, none: Any, relative_text: Any) -> None:
+    """The NormRelativeErr of the matched rows on ``frame``: as a fraction, and as the rules read
+    its printed cell (``"<x>%"`` as x/100; ``inf``; 0 for what reads as no number)."""
     import numpy as np
 
+    rows = frame.matched_rows
+    frame.norm[rows] = relative
+    frame.norm_none[rows] = none
     with np.errstate(all="ignore"):
-        back = (rel * 100) / 100  # float("<rel*100>") / 100, as the verdict reads the printed cell
-    is_pct = np.fromiter((s.__class__ is str and s.endswith("%") for s in rs.tolist()), bool, len(rs))
-    number = np.where(is_pct, back, np.nan)
-    inf_cell = np.fromiter((s == "inf" for s in rs.tolist()), bool, len(rs))
-    percent = np.where(is_pct, back, np.where(inf_cell, np.inf, np.where(rs == "nan", np.nan, 0.0)))
-    return number, percent
+        back = (relative * 100) / 100  # float("<rel*100>") / 100, as the rules read the printed cell
+    texts = relative_text.tolist()
+    is_percent = np.fromiter((text.__class__ is str and text.endswith("%") for text in texts), bool, len(texts))
+    is_inf = np.fromiter((text == "inf" for text in texts), bool, len(texts))
+    frame.norm_cell[rows] = np.where(is_percent, back, np.nan)
+    frame.norm_percent[rows] = np.where(is_percent, back, np.where(is_inf, np.inf,
+                                                                   np.where(relative_text == "nan", np.nan, 0.0)))
 
 
-def _needs_quote(s: str) -> bool:
-    return "," in s or '"' in s or "\n" in s or "\r" in s
+def _statistic_diffs(frame: Frame, statistic: str) -> tuple:
+    target, bench = frame.plan.target, frame.plan.bench
+    rows = frame.matched_rows
+    return _diffs(target.statistics[statistic], bench.statistics[statistic], frame.target_index[rows],
+                  frame.bench_index[rows], target.numbers(statistic), bench.numbers(statistic))
 
 
-def _quoted(col: list) -> list:
-    """A CSV column, RFC 4180 quoting only where needed (as :func:`_core._write_rows`)."""
-    probe = "\x00".join(col)
-    if not ("," in probe or '"' in probe or "\n" in probe or "\r" in probe):
-        return col
-    return [('"' + f.replace('"', '""') + '"') if _needs_quote(f) else f for f in col]
+def statistics_kernel(frame: Frame, context: PairContext) -> list:
+    """Statistics mode: the 4 diffs, then the 4 relative errors, then the 8 statistics."""
+    metrics = [_objects(frame.row_count) for _ in range(8)]
+    for position, statistic in enumerate(_STATISTICS):
+        diff_text, relative_text, relative, none = _statistic_diffs(frame, statistic)
+        metrics[position][frame.matched_rows] = diff_text
+        metrics[4 + position][frame.matched_rows] = relative_text
+        if statistic == "Norm":
+            _norm_cells(frame, relative, none, relative_text)
+    return metrics + frame.statistic_columns()
 
 
-def write_columns(path: str, cols: list) -> None:
-    """Append the rows of ``cols`` (lists of strings, one per CSV column) to the CSV ``path``."""
-    if not cols or not cols[0]:
-        return
-    qc = [_quoted(c) for c in cols]
-    with open(path, "a", newline="", encoding="utf-8") as fh:
-        step = 50000
-        for lo in range(0, len(qc[0]), step):
-            fh.write("\r\n".join(map(",".join, zip(*[c[lo:lo + step] for c in qc]))) + "\r\n")
+def md5_kernel(frame: Frame, context: PairContext) -> list:
+    """md5 mode: NPU MD5 and BENCH MD5."""
+    return [frame.text("target", "md5"), frame.text("bench", "md5")]
 
 
-class _Flat:
-    """The output rows of one rank pair as index columns, built in one pass over the pairs."""
-
-    def __init__(self) -> None:
-        self.t = _Leaves()
-        self.b = _Leaves()
-        self.r_t: list = []        # target leaf index per row, -1 for bench-only rows
-        self.r_b: list = []        # bench leaf index per row, -1 for unmatched target rows
-        self.r_name: list = []     # NPU Name
-        self.r_bname: list = []    # Bench Name
-        self.r_stack: list = []    # NPU_Stack_Info
-        self.r_rec: list = []      # record group (one per judged record) per row
-        self.g_ign: list = []      # per group: None / "all" / "input"
-        self.g_rec_i: list = []    # per group: target record index or None
-        self.g_name: list = []     # per group: the record's name
-        # NaN/Inf replay: (side, leaf index, io, suffix, record, row name, rec_i, tracker epoch, epoch record)
-        self.t_see: list = []
-        self.b_see: list = []
+def _cell_number(value: Any) -> float:
+    """A tensor metric as the rules read it: the number, NaN for strings and NaN."""
+    return value if value.__class__ is float else float("nan")
 
 
-def _ignore(name: str) -> Optional[str]:
-    parts = name.split(".")
-    if len(parts) < 2:
+def tensor_kernel(frame: Frame, context: PairContext) -> list:
+    """Tensor mode: the 6 metrics of each matched row's two tensors (loaded one row at a time),
+    then the 8 statistics; the NormRelativeErr of the statistics feeds the series and the marks."""
+    _, relative_text, relative, none = _statistic_diffs(frame, "Norm")
+    _norm_cells(frame, relative, none, relative_text)
+    metrics = [_objects(frame.row_count) for _ in range(6)]
+    plan = frame.plan
+    for row in frame.matched_rows.tolist():
+        group = plan.row_group[row]
+        target = leaf_side(plan.target.leaf[plan.row_target[row]])
+        bench = leaf_side(plan.bench.leaf[plan.row_bench[row]])
+        target_array = load_side(context.target_source, target, plan.group_name[group]) if target.tensor else None
+        bench_array = load_side(context.bench_source, bench, plan.group_bench[group]) if bench.tensor else None
+        values = tensor_metrics(target_array, bench_array)
+        for position, value in enumerate(values):
+            metrics[position][row] = str(value)
+        frame.cosine_number[row] = _cell_number(values[0])
+        frame.ratio_number[row] = _cell_number(values[4])
+    target_names = frame.column("target", plan.target.data_name, "-1").tolist()
+    bench_names = frame.column("bench", plan.bench.data_name, "-1").tolist()
+    data_names = [f"['{target}', '{bench}']" for target, bench in zip(target_names, bench_names)]
+    return metrics + frame.statistic_columns() + [("Data_name", data_names)]
+
+
+#: one metric kernel per mode: its metric (and statistics) columns; a ("Data_name", cells) pair
+#: goes after NPU_Stack_Info
+KERNELS = {"statistics": statistics_kernel, "md5": md5_kernel, "tensor": tensor_kernel}
+
+
+# ---------------------------------------------------------------- 3-5. verdict, summary, write
+
+def _counts(results: list) -> dict:
+    """Rows per Result, keyed in the order the results first occur."""
+    counts: dict = {}
+    for result in results:
+        counts[result] = counts.get(result, 0) + 1
+    return counts
+
+
+def _marks(frame: Frame, results: Any) -> PlotMarks:
+    """A block's plot marks: every error/warning row and the TOP_N worst rows by NormRelativeErr
+    (only those go through PlotMarks.see: the others would not change it)."""
+    import numpy as np
+
+    marks = PlotMarks()
+    flagged = np.flatnonzero((results == "error") | (results == "warning"))
+    is_float = frame.matched & ~frame.norm_none
+    with np.errstate(invalid="ignore"):
+        candidates = np.flatnonzero(is_float & (frame.norm > 0) & (frame.norm < np.inf))
+    if len(candidates) > TOP_N:
+        candidates = np.sort(candidates[np.lexsort((-candidates, frame.norm[candidates]))[-TOP_N:]])
+    for row in np.union1d(flagged, candidates).tolist():
+        marks.see(row, results[row], frame.name[row], float(frame.norm[row]) if is_float[row] else None)
+    return marks
+
+
+def _first_divergence(frame: Frame, results: Any, messages: Any, metric_columns: list, mode: str,
+                      threshold: Optional[float]) -> Optional[dict]:
+    """The block's first matched target row whose Result is not pass (or whose NormRelativeErr
+    exceeds ``threshold``)."""
+    import numpy as np
+
+    plan = frame.plan
+    in_target = (np.array([index is not None for index in plan.group_index], dtype=bool)[frame.groups]
+                 if frame.row_count else frame.matched)
+    candidates = frame.matched & in_target
+    is_float = frame.matched & ~frame.norm_none
+    if threshold is None:
+        candidates &= results != "pass"
+    else:
+        with np.errstate(invalid="ignore"):
+            candidates &= is_float & (frame.norm > threshold)
+    hits = np.flatnonzero(candidates)
+    if not len(hits):
         return None
-    return "all" if parts[1] in ALL_IGNORE else ("input" if parts[1] in INPUT_IGNORE else None)
+    row = int(hits[0])
+    group = int(frame.groups[row])
+    norm = float(frame.norm[row]) if is_float[row] else None
+    names = COLUMNS[mode][8:8 + METRIC_COUNT[mode]]
+    return {"record": plan.group_name[group], "row": frame.name[row], "record_index": plan.group_index[group],
+            "row_index": row, "result": results[row], "err_message": messages[row],
+            "norm_relative_err": norm if norm is not None and norm == norm else None,
+            "metrics": dict(zip(names, [column[row] for column in metric_columns[:METRIC_COUNT[mode]]]))}
 
 
-def _flatten(c: Any, prog: Any, lo: int, hi: int, with_rest: bool, state: dict) -> _Flat:
-    """The rows of the record pairs ``lo:hi`` (and of the bench-only records when ``with_rest``);
-    ``state`` carries the bench tracker's epoch from block to block."""
-    from msprobe.compare._core import bench_counterpart
-
-    data_n, data_b, pairs, rest = c.data_n, c.data_b, c.pairs, c.rest
-    src_n = c.src_n
-    mapping = c.mapping or {}
-    f = _Flat()
-    T, B = f.t, f.b
-    tl, bl = T.leaf, B.leaf
-    r_t, r_b, r_name, r_bname, r_stack, r_rec = f.r_t, f.r_b, f.r_name, f.r_bname, f.r_stack, f.r_rec
-    cache: dict = {}
-
-    def bench_of(name: str) -> dict:
-        got = cache.get(name)
-        if got is None:
-            got = {}
-            for suffix, leaf, _io in record_leaves(name, data_b[name]):
-                if suffix not in got:
-                    got[suffix] = len(bl)
-                    bl.append(leaf)
-            cache[name] = got
-        return got
-
-    b_epoch, b_epoch_name = state["b_epoch"]
-    for rec_i in range(lo, hi):
-        nm, bm = pairs[rec_i]
-        if prog is not None and rec_i % 1000 == 999:
-            prog.update(1000)
-        g = len(f.g_ign)
-        bench_left: dict = {}
-        if bm is not None:
-            bench_left = dict(bench_of(bm))
-            b_epoch, b_epoch_name = b_epoch + 1, bm
-        frames = src_n.frames_of(nm) if not nm.endswith(("backward", "debug")) else None
-        stack = str(frames) if frames else _NA
-        ign_name = None
-        for suffix, leaf, io in record_leaves(nm, data_n[nm]):
-            ti = len(tl)
-            tl.append(leaf)
-            row_name = f"{nm}.{suffix}" if suffix else nm
-            if ign_name is None and ".output." not in row_name:
-                ign_name = row_name
-            f.t_see.append((ti, io, suffix, nm, row_name, rec_i, rec_i, nm))
-            bname, bi = bench_counterpart(row_name, suffix, mapping, data_b, bench_of, bm, bench_left)
-            if bname is None:
-                bname, bi = _NA, -1
-            else:
-                f.b_see.append((bi, io, suffix, bm, bname, rec_i, b_epoch, b_epoch_name))
-            r_t.append(ti)
-            r_b.append(bi)
-            r_name.append(row_name)
-            r_bname.append(bname)
-            r_stack.append(stack)
-            stack = _NA
-            r_rec.append(g)
-        for suffix, bi in bench_left.items():
-            if ign_name is None:
-                ign_name = _NA
-            r_t.append(-1)
-            r_b.append(bi)
-            r_name.append(_NA)
-            r_bname.append(f"{bm}.{suffix}" if suffix else bm)
-            r_stack.append(_NA)
-            r_rec.append(g)
-        f.g_ign.append(_ignore(ign_name) if ign_name is not None else None)
-        f.g_rec_i.append(rec_i)
-        f.g_name.append(nm)
-    for bm in (rest if with_rest else ()):
-        g = len(f.g_ign)
-        b_epoch, b_epoch_name = b_epoch + 1, bm
-        for suffix, leaf, io in record_leaves(bm, data_b[bm]):
-            bi = len(bl)
-            bl.append(leaf)
-            bname = f"{bm}.{suffix}" if suffix else bm
-            f.b_see.append((bi, io, suffix, bm, bname, None, b_epoch, bm))
-            r_t.append(-1)
-            r_b.append(bi)
-            r_name.append(_NA)
-            r_bname.append(bname)
-            r_stack.append(_NA)
-            r_rec.append(g)
-        f.g_ign.append(None)
-        f.g_rec_i.append(None)
-        f.g_name.append(bm)
-    if prog is not None and with_rest:
-        prog.update(len(pairs) % 1000)
-    state["b_epoch"] = (b_epoch, b_epoch_name)
-    return f
-
-
-def _replay(fin: Any, leaves: _Leaves, events: list, flagged: list, state: dict, key: str) -> Optional[dict]:
-    """Feed the flagged leaves to a side's NaN/Inf tracker with the state the row-by-row order
+def _replay(firsts: NonFiniteFirsts, leaves: Leaves, events: list, state: dict, key: str) -> Optional[dict]:
+    """Feed the non-finite leaves to a side's NaN/Inf tracker with the state the row-by-row order
     gives it (``record()`` of the record last started before each; ``state[key]``: the epoch
     last replayed, carried across blocks); the first entry it reports."""
+    flagged = leaves.nonfinite()
     first = None
     epoch = state.get(key)
-    for ev in events:
-        li, io, suffix, record, row, rec_i, ep, ep_name = ev
-        if not flagged[li]:
+    for leaf_index, io, suffix, record, row, record_index, event_epoch, epoch_name in events:
+        if not flagged[leaf_index]:
             continue
-        if ep != epoch:
-            epoch = ep
-            if ep_name is not None:
-                fin.tracker.record(ep_name)
-        seen = fin.see(io, suffix, leaf_side(leaves.leaf[li]), record, row, rec_i)
+        if event_epoch != epoch:
+            epoch = event_epoch
+            if epoch_name is not None:
+                firsts.tracker.record(epoch_name)
+        seen = firsts.see(io, suffix, leaf_side(leaves.leaf[leaf_index]), record, row, record_index)
         if first is None and seen is not None:
             first = seen
     state[key] = epoch
     return first
 
 
-def _group_max(groups: Any, sel: Any, values: Any, n_groups: int) -> Any:
-    """Per group, the largest of ``values`` where ``sel`` (0 where none; NaN values take no part)."""
-    import numpy as np
-
-    out = np.zeros(n_groups)
-    m = sel & ~np.isnan(values)
-    np.maximum.at(out, groups[m], values[m])
-    return out
-
-
-def _first_output(groups: Any, out_rows: Any, n_groups: int) -> Any:
-    """Per group, the index of its first output row (-1 where none)."""
-    import numpy as np
-
-    first = np.full(n_groups, -1, dtype=np.int64)
-    idx = np.flatnonzero(out_rows)
-    g = groups[idx]
-    # rows are in group order: the first occurrence of each group among the output rows
-    uniq, pos = np.unique(g, return_index=True)
-    first[uniq] = idx[pos]
-    return first
+def _requires_grad_consistent(frame: Frame) -> Any:
+    cells = _objects(frame.row_count)
+    rows = frame.matched_rows
+    if len(rows):
+        target = frame.text("target", "requires_grad")[rows].tolist()
+        bench = frame.text("bench", "requires_grad")[rows].tolist()
+        cells[rows] = [str(left == right) for left, right in zip(target, bench)]
+    return cells
 
 
-def _objs(n: int, fill: Any = _NA) -> Any:
-    """An object array of ``n`` times ``fill`` (np.full is 5x slower for objects)."""
-    import numpy as np
-
-    return np.array([fill] * n, dtype=object)
-
-
-class _Frame:
-    """The index columns of one rank pair's rows and what every mode's builder reads of them."""
-
-    def __init__(self, f: _Flat) -> None:
-        import numpy as np
-
-        self.f = f
-        self.R = R = len(f.r_t)
-        self.r_t = np.array(f.r_t, dtype=np.int64)
-        self.r_b = np.array(f.r_b, dtype=np.int64)
-        self.groups = np.array(f.r_rec, dtype=np.int64)
-        self.n_groups = len(f.g_ign)
-        self.has_t, self.has_b = self.r_t >= 0, self.r_b >= 0
-        self.matched = self.has_t & self.has_b
-        self.midx = np.flatnonzero(self.matched)
-        self.name = np.array(f.r_name, dtype=object)
-        self.bname = np.array(f.r_bname, dtype=object)
-        self.out_rows = np.fromiter(map(operator.contains, f.r_name, repeat(".output.")), bool, R)
-        self.g_ign = np.array([0 if x is None else (2 if x == "all" else 1) for x in f.g_ign], dtype=np.int8)
-        row_ign = self.g_ign[self.groups] if R else np.zeros(0, dtype=np.int8)
-        self.judged = (row_ign == 0) | ((row_ign == 1) & self.out_rows)
-        self.in_ok = row_ign == 0  # for the rules that skip input-ignored records
-        self.bits = np.zeros(R, dtype=np.int64)
-        self.norm = np.full(R, np.nan)  # NormRelativeErr as a fraction, NaN where None or unmatched
-        self.norm_none = np.ones(R, dtype=bool)
-
-    def col(self, side: str, values: list, fill: Any = _NA) -> Any:
-        """A side's leaf column over the rows (``fill`` where the side has no leaf)."""
-        import numpy as np
-
-        return np.array(values + [fill], dtype=object)[self.r_t if side == "t" else self.r_b]
-
-    def mask(self, side: str, values: Any) -> Any:
-        """A side's boolean leaf column over the rows (False where the side has no leaf)."""
-        import numpy as np
-
-        return np.append(np.asarray(values, dtype=bool), False)[self.r_t if side == "t" else self.r_b]
-
-    def fire(self, bit: int, where: Any) -> None:
-        self.bits[where] |= bit
-
-
-def _stats_rows(fr: _Frame) -> tuple:
-    """Statistics mode: ([8 metric columns], [8 statistics columns], series); the rules' bits set."""
-    import numpy as np
-
-    T, B, R, midx = fr.f.t, fr.f.b, fr.R, fr.midx
-    tm, bm = fr.r_t[midx].tolist(), fr.r_b[midx].tolist()
-    metric = [_objs(R) for _ in range(8)]
-    number = percent = np.zeros(0)
-    for k, (tv, bv) in enumerate(((T.mx, B.mx), (T.mn, B.mn), (T.mean, B.mean), (T.norm, B.norm))):
-        ds, rs, rel, none = _diffs(tv, bv, fr.r_t[midx], fr.r_b[midx], _floats_of(T, tv), _floats_of(B, bv))
-        metric[k][midx] = ds
-        metric[4 + k][midx] = rs
-        if k == 3:
-            fr.norm[midx] = rel
-            fr.norm_none[midx] = none
-            number, percent = _percent_cells(rel, none, rs)
-    stat_cols = [fr.col("t", list(map(str, v))) for v in (T.mx, T.mn, T.mean, T.norm)]
-    stat_cols += [fr.col("b", list(map(str, v))) for v in (B.mx, B.mn, B.mean, B.norm)]
-    series = _objs(R, None)
-    ser = midx[fr.mask("t", T.tensor)[midx]]
-    if len(ser):
-        series[ser] = [None if nn else v for v, nn in zip(fr.norm[ser].tolist(), fr.norm_none[ser].tolist())]
-    # -- 26.2.0's rules, in their order (bit k: the k-th message of _RULE_MSGS)
-    matched, judged, in_ok, out_rows, groups = fr.matched, fr.judged, fr.in_ok, fr.out_rows, fr.groups
-    num_in = np.full(R, np.nan)
-    pct = np.zeros(R)
-    num_in[midx] = number
-    pct[midx] = percent
-    t_bad = fr.mask("t", _inf_or_nan(T.mx, _floats_of(T, T.mx)) | _inf_or_nan(T.mn, _floats_of(T, T.mn)))
-    b_bad = fr.mask("b", _inf_or_nan(B.mx, _floats_of(B, B.mx)) | _inf_or_nan(B.mn, _floats_of(B, B.mn)))
-    fr.fire(1, judged & t_bad & ~b_bad)
-    x_in = _group_max(groups, ~out_rows & fr.has_t, num_in, fr.n_groups)
-    x_out = _group_max(groups, out_rows, num_in, fr.n_groups)
-    fr.fire(2, in_ok & out_rows & (x_in[groups] < NORM_IN_LIMIT) & (np.abs(pct) > NORM_OUT_LIMIT))
-    t_rg, b_rg = fr.col("t", T.rg), fr.col("b", B.rg)
-    fr.fire(4, judged & matched & (t_rg != "") & (b_rg != "") & (t_rg != b_rg))
-    t_dtype, b_dtype = fr.col("t", T.dtype), fr.col("b", B.dtype)
-    t_shape, b_shape = fr.col("t", T.shape), fr.col("b", B.shape)
-    if len(midx):
-        sc = np.zeros(R, dtype=bool)
-        sc[midx] = [("class" in dn and "class" in db and sn == "[]" and x != y)
-                    for dn, db, sn, x, y in zip(t_dtype[midx].tolist(), b_dtype[midx].tolist(),
-                                                t_shape[midx].tolist(), map(T.mx.__getitem__, tm),
-                                                map(B.mx.__getitem__, bm))]
-        fr.fire(8, in_ok & ~out_rows & sc)
-    fused = (np.fromiter(map(operator.contains, fr.f.r_bname, repeat("qkv")), bool, R)
-             | np.fromiter(map(operator.contains, fr.f.r_bname, repeat("gate_up")), bool, R))
-    fr.fire(16, judged & matched & (fr.name != _NA) & ~fused & (t_dtype != "") & (b_dtype != "")
-            & (t_dtype != b_dtype))
-    fr.fire(32, judged & matched & (t_shape != b_shape))
-    first_out = _first_output(groups, out_rows, fr.n_groups)
-    with np.errstate(all="ignore"):
-        big = np.where(x_in == 0, x_out > NORM_ZERO_IN_OUT, (x_out / np.where(x_in == 0, 1, x_in)) > NORM_RATIO)
-    fr.fire(64, first_out[(fr.g_ign == 0) & (first_out >= 0) & big])
-    return metric, stat_cols, series
-
-
-def _md5_rows(fr: _Frame) -> tuple:
-    """md5 mode: ([NPU MD5, BENCH MD5], [], series); the CRC rule's bits set."""
-    import numpy as np
-
-    t_md5, b_md5 = fr.col("t", fr.f.t.md5), fr.col("b", fr.f.b.md5)
-    differ = fr.judged & (t_md5 != b_md5)
-    blank = np.isin(t_md5, [_NA, "Nan", ""]) | np.isin(b_md5, [_NA, "Nan", ""])
-    fr.fire(1, differ & ~blank)
-    fr.fire(2, differ & blank)
-    return [t_md5, b_md5], [], _objs(fr.R, None)
-
-
-#: one row builder per mode
-_BUILDERS = {"statistics": _stats_rows, "md5": _md5_rows}
-
-
-def _verdicts(fr: _Frame, mode: str) -> tuple:
-    """(Result column, Err_message column) from the rule bits."""
-    import numpy as np
-
-    msgs, warn_bit = _RULE_MSGS[mode], _WARNING_BITS[mode]
-    uniq, inv = np.unique(fr.bits, return_inverse=True)
-    res_u, err_u = [], []
-    for u in uniq.tolist():
-        err_u.append(json.dumps([m for k, m in enumerate(msgs) if u >> k & 1]))
-        res_u.append("pass" if u == 0 else ("warning" if u & ~warn_bit == 0 else "error"))
-    if not fr.R:
-        return _objs(0), _objs(0)
-    return np.array(res_u, dtype=object)[inv.ravel()], np.array(err_u, dtype=object)[inv.ravel()]
-
-
-def _counts(result: list) -> dict:
-    """Rows per Result, keyed in the order the results first occur (as the row builder counts)."""
-    counts: dict = {}
-    for r in result:
-        counts[r] = counts.get(r, 0) + 1
-    return counts
-
-
-def _marks(marks: PlotMarks, fr: _Frame, result: Any, statistics: bool, offset: int) -> None:
-    """Add a block's rows to the plot's marks: every error/warning row and the TOP_N worst rows
-    by NormRelativeErr (only those go through PlotMarks.see: the others would not change it)."""
-    import numpy as np
-
-    flagged = np.flatnonzero((result == "error") | (result == "warning"))
-    is_float = fr.matched & ~fr.norm_none & statistics
-    with np.errstate(invalid="ignore"):
-        cand = np.flatnonzero(is_float & (fr.norm > 0) & (fr.norm < np.inf))
-    if len(cand) > TOP_N:
-        cand = np.sort(cand[np.lexsort((-cand, fr.norm[cand]))[-TOP_N:]])
-    for i in np.union1d(flagged, cand).tolist():
-        marks.see(offset + i, result[i], fr.name[i], float(fr.norm[i]) if is_float[i] else None)
-
-
-def _first_divergence(fr: _Frame, result: Any, err: Any, out_cols: list, mode: str,
-                      threshold: Optional[float]) -> Optional[dict]:
-    import numpy as np
-
-    f = fr.f
-    in_target = np.array([x is not None for x in f.g_rec_i], dtype=bool)[fr.groups] if fr.R else fr.matched
-    cand = fr.matched & in_target
-    is_float = fr.matched & ~fr.norm_none & (mode == "statistics")
-    if threshold is None:
-        cand &= result != "pass"
-    else:
-        with np.errstate(invalid="ignore"):
-            cand &= is_float & (fr.norm > threshold)
-    hit = np.flatnonzero(cand)
-    if not len(hit):
-        return None
-    i = int(hit[0])
-    g = int(fr.groups[i])
-    m = float(fr.norm[i]) if is_float[i] else None
-    n = _N_METRICS[mode]
-    cols = COLUMNS[mode]
-    return {"record": f.g_name[g], "row": fr.name[i], "record_index": f.g_rec_i[g], "row_index": i,
-            "result": result[i], "err_message": err[i], "norm_relative_err": m if m is not None and m == m else None,
-            "metrics": dict(zip(cols[8:8 + n], [out_cols[8 + k][i] for k in range(n)]))}
-
-
-def _nonfinite_leaves(L: _Leaves) -> list:
-    if not L.leaf:
-        return []
-    return (_nonfinite_float(_floats_of(L, L.mx)) | _nonfinite_float(_floats_of(L, L.mn))
-            | _nonfinite_float(_floats_of(L, L.mean)) | _nonfinite_float(_floats_of(L, L.norm))).tolist()
-
-
-#: records per block: a block's columns are built, written and dropped before the next one's
-#: (bounds the memory of a 100,000-record pair)
-BLOCK_RECORDS = 2000
-
-
-def _block(c: Any, f: _Flat, part: str, keep: Optional[list]) -> tuple:
-    """Build, write (and keep, for the xlsx) one block's rows: (frame, Result, Err_message, columns)."""
-    mode = c.mode
-    f.t.finish(mode == "md5")
-    f.b.finish(mode == "md5")
-    fr = _Frame(f)
-    metric_cols, stat_cols, series = _BUILDERS[mode](fr)
-    result, err = _verdicts(fr, mode)
-    rg_cons = _objs(fr.R)
-    if len(fr.midx):
-        t_rg, b_rg = fr.col("t", f.t.rg)[fr.midx].tolist(), fr.col("b", f.b.rg)[fr.midx].tolist()
-        rg_cons[fr.midx] = [str(a == b) for a, b in zip(t_rg, b_rg)]
-    head = [fr.name, fr.bname] + [fr.col(side, vals) for kind in ("dtype", "shape", "rg")
-                                  for side, vals in (("t", getattr(f.t, kind)), ("b", getattr(f.b, kind)))]
-    out_cols = [col.tolist() for col in head + metric_cols + stat_cols + [rg_cons, result, err]] + [f.r_stack]
-    if c.stack is False:
-        del out_cols[COLUMNS[mode].index("NPU_Stack_Info")]
-    write_columns(part, out_cols)
+def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], state: dict,
+           firsts: tuple) -> PairSummary:
+    """Build, write (and keep, for the xlsx) one block's rows; their summary."""
+    mode = context.mode
+    plan.target.finish(mode)
+    plan.bench.finish(mode)
+    frame = Frame(plan)
+    metric_columns = KERNELS[mode](frame, context)
+    trailing = [metric_columns.pop()[1]] if metric_columns and isinstance(metric_columns[-1], tuple) else []
+    results, messages = judge(frame, mode)
+    head = [frame.name, _bench_names(plan)]
+    head += [frame.text(side, kind) for kind in ("dtype", "shape", "requires_grad") for side in ("target", "bench")]
+    columns = [column.tolist() for column in head + metric_columns + [_requires_grad_consistent(frame), results,
+                                                                         messages]]
+    columns += [plan.row_stack] + trailing
+    if context.stack is False:
+        del columns[COLUMNS[mode].index("NPU_Stack_Info")]
+    write_columns(path, columns)
     if keep is not None:
-        keep.extend(zip(*out_cols))
-    return fr, result, err, out_cols, series
+        keep.extend(zip(*columns))
+    result_list = columns[COLUMNS[mode].index("Result")]
+    summary = PairSummary(rows=frame.row_count, unmatched_rows=int(frame.row_count - len(frame.matched_rows)),
+                          results=_counts(result_list), series=frame.series().tolist(), marks=_marks(frame, results),
+                          first_divergence=_first_divergence(frame, results, messages,
+                                                             [column.tolist() for column in metric_columns], mode,
+                                                             context.threshold))
+    summary.first_nan_inf_target = _replay(firsts[0], plan.target, plan.target_seen, state, "target")
+    summary.first_nan_inf_bench = _replay(firsts[1], plan.bench, plan.bench_seen, state, "bench")
+    return summary
 
 
-def columnar_pair(c: Any, part: str, keep_rows: bool = False, *, lo: int = 0, hi: Optional[int] = None,
-                  with_rest: bool = True) -> dict:
-    """The rows of the record pairs ``lo:hi`` of one rank pair (and of the bench-only records
-    when ``with_rest``) appended to the CSV ``part``, and their summary (the dict of
-    :func:`msprobe.compare._core._chunk`; a forked chunk of compare -n runs one range).
+def _bench_names(plan: Plan) -> Any:
+    import numpy as np
 
-    Block by block (:data:`BLOCK_RECORDS` records, bench-only records in the last): plans (the
-    flat index columns of every row), builds the mode's columns, writes them, then folds the
-    block into the summary."""
-    from msprobe.compare._core import _Firsts
+    return np.array(plan.row_bench_name, dtype=object)
 
-    mode = c.mode
-    n = len(c.pairs) if hi is None else hi
-    start = lo
-    fin_n, fin_b = _Firsts(), _Firsts()
-    state: dict = {"b_epoch": (-1, None)}
+
+def columnar_pair(context: PairContext, path: str, keep_rows: bool = False, *, start: int = 0,
+                  stop: Optional[int] = None, with_rest: bool = True) -> tuple:
+    """The rows of the record pairs ``start:stop`` of one rank pair (and of the bench-only
+    records when ``with_rest``) appended to the CSV ``path``: (their :class:`PairSummary`, the
+    rows as lists when ``keep_rows``, for the xlsx). A forked chunk of compare -n runs one range."""
+    stop = len(context.pairs) if stop is None else stop
+    firsts = (NonFiniteFirsts(), NonFiniteFirsts())
+    state: dict = {"bench_epoch": (-1, None)}
     keep: Optional[list] = [] if keep_rows else None
-    counts: dict = {}
-    series: list = []
-    marks = PlotMarks()
-    first_div = first_nan_n = first_nan_b = None
-    rows = unmatched = 0
+    total = PairSummary()
+    block_start = start
     while True:
-        hi = min(n, lo + BLOCK_RECORDS)
-        f = _flatten(c, c.progress, lo, hi, with_rest and hi == n, state)
-        fr, result, err, out_cols, ser = _block(c, f, part, keep)
-        for k, v in _counts(out_cols[COLUMNS[mode].index("Result")]).items():
-            counts[k] = counts.get(k, 0) + v
-        series.extend(ser.tolist())
-        _marks(marks, fr, result, mode == "statistics", rows)
-        if first_div is None:
-            first_div = _first_divergence(fr, result, err, out_cols, mode, c.threshold)
-            if first_div is not None:
-                first_div["row_index"] += rows
-        got = _replay(fin_n, f.t, f.t_see, _nonfinite_leaves(f.t), state, "t")
-        first_nan_n = got if first_nan_n is None else first_nan_n
-        got = _replay(fin_b, f.b, f.b_see, _nonfinite_leaves(f.b), state, "b")
-        first_nan_b = got if first_nan_b is None else first_nan_b
-        rows += fr.R
-        unmatched += int(fr.R - len(fr.midx))
-        if hi == n:
+        block_stop = min(stop, block_start + BLOCK_RECORDS)
+        plan = plan_rows(context, block_start, block_stop, with_rest and block_stop == stop, state)
+        total.merge(_block(context, plan, path, keep, state, firsts))
+        if block_stop == stop:
             break
-        lo = hi
-    return {"rows": rows, "records": n - start, "results": counts, "series": series, "first_divergence": first_div,
-            "first_nan_inf_target": first_nan_n, "first_nan_inf_bench": first_nan_b,
-            **fin_n.summary("target"), **fin_b.summary("bench"), "marks": marks,
-            "matched_records": sum(1 for _, bm in c.pairs[start:n] if bm is not None), "unmatched_rows": unmatched,
-            "row_list": keep if keep is not None else []}
+        block_start = block_stop
+    total.records = stop - start
+    total.matched_records = sum(1 for _, bench in context.pairs[start:stop] if bench is not None)
+    firsts[0].fill(total, "target")
+    firsts[1].fill(total, "bench")
+    return total, (keep if keep is not None else [])

@@ -17,8 +17,8 @@ from typing import Any, Optional
 
 from msprobe.format.model import is_tensor_entry
 
-__all__ = ["COLUMNS", "record_leaves", "norm_record_name", "Side", "stats_metrics", "md5_metrics",
-           "tensor_metrics", "leaf_side", "as_float"]
+__all__ = ["COLUMNS", "record_leaves", "norm_record_name", "Side", "diff_cells", "tensor_metrics",
+           "leaf_side", "as_float"]
 
 _HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
          "NPU Requires_grad", "Bench Requires_grad"]
@@ -155,7 +155,7 @@ def as_float(v: Any) -> float:
         return _INF if v > 0 else -_INF
 
 
-def _diff(a: Any, b: Any) -> tuple:
+def diff_cells(a: Any, b: Any) -> tuple:
     """(diff, relative error in percent, rel as a float or None) the way 26.2.0's CSV prints them:
     numbers subtract (integers as floats), a zero bench gives an ``inf`` relative error, differing
     bools or strings print ``Diff``, a missing value ``N/A``."""
@@ -185,21 +185,6 @@ def _diff(a: Any, b: Any) -> tuple:
         return str(d), _NA, None
     rel = abs(d) / abs(b)
     return str(d), f"{rel * 100}%", rel
-
-
-def stats_metrics(n: Side, b: Side) -> tuple:
-    """(the 8 metric strings: 4 diffs then 4 relative errors, NormRelativeErr as a fraction or None);
-    the verdict is the record's (:mod:`msprobe.compare._verdict`)."""
-    ns, bs = n.stats, b.stats
-    d0, r0, _ = _diff(ns[0], bs[0])
-    d1, r1, _ = _diff(ns[1], bs[1])
-    d2, r2, _ = _diff(ns[2], bs[2])
-    d3, r3, f3 = _diff(ns[3], bs[3])
-    return [d0, d1, d2, d3, r0, r1, r2, r3], f3
-
-
-def md5_metrics(n: Side, b: Side) -> list:
-    return [n.md5, b.md5]
 
 
 def _r12(v: float) -> float:

@@ -1,4 +1,4 @@
-"""The Result and Err_message of compare rows: 26.2.0's per-record rules, one function per rule.
+"""The Result and Err_message of compare rows: 26.2.0's per-record rules, one table of column rules.
 
 The real compare (mindstudio-probe 26.2.0) judges each *record* (API or module call) as a whole:
 every row of the record starts at ``pass`` with no message, then each rule of the mode may raise
@@ -9,19 +9,22 @@ tests/fixtures/real/compare_outputs/verdict_rules/ and result_rule/); docs/compa
 with their sources. Rows are classed by their target name: ``.output.`` in it makes an output
 row, anything else (positional and keyword inputs, parameters, parameter gradients) an input row.
 
-:func:`judge_record` is the entry point; it works on :class:`Facts`, what a row shows, so that
-the rules stay plain functions of the CSV cells (and can be vectorised over many records).
+:data:`RULES` holds each mode's rules in order; each rule is a function of the rows' columns
+(the engine's frame, :class:`msprobe.compare._columnar.Frame`) that returns the rows it fires
+on, and :func:`judge` evaluates the table over all rows at once. A record whose API is in
+:data:`ALL_IGNORE` is not judged; one in :data:`INPUT_IGNORE` has its output rows judged by the
+rules that do not read inputs. ``tests/compare/row_oracle.py`` keeps the rules one row at a time,
+the reference this table is held to.
 """
 from __future__ import annotations
 
 import json
-import math
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable
 
-__all__ = ["Facts", "judge_record", "diverges", "ignore_level", "ALL_IGNORE", "INPUT_IGNORE", "RULES"]
+__all__ = ["Rule", "RULES", "judge", "ALL_IGNORE", "INPUT_IGNORE", "ignore_class"]
 
 PASS, WARNING, ERROR = "pass", "warning", "error"
-_LEVEL = {PASS: 0, WARNING: 1, ERROR: 2}
 _NA = "N/A"
 
 #: API names (the second part of a record name) that no rule judges ...
@@ -51,244 +54,148 @@ RATIO_IN_LIMIT = 0.9     # inputs' smallest One Thousandth Err Ratio above this 
 RATIO_OUT_LIMIT = 0.1    # ... and outputs' smallest below this: error
 COSINE_IN_LIMIT = 0.9    # inputs' smallest Cosine above this ...
 COSINE_DROP = 0.1        # ... and more than this above the outputs' smallest: warning
+#: what an md5 cell holds when the side has no CRC-32
+NO_CRC = (_NA, "Nan", "")
 
 
-class Facts:
-    """What the rules read of one row: names, dtypes, shapes, requires_grad (the CSV strings),
-    the target and bench Max/Min (as dumped), the NormRelativeErr cell, Cosine and One Thousandth
-    Err Ratio (tensor mode: numbers or strings such as ``unsupported``), the MD5 cells, and
-    whether the row is a scalar argument whose value differs."""
+def ignore_class(api: str) -> int:
+    """0: judged, 1: outputs only (:data:`INPUT_IGNORE`), 2: not judged (:data:`ALL_IGNORE`),
+    from a record's API name (the second dotted part of its first input row's name)."""
+    return 2 if api in ALL_IGNORE else (1 if api in INPUT_IGNORE else 0)
 
-    __slots__ = ("name", "bench_name", "output", "dtype_n", "dtype_b", "shape_n", "shape_b", "rg_n", "rg_b",
-                 "max_n", "min_n", "max_b", "min_b", "norm_rel", "cosine", "ratio", "md5_n", "md5_b",
-                 "scalar_differs", "result", "msgs")
 
-    def __init__(self, name: str, bench_name: str, *, dtype_n: str = _NA, dtype_b: str = _NA, shape_n: str = _NA,
-                 shape_b: str = _NA, rg_n: str = _NA, rg_b: str = _NA, max_n: Any = None, min_n: Any = None,
-                 max_b: Any = None, min_b: Any = None, norm_rel: str = _NA, cosine: Any = None, ratio: Any = None,
-                 md5_n: str = _NA, md5_b: str = _NA, scalar_differs: bool = False):
-        self.name, self.bench_name = name, bench_name
-        self.output = ".output." in name
-        self.dtype_n, self.dtype_b, self.shape_n, self.shape_b = dtype_n, dtype_b, shape_n, shape_b
-        self.rg_n, self.rg_b = rg_n, rg_b
-        self.max_n, self.min_n, self.max_b, self.min_b = max_n, min_n, max_b, min_b
-        self.norm_rel, self.cosine, self.ratio = norm_rel, cosine, ratio
-        self.md5_n, self.md5_b = md5_n, md5_b
-        self.scalar_differs = scalar_differs
-        self.result = PASS
-        self.msgs: list = []
+@dataclass(frozen=True)
+class Rule:
+    """One of 26.2.0's rules: its message (``error: ...`` or ``warning: ...``), the rows it fires
+    on (``rows(frame)``: a boolean mask or row indices) and whether input-ignored records skip it."""
+
+    message: str
+    rows: Callable[[Any], Any]
+    skips_input_ignored: bool
 
     @property
-    def matched(self) -> bool:
-        return bool(self.bench_name) and self.bench_name != _NA
-
-    def raise_to(self, level: str, msg: str) -> None:
-        """The rule's level if it is worse than the row's, and its message (always appended)."""
-        if _LEVEL[level] > _LEVEL[self.result]:
-            self.result = level
-        self.msgs.append(msg)
-
-    @property
-    def err_message(self) -> str:
-        return json.dumps(self.msgs)
+    def warning(self) -> bool:
+        return self.message.startswith("warning")
 
 
-# ---------------------------------------------------------------- cell readers
+# ---------------------------------------------------------------- the rules over columns
 
-def _inf_or_nan(v: Any) -> bool:
-    if isinstance(v, float):
-        return math.isnan(v) or math.isinf(v)
-    if isinstance(v, str):
-        return v.strip().lower() in ("inf", "-inf", "nan")
-    return False
+def _inf_nan(frame: Any) -> Any:
+    """The target's Max or Min is NaN/inf and the bench's are not."""
+    return frame.nonfinite_max_min("target") & ~frame.nonfinite_max_min("bench")
 
 
-def percent(cell: Any) -> float:
-    """A relative-error cell as a fraction: ``"12.5%"`` -> 0.125, ``"inf"`` -> inf; 0 for what does
-    not read as a number (``N/A``, ``Diff``)."""
-    try:
-        return float(str(cell).strip("%")) / 100
-    except ValueError:
-        return 0.0
+def _norm_output(frame: Any) -> Any:
+    """Statistics: every input's NormRelativeErr is below 0.1 and an output's is above 0.5."""
+    import numpy as np
+
+    inputs = frame.group_max(~frame.output_rows & frame.has_target, frame.norm_cell)
+    return frame.output_rows & (inputs[frame.groups] < NORM_IN_LIMIT) & (np.abs(frame.norm_percent) > NORM_OUT_LIMIT)
 
 
-def _number(v: Any, percent_only: bool) -> Optional[float]:
-    """The value a rule aggregates, or None when the cell takes no part: NaN, N/A, and strings
-    (in statistics mode only ``%`` cells count; in tensor mode numbers do)."""
-    if v is None or isinstance(v, bool):
-        return None
-    if isinstance(v, str):
-        s = v.strip()
-        if s.endswith("%"):
-            x = percent(s)
-        elif percent_only:
-            return None
-        else:
-            try:
-                x = float(s)
-            except ValueError:
-                return None
-    elif isinstance(v, (int, float)):
-        if percent_only:
-            return None
-        x = float(v)
-    else:
-        return None
-    return None if x != x else x
+def _requires_grad(frame: Any) -> Any:
+    target, bench = frame.text("target", "requires_grad"), frame.text("bench", "requires_grad")
+    return frame.matched & (target != "") & (bench != "") & (target != bench)
 
 
-def _largest(rows: list, attr: str) -> float:
-    """The largest (percent) cell of ``rows``, 0 when none counts."""
-    best = 0.0
-    for r in rows:
-        x = _number(getattr(r, attr), True)
-        if x is not None and x > best:
-            best = x
-    return best
+def _scalars(frame: Any) -> Any:
+    """A scalar (non-tensor) input whose value differs."""
+    return ~frame.output_rows & frame.scalar_differs()
 
 
-def _smallest(rows: list, attr: str) -> float:
-    """The smallest numeric cell of ``rows``, 1 when none counts."""
-    best = 1.0
-    for r in rows:
-        x = _number(getattr(r, attr), False)
-        if x is not None and x < best:
-            best = x
-    return best
+def _dtype(frame: Any) -> Any:
+    """The dtypes differ (fused qkv/gate_up bench names excepted)."""
+    target, bench = frame.text("target", "dtype"), frame.text("bench", "dtype")
+    return (frame.matched & (frame.name != _NA) & ~frame.bench_name_has("qkv", "gate_up") & (target != "")
+            & (bench != "") & (target != bench))
 
 
-# ---------------------------------------------------------------- the rules
-# each takes (inputs, outputs, judged) where judged is the rows the record's ignore class leaves
+def _shape(frame: Any) -> Any:
+    return frame.matched & (frame.text("target", "shape") != frame.text("bench", "shape"))
 
 
-def rule_inf_nan(inputs: list, outputs: list, judged: list) -> None:
-    """error: the target's Max or Min is NaN/inf and the bench's are not."""
-    for r in judged:
-        if _inf_or_nan(r.max_b) or _inf_or_nan(r.min_b):
-            continue
-        if _inf_or_nan(r.max_n) or _inf_or_nan(r.min_n):
-            r.raise_to(ERROR, MSG_INF_NAN)
+def _first_output_where(frame: Any, groups: Any) -> Any:
+    """The first output row of each record in the mask ``groups`` that has one."""
+    first = frame.first_output()
+    return first[groups & (first >= 0)]
 
 
-def rule_norm_output(inputs: list, outputs: list, judged: list) -> None:
-    """error (statistics): every input's NormRelativeErr is below 0.1 and an output's is above 0.5."""
-    if abs(_largest(inputs, "norm_rel")) < NORM_IN_LIMIT:
-        for r in outputs:
-            if abs(percent(r.norm_rel)) > NORM_OUT_LIMIT:
-                r.raise_to(ERROR, MSG_NORM_OUT)
+def _norm_10x(frame: Any) -> Any:
+    """Statistics, on the first output row: the outputs' largest NormRelativeErr is more than 10
+    times the inputs' largest, or above 0.1 when every input is exact."""
+    import numpy as np
+
+    inputs = frame.group_max(~frame.output_rows & frame.has_target, frame.norm_cell)
+    outputs = frame.group_max(frame.output_rows, frame.norm_cell)
+    with np.errstate(all="ignore"):
+        big = np.where(inputs == 0, outputs > NORM_ZERO_IN_OUT,
+                       (outputs / np.where(inputs == 0, 1, inputs)) > NORM_RATIO)
+    return _first_output_where(frame, big)
 
 
-def rule_requires_grad(inputs: list, outputs: list, judged: list) -> None:
-    """error: requires_grad differs (matched rows)."""
-    for r in judged:
-        if r.matched and r.rg_n and r.rg_b and r.rg_n != r.rg_b:
-            r.raise_to(ERROR, MSG_REQ_GRAD)
+def _ratio(frame: Any) -> Any:
+    """Tensor, on the first output row: the inputs' smallest One Thousandth Err Ratio is above
+    0.9 and the outputs' smallest is below 0.1."""
+    inputs = frame.group_min(~frame.output_rows, frame.ratio_number)
+    outputs = frame.group_min(frame.output_rows, frame.ratio_number)
+    return _first_output_where(frame, (inputs > RATIO_IN_LIMIT) & (outputs < RATIO_OUT_LIMIT))
 
 
-def rule_scalars(inputs: list, outputs: list, judged: list) -> None:
-    """error: a scalar (non-tensor) input differs."""
-    for r in inputs:
-        if r.matched and r.scalar_differs:
-            r.raise_to(ERROR, MSG_SCALAR)
+def _cosine(frame: Any) -> Any:
+    """Tensor, on the first output row: the inputs' smallest Cosine is above 0.9 and more than
+    0.1 above the outputs' smallest."""
+    inputs = frame.group_min(~frame.output_rows, frame.cosine_number)
+    outputs = frame.group_min(frame.output_rows, frame.cosine_number)
+    return _first_output_where(frame, (inputs > COSINE_IN_LIMIT) & (inputs - outputs > COSINE_DROP))
 
 
-def rule_dtype(inputs: list, outputs: list, judged: list) -> None:
-    """error: the dtypes differ (matched rows; fused qkv/gate_up bench names excepted)."""
-    for r in judged:
-        if not r.matched or r.name == _NA or "qkv" in r.bench_name or "gate_up" in r.bench_name:
-            continue
-        if r.dtype_n and r.dtype_b and r.dtype_n != r.dtype_b:
-            r.raise_to(ERROR, MSG_DTYPE)
+def _crc_differs(frame: Any) -> Any:
+    import numpy as np
+
+    target, bench = frame.text("target", "md5"), frame.text("bench", "md5")
+    blank = np.isin(target, NO_CRC) | np.isin(bench, NO_CRC)
+    return target != bench, blank
 
 
-def rule_shape(inputs: list, outputs: list, judged: list) -> None:
-    """error: the shapes differ (matched rows)."""
-    for r in judged:
-        if r.matched and r.shape_n != r.shape_b:
-            r.raise_to(ERROR, MSG_SHAPE)
+def _crc(frame: Any) -> Any:
+    differs, blank = _crc_differs(frame)
+    return differs & ~blank
 
 
-def rule_norm_10x(inputs: list, outputs: list, judged: list) -> None:
-    """warning on the first output row (statistics): the outputs' largest NormRelativeErr is more
-    than 10 times the inputs' largest, or above 0.1 when every input is exact."""
-    if not outputs:
-        return
-    x_in, x_out = abs(_largest(inputs, "norm_rel")), abs(_largest(outputs, "norm_rel"))
-    if (x_out > NORM_ZERO_IN_OUT) if x_in == 0 else (x_out / x_in > NORM_RATIO):
-        outputs[0].raise_to(WARNING, MSG_NORM_10X)
+def _crc_unmatched(frame: Any) -> Any:
+    differs, blank = _crc_differs(frame)
+    return differs & blank
 
 
-def rule_ratio(inputs: list, outputs: list, judged: list) -> None:
-    """error on the first output row (tensor): the inputs' smallest One Thousandth Err Ratio is
-    above 0.9 and the outputs' smallest is below 0.1."""
-    if outputs and _smallest(inputs, "ratio") > RATIO_IN_LIMIT and _smallest(outputs, "ratio") < RATIO_OUT_LIMIT:
-        outputs[0].raise_to(ERROR, MSG_RATIO)
-
-
-def rule_cosine(inputs: list, outputs: list, judged: list) -> None:
-    """warning on the first output row (tensor): the inputs' smallest Cosine is above 0.9 and
-    more than 0.1 above the outputs' smallest."""
-    if not outputs:
-        return
-    c_in, c_out = _smallest(inputs, "cosine"), _smallest(outputs, "cosine")
-    if c_in > COSINE_IN_LIMIT and c_in - c_out > COSINE_DROP:
-        outputs[0].raise_to(WARNING, MSG_COSINE)
-
-
-def rule_crc(inputs: list, outputs: list, judged: list) -> None:
-    """md5: error when the CRC-32 values differ, warning when one side has none (unmatched)."""
-    for r in judged:
-        if r.md5_n != r.md5_b:
-            if r.md5_n in (_NA, "Nan", "") or r.md5_b in (_NA, "Nan", ""):
-                r.raise_to(WARNING, MSG_CRC_UNMATCHED)
-            else:
-                r.raise_to(ERROR, MSG_CRC)
-
-
-#: (rule, whether it skips the input-ignored records) per mode, in 26.2.0's order
+_COMMON_HEAD = [Rule(MSG_INF_NAN, _inf_nan, False)]
+_COMMON_MIDDLE = [Rule(MSG_REQ_GRAD, _requires_grad, False), Rule(MSG_SCALAR, _scalars, True),
+                  Rule(MSG_DTYPE, _dtype, False), Rule(MSG_SHAPE, _shape, False)]
+#: each mode's rules, in 26.2.0's order (Err_message lists the messages in this order)
 RULES = {
-    "statistics": [(rule_inf_nan, False), (rule_norm_output, True), (rule_requires_grad, False),
-                   (rule_scalars, True), (rule_dtype, False), (rule_shape, False), (rule_norm_10x, True)],
-    "tensor": [(rule_inf_nan, False), (rule_ratio, True), (rule_requires_grad, False), (rule_scalars, True),
-               (rule_dtype, False), (rule_shape, False), (rule_cosine, True)],
-    "md5": [(rule_crc, False)],
+    "statistics": _COMMON_HEAD + [Rule(MSG_NORM_OUT, _norm_output, True)] + _COMMON_MIDDLE
+                  + [Rule(MSG_NORM_10X, _norm_10x, True)],
+    "tensor": _COMMON_HEAD + [Rule(MSG_RATIO, _ratio, True)] + _COMMON_MIDDLE + [Rule(MSG_COSINE, _cosine, True)],
+    "md5": [Rule(MSG_CRC, _crc, False), Rule(MSG_CRC_UNMATCHED, _crc_unmatched, False)],
 }
 
 
-def ignore_level(facts: list) -> Optional[str]:
-    """'all' / 'input' / None: the record's ignore class, from the API name (the second dotted part)
-    of its first input row's target name."""
-    first = next((f for f in facts if not f.output), None)
-    if first is None:
-        return None
-    parts = first.name.split(".")
-    if len(parts) < 2:
-        return None
-    if parts[1] in ALL_IGNORE:
-        return "all"
-    if parts[1] in INPUT_IGNORE:
-        return "input"
-    return None
+def judge(frame: Any, mode: str) -> tuple:
+    """(Result column, Err_message column) of every row of ``frame``: the mode's rules evaluated
+    over the columns, each restricted to the rows its record's ignore class leaves."""
+    import numpy as np
 
-
-def judge_record(mode: str, facts: list) -> list:
-    """Set ``result`` and ``msgs`` of every row (:class:`Facts`) of one record; returns ``facts``."""
-    inputs = [f for f in facts if not f.output]
-    outputs = [f for f in facts if f.output]
-    ign = ignore_level(facts)
-    if ign == "all":
-        return facts
-    judged = outputs if ign == "input" else inputs + outputs
-    for rule, skips_input_ignored in RULES[mode]:
-        if ign == "input" and skips_input_ignored:
-            continue
-        rule(inputs, outputs, judged)
-    return facts
-
-
-def diverges(result: str, norm_rel: Optional[float], threshold: Optional[float]) -> bool:
-    """Whether a matched row is a divergence: its Result is not ``pass`` (``threshold`` None),
-    or its NormRelativeErr (a fraction; None/NaN when undefined) exceeds ``threshold``."""
-    if threshold is None:
-        return result != PASS
-    return norm_rel is not None and norm_rel == norm_rel and norm_rel > threshold
+    rules = RULES[mode]
+    fired = np.zeros(frame.row_count, dtype=np.int64)
+    for bit, rule in enumerate(rules):
+        rows = np.zeros(frame.row_count, dtype=bool)
+        rows[rule.rows(frame)] = True
+        fired |= (rows & (frame.fully_judged if rule.skips_input_ignored else frame.judged)).astype(np.int64) << bit
+    if not frame.row_count:
+        return np.array([], dtype=object), np.array([], dtype=object)
+    warnings = sum(1 << bit for bit, rule in enumerate(rules) if rule.warning)
+    distinct, inverse = np.unique(fired, return_inverse=True)
+    results, messages = [], []
+    for bits in distinct.tolist():
+        messages.append(json.dumps([rule.message for bit, rule in enumerate(rules) if bits >> bit & 1]))
+        results.append(PASS if bits == 0 else (WARNING if bits & ~warnings == 0 else ERROR))
+    return np.array(results, dtype=object)[inverse.ravel()], np.array(messages, dtype=object)[inverse.ravel()]

@@ -1,9 +1,9 @@
-"""The columnar compare (statistics, md5) writes the same bytes as the row-by-row builder.
+"""The compare engine (column-wise, every mode) writes the same bytes as the row-by-row oracle.
 
 Every case runs :func:`msprobe.compare.compare` twice on the same dumps with the same timestamp,
-``engine="auto"`` (columnar for statistics and md5) and ``engine="rows"`` (one row at a time, the
-reference), and requires byte-identical CSVs, the same xlsx sheet and the same summary.json
-(timing and file paths aside). The dumps are the real tools' fixtures of both frameworks (8.x and
+as the product runs it and with ``tests/compare/row_oracle.py`` (one row at a time, the
+reference) in place of the engine, and requires byte-identical CSVs, the same xlsx sheet and the
+same summary.json (timing and file paths aside). The dumps are the real tools' fixtures of both frameworks (8.x and
 26.x, statistics, md5, tensor, mix/structural, multi-rank) and seeded mutations of them that plant
 what the metrics and rules branch on: NaN/+-Inf/-inf masks, None and string and bool and huge int
 statistics, dtype/shape/requires_grad changes, scalar arguments, missing and extra records and
@@ -22,6 +22,7 @@ import zipfile
 import pytest
 
 from msprobe.compare import compare
+from tests.compare.row_oracle import oracle_compare
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REAL = os.path.join(os.path.dirname(HERE), "fixtures", "real")
@@ -55,13 +56,16 @@ def _outputs(out: str) -> dict:
     return got
 
 
-def _both(tmp_path, target: str, bench: str, **kw) -> dict:
-    """Compare with both engines; assert equal outputs; the columnar run's outputs."""
+def _both(tmp_path, monkeypatch, target: str, bench: str, **kw) -> dict:
+    """Compare with the engine and with the row oracle; assert equal outputs; the engine's outputs."""
     runs = {}
     for engine in ("auto", "rows"):
         out = str(tmp_path / f"out_{engine}")
         shutil.rmtree(out, ignore_errors=True)
-        compare(target, bench, out, timestamp=TS, plot=False, progress=False, engine=engine, **kw)
+        if engine == "auto":
+            compare(target, bench, out, timestamp=TS, plot=False, progress=False, **kw)
+        else:
+            oracle_compare(monkeypatch, target, bench, out, timestamp=TS, plot=False, progress=False, **kw)
         runs[engine] = _outputs(out)
     a, b = runs["auto"], runs["rows"]
     assert sorted(a) == sorted(b)
@@ -69,8 +73,8 @@ def _both(tmp_path, target: str, bench: str, **kw) -> dict:
         if a[name] != b[name]:
             la, lb = a[name].split(b"\n"), b[name].split(b"\n")
             bad = next(i for i, (x, y) in enumerate(zip(la + [b""], lb + [b""])) if x != y)
-            raise AssertionError(f"{name} differs at line {bad}:\n columnar: {la[bad][:400]!r}\n"
-                                 f" rows:     {lb[bad][:400]!r}")
+            raise AssertionError(f"{name} differs at line {bad}:\n engine: {la[bad][:400]!r}\n"
+                                 f" oracle: {lb[bad][:400]!r}")
     assert any(n.endswith(".csv") for n in a)
     return a
 
@@ -95,20 +99,20 @@ REAL_PAIRS = [
 
 
 @pytest.mark.parametrize("target,bench", REAL_PAIRS, ids=[f"{a}-vs-{b}" for a, b in REAL_PAIRS])
-def test_real_fixtures_same_bytes(tmp_path, target, bench):
+def test_real_fixtures_same_bytes(tmp_path, monkeypatch, target, bench):
     t, b = _f(*target.split("/"), "step0"), _f(*bench.split("/"), "step0")
     if not (os.path.isdir(t) and os.path.isdir(b)):
         t, b = _f(*target.split("/")), _f(*bench.split("/"))
-    _both(tmp_path, t, b)
+    _both(tmp_path, monkeypatch, t, b)
 
 
-def test_tensor_dumps_in_statistics_mode_and_options(tmp_path):
+def test_tensor_dumps_in_statistics_mode_and_options(tmp_path, monkeypatch):
     t, b = _f("ms26", "L1_tensor", "step0"), _f("ms26", "L1_tensor_perturbed", "step0")
-    _both(tmp_path, t, b, mode="statistics", xlsx=True)
+    _both(tmp_path, monkeypatch, t, b, mode="statistics", xlsx=True)
     t, b = _f("ms26", "L1_statistics", "step0"), _f("ms26", "L1_statistics_perturbed", "step0")
-    _both(tmp_path, t, b, stack=False, threshold=1e-6)
-    _both(tmp_path, t, b, threshold=0.0, xlsx=True)
-    _both(tmp_path, _f("ms26", "L1_md5", "step0"), _f("ms26", "L1_md5_perturbed", "step0"), xlsx=True,
+    _both(tmp_path, monkeypatch, t, b, stack=False, threshold=1e-6)
+    _both(tmp_path, monkeypatch, t, b, threshold=0.0, xlsx=True)
+    _both(tmp_path, monkeypatch, _f("ms26", "L1_md5", "step0"), _f("ms26", "L1_md5_perturbed", "step0"), xlsx=True,
           stack=False)
 
 
@@ -209,23 +213,23 @@ MUTATED = ["ms26/L1_statistics", "ms26/L1_md5", "ms8/L1_statistics", "ms26/mix_s
 
 @pytest.mark.parametrize("fixture", MUTATED)
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_mutated_dumps_same_bytes(tmp_path, fixture, seed):
+def test_mutated_dumps_same_bytes(tmp_path, monkeypatch, fixture, seed):
     (rank,) = glob.glob(os.path.join(_f(*fixture.split("/")), "step0", "*"))
     with open(os.path.join(rank, "dump.json"), encoding="utf-8") as fh:
         doc = json.load(fh)
     t = _write(str(tmp_path / "t"), _mutate(doc, seed, "t"), rank)
     b = _write(str(tmp_path / "b"), _mutate(doc, seed + 100, "b"), rank)
-    got = _both(tmp_path, t, b, xlsx=seed == 1)
+    got = _both(tmp_path, monkeypatch, t, b, xlsx=seed == 1)
     csv_bytes = next(v for k, v in got.items() if k.endswith(".csv"))
     assert b"error" in csv_bytes  # the planted changes reach the rules
-    _both(tmp_path, t, b, fuzzy=True, structural=False, threshold=0.001)
+    _both(tmp_path, monkeypatch, t, b, fuzzy=True, structural=False, threshold=0.001)
     if "md5" not in fixture:
-        _both(tmp_path, t, b, mode="statistics", stack=False,
+        _both(tmp_path, monkeypatch, t, b, mode="statistics", stack=False,
               mapping={"Functional.linear.1.forward.input.0": "Functional.linear.2.forward.input.0",
                        "Tensor.only_target.0.forward.output.0": "Tensor.only_bench.0.forward.input.0"})
 
 
-def test_generated_dump_with_non_finite_values(tmp_path):
+def test_generated_dump_with_non_finite_values(tmp_path, monkeypatch):
     """The benchmark's generator (NaN/Inf statistics, kwargs, parameters), 3 ranks."""
     import sys
 
@@ -233,8 +237,8 @@ def test_generated_dump_with_non_finite_values(tmp_path):
     from bench_compare import synthesize
 
     t, b = synthesize(str(tmp_path / "gen"), 600, ranks=3)
-    _both(tmp_path, t, b)
-    _both(tmp_path, t, b, workers=2)
+    _both(tmp_path, monkeypatch, t, b)
+    _both(tmp_path, monkeypatch, t, b, workers=2)
 
 
 def test_garbage_collector_paused_during_compare_and_restored(tmp_path, monkeypatch):
@@ -277,10 +281,10 @@ def test_blocks_of_records_same_bytes(tmp_path, monkeypatch, block):
         doc = json.load(fh)
     t = _write(str(tmp_path / "t"), _mutate(doc, 5, "t"), rank)
     b = _write(str(tmp_path / "b"), _mutate(doc, 105, "b"), rank)
-    _both(tmp_path, t, b, xlsx=True)
-    _both(tmp_path, t, b, mapping={"Functional.linear.1.forward.input.0": "Functional.linear.2.forward.input.0"},
+    _both(tmp_path, monkeypatch, t, b, xlsx=True)
+    _both(tmp_path, monkeypatch, t, b, mapping={"Functional.linear.1.forward.input.0": "Functional.linear.2.forward.input.0"},
           threshold=0.01)
-    _both(tmp_path, _f("ms26", "L1_md5", "step0"), _f("ms26", "L1_md5_perturbed", "step0"))
+    _both(tmp_path, monkeypatch, _f("ms26", "L1_md5", "step0"), _f("ms26", "L1_md5_perturbed", "step0"))
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -300,7 +304,7 @@ def test_forked_chunks_of_one_pair_same_bytes(tmp_path, monkeypatch, workers):
         doc = json.load(fh)
     t = _write(str(tmp_path / "t"), _mutate(doc, 7, "t"), rank)
     b = _write(str(tmp_path / "b"), _mutate(doc, 107, "b"), rank)
-    ref = compare(t, b, str(tmp_path / "ref"), timestamp=TS, plot=False, progress=False, engine="rows")
+    ref = oracle_compare(monkeypatch, t, b, str(tmp_path / "ref"), timestamp=TS, plot=False, progress=False)
     got = compare(t, b, str(tmp_path / "got"), timestamp=TS, plot=False, progress=False, workers=workers)
     assert forked == [1]
     (pr,), (pg,) = ref["pairs"], got["pairs"]
