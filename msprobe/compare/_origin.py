@@ -34,133 +34,149 @@ ORIGIN_THRESHOLD = 1e-4
 _OUT_IO = ("output", "parameters_grad")
 
 
-def _num(v: Any) -> Optional[float]:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
-        return float(v)
+        return float(value)
     except OverflowError:
-        return math.inf if v > 0 else -math.inf
+        return math.inf if value > 0 else -math.inf
 
 
-def _rel(a: Optional[float], b: Optional[float], scale: float) -> float:
-    if a is None or b is None or a == b or (a != a and b != b):
+def _relative(target: Optional[float], bench: Optional[float], scale: float) -> float:
+    if target is None or bench is None or target == bench or (target != target and bench != bench):
         return 0.0
-    if not (math.isfinite(a) and math.isfinite(b)):
+    if not (math.isfinite(target) and math.isfinite(bench)):
         return math.inf
-    return abs(a - b) / scale if scale > 0 else math.inf
+    return abs(target - bench) / scale if scale > 0 else math.inf
 
 
-def departure(n: Any, b: Any, md5: bool = False) -> tuple:
-    """(size, note) of a target leaf ``n`` against its bench leaf ``b`` (:class:`_rows.Side`):
-    the largest relative difference of their statistics (inf where one side only is non-finite,
-    or the shapes differ), and a note ("dtype X vs Y", "shape", "CRC-32") or None."""
-    if n.shape != b.shape:
+def departure(target: Any, bench: Any, md5: bool = False) -> tuple:
+    """(size, note) of a target leaf against its bench leaf (:class:`_rows.Side`): the largest
+    relative difference of their statistics (inf where one side only is non-finite, or the shapes
+    differ), and a note ("dtype X vs Y", "shape", "CRC-32") or None."""
+    if target.shape != bench.shape:
         return math.inf, "shape"
     if md5:
-        return (math.inf, "CRC-32") if n.md5 != b.md5 else (0.0, None)
-    note = f"dtype {n.dtype} vs {b.dtype}" if n.dtype != b.dtype else None
-    if not n.tensor or not b.tensor:
-        return (0.0 if n.stats[0] == b.stats[0] else math.inf), note
-    mx_n, mn_n, me_n, no_n = (_num(v) for v in n.stats)
-    mx_b, mn_b, me_b, no_b = (_num(v) for v in b.stats)
-    ends = [abs(v) for v in (mx_b, mn_b) if v is not None and math.isfinite(v)]
+        return (math.inf, "CRC-32") if target.md5 != bench.md5 else (0.0, None)
+    note = f"dtype {target.dtype} vs {bench.dtype}" if target.dtype != bench.dtype else None
+    if not target.tensor or not bench.tensor:
+        return (0.0 if target.stats[0] == bench.stats[0] else math.inf), note
+    target_max, target_min, target_mean, target_norm = (_number(v) for v in target.stats)
+    bench_max, bench_min, bench_mean, bench_norm = (_number(v) for v in bench.stats)
+    ends = [abs(v) for v in (bench_max, bench_min) if v is not None and math.isfinite(v)]
     scale = max(ends) if ends else 0.0
-    size = max(_rel(mx_n, mx_b, scale), _rel(mn_n, mn_b, scale), _rel(me_n, me_b, scale),
-               _rel(no_n, no_b, abs(no_b) if no_b is not None and math.isfinite(no_b) else 0.0))
+    norm_scale = abs(bench_norm) if bench_norm is not None and math.isfinite(bench_norm) else 0.0
+    size = max(_relative(target_max, bench_max, scale), _relative(target_min, bench_min, scale),
+               _relative(target_mean, bench_mean, scale), _relative(target_norm, bench_norm, norm_scale))
     return size, note
 
 
-def _sig(s: Any) -> tuple:
-    return (s.dtype, tuple(repr(v) for v in s.stats))
+def _signature(side: Any) -> tuple:
+    return (side.dtype, tuple(repr(v) for v in side.stats))
 
 
 def _has_tensor(leaves: list) -> bool:
     return any(leaf is not None and leaf_side(leaf).tensor for _, leaf, _ in leaves)
 
 
-def find_origin(data_n: dict, data_b: dict, pairs: list, rest: list, mode: str,
+def _missing_positions(target_count: int, pairs: list, missing: list, bench_position: dict) -> list:
+    """[(target record index, bench record)]: each bench-only record sits before the first matched
+    target record that follows it in the bench, in order."""
+    import bisect
+
+    matched = sorted((bench_position[bench], i) for i, (_, bench) in enumerate(pairs) if bench is not None)
+    keys = [position for position, _ in matched]
+    at = []
+    for name in missing:
+        k = bisect.bisect_right(keys, bench_position[name])
+        at.append((matched[k][1] if k < len(matched) else target_count, name))
+    return sorted(at)
+
+
+def _departures(leaves: list, bench_leaves: dict, md5: bool) -> tuple:
+    """(inputs, outputs): [(suffix, io, target Side, size, note)] of the leaves both sides hold."""
+    inputs: list = []
+    outputs: list = []
+    for suffix, leaf, io in leaves:
+        if suffix not in bench_leaves or leaf is None or bench_leaves[suffix] is None:
+            continue
+        side = leaf_side(leaf)
+        size, note = departure(side, leaf_side(bench_leaves[suffix]), md5)
+        (outputs if io in _OUT_IO else inputs).append((suffix, io, side, size, note))
+    return inputs, outputs
+
+
+def _introduced(inputs: list, outputs: list, threshold: float, produced: set) -> Optional[tuple]:
+    """(suffix, role, size, note) of the leaf where an error enters this record, or None: an input
+    no earlier output produced that departs, else (every input within) the worst departing output."""
+    for suffix, io, side, size, note in inputs:
+        if (size > threshold or note) and _signature(side) not in produced:
+            role = "parameter" if io == "parameters" or side.rg == "True" else "input"
+            return suffix, role, size, note
+    if any(size > threshold or note for *_, size, note in inputs):
+        return None
+    bad = [(size, suffix, note) for suffix, _, _, size, note in outputs if size > threshold or note]
+    if not bad:
+        return None
+    size, suffix, note = max(bad, key=lambda item: item[0])
+    return suffix, "output", size, note
+
+
+def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mode: str,
                 threshold: Optional[float] = None) -> Optional[dict]:
     """The first record of one rank pair where an error is introduced (see the module doc):
     ``{record, bench_record, row, argument, role, size, note, record_index}`` or None.
     ``pairs``/``rest``: :func:`msprobe.compare._match.match_records`' matching."""
-    thr = ORIGIN_THRESHOLD if threshold is None else threshold
+    limit = ORIGIN_THRESHOLD if threshold is None else threshold
     md5 = mode == "md5"
     tensor_task = mode == "tensor"
-    b_pos = {nm: i for i, nm in enumerate(data_b)}
-    missing = [nm for nm in rest if _has_tensor(record_leaves(nm, data_b[nm], tensor_task))]
-    # a bench-only record sits before the first matched target record that follows it in the bench
-    miss_at: list = []
-    if missing:
-        matched_b = sorted((b_pos[bm], i) for i, (_, bm) in enumerate(pairs) if bm is not None)
-        import bisect
-
-        keys = [p for p, _ in matched_b]
-        for nm in missing:
-            k = bisect.bisect_right(keys, b_pos[nm])
-            miss_at.append((matched_b[k][1] if k < len(matched_b) else len(pairs), nm))
-        miss_at.sort()
+    missing = [name for name in rest if _has_tensor(record_leaves(name, bench_data[name], tensor_task))]
+    missing_at = (_missing_positions(len(pairs), pairs, missing, {name: i for i, name in enumerate(bench_data)})
+                  if missing else [])
     produced: set = set()
-    for rec_i, (nm, bm) in enumerate(pairs):
-        if miss_at and miss_at[0][0] <= rec_i:
-            return _missing(miss_at[0][1], miss_at[0][0])
-        leaves = record_leaves(nm, data_n[nm], tensor_task)
-        if bm is None:
-            if nm.endswith(".debug") or not _has_tensor(leaves):
+    for record_index, (name, bench) in enumerate(pairs):
+        if missing_at and missing_at[0][0] <= record_index:
+            return _missing(missing_at[0][1], missing_at[0][0])
+        leaves = record_leaves(name, target_data[name], tensor_task)
+        if bench is None:
+            if name.endswith(".debug") or not _has_tensor(leaves):
                 continue
-            return {"record": nm, "bench_record": None, "row": nm, "argument": None, "role": "extra in target",
-                    "size": None, "note": "the bench has no such record", "record_index": rec_i}
-        b_leaves = {sfx: leaf for sfx, leaf, _ in record_leaves(bm, data_b[bm], tensor_task)}
-        ins: list = []
-        outs: list = []
-        for sfx, leaf, io in leaves:
-            if sfx not in b_leaves or leaf is None or b_leaves[sfx] is None:
-                continue
-            n = leaf_side(leaf)
-            size, note = departure(n, leaf_side(b_leaves[sfx]), md5)
-            (outs if io in _OUT_IO else ins).append((sfx, io, n, size, note))
-        found = None
-        for sfx, io, n, size, note in ins:
-            if (size > thr or note) and _sig(n) not in produced:
-                role = "parameter" if io == "parameters" or n.rg == "True" else "input"
-                found = (sfx, role, size, note)
-                break
-        if found is None and all(not (size > thr or note) for *_, size, note in ins):
-            bad = [(size, sfx, note) for sfx, _, _, size, note in outs if size > thr or note]
-            if bad:
-                size, sfx, note = max(bad, key=lambda t: t[0])
-                found = (sfx, "output", size, note)
+            return {"record": name, "bench_record": None, "row": name, "argument": None, "role": "extra in target",
+                    "size": None, "note": "the bench has no such record", "record_index": record_index}
+        bench_leaves = {suffix: leaf for suffix, leaf, _ in record_leaves(bench, bench_data[bench], tensor_task)}
+        inputs, outputs = _departures(leaves, bench_leaves, md5)
+        found = _introduced(inputs, outputs, limit, produced)
         if found is not None:
-            sfx, role, size, note = found
+            suffix, role, size, note = found
             if not math.isfinite(size):
                 size, note = None, note or "NaN/Inf on the target side only"
-            return {"record": nm, "bench_record": bm, "row": f"{nm}.{sfx}" if sfx else nm, "argument": sfx,
-                    "role": role, "size": size, "note": note, "record_index": rec_i}
-        for _, _, n, _, _ in outs:
-            if n.tensor:
-                produced.add(_sig(n))
-    if miss_at:
-        return _missing(miss_at[0][1], miss_at[0][0])
+            return {"record": name, "bench_record": bench, "row": f"{name}.{suffix}" if suffix else name,
+                    "argument": suffix, "role": role, "size": size, "note": note, "record_index": record_index}
+        produced.update(_signature(side) for _, _, side, _, _ in outputs if side.tensor)
+    if missing_at:
+        return _missing(missing_at[0][1], missing_at[0][0])
     return None
 
 
-def _step_key(s: Any) -> tuple:
-    return (s is None, s if isinstance(s, int) else 0, str(s))
+def _step_key(step: Any) -> tuple:
+    return (step is None, step if isinstance(step, int) else 0, str(step))
 
 
-def order_key(r: dict, key: str, i: int = 0) -> tuple:
-    """Sort key of rank-pair result ``r`` by its ``key`` entry (a first divergence, origin or first
+def order_key(result: dict, key: str, position: int = 0) -> tuple:
+    """Sort key of a rank-pair result by its ``key`` entry (a first divergence, origin or first
     NaN, with a ``record_index``): the earliest step, then the lowest record index over the ranks
-    of that step, then rank order (``i``: the result's position, the last tie-break)."""
-    ri = r[key].get("record_index")
-    return (_step_key(r.get("step")), str(r.get("split") or ""), math.inf if ri is None else ri,
-            r.get("rank") is None, r.get("rank") or 0, i)
+    of that step, then rank order (``position``: the result's position, the last tie-break)."""
+    record_index = result[key].get("record_index")
+    return (_step_key(result.get("step")), str(result.get("split") or ""),
+            math.inf if record_index is None else record_index, result.get("rank") is None,
+            result.get("rank") or 0, position)
 
 
 def earliest(results: list, key: str) -> Optional[dict]:
     """The result whose ``key`` entry comes first in :func:`order_key`'s order (None when no
     result has one): the one rule compare and the lake's questions pick by."""
-    got = [(order_key(r, key, i), i) for i, r in enumerate(results) if r.get(key)]
+    got = [(order_key(result, key, i), i) for i, result in enumerate(results) if result.get(key)]
     return results[min(got)[1]] if got else None
 
 
@@ -169,11 +185,11 @@ def _missing(bench_name: str, at: int) -> dict:
             "role": "missing in target", "size": None, "note": "the target has no such record", "record_index": at}
 
 
-def describe(o: dict) -> str:
+def describe(origin: dict) -> str:
     """One line: ``Functional.linear.6.forward input.1 (parameter, 5% off the bench)``."""
-    if o["role"] in ("missing in target", "extra in target"):
-        return f"{o['record']} ({o['role']}: {o['note']})"
-    how = [f"{o['size'] * 100:.3g}% off the bench"] if o.get("size") is not None else []
-    if o.get("note"):
-        how.append(o["note"])
-    return f"{o['record']} {o['argument']} ({o['role']}, {', '.join(how)})"
+    if origin["role"] in ("missing in target", "extra in target"):
+        return f"{origin['record']} ({origin['role']}: {origin['note']})"
+    how = [f"{origin['size'] * 100:.3g}% off the bench"] if origin.get("size") is not None else []
+    if origin.get("note"):
+        how.append(origin["note"])
+    return f"{origin['record']} {origin['argument']} ({origin['role']}, {', '.join(how)})"
