@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, TypeVar, Union
 
 from msprobe.errors import DocumentError, FormatError, NameFormatError, RecordNotFoundError
 from msprobe.format.model import Record
@@ -29,6 +29,7 @@ __all__ = [
     "DebugDocument",
     "StackDocument",
     "ConstructDocument",
+    "SIDE_DOCUMENTS",
 ]
 
 DUMP_JSON = "dump.json"
@@ -174,15 +175,36 @@ def _require_object(obj: Any, file: Optional[str], location: str = "$") -> dict:
     return obj
 
 
-class DumpDocument:
-    """dump.json (or debug.json): ``{"task", "level", "framework", "dump_data_dir", "data", ...}``.
-
-    ``raw`` is the parsed object itself, so unknown keys survive a round trip.
-    """
+class _JsonDocument:
+    """What the three documents share: the parsed object (``raw``), the file it came from, strict
+    loading (a JSON object, validated unless asked not to) and writing back."""
 
     def __init__(self, raw: dict, file: Optional[str] = None):
         self.raw = raw
         self.file = file
+
+    @classmethod
+    def loads(cls: type[_Doc], data: Union[bytes, str], file: Optional[str] = None, *, validate: bool = True) -> _Doc:
+        doc = cls(_require_object(loads_json(data, file), file), file)
+        if validate:
+            doc.validate()
+        return doc
+
+    def dumps(self) -> str:
+        return dumps_json(self.raw)
+
+    def validate(self) -> None:
+        raise NotImplementedError
+
+
+_Doc = TypeVar("_Doc", bound=_JsonDocument)
+
+
+class DumpDocument(_JsonDocument):
+    """dump.json (or debug.json): ``{"task", "level", "framework", "dump_data_dir", "data", ...}``.
+
+    ``raw`` is the parsed object itself, so unknown keys survive a round trip.
+    """
 
     @classmethod
     def new(cls, task: Optional[str], level: Optional[str], framework: Optional[str],
@@ -193,16 +215,6 @@ class DumpDocument:
                "data": data if data is not None else {}}
         raw.update(extra)
         return cls(raw)
-
-    @classmethod
-    def loads(cls, data: Union[bytes, str], file: Optional[str] = None, *, validate: bool = True) -> "DumpDocument":
-        doc = cls(_require_object(loads_json(data, file), file), file)
-        if validate:
-            doc.validate()
-        return doc
-
-    def dumps(self) -> str:
-        return dumps_json(self.raw)
 
     task = property(lambda self: self.raw.get("task"))
     level = property(lambda self: self.raw.get("level"))
@@ -298,26 +310,15 @@ class DebugDocument(DumpDocument):
         return True
 
 
-class StackDocument:
+class StackDocument(_JsonDocument):
     """stack.json: ``{"<id>": [[record names...], [frame strings...]]}``.
 
     Older dialects map a record name straight to its frame list; both are read.
     """
 
     def __init__(self, raw: dict, file: Optional[str] = None):
-        self.raw = raw
-        self.file = file
+        super().__init__(raw, file)
         self._index: Optional[dict] = None
-
-    @classmethod
-    def loads(cls, data: Union[bytes, str], file: Optional[str] = None, *, validate: bool = True) -> "StackDocument":
-        doc = cls(_require_object(loads_json(data, file), file), file)
-        if validate:
-            doc.validate()
-        return doc
-
-    def dumps(self) -> str:
-        return dumps_json(self.raw)
 
     def _entries(self) -> Iterator[tuple[str, list, Any]]:
         for key, value in self.raw.items():
@@ -360,22 +361,8 @@ class StackDocument:
         return out
 
 
-class ConstructDocument:
+class ConstructDocument(_JsonDocument):
     """construct.json: ``{"<record>": "<parent record>" | null}`` (``{}`` at L1)."""
-
-    def __init__(self, raw: dict, file: Optional[str] = None):
-        self.raw = raw
-        self.file = file
-
-    @classmethod
-    def loads(cls, data: Union[bytes, str], file: Optional[str] = None, *, validate: bool = True) -> "ConstructDocument":
-        doc = cls(_require_object(loads_json(data, file), file), file)
-        if validate:
-            doc.validate()
-        return doc
-
-    def dumps(self) -> str:
-        return dumps_json(self.raw)
 
     def validate(self) -> None:
         for key, value in self.raw.items():
@@ -388,6 +375,10 @@ class ConstructDocument:
 
     def children(self, name: str) -> list[str]:
         return [k for k, v in self.raw.items() if v == name]
+
+
+#: the documents of a rank directory beside dump.json (or debug.json), by file name
+SIDE_DOCUMENTS: dict[str, type[_JsonDocument]] = {STACK_JSON: StackDocument, CONSTRUCT_JSON: ConstructDocument}
 
 
 def is_nan(x: Any) -> bool:

@@ -144,46 +144,57 @@ def _check_fields(header: dict, where: str) -> None:
 
 def decode_packet(data: Any, *, key: Optional[str] = None) -> Packet:
     """Parse and check one packet; :class:`PacketError` for anything malformed."""
-    mv = memoryview(data).cast("B")
+    view = memoryview(data).cast("B")
     where = f" ({key})" if key else ""
-    if len(mv) < len(MAGIC) + 4 or bytes(mv[: len(MAGIC)]) != MAGIC:
+    header, header_end = _parse_header(view, where)
+    payload = view[header_end:]
+    _check_header(header, len(payload), where)
+    return Packet(header, payload, key=key, size=len(view))
+
+
+def _parse_header(view: memoryview, where: str) -> tuple[Any, int]:
+    """The packet's JSON header (not checked yet) and the offset where its payload starts."""
+    if len(view) < len(MAGIC) + 4 or bytes(view[: len(MAGIC)]) != MAGIC:
         raise PacketError(f"not an msprobe online packet{where}: bad magic")
-    (hlen,) = _LEN.unpack(mv[len(MAGIC): len(MAGIC) + 4])
+    (header_len,) = _LEN.unpack(view[len(MAGIC): len(MAGIC) + 4])
     start = len(MAGIC) + 4
-    if hlen > MAX_HEADER_BYTES or start + hlen > len(mv):
-        raise PacketError(f"packet{where}: header length {hlen} exceeds the {len(mv) - start} bytes present")
+    if header_len > MAX_HEADER_BYTES or start + header_len > len(view):
+        raise PacketError(f"packet{where}: header length {header_len} exceeds the {len(view) - start} bytes present")
     try:
-        header = json.loads(bytes(mv[start: start + hlen]).decode("utf-8"))
+        header = json.loads(bytes(view[start: start + header_len]).decode("utf-8"))
     except RecursionError:
         raise PacketError(f"packet{where}: header JSON nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise PacketError(f"packet{where}: header is not JSON ({exc})") from None
+    return header, start + header_len
+
+
+def _check_header(header: Any, payload_len: int, where: str) -> None:
     if not isinstance(header, dict) or header.get("kind") not in KINDS:
         raise PacketError(f"packet{where}: header must be an object with kind in {list(KINDS)}")
     if header.get("v") != 1:
         raise PacketError(f"packet{where}: unsupported packet version {header.get('v')!r}")
     for field in ("step", "seq"):
-        v = header.get(field, 0)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise PacketError(f"packet{where}: {field}={v!r} is not an integer >= 0")
+        value = header.get(field, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise PacketError(f"packet{where}: {field}={value!r} is not an integer >= 0")
     rank = header.get("rank")
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
         raise PacketError(f"packet{where}: rank={rank!r} is not an integer >= 0 or null")
     _check_fields(header, where)
-    payload = mv[start + hlen:]
     tensors = header.setdefault("tensors", {})
     if not isinstance(tensors, dict):
         raise PacketError(f"packet{where}: 'tensors' must be an object")
-    for dn, entry in tensors.items():
-        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                                  and x >= 0 for x in entry)
-                and entry[0] + entry[1] <= len(payload)):
-            raise PacketError(f"packet{where}: tensor {dn!r} has a bad [offset, nbytes] {entry!r} "
-                              f"for a {len(payload)}-byte payload")
+    for data_name, entry in tensors.items():
+        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(number, int)
+                                                                  and not isinstance(number, bool)
+                                                                  and number >= 0 for number in entry)
+                and entry[0] + entry[1] <= payload_len):
+            raise PacketError(f"packet{where}: tensor {data_name!r} has a bad [offset, nbytes] {entry!r} "
+                              f"for a {payload_len}-byte payload")
     if header["kind"] == "api":
         name = header.get("name")
         if not isinstance(name, str) or not name or "/" in name:
             raise PacketError(f"packet{where}: api packet without a valid record name ({name!r})")
         if not isinstance(header.get("record"), dict):
             raise PacketError(f"packet{where}: api packet {name!r} without a record object")
-    return Packet(header, payload, key=key, size=len(mv))

@@ -12,17 +12,7 @@ from typing import Any, Optional
 
 from msprobe.errors import FormatError, MissingDependencyError, MsprobeError
 from msprobe.format._digests import check_digests
-from msprobe.format.documents import (
-    CONSTRUCT_JSON,
-    DEBUG_JSON,
-    DUMP_JSON,
-    STACK_JSON,
-    ConstructDocument,
-    DebugDocument,
-    DumpDocument,
-    StackDocument,
-    loads_json,
-)
+from msprobe.format.documents import DEBUG_JSON, DUMP_JSON, SIDE_DOCUMENTS, DebugDocument, DumpDocument, loads_json
 from msprobe.format.dtypes import itemsize
 from msprobe.format.layout import (
     JOURNAL_DIR,
@@ -148,7 +138,7 @@ def _validate_rank(store: ReadableStore, loc: RankLocation, report: Report,
     doc_name = DUMP_JSON if DUMP_JSON in names else DEBUG_JSON if DEBUG_JSON in names else None
     if doc_name is None:
         why = "missing dump.json (or debug.json)"
-        if JOURNAL_DIR in {n.rstrip("/") for n in names}:  # a run killed before it published: the journal holds it
+        if JOURNAL_DIR in {name.rstrip("/") for name in names}:  # a run killed before it published: the journal holds it
             why += (f"; its crash journal {JOURNAL_DIR}/ is there (a killed run): 'msprobe recover DUMP_PATH' "
                     "rebuilds the documents from it")
         report.problems.append(Problem("error", join_key(loc.prefix, DUMP_JSON), "", why))
@@ -159,78 +149,86 @@ def _validate_rank(store: ReadableStore, loc: RankLocation, report: Report,
     if doc is None:
         return marker
     bad_locations = set()  # entries the document check rejected: their payloads are not loaded too
-    for p in doc.problems():
-        report.problems.append(Problem("error", key, p.location or "", p.message))
-        bad_locations.add(p.location or "")
+    for problem in doc.problems():
+        report.problems.append(Problem("error", key, problem.location or "", problem.message))
+        bad_locations.add(problem.location or "")
     data = doc.data
     report.records += len(data)
     try:
         report.dialects.add(detect_dialect([loc.rank_dir], data, marker))
     except MsprobeError:
         pass
-    # tensor files
-    tensor_files = set(store.list_dir(join_key(loc.prefix, TENSOR_DIR))) if TENSOR_DIR in names else set()
+    tensor_files, zarr, mapping = _tensor_files(store, loc.prefix, names, report)
+    named, payloads = _check_data_names(doc, key, tensor_files, mapping, bad_locations, report)
+    if payloads and _load_wanted(load_tensors, payloads, report, store):
+        _load_payloads(store, loc.prefix, key, payloads, mapping, zarr, report)
+    if marker is not None:  # what the producer wrote vs what is there (concurrent runs, section 6)
+        check_digests(store, loc.prefix, key, marker, tensor_files,
+                      lambda *fields: report.problems.append(Problem(*fields)))
+    converted = set(mapping.values())
+    for file_name in sorted(tensor_files - set(named) - converted):
+        report.problems.append(Problem("warning", join_key(loc.prefix, TENSOR_DIR, file_name), "",
+                                       "tensor file named by no record"))
+    for side_name, side_class in SIDE_DOCUMENTS.items():
+        if side_name in names:
+            side_key = join_key(loc.prefix, side_name)
+            side_doc = _load(store, side_key, side_class, report)
+            if side_doc is not None:
+                try:
+                    side_doc.validate()
+                except FormatError as exc:
+                    report.problems.append(Problem("error", exc.file or side_key, exc.location or "", exc.message))
+    return marker
+
+
+def _tensor_files(store: ReadableStore, prefix: str, names: set, report: Report) -> tuple[set, Any, dict]:
+    """The payload names of a rank directory (tensor files and the Zarr store's payloads, mapping.csv
+    left out), its Zarr reader (None without one) and its mapping of data names to converted files."""
+    tensor_files = set(store.list_dir(join_key(prefix, TENSOR_DIR))) if TENSOR_DIR in names else set()
     zarr = None
     if STORE_DIR in names:  # the Zarr tensor store (section 21): its manifest names the payloads
         try:
-            zarr = ZarrTensorReader(store, loc.prefix)
+            zarr = ZarrTensorReader(store, prefix)
             tensor_files |= set(zarr.names())
         except MsprobeError as exc:
-            report.problems.append(Problem("error", join_key(loc.prefix, STORE_DIR), "", str(exc)))
+            report.problems.append(Problem("error", join_key(prefix, STORE_DIR), "", str(exc)))
     mapping: dict = {}
     if MAPPING_CSV in tensor_files:
         tensor_files.discard(MAPPING_CSV)
-        mapping = read_mapping(store.get(join_key(loc.prefix, TENSOR_DIR, MAPPING_CSV)))
+        mapping = read_mapping(store.get(join_key(prefix, TENSOR_DIR, MAPPING_CSV)))
     report.tensor_files += len(tensor_files)
+    return tensor_files, zarr, mapping
+
+
+def _check_data_names(doc: DumpDocument, key: str, tensor_files: set, mapping: dict, bad_locations: set,
+                      report: Report) -> tuple[dict, list]:
+    """Check every tensor entry's data_name (unique, under its record's name, with a payload);
+    ``{data_name: record name}`` and the (record name, JSON location, tensor entry) of every payload present."""
     named: dict = {}
-    payloads: list = []  # (record name, JSON location, tensor entry) of every payload present
+    payloads: list = []
     for rec in doc.records():
         try:
             tensors = list(rec.tensors())
         except MsprobeError:
             continue
-        for t in tensors:
-            dn = t.data_name
-            if not isinstance(dn, str):
+        for tensor in tensors:
+            data_name = tensor.data_name
+            if not isinstance(data_name, str):
                 continue
-            loc_json = f'$.data["{rec.name}"].{t.path}'
-            if dn in named:
+            loc_json = f'$.data["{rec.name}"].{tensor.path}'
+            if data_name in named:
                 report.problems.append(Problem("error", key, loc_json,
-                                               f"data_name {dn!r} also named by {named[dn]!r}"))
-            named[dn] = rec.name
-            if not dn.startswith(rec.name + "."):
+                                               f"data_name {data_name!r} also named by {named[data_name]!r}"))
+            named[data_name] = rec.name
+            if not data_name.startswith(rec.name + "."):
                 report.problems.append(Problem("warning", key, loc_json,
-                                               f"data_name {dn!r} does not start with its record name"))
-            if mapping.get(dn, dn) not in tensor_files:
+                                               f"data_name {data_name!r} does not start with its record name"))
+            if mapping.get(data_name, data_name) not in tensor_files:
                 report.problems.append(Problem("error", key, loc_json,
-                                               f"data_name {dn!r} has no file in {TENSOR_DIR}/"))
+                                               f"data_name {data_name!r} has no file in {TENSOR_DIR}/"))
             elif loc_json not in bad_locations and f'$.data["{rec.name}"]' not in bad_locations:
-                payloads.append((rec.name, loc_json, t))
-    if payloads and _load_wanted(load_tensors, payloads, report, store):
-        _load_payloads(store, loc.prefix, key, payloads, mapping, zarr, report)
-    if marker is not None:  # what the producer wrote vs what is there (concurrent runs, section 6)
-        check_digests(store, loc.prefix, key, marker, tensor_files,
-                      lambda *p: report.problems.append(Problem(*p)))
-    converted = set(mapping.values())
-    for f in sorted(tensor_files - set(named) - converted):
-        report.problems.append(Problem("warning", join_key(loc.prefix, TENSOR_DIR, f), "",
-                                       "tensor file named by no record"))
-    if STACK_JSON in names:
-        sd = _load(store, join_key(loc.prefix, STACK_JSON), StackDocument, report)
-        if sd is not None:
-            try:
-                sd.validate()
-            except FormatError as exc:
-                report.problems.append(Problem("error", exc.file or "", exc.location or "", exc.message))
-    if CONSTRUCT_JSON in names:
-        ck = join_key(loc.prefix, CONSTRUCT_JSON)
-        cd = _load(store, ck, ConstructDocument, report)
-        if cd is not None:
-            try:
-                cd.validate()
-            except FormatError as exc:
-                report.problems.append(Problem("error", ck, exc.location or "", exc.message))
-    return marker
+                payloads.append((rec.name, loc_json, tensor))
+    return named, payloads
 
 
 def _load_wanted(load_tensors: Optional[bool], payloads: list, report: Report, store: ReadableStore) -> bool:

@@ -9,6 +9,7 @@ and its details-CSV rows). Online checking can build packets directly.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import time
 from typing import Any, Callable, Optional, Union
 
@@ -124,6 +125,12 @@ def _has_torch_npu() -> bool:
     return _NPU
 
 
+def _variable_functions() -> Any:
+    """torch's module of the C functions its Python API wraps, those not exported at the top
+    included (``torch._VF``: attribute by attribute, ``torch._C._VariableFunctions``)."""
+    return importlib.import_module("torch._VF")
+
+
 def resolve_api(api_type: str, api_name: str) -> Callable:
     """The callable a record's API name stands for (``Tensor`` methods take self first)."""
     import torch
@@ -132,11 +139,11 @@ def resolve_api(api_type: str, api_name: str) -> Callable:
     if api_type == "Tensor":
         fn = getattr(torch.Tensor, api_name, None)
     elif api_type == "Torch":
-        fn = getattr(torch, api_name, None) or getattr(torch._C._VariableFunctions, api_name, None)  # noqa: SLF001
+        fn = getattr(torch, api_name, None) or getattr(_variable_functions(), api_name, None)
     elif api_type == "Functional":
         fn = getattr(torch.nn.functional, api_name, None)
     elif api_type == "VF":
-        fn = getattr(torch._VF, api_name, None)  # noqa: SLF001 - torch functions not exported at the top
+        fn = getattr(_variable_functions(), api_name, None)
     elif api_type == "Aten":
         op, _, overload = api_name.partition(".")
         packet = getattr(torch.ops.aten, op, None)
@@ -321,24 +328,8 @@ def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None, *, c
                    "forward.output.device": out_d, "forward.output.bench": out_b}
     elif consume and not want_bwd:
         packet.args, packet.kwargs = [], {}
-    flat_d = _flatten(out_d, [])
-    flat_b = _flatten(out_b, [])
-    rows = []
     recorded = packet.recorded_output if options.check_recorded else None
-    random_api = base in S.RANDOM_APIS
-    for i in range(max(len(flat_b), len(flat_d))):
-        rname = f"{name}.forward.output.{i}"
-        b = flat_b[i] if i < len(flat_b) else None
-        d = flat_d[i] if i < len(flat_d) else None
-        if random_api:
-            rows.append(skip_row(rname, f"{api_name} draws random numbers: the two sides cannot be compared "
-                                        "element by element."))
-            continue
-        rec = recorded[i] if recorded and i < len(recorded) else None
-        row = compare_values(rname, api_name, b, d, recorded=rec)
-        if note:
-            row["message"] = (note + "\n" + row.get("message", "")).strip()
-        rows.append(row)
+    rows = _forward_rows(name, api_name, out_d, out_b, recorded, base in S.RANDOM_APIS, note)
     fwd = _aggregate(rows)
     bwd = ""
     message = ""
@@ -346,12 +337,33 @@ def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None, *, c
         outs = [out_d, out_b]
         drop = tensors is None  # nothing else keeps the outputs: _backward lets each go once it is done
         if drop:
-            out_d = out_b = recorded = b = d = None
-            flat_d, flat_b = [], []
+            out_d = out_b = recorded = None
         brows, bwd, message = _backward(packet, options, name, api_name, base, outs, dev, bench,
                                         consume=consume and drop)
         rows.extend(brows)
     return ApiResult(name, fwd, bwd, message, rows, time.perf_counter() - t0, tensors)
+
+
+def _forward_rows(name: str, api_name: str, target_out: Any, bench_out: Any, recorded: Optional[list],
+                  random_api: bool, note: str) -> list:
+    """The forward rows: each output of the device side (the target) judged against the benchmark's."""
+    target_flat = _flatten(target_out, [])
+    bench_flat = _flatten(bench_out, [])
+    rows = []
+    for i in range(max(len(bench_flat), len(target_flat))):
+        row_name = f"{name}.forward.output.{i}"
+        bench_value = bench_flat[i] if i < len(bench_flat) else None
+        target_value = target_flat[i] if i < len(target_flat) else None
+        if random_api:
+            rows.append(skip_row(row_name, f"{api_name} draws random numbers: the two sides cannot be compared "
+                                           "element by element."))
+            continue
+        recorded_value = recorded[i] if recorded and i < len(recorded) else None
+        row = compare_values(row_name, api_name, bench_value, target_value, recorded=recorded_value)
+        if note:
+            row["message"] = (note + "\n" + row.get("message", "")).strip()
+        rows.append(row)
+    return rows
 
 
 def _aggregate(rows: list) -> str:
