@@ -14,6 +14,12 @@ _CHUNK = 1 << 20
 _READ_ONLY_PROTOCOLS = {"http", "https", "github", "gist", "zip", "tar", "reference", "data"}
 
 
+def _strip_protocol(fs: Any, path: str) -> str:
+    """``path`` as ``fs`` names it (no protocol, no trailing slash): fsspec's own normaliser, which
+    it keeps private (its public ``fsspec.core.strip_protocol`` picks the file system by the URL)."""
+    return fs._strip_protocol(path).rstrip("/")  # noqa: SLF001 - the one place; see above
+
+
 def _protocol(fs: Any) -> str:
     proto = fs.protocol
     return proto if isinstance(proto, str) else proto[0]
@@ -58,7 +64,7 @@ class FsspecStore(Store):
     ) -> None:
         super().__init__(read_only=read_only)
         self._fs = fs
-        self._root = fs._strip_protocol(path).rstrip("/") if path else ""  # noqa: SLF001 - fsspec's own path normaliser
+        self._root = _strip_protocol(fs, path) if path else ""
         self._protocol = _protocol(fs)
         self._url = (url or fs.unstrip_protocol(self._root)).rstrip("/") or f"{self._protocol}://"
         self._secrets = tuple(sorted({s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True))
@@ -123,7 +129,7 @@ class FsspecStore(Store):
         return f"{self._root}/{key}" if self._root else key
 
     def _relative(self, path: str) -> str | None:
-        path = self._fs._strip_protocol(path).rstrip("/")  # noqa: SLF001 - fsspec's own path normaliser
+        path = _strip_protocol(self._fs, path)
         if not self._root:
             return path.lstrip("/")
         if path.startswith(self._root + "/"):

@@ -64,11 +64,12 @@ class LocalStore(Store):
         read_only: bool = False,
         create: bool = True,
         fsync: bool = True,
+        _below: bool = False,
     ) -> None:
         super().__init__(read_only=read_only)
-        self._root = os.path.abspath(os.fspath(root))
+        self._root = os.fspath(root) if _below else os.path.abspath(os.fspath(root))
         self._fsync = fsync
-        if os.path.isdir(self._root):
+        if _below or os.path.isdir(self._root):  # a sub-store's root is neither checked nor created
             return
         if os.path.lexists(self._root) and not os.path.isdir(self._root):  # isdir again: another process may have
             # created the directory between the two checks
@@ -79,13 +80,6 @@ class LocalStore(Store):
             os.makedirs(self._root, exist_ok=True)
         except OSError as exc:
             reraise(exc, f"create {self._root}")
-
-    @classmethod
-    def _below(cls, parent: "LocalStore", root: str) -> "LocalStore":
-        store = cls.__new__(cls)
-        Store.__init__(store, read_only=parent.read_only)
-        store._root, store._fsync = root, parent._fsync  # noqa: SLF001 - a sub-store of this class
-        return store
 
     # -- identity ---------------------------------------------------------
     @property
@@ -293,4 +287,4 @@ class LocalStore(Store):
     # -- navigation -------------------------------------------------------
     def child(self, prefix: str) -> "LocalStore":
         prefix = self._prefix(prefix)
-        return self._below(self, self._path(prefix)) if prefix else self
+        return LocalStore(self._path(prefix), read_only=self.read_only, fsync=self._fsync, _below=True) if prefix else self

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence, TypeVar
 
 from msprobe.errors import MsprobeError
 
@@ -69,38 +69,52 @@ EXAMPLES = {
 }
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict:
-    """{name: parser} of ``parser``'s subcommands (an alias once under each of its names)."""
-    out: dict = {}
-    for action in parser._actions:  # noqa: SLF001 - argparse has no public accessor for its subparsers
-        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 - (the same)
-            out.update(action.choices)
-    return out
+_ActionT = TypeVar("_ActionT", bound=argparse.Action)
 
 
-def _add_examples(parser: argparse.ArgumentParser, prefix: str = "") -> None:
-    for name, sp in _subparsers(parser).items():
+class Parser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` that keeps what the help and the errors of the command
+    line read back: its subcommands and its option strings (argparse holds them only privately).
+    Its subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.option_strings: list[str] = []  # before argparse adds -h/--help
+        self.subcommands: dict[str, Parser] = {}  # an alias once under each of its names
+        super().__init__(*args, **kwargs)
+
+    def _add_action(self, action: _ActionT) -> _ActionT:  # every add_argument, in groups too
+        self.option_strings.extend(action.option_strings)
+        return super()._add_action(action)
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        action = super().add_subparsers(**kwargs)
+        self.subcommands = action.choices  # filled as the subcommands are added
+        return action
+
+
+def _add_examples(parser: Parser, prefix: str = "") -> None:
+    for name, subparser in parser.subcommands.items():
         lines = EXAMPLES.get(prefix + name)
-        if lines and not sp.epilog:
-            sp.epilog = "example:\n" + "\n".join(f"  {x}" for x in lines)
-            sp.formatter_class = argparse.RawDescriptionHelpFormatter
+        if lines and not subparser.epilog:
+            subparser.epilog = "example:\n" + "\n".join(f"  {line}" for line in lines)
+            subparser.formatter_class = argparse.RawDescriptionHelpFormatter
         if not prefix:
-            _add_examples(sp, f"{name} ")
+            _add_examples(subparser, f"{name} ")
 
 
-def _unrecognized(parser: argparse.ArgumentParser, argv: list, extra: list) -> None:
+def _unrecognized(parser: Parser, argv: list, extra: list) -> None:
     """Unknown options: the error of the (sub)command they were given to, with its usage and
     the nearest option of that command (``--xslx``: did you mean --xlsx?)."""
     import difflib
 
     target, tokens = parser, list(argv)
     while tokens:  # the deepest subcommand named on the line
-        subs = _subparsers(target)
-        hit = next((t for t in tokens if t in subs), None)
+        subs = target.subcommands
+        hit = next((token for token in tokens if token in subs), None)
         if hit is None:
             break
         target, tokens = subs[hit], tokens[tokens.index(hit) + 1:]
-    options = [o for a in target._actions for o in a.option_strings]  # noqa: SLF001 - (as in _subparsers)
+    options = target.option_strings
     said = []
     for arg in extra:
         close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6) \
@@ -109,10 +123,10 @@ def _unrecognized(parser: argparse.ArgumentParser, argv: list, extra: list) -> N
     target.error(f"unrecognized arguments: {' '.join(said)}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     from msprobe import __version__
 
-    parser = argparse.ArgumentParser(prog="msprobe", description="msprobe-lake: precision-debugging dumps as a data lake")
+    parser = Parser(prog="msprobe", description="msprobe-lake: precision-debugging dumps as a data lake")
     parser.add_argument("--version", action="version", version=f"msprobe-lake {__version__}")
     # the real tool's 8.x spelling ``msprobe -f pytorch <command>``: the framework is read from the dumps
     parser.add_argument("-f", "--framework", choices=["pytorch", "mindspore"], default=None,

@@ -160,11 +160,10 @@ class IndexEngine(Engine):
         found = sources()
         if not found:
             raise _unknown(url, names)
-        d = Dump(store, found, engine=self.name, url=url, storage_options=storage_options, run=run,
-                 rediscover=sources)
-        d.compacts = state["compacts"]
-        d._refresh_compacts = lambda: state["compacts"]  # noqa: SLF001
-        return d
+        dump = Dump(store, found, engine=self.name, url=url, storage_options=storage_options, run=run,
+                    rediscover=sources, refresh_compacts=lambda: state["compacts"])
+        dump.compacts = state["compacts"]
+        return dump
 
 
 #: name -> engine, in guessing order

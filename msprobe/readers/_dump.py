@@ -62,7 +62,7 @@ class Dump:
     """
 
     def __init__(self, store: ReadableStore, sources: list, *, engine: str, url: str, storage_options: Optional[dict],
-                 run: Optional[str], rediscover: Any = None):
+                 run: Optional[str], rediscover: Any = None, refresh_compacts: Any = None):
         self.store = store
         self.engine = engine
         self.url = url
@@ -74,7 +74,7 @@ class Dump:
         self._dialect: Any = False
         #: index lakes: compacted file -> the index files it covers (see index.compact_index)
         self.compacts: dict = {}
-        self._refresh_compacts: Any = None
+        self._refresh_compacts = refresh_compacts  # index lakes: compacts again after a rediscovery
 
     # -- shape of the dump --------------------------------------------------------
     @property
