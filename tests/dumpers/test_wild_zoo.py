@@ -26,6 +26,7 @@ REAL = os.path.join(ROOT, "tests", "fixtures", "real")
 SCRIPT = os.path.join(REAL, "scripts", "wild_zoo.py")
 sys.path.insert(0, HERE)
 sys.path.insert(0, REAL)
+import zoo_compare as zoo  # noqa: E402
 from generate import make_config  # noqa: E402
 from test_conformance import _INPLACE, compare_values, normalize_real  # noqa: E402
 
@@ -101,21 +102,16 @@ def _compare_rank(fig: dict, step: str, rp: str, op: str, model: str) -> None:
     """One rank directory of one step: real (``rp``) against ours (``op``), into ``fig``."""
     rdoc = json.load(open(os.path.join(rp, "dump.json")))
     odoc = json.load(open(os.path.join(op, "dump.json")))
-    for k in ("task", "level", "framework"):
-        if rdoc[k] != odoc[k]:
-            fig["problems"].append(("document", k, rdoc[k], odoc[k]))
+    fig["problems"].extend(zoo.header_problems(rdoc, odoc))
     real = {normalize_real(n): v for n, v in rdoc["data"].items()}
     ours = dict(odoc["data"])
     fig["records"] += len(real)
-    kept = [n for n in ours if n not in real and n.startswith("Module.") and re.search(r"\.backward\.\d+$", n)]
+    kept = zoo.module_backward_kept(real, ours)
     extra = [n for n in ours if n not in real and EXTRA_API.match(n)]
     fig["module_backward_kept"] += len(kept)
     fig["extra_api"] += len(extra)
     ours = {n: v for n, v in ours.items() if n not in kept and n not in extra}
-    if set(real) != set(ours):
-        fig["problems"].append((step, "names", sorted(set(real) - set(ours))[:10], sorted(set(ours) - set(real))[:10]))
-    elif list(real) != list(ours):
-        fig["problems"].append((step, "order", [(a, b) for a, b in zip(real, ours) if a != b][:5]))
+    fig["problems"].extend((step, *found) for found in zoo.name_problems(real, ours, limit=10))
     uninit, racy = UNINIT.get(model), RACY_MD5.get(model)
     for n in real:
         if n not in ours:
@@ -138,11 +134,7 @@ def _compare_rank(fig: dict, step: str, rp: str, op: str, model: str) -> None:
         fig["problems"].extend(left)
         fig["equal"] += not left
         fig["values"] += len(re.findall(r'"(?:Max|Min|Mean|Norm|md5|value)"', json.dumps(real[n])))
-    rc = json.load(open(os.path.join(rp, "construct.json")))
-    oc = json.load(open(os.path.join(op, "construct.json")))
-    for child, parent in rc.items():
-        if re.search(r"\.forward(\.\d+)?$", child) and oc.get(child, "MISSING") != parent:
-            fig["problems"].append((step, "construct", child, parent, oc.get(child, "MISSING")))
+    fig["problems"].extend((step, "construct", *found) for found in zoo.construct_problems(rp, op))
 
 
 def _stats_equal(real_rec, our_rec, path: str, name: str) -> bool:
@@ -169,9 +161,7 @@ def test_wild_zoo_same_records_as_real_msprobe_26(tmp_path, real_tool, model, cf
     real_root = run_tool(real_tool, str(tmp_path / "real"), model, cfg, ours=False)
     ours_root = run_tool(sys.executable, str(tmp_path / "ours"), model, cfg, ours=True)
     fig = compare_runs(real_root, ours_root, model)
-    if os.environ.get("MSPROBE_CONFORMANCE_FIGURES"):  # the figures of docs/conformance.md
-        with open(os.environ["MSPROBE_CONFORMANCE_FIGURES"], "a") as fh:
-            fh.write(json.dumps(dict(fig, run=f"{model}_{cfg}", problems=len(fig["problems"]))) + "\n")
+    zoo.write_figures(fig, f"{model}_{cfg}")
     assert not fig["problems"], fig["problems"][:20]
     assert fig["records"] > 100 and fig["equal"] == fig["records"]
 
@@ -183,25 +173,20 @@ def table(lines: list) -> str:
     figs = sorted(latest.values(), key=lambda f: order.index(f["run"]))
     out = ["| run (2 steps) | records (26.2.0) | equal | values compared | §20 differences |", "|---|---|---|---|---|"]
     for f in figs:
-        notes = []
-        if f["module_backward_kept"]:
-            notes.append(f"{f['module_backward_kept']} module backward kept (item 10)")
-        if f["positional_object"]:
-            notes.append(f"{f['positional_object']} positional device written (item 12)")
-        if f["extra_api"]:
-            notes.append(f"{f['extra_api']} `grouped_mm` records (item 25)")
-        if f["uninitialised"]:
-            notes.append(f"{f['uninitialised']} statistics of uninitialised memory (item 38)")
-        if f["inplace_md5"]:
-            notes.append(f"{f['inplace_md5']} in-place records' md5 not compared (item 9)")
-        if f["racy_md5"]:
-            notes.append(f"{f['racy_md5']} md5 of a buffer changed in place after the call (item 9)")
-        out.append(f"| {f['run']} | {f['records']} | {f['equal']} | {f['values']} | {'; '.join(notes) or '-'} |")
+        out.append(f"| {f['run']} | {f['records']} | {f['equal']} | {f['values']} | {zoo.notes_of(f, _NOTES)} |")
     out.append(f"\nTotal: {len(figs)} runs, {sum(f['records'] for f in figs)} records of 26.2.0, "
                f"{sum(f['equal'] for f in figs)} equal, {sum(f['values'] for f in figs):,} values compared.")
     return "\n".join(out)
 
 
+#: the §20 differences counted by the wild zoo, as the table shows them
+_NOTES = [("module_backward_kept", "module backward kept (item 10)"),
+          ("positional_object", "positional device written (item 12)"),
+          ("extra_api", "`grouped_mm` records (item 25)"),
+          ("uninitialised", "statistics of uninitialised memory (item 38)"),
+          ("inplace_md5", "in-place records' md5 not compared (item 9)"),
+          ("racy_md5", "md5 of a buffer changed in place after the call (item 9)")]
+
+
 if __name__ == "__main__":  # python tests/dumpers/test_wild_zoo.py FIGURES.jsonl: the table of docs/conformance.md
-    with open(sys.argv[1]) as fh:
-        print(table(fh.readlines()))
+    zoo.print_table(table)

@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 REAL = os.path.join(ROOT, "tests", "fixtures", "real")
 sys.path.insert(0, HERE)
 sys.path.insert(0, REAL)
+import zoo_compare as zoo  # noqa: E402
 from generate_zoo import OUT, SCRIPT, config, runs  # noqa: E402
 from test_conformance import (  # noqa: E402
     _INPLACE,
@@ -74,14 +75,11 @@ def compare_run(real_root: str, ours_root: str, float_checksums: bool = False) -
     rp, op = real_ranks[None], our_ranks[None]
     _, rdoc = doc(rp)
     _, odoc = doc(op)
-    for k in ("task", "level", "framework"):
-        if rdoc[k] != odoc[k]:
-            fig["problems"].append(("document", k, rdoc[k], odoc[k]))
+    fig["problems"].extend(zoo.header_problems(rdoc, odoc))
     real = {normalize_real(n): v for n, v in rdoc["data"].items()}
     ours = dict(odoc["data"])
     fig["records"] = len(real)
-    # §20 item 10: we keep the backward record of a module whose output an in-place op modified
-    kept = [n for n in ours if n not in real and n.startswith("Module.") and re.search(r"\.backward\.\d+$", n)]
+    kept = zoo.module_backward_kept(real, ours)
     # §20 item 27: 26.2.0 writes a module whose forward was cut short with output [null]; we do not
     cut = [n for n in real if n not in ours and _cut_short_module(real[n])]
     # §20 item 27: after an API call cut short, 26.2.0 writes no API forward record for the rest of the
@@ -96,10 +94,7 @@ def compare_run(real_root: str, ours_root: str, float_checksums: bool = False) -
     fig["module_backward_kept"], fig["module_cut_short"], fig["api_after_cut_short"] = len(kept), len(cut), len(after)
     ours = {n: v for n, v in ours.items() if n not in kept and n not in after}
     real_cmp = {n: v for n, v in real.items() if n not in cut}
-    if set(real_cmp) != set(ours):
-        fig["problems"].append(("names", sorted(set(real_cmp) - set(ours)), sorted(set(ours) - set(real_cmp))))
-    elif list(real_cmp) != list(ours):
-        fig["problems"].append(("order", [(a, b) for a, b in zip(real_cmp, ours) if a != b][:5]))
+    fig["problems"].extend(zoo.name_problems(real_cmp, ours))
     for n in real_cmp:
         if n not in ours:
             continue
@@ -125,11 +120,7 @@ def compare_run(real_root: str, ours_root: str, float_checksums: bool = False) -
             fig["problems"].append(("tensor file", f))
         fig["tensor_files"] += 1
     # construct.json parents of forward records
-    rc = json.load(open(os.path.join(rp, "construct.json")))
-    oc = json.load(open(os.path.join(op, "construct.json")))
-    for child, parent in rc.items():
-        if re.search(r"\.forward(\.\d+)?$", child) and child not in cut and oc.get(child, "MISSING") != parent:
-            fig["problems"].append(("construct", child, parent, oc.get(child, "MISSING")))
+    fig["problems"].extend(("construct", *found) for found in zoo.construct_problems(rp, op, lambda child: child in cut))
     return fig
 
 
@@ -150,9 +141,7 @@ def test_zoo_same_records_as_real_msprobe_26(tmp_path, request, run, model, cfg)
         assert live["float_checksums"] > 20, live["float_checksums"]
         assert len(live["raced"]) <= max(2, live["float_checksums"] // 10), live["raced"]
     fig = compare_run(real_root, ours_root)
-    if os.environ.get("MSPROBE_CONFORMANCE_FIGURES"):  # the figures of docs/conformance.md
-        with open(os.environ["MSPROBE_CONFORMANCE_FIGURES"], "a") as fh:
-            fh.write(json.dumps(dict(fig, run=run, problems=len(fig["problems"]))) + "\n")
+    zoo.write_figures(fig, run)
     assert not fig["problems"], fig["problems"][:20]
     assert fig["equal"] == fig["records"] - fig["module_cut_short"]
 
@@ -163,18 +152,16 @@ def table(lines: list) -> str:
     out = ["| run | records (26.2.0) | equal | values compared | tensor files | §20 differences |",
            "|---|---|---|---|---|---|"]
     for f in figs:
-        notes = []
-        if f["module_backward_kept"]:
-            notes.append(f"{f['module_backward_kept']} module backward kept (item 10)")
-        if f["module_cut_short"]:
-            notes.append(f"{f['module_cut_short']} cut-short module not written (item 27)")
-        if f.get("api_after_cut_short"):
-            notes.append(f"{f['api_after_cut_short']} API forward records after the cut-short call kept (item 27)")
         out.append(f"| {f['run']} | {f['records']} | {f['equal']} | {f['values']} | {f['tensor_files']} | "
-                   f"{'; '.join(notes) or '-'} |")
+                   f"{zoo.notes_of(f, _NOTES)} |")
     return "\n".join(out)
 
 
+#: the §20 differences counted by the zoo, as the table shows them
+_NOTES = [("module_backward_kept", "module backward kept (item 10)"),
+          ("module_cut_short", "cut-short module not written (item 27)"),
+          ("api_after_cut_short", "API forward records after the cut-short call kept (item 27)")]
+
+
 if __name__ == "__main__":  # python tests/dumpers/test_zoo.py FIGURES.jsonl: the table of docs/conformance.md
-    with open(sys.argv[1]) as fh:
-        print(table(fh.readlines()))
+    zoo.print_table(table)

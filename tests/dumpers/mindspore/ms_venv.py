@@ -27,7 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 MS_VERSION = "2.10.0"
 REQUIREMENTS = ["numpy<2", f"mindspore=={MS_VERSION}", "pytest>=7", "fsspec>=2023.6", "pyyaml>=6", "s3fs>=2023.6"]
@@ -57,12 +57,13 @@ def venv_python(path: Optional[str] = None) -> str:
     return os.path.join(path or venv_dir(), "bin", "python")
 
 
-def _ready(path: str) -> bool:
+def _ready(path: str, key: str = _KEY) -> bool:
+    """Whether the venv at ``path`` is built: its marker holds ``key`` (that of its requirements)."""
     marker = os.path.join(path, ".msprobe-lake-ready")
     if not os.path.exists(marker):
         return False
     with open(marker, encoding="utf-8") as f:
-        return f.read().strip() == _KEY
+        return f.read().strip() == key
 
 
 def _site_packages(path: str) -> Optional[str]:
@@ -93,15 +94,17 @@ def _run(cmd: list, log: list, timeout: float) -> None:
         raise RuntimeError(f"{' '.join(cmd[:4])}... failed with exit code {proc.returncode}")
 
 
-def ensure_venv(timeout: float = 3600) -> tuple:
-    """(python path, None) when the venv is ready, else (None, reason)."""
-    path = venv_dir()
-    if _ready(path):
+def _build_locked(path: str, key: str, fill: Callable[[str, list], None], failure: str) -> tuple:
+    """(python path, None) of the venv at ``path``, built once: ready when its marker holds ``key``;
+    else one process (holding ``path``.lock, the others wait and reuse its result) makes a venv in a
+    temporary folder, ``fill(folder, log)`` installs into it, the marker is written and the folder
+    renamed onto ``path``. (None, ``failure`` with the error and the log's tail) when that fails."""
+    if _ready(path, key):
         return venv_python(path), None
     os.makedirs(cache_root(), exist_ok=True)
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait and reuse its result
-        if _ready(path):
+        if _ready(path, key):
             return venv_python(path), None
         tmp = f"{path}.build-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -109,21 +112,30 @@ def ensure_venv(timeout: float = 3600) -> tuple:
         try:
             base = getattr(sys, "_base_executable", None) or sys.executable
             _run([base, "-m", "venv", tmp], log, 600)
-            seed = os.environ.get("MSPROBE_LAKE_MS_SEED_VENV") or _cached_seed()
-            if seed and os.path.isdir(seed):
-                _seed(seed, tmp)
-            _run([venv_python(tmp), "-m", "pip", "install", "--disable-pip-version-check", *REQUIREMENTS],
-                 log, timeout)
-            _run([venv_python(tmp), "-c", "import mindspore, numpy; assert numpy.__version__ < '2'"], log, 600)
+            fill(tmp, log)
             with open(os.path.join(tmp, ".msprobe-lake-ready"), "w", encoding="utf-8") as f:
-                f.write(_KEY)
+                f.write(key)
             shutil.rmtree(path, ignore_errors=True)
-            os.rename(tmp, path)
+            os.rename(tmp, path)  # the venv's paths name tmp: its python is still found by venv_python(path)
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             tail = log[-1][-1500:] if log else ""
-            return None, f"cannot create the MindSpore test venv ({exc}); no network or no wheel?\n{tail}"
+            return None, failure.format(exc=exc) + f"\n{tail}"
     return venv_python(path), None
+
+
+def ensure_venv(timeout: float = 3600) -> tuple:
+    """(python path, None) when the venv is ready, else (None, reason)."""
+
+    def fill(tmp: str, log: list) -> None:
+        seed = os.environ.get("MSPROBE_LAKE_MS_SEED_VENV") or _cached_seed()
+        if seed and os.path.isdir(seed):
+            _seed(seed, tmp)
+        _run([venv_python(tmp), "-m", "pip", "install", "--disable-pip-version-check", *REQUIREMENTS], log, timeout)
+        _run([venv_python(tmp), "-c", "import mindspore, numpy; assert numpy.__version__ < '2'"], log, 600)
+
+    return _build_locked(venv_dir(), _KEY, fill,
+                         "cannot create the MindSpore test venv ({exc}); no network or no wheel?")
 
 
 REAL_TOOL = ["mindstudio-probe==26.2.0", "numpy<2"]
@@ -146,49 +158,26 @@ def ensure_real_venv(timeout: float = 1800) -> tuple:
     """(python path, None) of the venv holding the real mindstudio-probe 26.2.0 with MindSpore,
     else (None, reason)."""
     path = real_venv_dir()
-    if _ready_real(path):
+    if _ready(path, _REAL_KEY):
         return venv_python(path), None
     base_py, why = ensure_venv()
     if base_py is None:
         return None, why
-    with open(path + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _ready_real(path):
-            return venv_python(path), None
-        tmp = f"{path}.build-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        log: list = []
-        try:
-            base = getattr(sys, "_base_executable", None) or sys.executable
-            _run([base, "-m", "venv", tmp], log, 600)
-            shared = _site_packages(venv_dir())
-            own = _site_packages(tmp)
-            if shared is None or own is None:
-                raise RuntimeError("no site-packages in the MindSpore venv or the new one")
-            with open(os.path.join(own, "zz_msprobe_lake_mindspore.pth"), "w", encoding="utf-8") as f:
-                f.write(shared + "\n")
-            _run([venv_python(tmp), "-m", "pip", "install", "--disable-pip-version-check", *REAL_TOOL], log, timeout)
-            proc = subprocess.run([venv_python(tmp), "-c", _REAL_CHECK], cwd=tmp, env=_clean_env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-            if proc.returncode != 0:
-                raise RuntimeError(f"the real msprobe does not import with MindSpore: {proc.stdout[-1500:]}")
-            shutil.rmtree(path, ignore_errors=True)
-            os.rename(tmp, path)  # the venv's paths name tmp: its python is still found by venv_python(path)
-            with open(os.path.join(path, ".msprobe-lake-ready"), "w", encoding="utf-8") as f:
-                f.write(_REAL_KEY)
-        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tail = log[-1][-1500:] if log else ""
-            return None, f"cannot create the real-tool MindSpore venv ({exc})\n{tail}"
-    return venv_python(path), None
 
+    def fill(tmp: str, log: list) -> None:
+        shared = _site_packages(venv_dir())
+        own = _site_packages(tmp)
+        if shared is None or own is None:
+            raise RuntimeError("no site-packages in the MindSpore venv or the new one")
+        with open(os.path.join(own, "zz_msprobe_lake_mindspore.pth"), "w", encoding="utf-8") as f:
+            f.write(shared + "\n")
+        _run([venv_python(tmp), "-m", "pip", "install", "--disable-pip-version-check", *REAL_TOOL], log, timeout)
+        proc = subprocess.run([venv_python(tmp), "-c", _REAL_CHECK], cwd=tmp, env=_clean_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the real msprobe does not import with MindSpore: {proc.stdout[-1500:]}")
 
-def _ready_real(path: str) -> bool:
-    marker = os.path.join(path, ".msprobe-lake-ready")
-    if not os.path.exists(marker):
-        return False
-    with open(marker, encoding="utf-8") as f:
-        return f.read().strip() == _REAL_KEY
+    return _build_locked(path, _REAL_KEY, fill, "cannot create the real-tool MindSpore venv ({exc})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""What the two conformance zoos (test_zoo.py: committed real dumps; test_wild_zoo.py: the real tool
+run live) share when they hold a rank directory of ours against the real tool's: the document
+header, the record names and their order, the construct.json parents of forward records, the
+figures file (MSPROBE_CONFORMANCE_FIGURES) and the markdown table of docs/conformance.md."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from typing import Callable, Optional
+
+
+def header_problems(real_doc: dict, our_doc: dict) -> list:
+    """("document", key, real, ours) for each of task/level/framework that differs."""
+    return [("document", key, real_doc[key], our_doc[key]) for key in ("task", "level", "framework")
+            if real_doc[key] != our_doc[key]]
+
+
+def module_backward_kept(real: dict, ours: dict) -> list:
+    """§20 item 10: the backward records we keep of a module whose output an in-place op modified."""
+    return [name for name in ours if name not in real and name.startswith("Module.")
+            and re.search(r"\.backward\.\d+$", name)]
+
+
+def name_problems(real: dict, ours: dict, limit: Optional[int] = None) -> list:
+    """("names", only real, only ours) when the record names differ, else ("order", first pairs out of
+    place) when their order does; ``limit``: at most that many names of each side."""
+    if set(real) != set(ours):
+        return [("names", sorted(set(real) - set(ours))[:limit], sorted(set(ours) - set(real))[:limit])]
+    if list(real) != list(ours):
+        return [("order", [(real_name, our_name) for real_name, our_name in zip(real, ours)
+                           if real_name != our_name][:5])]
+    return []
+
+
+def construct_problems(real_dir: str, our_dir: str, skip: Callable[[str], bool] = lambda name: False) -> list:
+    """(child, real parent, our parent) of each forward record whose construct.json parent differs."""
+    with open(os.path.join(real_dir, "construct.json")) as file:
+        real_parents = json.load(file)
+    with open(os.path.join(our_dir, "construct.json")) as file:
+        our_parents = json.load(file)
+    return [(child, parent, our_parents.get(child, "MISSING")) for child, parent in real_parents.items()
+            if re.search(r"\.forward(\.\d+)?$", child) and not skip(child)
+            and our_parents.get(child, "MISSING") != parent]
+
+
+def write_figures(fig: dict, run: str) -> None:
+    """Append one run's figures to the file MSPROBE_CONFORMANCE_FIGURES names (the problems counted)."""
+    if os.environ.get("MSPROBE_CONFORMANCE_FIGURES"):  # the figures of docs/conformance.md
+        with open(os.environ["MSPROBE_CONFORMANCE_FIGURES"], "a") as file:
+            file.write(json.dumps(dict(fig, run=run, problems=len(fig["problems"]))) + "\n")
+
+
+def notes_of(fig: dict, notes: list) -> str:
+    """The §20 differences column: ``notes`` is (figure key, text after the count) in the order shown."""
+    return "; ".join(f"{fig[key]} {text}" for key, text in notes if fig.get(key)) or "-"
+
+
+def print_table(table: Callable[[list], str]) -> None:
+    """``python tests/dumpers/<zoo>.py FIGURES.jsonl``: the table of docs/conformance.md."""
+    with open(sys.argv[1]) as file:
+        print(table(file.readlines()))
