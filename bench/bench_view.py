@@ -8,7 +8,8 @@ Two scenarios, each served by ``python -m msprobe view`` in its own process:
   records). Measured: the server's set-up (compare + tables, until it prints its URL), the first
   useful paint (navigation until the overview is drawn and the first cell's list has its rows),
   interaction latency (open a cell's list, jump to the middle of the list, filter the divergent
-  rows, open the model tree, expand a layer of 200 modules), and the server's peak RSS (VmHWM).
+  rows, open the model trees, expand a layer of 200 modules: the target's and, synced, the
+  bench's), and the server's peak RSS (VmHWM).
 * ``lake``: a lake of --ranks ranks x --steps steps (``bench_lake``'s generator, --lake-records
   records a rank), indexed by msprobe.lake then viewed: set-up, first paint of the run x step x
   rank overview, opening a cell, peak RSS.
@@ -156,10 +157,14 @@ def bench_pair(browser, work: str, records: int) -> dict:
         out["tree_expand_root_s"] = _timed(page, lambda: page.locator("#tree .tnode .toggle").first.click(),
                                            "() => document.querySelectorAll('#tree .tnode').length > 1")
         n = page.locator("#tree .tnode").count()
-        out["tree_expand_layer_s"] = _timed(  # a layer: 200 module children
+        _wait(page, "() => document.querySelectorAll('#tree-bench .tnode').length > 1")  # the root's peer opened
+        m = page.locator("#tree-bench .tnode").count()
+        out["tree_expand_layer_s"] = _timed(  # a layer: 200 module children, on both sides (synced expand)
             page, lambda: page.locator("#tree .tkids .tnode .toggle").first.click(),
-            f"() => document.querySelectorAll('#tree .tnode').length > {n}")
+            f"() => document.querySelectorAll('#tree .tnode').length > {n} && "
+            f"document.querySelectorAll('#tree-bench .tnode').length > {m}")
         out["tree_layer_children"] = page.locator("#tree .tnode").count() - n
+        out["bench_tree_layer_children"] = page.locator("#tree-bench .tnode").count() - m
 
     return _measured(browser, proc, url, out, steps)
 

@@ -27,7 +27,6 @@ KNOWN = {
     "msprobe/convert.py:convert",
     "msprobe/lake/_lake.py:Lake",
     "msprobe/lake/_lake.py:Lake._open",
-    "msprobe/view/_data.py:ViewData",
     "msprobe/index/rows.py:rank_rows",
     "msprobe/dumpers/recover.py:_recover_rank",
     "msprobe/dumpers/config.py:DumpConfig.validate",

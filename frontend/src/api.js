@@ -27,8 +27,8 @@ class ServerApi {
   meta() { return this.get("api/meta"); }
   overview() { return this.get("api/overview"); }
   rows(cell, begin, end, f) { return this.get("api/rows", { cell, begin, end, ...pick(f) }); }
-  tree(cell, node) { return this.get("api/tree", { cell, node: node || "" }); }
-  treePath(cell, record) { return this.get("api/tree_path", { cell, record }); }
+  tree(cell, node, side = "target") { return this.get("api/tree", { cell, node: node || "", side }); }
+  treePath(cell, record, side = "target") { return this.get("api/tree_path", { cell, record, side }); }
   search(cell, q) { return this.get("api/search", { cell, q }); }
   record(cell, record) { return this.get("api/record", { cell, record }); }
   trend(name, stat) { return this.get("api/trend", { name, stat }); }
@@ -86,15 +86,20 @@ class LocalApi {
     const first = all.find((r) => this.divergent(r));
     return { total: rows.length, begin, rows: rows.slice(begin, end), first_div: first ? first.i : null };
   }
-  async tree(cell, node) {
-    const t = this.b.trees[cell];
+  sideTree(cell, side) {
+    const t = (side === "bench" ? this.b.bench_trees || {} : this.b.trees)[cell];
+    if (!t) throw new Error(`no ${side} tree in this report`);
+    return t;
+  }
+  async tree(cell, node, side = "target") {
+    const t = this.sideTree(cell, side);
     const kids = (t.children[node || ""] || []).map((n) => t.nodes[n]);
     const out = { parent: node || null, total: kids.length, begin: 0, nodes: kids };
     if (!node) out.bench_only = t.bench_only;
     return out;
   }
-  async treePath(cell, record) {
-    const t = this.b.trees[cell];
+  async treePath(cell, record, side = "target") {
+    const t = this.sideTree(cell, side);
     const up = {};
     for (const [p, kids] of Object.entries(t.children)) for (const k of kids) up[k] = p;
     const path = [];

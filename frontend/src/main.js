@@ -15,7 +15,9 @@ const api = makeApi();
 const state = { meta: null, overview: null, cell: 0, filters: { dir: "all", kind: "all", result: "all", sort: "order", q: "" },
   record: null, trendName: null, trendStat: "norm", view: "overview" };
 const charts = {};
-window.__msprobe = { charts, state };
+const timings = {};
+const mark = (name) => { timings[name] = Math.round(performance.now()); };
+window.__msprobe = { charts, state, timings };
 
 // -- small DOM helpers (text only) ------------------------------------------------------------
 function el(tag, attrs = {}, ...kids) {
@@ -68,7 +70,15 @@ function show(view) {
     panes[id].hidden = id !== view;
     tabs.querySelector(`[data-view=${id}]`).classList.toggle("active", id === view);
   }
-  for (const c of Object.values(charts)) if (c && !c.isDisposed()) c.resize();
+  resizeCharts();
+}
+// a chart is laid out again only when its box changed (a full redraw of 10,000 cells is not free)
+function resizeCharts() {
+  for (const c of Object.values(charts)) {
+    if (!c || c.isDisposed()) continue;
+    const dom = c.getDom();
+    if (dom.offsetWidth && (dom.offsetWidth !== c.getWidth() || dom.offsetHeight !== c.getHeight())) c.resize();
+  }
 }
 function setStatus(text, bad = false) { status.textContent = text; status.classList.toggle("bad", bad); }
 async function guard(fn) { try { return await fn(); } catch (e) { setStatus(String(e.message || e), true); return null; } }
@@ -114,25 +124,32 @@ function renderOverview() {
       el("td", { text: cellLabel(c) }), el("td", { text: c.rows }), el("td", { text: c.errors }), el("td", { text: c.warnings }), el("td", { text: c.nan_inf }),
       el("td", { text: c.nan_inf > 0 ? "NaN/Inf" : fmt(c.worst_norm_rel, true) }), el("td", { class: "mono", text: c.first_div_name || "" })))));
   p.append(facts, legend, chartBox, el("h3", { text: worst.length ? "Worst cells" : "No divergent cell" }), table);
+  mark("overview-dom");
   const xOf = new Map(rankDirs.map((r, k) => [r, k])), yOf = new Map(rowKeys.map((r, k) => [r, k]));
-  const data = cells.map((c) => ({ value: [xOf.get(c.rank_dir), yOf.get(rowKey(c)), level(c)], cell: c }));
+  // plain [x, y, level] triples (the cell by its data index): ECharts draws 10,000 of them in a few
+  // tens of ms, while objects, split areas, borders and auto-spaced labels cost it ten times that
+  const data = cells.map((c) => [xOf.get(c.rank_dir), yOf.get(rowKey(c)), level(c)]);
+  const cellAt = (pt) => (pt && pt.dataIndex !== undefined ? cells[pt.dataIndex] : null);
   const chart = echarts.init(chartBox, null, { renderer: "canvas" });
   charts.overview = chart;
   const dense = rankDirs.length * rowKeys.length > 400;
   chart.setOption({
     animation: false,
-    tooltip: { formatter: (pt) => { const c = pt.data.cell; return `<b>${esc(cellLabel(c))}</b><br>${c.rows} rows · ${c.errors} errors · ${c.warnings} warnings · ${c.nan_inf} NaN/Inf<br>worst rel. Norm err ${esc(fmt(c.worst_norm_rel, true))}${c.first_div_name ? "<br>first divergent: " + esc(c.first_div_name) : ""}`; } },
+    tooltip: { formatter: (pt) => { const c = cellAt(pt); if (!c) return ""; return `<b>${esc(cellLabel(c))}</b><br>${c.rows} rows · ${c.errors} errors · ${c.warnings} warnings · ${c.nan_inf} NaN/Inf<br>worst rel. Norm err ${esc(fmt(c.worst_norm_rel, true))}${c.first_div_name ? "<br>first divergent: " + esc(c.first_div_name) : ""}`; } },
     grid: { left: 110, right: 30, top: 20, bottom: 60 },
-    xAxis: { type: "category", data: rankDirs, name: "rank", nameLocation: "middle", nameGap: 35, splitArea: { show: true } },
-    yAxis: { type: "category", data: rowKeys, inverse: true, splitArea: { show: true } },
+    xAxis: { type: "category", data: rankDirs, name: "rank", nameLocation: "middle", nameGap: 35, splitArea: { show: !dense },
+      axisTick: { show: !dense }, axisLabel: dense ? { interval: Math.max(Math.ceil(rankDirs.length / 32) - 1, 0) } : {} },
+    yAxis: { type: "category", data: rowKeys, inverse: true, splitArea: { show: !dense },
+      axisLabel: rowKeys.length > 40 ? { interval: Math.max(Math.ceil(rowKeys.length / 40) - 1, 0) } : {} },
     visualMap: { show: false, type: "piecewise", dimension: 2, pieces: [{ value: 0, color: "#e5e7eb" }, { value: 1, color: "#7cc48a" }, { value: 2, color: "#f2c14e" }, { value: 3, color: "#e4572e" }, { value: 4, color: "#7b2cbf" }] },
     dataZoom: dense ? [{ type: "inside", xAxisIndex: 0 }, { type: "slider", xAxisIndex: 0, bottom: 8 }] : [],
     series: [{ type: "heatmap", data, progressive: 5000,
-      label: { show: !dense, formatter: (pt) => { const c = pt.data.cell; return c.nan_inf > 0 ? "NaN/Inf" : c.cell === o.first_cell ? "1st ▲" : c.errors ? `${c.errors} err` : c.warnings ? `${c.warnings} warn` : ""; }, color: "#111", fontSize: 11 },
-      itemStyle: { borderColor: "#fff", borderWidth: 1 },
+      label: { show: !dense, formatter: (pt) => { const c = cellAt(pt); return c.nan_inf > 0 ? "NaN/Inf" : c.cell === o.first_cell ? "1st ▲" : c.errors ? `${c.errors} err` : c.warnings ? `${c.warnings} warn` : ""; }, color: "#111", fontSize: 11 },
+      itemStyle: { borderColor: "#fff", borderWidth: dense ? 0 : 1 },
       emphasis: { itemStyle: { borderColor: "#111", borderWidth: 2 } } }],
   });
-  chart.on("click", (pt) => { if (pt.data && pt.data.cell) openCell(pt.data.cell.cell, "list"); });
+  mark("overview-chart");
+  chart.on("click", (pt) => { const c = cellAt(pt); if (c) openCell(c.cell, "list"); });
   window.__msprobe.overviewIndex = { rankDirs, rowKeys, rowKey: (cell) => { const c = cells.find((x) => x.cell === cell); return [xOf.get(c.rank_dir), yOf.get(rowKey(c))]; } };
 }
 
@@ -236,7 +253,86 @@ const list = (() => {
 
 function debounce(fn, ms) { let t; return (...a) => { clearTimeout(t); t = setTimeout(() => fn(...a), ms); }; }
 
-// -- model tree ---------------------------------------------------------------------------------
+// -- model trees: target and bench side by side, expand synced ------------------------------------
+// Each side is its dump's own construct.json hierarchy; a node's peer is its counterpart on the other
+// side (the record compare matched, or the module of the same name). Expanding or collapsing a node
+// does the same to its peer (opening the peer's ancestors first); a node without a peer is marked.
+function treeSide(side, boxId) {
+  const box = el("div", { class: `tree tree-${side}`, id: boxId });
+  const nodes = new Map();
+  const self = { side, box, nodes, other: null, gen: 0 };
+  function nodeEl(n) {
+    const li = el("li", { class: "tnode", "data-name": n.name, "data-peer": n.peer || "" });
+    const toggle = el("span", { class: "toggle", text: n.children ? "▸" : "·" });
+    const cls = resultClass(n.worst_result, n.nan_inf);
+    const line = el("div", { class: `tline ${cls}${n.matched ? "" : " unmatched"}` },
+      toggle, el("i", { class: `dot ${cls}` }),
+      el("span", { class: "tcol-name mono", title: n.name, text: n.name }),
+      n.matched ? null : el("span", { class: "tag-unmatched", text: side === "target" ? "no bench counterpart" : "no target counterpart" }),
+      el("span", { class: "tcol-err", text: n.nan_inf ? "NaN/Inf" : fmt(n.worst_norm_rel, true) }));
+    const kids = el("ul", { class: "tkids", hidden: true });
+    li.append(line, kids);
+    const entry = { n, li, kids, toggle, line, loaded: false, open: false };
+    nodes.set(n.name, entry);
+    toggle.addEventListener("click", (e) => { e.stopPropagation(); if (n.children) setOpen(entry, !entry.open, true); });
+    line.addEventListener("click", () => {
+      const rec = side === "target" ? n.name : n.peer;
+      if (n.rows && rec) openRecord(rec); else if (n.children) setOpen(entry, !entry.open, true);
+    });
+    return li;
+  }
+  async function setOpen(entry, open, sync) {
+    entry.open = open;
+    entry.toggle.textContent = open ? "▾" : "▸";
+    entry.kids.hidden = !open;
+    const work = [];
+    if (open && !entry.loaded) {
+      entry.loaded = true;
+      work.push(guard(() => api.tree(state.cell, entry.n.name, side)).then((r) => { if (r) entry.kids.replaceChildren(...r.nodes.map(nodeEl)); }));
+    }
+    if (sync && self.other && entry.n.peer) work.push(self.other.follow(entry.n.peer, open));
+    await Promise.all(work);
+  }
+  // the peer's side: open the path down to the node (then the node itself), or close the node
+  async function follow(name, open) {
+    if (!open) { const entry = nodes.get(name); if (entry && entry.open) await setOpen(entry, false, false); return; }
+    const path = await openPath(name);
+    const entry = path && nodes.get(name);
+    if (entry && entry.n.children && !entry.open) await setOpen(entry, true, false);
+  }
+  async function openPath(name) {
+    const r = await guard(() => api.treePath(state.cell, name, side));
+    if (!r) return null;
+    for (const up of r.path.slice(0, -1)) {
+      const entry = nodes.get(up);
+      if (!entry) return null;
+      if (!entry.open) await setOpen(entry, true, false);
+    }
+    return r.path;
+  }
+  async function load() {
+    const g = ++self.gen;
+    nodes.clear();
+    box.replaceChildren();
+    const r = await guard(() => api.tree(state.cell, null, side));
+    if (!r || g !== self.gen) return null;
+    box.replaceChildren(el("ul", { class: "troot" }, ...r.nodes.map(nodeEl)));
+    return r;
+  }
+  async function mark(name) {
+    for (const e of box.querySelectorAll(".hl, .on-path")) e.classList.remove("hl", "on-path");
+    const path = await openPath(name);
+    if (!path) return false;
+    for (const up of path.slice(0, -1)) nodes.get(up).line.classList.add("on-path");
+    const last = nodes.get(name);
+    if (last) { last.line.classList.add("hl"); last.line.scrollIntoView({ block: "center" }); }
+    return !!last;
+  }
+  function clear() { self.gen++; nodes.clear(); box.replaceChildren(); }
+  Object.assign(self, { load, follow, mark, clear });
+  return self;
+}
+
 const tree = (() => {
   const bar = el("div", { class: "filters" });
   const input = el("input", { type: "search", id: "tree-search", placeholder: "search a module or API" });
@@ -249,75 +345,49 @@ const tree = (() => {
     if (!r) return;
     hits.replaceChildren(...r.hits.map((h) => el("li", { class: "clickable mono", onclick: () => reveal(h.record), text: h.record })));
   }, 250));
-  bar.append(input, el("span", { class: "hint", text: "colour: the worst result below each node · target | bench side by side" }));
-  const head = el("div", { class: "thead" }, el("span", { class: "tcol-name", text: "target" }), el("span", { class: "tcol-bench", text: "bench" }), el("span", { class: "tcol-err", text: "worst rel. Norm err" }));
-  const box = el("div", { class: "tree", id: "tree" });
+  const legend = el("span", { class: "legend" }, ...[["r-pass", "pass"], ["r-warning", "warning"], ["r-error", "error"], ["r-nan", "NaN/Inf"]]
+    .map(([c, t]) => el("span", { class: "chip" }, el("i", { class: `dot ${c}` }), t)),
+    el("span", { class: "chip" }, el("span", { class: "tag-unmatched", text: "no counterpart" })),
+    el("span", { class: "hint", text: "colour: the worst result below each node · expanding one side expands the other" }));
+  bar.append(input, legend);
+  const target = treeSide("target", "tree");
+  const bench = treeSide("bench", "tree-bench");
+  target.other = bench; bench.other = target;
+  const head = (title, sub) => el("div", { class: "thead" }, el("span", { class: "tcol-name", text: title }), el("span", { class: "hint", text: sub }), el("span", { class: "tcol-err", text: "worst rel. Norm err" }));
+  const targetCol = el("div", { class: "tree-col" }, head("target", ""), target.box);
+  const benchCol = el("div", { class: "tree-col", id: "bench-col" }, head("bench", ""), bench.box);
+  const pair = el("div", { class: "tree-pair" }, targetCol, benchCol);
   const benchOnly = el("div", { class: "bench-only", id: "bench-only" });
-  panes.tree.append(bar, hits, head, box, benchOnly);
-  const nodes = new Map();
-  let gen = 0;
+  panes.tree.append(bar, hits, pair, benchOnly);
 
-  function nodeEl(n) {
-    const li = el("li", { class: "tnode", "data-name": n.name });
-    const toggle = el("span", { class: "toggle", text: n.children ? "▸" : "·" });
-    const line = el("div", { class: `tline ${resultClass(n.worst_result, n.nan_inf)}${n.matched ? "" : " unmatched"}` },
-      toggle, el("i", { class: `dot ${resultClass(n.worst_result, n.nan_inf)}` }),
-      el("span", { class: "tcol-name mono", title: n.name, text: n.name }),
-      el("span", { class: "tcol-bench mono", title: n.bench || "", text: n.bench || (n.matched ? "" : "unmatched") }),
-      el("span", { class: "tcol-err", text: n.nan_inf ? "NaN/Inf" : fmt(n.worst_norm_rel, true) }));
-    const kids = el("ul", { class: "tkids", hidden: true });
-    li.append(line, kids);
-    const entry = { n, li, kids, toggle, loaded: false, open: false };
-    nodes.set(n.name, entry);
-    toggle.addEventListener("click", (e) => { e.stopPropagation(); if (n.children) setOpen(entry, !entry.open); });
-    line.addEventListener("click", () => { if (n.rows) openRecord(n.name); else if (n.children) setOpen(entry, !entry.open); });
-    return li;
-  }
-  async function setOpen(entry, open) {
-    entry.open = open;
-    entry.toggle.textContent = open ? "▾" : "▸";
-    entry.kids.hidden = !open;
-    if (open && !entry.loaded) {
-      entry.loaded = true;
-      const r = await guard(() => api.tree(state.cell, entry.n.name));
-      if (r) entry.kids.replaceChildren(...r.nodes.map(nodeEl));
-    }
-  }
-  // the tree of a cell is built on the server when first asked for: only when the view opens
+  // the trees of a cell are built on the server when first asked for: only when the view opens
   let loadedCell = null;
-  function invalidate() { loadedCell = null; gen++; nodes.clear(); box.replaceChildren(); benchOnly.replaceChildren(); if (state.view === "tree") load(); }
+  function invalidate() { loadedCell = null; target.clear(); bench.clear(); benchOnly.replaceChildren(); if (state.view === "tree") load(); }
   async function ensure() { if (loadedCell !== state.cell) await load(); }
   async function load() {
     loadedCell = state.cell;
-    const g = ++gen;
-    nodes.clear();
-    box.replaceChildren();
-    const r = await guard(() => api.tree(state.cell, null));
-    if (!r || g !== gen) return;
-    box.replaceChildren(el("ul", { class: "troot" }, ...r.nodes.map(nodeEl)));
+    benchCol.hidden = !state.meta.has_bench;
+    pair.classList.toggle("single", !state.meta.has_bench);
+    const [r] = await Promise.all([target.load(), state.meta.has_bench ? bench.load() : null]);
     benchOnly.replaceChildren();
-    if (r.bench_only && r.bench_only.length) {
+    if (r && r.bench_only && r.bench_only.length) {
       benchOnly.append(el("h4", { text: `bench records without a target counterpart (${r.bench_only.length})` }),
         el("ul", {}, ...r.bench_only.map((b) => el("li", { class: "mono unmatched", text: b }))));
     }
   }
   async function reveal(record) {
     await ensure();
-    const r = await guard(() => api.treePath(state.cell, record));
-    if (!r) return;
-    for (const e of box.querySelectorAll(".hl, .on-path")) e.classList.remove("hl", "on-path");
-    for (const name of r.path.slice(0, -1)) {
-      let entry = nodes.get(name);
-      if (!entry) break;
-      entry.li.querySelector(":scope > .tline").classList.add("on-path");
-      await setOpen(entry, true);
+    const found = await target.mark(record);
+    if (found && state.meta.has_bench) {
+      const entry = target.nodes.get(record);
+      for (const e of bench.box.querySelectorAll(".hl, .on-path")) e.classList.remove("hl", "on-path");
+      if (entry && entry.n.peer) await bench.mark(entry.n.peer);
     }
-    const last = nodes.get(r.path[r.path.length - 1]);
-    if (last) { const line = last.li.querySelector(":scope > .tline"); line.classList.add("hl"); line.scrollIntoView({ block: "center" }); }
     show("tree");
   }
-  return { load, reveal, invalidate, ensure };
+  return { load, reveal, invalidate, ensure, target, bench };
 })();
+window.__msprobe.tree = tree;
 
 // -- trends ---------------------------------------------------------------------------------------
 const trends = (() => {
@@ -427,7 +497,8 @@ async function showTensor(name) {
     if (!t) continue;
     if (!t.available) { box.append(el("div", { class: "hint", text: `${side}: ${t.why}` })); continue; }
     const c = el("div", { class: "chart short" });
-    box.append(el("div", { text: `${side}: ${t.dtype} ${JSON.stringify(t.shape)} · NaN ${t.nan} · Inf ${t.inf}` }), c,
+    const part = t.elements_read < t.elements ? ` · histogram of the first ${t.elements_read} of ${t.elements} values (read by range)` : "";
+    box.append(el("div", { text: `${side}: ${t.dtype} ${JSON.stringify(t.shape)} · NaN ${t.nan} · Inf ${t.inf}${part}` }), c,
       el("pre", { class: "preview", text: t.preview.map((v) => fmt(v)).join("  ") }));
     const h = t.histogram;
     const ch = echarts.init(c);
@@ -442,18 +513,22 @@ async function start() {
   const t0 = performance.now();
   header.append(el("span", { class: "brand", text: "msprobe" }), el("span", { class: "title", id: "title" }), tabs, cellBadge,
     el("span", { class: "mode", text: api.mode === "report" ? "report" : "live" }));
+  mark("start");
   const [meta, ov] = await Promise.all([api.meta(), api.overview()]);
+  mark("data");
   if (!meta || !ov) return;
   state.meta = meta; state.overview = ov;
   document.getElementById("title").textContent = meta.title || "";
   document.title = "msprobe · " + (meta.title || "");
-  renderOverview();
   show("overview");
+  // the first cell's list is asked for before the heatmap is drawn: the server answers meanwhile
   const firstCell = ov.first_cell !== null ? ov.first_cell : (meta.cells[0] || { cell: 0 }).cell;
   openCell(firstCell, null);
+  renderOverview();
+  mark("overview");
   const ms = Math.round(performance.now() - t0);
   setStatus(`ready in ${ms} ms`);
   document.body.setAttribute("data-ready", String(ms));
 }
 start().catch((e) => setStatus(String(e.message || e), true));
-window.addEventListener("resize", () => { for (const c of Object.values(charts)) if (c && c.resize && !c.isDisposed()) c.resize(); });
+window.addEventListener("resize", () => resizeCharts());

@@ -21,28 +21,28 @@ __all__ = ["write_report", "report_bundle", "MAX_ROWS_PER_CELL", "MAX_TREE_NODES
 MAX_ROWS_PER_CELL = 20000
 MAX_TREE_NODES = 20000
 #: the row fields a report keeps (the list, the record detail and the trends need these)
-_FIELDS = [f for f in ROW_FIELDS]
+_FIELDS = [field for field in ROW_FIELDS]
 
 
-def _tree_bundle(data: ViewData, cell: int, keep: set) -> dict:
-    t = data.tree(cell)
+def _tree_bundle(data: ViewData, cell: int, keep: set, side: str = "target") -> dict:
+    model = data.tree(cell, side)
     nodes: dict = {}
     children: dict = {}
     # breadth-first from the roots, so a bounded tree keeps its upper levels
     queue: list = [None]
     while queue and len(nodes) < MAX_TREE_NODES:
         parent = queue.pop(0)
-        kids = t.children.get(parent, [])
+        kids = model.children.get(parent, [])
         children["" if parent is None else parent] = kids[: MAX_TREE_NODES - len(nodes)]
-        for k in children["" if parent is None else parent]:
-            v = t.view(k)
-            if v["rows"] and k not in keep:
-                v["rows"] = 0  # its rows are not in the report: the node is not a link
-            nodes[k] = v
-            queue.append(k)
-    for name, v in nodes.items():  # children counts match what the report holds
-        v["children"] = len(children.get(name, []))
-    return {"nodes": nodes, "children": children, "bench_only": t.bench_only[:200]}
+        for kid in children["" if parent is None else parent]:
+            node = model.view(kid)
+            if node["rows"] and (node["peer"] if side == "bench" else kid) not in keep:
+                node["rows"] = 0  # its rows are not in the report: the node is not a link
+            nodes[kid] = node
+            queue.append(kid)
+    for name, node in nodes.items():  # children counts match what the report holds
+        node["children"] = len(children.get(name, []))
+    return {"nodes": nodes, "children": children, "bench_only": model.bench_only[:200]}
 
 
 def report_bundle(data: ViewData, max_rows: int = MAX_ROWS_PER_CELL) -> dict:
@@ -54,36 +54,40 @@ def report_bundle(data: ViewData, max_rows: int = MAX_ROWS_PER_CELL) -> dict:
     stack_texts: list = []
     stack_ids: dict = {}
     trees: dict = {}
+    bench_trees: dict = {}
     truncated = 0
-    for c in meta["cells"]:
-        cell = c["cell"]
+    for cell_row in meta["cells"]:
+        cell = cell_row["cell"]
         kept = data.query(f"""SELECT {', '.join(_FIELDS)}, stack FROM rows WHERE cell = ? AND i IN (
             SELECT i FROM rows WHERE cell = ? ORDER BY (CASE WHEN {data.divergent_sql} THEN 0 ELSE 1 END), i
             LIMIT ?) ORDER BY i""", [cell, cell, max_rows])
-        total = next((x["rows"] for x in overview["cells"] if x["cell"] == cell), len(kept))
+        total = next((entry["rows"] for entry in overview["cells"] if entry["cell"] == cell), len(kept))
         truncated += max(total - len(kept), 0)
         cell_stacks: dict = {}
-        for r in kept:
-            rec = r["record"]
+        for row in kept:
+            rec = row["record"]
             if rec not in cell_stacks:
-                frames = data.record_stack(cell, rec, r.pop("stack"))
+                frames = data.record_stack(cell, rec, row.pop("stack"))
                 key = "\n".join(frames)
                 if key not in stack_ids:
                     stack_ids[key] = len(stack_texts)
                     stack_texts.append(frames)
                 cell_stacks[rec] = stack_ids[key]
             else:
-                r.pop("stack")
-        rows[str(cell)] = [[json_safe(r[f]) for f in _FIELDS] for r in kept]
+                row.pop("stack")
+        rows[str(cell)] = [[json_safe(row[field]) for field in _FIELDS] for row in kept]
         stacks[str(cell)] = cell_stacks
         trees[str(cell)] = _tree_bundle(data, cell, set(cell_stacks))
+        if data.bench:
+            bench_trees[str(cell)] = _tree_bundle(data, cell, set(cell_stacks), "bench")
     meta = dict(meta, truncated_rows=truncated)
     threshold = None
     div = str(data.summary.get("divergence") or "")
     if "NormRelativeErr >" in div:
         threshold = float(div.rsplit(">", 1)[1])
     return {"meta": meta, "overview": json_safe(overview), "columns": _FIELDS, "rows": rows, "stacks": stacks,
-            "stack_texts": stack_texts, "trees": json_safe(trees), "threshold": threshold, "csv_fields": list(ROW_FIELDS)}
+            "stack_texts": stack_texts, "trees": json_safe(trees),
+            "bench_trees": json_safe(bench_trees), "threshold": threshold, "csv_fields": list(ROW_FIELDS)}
 
 
 def _json_block(obj: Any) -> str:
@@ -116,7 +120,7 @@ def write_report(data: ViewData, out: str, max_rows: int = MAX_ROWS_PER_CELL) ->
     html = render_report(report_bundle(data, max_rows))
     tmp = out + ".part"
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(html)
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(html)
     os.replace(tmp, out)
     return out

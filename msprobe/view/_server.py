@@ -39,8 +39,8 @@ def static_asset(name: str) -> str:
     """The text of a built front-end asset (``app.js``, ``app.css``); a typed error when missing."""
     path = os.path.join(STATIC_DIR, name)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
     except OSError as exc:
         raise MissingDependencyError(f"the explorer's page asset {name} is missing from {STATIC_DIR} "
                                      f"(a broken install; rebuild with: cd frontend && npm ci && npm run build)") \
@@ -55,15 +55,15 @@ def _starlette() -> Any:
             from exc
 
 
-def _int(v: Any, name: str, default: Optional[int] = None) -> int:
-    if v is None or v == "":
+def _int(value: Any, name: str, default: Optional[int] = None) -> int:
+    if value is None or value == "":
         if default is None:
             raise ConfigError(f"missing {name}")
         return default
     try:
-        return int(v)
+        return int(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be an integer, not {v!r}") from None
+        raise ConfigError(f"{name} must be an integer, not {value!r}") from None
 
 
 def make_app(data: ViewData, token: str) -> Any:
@@ -109,13 +109,13 @@ def make_app(data: ViewData, token: str) -> Any:
             return secure(resp)
         return endpoint
 
-    def q(request: Request, name: str, default: Any = None) -> Any:
+    def arg(request: Request, name: str, default: Any = None) -> Any:
         return request.query_params.get(name, default)
 
     def filters(request: Request) -> dict:
-        f = {k: q(request, k, v[0]) for k, v in FILTERS.items()}
-        f["q"] = q(request, "q", "")
-        return f
+        picked = {key: arg(request, key, allowed[0]) for key, allowed in FILTERS.items()}
+        picked["q"] = arg(request, "q", "")
+        return picked
 
     def page(request: Request) -> Response:
         resp = Response(_PAGE, media_type="text/html; charset=utf-8")
@@ -129,28 +129,32 @@ def make_app(data: ViewData, token: str) -> Any:
             return PlainTextResponse("not found", status_code=404)
         return Response(static_asset(name), media_type=_STATIC[name])
 
+    # the tables do not change once loaded: the two answers every page load starts with are encoded
+    # once, here (a lake's 10,240 cells are megabytes of JSON)
+    first_answers = {"meta": SafeJSON(data.meta()).body, "overview": SafeJSON(data.overview()).body}
+
     def meta(request: Request) -> Response:
-        return SafeJSON(data.meta())
+        return Response(first_answers["meta"], media_type="application/json")
 
     def overview(request: Request) -> Response:
-        return SafeJSON(data.overview())
+        return Response(first_answers["overview"], media_type="application/json")
 
     def rows(request: Request) -> Response:
-        cell = _int(q(request, "cell"), "cell")
-        return SafeJSON(data.rows(cell, _int(q(request, "begin"), "begin", 0),
-                                      _int(q(request, "end"), "end", 100), filters(request)))
+        cell = _int(arg(request, "cell"), "cell")
+        return SafeJSON(data.rows(cell, _int(arg(request, "begin"), "begin", 0),
+                                      _int(arg(request, "end"), "end", 100), filters(request)))
 
     def export_csv(request: Request) -> Response:
-        cell = _int(q(request, "cell"), "cell")
-        f = filters(request)
-        data.rows(cell, 0, 0, f)  # checks the filters before the stream starts
+        cell = _int(arg(request, "cell"), "cell")
+        picked = filters(request)
+        data.rows(cell, 0, 0, picked)  # checks the filters before the stream starts
 
         def lines() -> Any:
             buf = io.StringIO()
-            w = csv.writer(buf)
-            w.writerow(ROW_FIELDS)
-            for r in data.iter_csv_rows(cell, f):
-                w.writerow([_csv_cell(r[k]) for k in ROW_FIELDS])
+            writer = csv.writer(buf)
+            writer.writerow(ROW_FIELDS)
+            for row in data.iter_csv_rows(cell, picked):
+                writer.writerow([_csv_cell(row[key]) for key in ROW_FIELDS])
                 if buf.tell() > 1 << 16:
                     yield buf.getvalue()
                     buf.seek(0)
@@ -160,38 +164,38 @@ def make_app(data: ViewData, token: str) -> Any:
                                  headers={"Content-Disposition": f'attachment; filename="msprobe_rows_{cell}.csv"'})
 
     def tree(request: Request) -> Response:
-        cell = _int(q(request, "cell"), "cell")
-        t = data.tree(cell)
-        out = t.kids(q(request, "node") or None, _int(q(request, "begin"), "begin", 0),
-                     _int(q(request, "end"), "end", 500))
-        if not q(request, "node"):
-            out["bench_only"] = t.bench_only[:200]
+        cell = _int(arg(request, "cell"), "cell")
+        model = data.tree(cell, arg(request, "side") or "target")
+        out = model.kids(arg(request, "node") or None, _int(arg(request, "begin"), "begin", 0),
+                     _int(arg(request, "end"), "end", 500))
+        if not arg(request, "node"):
+            out["bench_only"] = model.bench_only[:200]
         return SafeJSON(out)
 
     def tree_path(request: Request) -> Response:
-        cell = _int(q(request, "cell"), "cell")
-        name = q(request, "record") or ""
-        t = data.tree(cell)
-        if name not in t.nodes:
+        cell = _int(arg(request, "cell"), "cell")
+        name = arg(request, "record") or ""
+        model = data.tree(cell, arg(request, "side") or "target")
+        if name not in model.nodes:
             raise ConfigError(f"no record {name!r} in the tree")
-        return SafeJSON({"path": t.path(name)})
+        return SafeJSON({"path": model.path(name)})
 
     def search(request: Request) -> Response:
-        cell = _int(q(request, "cell"), "cell")
-        return SafeJSON({"hits": data.search(cell, q(request, "q") or "")})
+        cell = _int(arg(request, "cell"), "cell")
+        return SafeJSON({"hits": data.search(cell, arg(request, "q") or "")})
 
     def record(request: Request) -> Response:
-        cell = _int(q(request, "cell"), "cell")
-        return SafeJSON(data.record(cell, q(request, "record") or ""))
+        cell = _int(arg(request, "cell"), "cell")
+        return SafeJSON(data.record(cell, arg(request, "record") or ""))
 
     def trend(request: Request) -> Response:
-        return SafeJSON(data.trend(q(request, "name") or "", q(request, "stat") or "norm"))
+        return SafeJSON(data.trend(arg(request, "name") or "", arg(request, "stat") or "norm"))
 
     def tensor(request: Request) -> Response:
         from msprobe.view._tensor import tensor_view
 
-        cell = _int(q(request, "cell"), "cell")
-        return SafeJSON(tensor_view(data, cell, q(request, "name") or "", q(request, "side") or "target"))
+        cell = _int(arg(request, "cell"), "cell")
+        return SafeJSON(tensor_view(data, cell, arg(request, "name") or "", arg(request, "side") or "target"))
 
     routes = [Route("/", guarded(page)), Route("/static/{name}", guarded(static)),
               Route("/api/meta", guarded(meta)), Route("/api/overview", guarded(overview)),
@@ -202,17 +206,17 @@ def make_app(data: ViewData, token: str) -> Any:
     return Starlette(routes=routes)
 
 
-def _csv_cell(v: Any) -> Any:
+def _csv_cell(value: Any) -> Any:
     """A CSV cell that a spreadsheet will not run as a formula (names are attacker-written)."""
-    if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + v
-    return "" if v is None else v
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return "" if value is None else value
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def serve(data: ViewData, *, host: str = "127.0.0.1", port: Optional[int] = None, token: Optional[str] = None,
@@ -227,6 +231,7 @@ def serve(data: ViewData, *, host: str = "127.0.0.1", port: Optional[int] = None
     port = port if port else free_port(host)
     app = make_app(data, token)
     first = data.overview()["first_cell"]
+    data.rows(first if first is not None else 0, 0, 200, {})  # the page's first list, read once from disk
 
     def prebuild() -> None:  # the tree of the cell the page opens first, built while the overview is read
         try:

@@ -1,11 +1,19 @@
-"""The model tree of one cell: construct.json's hierarchy, each node with its worst error rolled up."""
+"""The model trees of one cell: the target's and the bench's construct.json hierarchies side by side.
+
+Each node is a record or a module with its worst error rolled up from its children. A node's
+``peer`` is its counterpart on the other side (the record compare matched it to, or the module of
+the same name); a node without one is ``matched=False`` (marked in the page). The bench tree is
+the bench dump's own hierarchy; its nodes carry their target peer's figures, so both sides are
+coloured alike.
+"""
 from __future__ import annotations
 
+from sys import intern
 from typing import Any, Optional
 
 from msprobe.errors import MsprobeError
 
-__all__ = ["Tree", "Node"]
+__all__ = ["Tree", "Node", "build_pair"]
 
 _SEV = {3: "error", 2: "warning", 1: "pass", 0: ""}
 
@@ -23,29 +31,43 @@ class Node:
         self.rows, self.bench, self.matched = rows, bench, matched
         self.worst, self.worst_sev, self.worst_nan, self.worst_norm, self.first = score, sev, nan, norm, i
 
+    def copy_figures(self, other: "Node") -> None:
+        """Take ``other``'s own figures (a bench node shows its target peer's comparison)."""
+        self.i, self.score, self.sev, self.nan = other.i, other.score, other.sev, other.nan
+        self.norm, self.cosine, self.rows = other.norm, other.cosine, other.rows
+        self.worst, self.worst_sev, self.worst_nan, self.worst_norm, self.first = \
+            other.score, other.sev, other.nan, other.norm, other.i
+
 
 class Tree:
-    """Nodes are records (modules and APIs); a node's ``worst`` is the highest row score below it."""
+    """Nodes are records (modules and APIs); a node's ``worst`` is the highest row score below it.
+    ``Node.bench`` holds the node's peer on the other side (for the bench tree: its target peer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, side: str = "target") -> None:
+        self.side = side
         self.nodes: dict = {}  # name -> Node
         self.children: dict = {None: []}  # parent name (None: the roots) -> [child names], execution order
         self.bench_only: list = []
+        self.other: Optional["Tree"] = None  # the other side's tree, when there is a bench
         self._up: Optional[dict] = None  # child -> parent, made on first use
 
     @staticmethod
-    def _parents(src: Any) -> dict:
+    def parents_of(src: Any) -> dict:
+        """child -> parent of a rank source's construct.json ({} when it has none or cannot be read)."""
         if src is None:
             return {}
         try:
-            p = src.parents() or {}
+            found = src.parents() or {}
         except (MsprobeError, OSError, ValueError):
             return {}
-        return {str(k): (str(v) if v is not None else None) for k, v in p.items()}
+        # interned: the two trees and their peers share one string per name (150,000-node trees)
+        return {intern(str(child)): (intern(str(parent)) if parent is not None else None)
+                for child, parent in found.items()}
 
     @classmethod
     def build(cls, data: Any, cell: int) -> "Tree":
-        t = cls()
+        """The target tree of ``cell`` (its bench tree, when there is a bench: :func:`build_pair`)."""
+        model = cls("target")
         cur = data.cursor()
         try:
             recs = cur.execute("""SELECT record, min(i), max(score), bool_or(nan_inf), count(*),
@@ -54,19 +76,31 @@ class Tree:
                 count(*) FILTER (WHERE bench_name IS NULL OR bench_name = 'N/A'),
                 min(name) FILTER (WHERE bench_name IS NOT NULL AND bench_name <> 'N/A'),
                 min(bench_name) FILTER (WHERE bench_name IS NOT NULL AND bench_name <> 'N/A')
-                FROM rows WHERE cell = ? GROUP BY record ORDER BY 2""", [cell]).fetchall()
+                FROM rows WHERE cell = ? AND record <> 'N/A' GROUP BY record ORDER BY 2""", [cell]).fetchall()
         finally:
             cur.close()
-        parents = cls._parents(data.source("target", cell))
         no_bench = not data.bench
-        nodes = t.nodes
-        for record, i, score, nan, n, sev, norm, cosine, unmatched, a_name, a_bench in recs:
-            bench = None
+        for record, first, score, nan, count, sev, norm, cosine, unmatched, a_name, a_bench in recs:
+            peer = None
             if a_name and a_bench:
                 suffix = a_name[len(record):]
-                bench = a_bench[: len(a_bench) - len(suffix)] if suffix and a_bench.endswith(suffix) else a_bench
-            nodes[record] = Node(i, score or 0.0, sev, bool(nan), norm, cosine, n, bench, unmatched < n or no_bench)
-        # modules of construct.json that hold no row of their own (a module level not dumped)
+                peer = a_bench[: len(a_bench) - len(suffix)] if suffix and a_bench.endswith(suffix) else a_bench
+            if peer is not None:
+                peer = intern(peer)
+            model.nodes[intern(record)] = Node(first, score or 0.0, sev, bool(nan), norm, cosine, count, peer,
+                                       unmatched < count or no_bench)
+        model.link(cls.parents_of(data.source("target", cell)))
+        # bench records no target record matched: compare's summary lists them per rank pair
+        pairs = data.summary.get("pairs") or []
+        if cell < len(pairs) and isinstance(pairs[cell], dict):
+            unmatched_bench = (pairs[cell].get("unmatched") or {}).get("bench") or []
+            model.bench_only = [str(name) for name in unmatched_bench][:1000]
+        return model
+
+    def link(self, parents: dict) -> None:
+        """Modules of construct.json that hold no row (a level not dumped) become nodes; then each
+        node goes under its parent and the figures are rolled up."""
+        nodes = self.nodes
         for child, parent in parents.items():
             if child not in nodes:
                 nodes[child] = Node()
@@ -74,23 +108,17 @@ class Tree:
                 nodes[parent] = Node()
         for name in nodes:
             parent = parents.get(name)
-            if parent == name:
+            if parent == name or parent not in nodes:
                 parent = None
-            t.children.setdefault(parent, []).append(name)
-        t._rollup()
-        # bench records no target record matched: compare's summary lists them per rank pair
-        pairs = data.summary.get("pairs") or []
-        if cell < len(pairs) and isinstance(pairs[cell], dict):
-            unmatched_b = (pairs[cell].get("unmatched") or {}).get("bench") or []
-            t.bench_only = [str(n) for n in unmatched_b][:1000]
-        return t
+            self.children.setdefault(parent, []).append(name)
+        self._rollup()
 
     def _rollup(self) -> None:
         """Each node's subtree figures, children in execution order (first row of their subtree)."""
         nodes, children = self.nodes, self.children
         # post-order without recursion (deep trees); a cycle in a broken construct.json is cut
         done: set = set()
-        stack: list = [(n, False) for n in children.get(None, [])]
+        stack: list = [(name, False) for name in children.get(None, [])]
         while stack:
             name, expanded = stack.pop()
             if not expanded:
@@ -98,42 +126,44 @@ class Tree:
                     continue
                 done.add(name)
                 stack.append((name, True))
-                stack.extend((k, False) for k in children.get(name, ()) if k not in done)
+                stack.extend((kid, False) for kid in children.get(name, ()) if kid not in done)
                 continue
             node = nodes[name]
-            for k in children.get(name, ()):
-                kn = nodes[k]
-                if kn.worst > node.worst:
-                    node.worst = kn.worst
-                if kn.worst_sev > node.worst_sev:
-                    node.worst_sev = kn.worst_sev
-                node.worst_nan = node.worst_nan or kn.worst_nan
-                if kn.worst_norm is not None and (node.worst_norm is None or kn.worst_norm > node.worst_norm):
-                    node.worst_norm = kn.worst_norm
-                if kn.first is not None and (node.first is None or kn.first < node.first):
-                    node.first = kn.first
+            for kid in children.get(name, ()):
+                below = nodes[kid]
+                if below.worst > node.worst:
+                    node.worst = below.worst
+                if below.worst_sev > node.worst_sev:
+                    node.worst_sev = below.worst_sev
+                node.worst_nan = node.worst_nan or below.worst_nan
+                if below.worst_norm is not None and (node.worst_norm is None or below.worst_norm > node.worst_norm):
+                    node.worst_norm = below.worst_norm
+                if below.first is not None and (node.first is None or below.first < node.first):
+                    node.first = below.first
         big = 1 << 60
         for kids in children.values():
-            kids.sort(key=lambda n: (nodes[n].first if nodes[n].first is not None else big, n))
+            kids.sort(key=lambda name: (nodes[name].first if nodes[name].first is not None else big, name))
 
     def view(self, name: str) -> dict:
-        n = self.nodes[name]
-        return {"name": name, "i": n.i, "rows": n.rows, "bench": n.bench, "matched": n.matched,
-                "result": _SEV[n.sev], "worst": n.worst, "worst_result": _SEV[n.worst_sev],
-                "nan_inf": n.worst_nan, "norm_rel": n.norm, "worst_norm_rel": n.worst_norm,
-                "cosine": n.cosine, "children": len(self.children.get(name, []))}
+        node = self.nodes[name]
+        return {"name": name, "side": self.side, "i": node.i, "rows": node.rows,
+                "bench": node.bench if self.side == "target" else name,
+                "peer": node.bench, "matched": node.matched,
+                "result": _SEV[node.sev], "worst": node.worst, "worst_result": _SEV[node.worst_sev],
+                "nan_inf": node.worst_nan, "norm_rel": node.norm, "worst_norm_rel": node.worst_norm,
+                "cosine": node.cosine, "children": len(self.children.get(name, []))}
 
     def kids(self, parent: Optional[str], begin: int = 0, end: int = 500) -> dict:
         if parent is not None and parent not in self.nodes:
             raise KeyError(parent)
         names = self.children.get(parent, [])
-        return {"parent": parent, "total": len(names), "begin": begin,
-                "nodes": [self.view(n) for n in names[begin:end]]}
+        return {"parent": parent, "side": self.side, "total": len(names), "begin": begin,
+                "nodes": [self.view(name) for name in names[begin:end]]}
 
     def path(self, name: str) -> list:
         """The ancestors of ``name``, root first, then ``name`` itself."""
         if self._up is None:
-            self._up = {k: p for p, kids in self.children.items() for k in kids}
+            self._up = {kid: parent for parent, kids in self.children.items() for kid in kids}
         parent_of = self._up
         out: list = []
         cur: Optional[str] = name
@@ -141,3 +171,39 @@ class Tree:
             out.append(cur)
             cur = parent_of.get(cur)
         return out[::-1]
+
+
+def build_pair(data: Any, cell: int) -> tuple:
+    """(target tree, bench tree or None) of ``cell``: the bench tree is the bench dump's own
+    construct.json hierarchy over the bench records compare matched and the bench-only ones."""
+    target = Tree.build(data, cell)
+    if not data.bench:
+        return target, None
+    bench = Tree("bench")
+    bench_parents = Tree.parents_of(data.source("bench", cell))
+    for name, node in target.nodes.items():  # the matched records, under their bench names
+        if node.bench and node.matched and node.bench not in bench.nodes:
+            twin = Node(bench=name)
+            twin.copy_figures(node)
+            bench.nodes[node.bench] = twin
+    for name in target.bench_only:
+        bench.nodes.setdefault(name, Node(matched=False))
+    # a module of the bench hierarchy holding no row: its peer is the target node of the same name
+    for name in list(bench_parents) + [parent for parent in bench_parents.values() if parent]:
+        bench.nodes.setdefault(name, Node(matched=False))
+    listed = set(target.bench_only)
+    for name, twin in bench.nodes.items():
+        mine = target.nodes.get(name)
+        if twin.bench is None and mine is not None and name not in listed and (mine.bench is None or mine.bench == name):
+            twin.bench, twin.matched = name, True
+            twin.copy_figures(mine)
+            mine.bench = name
+    bench.link(bench_parents)
+    known = bool(bench_parents)  # without the bench's hierarchy, a target module's peer is unknown, not missing
+    for node in target.nodes.values():
+        if node.bench is not None and node.bench not in bench.nodes:
+            node.bench = None
+        if node.bench is None and (node.rows or known):
+            node.matched = False
+    target.other, bench.other = bench, target
+    return target, bench

@@ -74,13 +74,15 @@ def make(root: str, fault: str = "nan", hostile: bool = False) -> None:
                     _poison(os.path.join(root, side, f"step{s}", f"rank{r}"))
 
 
-def _poison(rank_dir: str) -> None:
-    """Rename one API record to hold HTML and put HTML into its stack and a dtype."""
-    old, new = "Functional.relu.0.forward", f"Functional.relu{HOSTILE}.0.forward"
+def _poison(rank_dir: str, old: str = "Functional.relu.0.forward", new: str = f"Functional.relu{HOSTILE}.0.forward",
+            hostile: bool = True) -> None:
+    """Rename one API record to hold HTML and put HTML into its stack and a dtype (``hostile=False``:
+    only rename it, e.g. to give the bench a record the target does not have)."""
     with open(os.path.join(rank_dir, "dump.json"), encoding="utf-8") as f:
         doc = json.load(f)
     doc["data"] = {(new if k == old else k): v for k, v in doc["data"].items()}
-    doc["data"][new]["input_args"][0]["dtype"] = HOSTILE
+    if hostile:
+        doc["data"][new]["input_args"][0]["dtype"] = HOSTILE
     with open(os.path.join(rank_dir, "dump.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f)
     with open(os.path.join(rank_dir, "stack.json"), encoding="utf-8") as f:
@@ -88,7 +90,8 @@ def _poison(rank_dir: str) -> None:
     for v in stack.values():
         if old in v[0]:
             v[0] = [new if n == old else n for n in v[0]]
-            v[1] = [f"File {HOSTILE}, line 1, in <module>"] + list(v[1])
+            if hostile:
+                v[1] = [f"File {HOSTILE}, line 1, in <module>"] + list(v[1])
     with open(os.path.join(rank_dir, "stack.json"), "w", encoding="utf-8") as f:
         json.dump(stack, f)
     cpath = os.path.join(rank_dir, "construct.json")
@@ -100,7 +103,12 @@ def _poison(rank_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "poison":  # poison ROOT: the hostile text into every rank directory under ROOT
+    if sys.argv[1] == "rename":  # rename ROOT: the bench's relu record becomes gelu (each side has one unmatched)
+        for s in range(3):
+            for r in (0, 1):
+                _poison(os.path.join(sys.argv[2], "bench", f"step{s}", f"rank{r}"), "Functional.relu.0.forward",
+                        "Functional.gelu.0.forward", hostile=False)
+    elif sys.argv[1] == "poison":  # poison ROOT: the hostile text into every rank directory under ROOT
         for side in ("target", "bench"):
             for s in range(3):
                 for r in (0, 1):

@@ -59,6 +59,20 @@ def hostile_pair(tmp_path_factory, nan_pair) -> str:
     return root
 
 
+@pytest.fixture(scope="session")
+def skew_pair(tmp_path_factory, nan_pair) -> str:
+    """The NaN pair whose bench calls its relu record gelu: one target record and one bench record
+    have no counterpart (each tree has an unmatched node under Module.act.ReLU.forward.0)."""
+    root = str(tmp_path_factory.mktemp("skew_pair"))
+    for side in ("target", "bench"):
+        shutil.copytree(os.path.join(nan_pair, side), os.path.join(root, side))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, os.path.join(HERE, "_make_pair.py"), "rename", root], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root
+
+
 def _open(pair: str):
     from msprobe.view import open_view
 
@@ -75,6 +89,13 @@ def nan_view(nan_pair):
 @pytest.fixture(scope="session")
 def scale_view(scale_pair):
     v = _open(scale_pair)
+    yield v
+    v.close()
+
+
+@pytest.fixture(scope="session")
+def skew_view(skew_pair):
+    v = _open(skew_pair)
     yield v
     v.close()
 

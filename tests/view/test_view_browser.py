@@ -86,15 +86,17 @@ def _walk_the_views(page, url: str, shots: bool) -> None:
         shot(page, "record")
     # the model tree: the module path is opened and the record highlighted, coloured as an error
     page.locator("#show-in-tree").click()
-    page.wait_for_selector("#view-tree:not([hidden]) .tline.hl")
-    assert page.locator(".tline.hl .tcol-name").inner_text() == FAULT_RECORD
-    on_path = page.locator(".tline.on-path .tcol-name").all_inner_texts()
+    page.wait_for_selector("#view-tree:not([hidden]) #tree .tline.hl")
+    assert page.locator("#tree .tline.hl .tcol-name").inner_text() == FAULT_RECORD
+    on_path = page.locator("#tree .tline.on-path .tcol-name").all_inner_texts()
     assert on_path == [FAULT_MODULE]
-    assert "r-nan" in page.locator(".tline.on-path").get_attribute("class")
-    healthy = page.locator(".tnode[data-name='Module.fc1.Linear.forward.0'] > .tline")
+    assert "r-nan" in page.locator("#tree .tline.on-path").get_attribute("class")
+    healthy = page.locator("#tree .tnode[data-name='Module.fc1.Linear.forward.0'] > .tline")
     assert "r-pass" in healthy.get_attribute("class")
-    if shots:
-        shot(page, "tree")
+    # the bench tree beside it: the same record's counterpart marked, on the same module path
+    page.wait_for_selector("#tree-bench .tline.hl")
+    assert page.locator("#tree-bench .tline.hl .tcol-name").inner_text() == FAULT_RECORD
+    assert page.locator("#tree-bench .tline.on-path .tcol-name").all_inner_texts() == [FAULT_MODULE]
     # search, then open the hit
     page.fill("#tree-search", "fc1.Linear.forward")
     page.wait_for_selector("#tree-hits li")
@@ -173,8 +175,8 @@ def test_hostile_names_and_stacks_render_as_text(page, hostile_view, tmp_path, w
         assert '<img src=x onerror="window.__pwned=2">' in page.locator("#record-stack").inner_text()
         assert "<script>" in page.locator("#record-args").inner_text()  # the dtype, as text
         page.locator("#show-in-tree").click()
-        page.wait_for_selector(".tline.hl")
-        assert "<script>" in page.locator(".tline.hl .tcol-name").inner_text()
+        page.wait_for_selector("#tree .tline.hl")
+        assert "<script>" in page.locator("#tree .tline.hl .tcol-name").inner_text()
         # nothing ran, and the page holds no element the names would have made
         assert page.evaluate("window.__pwned") is None
         assert page.locator("#app img").count() == 0 and page.locator("#app script").count() == 0
@@ -183,6 +185,61 @@ def test_hostile_names_and_stacks_render_as_text(page, hostile_view, tmp_path, w
                                  document.body.append(s); }""")
         page.wait_for_timeout(100)
         assert page.evaluate("window.__pwned") is None
+    finally:
+        if s is not None:
+            s.close()
+
+
+@pytest.mark.parametrize("where", ["server", "report"])
+def test_trees_side_by_side_expand_together_and_mark_the_unmatched(page, skew_view, tmp_path, where):
+    """The bench calls the target's relu record gelu: expanding the ReLU module on one side expands
+    it on the other, each side's odd record is marked as having no counterpart, collapsing follows."""
+    from msprobe.view import write_report
+
+    relu = "Module.act.ReLU.forward.0"
+    s = LiveServer(skew_view) if where == "server" else None
+    url = s.url if s else f"file://{write_report(skew_view, str(tmp_path / 'skew.html'))}"
+    try:
+        _ready(page, url)
+        page.locator(".tab[data-view=tree]").click()
+        page.wait_for_selector(f"#tree .tnode[data-name='{relu}']")
+        page.wait_for_selector(f"#tree-bench .tnode[data-name='{relu}']")
+        target_kids = page.locator(f"#tree .tnode[data-name='{relu}'] > .tkids")
+        bench_kids = page.locator(f"#tree-bench .tnode[data-name='{relu}'] > .tkids")
+        assert target_kids.is_hidden() and bench_kids.is_hidden()
+        # expand on the target side (a real click on its toggle): both sides open
+        page.locator(f"#tree .tnode[data-name='{relu}'] > .tline .toggle").click()
+        page.wait_for_selector(f"#tree-bench .tnode[data-name='{relu}'] > .tkids .tnode")
+        assert target_kids.is_visible() and bench_kids.is_visible()
+        odd_target = page.locator(f"#tree .tnode[data-name='{relu}'] > .tkids > .tnode > .tline")
+        odd_bench = page.locator(f"#tree-bench .tnode[data-name='{relu}'] > .tkids > .tnode > .tline")
+        assert odd_target.locator(".tcol-name").all_inner_texts() == ["Functional.relu.0.forward"]
+        assert odd_bench.locator(".tcol-name").all_inner_texts() == ["Functional.gelu.0.forward"]
+        for line in (odd_target, odd_bench):
+            assert "unmatched" in line.get_attribute("class")
+            assert "counterpart" in line.locator(".tag-unmatched").inner_text()
+        # a matched module is not marked, on either side
+        fc1 = "#tree{} .tnode[data-name='Module.fc1.Linear.forward.0'] > .tline"
+        for side in ("", "-bench"):
+            assert "unmatched" not in page.locator(fc1.format(side)).get_attribute("class")
+            assert page.locator(fc1.format(side) + " .tag-unmatched").count() == 0
+        if where == "server":  # the screenshot: the faulty record found by search, on both sides
+            page.fill("#tree-search", "linear.1.forward")
+            page.locator("#tree-hits li", has_text=FAULT_RECORD).click()
+            page.wait_for_selector("#tree-bench .tline.hl")
+            page.fill("#tree-search", "")
+            _wait(page, "() => document.querySelectorAll('#tree-hits li').length === 0")
+            page.evaluate("() => window.scrollTo(0, 0)")
+            shot(page, "tree")
+        # collapse on the bench side: the target follows
+        page.locator(f"#tree-bench .tnode[data-name='{relu}'] > .tline .toggle").click()
+        _wait(page, f"() => document.querySelector(\"#tree .tnode[data-name='{relu}'] > .tkids\").hidden")
+        assert bench_kids.is_hidden() and target_kids.is_hidden()
+        # and expanding from the bench side opens the target's
+        page.locator(f"#tree-bench .tnode[data-name='{relu}'] > .tline .toggle").click()
+        _wait(page, f"() => !document.querySelector(\"#tree .tnode[data-name='{relu}'] > .tkids\").hidden")
+        assert target_kids.is_visible()
+        assert page.errors == [], page.errors
     finally:
         if s is not None:
             s.close()

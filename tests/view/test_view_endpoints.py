@@ -114,6 +114,44 @@ def test_rows_are_paged_filtered_and_sorted(client):
     assert healthy["total"] == 0 and healthy["first_div"] is None
 
 
+def test_the_bench_tree_is_the_benchs_own_hierarchy_with_peers(skew_view):
+    """The bench calls the target's relu record gelu: each tree holds its own name, unmatched, under
+    the module both sides share; every other node's peer is its counterpart."""
+    from starlette.testclient import TestClient
+
+    from msprobe.view import make_app
+
+    relu = "Module.act.ReLU.forward.0"
+    with TestClient(make_app(skew_view, TOKEN), base_url="http://127.0.0.1") as c:
+        c.headers["X-Msprobe-Token"] = TOKEN
+        cell = _cell(c, 1, "rank1")
+        roots = {side: {n["name"]: n for n in c.get("/api/tree", params={"cell": cell, "side": side}).json()["nodes"]}
+                 for side in ("target", "bench")}
+        assert set(roots["target"]) == set(roots["bench"])  # the same modules at the top, no 'N/A' record
+        for name, node in roots["bench"].items():
+            assert node["side"] == "bench" and node["peer"] == name and node["matched"], node
+            assert node["worst_result"] == roots["target"][name]["worst_result"]  # coloured as its peer
+        kids = {side: c.get("/api/tree", params={"cell": cell, "side": side, "node": relu}).json()["nodes"]
+                for side in ("target", "bench")}
+        assert [(k["name"], k["peer"], k["matched"]) for k in kids["target"]] == [("Functional.relu.0.forward", None, False)]
+        assert [(k["name"], k["peer"], k["matched"]) for k in kids["bench"]] == [("Functional.gelu.0.forward", None, False)]
+        fault = c.get("/api/tree", params={"cell": cell, "side": "bench", "node": FAULT_MODULE}).json()["nodes"]
+        assert [(k["name"], k["peer"], k["worst_result"]) for k in fault] == [(FAULT_RECORD, FAULT_RECORD, "error")]
+        path = c.get("/api/tree_path", params={"cell": cell, "side": "bench", "record": "Functional.gelu.0.forward"})
+        assert path.json()["path"] == [relu, "Functional.gelu.0.forward"]
+        assert c.get("/api/tree", params={"cell": cell, "side": "left"}).status_code == 400
+
+
+def test_a_view_without_bench_has_no_bench_tree(nan_pair):
+    from msprobe.errors import ConfigError
+    from msprobe.view import open_view
+
+    with open_view(os.path.join(nan_pair, "target")) as v:
+        assert v.tree(0).kids(None)["nodes"]
+        with pytest.raises(ConfigError, match="no bench"):
+            v.tree(0, "bench")
+
+
 def test_bad_queries_get_a_400_with_a_message(client):
     for params in ({"cell": 0, "sort": "DROP TABLE rows"}, {"cell": "x"}, {"cell": 0, "result": "';--"}):
         r = client.get("/api/rows", params=params)

@@ -1,0 +1,230 @@
+"""Loading the explorer's tables: a compare output's CSVs, one dump's index rows, a lake's index.
+
+Every source becomes the same two tables in the view's DuckDB (``rows``: one row per compared argument
+leaf; ``cells``: one per run, step and rank), then :meth:`Loader.finish` derives each row's score and
+the per-cell aggregates (``cell_stats``) every view reads instead of the raw rows.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+from msprobe.errors import ConfigError
+from msprobe.readers import ANY
+
+__all__ = ["Loader"]
+
+_SEVERITY = "CASE result WHEN 'error' THEN 3 WHEN 'warning' THEN 2 WHEN 'pass' THEN 1 ELSE 0 END"
+#: what "worst" means, one number per row: severity first, then NaN/Inf, then the error
+_SCORE = f"""(({_SEVERITY}) * 1e6 + CASE WHEN nan_inf THEN 1e5 ELSE 0 END
+    + least(coalesce(CASE WHEN isnan(norm_rel) THEN 1e5 ELSE norm_rel END, 0), 1e5 - 1)
+    + CASE WHEN cosine IS NOT NULL AND NOT isnan(cosine) THEN 1 - cosine ELSE 0 END)"""
+_RECORD_SQL = r"""CASE
+  WHEN regexp_matches(name, '\.parameters_grad') THEN regexp_extract(name, '^(.*\.parameters_grad)', 1)
+  WHEN regexp_matches(name, '^.*?\.(forward|backward)(\.\d+)?\.(input|output|parameters|kwargs)(\.|$)')
+    THEN regexp_extract(name, '^(.*?\.(?:forward|backward)(?:\.\d+)?)\.(?:input|output|parameters|kwargs)(?:\.|$)', 1)
+  ELSE name END"""
+
+
+#: the compare CSV columns the rows are made of
+_CSV_COLUMNS = {"NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
+                "NormRelativeErr", "MaxRelativeErr", "Cosine", "NPU max", "NPU min", "NPU mean", "NPU l2norm",
+                "Bench max", "Bench min", "Bench mean", "Bench l2norm", "NPU MD5", "BENCH MD5", "Result",
+                "Err_message", "NPU_Stack_Info", "Data_name"}
+
+
+def _num(col: str) -> str:
+    """SQL: a compare CSV cell as a double ("12.5%" -> 0.125; "N/A", "" -> NULL)."""
+    return (f"CASE WHEN {col} LIKE '%\\%' ESCAPE '\\' THEN try_cast(rtrim({col}, '%') AS DOUBLE) / 100 "
+            f"ELSE try_cast({col} AS DOUBLE) END")
+
+
+
+class Loader:
+    """The loading half of :class:`~msprobe.view._data.ViewData` (which holds the connection)."""
+
+    _db: Any
+    _dumps: dict
+    _lake: Any
+    summary: dict
+    target: Optional[str]
+    bench: Optional[str]
+    divergent_sql: str
+    _overview: Optional[dict]
+
+    def _create(self) -> None:
+        self._db.execute("""CREATE OR REPLACE TABLE rows (cell INTEGER, i INTEGER, name VARCHAR, record VARCHAR,
+            io VARCHAR, dir VARCHAR, kind VARCHAR, result VARCHAR, err VARCHAR, norm_rel DOUBLE, max_rel DOUBLE,
+            cosine DOUBLE, npu_dtype VARCHAR, bench_dtype VARCHAR, npu_shape VARCHAR, bench_shape VARCHAR,
+            bench_name VARCHAR, npu_max DOUBLE, npu_min DOUBLE, npu_mean DOUBLE, npu_norm DOUBLE,
+            bench_max DOUBLE, bench_min DOUBLE, bench_mean DOUBLE, bench_norm DOUBLE, npu_md5 VARCHAR,
+            bench_md5 VARCHAR, nan_inf BOOLEAN, score DOUBLE, data_name VARCHAR, stack VARCHAR)""")
+        self._db.execute("""CREATE OR REPLACE TABLE cells (cell INTEGER, run VARCHAR, step INTEGER, rank INTEGER,
+            rank_dir VARCHAR, bench_step INTEGER, bench_rank_dir VARCHAR)""")
+
+    def load_compare_output(self, out_dir: str) -> None:
+        """Read a compare output directory (summary.json and the CSVs it names)."""
+        path = os.path.join(out_dir, "summary.json")
+        try:
+            with open(path, encoding="utf-8") as file_name:
+                summary = json.load(file_name)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{out_dir}: not a compare output (summary.json unreadable: {exc})") from exc
+        if not isinstance(summary, dict) or not isinstance(summary.get("pairs"), list):
+            raise ConfigError(f"{out_dir}: summary.json has no 'pairs' list: not a compare output")
+        self.summary = summary
+        self.target = self.target or summary.get("target")
+        self.bench = self.bench or summary.get("bench")
+        self._create()
+        for cell, pair in enumerate(summary["pairs"]):
+            rank = pair.get("rank")
+            self._db.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             [cell, pair.get("run"), pair.get("step"), rank if isinstance(rank, int) else None,
+                              pair.get("rank_dir"), pair.get("bench_step"), pair.get("bench_rank_dir")])
+            offset = 0
+            for file_name in pair.get("files") or []:
+                csv = file_name if os.path.isabs(file_name) else os.path.join(out_dir, os.path.basename(file_name))
+                if not os.path.exists(csv):
+                    csv = os.path.join(out_dir, os.path.basename(file_name))
+                offset += self._load_csv(cell, csv, offset, summary.get("mode", "statistics"))
+
+    def _load_csv(self, cell: int, csv: str, offset: int, mode: str) -> int:
+        cur = self._db.cursor()
+        try:
+            cols = {described[0] for described in cur.execute("DESCRIBE SELECT * FROM read_csv(?, all_varchar=true, header=true)",
+                                              [csv]).fetchall()}
+
+            def column(name: str) -> str:
+                return f'"{name}"' if name in cols else "NULL"
+            norm = _num(column("NormRelativeErr"))
+            cos = _num(column("Cosine"))
+            stats = [_num(column(f"{side} {k}")) for side in ("NPU", "Bench") for k in ("max", "min", "mean", "l2norm")]
+            # staged as a table first: its rowid is the file's row order (the execution order)
+            wanted = ", ".join(f'"{col}"' for col in sorted(cols & _CSV_COLUMNS))  # only what the rows hold
+            cur.execute(f"CREATE OR REPLACE TABLE csv_in AS SELECT {wanted} FROM read_csv(?, all_varchar=true, "
+                        "header=true)", [csv])
+            sql = f"""INSERT INTO rows SELECT * REPLACE ({_SCORE} AS score) FROM (SELECT ? AS cell, ? + row_number() OVER (ORDER BY pos) - 1 AS i, name,
+                {_RECORD_SQL} AS record,
+                CASE WHEN regexp_matches(name, '\\.parameters_grad') THEN 'parameters_grad'
+                     ELSE coalesce(nullif(regexp_extract(name,
+                         '\\.(?:forward|backward)(?:\\.\\d+)?\\.(input|output|parameters|kwargs)(?:\\.|$)', 1), ''),
+                         'debug') END AS io,
+                CASE WHEN regexp_matches(name, '\\.backward|\\.parameters_grad') THEN 'backward' ELSE 'forward' END,
+                CASE WHEN starts_with(name, 'Module.') THEN 'module' ELSE 'api' END,
+                result, err, norm_rel, max_rel, cosine, npu_dtype, bench_dtype, npu_shape, bench_shape, bench_name,
+                s0, s1, s2, s3, s4, s5, s6, s7, npu_md5, bench_md5,
+                coalesce({" OR ".join(f"isnan(s{k}) OR isinf(s{k})" for k in range(4))}, false) AS nan_inf,
+                0.0 AS score, data_name, stack
+              FROM (SELECT "NPU Name" AS name, lower(coalesce("Result", '')) AS result, "Err_message" AS err,
+                {norm} AS norm_rel, {_num(column('MaxRelativeErr'))} AS max_rel, {cos} AS cosine,
+                "NPU Dtype" AS npu_dtype, "Bench Dtype" AS bench_dtype, "NPU Tensor Shape" AS npu_shape,
+                "Bench Tensor Shape" AS bench_shape, "Bench Name" AS bench_name,
+                {', '.join(f'{s} AS s{k}' for k, s in enumerate(stats))},
+                {column('NPU MD5')} AS npu_md5, {column('BENCH MD5')} AS bench_md5,
+                {column('Data_name')} AS data_name, {column('NPU_Stack_Info')} AS stack, rowid AS pos FROM csv_in))"""
+            cur.execute(sql, [cell, offset])
+            count = cur.execute("SELECT count(*) FROM csv_in").fetchone()[0]
+            cur.execute("DROP TABLE csv_in")
+            return int(count)
+        finally:
+            cur.close()
+
+    #: index rows (staged in ``t_in`` with their ``cell`` and ``pos``, the row order) -> ``rows``
+    _INDEX_INSERT = f"""INSERT INTO rows SELECT * REPLACE ({_SCORE} AS score) FROM (SELECT cell, row_number() OVER (PARTITION BY cell ORDER BY seq, pos) - 1,
+        name, record, io, dir, kind, CASE WHEN nan_inf THEN 'nan_inf' ELSE '' END AS result, NULL AS err,
+        NULL::DOUBLE AS norm_rel, NULL::DOUBLE AS max_rel, NULL::DOUBLE AS cosine,
+        dtype, NULL, shape, NULL, NULL, max, min, mean, norm, NULL, NULL, NULL, NULL, md5, NULL,
+        nan_inf, 0.0 AS score, data_name, NULL
+      FROM (SELECT cell, record || CASE WHEN arg_path IS NULL OR arg_path = '' THEN '' ELSE '.' ||
+          -- the compare's row names: input_args.N / input_kwargs.K -> input.N / input.K, a
+          -- parameters_grad leaf without its position
+          CASE WHEN kind = 'parameters_grad' THEN regexp_replace(arg_path, '\\.0$', '')
+          ELSE regexp_replace(arg_path, '^input_(args|kwargs)\\.', 'input.') END END AS name,
+          record, CASE WHEN starts_with(io, 'input') THEN 'input' ELSE io END AS io,
+          CASE WHEN direction = 'backward' OR kind = 'parameters_grad' THEN 'backward' ELSE 'forward' END AS dir,
+          CASE WHEN kind IN ('module', 'parameters_grad') THEN 'module' ELSE 'api' END AS kind,
+          dtype, CAST(shape AS VARCHAR) AS shape, try_cast(max AS DOUBLE) AS max,
+          try_cast(min AS DOUBLE) AS min, try_cast(mean AS DOUBLE) AS mean,
+          try_cast(norm AS DOUBLE) AS norm, md5, coalesce(has_nan, false) OR coalesce(has_inf, false)
+          AS nan_inf, data_name, seq, pos FROM t_in))"""
+
+    def _insert_index_rows(self, cur: Any, table: Any, cell_sql: str, params: list, join: str = "") -> None:
+        """Stage an Arrow table (or record batch reader) of index rows and insert it; ``cell_sql`` gives
+        each row its cell (over ``t``, the staged rows, and what ``join`` joins them to)."""
+        cur.register("t_arrow", table)
+        # staged as a table first: its rowid is the row order
+        cur.execute("CREATE OR REPLACE TABLE t_raw AS SELECT * FROM t_arrow")
+        cur.unregister("t_arrow")
+        cur.execute(f"CREATE OR REPLACE TABLE t_in AS SELECT {cell_sql} AS cell, t.*, t.rowid AS pos FROM "
+                    f"t_raw t {join}", params)
+        cur.execute(self._INDEX_INSERT)
+        cur.execute("DROP TABLE t_in")
+        cur.execute("DROP TABLE t_raw")
+
+    def load_dump(self, dump: Any) -> None:
+        """Rows of one dump without a bench: the readers' index rows, one rank directory at a time."""
+        self._dumps["target"] = dump
+        self._create()
+        cur = self._db.cursor()
+        try:
+            for cell, src in enumerate(dump.sources):
+                rank = src.rank if isinstance(src.rank, int) else None
+                cur.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?, NULL, NULL)",
+                            [cell, src.run, src.step, rank, src.rank_dir])
+                table = dump.to_arrow(step=src.step, rank=src.rank, run=src.run if src.run else ANY)
+                self._insert_index_rows(cur, table, "?::INTEGER", [cell])
+        finally:
+            cur.close()
+
+    #: the lake's columns the rows are made of (the rest of its index stays in the lake)
+    _LAKE_COLUMNS = ("run, step, rank_dir, seq, record, kind, direction, io, arg_path, dtype, shape, max, min, mean, "
+                     "norm, md5, has_nan, has_inf, data_name")
+
+    def load_lake(self, lake: Any) -> None:
+        """Rows of a lake (many runs x steps x ranks, no bench): its index through the lake's DuckDB in
+        one streamed query (record batches, staged on disk under the view's memory limit), each row
+        given its cell by a join (10,240 cells: 23 s where a query a step and an insert a cell took 70)."""
+        self._lake = lake
+        self._create()
+        cells = _arrow(lake.sql("SELECT DISTINCT run, step, rank, rank_dir FROM lake", as_arrow=True))
+        cur = self._db.cursor()
+        try:
+            cur.register("c_arrow", cells)
+            cur.execute("INSERT INTO cells SELECT (row_number() OVER (ORDER BY run, step NULLS LAST, rank NULLS LAST, "
+                        "rank_dir) - 1)::INTEGER, run, step, rank, rank_dir, NULL, NULL FROM c_arrow")
+            cur.unregister("c_arrow")
+            self._insert_index_rows(cur, lake.sql(f"SELECT {self._LAKE_COLUMNS} FROM lake", as_arrow=True), "c.cell",
+                                    [], join="JOIN cells c ON c.run = t.run AND c.step IS NOT DISTINCT FROM t.step "
+                                             "AND c.rank_dir = t.rank_dir")
+        finally:
+            cur.close()
+
+    def finish(self) -> None:
+        """The derived columns and aggregates: each row's score, each cell's worst and first divergence."""
+        self._overview = None
+        threshold = None
+        div = str(self.summary.get("divergence") or "")
+        if "NormRelativeErr >" in div:
+            try:
+                threshold = float(div.rsplit(">", 1)[1])
+            except ValueError:
+                threshold = None
+        divergent = (f"(norm_rel > {threshold})" if threshold is not None
+                     else "(result NOT IN ('pass', '', 'n/a') OR nan_inf)")
+        self._db.execute(f"""CREATE OR REPLACE TABLE cell_stats AS SELECT c.*,
+            coalesce(a.rows, 0) AS rows, coalesce(a.errors, 0) AS errors, coalesce(a.warnings, 0) AS warnings,
+            coalesce(a.nan_inf, 0) AS nan_inf, a.worst_norm_rel, a.worst_cosine, a.first_div,
+            coalesce(a.unmatched, 0) AS unmatched, coalesce(a.max_score, 0) AS max_score
+          FROM cells c LEFT JOIN (SELECT cell, count(*) AS rows, count(*) FILTER (WHERE result = 'error') AS errors,
+            count(*) FILTER (WHERE result = 'warning') AS warnings, count(*) FILTER (WHERE nan_inf) AS nan_inf,
+            max(CASE WHEN isnan(norm_rel) THEN NULL ELSE norm_rel END) AS worst_norm_rel,
+            min(cosine) AS worst_cosine, min(i) FILTER (WHERE {divergent}) AS first_div,
+            count(*) FILTER (WHERE bench_name IS NULL OR bench_name = 'N/A') AS unmatched, max(score) AS max_score
+            FROM rows GROUP BY cell) a USING (cell)""")
+        self.divergent_sql = divergent
+
+
+def _arrow(table: Any) -> Any:
+    """An Arrow table (DuckDB's ``.arrow()`` is a batch reader in some versions)."""
+    return table.read_all() if hasattr(table, "read_all") else table
