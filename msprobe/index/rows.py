@@ -43,23 +43,23 @@ _STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm")
 
 
 def empty_columns() -> dict:
-    return {c: [] for c in COLUMNS}
+    return {column: [] for column in COLUMNS}
 
 
 def record_fields(name: str) -> tuple:
     """(kind, api_type, api_name, call_index, direction) of a record name; unknown names are tolerated."""
     try:
-        rn: RecordName = parse_record_name(name, strict=False)
+        parsed: RecordName = parse_record_name(name, strict=False)
     except NameFormatError:
         return ("unknown", None, None, None, None)
-    api_name = rn.api_name
-    if rn.kind == "api" and rn.class_name:
-        api_name = f"{rn.api_name}.{rn.class_name}"
-    elif rn.kind in ("module", "parameters_grad") and rn.class_name:
-        api_name = f"{rn.api_name}.{rn.class_name}"
-    elif rn.kind == "debug" and rn.is_grad:
-        api_name = f"{rn.api_name}_grad"
-    return (rn.kind, rn.prefix or None, api_name, rn.call_index, rn.direction)
+    api_name = parsed.api_name
+    if parsed.kind == "api" and parsed.class_name:
+        api_name = f"{parsed.api_name}.{parsed.class_name}"
+    elif parsed.kind in ("module", "parameters_grad") and parsed.class_name:
+        api_name = f"{parsed.api_name}.{parsed.class_name}"
+    elif parsed.kind == "debug" and parsed.is_grad:
+        api_name = f"{parsed.api_name}_grad"
+    return (parsed.kind, parsed.prefix or None, api_name, parsed.call_index, parsed.direction)
 
 
 def record_tensors(kind: str, raw: Any) -> list:
@@ -67,27 +67,27 @@ def record_tensors(kind: str, raw: Any) -> list:
     out: list = []
     if kind in ("parameters_grad", "debug") or not isinstance(raw, dict):
         found = tensor_entries(raw)
-        io = kind if kind in ("parameters_grad", "debug") else None
-        return [(io, p, t) for p, t in found]
+        side = kind if kind in ("parameters_grad", "debug") else None
+        return [(side, path, tensor) for path, tensor in found]
     for key, value in raw.items():
         found = tensor_entries(value, key)
-        out.extend((key, p, t) for p, t in found)
+        out.extend((key, path, tensor) for path, tensor in found)
     return out
 
 
-def _num(v: Any) -> Optional[float]:
-    if v is None:
+def _num(value: Any) -> Optional[float]:
+    if value is None:
         return None
-    if isinstance(v, bool):
-        return 1.0 if v else 0.0
-    if isinstance(v, (int, float)):
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
         try:
-            return float(v)
+            return float(value)
         except OverflowError:
-            return math.copysign(math.inf, v)
-    if isinstance(v, str):
+            return math.copysign(math.inf, value)
+    if isinstance(value, str):
         try:
-            return float(v)
+            return float(value)
         except ValueError:
             return None
     return None
@@ -114,10 +114,10 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
     stack_ids = stack_ids or {}
     parents = parents or {}
     mapping = mapping or {}
-    order = {n: i for i, n in enumerate(data)} if names is not None else None
-    items = ((n, data[n]) for n in names) if names is not None else iter(data.items())
-    for i, (name, raw) in enumerate(items):
-        seq = order[name] if order is not None else i
+    order = {name: seq for seq, name in enumerate(data)} if names is not None else None
+    items = ((name, data[name]) for name in names) if names is not None else iter(data.items())
+    for position, (name, raw) in enumerate(items):
+        seq = order[name] if order is not None else position
         kind, api_type, api_name, call_index, direction = record_fields(name)
         tensors = record_tensors(kind, raw)
         sid = stack_ids.get(name)
@@ -128,52 +128,57 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
         rec_vals = (run, step, rank, rank_dir, split, seq, name, kind, api_type, api_name, call_index, direction)
         if not tensors:
             if placeholders:
-                for c, v in zip(RECORD_COLUMNS, rec_vals):
-                    cols[c].append(v)
-                for c in TENSOR_COLUMNS:
-                    cols[c].append(None)
+                for column, value in zip(RECORD_COLUMNS, rec_vals):
+                    cols[column].append(value)
+                for column in TENSOR_COLUMNS:
+                    cols[column].append(None)
                 cols["stack_id"].append(sid)
                 cols["parent"].append(par)
             continue
-        for io, path, t in tensors:
-            for c, v in zip(RECORD_COLUMNS, rec_vals):
-                cols[c].append(v)
-            stats = [_num(t.get(k)) for _, k in _STAT_KEYS]
-            shape = t.get("shape")
-            dn = t.get("data_name")
-            dn = dn if isinstance(dn, str) else None
-            rg = t.get("requires_grad")
-            md5 = t.get("md5")
-            cols["io"].append(io)
-            cols["arg_path"].append(path)
-            cols["type"].append(t.get("type"))
-            cols["dtype"].append(t.get("dtype") if isinstance(t.get("dtype"), str) else None)
-            cols["shape"].append([int(d) for d in shape] if _numel(shape) is not None else None)
-            cols["numel"].append(_numel(shape))
-            for (c, _), v in zip(_STAT_KEYS, stats):
-                cols[c].append(v)
-            # 26.x xor mode writes a 0-d tensor's value instead of its checksum: keep it, as text
-            cols["md5"].append(md5 if isinstance(md5, str) or md5 is None else json.dumps(md5))
-            cols["has_nan"].append(any(v is not None and v != v for v in stats))
-            cols["has_inf"].append(any(v is not None and v in (math.inf, -math.inf) for v in stats))
-            cols["requires_grad"].append(rg if isinstance(rg, bool) else None)
-            cols["data_name"].append(dn)
-            if dn and locations is not None:
-                cols["location"].append(locations.get(dn))
-            else:
-                cols["location"].append(f"{TENSOR_DIR}/{mapping.get(dn, dn)}" if dn else None)
+        for side, path, tensor in tensors:
+            for column, value in zip(RECORD_COLUMNS, rec_vals):
+                cols[column].append(value)
+            _append_tensor(cols, side, path, tensor, mapping, locations)
             cols["stack_id"].append(sid)
             cols["parent"].append(par)
     return cols
+
+
+def _append_tensor(cols: dict, side: str, path: str, tensor: dict, mapping: dict, locations: Optional[dict]) -> None:
+    """The tensor columns of one row (``io`` through ``location``) of a record's tensor ``tensor``."""
+    stats = [_num(tensor.get(key)) for _, key in _STAT_KEYS]
+    shape = tensor.get("shape")
+    data_name = tensor.get("data_name")
+    data_name = data_name if isinstance(data_name, str) else None
+    requires_grad = tensor.get("requires_grad")
+    md5 = tensor.get("md5")
+    cols["io"].append(side)
+    cols["arg_path"].append(path)
+    cols["type"].append(tensor.get("type"))
+    cols["dtype"].append(tensor.get("dtype") if isinstance(tensor.get("dtype"), str) else None)
+    cols["shape"].append([int(size) for size in shape] if _numel(shape) is not None else None)
+    cols["numel"].append(_numel(shape))
+    for (column, _), value in zip(_STAT_KEYS, stats):
+        cols[column].append(value)
+    # 26.x xor mode writes a 0-d tensor's value instead of its checksum: keep it, as text
+    cols["md5"].append(md5 if isinstance(md5, str) or md5 is None else json.dumps(md5))
+    cols["has_nan"].append(any(value is not None and value != value for value in stats))
+    cols["has_inf"].append(any(value is not None and value in (math.inf, -math.inf) for value in stats))
+    cols["requires_grad"].append(requires_grad if isinstance(requires_grad, bool) else None)
+    cols["data_name"].append(data_name)
+    if data_name and locations is not None:
+        cols["location"].append(locations.get(data_name))
+    else:
+        cols["location"].append(f"{TENSOR_DIR}/{mapping.get(data_name, data_name)}" if data_name else None)
 
 
 def forward_twin(name: str, kind: str) -> str:
     if kind == "api" and name.endswith(".backward"):
         return name[: -len("backward")] + "forward"
     if kind == "module":
-        head, _, n = name.rpartition(".")
+        head, _, index = name.rpartition(".")
         if head.endswith(".backward"):
-            return head[: -len("backward")] + "forward." + n
+            return head[: -len("backward")] + "forward." + index
     return name
 
 
@@ -197,5 +202,5 @@ def rows_to_arrow(cols: dict, metadata: Optional[dict] = None) -> Any:
 
     schema = arrow_schema()
     if metadata:
-        schema = schema.with_metadata({str(k): str(v) for k, v in metadata.items()})
-    return pa.Table.from_pydict({c: cols[c] for c in COLUMNS}, schema=schema)
+        schema = schema.with_metadata({str(key): str(value) for key, value in metadata.items()})
+    return pa.Table.from_pydict({column: cols[column] for column in COLUMNS}, schema=schema)
