@@ -13,9 +13,10 @@ from __future__ import annotations
 import io
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from msprobe.backends import open_store
+from msprobe.backends import Store, open_store
 from msprobe.errors import ConfigError, MsprobeError
 from msprobe.format.documents import encode_document
 from msprobe.format.dtypes import numpy_dtype
@@ -26,6 +27,7 @@ from msprobe.format.layout import (
     MARKER_FILE,
     STORE_DIR,
     TENSOR_DIR,
+    RankLocation,
     data_dir_url,
     discover,
     encode_mapping,
@@ -39,7 +41,7 @@ from msprobe.readers._record import DumpRecord
 from msprobe.readers._source import RankSource
 from msprobe.tensor_store._writer import ZarrTensorWriter
 
-__all__ = ["convert"]
+__all__ = ["convert", "convert_rank", "RankJob", "ToZarr", "ToClassic"]
 
 TARGETS = ("classic", "zarr")
 
@@ -85,103 +87,170 @@ def _rewrite_doc(raw: bytes, data_dir: Optional[str]) -> bytes:
     return raw
 
 
+@dataclass(frozen=True)
+class RankJob:
+    """One rank directory to convert: read from ``source``, written to ``destination`` (the same
+    store when ``in_place``); ``names``: what its directory holds."""
+
+    source: Store
+    destination: Store
+    loc: RankLocation
+    names: frozenset
+    in_place: bool
+
+    @property
+    def prefix(self) -> str:
+        return self.loc.prefix.strip("/")
+
+
+class ToZarr:
+    """``dump_tensor_data/`` files into the Zarr tensor store (``shard_mb``, ``compression``)."""
+
+    name = "zarr"
+    reads, writes = TENSOR_DIR, STORE_DIR
+
+    def __init__(self, shard_mb: int, compression: str):
+        self.shard_mb = shard_mb
+        self.compression = compression
+
+    def write_tensors(self, job: RankJob, source: RankSource, doc: Any) -> tuple:
+        """(tensors written, {data name: location} for the index)."""
+        writer = ZarrTensorWriter(job.destination, job.prefix, compression=self.compression,
+                                  shard_bytes=self.shard_mb << 20)
+        seen = set()
+        for rec_name, raw in doc.data.items():
+            record = DumpRecord(rec_name, 0, source, raw=raw)  # the document is already parsed
+            for _, tensor in record.tensors():
+                data_name = tensor.data_name
+                if not isinstance(data_name, str) or data_name in seen:
+                    continue
+                seen.add(data_name)
+                value = tensor.load("torch" if data_name.endswith(".pt") else "numpy") \
+                    if not _is_raw_non_numpy(tensor) else tensor.load("torch")
+                logical, shape, data = _payload(value)
+                writer.add(data_name, logical, shape, lambda body=data: body, len(data))  # type: ignore[misc]
+        writer.close()
+        return len(seen), writer.locations()
+
+    @staticmethod
+    def keeps(key: str, prefix: str) -> bool:
+        """Whether an old-form key survives an in-place conversion."""
+        return False
+
+
+class ToClassic:
+    """The Zarr tensor store into ``dump_tensor_data/`` files (with mapping.csv where names need it)."""
+
+    name = "classic"
+    reads, writes = STORE_DIR, TENSOR_DIR
+
+    def write_tensors(self, job: RankJob, source: RankSource, doc: Any) -> tuple:
+        reader = source.tensor_store()
+        mapping = {}
+        count = 0
+        for data_name in reader.names():
+            tensor = reader.load(data_name, "torch")
+            file_name = data_name
+            if needs_mapping(data_name):
+                file_name = converted_file_name(data_name)
+                mapping[data_name] = file_name
+            if data_name.endswith(".npy"):
+                import numpy as np
+
+                buffer = io.BytesIO()
+                np.save(buffer, reader.load(data_name, "numpy"), allow_pickle=False)
+                body = buffer.getvalue()
+            else:
+                body = _torch_bytes(tensor)
+            job.destination.put(join_key(job.prefix, TENSOR_DIR, file_name), body)
+            count += 1
+        if mapping:
+            job.destination.put(join_key(job.prefix, TENSOR_DIR, MAPPING_CSV), encode_mapping(mapping))
+        return count, None
+
+    @staticmethod
+    def keeps(key: str, prefix: str) -> bool:
+        return key.startswith(join_key(prefix, TENSOR_DIR) + "/")
+
+
+def _copy_as_is(job: RankJob) -> None:
+    """A rank directory with nothing to convert, copied to another store as it is."""
+    if job.in_place:
+        return
+    for rel in _rank_files(job.source, job.prefix, {JOURNAL_DIR}):
+        job.destination.put(join_key(job.prefix, rel), job.source.get(join_key(job.prefix, rel)))
+
+
+def _copy_rank(job: RankJob, strategy: Any) -> None:
+    """Everything of the rank directory but its tensors, byte for byte (in place: only what
+    changes), dump.json's ``dump_data_dir`` and the marker's ``tensor_store`` naming the new form."""
+    data_dir = data_dir_url(job.destination, join_key(job.prefix, strategy.writes))
+    for rel in _rank_files(job.source, job.prefix, {TENSOR_DIR, STORE_DIR, JOURNAL_DIR, INDEX_DIR}):
+        rewritten = rel in ("dump.json", "debug.json", MARKER_FILE)
+        if job.in_place and not rewritten:
+            continue
+        body = job.source.get(join_key(job.prefix, rel))
+        if rel in ("dump.json", "debug.json"):
+            body = _rewrite_doc(body, data_dir)
+        elif rel == MARKER_FILE:
+            body = with_tensor_format(body, strategy.name == "zarr")
+        job.destination.put(join_key(job.prefix, rel), body)
+
+
+def _drop_old_form(job: RankJob, strategy: Any) -> None:
+    """In place, once the new form is complete: delete the old one (no empty directory left)."""
+    old = strategy.reads
+    for key in job.source.list_prefix(join_key(job.prefix, old)):
+        if not strategy.keeps(key, job.prefix):
+            job.source.delete(key)
+    if getattr(job.source, "is_local", False):
+        import shutil
+
+        path = job.source.local_path(join_key(job.prefix, old))
+        if path and not any(files for _, _, files in os.walk(path)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def convert_rank(job: RankJob, strategy: Any) -> Optional[int]:
+    """Convert one rank directory with ``strategy`` (:class:`ToZarr` or :class:`ToClassic`):
+    the tensors converted, or None when it holds none of the old form (copied as it is)."""
+    if strategy.reads not in job.names:
+        _copy_as_is(job)
+        return None
+    source = RankSource(job.source, job.loc)
+    doc = source.document()
+    count, locations = strategy.write_tensors(job, source, doc)
+    _copy_rank(job, strategy)
+    if INDEX_DIR in job.names:
+        write_rank_index(job.destination, job.prefix, doc, step=job.loc.step, rank=job.loc.rank,
+                         rank_dir=job.loc.rank_dir, stack=source.stack(), construct=source.construct(),
+                         locations=locations)
+    if job.in_place:
+        _drop_old_form(job, strategy)
+    return count
+
+
 def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[dict] = None,
             out_storage_options: Optional[dict] = None, shard_mb: int = 128, compression: str = "zstd",
             progress: Any = None) -> dict:
     """Convert every rank directory of the dump at ``path``; returns counters."""
     if to not in TARGETS:
         raise ConfigError(f"convert --to {to!r}; valid: {list(TARGETS)}")
-    src_store = open_store(path, storage_options)
-    dst_store = open_store(out, out_storage_options if out_storage_options is not None else storage_options,
-                           create=True) if out is not None else src_store
-    in_place = out is None
+    strategy = ToZarr(shard_mb, compression) if to == "zarr" else ToClassic()
+    source = open_store(path, storage_options)
+    destination = open_store(out, out_storage_options if out_storage_options is not None else storage_options,
+                             create=True) if out is not None else source
     stats = {"rank_dirs": 0, "tensors": 0, "converted_rank_dirs": 0}
-    locs = discover(src_store, "")
+    locs = discover(source, "")
     if not locs:
-        raise MsprobeError(f"{src_store.url}: no rank directory (dump.json) found to convert")
+        raise MsprobeError(f"{source.url}: no rank directory (dump.json) found to convert")
     for loc in locs:
         stats["rank_dirs"] += 1
-        prefix = loc.prefix.strip("/")
-        names = set(src_store.list_dir(prefix))
-        src = RankSource(src_store, loc)
-        has_zarr, has_files = STORE_DIR in names, TENSOR_DIR in names
-        if (to == "zarr" and not has_files) or (to == "classic" and not has_zarr):
-            if not in_place:  # nothing to convert: copied as it is
-                for rel in _rank_files(src_store, prefix, {JOURNAL_DIR}):
-                    dst_store.put(join_key(prefix, rel), src_store.get(join_key(prefix, rel)))
+        names = frozenset(source.list_dir(loc.prefix.strip("/")))
+        count = convert_rank(RankJob(source, destination, loc, names, out is None), strategy)
+        if count is None:
             continue
-        doc = src.document()
-        data_names = []
-        for rec_name, raw in doc.data.items():
-            rec = DumpRecord(rec_name, 0, src, raw=raw)  # the document is already parsed
-            for _, t in rec.tensors():
-                if isinstance(t.data_name, str):
-                    data_names.append((t, rec_name))
-        locations: Optional[dict] = None
-        if to == "zarr":
-            w = ZarrTensorWriter(dst_store, prefix, compression=compression, shard_bytes=shard_mb << 20)
-            seen = set()
-            for t, _ in data_names:
-                if t.data_name in seen:
-                    continue
-                seen.add(t.data_name)
-                value = t.load("torch" if t.data_name.endswith(".pt") else "numpy") \
-                    if not _is_raw_non_numpy(t) else t.load("torch")
-                logical, shape, data = _payload(value)
-                w.add(t.data_name, logical, shape, lambda d=data: d, len(data))  # type: ignore[misc]
-                stats["tensors"] += 1
-            w.close()
-            locations = w.locations()
-            skip = {TENSOR_DIR, STORE_DIR, JOURNAL_DIR, INDEX_DIR}
-            new_dir = STORE_DIR
-        else:
-            reader = src.tensor_store()
-            mapping = {}
-            for dn in reader.names():
-                t = reader.load(dn, "torch")
-                fname = dn
-                if needs_mapping(dn):
-                    fname = converted_file_name(dn)
-                    mapping[dn] = fname
-                if dn.endswith(".npy"):
-                    import numpy as np
-
-                    buf = io.BytesIO()
-                    np.save(buf, reader.load(dn, "numpy"), allow_pickle=False)
-                    body = buf.getvalue()
-                else:
-                    body = _torch_bytes(t)
-                dst_store.put(join_key(prefix, TENSOR_DIR, fname), body)
-                stats["tensors"] += 1
-            if mapping:
-                dst_store.put(join_key(prefix, TENSOR_DIR, MAPPING_CSV), encode_mapping(mapping))
-            skip = {TENSOR_DIR, STORE_DIR, JOURNAL_DIR, INDEX_DIR}
-            new_dir = TENSOR_DIR
-        data_dir = data_dir_url(dst_store, join_key(prefix, new_dir))
-        for rel in _rank_files(src_store, prefix, skip):
-            body = src_store.get(join_key(prefix, rel))
-            if rel in ("dump.json", "debug.json"):
-                body = _rewrite_doc(body, data_dir)
-            elif rel == MARKER_FILE:
-                body = with_tensor_format(body, to == "zarr")
-            if in_place and rel not in ("dump.json", "debug.json", MARKER_FILE):
-                continue
-            dst_store.put(join_key(prefix, rel), body)
-        if INDEX_DIR in names:
-            write_rank_index(dst_store, prefix, doc, step=loc.step, rank=loc.rank, rank_dir=loc.rank_dir,
-                             stack=src.stack(), construct=src.construct(), locations=locations)
-        if in_place:  # the new form is complete: drop the old one
-            old = TENSOR_DIR if to == "zarr" else STORE_DIR
-            for key in src_store.list_prefix(join_key(prefix, old)):
-                if to == "classic" and key.startswith(join_key(prefix, TENSOR_DIR) + "/"):
-                    continue
-                src_store.delete(key)
-            if getattr(src_store, "is_local", False):  # no empty directory left behind
-                import shutil
-
-                path = src_store.local_path(join_key(prefix, old))
-                if path and not any(files for _, _, files in os.walk(path)):
-                    shutil.rmtree(path, ignore_errors=True)
+        stats["tensors"] += count
         stats["converted_rank_dirs"] += 1
         if callable(progress):
             progress(stats["converted_rank_dirs"], len(locs), loc.prefix)

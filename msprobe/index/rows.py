@@ -147,7 +147,7 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
 def _append_tensor(cols: dict, side: str, path: str, tensor: dict, mapping: dict, locations: Optional[dict]) -> None:
     """The tensor columns of one row (``io`` through ``location``) of a record's tensor ``tensor``."""
     stats = [_num(tensor.get(key)) for _, key in _STAT_KEYS]
-    shape = tensor.get("shape")
+    shape: Any = tensor.get("shape")
     data_name = tensor.get("data_name")
     data_name = data_name if isinstance(data_name, str) else None
     requires_grad = tensor.get("requires_grad")

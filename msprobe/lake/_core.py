@@ -1,7 +1,7 @@
 """Discovery, index building, compaction, manifest and catalog of a lake root.
 
-Every function that runs as a task of :class:`msprobe.execution.Executor` (``_discover_run``,
-``_build_batch`` with a :class:`BuildJob`, ``_compact_group`` with a :class:`CompactJob`...)
+Every function that runs as a task of :class:`msprobe.execution.Executor` (``discover_run``,
+``build_batch`` with a :class:`BuildJob`, ``compact_group`` with a :class:`CompactJob`...)
 takes the root URL and storage options, opens its own store, and returns plain data: it can
 run in this process, in a LocalCluster worker or on a remote cluster.
 """
@@ -55,7 +55,7 @@ MANIFEST_COLUMNS = ("run", "run_prefix", "split", "step", "rank", "rank_dir", "p
 _STORES: dict = {}
 
 
-def _store(root_url: str, storage_options: Optional[dict], *, write: bool = False) -> Any:
+def cached_store(root_url: str, storage_options: Optional[dict], *, write: bool = False) -> Any:
     """The store of ``root_url``, one per process and options (a Dask worker runs many tasks:
     making an S3 client costs more than most of them)."""
     try:
@@ -100,7 +100,7 @@ def write_refused(root_url: str, storage_options: Optional[dict]) -> Optional[st
     import uuid
 
     try:
-        st = _store(root_url, storage_options, write=True)
+        st = cached_store(root_url, storage_options, write=True)
         key = f"{LAKE_DIR}/.msprobe-probe-{uuid.uuid4().hex}"
         st.put(key, b"")
     except StoragePermissionError as exc:
@@ -110,6 +110,25 @@ def write_refused(root_url: str, storage_options: Optional[dict]) -> Optional[st
     except MsprobeError:
         pass
     return None
+
+
+def gather_listings(fs: Any, method: str, paths: list) -> list:
+    """``fs.<method>(path, detail=True)`` of every path at once on an async fsspec file system
+    (``"ls"`` or ``"find"``), its cache dropped first; a path that fails gives its exception.
+
+    fsspec's async file systems offer each method as a coroutine named with a leading underscore
+    (``_ls``, ``_find``: their documented async API); they are gathered on the file system's loop."""
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    coroutine = getattr(fs, f"_{method}")
+
+    async def gather() -> list:
+        return await asyncio.gather(*[coroutine(path, detail=True) for path in paths], return_exceptions=True)
+
+    fs.invalidate_cache()
+    return sync(fs.loop, gather)
 
 
 # -- discovery ---------------------------------------------------------------------------------
@@ -145,9 +164,9 @@ def discover_runs(store: ReadableStore, max_depth: int = 3) -> list:
     return out
 
 
-def _discover_run(root_url: str, storage_options: Optional[dict], run: str, prefix: str) -> dict:
+def discover_run(root_url: str, storage_options: Optional[dict], run: str, prefix: str) -> dict:
     """Task: the rank directories of one run (directory listings only) and its config file."""
-    store = _store(root_url, storage_options)
+    store = cached_store(root_url, storage_options)
     locs = discover(store, prefix)
     config = None
     names = set(store.list_dir(prefix))
@@ -183,22 +202,13 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
     open compares with what each index covers. ``flat_steps``: step prefixes whose rank
     directories hold few files (statistics dumps): on an object store they are listed with
     one recursive listing each (a page per 1,000 keys instead of a request per rank dir)."""
-    base = _store(root_url, storage_options)
+    base = cached_store(root_url, storage_options)
     out: dict = {}
     fs, root = getattr(base, "fs", None), getattr(base, "root", None)
     if flat_steps and fs is not None and getattr(fs, "async_impl", False) and not getattr(base, "is_local", False):
-        import asyncio
-
-        from fsspec.asyn import sync
-
         full = [(f"{root}/{st}" if root else st).rstrip("/") for st in flat_steps]
-
-        async def find_all() -> list:
-            return await asyncio.gather(*[fs._find(f, detail=True) for f in full], return_exceptions=True)  # noqa: SLF001
-
-        fs.invalidate_cache()
         wanted = set(prefixes)
-        for step, f, found in zip(flat_steps, full, sync(fs.loop, find_all)):
+        for step, f, found in zip(flat_steps, full, gather_listings(fs, "find", full)):
             if isinstance(found, BaseException):
                 continue  # listed one by one below
             docs: dict = {}
@@ -212,7 +222,7 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
                     name = DUMP_JSON if DUMP_JSON in d else DEBUG_JSON if DEBUG_JSON in d else None
                     out[p] = (name, *d[name]) if name else (None, None, None)
     rest = [p for p in prefixes if p not in out]
-    store = _Prefetched(base)
+    store = Prefetched(base)
     store.prefetch(rest, ())
     for p in rest:
         try:
@@ -255,7 +265,7 @@ def _tensor_bytes(store: ReadableStore, prefix: str) -> tuple:
         return 0, 0
 
 
-class _Prefetched:
+class Prefetched:
     """A store whose listings and small documents for a batch of rank directories were
     fetched concurrently up front (one round of requests instead of one per file on an
     object store); everything else goes to the wrapped store."""
@@ -298,17 +308,8 @@ class _Prefetched:
                     except OSError:
                         pass
             return
-        import asyncio
-
-        from fsspec.asyn import sync
-
         full = {p: (f"{root}/{p}" if root else p).rstrip("/") for p in prefixes}
-
-        async def ls_all() -> list:
-            return await asyncio.gather(*[fs._ls(full[p], detail=True) for p in prefixes], return_exceptions=True)  # noqa: SLF001
-
-        fs.invalidate_cache()
-        listed = sync(fs.loop, ls_all)
+        listed = gather_listings(fs, "ls", [full[p] for p in prefixes])
         want = {}
         for p, entries in zip(prefixes, listed):
             if isinstance(entries, BaseException):
@@ -334,7 +335,7 @@ class _Prefetched:
 
 @dataclass(frozen=True)
 class BuildJob:
-    """What one index-building task does (:func:`_build_batch`): the rank directories ``locs``
+    """What one index-building task does (:func:`build_batch`): the rank directories ``locs``
     ((prefix, step, rank_dir, rank, split) each) of run ``run`` under the root, indexed into the
     lake directory; with ``compact_key`` they are every rank of one step, streamed into that
     step's ``_compact.parquet`` as they are built."""
@@ -351,7 +352,7 @@ class BuildJob:
 
 @dataclass(frozen=True)
 class CompactJob:
-    """One step's compaction (:func:`_compact_group`): the index files ``keys`` into ``ckey``."""
+    """One step's compaction (:func:`compact_group`): the index files ``keys`` into ``ckey``."""
 
     lake_url: str
     lake_options: Optional[dict]
@@ -359,7 +360,7 @@ class CompactJob:
     keys: list
 
 
-def _build_batch(job: BuildJob) -> list:
+def build_batch(job: BuildJob) -> list:
     """Task: write the index of each rank directory of ``job.locs`` to ``index/...`` of the
     lake directory; returns one manifest row per rank directory (no second pass over the
     files for the step's compaction when ``job.compact_key`` is set)."""
@@ -368,9 +369,9 @@ def _build_batch(job: BuildJob) -> list:
     run, run_prefix, locs, compact_key = job.run, job.run_prefix, job.locs, job.compact_key
     import pyarrow.compute as pc
 
-    store = _Prefetched(_store(root_url, storage_options))
+    store = Prefetched(cached_store(root_url, storage_options))
     store.prefetch([loc[0] for loc in locs], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
-    out_store = _store(lake_url, lake_options, write=True)
+    out_store = cached_store(lake_url, lake_options, write=True)
     cw = CompactWriter(out_store, compact_key) if compact_key else None
     rows = []
     from concurrent.futures import ThreadPoolExecutor
@@ -437,7 +438,7 @@ def _manifest_row_from_index(lake_url: str, lake_options: Optional[dict], run: s
                              loc: tuple) -> Optional[dict]:
     """A manifest row rebuilt from an existing index file's metadata (a lost or partial manifest)."""
     prefix, step, rank_dir, rank, split = loc
-    store = _store(lake_url, lake_options)
+    store = cached_store(lake_url, lake_options)
     key = index_key(run, step, rank, rank_dir, split)
     try:
         m = read_index_metadata(store, key)
@@ -450,7 +451,7 @@ def _manifest_row_from_index(lake_url: str, lake_options: Optional[dict], run: s
             "dialect": m.get("dialect"), "built_at": None}
 
 
-def _rebuild_rows(lake_url: str, lake_options: Optional[dict], items: list) -> list:
+def rebuild_rows(lake_url: str, lake_options: Optional[dict], items: list) -> list:
     """Task: manifest rows from the metadata of existing index files ([(run, run_prefix, loc)])."""
     out = []
     for run, run_prefix, loc in items:
@@ -460,10 +461,10 @@ def _rebuild_rows(lake_url: str, lake_options: Optional[dict], items: list) -> l
     return out
 
 
-def _compact_group(job: CompactJob) -> str:
+def compact_group(job: CompactJob) -> str:
     """Task: stream the index files of one step of one run into its compacted file, with the
     readers' ``covers`` metadata; memory holds one input file and one output row group."""
-    return compact_files(_store(job.lake_url, job.lake_options, write=True), job.ckey, job.keys)
+    return compact_files(cached_store(job.lake_url, job.lake_options, write=True), job.ckey, job.keys)
 
 
 # -- manifest and catalog ----------------------------------------------------------------------
@@ -565,14 +566,14 @@ def read_catalog(root: Any, storage_options: Optional[dict] = None, lake_dir: An
         places = [(os.fspath(lake_dir), lake_storage_options)]
     else:
         try:
-            url = _store(root, storage_options).url
+            url = cached_store(root, storage_options).url
         except StorageNotFoundError:
             return None
         places = [(default_lake_url(url), storage_options), (cache_lake_dir(url), None)]
     raw = None
     for where, opts in places:
         try:
-            raw = _store(where, opts).get(CATALOG_JSON)
+            raw = cached_store(where, opts).get(CATALOG_JSON)
             break
         except StorageNotFoundError:
             continue
@@ -586,3 +587,20 @@ def read_catalog(root: Any, storage_options: Optional[dict] = None, lake_dir: An
     if not isinstance(runs, list):
         raise ConfigError(f"{where}/{CATALOG_JSON} has no 'runs' list")
     return runs
+
+
+def stale_catalog(store: Optional[ReadableStore], rows: list) -> bool:
+    """True when ROOT/_lake/catalog.json is missing or says something else about a run (a
+    new config.json, a run renamed...): one small GET."""
+    if store is None:
+        return True
+    try:
+        doc = json.loads(store.get(CATALOG_JSON))
+    except (MsprobeError, ValueError):
+        return True
+
+    def comparable(runs: Any) -> list:
+        return [{key: value for key, value in run.items() if key != "indexed_at"}
+                for run in json.loads(json.dumps(runs, default=str))]
+
+    return comparable(doc.get("runs")) != comparable(rows)

@@ -4,27 +4,25 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from msprobe.backends import FsspecStore, Store
 from msprobe.errors import (
     ConfigError,
     MissingDependencyError,
-    MsprobeError,
     StorageError,
     StorageNotFoundError,
     StoragePermissionError,
     require,
 )
-from msprobe.execution import Executor, star
+from msprobe.execution import Executor
 from msprobe.format.protocols import ReadableStore
-from msprobe.index import stale_reason, warn_stale
 from msprobe.index.files import check_index_file
 from msprobe.index.rows import COLUMNS, arrow_schema
 from msprobe.lake import _core
+from msprobe.lake._place import locate, open_lake_store
 from msprobe.lake._questions import disagree, diverge, first_nan, trend
-from msprobe.progress import Progress
+from msprobe.lake._refresh import Places, Refresher
 from msprobe.readers._dump import table_to_pandas
 from msprobe.readers._store import arrow_location
 
@@ -65,7 +63,6 @@ class Lake:
     _fallback: Optional[tuple]  # (cache url, note): where to build when the root's own lake cannot be written
     lake_store: Optional[ReadableStore]  # the lake's own files (writable when refresh allows)
 
-
     def __init__(self, root: Any, storage_options: Optional[dict] = None, client: Any = None, *,
                  refresh: str = "missing", workers: Optional[int] = None, local: Any = "auto", batch: int = 64,
                  max_depth: int = 3, duckdb_config: Optional[dict] = None, progress: Any = None,
@@ -76,12 +73,16 @@ class Lake:
         if batch < 1:
             raise ConfigError(f"batch={batch!r}: must be >= 1")
         self.storage_options = storage_options
-        self.store = _core._store(root, storage_options)  # noqa: SLF001
+        self.store = _core.cached_store(root, storage_options)
         self.url = self.store.url
         self._progress = progress
         self._report = report_progress  # msprobe.progress.Progress's enabled= for the index tasks
         self.lake_note: Optional[str] = None
-        self._locate(lake_dir, lake_storage_options, refresh)
+        place = locate(self.store, storage_options, lake_dir, lake_storage_options, refresh)
+        self._fallback = place.fallback
+        if place.note is not None:
+            self._note(place.note)
+        self._use(place.url, place.options, refresh)
         self.runner = Executor(client, local_cluster=local, cluster_workers=workers)
         self.batch = batch
         self.duckdb_config = dict(duckdb_config or {})
@@ -100,57 +101,10 @@ class Lake:
             self._use(url, None, refresh)
             self._open(refresh, max_depth)
 
-    # -- opening ----------------------------------------------------------------------------------
+    # -- opening: msprobe.lake._place says where, msprobe.lake._refresh plans and applies ---------------------
     def _say(self, what: str) -> None:
         if callable(self._progress):
             self._progress(what)
-
-    def _locate(self, lake_dir: Any, lake_options: Optional[dict], refresh: str) -> None:
-        """Where the lake's own files are (``self.lake_url``, ``self.lake_store``): ``lake_dir``
-        when given; else ``ROOT/_lake`` when the root can be written; else a local cache
-        directory (:func:`msprobe.lake._core.cache_lake_dir`), said in :attr:`lake_note`; also
-        when the root is one run's dump or empty (nothing is written into it). A read-only
-        root whose ``_lake/`` holds a manifest (built by whoever could write) is read as it is
-        while nothing needs writing; the cache takes over when something does."""
-        self._fallback = None
-        if lake_dir is not None:
-            url = os.fspath(lake_dir)
-            if lake_options is None and "://" in url and url.split("://", 1)[0] == self.url.split("://", 1)[0]:
-                lake_options = self.storage_options  # the same store kind: the root's options
-        else:
-            url, lake_options = _core.default_lake_url(self.url), self.storage_options
-            held = self._holds_manifest(url, lake_options)
-            kept = None if held else self._not_a_root()
-            why = None if kept is not None else \
-                _core.write_refused(self.url, self.storage_options) if refresh != "none" or not held else None
-            if kept is not None:  # read-only means read-only: no _lake/ inside a dump or an empty folder
-                url, lake_options = _core.cache_lake_dir(self.url), None
-                self._note(f"{self.url} is only read ({kept}): the lake's own files go to {url} "
-                           "(choose with --lake-dir / lake_dir=)")
-            elif why is not None:
-                cache = _core.cache_lake_dir(self.url)
-                to_cache = (f"{self.url} cannot be written ({why}): the lake's own files go to {cache} "
-                            "(choose with --lake-dir / lake_dir=)")
-                if held:  # a lake built there before (by whoever could write): read it while it holds
-                    self._fallback = (cache, to_cache)
-                    self._note(f"{self.url} cannot be written ({why}): reading its lake {url} as it is")
-                else:
-                    url, lake_options = cache, None
-                    self._note(to_cache)
-        self._use(url, lake_options, refresh)
-
-    def _not_a_root(self) -> Optional[str]:
-        """Why the lake's own files must not go into the root although it can be written: it is
-        one run's dump (``_lake/`` would sit inside the dump) or it holds nothing; else None."""
-        try:
-            names = [n for n in self.store.list_dir("") if not n.startswith(("_", "."))]
-        except MsprobeError:
-            return None
-        if not names:
-            return "it is empty"
-        if _core.looks_like_dump(names):
-            return "it is one run's dump, not a directory of runs"
-        return None
 
     def _note(self, what: str) -> None:
         self.lake_note = what
@@ -159,200 +113,19 @@ class Lake:
 
     def _use(self, url: str, lake_options: Optional[dict], refresh: str) -> None:
         self.lake_options = lake_options
-        self.lake_store = None
-        if refresh != "none":
-            try:
-                self.lake_store = _core._store(url, lake_options, write=True)  # noqa: SLF001
-            except StoragePermissionError:
-                pass  # read what is there; building says why it cannot
-        if self.lake_store is None:
-            try:
-                self.lake_store = _core._store(url, lake_options)  # noqa: SLF001
-            except StorageNotFoundError:
-                self.lake_store = None  # nothing indexed yet
+        self.lake_store = open_lake_store(url, lake_options, refresh)
         self.lake_url = self.lake_store.url if self.lake_store is not None else url
 
-    @staticmethod
-    def _holds_manifest(url: str, options: Optional[dict]) -> bool:
-        try:
-            return _core._store(url, options).exists(_core.MANIFEST_KEY)  # noqa: SLF001
-        except MsprobeError:
-            return False
-
     def _open(self, refresh: str, max_depth: int) -> None:
-        t0 = time.perf_counter()
-        found = _core.discover_runs(self.store, max_depth)
-        self._say(f"{len(found)} run(s)")
-        infos = self.runner.map(star(_core._discover_run),  # noqa: SLF001
-                                [(self.url, self.storage_options, r, p) for r, p in found], local_cluster=False)
-        self.run_infos = infos
-        t1 = time.perf_counter()
-        lake = self.lake_store
-        existing = set(lake.list_prefix(_core.INDEX_PREFIX)) if lake is not None else set()
-        old = {r["index_key"]: r for r in _core.read_manifest(lake)} if lake is not None else {}
-        t2 = time.perf_counter()
-        rows: dict = {}
-        todo: dict = {}  # compact key (one step of one run) -> [(run, loc)]
-        members: dict = {}  # compact key -> how many rank dirs the step has
-        recover: list = []
-        prefix_of = {i["run"]: i["run_prefix"] for i in infos}
-        loc_of: dict = {}
-        for info in infos:
-            run = info["run"]
-            for loc in info["locs"]:
-                prefix, step, rank_dir, rank, split = loc
-                key = _core.index_key(run, step, rank, rank_dir, split)
-                ckey = _core.compact_key_of(key)
-                members[ckey] = members.get(ckey, 0) + 1
-                loc_of[key] = (run, tuple(loc))
-                if refresh == "all" or (key not in existing and refresh != "none"):
-                    todo.setdefault(ckey, []).append((run, tuple(loc)))
-                elif key in old:
-                    rows[key] = old[key]
-                elif key in existing:
-                    recover.append((run, info["run_prefix"], tuple(loc)))
-        changed_groups: set = set()
-        if recover:
-            rec_jobs = [(self.lake_url, self.lake_options, recover[i:i + 256]) for i in range(0, len(recover), 256)]
-            for batch_rows in self.runner.map(star(_core._rebuild_rows), rec_jobs, local_cluster=False):  # noqa: SLF001
-                for r in batch_rows:
-                    rows[r["index_key"]] = r
-                    changed_groups.add(_core.compact_key_of(r["index_key"]))
-        # what each index covers (document size and time) against the documents now: a re-dump
-        # into the same path makes an index stale; it is rebuilt (or, refresh="none", left out)
-        stale = self._stale(rows)
-        for key in stale:
-            del rows[key]
-            ckey = _core.compact_key_of(key)
-            changed_groups.add(ckey)
-            if refresh != "none":
-                todo.setdefault(ckey, []).append(loc_of[key])
-        if stale:
-            k0 = sorted(stale)[0]
-
-            warn_stale(f"of {self.url} ({len(stale)} rank dir(s) changed since they were indexed; first: "
-                       f"{loc_of[k0][1][0]})", stale[k0],
-                       "left out (refresh='none')" if refresh == "none" else "re-indexing them")
-        jobs = []
-        direct: set = set()  # steps whose build task writes the compacted file too
-        for ckey, items in sorted(todo.items()):
-            run = items[0][0]
-            whole = len(items) == members[ckey] and 2 <= len(items) <= self.batch
-            if whole:
-                direct.add(ckey)
-            for i in range(0, len(items), self.batch):
-                chunk = items[i:i + self.batch]
-                jobs.append(_core.BuildJob(self.url, self.storage_options, self.lake_url, self.lake_options, run,
-                                           prefix_of[run], [loc for _, loc in chunk], ckey if whole else None))
-        n_built = 0
-        executor = "none"
-        if jobs:
-            self._writable()
-            n_dirs = sum(len(j.locs) for j in jobs)
-            self._say(f"indexing {n_dirs} rank dir(s) in {len(jobs)} task(s)")
-            with Progress(n_dirs, "lake index", "rank dirs", enabled=self._report) as bar:
-                built_rows = self.runner.map(_core._build_batch, jobs, progress=bar,  # noqa: SLF001
-                                             weight=lambda job: len(job.locs))
-            executor = self.runner.last
-            for batch_rows in built_rows:
-                for r in batch_rows:
-                    rows[r["index_key"]] = r
-                    n_built += 1
-                    changed_groups.add(_core.compact_key_of(r["index_key"]))
-        t3 = time.perf_counter()
-        # index files of rank directories that went away
-        gone = [k for k in old if k not in rows] if refresh != "none" else []
-        for k in gone:
-            changed_groups.add(_core.compact_key_of(k))
-        # one compacted file per (run, step) of two or more ranks
-        groups: dict = {}
-        for key in rows:
-            groups.setdefault(_core.compact_key_of(key), []).append(key)
-        compact_jobs = []
-        for ckey, keys in sorted(groups.items()):
-            if ckey in direct and all(rows[k].get("compact_key") == ckey for k in keys):
-                continue  # written by its build task
-            keys.sort(key=lambda k: (rows[k]["rank"] is None, rows[k]["rank"] or 0, rows[k]["rank_dir"]))
-            if len(keys) < 2:
-                for k in keys:
-                    rows[k]["compact_key"] = None
-                continue
-            fresh = ckey not in changed_groups and ckey in existing and all(rows[k].get("compact_key") == ckey
-                                                                              for k in keys)
-            if not fresh and refresh != "none":
-                compact_jobs.append(_core.CompactJob(self.lake_url, self.lake_options, ckey, keys))
-            usable = fresh or refresh != "none"
-            for k in keys:
-                rows[k]["compact_key"] = ckey if usable else None
-        if compact_jobs:
-            self._writable()
-            self._say(f"compacting {len(compact_jobs)} step(s)")
-            self.runner.map(_core._compact_group, compact_jobs)  # noqa: SLF001
-        # and the compacted files of steps that no rank directory is left in
-        n_removed = len(gone)
-        gone += [ck for ck in sorted(changed_groups) if ck not in groups and ck in existing]
-        if gone:
-            lake_store = self._writable()
-            for k in gone:
-                try:
-                    lake_store.delete(k)
-                except MsprobeError:
-                    pass
-        t4 = time.perf_counter()
-        self.manifest_rows = sorted(rows.values(), key=lambda r: (r["run"], r["split"] or "", _n(r["step"]),
-                                                                  _n(r["rank"]), r["rank_dir"]))
-        self.catalog_rows = _core.catalog_rows(self.manifest_rows, infos, self.url)
-        changed = bool(jobs or recover or gone or compact_jobs or len(old) != len(rows))
-        if refresh != "none" and changed:
-            _core.write_table(self._writable(), _core.MANIFEST_KEY, _core.manifest_table(self.manifest_rows))
-        if refresh != "none" and (changed or self.lake_store is None
-                                   or _stale_catalog(self.lake_store, self.catalog_rows)):
-            _core.write_catalog(self._writable(), self.catalog_rows, self.url)
-        t5 = time.perf_counter()
-        self.stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": n_built, "recovered": len(recover),
-                      "removed": n_removed, "compacted": len(compact_jobs) + len(direct), "stale": len(stale),
-                      "executor": executor}
-        self.timings = {"discover_s": t1 - t0, "list_s": t2 - t1, "index_s": t3 - t2, "compact_s": t4 - t3,
-                        "catalog_s": t5 - t4, "total_s": t5 - t0}
-
-    def _stale(self, rows: dict) -> dict:
-        """{index key: why} of the indexed rank directories whose document no longer has the
-        size and modification time recorded when it was indexed (listings only, as tasks)."""
-        if not rows:
-            return {}
-        steps: dict = {}  # step prefix -> [rank prefixes]; few files per rank dir: one listing of the step
-        few: dict = {}
-        for r in rows.values():
-            sp = r["prefix"].rsplit("/", 1)[0] if "/" in r["prefix"] else None
-            steps.setdefault(sp, []).append(r["prefix"])
-            few[sp] = few.get(sp, True) and r.get("task") == "statistics" and not r.get("tensor_files")
-        jobs, chunk, flat = [], [], []
-        for sp, ps in sorted(steps.items(), key=lambda kv: kv[0] or ""):
-            chunk += ps
-            if sp is not None and few[sp] and len(ps) > 1:
-                flat.append(sp)
-            if len(chunk) >= 1024:
-                jobs.append((self.url, self.storage_options, chunk, tuple(flat)))
-                chunk, flat = [], []
-        if chunk:
-            jobs.append((self.url, self.storage_options, chunk, tuple(flat)))
-        now: dict = {}
-        for part in self.runner.map(star(_core.doc_stats), jobs, local_cluster=False):
-            now.update(part)
-        local = bool(getattr(self.store, "is_local", False))
-        out = {}
-        for key, r in rows.items():
-            if r["prefix"] not in now:
-                continue  # gone: removed below
-            name, size, mtime = now[r["prefix"]]
-            if r.get("doc") and name and name != r["doc"]:
-                out[key] = f"{name} replaced {r['doc']}"
-                continue
-            covered = {"doc_size": r.get("doc_size"), "doc_mtime": r.get("mtime")}
-            reason = stale_reason(covered, size, mtime, local=local)
-            if reason is not None:
-                out[key] = reason
-        return out
+        places = Places(self.url, self.storage_options, self.lake_url, self.lake_options)
+        refresher = Refresher(places, self.store, self.lake_store, self.runner, batch=self.batch,
+                              writable=self._writable, say=self._say, report=self._report)
+        result = refresher.run(refresh, max_depth)
+        self.run_infos = result.run_infos
+        self.manifest_rows = result.manifest_rows
+        self.catalog_rows = result.catalog_rows
+        self.stats = result.stats
+        self.timings = result.timings
 
     def _own(self) -> ReadableStore:
         """The store of the lake's own files (there is one whenever it lists files)."""
@@ -481,9 +254,9 @@ class Lake:
             e = term if e is None else e & term
         if expr is not None:
             e = expr if e is None else e & expr
-        view = copy.copy(self)
-        view._expr = e  # noqa: SLF001 - a copy of this class
-        view._con = None  # noqa: SLF001 - a copy of this class
+        view: Lake = copy.copy(self)
+        view._expr = e
+        view._con = None
         return view
 
     def to_arrow(self, columns: Optional[Iterable[str]] = None, *, records_only: bool = False) -> Any:
@@ -542,7 +315,10 @@ class Lake:
         for k, v in cfg.items():
             con.execute(f"SET {k} = '{v}'" if isinstance(v, str) else f"SET {k} = {v}")
         try:
-            self.sql_engine = self._register_lake(con)
+            self.sql_engine = _register_views(con, [key for key, _ in self.files()], own=self._own,
+                                              lake_url=self.lake_url, expression=self._expr,
+                                              dataset=lambda: self.dataset,
+                                              local=bool(getattr(self.lake_store, "is_local", False)))
         except Exception as exc:  # an index file that cannot be read: one typed line
             con.close()
             if not _is_duckdb_error(exc):
@@ -563,48 +339,6 @@ class Lake:
         import pyarrow as pa
 
         return pa.Table.from_pylist(self.catalog_rows) if self.catalog_rows else pa.table({"run": pa.array([], pa.string())})
-
-    def _register_lake(self, con: Any) -> str:
-        files = [k for k, _ in self.files()]
-
-        for k in files:  # a Parquet bomb is refused from its footer, before DuckDB or pyarrow inflate it
-            try:
-                check_index_file(self._own(), k)
-            except StorageError:  # a file gone or unreadable: said below, as DuckDB meets it
-                break
-        if self._expr is not None:
-            # a filtered view: the pyarrow dataset applies the expression, DuckDB scans the result stream
-            con.register("lake_ds", self.dataset.scanner(filter=self._expr).to_reader())
-            con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
-            con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
-            return "pyarrow-filtered"
-        engine = "pyarrow"
-        src = None
-        if not files:
-            src = None
-        elif getattr(self.lake_store, "is_local", False):
-            paths = [str(self._own().local_path(k)) for k in files]
-            src = "read_parquet([" + ", ".join(_q(p) for p in paths) + "])"
-            engine = "duckdb-parquet"
-        elif self.lake_url.startswith("s3://") and _httpfs(con, self._own()):
-            root = self.lake_url.rstrip("/")
-            src = "read_parquet([" + ", ".join(_q(f"{root}/{k}") for k in files) + "])"
-            engine = "duckdb-httpfs"
-        if src is not None:
-            try:
-                con.execute(f"CREATE VIEW lake_records AS SELECT * FROM {src}")
-            except Exception as exc:  # DuckDB cannot read where s3fs can: read through s3fs
-                if engine != "duckdb-httpfs" or not _is_duckdb_error(exc):
-                    raise
-                log.warning("lake: DuckDB's httpfs cannot read %s (%s); reading through pyarrow and s3fs",
-                            self.lake_url, _first_line(exc))
-                src = None
-        if src is None:
-            con.register("lake_ds", self.dataset)
-            con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
-            engine = "pyarrow"
-        con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
-        return engine
 
     def sql(self, query: str, *, as_arrow: bool = False) -> Any:
         """Run a DuckDB query over the views of :meth:`duckdb` (``lake``: one row per tensor
@@ -672,20 +406,50 @@ class _Relocate(Exception):
     """The lake must write, and its directory is a read-only root's: use the cache instead."""
 
 
-def _stale_catalog(store: ReadableStore, rows: list) -> bool:
-    """True when ROOT/_lake/catalog.json is missing or says something else about a run (a
-    new config.json, a run renamed...): one small GET."""
-    import json
-
-    if store is None:
-        return True
-    try:
-        doc = json.loads(store.get(_core.CATALOG_JSON))
-    except (MsprobeError, ValueError):
-        return True
-    keep = ("indexed_at",)
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in keep} for r in rs]  # noqa: E731
-    return strip(json.loads(json.dumps(doc.get("runs"), default=str))) != strip(json.loads(json.dumps(rows, default=str)))
+def _register_views(con: Any, files: list, *, own: Callable[[], ReadableStore], lake_url: str, expression: Any,
+                    dataset: Callable[[], Any], local: bool) -> str:
+    """Create the views ``lake_records`` and ``lake`` over the index ``files`` of the lake at
+    ``lake_url`` (``own()``: its store) in ``con``; returns the engine that reads them: DuckDB's
+    Parquet reader (local), its httpfs (S3), else the pyarrow ``dataset()`` (also when filtered
+    by ``expression``)."""
+    for key in files:  # a Parquet bomb is refused from its footer, before DuckDB or pyarrow inflate it
+        try:
+            check_index_file(own(), key)
+        except StorageError:  # a file gone or unreadable: said below, as DuckDB meets it
+            break
+    if expression is not None:
+        # a filtered view: the pyarrow dataset applies the expression, DuckDB scans the result stream
+        con.register("lake_ds", dataset().scanner(filter=expression).to_reader())
+        con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
+        con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
+        return "pyarrow-filtered"
+    engine = "pyarrow"
+    source = None
+    if not files:
+        source = None
+    elif local:
+        paths = [str(own().local_path(key)) for key in files]
+        source = "read_parquet([" + ", ".join(_q(path) for path in paths) + "])"
+        engine = "duckdb-parquet"
+    elif lake_url.startswith("s3://") and _httpfs(con, own()):
+        root = lake_url.rstrip("/")
+        source = "read_parquet([" + ", ".join(_q(f"{root}/{key}") for key in files) + "])"
+        engine = "duckdb-httpfs"
+    if source is not None:
+        try:
+            con.execute(f"CREATE VIEW lake_records AS SELECT * FROM {source}")
+        except Exception as exc:  # DuckDB cannot read where s3fs can: read through s3fs
+            if engine != "duckdb-httpfs" or not _is_duckdb_error(exc):
+                raise
+            log.warning("lake: DuckDB's httpfs cannot read %s (%s); reading through pyarrow and s3fs",
+                        lake_url, _first_line(exc))
+            source = None
+    if source is None:
+        con.register("lake_ds", dataset())
+        con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
+        engine = "pyarrow"
+    con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
+    return engine
 
 
 def _is_duckdb_error(exc: BaseException) -> bool:
@@ -699,10 +463,6 @@ def _is_io_error(exc: BaseException) -> bool:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _n(v: Optional[int]) -> int:
-    return -1 if v is None else v
 
 
 def _q(s: str) -> str:

@@ -26,7 +26,7 @@ from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import star
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
 from msprobe.format.layout import RankLocation
-from msprobe.lake._core import _Prefetched, _store
+from msprobe.lake._core import Prefetched, cached_store
 from msprobe.readers._source import RankSource, records_of, task_of
 
 __all__ = ["first_nan", "diverge", "disagree", "trend", "STATS", "NAN_KINDS", "TREND_MAX_RECORDS"]
@@ -149,7 +149,7 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
     """Task: :func:`msprobe.compare.compare_pair` on each (target loc, bench loc); the CSVs go
     to ``out_dir`` (a temporary directory, removed, when None). Returns the summaries
     without their per-row series."""
-    store = _Prefetched(_store(root_url, storage_options))
+    store = Prefetched(cached_store(root_url, storage_options))
     store.prefetch([loc[0] for pair in pairs for loc in pair], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
     tmp = None
     if out_dir is None:
