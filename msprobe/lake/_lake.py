@@ -509,8 +509,6 @@ def s3_settings(store: FsspecStore) -> dict:
     credentials of its chain (options, environment, profile, instance role...), as the
     :class:`dict` ``{key, secret, token, endpoint, region, anon}``. The same settings the
     lake's listings and reads use, so DuckDB reads what s3fs reads."""
-    import inspect
-
     from fsspec.asyn import sync
 
     fs = store.fs
@@ -520,15 +518,32 @@ def s3_settings(store: FsspecStore) -> dict:
         client = await fs.get_s3(bucket) if hasattr(fs, "get_s3") else await fs.set_session()
         out = {"endpoint": client.meta.endpoint_url, "region": client.meta.region_name,
                "anon": bool(getattr(fs, "anon", False)), "key": None, "secret": None, "token": None}
-        creds = None if out["anon"] else getattr(client._request_signer, "_credentials", None)  # noqa: SLF001
-        if creds is not None:
-            frozen = creds.get_frozen_credentials()
-            if inspect.isawaitable(frozen):
-                frozen = await frozen
-            out.update(key=frozen.access_key, secret=frozen.secret_key, token=frozen.token)
+        if not out["anon"]:
+            out.update(await _credentials(fs))
         return out
 
     return sync(fs.loop, resolve)
+
+
+async def _credentials(fs: Any) -> dict:
+    """The credentials s3fs's client signs with, as botocore chooses them: the key and secret
+    given (``key``/``secret``/``token`` options or ``client_kwargs``), else the session's chain
+    (environment, profile, instance role...); {} when there are none."""
+    import inspect
+
+    given = getattr(fs, "client_kwargs", None) or {}
+    key = getattr(fs, "key", None) or given.get("aws_access_key_id")
+    secret = getattr(fs, "secret", None) or given.get("aws_secret_access_key")
+    if key is not None and secret is not None:
+        return {"key": key, "secret": secret, "token": getattr(fs, "token", None) or given.get("aws_session_token")}
+    session = getattr(fs, "session", None)
+    chain = await session.get_credentials() if session is not None else None
+    if chain is None:
+        return {}
+    frozen = chain.get_frozen_credentials()
+    if inspect.isawaitable(frozen):
+        frozen = await frozen
+    return {"key": frozen.access_key, "secret": frozen.secret_key, "token": frozen.token}
 
 
 def _secret_sql(settings: dict) -> str:
