@@ -46,11 +46,11 @@ __all__ = ["convert", "convert_rank", "RankJob", "ToZarr", "ToClassic"]
 TARGETS = ("classic", "zarr")
 
 
-def _torch_bytes(t: Any) -> bytes:
+def _torch_bytes(tensor: Any) -> bytes:
     import torch
 
     buf = io.BytesIO()
-    torch.save(t.contiguous(), buf)
+    torch.save(tensor.contiguous(), buf)
     return buf.getvalue()
 
 
@@ -59,13 +59,13 @@ def _payload(value: Any) -> tuple:
     import numpy as np
 
     if isinstance(value, np.ndarray):
-        a = np.ascontiguousarray(value)
-        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        return a.dtype.name, tuple(a.shape), a.reshape(-1).view(np.uint8).tobytes()
-    t = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        array = np.ascontiguousarray(value)
+        array = array.astype(array.dtype.newbyteorder("<"), copy=False)
+        return array.dtype.name, tuple(array.shape), array.reshape(-1).view(np.uint8).tobytes()
+    tensor = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
     from msprobe.dumpers.pytorch._encode import tensor_bytes
 
-    return str(t.dtype).replace("torch.", "", 1), tuple(t.shape), bytes(tensor_bytes(t))
+    return str(tensor.dtype).replace("torch.", "", 1), tuple(tensor.shape), bytes(tensor_bytes(tensor))
 
 
 def _rank_files(store: ReadableStore, prefix: str, skip: set) -> list:
@@ -257,5 +257,5 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
     return stats
 
 
-def _is_raw_non_numpy(t: Any) -> bool:
-    return numpy_dtype(t.dtype) is None
+def _is_raw_non_numpy(tensor: Any) -> bool:
+    return numpy_dtype(tensor.dtype) is None

@@ -7,17 +7,17 @@ from msprobe.progress import add_progress_flag
 
 
 def register(sub) -> None:
-    p = sub.add_parser("index", help="build the Parquet index of a dump (one file per step and rank)")
-    p.add_argument("path", help="dump root, step or rank directory (path or URL)")
-    p.add_argument("-o", "--output-path", "--out", dest="out", default=None,
+    parser = sub.add_parser("index", help="build the Parquet index of a dump (one file per step and rank)")
+    parser.add_argument("path", help="dump root, step or rank directory (path or URL)")
+    parser.add_argument("-o", "--output-path", "--out", dest="out", default=None,
                    help="write run=/step=/rank= partitions under this URL instead of <rank dir>/index/")
-    p.add_argument("--run", default=None, help="run name for the 'run' column (default: the dump's directory name)")
-    p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options for PATH")
-    p.add_argument("--out-storage-options", default=None, help="JSON object of fsspec storage options for --out")
-    p.add_argument("--skip-existing", action="store_true", help="keep index files that already exist")
-    add_progress_flag(p, "--quiet", "-q")
-    p.add_argument("--json", action="store_true", help="print the written index files as JSON")
-    p.set_defaults(func=run)
+    parser.add_argument("--run", default=None, help="run name for the 'run' column (default: the dump's directory name)")
+    parser.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options for PATH")
+    parser.add_argument("--out-storage-options", default=None, help="JSON object of fsspec storage options for --out")
+    parser.add_argument("--skip-existing", action="store_true", help="keep index files that already exist")
+    add_progress_flag(parser, "--quiet", "-q")
+    parser.add_argument("--json", action="store_true", help="print the written index files as JSON")
+    parser.set_defaults(func=run)
 
 
 def run(args) -> int:

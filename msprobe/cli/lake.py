@@ -8,84 +8,84 @@ import sys
 from msprobe.progress import add_progress_flag, resolve
 
 
-def _common(p, *, build: bool = True) -> None:
-    p.add_argument("root", help="the lake root (a directory or URL holding one directory per run)")
-    p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
-    p.add_argument("--json", action="store_true", help="print the answer as JSON")
-    p.add_argument("--lake-dir", default=None,
+def _common(parser, *, build: bool = True) -> None:
+    parser.add_argument("root", help="the lake root (a directory or URL holding one directory per run)")
+    parser.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    parser.add_argument("--lake-dir", default=None,
                    help="where the lake's own files (indexes, manifest, catalog) go (default: ROOT/_lake when ROOT "
                         "can be written, else a cache directory, said on stderr); the dumps are only read")
-    p.add_argument("--lake-storage-options", default=None,
+    parser.add_argument("--lake-storage-options", default=None,
                    help="JSON object of fsspec storage options for --lake-dir (default: those of ROOT for the "
                         "same protocol)")
     if build:
-        p.add_argument("--scheduler", default=None,
+        parser.add_argument("--scheduler", default=None,
                        help="address of a Dask scheduler (tcp://host:8786) to run the tasks on")
-        p.add_argument("--workers", type=int, default=None,
+        parser.add_argument("--workers", type=int, default=None,
                        help="worker processes of the LocalCluster started for big jobs (default: CPU count)")
-        p.add_argument("--no-cluster", action="store_true", help="never start a LocalCluster: run tasks here")
-        p.add_argument("--refresh", default="missing", choices=["missing", "check", "all", "none"],
+        parser.add_argument("--no-cluster", action="store_true", help="never start a LocalCluster: run tasks here")
+        parser.add_argument("--refresh", default="missing", choices=["missing", "check", "all", "none"],
                        help="which rank directories to (re)index before answering (default: missing: those "
                             "without an index and those whose dump.json changed since; none: build nothing and "
                             "leave out what is stale)")
-        add_progress_flag(p)
+        add_progress_flag(parser)
 
 
 def register(sub) -> None:
-    p = sub.add_parser("lake", help="many runs x steps x ranks as one dataset: catalog, SQL and questions")
-    lsub = p.add_subparsers(dest="lake_command", metavar="QUESTION")
-    q = lsub.add_parser("ls", help="the run catalog (read from ROOT/_lake/catalog.json; built when absent)")
-    _common(q)
-    q.add_argument("--rebuild", action="store_true", help="discover and index before listing")
-    q.set_defaults(func=run_ls)
-    q = lsub.add_parser("index", help="discover runs and build the missing Parquet indexes")
-    _common(q)
-    q.set_defaults(func=run_index)
-    q = lsub.add_parser("sql", help="a DuckDB query over the views lake, lake_records, catalog, manifest")
-    _common(q)
-    q.add_argument("query", help='e.g. "SELECT run, count(*) FROM lake GROUP BY run"')
-    q.add_argument("--csv", default=None, help="write the result to this CSV file too")
-    q.set_defaults(func=run_sql)
-    q = lsub.add_parser("nan", help="the first NaN/Inf of each run and rank (attention masks' -inf counted apart)")
-    _common(q)
-    q.add_argument("--run", action="append", default=None, help="only this run (repeatable)")
-    q.add_argument("--kind", default="any", choices=["any", "nan", "inf"],
+    parser = sub.add_parser("lake", help="many runs x steps x ranks as one dataset: catalog, SQL and questions")
+    lsub = parser.add_subparsers(dest="lake_command", metavar="QUESTION")
+    cmd = lsub.add_parser("ls", help="the run catalog (read from ROOT/_lake/catalog.json; built when absent)")
+    _common(cmd)
+    cmd.add_argument("--rebuild", action="store_true", help="discover and index before listing")
+    cmd.set_defaults(func=run_ls)
+    cmd = lsub.add_parser("index", help="discover runs and build the missing Parquet indexes")
+    _common(cmd)
+    cmd.set_defaults(func=run_index)
+    cmd = lsub.add_parser("sql", help="a DuckDB query over the views lake, lake_records, catalog, manifest")
+    _common(cmd)
+    cmd.add_argument("query", help='e.g. "SELECT run, count(*) FROM lake GROUP BY run"')
+    cmd.add_argument("--csv", default=None, help="write the result to this CSV file too")
+    cmd.set_defaults(func=run_sql)
+    cmd = lsub.add_parser("nan", help="the first NaN/Inf of each run and rank (attention masks' -inf counted apart)")
+    _common(cmd)
+    cmd.add_argument("--run", action="append", default=None, help="only this run (repeatable)")
+    cmd.add_argument("--kind", default="any", choices=["any", "nan", "inf"],
                    help="look for a NaN or an Inf (any, default), NaN only, or Inf only; an attention mask's "
                         "intended -inf is neither")
-    q.set_defaults(func=run_nan)
-    q = lsub.add_parser("diverge", help="the first record where two runs diverge, over all ranks (compare)")
-    _common(q)
-    q.add_argument("run_a", help="the target run")
-    q.add_argument("run_b", help="the bench run")
-    q.add_argument("--step", type=int, default=None)
-    q.add_argument("--rank", type=int, default=None)
-    q.add_argument("--mode", default="auto", choices=["auto", "statistics", "md5", "tensor"])
-    q.add_argument("-o", "--output-path", "--out", dest="out", default=None, help="keep compare's CSVs in this directory")
-    q.add_argument("--all-steps", action="store_true", help="compare every step, not only up to the first divergence")
-    q.set_defaults(func=run_diverge)
-    q = lsub.add_parser("disagree", help="ranks whose statistic differs from what a majority of the ranks agree on")
-    _common(q)
-    q.add_argument("--run", action="append", default=None)
-    q.add_argument("--step", type=int, action="append", default=None)
-    q.add_argument("--kind", default="parameters_grad", help="record kind compared ('all' for every record)")
-    q.add_argument("--record", default=None, help="a record name or glob")
-    q.add_argument("--stat", default="norm", choices=["max", "min", "mean", "norm"])
-    q.add_argument("--rtol", type=float, default=1e-6)
-    q.add_argument("--atol", type=float, default=0.0)
-    q.add_argument("--no-consensus", action="store_true",
+    cmd.set_defaults(func=run_nan)
+    cmd = lsub.add_parser("diverge", help="the first record where two runs diverge, over all ranks (compare)")
+    _common(cmd)
+    cmd.add_argument("run_a", help="the target run")
+    cmd.add_argument("run_b", help="the bench run")
+    cmd.add_argument("--step", type=int, default=None)
+    cmd.add_argument("--rank", type=int, default=None)
+    cmd.add_argument("--mode", default="auto", choices=["auto", "statistics", "md5", "tensor"])
+    cmd.add_argument("-o", "--output-path", "--out", dest="out", default=None, help="keep compare's CSVs in this directory")
+    cmd.add_argument("--all-steps", action="store_true", help="compare every step, not only up to the first divergence")
+    cmd.set_defaults(func=run_diverge)
+    cmd = lsub.add_parser("disagree", help="ranks whose statistic differs from what a majority of the ranks agree on")
+    _common(cmd)
+    cmd.add_argument("--run", action="append", default=None)
+    cmd.add_argument("--step", type=int, action="append", default=None)
+    cmd.add_argument("--kind", default="parameters_grad", help="record kind compared ('all' for every record)")
+    cmd.add_argument("--record", default=None, help="a record name or glob")
+    cmd.add_argument("--stat", default="norm", choices=["max", "min", "mean", "norm"])
+    cmd.add_argument("--rtol", type=float, default=1e-6)
+    cmd.add_argument("--atol", type=float, default=0.0)
+    cmd.add_argument("--no-consensus", action="store_true",
                    help="also list the rows where no majority of ranks agree (a DDP run's parameters_grad: "
                         "local gradients, recorded before the all-reduce), with consensus=false")
-    q.set_defaults(func=run_disagree)
-    q = lsub.add_parser("trend", help="a record's statistic over steps (table, and a PNG with --plot)")
-    _common(q)
-    q.add_argument("record", help="a record name or glob")
-    q.add_argument("--stat", default="norm", choices=["max", "min", "mean", "norm"])
-    q.add_argument("--arg", default=None, help="the argument (output.0, weight.0...; default: output.0 or the first)")
-    q.add_argument("--run", action="append", default=None)
-    q.add_argument("--rank", type=int, action="append", default=None)
-    q.add_argument("--plot", default=None, help="write the plot to this PNG file")
-    q.set_defaults(func=run_trend)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    cmd.set_defaults(func=run_disagree)
+    cmd = lsub.add_parser("trend", help="a record's statistic over steps (table, and a PNG with --plot)")
+    _common(cmd)
+    cmd.add_argument("record", help="a record name or glob")
+    cmd.add_argument("--stat", default="norm", choices=["max", "min", "mean", "norm"])
+    cmd.add_argument("--arg", default=None, help="the argument (output.0, weight.0...; default: output.0 or the first)")
+    cmd.add_argument("--run", action="append", default=None)
+    cmd.add_argument("--rank", type=int, action="append", default=None)
+    cmd.add_argument("--plot", default=None, help="write the plot to this PNG file")
+    cmd.set_defaults(func=run_trend)
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
 def _opts(args):
@@ -120,32 +120,32 @@ def _open(args):
     return lake
 
 
-def _with_lake(fn):
+def _with_lake(handler):
     """``fn(args, lake)`` with the lake opened from the arguments and closed afterwards."""
-    @functools.wraps(fn)
+    @functools.wraps(handler)
     def run(args) -> int:
         lake = _open(args)
         try:
-            return fn(args, lake)
+            return handler(args, lake)
         finally:
             lake.close()
     return run
 
 
-def _print_table(df, as_json: bool, empty: str = "") -> int:
+def _print_table(frame, as_json: bool, empty: str = "") -> int:
     """Print a question's answer; ``empty``: what to say instead of an empty table."""
-    if df.empty and empty and not as_json:
+    if frame.empty and empty and not as_json:
         print(empty)
         return 0
-    _print_df(df, as_json)
+    _print_df(frame, as_json)
     return 0
 
 
-def _print_df(df, as_json: bool) -> None:
+def _print_df(frame, as_json: bool) -> None:
     if as_json:
-        print(df.to_json(orient="records", indent=1, default_handler=str))
+        print(frame.to_json(orient="records", indent=1, default_handler=str))
         return
-    if df.empty:
+    if frame.empty:
         print("(no rows)")
         return
     import pandas as pd
@@ -153,23 +153,23 @@ def _print_df(df, as_json: bool) -> None:
     from msprobe.cli._text import escape_cells
 
     with pd.option_context("display.max_rows", 200, "display.max_columns", 50, "display.width", 200):
-        print(escape_cells(df).to_string(index=False))
+        print(escape_cells(frame).to_string(index=False))
 
 
-def _fmt_bytes(n) -> str:
-    n = float(n or 0)
+def _fmt_bytes(size) -> str:
+    size = float(size or 0)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(size)
 
 
 def run_ls(args) -> int:
     from msprobe.lake import read_catalog
 
     runs = None if args.rebuild else read_catalog(args.root, _opts(args), args.lake_dir, _lake_opts(args))
-    if runs is not None and _catalog_hint(args.root, _opts(args), {str(r.get("run")) for r in runs}, args.json):
+    if runs is not None and _catalog_hint(args.root, _opts(args), {str(run.get("run")) for run in runs}, args.json):
         runs = None  # stale: read the runs again, as sql and the questions do
     if runs is None:
         lake = _open(args)
@@ -186,13 +186,14 @@ def run_ls(args) -> int:
     from msprobe.format.naming import printable
 
     head = ["run", "dialect", "framework", "task", "level", "steps", "ranks", "records", "bytes", "from", "to"]
-    rows = [[printable(str(r.get("run"))), str(r.get("dialect")), str(r.get("framework")), str(r.get("task")), str(r.get("level")),
-             f"{r.get('steps')} ({r.get('step_min')}-{r.get('step_max')})", str(r.get("ranks")), str(r.get("records")),
-             _fmt_bytes(r.get("bytes")), str(r.get("time_start")), str(r.get("time_end"))] for r in runs]
-    widths = [max(len(h), *(len(x[i]) for x in rows)) for i, h in enumerate(head)]
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-    for x in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(x, widths)))
+    rows = [[printable(str(run.get("run"))), str(run.get("dialect")), str(run.get("framework")), str(run.get("task")),
+             str(run.get("level")), f"{run.get('steps')} ({run.get('step_min')}-{run.get('step_max')})",
+             str(run.get("ranks")), str(run.get("records")), _fmt_bytes(run.get("bytes")), str(run.get("time_start")),
+             str(run.get("time_end"))] for run in runs]
+    widths = [max(len(title), *(len(cells[column]) for cells in rows)) for column, title in enumerate(head)]
+    print("  ".join(title.ljust(width) for title, width in zip(head, widths)))
+    for cells in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(cells, widths)))
     return 0
 
 
@@ -203,14 +204,14 @@ def _catalog_hint(root: str, opts, listed: set, quiet: bool) -> bool:
     from msprobe.errors import MsprobeError
 
     try:
-        names = {n.rstrip("/") for n in open_store(root, storage_options=opts, read_only=True, create=False)
-                 .list_dir("") if not n.startswith(("_", "."))}
+        names = {name.rstrip("/") for name in open_store(root, storage_options=opts, read_only=True, create=False)
+                 .list_dir("") if not name.startswith(("_", "."))}
     except (MsprobeError, OSError):
         names = None
     new, gone = (sorted(names - listed), sorted(listed - names)) if names is not None else ([], [])
     if new or gone:
-        what = "; ".join(x for x in (f"not in it: {', '.join(new[:5])}" if new else "",
-                                     f"gone: {', '.join(gone[:5])}" if gone else "") if x)
+        what = "; ".join(part for part in (f"not in it: {', '.join(new[:5])}" if new else "",
+                                           f"gone: {', '.join(gone[:5])}" if gone else "") if part)
         if not quiet:
             print(f"lake ls: the saved catalog was stale ({what}): reading the runs again", file=sys.stderr)
         return True
@@ -221,33 +222,33 @@ def _catalog_hint(root: str, opts, listed: set, quiet: bool) -> bool:
 
 @_with_lake
 def run_index(args, lake) -> int:
-    s = dict(lake.stats, seconds=round(lake.timings["total_s"], 3))
-    print(json.dumps(s) if args.json else
-          f"{s['runs']} run(s), {s['rank_dirs']} rank dir(s): indexed {s['indexed']}, "
-          f"recovered {s['recovered']}, removed {s['removed']}, compacted {s['compacted']} step(s) "
-          f"({s['executor']}, {s['seconds']} s)")
+    stats = dict(lake.stats, seconds=round(lake.timings["total_s"], 3))
+    print(json.dumps(stats) if args.json else
+          f"{stats['runs']} run(s), {stats['rank_dirs']} rank dir(s): indexed {stats['indexed']}, "
+          f"recovered {stats['recovered']}, removed {stats['removed']}, compacted {stats['compacted']} step(s) "
+          f"({stats['executor']}, {stats['seconds']} s)")
     return 0
 
 
 @_with_lake
 def run_sql(args, lake) -> int:
-    df = lake.sql(args.query)
-    if df is None:
+    frame = lake.sql(args.query)
+    if frame is None:
         return 0
     if args.csv:
-        df.to_csv(args.csv, index=False)
-    return _print_table(df, args.json)
+        frame.to_csv(args.csv, index=False)
+    return _print_table(frame, args.json)
 
 
 @_with_lake
 def run_nan(args, lake) -> int:
-    df = lake.first_nan(run=args.run, kind=args.kind)
+    frame = lake.first_nan(run=args.run, kind=args.kind)
     what = {"any": "no NaN or Inf", "nan": "no NaN", "inf": "no Inf"}[args.kind]
-    rc = _print_table(df, args.json, f"{what} in any statistic")
-    for m in df.attrs.get("masked_only", ()):
-        print(f"note: {m['run']} {m['rank_dir']}: -inf only in attention masks and what they feed "
-              f"({m['masked_rows']} rows, as intended)", file=sys.stderr if args.json else sys.stdout)
-    return rc
+    status = _print_table(frame, args.json, f"{what} in any statistic")
+    for masked in frame.attrs.get("masked_only", ()):
+        print(f"note: {masked['run']} {masked['rank_dir']}: -inf only in attention masks and what they feed "
+              f"({masked['masked_rows']} rows, as intended)", file=sys.stderr if args.json else sys.stdout)
+    return status
 
 
 @_with_lake
@@ -257,75 +258,79 @@ def run_diverge(args, lake) -> int:
     if args.json:
         print(json.dumps(res, indent=1, default=str))
         return 0
-    f = res["first_divergence"]
+    first = res["first_divergence"]
     print(f"{res['run_a']} vs {res['run_b']} ({res['mode']}): {res['pairs_compared']} rank pair(s) in "
           f"step(s) {res['steps_compared']}")
-    o = res.get("origin")
-    if o is not None:
+    origin = res.get("origin")
+    if origin is not None:
         from msprobe.compare._origin import describe
 
-        print(f"error introduced at: step {o['step']} {o['rank_dir']} {describe(o)} (record #{o['record_index']})")
-    if f is None:
-        print("no divergence" if o is None else "no row whose Result is not pass")
+        print(f"error introduced at: step {origin['step']} {origin['rank_dir']} {describe(origin)} "
+              f"(record #{origin['record_index']})")
+    if first is None:
+        print("no divergence" if origin is None else "no row whose Result is not pass")
         return 0
-    print(f"first divergence: step {f['step']} {f['rank_dir']} record {f['record']} (row {f['row']}, "
-          f"record #{f['record_index']}, {f['result']})")
-    nre = f["metrics"].get("NormRelativeErr")
+    print(f"first divergence: step {first['step']} {first['rank_dir']} record {first['record']} (row {first['row']}, "
+          f"record #{first['record_index']}, {first['result']})")
+    nre = first["metrics"].get("NormRelativeErr")
     if nre is not None:
         print(f"  NormRelativeErr {nre}")
     if len(res["ranks"]) > 1:
         print("diverging ranks of that step:")
-        for r in res["ranks"]:
-            print(f"  step {r['step']} {r['rank_dir']}: {r['record']} (record #{r['record_index']})")
+        for diverging in res["ranks"]:
+            print(f"  step {diverging['step']} {diverging['rank_dir']}: {diverging['record']} "
+                  f"(record #{diverging['record_index']})")
     return 0
 
 
 @_with_lake
 def run_disagree(args, lake) -> int:
-    df = lake.disagree(run=args.run, step=args.step, kind=None if args.kind == "all" else args.kind,
+    frame = lake.disagree(run=args.run, step=args.step, kind=None if args.kind == "all" else args.kind,
                        record=args.record, stat=args.stat, rtol=args.rtol, atol=args.atol,
                        no_consensus=args.no_consensus)
-    note = df.attrs.get("note")
+    note = frame.attrs.get("note")
     if note:  # what was compared and what was left out: on stderr with --json, after the table otherwise
         print(f"note: {note}", file=sys.stderr if args.json else sys.stdout)
-    if df.empty and df.attrs.get("compared") == 0:
+    if frame.empty and frame.attrs.get("compared") == 0:
         kind = "" if args.kind == "all" else f" {args.kind}"
         print(f"nothing to compare: no{kind} record's {args.stat} is held by two or more ranks of the same run and "
               "step (each run and step selected has one rank)", file=sys.stderr if args.json else sys.stdout)
         if args.json:
             print("[]")
         return 0
-    return _print_table(df, args.json, "no rank disagrees with the others" if note else
-                        f"every rank agrees ({df.attrs.get('compared')} rows held by 2+ ranks compared)")
+    return _print_table(frame, args.json, "no rank disagrees with the others" if note else
+                        f"every rank agrees ({frame.attrs.get('compared')} rows held by 2+ ranks compared)")
 
 
 @_with_lake
 def run_trend(args, lake) -> int:
-    df = lake.trend(args.record, stat=args.stat, arg=args.arg, run=args.run, rank=args.rank, plot=args.plot)
+    frame = lake.trend(args.record, stat=args.stat, arg=args.arg, run=args.run, rank=args.rank, plot=args.plot)
     if args.json:
-        print(json.dumps({"record": args.record, "arg": df.attrs["arg"], "stat": args.stat, "plot": df.attrs["plot"],
-                          "plot_note": df.attrs["plot_note"], "rows": json.loads(df.to_json(orient="records"))},
+        print(json.dumps({"record": args.record, "arg": frame.attrs["arg"], "stat": args.stat,
+                          "plot": frame.attrs["plot"],
+                          "plot_note": frame.attrs["plot_note"], "rows": json.loads(frame.to_json(orient="records"))},
                          indent=1))
         return 0
-    cols = ["run", "rank_dir"] + (["record"] if len(df.attrs["records"]) > 1 else [])
-    if df.groupby(["run", "rank_dir"]).ngroups > 12:  # many ranks: their spread, per run (and record)
-        wide = df.groupby(["step"] + cols[::2])["value"].agg(["mean", "min", "max"]).unstack(cols[::2])
+    cols = ["run", "rank_dir"] + (["record"] if len(frame.attrs["records"]) > 1 else [])
+    if frame.groupby(["run", "rank_dir"]).ngroups > 12:  # many ranks: their spread, per run (and record)
+        wide = frame.groupby(["step"] + cols[::2])["value"].agg(["mean", "min", "max"]).unstack(cols[::2])
     else:  # one column per run, rank directory (and matched record): never merged
-        wide = df.pivot_table(index="step", columns=cols, values="value", aggfunc="first", dropna=False)
+        wide = frame.pivot_table(index="step", columns=cols, values="value", aggfunc="first", dropna=False)
     wide.index = wide.index.astype("Int64")
-    print(f"{args.record} {df.attrs['arg']} {args.stat} by step"
-          + (f" ({len(df.attrs['records'])} records):" if len(df.attrs["records"]) > 1 else ":"))
+    print(f"{args.record} {frame.attrs['arg']} {args.stat} by step"
+          + (f" ({len(frame.attrs['records'])} records):" if len(frame.attrs["records"]) > 1 else ":"))
     import pandas as pd
 
     from msprobe.format.naming import printable
 
     # the columns are run and rank directory names from the dumps: escaped, a label per line
-    wide.columns = wide.columns.map(lambda c: tuple(printable(str(x)) for x in c) if isinstance(c, tuple)
-                                    else printable(str(c)))
+    wide.columns = wide.columns.map(lambda label: tuple(printable(str(part)) for part in label)
+                                    if isinstance(label, tuple)
+                                    else printable(str(label)))
     with pd.option_context("display.max_columns", 20, "display.width", 200):
         print(wide.to_string())
-    if df.attrs["plot"]:
-        print(f"plot: {df.attrs['plot']}")
+    if frame.attrs["plot"]:
+        print(f"plot: {frame.attrs['plot']}")
     elif args.plot:
-        print(f"no plot: {df.attrs['plot_note']}", file=sys.stderr)
+        print(f"no plot: {frame.attrs['plot_note']}", file=sys.stderr)
     return 0

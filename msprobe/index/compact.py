@@ -55,8 +55,8 @@ class CompactWriter:
         self._meta: Optional[dict] = None
         self._pending: list = []
         self._n = 0
-        fd, self._tmp = tempfile.mkstemp(suffix=".parquet", prefix=".msprobe-compact-")
-        os.close(fd)
+        handle, self._tmp = tempfile.mkstemp(suffix=".parquet", prefix=".msprobe-compact-")
+        os.close(handle)
         self._w = pq.ParquetWriter(self._tmp, self.schema, compression="zstd", write_statistics=True)
 
     def __enter__(self) -> "CompactWriter":
@@ -69,11 +69,12 @@ class CompactWriter:
             self.abort()
 
     def add(self, key: str, table: Any) -> None:
-        md = table.schema.metadata or {}
+        metadata = table.schema.metadata or {}
         if self._meta is None:
-            self._meta = {k.decode(): v.decode() for k, v in md.items()
-                          if k.startswith(META_PREFIX.encode()) and k.decode()[len(META_PREFIX):] not in _PER_FILE_META}
-        self.records += int(md.get((META_PREFIX + "records").encode(), b"0") or 0)
+            self._meta = {meta_key.decode(): value.decode() for meta_key, value in metadata.items()
+                          if meta_key.startswith(META_PREFIX.encode())
+                          and meta_key.decode()[len(META_PREFIX):] not in _PER_FILE_META}
+        self.records += int(metadata.get((META_PREFIX + "records").encode(), b"0") or 0)
         self._pending.append(table.replace_schema_metadata(None).cast(self.schema))
         self._n += table.num_rows
         self.keys.append(key)
@@ -94,12 +95,12 @@ class CompactWriter:
             base = self.ckey[: -len(COMPACT_FILE)]
             meta = dict(self._meta or {})
             meta.update({META_PREFIX + "index_version": INDEX_VERSION, META_PREFIX + "format_version": FORMAT_VERSION,
-                         META_PREFIX + "covers": json.dumps([k[len(base):] for k in self.keys]),
+                         META_PREFIX + "covers": json.dumps([key[len(base):] for key in self.keys]),
                          META_PREFIX + "records": str(self.records)})
             self._w.add_key_value_metadata(meta)
             self._w.close()
-            with open(self._tmp, "rb") as f:
-                self.store.put_stream(self.ckey, f)
+            with open(self._tmp, "rb") as file:
+                self.store.put_stream(self.ckey, file)
         finally:
             self.abort()
         return self.ckey
@@ -121,9 +122,9 @@ def compact_files(store: Store, ckey: str, keys: Iterable[str]) -> str:
     file in memory at a time. Returns ``ckey``."""
     require("pyarrow", "parquet")
 
-    with CompactWriter(store, ckey) as cw:
-        for k in keys:
-            cw.add(k, read_index_table(store, k))
+    with CompactWriter(store, ckey) as compact_writer:
+        for key in keys:
+            compact_writer.add(key, read_index_table(store, key))
     return ckey
 
 
@@ -142,7 +143,7 @@ def compact_index(out: Any, *, storage_options: Optional[dict] = None, runs: Opt
     readers scan while it covers every file of its run.
     """
     store = out if hasattr(out, "list_prefix") else open_store(out, storage_options, create=True)
-    wanted = None if runs is None else {f"run={_safe(r)}" if r else "" for r in runs}
+    wanted = None if runs is None else {f"run={_safe(run)}" if run else "" for run in runs}
     groups: dict = {}
     for key in store.list_prefix(""):
         if not key.endswith(".parquet") or key.rsplit("/", 1)[-1] == COMPACT_FILE:

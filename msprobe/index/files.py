@@ -84,12 +84,12 @@ INDEX_FILE = f"{INDEX_DIR}/records.parquet"
 _SAFE_RE = re.compile(r"[^A-Za-z0-9._\-]+")
 
 
-def _pa() -> Any:
+def _pyarrow() -> Any:
     return require("pyarrow", "parquet")
 
 
-def _pq() -> Any:
-    _pa()
+def _parquet() -> Any:
+    _pyarrow()
     import pyarrow.parquet as pq
 
     return pq
@@ -102,8 +102,8 @@ def _as_doc(doc: Any) -> Any:
 def _stack_ids(stack: Any) -> Optional[dict]:
     if stack is None:
         return None
-    sd = stack if isinstance(stack, StackDocument) else StackDocument(stack)
-    return sd.ids_of()
+    stack_doc = stack if isinstance(stack, StackDocument) else StackDocument(stack)
+    return stack_doc.ids_of()
 
 
 def _parents(construct: Any) -> Optional[dict]:
@@ -118,14 +118,14 @@ def doc_stat(store: ReadableStore, key: str) -> tuple:
     local = store.local_path(key) if getattr(store, "is_local", False) else None
     try:
         if local:
-            st = os.stat(local)
-            return st.st_size, st.st_mtime
-        fs, root = getattr(store, "fs", None), getattr(store, "root", None)
-        if fs is None:
+            stat = os.stat(local)
+            return stat.st_size, stat.st_mtime
+        filesystem, root = getattr(store, "fs", None), getattr(store, "root", None)
+        if filesystem is None:
             return store.size(key), None
         path = f"{root}/{key}" if root else key
-        fs.invalidate_cache(path)
-        info = fs.info(path)
+        filesystem.invalidate_cache(path)
+        info = filesystem.info(path)
         return info.get("size"), mtime_of(info)
     except (OSError, MsprobeError, KeyError, ValueError):
         return None, None
@@ -133,10 +133,10 @@ def doc_stat(store: ReadableStore, key: str) -> tuple:
 
 def mtime_of(info: dict) -> Optional[float]:
     """The modification time in an fsspec ``info``/listing entry (seconds), or None."""
-    mt: Any = info.get("LastModified") or info.get("mtime") or info.get("created")
-    if hasattr(mt, "timestamp"):
-        mt = mt.timestamp()
-    return float(mt) if isinstance(mt, (int, float)) and not isinstance(mt, bool) else None
+    stamp: Any = info.get("LastModified") or info.get("mtime") or info.get("created")
+    if hasattr(stamp, "timestamp"):
+        stamp = stamp.timestamp()
+    return float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else None
 
 
 def stale_reason(meta: dict, size: Optional[int], mtime: Optional[float], *, local: bool = True) -> Optional[str]:
@@ -180,13 +180,13 @@ def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank
         "records": len(data), "doc": doc_name, "doc_size": doc_size,
         "doc_mtime": None if doc_mtime is None else repr(float(doc_mtime)),
     }
-    return rows_to_arrow(cols, {META_PREFIX + k: "" if v is None else v for k, v in meta.items()})
+    return rows_to_arrow(cols, {META_PREFIX + key: "" if value is None else value for key, value in meta.items()})
 
 
 def table_bytes(table: Any) -> bytes:
-    pq = _pq()
+    parquet = _parquet()
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", write_statistics=True)
+    parquet.write_table(table, buf, compression="zstd", write_statistics=True)
     return buf.getvalue()
 
 
@@ -236,56 +236,56 @@ def parse_partition_path(key: str) -> dict:
     out: dict = {}
     for part in key.split("/")[:-1]:
         if "=" in part:
-            k, v = part.split("=", 1)
-            out[k] = v
+            name, value = part.split("=", 1)
+            out[name] = value
     if "step" in out:
         out["step"] = int(out["step"]) if out["step"].isdigit() else None
     if "rank" in out:
-        r = out["rank"]
-        if r.isdigit():
-            out["rank"], out["rank_dir"] = int(r), f"rank{r}"
+        rank_name = out["rank"]
+        if rank_name.isdigit():
+            out["rank"], out["rank_dir"] = int(rank_name), f"rank{rank_name}"
         else:
-            rd = parse_rank_dir(r)
-            out["rank"], out["rank_dir"] = (rd.rank if rd else None), r
+            parsed = parse_rank_dir(rank_name)
+            out["rank"], out["rank_dir"] = (parsed.rank if parsed else None), rank_name
     return out
 
 
 def partition_order(key: str) -> tuple:
     """The order readers list a partition's index file in: run, split, step, rank (numerically,
     single-process directories first), rank directory name."""
-    h = parse_partition_path(key)
-    step, rank = h.get("step"), h.get("rank")
-    return (h.get("run") or "", h.get("split") or "", -1 if step is None else step, -1 if rank is None else rank,
-            h.get("rank_dir") or key.rsplit("/", 1)[0])
+    fields = parse_partition_path(key)
+    step, rank = fields.get("step"), fields.get("rank")
+    return (fields.get("run") or "", fields.get("split") or "", -1 if step is None else step,
+            -1 if rank is None else rank, fields.get("rank_dir") or key.rsplit("/", 1)[0])
 
 
 def _safe(value: str) -> str:
-    s = _SAFE_RE.sub("_", str(value)).strip(".") or "_"
-    return s
+    safe = _SAFE_RE.sub("_", str(value)).strip(".") or "_"
+    return safe
 
 
 def read_index_metadata(store: ReadableStore, key: str) -> dict:
     """The msprobe key-value metadata of an index file (prefix stripped; typed step/rank/records)."""
-    pq = _pq()
-    with store.open_read(key) as f:
-        md = pq.read_metadata(f).metadata or {}
-    return _decode_meta(md)
+    parquet = _parquet()
+    with store.open_read(key) as file:
+        metadata = parquet.read_metadata(file).metadata or {}
+    return _decode_meta(metadata)
 
 
-def _decode_meta(md: dict) -> dict:
+def _decode_meta(metadata: dict) -> dict:
     out: dict = {}
-    for k, v in md.items():
-        k = k.decode() if isinstance(k, bytes) else k
-        if not k.startswith(META_PREFIX):
+    for key, value in metadata.items():
+        key = key.decode() if isinstance(key, bytes) else key
+        if not key.startswith(META_PREFIX):
             continue
-        v = v.decode() if isinstance(v, bytes) else v
-        out[k[len(META_PREFIX):]] = v if v != "" else None
-    for k in ("step", "rank", "records", "doc_size"):
-        if out.get(k) is not None:
+        value = value.decode() if isinstance(value, bytes) else value
+        out[key[len(META_PREFIX):]] = value if value != "" else None
+    for key in ("step", "rank", "records", "doc_size"):
+        if out.get(key) is not None:
             try:
-                out[k] = int(out[k])
+                out[key] = int(out[key])
             except ValueError:
-                out[k] = None
+                out[key] = None
     if out.get("doc_mtime") is not None:
         try:
             out["doc_mtime"] = float(out["doc_mtime"])
@@ -317,10 +317,10 @@ def check_index_footer(md: Any, size: int, where: str) -> int:
     (each column chunk counts its uncompressed bytes, at least 8 per row: a run-length encoded
     column of a billion rows costs a few bytes on disk). Returns the estimate."""
     est = 0
-    for i in range(md.num_row_groups):
-        rg = md.row_group(i)
-        for j in range(rg.num_columns):
-            est += max(int(rg.column(j).total_uncompressed_size), 8 * int(rg.num_rows))
+    for group_index in range(md.num_row_groups):
+        group = md.row_group(group_index)
+        for column_index in range(group.num_columns):
+            est += max(int(group.column(column_index).total_uncompressed_size), 8 * int(group.num_rows))
     if est > decode_limit(size):
         raise IndexBombError(f"{where}: the index file ({size} bytes) declares {md.num_rows} rows and "
                              f"{est} bytes decoded, over the limit of {decode_limit(size)}: refused (a Parquet bomb?)")
@@ -331,12 +331,12 @@ def check_decoded_strings(table: Any, limit: int, where: str) -> None:
     """A table read with its string columns dictionary-encoded: refuse it before decoding when
     the strings its rows reference add up to more than ``limit`` bytes (a few huge dictionary
     values referenced by many rows)."""
-    pa = _pa()
+    pyarrow = _pyarrow()
     import pyarrow.compute as pc
     total = 0
     for name in table.column_names:
         col = table.column(name)
-        if not pa.types.is_dictionary(col.type):
+        if not pyarrow.types.is_dictionary(col.type):
             continue
         for chunk in col.chunks:
             if len(chunk) == 0 or len(chunk.dictionary) == 0:
@@ -350,18 +350,19 @@ def check_decoded_strings(table: Any, limit: int, where: str) -> None:
 
 def decode_strings(table: Any) -> Any:
     """Dictionary-encoded string columns back to plain strings (the index's schema)."""
-    pa = _pa()
-    fields = [pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in table.schema]
-    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
+    pyarrow = _pyarrow()
+    fields = [pyarrow.field(field.name, field.type.value_type) if pyarrow.types.is_dictionary(field.type) else field
+              for field in table.schema]
+    return table.cast(pyarrow.schema(fields, metadata=table.schema.metadata))
 
 
 def check_index_file(store: ReadableStore, key: str) -> int:
     """:func:`check_index_footer` of an index file read by another engine (DuckDB); its size."""
-    pq = _pq()
-    with store.open_read(key) as f:
-        size = f.seek(0, 2)
-        f.seek(0)
-        check_index_footer(pq.read_metadata(f), size, key)
+    parquet = _parquet()
+    with store.open_read(key) as file:
+        size = file.seek(0, 2)
+        file.seek(0)
+        check_index_footer(parquet.read_metadata(file), size, key)
     return size
 
 
@@ -374,15 +375,15 @@ def read_index_table(store: ReadableStore, key: str, columns: Optional[list] = N
 
 def read_index_bytes(data: bytes, where: str, columns: Optional[list] = None, filter: Any = None) -> Any:  # noqa: A002
     """:func:`read_index_table` of an index file's bytes."""
-    pq = _pq()
+    parquet = _parquet()
     try:
-        pf = pq.ParquetFile(io.BytesIO(data))
+        parquet_file = parquet.ParquetFile(io.BytesIO(data))
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors: not a Parquet file
         raise FormatError(f"{where}: not a readable index file: {exc}") from None
-    check_index_footer(pf.metadata, len(data), where)
-    names = pf.schema_arrow.names
-    strings = [c for c in STRING_COLUMNS if c in names and (columns is None or c in columns)]
-    table = pq.read_table(io.BytesIO(data), columns=columns, filters=filter, read_dictionary=strings)
+    check_index_footer(parquet_file.metadata, len(data), where)
+    names = parquet_file.schema_arrow.names
+    strings = [column for column in STRING_COLUMNS if column in names and (columns is None or column in columns)]
+    table = parquet.read_table(io.BytesIO(data), columns=columns, filters=filter, read_dictionary=strings)
     check_decoded_strings(table, decode_limit(len(data)), where)
     return decode_strings(table)
 
@@ -397,23 +398,23 @@ def read_compactions(store: ReadableStore, keys: list) -> dict:
     for key in keys:
         if key.rsplit("/", 1)[-1] != COMPACT_FILE:
             continue
-        pq = _pq()
-        with store.open_read(key) as f:
-            md = pq.read_metadata(f).metadata or {}
-        raw = md.get((META_PREFIX + "covers").encode())
+        parquet = _parquet()
+        with store.open_read(key) as file:
+            metadata = parquet.read_metadata(file).metadata or {}
+        raw = metadata.get((META_PREFIX + "covers").encode())
         try:
             rel = json.loads(raw) if raw else []
         except ValueError:
             continue
         prefix = key[: -len(COMPACT_FILE)]
-        covered = tuple(prefix + r for r in rel)
-        if covered and all(c in present for c in covered):
+        covered = tuple(prefix + name for name in rel)
+        if covered and all(covered_key in present for covered_key in covered):
             out[key] = covered
     return out
 
 
 def concat_tables(tables: Iterable[Any]) -> Any:
     """Concatenate tables of the same columns (schema metadata dropped)."""
-    pa = _pa()
-    tables = [t.replace_schema_metadata(None) for t in tables]
-    return pa.concat_tables(tables)
+    pyarrow = _pyarrow()
+    tables = [table.replace_schema_metadata(None) for table in tables]
+    return pyarrow.concat_tables(tables)

@@ -59,18 +59,18 @@ def cached_store(root_url: str, storage_options: Optional[dict], *, write: bool 
     """The store of ``root_url``, one per process and options (a Dask worker runs many tasks:
     making an S3 client costs more than most of them)."""
     try:
-        ck = (root_url, json.dumps(storage_options, sort_keys=True, default=repr), write)
+        cache_key = (root_url, json.dumps(storage_options, sort_keys=True, default=repr), write)
     except (TypeError, ValueError):
-        ck = None
-    hit = _STORES.get(ck) if ck is not None else None
+        cache_key = None
+    hit = _STORES.get(cache_key) if cache_key is not None else None
     if hit is not None:
         return hit
-    st = open_store(root_url, storage_options, read_only=not write, create=write)
-    if ck is not None:
+    store = open_store(root_url, storage_options, read_only=not write, create=write)
+    if cache_key is not None:
         if len(_STORES) > 32:
             _STORES.clear()
-        _STORES[ck] = st
-    return st
+        _STORES[cache_key] = store
+    return store
 
 
 # -- where the lake's own files go ---------------------------------------------------------
@@ -100,19 +100,19 @@ def write_refused(root_url: str, storage_options: Optional[dict]) -> Optional[st
     import uuid
 
     try:
-        st = cached_store(root_url, storage_options, write=True)
+        store = cached_store(root_url, storage_options, write=True)
         key = f"{LAKE_DIR}/.msprobe-probe-{uuid.uuid4().hex}"
-        st.put(key, b"")
+        store.put(key, b"")
     except StoragePermissionError as exc:
         return str(exc)
     try:
-        st.delete(key)
+        store.delete(key)
     except MsprobeError:
         pass
     return None
 
 
-def gather_listings(fs: Any, method: str, paths: list) -> list:
+def gather_listings(filesystem: Any, method: str, paths: list) -> list:
     """``fs.<method>(path, detail=True)`` of every path at once on an async fsspec file system
     (``"ls"`` or ``"find"``), its cache dropped first; a path that fails gives its exception.
 
@@ -122,13 +122,13 @@ def gather_listings(fs: Any, method: str, paths: list) -> list:
 
     from fsspec.asyn import sync
 
-    coroutine = getattr(fs, f"_{method}")
+    coroutine = getattr(filesystem, f"_{method}")
 
     async def gather() -> list:
         return await asyncio.gather(*[coroutine(path, detail=True) for path in paths], return_exceptions=True)
 
-    fs.invalidate_cache()
-    return sync(fs.loop, gather)
+    filesystem.invalidate_cache()
+    return sync(filesystem.loop, gather)
 
 
 # -- discovery ---------------------------------------------------------------------------------
@@ -139,26 +139,26 @@ def discover_runs(store: ReadableStore, max_depth: int = 3) -> list:
     the run name is its path below the root. Names starting with ``_`` or ``.`` are skipped.
     A root that is itself a dump is one run named after the root."""
     names = store.list_dir("")
-    if looks_like_dump([n for n in names if not n.startswith(("_", "."))]):
+    if looks_like_dump([name for name in names if not name.startswith(("_", "."))]):
         base = store.url.rstrip("/").rsplit("/", 1)[-1] or "run"
         return [(base, "")]
     out: list = []
 
     def walk(prefix: str, depth: int) -> None:
-        for n in sorted(store.list_dir(prefix)):
-            if n.startswith(("_", ".")):
+        for name in sorted(store.list_dir(prefix)):
+            if name.startswith(("_", ".")):
                 continue
-            p = f"{prefix}/{n}" if prefix else n
+            path = f"{prefix}/{name}" if prefix else name
             try:
-                sub = store.list_dir(p)
+                sub = store.list_dir(path)
             except MsprobeError:
                 continue
             if not sub:
                 continue
             if looks_like_dump(sub):
-                out.append((p, p))
+                out.append((path, path))
             elif depth > 1:
-                walk(p, depth - 1)
+                walk(path, depth - 1)
 
     walk("", max_depth)
     return out
@@ -170,10 +170,10 @@ def discover_run(root_url: str, storage_options: Optional[dict], run: str, prefi
     locs = discover(store, prefix)
     config = None
     names = set(store.list_dir(prefix))
-    for cn in CONFIG_NAMES:
-        if cn in names:
+    for config_name in CONFIG_NAMES:
+        if config_name in names:
             try:
-                obj = json.loads(store.get(f"{prefix}/{cn}" if prefix else cn))
+                obj = json.loads(store.get(f"{prefix}/{config_name}" if prefix else config_name))
                 config = obj if isinstance(obj, dict) else None
             except (ValueError, MsprobeError):
                 config = None
@@ -204,38 +204,39 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
     one recursive listing each (a page per 1,000 keys instead of a request per rank dir)."""
     base = cached_store(root_url, storage_options)
     out: dict = {}
-    fs, root = getattr(base, "fs", None), getattr(base, "root", None)
-    if flat_steps and fs is not None and getattr(fs, "async_impl", False) and not getattr(base, "is_local", False):
-        full = [(f"{root}/{st}" if root else st).rstrip("/") for st in flat_steps]
+    filesystem, root = getattr(base, "fs", None), getattr(base, "root", None)
+    listable = filesystem is not None and getattr(filesystem, "async_impl", False)
+    if flat_steps and listable and not getattr(base, "is_local", False):
+        full = [(f"{root}/{step_prefix}" if root else step_prefix).rstrip("/") for step_prefix in flat_steps]
         wanted = set(prefixes)
-        for step, f, found in zip(flat_steps, full, gather_listings(fs, "find", full)):
+        for step, step_root, found in zip(flat_steps, full, gather_listings(filesystem, "find", full)):
             if isinstance(found, BaseException):
                 continue  # listed one by one below
             docs: dict = {}
             for path, info in found.items():
-                parts = path[len(f) + 1:].split("/") if path.startswith(f + "/") else []
+                parts = path[len(step_root) + 1:].split("/") if path.startswith(step_root + "/") else []
                 if len(parts) == 2 and parts[1] in (DUMP_JSON, DEBUG_JSON):
                     docs.setdefault(f"{step}/{parts[0]}", {})[parts[1]] = (info.get("size"), mtime_of(info))
-            for p in wanted:
-                if p.rsplit("/", 1)[0] == step:
-                    d = docs.get(p, {})
-                    name = DUMP_JSON if DUMP_JSON in d else DEBUG_JSON if DEBUG_JSON in d else None
-                    out[p] = (name, *d[name]) if name else (None, None, None)
-    rest = [p for p in prefixes if p not in out]
+            for prefix in wanted:
+                if prefix.rsplit("/", 1)[0] == step:
+                    found_docs = docs.get(prefix, {})
+                    name = DUMP_JSON if DUMP_JSON in found_docs else DEBUG_JSON if DEBUG_JSON in found_docs else None
+                    out[prefix] = (name, *found_docs[name]) if name else (None, None, None)
+    rest = [prefix for prefix in prefixes if prefix not in out]
     store = Prefetched(base)
     store.prefetch(rest, ())
-    for p in rest:
+    for prefix in rest:
         try:
-            names = set(store.list_dir(p))
+            names = set(store.list_dir(prefix))
         except MsprobeError:
             continue
         name = DUMP_JSON if DUMP_JSON in names else DEBUG_JSON if DEBUG_JSON in names else None
         if name is None:
-            out[p] = (None, None, None)
+            out[prefix] = (None, None, None)
             continue
-        key = f"{p}/{name}" if p else name
+        key = f"{prefix}/{name}" if prefix else name
         size, mtime = store.info.get(key) or doc_stat(store, key)
-        out[p] = (name, size, mtime)
+        out[prefix] = (name, size, mtime)
     return out
 
 
@@ -243,24 +244,24 @@ def _tensor_bytes(store: ReadableStore, prefix: str) -> tuple:
     """(files, bytes) below the rank's dump_tensor_data/ (one recursive listing)."""
     key = f"{prefix}/{TENSOR_DIR}" if prefix else TENSOR_DIR
     local = store.local_path(key) if getattr(store, "is_local", False) else None
-    n = total = 0
+    count = total = 0
     try:
         if local:
             if not os.path.isdir(local):
                 return 0, 0
             for dirpath, _, files in os.walk(local):
-                for f in files:
+                for file_name in files:
                     try:
-                        total += os.stat(os.path.join(dirpath, f)).st_size
-                        n += 1
+                        total += os.stat(os.path.join(dirpath, file_name)).st_size
+                        count += 1
                     except OSError:
                         pass
-            return n, total
-        fs, root = getattr(store, "fs", None), getattr(store, "root", None)
-        if fs is None:
+            return count, total
+        filesystem, root = getattr(store, "fs", None), getattr(store, "root", None)
+        if filesystem is None:
             return 0, 0
-        found = fs.find(f"{root}/{key}" if root else key, detail=True)
-        return len(found), sum(int(v.get("size") or 0) for v in found.values())
+        found = filesystem.find(f"{root}/{key}" if root else key, detail=True)
+        return len(found), sum(int(value.get("size") or 0) for value in found.values())
     except (OSError, MsprobeError):
         return 0, 0
 
@@ -280,57 +281,58 @@ class Prefetched:
         return getattr(self._s, name)
 
     def get(self, key: str) -> bytes:
-        v = self._data.pop(key, None)
-        return v if v is not None else self._s.get(key)
+        value = self._data.pop(key, None)
+        return value if value is not None else self._s.get(key)
 
     def list_dir(self, prefix: str = "") -> list:
-        v = self._dirs.get(prefix.strip("/"))
-        return list(v) if v is not None else self._s.list_dir(prefix)
+        value = self._dirs.get(prefix.strip("/"))
+        return list(value) if value is not None else self._s.list_dir(prefix)
 
     def prefetch(self, prefixes: list, names: tuple) -> None:
         """List each rank directory (with sizes and times) and read its ``names`` that exist."""
-        fs, root = getattr(self._s, "fs", None), getattr(self._s, "root", None)
-        if getattr(self._s, "is_local", False) or fs is None or not getattr(fs, "async_impl", False):
-            for p in prefixes:
-                local = self._s.local_path(p) if getattr(self._s, "is_local", False) else None
+        filesystem, root = getattr(self._s, "fs", None), getattr(self._s, "root", None)
+        if getattr(self._s, "is_local", False) or filesystem is None or not getattr(filesystem, "async_impl", False):
+            for prefix in prefixes:
+                local = self._s.local_path(prefix) if getattr(self._s, "is_local", False) else None
                 if local is None:
                     return
                 try:
-                    with os.scandir(local) as it:
-                        entries = list(it)
+                    with os.scandir(local) as listing:
+                        entries = list(listing)
                 except OSError:
                     continue
-                self._dirs[p] = sorted(e.name for e in entries if not e.name.startswith(".msprobe-tmp"))
-                for e in entries:
+                self._dirs[prefix] = sorted(entry.name for entry in entries
+                                            if not entry.name.startswith(".msprobe-tmp"))
+                for entry in entries:
                     try:
-                        st = e.stat()
-                        self.info[f"{p}/{e.name}" if p else e.name] = (st.st_size, st.st_mtime)
+                        stat = entry.stat()
+                        self.info[f"{prefix}/{entry.name}" if prefix else entry.name] = (stat.st_size, stat.st_mtime)
                     except OSError:
                         pass
             return
-        full = {p: (f"{root}/{p}" if root else p).rstrip("/") for p in prefixes}
-        listed = gather_listings(fs, "ls", [full[p] for p in prefixes])
+        full = {prefix: (f"{root}/{prefix}" if root else prefix).rstrip("/") for prefix in prefixes}
+        listed = gather_listings(filesystem, "ls", list(map(full.get, prefixes)))
         want = {}
-        for p, entries in zip(prefixes, listed):
+        for prefix, entries in zip(prefixes, listed):
             if isinstance(entries, BaseException):
                 continue
             kids = []
-            for e in entries:
-                name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            for entry in entries:
+                name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
                 kids.append(name)
-                key = f"{p}/{name}" if p else name
-                mt = e.get("LastModified") or e.get("mtime")
-                mt = mt.timestamp() if hasattr(mt, "timestamp") else mt
-                self.info[key] = (e.get("size"), float(mt) if isinstance(mt, (int, float)) else None)
-                if name in names and e.get("type") == "file":
-                    want[f"{full[p]}/{name}"] = key
-            self._dirs[p] = sorted(set(kids))
+                key = f"{prefix}/{name}" if prefix else name
+                modified = entry.get("LastModified") or entry.get("mtime")
+                modified = modified.timestamp() if hasattr(modified, "timestamp") else modified
+                self.info[key] = (entry.get("size"), float(modified) if isinstance(modified, (int, float)) else None)
+                if name in names and entry.get("type") == "file":
+                    want[f"{full[prefix]}/{name}"] = key
+            self._dirs[prefix] = sorted(set(kids))
         if want:
-            got = fs.cat(list(want), on_error="omit")
+            got = filesystem.cat(list(want), on_error="omit")
             for path, data in got.items():
-                k = want.get(path) or want.get(path.split("://", 1)[-1])
-                if k is not None and isinstance(data, bytes):
-                    self._data[k] = data
+                entry_key = want.get(path) or want.get(path.split("://", 1)[-1])
+                if entry_key is not None and isinstance(data, bytes):
+                    self._data[entry_key] = data
 
 
 @dataclass(frozen=True)
@@ -372,7 +374,7 @@ def build_batch(job: BuildJob) -> list:
     store = Prefetched(cached_store(root_url, storage_options))
     store.prefetch([loc[0] for loc in locs], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
     out_store = cached_store(lake_url, lake_options, write=True)
-    cw = CompactWriter(out_store, compact_key) if compact_key else None
+    compact_writer = CompactWriter(out_store, compact_key) if compact_key else None
     rows = []
     from concurrent.futures import ThreadPoolExecutor
 
@@ -406,11 +408,11 @@ def build_batch(job: BuildJob) -> list:
             if len(puts) > 16:
                 puts.pop(0).result()
             data = doc.data
-            hn, hi = table.column("has_nan"), table.column("has_inf")
-            n_rows = table.num_rows - hn.null_count  # the record-only placeholder rows have no statistics
-            nan_rows = pc.sum(pc.or_(hn, hi).cast("int64")).as_py() or 0
-            if cw is not None:
-                cw.add(key, table)
+            has_nan, has_inf = table.column("has_nan"), table.column("has_inf")
+            n_rows = table.num_rows - has_nan.null_count  # the record-only placeholder rows have no statistics
+            nan_rows = pc.sum(pc.or_(has_nan, has_inf).cast("int64")).as_py() or 0
+            if compact_writer is not None:
+                compact_writer.add(key, table)
             del table
             files, tbytes = _tensor_bytes(store, prefix) if doc.task == "tensor" else (0, 0)
             rows.append({
@@ -422,15 +424,15 @@ def build_batch(job: BuildJob) -> list:
                 "level": doc.level, "dialect": dialect, "built_at": time.time(),
             })
             src.release()  # one document in memory at a time
-        for f in puts:
-            f.result()
-        if cw is not None:
-            cw.close()
-            cw = None
+        for future in puts:
+            future.result()
+        if compact_writer is not None:
+            compact_writer.close()
+            compact_writer = None
     finally:
         pool.shutdown(wait=True)
-        if cw is not None:
-            cw.abort()
+        if compact_writer is not None:
+            compact_writer.abort()
     return rows
 
 
@@ -441,23 +443,24 @@ def _manifest_row_from_index(lake_url: str, lake_options: Optional[dict], run: s
     store = cached_store(lake_url, lake_options)
     key = index_key(run, step, rank, rank_dir, split)
     try:
-        m = read_index_metadata(store, key)
+        meta = read_index_metadata(store, key)
     except MsprobeError:
         return None
     return {"run": run, "run_prefix": run_prefix, "split": split, "step": step, "rank": rank, "rank_dir": rank_dir,
-            "prefix": prefix, "index_key": key, "compact_key": None, "doc": m.get("doc"), "doc_size": m.get("doc_size"),
-            "mtime": m.get("doc_mtime"), "tensor_files": None, "tensor_bytes": None, "records": m.get("records"),
-            "rows": None, "nan_rows": None, "framework": m.get("framework"), "task": m.get("task"), "level": m.get("level"),
-            "dialect": m.get("dialect"), "built_at": None}
+            "prefix": prefix, "index_key": key, "compact_key": None, "doc": meta.get("doc"),
+            "doc_size": meta.get("doc_size"), "mtime": meta.get("doc_mtime"), "tensor_files": None,
+            "tensor_bytes": None, "records": meta.get("records"), "rows": None, "nan_rows": None,
+            "framework": meta.get("framework"), "task": meta.get("task"), "level": meta.get("level"),
+            "dialect": meta.get("dialect"), "built_at": None}
 
 
 def rebuild_rows(lake_url: str, lake_options: Optional[dict], items: list) -> list:
     """Task: manifest rows from the metadata of existing index files ([(run, run_prefix, loc)])."""
     out = []
     for run, run_prefix, loc in items:
-        r = _manifest_row_from_index(lake_url, lake_options, run, run_prefix, loc)
-        if r is not None:
-            out.append(r)
+        row = _manifest_row_from_index(lake_url, lake_options, run, run_prefix, loc)
+        if row is not None:
+            out.append(row)
     return out
 
 
@@ -470,12 +473,13 @@ def compact_group(job: CompactJob) -> str:
 # -- manifest and catalog ----------------------------------------------------------------------
 
 def manifest_table(rows: list) -> Any:
-    pa = require("pyarrow", "parquet")
-    types = {"step": pa.int64(), "rank": pa.int64(), "doc_size": pa.int64(), "mtime": pa.float64(),
-             "tensor_files": pa.int64(), "tensor_bytes": pa.int64(), "records": pa.int64(), "rows": pa.int64(),
-             "nan_rows": pa.int64(), "built_at": pa.float64()}
-    schema = pa.schema([(c, types.get(c, pa.string())) for c in MANIFEST_COLUMNS])
-    return pa.Table.from_pydict({c: [r.get(c) for r in rows] for c in MANIFEST_COLUMNS}, schema=schema)
+    pyarrow = require("pyarrow", "parquet")
+    types = {"step": pyarrow.int64(), "rank": pyarrow.int64(), "doc_size": pyarrow.int64(), "mtime": pyarrow.float64(),
+             "tensor_files": pyarrow.int64(), "tensor_bytes": pyarrow.int64(), "records": pyarrow.int64(),
+             "rows": pyarrow.int64(), "nan_rows": pyarrow.int64(), "built_at": pyarrow.float64()}
+    schema = pyarrow.schema([(column, types.get(column, pyarrow.string())) for column in MANIFEST_COLUMNS])
+    return pyarrow.Table.from_pydict({column: [row.get(column) for row in rows] for column in MANIFEST_COLUMNS},
+                                     schema=schema)
 
 
 def write_table(store: Store, key: str, table: Any) -> None:
@@ -499,63 +503,63 @@ def read_manifest(store: ReadableStore) -> list:
 
 
 def _span(vals: list) -> tuple:
-    vals = [v for v in vals if v is not None]
+    vals = [value for value in vals if value is not None]
     return (min(vals), max(vals)) if vals else (None, None)
 
 
-def _iso(t: Optional[float]) -> Optional[str]:
-    if t is None:
+def _iso(seconds: Optional[float]) -> Optional[str]:
+    if seconds is None:
         return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def _one(vals: list) -> Any:
     """The single value of a column, or ``"a,b"`` when the ranks disagree; None when unknown."""
-    s = sorted({v for v in vals if v is not None}, key=str)
-    return None if not s else (s[0] if len(s) == 1 else ",".join(map(str, s)))
+    values = sorted({value for value in vals if value is not None}, key=str)
+    return None if not values else (values[0] if len(values) == 1 else ",".join(map(str, values)))
 
 
 def catalog_rows(manifest: list, runs: list, root_url: str) -> list:
     """One dict per run from the manifest rows (``runs``: the discovery results, for configs)."""
     by_run: dict = {}
-    for r in manifest:
-        by_run.setdefault(r["run"], []).append(r)
+    for row in manifest:
+        by_run.setdefault(row["run"], []).append(row)
     out = []
     for info in runs:
         run = info["run"]
         rows = by_run.get(run, [])
-        steps = sorted({r["step"] for r in rows if r["step"] is not None})
-        ranks = {(r["rank"], r["rank_dir"]) for r in rows}
-        t0, t1 = _span([r.get("mtime") for r in rows])
-        doc_bytes = sum(r.get("doc_size") or 0 for r in rows)
-        tensor_bytes = sum(r.get("tensor_bytes") or 0 for r in rows)
+        steps = sorted({row["step"] for row in rows if row["step"] is not None})
+        ranks = {(row["rank"], row["rank_dir"]) for row in rows}
+        first, last = _span([row.get("mtime") for row in rows])
+        doc_bytes = sum(row.get("doc_size") or 0 for row in rows)
+        tensor_bytes = sum(row.get("tensor_bytes") or 0 for row in rows)
         cfg = info.get("config")
-        derived = {"task": _one([r["task"] for r in rows]), "level": _one([r["level"] for r in rows]),
-                   "framework": _one([r["framework"] for r in rows])}
+        derived = {"task": _one([row["task"] for row in rows]), "level": _one([row["level"] for row in rows]),
+                   "framework": _one([row["framework"] for row in rows])}
         out.append({
             "run": run, "url": f"{root_url.rstrip('/')}/{info['run_prefix']}" if info["run_prefix"] else root_url,
-            "dialect": _one([r["dialect"] for r in rows]), "framework": derived["framework"],
+            "dialect": _one([row["dialect"] for row in rows]), "framework": derived["framework"],
             "task": derived["task"], "level": derived["level"],
             "config": json.dumps(cfg if cfg is not None else derived, sort_keys=True),
             "steps": len(steps), "step_min": steps[0] if steps else None, "step_max": steps[-1] if steps else None,
             "ranks": len(ranks), "rank_dirs": len(rows),
-            "splits": _one([r["split"] for r in rows]),
-            "records": sum(r.get("records") or 0 for r in rows), "rows": sum(r.get("rows") or 0 for r in rows),
-            "nan_rows": sum(r.get("nan_rows") or 0 for r in rows),
-            "doc_bytes": doc_bytes, "tensor_files": sum(r.get("tensor_files") or 0 for r in rows),
+            "splits": _one([row["split"] for row in rows]),
+            "records": sum(row.get("records") or 0 for row in rows), "rows": sum(row.get("rows") or 0 for row in rows),
+            "nan_rows": sum(row.get("nan_rows") or 0 for row in rows),
+            "doc_bytes": doc_bytes, "tensor_files": sum(row.get("tensor_files") or 0 for row in rows),
             "tensor_bytes": tensor_bytes, "bytes": doc_bytes + tensor_bytes,
-            "time_start": _iso(t0), "time_end": _iso(t1),
-            "indexed_at": _iso(max((r.get("built_at") or 0 for r in rows), default=0) or None),
+            "time_start": _iso(first), "time_end": _iso(last),
+            "indexed_at": _iso(max((row.get("built_at") or 0 for row in rows), default=0) or None),
         })
     return out
 
 
 def write_catalog(store: Store, rows: list, root_url: str) -> None:
-    pa = require("pyarrow", "parquet")
+    pyarrow = require("pyarrow", "parquet")
     doc = {"root": root_url, "written_at": _iso(time.time()), "runs": rows}
     store.put(CATALOG_JSON, json.dumps(doc, indent=1, default=str).encode("utf-8"))
     if rows:
-        write_table(store, CATALOG_PARQUET, pa.Table.from_pylist(rows))
+        write_table(store, CATALOG_PARQUET, pyarrow.Table.from_pylist(rows))
 
 
 def read_catalog(root: Any, storage_options: Optional[dict] = None, lake_dir: Any = None,

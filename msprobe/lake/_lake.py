@@ -148,7 +148,7 @@ class Lake:
     @property
     def runs(self) -> list:
         """The run names, as the catalog lists them. Example: ``lake.runs`` -> ``["run_gpu", "run_npu"]``."""
-        return [r["run"] for r in self.catalog_rows]
+        return [row["run"] for row in self.catalog_rows]
 
     @property
     def catalog(self) -> Any:
@@ -170,9 +170,9 @@ class Lake:
         """The URL of one run's dump (a :class:`ConfigError` naming the runs when absent).
 
         Example: ``msprobe.readers.open(lake.run_url("run_npu"))``."""
-        for r in self.catalog_rows:
-            if r["run"] == run:
-                return r["url"]
+        for row in self.catalog_rows:
+            if row["run"] == run:
+                return row["url"]
         raise ConfigError(f"no run {run!r} in {self.url}; runs: {', '.join(self.runs) or 'none'}")
 
     def __repr__(self) -> str:
@@ -186,16 +186,16 @@ class Lake:
         Example: ``len(lake.files())``."""
         out = []
         done: set = set()
-        for r in self.manifest_rows:
-            ck = r.get("compact_key")
-            if ck:
-                if ck in done:
+        for row in self.manifest_rows:
+            compact_key = row.get("compact_key")
+            if compact_key:
+                if compact_key in done:
                     continue
-                done.add(ck)
-                out.append((ck, {"run": r["run"], "step": r["step"], "split": r["split"]}))
+                done.add(compact_key)
+                out.append((compact_key, {"run": row["run"], "step": row["step"], "split": row["split"]}))
             else:
-                out.append((r["index_key"], {"run": r["run"], "step": r["step"], "rank": r["rank"],
-                                             "split": r["split"]}))
+                out.append((row["index_key"], {"run": row["run"], "step": row["step"], "rank": row["rank"],
+                                             "split": row["split"]}))
         return out
 
     @property
@@ -211,28 +211,29 @@ class Lake:
             import pyarrow.dataset as pads
 
             paths, parts = [], []
-            fs = None
+            filesystem = None
             for key, keys in self.files():
                 loc = arrow_location(self._own(), key)
                 if loc is None:
                     raise MissingDependencyError(f"{self.url}: pyarrow cannot read this store directly")
-                fs = loc[0]
+                filesystem = loc[0]
                 paths.append(loc[1])
-                e = pc.field("run") == keys["run"]
-                e = e & (pc.field("step") == keys["step"] if keys["step"] is not None else pc.field("step").is_null())
+                expression = pc.field("run") == keys["run"]
+                expression = expression & (pc.field("step") == keys["step"] if keys["step"] is not None
+                                           else pc.field("step").is_null())
                 if "rank" in keys:
-                    e = e & (pc.field("rank") == keys["rank"] if keys["rank"] is not None
-                             else pc.field("rank").is_null())
-                parts.append(e)
+                    expression = expression & (pc.field("rank") == keys["rank"] if keys["rank"] is not None
+                                               else pc.field("rank").is_null())
+                parts.append(expression)
             fmt = pads.ParquetFileFormat()
-            if fs is None:
+            if filesystem is None:
                 self._dataset = pads.dataset(arrow_schema().empty_table())
             else:
                 self._dataset = pads.FileSystemDataset.from_paths(paths, schema=arrow_schema(), format=fmt,
-                                                                  filesystem=fs, partitions=parts)
+                                                                  filesystem=filesystem, partitions=parts)
         return self._dataset
 
-    def filter(self, expr: Any = None, **eq: Any) -> "Lake":
+    def filter(self, expr: Any = None, **equalities: Any) -> "Lake":
         """A view of the lake restricted by a ``pyarrow.compute`` expression and/or column
         equalities (``run="a"``, ``step=[1, 2]``, ``rank=0``, ``record="Torch.add.0.forward"``).
 
@@ -241,8 +242,8 @@ class Lake:
 
         import pyarrow.compute as pc
 
-        e = self._expr
-        for name, value in eq.items():
+        expression = self._expr
+        for name, value in equalities.items():
             if name not in COLUMNS:
                 raise ConfigError(f"filter: unknown column {name!r}; valid: {', '.join(COLUMNS)}")
             if value is None:
@@ -251,11 +252,11 @@ class Lake:
                 term = pc.field(name).isin(list(value))
             else:
                 term = pc.field(name) == value
-            e = term if e is None else e & term
+            expression = term if expression is None else expression & term
         if expr is not None:
-            e = expr if e is None else e & expr
+            expression = expr if expression is None else expression & expr
         view: Lake = copy.copy(self)
-        view._expr = e
+        view._expr = expression
         view._con = None
         return view
 
@@ -266,23 +267,23 @@ class Lake:
         Example: ``lake.to_arrow(["run", "record", "max"])``."""
         import pyarrow.compute as pc
 
-        e = self._expr
+        expression = self._expr
         if not records_only:
             base = pc.field("has_nan").is_valid()
-            e = base if e is None else base & e
+            expression = base if expression is None else base & expression
         cols = list(columns) if columns is not None else None
-        return self.dataset.to_table(columns=cols, filter=e)
+        return self.dataset.to_table(columns=cols, filter=expression)
 
-    def to_pandas(self, columns: Optional[Iterable[str]] = None, **kw: Any) -> Any:
+    def to_pandas(self, columns: Optional[Iterable[str]] = None, **options: Any) -> Any:
         """:meth:`to_arrow` as a pandas DataFrame. Example: ``lake.to_pandas(["run", "step", "record", "norm"])``."""
-        return table_to_pandas(self.to_arrow(columns, **kw))
+        return table_to_pandas(self.to_arrow(columns, **options))
 
     def count_rows(self) -> int:
         """How many tensor rows the (filtered) lake holds. Example: ``lake.filter(run="run_npu").count_rows()``."""
         import pyarrow.compute as pc
 
-        e = pc.field("has_nan").is_valid()
-        return self.dataset.count_rows(filter=e if self._expr is None else e & self._expr)
+        expression = pc.field("has_nan").is_valid()
+        return self.dataset.count_rows(filter=expression if self._expr is None else expression & self._expr)
 
     def scanner(self, columns: Optional[Iterable[str]] = None, batch_size: int = 1 << 16) -> Any:
         """A streaming ``pyarrow.dataset.Scanner`` over the (filtered) rows.
@@ -290,9 +291,9 @@ class Lake:
         Example: ``for batch in lake.scanner(["record", "norm"]).to_batches(): ...``."""
         import pyarrow.compute as pc
 
-        e = pc.field("has_nan").is_valid()
+        expression = pc.field("has_nan").is_valid()
         return self.dataset.scanner(columns=list(columns) if columns else None, batch_size=batch_size,
-                                    filter=e if self._expr is None else e & self._expr)
+                                    filter=expression if self._expr is None else expression & self._expr)
 
     # -- SQL ------------------------------------------------------------------------------------------------
     def duckdb(self) -> Any:
@@ -312,8 +313,8 @@ class Lake:
         con = duckdb.connect(":memory:")
         cfg = {"threads": 2, "memory_limit": "2GB"}
         cfg.update(self.duckdb_config)
-        for k, v in cfg.items():
-            con.execute(f"SET {k} = '{v}'" if isinstance(v, str) else f"SET {k} = {v}")
+        for setting, value in cfg.items():
+            con.execute(f"SET {setting} = '{value}'" if isinstance(value, str) else f"SET {setting} = {value}")
         try:
             self.sql_engine = _register_views(con, [key for key, _ in self.files()], own=self._own,
                                               lake_url=self.lake_url, expression=self._expr,
@@ -359,31 +360,31 @@ class Lake:
             raise ConfigError(f"SQL error: {exc}") from None
 
     # -- questions (msprobe.lake._questions) ------------------------------------------------------------
-    def first_nan(self, **kw: Any) -> Any:
+    def first_nan(self, **options: Any) -> Any:
         """The first NaN/Inf statistic of each (run, rank): :func:`msprobe.lake._questions.first_nan`.
 
         Example: ``lake.first_nan(run="run_npu")``."""
-        return first_nan(self, **kw)
+        return first_nan(self, **options)
 
-    def diverge(self, run_a: str, run_b: str, **kw: Any) -> dict:
+    def diverge(self, run_a: str, run_b: str, **options: Any) -> dict:
         """The first record where ``run_b`` diverges from ``run_a`` (compare, as Dask tasks):
         :func:`msprobe.lake._questions.diverge`; the answer's ``first_divergence`` is compare's.
 
         Example: ``lake.diverge("run_npu", "run_gpu", step=0)["first_divergence"]``."""
-        return diverge(self, run_a, run_b, **kw)
+        return diverge(self, run_a, run_b, **options)
 
-    def disagree(self, **kw: Any) -> Any:
+    def disagree(self, **options: Any) -> Any:
         """Ranks whose statistic differs from what most ranks agree on:
         :func:`msprobe.lake._questions.disagree`.
 
         Example: ``lake.disagree(kind="parameters_grad", stat="norm")``."""
-        return disagree(self, **kw)
+        return disagree(self, **options)
 
-    def trend(self, record: str, **kw: Any) -> Any:
+    def trend(self, record: str, **options: Any) -> Any:
         """A record's statistic over steps, per run and rank: :func:`msprobe.lake._questions.trend`.
 
         Example: ``lake.trend("Module.head.Linear.parameters_grad", arg="weight.0", plot="norm.png")``."""
-        return trend(self, record, **kw)
+        return trend(self, record, **options)
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -429,11 +430,11 @@ def _register_views(con: Any, files: list, *, own: Callable[[], ReadableStore], 
         source = None
     elif local:
         paths = [str(own().local_path(key)) for key in files]
-        source = "read_parquet([" + ", ".join(_q(path) for path in paths) + "])"
+        source = "read_parquet([" + ", ".join(_quote(path) for path in paths) + "])"
         engine = "duckdb-parquet"
     elif lake_url.startswith("s3://") and _httpfs(con, own()):
         root = lake_url.rstrip("/")
-        source = "read_parquet([" + ", ".join(_q(f"{root}/{key}") for key in files) + "])"
+        source = "read_parquet([" + ", ".join(_quote(f"{root}/{key}") for key in files) + "])"
         engine = "duckdb-httpfs"
     if source is not None:
         try:
@@ -465,8 +466,8 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _q(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _httpfs_file(con: Any) -> Optional[str]:
@@ -497,7 +498,7 @@ def _load_httpfs(con: Any) -> bool:
     if path is None:
         return False
     try:
-        con.execute(f"LOAD {_q(path)}")
+        con.execute(f"LOAD {_quote(path)}")
     except Exception:  # noqa: BLE001 - unsigned or incompatible: the caller falls back to pyarrow
         return False
     return True
@@ -511,32 +512,33 @@ def s3_settings(store: FsspecStore) -> dict:
     lake's listings and reads use, so DuckDB reads what s3fs reads."""
     from fsspec.asyn import sync
 
-    fs = store.fs
+    filesystem = store.fs
     bucket = (store.root or "").split("/", 1)[0] or None
 
     async def resolve() -> dict:
-        client = await fs.get_s3(bucket) if hasattr(fs, "get_s3") else await fs.set_session()
+        client = await filesystem.get_s3(bucket) if hasattr(filesystem, "get_s3") else await filesystem.set_session()
         out = {"endpoint": client.meta.endpoint_url, "region": client.meta.region_name,
-               "anon": bool(getattr(fs, "anon", False)), "key": None, "secret": None, "token": None}
+               "anon": bool(getattr(filesystem, "anon", False)), "key": None, "secret": None, "token": None}
         if not out["anon"]:
-            out.update(await _credentials(fs))
+            out.update(await _credentials(filesystem))
         return out
 
-    return sync(fs.loop, resolve)
+    return sync(filesystem.loop, resolve)
 
 
-async def _credentials(fs: Any) -> dict:
+async def _credentials(filesystem: Any) -> dict:
     """The credentials s3fs's client signs with, as botocore chooses them: the key and secret
     given (``key``/``secret``/``token`` options or ``client_kwargs``), else the session's chain
     (environment, profile, instance role...); {} when there are none."""
     import inspect
 
-    given = getattr(fs, "client_kwargs", None) or {}
-    key = getattr(fs, "key", None) or given.get("aws_access_key_id")
-    secret = getattr(fs, "secret", None) or given.get("aws_secret_access_key")
+    given = getattr(filesystem, "client_kwargs", None) or {}
+    key = getattr(filesystem, "key", None) or given.get("aws_access_key_id")
+    secret = getattr(filesystem, "secret", None) or given.get("aws_secret_access_key")
     if key is not None and secret is not None:
-        return {"key": key, "secret": secret, "token": getattr(fs, "token", None) or given.get("aws_session_token")}
-    session = getattr(fs, "session", None)
+        token = getattr(filesystem, "token", None) or given.get("aws_session_token")
+        return {"key": key, "secret": secret, "token": token}
+    session = getattr(filesystem, "session", None)
     chain = await session.get_credentials() if session is not None else None
     if chain is None:
         return {}
@@ -550,18 +552,18 @@ def _secret_sql(settings: dict) -> str:
     """``CREATE SECRET`` for DuckDB's httpfs from :func:`s3_settings`."""
     parts = ["TYPE s3"]
     if settings.get("key") and not settings.get("anon"):
-        parts.append(f"KEY_ID {_q(settings['key'])}")
-        parts.append(f"SECRET {_q(settings.get('secret') or '')}")
+        parts.append(f"KEY_ID {_quote(settings['key'])}")
+        parts.append(f"SECRET {_quote(settings.get('secret') or '')}")
         if settings.get("token"):
-            parts.append(f"SESSION_TOKEN {_q(settings['token'])}")
+            parts.append(f"SESSION_TOKEN {_quote(settings['token'])}")
     if settings.get("region"):
-        parts.append(f"REGION {_q(settings['region'])}")
+        parts.append(f"REGION {_quote(settings['region'])}")
     endpoint = settings.get("endpoint") or ""
     scheme, _, host = endpoint.partition("://")
     host = host.rstrip("/")
     if host and not re.fullmatch(r"s3[.-]([a-z0-9-]+[.])?amazonaws[.]com(\.cn)?", host.split("/", 1)[0]):
         # any endpoint but AWS's own: path-style URLs (MinIO, Ceph, moto... have no bucket hostnames)
-        parts.append(f"ENDPOINT {_q(host)}")
+        parts.append(f"ENDPOINT {_quote(host)}")
         parts.append("URL_STYLE 'path'")
         parts.append(f"USE_SSL {'true' if scheme == 'https' else 'false'}")
     return f"CREATE OR REPLACE SECRET msprobe_lake_s3 ({', '.join(parts)})"

@@ -37,17 +37,17 @@ _IO_ORDER = ("CASE io WHEN 'input_args' THEN 0 WHEN 'input_kwargs' THEN 1 WHEN '
              "WHEN 'parameters' THEN 3 WHEN 'output' THEN 4 ELSE 5 END")
 
 
-def _q(v: Any) -> str:
-    if v is None:
+def _literal(value: Any) -> str:
+    if value is None:
         return "NULL"
-    if isinstance(v, bool):
-        return "TRUE" if v else "FALSE"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return "'" + str(v).replace("'", "''") + "'"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
 
 
-def _in(col: str, values: Any) -> str:
+def _among(col: str, values: Any) -> str:
     if values is None:
         return ""
     if isinstance(values, (str, int)):
@@ -55,15 +55,15 @@ def _in(col: str, values: Any) -> str:
     values = list(values)
     if not values:
         return " AND FALSE"
-    return f" AND {col} IN ({', '.join(_q(v) for v in values)})"
+    return f" AND {col} IN ({', '.join(_literal(value) for value in values)})"
 
 
 def _record_where(record: Any) -> str:
     if record is None:
         return ""
-    if isinstance(record, str) and any(c in record for c in "*?["):
-        return f" AND record GLOB {_q(record)}"
-    return _in("record", record)
+    if isinstance(record, str) and any(char in record for char in "*?["):
+        return f" AND record GLOB {_literal(record)}"
+    return _among("record", record)
 
 
 # -- first NaN/Inf ----------------------------------------------------------------------------------
@@ -96,48 +96,50 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
 
     if kind not in NAN_KINDS:
         raise ConfigError(f"kind={kind!r}: one of {', '.join(NAN_KINDS)}")
-    where = "(has_nan OR has_inf)" + _in("run", run) + _in("step", step) + _in("rank", rank)
+    where = "(has_nan OR has_inf)" + _among("run", run) + _among("step", step) + _among("rank", rank)
     cols = ["run", "rank", "rank_dir", "split", "step", "seq", "record", "io", "arg_path", "max", "min", "mean",
             "norm", "has_nan", "has_inf"]
-    df = lake.sql(f"""
+    frame = lake.sql(f"""
     SELECT {", ".join(cols)}, dtype, shape FROM lake WHERE {where}
     ORDER BY run, rank NULLS FIRST, rank_dir, step NULLS FIRST, split NULLS FIRST, seq, {_IO_ORDER}, arg_path
     """)
     firsts: dict = {}
     counts: dict = {}
     tracker, part, rec = NonFiniteTracker(), None, None
-    for row in df.itertuples(index=False):
+    for row in frame.itertuples(index=False):
         key = (row.run, row.rank_dir)
         if (key, row.split, row.step) != part:  # compare classes one rank's records of one step
             tracker, part, rec = NonFiniteTracker(), (key, row.split, row.step), None
         if (row.seq, row.record) != rec:
             rec = (row.seq, row.record)
             tracker.record(row.record)
-        stats = tuple(None if v is None or pd.isna(v) and not isinstance(v, float) else float(v)
-                      for v in (row.max, row.min, row.mean, row.norm))
+        stats = tuple(None if value is None or pd.isna(value) and not isinstance(value, float) else float(value)
+                      for value in (row.max, row.min, row.mean, row.norm))
         got = tracker.see(row.io, row.arg_path, stats, row.dtype, row.shape)
-        c = counts.setdefault(key, {"nan": 0, "inf": 0, "masked": 0})
+        counted = counts.setdefault(key, {"nan": 0, "inf": 0, "masked": 0})
         if got is None:
             continue
-        c[got] += 1
+        counted[got] += 1
         if got != "masked" and kind in ("any", got) and key not in firsts:
             firsts[key] = dict(zip(cols, row[:len(cols)]), kind=got)
-    out = [dict(f, nan_rows=counts[k]["nan"], inf_rows=counts[k]["inf"], masked_rows=counts[k]["masked"])
-           for k, f in firsts.items()]
+    out = [dict(found, nan_rows=counts[rank_key]["nan"], inf_rows=counts[rank_key]["inf"],
+                masked_rows=counts[rank_key]["masked"])
+           for rank_key, found in firsts.items()]
     res = pd.DataFrame(out, columns=cols + ["kind", "nan_rows", "inf_rows", "masked_rows"])
-    res.attrs["masked_only"] = [{"run": k[0], "rank_dir": k[1], "masked_rows": c["masked"]}
-                                for k, c in counts.items() if c["masked"] and not c["nan"] and not c["inf"]]
+    res.attrs["masked_only"] = [{"run": rank_key[0], "rank_dir": rank_key[1], "masked_rows": counted["masked"]}
+                                for rank_key, counted in counts.items()
+                                if counted["masked"] and not counted["nan"] and not counted["inf"]]
     return res
 
 
 # -- divergence between two runs ---------------------------------------------------------------------
 
 def _sources(lake: Any, run: str) -> list:
-    rows = [r for r in lake.manifest_rows if r["run"] == run]
+    rows = [row for row in lake.manifest_rows if row["run"] == run]
     if not rows:
         raise ConfigError(f"no run {run!r} in {lake.url}; runs: {', '.join(lake.runs) or 'none'}")
-    return [RankSource(lake.store, RankLocation(r["prefix"], r["step"], r["rank_dir"], r["rank"], r["split"]),
-                       run=run) for r in rows]
+    return [RankSource(lake.store, RankLocation(row["prefix"], row["step"], row["rank_dir"], row["rank"], row["split"]),
+                       run=run) for row in rows]
 
 
 def _loc(src: Any) -> tuple:
@@ -145,10 +147,10 @@ def _loc(src: Any) -> tuple:
 
 
 def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, mode: str, out_dir: Optional[str],
-                   ts: str) -> list:
+                   timestamp: str) -> list:
     """Task: :func:`msprobe.compare.compare_pair` on each (target loc, bench loc); the CSVs go
     to ``out_dir`` (a temporary directory, removed, when None). Returns the summaries
-    without their per-row series."""
+    without their per-summary series."""
     store = Prefetched(cached_store(root_url, storage_options))
     store.prefetch([loc[0] for pair in pairs for loc in pair], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
     tmp = None
@@ -156,21 +158,21 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
         tmp = out_dir = tempfile.mkdtemp(prefix="msprobe-lake-compare-")
     out = []
     try:
-        for (ln, lb) in pairs:
-            sn = RankSource(store, RankLocation(*ln))
-            sb = RankSource(store, RankLocation(*lb))
-            m = mode
-            if m == "auto":
-                m = detect_mode(records_of(sn), records_of(sb), task_of(sn), task_of(sb))
-            r = compare_pair(sn, sb, mode=m, out_dir=out_dir, ts=ts, multi_step=True)
-            r.pop("series", None)
-            r["mode"] = m
-            r["split"] = ln[4]
+        for (target_loc, bench_loc) in pairs:
+            target = RankSource(store, RankLocation(*target_loc))
+            bench = RankSource(store, RankLocation(*bench_loc))
+            chosen_mode = mode
+            if chosen_mode == "auto":
+                chosen_mode = detect_mode(records_of(target), records_of(bench), task_of(target), task_of(bench))
+            summary = compare_pair(target, bench, mode=chosen_mode, out_dir=out_dir, ts=timestamp, multi_step=True)
+            summary.pop("series", None)
+            summary["mode"] = chosen_mode
+            summary["split"] = target_loc[4]
             if tmp is not None:
-                r["files"] = []
-            out.append(r)
-            sn.release()
-            sb.release()
+                summary["files"] = []
+            out.append(summary)
+            target.release()
+            bench.release()
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -184,12 +186,12 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     Steps are paired as :func:`msprobe.compare.pair_sources` pairs them; the steps are
     compared in order, each step's rank pairs as Dask tasks (``batch`` pairs a task), and
     the search stops after the first step with a divergence (``all_steps=True`` compares
-    every step). A rank pair diverges where compare flags a row (its result is not
+    every step). A rank pair diverges where compare flags a summary (its result is not
     ``pass``, or its relative Norm error exceeds the threshold). ``out``: a local
     directory that keeps compare's CSVs (one per rank pair).
 
-    Returns ``{"first_divergence": {run_a, run_b, step, rank, rank_dir, record, row, record_index,
-    result, metrics} or None, "origin": {run_a, run_b, step, rank, rank_dir, record, row,
+    Returns ``{"first_divergence": {run_a, run_b, step, rank, rank_dir, record, summary, record_index,
+    result, metrics} or None, "origin": {run_a, run_b, step, rank, rank_dir, record, summary,
     argument, role, size, note, record_index} or None, "ranks": [the first divergence of each
     diverging rank of that step, in order], "steps_compared": [...], "pairs_compared": n,
     "mode": ...}``; ``first_divergence`` is the key of compare's summary.json too (``"first"``,
@@ -201,12 +203,14 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     """
     if run_a == run_b:
         raise ConfigError("diverge: give two different runs")
-    sa, sb = _sources(lake, run_a), _sources(lake, run_b)
-    pairs = pair_sources(SimpleNamespace(sources=sa), SimpleNamespace(sources=sb), step=step, rank=rank)
+    target_sources, bench_sources = _sources(lake, run_a), _sources(lake, run_b)
+    pairs = pair_sources(SimpleNamespace(sources=target_sources), SimpleNamespace(sources=bench_sources),
+                         step=step, rank=rank)
     by_step: dict = {}
-    for a, b in pairs:
-        by_step.setdefault((-1 if a.step is None else a.step, a.split or ""), []).append((_loc(a), _loc(b)))
-    ts = time.strftime("%Y%m%d%H%M%S")
+    for target, bench_source in pairs:
+        step_key = (-1 if target.step is None else target.step, target.split or "")
+        by_step.setdefault(step_key, []).append((_loc(target), _loc(bench_source)))
+    timestamp = time.strftime("%Y%m%d%H%M%S")
     if out is not None:
         os.makedirs(out, exist_ok=True)
     first = origin = None
@@ -216,8 +220,9 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     used_mode = mode
     for key in sorted(by_step):
         items = by_step[key]
-        jobs = [(lake.url, lake.storage_options, items[i:i + batch], mode, out, ts) for i in range(0, len(items), batch)]
-        results = [r for part in lake.runner.map(star(_compare_batch), jobs) for r in part]
+        jobs = [(lake.url, lake.storage_options, items[start:start + batch], mode, out, timestamp)
+                for start in range(0, len(items), batch)]
+        results = [summary for part in lake.runner.map(star(_compare_batch), jobs) for summary in part]
         n_pairs += len(results)
         steps_done.append(key[0] if key[0] >= 0 else None)
         if results:
@@ -227,14 +232,15 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
             if got is not None:
                 origin = dict(got["origin"], step=got["step"], rank=got["rank"], rank_dir=got["rank_dir"],
                               split=got["split"], run_a=run_a, run_b=run_b)
-        divs = [r for r in results if r["first_divergence"]]
+        divs = [summary for summary in results if summary["first_divergence"]]
         if divs:
-            divs.sort(key=lambda r: order_key(r, "first_divergence"))
-            for r in divs:
-                fd = r["first_divergence"]
-                ranks.append({"step": r["step"], "rank": r["rank"], "rank_dir": r["rank_dir"], "split": r["split"],
-                              "record": fd["record"], "row": fd["row"], "record_index": fd["record_index"],
-                              "result": fd["result"], "metrics": fd["metrics"], "files": r["files"]})
+            divs.sort(key=lambda summary: order_key(summary, "first_divergence"))
+            for summary in divs:
+                divergence = summary["first_divergence"]
+                ranks.append({"step": summary["step"], "rank": summary["rank"], "rank_dir": summary["rank_dir"],
+                              "split": summary["split"], "record": divergence["record"], "row": divergence["row"],
+                              "record_index": divergence["record_index"], "result": divergence["result"],
+                              "metrics": divergence["metrics"], "files": summary["files"]})
             if first is None:
                 first = dict(ranks[0], run_a=run_a, run_b=run_b)
         if (divs or origin is not None) and not all_steps:
@@ -276,7 +282,8 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
     differ), consensus (a majority of the ranks agree)."""
     if stat not in STATS:
         raise ConfigError(f"stat={stat!r}: one of {', '.join(STATS)}")
-    where = "TRUE" + _in("run", run) + _in("step", step) + (_in("kind", kind) if kind else "") + _record_where(record)
+    where = ("TRUE" + _among("run", run) + _among("step", step) + (_among("kind", kind) if kind else "")
+             + _record_where(record))
     part = "run, split, step, record, io, arg_path"
     groups = f"""
     WITH v AS (
@@ -303,7 +310,7 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
     tmp = "msprobe_disagree"
     lake.sql(f"CREATE OR REPLACE TEMP TABLE {tmp} AS {groups} SELECT * FROM g WHERE differs")
     try:
-        df = lake.sql(f"""
+        frame = lake.sql(f"""
         SELECT run, split, step, record, io, arg_path, rank, rank_dir, value, median, rel_diff, ranks, disagreeing,
                consensus
         FROM {tmp} {"" if no_consensus else "WHERE consensus"}
@@ -317,16 +324,16 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
     finally:
         lake.sql(f"DROP TABLE IF EXISTS {tmp}")
     n_groups, n_rows = int(left["n_groups"]), int(left["n_rows"])
-    df.attrs["no_consensus_groups"], df.attrs["no_consensus_rows"] = n_groups, n_rows
-    df.attrs["note"] = None
-    df.attrs["compared"] = None  # rows held by 2+ ranks: counted when nothing differs (one rank: nothing to compare)
-    if df.empty and not n_groups:
-        df.attrs["compared"] = int(lake.sql(f"""
+    frame.attrs["no_consensus_groups"], frame.attrs["no_consensus_rows"] = n_groups, n_rows
+    frame.attrs["note"] = None
+    frame.attrs["compared"] = None  # rows held by 2+ ranks: counted when nothing differs (one rank: nothing to compare)
+    if frame.empty and not n_groups:
+        frame.attrs["compared"] = int(lake.sql(f"""
         SELECT count(*) AS n FROM (SELECT {part} FROM lake WHERE {where} AND {stat} IS NOT NULL
                                    GROUP BY {part} HAVING count(*) > 1)""").iloc[0]["n"])
     if n_groups:
         what = "parameter gradients" if kind == "parameters_grad" else "rows"
-        df.attrs["note"] = (
+        frame.attrs["note"] = (
             f"{n_groups} {what} ({n_rows} rank rows, {int(left['n_steps'])} step(s) of {int(left['n_runs'])} run(s)) "
             f"have no majority of ranks agreeing, so no rank is blamed: "
             + ("parameters_grad records are each rank's local gradient, recorded before the data-parallel "
@@ -334,7 +341,7 @@ def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str
                if kind == "parameters_grad" else "")
             + ("returned with consensus=False" if no_consensus else "left out (no_consensus=True / "
                "--no-consensus lists them)"))
-    return df
+    return frame
 
 
 # -- trend -------------------------------------------------------------------------------------------------
@@ -346,13 +353,13 @@ TREND_MAX_RECORDS = 12
 def _main_arg(args: Any) -> Optional[str]:
     """The argument a trend shows by default: the record's main output (``output.0``), else a
     parameter gradient's weight, else its first argument in document order."""
-    names = [a for a in args["arg_path"].tolist() if isinstance(a, str)]
+    names = [path for path in args["arg_path"].tolist() if isinstance(path, str)]
     if not names:
         return None
     for want in ("output.0", "output"):
         if want in names:
             return want
-    weights = [a for a in names if a.split(".")[0] == "weight"]
+    weights = [path for path in names if path.split(".")[0] == "weight"]
     return weights[0] if weights else names[0]
 
 
@@ -373,42 +380,42 @@ def trend(lake: Any, record: str, *, stat: str = "norm", arg: Optional[str] = No
     (``msprobe lake trend ./lake "Module.head.Linear.parameters_grad" --arg weight.0 --plot norm.png``)."""
     if stat not in STATS:
         raise ConfigError(f"stat={stat!r}: one of {', '.join(STATS)}")
-    where = "TRUE" + _record_where(record) + _in("run", run) + _in("rank", rank)
+    where = "TRUE" + _record_where(record) + _among("run", run) + _among("rank", rank)
     if arg is None:
         args = lake.sql(f"SELECT arg_path, min({_IO_ORDER}) AS o, min(seq) AS s FROM lake WHERE {where} "
                         f"GROUP BY arg_path ORDER BY o, arg_path")
         if args.empty:
             raise ConfigError(f"trend: no record {record!r} in the lake" + (f" (run {run})" if run else ""))
         arg = _main_arg(args)
-    q = f"""
+    query = f"""
     SELECT run, rank, rank_dir, step, record, arg_path, {stat} AS value
-    FROM lake WHERE {where} AND arg_path = {_q(arg)}
+    FROM lake WHERE {where} AND arg_path = {_literal(arg)}
     ORDER BY run, rank NULLS FIRST, rank_dir, record, step NULLS FIRST
     """
-    df = lake.sql(q)
-    if df.empty:
+    frame = lake.sql(query)
+    if frame.empty:
         have = lake.sql(f"SELECT DISTINCT arg_path FROM lake WHERE {where} ORDER BY 1")["arg_path"].tolist()
         if not have:
             raise ConfigError(f"trend: no record {record!r} in the lake" + (f" (run {run})" if run else ""))
         raise ConfigError(f"trend: record {record!r} has no argument {arg!r}; its arguments: {', '.join(have)}")
-    records = sorted(df["record"].unique().tolist())
+    records = sorted(frame["record"].unique().tolist())
     if len(records) > TREND_MAX_RECORDS:
         raise ConfigError(f"trend: {record!r} matches {len(records)} records ({', '.join(records[:3])}, ...); "
                           f"at most {TREND_MAX_RECORDS} are drawn, one line each: narrow the glob")
-    df.attrs["arg"] = arg
-    df.attrs["stat"] = stat
-    df.attrs["records"] = records
-    df.attrs["plot"] = None
-    df.attrs["plot_note"] = None
+    frame.attrs["arg"] = arg
+    frame.attrs["stat"] = stat
+    frame.attrs["records"] = records
+    frame.attrs["plot"] = None
+    frame.attrs["plot_note"] = None
     if plot:
         try:
-            df.attrs["plot"] = _plot(df, plot, record, arg, stat)
+            frame.attrs["plot"] = _plot(frame, plot, record, arg, stat)
         except MissingDependencyError as exc:
-            df.attrs["plot_note"] = str(exc)
-    return df
+            frame.attrs["plot_note"] = str(exc)
+    return frame
 
 
-def _plot(df: Any, path: str, record: str, arg: Optional[str], stat: str) -> str:
+def _plot(frame: Any, path: str, record: str, arg: Optional[str], stat: str) -> str:
     try:
         import matplotlib
 
@@ -420,39 +427,40 @@ def _plot(df: Any, path: str, record: str, arg: Optional[str], stat: str) -> str
                                      "(the values are in the returned table)") from None
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(9, 4))
-    many = df["record"].nunique() > 1
-    vals = [v for v in df["value"].tolist() if v is not None and isinstance(v, float) and math.isfinite(v)]
+    fig, axes = plt.subplots(figsize=(9, 4))
+    many = frame["record"].nunique() > 1
+    vals = [value for value in frame["value"].tolist()
+            if value is not None and isinstance(value, float) and math.isfinite(value)]
     top = max(vals) if vals else 1.0
     bottom = min(vals) if vals else 0.0
     bad_x: dict = {"NaN": [], "+Inf": [], "-Inf": []}
     bad_y: dict = {"NaN": [], "+Inf": [], "-Inf": []}
-    for (run, rec), g in df.groupby(["run", "record"], sort=True):
-        v = g["value"].astype(float)
-        for label, sel in (("NaN", v.isna()), ("+Inf", v == np.inf), ("-Inf", v == -np.inf)):
-            steps = g.loc[sel, "step"].tolist()
+    for (run, rec), group in frame.groupby(["run", "record"], sort=True):
+        series = group["value"].astype(float)
+        for label, sel in (("NaN", series.isna()), ("+Inf", series == np.inf), ("-Inf", series == -np.inf)):
+            steps = group.loc[sel, "step"].tolist()
             bad_x[label] += steps
             bad_y[label] += [bottom if label == "-Inf" else top] * len(steps)
-        fin = g[np.isfinite(v)]
-        agg = fin.groupby("step")["value"].agg(["mean", "min", "max"]).reindex(sorted(g["step"].dropna().unique()))
-        xs = agg.index.tolist()
-        n_ranks = g["rank_dir"].nunique()
+        fin = group[np.isfinite(series)]
+        agg = fin.groupby("step")["value"].agg(["mean", "min", "max"]).reindex(sorted(group["step"].dropna().unique()))
+        x_steps = agg.index.tolist()
+        n_ranks = group["rank_dir"].nunique()
         label = f"{run} {rec}" if many else f"{run}"
-        ax.plot(xs, agg["mean"].tolist(), marker="o", lw=1.2,
+        axes.plot(x_steps, agg["mean"].tolist(), marker="o", lw=1.2,
                 label=label + (f" (mean over {n_ranks} ranks)" if n_ranks > 1 else ""))
         if n_ranks > 1:
-            ax.fill_between(xs, agg["min"].tolist(), agg["max"].tolist(), alpha=0.2)
+            axes.fill_between(x_steps, agg["min"].tolist(), agg["max"].tolist(), alpha=0.2)
     for label, marker, color in (("NaN", "X", "red"), ("+Inf", "^", "purple"), ("-Inf", "v", "purple")):
         if bad_x[label]:
-            ax.scatter(bad_x[label], bad_y[label], marker=marker, s=80, color=color, zorder=5, label=label)
-    pos = [v for v in vals if v > 0]
+            axes.scatter(bad_x[label], bad_y[label], marker=marker, s=80, color=color, zorder=5, label=label)
+    pos = [value for value in vals if value > 0]
     if pos and len(pos) == len(vals) and max(pos) / min(pos) > 1e3:
-        ax.set_yscale("log")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step")
-    ax.set_ylabel(stat)
-    ax.set_title(f"{record} {arg}", fontsize=9)
-    ax.legend(fontsize=7)
+        axes.set_yscale("log")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("step")
+    axes.set_ylabel(stat)
+    axes.set_title(f"{record} {arg}", fontsize=9)
+    axes.legend(fontsize=7)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
