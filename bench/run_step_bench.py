@@ -48,7 +48,7 @@ def install_floor(read: str) -> None:
     def drop(self, **_):
         with self.lock:
             self.pending.resolve(self.fetch_stats)
-            self._journal_queue = []
+            self.journal.queue = []
             self._dirty = False
 
     _encode._stat_handle = stat_handle

@@ -21,10 +21,10 @@ def _fields(value: Any) -> Optional[tuple]:
     """The field names of a namedtuple or a dataclass instance (every field, also those holding None:
     a ModelOutput's dict holds only the others), else None."""
     if isinstance(value, tuple):
-        f = getattr(type(value), "_fields", None)
-        return tuple(f) if isinstance(f, tuple) else None
+        names = getattr(type(value), "_fields", None)
+        return tuple(names) if isinstance(names, tuple) else None
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return tuple(f.name for f in dataclasses.fields(value))
+        return tuple(field.name for field in dataclasses.fields(value))
     return None
 
 
@@ -51,21 +51,21 @@ class ValueEncoder:
         self._deferred.append((prefix, entry, tensor, data_name))
 
     @staticmethod
-    def _of(record: str, items: list) -> tuple:
+    def _split_by_record(record: str, items: list) -> tuple:
         """(the items of ``record``, the others): a record's tensors are named ``<record>.…``."""
         head = record + "."
-        mine = [it for it in items if it[0].startswith(head)]
-        return mine, [it for it in items if not it[0].startswith(head)]
+        mine = [item for item in items if item[0].startswith(head)]
+        return mine, [item for item in items if not item[0].startswith(head)]
 
     def take_overflow(self, record: str) -> bool:
         """True when a float tensor of ``record`` encoded so far holds Inf/NaN (syncs)."""
-        mine, self._overflow = self._of(record, self._overflow)
-        return bool(mine) and self._any_inf_nan([h for _, h in mine])
+        mine, self._overflow = self._split_by_record(record, self._overflow)
+        return bool(mine) and self._any_inf_nan([handle for _, handle in mine])
 
     def settle_overflow(self, record: str, *, keep: bool) -> None:
         """The record overflowed (``keep``): write its tensors' files (named in its entries);
         else forget them."""
-        mine, self._deferred = self._of(record, self._deferred)
+        mine, self._deferred = self._split_by_record(record, self._deferred)
         if keep:
             for _, entry, tensor, data_name in mine:
                 entry["data_name"] = data_name
@@ -110,15 +110,16 @@ class ValueEncoder:
         if fields is not None:  # a namedtuple or a dataclass (a transformers ModelOutput): by field, as 26.2.0
             if depth > MAX_DEPTH:
                 return None
-            return {k: self.encode(getattr(value, k, None), f"{data_prefix}.{k}", save, depth + 1) for k in fields}
+            return {field: self.encode(getattr(value, field, None), f"{data_prefix}.{field}", save, depth + 1)
+                    for field in fields}
         if isinstance(value, (list, tuple)):
             if depth > MAX_DEPTH:
                 return None
-            return [self.encode(v, f"{data_prefix}.{i}", save, depth + 1) for i, v in enumerate(value)]
+            return [self.encode(item, f"{data_prefix}.{index}", save, depth + 1) for index, item in enumerate(value)]
         if isinstance(value, dict):
             if depth > MAX_DEPTH:
                 return None
-            return {str(k): self.encode(v, f"{data_prefix}.{k}", save, depth + 1) for k, v in value.items()}
+            return {str(key): self.encode(item, f"{data_prefix}.{key}", save, depth + 1) for key, item in value.items()}
         if isinstance(value, slice):
             return {"type": "slice", "value": [self._plain(value.start), self._plain(value.stop),
                                                self._plain(value.step)]}
@@ -128,8 +129,8 @@ class ValueEncoder:
             return {"type": "complex", "value": [value.real, value.imag]}
         return self._special(value)
 
-    def _plain(self, v: Any) -> Any:
-        return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
+    def _plain(self, bound: Any) -> Any:
+        return bound if bound is None or isinstance(bound, (int, float, str, bool)) else str(bound)
 
     def _special(self, value: Any) -> Any:
         return None
@@ -144,7 +145,7 @@ class ValueEncoder:
                 return self.encode(out, prefix, save)
             seq = isinstance(out, (list, tuple)) if is_sequence is None else is_sequence(out)
             if seq:
-                return [self.encode(o, f"{prefix}.{i}", save) for i, o in enumerate(out)]
+                return [self.encode(item, f"{prefix}.{index}", save) for index, item in enumerate(out)]
             return [self.encode(out, f"{prefix}.0", save)]
         finally:
             self._tls.in_output = False

@@ -67,9 +67,9 @@ def find_journals(store: ReadableStore, prefix: str = "") -> list:
     for key in store.list_prefix(prefix):
         parts = key.split("/")
         if JOURNAL_DIR in parts:
-            i = parts.index(JOURNAL_DIR)
-            if i >= 1 and parse_rank_dir(parts[i - 1]) is not None:
-                out.add("/".join(parts[:i]))
+            index = parts.index(JOURNAL_DIR)
+            if index >= 1 and parse_rank_dir(parts[index - 1]) is not None:
+                out.add("/".join(parts[:index]))
     return sorted(out)
 
 
@@ -82,9 +82,9 @@ def find_unfinished(store: ReadableStore, prefix: str = "") -> list:
     docs: set[str] = set()
     for key in store.list_prefix(prefix):
         parts = key.split("/")
-        for i, part in enumerate(parts[1:], 1):
-            if part in (JOURNAL_DIR, TENSOR_DIR, STORE_DIR) and parse_rank_dir(parts[i - 1]) is not None:
-                (journals if part == JOURNAL_DIR else data).add("/".join(parts[:i]))
+        for index, part in enumerate(parts[1:], 1):
+            if part in (JOURNAL_DIR, TENSOR_DIR, STORE_DIR) and parse_rank_dir(parts[index - 1]) is not None:
+                (journals if part == JOURNAL_DIR else data).add("/".join(parts[:index]))
                 break
         else:
             if parts[-1] in (DUMP_JSON, DEBUG_JSON):
@@ -113,22 +113,7 @@ def _recover_rank(store: Store, rank_prefix: str, task: Optional[str], level: Op
         for key in store.list_prefix(f"{rank_prefix}/{JOURNAL_DIR}"):
             store.delete(key)
         return res
-    replay = Replay()
-
-    def truncated(key: str, partial: bytes) -> None:
-        res.truncated_lines += 1
-
-    for line in read_journal(store, f"{rank_prefix}/{JOURNAL_DIR}", on_truncated=truncated):
-        entry = decode_line(line)
-        if entry is None or isinstance(entry, StackLine) and not _all_strings(entry.frames):
-            res.truncated_lines += 1  # torn, hostile (nested 100k deep), or neither form: ignored (spec 17)
-            continue
-        problem = _invalid_entry(entry) if isinstance(entry, RecordLine) else None
-        if problem:  # validate would reject the documents: the record is dropped, and said
-            res.dropped_invalid.append(f"{getattr(entry, 'name', '')[:120]!r}: {problem}")
-            continue
-        replay.add(entry)
-    replay.finish()
+    replay = _replay_journal(store, rank_prefix, res)
     data = replay.records
     has_parent = bool(replay.parents)  # of every journaled record, the dropped ones included
     _remove_stale_temps(store, f"{rank_prefix}/{TENSOR_DIR}")
@@ -137,16 +122,16 @@ def _recover_rank(store: Store, rank_prefix: str, task: Optional[str], level: Op
     if zarr is not None:  # tensor_store "zarr": the payloads its manifest (and manifest journal) says are stored
         files |= zarr
     for name in list(data):
-        missing = [dn for dn in Record(name, data[name]).data_names() if dn not in files]
+        missing = [data_name for data_name in Record(name, data[name]).data_names() if data_name not in files]
         if missing:
             res.dropped_missing_tensor.append(name)
             replay.drop(name)
     task = task or marker.get("task") or ("tensor" if files else "statistics")
     level = level or marker.get("level") or ("mix" if has_parent else "L1")
-    debug = level == "debug" or bool(data and all(n.endswith(".debug") for n in data))
+    debug = level == "debug" or bool(data and all(name.endswith(".debug") for name in data))
     step_dir = rank_prefix.rsplit("/", 1)[0] if "/" in rank_prefix else ""
-    tdir = STORE_DIR if zarr is not None else TENSOR_DIR
-    local = data_dir_url(store, f"{rank_prefix}/{tdir}") if files else None
+    tensor_dir = STORE_DIR if zarr is not None else TENSOR_DIR
+    local = data_dir_url(store, f"{rank_prefix}/{tensor_dir}") if files else None
     doc = {"task": task, "level": level, "framework": marker.get("framework", framework),
            "dump_data_dir": local, "data": data}
     (doc_name, doc_bytes), *others = encode_documents(doc, debug=debug, stack=replay.stack_groups(),
@@ -164,8 +149,29 @@ def _recover_rank(store: Store, rank_prefix: str, task: Optional[str], level: Op
     return res
 
 
+def _replay_journal(store: Store, rank_prefix: str, res: RecoveryResult) -> Replay:
+    """The rank directory's journal replayed: its valid lines, the torn and invalid ones counted in ``res``."""
+    replay = Replay()
+
+    def truncated(key: str, partial: bytes) -> None:
+        res.truncated_lines += 1
+
+    for line in read_journal(store, f"{rank_prefix}/{JOURNAL_DIR}", on_truncated=truncated):
+        entry = decode_line(line)
+        if entry is None or isinstance(entry, StackLine) and not _all_strings(entry.frames):
+            res.truncated_lines += 1  # torn, hostile (nested 100k deep), or neither form: ignored (spec 17)
+            continue
+        problem = _invalid_entry(entry) if isinstance(entry, RecordLine) else None
+        if problem:  # validate would reject the documents: the record is dropped, and said
+            res.dropped_invalid.append(f"{getattr(entry, 'name', '')[:120]!r}: {problem}")
+            continue
+        replay.add(entry)
+    replay.finish()
+    return replay
+
+
 def _all_strings(frames: Any) -> bool:
-    return isinstance(frames, list) and all(isinstance(f, str) for f in frames)
+    return isinstance(frames, list) and all(isinstance(frame, str) for frame in frames)
 
 
 def _invalid_entry(entry: RecordLine) -> Optional[str]:
@@ -203,10 +209,10 @@ def _remove_stale_temps(store: ReadableStore, prefix: str) -> None:
     local = store.local_path(prefix) if getattr(store, "is_local", False) else None
     if not local or not os.path.isdir(local):
         return
-    for fn in os.listdir(local):
-        if is_temp_name(fn):
+    for file_name in os.listdir(local):
+        if is_temp_name(file_name):
             try:
-                os.unlink(os.path.join(local, fn))
+                os.unlink(os.path.join(local, file_name))
             except OSError:
                 pass
 

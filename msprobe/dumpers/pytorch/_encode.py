@@ -305,7 +305,7 @@ class Encoder(ValueEncoder):
             owner = t._base if t._base is not None else t
             layout = (t.numel(),) if t.is_contiguous() else (tuple(t.shape), tuple(t.stride()))
             key = (id(owner), t.storage_offset(), layout, t.dtype, t.device, t.is_conj(), t.is_neg())
-            same_as = session.same_memory(key, owner, t._version)
+            same_as = session.zarr_sink.same_memory(key, owner, t._version)
             if same_as is not None:
                 session.save_payload(name, logical, tuple(t.shape), _no_bytes, 0, same_as=same_as)
                 return True
@@ -316,7 +316,7 @@ class Encoder(ValueEncoder):
         c = c.resolve_conj().resolve_neg().contiguous()
         session.save_payload(name, logical, tuple(c.shape), lambda c=c: _raw_bytes(c), c.numel() * c.element_size())
         if key is not None:
-            session.remember_memory(key, owner, t._version, name)
+            session.zarr_sink.remember_memory(key, owner, t._version, name)
         return True
 
     def framework_value(self, value: Any) -> Any:

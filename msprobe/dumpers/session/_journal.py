@@ -1,0 +1,228 @@
+"""The crash journal of a dump session: the step's records in execution order, each appended
+only once the tensor files it names are published, flushed by batch (or by a timer within
+``journal_window`` on object stores)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import deque
+from typing import Any, Callable, Optional
+
+from msprobe.dumpers.config import DumpConfig
+from msprobe.dumpers.session._documents import PendingStats
+from msprobe.dumpers.session._failures import FailureLog
+from msprobe.dumpers.session._storage import SessionStorage
+from msprobe.format.journal import NO_PARENT, encode_record, encode_stack
+from msprobe.format.layout import JOURNAL_DIR, MARKER_FILE
+from msprobe.format.marker import decode_marker
+from msprobe.format.model import data_names
+
+__all__ = ["JOURNAL_RESERVE", "JournalPipeline"]
+
+#: disk reserved for the journal of a rank directory on local stores, so records are still
+#: journaled when tensor files fill the disk (released when the journal closes)
+JOURNAL_RESERVE = 256 << 10
+
+
+class JournalPipeline:
+    """The records and stacks queued for the journal, the lines held back for tensor files in
+    flight, and the journal of the current rank directory.
+
+    ``lock`` guards the journal, the held lines and the files in flight; the writer's workers
+    and the window timer take it (never the session's lock: a publish holds that one while it
+    waits for the writer)."""
+
+    def __init__(self, config: DumpConfig, storage: SessionStorage, failures: FailureLog,
+                 render_stack: Callable[[tuple], list], rank_prefix: Callable[[], str]) -> None:
+        self.config = config
+        self.storage = storage
+        self.failures = failures
+        self.render_stack = render_stack
+        self.rank_prefix = rank_prefix
+        self.lock = threading.Lock()
+        #: ``on`` while this thread is inside :meth:`held` (the session then queues without flushing)
+        self.held_here = threading.local()
+        self.journal: Any = None  # the store's journal of the rank directory, opened on first use
+        self._batch: Optional[int] = None
+        self._window_timer: Optional[threading.Timer] = None
+        self.reset()
+
+    def reset(self) -> None:
+        """A new step: nothing queued, held or in flight."""
+        #: (name, raw, parent, stack id) of each record (the session appends them, then flushes a
+        #: full batch), (None, stack id, None, frames) of each new stack
+        self.queue: list = []
+        #: data_name -> journal lines waiting for that tensor file (submitted, not yet published)
+        self._inflight: dict = {}
+        #: journal lines in execution order, each [bytes, tensor files still in flight, is a record]
+        self._held: deque = deque()
+        self._unflushed = 0  # records appended to the journal since its last flush
+        self.records_journaled = 0
+
+    # ------------------------------------------------------------------ queue
+    def add_stack(self, stack_id: int, frames: tuple) -> None:
+        self.queue.append((None, stack_id, None, frames))
+
+    @contextlib.contextmanager
+    def held(self):
+        """Records added by this thread inside the block are queued, not flushed: a callback
+        run by a graph in execution cannot read tensors (each read waits for that graph: a
+        deadlock). They are journaled by the next flush outside the block (stop, step)."""
+        previous = getattr(self.held_here, "on", False)
+        self.held_here.on = True
+        try:
+            yield
+        finally:
+            self.held_here.on = previous
+
+    def flush(self, pending: PendingStats, fetch_stats: Callable[[list], list]) -> None:
+        """Resolve pending statistics and append the queued records to the crash journal (the
+        caller holds the session's lock).
+
+        A record whose tensor files are still being written is held back (with every record
+        after it, so the journal stays in execution order) until the writer has published
+        them: a journaled record always has its tensors (tensor mode loses nothing to a kill
+        between the call and its file). The statistics path holds nothing back."""
+        if not self.queue:
+            return
+        pending.resolve(fetch_stats)
+        queue, self.queue = self.queue, []
+        with_parent = self.config.level in ("L0", "mix")
+        lines: list = []  # (line bytes, 1 for a record / 0 for a stack, record)
+        for name, raw, parent, stack in queue:
+            if name is None:  # a new stack (raw: its id, stack: its frames): its frames once, records refer to its id
+                lines.append((encode_stack(raw, self.render_stack(stack)), 0, None))
+                continue
+            lines.append((encode_record(name, raw, parent=parent if with_parent else NO_PARENT, stack_id=stack), 1, raw))
+        with self.lock:
+            inflight, held = self._inflight, self._held
+            for line, is_record, record in lines:
+                item = [line, 0, is_record]
+                if is_record and inflight:  # tensor mode: wait for the record's files still in flight
+                    for data_name in data_names(record, bounded=False):
+                        waiting = inflight.get(data_name)
+                        if waiting is not None:
+                            waiting.append(item)
+                            item[1] += 1
+                held.append(item)
+            self._release_locked(force=False)
+
+    # ---------------------------------------------------------- tensors in flight
+    def expect(self, data_name: str) -> None:
+        """A tensor file is about to be submitted: the records naming it wait for it."""
+        with self.lock:
+            if self.journal is None:  # before the first tensor file: the journal's room on the disk
+                try:
+                    self.open()
+                except Exception as exc:  # noqa: BLE001 - the journal is a safety net
+                    self.failures.note("journal", exc)
+            self._inflight[data_name] = []
+
+    def tensor_done(self, data_name: str) -> None:
+        """A tensor file is published (or failed for good): release the journal lines that
+        waited for it, in order. Runs in a writer thread."""
+        with self.lock:
+            for held in self._inflight.pop(data_name, ()):
+                held[1] -= 1
+            if self._held:
+                self._release_locked(force=False)
+
+    def release_all(self) -> None:
+        """Every tensor is settled: append and flush every held line."""
+        with self.lock:
+            self._release_locked(force=True)
+
+    # ---------------------------------------------------------------- journal
+    @property
+    def batch(self) -> int:
+        """Records per journal flush: ``journal_flush``, or by default 1 on local and shared
+        directories (each record is handed to the kernel with one ``os.write`` as it completes,
+        so a SIGKILL loses none) and 64 on object stores (one new segment object per flush),
+        where a record waits at most ``journal_window`` seconds for its flush."""
+        if self._batch is None:
+            configured = self.config.journal_flush
+            self._batch = configured if configured is not None else (
+                1 if getattr(self.storage.store, "is_local", False) else 64)
+        return self._batch
+
+    def _window_flush(self) -> None:
+        """Timer thread (object stores): flush the records waiting longer than ``journal_window``."""
+        with self.lock:
+            self._window_timer = None
+            if self._unflushed:
+                self._release_locked(force=True)
+
+    def _release_locked(self, *, force: bool) -> None:
+        """Append the held lines whose tensors are all published, up to the first one still
+        waiting; flush the journal when ``force`` or ``journal_flush`` records are unflushed."""
+        held = self._held
+        try:
+            journal = None
+            while held and held[0][1] <= 0:
+                line = held.popleft()
+                if journal is None:
+                    journal = self.journal if self.journal is not None else self.open()
+                journal.append(line[0])
+                self._unflushed += line[2]
+                self.records_journaled += line[2]
+            if self._unflushed and (force or self._unflushed >= self.batch):
+                self._unflushed = 0
+                (journal if journal is not None else self.open()).flush()
+            elif self._unflushed and self._window_timer is None:  # flushed within journal_window at the latest
+                self._window_timer = threading.Timer(self.config.journal_window, self._window_flush)
+                self._window_timer.daemon = True
+                self._window_timer.start()
+        except Exception as exc:  # noqa: BLE001 - the journal is a safety net: never crash training for it
+            self._unflushed = 0
+            self.failures.note("journal", exc)
+
+    def open(self) -> Any:
+        """The journal of the current rank directory (opened, after a final marker of an earlier
+        run is dropped, on first use)."""
+        if self.journal is None:
+            self._drop_final_marker()
+            store = self.storage.store
+            local = getattr(store, "is_local", False)
+            self.journal = store.journal(f"{self.rank_prefix()}/{JOURNAL_DIR}", fsync=self.config.journal_fsync,
+                                         retry_policy=self.storage.policy(),
+                                         **({"reserve_bytes": JOURNAL_RESERVE} if local else {}))
+            if local:
+                self.journal.open_segment()  # its reserve is taken before the tensor files fill the disk
+        return self.journal
+
+    def _drop_final_marker(self) -> None:
+        """A new journal in a rank dir whose marker says ``final`` (an earlier run): remove that
+        marker, so recovery does not mistake this run's journal for stale leftovers."""
+        store = self.storage.store
+        key = f"{self.rank_prefix()}/{MARKER_FILE}"
+        try:
+            if store.exists(key) and decode_marker(store.get(key)).get("final"):
+                store.delete(key)
+        except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
+            pass
+
+    def release_reserve(self) -> None:
+        """The disk is full: the journal's reserved room goes to the documents (it is flushed)."""
+        if self.journal is not None:
+            self.journal.release_reserve()
+
+    def close(self, *, delete: bool) -> None:
+        """Close the journal; ``delete``: remove it from the rank directory (the dump is final)."""
+        with self.lock:
+            if self.journal is not None:
+                try:
+                    self.journal.close()
+                except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
+                    pass
+                self.journal = None
+        if delete:
+            try:
+                store, prefix = self.storage.store, self.rank_prefix()
+                for key in store.list_prefix(f"{prefix}/{JOURNAL_DIR}"):
+                    store.delete(key)
+                local = store.local_path(f"{prefix}/{JOURNAL_DIR}")
+                if local is not None and os.path.isdir(local):
+                    os.rmdir(local)  # a final dump leaves no .journal/ behind (object stores have no directories)
+            except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
+                pass

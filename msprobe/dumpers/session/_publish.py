@@ -1,0 +1,94 @@
+"""The atomic publish of a rank directory's documents: dump.json (or debug.json), stack.json,
+construct.json, mapping.csv, the marker ``msprobe_lake.json`` and the optional index, each one
+atomic put with the session's retries; and the marker's ``final`` once the dump is over."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+from msprobe import __version__
+from msprobe.dumpers.config import DumpConfig
+from msprobe.dumpers.session._documents import StepDocuments
+from msprobe.dumpers.session._failures import FailureLog
+from msprobe.dumpers.session._storage import RetryingPut, SessionStorage
+from msprobe.format.documents import encode_documents
+from msprobe.format.layout import MAPPING_CSV, MARKER_FILE, TENSOR_DIR, data_dir_url, encode_mapping, join_key
+from msprobe.format.marker import build_marker, encode_marker, mark_final
+
+__all__ = ["RankPublisher"]
+
+
+class RankPublisher:
+    """Writes the documents of one rank directory of one step."""
+
+    def __init__(self, config: DumpConfig, framework: str, producer: str, render_stack: Callable[[tuple], list],
+                 storage: SessionStorage, failures: FailureLog) -> None:
+        self.config = config
+        self.framework = framework
+        self.producer = f"{producer} {__version__}"
+        self.render_stack = render_stack
+        self.storage = storage
+        self.failures = failures
+
+    def write(self, prefix: str, docs: StepDocuments, *, step: int, rank: Optional[int], complete: bool,
+              final: bool, zarr: bool, digests: Callable[[str], dict], locations: dict) -> Optional[Exception]:
+        """Publish ``docs`` under ``prefix``; the storage error met (recorded in the error log,
+        never raised), else None."""
+        cfg = self.config
+        debug = cfg.level == "debug"
+        doc = {"task": cfg.task, "level": cfg.level, "framework": self.framework,
+               "dump_data_dir": self.dump_data_dir(prefix, docs), "data": docs.data}
+        try:
+            store = RetryingPut(self.storage.store, self.storage.policy())  # each document: one atomic put, transient failures retried
+            encoded = encode_documents(doc, debug=debug, stack=None if debug else docs.stacks.to_json(self.render_stack),
+                                       construct=docs.construct)
+            for name, body in encoded:
+                store.put(f"{prefix}/{name}", body)
+            doc_bytes = encoded[0][1]
+            if docs.mapping:
+                store.put(join_key(prefix, TENSOR_DIR, MAPPING_CSV), encode_mapping(docs.mapping))
+            marker = build_marker(producer=self.producer, framework=self.framework, task=cfg.task,
+                                  level=cfg.level, step=step, rank=rank, records=len(docs.data), complete=complete,
+                                  pid=os.getpid(), zarr=zarr, final=final, doc_bytes=doc_bytes, files=digests(prefix))
+            store.put(f"{prefix}/{MARKER_FILE}", encode_marker(marker))
+            if cfg.index and not debug:
+                self._write_index(prefix, doc, docs, step=step, rank=rank, locations=locations)
+        except Exception as exc:  # noqa: BLE001 - never crash training for the dump
+            self.failures.note("publish", exc)
+            return exc
+        self.failures.copy_to_store(prefix)
+        return None
+
+    def _write_index(self, prefix: str, doc: dict, docs: StepDocuments, *, step: int, rank: Optional[int],
+                     locations: dict) -> None:
+        try:
+            from msprobe.index import write_rank_index
+        except ImportError as exc:
+            self.failures.note("index", exc)
+            return
+        try:
+            write_rank_index(self.storage.store, prefix, doc, step=step, rank=rank,
+                             stack=docs.stacks.to_json(self.render_stack), construct=docs.construct,
+                             locations=locations or None)
+        except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
+            self.failures.note("index", exc)
+
+    def dump_data_dir(self, prefix: str, docs: StepDocuments) -> Optional[str]:
+        """The documents' ``dump_data_dir``: where the step's tensors are (None without any)."""
+        if self.config.task != "tensor" and not docs.files:
+            return None
+        sub = TENSOR_DIR
+        if self.config.tensor_store == "zarr":
+            from msprobe.format.layout import STORE_DIR as sub
+        return data_dir_url(self.storage.store, f"{prefix}/{sub}")
+
+    def mark_final(self, prefix: str) -> None:
+        """Published already (at stop()): say so in the marker before the journal is deleted."""
+        key = f"{prefix}/{MARKER_FILE}"
+        storage = self.storage
+        try:
+            policy = storage.policy()  # the marker is read back with the same retries as every publish
+            if policy.call(lambda: storage.store.exists(key)):
+                RetryingPut(storage.store, storage.policy()).put(key, mark_final(policy.call(lambda: storage.store.get(key))))
+        except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
+            self.failures.note("marker", exc)
