@@ -54,9 +54,9 @@ class JournalPipeline:
         #: full batch), (None, stack id, None, frames) of each new stack
         self.queue: list = []
         #: data_name -> journal lines waiting for that tensor file (submitted, not yet published)
-        self._inflight: dict = {}
+        self.inflight: dict = {}
         #: journal lines in execution order, each [bytes, tensor files still in flight, is a record]
-        self._held: deque = deque()
+        self.held_lines: deque = deque()
         self._unflushed = 0  # records appended to the journal since its last flush
         self.records_journaled = 0
 
@@ -96,7 +96,7 @@ class JournalPipeline:
                 continue
             lines.append((encode_record(name, raw, parent=parent if with_parent else NO_PARENT, stack_id=stack), 1, raw))
         with self.lock:
-            inflight, held = self._inflight, self._held
+            inflight, held = self.inflight, self.held_lines
             for line, is_record, record in lines:
                 item = [line, 0, is_record]
                 if is_record and inflight:  # tensor mode: wait for the record's files still in flight
@@ -117,15 +117,15 @@ class JournalPipeline:
                     self.open()
                 except Exception as exc:  # noqa: BLE001 - the journal is a safety net
                     self.failures.note("journal", exc)
-            self._inflight[data_name] = []
+            self.inflight[data_name] = []
 
     def tensor_done(self, data_name: str) -> None:
         """A tensor file is published (or failed for good): release the journal lines that
         waited for it, in order. Runs in a writer thread."""
         with self.lock:
-            for held in self._inflight.pop(data_name, ()):
+            for held in self.inflight.pop(data_name, ()):
                 held[1] -= 1
-            if self._held:
+            if self.held_lines:
                 self._release_locked(force=False)
 
     def release_all(self) -> None:
@@ -156,7 +156,7 @@ class JournalPipeline:
     def _release_locked(self, *, force: bool) -> None:
         """Append the held lines whose tensors are all published, up to the first one still
         waiting; flush the journal when ``force`` or ``journal_flush`` records are unflushed."""
-        held = self._held
+        held = self.held_lines
         try:
             journal = None
             while held and held[0][1] <= 0:

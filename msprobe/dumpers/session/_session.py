@@ -142,15 +142,15 @@ class DumpSession:
 
     @property
     def _held(self) -> Any:
-        return self.journal._held
+        return self.journal.held_lines
 
     @property
     def _inflight(self) -> dict:
-        return self.journal._inflight
+        return self.journal.inflight
 
     @property
     def _writer(self) -> Any:
-        return self.file_sink._writer
+        return self.file_sink.open_writer
 
     def note_error(self, what: str, exc: BaseException, *, key: Optional[str] = None) -> None:
         """One object (or batch) not written: counted, said once on stderr, logged locally."""

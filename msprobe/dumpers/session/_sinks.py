@@ -76,6 +76,11 @@ class FileSink(TensorSink):
                 digests=True)
         return self._writer
 
+    @property
+    def open_writer(self) -> Any:
+        """The step's writer when it was started, else None (nothing is started)."""
+        return self._writer
+
     def save(self, key: str, data_name: str, produce: Callable[[], bytes], nbytes: int) -> None:
         """Queue the file ``key`` of ``data_name`` (background, bounded, retried); the records
         naming it reach the journal once it is published."""
