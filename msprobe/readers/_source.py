@@ -7,6 +7,8 @@ still-running dump may have changed.
 from __future__ import annotations
 
 import json
+import re
+from json.decoder import NaN, NegInf, PosInf  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, Optional
 
 from msprobe.backends import read_journal
@@ -55,7 +57,7 @@ from msprobe.tensor_store import ZarrTensorReader
 if TYPE_CHECKING:
     from msprobe.readers.protocols import DumpSource
 
-__all__ = ["RankSource", "IndexSource", "INDEX_FILE", "records_of", "task_of"]
+__all__ = ["RankSource", "IndexSource", "INDEX_FILE", "records_of", "task_of", "loads_json_bytes"]
 
 #: Major versions of the format (msprobe_lake.json ``format_version``) this reader accepts.
 SUPPORTED_MAJORS = ("1",)
@@ -69,13 +71,83 @@ def _part_order(key: str) -> tuple:
     return (int(m.group(1)) if m else -1, name)
 
 
+#: the non-finite tokens Python's json writes (JSON has none) and the strings they stand in as
+#: for orjson: none holds a token, so the replacements cannot meet each other
+_NONFINITE_TOKENS = ((b"-Infinity", b'"\\u0000-I"'), (b"Infinity", b'"\\u0000I"'), (b"NaN", b'"\\u0000N"'))
+_NONFINITE_VALUES = {"\x00-I": NegInf, "\x00I": PosInf, "\x00N": NaN}  # json.loads' own objects
+#: an integer literal of 19 digits or more: orjson reads one beyond 64 bits as a float
+_LONG_INTEGER = re.compile(rb"(?<![0-9.])[0-9]{19,}(?![0-9.eE])")
+
+
+def _restore_nonfinite(obj: Any) -> bool:
+    """Put NaN/+-Infinity back where orjson parsed their stand-in strings; False when a stand-in
+    is a key (the text had a bare token as a key: not JSON, json.loads is to say so)."""
+    values = _NONFINITE_VALUES
+    stack = [obj]
+    while stack:
+        node = stack.pop()
+        if node.__class__ is dict:
+            for key, value in node.items():
+                if key[:1] == "\x00":
+                    return False
+                kind = value.__class__
+                if kind is str:
+                    if value[:1] == "\x00":
+                        node[key] = values[value]
+                elif kind is dict or kind is list:
+                    stack.append(value)
+        else:
+            for position, value in enumerate(node):
+                kind = value.__class__
+                if kind is str:
+                    if value[:1] == "\x00":
+                        node[position] = values[value]
+                elif kind is dict or kind is list:
+                    stack.append(value)
+    return True
+
+
+def _orjson_loads(data: bytes) -> Any:
+    """``data`` parsed by orjson to exactly the objects json.loads gives, or None where orjson
+    cannot promise that (not installed, an integer beyond 64 bits, a ``\\u0000`` escape beside
+    NaN/Infinity tokens, anything orjson refuses: json.loads then decides)."""
+    try:
+        import orjson
+    except ImportError:
+        return None
+    if _LONG_INTEGER.search(data):
+        return None
+    marked = b"NaN" in data or b"Infinity" in data
+    if marked:
+        if b"\\u0000" in data:  # a stand-in could be a string of the document
+            return None
+        for token, stand_in in _NONFINITE_TOKENS:
+            data = data.replace(token, stand_in)  # a token inside a string breaks that string: orjson refuses
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if marked and not (isinstance(obj, (dict, list)) and _restore_nonfinite(obj)):
+        return None
+    return obj
+
+
+def loads_json_bytes(data: bytes) -> Any:
+    """:func:`json.loads` of a document's bytes, NaN and +-Infinity tokens included, through
+    orjson (about 2x faster) whenever it gives the same objects; json.loads otherwise."""
+    got = _orjson_loads(data)
+    if got is None:
+        return json.loads(data)
+    return got
+
+
 def parse_document(data: bytes, file: str) -> DumpDocument:
-    """dump.json/debug.json for reading: the C JSON parser (NaN/Infinity accepted; about 4x
-    faster than the validating :func:`msprobe.format.documents.loads_json`, which
-    ``msprobe validate`` uses). Malformed input still raises a DocumentError naming the
+    """dump.json/debug.json for reading: a C JSON parser (:func:`loads_json_bytes`; NaN/Infinity
+    accepted; about 4x faster than the validating :func:`msprobe.format.documents.loads_json`,
+    which ``msprobe validate`` uses). Malformed input still raises a DocumentError naming the
     file (the validating parser is rerun to say where); duplicate keys are not checked."""
     try:
-        obj = json.loads(data[3:] if data[:3] == b"\xef\xbb\xbf" else data)
+        obj = loads_json_bytes(data[3:] if data[:3] == b"\xef\xbb\xbf" else data)
     except RecursionError:
         raise DocumentError("JSON nested too deeply", file=file) from None
     except (ValueError, UnicodeDecodeError):

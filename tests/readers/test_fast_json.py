@@ -1,0 +1,93 @@
+"""dump.json through orjson gives exactly json.loads' objects (NaN/Infinity tokens included), or
+json.loads decides (msprobe.readers._source.loads_json_bytes)."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from msprobe.readers._source import _orjson_loads, loads_json_bytes
+
+
+def _same(a, b) -> bool:
+    """Equal values of equal types, NaN equal to NaN, and dict keys in the same order."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return a == b
+
+
+def _json_answer(data: bytes):
+    try:
+        return "ok", json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        return "error", type(exc)
+
+
+def _ours(data: bytes):
+    try:
+        return "ok", loads_json_bytes(data)
+    except (ValueError, RecursionError) as exc:
+        return "error", type(exc)
+
+
+TRICKY = [
+    b'{"a": NaN, "b": Infinity, "c": -Infinity, "d": [NaN, -Infinity, 1.5]}',
+    b'{"name": "NaN", "x": NaN}',                        # a token inside a string, beside a bare one
+    b'{"name": "a NaN b -Infinity", "x": 1}',           # tokens inside strings only
+    b'{"k\\"NaN": NaN}',                                 # after an escaped quote
+    b'{"s": "\\u0000N", "x": NaN}',                      # a string that looks like a stand-in
+    b'{"s": "\\u0000N"}',
+    b'{NaN: 1}',                                         # a bare token as a key: not JSON
+    b'{"a": NaNa}', b'{"a": -NaN}', b'{"a": --Infinity}', b'[Infinityx]',
+    b'{"big": 123456789012345678901234567890, "x": NaN}',  # beyond 64 bits: json keeps the int
+    b'{"big": -9223372036854775809}', b'{"u": 18446744073709551615}',
+    b'{"f": 0.0001293263998358413, "g": 1e-400, "h": 1E5, "i": -0.0, "j": 1.0000000000000002}',
+    b'{"f": 1e999}', b'{"a": 1, "a": 2}',
+    b'{"s": "\\ud800"}',                                # a lone surrogate: json keeps it
+    b'"NaN"', b'NaN', b'[1, 2', b'{"a": 1}  ', b'\n{"a": [ ]}\n',
+    '{"a": "\u00e9"}'.encode("utf-16"),                 # UTF-16: json.loads detects it
+    b'[' * 3000 + b']' * 3000,                           # deeper than either parser goes
+    b'{"x": ' + b'[' * 200 + b'NaN' + b']' * 200 + b'}',
+]
+
+
+@pytest.mark.parametrize("data", TRICKY, ids=range(len(TRICKY)))
+def test_same_objects_or_the_same_error_as_json(data):
+    want, got = _json_answer(data), _ours(data)
+    assert want[0] == got[0]
+    assert _same(want[1], got[1]) if want[0] == "ok" else want[1] == got[1]
+
+
+def test_random_dump_documents_parse_to_the_same_objects():
+    rng = random.Random(5)
+    odd = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 5e-324, 1e308, 2 ** 63, -(2 ** 63), 10 ** 30,
+           "NaN", "Infinity", "x\"y", "\u00e9", True, None]
+    for _ in range(30):
+        data = {}
+        for i in range(rng.randrange(1, 60)):
+            leaf = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [rng.randrange(9), 3],
+                    "Max": rng.choice(odd + [rng.uniform(-1e6, 1e6)] * 8), "Min": rng.uniform(-1, 1) * 10 ** rng.randrange(-320, 300),
+                    "Mean": rng.choice(odd + [rng.random()] * 8), "Norm": rng.random(), "requires_grad": rng.random() < .5}
+            data[f"Torch.op{i}.{i}.forward"] = {"input_args": [leaf, {"type": "int", "value": rng.randrange(-9, 9)}],
+                                                "output": [dict(leaf)]}
+        text = json.dumps({"task": "statistics", "data": data}, indent=rng.choice([None, 1])).encode()
+        assert _same(json.loads(text), loads_json_bytes(text))
+
+
+def test_orjson_takes_documents_with_nonfinite_tokens():
+    """The fast path is really taken for a dump with NaN/Infinity (not a silent fallback)."""
+    pytest.importorskip("orjson")
+    text = json.dumps({"data": {"r": {"Max": float("nan"), "Min": -float("inf"), "v": [float("inf"), 1]}}}).encode()
+    got = _orjson_loads(text)
+    assert got is not None and _same(got, json.loads(text))
+    assert got["data"]["r"]["Max"] is json.loads(text)["data"]["r"]["Max"]  # json's own NaN object
+    assert _orjson_loads(b'{"big": 123456789012345678901234567890}') is None
+    assert _orjson_loads(b'{"s": "\\u0000N", "x": NaN}') is None
