@@ -32,7 +32,7 @@ from itertools import repeat
 from typing import Any, Optional
 
 from msprobe.compare._plot import TOP_N, PlotMarks
-from msprobe.compare._rows import COLUMNS, diff_cells, leaf_side, record_leaves, tensor_metrics
+from msprobe.compare._rows import COLUMNS, crc_text, diff_cells, leaf_side, record_leaves, tensor_metrics
 from msprobe.compare._summary import NonFiniteFirsts, PairSummary
 from msprobe.compare._verdict import ignore_class, judge
 from msprobe.compare._write import write_columns
@@ -49,6 +49,8 @@ METRIC_COUNT = {"statistics": 8, "md5": 2, "tensor": 6}
 BLOCK_RECORDS = 2000
 #: the statistics of a leaf, as the dump names them
 _STATISTICS = ("Max", "Min", "Mean", "Norm")
+#: scalar argument types and the dtype leaf_side shows for them
+_SCALAR_TYPES = {kind: f"<class '{kind}'>" for kind in ("int", "float", "bool", "str")}
 
 
 @dataclass
@@ -134,7 +136,15 @@ class Leaves:
         if not all(tensor):  # the other leaves (scalars, None, tensors without dtype/shape) as leaf_side reads them
             views = list(leaves)
             for position in [position for position, is_tensor in enumerate(tensor) if not is_tensor]:
-                side = leaf_side(leaves[position])
+                leaf = leaves[position]
+                kind = leaf.get("type") if leaf.__class__ is dict else None
+                if kind in _SCALAR_TYPES:  # what leaf_side gives a scalar argument, without its CRC where unused
+                    value = leaf.get("value")
+                    views[position] = {"dtype": _SCALAR_TYPES[kind], "shape": "[]", "requires_grad": None,
+                                       "Max": value, "Min": value, "Mean": value, "Norm": value,
+                                       "md5": crc_text(value) if mode == "md5" else None, "data_name": None}
+                    continue
+                side = leaf_side(leaf)
                 views[position] = {"dtype": side.dtype, "shape": side.shape,
                                    "requires_grad": None if side.rg == _NA else side.rg,
                                    **dict(zip(_STATISTICS, side.stats)), "md5": side.md5,

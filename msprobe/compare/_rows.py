@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from msprobe.format.model import is_tensor_entry
 
-__all__ = ["COLUMNS", "record_leaves", "norm_record_name", "Side", "diff_cells", "tensor_metrics",
+__all__ = ["COLUMNS", "record_leaves", "norm_record_name", "Side", "crc_text", "diff_cells", "tensor_metrics",
            "leaf_side", "as_float"]
 
 _HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
@@ -113,7 +113,7 @@ class Side:
         self.md5, self.data_name, self.tensor, self.numel = md5, data_name, tensor, numel
 
 
-def _crc(v: Any) -> str:
+def crc_text(v: Any) -> str:
     return f"{zlib.crc32(str(v).encode()):08x}"
 
 
@@ -133,13 +133,13 @@ def leaf_side(leaf: Any) -> Side:
                     dn if isinstance(dn, str) else None, True, numel)
     v = leaf.get("value")
     if t == "ellipsis":
-        return Side("ellipsis", "[]", _NA, ("...",) * 4, _crc("..."), None, False, None)
+        return Side("ellipsis", "[]", _NA, ("...",) * 4, crc_text("..."), None, False, None)
     if t == "slice":
         n = len(v) if isinstance(v, list) else 0
-        return Side("slice", f"({n},)", _NA, (None,) * 4, _crc(v), None, False, None)
+        return Side("slice", f"({n},)", _NA, (None,) * 4, crc_text(v), None, False, None)
     if t in ("int", "float", "bool", "str"):
-        return Side(f"<class '{t}'>", "[]", _NA, (v,) * 4, _crc(v), None, False, None)
-    return Side("<class 'str'>", "[]", _NA, (str(v),) * 4, _crc(v), None, False, None)
+        return Side(f"<class '{t}'>", "[]", _NA, (v,) * 4, crc_text(v), None, False, None)
+    return Side("<class 'str'>", "[]", _NA, (str(v),) * 4, crc_text(v), None, False, None)
 
 
 _INF = math.inf

@@ -7,7 +7,6 @@ still-running dump may have changed.
 from __future__ import annotations
 
 import json
-import re
 from json.decoder import NaN, NegInf, PosInf  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -75,8 +74,25 @@ def _part_order(key: str) -> tuple:
 #: for orjson: none holds a token, so the replacements cannot meet each other
 _NONFINITE_TOKENS = ((b"-Infinity", b'"\\u0000-I"'), (b"Infinity", b'"\\u0000I"'), (b"NaN", b'"\\u0000N"'))
 _NONFINITE_VALUES = {"\x00-I": NegInf, "\x00I": PosInf, "\x00N": NaN}  # json.loads' own objects
-#: an integer literal of 19 digits or more: orjson reads one beyond 64 bits as a float
-_LONG_INTEGER = re.compile(rb"(?<![0-9.])[0-9]{19,}(?![0-9.eE])")
+#: digits to "0", so that runs of 19 digits or more are found by bytes.find
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_RUN = b"0" * 19
+
+
+def _has_long_integer(data: bytes) -> bool:
+    """Whether ``data`` may hold an integer literal of 19 digits or more (orjson reads one
+    beyond 64 bits as a float): a run of 19+ digits that is not a fraction (after ``.``) or
+    followed by a fraction or an exponent. Runs inside strings count too (json.loads then decides)."""
+    digits = data.translate(_DIGITS_AS_ZERO)
+    at = digits.find(_LONG_RUN)
+    while at >= 0:  # the start of a run: a longer run from earlier would have been found first
+        end = at + len(_LONG_RUN)
+        while end < len(digits) and digits[end] == 48:
+            end += 1
+        if (at == 0 or data[at - 1] != 46) and data[end:end + 1] not in (b".", b"e", b"E"):
+            return True
+        at = digits.find(_LONG_RUN, end)
+    return False
 
 
 def _restore_nonfinite(obj: Any) -> bool:
@@ -115,7 +131,7 @@ def _orjson_loads(data: bytes) -> Any:
         import orjson
     except ImportError:
         return None
-    if _LONG_INTEGER.search(data):
+    if _has_long_integer(data):
         return None
     marked = b"NaN" in data or b"Infinity" in data
     if marked:

@@ -51,6 +51,9 @@ TRICKY = [
     b'{"big": -9223372036854775809}', b'{"u": 18446744073709551615}',
     b'{"f": 0.0001293263998358413, "g": 1e-400, "h": 1E5, "i": -0.0, "j": 1.0000000000000002}',
     b'{"f": 1e999}', b'{"a": 1, "a": 2}',
+    b'{"a": 12345678901234567890, "b": 1234567890123456789012.5, "c": [0.00000000000000000001234, NaN]}',
+    b'[1e0000000000000000000005, 0.1000000000000000055511151231257827, 98765432109876543210987]',
+    b'123456789012345678901',
     b'{"s": "\\ud800"}',                                # a lone surrogate: json keeps it
     b'"NaN"', b'NaN', b'[1, 2', b'{"a": 1}  ', b'\n{"a": [ ]}\n',
     '{"a": "\u00e9"}'.encode("utf-16"),                 # UTF-16: json.loads detects it
@@ -90,4 +93,5 @@ def test_orjson_takes_documents_with_nonfinite_tokens():
     assert got is not None and _same(got, json.loads(text))
     assert got["data"]["r"]["Max"] is json.loads(text)["data"]["r"]["Max"]  # json's own NaN object
     assert _orjson_loads(b'{"big": 123456789012345678901234567890}') is None
+    assert _orjson_loads(b'{"tiny": 0.00000000000000000001234, "wide": 1234567890123456789012.5}') is not None
     assert _orjson_loads(b'{"s": "\\u0000N", "x": NaN}') is None
