@@ -6,10 +6,11 @@ by a relative 1e-4 (a few records by 1e-2). Both tools run in fresh subprocesses
 the other on the same machine, and report wall time and peak RSS (``wait4``'s ru_maxrss):
 
 * ours: ``python -m msprobe compare T B -o OUT --no-plot -n N`` for each ``--workers`` N (1 and 2)
-  (statistics rows built column-wise, :mod:`msprobe.compare._columnar`)
-* baseline (``--baseline rows``, the default): the same compare with ``engine="rows"``, our
-  row-by-row builder (the reference the columnar path is held to byte for byte), ``-n 1``;
-  its CSV is checked to be byte-identical to ours
+  (every mode's rows built column-wise by the one engine, :mod:`msprobe.compare._columnar`;
+  dump.json read through orjson when it is installed, :func:`msprobe.readers._source.loads_json_bytes`)
+* baseline (``--baseline ENGINE``, off by default): the same compare through
+  ``compare(engine=ENGINE)``, ``-n 1``, its CSV checked to be byte-identical to ours (the row
+  builder is no longer in the product: it is the tests' oracle, tests/compare/row_oracle.py)
 * ``--plot``: ours once more with the plot drawn (the other runs use ``--no-plot``)
 * real: ``<venv>/bin/msprobe compare -tp T -gp B -o OUT`` (mindstudio-probe 26.2.0 in the venv
   that tests/_realtool.py caches under ~/.cache/msprobe-lake; skipped when absent, or with ``--real ''``); T and B are step directories, so with
@@ -21,7 +22,7 @@ Generated data lives under a temporary directory and is deleted at the end unles
     python bench/bench_compare.py --records 10000    # a quick run
     python bench/bench_compare.py --ranks 64 --records 2000   # 64 rank pairs (the real tool: its step-level batch mode)
     python bench/bench_compare.py --records 2000 --ranks 2 --check   # also compare the CSVs cell by cell
-    python bench/bench_compare.py --records 20000 --workers 1 --plot  # ours, the row baseline, the real tool
+    python bench/bench_compare.py --records 20000 --workers 1 --plot  # ours (with and without the plot), the real tool
 
 Each tool's figures are wall seconds and process CPU seconds (``ru_utime + ru_stime`` of the
 process and the children it waited for); the ratios printed at the end divide the baseline's
@@ -216,7 +217,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true",
                     help="compare our CSVs with the real tool's, cell by cell (stack column aside)")
     ap.add_argument("--reuse", action="store_true", help="use the dumps already in --workdir (from --keep)")
-    ap.add_argument("--baseline", default="rows", help="engine of the baseline run ('rows'; '' to skip)")
+    ap.add_argument("--baseline", default="", help="engine= of a baseline run of ours ('' to skip)")
     ap.add_argument("--plot", action="store_true", help="also time ours with the plot drawn")
     args = ap.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="msprobe_bench_compare_")

@@ -37,18 +37,18 @@ def record_key(name: str) -> tuple:
     return (name,)
 
 
-def _counts_differ(data_n: dict, data_b: dict, par_n: dict, par_b: dict) -> bool:
+def _counts_differ(target_data: dict, bench_data: dict, target_parents: dict, bench_parents: dict) -> bool:
     """Whether the records of the two construct trees hold a count-free key a different number of times."""
-    return Counter(record_key(n) for n in data_n if n in par_n) != \
-        Counter(record_key(n) for n in data_b if n in par_b)
+    return Counter(record_key(name) for name in target_data if name in target_parents) != \
+        Counter(record_key(name) for name in bench_data if name in bench_parents)
 
 
 def _children(data: dict, parents: dict) -> dict:
-    kids: dict = {}
-    for nm in data:
-        if nm in parents:
-            kids.setdefault(parents[nm], []).append(nm)
-    return kids
+    children: dict = {}
+    for name in data:
+        if name in parents:
+            children.setdefault(parents[name], []).append(name)
+    return children
 
 
 def _signature(raw: Any, out: list) -> list:
@@ -57,27 +57,28 @@ def _signature(raw: Any, out: list) -> list:
         return out
     if isinstance(raw, dict):
         if "dtype" in raw and "shape" in raw:
-            v = raw.get("Norm", raw.get("Max"))
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                out.append(as_float(v))
+            value = raw.get("Norm", raw.get("Max"))
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.append(as_float(value))
         else:
-            for v in raw.values():
-                _signature(v, out)
+            for value in raw.values():
+                _signature(value, out)
     elif isinstance(raw, list):
-        for v in raw:
-            _signature(v, out)
+        for value in raw:
+            _signature(value, out)
     return out
 
 
-def _similarity(x: list, y: list) -> float:
+def _similarity(target: list, bench: list) -> float:
     """1 for records with equal statistics, towards 0 as they part."""
-    if not x or not y or len(x) != len(y):
+    if not target or not bench or len(target) != len(bench):
         return 0.0
-    d = 0.0
-    for a, b in zip(x, y):
-        if a != b:
-            d += min(abs(a - b) / (abs(b) + 1e-12), 1.0) if a == a and b == b else 1.0
-    return 1.0 - d / len(x)
+    distance = 0.0
+    for left, right in zip(target, bench):
+        if left != right:
+            distance += (min(abs(left - right) / (abs(right) + 1e-12), 1.0) if left == left and right == right
+                         else 1.0)
+    return 1.0 - distance / len(target)
 
 
 #: elements of the aligned neighbourhood re-aligned around each gap, and the most DP cells per window
@@ -85,23 +86,25 @@ WINDOW = 64
 MAX_CELLS = 250_000
 
 
-def _dp(a: list, b: list, ka: list, kb: list, sig_a: list, sig_b: list) -> list:
+def _dp(target: list, bench: list, target_keys: list, bench_keys: list, target_signatures: list,
+        bench_signatures: list) -> list:
     """[(i, j)]: the alignment with the most key-equal pairs, then the most similar statistics,
     then the most equal names (Needleman-Wunsch without gap costs)."""
-    n, m = len(a), len(b)
-    score = [[0.0] * (m + 1) for _ in range(n + 1)]
-    for i in range(1, n + 1):
-        row, prev = score[i], score[i - 1]
-        ki, si, ai = ka[i - 1], sig_a[i - 1], a[i - 1]
-        for j in range(1, m + 1):
-            best = prev[j] if prev[j] > row[j - 1] else row[j - 1]
-            if ki == kb[j - 1]:
-                w = prev[j - 1] + 1000.0 + _similarity(si, sig_b[j - 1]) + (0.001 if ai == b[j - 1] else 0.0)
-                if w > best:
-                    best = w
+    rows, columns = len(target), len(bench)
+    score = [[0.0] * (columns + 1) for _ in range(rows + 1)]
+    for i in range(1, rows + 1):
+        row, previous = score[i], score[i - 1]
+        key, signature, name = target_keys[i - 1], target_signatures[i - 1], target[i - 1]
+        for j in range(1, columns + 1):
+            best = previous[j] if previous[j] > row[j - 1] else row[j - 1]
+            if key == bench_keys[j - 1]:
+                weight = (previous[j - 1] + 1000.0 + _similarity(signature, bench_signatures[j - 1])
+                          + (0.001 if name == bench[j - 1] else 0.0))
+                if weight > best:
+                    best = weight
             row[j] = best
     out = []
-    i, j = n, m
+    i, j = rows, columns
     while i > 0 and j > 0:
         if score[i][j] == score[i - 1][j]:
             i -= 1
@@ -118,106 +121,114 @@ def _dp(a: list, b: list, ka: list, kb: list, sig_a: list, sig_b: list) -> list:
 MAX_EDITS = 1500
 
 
-def _myers(a: list, b: list, max_d: int) -> Optional[list]:
-    """[(i, j)] of a shortest edit script between ``a`` and ``b`` (Myers' O((N+M)D) diff),
-    or None when more than ``max_d`` edits are needed."""
-    n, m = len(a), len(b)
-    v = {1: 0}
+def _myers(target: list, bench: list, max_edits: int) -> Optional[list]:
+    """[(i, j)] of a shortest edit script between ``target`` and ``bench`` (Myers' O((N+M)D) diff),
+    or None when more than ``max_edits`` edits are needed."""
+    target_count, bench_count = len(target), len(bench)
+    furthest = {1: 0}  # diagonal -> the furthest target position reached on it
     trace = []
-    for d in range(0, n + m + 1):
-        if d > max_d:
+    for edits in range(0, target_count + bench_count + 1):
+        if edits > max_edits:
             return None
-        trace.append(dict(v))
-        for k in range(-d, d + 1, 2):
-            if k == -d or (k != d and v[k - 1] < v[k + 1]):
-                x = v[k + 1]
+        trace.append(dict(furthest))
+        for diagonal in range(-edits, edits + 1, 2):
+            if diagonal == -edits or (diagonal != edits and furthest[diagonal - 1] < furthest[diagonal + 1]):
+                position = furthest[diagonal + 1]
             else:
-                x = v[k - 1] + 1
-            y = x - k
-            while x < n and y < m and a[x] == b[y]:
-                x += 1
-                y += 1
-            v[k] = x
-            if x >= n and y >= m:
-                return _backtrack(trace, n, m)
-    return None  # pragma: no cover - the loop always ends at d <= n + m
+                position = furthest[diagonal - 1] + 1
+            other = position - diagonal
+            while position < target_count and other < bench_count and target[position] == bench[other]:
+                position += 1
+                other += 1
+            furthest[diagonal] = position
+            if position >= target_count and other >= bench_count:
+                return _backtrack(trace, target_count, bench_count)
+    return None  # pragma: no cover - the loop always ends at edits <= target_count + bench_count
 
 
-def _backtrack(trace: list, n: int, m: int) -> list:
-    x, y = n, m
+def _backtrack(trace: list, target_count: int, bench_count: int) -> list:
+    position, other = target_count, bench_count
     pairs = []
-    for d in range(len(trace) - 1, -1, -1):
-        v = trace[d]
-        k = x - y
-        if k == -d or (k != d and v.get(k - 1, -1) < v.get(k + 1, -1)):
-            pk = k + 1
+    for edits in range(len(trace) - 1, -1, -1):
+        furthest = trace[edits]
+        diagonal = position - other
+        if diagonal == -edits or (diagonal != edits and furthest.get(diagonal - 1, -1) < furthest.get(diagonal + 1, -1)):
+            previous_diagonal = diagonal + 1
         else:
-            pk = k - 1
-        px = v.get(pk, 0)
-        py = px - pk
-        while x > px and y > py:
-            pairs.append((x - 1, y - 1))
-            x, y = x - 1, y - 1
-        if d > 0:
-            x, y = px, py
+            previous_diagonal = diagonal - 1
+        previous_position = furthest.get(previous_diagonal, 0)
+        previous_other = previous_position - previous_diagonal
+        while position > previous_position and other > previous_other:
+            pairs.append((position - 1, other - 1))
+            position, other = position - 1, other - 1
+        if edits > 0:
+            position, other = previous_position, previous_other
     pairs.reverse()
     return pairs
 
 
-def _align(a: list, b: list, data_n: dict, data_b: dict) -> list:
+def _gap_windows(pairs: list, target_count: int, bench_count: int) -> list:
+    """The gaps between consecutive pairs, as windows widened by WINDOW and merged where they overlap."""
+    windows: list = []
+    previous = (-1, -1)
+    for i, j in pairs + [(target_count, bench_count)]:
+        if i - previous[0] > 1 or j - previous[1] > 1:
+            window = [max(0, previous[0] + 1 - WINDOW), min(target_count, i + WINDOW),
+                      max(0, previous[1] + 1 - WINDOW), min(bench_count, j + WINDOW)]
+            if windows and (window[0] <= windows[-1][1] or window[2] <= windows[-1][3]):
+                last = windows[-1]
+                windows[-1] = [min(last[0], window[0]), max(last[1], window[1]), min(last[2], window[2]),
+                               max(last[3], window[3])]
+            else:
+                windows.append(window)
+        previous = (i, j)
+    return windows
+
+
+def _align(target: list, bench: list, target_data: dict, bench_data: dict) -> list:
     """[(i, j)] pairs of two sibling lists: a shortest edit script on the count-free keys (Myers),
     then each gap and its neighbourhood re-aligned by content, since a run of equal keys (a module
     called n or n+1 times) does not say by itself which call is the extra one."""
-    ka, kb = [record_key(x) for x in a], [record_key(x) for x in b]
-    if ka == kb:
-        return [(i, i) for i in range(len(a))]
-    pairs = _myers(ka, kb, MAX_EDITS)
+    target_keys, bench_keys = [record_key(name) for name in target], [record_key(name) for name in bench]
+    if target_keys == bench_keys:
+        return [(i, i) for i in range(len(target))]
+    pairs = _myers(target_keys, bench_keys, MAX_EDITS)
     if pairs is None:  # too different to align: siblings pair by name
-        where = {nm: j for j, nm in enumerate(b)}
-        return [(i, where[nm]) for i, nm in enumerate(a) if nm in where]
-    # gaps between consecutive pairs, as windows widened by WINDOW and merged where they overlap
-    wins: list = []
-    prev = (-1, -1)
-    for i, j in pairs + [(len(a), len(b))]:
-        if i - prev[0] > 1 or j - prev[1] > 1:
-            w = [max(0, prev[0] + 1 - WINDOW), min(len(a), i + WINDOW),
-                 max(0, prev[1] + 1 - WINDOW), min(len(b), j + WINDOW)]
-            if wins and (w[0] <= wins[-1][1] or w[2] <= wins[-1][3]):
-                last = wins[-1]
-                wins[-1] = [min(last[0], w[0]), max(last[1], w[1]), min(last[2], w[2]), max(last[3], w[3])]
-            else:
-                wins.append(w)
-        prev = (i, j)
-    for i_lo, i_hi, j_lo, j_hi in wins:
-        if (i_hi - i_lo) * (j_hi - j_lo) > MAX_CELLS:
+        where = {name: j for j, name in enumerate(bench)}
+        return [(i, where[name]) for i, name in enumerate(target) if name in where]
+    for target_start, target_stop, bench_start, bench_stop in _gap_windows(pairs, len(target), len(bench)):
+        if (target_stop - target_start) * (bench_stop - bench_start) > MAX_CELLS:
             continue  # too large to refine: the edit script's alignment stands
-        pairs = [(i, j) for i, j in pairs if not (i_lo <= i < i_hi or j_lo <= j < j_hi)]
-        sa, sb = a[i_lo:i_hi], b[j_lo:j_hi]
-        got = _dp(sa, sb, ka[i_lo:i_hi], kb[j_lo:j_hi], [_signature(data_n[x], []) for x in sa],
-                  [_signature(data_b[x], []) for x in sb])
-        pairs.extend((i_lo + i, j_lo + j) for i, j in got)
+        pairs = [(i, j) for i, j in pairs
+                 if not (target_start <= i < target_stop or bench_start <= j < bench_stop)]
+        target_part, bench_part = target[target_start:target_stop], bench[bench_start:bench_stop]
+        got = _dp(target_part, bench_part, target_keys[target_start:target_stop],
+                  bench_keys[bench_start:bench_stop], [_signature(target_data[name], []) for name in target_part],
+                  [_signature(bench_data[name], []) for name in bench_part])
+        pairs.extend((target_start + i, bench_start + j) for i, j in got)
     pairs.sort()
     return pairs
 
 
-def _structural(data_n: dict, data_b: dict, par_n: dict, par_b: dict) -> dict:
+def _structural(target_data: dict, bench_data: dict, target_parents: dict, bench_parents: dict) -> dict:
     """{target record: bench record} for the records of the construct trees, aligned level by level."""
-    kids_n, kids_b = _children(data_n, par_n), _children(data_b, par_b)
+    target_children, bench_children = _children(target_data, target_parents), _children(bench_data, bench_parents)
     got: dict = {}
     # roots: no parent, and parents that are no record of the dump (a module whose own backward
     # was not dumped): those pair by name
-    todo: list = [(None, None)] + [(p, p) for p in kids_n if p is not None and p not in data_n
-                                   and p in kids_b and p not in data_b]
+    todo: list = [(None, None)] + [(parent, parent) for parent in target_children
+                                   if parent is not None and parent not in target_data
+                                   and parent in bench_children and parent not in bench_data]
     while todo:
-        pn, pb = todo.pop()
-        a, b = kids_n.get(pn, ()), kids_b.get(pb, ())
-        if not a or not b:
+        target_parent, bench_parent = todo.pop()
+        target, bench = target_children.get(target_parent, ()), bench_children.get(bench_parent, ())
+        if not target or not bench:
             continue
-        for i, j in _align(a, b, data_n, data_b):
-            x, y = a[i], b[j]
-            got[x] = y
-            if x in kids_n and y in kids_b:
-                todo.append((x, y))
+        for i, j in _align(target, bench, target_data, bench_data):
+            target_name, bench_name = target[i], bench[j]
+            got[target_name] = bench_name
+            if target_name in target_children and bench_name in bench_children:
+                todo.append((target_name, bench_name))
     return got
 
 
@@ -226,68 +237,76 @@ def _fuzzy(pairs: list, rest: list, how: dict) -> tuple:
     unmatched bench records of the same count-free key (the same API or module called a different
     number of times)."""
     free: dict = {}
-    for nm in rest:
-        free.setdefault(record_key(nm), []).append(nm)
+    for name in rest:
+        free.setdefault(record_key(name), []).append(name)
     taken = set()
     out = []
-    for nm, got in pairs:
+    for name, got in pairs:
         if got is None:
-            cands = free.get(record_key(nm))
-            if cands:
-                got = cands.pop(0)
+            candidates = free.get(record_key(name))
+            if candidates:
+                got = candidates.pop(0)
                 taken.add(got)
                 how["fuzzy"] = how.get("fuzzy", 0) + 1
-        out.append((nm, got))
-    return out, [nm for nm in rest if nm not in taken]
+        out.append((name, got))
+    return out, [name for name in rest if name not in taken]
 
 
-def match_records(data_n: dict, data_b: dict, par_n: Optional[dict] = None, par_b: Optional[dict] = None,
-                  structural: Any = "auto", fuzzy: bool = False) -> tuple:
+def _by_dialect(bench_data: dict, used: set) -> dict:
+    """{dialect-free name: [bench records]} of the bench records not yet matched."""
+    by_norm: dict = {}
+    for name in bench_data:
+        if name not in used:
+            by_norm.setdefault(norm_record_name(name), []).append(name)
+    return by_norm
+
+
+def match_records(target_data: dict, bench_data: dict, target_parents: Optional[dict] = None,
+                  bench_parents: Optional[dict] = None, structural: Any = "auto", fuzzy: bool = False) -> tuple:
     """([(target name, bench name or None)] in target order, [bench-only names], {how: count}).
 
     ``structural``: "auto" aligns by the construct tree when both dumps have one and the count-free
     keys occur a different number of times on the two sides (else names are exact); True/False force it.
     ``fuzzy``: then pair what is left by count-free key, in order (see :func:`_fuzzy`)."""
-    par_n, par_b = par_n or {}, par_b or {}
-    use_tree = bool(par_n) and bool(par_b) and (structural is True or
-                                                (structural == "auto" and _counts_differ(data_n, data_b, par_n, par_b)))
-    tree = _structural(data_n, data_b, par_n, par_b) if use_tree else {}
+    target_parents, bench_parents = target_parents or {}, bench_parents or {}
+    use_tree = bool(target_parents) and bool(bench_parents) and (
+        structural is True
+        or (structural == "auto" and _counts_differ(target_data, bench_data, target_parents, bench_parents)))
+    tree = _structural(target_data, bench_data, target_parents, bench_parents) if use_tree else {}
     used: set = set(tree.values())
-    by_norm: dict = {}
-    for nm in data_b:
-        if nm not in used:
-            by_norm.setdefault(norm_record_name(nm), []).append(nm)
-    pos = {k: 0 for k in by_norm}
+    by_norm = _by_dialect(bench_data, used)
+    next_candidate = {key: 0 for key in by_norm}
     how = {"exact": 0, "dialect": 0, "structural": 0}
     pairs = []
-    for nm in data_n:
-        got = tree.get(nm)
+    for name in target_data:
+        got = tree.get(name)
         if got is not None:
-            how["exact" if got == nm else "structural"] += 1
-            pairs.append((nm, got))
+            how["exact" if got == name else "structural"] += 1
+            pairs.append((name, got))
             continue
-        if use_tree and nm in par_n:
+        if use_tree and name in target_parents:
             # a record of the tree that the alignment left out: an extra call; names would mislead
-            pairs.append((nm, None))
+            pairs.append((name, None))
             continue
-        if nm in data_b and nm not in used and (not use_tree or nm not in par_b):
-            used.add(nm)
+        if name in bench_data and name not in used and (not use_tree or name not in bench_parents):
+            used.add(name)
             how["exact"] += 1
-            pairs.append((nm, nm))
+            pairs.append((name, name))
             continue
-        key = norm_record_name(nm)
-        cands = by_norm.get(key)
-        if cands:
-            i = pos[key]
-            while i < len(cands) and (cands[i] in used or (use_tree and cands[i] in par_b)):
-                i += 1
-            pos[key] = i
-            if i < len(cands):
-                got = cands[i]
+        key = norm_record_name(name)
+        candidates = by_norm.get(key)
+        if candidates:
+            position = next_candidate[key]
+            while position < len(candidates) and (candidates[position] in used
+                                                  or (use_tree and candidates[position] in bench_parents)):
+                position += 1
+            next_candidate[key] = position
+            if position < len(candidates):
+                got = candidates[position]
                 used.add(got)
-                how["exact" if got == nm else "dialect"] += 1
-        pairs.append((nm, got))
-    rest = [nm for nm in data_b if nm not in used]
+                how["exact" if got == name else "dialect"] += 1
+        pairs.append((name, got))
+    rest = [name for name in bench_data if name not in used]
     if fuzzy:
         pairs, rest = _fuzzy(pairs, rest, how)
     return pairs, rest, how

@@ -36,13 +36,13 @@ COLUMNS = {
 }
 
 _SKIP_KEYS = {"is_recompute"}
-_PG = re.compile(r"\.parameters_grad\.\d+$")
+_PARAMETERS_GRAD_INDEX = re.compile(r"\.parameters_grad\.\d+$")
 _NA = "N/A"
 
 
 def norm_record_name(name: str) -> str:
     """The name with dialect differences removed (26.x ``parameters_grad.N`` -> ``parameters_grad``)."""
-    return _PG.sub(".parameters_grad", name)
+    return _PARAMETERS_GRAD_INDEX.sub(".parameters_grad", name)
 
 
 def _walk(value: Any, path: str, out: list, io: str) -> None:
@@ -52,14 +52,19 @@ def _walk(value: Any, path: str, out: list, io: str) -> None:
         if "type" in value:
             out.append((path, value, io))
         else:
-            for k, v in value.items():
-                _walk(v, f"{path}.{k}", out, io)
+            for key, item in value.items():
+                _walk(item, f"{path}.{key}", out, io)
     elif isinstance(value, list):
-        for i, v in enumerate(value):
-            if v.__class__ is dict and "type" in v:
-                out.append((f"{path}.{i}", v, io))
+        for position, item in enumerate(value):
+            if item.__class__ is dict and "type" in item:
+                out.append((f"{path}.{position}", item, io))
             else:
-                _walk(v, f"{path}.{i}", out, io)
+                _walk(item, f"{path}.{position}", out, io)
+
+
+def _kwarg_prefix(value: Any, tensor_task: bool) -> str:
+    """``kwargs`` for a dumped kwarg tensor in tensor mode (as its data_name says), else ``input``."""
+    return "kwargs" if tensor_task and is_tensor_entry(value) and isinstance(value.get("data_name"), str) else "input"
 
 
 def record_leaves(name: str, raw: Any, tensor_task: bool = False) -> list:
@@ -68,19 +73,19 @@ def record_leaves(name: str, raw: Any, tensor_task: bool = False) -> list:
     out: list = []
     if not isinstance(raw, dict):
         _walk(raw, "", out, "debug")
-        return [(p.lstrip("."), v, io) for p, v, io in out]
+        return [(path.lstrip("."), leaf, io) for path, leaf, io in out]
     if ".parameters_grad" in name:
-        for k, v in raw.items():
-            if isinstance(v, list) and len(v) == 1:
-                v = v[0]
-            _walk(v, f".{k}", out, "parameters_grad")
-        return [(p[1:], v, io) for p, v, io in out]
+        for key, value in raw.items():
+            if isinstance(value, list) and len(value) == 1:
+                value = value[0]
+            _walk(value, f".{key}", out, "parameters_grad")
+        return [(path[1:], leaf, io) for path, leaf, io in out]
     if name.endswith(".debug"):
         _walk(raw, "", out, "debug")
-        return [(p.lstrip("."), v, io) for p, v, io in out]
+        return [(path.lstrip("."), leaf, io) for path, leaf, io in out]
     items: Any = raw.items()  # (key, value) pairs: the document's order or sorted below
     if "parameters" in raw and "output" in raw:  # rows: inputs, parameters, then outputs (as 26.2.0)
-        items = sorted(items, key=lambda kv: 1 if kv[0] == "output" else 0)
+        items = sorted(items, key=lambda item: 1 if item[0] == "output" else 0)
     for key, value in items:
         if key in _SKIP_KEYS:
             continue
@@ -88,15 +93,14 @@ def record_leaves(name: str, raw: Any, tensor_task: bool = False) -> list:
             _walk(value, "input", out, "input")
         elif key == "input_kwargs":
             if isinstance(value, dict):
-                for k, v in value.items():
-                    pre = "kwargs" if tensor_task and is_tensor_entry(v) and isinstance(v.get("data_name"), str) else "input"
-                    _walk(v, f"{pre}.{k}", out, "input")
+                for kwarg, item in value.items():
+                    _walk(item, f"{_kwarg_prefix(item, tensor_task)}.{kwarg}", out, "input")
         elif key in ("input", "output"):
             _walk(value, key, out, key)
         elif key == "parameters":
             if isinstance(value, dict):
-                for k, v in value.items():
-                    _walk(v, f"parameters.{k}", out, "parameters")
+                for parameter, item in value.items():
+                    _walk(item, f"parameters.{parameter}", out, "parameters")
         else:
             _walk(value, key, out, key)
     return out
@@ -113,128 +117,127 @@ class Side:
         self.md5, self.data_name, self.tensor, self.numel = md5, data_name, tensor, numel
 
 
-def crc_text(v: Any) -> str:
-    return f"{zlib.crc32(str(v).encode()):08x}"
+def crc_text(value: Any) -> str:
+    return f"{zlib.crc32(str(value).encode()):08x}"
 
 
 def leaf_side(leaf: Any) -> Side:
     if leaf is None:
         return Side(_NA, _NA, _NA, (None, None, None, None), _NA, None, False, None)
-    t = leaf.get("type")
+    kind = leaf.get("type")
     if is_tensor_entry(leaf):
-        shape = leaf.get("shape")
-        numel = None
-        rg = leaf.get("requires_grad")
+        requires_grad = leaf.get("requires_grad")
         md5 = leaf.get("md5")
-        dn = leaf.get("data_name")
-        return Side(str(leaf.get("dtype")), str(shape), _NA if rg is None else str(rg),
+        data_name = leaf.get("data_name")
+        return Side(str(leaf.get("dtype")), str(leaf.get("shape")), _NA if requires_grad is None else str(requires_grad),
                     (leaf.get("Max"), leaf.get("Min"), leaf.get("Mean"), leaf.get("Norm")),
                     md5 if isinstance(md5, str) else (_NA if md5 is None else str(md5)),
-                    dn if isinstance(dn, str) else None, True, numel)
-    v = leaf.get("value")
-    if t == "ellipsis":
+                    data_name if isinstance(data_name, str) else None, True, None)
+    value = leaf.get("value")
+    if kind == "ellipsis":
         return Side("ellipsis", "[]", _NA, ("...",) * 4, crc_text("..."), None, False, None)
-    if t == "slice":
-        n = len(v) if isinstance(v, list) else 0
-        return Side("slice", f"({n},)", _NA, (None,) * 4, crc_text(v), None, False, None)
-    if t in ("int", "float", "bool", "str"):
-        return Side(f"<class '{t}'>", "[]", _NA, (v,) * 4, crc_text(v), None, False, None)
-    return Side("<class 'str'>", "[]", _NA, (str(v),) * 4, crc_text(v), None, False, None)
+    if kind == "slice":
+        length = len(value) if isinstance(value, list) else 0
+        return Side("slice", f"({length},)", _NA, (None,) * 4, crc_text(value), None, False, None)
+    if kind in ("int", "float", "bool", "str"):
+        return Side(f"<class '{kind}'>", "[]", _NA, (value,) * 4, crc_text(value), None, False, None)
+    return Side("<class 'str'>", "[]", _NA, (str(value),) * 4, crc_text(value), None, False, None)
 
 
 _INF = math.inf
 _NUM = (int, float)
 
 
-def as_float(v: Any) -> float:
-    """``float(v)`` of an int or float; an int too large for a float is +-inf (a hostile dump's
+def as_float(value: Any) -> float:
+    """``float(value)`` of an int or float; an int too large for a float is +-inf (a hostile dump's
     ``10**400`` is no crash)."""
     try:
-        return float(v)
+        return float(value)
     except OverflowError:
-        return _INF if v > 0 else -_INF
+        return _INF if value > 0 else -_INF
 
 
-def diff_cells(a: Any, b: Any) -> tuple:
+def diff_cells(target: Any, bench: Any) -> tuple:
     """(diff, relative error in percent, rel as a float or None) the way 26.2.0's CSV prints them:
     numbers subtract (integers as floats), a zero bench gives an ``inf`` relative error, differing
     bools or strings print ``Diff``, a missing value ``N/A``."""
-    ta, tb = type(a), type(b)
-    if ta is float and tb is float:
-        d = a - b
-    elif (ta is float or ta is int) and (tb is float or tb is int):
-        a, b = as_float(a), as_float(b)
-        d = a - b
-    elif a == b:
+    target_type, bench_type = type(target), type(bench)
+    if target_type is float and bench_type is float:
+        difference = target - bench
+    elif (target_type is float or target_type is int) and (bench_type is float or bench_type is int):
+        target, bench = as_float(target), as_float(bench)
+        difference = target - bench
+    elif target == bench:
         return "0", "0", 0.0
-    elif a is None or b is None:
+    elif target is None or bench is None:
         return _NA, _NA, None
-    elif ta is bool or tb is bool or ta is str or tb is str:
+    elif target_type is bool or bench_type is bool or target_type is str or bench_type is str:
         return "Diff", "Diff", None
     else:
         return _NA, _NA, None
-    if d == 0:
+    if difference == 0:
         return "0", "0", 0.0
-    if d != d:
-        if a != a and b != b or a == b:  # NaN (or the same Inf) on both sides: the real tool prints 0
+    if difference != difference:
+        if target != target and bench != bench or target == bench:  # NaN (or the same Inf) on both sides: 0
             return "0", "0", 0.0
         return "nan", "nan", math.nan
-    if b == 0:
-        return str(d), "inf", _INF
-    if b == _INF or b == -_INF:
-        return str(d), _NA, None
-    rel = abs(d) / abs(b)
-    return str(d), f"{rel * 100}%", rel
+    if bench == 0:
+        return str(difference), "inf", _INF
+    if bench == _INF or bench == -_INF:
+        return str(difference), _NA, None
+    relative = abs(difference) / abs(bench)
+    return str(difference), f"{relative * 100}%", relative
 
 
-def _r12(v: float) -> float:
-    return float(f"{v:.12f}") if math.isfinite(v) else v
+def _r12(value: float) -> float:
+    return float(f"{value:.12f}") if math.isfinite(value) else value
 
 
-def tensor_metrics(na: Any, ba: Any) -> list:
+def tensor_metrics(target_array: Any, bench_array: Any) -> list:
     """The 6 tensor metrics (Cosine, EucDist, MaxAbsErr, MaxRelativeErr, One Thousandth and Five
     Thousandths Err Ratio) of two numpy arrays: numbers, or the real tool's strings (``unsupported``
     where an array is missing, empty or 0-d, ``shape unmatched``, ``N/A`` for NaN/inf mismatches)."""
     import numpy as np
 
-    uns = ["unsupported"] * 6
-    if na is None or ba is None:
-        return uns
-    if na.shape != ba.shape:
+    unsupported = ["unsupported"] * 6
+    if target_array is None or bench_array is None:
+        return unsupported
+    if target_array.shape != bench_array.shape:
         return ["shape unmatched"] + ["unsupported"] * 5
-    if na.size == 0:
-        return uns
-    n = na.astype(np.float64, copy=False).ravel()
-    b = ba.astype(np.float64, copy=False).ravel()
-    if not (np.isfinite(n).all() and np.isfinite(b).all()):
-        if np.array_equal(np.isnan(n), np.isnan(b)) and np.array_equal(n[np.isinf(n)], b[np.isinf(b)]) \
-                and np.array_equal(np.isinf(n), np.isinf(b)):
-            fin = np.isfinite(n)
-            n, b = n[fin], b[fin]
-            if n.size == 0:
+    if target_array.size == 0:
+        return unsupported
+    target = target_array.astype(np.float64, copy=False).ravel()
+    bench = bench_array.astype(np.float64, copy=False).ravel()
+    if not (np.isfinite(target).all() and np.isfinite(bench).all()):
+        if np.array_equal(np.isnan(target), np.isnan(bench)) \
+                and np.array_equal(target[np.isinf(target)], bench[np.isinf(bench)]) \
+                and np.array_equal(np.isinf(target), np.isinf(bench)):
+            finite = np.isfinite(target)
+            target, bench = target[finite], bench[finite]
+            if target.size == 0:
                 return ["N/A"] * 6
         else:
             return ["N/A"] * 6
-    d = np.abs(n - b)
-    maxabs = float(d.max()) if d.size else 0.0
-    bb = b.copy()
-    nn = n.copy()
-    z = bb == 0
+    difference = np.abs(target - bench)
+    max_abs = float(difference.max()) if difference.size else 0.0
+    bench_shifted = bench.copy()
+    target_shifted = target.copy()
+    zero = bench_shifted == 0
     eps = np.finfo(np.float64).eps
-    bb[z] += eps
-    nn[z] += eps
-    rel = np.abs((nn - bb) / bb)
-    maxrel = float(rel.max()) if rel.size else 0.0
-    if na.ndim == 0:
-        return ["unsupported", "unsupported", _r12(maxabs), _r12(maxrel), "unsupported", "unsupported"]
-    nn_ = float(np.sqrt(np.dot(n, n)))
-    bn_ = float(np.sqrt(np.dot(b, b)))
-    if nn_ == 0 and bn_ == 0:
-        cos = 1.0
-    elif nn_ == 0 or bn_ == 0:
-        cos = math.nan
+    bench_shifted[zero] += eps
+    target_shifted[zero] += eps
+    relative = np.abs((target_shifted - bench_shifted) / bench_shifted)
+    max_relative = float(relative.max()) if relative.size else 0.0
+    if target_array.ndim == 0:
+        return ["unsupported", "unsupported", _r12(max_abs), _r12(max_relative), "unsupported", "unsupported"]
+    target_norm = float(np.sqrt(np.dot(target, target)))
+    bench_norm = float(np.sqrt(np.dot(bench, bench)))
+    if target_norm == 0 and bench_norm == 0:
+        cosine = 1.0
+    elif target_norm == 0 or bench_norm == 0:
+        cosine = math.nan
     else:
-        cos = min(float(np.dot(n, b) / (nn_ * bn_)), 1.0)
-    euc = float(np.sqrt(np.sum((n - b) ** 2)))
-    return [_r12(cos), euc, _r12(maxabs), _r12(maxrel), _r12(float(np.mean(rel < 0.001))),
-            _r12(float(np.mean(rel < 0.005)))]
+        cosine = min(float(np.dot(target, bench) / (target_norm * bench_norm)), 1.0)
+    euclidean = float(np.sqrt(np.sum((target - bench) ** 2)))
+    return [_r12(cosine), euclidean, _r12(max_abs), _r12(max_relative), _r12(float(np.mean(relative < 0.001))),
+            _r12(float(np.mean(relative < 0.005)))]
