@@ -90,28 +90,30 @@ def _paired_steps(target_steps: set, bench_steps: set, step: Any) -> list:
                           f"bench {sorted(bench_steps, key=_step_order)})")
     if len(target_steps) == 1 and len(bench_steps) == 1:
         return [(next(iter(target_steps)), next(iter(bench_steps)))]
-    common = sorted(target_steps & bench_steps, key=lambda s: (s is None, s or 0))
+    common = sorted(target_steps & bench_steps, key=lambda shared: (shared is None, shared or 0))
     if not common:
         raise ConfigError(f"the dumps share no step (target {sorted(target_steps, key=_step_order)}, "
                           f"bench {sorted(bench_steps, key=_step_order)}); pass --step")
-    return [(s, s) for s in common]
+    return [(shared, shared) for shared in common]
 
 
 def pair_sources(target_dump: Any, bench_dump: Any, *, step: Any = None, rank: Any = None) -> list:
     """[(target source, bench source)] pairing steps, then ranks (a lone rank/proc directory
     pairs with the other side's lone directory, whatever its name)."""
-    steps = _paired_steps({s.step for s in target_dump.sources}, {s.step for s in bench_dump.sources}, step)
+    steps = _paired_steps({source.step for source in target_dump.sources},
+                          {source.step for source in bench_dump.sources}, step)
     pairs = []
     for target_step, bench_step in steps:
-        targets = [s for s in target_dump.sources if s.step == target_step]
-        benches = [s for s in bench_dump.sources if s.step == bench_step]
+        targets = [source for source in target_dump.sources if source.step == target_step]
+        benches = [source for source in bench_dump.sources if source.step == bench_step]
         if len(targets) == 1 and len(benches) == 1:
             found = [(targets[0], benches[0])]
         else:
-            by_rank = {s.rank: s for s in benches}
-            found = [(s, by_rank[s.rank]) for s in targets if s.rank in by_rank]
+            by_rank = {source.rank: source for source in benches}
+            found = [(source, by_rank[source.rank]) for source in targets if source.rank in by_rank]
         if rank is not None:
-            found = [(a, b) for a, b in found if a.rank == rank or (a.rank is None and len(found) == 1)]
+            found = [(target, bench) for target, bench in found
+                     if target.rank == rank or (target.rank is None and len(found) == 1)]
         pairs.extend(found)
     if not pairs:
         raise ConfigError("no rank directories pair up between the two dumps"
@@ -157,7 +159,7 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
     context = PairContext(target_data=target_data, bench_data=bench_data, pairs=pairs, rest=rest,
                           target_source=target_source, bench_source=bench_source, mode=options.mode,
                           stack=options.stack, mapping=options.mapping, threshold=options.threshold)
-    header = [c for c in COLUMNS[options.mode] if options.stack or c != "NPU_Stack_Info"]
+    header = [name for name in COLUMNS[options.mode] if options.stack or name != "NPU_Stack_Info"]
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, _csv_name(target_source, options.timestamp, options.multi_step))
     files = [path]
@@ -285,7 +287,7 @@ def _options(pairs: list, mode: str, timestamp: Optional[str], xlsx: bool, struc
     if forced:
         check_mode(mode, pairs[0])
     options = CompareOptions(mode=mode, timestamp=timestamp or time.strftime("%Y%m%d%H%M%S"),
-                             multi_step=len({a.step for a, _ in pairs}) > 1, xlsx=xlsx, structural=structural,
+                             multi_step=len({target.step for target, _ in pairs}) > 1, xlsx=xlsx, structural=structural,
                              fuzzy=fuzzy, stack=stack, mapping=mapping, threshold=threshold)
     if engine not in ("auto", "rows"):
         raise ConfigError(f"engine must be 'auto' or 'rows', not {engine!r}")
@@ -300,7 +302,7 @@ def _run_pairs(pairs: list, out_dir: str, storage_options: Optional[dict], optio
     backend = executor.backend(len(pairs))
     try:
         if backend != "in-process":
-            jobs = [PairJob(a.url, b.url, storage_options, out_dir, options) for a, b in pairs]
+            jobs = [PairJob(target.url, bench.url, storage_options, out_dir, options) for target, bench in pairs]
             with Progress(len(pairs), "compare", "rank pairs", progress) as bar:
                 return executor.map(_pair_task, jobs, progress=bar), backend
         if len(pairs) == 1:
@@ -384,11 +386,12 @@ def _has_leaf(data: dict, test: Any, limit: int = 200) -> bool:
 def _warnings(results: list) -> list:
     """Lines worth a user's attention: rank pairs where most target records found no bench record."""
     out = []
-    for r in results:
-        if r["records"] and r["matched_records"] < MOSTLY_UNMATCHED * r["records"]:
-            out.append(f"step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: only {r['matched_records']} of "
-                       f"{r['records']} target records matched a bench record (different models, levels or "
-                       f"settings?); the {r['unmatched_rows']} unmatched rows are not compared")
+    for result in results:
+        if result["records"] and result["matched_records"] < MOSTLY_UNMATCHED * result["records"]:
+            out.append(f"step {result['step']} {result['rank_dir']} vs {result['bench_rank_dir']}: only "
+                       f"{result['matched_records']} of {result['records']} target records matched a bench record "
+                       f"(different models, levels or settings?); the {result['unmatched_rows']} unmatched rows "
+                       f"are not compared")
     return out
 
 
@@ -407,5 +410,5 @@ def _firsts_across(results: list) -> dict:
         for kind in ("nan", "inf"):
             key = f"first_{kind}_{side}"
             out[key] = _located(earliest(results, key), key, prefix)
-        out[f"masked_inf_{side}"] = sum(r.get(f"masked_inf_{side}", 0) for r in results)
+        out[f"masked_inf_{side}"] = sum(result.get(f"masked_inf_{side}", 0) for result in results)
     return out

@@ -110,114 +110,114 @@ def _short(name: str, width: int = 58) -> str:
     return name if len(name) <= width else name[: width // 2 - 1] + "…" + name[-(width // 2 - 1):]
 
 
-def _marks_of(r: dict) -> PlotMarks:
-    m = r.get("marks")
-    return m if isinstance(m, PlotMarks) else _from_dict(m or {"marks": [], "counts": {}, "worst": []})
+def _marks_of(result: dict) -> PlotMarks:
+    marks = result.get("marks")
+    return marks if isinstance(marks, PlotMarks) else _from_dict(marks or {"marks": [], "counts": {}, "worst": []})
 
 
 def _side_list(fig: Any, title: str, lines: list, left: float = 0.70) -> None:
-    ax = fig.add_axes((left, 0.10, 0.99 - left, 0.80))
-    ax.axis("off")
-    ax.text(0, 1, title, fontsize=10, weight="bold", va="top", transform=ax.transAxes)
-    for i, (text, color) in enumerate(lines):
-        ax.text(0, 0.95 - i * 0.045, text, fontsize=8, va="top", color=color, family="monospace",
-                transform=ax.transAxes)
+    axes = fig.add_axes((left, 0.10, 0.99 - left, 0.80))
+    axes.axis("off")
+    axes.text(0, 1, title, fontsize=10, weight="bold", va="top", transform=axes.transAxes)
+    for line, (text, color) in enumerate(lines):
+        axes.text(0, 0.95 - line * 0.045, text, fontsize=8, va="top", color=color, family="monospace",
+                transform=axes.transAxes)
 
 
 _COLOR = {"error": "#c62828", "warning": "#ef8f00", "pass": "#1f4e79"}
 
 
-def _pair_figure(fig: Any, r: dict, threshold: float) -> None:
-    series = r["series"]
-    marks = _marks_of(r)
-    ax = fig.add_axes((0.07, 0.12, 0.57, 0.76))
-    xs = [i for i, v in enumerate(series) if v is not None and 0 < v < math.inf]
-    zeros = sum(1 for v in series if v == 0)
-    ax.plot(xs, [series[i] for i in xs], ".", ms=3, color=_COLOR["pass"], label=f"rows with an error > 0 ({len(xs)})")
-    ax.set_yscale("log")
-    ax.axhline(threshold, color="#555555", lw=0.8, ls="--", label=f"{threshold:g}")
-    tr = ax.get_xaxis_transform()
-    for res, y in (("error", 1.036), ("warning", 1.014)):  # a rug above the axes, off the data
-        at = [i for i, rr in marks.marks if rr == res]
+def _pair_figure(fig: Any, result: dict, threshold: float) -> None:
+    series = result["series"]
+    marks = _marks_of(result)
+    axes = fig.add_axes((0.07, 0.12, 0.57, 0.76))
+    drawn = [row for row, value in enumerate(series) if value is not None and 0 < value < math.inf]
+    zeros = sum(1 for value in series if value == 0)
+    axes.plot(drawn, [series[row] for row in drawn], ".", ms=3, color=_COLOR["pass"], label=f"rows with an error > 0 ({len(drawn)})")
+    axes.set_yscale("log")
+    axes.axhline(threshold, color="#555555", lw=0.8, ls="--", label=f"{threshold:g}")
+    transform = axes.get_xaxis_transform()
+    for res, height in (("error", 1.036), ("warning", 1.014)):  # a rug above the axes, off the data
+        rows = [row for row, row_result in marks.marks if row_result == res]
         if marks.counts[res]:
-            ax.plot(at, [y] * len(at), "|", ms=8, mew=1.2, color=_COLOR[res], transform=tr, clip_on=False,
+            axes.plot(rows, [height] * len(rows), "|", ms=8, mew=1.2, color=_COLOR[res], transform=transform, clip_on=False,
                     label=f"{res} rows ({marks.counts[res]}), marked above the axes")
     worst = marks.worst_rows()
-    for (x, y), ks in _label_groups(worst, max(len(series), 1)):
-        ax.annotate(",".join(map(str, ks)), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=8,
+    for (column, height), numbers in _label_groups(worst, max(len(series), 1)):
+        axes.annotate(",".join(map(str, numbers)), (column, height), xytext=(3, 3), textcoords="offset points", fontsize=8,
                     color="black", weight="bold")
-    fd = r.get("first_divergence")
-    if fd is not None and fd.get("row_index") is not None and fd["row_index"] < len(series):
-        v = series[fd["row_index"]]
-        y = v if v is not None and 0 < v < math.inf else threshold
-        ax.plot([fd["row_index"]], [y], "o", ms=11, mfc="none", mec=_COLOR["error"], mew=1.5,
+    first = result.get("first_divergence")
+    if first is not None and first.get("row_index") is not None and first["row_index"] < len(series):
+        value = series[first["row_index"]]
+        height = value if value is not None and 0 < value < math.inf else threshold
+        axes.plot([first["row_index"]], [height], "o", ms=11, mfc="none", mec=_COLOR["error"], mew=1.5,
                 label="first divergence")
-    ax.set_xlim(-0.5, max(len(series), 1) - 0.5)
-    ax.set_xlabel("row of the compare CSV (execution order)")
-    ax.set_ylabel("relative Norm error (log)")
+    axes.set_xlim(-0.5, max(len(series), 1) - 0.5)
+    axes.set_xlabel("row of the compare CSV (execution order)")
+    axes.set_ylabel("relative Norm error (log)")
     if zeros:
-        ax.plot([], [], " ", label=f"rows with error 0 ({zeros}, not drawn on the log axis)")
-    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
-    res = ", ".join(f"{k} {v}" for k, v in sorted(r["results"].items()))
-    ax.set_title(f"step {r['step']} {r['rank_dir']} vs {r['bench_rank_dir']}: {r['rows']} rows ({res})", fontsize=10,
+        axes.plot([], [], " ", label=f"rows with error 0 ({zeros}, not drawn on the log axis)")
+    axes.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    res = ", ".join(f"{number} {value}" for number, value in sorted(result["results"].items()))
+    axes.set_title(f"step {result['step']} {result['rank_dir']} vs {result['bench_rank_dir']}: {result['rows']} rows ({res})", fontsize=10,
                  pad=26)
     lines = []
-    for k, w in enumerate(worst, 1):
-        color = _COLOR.get(w["result"], "black")
-        lines += [(f"{k:>2}. {w['norm_relative_err']:.3g} {w['result']:<7} row {w['row_index']}", color),
-                  (f"     {_short(w['row'], 44)}", color)]
-    if fd is not None:
-        lines += [("", "black"), ("first divergence:", _COLOR["error"]), (f"  {_short(fd['row'], 46)}", _COLOR["error"])]
-    _side_list(fig, f"worst rows (of {r['rows']})", lines or [("no row with a relative Norm error > 0", "black")],
+    for number, entry in enumerate(worst, 1):
+        color = _COLOR.get(entry["result"], "black")
+        lines += [(f"{number:>2}. {entry['norm_relative_err']:.3g} {entry['result']:<7} row {entry['row_index']}", color),
+                  (f"     {_short(entry['row'], 44)}", color)]
+    if first is not None:
+        lines += [("", "black"), ("first divergence:", _COLOR["error"]), (f"  {_short(first['row'], 46)}", _COLOR["error"])]
+    _side_list(fig, f"worst rows (of {result['rows']})", lines or [("no row with a relative Norm error > 0", "black")],
                left=0.665)
 
 
 def _label_groups(worst: list, n_rows: int) -> list:
-    """[((x, y), [numbers])]: the worst rows' numbers, those drawn close together joined ("3,4,5")."""
+    """[((column, height), [numbers])]: the worst rows' numbers, those drawn close together joined ("3,4,5")."""
     groups: list = []
-    for k, w in enumerate(worst, 1):
-        x, y = w["row_index"], w["norm_relative_err"]
-        for g in groups:
-            (gx, gy), ks = g
-            if abs(gx - x) <= 0.03 * n_rows and abs(math.log10(gy) - math.log10(y)) < 0.35:
-                ks.append(k)
+    for number, entry in enumerate(worst, 1):
+        column, height = entry["row_index"], entry["norm_relative_err"]
+        for group in groups:
+            (group_column, group_height), numbers = group
+            if abs(group_column - column) <= 0.03 * n_rows and abs(math.log10(group_height) - math.log10(height)) < 0.35:
+                numbers.append(number)
                 break
         else:
-            groups.append(((x, y), [k]))
+            groups.append(((column, height), [number]))
     return groups
 
 
-def _rank_key(r: dict) -> tuple:
-    rank = r.get("rank")
-    return (rank is None, rank if isinstance(rank, int) else 0, str(r["rank_dir"]))
+def _rank_key(result: dict) -> tuple:
+    rank = result.get("rank")
+    return (rank is None, rank if isinstance(rank, int) else 0, str(result["rank_dir"]))
 
 
-def _step_key(s: Any) -> tuple:
-    return (s is None, s if isinstance(s, int) else 0, str(s))
+def _step_key(step: Any) -> tuple:
+    return (step is None, step if isinstance(step, int) else 0, str(step))
 
 
 def cluster_grid(results: list) -> dict:
     """What the cluster plot draws: ``steps``, ``ranks`` (rank dir names), ``worst``
     (steps x ranks: a pair's largest finite relative Norm error, 0.0 when all its errors are 0,
-    None without a pair or a value), ``flags`` ({(i, j): 'error'/'warning'}) and ``top``
+    None without a pair or a value), ``flags`` ({(row, column): 'error'/'warning'}) and ``top``
     (the worst rows over all pairs, worst first, each with its cell)."""
-    steps = sorted({r["step"] for r in results}, key=_step_key)
-    ranks = [r["rank_dir"] for r in sorted({r["rank_dir"]: r for r in results}.values(), key=_rank_key)]
-    si, rj = {s: i for i, s in enumerate(steps)}, {d: j for j, d in enumerate(ranks)}
+    steps = sorted({result["step"] for result in results}, key=_step_key)
+    ranks = [result["rank_dir"] for result in sorted({result["rank_dir"]: result for result in results}.values(), key=_rank_key)]
+    step_row, rank_column = {step: row for row, step in enumerate(steps)}, {rank_dir: column for column, rank_dir in enumerate(ranks)}
     worst: list = [[None] * len(ranks) for _ in steps]  # step x rank: the worst value, None when none
     flags: dict = {}
     top: list = []
-    for r in results:
-        i, j = si[r["step"]], rj[r["rank_dir"]]
-        finite = [v for v in r["series"] if v is not None and v.__class__ is float and v < math.inf]
-        worst[i][j] = max(finite) if finite else None
-        m = _marks_of(r)
-        if m.counts["error"]:
-            flags[(i, j)] = "error"
-        elif m.counts["warning"]:
-            flags[(i, j)] = "warning"
-        top.extend(dict(w, step=r["step"], rank_dir=r["rank_dir"], cell=(i, j)) for w in m.worst_rows())
-    top.sort(key=lambda w: -w["norm_relative_err"])
+    for result in results:
+        row, column = step_row[result["step"]], rank_column[result["rank_dir"]]
+        finite = [value for value in result["series"] if value is not None and value.__class__ is float and value < math.inf]
+        worst[row][column] = max(finite) if finite else None
+        marks = _marks_of(result)
+        if marks.counts["error"]:
+            flags[(row, column)] = "error"
+        elif marks.counts["warning"]:
+            flags[(row, column)] = "warning"
+        top.extend(dict(entry, step=result["step"], rank_dir=result["rank_dir"], cell=(row, column)) for entry in marks.worst_rows())
+    top.sort(key=lambda entry: -entry["norm_relative_err"])
     return {"steps": steps, "ranks": ranks, "worst": worst, "flags": flags, "top": top[:TOP_N]}
 
 
@@ -227,45 +227,45 @@ def _cluster_figure(fig: Any, results: list) -> None:
     from matplotlib import colors
     from matplotlib.patches import Patch, Polygon, Rectangle
 
-    g = cluster_grid(results)
-    steps, ranks = g["steps"], g["ranks"]
-    data = np.array([[np.nan if v is None else v for v in row] for row in g["worst"]], dtype=float)
+    grid = cluster_grid(results)
+    steps, ranks = grid["steps"], grid["ranks"]
+    data = np.array([[np.nan if value is None else value for value in row] for row in grid["worst"]], dtype=float)
     positive = data[np.isfinite(data) & (data > 0)]
-    ax = fig.add_axes((0.07, 0.12, 0.52, 0.76))
-    cax = fig.add_axes((0.605, 0.12, 0.012, 0.76))
+    axes = fig.add_axes((0.07, 0.12, 0.52, 0.76))
+    bar_axes = fig.add_axes((0.605, 0.12, 0.012, 0.76))
     cmap = matplotlib.colormaps["viridis"].with_extremes(under="#f2f2f2", bad="#ffffff")
-    lo = float(positive.min()) if positive.size else 1e-8
-    hi = float(positive.max()) if positive.size else 1.0
-    if hi <= lo:
-        lo, hi = lo / 10, hi * 10
-    shown = np.where(data == 0, lo / 10, data)  # a pair whose errors are all 0: the 'under' colour
-    im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap,
-                   norm=colors.LogNorm(vmin=lo, vmax=hi), origin="upper")
-    fig.colorbar(im, cax=cax, extend="min").set_label("worst relative Norm error of the rank pair", fontsize=9)
-    for (i, j), flag in g["flags"].items():
+    low = float(positive.min()) if positive.size else 1e-8
+    high = float(positive.max()) if positive.size else 1.0
+    if high <= low:
+        low, high = low / 10, high * 10
+    shown = np.where(data == 0, low / 10, data)  # a pair whose errors are all 0: the 'under' colour
+    image = axes.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap,
+                   norm=colors.LogNorm(vmin=low, vmax=high), origin="upper")
+    fig.colorbar(image, cax=bar_axes, extend="min").set_label("worst relative Norm error of the rank pair", fontsize=9)
+    for (row, column), flag in grid["flags"].items():
         if flag == "error":  # outlined
-            ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, ec=_COLOR["error"], lw=2.2))
+            axes.add_patch(Rectangle((column - 0.46, row - 0.46), 0.92, 0.92, fill=False, ec=_COLOR["error"], lw=2.2))
         else:  # a corner: many pairs warn on float noise alone, the map stays readable
-            ax.add_patch(Polygon([(j - 0.5, i - 0.5), (j - 0.2, i - 0.5), (j - 0.5, i - 0.3)], fc=_COLOR["warning"],
+            axes.add_patch(Polygon([(column - 0.5, row - 0.5), (column - 0.2, row - 0.5), (column - 0.5, row - 0.3)], fc=_COLOR["warning"],
                                  ec="none"))
     labelled: set = set()
-    for k, w in enumerate(g["top"], 1):
-        if w["cell"] not in labelled:
-            labelled.add(w["cell"])
-            i, j = w["cell"]
-            ax.text(j, i, str(k), ha="center", va="center", fontsize=8, weight="bold", color="white",
+    for number, entry in enumerate(grid["top"], 1):
+        if entry["cell"] not in labelled:
+            labelled.add(entry["cell"])
+            row, column = entry["cell"]
+            axes.text(column, row, str(number), ha="center", va="center", fontsize=8, weight="bold", color="white",
                     bbox={"boxstyle": "circle,pad=0.15", "fc": "black", "ec": "none", "alpha": 0.6})
     every_r = max(1, math.ceil(len(ranks) / 40))
     every_s = max(1, math.ceil(len(steps) / 30))
-    ax.set_xticks(range(0, len(ranks), every_r))
-    ax.set_xticklabels([str(ranks[j]) for j in range(0, len(ranks), every_r)], rotation=90, fontsize=8)
-    ax.set_yticks(range(0, len(steps), every_s))
-    ax.set_yticklabels([str(steps[i]) for i in range(0, len(steps), every_s)], fontsize=8)
-    ax.set_xlabel("rank directory")
-    ax.set_ylabel("step")
-    n_err = sum(1 for f in g["flags"].values() if f == "error")
-    n_warn = sum(1 for f in g["flags"].values() if f == "warning")
-    ax.set_title(f"{len(results)} rank pairs ({len(steps)} steps x {len(ranks)} ranks): {n_err} with error rows, "
+    axes.set_xticks(range(0, len(ranks), every_r))
+    axes.set_xticklabels([str(ranks[column]) for column in range(0, len(ranks), every_r)], rotation=90, fontsize=8)
+    axes.set_yticks(range(0, len(steps), every_s))
+    axes.set_yticklabels([str(steps[row]) for row in range(0, len(steps), every_s)], fontsize=8)
+    axes.set_xlabel("rank directory")
+    axes.set_ylabel("step")
+    n_err = sum(1 for value in grid["flags"].values() if value == "error")
+    n_warn = sum(1 for value in grid["flags"].values() if value == "warning")
+    axes.set_title(f"{len(results)} rank pairs ({len(steps)} steps x {len(ranks)} ranks): {n_err} with error rows, "
                  f"{n_warn} more with warnings", fontsize=10)
     fig.legend(handles=[Patch(fill=False, ec=_COLOR["error"], lw=2.2, label="pair with error rows"),
                         Patch(fc=_COLOR["warning"], ec="none", label="warnings only (corner)"),
@@ -273,9 +273,9 @@ def _cluster_figure(fig: Any, results: list) -> None:
                         Patch(fc="#ffffff", ec="#999999", label="no value")],
                fontsize=8, loc="lower left", bbox_to_anchor=(0.66, 0.01), ncol=2, frameon=False)
     lines = []
-    for k, w in enumerate(g["top"], 1):
-        color = _COLOR.get(w["result"], "black")
-        lines += [(f"{k:>2}. {w['norm_relative_err']:.3g} {w['result']:<7} step {w['step']} {w['rank_dir']}", color),
-                  (f"     {_short(w['row'], 44)}", color)]
+    for number, entry in enumerate(grid["top"], 1):
+        color = _COLOR.get(entry["result"], "black")
+        lines += [(f"{number:>2}. {entry['norm_relative_err']:.3g} {entry['result']:<7} step {entry['step']} {entry['rank_dir']}", color),
+                  (f"     {_short(entry['row'], 44)}", color)]
     _side_list(fig, f"worst rows over all {len(results)} pairs",
                lines or [("no row with a relative Norm error > 0", "black")], left=0.665)

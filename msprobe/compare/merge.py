@@ -32,8 +32,8 @@ def read_yaml(path: str, option: str):
     """A YAML file given on the command line (``option``: its flag, for the one-line errors)."""
     yaml = require("yaml", "yaml")
     try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
     except OSError as exc:
         raise ConfigError(f"{option} {path}: cannot read it ({exc.strerror or exc})") from exc
     except yaml.YAMLError as exc:
@@ -43,23 +43,24 @@ def read_yaml(path: str, option: str):
 def _read_config(path: str) -> tuple:
     cfg = read_yaml(path, "-config")
     if not isinstance(cfg, dict) or not isinstance(cfg.get("api"), list) or not cfg["api"] \
-            or not all(isinstance(a, str) and a for a in cfg["api"]):
+            or not all(isinstance(api, str) and api for api in cfg["api"]):
         raise ConfigError(f"-config {path}: 'api' (a list of API or module names) is required")
-    idx = cfg.get("compare_index") or []
-    if not isinstance(idx, list) or not all(isinstance(x, str) for x in idx):
+    index = cfg.get("compare_index") or []
+    if not isinstance(index, list) or not all(isinstance(metric, str) for metric in index):
         raise ConfigError(f"-config {path}: 'compare_index' must be a list of metric column names")
-    return cfg["api"], idx
+    return cfg["api"], index
 
 
 def _rows(path: str) -> list:
     if path.endswith(".xlsx"):
         openpyxl = _openpyxl()
-        wb = openpyxl.load_workbook(path, read_only=True)
-        rows = [["" if v is None else str(v) for v in r] for r in wb.active.iter_rows(values_only=True)]
-        wb.close()
+        workbook = openpyxl.load_workbook(path, read_only=True)
+        rows = [["" if cell is None else str(cell) for cell in row]
+                for row in workbook.active.iter_rows(values_only=True)]
+        workbook.close()
     else:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
+        with open(path, newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
     if not rows:
         raise ConfigError(f"{path}: an empty compare result")
     return rows
@@ -74,7 +75,7 @@ def _openpyxl():
 
 
 def _wanted(name: str, apis: list) -> bool:
-    return any(name == a or name.startswith(a + ".") for a in apis)
+    return any(name == api or name.startswith(api + ".") for api in apis)
 
 
 def merge_result(input_dir: str, output_dir: str, config: str, *, timestamp: Optional[str] = None) -> dict:
@@ -84,10 +85,10 @@ def merge_result(input_dir: str, output_dir: str, config: str, *, timestamp: Opt
     if not os.path.isdir(input_dir):
         raise ConfigError(f"-i {input_dir}: not a directory")
     files: dict = {}
-    for f in sorted(os.listdir(input_dir)):
-        fm = _RANK.match(f)
-        if fm:
-            files.setdefault(int(fm.group(1)), os.path.join(input_dir, f))
+    for file_name in sorted(os.listdir(input_dir)):
+        found = _RANK.match(file_name)
+        if found:
+            files.setdefault(int(found.group(1)), os.path.join(input_dir, file_name))
     if not files:
         raise ConfigError(f"-i {input_dir}: no compare_result_rank<N>_<timestamp>.csv/.xlsx files (the output of a "
                           f"multi-rank compare)")
@@ -97,40 +98,40 @@ def merge_result(input_dir: str, output_dir: str, config: str, *, timestamp: Opt
     for rank, path in sorted(files.items()):
         rows = _rows(path)
         header = rows[0]
-        m = next((k for k, cols in METRICS.items() if cols[0] in header), None)
-        if m is None:
+        found_mode = next((kind for kind, columns in METRICS.items() if columns[0] in header), None)
+        if found_mode is None:
             raise ConfigError(f"{path}: not a statistics or tensor compare result (md5 results hold no metrics)")
-        if mode is not None and m != mode:
+        if mode is not None and found_mode != mode:
             raise ConfigError(f"{input_dir}: statistics and tensor compare results mixed ({os.path.basename(path)})")
-        mode = m
+        mode = found_mode
         metrics = index or METRICS[mode]
-        bad = [x for x in metrics if x not in METRICS[mode]]
+        bad = [metric for metric in metrics if metric not in METRICS[mode]]
         if bad:
             raise ConfigError(f"compare_index {bad} are not {mode} metrics (valid: {', '.join(METRICS[mode])})")
-        col = {c: i for i, c in enumerate(header)}
-        for r in rows[1:]:
-            name = r[col["NPU Name"]]
+        column = {name: position for position, name in enumerate(header)}
+        for row in rows[1:]:
+            name = row[column["NPU Name"]]
             if not _wanted(name, apis):
                 continue
             if name not in table.get(metrics[0], {}):
                 names.append(name)
-            for x in metrics:
-                v = r[col[x]]
-                if v.strip() in _UNDEFINED:
-                    v = f"NPU:'{r[col['NPU max']]}'  Bench:'{r[col['Bench max']]}'"
-                table.setdefault(x, {}).setdefault(name, {})[rank] = v
+            for metric in metrics:
+                value = row[column[metric]]
+                if value.strip() in _UNDEFINED:
+                    value = f"NPU:'{row[column['NPU max']]}'  Bench:'{row[column['Bench max']]}'"
+                table.setdefault(metric, {}).setdefault(name, {})[rank] = value
     assert mode is not None  # files is not empty: every file set it
     metrics = index or METRICS[mode]
     ranks = sorted(files)
-    wb = openpyxl.Workbook()
-    wb.remove(wb.active)
-    for x in metrics:
-        ws = wb.create_sheet(x.replace("/", "_")[:31])
-        ws.append(["NPU Name"] + [f"rank{r}" for r in ranks])
+    workbook = openpyxl.Workbook()
+    workbook.remove(workbook.active)
+    for metric in metrics:
+        sheet = workbook.create_sheet(metric.replace("/", "_")[:31])
+        sheet.append(["NPU Name"] + [f"rank{rank}" for rank in ranks])
         for name in names:
-            got = table.get(x, {}).get(name, {})
-            ws.append([name] + [got.get(r, "") for r in ranks])
+            got = table.get(metric, {}).get(name, {})
+            sheet.append([name] + [got.get(rank, "") for rank in ranks])
     os.makedirs(output_dir, exist_ok=True)
     out = os.path.join(output_dir, f"multi_ranks_compare_merge_{timestamp or time.strftime('%Y%m%d%H%M%S')}.xlsx")
-    wb.save(out)
+    workbook.save(out)
     return {"file": out, "ranks": ranks, "rows": len(names), "metrics": list(metrics), "mode": mode}

@@ -7,6 +7,7 @@ still-running dump may have changed.
 from __future__ import annotations
 
 import json
+import re
 from json.decoder import NaN, NegInf, PosInf  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -73,6 +74,7 @@ def _part_order(key: str) -> tuple:
 #: the non-finite tokens Python's json writes (JSON has none) and the strings they stand in as
 #: for orjson: none holds a token, so the replacements cannot meet each other
 _NONFINITE_TOKENS = ((b"-Infinity", b'"\\u0000-I"'), (b"Infinity", b'"\\u0000I"'), (b"NaN", b'"\\u0000N"'))
+_STAND_IN_KEY = re.compile(rb'"\\u0000(?:N|I|-I)"[ \t\r\n]*:')
 _NONFINITE_VALUES = {"\x00-I": NegInf, "\x00I": PosInf, "\x00N": NaN}  # json.loads' own objects
 #: digits to "0", so that runs of 19 digits or more are found by bytes.find
 _DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
@@ -95,32 +97,19 @@ def _has_long_integer(data: bytes) -> bool:
     return False
 
 
-def _restore_nonfinite(obj: Any) -> bool:
-    """Put NaN/+-Infinity back where orjson parsed their stand-in strings; False when a stand-in
-    is a key (the text had a bare token as a key: not JSON, json.loads is to say so)."""
+def _restore_nonfinite(obj: Any) -> None:
+    """Put NaN/+-Infinity back where orjson parsed their stand-in strings."""
     values = _NONFINITE_VALUES
     stack = [obj]
     while stack:
         node = stack.pop()
-        if node.__class__ is dict:
-            for key, value in node.items():
-                if key[:1] == "\x00":
-                    return False
-                kind = value.__class__
-                if kind is str:
-                    if value[:1] == "\x00":
-                        node[key] = values[value]
-                elif kind is dict or kind is list:
-                    stack.append(value)
-        else:
-            for position, value in enumerate(node):
-                kind = value.__class__
-                if kind is str:
-                    if value[:1] == "\x00":
-                        node[position] = values[value]
-                elif kind is dict or kind is list:
-                    stack.append(value)
-    return True
+        for key, value in (node.items() if node.__class__ is dict else enumerate(node)):
+            kind = value.__class__
+            if kind is str:
+                if value[:1] == "\x00":
+                    node[key] = values[value]
+            elif kind is dict or kind is list:
+                stack.append(value)
 
 
 def _orjson_loads(data: bytes) -> Any:
@@ -139,12 +128,16 @@ def _orjson_loads(data: bytes) -> Any:
             return None
         for token, stand_in in _NONFINITE_TOKENS:
             data = data.replace(token, stand_in)  # a token inside a string breaks that string: orjson refuses
+        if _STAND_IN_KEY.search(data):  # a bare token as a key: not JSON, json.loads is to say so
+            return None
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    if marked and not (isinstance(obj, (dict, list)) and _restore_nonfinite(obj)):
-        return None
+    if marked:
+        if not isinstance(obj, (dict, list)):
+            return None
+        _restore_nonfinite(obj)
     return obj
 
 
