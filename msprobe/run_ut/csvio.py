@@ -48,8 +48,8 @@ def details_path_for(result_csv: str) -> str:
 
 def read_csv_rows(path: str) -> list:
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            return list(csv.reader(fh))
+        with open(path, newline="", encoding="utf-8-sig") as file:
+            return list(csv.reader(file))
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: no such CSV file") from exc
     except UnicodeDecodeError as exc:
@@ -60,7 +60,7 @@ def read_result_names(result_csv: str) -> list:
     rows = read_csv_rows(result_csv)
     if not rows or rows[0][:1] != RESULT_HEADER[:1]:
         raise ConfigError(f"{result_csv}: not a run_ut result CSV (header {rows[0] if rows else 'missing'})")
-    return [r[0] for r in rows[1:] if r]
+    return [row[0] for row in rows[1:] if row]
 
 
 def api_of_row(row_name: str) -> str:
@@ -91,8 +91,8 @@ class ResultWriter:
             self.result_path = os.path.join(out_dir, f"accuracy_checking_result_{ts}.csv")
             self.details_path = os.path.join(out_dir, f"accuracy_checking_details_{ts}.csv")
             for path, header in ((self.result_path, RESULT_HEADER), (self.details_path, DETAILS_HEADER)):
-                with open(path, "w", newline="", encoding="utf-8-sig") as fh:
-                    csv.writer(fh).writerow(header)
+                with open(path, "w", newline="", encoding="utf-8-sig") as file:
+                    csv.writer(file).writerow(header)
         self._res = open(self.result_path, "a", newline="", encoding="utf-8")
         self._det = open(self.details_path, "a", newline="", encoding="utf-8")
         self.counts: dict = {}
@@ -100,18 +100,18 @@ class ResultWriter:
     def _trim_details(self) -> None:
         """Drop details rows of APIs whose result row was never written (the run stopped between the two)."""
         if not os.path.exists(self.details_path):
-            with open(self.details_path, "w", newline="", encoding="utf-8-sig") as fh:
-                csv.writer(fh).writerow(DETAILS_HEADER)
+            with open(self.details_path, "w", newline="", encoding="utf-8-sig") as file:
+                csv.writer(file).writerow(DETAILS_HEADER)
             return
         rows = read_csv_rows(self.details_path)
-        keep = [rows[0]] + [r for r in rows[1:] if r and api_of_row(r[0]) in self.done]
+        keep = [rows[0]] + [row for row in rows[1:] if row and api_of_row(row[0]) in self.done]
         if len(keep) == len(rows):
             return
         buf = io.StringIO()
         csv.writer(buf).writerows(keep)
         tmp = self.details_path + ".tmp"
-        with open(tmp, "w", newline="", encoding="utf-8-sig") as fh:
-            fh.write(buf.getvalue())
+        with open(tmp, "w", newline="", encoding="utf-8-sig") as file:
+            file.write(buf.getvalue())
         os.replace(tmp, self.details_path)
 
     def write(self, result: object) -> None:
@@ -130,13 +130,13 @@ class ResultWriter:
                 self.counts[s] = self.counts.get(s, 0) + 1
 
     def write_all(self, results: Iterable[object]) -> None:
-        for r in results:
-            self.write(r)
+        for row in results:
+            self.write(row)
 
     def close(self) -> None:
-        for fh in (self._res, self._det):
+        for file in (self._res, self._det):
             try:
-                fh.close()
+                file.close()
             except OSError:
                 pass
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Union
 
 from msprobe.errors import MsprobeError
 from msprobe.format.model import SequenceArg, TensorArg
-from msprobe.run_ut import standards as S
+from msprobe.run_ut import standards
 from msprobe.run_ut.metrics import ERROR, PASS, SKIP, WARNING, compare_values, skip_row, worst
 
 __all__ = ["ApiPacket", "ApiResult", "CheckOptions", "check_packet", "packet_from_record", "split_api_name",
@@ -94,12 +94,12 @@ def split_api_name(full: str) -> tuple:
 
 def filter_reason(api_type: str, api_name: str, options: CheckOptions) -> Optional[str]:
     """Why an API is not replayed at all (None: it is)."""
-    if api_type in S.NOT_REPLAYED_TYPES:
-        return S.NOT_REPLAYED_TYPES[api_type] + "."
-    if api_type not in S.REPLAYABLE_TYPES:
-        return f"API type {api_type!r} is not replayed by run_ut (only {', '.join(S.REPLAYABLE_TYPES)})."
-    base = S.base_api_name(api_name)
-    if base in S.UNSUPPORTED_APIS:
+    if api_type in standards.NOT_REPLAYED_TYPES:
+        return standards.NOT_REPLAYED_TYPES[api_type] + "."
+    if api_type not in standards.REPLAYABLE_TYPES:
+        return f"API type {api_type!r} is not replayed by run_ut (only {', '.join(standards.REPLAYABLE_TYPES)})."
+    base = standards.base_api_name(api_name)
+    if base in standards.UNSUPPORTED_APIS:
         return f"API {api_name} is not replayable (run_ut does not check it: no deterministic result to compare)."
     if options.black_list and (api_name in options.black_list or base in options.black_list):
         return f"API {api_name} is filtered out by the black list."
@@ -135,27 +135,27 @@ def resolve_api(api_type: str, api_name: str) -> Callable:
     """The callable a record's API name stands for (``Tensor`` methods take self first)."""
     import torch
 
-    fn = None
+    api = None
     if api_type == "Tensor":
-        fn = getattr(torch.Tensor, api_name, None)
+        api = getattr(torch.Tensor, api_name, None)
     elif api_type == "Torch":
-        fn = getattr(torch, api_name, None) or getattr(_variable_functions(), api_name, None)
+        api = getattr(torch, api_name, None) or getattr(_variable_functions(), api_name, None)
     elif api_type == "Functional":
-        fn = getattr(torch.nn.functional, api_name, None)
+        api = getattr(torch.nn.functional, api_name, None)
     elif api_type == "VF":
-        fn = getattr(_variable_functions(), api_name, None)
+        api = getattr(_variable_functions(), api_name, None)
     elif api_type == "Aten":
-        op, _, overload = api_name.partition(".")
-        packet = getattr(torch.ops.aten, op, None)
+        op_name, _, overload = api_name.partition(".")
+        packet = getattr(torch.ops.aten, op_name, None)
         if packet is not None:
-            fn = getattr(packet, overload or "default", None) or packet
+            api = getattr(packet, overload or "default", None) or packet
     elif api_type == "NPU":
         import torch_npu
 
-        fn = getattr(torch_npu, api_name, None) or getattr(getattr(torch.ops, "npu", None), api_name, None)
-    if fn is None:
+        api = getattr(torch_npu, api_name, None) or getattr(getattr(torch.ops, "npu", None), api_name, None)
+    if api is None:
         raise MsprobeError(f"{api_type}.{api_name}: torch {torch.__version__} has no such API")
-    return fn
+    return api
 
 
 def _is_inplace(api_name: str) -> bool:
@@ -183,50 +183,50 @@ class _Side:
         self.inplace = inplace
         self.copy = copy  #: False: a tensor already on the device in its dtype is used as it is (no copy)
         self.leaves: list = []
-        self.args = [self._conv(a, track=True) for a in args]
-        self.kwargs = {k: self._conv(v, track=False) for k, v in kwargs.items()}
+        self.args = [self._conv(arg, track=True) for arg in args]
+        self.kwargs = {key: self._conv(value, track=False) for key, value in kwargs.items()}
 
     def release(self) -> None:
         """Drop the inputs (once the call has run and no backward needs them)."""
         self.args, self.kwargs, self.leaves = [], {}, []
 
-    def _conv(self, x: Any, *, track: bool) -> Any:
+    def _conv(self, item: Any, *, track: bool) -> Any:
         import torch
 
-        if isinstance(x, torch.Tensor):
-            dtype = x.dtype
-            if self.upcast and x.is_floating_point() and dtype in (torch.float16, torch.bfloat16, torch.float32):
+        if isinstance(item, torch.Tensor):
+            dtype = item.dtype
+            if self.upcast and item.is_floating_point() and dtype in (torch.float16, torch.bfloat16, torch.float32):
                 dtype = torch.float64
-            t = x.detach().to(device=self.device, dtype=dtype, copy=self.copy)
-            grad = self.need_grad and x.requires_grad and t.is_floating_point()
+            tensor = item.detach().to(device=self.device, dtype=dtype, copy=self.copy)
+            grad = self.need_grad and item.requires_grad and tensor.is_floating_point()
             if grad:
-                t.requires_grad_(True)
+                tensor.requires_grad_(True)
             if track:
-                self.leaves.append(t if grad else None)
+                self.leaves.append(tensor if grad else None)
             if grad and self.inplace:  # a leaf may not be modified in place (in-place APIs, inplace=True kwargs)
-                return t.clone()
-            return t
-        if isinstance(x, (list, tuple)):
-            out = [self._conv(v, track=track) for v in x]
-            return type(x)(out) if isinstance(x, tuple) else out
-        if isinstance(x, dict):
-            return {k: self._conv(v, track=track) for k, v in x.items()}
-        return x
+                return tensor.clone()
+            return tensor
+        if isinstance(item, (list, tuple)):
+            out = [self._conv(value, track=track) for value in item]
+            return type(item)(out) if isinstance(item, tuple) else out
+        if isinstance(item, dict):
+            return {key: self._conv(value, track=track) for key, value in item.items()}
+        return item
 
 
-def _flatten(v: Any, out: list) -> list:
+def _flatten(value: Any, out: list) -> list:
     import torch
 
-    if isinstance(v, torch.Tensor) or v is None or isinstance(v, (bool, int, float, str, complex)):
-        out.append(v)
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            _flatten(x, out)
-    elif isinstance(v, dict):
-        for x in v.values():
-            _flatten(x, out)
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float, str, complex)):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _flatten(item, out)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _flatten(item, out)
     else:
-        out.append(v)
+        out.append(value)
     return out
 
 
@@ -244,19 +244,19 @@ def _seed(seed: Optional[int], device: str) -> None:
         torch.npu.manual_seed(seed)  # type: ignore[attr-defined]
 
 
-def _run(fn: Callable, side: _Side, seed: Optional[int]) -> Any:
+def _run(api: Callable, side: _Side, seed: Optional[int]) -> Any:
     import torch
 
     _seed(seed, side.device)
     if side.need_grad:
-        return fn(*side.args, **side.kwargs)
+        return api(*side.args, **side.kwargs)
     with torch.no_grad():
-        return fn(*side.args, **side.kwargs)
+        return api(*side.args, **side.kwargs)
 
 
 def _first_line(exc: BaseException) -> str:
-    s = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {s[0] if s else ''}"[:500]
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
 
 
 def _mutates(api_name: str, kwargs: dict) -> bool:
@@ -274,49 +274,49 @@ def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None, *, c
     the two outputs and one float64 array of their size while it judges them).
     """
     options = options or CheckOptions()
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     name = packet.name
     api_type, api_name, _ = split_api_name(name)
     reason = filter_reason(api_type, api_name, options)
     if reason:
         return skip_result(name, reason, packet.has_backward)
-    fn = resolve_api(api_type, api_name)
-    base = S.base_api_name(api_name)
-    want_bwd = packet.has_backward and base not in S.NO_BACKWARD_APIS
-    upcast = options.upcast and base not in S.KEEP_DTYPE_APIS
+    api = resolve_api(api_type, api_name)
+    base = standards.base_api_name(api_name)
+    want_bwd = packet.has_backward and base not in standards.NO_BACKWARD_APIS
+    upcast = options.upcast and base not in standards.KEEP_DTYPE_APIS
     if api_name in ("__setitem__", "__getitem__") and len(packet.args) > 1 and isinstance(packet.args[1], list):
         packet.args[1] = tuple(packet.args[1])  # a multi-dimensional index is a tuple (dump.json has a list)
     mutates = _mutates(api_name, packet.kwargs)
     bench: Optional[_Side] = _Side(packet.args, packet.kwargs, device="cpu", upcast=upcast, need_grad=want_bwd,
                                    inplace=mutates)
     bench_exc: Optional[Exception] = None
-    out_b: Any = None
+    bench_out: Any = None
     try:
-        out_b = _run(fn, bench, options.seed)  # type: ignore[arg-type]
+        bench_out = _run(api, bench, options.seed)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - reported after the device side (its failure is reported first)
         bench_exc, bench = exc, None
         if upcast:  # built now, from the inputs before the device side may write into them
             bench = _Side(packet.args, packet.kwargs, device="cpu", upcast=False, need_grad=want_bwd, inplace=mutates)
     if bench is not None and bench_exc is None and not want_bwd:
         bench.release()
-    dev = _Side(packet.args, packet.kwargs, device=options.device, upcast=False, need_grad=want_bwd, inplace=mutates,
+    target = _Side(packet.args, packet.kwargs, device=options.device, upcast=False, need_grad=want_bwd, inplace=mutates,
                 copy=mutates or options.keep_tensors)
     try:
-        out_d = _run(fn, dev, options.seed)
+        target_out = _run(api, target, options.seed)
     except Exception as exc:  # noqa: BLE001 - reported, never fatal
         msg = f"The API raised on the device side ({options.device}): {_first_line(exc)}"
         return skip_result(name, msg, packet.has_backward)
     if not want_bwd:
-        dev.release()
+        target.release()
     note = ""
     if bench_exc is not None:
         if bench is None:
             return skip_result(name, f"The API raised on the CPU benchmark: {_first_line(bench_exc)}",
                                packet.has_backward)
         try:
-            out_b = _run(fn, bench, options.seed)
-        except Exception as exc2:  # noqa: BLE001
-            return skip_result(name, f"The API raised on the CPU benchmark: {_first_line(exc2)}",
+            bench_out = _run(api, bench, options.seed)
+        except Exception as bench_exc2:  # noqa: BLE001
+            return skip_result(name, f"The API raised on the CPU benchmark: {_first_line(bench_exc2)}",
                                packet.has_backward)
         if not want_bwd:
             bench.release()
@@ -325,23 +325,23 @@ def check_packet(packet: ApiPacket, options: Optional[CheckOptions] = None, *, c
     tensors = None
     if options.keep_tensors:
         tensors = {"forward.input": packet.args, "forward.input_kwargs": packet.kwargs,
-                   "forward.output.device": out_d, "forward.output.bench": out_b}
+                   "forward.output.device": target_out, "forward.output.bench": bench_out}
     elif consume and not want_bwd:
         packet.args, packet.kwargs = [], {}
     recorded = packet.recorded_output if options.check_recorded else None
-    rows = _forward_rows(name, api_name, out_d, out_b, recorded, base in S.RANDOM_APIS, note)
+    rows = _forward_rows(name, api_name, target_out, bench_out, recorded, base in standards.RANDOM_APIS, note)
     fwd = _aggregate(rows)
     bwd = ""
     message = ""
     if packet.has_backward:
-        outs = [out_d, out_b]
+        outs = [target_out, bench_out]
         drop = tensors is None  # nothing else keeps the outputs: _backward lets each go once it is done
         if drop:
-            out_d = out_b = recorded = None
-        brows, bwd, message = _backward(packet, options, name, api_name, base, outs, dev, bench,
+            target_out = bench_out = recorded = None
+        brows, bwd, message = _backward(packet, options, name, api_name, base, outs, target, bench,
                                         consume=consume and drop)
         rows.extend(brows)
-    return ApiResult(name, fwd, bwd, message, rows, time.perf_counter() - t0, tensors)
+    return ApiResult(name, fwd, bwd, message, rows, time.perf_counter() - started, tensors)
 
 
 def _forward_rows(name: str, api_name: str, target_out: Any, bench_out: Any, recorded: Optional[list],
@@ -368,71 +368,71 @@ def _forward_rows(name: str, api_name: str, target_out: Any, bench_out: Any, rec
 
 def _aggregate(rows: list) -> str:
     """error > warning > pass; rows skipped for want of a value do not count."""
-    return worst(r.get("status") for r in rows)
+    return worst(row.get("status") for row in rows)
 
 
 def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str, base: str, outs: list,
-              dev: _Side, bench: _Side, *, consume: bool = False) -> tuple:
+              target: _Side, bench: _Side, *, consume: bool = False) -> tuple:
     """The backward rows. ``outs``: [device output, benchmark output], emptied here (with the two
     sides' inputs) once the backward ran, so that only the input gradients are alive while they are
     judged; ``consume``: the packet's inputs and gradient go too."""
     import torch
 
-    rname = f"{name}.backward.output.0"
-    if base in S.NO_BACKWARD_APIS:
+    row_name = f"{name}.backward.output.0"
+    if base in standards.NO_BACKWARD_APIS:
         msg = f"The backward of {api_name} is not checked by run_ut."
-        return [skip_row(rname, msg)], SKIP, msg
-    td = [t for t in _flatten(outs[0], []) if isinstance(t, torch.Tensor)]
-    tb = [t for t in _flatten(outs[1], []) if isinstance(t, torch.Tensor)]
-    if len(td) != 1 or len(tb) != 1:
+        return [skip_row(row_name, msg)], SKIP, msg
+    target_tensors = [tensor for tensor in _flatten(outs[0], []) if isinstance(tensor, torch.Tensor)]
+    bench_tensors = [tensor for tensor in _flatten(outs[1], []) if isinstance(tensor, torch.Tensor)]
+    if len(target_tensors) != 1 or len(bench_tensors) != 1:
         msg = "The API has several outputs: its backward is not checked."
-        return [skip_row(rname, msg)], SKIP, msg
+        return [skip_row(row_name, msg)], SKIP, msg
     grad = packet.grad
     if isinstance(grad, (list, tuple)):
-        grads = [g for g in grad if isinstance(g, torch.Tensor)]
+        grads = [one_grad for one_grad in grad if isinstance(one_grad, torch.Tensor)]
         grad = grads[0] if len(grads) == 1 else None
     if not isinstance(grad, torch.Tensor):
         msg = "The dump holds no gradient for the output: the backward is not checked."
-        return [skip_row(rname, msg)], SKIP, msg
-    od, ob = td[0], tb[0]
-    td = tb = []
+        return [skip_row(row_name, msg)], SKIP, msg
+    target_out, bench_out = target_tensors[0], bench_tensors[0]
+    target_tensors = bench_tensors = []
     outs.clear()
-    if not od.requires_grad or not ob.requires_grad:
+    if not target_out.requires_grad or not bench_out.requires_grad:
         rows = [skip_row(f"{name}.backward.output.{i}", "No gradient flows to this argument: nothing to compare.")
-                for i in range(max(1, len(dev.leaves)))]
+                for i in range(max(1, len(target.leaves)))]
         return rows, PASS, ""
     try:
-        if tuple(grad.shape) != tuple(od.shape):
-            raise ValueError(f"gradient shape {tuple(grad.shape)} differs from the output shape {tuple(od.shape)}")
-        _seed(options.seed, dev.device)
-        od.backward(grad.detach().to(device=od.device, dtype=od.dtype))
-        del od  # the device side's graph is gone: its output too
-        g64 = grad.detach().to(device="cpu", dtype=ob.dtype)
+        if tuple(grad.shape) != tuple(target_out.shape):
+            raise ValueError(f"gradient shape {tuple(grad.shape)} differs from the output shape {tuple(target_out.shape)}")
+        _seed(options.seed, target.device)
+        target_out.backward(grad.detach().to(device=target_out.device, dtype=target_out.dtype))
+        del target_out  # the device side's graph is gone: its output too
+        bench_grad_out = grad.detach().to(device="cpu", dtype=bench_out.dtype)
         del grad
         if consume:
             packet.grad = None
         _seed(options.seed, "cpu")
-        ob.backward(g64)
-        del ob, g64
+        bench_out.backward(bench_grad_out)
+        del bench_out, bench_grad_out
     except Exception as exc:  # noqa: BLE001
         msg = f"The backward raised: {_first_line(exc)}"
-        return [skip_row(rname, msg)], SKIP, msg
-    grads_d = [ld.grad if ld is not None else None for ld in dev.leaves]
-    grads_b = [lb.grad if lb is not None else None for lb in bench.leaves]
-    dev.release()
+        return [skip_row(row_name, msg)], SKIP, msg
+    target_grads = [leaf.grad if leaf is not None else None for leaf in target.leaves]
+    bench_grads = [leaf.grad if leaf is not None else None for leaf in bench.leaves]
+    target.release()
     bench.release()
     if consume:
         packet.args, packet.kwargs = [], {}
     rows = []
     rec = packet.recorded_grads if options.check_recorded else None
-    for i, (gd, gb) in enumerate(zip(grads_d, grads_b)):
-        grads_d[i] = grads_b[i] = None  # each pair goes once judged
-        r = rec[i] if rec and i < len(rec) else None
+    for i, (target_grad, bench_grad) in enumerate(zip(target_grads, bench_grads)):
+        target_grads[i] = bench_grads[i] = None  # each pair goes once judged
+        recorded_grad = rec[i] if rec and i < len(rec) else None
         # gradients are judged by the benchmark rule: an API's forward algorithm (single rounding, exact,
         # ULP) says nothing of its backward (reductions over broadcast dims, masks, transposed matmuls)
-        rows.append(compare_values(f"{name}.backward.output.{i}", "", gb, gd, recorded=r))
+        rows.append(compare_values(f"{name}.backward.output.{i}", "", bench_grad, target_grad, recorded=recorded_grad))
     if not rows:
-        rows = [skip_row(rname, "The API has no tensor argument to differentiate.")]
+        rows = [skip_row(row_name, "The API has no tensor argument to differentiate.")]
     return rows, _aggregate(rows), ""
 
 
@@ -440,11 +440,11 @@ def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str
 
 
 def _flatten_args(args: list, out: list) -> list:
-    for a in args:
-        if isinstance(a, SequenceArg):
-            _flatten_args(list(a.items), out)
+    for arg in args:
+        if isinstance(arg, SequenceArg):
+            _flatten_args(list(arg.items), out)
         else:
-            out.append(a)
+            out.append(arg)
     return out
 
 
@@ -452,10 +452,10 @@ def _load_recorded(args: list) -> Optional[list]:
     flat = _flatten_args(args, [])
     out: list = []
     any_file = False
-    for a in flat:
-        if isinstance(a, TensorArg) and isinstance(a.data_name, str) and hasattr(a, "load"):
+    for arg in flat:
+        if isinstance(arg, TensorArg) and isinstance(arg.data_name, str) and hasattr(arg, "load"):
             try:
-                out.append(a.load(framework="torch"))
+                out.append(arg.load(framework="torch"))
                 any_file = True
                 continue
             except Exception:  # noqa: BLE001 - an unreadable dumped tensor only loses this extra check
@@ -482,8 +482,8 @@ def packet_from_record(record: Any, backward_record: Any = None, options: Option
                                                      max_generated_bytes=ceiling)
         except Exception:  # noqa: BLE001 - the backward is then reported as not checkable
             gargs = []
-        gt = _flatten(gargs, [])
-        pkt.grad = gt[0] if len(gt) == 1 else gt
+        grad_tensor = _flatten(gargs, [])
+        pkt.grad = grad_tensor[0] if len(grad_tensor) == 1 else grad_tensor
         # the dumped input gradients are not judged: the real tool's backward records do not map their
         # outputs to the forward arguments one to one (a relu(inplace) grad is recorded with another shape)
     return pkt

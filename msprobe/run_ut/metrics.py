@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from msprobe.run_ut import standards as S
+from msprobe.run_ut import standards
 
 __all__ = ["DETAILS_HEADER", "DETAIL_FIELDS", "compare_values", "skip_row", "worst", "PASS", "WARNING", "ERROR",
            "SKIP", "dtype_name"]
@@ -35,9 +35,9 @@ DETAILS_HEADER = [h for _, h in DETAIL_FIELDS]
 
 def worst(statuses) -> str:
     out = PASS
-    for s in statuses:
-        if s is not None and _RANK.get(s, 0) > _RANK[out]:
-            out = s
+    for status in statuses:
+        if status is not None and _RANK.get(status, 0) > _RANK[out]:
+            out = status
     return out
 
 
@@ -124,37 +124,37 @@ def _compare_builtin(name: str, bench: Any, device: Any) -> dict:
 _CHUNK = 1 << 18
 
 
-def _flat(t: Any) -> Any:
+def _flat(tensor: Any) -> Any:
     """``t`` on the CPU as a 1-D tensor in its own dtype (a view where it can be)."""
-    return t.detach().cpu().reshape(-1)
+    return tensor.detach().cpu().reshape(-1)
 
 
-def _chunks(n: int):
-    return ((s, min(s + _CHUNK, n)) for s in range(0, n, _CHUNK))
+def _chunks(count: int):
+    return ((start, min(start + _CHUNK, count)) for start in range(0, count, _CHUNK))
 
 
 def _compare_exact(name: str, bench: Any, device: Any) -> dict:
-    d, b = _flat(device), _flat(bench)
-    conv = b.dtype != d.dtype
-    floating = d.is_floating_point()
+    target_flat, bench_flat = _flat(device), _flat(bench)
+    conv = bench_flat.dtype != target_flat.dtype
+    floating = target_flat.is_floating_point()
     wrong = 0
-    for s, e in _chunks(d.numel()):
-        dc, bc = d[s:e], b[s:e]
+    for start, end in _chunks(target_flat.numel()):
+        target_chunk, bench_chunk = target_flat[start:end], bench_flat[start:end]
         if conv:
-            bc = bc.to(d.dtype)
-        wrong += int(_differ(dc, bc, floating).sum())
-    rate = float(wrong) / d.numel()
+            bench_chunk = bench_chunk.to(target_flat.dtype)
+        wrong += int(_differ(target_chunk, bench_chunk, floating).sum())
+    rate = float(wrong) / target_flat.numel()
     return _row(name, bench, device, {"binary_err": rate, "status": PASS if rate == 0 else ERROR},
-                [f"{_canon(d.dtype)} data: binary comparison only."])
+                [f"{_canon(target_flat.dtype)} data: binary comparison only."])
 
 
-def _differ(d: Any, b: Any, floating: bool) -> Any:
+def _differ(target: Any, bench: Any, floating: bool) -> Any:
     """Where ``d`` and ``b`` differ (two NaNs are equal)."""
     import torch
 
-    diff = d != b
+    diff = target != bench
     if floating:
-        diff &= ~(torch.isnan(d) & torch.isnan(b))
+        diff &= ~(torch.isnan(target) & torch.isnan(bench))
     return diff
 
 
@@ -172,34 +172,34 @@ class _Pair:
         self.n = self.dev.numel()
         bad = 0
         mask = None
-        for s, e in _chunks(self.n):
-            d, b = self.dev[s:e].to(self.f64), self.bench[s:e].to(self.f64)
-            fin = torch.isfinite(d) & torch.isfinite(b)
-            if mask is None and not bool(fin.all()):
+        for start, end in _chunks(self.n):
+            target_chunk, bench_chunk = self.dev[start:end].to(self.f64), self.bench[start:end].to(self.f64)
+            finite = torch.isfinite(target_chunk) & torch.isfinite(bench_chunk)
+            if mask is None and not bool(finite.all()):
                 mask = torch.ones(self.n, dtype=torch.bool)
             if mask is not None:
-                mask[s:e] = fin
-                same = (torch.isnan(d) & torch.isnan(b)) | (d == b)
-                bad += int((~fin & ~same).sum())
+                mask[start:end] = finite
+                same = (torch.isnan(target_chunk) & torch.isnan(bench_chunk)) | (target_chunk == bench_chunk)
+                bad += int((~finite & ~same).sum())
         self.inf_nan_err = float(bad) / self.n
         self.d, self.b = self.dev, self.bench
         if mask is not None:
-            m = int(mask.sum())
-            self.d, self.b = torch.empty(m, dtype=self.f64), torch.empty(m, dtype=self.f64)
-            at = 0
-            for s, e in _chunks(self.n):
-                keep = mask[s:e]
-                k = int(keep.sum())
-                self.d[at:at + k] = self.dev[s:e].to(self.f64)[keep]
-                self.b[at:at + k] = self.bench[s:e].to(self.f64)[keep]
-                at += k
+            kept = int(mask.sum())
+            self.d, self.b = torch.empty(kept, dtype=self.f64), torch.empty(kept, dtype=self.f64)
+            offset = 0
+            for start, end in _chunks(self.n):
+                keep = mask[start:end]
+                count = int(keep.sum())
+                self.d[offset:offset + count] = self.dev[start:end].to(self.f64)[keep]
+                self.b[offset:offset + count] = self.bench[start:end].to(self.f64)[keep]
+                offset += count
         self.m = self.d.numel()
         self._scratch: Any = None
 
     def full(self, which: str) -> Any:
         """The compared elements of one side as one float64 array (converted once when needed)."""
-        t = self.d if which == "d" else self.b
-        return t if t.dtype == self.f64 else t.to(self.f64)
+        values = self.d if which == "d" else self.b
+        return values if values.dtype == self.f64 else values.to(self.f64)
 
     def scratch(self, full_d: Any = None) -> Any:
         """A float64 array of ``m`` elements to fill: ``full_d`` (a converted copy of the device side
@@ -215,112 +215,112 @@ class _Pair:
 
     def pairs(self):
         """(slice, d - b, |d - b|, |b|): float64 chunks of the compared elements, in order."""
-        for s, e in _chunks(self.m):
-            b = self.b[s:e].to(self.f64)
-            diff = self.d[s:e].to(self.f64) - b
-            yield slice(s, e), diff, diff.abs(), b.abs()
+        for start, end in _chunks(self.m):
+            bench_chunk = self.b[start:end].to(self.f64)
+            diff = self.d[start:end].to(self.f64) - bench_chunk
+            yield slice(start, end), diff, diff.abs(), bench_chunk.abs()
 
 
 def _compare_float(name: str, api_name: str, bench: Any, device: Any) -> dict:
     import torch
 
     dtype = _canon(device.dtype)
-    p = _Pair(device, bench)
-    n, m = p.n, p.m
+    pair = _Pair(device, bench)
+    count, compared = pair.n, pair.m
     msgs: list = []
-    f: dict = {}
-    inf_nan_err = p.inf_nan_err
+    fields: dict = {}
+    inf_nan_err = pair.inf_nan_err
     pos = neg = 0
     max_abs = None
-    covered = dtype in S.NEW_STANDARD_DTYPES
-    sv, satol = (S.SMALL_VALUE[dtype], S.SMALL_VALUE_ATOL[dtype]) if covered else (0.0, 0.0)
+    covered = dtype in standards.NEW_STANDARD_DTYPES
+    small_value, satol = (standards.SMALL_VALUE[dtype], standards.SMALL_VALUE_ATOL[dtype]) if covered else (0.0, 0.0)
     n_small = small_err = n_normal = 0
     max_rel = None
     # cosine similarity, over the whole arrays (a float sum depends on how it is split)
     cos = None
-    full_d = None
-    if n == 1:
+    full_target = None
+    if count == 1:
         msgs.append("Scalar output: the cosine similarity does not apply.")
     else:
-        full_d, full_b = p.full("d"), p.full("b")
-        nd, nb = float(full_d.norm()), float(full_b.norm())
-        if not full_d.numel():  # every element NaN/Inf (a mask filled with -inf): inf_nan_err judges them
+        full_target, full_bench = pair.full("d"), pair.full("b")
+        target_norm, bench_norm = float(full_target.norm()), float(full_bench.norm())
+        if not full_target.numel():  # every element NaN/Inf (a mask filled with -inf): inf_nan_err judges them
             msgs.append("No finite element on both sides: the cosine similarity does not apply.")
-        elif (nd == 0 or nb == 0) and max(_abs_max(full_d), _abs_max(full_b)) < 1e-12:
+        elif (target_norm == 0 or bench_norm == 0) and max(_abs_max(full_target), _abs_max(full_bench)) < 1e-12:
             msgs.append("Device and benchmark outputs are all (numerically) zero: the cosine similarity does not apply.")
-        elif nd == 0 or nb == 0:
+        elif target_norm == 0 or bench_norm == 0:
             cos = 0.0
         else:
-            cos = float(torch.dot(full_d, full_b)) / (nd * nb)
+            cos = float(torch.dot(full_target, full_bench)) / (target_norm * bench_norm)
             cos = min(cos, 1.0)
-        del full_b
-    for _, diff, absd, absb in p.pairs():
+        del full_bench
+    for _, diff, abs_diff, abs_bench in pair.pairs():
         pos += int((diff > 0).sum())
         neg += int((diff < 0).sum())
-        cm = float(absd.max())
-        max_abs = cm if max_abs is None else max(max_abs, cm)
+        chunk_max = float(abs_diff.max())
+        max_abs = chunk_max if max_abs is None else max(max_abs, chunk_max)
         if covered:
-            small = absb < sv
+            small = abs_bench < small_value
             n_small += int(small.sum())
-            small_err += int((small & (absd > satol)).sum())
+            small_err += int((small & (abs_diff > satol)).sum())
             normal = ~small
-            k = int(normal.sum())
-            if k:
-                rel = p.scratch(full_d)[n_normal:n_normal + k]
-                torch.div(absd[normal], absb[normal], out=rel)
-                n_normal += k
-    full_d = None
+            count = int(normal.sum())
+            if count:
+                rel = pair.scratch(full_target)[n_normal:n_normal + count]
+                torch.div(abs_diff[normal], abs_bench[normal], out=rel)
+                n_normal += count
+    full_target = None
     max_abs = max_abs if max_abs is not None else 0.0
-    f["max_abs"] = max_abs
-    if n != 1:
-        f["cosine"] = cos
+    fields["max_abs"] = max_abs
+    if count != 1:
+        fields["cosine"] = cos
     if covered:
         if n_normal:
-            rel = p.scratch()[:n_normal]
+            rel = pair.scratch()[:n_normal]
             max_rel, mean_rel = float(rel.max()), float(rel.mean())
-        f["eb"] = abs(float(pos - neg)) / m if m else 0.0
-        if m:
-            sq = p.scratch()
-            for at, diff, _, _ in p.pairs():
-                torch.mul(diff, diff, out=sq[at])
-            f["rmse"] = math.sqrt(float(sq.mean()))
+        fields["eb"] = abs(float(pos - neg)) / compared if compared else 0.0
+        if compared:
+            squares = pair.scratch()
+            for where, diff, _, _ in pair.pairs():
+                torch.mul(diff, diff, out=squares[where])
+            fields["rmse"] = math.sqrt(float(squares.mean()))
         else:
-            f["rmse"] = 0.0
-        f["small_value_err"] = float(small_err) / n_small if n_small else 0.0
+            fields["rmse"] = 0.0
+        fields["small_value_err"] = float(small_err) / n_small if n_small else 0.0
         if n_normal:
-            f["max_rel"], f["mean_rel"] = max_rel, mean_rel
+            fields["max_rel"], fields["mean_rel"] = max_rel, mean_rel
         else:
-            f["max_rel"] = f["mean_rel"] = 0.0
+            fields["max_rel"] = fields["mean_rel"] = 0.0
     else:
         msgs.append(f"{_canon(device.dtype)} is not covered by the new precision standard: "
                     "only the cosine/max-abs-error rule applies.")
     # the docs' section 4.1 rule
-    old = _old_rule(f, cos, max_abs, dtype, p, msgs)
-    new = _new_rule(f, api_name, dtype, device, bench, p, inf_nan_err, msgs) if covered else None
+    old = _old_rule(fields, cos, max_abs, dtype, pair, msgs)
+    new = _new_rule(fields, api_name, dtype, device, bench, pair, inf_nan_err, msgs) if covered else None
     status = worst([old, new])
     if inf_nan_err > 0:
-        f["inf_nan_err"] = inf_nan_err
+        fields["inf_nan_err"] = inf_nan_err
         msgs.append(f"inf/nan differ from the benchmark at {inf_nan_err:.2%} of the elements.")
         status = ERROR
-    f["status"] = status
-    return _row(name, bench, device, f, msgs)
+    fields["status"] = status
+    return _row(name, bench, device, fields, msgs)
 
 
-def _abs_max(t: Any) -> float:
+def _abs_max(tensor: Any) -> float:
     """``float(t.abs().max())`` of a non-empty ``t``, without the copy."""
     import torch
 
-    lo, hi = torch.aminmax(t)
-    return max(-float(lo), float(hi))
+    low, high = torch.aminmax(tensor)
+    return max(-float(low), float(high))
 
 
-def _rel_all(absd: Any, absb: Any) -> Any:
+def _rel_all(abs_diff: Any, abs_bench: Any) -> Any:
     import torch
 
-    return torch.where(absb > 0, absd / absb.clamp_min(1e-300), torch.where(absd > 0, math.inf, 0.0))
+    return torch.where(abs_bench > 0, abs_diff / abs_bench.clamp_min(1e-300), torch.where(abs_diff > 0, math.inf, 0.0))
 
 
-def _old_rule(f: dict, cos: Optional[float], max_abs: float, dtype: str, p: _Pair, msgs: list) -> str:
+def _old_rule(fields: dict, cos: Optional[float], max_abs: float, dtype: str, pair: _Pair, msgs: list) -> str:
     if cos is not None and cos <= 0.99:
         msgs.append(f"Cosine similarity {cos:.6f} <= 0.99: error.")
         return ERROR
@@ -328,87 +328,87 @@ def _old_rule(f: dict, cos: Optional[float], max_abs: float, dtype: str, p: _Pai
         msgs.append("Max abs error < 0.001: pass (the relative-error indices are left blank).")
         return PASS
     below = {0.01: 0, 0.001: 0, 0.0001: 0}
-    for _, _, absd, absb in p.pairs():
-        rel = _rel_all(absd, absb)
-        for t in below:
-            below[t] += int((rel < t).sum())
-    m = p.m
-    for key, t in (("rel100", 0.01), ("rel1000", 0.001), ("rel10000", 0.0001)):
-        f[key] = float(below[t]) / m if m else 1.0
+    for _, _, abs_diff, abs_bench in pair.pairs():
+        rel = _rel_all(abs_diff, abs_bench)
+        for tolerance in below:
+            below[tolerance] += int((rel < tolerance).sum())
+    compared = pair.m
+    for key, tolerance in (("rel100", 0.01), ("rel1000", 0.001), ("rel10000", 0.0001)):
+        fields[key] = float(below[tolerance]) / compared if compared else 1.0
 
     # (index deciding error, its tolerance, index deciding warning, its tolerance) by dtype
     if dtype in ("float16", "bfloat16"):
         steps = (("rel100", 0.01, "Dual-hundred"), ("rel1000", 0.001, "Dual-thousand"))
     else:
         steps = (("rel1000", 0.001, "Dual-thousand"), ("rel10000", 0.0001, "Dual-ten-thousand"))
-    for (key, t, label), verdict in zip(steps, (ERROR, WARNING)):
-        if not (1.0 - f[key]) < t:
+    for (key, tolerance, label), verdict in zip(steps, (ERROR, WARNING)):
+        if not (1.0 - fields[key]) < tolerance:
             msgs.append(f"{label} index fails: {verdict}.")
             return verdict
     return PASS
 
 
-def _new_rule(f: dict, api_name: str, dtype: str, device: Any, bench: Any, p: _Pair, inf_nan_err: float,
+def _new_rule(fields: dict, api_name: str, dtype: str, target: Any, bench: Any, pair: _Pair, inf_nan_err: float,
               msgs: list) -> Optional[str]:
     import torch
 
-    algo = S.algorithm_of(api_name)
-    m = p.m
-    if algo == S.BINARY:
-        d, b = p.dev, p.bench
+    algo = standards.algorithm_of(api_name)
+    compared = pair.m
+    if algo == standards.BINARY:
+        target_flat, bench_flat = pair.dev, pair.bench
         wrong = 0
-        for s, e in _chunks(p.n):
-            wrong += int(_differ(d[s:e], b[s:e].to(d.dtype), True).sum())
-        rate = float(wrong) / p.n
-        f["binary_err"] = rate
+        for start, end in _chunks(pair.n):
+            wrong += int(_differ(target_flat[start:end], bench_flat[start:end].to(target_flat.dtype), True).sum())
+        rate = float(wrong) / pair.n
+        fields["binary_err"] = rate
         if rate:
             msgs.append(f"Binary consistency: {rate:.2%} of the elements differ from the benchmark: error.")
             return ERROR
         return PASS
-    if algo == S.ABSOLUTE:
-        rtol, sv, satol = S.absolute_thresholds(dtype) or (0.0, 0.0, 0.0)  # covered dtypes all have them
-        n_n = n_s = rel_err = abs_err = 0
-        for _, _, absd, absb in p.pairs():
-            small = absb < sv
+    if algo == standards.ABSOLUTE:
+        rtol, small_value, satol = standards.absolute_thresholds(dtype) or (0.0, 0.0, 0.0)  # covered dtypes all have them
+        normal_count = small_count = rel_err = abs_err = 0
+        for _, _, abs_diff, abs_bench in pair.pairs():
+            small = abs_bench < small_value
             normal = ~small
-            n_n += int(normal.sum())
-            n_s += int(small.sum())
-            rel_err += int((normal & (absd > rtol * absb)).sum())
-            abs_err += int((small & (absd > satol)).sum())
-        f["inf_nan_err"] = inf_nan_err
-        f["rel_err_ratio"] = float(rel_err) / n_n if n_n else 0.0
-        f["abs_err_ratio"] = float(abs_err) / n_s if n_s else 0.0
-        if f["rel_err_ratio"] or f["abs_err_ratio"] or inf_nan_err:
+            normal_count += int(normal.sum())
+            small_count += int(small.sum())
+            rel_err += int((normal & (abs_diff > rtol * abs_bench)).sum())
+            abs_err += int((small & (abs_diff > satol)).sum())
+        fields["inf_nan_err"] = inf_nan_err
+        fields["rel_err_ratio"] = float(rel_err) / normal_count if normal_count else 0.0
+        fields["abs_err_ratio"] = float(abs_err) / small_count if small_count else 0.0
+        if fields["rel_err_ratio"] or fields["abs_err_ratio"] or inf_nan_err:
             msgs.append("Absolute threshold: relative/absolute error or inf/nan above the thresholds: error.")
             return ERROR
         return PASS
-    if algo == S.ULP:
-        mant, min_exp = S.ULP_PARAMS[dtype]
-        thr = S.ulp_threshold(dtype)
+    if algo == standards.ULP:
+        mant, min_exp = standards.ULP_PARAMS[dtype]
+        thr = standards.ulp_threshold(dtype)
         above = 0
-        if m:
-            err = p.scratch()
-            for at, _, absd, absb in p.pairs():
-                exp = torch.floor(torch.log2(absb.clamp_min(2.0 ** min_exp))).clamp_min(min_exp)
+        if compared:
+            err = pair.scratch()
+            for where, _, abs_diff, abs_bench in pair.pairs():
+                exp = torch.floor(torch.log2(abs_bench.clamp_min(2.0 ** min_exp))).clamp_min(min_exp)
                 ulp = torch.pow(2.0, exp - mant)
-                torch.div(absd, ulp, out=err[at])
-                above += int((err[at] > thr).sum())
-            f["ulp_max"], f["ulp_mean"] = float(err.max()), float(err.mean())
+                torch.div(abs_diff, ulp, out=err[where])
+                above += int((err[where] > thr).sum())
+            fields["ulp_max"], fields["ulp_mean"] = float(err.max()), float(err.mean())
         else:
-            f["ulp_max"] = f["ulp_mean"] = 0.0
-        f["ulp_ratio"] = float(above) / m if m else 0.0
-        ok = (f["ulp_mean"] < 64 or f["ulp_ratio"] < 0.05) if dtype == "float32" else f["ulp_ratio"] < 0.001
-        if not ok:
-            msgs.append(f"ULP error: mean {f['ulp_mean']:.3f}, {f['ulp_ratio']:.2%} above {thr:g} ULP: error.")
+            fields["ulp_max"] = fields["ulp_mean"] = 0.0
+        fields["ulp_ratio"] = float(above) / compared if compared else 0.0
+        passed = (fields["ulp_mean"] < 64 or fields["ulp_ratio"] < 0.05) if dtype == "float32" else fields["ulp_ratio"] < 0.001
+        if not passed:
+            msgs.append(f"ULP error: mean {fields['ulp_mean']:.3f}, {fields['ulp_ratio']:.2%} above {thr:g} ULP: error.")
             return ERROR
         return PASS
-    if algo == S.THOUSANDTH:
+    if algo == standards.THOUSANDTH:
         within = 0
-        for _, _, absd, absb in p.pairs():
-            within += int((_rel_all(absd, absb) < 0.001).sum())
-        f["rel1000"] = float(within) / m if m else 1.0
-        if f["rel1000"] <= 0.999:
-            msgs.append(f"Thousandth rule: only {f['rel1000']:.4%} of the elements within 0.1%: error.")
+        for _, _, abs_diff, abs_bench in pair.pairs():
+            within += int((_rel_all(abs_diff, abs_bench) < 0.001).sum())
+        fields["rel1000"] = float(within) / compared if compared else 1.0
+        if fields["rel1000"] <= 0.999:
+            msgs.append(f"Thousandth rule: only {fields['rel1000']:.4%} of the elements within 0.1%: error.")
             return ERROR
         return PASS
     return None
@@ -429,7 +429,7 @@ def _judge_recorded(row: dict, name: str, api_name: str, bench: Any, recorded: A
     sub = compare_values(name, api_name, bench, rec)
     if _RANK.get(str(sub.get("status")), 0) > _RANK.get(str(row.get("status")), 0):
         row["status"] = sub["status"]
-        detail = ", ".join(f"{k} {sub[k]:.6g}" for k in ("cosine", "max_abs", "binary_err", "ulp_mean")
-                           if isinstance(sub.get(k), float))
+        detail = ", ".join(f"{key} {sub[key]:.6g}" for key in ("cosine", "max_abs", "binary_err", "ulp_mean")
+                           if isinstance(sub.get(key), float))
         row["message"] = (row.get("message", "") + f"\nThe dumped output differs from the benchmark "
                           f"({detail}): {sub['status']}. {sub.get('message', '')}").strip()

@@ -63,8 +63,8 @@ class _Progress:
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def _load(self) -> None:
-        with open(self.path, "rb") as fh:
-            data = fh.read()
+        with open(self.path, "rb") as file:
+            data = file.read()
         good = 0
         for line in data.split(b"\n"):
             if not line.strip():
@@ -87,8 +87,8 @@ class _Progress:
             if "closed" in obj:
                 self.closed.add(obj["closed"])
         if good < len(data):
-            with open(self.path, "r+b") as fh:
-                fh.truncate(min(good, len(data)))
+            with open(self.path, "r+b") as file:
+                file.truncate(min(good, len(data)))
 
     def _append(self, obj: dict) -> None:
         self._fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
@@ -100,10 +100,10 @@ class _Progress:
 
     def commit(self, ids: list, keys: list, sizes: dict) -> None:
         self.done.update(ids)
-        self.keys.update(k for k in keys if k)
+        self.keys.update(key for key in keys if key)
         self.sizes.update(sizes)
         self.checked += 1
-        self._append({"done": ids, "keys": [k for k in keys if k], "sizes": sizes})
+        self._append({"done": ids, "keys": [key for key in keys if key], "sizes": sizes})
 
     def close_rank(self, rank: str) -> None:
         if rank not in self.closed:
@@ -160,25 +160,25 @@ class OnlineChecker:
             for path in (result_path, details):  # cut a half-written API off
                 size = self.progress.sizes.get(os.path.basename(path))
                 if size is not None and os.path.exists(path) and os.path.getsize(path) > size:
-                    with open(path, "r+b") as fh:
-                        fh.truncate(size)
+                    with open(path, "r+b") as file:
+                        file.truncate(size)
             self.writers[rank] = csvio.ResultWriter(self.out_dir, resume_from=result_path)
 
     def _writer(self, rank: str) -> Any:
-        w = self.writers.get(rank)
-        if w is None:
+        writer = self.writers.get(rank)
+        if writer is None:
             ts = time.strftime("%Y%m%d%H%M%S")
-            w = csvio.ResultWriter(self.out_dir, timestamp=f"{ts}_{rank}")
-            self.writers[rank] = w
-            self.progress.add_files(rank, os.path.basename(w.result_path))
-        return w
+            writer = csvio.ResultWriter(self.out_dir, timestamp=f"{ts}_{rank}")
+            self.writers[rank] = writer
+            self.progress.add_files(rank, os.path.basename(writer.result_path))
+        return writer
 
     # --------------------------------------------------------------- packets
-    def _rank_text(self, p: Packet) -> str:
-        return f"rank{p.rank if p.rank is not None else 0}"
+    def _rank_text(self, packet: Packet) -> str:
+        return f"rank{packet.rank if packet.rank is not None else 0}"
 
-    def _wanted_rank(self, p: Packet) -> bool:
-        return (p.rank if p.rank is not None else 0) in self.settings.rank_list
+    def _wanted_rank(self, packet: Packet) -> bool:
+        return (packet.rank if packet.rank is not None else 0) in self.settings.rank_list
 
     def handle(self, p: Packet) -> None:
         self.counts["packets"] += 1
@@ -231,8 +231,8 @@ class OnlineChecker:
                 log.warning("msprobe online: recording skipped packet %s failed: %s", p.ident, exc2)
 
     def _flush_pending(self, match: Callable[[tuple], bool]) -> None:
-        for k in [k for k in self.pending if match(k)]:
-            self._check(self.pending.pop(k), None)
+        for key in [key for key in self.pending if match(key)]:
+            self._check(self.pending.pop(key), None)
 
     def _check(self, fwd: Packet, bwd: Optional[Packet]) -> None:
         src = PacketSource([fwd] + ([bwd] if bwd is not None else []))
@@ -245,18 +245,18 @@ class OnlineChecker:
         rank = self._rank_text(packets[0])
         sizes: dict = {}
         if result is not None:
-            w = self._writer(rank)
-            w.write(result)
+            writer = self._writer(rank)
+            writer.write(result)
             self.counts["apis"] += 1
-            sizes = {os.path.basename(w.result_path): os.path.getsize(w.result_path),
-                     os.path.basename(w.details_path): os.path.getsize(w.details_path)}
-        self.progress.commit([p.ident for p in packets], [p.key for p in packets], sizes)
+            sizes = {os.path.basename(writer.result_path): os.path.getsize(writer.result_path),
+                     os.path.basename(writer.details_path): os.path.getsize(writer.details_path)}
+        self.progress.commit([packet.ident for packet in packets], [packet.key for packet in packets], sizes)
         if self.watcher is not None and not self.keep_packets:  # recorded as done first: safe to remove
-            self.watcher.remove([p.key for p in packets if p.key])
+            self.watcher.remove([packet.key for packet in packets if packet.key])
 
     # -------------------------------------------------------------------- run
     def _all_closed(self) -> bool:
-        return all(f"rank{r}" in self.progress.closed for r in self.settings.rank_list)
+        return all(f"rank{rank}" in self.progress.closed for rank in self.settings.rank_list)
 
     def _should_stop(self) -> bool:
         if self._stop.is_set():
@@ -294,14 +294,14 @@ class OnlineChecker:
             self.on_listen(self.port)
         bar = Progress(None, "run_ut online", "packets", enabled=self.report_progress)
         try:
-            for p in source.packets(self._should_stop):
-                self.handle_safely(p)
+            for packet in source.packets(self._should_stop):
+                self.handle_safely(packet)
                 bar.set_postfix(f"{self.counts['apis']} APIs checked")
                 bar.update()
                 if self._stop.is_set():
                     break
             if not self._stop.is_set():
-                self._flush_pending(lambda k: True)
+                self._flush_pending(lambda key: True)
         finally:
             bar.set_postfix(f"{self.counts['apis']} APIs checked")
             bar.close()
@@ -312,7 +312,7 @@ class OnlineChecker:
 
     def summary(self) -> dict:
         out: dict = dict(self.counts)
-        out["files"] = {r: [w.result_path, w.details_path] for r, w in self.writers.items()}
+        out["files"] = {rank: [writer.result_path, writer.details_path] for rank, writer in self.writers.items()}
         out["closed"] = sorted(self.progress.closed)
         out["pending"] = len(self.pending)
         if self.listener is not None:
@@ -320,8 +320,8 @@ class OnlineChecker:
         return out
 
     def close(self) -> None:
-        for w in self.writers.values():
-            w.close()
+        for writer in self.writers.values():
+            writer.close()
         self.progress.close()
 
 

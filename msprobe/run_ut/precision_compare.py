@@ -24,7 +24,7 @@ import time
 from typing import Optional
 
 from msprobe.errors import ConfigError
-from msprobe.run_ut import standards as S
+from msprobe.run_ut import standards
 from msprobe.run_ut.csvio import BLANK, api_of_row, format_value, read_csv_rows
 from msprobe.run_ut.execute import split_api_name
 
@@ -63,37 +63,37 @@ def _read_details(path: str) -> dict:
     rows = read_csv_rows(path)
     if not rows:
         raise ConfigError(f"{path}: empty CSV")
-    header = [h.strip() for h in rows[0]]
+    header = [column.strip() for column in rows[0]]
     if "API Name" not in header or "Status" not in header:
         raise ConfigError(f"{path}: not an accuracy_checking_details CSV (no 'API Name'/'Status' column)")
-    idx = {key: header.index(h) for h, key in _IN.items() if h in header}
+    idx = {key: header.index(column) for column, key in _IN.items() if column in header}
     out = {}
-    for r in rows[1:]:
-        if not r:
+    for row in rows[1:]:
+        if not row:
             continue
-        rec = {k: (r[i].strip() if i < len(r) else "") for k, i in idx.items()}
+        rec = {k: (row[index].strip() if index < len(row) else "") for k, index in idx.items()}
         out[rec["name"]] = rec
     return out
 
 
-def _num(v: Optional[str]) -> Optional[float]:
-    if v is None:
+def _num(value: Optional[str]) -> Optional[float]:
+    if value is None:
         return None
-    v = v.strip()
-    if v in ("", "N/A", "None", "nan"):
+    value = value.strip()
+    if value in ("", "N/A", "None", "nan"):
         return None
     try:
-        return float(v)
+        return float(value)
     except ValueError:
         return None
 
 
-def _ratio(n: Optional[float], g: Optional[float]) -> Optional[float]:
-    if n is None or g is None:
+def _ratio(target: Optional[float], bench: Optional[float]) -> Optional[float]:
+    if target is None or bench is None:
         return None
-    if max(abs(n), abs(g)) <= _EPS:
+    if max(abs(target), abs(bench)) <= _EPS:
         return 1.0
-    return abs(n) / max(abs(g), _EPS)
+    return abs(target) / max(abs(bench), _EPS)
 
 
 def judge_row(npu: dict, gpu: Optional[dict]) -> dict:
@@ -113,101 +113,101 @@ def judge_row(npu: dict, gpu: Optional[dict]) -> dict:
     _, api_name, _ = split_api_name(api_of_row(name))
     float_dtype = dtype in ("float16", "bfloat16", "float32", "float64")
     if not float_dtype:
-        algo = S.BINARY
+        algo = standards.BINARY
     elif dtype == "float64":
         out.update(final=SKIP, message="float64 is not covered by the new precision standard.")
         return out
     elif ".backward." in name:
-        algo = S.BENCHMARK  # gradients: the benchmark comparison (as run_ut judges them)
+        algo = standards.BENCHMARK  # gradients: the benchmark comparison (as run_ut judges them)
     else:
-        algo = S.algorithm_of(api_name)
+        algo = standards.algorithm_of(api_name)
     statuses, msgs = _apply(algo, npu, gpu, dtype, out)
     if statuses is None:  # the files lack this algorithm's columns
-        algo = S.BENCHMARK
+        algo = standards.BENCHMARK
         statuses, msgs = _apply(algo, npu, gpu, dtype, out)
     if statuses is None:
         out.update(final=SKIP, message="The details files hold no metric to judge this row.")
         return out
-    out["algorithm"] = S.ALGORITHM_LABELS[algo]
+    out["algorithm"] = standards.ALGORITHM_LABELS[algo]
     out["final"] = ERROR if ERROR in statuses else PASS
     out["message"] = "\n".join(msgs)
     return out
 
 
-def _st(ok: bool) -> str:
-    return PASS if ok else ERROR
+def _st(passed: bool) -> str:
+    return PASS if passed else ERROR
 
 
-def _apply(algo: str, npu: dict, gpu: dict, dtype: str, out: dict) -> tuple:
+def _apply(algo: str, target_row: dict, bench_row: dict, dtype: str, out: dict) -> tuple:
     # the indices of each side (None where the CSV cell is empty: checked before each use)
-    n: dict = {k: _num(v) for k, v in npu.items() if k not in ("name", "status", "message", "device_dtype")}
-    g: dict = {k: _num(v) for k, v in gpu.items() if k not in ("name", "status", "message", "device_dtype")}
+    target: dict = {key: _num(value) for key, value in target_row.items() if key not in ("name", "status", "message", "device_dtype")}
+    bench: dict = {key: _num(value) for key, value in bench_row.items() if key not in ("name", "status", "message", "device_dtype")}
     msgs: list = []
-    if algo == S.BINARY:
-        if n.get("binary_err") is None:
+    if algo == standards.BINARY:
+        if target.get("binary_err") is None:
             return None, msgs
-        out["binary_err"] = n["binary_err"]
-        out["binary_status"] = _st(n["binary_err"] == 0)
-        if n["binary_err"]:
+        out["binary_err"] = target["binary_err"]
+        out["binary_status"] = _st(target["binary_err"] == 0)
+        if target["binary_err"]:
             msgs.append("Binary consistency error rate is not 0.")
         return [out["binary_status"]], msgs
-    if algo == S.ABSOLUTE:
+    if algo == standards.ABSOLUTE:
         keys = ("inf_nan_err", "rel_err_ratio", "abs_err_ratio")
-        if all(n.get(k) is None for k in keys):
+        if all(target.get(key) is None for key in keys):
             return None, msgs
-        sts = []
-        for k, sk, label in zip(keys, ("inf_nan_status", "rel_err_status", "abs_err_status"),
+        statuses = []
+        for key, status_key, label in zip(keys, ("inf_nan_status", "rel_err_status", "abs_err_status"),
                                 ("inf/nan error rate", "relative error rate", "absolute error rate")):
-            v = n.get(k) or 0.0
-            out[k], out[sk] = v, _st(v == 0)
-            sts.append(out[sk])
-            if v:
-                msgs.append(f"{label} {v:g} is not 0.")
-        return sts, msgs
-    if algo == S.ULP:
-        if n.get("ulp_ratio") is None:
+            value = target.get(key) or 0.0
+            out[key], out[status_key] = value, _st(value == 0)
+            statuses.append(out[status_key])
+            if value:
+                msgs.append(f"{label} {value:g} is not 0.")
+        return statuses, msgs
+    if algo == standards.ULP:
+        if target.get("ulp_ratio") is None:
             return None, msgs
-        nr, nm, gr = n["ulp_ratio"], n.get("ulp_mean") or 0.0, g.get("ulp_ratio")
-        out["ulp_mean"], out["ulp_ratio"] = nm, nr
-        out["ulp_ratio_ratio"] = _ratio(nr, gr)
-        below_gpu = gr is not None and nr < gr
-        ok = (nm < 64 or nr < 0.05 or below_gpu) if dtype == "float32" else (nr < 0.001 or below_gpu)
-        out["ulp_status"] = _st(ok)
-        if not ok:
-            msgs.append(f"ULP error: mean {nm:g}, share above the threshold {nr:g} (GPU {gr}).")
+        target_ratio, target_mean, bench_ratio = target["ulp_ratio"], target.get("ulp_mean") or 0.0, bench.get("ulp_ratio")
+        out["ulp_mean"], out["ulp_ratio"] = target_mean, target_ratio
+        out["ulp_ratio_ratio"] = _ratio(target_ratio, bench_ratio)
+        below_gpu = bench_ratio is not None and target_ratio < bench_ratio
+        passed = (target_mean < 64 or target_ratio < 0.05 or below_gpu) if dtype == "float32" else (target_ratio < 0.001 or below_gpu)
+        out["ulp_status"] = _st(passed)
+        if not passed:
+            msgs.append(f"ULP error: mean {target_mean:g}, share above the threshold {target_ratio:g} (GPU {bench_ratio}).")
         return [out["ulp_status"]], msgs
-    if algo == S.THOUSANDTH:
-        if n.get("rel1000") is None:
+    if algo == standards.THOUSANDTH:
+        if target.get("rel1000") is None:
             return None, msgs
-        out["rel1000"] = n["rel1000"]
-        out["rel1000_status"] = _st(n["rel1000"] > 0.999)
-        if n["rel1000"] <= 0.999:
-            msgs.append(f"Dual-thousand index {n['rel1000']:g} <= 0.999.")
+        out["rel1000"] = target["rel1000"]
+        out["rel1000_status"] = _st(target["rel1000"] > 0.999)
+        if target["rel1000"] <= 0.999:
+            msgs.append(f"Dual-thousand index {target['rel1000']:g} <= 0.999.")
         return [out["rel1000_status"]], msgs
     # benchmark comparison
-    limits = S.benchmark_ratio_limits()
-    sts = []
+    limits = standards.benchmark_ratio_limits()
+    statuses = []
     any_metric = False
-    for src, rk, sk, lim_key, label in (
+    for src, ratio_key, status_key, lim_key, label in (
             ("small_value_err", "sv_ratio", "sv_status", "small_value", "small-value error ratio"),
             ("rmse", "rmse_ratio", "rmse_status", "rmse", "RMSE"),
             ("max_rel", "max_rel_ratio", "max_rel_status", "max_rel", "max relative error"),
             ("mean_rel", "mean_rel_ratio", "mean_rel_status", "mean_rel", "mean relative error"),
             ("eb", "eb_ratio", "eb_status", "eb", "error balance")):
-        r = _ratio(n.get(src), g.get(src))
-        if r is None:
+        ratio = _ratio(target.get(src), bench.get(src))
+        if ratio is None:
             continue
         any_metric = True
-        out[rk] = r
-        out[sk] = _st(r <= limits[lim_key])
+        out[ratio_key] = ratio
+        out[status_key] = _st(ratio <= limits[lim_key])
         if src != "eb":
-            sts.append(out[sk])
-        if out[sk] == ERROR:
-            msgs.append(f"NPU/GPU {label} ratio {r:g} > {limits[lim_key]:g}"
+            statuses.append(out[status_key])
+        if out[status_key] == ERROR:
+            msgs.append(f"NPU/GPU {label} ratio {ratio:g} > {limits[lim_key]:g}"
                         + (" (not counted)." if src == "eb" else "."))
     if not any_metric:
         return None, msgs
-    return sts, msgs
+    return statuses, msgs
 
 
 def _aggregate(statuses: list) -> str:
@@ -222,40 +222,40 @@ def _aggregate(statuses: list) -> str:
 
 def api_precision_compare(npu_csv: str, gpu_csv: str, out_path: str = ".") -> dict:
     """Write ``api_precision_compare_result_{ts}.csv`` and ``..._details_{ts}.csv`` under ``out_path``."""
-    for p in (npu_csv, gpu_csv):
-        if not os.path.isfile(p):
-            raise ConfigError(f"{p}: no such details CSV")
-    npu, gpu = _read_details(npu_csv), _read_details(gpu_csv)
+    for path in (npu_csv, gpu_csv):
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path}: no such details CSV")
+    target_rows, bench_rows = _read_details(npu_csv), _read_details(gpu_csv)
     os.makedirs(out_path, exist_ok=True)
-    ts = time.strftime("%Y%m%d%H%M%S")
-    res_path = os.path.join(out_path, f"api_precision_compare_result_{ts}.csv")
-    det_path = os.path.join(out_path, f"api_precision_compare_details_{ts}.csv")
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    res_path = os.path.join(out_path, f"api_precision_compare_result_{stamp}.csv")
+    det_path = os.path.join(out_path, f"api_precision_compare_details_{stamp}.csv")
     per_api: dict = {}
     counts: dict = {}
-    with open(det_path, "w", newline="", encoding="utf-8-sig") as fh:
-        w = csv.writer(fh)
-        w.writerow(COMPARE_DETAILS_HEADER)
-        for name, row in npu.items():
-            j = judge_row(row, gpu.get(name))
-            w.writerow([j.get(k) if k in ("name", "algorithm") and j.get(k) else
-                        (j.get(k) or BLANK) if k in ("message", "final") or k.endswith("_status") else
-                        format_value(j.get(k)) for k, _ in _FIELDS])
+    with open(det_path, "w", newline="", encoding="utf-8-sig") as file:
+        writer = csv.writer(file)
+        writer.writerow(COMPARE_DETAILS_HEADER)
+        for name, row in target_rows.items():
+            judged = judge_row(row, bench_rows.get(name))
+            writer.writerow([judged.get(key) if key in ("name", "algorithm") and judged.get(key) else
+                        (judged.get(key) or BLANK) if key in ("message", "final") or key.endswith("_status") else
+                        format_value(judged.get(key)) for key, _ in _FIELDS])
             api = api_of_row(name)
             direction = "backward" if ".backward." in name else "forward"
-            e = per_api.setdefault(api, {"forward": [], "backward": [], "messages": []})
-            e[direction].append(j["final"])
-            if j["final"] in (SKIP, ERROR) and j.get("message"):
-                e["messages"].append(j["message"])
-    with open(res_path, "w", newline="", encoding="utf-8-sig") as fh:
-        w = csv.writer(fh)
-        w.writerow(COMPARE_RESULT_HEADER)
-        for api, e in per_api.items():
-            fwd, bwd = _aggregate(e["forward"]), _aggregate(e["backward"])
-            for s in (fwd, bwd):
-                if s:
-                    counts[s] = counts.get(s, 0) + 1
+            entry = per_api.setdefault(api, {"forward": [], "backward": [], "messages": []})
+            entry[direction].append(judged["final"])
+            if judged["final"] in (SKIP, ERROR) and judged.get("message"):
+                entry["messages"].append(judged["message"])
+    with open(res_path, "w", newline="", encoding="utf-8-sig") as file:
+        writer = csv.writer(file)
+        writer.writerow(COMPARE_RESULT_HEADER)
+        for api, entry in per_api.items():
+            fwd, bwd = _aggregate(entry["forward"]), _aggregate(entry["backward"])
+            for status in (fwd, bwd):
+                if status:
+                    counts[status] = counts.get(status, 0) + 1
             msg = "" if fwd != SKIP and bwd != SKIP and ERROR not in (fwd, bwd) else \
-                "; ".join(dict.fromkeys(m.replace("\n", " ") for m in e["messages"]))
-            w.writerow([api, fwd or BLANK, bwd or BLANK, msg])
+                "; ".join(dict.fromkeys(message.replace("\n", " ") for message in entry["messages"]))
+            writer.writerow([api, fwd or BLANK, bwd or BLANK, msg])
     return {"result_csv": res_path, "details_csv": det_path, "apis": len(per_api), "counts": counts,
-            "unmatched": sorted(set(npu) - set(gpu))}
+            "unmatched": sorted(set(target_rows) - set(bench_rows))}

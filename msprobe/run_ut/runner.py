@@ -14,7 +14,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-import msprobe.readers as R
+from msprobe import readers
 from msprobe.backends import open_store
 from msprobe.errors import ConfigError, read_json_object
 from msprobe.format.layout import dump_dir_of
@@ -48,17 +48,17 @@ _STAT_KEYS = {"Max", "Min", "Mean", "Norm", "md5", "data_name", "Max_except_inf_
 def open_rank(path: str, *, step: Optional[int] = None, rank: Any = None,
               storage_options: Optional[dict] = None) -> tuple:
     """(dump, source) for a dump.json, a rank directory or any dump root/URL holding one rank (or pick one)."""
-    dump = R.open(dump_dir_of(path), storage_options=storage_options)
-    kw: dict = {}
+    dump = readers.open(dump_dir_of(path), storage_options=storage_options)
+    selection: dict = {}
     if step is not None:
-        kw["step"] = step
+        selection["step"] = step
     if rank is not None:
-        kw["rank"] = rank
-    sources = dump.select(**kw)
+        selection["rank"] = rank
+    sources = dump.select(**selection)
     if not sources:
         raise ConfigError(f"{path}: no rank directory matches step={step}, rank={rank}")
     if len(sources) > 1:
-        where = ", ".join(f"step {s.step} {s.rank_dir}" for s in sources[:6])
+        where = ", ".join(f"step {source.step} {source.rank_dir}" for source in sources[:6])
         raise ConfigError(f"{path} holds {len(sources)} rank directories ({where}...): pass one dump.json or rank "
                           "directory, or choose with --step/--rank")
     return dump, sources[0]
@@ -84,35 +84,35 @@ def _records(dump: Any, src: DumpSource) -> list:
 def list_tasks(dump: Any, src: DumpSource, *, filter_api: bool = False) -> tuple:
     """([forward API record names in dump order], {names of backward records})."""
     recs = _records(dump, src)
-    names = [r.name for r in recs if r.kind == "api" and r.direction == "forward"]
-    backward = {r.name for r in recs if r.kind == "api" and r.direction == "backward"}
+    names = [rec.name for rec in recs if rec.kind == "api" and rec.direction == "forward"]
+    backward = {rec.name for rec in recs if rec.kind == "api" and rec.direction == "backward"}
     if filter_api:
-        by_name = {r.name: r for r in recs}
+        by_name = {rec.name: rec for rec in recs}
         seen: set = set()
         kept = []
-        for n in names:
-            key = _structure_key(by_name[n])
+        for name in names:
+            key = _structure_key(by_name[name])
             if key in seen:
                 continue
             seen.add(key)
-            kept.append(n)
+            kept.append(name)
         names = kept
     return names, backward
 
 
-def _strip(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _strip(x) for k, x in v.items() if k not in _STAT_KEYS}
-    if isinstance(v, list):
-        return [_strip(x) for x in v]
-    return v
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _strip(item) for key, item in value.items() if key not in _STAT_KEYS}
+    if isinstance(value, list):
+        return [_strip(item) for item in value]
+    return value
 
 
 def _structure_key(rec: Any) -> str:
     """An API's name and arguments without their statistics (the docs' -filter_api rule)."""
     api_type, api_name, _ = split_api_name(rec.name)
     raw = rec.raw
-    body = {k: raw.get(k) for k in ("input_args", "input_kwargs", "output")} if isinstance(raw, dict) else raw
+    body = {key: raw.get(key) for key in ("input_args", "input_kwargs", "output")} if isinstance(raw, dict) else raw
     return json.dumps([api_type, api_name, _strip(body)], sort_keys=True, default=str)
 
 
@@ -124,27 +124,27 @@ def load_run_ut_config(path: Optional[str]) -> dict:
     sec: dict = doc["run_ut"] if isinstance(doc.get("run_ut"), dict) else doc
     out: dict = {}
     for key in ("white_list", "black_list"):
-        v = sec.get(key, [])
-        if v is None:
-            v = []
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        value = sec.get(key, [])
+        if value is None:
+            value = []
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise ConfigError(f"-config {path}: {key} must be a list of API names")
-        out[key] = tuple(v)
+        out[key] = tuple(value)
     if sec.get("error_data_path") is not None:
         if not isinstance(sec["error_data_path"], str):
             raise ConfigError(f"-config {path}: error_data_path must be a string")
         out["error_data_path"] = sec["error_data_path"]
     if sec.get("max_input_mb") is not None:
-        v = sec["max_input_mb"]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or v != v or v == float("inf"):
+        value = sec["max_input_mb"]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value != value or value == float("inf"):
             raise ConfigError(f"-config {path}: max_input_mb must be a number of MiB > 0 (the ceiling of an "
                               "API's generated inputs)")
-        out["max_input_mb"] = v
+        out["max_input_mb"] = value
     if sec.get("precision") is not None:
-        p = sec["precision"]
-        if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p <= 20:
+        precision = sec["precision"]
+        if not isinstance(precision, int) or isinstance(precision, bool) or not 0 <= precision <= 20:
             raise ConfigError(f"-config {path}: precision must be an integer in 0..20")
-        out["precision"] = p
+        out["precision"] = precision
     return out
 
 
@@ -169,18 +169,18 @@ def check_api(record: Any, options: Optional[CheckOptions] = None, *, backward_r
     return _guarded(go, name, has_bwd)
 
 
-def _guarded(fn: Any, name: str, has_bwd: bool) -> ApiResult:
-    t0 = time.perf_counter()
+def _guarded(check: Any, name: str, has_bwd: bool) -> ApiResult:
+    started = time.perf_counter()
     try:
-        return fn()
+        return check()
     except Exception as exc:  # noqa: BLE001 - one API's failure is a SKIP row, never the end of the run
         text = str(exc).strip().splitlines()
-        r = skip_result(name, f"run_ut could not check the API: {type(exc).__name__}: {text[0] if text else ''}"[:500],
+        result = skip_result(name, f"run_ut could not check the API: {type(exc).__name__}: {text[0] if text else ''}"[:500],
                         has_bwd)
         if isinstance(exc, InputTooLargeError):
-            r.skip_cause = "input_ceiling"
-        r.seconds = time.perf_counter() - t0
-        return r
+            result.skip_cause = "input_ceiling"
+        result.seconds = time.perf_counter() - started
+        return result
 
 
 class _Checker:
@@ -189,7 +189,7 @@ class _Checker:
     def __init__(self, dump_path: str, step: Any, rank: Any, storage_options: Optional[dict], options: CheckOptions,
                  error_data: Optional[str]):
         self.dump, self.src = open_rank(dump_path, step=step, rank=rank, storage_options=storage_options)
-        self.by_name = {r.name: r for r in _records(self.dump, self.src)}
+        self.by_name = {rec.name: rec for rec in _records(self.dump, self.src)}
         self.options = options
         self.error_data = error_data
         if error_data:
@@ -225,11 +225,11 @@ def save_error_data(url: str, result: ApiResult) -> list:
             store.put(key, buf.getvalue())
             keys.append(key)
         elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                put(f"{prefix}.{i}", v)
+            for index, item in enumerate(value):
+                put(f"{prefix}.{index}", item)
         elif isinstance(value, dict):
-            for k, v in value.items():
-                put(f"{prefix}.{k}", v)
+            for k, item in value.items():
+                put(f"{prefix}.{k}", item)
 
     for part, value in (result.tensors or {}).items():
         put(f"{result.name}.{part}", value)
@@ -267,8 +267,8 @@ def _warm_up() -> None:
 
     import torch
 
-    x = torch.ones(2, requires_grad=True)
-    (x * 2).sum().backward()
+    leaf = torch.ones(2, requires_grad=True)
+    (leaf * 2).sum().backward()
     buf = io.BytesIO()
     torch.save(torch.ones(1), buf)
     buf.seek(0)
@@ -279,11 +279,11 @@ def _preload(modules: tuple) -> None:
     """Import the user's modules (custom ops, NPU plugins) before checking."""
     import importlib
 
-    for m in modules or ():
+    for module in modules or ():
         try:
-            importlib.import_module(m)
+            importlib.import_module(module)
         except ImportError as exc:
-            raise ConfigError(f"--preload {m}: {exc}") from exc
+            raise ConfigError(f"--preload {module}: {exc}") from exc
 
 
 def pick_device(device: str, device_id: Optional[int]) -> str:
@@ -351,17 +351,17 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
     workers, :func:`msprobe.run_ut.memory.default_input_ceiling`); an API above it gets a SKIP row,
     counted in the summary's ``skipped_input_ceiling`` with the ceiling and how it was chosen.
     """
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     cfg = load_run_ut_config(config)
     options = options or CheckOptions()
     options = CheckOptions(**{**options.__dict__, "white_list": cfg.get("white_list", options.white_list),
                               "black_list": cfg.get("black_list", options.black_list), "device": device})
     if max_input_mb is not None or "max_input_mb" in cfg:  # the CLI over the config over the default
-        mb = max_input_mb if max_input_mb is not None else cfg["max_input_mb"]
-        if not isinstance(mb, (int, float)) or isinstance(mb, bool) or not 0 < mb < float("inf"):
-            raise ConfigError(f"max_input_mb={mb!r}: a number of MiB > 0 is needed")
-        options.max_input_bytes = int(mb * (1 << 20))
-        ceiling_how = f"{'--max-input-mb' if max_input_mb is not None else 'config max_input_mb'} {mb:g}"
+        max_mb = max_input_mb if max_input_mb is not None else cfg["max_input_mb"]
+        if not isinstance(max_mb, (int, float)) or isinstance(max_mb, bool) or not 0 < max_mb < float("inf"):
+            raise ConfigError(f"max_input_mb={max_mb!r}: a number of MiB > 0 is needed")
+        options.max_input_bytes = int(max_mb * (1 << 20))
+        ceiling_how = f"{'--max-input-mb' if max_input_mb is not None else 'config max_input_mb'} {max_mb:g}"
     else:
         ceiling_how = "options.max_input_bytes"
     dump, src = open_rank(api_info, step=step, rank=rank, storage_options=storage_options)
@@ -374,7 +374,7 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
         base = cfg.get("error_data_path", out_path)
         error_data = os.path.join(base, f"ut_error_data{time.strftime('%Y%m%d%H%M%S')}") if "://" not in base \
             else base.rstrip("/") + f"/ut_error_data{time.strftime('%Y%m%d%H%M%S')}"
-    todo = [(i, n) for i, n in enumerate(names) if n[: -len(".forward")] not in writer.done]
+    todo = [(index, name) for index, name in enumerate(names) if name[: -len(".forward")] not in writer.done]
     resumed = len(names) - len(todo)
     if options.max_input_bytes == AUTO_CEILING:  # shared by the processes that check at the same time
         options.max_input_bytes, ceiling_how = default_input_ceiling(_pool_size(workers, len(todo)))
@@ -385,8 +385,8 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
             _preload(tuple(preload))
             checker = _Checker(api_info, step, rank, storage_options,
                                CheckOptions(**{**options.__dict__, "device": pick_device(device, None)}), error_data)
-            for _, n in todo:
-                res = checker.check(n)
+            for _, name in todo:
+                res = checker.check(name)
                 writer.write(res)
                 prog.tick(res)
         else:
@@ -398,7 +398,7 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
             "checked": prog.n, "resumed": resumed, "counts": dict(writer.counts), "api_counts": dict(prog.counts),
             "error_data": error_data, "input_ceiling_bytes": options.max_input_bytes, "input_ceiling": ceiling_how,
             "skipped_input_ceiling": prog.causes.get("input_ceiling", 0),
-            "seconds": time.perf_counter() - t0, "apis_per_second": prog.n / max(prog.elapsed(), 1e-9)}
+            "seconds": time.perf_counter() - started, "apis_per_second": prog.n / max(prog.elapsed(), 1e-9)}
 
 
 def _pool_size(workers: int, tasks: int) -> int:
@@ -413,72 +413,72 @@ def _run_pool(todo: list, init: tuple, n_workers: int, devices: list, timeout: f
 
     ctx = mp.get_context("spawn")
     n_workers = _pool_size(n_workers, len(todo))
-    pool = [_Worker(ctx, init + (devices[i % len(devices)],)) for i in range(n_workers)]
+    pool = [_Worker(ctx, init + (devices[index % len(devices)],)) for index in range(n_workers)]
     queue = list(todo)
     queue.reverse()
     pending: dict = {}
     next_idx = 0
-    order = [i for i, _ in todo]
+    order = [index for index, _ in todo]
 
     def emit(idx: int, res: ApiResult) -> None:
         nonlocal next_idx
         pending[idx] = res
         while next_idx < len(order) and order[next_idx] in pending:
-            r = pending.pop(order[next_idx])
-            writer.write(r)
-            prog.tick(r)
+            result = pending.pop(order[next_idx])
+            writer.write(result)
+            prog.tick(result)
             next_idx += 1
 
-    def fail(w: _Worker, why: str) -> None:
-        idx, name = w.task  # type: ignore[misc]
+    def fail(worker: _Worker, why: str) -> None:
+        idx, name = worker.task  # type: ignore[misc]
         short = name[: -len(".forward")]
         has_bwd = short + ".backward" in backward
         emit(idx, skip_result(short, why, has_bwd))
-        w.task = None
+        worker.task = None
 
     fatal: Optional[str] = None
     try:
-        while queue or any(w.task for w in pool):
-            for w in pool:
-                if w.ready and w.task is None and queue:
-                    w.send(*queue.pop())
-            conns = [w.parent for w in pool] + [w.proc.sentinel for w in pool]
+        while queue or any(worker.task for worker in pool):
+            for worker in pool:
+                if worker.ready and worker.task is None and queue:
+                    worker.send(*queue.pop())
+            conns = [worker.parent for worker in pool] + [worker.proc.sentinel for worker in pool]
             ready = wait(conns, timeout=0.5)
             now = time.monotonic()
-            for i, w in enumerate(pool):
+            for index, worker in enumerate(pool):
                 got = False
-                if w.parent in ready:
+                if worker.parent in ready:
                     try:
-                        kind, idx, payload = w.parent.recv()
+                        kind, idx, payload = worker.parent.recv()
                         got = True
                     except (EOFError, OSError):
                         kind = "dead"
                     if got and kind == "ready":
-                        w.ready = True
+                        worker.ready = True
                     elif got and kind == "done":
-                        w.task = None
+                        worker.task = None
                         emit(idx, payload)
                     elif got and kind == "fatal":
                         fatal = payload
                         raise ConfigError(f"run_ut worker could not start: {payload}")
-                if (not got and w.proc.sentinel in ready and not w.proc.is_alive()) or (not got and w.parent in ready):
-                    code = w.proc.exitcode
-                    if w.task:
-                        fail(w, f"The worker process died while checking this API (exit code {code}); "
+                if (not got and worker.proc.sentinel in ready and not worker.proc.is_alive()) or (not got and worker.parent in ready):
+                    code = worker.proc.exitcode
+                    if worker.task:
+                        fail(worker, f"The worker process died while checking this API (exit code {code}); "
                                 "the run went on.")
-                    elif not w.ready:
+                    elif not worker.ready:
                         raise ConfigError(f"run_ut worker exited before it was ready (exit code {code})")
-                    w.stop(kill=True)
-                    pool[i] = _Worker(ctx, init + (devices[i % len(devices)],))
+                    worker.stop(kill=True)
+                    pool[index] = _Worker(ctx, init + (devices[index % len(devices)],))
                     continue
-                if w.task and now - w.started > timeout:
-                    fail(w, f"Timed out: the API ran longer than {timeout:g} s; its worker was stopped and the run "
+                if worker.task and now - worker.started > timeout:
+                    fail(worker, f"Timed out: the API ran longer than {timeout:g} s; its worker was stopped and the run "
                             "went on.")
-                    w.stop(kill=True)
-                    pool[i] = _Worker(ctx, init + (devices[i % len(devices)],))
+                    worker.stop(kill=True)
+                    pool[index] = _Worker(ctx, init + (devices[index % len(devices)],))
     finally:
-        for w in pool:
-            w.stop(kill=fatal is not None)
+        for worker in pool:
+            worker.stop(kill=fatal is not None)
 
 
 class _Progress:
@@ -497,16 +497,16 @@ class _Progress:
 
     def tick(self, res: ApiResult) -> None:
         self.n += 1
-        s = res.forward if res.forward != "pass" or not res.backward else worst_of(res.forward, res.backward)
-        self.counts[s] = self.counts.get(s, 0) + 1
+        status = res.forward if res.forward != "pass" or not res.backward else worst_of(res.forward, res.backward)
+        self.counts[status] = self.counts.get(status, 0) + 1
         if res.skip_cause:
             self.causes[res.skip_cause] = self.causes.get(res.skip_cause, 0) + 1
-        self._bar.set_postfix(", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())))
+        self._bar.set_postfix(", ".join(f"{key} {count}" for key, count in sorted(self.counts.items())))
         self._bar.update()
 
     def done(self) -> None:
         self._bar.close()
 
 
-def worst_of(a: str, b: str) -> str:
-    return worst([a, b])
+def worst_of(first: str, second: str) -> str:
+    return worst([first, second])
