@@ -43,14 +43,14 @@ _TOP_KEYS = ("task", "level", "framework", "dump_data_dir", "data")
 
 
 def _no_duplicates(pairs: list) -> dict:
-    d = dict(pairs)
-    if len(d) != len(pairs):
+    data = dict(pairs)
+    if len(data) != len(pairs):
         seen: set = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise _DuplicateKey(k)
-            seen.add(k)
-    return d
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return data
 
 
 class _DuplicateKey(Exception):
@@ -61,7 +61,7 @@ def _depth_ok(text: str, limit: int) -> Optional[int]:
     """Return the offset where nesting exceeds ``limit`` (strings skipped), else None."""
     depth = 0
     in_str = esc = False
-    for i, c in enumerate(text):
+    for index, c in enumerate(text):
         if in_str:
             if esc:
                 esc = False
@@ -74,7 +74,7 @@ def _depth_ok(text: str, limit: int) -> Optional[int]:
         elif c in "[{":
             depth += 1
             if depth > limit:
-                return i
+                return index
         elif c in "]}":
             depth -= 1
     return None
@@ -125,14 +125,14 @@ def dumps_records_json(head: dict, data_key: str = "data") -> str:
     enc = _COMPACT.encode
     parts = ["{"]
     items = list(head.items())
-    for i, (k, v) in enumerate(items):
-        comma = "" if i == len(items) - 1 else ","
-        if k == data_key and isinstance(v, dict) and v:
-            parts.append(f" {enc(k)}: {{")
-            parts.append(",\n".join(f"  {enc(name)}: {enc(rec)}" for name, rec in v.items()))
+    for index, (key, value) in enumerate(items):
+        comma = "" if index == len(items) - 1 else ","
+        if key == data_key and isinstance(value, dict) and value:
+            parts.append(f" {enc(key)}: {{")
+            parts.append(",\n".join(f"  {enc(name)}: {enc(rec)}" for name, rec in value.items()))
             parts.append(" }" + comma)
         else:
-            parts.append(f" {enc(k)}: {enc(v)}{comma}")
+            parts.append(f" {enc(key)}: {enc(value)}{comma}")
     parts.append("}")
     return "\n".join(parts)
 
@@ -242,8 +242,8 @@ class DumpDocument(_JsonDocument):
         return Record(name, names[name], list(names).index(name))
 
     def records(self) -> Iterator[Record]:
-        for i, (name, raw) in enumerate(self.data.items()):
-            yield Record(name, raw, i)
+        for index, (name, raw) in enumerate(self.data.items()):
+            yield Record(name, raw, index)
 
     def add(self, name: str, raw: Any) -> None:
         self.raw.setdefault("data", {})[name] = raw
@@ -323,7 +323,7 @@ class StackDocument(_JsonDocument):
     def _entries(self) -> Iterator[tuple[str, list, Any]]:
         for key, value in self.raw.items():
             if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
-                    and isinstance(value[1], list) and all(isinstance(n, str) for n in value[0])):
+                    and isinstance(value[1], list) and all(isinstance(name, str) for name in value[0])):
                 yield key, value[0], value[1]
             else:  # name -> frames form
                 yield key, [key], value
@@ -334,7 +334,7 @@ class StackDocument(_JsonDocument):
         for key, value in self.raw.items():
             loc = f'$["{key}"]'
             if isinstance(value, list) and len(value) == 2 and isinstance(value[0], list):
-                if not all(isinstance(n, str) for n in value[0]):
+                if not all(isinstance(name, str) for name in value[0]):
                     raise DocumentError("record names must be strings", file=self.file, location=f"{loc}.0")
                 frames, floc = value[1], f"{loc}.1"
             elif value is None or isinstance(value, str):
@@ -348,16 +348,16 @@ class StackDocument(_JsonDocument):
         if self._index is None:
             self._index = {}
             for _key, names, frames in self._entries():
-                for n in names:
-                    self._index[n] = frames
+                for name in names:
+                    self._index[name] = frames
         return self._index.get(record_name)
 
     def ids_of(self) -> dict:
         """record name -> stack id."""
         out = {}
         for key, names, _ in self._entries():
-            for n in names:
-                out[n] = key
+            for name in names:
+                out[name] = key
         return out
 
 
@@ -370,11 +370,11 @@ class ConstructDocument(_JsonDocument):
                 raise DocumentError("parent must be a record name or null", file=self.file, location=f'$["{key}"]')
 
     def parent(self, name: str) -> Optional[str]:
-        v = self.raw.get(name)
-        return v if isinstance(v, str) else None
+        value = self.raw.get(name)
+        return value if isinstance(value, str) else None
 
     def children(self, name: str) -> list[str]:
-        return [k for k, v in self.raw.items() if v == name]
+        return [key for key, value in self.raw.items() if value == name]
 
 
 #: the documents of a rank directory beside dump.json (or debug.json), by file name

@@ -26,33 +26,33 @@ def canonical_dtype(dtype: Any) -> Optional[str]:
     """``torch.float32``, ``Float32``, ``mindspore.float32``, ``float32`` -> ``'float32'``; None if unknown."""
     if dtype is None:
         return None
-    s = _PREFIX_RE.sub("", str(dtype).strip())
-    s = s.lower()
-    s = _ALIASES.get(s, s)
-    if s in _NON_NUMPY:
-        return s
+    text = _PREFIX_RE.sub("", str(dtype).strip())
+    text = text.lower()
+    text = _ALIASES.get(text, text)
+    if text in _NON_NUMPY:
+        return text
     try:
-        return np.dtype(s).name if s != "bool" else "bool"
+        return np.dtype(text).name if text != "bool" else "bool"
     except TypeError:
-        return s or None
+        return text or None
 
 
 def numpy_dtype(dtype: Any) -> Optional[np.dtype]:
     """The numpy dtype of a record dtype, or None when numpy has none (bfloat16, float8, ...)."""
-    c = canonical_dtype(dtype)
-    if c is None or c in _NON_NUMPY:
+    canonical = canonical_dtype(dtype)
+    if canonical is None or canonical in _NON_NUMPY:
         return None
     try:
-        return np.dtype(c)
+        return np.dtype(canonical)
     except TypeError:
         return None
 
 
 def itemsize(dtype: Any) -> Optional[int]:
-    c = canonical_dtype(dtype)
-    if c in _NON_NUMPY:
-        return _NON_NUMPY[c]
-    nd = numpy_dtype(c)
+    canonical = canonical_dtype(dtype)
+    if canonical in _NON_NUMPY:
+        return _NON_NUMPY[canonical]
+    nd = numpy_dtype(canonical)
     return None if nd is None else nd.itemsize
 
 
@@ -60,18 +60,18 @@ def torch_dtype(dtype: Any) -> Any:
     """The torch dtype (imports torch); None when torch has no such dtype."""
     import torch
 
-    c = canonical_dtype(dtype)
-    return getattr(torch, c, None) if c else None
+    canonical = canonical_dtype(dtype)
+    return getattr(torch, canonical, None) if canonical else None
 
 
 def is_float(dtype: Any) -> bool:
-    c = canonical_dtype(dtype) or ""
-    return c.startswith(("float", "bfloat", "hifloat")) or c == "half"
+    canonical = canonical_dtype(dtype) or ""
+    return canonical.startswith(("float", "bfloat", "hifloat")) or canonical == "half"
 
 
 def is_int(dtype: Any) -> bool:
-    c = canonical_dtype(dtype) or ""
-    return c.startswith(("int", "uint"))
+    canonical = canonical_dtype(dtype) or ""
+    return canonical.startswith(("int", "uint"))
 
 
 def is_bool(dtype: Any) -> bool:

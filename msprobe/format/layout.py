@@ -75,8 +75,8 @@ def join_key(*parts: str) -> str:
 
 
 def parse_step_dir(name: str) -> Optional[int]:
-    m = STEP_DIR_RE.match(name)
-    return int(m.group("step")) if m else None
+    match = STEP_DIR_RE.match(name)
+    return int(match.group("step")) if match else None
 
 
 @dataclass(frozen=True)
@@ -87,22 +87,22 @@ class RankDir:
 
 
 def parse_rank_dir(name: str) -> Optional[RankDir]:
-    m = RANK_DIR_RE.match(name)
-    if not m:
+    match = RANK_DIR_RE.match(name)
+    if not match:
         return None
-    r, pid = m.group("rank"), m.group("pid")
-    return RankDir(name, None if r is None else int(r), None if pid is None else int(pid))
+    rank, pid = match.group("rank"), match.group("pid")
+    return RankDir(name, None if rank is None else int(rank), None if pid is None else int(pid))
 
 
 def step_ranges(nums: list) -> str:
     """Sorted step (or rank) numbers as ranges: ``[0, 1, 2, 5]`` -> ``"0-2,5"``; ``[]`` -> ``"-"``."""
     out: list = []
-    for n in nums:
-        if out and n == out[-1][1] + 1:
-            out[-1][1] = n
+    for num in nums:
+        if out and num == out[-1][1] + 1:
+            out[-1][1] = num
         else:
-            out.append([n, n])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out) or "-"
+            out.append([num, num])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in out) or "-"
 
 
 def rank_dir_name(rank: Optional[int], *, pid: Optional[int] = None) -> str:
@@ -169,8 +169,8 @@ def detect_dialect(rank_dir_names: Iterable[str] = (), data: Optional[dict] = No
                 votes_8 += 1
             else:
                 votes_26 += 1
-        v8, v26 = _int_stat_votes(rec)
-        votes_8, votes_26 = votes_8 + v8, votes_26 + v26
+        rec_votes_8, rec_votes_26 = _int_stat_votes(rec)
+        votes_8, votes_26 = votes_8 + rec_votes_8, votes_26 + rec_votes_26
     return "msprobe-26" if votes_26 > votes_8 else "msprobe-8"
 
 
@@ -181,26 +181,26 @@ _TORCH_INT = ("torch.int", "torch.uint", "torch.long", "torch.short")
 
 def _int_stat_votes(value: Any, depth: int = 0) -> tuple:
     """PyTorch integer tensors: 26.x writes integer Max (and null Mean), 8.x floats."""
-    v8 = v26 = 0
+    votes_8 = votes_26 = 0
     if depth > 6:
-        return v8, v26
+        return votes_8, votes_26
     if isinstance(value, dict):
         if value.get("type") == "torch.Tensor" and str(value.get("dtype", "")).startswith(_TORCH_INT):
             mx = value.get("Max") if value.get("shape") else None  # 0-d tensors keep their type in both
             if isinstance(mx, float):
-                v8 += 1
+                votes_8 += 1
             elif isinstance(mx, int) and not isinstance(mx, bool):
-                v26 += 1
-            return v8, v26
+                votes_26 += 1
+            return votes_8, votes_26
         items: Iterable = value.values()
     elif isinstance(value, list):
         items = value
     else:
-        return v8, v26
+        return votes_8, votes_26
     for item in items:
-        a, b = _int_stat_votes(item, depth + 1)
-        v8, v26 = v8 + a, v26 + b
-    return v8, v26
+        item_8, item_26 = _int_stat_votes(item, depth + 1)
+        votes_8, votes_26 = votes_8 + item_8, votes_26 + item_26
+    return votes_8, votes_26
 
 
 def read_marker(raw: Any) -> dict:
@@ -214,9 +214,9 @@ def validate_marker(raw: Any, file: Optional[str] = None) -> dict:
     """Check ``msprobe_lake.json`` (spec/FORMAT.md section 6); return it, or raise DocumentError."""
     if not isinstance(raw, dict):
         raise DocumentError(f"expected a JSON object, got {type(raw).__name__}", file=file, location="$")
-    v = raw.get("format_version")
-    if not isinstance(v, str) or not FORMAT_VERSION_RE.match(v):
-        raise DocumentError(f"'format_version' must be a string 'MAJOR.MINOR', got {v!r}",
+    version = raw.get("format_version")
+    if not isinstance(version, str) or not FORMAT_VERSION_RE.match(version):
+        raise DocumentError(f"'format_version' must be a string 'MAJOR.MINOR', got {version!r}",
                             file=file, location="$.format_version")
     d = raw.get("dialect")
     if not isinstance(d, str) or not d:
@@ -230,8 +230,8 @@ def validate_marker(raw: Any, file: Optional[str] = None) -> dict:
     return raw
 
 
-def _count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 #: the typed keys of the marker (spec/FORMAT.md section 6): key, check, what it must be
@@ -250,10 +250,10 @@ _MARKER_TYPED = (
 
 def check_format_version(version: str, file: Optional[str] = None) -> None:
     """Refuse a major version other than ours (spec/FORMAT.md 2.3); any minor is accepted."""
-    m = FORMAT_VERSION_RE.match(version or "")
+    match = FORMAT_VERSION_RE.match(version or "")
     ours = FORMAT_VERSION_RE.match(FORMAT_VERSION)
     assert ours is not None
-    if not m or m.group("major") != ours.group("major"):
+    if not match or match.group("major") != ours.group("major"):
         raise UnknownDialectError(f"format version {version!r} is not supported (this reader implements "
                                   f"{FORMAT_VERSION}; any {ours.group('major')}.x is accepted)", file=file)
 
@@ -292,9 +292,9 @@ def discover(store: ReadableStore, prefix: str = "") -> list[RankLocation]:
     ``pynative`` split root, a step directory or a rank directory."""
     here = prefix.rstrip("/").rsplit("/", 1)[-1]
     if _is_rank_dir(store, prefix):
-        rd = parse_rank_dir(here)
+        rank_dir = parse_rank_dir(here)
         step_name = prefix.rstrip("/").rsplit("/", 2)[-2] if prefix.count("/") else ""
-        return [RankLocation(prefix, parse_step_dir(step_name), here or ".", rd.rank if rd else None)]
+        return [RankLocation(prefix, parse_step_dir(step_name), here or ".", rank_dir.rank if rank_dir else None)]
     out: list[RankLocation] = []
     names = store.list_dir(prefix)
     steps = [(parse_step_dir(n), n) for n in names if parse_step_dir(n) is not None]
@@ -314,10 +314,10 @@ def discover(store: ReadableStore, prefix: str = "") -> list[RankLocation]:
 
 def _ranks_of_step(store: ReadableStore, step_prefix: str, step: Optional[int]) -> Iterator[RankLocation]:
     found = []
-    for n in store.list_dir(step_prefix):
-        rd = parse_rank_dir(n)
-        if rd is not None:
-            found.append(RankLocation(join_key(step_prefix, n), step, n, rd.rank))
+    for name in store.list_dir(step_prefix):
+        rank_dir = parse_rank_dir(name)
+        if rank_dir is not None:
+            found.append(RankLocation(join_key(step_prefix, name), step, name, rank_dir.rank))
     return iter(sorted(found, key=lambda r: (r.rank is None, r.rank or 0, r.rank_dir)))
 
 
@@ -327,7 +327,7 @@ _CONVERTED_RE = re.compile(r"^\d{32}(?:\.[A-Za-z0-9]+)?$")
 def encode_mapping(mapping: dict) -> bytes:
     """{original file name: converted file name} -> mapping.csv, rows ``converted,original``
     (the real tool's column order, spec/FORMAT.md 14.3)."""
-    return "".join(f"{v},{k}\n" for k, v in mapping.items()).encode("utf-8")
+    return "".join(f"{file_name},{data_name}\n" for data_name, file_name in mapping.items()).encode("utf-8")
 
 
 def data_dir_url(store: ReadableStore, key: str) -> str:
@@ -346,13 +346,13 @@ def read_mapping(data: bytes) -> dict:
     for row in csv.reader(io.StringIO(data.decode("utf-8", errors="replace"))):
         if len(row) < 2:
             continue
-        a, b = row[0].strip(), row[1].strip()
-        if not a or not b:
+        data_name, file_name = row[0].strip(), row[1].strip()
+        if not data_name or not file_name:
             continue
-        if _CONVERTED_RE.match(a) and not _CONVERTED_RE.match(b):
-            out[b] = a
-        elif _CONVERTED_RE.match(b) and not _CONVERTED_RE.match(a):
-            out[a] = b
-        elif not a.lower().startswith(("original", "converted", "hash")):
-            out[b] = a  # real-tool order by default
+        if _CONVERTED_RE.match(data_name) and not _CONVERTED_RE.match(file_name):
+            out[file_name] = data_name
+        elif _CONVERTED_RE.match(file_name) and not _CONVERTED_RE.match(data_name):
+            out[data_name] = file_name
+        elif not data_name.lower().startswith(("original", "converted", "hash")):
+            out[file_name] = data_name  # real-tool order by default
     return out

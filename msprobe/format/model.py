@@ -47,8 +47,8 @@ def is_tensor_entry(value: Any) -> bool:
     any object with a string ``type`` and both ``dtype`` and ``shape``."""
     if not isinstance(value, dict):
         return False
-    t = value.get("type")
-    return isinstance(t, str) and (t in TENSOR_TYPES or "dtype" in value and "shape" in value)
+    type_name = value.get("type")
+    return isinstance(type_name, str) and (type_name in TENSOR_TYPES or "dtype" in value and "shape" in value)
 
 
 class Arg:
@@ -90,20 +90,20 @@ class TensorArg(Arg):
         """The declared shape; () when there is none. A shape that is not a list of integers >= 0
         whose product fits int64 (``[NaN, 12]``, ``[Infinity, 12]``, ``[2**63, 2]``) is a
         :class:`~msprobe.errors.DocumentError`, never a ValueError/OverflowError later."""
-        s = self.raw.get("shape")
-        if not isinstance(s, list):
+        dims = self.raw.get("shape")
+        if not isinstance(dims, list):
             return ()
-        if not is_valid_shape(s):
-            raise DocumentError(f"tensor {self.path or 'entry'}: shape {str(s)[:80]} is not a list of integers >= 0 "
+        if not is_valid_shape(dims):
+            raise DocumentError(f"tensor {self.path or 'entry'}: shape {str(dims)[:80]} is not a list of integers >= 0 "
                                 "whose product fits int64")
-        return tuple(s)
+        return tuple(dims)
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= int(d)
-        return n
+        count = 1
+        for dim in self.shape:
+            count *= int(dim)
+        return count
 
     max = property(lambda self: self.raw.get("Max"))
     min = property(lambda self: self.raw.get("Min"))
@@ -112,7 +112,7 @@ class TensorArg(Arg):
 
     @property
     def stats(self) -> dict:
-        return {k.lower(): self.raw.get(k) for k in _STAT_KEYS}
+        return {key.lower(): self.raw.get(key) for key in _STAT_KEYS}
 
 
 class ScalarArg(Arg):
@@ -140,8 +140,8 @@ class SliceArg(Arg):
 
     @property
     def value(self) -> slice:
-        v = self.raw.get("value") or [None, None, None]
-        return slice(*v)
+        bounds = self.raw.get("value") or [None, None, None]
+        return slice(*bounds)
 
 
 class EllipsisArg(Arg):
@@ -173,7 +173,7 @@ class SequenceArg(Arg):
     def __init__(self, raw: list, path: str = "", depth: int = 0):
         super().__init__(raw, path)
         _check_depth(depth, path)
-        self.items = [parse_arg(v, f"{path}.{i}" if path else str(i), depth + 1) for i, v in enumerate(raw)]
+        self.items = [parse_arg(item, f"{path}.{index}" if path else str(index), depth + 1) for index, item in enumerate(raw)]
 
     def __iter__(self) -> Iterator[Arg]:
         return iter(self.items)
@@ -194,7 +194,7 @@ class MappingArg(Arg):
     def __init__(self, raw: dict, path: str = "", depth: int = 0):
         super().__init__(raw, path)
         _check_depth(depth, path)
-        self.items = {k: parse_arg(v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in raw.items()}
+        self.items = {key: parse_arg(item, f"{path}.{key}" if path else str(key), depth + 1) for key, item in raw.items()}
 
     def __iter__(self):
         return iter(self.items)
@@ -246,13 +246,13 @@ def _walk_entries(value: Any, path: str, out: list, depth: int, limit: Optional[
         _check_depth(depth, path)
     if isinstance(value, dict):
         if value.get("type") is None:
-            for k, v in value.items():
-                _walk_entries(v, f"{path}.{k}" if path else str(k), out, depth + 1, limit)
+            for key, item in value.items():
+                _walk_entries(item, f"{path}.{key}" if path else str(key), out, depth + 1, limit)
         elif is_tensor_entry(value):
             out.append((path, value))
     elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _walk_entries(v, f"{path}.{i}" if path else str(i), out, depth + 1, limit)
+        for index, item in enumerate(value):
+            _walk_entries(item, f"{path}.{index}" if path else str(index), out, depth + 1, limit)
 
 
 def parse_arg(raw: Any, path: str = "", depth: int = 0) -> Arg:
@@ -262,18 +262,18 @@ def parse_arg(raw: Any, path: str = "", depth: int = 0) -> Arg:
     if isinstance(raw, list):
         return SequenceArg(raw, path, depth)
     if isinstance(raw, dict):
-        t = raw.get("type")
-        if t is None:
+        type_name = raw.get("type")
+        if type_name is None:
             return MappingArg(raw, path, depth)
-        if not isinstance(t, str):
+        if not isinstance(type_name, str):
             return UnknownArg(raw, path)
         if is_tensor_entry(raw):
             return TensorArg(raw, path)
-        if t in _SCALAR_TYPES:
+        if type_name in _SCALAR_TYPES:
             return ScalarArg(raw, path)
-        if t == "slice":
+        if type_name == "slice":
             return SliceArg(raw, path)
-        if t == "ellipsis":
+        if type_name == "ellipsis":
             return EllipsisArg(raw, path)
         if "value" in raw or "format" in raw:
             return TypedValueArg(raw, path)
@@ -294,7 +294,7 @@ def iter_tensors(arg: Arg) -> Iterator[TensorArg]:
 def data_names(raw: Any, *, bounded: bool = True) -> list:
     """The ``data_name`` strings of the tensor entries in a raw JSON value, in order (the files a
     record being written refers to; :meth:`Record.data_names` reads a record's sections)."""
-    return [e["data_name"] for _, e in tensor_entries(raw, bounded=bounded) if isinstance(e.get("data_name"), str)]
+    return [entry["data_name"] for _, entry in tensor_entries(raw, bounded=bounded) if isinstance(entry.get("data_name"), str)]
 
 
 # Sections of a record, in the order the real tool writes them.
@@ -332,33 +332,33 @@ class Record:
 
     @property
     def input_args(self) -> list[Arg]:
-        s = self.section("input_args")
-        return list(s) if isinstance(s, SequenceArg) else []
+        section = self.section("input_args")
+        return list(section) if isinstance(section, SequenceArg) else []
 
     @property
     def input_kwargs(self) -> dict[str, Arg]:
-        s = self.section("input_kwargs")
-        return dict(s.items) if isinstance(s, MappingArg) else {}
+        section = self.section("input_kwargs")
+        return dict(section.items) if isinstance(section, MappingArg) else {}
 
     @property
     def input(self) -> list[Arg]:
-        s = self.section("input")
-        return list(s) if isinstance(s, SequenceArg) else []
+        section = self.section("input")
+        return list(section) if isinstance(section, SequenceArg) else []
 
     @property
     def output(self) -> list[Arg]:
-        s = self.section("output")
-        if isinstance(s, SequenceArg):
-            return list(s)
-        return [] if s is None else [s]
+        section = self.section("output")
+        if isinstance(section, SequenceArg):
+            return list(section)
+        return [] if section is None else [section]
 
     @property
     def parameters(self) -> dict[str, Arg]:
         if self.kind == "parameters_grad":
-            s = parse_arg(self.raw, "") if isinstance(self.raw, dict) else None
+            section = parse_arg(self.raw, "") if isinstance(self.raw, dict) else None
         else:
-            s = self.section("parameters")
-        return dict(s.items) if isinstance(s, MappingArg) else {}
+            section = self.section("parameters")
+        return dict(section.items) if isinstance(section, MappingArg) else {}
 
     def args(self) -> Iterator[Arg]:
         """Every top-level section value of the record as Args (with their paths)."""
@@ -370,11 +370,11 @@ class Record:
                 yield parse_arg(value, key)
 
     def tensors(self) -> Iterator[TensorArg]:
-        for a in self.args():
-            yield from iter_tensors(a)
+        for arg in self.args():
+            yield from iter_tensors(arg)
 
     def data_names(self) -> list[str]:
-        return [t.data_name for t in self.tensors() if isinstance(t.data_name, str)]
+        return [tensor.data_name for tensor in self.tensors() if isinstance(tensor.data_name, str)]
 
     def to_json(self) -> Any:
         return self.raw
@@ -385,8 +385,8 @@ class Record:
         self.parsed  # noqa: B018 - raises NameFormatError
         if self.kind in ("api", "module") and not isinstance(self.raw, dict):
             raise DocumentError(f"record must be an object, got {type(self.raw).__name__}", file=file, location=loc)
-        for t in self.tensors():
-            _check_tensor(t, file, f"{loc}.{t.path}")
+        for tensor in self.tensors():
+            _check_tensor(tensor, file, f"{loc}.{tensor.path}")
 
 
 #: the largest element count a shape may declare (int64, as the index and the frameworks hold it)
@@ -397,26 +397,26 @@ def is_valid_shape(shape: Any) -> bool:
     """A list of integers >= 0 (no bools, no floats) whose product fits int64."""
     if not isinstance(shape, (list, tuple)):
         return False
-    n = 1
-    for d in shape:
-        if not isinstance(d, int) or isinstance(d, bool) or d < 0 or d > MAX_NUMEL:
+    count = 1
+    for dim in shape:
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0 or dim > MAX_NUMEL:
             return False
-        n *= d
-    return n <= MAX_NUMEL
+        count *= dim
+    return count <= MAX_NUMEL
 
 
-def _check_tensor(t: TensorArg, file: Optional[str], loc: str) -> None:
-    raw = t.raw
+def _check_tensor(tensor: TensorArg, file: Optional[str], loc: str) -> None:
+    raw = tensor.raw
     if not isinstance(raw.get("dtype"), str):
         raise DocumentError("tensor entry needs a string 'dtype'", file=file, location=loc)
     shape = raw.get("shape")
     if not is_valid_shape(shape):
         raise DocumentError(f"tensor 'shape' must be a list of non-negative integers whose product fits int64, "
                             f"got {str(shape)[:80]}", file=file, location=loc)
-    for k in _STAT_KEYS:
-        v = raw.get(k)
-        if v is not None and not isinstance(v, (int, float, bool)):
-            raise DocumentError(f"'{k}' must be a number, a boolean or null, got {v!r}", file=file, location=loc)
+    for key in _STAT_KEYS:
+        item = raw.get(key)
+        if item is not None and not isinstance(item, (int, float, bool)):
+            raise DocumentError(f"'{key}' must be a number, a boolean or null, got {item!r}", file=file, location=loc)
     dn = raw.get("data_name")
     if dn is not None:
         if not isinstance(dn, str):
@@ -447,17 +447,17 @@ def tensor_entry(
 ) -> dict:
     """Build a tensor entry with the real tool's key order:
     type, dtype, shape, Max, Min, Mean, Norm, requires_grad, then md5 or data_name."""
-    e: dict = {"type": type_, "dtype": dtype, "shape": list(shape)}
+    entry: dict = {"type": type_, "dtype": dtype, "shape": list(shape)}
     if stats_keys:
         mx, mn, mean, norm = stats if stats is not None else (None, None, None, None)
-        e["Max"], e["Min"], e["Mean"], e["Norm"] = mx, mn, mean, norm
+        entry["Max"], entry["Min"], entry["Mean"], entry["Norm"] = mx, mn, mean, norm
     if requires_grad is not None:
-        e["requires_grad"] = requires_grad
+        entry["requires_grad"] = requires_grad
     if md5 is not None:
-        e["md5"] = md5
+        entry["md5"] = md5
     if data_name is not None:
-        e["data_name"] = data_name
-    return e
+        entry["data_name"] = data_name
+    return entry
 
 
 def typed_value(type_: str, value: Any, key: str = "value") -> dict:

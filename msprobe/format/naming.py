@@ -147,7 +147,7 @@ def _bad_segment(name: str) -> Optional[str]:
         return "contains a path separator or NUL"
     if name.startswith(".") or name.endswith(".") or ".." in name:
         return "empty dotted segment"
-    if any(c in name for c in "\r\n\t"):
+    if any(char in name for char in "\r\n\t"):
         return "contains a control character"
     return None
 
@@ -163,31 +163,31 @@ def parse_record_name(name: str, *, strict: bool = True) -> RecordName:
     why = _bad_segment(name)
     if why:
         raise NameFormatError(f"invalid record name {name!r}: {why}")
-    m = DEBUG_NAME_RE.match(name)
-    if m:
-        base = m.group("name")
+    match = DEBUG_NAME_RE.match(name)
+    if match:
+        base = match.group("name")
         is_grad = base.endswith("_grad")
-        return RecordName("debug", "", base[: -len("_grad")] if is_grad else base, int(m.group("n")), None,
+        return RecordName("debug", "", base[: -len("_grad")] if is_grad else base, int(match.group("n")), None,
                           None, is_grad, name)
-    m = PARAMS_GRAD_NAME_RE.match(name)
-    if m:
-        n = m.group("n")
-        return RecordName("parameters_grad", m.group("prefix"), m.group("path"), None if n is None else int(n),
-                          None, m.group("cls"), False, name)
-    m = MODULE_NAME_RE.match(name)
-    if m:
-        return RecordName("module", m.group("prefix"), m.group("path"), int(m.group("n")), m.group("direction"),
-                          m.group("cls"), False, name)
-    m = API_NAME_RE.match(name)
-    if m and m.group("prefix") not in MODULE_PREFIXES:
-        prefix, api = m.group("prefix"), m.group("api")
+    match = PARAMS_GRAD_NAME_RE.match(name)
+    if match:
+        n = match.group("n")
+        return RecordName("parameters_grad", match.group("prefix"), match.group("path"), None if n is None else int(n),
+                          None, match.group("cls"), False, name)
+    match = MODULE_NAME_RE.match(name)
+    if match:
+        return RecordName("module", match.group("prefix"), match.group("path"), int(match.group("n")), match.group("direction"),
+                          match.group("cls"), False, name)
+    match = API_NAME_RE.match(name)
+    if match and match.group("prefix") not in MODULE_PREFIXES:
+        prefix, api = match.group("prefix"), match.group("api")
         if strict and prefix not in API_PREFIXES:
             raise NameFormatError(f"invalid record name {name!r}: unknown API prefix {prefix!r} "
                                   f"(known: {', '.join(sorted(API_PREFIXES))})")
         cls = None
         if prefix == "Primitive" and "." in api:
             api, cls = api.split(".", 1)
-        return RecordName("api", prefix, api, int(m.group("n")), m.group("direction"), cls, False, name)
+        return RecordName("api", prefix, api, int(match.group("n")), match.group("direction"), cls, False, name)
     raise NameFormatError(f"invalid record name {name!r}: matches no rule of the naming grammar "
                           "(api, module, parameters_grad or debug)")
 
@@ -230,15 +230,15 @@ def parse_data_name(data_name: str, record: Optional[str] = None) -> DataName:
     if record is not None:
         if not data_name.startswith(record + "."):
             raise NameFormatError(f"data name {data_name!r} does not start with its record name {record!r}")
-        m = re.match(r"^(?:\.(?P<rest>.+?))?\.(?P<ext>pt|npy)$", data_name[len(record):])
-        if not m:
+        match = re.match(r"^(?:\.(?P<rest>.+?))?\.(?P<ext>pt|npy)$", data_name[len(record):])
+        if not match:
             raise NameFormatError(f"data name {data_name!r} has no .pt/.npy extension")
-        rest, ext = m.group("rest"), m.group("ext")
+        rest, ext = match.group("rest"), match.group("ext")
     else:
-        m = DATA_NAME_RE.match(data_name)
-        if not m:
+        match = DATA_NAME_RE.match(data_name)
+        if not match:
             raise NameFormatError(f"invalid data name {data_name!r}: no record name followed by .pt/.npy")
-        record, rest, ext = m.group("record"), m.group("rest"), m.group("ext")
+        record, rest, ext = match.group("record"), match.group("rest"), match.group("ext")
     segs = tuple(rest.split(".")) if rest else ()
     io = None
     if segs and segs[0] in _IO_WORDS:
@@ -277,10 +277,10 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     if text.isprintable():
         return text
     out = []
-    for c in text:
-        if c.isprintable() or (keep_newlines and c in "\n\t"):
-            out.append(c)
+    for char in text:
+        if char.isprintable() or (keep_newlines and char in "\n\t"):
+            out.append(char)
         else:
-            out.append(c.encode("unicode_escape").decode("ascii") if ord(c) > 0xFF or c in "\t\n\r"
-                       else f"\\x{ord(c):02x}")
+            out.append(char.encode("unicode_escape").decode("ascii") if ord(char) > 0xFF or char in "\t\n\r"
+                       else f"\\x{ord(char):02x}")
     return "".join(out)

@@ -29,23 +29,23 @@ MASKING_APIS = frozenset({"masked_fill", "masked_fill_", "full", "full_like", "f
 _INF = math.inf
 
 
-def _float(v: Any) -> Optional[float]:
-    return v if v.__class__ is float else None
+def _float(value: Any) -> Optional[float]:
+    return value if value.__class__ is float else None
 
 
 def stat_kinds(stats: Iterable[Any]) -> frozenset:
     """{'nan', '+inf', '-inf'} present in ``(Max, Min, Mean, Norm)`` (missing values tolerated)."""
-    mx, mn, mean, norm = (list(stats) + [None] * 4)[:4]
-    mx, mn, mean, norm = _float(mx), _float(mn), _float(mean), _float(norm)
+    maximum, minimum, mean, norm = (list(stats) + [None] * 4)[:4]
+    maximum, minimum, mean, norm = _float(maximum), _float(minimum), _float(mean), _float(norm)
     out = set()
-    if any(v is not None and v != v for v in (mx, mn, mean, norm)):
+    if any(value is not None and value != value for value in (maximum, minimum, mean, norm)):
         out.add("nan")
-    if mx == _INF or mn == _INF:
+    if maximum == _INF or minimum == _INF:
         out.add("+inf")
-    if mn == -_INF or mx == -_INF:
+    if minimum == -_INF or maximum == -_INF:
         out.add("-inf")
-    finite_ends = mx is not None and mn is not None and math.isfinite(mx) and math.isfinite(mn)
-    if finite_ends and any(v is not None and math.isinf(v) for v in (mean, norm)):
+    finite_ends = maximum is not None and minimum is not None and math.isfinite(maximum) and math.isfinite(minimum)
+    if finite_ends and any(value is not None and math.isinf(value) for value in (mean, norm)):
         out.add("+inf")  # the statistic overflowed: the tensor is finite, its Norm is not
     return frozenset(out)
 

@@ -52,21 +52,21 @@ def crc32_hex(buf: Any) -> str:
 
 def xor64(buf: Any) -> int:
     """XOR of the little-endian 64-bit words of ``buf`` (zero-padded)."""
-    b = np.frombuffer(_byte_view(buf), dtype=np.uint8)
-    pad = (-len(b)) % 8
+    data = np.frombuffer(_byte_view(buf), dtype=np.uint8)
+    pad = (-len(data)) % 8
     if pad:
-        b = np.concatenate([b, np.zeros(pad, dtype=np.uint8)])
-    if not len(b):
+        data = np.concatenate([data, np.zeros(pad, dtype=np.uint8)])
+    if not len(data):
         return 0
-    return int(np.bitwise_xor.reduce(b.view("<u8")))
+    return int(np.bitwise_xor.reduce(data.view("<u8")))
 
 
 def xor64_hex(buf: Any) -> str:
     return f"0x{xor64(buf) & ((1 << 64) - 1):016x}"
 
 
-def _py(x: Any) -> Any:
-    return x.item() if hasattr(x, "item") else x
+def _py(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
 
 
 def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype: Optional[str] = None,
@@ -83,17 +83,17 @@ def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype
     if a.dtype == np.bool_:
         return (bool(a.any()), bool(a.all()), None, None)
     if a.ndim == 0:
-        v = _py(a)
-        return (v, v, v, v)
+        value = _py(a)
+        return (value, value, value, value)
     if np.iscomplexobj(a):
-        m = np.abs(a)
-        norm = _py(np.linalg.norm(m)) if mindspore else None
-        return (_py(m.max()), _py(m.min()), _py(m.mean()), norm)
+        magnitude = np.abs(a)
+        norm = _py(np.linalg.norm(magnitude)) if mindspore else None
+        return (_py(magnitude.max()), _py(magnitude.min()), _py(magnitude.mean()), norm)
     legacy = dialect == "msprobe-8" or mindspore
     if a.dtype.kind in "iu":
         if legacy:
-            f = a.astype(np.float32)
-            return _float_stats(f, np.float32)
+            as_float32 = a.astype(np.float32)
+            return _float_stats(as_float32, np.float32)
         return (int(a.max()), int(a.min()), None, None)
     if a.dtype == np.float64:
         if legacy:
@@ -105,21 +105,21 @@ def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype
     return _float_stats(a, a.dtype.type)
 
 
-def _float_stats(a: np.ndarray, out_type) -> tuple:
+def _float_stats(values: np.ndarray, out_type) -> tuple:
     # accumulate in float64 (as torch does on CPU for float32), round the result to the dtype
-    acc = a.astype(np.float64)
+    acc = values.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs are legitimate
         mean = out_type(np.mean(acc))
         norm = out_type(np.sqrt(np.sum(np.square(acc))))
-    return (_py(a.max()), _py(a.min()), _py(mean), _py(norm))
+    return (_py(values.max()), _py(values.min()), _py(mean), _py(norm))
 
 
-def _round_bf16(x: Optional[float]) -> Optional[float]:
-    if x is None:
+def _round_bf16(value: Optional[float]) -> Optional[float]:
+    if value is None:
         return None
-    f = np.array([x], dtype=np.float32).view(np.uint32)
+    bits = np.array([value], dtype=np.float32).view(np.uint32)
     # round to nearest even on the upper 16 bits
-    rounded = ((f + 0x7FFF + ((f >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
     return float(rounded.view(np.float32)[0])
 
 
