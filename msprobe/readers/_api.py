@@ -56,9 +56,9 @@ def looks_like_dump(names: list) -> bool:
     """Whether the names listed in a directory are those of a dump (a document, a step, rank or split dir)."""
     if _DUMP_MARKERS.intersection(names):
         return True
-    if any(parse_step_dir(n) is not None or parse_rank_dir(n) is not None for n in names):
+    if any(parse_step_dir(name) is not None or parse_rank_dir(name) is not None for name in names):
         return True
-    return any(n in GRAPH_SPLIT_DIRS for n in names)
+    return any(name in GRAPH_SPLIT_DIRS for name in names)
 
 
 def _run_name(url: str) -> str:
@@ -110,7 +110,7 @@ def _open_rank_dirs(store: ReadableStore, url: str, storage_options: Optional[di
 
 
 def _parquet_keys(store: ReadableStore) -> list:
-    return sorted(k for k in store.list_prefix("") if k.endswith(".parquet"))
+    return sorted(key for key in store.list_prefix("") if key.endswith(".parquet"))
 
 
 def _first_rank_names(store: ReadableStore, names: list) -> list:
@@ -119,8 +119,8 @@ def _first_rank_names(store: ReadableStore, names: list) -> list:
     for _ in range(4):
         if _DUMP_MARKERS.intersection(names) or INDEX_DIR in names:
             return names
-        nxt = next((n for n in names if parse_step_dir(n) is not None or parse_rank_dir(n) is not None
-                    or n in GRAPH_SPLIT_DIRS), None)
+        nxt = next((name for name in names if parse_step_dir(name) is not None or parse_rank_dir(name) is not None
+                    or name in GRAPH_SPLIT_DIRS), None)
         if nxt is None:
             return []
         prefix = f"{prefix}/{nxt}" if prefix else nxt
@@ -139,7 +139,7 @@ class IndexEngine(Engine):
     requires = ("pyarrow",)
 
     def guess_can_open(self, store: ReadableStore, names: list) -> bool:
-        if any(n.endswith(".parquet") or n.startswith(("run=", "step=", "split=")) for n in names):
+        if any(name.endswith(".parquet") or name.startswith(("run=", "step=", "split=")) for name in names):
             return True
         if looks_like_dump(names):
             return INDEX_DIR in _first_rank_names(store, names)
@@ -147,15 +147,15 @@ class IndexEngine(Engine):
 
     def open(self, store: ReadableStore, *, url: str, storage_options: Optional[dict], run: Optional[str]) -> Dump:
         names = store.list_dir("")
-        if looks_like_dump(names) and not any(n.startswith(("run=", "step=")) for n in names):
+        if looks_like_dump(names) and not any(name.startswith(("run=", "step=")) for name in names):
             return _open_rank_dirs(store, url, storage_options, run, prefer_index=True, engine=self.name)
         state: dict = {}
 
         def sources() -> list:
             keys = _parquet_keys(store)
             state["compacts"] = read_compactions(store, keys)
-            return [IndexSource(store, k, storage_options=storage_options) for k in keys
-                    if k.rsplit("/", 1)[-1] != COMPACT_FILE]
+            return [IndexSource(store, key, storage_options=storage_options) for key in keys
+                    if key.rsplit("/", 1)[-1] != COMPACT_FILE]
 
         found = sources()
         if not found:
@@ -172,14 +172,14 @@ ENGINES: dict = {"index": IndexEngine(), "msprobe": MsprobeEngine()}
 
 def list_engines() -> dict:
     """name -> (description, installed?)."""
-    return {n: (e.description, e.available()) for n, e in ENGINES.items()}
+    return {name: (engine.description, engine.available()) for name, engine in ENGINES.items()}
 
 
 def _engine_help() -> str:
     parts = []
-    for n, e in ENGINES.items():
-        state = "installed" if e.available() else f"needs pip install 'msprobe-lake[{e.extra}]'"
-        parts.append(f"{n!r} ({e.description}; {state})")
+    for name, engine in ENGINES.items():
+        state = "installed" if engine.available() else f"needs pip install 'msprobe-lake[{engine.extra}]'"
+        parts.append(f"{name!r} ({engine.description}; {state})")
     return "; ".join(parts)
 
 
@@ -193,20 +193,20 @@ def _unknown(url: str, names: list) -> UnknownDialectError:
 def guess_engine(store: ReadableStore, url: str = "") -> "Engine":
     names = store.list_dir("")
     would_match = []
-    for e in ENGINES.values():
-        if not e.available():
+    for engine in ENGINES.values():
+        if not engine.available():
             try:
-                if e.guess_can_open(store, names):
-                    would_match.append(e)
+                if engine.guess_can_open(store, names):
+                    would_match.append(engine)
             except Exception:  # noqa: BLE001 - a guess must not fail
                 pass
             continue
-        if e.guess_can_open(store, names):
-            return e
+        if engine.guess_can_open(store, names):
+            return engine
     if would_match:
-        e = would_match[0]
+        engine = would_match[0]
         raise MissingDependencyError(
-            f"{url or store.url}: the {e.name!r} engine would open this: pip install 'msprobe-lake[{e.extra}]'")
+            f"{url or store.url}: the {engine.name!r} engine would open this: pip install 'msprobe-lake[{engine.extra}]'")
     raise _unknown(url or store.url, names)
 
 

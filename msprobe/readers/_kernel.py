@@ -49,10 +49,10 @@ class KernelDumpFile:
 
 def _step_dirs(store: ReadableStore) -> list:
     out = []
-    for n in store.list_dir(""):
-        s = parse_step_dir(n)
-        if s is not None:
-            out.append((s, n + "/"))
+    for name in store.list_dir(""):
+        step = parse_step_dir(name)
+        if step is not None:
+            out.append((step, name + "/"))
     if not out:
         return []
     return sorted(out)
@@ -61,8 +61,8 @@ def _step_dirs(store: ReadableStore) -> list:
 def has_kernel_dumps(store: ReadableStore) -> bool:
     """True when some ``stepN/`` holds a kernel_config_*.json or a timestamp directory."""
     for _, prefix in _step_dirs(store):
-        for n in store.list_dir(prefix):
-            if _KERNEL_CONFIG.match(n) or _TIMESTAMP_DIR.match(n):
+        for name in store.list_dir(prefix):
+            if _KERNEL_CONFIG.match(name) or _TIMESTAMP_DIR.match(name):
                 return True
     return False
 
@@ -81,12 +81,12 @@ def list_kernel_dumps(store: ReadableStore, step: Any = None) -> list:
                 parts = rel.split("/")
                 device = int(parts[0]) if len(parts) > 1 and parts[0].isdigit() else None
                 name = parts[-1]
-                m = _KERNEL_FILE.match(name)
+                match = _KERNEL_FILE.match(name)
                 found.append(KernelDumpFile(
                     key=key, step=s, timestamp=stamp, device=device, name=name,
-                    op_type=m.group("op_type") if m else None, op_name=m.group("op_name") if m else None,
-                    task_id=int(m.group("task_id")) if m else None, stream_id=int(m.group("stream_id")) if m else None,
-                    time=int(m.group("ts")) if m else None, size=store.size(key), store=store))
+                    op_type=match.group("op_type") if match else None, op_name=match.group("op_name") if match else None,
+                    task_id=int(match.group("task_id")) if match else None, stream_id=int(match.group("stream_id")) if match else None,
+                    time=int(match.group("ts")) if match else None, size=store.size(key), store=store))
     found.sort(key=lambda f: (f.step, f.timestamp, f.device if f.device is not None else -1, f.key))
     return found
 
@@ -94,9 +94,9 @@ def list_kernel_dumps(store: ReadableStore, step: Any = None) -> list:
 def kernel_configs(store: ReadableStore) -> dict:
     """{(step, device): key} of the kernel_config_{device}.json files."""
     out = {}
-    for s, prefix in _step_dirs(store):
-        for n in store.list_dir(prefix):
-            m = _KERNEL_CONFIG.match(n)
-            if m:
-                out[(s, int(m.group(1)))] = prefix + n
+    for step, prefix in _step_dirs(store):
+        for name in store.list_dir(prefix):
+            match = _KERNEL_CONFIG.match(name)
+            if match:
+                out[(step, int(match.group(1)))] = prefix + name
     return out

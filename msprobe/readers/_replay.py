@@ -53,14 +53,14 @@ def replay_inputs(record: Any, *, mode: str = "auto", framework: str = "torch", 
         args_src = record.input_args
         kwargs_src = record.input_kwargs
     if max_generated_bytes is not None:  # every declared size is checked before anything is generated
-        need = sum(_generated_bytes(a, mode, record.name) for a in list(args_src) + list(kwargs_src.values()))
+        need = sum(_generated_bytes(arg, mode, record.name) for arg in list(args_src) + list(kwargs_src.values()))
         if need > max_generated_bytes:
             raise InputTooLargeError(
                 f"record {record.name!r}: its generated inputs would take {need} bytes ({need / 2**20:.1f} MiB), "
                 f"above the ceiling of {max_generated_bytes} bytes ({max_generated_bytes / 2**20:.1f} MiB; "
                 "run_ut: --max-input-mb / config max_input_mb)")
-    args = [decode_value(a, ctx) for a in args_src]
-    kwargs = {k: decode_value(v, ctx) for k, v in kwargs_src.items()}
+    args = [decode_value(arg, ctx) for arg in args_src]
+    kwargs = {key: decode_value(value, ctx) for key, value in kwargs_src.items()}
     return args, kwargs
 
 
@@ -81,7 +81,7 @@ def decode_value(arg: Any, ctx: tuple) -> Any:
     if isinstance(arg, SequenceArg):
         return [decode_value(a, ctx) for a in arg.items]
     if isinstance(arg, MappingArg):
-        return {k: decode_value(v, ctx) for k, v in arg.items.items()}
+        return {key: decode_value(value, ctx) for key, value in arg.items.items()}
     return arg.raw
 
 
@@ -172,12 +172,12 @@ class _Gen:
         self.np_gen = np.random.default_rng(seed)
 
 
-def _number(v: Any, what: str, record: str, path: str) -> float:
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)):
-        return v
-    raise MsprobeError(f"record {record!r}: {path}: {what} is {v!r}; a number is needed to generate a tensor")
+def _number(value: Any, what: str, record: str, path: str) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return value
+    raise MsprobeError(f"record {record!r}: {path}: {what} is {value!r}; a number is needed to generate a tensor")
 
 
 def generate_tensor(entry: dict, *, framework: str = "torch", gen: Optional[_Gen] = None, record: str = "?",
@@ -186,8 +186,8 @@ def generate_tensor(entry: dict, *, framework: str = "torch", gen: Optional[_Gen
     gen = gen or _Gen(framework, None)
     dtype = entry.get("dtype")
     shape = declared_shape(entry, record, path)
-    c = canonical_dtype(dtype)
-    if c is None:
+    canonical = canonical_dtype(dtype)
+    if canonical is None:
         raise MsprobeError(f"record {record!r}: {path}: no dtype to generate a tensor from")
     numel = math.prod(shape)
     low_o, high_o = entry.get("Min"), entry.get("Max")
@@ -198,41 +198,41 @@ def generate_tensor(entry: dict, *, framework: str = "torch", gen: Optional[_Gen
     low = _number(low, "Min", record, path)
     high = _number(high, "Max", record, path)
     if framework == "torch":
-        return _torch_tensor(c, shape, low, high, low_o, high_o, gen, record, path)
-    return _numpy_tensor(c, shape, low, high, low_o, high_o, gen, record, path)
+        return _torch_tensor(canonical, shape, low, high, low_o, high_o, gen, record, path)
+    return _numpy_tensor(canonical, shape, low, high, low_o, high_o, gen, record, path)
 
 
-def _torch_tensor(c: str, shape: tuple, low: float, high: float, low_o: Any, high_o: Any, gen: _Gen,
+def _torch_tensor(canonical: str, shape: tuple, low: float, high: float, low_o: Any, high_o: Any, gen: _Gen,
                   record: str, path: str) -> Any:
     import torch
 
-    dtype = getattr(torch, c, None)
+    dtype = getattr(torch, canonical, None)
     if dtype is None:
-        raise MsprobeError(f"record {record!r}: {path}: torch has no dtype {c!r}")
-    if is_bool(c):
-        lo, hi = sorted((int(low), int(high)))
-        return torch.randint(lo, hi + 1, shape, generator=gen.torch_gen) > 0
-    if is_float(c):
+        raise MsprobeError(f"record {record!r}: {path}: torch has no dtype {canonical!r}")
+    if is_bool(canonical):
+        low_int, high_int = sorted((int(low), int(high)))
+        return torch.randint(low_int, high_int + 1, shape, generator=gen.torch_gen) > 0
+    if is_float(canonical):
         if isinstance(high, float) and math.isnan(high):
             return torch.full(shape, float("nan"), dtype=dtype)
         if high_o is not None and isinstance(high, float) and math.isinf(high):
-            t = torch.full(shape, high, dtype=dtype)
-            if t.numel():
-                t.view(-1)[-1] = low
-            return t
+            tensor = torch.full(shape, high, dtype=dtype)
+            if tensor.numel():
+                tensor.view(-1)[-1] = low
+            return tensor
         finfo = torch.finfo(dtype)
         lo_s = _clip_inf(low, finfo)
         hi_s = _clip_inf(high, finfo)
-        gen_dtype = torch.float32 if "float8" in c else dtype
-        t = torch.rand(shape, dtype=gen_dtype, generator=gen.torch_gen)
-        t.mul_(hi_s - lo_s).add_(lo_s)  # in place: the same values as t * (hi - lo) + lo, one tensor alive
-    elif is_int(c):
-        t = torch.randint(int(low), int(high) + 1, shape, dtype=dtype, generator=gen.torch_gen)
+        gen_dtype = torch.float32 if "float8" in canonical else dtype
+        tensor = torch.rand(shape, dtype=gen_dtype, generator=gen.torch_gen)
+        tensor.mul_(hi_s - lo_s).add_(lo_s)  # in place: the same values as t * (hi - lo) + lo, one tensor alive
+    elif is_int(canonical):
+        tensor = torch.randint(int(low), int(high) + 1, shape, dtype=dtype, generator=gen.torch_gen)
     else:
-        raise MsprobeError(f"record {record!r}: {path}: cannot generate a {c} tensor (as run_ut cannot)")
-    if t.numel() == 0:
-        return t
-    flat = t.view(-1)
+        raise MsprobeError(f"record {record!r}: {path}: cannot generate a {canonical} tensor (as run_ut cannot)")
+    if tensor.numel() == 0:
+        return tensor
+    flat = tensor.view(-1)
     if isinstance(high_o, float) and math.isnan(high_o):
         if flat.numel() <= 2:
             flat[0] = float("nan")
@@ -246,39 +246,39 @@ def _torch_tensor(c: str, shape: tuple, low: float, high: float, low_o: Any, hig
             flat[-1] = high_o
         if isinstance(low_o, float) and math.isinf(low_o):
             flat[0] = low_o
-    return t.to(dtype) if t.dtype != dtype else t
+    return tensor.to(dtype) if tensor.dtype != dtype else tensor
 
 
-def _clip_inf(v: float, finfo: Any) -> float:
-    if v == math.inf:
+def _clip_inf(value: float, finfo: Any) -> float:
+    if value == math.inf:
         return float(finfo.max)
-    if v == -math.inf:
+    if value == -math.inf:
         return float(finfo.min)
-    return v
+    return value
 
 
-def _numpy_tensor(c: str, shape: tuple, low: float, high: float, low_o: Any, high_o: Any, gen: _Gen,
+def _numpy_tensor(canonical: str, shape: tuple, low: float, high: float, low_o: Any, high_o: Any, gen: _Gen,
                   record: str, path: str) -> Any:
     import numpy as np
 
-    nd = numpy_dtype(c) or (np.dtype("float32") if is_float(c) else None)
+    nd = numpy_dtype(canonical) or (np.dtype("float32") if is_float(canonical) else None)
     if nd is None:
-        raise MsprobeError(f"record {record!r}: {path}: numpy has no dtype {c!r}")
+        raise MsprobeError(f"record {record!r}: {path}: numpy has no dtype {canonical!r}")
     rng = gen.np_gen
-    if is_bool(c):
-        lo, hi = sorted((int(low), int(high)))
-        return rng.integers(lo, hi + 1, size=shape) > 0
-    if is_float(c):
+    if is_bool(canonical):
+        low_int, high_int = sorted((int(low), int(high)))
+        return rng.integers(low_int, high_int + 1, size=shape) > 0
+    if is_float(canonical):
         if isinstance(high, float) and math.isnan(high):
             return np.full(shape, np.nan, dtype=nd)
         fi = np.finfo(nd)
         lo_s, hi_s = _clip_inf(low, fi), _clip_inf(high, fi)
-        a = (rng.random(size=shape) * (hi_s - lo_s) + lo_s).astype(nd)
-    elif is_int(c):
-        a = rng.integers(int(low), int(high) + 1, size=shape, dtype=nd)
+        array = (rng.random(size=shape) * (hi_s - lo_s) + lo_s).astype(nd)
+    elif is_int(canonical):
+        array = rng.integers(int(low), int(high) + 1, size=shape, dtype=nd)
     else:
-        raise MsprobeError(f"record {record!r}: {path}: cannot generate a {c} array")
-    if a.size:
-        flat = a.reshape(-1)
+        raise MsprobeError(f"record {record!r}: {path}: cannot generate a {canonical} array")
+    if array.size:
+        flat = array.reshape(-1)
         flat[0], flat[-1] = low, high
-    return a
+    return array

@@ -40,10 +40,10 @@ _FRAMEWORKS = ("numpy", "torch")
 def byte_limit(shape: tuple, dtype: Any, max_bytes: Optional[int] = None) -> tuple[Optional[int], int]:
     """(expected payload bytes or None, the largest file size accepted)."""
     size = itemsize(dtype)
-    n = 1
-    for d in shape:
-        n *= int(d)
-    expected = None if size is None else n * size
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    expected = None if size is None else count * size
     if max_bytes is not None:
         return expected, int(max_bytes)
     if expected is None:
@@ -167,16 +167,16 @@ def _pickle_errors() -> tuple:
 def _load_npy(data: bytes, record: str, key: str) -> np.ndarray:
     buf = io.BytesIO(data)
     try:
-        shape, dt = _npy_header(buf)
+        shape, array_dtype = _npy_header(buf)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is one TensorLoadError naming the record
         raise _fail(record, key, f"bad .npy header ({exc})") from None
-    if dt.hasobject:
+    if array_dtype.hasobject:
         raise _fail(record, key, "refused: .npy holds Python objects (would need pickle)")
-    n = 1
-    for d in shape:
-        n *= int(d)
-    if len(data) - buf.tell() < n * dt.itemsize:
-        raise _fail(record, key, f"truncated: {len(data) - buf.tell()} payload bytes for {n} x {dt}")
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    if len(data) - buf.tell() < count * array_dtype.itemsize:
+        raise _fail(record, key, f"truncated: {len(data) - buf.tell()} payload bytes for {count} x {array_dtype}")
     buf.seek(0)
     try:
         return np.load(buf, allow_pickle=False)
@@ -188,10 +188,10 @@ def _npy_header(buf: io.BytesIO) -> tuple:
     fmt = np.lib.format
     version = fmt.read_magic(buf)
     if version == (1, 0):
-        shape, _, dt = fmt.read_array_header_1_0(buf)
+        shape, _, array_dtype = fmt.read_array_header_1_0(buf)
     else:
-        shape, _, dt = fmt.read_array_header_2_0(buf)
-    return shape, dt
+        shape, _, array_dtype = fmt.read_array_header_2_0(buf)
+    return shape, array_dtype
 
 
 def _load_raw(data: bytes, record: str, key: str, dtype: Any, shape: tuple, expected: Optional[int]) -> Any:
@@ -233,8 +233,8 @@ def _value_dtype(value: Any) -> Optional[str]:
 
 
 def _check(value: Any, record: str, key: str, dtype: Any, shape: tuple, ext: str) -> None:
-    got_shape = tuple(int(d) for d in value.shape)
-    if tuple(int(d) for d in shape) != got_shape:
+    got_shape = tuple(int(dim) for dim in value.shape)
+    if tuple(int(dim) for dim in shape) != got_shape:
         raise _fail(record, key, f"shape {list(got_shape)} differs from the record's {list(shape)}")
     want, got = canonical_dtype(dtype), _value_dtype(value)
     if want is None or want == got:
@@ -250,14 +250,14 @@ def _convert(value: Any, framework: str) -> Any:
     if framework == "numpy":
         if isinstance(value, np.ndarray):
             return value
-        t = value.detach()
-        if t.is_conj():
-            t = t.resolve_conj()
-        if str(t.dtype) in ("torch.bfloat16",) or "float8" in str(t.dtype):
-            t = t.float()
-        elif str(t.dtype) == "torch.complex32":
-            t = t.to(__import__("torch").complex64)
-        return t.numpy()
+        tensor = value.detach()
+        if tensor.is_conj():
+            tensor = tensor.resolve_conj()
+        if str(tensor.dtype) in ("torch.bfloat16",) or "float8" in str(tensor.dtype):
+            tensor = tensor.float()
+        elif str(tensor.dtype) == "torch.complex32":
+            tensor = tensor.to(__import__("torch").complex64)
+        return tensor.numpy()
     if isinstance(value, np.ndarray):
         import torch
 

@@ -60,17 +60,17 @@ class Report:
 
     @property
     def errors(self) -> list:
-        return [p for p in self.problems if p.severity == "error"]
+        return [problem for problem in self.problems if problem.severity == "error"]
 
     @property
     def ok(self) -> bool:
         return not self.errors
 
     def summary(self) -> str:
-        steps = sorted({r.step for r in self.ranks if r.step is not None})
-        ranks = sorted({r.rank_dir for r in self.ranks})
+        steps = sorted({loc.step for loc in self.ranks if loc.step is not None})
+        ranks = sorted({loc.rank_dir for loc in self.ranks})
         state = "valid" if self.ok else f"INVALID ({len(self.errors)} errors)"
-        warn = sum(1 for p in self.problems if p.severity == "warning")
+        warn = sum(1 for problem in self.problems if problem.severity == "warning")
         return (f"{state}: {len(steps)} step(s), {len(ranks)} rank dir(s) ({', '.join(ranks)}), "
                 f"{len(self.ranks)} rank dump(s), {self.records} records, {self.tensor_files} tensor files, "
                 f"dialect {', '.join(sorted(self.dialects)) or 'unknown'}" + (f", {warn} warning(s)" if warn else "")
@@ -237,9 +237,9 @@ def _load_wanted(load_tensors: Optional[bool], payloads: list, report: Report, s
     if load_tensors is not None:
         return load_tensors
     declared = 0
-    for _, _, t in payloads:
+    for _, _, tensor in payloads:
         try:
-            declared += t.numel * (itemsize(t.dtype) or 8)
+            declared += tensor.numel * (itemsize(tensor.dtype) or 8)
         except MsprobeError:
             continue  # a bad shape: already an error of the document
     if len(payloads) <= AUTO_TENSOR_COUNT and declared <= AUTO_TENSOR_BYTES:
@@ -253,17 +253,17 @@ def _load_payloads(store: ReadableStore, prefix: str, key: str, payloads: list, 
     """Load every payload against its record, one at a time (each bounded by what its record
     declares); every failure is an error naming the record's JSON location."""
     missing_dep: set = set()
-    for rec_name, loc_json, t in payloads:
-        dn = t.data_name
-        ext = dn.rsplit(".", 1)[-1] if "." in dn else ""
+    for rec_name, loc_json, tensor in payloads:
+        data_name = tensor.data_name
+        ext = data_name.rsplit(".", 1)[-1] if "." in data_name else ""
         if ext in missing_dep:
             continue
         try:
-            if zarr is not None and dn in zarr:
-                zarr.load(dn, "numpy", record=rec_name, dtype=t.dtype, shape=t.shape)
+            if zarr is not None and data_name in zarr:
+                zarr.load(data_name, "numpy", record=rec_name, dtype=tensor.dtype, shape=tensor.shape)
             else:
-                load_tensor_file(store, join_key(prefix, TENSOR_DIR, mapping.get(dn, dn)), record=rec_name,
-                                 dtype=t.dtype, shape=t.shape, framework="numpy")
+                load_tensor_file(store, join_key(prefix, TENSOR_DIR, mapping.get(data_name, data_name)), record=rec_name,
+                                 dtype=tensor.dtype, shape=tensor.shape, framework="numpy")
             report.tensors_loaded += 1
         except MissingDependencyError as exc:
             missing_dep.add(ext)
