@@ -29,10 +29,10 @@ class _PacketStore:
 
     def _bytes(self, key: str) -> memoryview:
         data_name = key[: -len(_RAW_SUFFIX)] if key.endswith(_RAW_SUFFIX) else key
-        for p in self._packets.values():
-            entry = p.header.get("tensors", {}).get(data_name)
+        for packet in self._packets.values():
+            entry = packet.header.get("tensors", {}).get(data_name)
             if entry is not None:
-                return p.tensor_bytes(data_name)
+                return packet.tensor_bytes(data_name)
         raise StorageNotFoundError(f"packet://{key}: no such tensor in the packet")
 
     def open_read(self, key: str) -> Any:
@@ -54,7 +54,7 @@ class PacketSource:
 
     def __init__(self, packets: list):
         first = packets[0]
-        self._packets = {p.name: p for p in packets}
+        self._packets = {packet.name: packet for packet in packets}
         self.store = _PacketStore(self._packets)
         self.step = first.step
         self.rank = first.rank
@@ -73,15 +73,15 @@ class PacketSource:
         return data_name + _RAW_SUFFIX
 
     def raw_record(self, name: str) -> Any:
-        p = self._packets.get(name)
-        return None if p is None else p.header.get("record")
+        packet = self._packets.get(name)
+        return None if packet is None else packet.header.get("record")
 
     def stack_ids(self) -> dict:
         return {}
 
     def frames_of(self, name: str) -> Optional[list]:
-        p = self._packets.get(name)
-        return None if p is None else p.header.get("stack")
+        packet = self._packets.get(name)
+        return None if packet is None else packet.header.get("stack")
 
     def parents(self) -> dict:
         return {}

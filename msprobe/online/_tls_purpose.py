@@ -60,38 +60,38 @@ def relax_client_purpose(ctx: ssl.SSLContext) -> bool:
     return True
 
 
-def _tlv(buf: bytes, i: int) -> tuple:
+def _tlv(buf: bytes, offset: int) -> tuple:
     """(tag, content start, content end) of the DER element at ``i``."""
-    tag, n = buf[i], buf[i + 1]
-    i += 2
-    if n & 0x80:
-        k = n & 0x7F
+    tag, length = buf[offset], buf[offset + 1]
+    offset += 2
+    if length & 0x80:
+        k = length & 0x7F
         if not 0 < k <= 4:
             raise ValueError("bad DER length")
-        n = int.from_bytes(buf[i:i + k], "big")
-        i += k
-    if i + n > len(buf):
+        length = int.from_bytes(buf[offset:offset + k], "big")
+        offset += k
+    if offset + length > len(buf):
         raise ValueError("DER element past the end")
-    return tag, i, i + n
+    return tag, offset, offset + length
 
 
 def _children(buf: bytes, start: int, end: int) -> list:
-    out, i = [], start
-    while i < end:
-        t = _tlv(buf, i)
+    out, offset = [], start
+    while offset < end:
+        t = _tlv(buf, offset)
         out.append(t)
-        i = t[2]
+        offset = t[2]
     return out
 
 
 def _oid(raw: bytes) -> str:
     parts = [raw[0] // 40, raw[0] % 40]
-    v = 0
-    for b in raw[1:]:
-        v = (v << 7) | (b & 0x7F)
-        if not b & 0x80:
-            parts.append(v)
-            v = 0
+    value = 0
+    for byte in raw[1:]:
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            parts.append(value)
+            value = 0
     return ".".join(map(str, parts))
 
 
@@ -107,7 +107,7 @@ def extended_key_usage(der: bytes) -> Optional[set]:
             parts = _children(der, es, ee)
             if der[parts[0][1]:parts[0][2]] == _EKU_EXTENSION:
                 _, qs, qe = _tlv(der, parts[-1][1])  # the OCTET STRING holds a SEQUENCE of OIDs
-                return {_oid(der[a:b]) for _, a, b in _children(der, qs, qe)}
+                return {_oid(der[start:end]) for _, start, end in _children(der, qs, qe)}
     return None
 
 

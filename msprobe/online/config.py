@@ -63,27 +63,27 @@ class OnlineSettings:
 
 
 def _bool(raw: dict, key: str, default: bool) -> bool:
-    v = raw.get(key, default)
-    if not isinstance(v, bool):
-        raise invalid_value(key, v, "true or false")
-    return v
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise invalid_value(key, value, "true or false")
+    return value
 
 
 def _text(raw: dict, key: str, default: str, valid: str) -> str:
-    v = raw.get(key, default)
-    if v is None:
+    value = raw.get(key, default)
+    if value is None:
         return default
-    if not isinstance(v, str):
-        raise invalid_value(key, v, valid)
-    return v
+    if not isinstance(value, str):
+        raise invalid_value(key, value, valid)
+    return value
 
 
 def _num(raw: dict, key: str, default: Any, *, minimum: float, integer: bool = True) -> Any:
-    v = raw.get(key, default)
-    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if not ok or isinstance(v, bool) or v < minimum:
-        raise invalid_value(key, v, f"{'an integer' if integer else 'a number'} >= {minimum}")
-    return v
+    value = raw.get(key, default)
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if not ok or isinstance(value, bool) or value < minimum:
+        raise invalid_value(key, value, f"{'an integer' if integer else 'a number'} >= {minimum}")
+    return value
 
 
 def parse_online(raw: dict, *, side: str, storage_options: Optional[dict] = None) -> Optional[OnlineSettings]:

@@ -71,8 +71,8 @@ def _tls_files(tls_path: str, role: str) -> tuple:
     if not os.path.isdir(tls_path):
         raise invalid_value("tls_path", tls_path, f"a directory holding {role}.key, {role}.crt and ca.crt, "
                                                   "or \"\" for plain TCP")
-    key, crt, ca = (os.path.join(tls_path, n) for n in (f"{role}.key", f"{role}.crt", "ca.crt"))
-    missing = [os.path.basename(p) for p in (key, crt, ca) if not os.path.isfile(p)]
+    key, crt, ca = (os.path.join(tls_path, file_name) for file_name in (f"{role}.key", f"{role}.crt", "ca.crt"))
+    missing = [os.path.basename(path) for path in (key, crt, ca) if not os.path.isfile(path)]
     if missing:
         raise invalid_value("tls_path", tls_path, f"a directory holding {role}.key, {role}.crt and ca.crt "
                                                   f"(this one lacks {', '.join(missing)}), or \"\" for plain TCP")
@@ -119,20 +119,20 @@ def send_frame(sock: Any, data: bytes) -> None:
 _RECV_STEP = 1 << 20
 
 
-def _recv_exact(sock: Any, n: int) -> Optional[bytearray]:
+def _recv_exact(sock: Any, count: int) -> Optional[bytearray]:
     """``n`` bytes; the buffer grows as bytes arrive (a header announcing 1 GiB costs nothing
     until the bytes come)."""
     buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), _RECV_STEP))
+    while len(buf) < count:
+        chunk = sock.recv(min(count - len(buf), _RECV_STEP))
         if not chunk:
-            return None if not buf else _truncated(len(buf), n)
+            return None if not buf else _truncated(len(buf), count)
         buf += chunk
     return buf
 
 
-def _truncated(got: int, n: int) -> NoReturn:
-    raise TransportError(f"connection closed in the middle of a frame ({got} of {n} bytes)")
+def _truncated(got: int, count: int) -> NoReturn:
+    raise TransportError(f"connection closed in the middle of a frame ({got} of {count} bytes)")
 
 
 def recv_frame(sock: Any, max_bytes: int = MAX_FRAME_BYTES) -> Optional[bytearray]:
@@ -142,10 +142,10 @@ def recv_frame(sock: Any, max_bytes: int = MAX_FRAME_BYTES) -> Optional[bytearra
         return None
     if bytes(head[:4]) != _FRAME_MAGIC:
         raise TransportError("not an msprobe online stream (bad frame magic)")
-    (n,) = _FRAME.unpack(bytes(head[4:]))
-    if n > max_bytes:
-        raise TransportError(f"frame of {n} bytes exceeds the limit of {max_bytes}")
-    body = _recv_exact(sock, n)
+    (count,) = _FRAME.unpack(bytes(head[4:]))
+    if count > max_bytes:
+        raise TransportError(f"frame of {count} bytes exceeds the limit of {max_bytes}")
+    body = _recv_exact(sock, count)
     if body is None:
         raise TransportError("connection closed before a frame's body")
     return body
@@ -192,24 +192,24 @@ class SocketSink:
         except OSError as exc:
             raise TransportError(f"cannot connect to the checker at {self.host}:{self.port}: {exc}") from None
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s = raw
+        sock = raw
         if self.ssl_context is not None:
             try:
-                s = self.ssl_context.wrap_socket(raw, server_hostname=self.host)
+                sock = self.ssl_context.wrap_socket(raw, server_hostname=self.host)
             except (ssl.SSLError, OSError) as exc:
                 raw.close()
                 raise TransportError(f"TLS handshake with {self.host}:{self.port} failed: {exc}") from None
         try:  # wait for the greeting: with TLS 1.3 a refused client certificate shows only here
-            got = _recv_exact(s, len(_ACCEPT))
+            got = _recv_exact(sock, len(_ACCEPT))
         except (ssl.SSLError, OSError, TransportError) as exc:
-            s.close()
+            sock.close()
             raise TransportError(f"the checker at {self.host}:{self.port} refused the connection: {exc}") from None
         if got is None or bytes(got) != _ACCEPT:
-            s.close()
+            sock.close()
             raise TransportError(f"the checker at {self.host}:{self.port} closed the connection "
                                  "(refused, or not an msprobe online checker)")
-        s.settimeout(None)
-        return s
+        sock.settimeout(None)
+        return sock
 
     def send(self, data: bytes, header: dict) -> None:
         if self._sock is not None and _peer_closed(self._sock):  # e.g. closed by the checker when idle
@@ -286,18 +286,18 @@ class StoreWatcher:
         except Exception as exc:  # noqa: BLE001 - a transient listing error: try again at the next poll
             log.warning("msprobe online: listing %s failed: %s", self.url, exc)
             return []
-        new = [k for k in keys if k.endswith(PACKET_SUFFIX) and k not in self.seen]
+        new = [key for key in keys if key.endswith(PACKET_SUFFIX) and key not in self.seen]
         if self.remove_done:  # left behind by a checker killed between recording and removing them
-            self.remove([k for k in keys if k.endswith(PACKET_SUFFIX) and k in self.done])
+            self.remove([key for key in keys if key.endswith(PACKET_SUFFIX) and key in self.done])
         return sorted(new, key=_packet_order)
 
     def remove(self, keys: list) -> None:
         """Delete processed packets (the checker recorded them first); failures only warn."""
-        for k in keys:
+        for key in keys:
             try:
-                self.store.delete(k)
+                self.store.delete(key)
             except Exception as exc:  # noqa: BLE001 - a packet left behind is skipped by the progress record
-                log.warning("msprobe online: could not remove processed packet %s: %s", k, exc)
+                log.warning("msprobe online: could not remove processed packet %s: %s", key, exc)
 
     def read(self, key: str) -> Optional[Packet]:
         self.seen.add(key)
@@ -315,10 +315,10 @@ class StoreWatcher:
         """Packets as they appear, until ``stop()`` is true at an idle moment."""
         while True:
             keys = self.poll()
-            for k in keys:
-                p = self.read(k)
-                if p is not None:
-                    yield p
+            for key in keys:
+                packet = self.read(key)
+                if packet is not None:
+                    yield packet
             if not keys:
                 if stop():
                     return
