@@ -77,8 +77,8 @@ class Executor:
 
     def _start_local_cluster(self) -> Any:
         distributed = require("distributed", "dask")
-        n = self.cluster_workers or min(os.cpu_count() or 1, 8)
-        self._cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+        count = self.cluster_workers or min(os.cpu_count() or 1, 8)
+        self._cluster = distributed.LocalCluster(n_workers=count, threads_per_worker=1, processes=True,
                                                  dashboard_address=":0")
         self._client = distributed.Client(self._cluster)
         self._own = True
@@ -139,42 +139,42 @@ def _one(job: Any) -> int:
     return 1
 
 
-def _on_dask(client: Any, fn: Callable, jobs: list, progress: Any, step: Callable, pure: bool) -> list:
+def _on_dask(client: Any, func: Callable, jobs: list, progress: Any, step: Callable, pure: bool) -> list:
     from distributed import as_completed
 
-    futures = client.map(fn, jobs, pure=pure)
-    index = {f.key: i for i, f in enumerate(futures)}
+    futures = client.map(func, jobs, pure=pure)
+    index = {future.key: i for i, future in enumerate(futures)}
     try:
         if progress is not None:
-            for f in as_completed(futures):
-                f.result()  # a failed job raises here, before the others are waited for
-                progress.update(step(jobs[index[f.key]]))
+            for future in as_completed(futures):
+                future.result()  # a failed job raises here, before the others are waited for
+                progress.update(step(jobs[index[future.key]]))
         return client.gather(futures)
     except BaseException:
         client.cancel(futures)
         raise
     finally:
-        for f in futures:
-            f.release()
+        for future in futures:
+            future.release()
 
 
-def _on_pool(n: int, fn: Callable, jobs: list, progress: Any, step: Callable) -> list:
-    with ProcessPoolExecutor(max_workers=n) as ex:
-        futures = [ex.submit(fn, job) for job in jobs]
-        index = {f: i for i, f in enumerate(futures)}
+def _on_pool(count: int, func: Callable, jobs: list, progress: Any, step: Callable) -> list:
+    with ProcessPoolExecutor(max_workers=count) as ex:
+        futures = [ex.submit(func, job) for job in jobs]
+        index = {future: i for i, future in enumerate(futures)}
         pending = set(futures)
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for f in done:
-                    f.result()
+                for future in done:
+                    future.result()
                     if progress is not None:
-                        progress.update(step(jobs[index[f]]))
+                        progress.update(step(jobs[index[future]]))
         except BaseException:
-            for f in pending:
-                f.cancel()
+            for future in pending:
+                future.cancel()
             raise
-        return [f.result() for f in futures]
+        return [future.result() for future in futures]
 
 
 class star:

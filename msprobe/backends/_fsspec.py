@@ -25,15 +25,15 @@ def _protocol(fs: Any) -> str:
     return proto if isinstance(proto, str) else proto[0]
 
 
-def _abort_upload(f: Any) -> None:
+def _abort_upload(file: Any) -> None:
     """Throw away an unfinished upload so nothing partial is ever committed."""
     try:
-        f.discard()  # S3File: abort the multipart upload
+        file.discard()  # S3File: abort the multipart upload
     except Exception:  # noqa: BLE001 - fsspec file systems raise any type: each becomes one typed StorageError
         pass
     try:
-        f.buffer = None
-        f.closed = True  # so close()/__del__ never commit it
+        file.buffer = None
+        file.closed = True  # so close()/__del__ never commit it
     except Exception:  # noqa: BLE001 - fsspec file systems raise any type: each becomes one typed StorageError
         pass
 
@@ -118,10 +118,10 @@ class FsspecStore(Store):
             text = text.replace(secret, "***")
         return text
 
-    def _fail(self, exc: BaseException, op: str, key: str) -> NoReturn:
+    def _fail(self, exc: BaseException, operation: str, key: str) -> NoReturn:
         if self.breaker is not None and remaining_time() is None and is_transient(exc):
             self.breaker.trip(exc)  # no answer to a call outside a retrying operation
-        reraise(exc, f"{op} {self._where(key)}", scrub=self._scrub)
+        reraise(exc, f"{operation} {self._where(key)}", scrub=self._scrub)
 
     def _full(self, key: str) -> str:
         if not key:
@@ -190,7 +190,7 @@ class FsspecStore(Store):
             return []
         except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "list", prefix)
-        keys = (self._relative(p) for p in paths)
+        keys = (self._relative(path) for path in paths)
         want = prefix + "/" if prefix else ""
         return sorted(k for k in keys if k and k.startswith(want))
 
@@ -206,8 +206,8 @@ class FsspecStore(Store):
             self._fail(exc, "list_dir", prefix)
         want = prefix + "/" if prefix else ""
         names = set()
-        for p in paths:
-            rel = self._relative(p)
+        for path in paths:
+            rel = self._relative(path)
             if rel and rel.startswith(want) and rel != prefix:
                 names.add(rel[len(want) :].split("/", 1)[0])
         return sorted(names)
@@ -222,8 +222,8 @@ class FsspecStore(Store):
             self._fail(exc, "open", key)
 
     # -- writes -----------------------------------------------------------
-    def _refuse_existing(self, op: str, key: str) -> NoReturn:
-        raise StoragePermissionError(f"{op} {self._where(key)}: already exists and overwrite=False")
+    def _refuse_existing(self, operation: str, key: str) -> NoReturn:
+        raise StoragePermissionError(f"{operation} {self._where(key)}: already exists and overwrite=False")
 
     def put(self, key: str, data: BytesLike, *, overwrite: bool = True) -> None:
         self.check_writable()
@@ -254,7 +254,7 @@ class FsspecStore(Store):
         if not overwrite and self._info(key) is not None:
             self._refuse_existing("put_stream", key)
         try:
-            f = self._fs.open(self._full(key), "wb" if overwrite else "xb")
+            file = self._fs.open(self._full(key), "wb" if overwrite else "xb")
         except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "put_stream", key)
         total = 0
@@ -263,20 +263,20 @@ class FsspecStore(Store):
                 chunk = fileobj.read(_CHUNK)
                 if not chunk:
                     break
-                f.write(chunk)
+                file.write(chunk)
                 total += len(chunk)
         except BaseException as exc:
-            _abort_upload(f)
+            _abort_upload(file)
             if not isinstance(exc, Exception):
                 raise
             self._fail(exc, "put_stream", key)
         try:
-            f.close()  # the commit point: completes the (multipart) upload
+            file.close()  # the commit point: completes the (multipart) upload
         except FileExistsError:
-            _abort_upload(f)
+            _abort_upload(file)
             self._refuse_existing("put_stream", key)
         except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
-            _abort_upload(f)
+            _abort_upload(file)
             self._fail(exc, "put_stream", key)
         return total
 

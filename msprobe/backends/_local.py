@@ -103,8 +103,8 @@ class LocalStore(Store):
         return self._path(self._prefix(key))
 
     @staticmethod
-    def _fail(exc: BaseException, op: str, path: str) -> NoReturn:
-        reraise(exc, f"{op} {path}")
+    def _fail(exc: BaseException, operation: str, path: str) -> NoReturn:
+        reraise(exc, f"{operation} {path}")
 
     # -- reads ------------------------------------------------------------
     def _read_path(self, key: str) -> str:
@@ -120,8 +120,8 @@ class LocalStore(Store):
     def get(self, key: str) -> bytes:
         path = self._read_path(key)
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            with open(path, "rb") as file:
+                return file.read()
         except OSError as exc:
             self._fail(exc, "get", path)
 
@@ -130,30 +130,30 @@ class LocalStore(Store):
         if start < 0 or (end is not None and end < 0):
             raise MsprobeError(f"get_range {path}: negative offsets are not supported")
         try:
-            with open(path, "rb") as f:
-                f.seek(start)  # never ask for more than the file holds (a huge end would allocate it)
-                return f.read() if end is None else f.read(max(0, min(end, os.fstat(f.fileno()).st_size) - start))
+            with open(path, "rb") as file:
+                file.seek(start)  # never ask for more than the file holds (a huge end would allocate it)
+                return file.read() if end is None else file.read(max(0, min(end, os.fstat(file.fileno()).st_size) - start))
         except OSError as exc:
             self._fail(exc, "get_range", path)
 
     def _stat(self, path: str) -> os.stat_result | None:
         try:
-            st = os.stat(path)
+            info = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             self._fail(exc, "stat", path)
-        return st if stat.S_ISREG(st.st_mode) else None
+        return info if stat.S_ISREG(info.st_mode) else None
 
     def exists(self, key: str) -> bool:
         return self._stat(self._path(self._key(key))) is not None
 
     def size(self, key: str) -> int:
         path = self._path(self._key(key))
-        st = self._stat(path)
-        if st is None:
+        info = self._stat(path)
+        if info is None:
             raise StorageNotFoundError(f"size {path}: no such object")
-        return st.st_size
+        return info.st_size
 
     def list_prefix(self, prefix: str = "") -> list[str]:
         prefix = self._prefix(prefix)
@@ -203,25 +203,25 @@ class LocalStore(Store):
             total = 0
             while True:
                 if readinto is not None:
-                    n = readinto(buf) or 0
-                    chunk = view[:n]
+                    count = readinto(buf) or 0
+                    chunk = view[:count]
                 else:
                     chunk = _as_bytes_view(fileobj.read(_CHUNK))
-                    n = len(chunk)
-                if n == 0:
+                    count = len(chunk)
+                if count == 0:
                     return total
                 total += _write_all(fd, chunk)
 
         return self._publish(self._key(key), copy, overwrite, "put_stream")
 
-    def _publish(self, key: str, write: Callable[[int], int], overwrite: bool, op: str) -> int:
+    def _publish(self, key: str, write: Callable[[int], int], overwrite: bool, operation: str) -> int:
         path = self._path(key)
         parent, name = os.path.split(path)
         tmp = os.path.join(parent, f".{name[:120]}{TEMP_MARKER}{uuid.uuid4().hex}")
         try:
             os.makedirs(parent, exist_ok=True)
             if not overwrite and self._stat(path) is not None:
-                raise StoragePermissionError(f"{op} {path}: already exists and overwrite=False")
+                raise StoragePermissionError(f"{operation} {path}: already exists and overwrite=False")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
             try:
                 nbytes = write(fd)
@@ -232,28 +232,28 @@ class LocalStore(Store):
             if overwrite:
                 os.replace(tmp, path)
             else:
-                self._link_exclusive(tmp, path, op)
+                self._link_exclusive(tmp, path, operation)
         except Exception as exc:  # noqa: BLE001 - removed, then re-raised typed
             _unlink_quiet(tmp)
-            self._fail(exc, op, path)
+            self._fail(exc, operation, path)
         except BaseException:
             _unlink_quiet(tmp)
             raise
         self._fsync_dir(parent)
         return nbytes
 
-    def _link_exclusive(self, tmp: str, path: str, op: str) -> None:
+    def _link_exclusive(self, tmp: str, path: str, operation: str) -> None:
         try:
             os.link(tmp, path)
         except FileExistsError:
-            raise StoragePermissionError(f"{op} {path}: already exists and overwrite=False") from None
+            raise StoragePermissionError(f"{operation} {path}: already exists and overwrite=False") from None
         except OSError as exc:
             if exc.errno not in _NO_HARDLINKS:
                 raise
             try:  # no hard links here: claim the name with O_EXCL, then replace it
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             except FileExistsError:
-                raise StoragePermissionError(f"{op} {path}: already exists and overwrite=False") from None
+                raise StoragePermissionError(f"{operation} {path}: already exists and overwrite=False") from None
             os.replace(tmp, path)
             return
         _unlink_quiet(tmp)

@@ -41,12 +41,12 @@ def redact_options(options: Any) -> Any:
     """A copy of ``options`` with the values of secret-looking keys replaced by '***'."""
     if isinstance(options, Mapping):
         return {
-            k: ("***" if isinstance(k, str) and _SECRET_KEY_RE.search(k) and k not in _NOT_SECRET
-                else redact_options(v))
-            for k, v in options.items()
+            key: ("***" if isinstance(key, str) and _SECRET_KEY_RE.search(key) and key not in _NOT_SECRET
+                else redact_options(value))
+            for key, value in options.items()
         }
     if isinstance(options, (list, tuple)):
-        return type(options)(redact_options(v) for v in options)
+        return type(options)(redact_options(value) for value in options)
     return options
 
 
@@ -54,14 +54,14 @@ def _secret_values(options: Any) -> list[str]:
     """Every string value of a secret-looking key, at any depth (for scrubbing messages)."""
     found: list[str] = []
     if isinstance(options, Mapping):
-        for k, v in options.items():
-            if isinstance(k, str) and _SECRET_KEY_RE.search(k) and k not in _NOT_SECRET and isinstance(v, str):
-                found.append(v)
+        for key, value in options.items():
+            if isinstance(key, str) and _SECRET_KEY_RE.search(key) and key not in _NOT_SECRET and isinstance(value, str):
+                found.append(value)
             else:
-                found.extend(_secret_values(v))
+                found.extend(_secret_values(value))
     elif isinstance(options, (list, tuple)):
-        for v in options:
-            found.extend(_secret_values(v))
+        for value in options:
+            found.extend(_secret_values(value))
     return found
 
 
@@ -77,7 +77,7 @@ def _missing_dependency(protocol: str, exc: BaseException | None = None) -> Miss
         )
     if exc is not None:  # fsspec knows the protocol; its package is missing
         return MissingDependencyError(f"the {protocol}:// protocol needs a package that is not installed: {exc}")
-    known = ", ".join(f"{p}:// (pip install 'msprobe-lake[{e}]')" for p, e in EXTRAS.items() if p in {"s3", "gs", "az"})
+    known = ", ".join(f"{known_protocol}:// (pip install 'msprobe-lake[{e}]')" for known_protocol, e in EXTRAS.items() if known_protocol in {"s3", "gs", "az"})
     return MissingDependencyError(
         f"no storage backend for the {protocol!r} protocol; supported: local paths, file://, memory://, {known}, "
         "and any other protocol that fsspec knows once its package is installed"
@@ -91,11 +91,11 @@ def _check_options(cls: type, protocol: str, options: Mapping[str, Any]) -> None
         params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
     except (TypeError, ValueError):
         return
-    if protocol not in _PASSTHROUGH and any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    if protocol not in _PASSTHROUGH and any(param.kind is param.VAR_KEYWORD for param in params.values()):
         return  # this class forwards unknown options somewhere we cannot check
-    accepted = {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
+    accepted = {option for option, param in params.items() if param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL)} - {"self"}
     accepted |= _PASSTHROUGH.get(protocol, set())
-    unknown = sorted(k for k in options if k not in accepted and k not in _FSSPEC_BASE_OPTIONS)
+    unknown = sorted(key for key in options if key not in accepted and key not in _FSSPEC_BASE_OPTIONS)
     if unknown:
         raise ConfigError(
             f"unknown storage_options for {protocol}://: {unknown}; accepted: {sorted(accepted | _FSSPEC_BASE_OPTIONS)}"

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("msprobe.backends")
-T = TypeVar("T")
+_Result = TypeVar("_Result")
 
 #: errnos that mean "no room left": never transient (retrying only slows training down)
 DISK_FULL_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT") if hasattr(errno, n))
@@ -216,7 +216,7 @@ def translate_error(
     exc: BaseException,
     what: str,
     *,
-    scrub: Callable[[str], str] = lambda s: s,
+    scrub: Callable[[str], str] = lambda text: text,
     extra_transient_errnos: Iterable[int] = (),
 ) -> BaseException:
     """Turn a library exception into the matching :class:`StorageError` subtype.
@@ -240,7 +240,7 @@ def reraise(
     exc: BaseException,
     what: str,
     *,
-    scrub: Callable[[str], str] = lambda s: s,
+    scrub: Callable[[str], str] = lambda text: text,
     extra_transient_errnos: Iterable[int] = (),
 ) -> NoReturn:
     """Raise :func:`translate_error` of ``exc``, chained to it (or ``exc`` itself if already ours)."""
@@ -323,10 +323,10 @@ class RetryPolicy:
 
     def call(
         self,
-        fn: Callable[[], T],
+        fn: Callable[[], _Result],
         *,
         on_retry: Callable[[int, BaseException, float], None] | None = None,
-    ) -> T:
+    ) -> _Result:
         """Call ``fn()``; on a transient error sleep and try again, up to ``retries`` times
         (and within ``deadline``)."""
         if self.breaker is not None:
@@ -363,14 +363,14 @@ class RetryPolicy:
 
 
 def retry(
-    fn: Callable[..., T],
+    fn: Callable[..., _Result],
     *args: object,
     retries: int = 5,
     backoff: tuple[float, float] = (0.05, 2.0),
     extra_transient_errnos: Iterable[int] = (),
     on_retry: Callable[[int, BaseException, float], None] | None = None,
     **kwargs: object,
-) -> T:
+) -> _Result:
     """Call ``fn(*args, **kwargs)``, retrying transient errors with exponential backoff.
 
     Permanent errors (403, missing bucket, permission, anything unrecognised) and

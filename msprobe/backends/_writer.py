@@ -179,8 +179,8 @@ class BackgroundWriter:
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(workers)
         ]
-        for t in self._threads:
-            t.start()
+        for thread in self._threads:
+            thread.start()
 
     # -- public -----------------------------------------------------------
     @property
@@ -241,8 +241,8 @@ class BackgroundWriter:
                 self._closed = True
             for _ in self._threads:
                 self._queue.put(None)
-            for t in self._threads:
-                t.join()
+            for thread in self._threads:
+                thread.join()
 
     def __enter__(self) -> "BackgroundWriter":
         return self
@@ -268,11 +268,11 @@ class BackgroundWriter:
             task = self._queue.get()
             if task is None:
                 return
-            ok = False
+            succeeded = False
             error: BaseException | None = None
             try:
                 written = self._write(task)
-                ok = True
+                succeeded = True
             except BaseException as exc:  # noqa: BLE001 - every failure is reported by flush()
                 error = exc
                 self._record_failure(task.key, exc)
@@ -286,7 +286,7 @@ class BackgroundWriter:
                 task.data = b""
                 with self._cond:
                     self._stats.bytes_in_flight -= task.reserved
-                    if ok:
+                    if succeeded:
                         self._stats.objects_written += 1
                         self._stats.bytes_written += written
                     self._pending -= 1
@@ -370,11 +370,11 @@ class BackgroundWriter:
                 log.error("could not append to error log %s: %s", self._error_log_key, log_exc)
 
     def _failure_error(self, failed: dict[str, BaseException]) -> StorageError:
-        kinds = {type(e) for e in failed.values()}
+        kinds = {type(error) for error in failed.values()}
         cls = kinds.pop() if len(kinds) == 1 else StorageError
         if not (isinstance(cls, type) and issubclass(cls, StorageError)):
             cls = StorageError
-        shown = "; ".join(f"{k} ({type(e).__name__}: {e})" for k, e in list(failed.items())[:20])
+        shown = "; ".join(f"{k} ({type(error).__name__}: {error})" for k, error in list(failed.items())[:20])
         more = f"; ... and {len(failed) - 20} more" if len(failed) > 20 else ""
         err = cls(f"{len(failed)} object(s) could not be written to {self._store.url}: {shown}{more}")
         err.failures = dict(failed)  # type: ignore[attr-defined]
