@@ -31,9 +31,9 @@ def build_model(vocab: int = 100, hidden: int = 32, heads: int = 2, layers: int 
             self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
         def forward(self, x, mask):
-            h = self.ln1(x)
-            a, _ = self.attn(h, h, h, attn_mask=mask, need_weights=False)
-            x = x + a
+            normed = self.ln1(x)
+            attended, _ = self.attn(normed, normed, normed, attn_mask=mask, need_weights=False)
+            x = x + attended
             return x + self.mlp(self.ln2(x))
 
     class TinyGPT(nn.Module):
@@ -46,11 +46,11 @@ def build_model(vocab: int = 100, hidden: int = 32, heads: int = 2, layers: int 
             self.head = nn.Linear(hidden, vocab)
 
         def forward(self, ids):
-            t = ids.shape[1]
-            mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
-            x = self.tok(ids) + self.pos(torch.arange(t))
-            for b in self.blocks:
-                x = b(x, mask)
+            length = ids.shape[1]
+            mask = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
+            x = self.tok(ids) + self.pos(torch.arange(length))
+            for block in self.blocks:
+                x = block(x, mask)
             return self.head(self.ln_f(x))
 
     return TinyGPT()
@@ -63,7 +63,7 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
     torch = require("torch", "torch")
     import torch.nn.functional as F
 
-    say = (lambda *a: None) if quiet else print
+    say = (lambda *arg: None) if quiet else print
     seed_all(1234)
     model = build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -89,12 +89,12 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
 
     report = validate_store(open_store(dump_path, storage_options=storage_options, read_only=True, create=False))
     say(report.summary())
-    d = msprobe.readers.open(dump_path, storage_options=storage_options)
-    n_tensors, nonfinite, first, outputs = _walk_records(d)
-    ranks = ("one process (no torch.distributed rank: rank directory 'rank')" if d.ranks == [None]
-             else ", ".join("-" if r is None else str(r) for r in d.ranks))
-    say(f"read back: steps {d.steps}, ranks {ranks}, framework {d.framework}, task {d.task}, level {d.level}; "
-        f"{d.count()} records, {n_tensors} tensors")
+    doc = msprobe.readers.open(dump_path, storage_options=storage_options)
+    n_tensors, nonfinite, first, outputs = _walk_records(doc)
+    ranks = ("one process (no torch.distributed rank: rank directory 'rank')" if doc.ranks == [None]
+             else ", ".join("-" if r is None else str(r) for r in doc.ranks))
+    say(f"read back: steps {doc.steps}, ranks {ranks}, framework {doc.framework}, task {doc.task}, level {doc.level}; "
+        f"{doc.count()} records, {n_tensors} tensors")
     say(f"non-finite values: {describe(nonfinite)}")
     for kind in ("nan", "inf"):
         if first[kind] is not None:
@@ -105,25 +105,25 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
             say(f"  step {step} {name} {path}: shape {shape} Norm {norm:.4g}")
     rows = None
     try:
-        df = d.to_pandas()
+        df = doc.to_pandas()
     except MissingDependencyError:
         say("table read-back (to_pandas, the Parquet index) skipped: pip install 'msprobe-lake[parquet]' adds it")
     else:
         rows = len(df)
         say(f"to_pandas(): {rows} rows, one per tensor argument")
-    rec = d.record("Functional.linear.0.forward", step=0)
-    t = rec.input_args[0]
-    say(f"Functional.linear.0.forward input 0: dtype {t.dtype}, shape {list(t.shape)}, "
-        f"Max {t.max:.4g}, Min {t.min:.4g}, parent {rec.parent_name or '-'}")
+    rec = doc.record("Functional.linear.0.forward", step=0)
+    tensor = rec.input_args[0]
+    say(f"Functional.linear.0.forward input 0: dtype {tensor.dtype}, shape {list(tensor.shape)}, "
+        f"Max {tensor.max:.4g}, Min {tensor.min:.4g}, parent {rec.parent_name or '-'}")
     if task == "tensor":
-        arr = t.load()
-        assert math.isclose(float(arr.max()), t.max, rel_tol=1e-6)
+        arr = tensor.load()
+        assert math.isclose(float(arr.max()), tensor.max, rel_tol=1e-6)
         say(f"  loaded its tensor from storage: max {float(arr.max()):.4g} (matches the record)")
     say(f"done in {elapsed:.1f}s (dump) — valid: {report.ok}")
     say("next:")
     for line in next_commands(dump_path):
         say(f"  {line}")
-    return {"ok": report.ok, "records": d.count(), "tensors": n_tensors, "rows": rows, "losses": losses,
+    return {"ok": report.ok, "records": doc.count(), "tensors": n_tensors, "rows": rows, "losses": losses,
             "nonfinite": nonfinite}
 
 
@@ -155,25 +155,25 @@ def _msprobe_command() -> str:
     return rel if not rel.startswith("..") else mine
 
 
-def _walk_records(d) -> tuple:
+def _walk_records(doc) -> tuple:
     """(tensor count, {"nan"/"inf"/"masked": tensors}, first NaN / first Inf, finite forward outputs)
     from the records themselves (no pandas needed)."""
     counts = {"nan": 0, "inf": 0, "masked": 0}
     first: dict = {"nan": None, "inf": None}
     outputs = []
-    n = 0
+    n_tensors = 0
     trackers: dict = {}
-    for rec in d.iter_records():  # in execution order within each (run, step, rank directory)
+    for rec in doc.iter_records():  # in execution order within each (run, step, rank directory)
         tracker = trackers.setdefault((rec.source.run, rec.step, rec.rank_dir, rec.source.split), NonFiniteTracker())
         tracker.record(rec.name)
-        for io, t in rec.tensors():
-            n += 1
-            kind = tracker.see(io, t.path, (t.max, t.min, t.mean, t.norm), t.dtype, t.shape)
+        for io, tensor in rec.tensors():
+            n_tensors += 1
+            kind = tracker.see(io, tensor.path, (tensor.max, tensor.min, tensor.mean, tensor.norm), tensor.dtype, tensor.shape)
             if kind in first and first[kind] is None:
-                first[kind] = (rec.step, rec.name, t.path)
-            if io == "output" and rec.direction == "forward" and isinstance(t.norm, float) and math.isfinite(t.norm):
-                outputs.append((t.norm, rec.step, rec.name, t.path, list(t.shape)))
+                first[kind] = (rec.step, rec.name, tensor.path)
+            if io == "output" and rec.direction == "forward" and isinstance(tensor.norm, float) and math.isfinite(tensor.norm):
+                outputs.append((tensor.norm, rec.step, rec.name, tensor.path, list(tensor.shape)))
     for tracker in trackers.values():
         for k, v in tracker.counts.items():
             counts[k] += v
-    return n, counts, first, outputs
+    return n_tensors, counts, first, outputs

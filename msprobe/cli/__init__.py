@@ -150,16 +150,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     quietly with status 141, as a tool killed by SIGPIPE, without a traceback."""
     try:
         try:
-            rc: object = _main(argv)
+            code: object = _main(argv)
         except SystemExit as exc:  # argparse's --help / usage errors: flushed first, then raised
-            rc = exc
+            code = exc
         sys.stdout.flush()  # what is still buffered goes now, where a closed pipe is caught
     except BrokenPipeError:
         _stdout_to_devnull()
         return EXIT_BROKEN_PIPE
-    if isinstance(rc, SystemExit):
-        raise rc
-    return rc  # type: ignore[return-value]
+    if isinstance(code, SystemExit):
+        raise code
+    return code  # type: ignore[return-value]
 
 
 def _stdout_to_devnull() -> None:
@@ -202,17 +202,17 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         import json
 
         try:
-            ok = isinstance(json.loads(opts), dict)
+            valid = isinstance(json.loads(opts), dict)
         except ValueError:
-            ok = False
-        if not ok:
+            valid = False
+        if not valid:
             print(f"msprobe {args.command}: error: --storage-options must be a JSON object", file=sys.stderr)
             return 2
     from msprobe.format.naming import printable
 
     stdout, sys.stdout = sys.stdout, _EscapingStream(sys.stdout)  # names from dumps cannot drive the terminal
     try:
-        rc = args.func(args)
+        code = args.func(args)
     except MsprobeError as exc:
         print(f"msprobe {args.command}: error: {printable(str(exc))}", file=sys.stderr)
         return 1
@@ -220,7 +220,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     finally:
         sys.stdout = stdout
-    return int(rc or 0)
+    return int(code or 0)
 
 
 class _EscapingStream:

@@ -27,7 +27,7 @@ def run(args) -> int:
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     try:
-        d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
+        doc = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)
     except UnknownDialectError as exc:
         runs = _runs_below(args.path, opts)
         if not runs:
@@ -36,60 +36,60 @@ def run(args) -> int:
                                   f"({', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}): a lake root; list "
                                   f"its runs with: msprobe lake ls {args.path}") from exc
     if args.records:
-        return _list_records(d, args)
+        return _list_records(doc, args)
     if args.step is not None or args.rank is not None or args.match is not None:
         from msprobe.errors import ConfigError
 
         raise ConfigError("--step, --rank and --match select records: add --records")
-    s = d.summary()
-    kernel = d.kernel_dumps()
+    summary = doc.summary()
+    kernel = doc.kernel_dumps()
     if kernel:  # level L2: the Ascend runtime's files, listed but not decoded
-        s["kernel_dumps"] = [{"step": k.step, "timestamp": k.timestamp, "device": k.device, "name": k.name,
-                              "size": k.size} for k in kernel]
+        summary["kernel_dumps"] = [{"step": kernel_file.step, "timestamp": kernel_file.timestamp, "device": kernel_file.device, "name": kernel_file.name,
+                              "size": kernel_file.size} for kernel_file in kernel]
     if args.json:
-        print(json.dumps(s, indent=1, default=str))
+        print(json.dumps(summary, indent=1, default=str))
         return 0
-    ranks = ", ".join("-" if r is None else str(r) for r in s["ranks"])
-    say(f"{s['url']}")
-    say(f"  engine {s['engine']}, dialect {s['dialect'] or 'unknown'}, framework {s['framework']}, "
-          f"task {s['task']}, level {s['level']}")
-    say(f"  {len(s['steps'])} step(s): {step_ranges(s['steps'])}; rank(s): {ranks}; "
-          f"{len(s['rank_dirs'])} rank dir(s), {sum(r['records'] for r in s['rank_dirs'])} records")
-    has_run = any(r["run"] and r["run"] != d.run for r in s["rank_dirs"])
+    ranks = ", ".join("-" if entry is None else str(entry) for entry in summary["ranks"])
+    say(f"{summary['url']}")
+    say(f"  engine {summary['engine']}, dialect {summary['dialect'] or 'unknown'}, framework {summary['framework']}, "
+          f"task {summary['task']}, level {summary['level']}")
+    say(f"  {len(summary['steps'])} step(s): {step_ranges(summary['steps'])}; rank(s): {ranks}; "
+          f"{len(summary['rank_dirs'])} rank dir(s), {sum(entry['records'] for entry in summary['rank_dirs'])} records")
+    has_run = any(entry["run"] and entry["run"] != doc.run for entry in summary["rank_dirs"])
     header = (["run"] if has_run else []) + ["step", "rank_dir", "records", "from"]
-    rows = [([str(r["run"])] if has_run else [])
-            + [("" if r["split"] is None else r["split"] + "/") + str(r["step"]), r["rank_dir"], str(r["records"]),
-               r["source"]] for r in s["rank_dirs"]]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
-    say("  " + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    rows = [([str(entry["run"])] if has_run else [])
+            + [("" if entry["split"] is None else entry["split"] + "/") + str(entry["step"]), entry["rank_dir"], str(entry["records"]),
+               entry["source"]] for entry in summary["rank_dirs"]]
+    widths = [max(len(column), *(len(row[i]) for row in rows)) if rows else len(column) for i, column in enumerate(header)]
+    say("  " + "  ".join(column.ljust(width) for column, width in zip(header, widths)))
     for row in rows:
-        say("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)))
+        say("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
     if kernel:
-        steps = sorted({k.step for k in kernel})
-        say(f"  kernel dump (L2): {len(kernel)} file(s), {sum(k.size for k in kernel)} bytes, step(s) "
+        steps = sorted({kernel_file.step for kernel_file in kernel})
+        say(f"  kernel dump (L2): {len(kernel)} file(s), {sum(kernel_file.size for kernel_file in kernel)} bytes, step(s) "
               f"{step_ranges(steps)}; opaque binaries in the Ascend runtime's dump format (not decoded)")
     return 0
 
 
-def _list_records(d, args) -> int:
+def _list_records(doc, args) -> int:
     from msprobe.readers import ANY
 
     rank = ANY if args.rank is None else (int(args.rank) if args.rank.isdigit() else args.rank)
-    recs = d.iter_records(step=ANY if args.step is None else args.step, rank=rank, name=args.match)
+    recs = doc.iter_records(step=ANY if args.step is None else args.step, rank=rank, name=args.match)
     if args.json:
-        print(json.dumps([{"step": r.step, "rank_dir": r.rank_dir, "name": r.name, "kind": r.kind} for r in recs],
+        print(json.dumps([{"step": rec.step, "rank_dir": rec.rank_dir, "name": rec.name, "kind": rec.kind} for rec in recs],
                          indent=1))
         return 0
-    n = 0
-    for r in recs:
-        say(f"step{r.step}  {r.rank_dir}  {r.name}")
-        n += 1
-    if not n:
+    count = 0
+    for rec in recs:
+        say(f"step{rec.step}  {rec.rank_dir}  {rec.name}")
+        count += 1
+    if not count:
         from msprobe.errors import RecordNotFoundError
 
         what = f" matching {args.match!r}" if args.match else ""
-        near = d.near_names(args.match, ANY if args.step is None else args.step, rank) if args.match else ""
-        raise RecordNotFoundError(f"no record{what} in {d.url}{near}")
+        near = doc.near_names(args.match, ANY if args.step is None else args.step, rank) if args.match else ""
+        raise RecordNotFoundError(f"no record{what} in {doc.url}{near}")
     return 0
 
 

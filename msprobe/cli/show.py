@@ -110,16 +110,16 @@ def _non_tensors(rec) -> list:
 
     out = []
 
-    def walk(a) -> None:
-        if isinstance(a, TensorArg):
+    def walk(arg) -> None:
+        if isinstance(arg, TensorArg):
             return
-        if isinstance(a, (SequenceArg, MappingArg)):
-            items = a.items.values() if isinstance(a, MappingArg) else a.items
+        if isinstance(arg, (SequenceArg, MappingArg)):
+            items = arg.items.values() if isinstance(arg, MappingArg) else arg.items
             for x in items:
                 walk(x)
             return
-        out.append((a.path, json.dumps(a.raw)))
+        out.append((arg.path, json.dumps(arg.raw)))
 
-    for a in rec.args():
-        walk(a)
+    for arg in rec.args():
+        walk(arg)
     return out
