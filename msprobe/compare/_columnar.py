@@ -154,7 +154,8 @@ class Leaves:
         self.tensor = tensor
         self.dtype = list(map(str, map(get, views, repeat("dtype"))))
         self.shape = list(map(str, map(get, views, repeat("shape"))))
-        self.requires_grad = [_NA if value is None else str(value) for value in map(get, views, repeat("requires_grad"))]
+        self.requires_grad = [_NA if value is None else str(value)
+                              for value in map(get, views, repeat("requires_grad"))]
         self.statistics = {name: list(map(get, views, repeat(name))) for name in _STATISTICS}
         self.md5 = ([value if value.__class__ is str else (_NA if value is None else str(value))
                      for value in map(get, views, repeat("md5"))] if mode == "md5" else [])

@@ -152,7 +152,8 @@ def _backtrack(trace: list, target_count: int, bench_count: int) -> list:
     for edits in range(len(trace) - 1, -1, -1):
         furthest = trace[edits]
         diagonal = position - other
-        if diagonal == -edits or (diagonal != edits and furthest.get(diagonal - 1, -1) < furthest.get(diagonal + 1, -1)):
+        if diagonal == -edits or (diagonal != edits
+                                  and furthest.get(diagonal - 1, -1) < furthest.get(diagonal + 1, -1)):
             previous_diagonal = diagonal + 1
         else:
             previous_diagonal = diagonal - 1

@@ -121,7 +121,7 @@ def _side_list(fig: Any, title: str, lines: list, left: float = 0.70) -> None:
     axes.text(0, 1, title, fontsize=10, weight="bold", va="top", transform=axes.transAxes)
     for line, (text, color) in enumerate(lines):
         axes.text(0, 0.95 - line * 0.045, text, fontsize=8, va="top", color=color, family="monospace",
-                transform=axes.transAxes)
+                  transform=axes.transAxes)
 
 
 _COLOR = {"error": "#c62828", "warning": "#ef8f00", "pass": "#1f4e79"}
@@ -133,19 +133,20 @@ def _pair_figure(fig: Any, result: dict, threshold: float) -> None:
     axes = fig.add_axes((0.07, 0.12, 0.57, 0.76))
     drawn = [row for row, value in enumerate(series) if value is not None and 0 < value < math.inf]
     zeros = sum(1 for value in series if value == 0)
-    axes.plot(drawn, [series[row] for row in drawn], ".", ms=3, color=_COLOR["pass"], label=f"rows with an error > 0 ({len(drawn)})")
+    axes.plot(drawn, [series[row] for row in drawn], ".", ms=3, color=_COLOR["pass"],
+              label=f"rows with an error > 0 ({len(drawn)})")
     axes.set_yscale("log")
     axes.axhline(threshold, color="#555555", lw=0.8, ls="--", label=f"{threshold:g}")
     transform = axes.get_xaxis_transform()
     for res, height in (("error", 1.036), ("warning", 1.014)):  # a rug above the axes, off the data
         rows = [row for row, row_result in marks.marks if row_result == res]
         if marks.counts[res]:
-            axes.plot(rows, [height] * len(rows), "|", ms=8, mew=1.2, color=_COLOR[res], transform=transform, clip_on=False,
-                    label=f"{res} rows ({marks.counts[res]}), marked above the axes")
+            axes.plot(rows, [height] * len(rows), "|", ms=8, mew=1.2, color=_COLOR[res], transform=transform,
+                      clip_on=False, label=f"{res} rows ({marks.counts[res]}), marked above the axes")
     worst = marks.worst_rows()
     for (column, height), numbers in _label_groups(worst, max(len(series), 1)):
-        axes.annotate(",".join(map(str, numbers)), (column, height), xytext=(3, 3), textcoords="offset points", fontsize=8,
-                    color="black", weight="bold")
+        axes.annotate(",".join(map(str, numbers)), (column, height), xytext=(3, 3), textcoords="offset points",
+                      fontsize=8, color="black", weight="bold")
     first = result.get("first_divergence")
     if first is not None and first.get("row_index") is not None and first["row_index"] < len(series):
         value = series[first["row_index"]]
@@ -158,16 +159,18 @@ def _pair_figure(fig: Any, result: dict, threshold: float) -> None:
     if zeros:
         axes.plot([], [], " ", label=f"rows with error 0 ({zeros}, not drawn on the log axis)")
     axes.legend(fontsize=8, loc="lower right", framealpha=0.9)
-    res = ", ".join(f"{number} {value}" for number, value in sorted(result["results"].items()))
-    axes.set_title(f"step {result['step']} {result['rank_dir']} vs {result['bench_rank_dir']}: {result['rows']} rows ({res})", fontsize=10,
-                 pad=26)
+    res = ", ".join(f"{name} {count}" for name, count in sorted(result["results"].items()))
+    axes.set_title(f"step {result['step']} {result['rank_dir']} vs {result['bench_rank_dir']}: "
+                   f"{result['rows']} rows ({res})", fontsize=10, pad=26)
     lines = []
     for number, entry in enumerate(worst, 1):
         color = _COLOR.get(entry["result"], "black")
-        lines += [(f"{number:>2}. {entry['norm_relative_err']:.3g} {entry['result']:<7} row {entry['row_index']}", color),
+        lines += [(f"{number:>2}. {entry['norm_relative_err']:.3g} {entry['result']:<7} row {entry['row_index']}",
+                   color),
                   (f"     {_short(entry['row'], 44)}", color)]
     if first is not None:
-        lines += [("", "black"), ("first divergence:", _COLOR["error"]), (f"  {_short(first['row'], 46)}", _COLOR["error"])]
+        lines += [("", "black"), ("first divergence:", _COLOR["error"]),
+                  (f"  {_short(first['row'], 46)}", _COLOR["error"])]
     _side_list(fig, f"worst rows (of {result['rows']})", lines or [("no row with a relative Norm error > 0", "black")],
                left=0.665)
 
@@ -179,7 +182,8 @@ def _label_groups(worst: list, n_rows: int) -> list:
         column, height = entry["row_index"], entry["norm_relative_err"]
         for group in groups:
             (group_column, group_height), numbers = group
-            if abs(group_column - column) <= 0.03 * n_rows and abs(math.log10(group_height) - math.log10(height)) < 0.35:
+            if (abs(group_column - column) <= 0.03 * n_rows
+                    and abs(math.log10(group_height) - math.log10(height)) < 0.35):
                 numbers.append(number)
                 break
         else:
@@ -202,21 +206,25 @@ def cluster_grid(results: list) -> dict:
     None without a pair or a value), ``flags`` ({(row, column): 'error'/'warning'}) and ``top``
     (the worst rows over all pairs, worst first, each with its cell)."""
     steps = sorted({result["step"] for result in results}, key=_step_key)
-    ranks = [result["rank_dir"] for result in sorted({result["rank_dir"]: result for result in results}.values(), key=_rank_key)]
-    step_row, rank_column = {step: row for row, step in enumerate(steps)}, {rank_dir: column for column, rank_dir in enumerate(ranks)}
+    by_rank_dir = {result["rank_dir"]: result for result in results}
+    ranks = [result["rank_dir"] for result in sorted(by_rank_dir.values(), key=_rank_key)]
+    step_row = {step: row for row, step in enumerate(steps)}
+    rank_column = {rank_dir: column for column, rank_dir in enumerate(ranks)}
     worst: list = [[None] * len(ranks) for _ in steps]  # step x rank: the worst value, None when none
     flags: dict = {}
     top: list = []
     for result in results:
         row, column = step_row[result["step"]], rank_column[result["rank_dir"]]
-        finite = [value for value in result["series"] if value is not None and value.__class__ is float and value < math.inf]
+        finite = [value for value in result["series"]
+                  if value is not None and value.__class__ is float and value < math.inf]
         worst[row][column] = max(finite) if finite else None
         marks = _marks_of(result)
         if marks.counts["error"]:
             flags[(row, column)] = "error"
         elif marks.counts["warning"]:
             flags[(row, column)] = "warning"
-        top.extend(dict(entry, step=result["step"], rank_dir=result["rank_dir"], cell=(row, column)) for entry in marks.worst_rows())
+        top.extend(dict(entry, step=result["step"], rank_dir=result["rank_dir"], cell=(row, column))
+                   for entry in marks.worst_rows())
     top.sort(key=lambda entry: -entry["norm_relative_err"])
     return {"steps": steps, "ranks": ranks, "worst": worst, "flags": flags, "top": top[:TOP_N]}
 
@@ -240,14 +248,14 @@ def _cluster_figure(fig: Any, results: list) -> None:
         low, high = low / 10, high * 10
     shown = np.where(data == 0, low / 10, data)  # a pair whose errors are all 0: the 'under' colour
     image = axes.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap,
-                   norm=colors.LogNorm(vmin=low, vmax=high), origin="upper")
+                        norm=colors.LogNorm(vmin=low, vmax=high), origin="upper")
     fig.colorbar(image, cax=bar_axes, extend="min").set_label("worst relative Norm error of the rank pair", fontsize=9)
     for (row, column), flag in grid["flags"].items():
         if flag == "error":  # outlined
             axes.add_patch(Rectangle((column - 0.46, row - 0.46), 0.92, 0.92, fill=False, ec=_COLOR["error"], lw=2.2))
         else:  # a corner: many pairs warn on float noise alone, the map stays readable
-            axes.add_patch(Polygon([(column - 0.5, row - 0.5), (column - 0.2, row - 0.5), (column - 0.5, row - 0.3)], fc=_COLOR["warning"],
-                                 ec="none"))
+            axes.add_patch(Polygon([(column - 0.5, row - 0.5), (column - 0.2, row - 0.5), (column - 0.5, row - 0.3)],
+                                   fc=_COLOR["warning"], ec="none"))
     labelled: set = set()
     for number, entry in enumerate(grid["top"], 1):
         if entry["cell"] not in labelled:
@@ -275,7 +283,8 @@ def _cluster_figure(fig: Any, results: list) -> None:
     lines = []
     for number, entry in enumerate(grid["top"], 1):
         color = _COLOR.get(entry["result"], "black")
-        lines += [(f"{number:>2}. {entry['norm_relative_err']:.3g} {entry['result']:<7} step {entry['step']} {entry['rank_dir']}", color),
+        lines += [(f"{number:>2}. {entry['norm_relative_err']:.3g} {entry['result']:<7} step {entry['step']} "
+                   f"{entry['rank_dir']}", color),
                   (f"     {_short(entry['row'], 44)}", color)]
     _side_list(fig, f"worst rows over all {len(results)} pairs",
                lines or [("no row with a relative Norm error > 0", "black")], left=0.665)

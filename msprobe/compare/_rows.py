@@ -129,7 +129,8 @@ def leaf_side(leaf: Any) -> Side:
         requires_grad = leaf.get("requires_grad")
         md5 = leaf.get("md5")
         data_name = leaf.get("data_name")
-        return Side(str(leaf.get("dtype")), str(leaf.get("shape")), _NA if requires_grad is None else str(requires_grad),
+        return Side(str(leaf.get("dtype")), str(leaf.get("shape")),
+                    _NA if requires_grad is None else str(requires_grad),
                     (leaf.get("Max"), leaf.get("Min"), leaf.get("Mean"), leaf.get("Norm")),
                     md5 if isinstance(md5, str) else (_NA if md5 is None else str(md5)),
                     data_name if isinstance(data_name, str) else None, True, None)

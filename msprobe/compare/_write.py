@@ -72,7 +72,8 @@ def write_xlsx(path: str, names: list, rows: list) -> str:
     workbook = openpyxl.Workbook(write_only=True)
     sheet = workbook.create_sheet("compare_result")
     sheet.append(names)
-    fills = {result: PatternFill("solid", start_color=colour, end_color=colour) for result, colour in XLSX_FILLS.items()}
+    fills = {result: PatternFill("solid", start_color=colour, end_color=colour)
+             for result, colour in XLSX_FILLS.items()}
     result_at = names.index("Result") if "Result" in names else None
     first = next((k for k, name in enumerate(names) if name in ("Max diff", "Cosine")), len(names))
     last = names.index("Bench l2norm") if "Bench l2norm" in names else first - 1
