@@ -12,9 +12,9 @@ import json
 import zlib
 from typing import Any, Optional, Union
 
-from msprobe.format.layout import FORMAT_VERSION
+from msprobe.format.layout import FORMAT_VERSION, MARKER_FILE  # the marker's file name, re-exported here
 
-__all__ = ["DIALECT", "build_marker", "encode_marker", "decode_marker", "document_crc32", "mark_final",
+__all__ = ["DIALECT", "MARKER_FILE", "build_marker", "encode_marker", "decode_marker", "document_crc32", "mark_final",
            "with_document", "with_tensor_format"]
 
 #: the dialect an msprobe-lake producer writes (spec section 4)

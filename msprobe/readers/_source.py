@@ -33,14 +33,13 @@ from msprobe.format.layout import (
     INDEX_DIR,
     JOURNAL_DIR,
     MAPPING_CSV,
-    MARKER_FILE,
     STORE_DIR,
     TENSOR_DIR,
     RankLocation,
     join_key,
     read_mapping,
 )
-from msprobe.format.marker import decode_marker
+from msprobe.format.marker import MARKER_FILE, decode_marker
 from msprobe.format.naming import check_file_name
 from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import (

@@ -17,7 +17,6 @@ from msprobe.format.dtypes import itemsize
 from msprobe.format.layout import (
     JOURNAL_DIR,
     MAPPING_CSV,
-    MARKER_FILE,
     STORE_DIR,
     TENSOR_DIR,
     RankLocation,
@@ -29,6 +28,7 @@ from msprobe.format.layout import (
     step_ranges,
     validate_marker,
 )
+from msprobe.format.marker import MARKER_FILE
 from msprobe.format.protocols import ReadableStore
 from msprobe.readers._tensor import load_tensor_file
 from msprobe.tensor_store import ZarrTensorReader
