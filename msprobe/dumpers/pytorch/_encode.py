@@ -38,95 +38,96 @@ def _fast() -> Any:
     global _FAST
     if _FAST is False:
         mod = native()
-        _FAST_CODES.update({getattr(torch, k): v for k, v in DTYPE_CODES.items()})
+        _FAST_CODES.update({getattr(torch, name): code for name, code in DTYPE_CODES.items()})
         _FAST = mod
     return _FAST
 
 
-def _runs(t: torch.Tensor) -> Optional[tuple]:
+def _runs(tensor: torch.Tensor) -> Optional[tuple]:
     """A strided tensor's memory as contiguous runs: (run length, outer sizes, outer strides) with the
     dimensions that continue the run merged into it (no outer dimension left: one block), or None when
     its smallest stride is not 1 or the runs would be shorter than 8 elements (torch's reductions then).
     The statistics do not depend on the order the elements are read in."""
-    dims = sorted(((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1), reverse=True)
+    dims = sorted(((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1), reverse=True)
     if not dims or dims[-1][0] != 1:
         return None
     run = dims[-1][1]
-    i = len(dims) - 2
-    while i >= 0 and dims[i][0] == run:
-        run *= dims[i][1]
-        i -= 1
-    if run < 8 or i >= 16:
+    index = len(dims) - 2
+    while index >= 0 and dims[index][0] == run:
+        run *= dims[index][1]
+        index -= 1
+    if run < 8 or index >= 16:
         return None
-    return (run, tuple(sz for _, sz in dims[:i + 1]), tuple(st for st, _ in dims[:i + 1]))
+    return (run, tuple(size for _, size in dims[:index + 1]), tuple(stride for stride, _ in dims[:index + 1]))
 
 
-def _dense(t: torch.Tensor) -> torch.Tensor:
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
     """A ``DTensor`` (FSDP2's sharded parameters, tensor parallelism) as its full value, gathered from its
     mesh: the statistics are the whole tensor's, as 26.2.0's reductions over it give (every rank reaches
     the same record, so the gather is a collective they all make); any other tensor as it is."""
-    if type(t).__name__ == "DTensor" and hasattr(t, "full_tensor"):
-        return t.full_tensor()
-    return t
+    if type(tensor).__name__ == "DTensor" and hasattr(tensor, "full_tensor"):
+        return tensor.full_tensor()
+    return tensor
 
 
-def _no_storage(t: torch.Tensor) -> bool:
+def _no_storage(tensor: torch.Tensor) -> bool:
     """A CPU tensor with elements but no memory to read them from: a storage freed by ``resize_(0)``
     (FSDP's resharded parameters) or a wrapper subclass without data; its statistics are null, never read.
     (Other devices take torch's reductions, which refuse such a tensor with a RuntimeError.)"""
     try:
-        return t.untyped_storage().nbytes() < (t.storage_offset() + 1) * t.element_size()
+        return tensor.untyped_storage().nbytes() < (tensor.storage_offset() + 1) * tensor.element_size()
     except (RuntimeError, NotImplementedError, TypeError):
         return True
 
 
-def _stat_handle(t: torch.Tensor) -> tuple:
-    """Start computing the statistics of ``t`` (no host sync); returns a handle for fetch_stats.
+def _stat_handle(tensor: torch.Tensor) -> tuple:
+    """Start computing the statistics of ``tensor`` (no host sync); returns a handle for fetch_stats.
 
     A CPU tensor of a dtype the C kernels know, contiguous or made of unit-stride runs (``_runs``), is
     read once, now (Max, Min, Sum and sum of squares in one pass); a contiguous float CUDA tensor gets
     one fused Triton reduction when Triton is there; anything else takes the torch reductions below
     (the reference path, also taken with ``MSPROBE_LAKE_NATIVE=0``)."""
-    n = t.numel()
-    if n == 0 or (t.is_cpu and _no_storage(t)):  # (the memory the C kernels below would read)
+    count = tensor.numel()
+    if count == 0 or (tensor.is_cpu and _no_storage(tensor)):  # (the memory the C kernels below would read)
         return (_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
     fast = _FAST if _FAST is not False else _fast()
-    if fast is not None and t.is_cpu and t.dim():
-        code = _FAST_CODES.get(t.dtype)
-        if code is not None and not t.is_neg() and (fast.SIMD or n <= _FAST_SCALAR_MAX):
-            if t.is_contiguous():
-                v = fast.stats(t.data_ptr(), n, code)
+    if fast is not None and tensor.is_cpu and tensor.dim():
+        code = _FAST_CODES.get(tensor.dtype)
+        if code is not None and not tensor.is_neg() and (fast.SIMD or count <= _FAST_SCALAR_MAX):
+            if tensor.is_contiguous():
+                stats = fast.stats(tensor.data_ptr(), count, code)
             else:
-                runs = _runs(t)
+                runs = _runs(tensor)
                 if runs is None:
-                    v = None
+                    stats = None
                 elif not runs[1]:  # a permutation of a contiguous block (a transpose): the block, in memory order
-                    v = fast.stats(t.data_ptr(), n, code)
+                    stats = fast.stats(tensor.data_ptr(), count, code)
                 else:
-                    v = fast.stats_runs(t.data_ptr(), code, *runs)
-            if v is not None:
-                mean = v[2]
-                if t.dtype == torch.float32 and mean is not None and abs(mean) * n > _F32_MAX:
+                    stats = fast.stats_runs(tensor.data_ptr(), code, *runs)
+            if stats is not None:
+                mean = stats[2]
+                if tensor.dtype == torch.float32 and mean is not None and abs(mean) * count > _F32_MAX:
                     mean = math.copysign(math.inf, mean)  # torch's float32 sum overflows there (26.2.0: -inf)
-                return (_K_DONE, {"Max": v[0], "Min": v[1], "Mean": mean, "Norm": v[3]})
-    if t.is_cuda and t.dtype in _FUSED_DTYPES and t.dim() and t.is_contiguous() and not t.is_neg():
+                return (_K_DONE, {"Max": stats[0], "Min": stats[1], "Mean": mean, "Norm": stats[3]})
+    if (tensor.is_cuda and tensor.dtype in _FUSED_DTYPES and tensor.dim() and tensor.is_contiguous()
+            and not tensor.is_neg()):
         if _cuda_stats.available():  # one fused pass on the device (Triton), rounded and fetched in batches
-            return (_K_FUSED, _cuda_stats.raw(t.detach()), 4, t.dtype)
-    if t.dtype == torch.bool:
-        return (_K_BOOL, torch.stack([t.any(), t.all()]))
-    if t.dim() == 0:
-        return (_K_SCALAR, t.detach().clone())
-    if t.is_complex():
-        a = t.detach().abs()
-        return (_K_FLOAT, torch.stack([a.max(), a.min(), a.mean()]).to(torch.float64), 3)
-    if t.is_floating_point():
-        mn, mx = torch.aminmax(t)
-        if t.dtype == torch.float64:
-            return (_K_FLOAT, torch.stack([mx, mn]), 2)
-        v = torch.stack([mx, mn, t.mean(), torch.linalg.vector_norm(t)])
-        return (_K_FLOAT, v.to(torch.float64) if t.dtype in _FLOAT_LOW else v, 4)
-    mn, mx = torch.aminmax(t)
-    return (_K_INT, torch.stack([mx, mn]).to(torch.int64))
+            return (_K_FUSED, _cuda_stats.raw(tensor.detach()), 4, tensor.dtype)
+    if tensor.dtype == torch.bool:
+        return (_K_BOOL, torch.stack([tensor.any(), tensor.all()]))
+    if tensor.dim() == 0:
+        return (_K_SCALAR, tensor.detach().clone())
+    if tensor.is_complex():
+        magnitude = tensor.detach().abs()
+        return (_K_FLOAT, torch.stack([magnitude.max(), magnitude.min(), magnitude.mean()]).to(torch.float64), 3)
+    if tensor.is_floating_point():
+        low, high = torch.aminmax(tensor)
+        if tensor.dtype == torch.float64:
+            return (_K_FLOAT, torch.stack([high, low]), 2)
+        stats = torch.stack([high, low, tensor.mean(), torch.linalg.vector_norm(tensor)])
+        return (_K_FLOAT, stats.to(torch.float64) if tensor.dtype in _FLOAT_LOW else stats, 4)
+    low, high = torch.aminmax(tensor)
+    return (_K_INT, torch.stack([high, low]).to(torch.int64))
 
 
 def fetch_stats(handles: list) -> list:

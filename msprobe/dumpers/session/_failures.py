@@ -102,7 +102,8 @@ class FailureLog:
         """Append an error line where it cannot be lost to the failing store (caller holds
         ``lock``); returns where the log is."""
         store = self.storage.opened
-        path = store.local_path(f"{prefix}/{ERROR_LOG}") if store is not None and getattr(store, "is_local", False) else None
+        local = store is not None and getattr(store, "is_local", False)
+        path = store.local_path(f"{prefix}/{ERROR_LOG}") if local and store is not None else None
         if path is not None:
             if append_local(path, line):
                 return path

@@ -94,7 +94,8 @@ class JournalPipeline:
             if name is None:  # a new stack (raw: its id, stack: its frames): its frames once, records refer to its id
                 lines.append((encode_stack(raw, self.render_stack(stack)), 0, None))
                 continue
-            lines.append((encode_record(name, raw, parent=parent if with_parent else NO_PARENT, stack_id=stack), 1, raw))
+            line = encode_record(name, raw, parent=parent if with_parent else NO_PARENT, stack_id=stack)
+            lines.append((line, 1, raw))
         with self.lock:
             inflight, held = self.inflight, self.held_lines
             for line, is_record, record in lines:

@@ -39,9 +39,10 @@ class RankPublisher:
         doc = {"task": cfg.task, "level": cfg.level, "framework": self.framework,
                "dump_data_dir": self.dump_data_dir(prefix, docs), "data": docs.data}
         try:
-            store = RetryingPut(self.storage.store, self.storage.policy())  # each document: one atomic put, transient failures retried
-            encoded = encode_documents(doc, debug=debug, stack=None if debug else docs.stacks.to_json(self.render_stack),
-                                       construct=docs.construct)
+            # each document: one atomic put, transient failures retried
+            store = RetryingPut(self.storage.store, self.storage.policy())
+            stack = None if debug else docs.stacks.to_json(self.render_stack)
+            encoded = encode_documents(doc, debug=debug, stack=stack, construct=docs.construct)
             for name, body in encoded:
                 store.put(f"{prefix}/{name}", body)
             doc_bytes = encoded[0][1]
@@ -89,6 +90,7 @@ class RankPublisher:
         try:
             policy = storage.policy()  # the marker is read back with the same retries as every publish
             if policy.call(lambda: storage.store.exists(key)):
-                RetryingPut(storage.store, storage.policy()).put(key, mark_final(policy.call(lambda: storage.store.get(key))))
+                final = mark_final(policy.call(lambda: storage.store.get(key)))
+                RetryingPut(storage.store, storage.policy()).put(key, final)
         except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
             self.failures.note("marker", exc)
