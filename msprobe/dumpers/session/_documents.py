@@ -115,12 +115,13 @@ class StepDocuments:
         return short
 
     def rewrite_parents(self, fix: Callable[[Any, Callable[[Any], bool]], Any]) -> None:
-        """Each parent of construct.json replaced by ``fix(parent, known)``, where ``known(name)``
-        says whether ``name`` is a record or in construct.json."""
+        """Each parent of construct.json that is neither a record nor in construct.json replaced by
+        ``fix(parent, known)``, where ``known(name)`` says whether ``name`` is one of them."""
         data, construct = self.data, self.construct
 
         def known(name: Any) -> bool:
             return name in data or name in construct
 
         for child, parent in list(construct.items()):
-            construct[child] = fix(parent, known)
+            if parent is not None and parent not in data and parent not in construct:  # (fix keeps a known one)
+                construct[child] = fix(parent, known)

@@ -248,8 +248,8 @@ class DumpSession:
             self.docs.construct.setdefault(name, parent)
 
     def rewrite_parents(self, fix: Callable[[Optional[str], Callable[[Optional[str]], bool]], Optional[str]]) -> None:
-        """Each parent of construct.json replaced by ``fix(parent, known)``, where ``known(name)``
-        says whether ``name`` is a record or in construct.json."""
+        """Each parent of construct.json that is neither a record nor in construct.json replaced by
+        ``fix(parent, known)``, where ``known(name)`` says whether ``name`` is one of them."""
         with self.lock:
             self.docs.rewrite_parents(fix)
 
