@@ -309,7 +309,7 @@ class DumpSession:
             failed = self._settle_tensors()
             docs_failed = self.publisher.write(
                 prefix, docs, step=self.current_step, rank=self.rank,
-                complete=failed is None and not docs.skipped, final=final, zarr=self.zarr_sink.opened,
+                complete=failed is None and not docs.skipped, final=final, zarr=self.zarr_sink.open_writer is not None,
                 digests=self.file_sink.digests, locations=self.zarr_sink.locations)
             failed = docs_failed or failed
             self._dirty = False

@@ -30,6 +30,7 @@ class TensorSink:
         self.storage = storage
         self.failures = failures
         self._same_memory: dict = {}  # memory key -> (owner ref, version, first data name)
+        self._writer: Any = None  # the step's writer, started on first use
 
     def same_memory(self, key: tuple, owner: Any, version: int) -> Optional[str]:
         """The data name of the tensor saved earlier in this step from the memory ``key`` of
@@ -51,9 +52,18 @@ class TensorSink:
         """A new step: the same-memory cache is forgotten."""
         self._same_memory.clear()
 
+    @property
+    def open_writer(self) -> Any:
+        """The step's writer when it was started, else None (nothing is started)."""
+        return self._writer
+
     def close(self) -> None:
-        """The step's writer is closed (the next step opens its own)."""
-        raise NotImplementedError
+        """Close the step's writer (the next step starts its own: its error log names its directory)."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            finally:
+                self._writer = None
 
 
 class FileSink(TensorSink):
@@ -64,7 +74,6 @@ class FileSink(TensorSink):
                  journal: JournalPipeline) -> None:
         super().__init__(config, storage, failures)
         self.journal = journal
-        self._writer: Any = None
 
     @property
     def writer(self) -> Any:
@@ -74,11 +83,6 @@ class FileSink(TensorSink):
                 self.storage.tensor_store(), max_bytes_in_flight=cfg.max_bytes_in_flight,
                 workers=cfg.writer_workers, retry_policy=self.storage.policy(), on_failure=self.failures.tensor_failed,
                 digests=True)
-        return self._writer
-
-    @property
-    def open_writer(self) -> Any:
-        """The step's writer when it was started, else None (nothing is started)."""
         return self._writer
 
     def save(self, key: str, data_name: str, produce: Callable[[], bytes], nbytes: int) -> None:
@@ -104,14 +108,6 @@ class FileSink(TensorSink):
         return {key[len(head):]: [size, f"{crc:08x}"] for key, (size, crc) in sorted(digests.items())
                 if key.startswith(head)}
 
-    def close(self) -> None:
-        """Close the step's writer (the next step opens its own: its error log names its directory)."""
-        if self._writer is not None:
-            try:
-                self._writer.close()
-            finally:
-                self._writer = None
-
 
 class ZarrSink(TensorSink):
     """The Zarr tensor store of the current step and rank (``tensor_store: "zarr"``): raw
@@ -121,7 +117,6 @@ class ZarrSink(TensorSink):
                  rank_prefix: Callable[[], str]) -> None:
         super().__init__(config, storage, failures)
         self.rank_prefix = rank_prefix
-        self._writer: Any = None
         self.locations: dict = {}  # data name -> where its bytes are (at the last settle())
 
     @property
@@ -134,10 +129,6 @@ class ZarrSink(TensorSink):
                 workers=max(1, min(cfg.writer_workers, 4)), journal_fsync=cfg.journal_fsync,
                 flush_window=cfg.journal_window)  # a kill loses at most that window of payloads, not a shard
         return self._writer
-
-    @property
-    def opened(self) -> bool:
-        return self._writer is not None
 
     def save(self, data_name: str, logical_dtype: str, shape: tuple, produce: Callable[[], Any],
              nbytes: int, same_as: Optional[str] = None) -> None:
@@ -158,10 +149,3 @@ class ZarrSink(TensorSink):
     def new_step(self) -> None:
         super().new_step()
         self.locations = {}
-
-    def close(self) -> None:
-        if self._writer is not None:
-            try:
-                self._writer.close()
-            finally:
-                self._writer = None
