@@ -296,12 +296,13 @@ function treeSide(side, boxId) {
   // the peer's side: open the path down to the node (then the node itself), or close the node
   async function follow(name, open) {
     if (!open) { const entry = nodes.get(name); if (entry && entry.open) await setOpen(entry, false, false); return; }
-    const path = await openPath(name);
+    const path = await openPath(name, true);
     const entry = path && nodes.get(name);
     if (entry && entry.n.children && !entry.open) await setOpen(entry, true, false);
   }
-  async function openPath(name) {
-    const r = await guard(() => api.treePath(state.cell, name, side));
+  async function openPath(name, quiet = false) {
+    // quiet when following the other side: a peer a bounded report left out is not an error
+    const r = quiet ? await api.treePath(state.cell, name, side).catch(() => null) : await guard(() => api.treePath(state.cell, name, side));
     if (!r) return null;
     for (const up of r.path.slice(0, -1)) {
       const entry = nodes.get(up);

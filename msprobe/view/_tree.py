@@ -27,16 +27,25 @@ class Node:
     def __init__(self, i: Optional[int] = None, score: float = 0.0, sev: int = 0, nan: bool = False,
                  norm: Optional[float] = None, cosine: Optional[float] = None, rows: int = 0,
                  bench: Optional[str] = None, matched: bool = True) -> None:
-        self.i, self.score, self.sev, self.nan, self.norm, self.cosine = i, score, sev, nan, norm, cosine
-        self.rows, self.bench, self.matched = rows, bench, matched
-        self.worst, self.worst_sev, self.worst_nan, self.worst_norm, self.first = score, sev, nan, norm, i
+        self.i = self.first = i
+        self.score = self.worst = score
+        self.sev = self.worst_sev = sev
+        self.nan = self.worst_nan = nan
+        self.norm = self.worst_norm = norm
+        self.cosine = cosine
+        self.rows = rows
+        self.bench = bench
+        self.matched = matched
 
     def copy_figures(self, other: "Node") -> None:
         """Take ``other``'s own figures (a bench node shows its target peer's comparison)."""
-        self.i, self.score, self.sev, self.nan = other.i, other.score, other.sev, other.nan
-        self.norm, self.cosine, self.rows = other.norm, other.cosine, other.rows
-        self.worst, self.worst_sev, self.worst_nan, self.worst_norm, self.first = \
-            other.score, other.sev, other.nan, other.norm, other.i
+        self.i = self.first = other.i
+        self.score = self.worst = other.score
+        self.sev = self.worst_sev = other.sev
+        self.nan = self.worst_nan = other.nan
+        self.norm = self.worst_norm = other.norm
+        self.cosine = other.cosine
+        self.rows = other.rows
 
 
 class Tree:
@@ -116,26 +125,28 @@ class Tree:
     def _rollup(self) -> None:
         """Each node's subtree figures, children in execution order (first row of their subtree)."""
         nodes, children = self.nodes, self.children
-        # post-order without recursion (deep trees); a cycle in a broken construct.json is cut
-        done: set = set()
-        stack: list = [(name, False) for name in children.get(None, [])]
-        while stack:
-            name, expanded = stack.pop()
-            if not expanded:
-                if name in done:
-                    continue
-                done.add(name)
-                stack.append((name, True))
-                stack.extend((kid, False) for kid in children.get(name, ()) if kid not in done)
+        # breadth-first from the roots, then back up: every node after its children (no recursion for
+        # deep trees; a cycle in a broken construct.json is cut where it closes)
+        order: list = list(children.get(None, []))
+        seen: set = set(order)
+        for name in order:  # grows while it is walked
+            for kid in children.get(name, ()):
+                if kid not in seen:
+                    seen.add(kid)
+                    order.append(kid)
+        for name in reversed(order):
+            kids = children.get(name)
+            if not kids:
                 continue
             node = nodes[name]
-            for kid in children.get(name, ()):
+            for kid in kids:
                 below = nodes[kid]
                 if below.worst > node.worst:
                     node.worst = below.worst
                 if below.worst_sev > node.worst_sev:
                     node.worst_sev = below.worst_sev
-                node.worst_nan = node.worst_nan or below.worst_nan
+                if below.worst_nan:
+                    node.worst_nan = True
                 if below.worst_norm is not None and (node.worst_norm is None or below.worst_norm > node.worst_norm):
                     node.worst_norm = below.worst_norm
                 if below.first is not None and (node.first is None or below.first < node.first):
@@ -186,11 +197,12 @@ def build_pair(data: Any, cell: int) -> tuple:
             twin = Node(bench=name)
             twin.copy_figures(node)
             bench.nodes[node.bench] = twin
-    for name in target.bench_only:
-        bench.nodes.setdefault(name, Node(matched=False))
-    # a module of the bench hierarchy holding no row: its peer is the target node of the same name
-    for name in list(bench_parents) + [parent for parent in bench_parents.values() if parent]:
-        bench.nodes.setdefault(name, Node(matched=False))
+    # bench-only records, and the modules of the bench hierarchy holding no row (their peer: the
+    # target node of the same name, below)
+    for names in (target.bench_only, bench_parents, bench_parents.values()):
+        for name in names:
+            if name is not None and name not in bench.nodes:
+                bench.nodes[name] = Node(matched=False)
     listed = set(target.bench_only)
     for name, twin in bench.nodes.items():
         mine = target.nodes.get(name)
