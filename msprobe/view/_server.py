@@ -13,7 +13,6 @@ import io
 import os
 import secrets
 import socket
-import threading
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError
@@ -233,12 +232,10 @@ def serve(data: ViewData, *, host: str = "127.0.0.1", port: Optional[int] = None
     first = data.overview()["first_cell"]
     data.rows(first if first is not None else 0, 0, 200, {})  # the page's first list, read once from disk
 
-    def prebuild() -> None:  # the tree of the cell the page opens first, built while the overview is read
-        try:
-            data.tree(first if first is not None else 0)
-        except (MsprobeError, OSError):
-            pass  # asked for again (and its error shown) when the tree view opens
-    threading.Thread(target=prebuild, daemon=True).start()
+    try:  # the trees of the cell the page opens first, before the URL: no page request waits on them
+        data.tree(first if first is not None else 0)
+    except (MsprobeError, OSError):
+        pass  # asked for again (and its error shown) when the tree view opens
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     announce(f"msprobe view: http://{shown}:{port}/?token={token}")
     announce(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {socket.gethostname()}  "
