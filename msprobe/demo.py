@@ -168,10 +168,12 @@ def _walk_records(doc) -> tuple:
         tracker.record(rec.name)
         for io, tensor in rec.tensors():
             n_tensors += 1
-            kind = tracker.see(io, tensor.path, (tensor.max, tensor.min, tensor.mean, tensor.norm), tensor.dtype, tensor.shape)
+            kind = tracker.see(io, tensor.path, (tensor.max, tensor.min, tensor.mean, tensor.norm), tensor.dtype,
+                               tensor.shape)
             if kind in first and first[kind] is None:
                 first[kind] = (rec.step, rec.name, tensor.path)
-            if io == "output" and rec.direction == "forward" and isinstance(tensor.norm, float) and math.isfinite(tensor.norm):
+            if (io == "output" and rec.direction == "forward" and isinstance(tensor.norm, float)
+                    and math.isfinite(tensor.norm)):
                 outputs.append((tensor.norm, rec.step, rec.name, tensor.path, list(tensor.shape)))
     for tracker in trackers.values():
         for k, v in tracker.counts.items():

@@ -132,7 +132,9 @@ class LocalStore(Store):
         try:
             with open(path, "rb") as file:
                 file.seek(start)  # never ask for more than the file holds (a huge end would allocate it)
-                return file.read() if end is None else file.read(max(0, min(end, os.fstat(file.fileno()).st_size) - start))
+                if end is None:
+                    return file.read()
+                return file.read(max(0, min(end, os.fstat(file.fileno()).st_size) - start))
         except OSError as exc:
             self._fail(exc, "get_range", path)
 

@@ -55,7 +55,8 @@ def _secret_values(options: Any) -> list[str]:
     found: list[str] = []
     if isinstance(options, Mapping):
         for key, value in options.items():
-            if isinstance(key, str) and _SECRET_KEY_RE.search(key) and key not in _NOT_SECRET and isinstance(value, str):
+            if (isinstance(key, str) and _SECRET_KEY_RE.search(key) and key not in _NOT_SECRET
+                    and isinstance(value, str)):
                 found.append(value)
             else:
                 found.extend(_secret_values(value))
@@ -77,7 +78,8 @@ def _missing_dependency(protocol: str, exc: BaseException | None = None) -> Miss
         )
     if exc is not None:  # fsspec knows the protocol; its package is missing
         return MissingDependencyError(f"the {protocol}:// protocol needs a package that is not installed: {exc}")
-    known = ", ".join(f"{known_protocol}:// (pip install 'msprobe-lake[{e}]')" for known_protocol, e in EXTRAS.items() if known_protocol in {"s3", "gs", "az"})
+    known = ", ".join(f"{known_protocol}:// (pip install 'msprobe-lake[{e}]')" for known_protocol, e in EXTRAS.items()
+                      if known_protocol in {"s3", "gs", "az"})
     return MissingDependencyError(
         f"no storage backend for the {protocol!r} protocol; supported: local paths, file://, memory://, {known}, "
         "and any other protocol that fsspec knows once its package is installed"
@@ -93,7 +95,8 @@ def _check_options(cls: type, protocol: str, options: Mapping[str, Any]) -> None
         return
     if protocol not in _PASSTHROUGH and any(param.kind is param.VAR_KEYWORD for param in params.values()):
         return  # this class forwards unknown options somewhere we cannot check
-    accepted = {option for option, param in params.items() if param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL)} - {"self"}
+    accepted = {option for option, param in params.items()
+                if param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL)} - {"self"}
     accepted |= _PASSTHROUGH.get(protocol, set())
     unknown = sorted(key for key in options if key not in accepted and key not in _FSSPEC_BASE_OPTIONS)
     if unknown:

@@ -44,7 +44,8 @@ def run(args) -> int:
     summary = doc.summary()
     kernel = doc.kernel_dumps()
     if kernel:  # level L2: the Ascend runtime's files, listed but not decoded
-        summary["kernel_dumps"] = [{"step": kernel_file.step, "timestamp": kernel_file.timestamp, "device": kernel_file.device, "name": kernel_file.name,
+        summary["kernel_dumps"] = [{"step": kernel_file.step, "timestamp": kernel_file.timestamp,
+                                    "device": kernel_file.device, "name": kernel_file.name,
                               "size": kernel_file.size} for kernel_file in kernel]
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
@@ -58,15 +59,17 @@ def run(args) -> int:
     has_run = any(entry["run"] and entry["run"] != doc.run for entry in summary["rank_dirs"])
     header = (["run"] if has_run else []) + ["step", "rank_dir", "records", "from"]
     rows = [([str(entry["run"])] if has_run else [])
-            + [("" if entry["split"] is None else entry["split"] + "/") + str(entry["step"]), entry["rank_dir"], str(entry["records"]),
-               entry["source"]] for entry in summary["rank_dirs"]]
-    widths = [max(len(column), *(len(row[i]) for row in rows)) if rows else len(column) for i, column in enumerate(header)]
+            + [("" if entry["split"] is None else entry["split"] + "/") + str(entry["step"]), entry["rank_dir"],
+               str(entry["records"]), entry["source"]] for entry in summary["rank_dirs"]]
+    widths = [max(len(column), *(len(row[i]) for row in rows)) if rows else len(column)
+              for i, column in enumerate(header)]
     say("  " + "  ".join(column.ljust(width) for column, width in zip(header, widths)))
     for row in rows:
         say("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
     if kernel:
         steps = sorted({kernel_file.step for kernel_file in kernel})
-        say(f"  kernel dump (L2): {len(kernel)} file(s), {sum(kernel_file.size for kernel_file in kernel)} bytes, step(s) "
+        say(f"  kernel dump (L2): {len(kernel)} file(s), {sum(kernel_file.size for kernel_file in kernel)} bytes, "
+            f"step(s) "
               f"{step_ranges(steps)}; opaque binaries in the Ascend runtime's dump format (not decoded)")
     return 0
 
@@ -77,7 +80,8 @@ def _list_records(doc, args) -> int:
     rank = ANY if args.rank is None else (int(args.rank) if args.rank.isdigit() else args.rank)
     recs = doc.iter_records(step=ANY if args.step is None else args.step, rank=rank, name=args.match)
     if args.json:
-        print(json.dumps([{"step": rec.step, "rank_dir": rec.rank_dir, "name": rec.name, "kind": rec.kind} for rec in recs],
+        print(json.dumps([{"step": rec.step, "rank_dir": rec.rank_dir, "name": rec.name, "kind": rec.kind}
+                          for rec in recs],
                          indent=1))
         return 0
     count = 0

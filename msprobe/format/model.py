@@ -173,7 +173,8 @@ class SequenceArg(Arg):
     def __init__(self, raw: list, path: str = "", depth: int = 0):
         super().__init__(raw, path)
         _check_depth(depth, path)
-        self.items = [parse_arg(item, f"{path}.{index}" if path else str(index), depth + 1) for index, item in enumerate(raw)]
+        self.items = [parse_arg(item, f"{path}.{index}" if path else str(index), depth + 1)
+                      for index, item in enumerate(raw)]
 
     def __iter__(self) -> Iterator[Arg]:
         return iter(self.items)
@@ -194,7 +195,8 @@ class MappingArg(Arg):
     def __init__(self, raw: dict, path: str = "", depth: int = 0):
         super().__init__(raw, path)
         _check_depth(depth, path)
-        self.items = {key: parse_arg(item, f"{path}.{key}" if path else str(key), depth + 1) for key, item in raw.items()}
+        self.items = {key: parse_arg(item, f"{path}.{key}" if path else str(key), depth + 1)
+                      for key, item in raw.items()}
 
     def __iter__(self):
         return iter(self.items)
@@ -294,7 +296,8 @@ def iter_tensors(arg: Arg) -> Iterator[TensorArg]:
 def data_names(raw: Any, *, bounded: bool = True) -> list:
     """The ``data_name`` strings of the tensor entries in a raw JSON value, in order (the files a
     record being written refers to; :meth:`Record.data_names` reads a record's sections)."""
-    return [entry["data_name"] for _, entry in tensor_entries(raw, bounded=bounded) if isinstance(entry.get("data_name"), str)]
+    return [entry["data_name"] for _, entry in tensor_entries(raw, bounded=bounded)
+            if isinstance(entry.get("data_name"), str)]
 
 
 # Sections of a record, in the order the real tool writes them.

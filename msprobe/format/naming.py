@@ -176,8 +176,8 @@ def parse_record_name(name: str, *, strict: bool = True) -> RecordName:
                           None, match.group("cls"), False, name)
     match = MODULE_NAME_RE.match(name)
     if match:
-        return RecordName("module", match.group("prefix"), match.group("path"), int(match.group("n")), match.group("direction"),
-                          match.group("cls"), False, name)
+        return RecordName("module", match.group("prefix"), match.group("path"), int(match.group("n")),
+                          match.group("direction"), match.group("cls"), False, name)
     match = API_NAME_RE.match(name)
     if match and match.group("prefix") not in MODULE_PREFIXES:
         prefix, api = match.group("prefix"), match.group("api")

@@ -206,7 +206,8 @@ def guess_engine(store: ReadableStore, url: str = "") -> "Engine":
     if would_match:
         engine = would_match[0]
         raise MissingDependencyError(
-            f"{url or store.url}: the {engine.name!r} engine would open this: pip install 'msprobe-lake[{engine.extra}]'")
+            f"{url or store.url}: the {engine.name!r} engine would open this: "
+            f"pip install 'msprobe-lake[{engine.extra}]'")
     raise _unknown(url or store.url, names)
 
 

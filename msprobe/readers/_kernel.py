@@ -84,8 +84,10 @@ def list_kernel_dumps(store: ReadableStore, step: Any = None) -> list:
                 match = _KERNEL_FILE.match(name)
                 found.append(KernelDumpFile(
                     key=key, step=s, timestamp=stamp, device=device, name=name,
-                    op_type=match.group("op_type") if match else None, op_name=match.group("op_name") if match else None,
-                    task_id=int(match.group("task_id")) if match else None, stream_id=int(match.group("stream_id")) if match else None,
+                    op_type=match.group("op_type") if match else None,
+                    op_name=match.group("op_name") if match else None,
+                    task_id=int(match.group("task_id")) if match else None,
+                    stream_id=int(match.group("stream_id")) if match else None,
                     time=int(match.group("ts")) if match else None, size=store.size(key), store=store))
     found.sort(key=lambda f: (f.step, f.timestamp, f.device if f.device is not None else -1, f.key))
     return found

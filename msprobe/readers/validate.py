@@ -262,7 +262,8 @@ def _load_payloads(store: ReadableStore, prefix: str, key: str, payloads: list, 
             if zarr is not None and data_name in zarr:
                 zarr.load(data_name, "numpy", record=rec_name, dtype=tensor.dtype, shape=tensor.shape)
             else:
-                load_tensor_file(store, join_key(prefix, TENSOR_DIR, mapping.get(data_name, data_name)), record=rec_name,
+                load_tensor_file(store, join_key(prefix, TENSOR_DIR, mapping.get(data_name, data_name)),
+                                 record=rec_name,
                                  dtype=tensor.dtype, shape=tensor.shape, framework="numpy")
             report.tensors_loaded += 1
         except MissingDependencyError as exc:

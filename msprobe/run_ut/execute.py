@@ -403,7 +403,8 @@ def _backward(packet: ApiPacket, options: CheckOptions, name: str, api_name: str
         return rows, PASS, ""
     try:
         if tuple(grad.shape) != tuple(target_out.shape):
-            raise ValueError(f"gradient shape {tuple(grad.shape)} differs from the output shape {tuple(target_out.shape)}")
+            raise ValueError(f"gradient shape {tuple(grad.shape)} differs from the output shape "
+                             f"{tuple(target_out.shape)}")
         _seed(options.seed, target.device)
         target_out.backward(grad.detach().to(device=target_out.device, dtype=target_out.dtype))
         del target_out  # the device side's graph is gone: its output too

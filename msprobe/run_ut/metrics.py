@@ -366,7 +366,8 @@ def _new_rule(fields: dict, api_name: str, dtype: str, target: Any, bench: Any, 
             return ERROR
         return PASS
     if algo == standards.ABSOLUTE:
-        rtol, small_value, satol = standards.absolute_thresholds(dtype) or (0.0, 0.0, 0.0)  # covered dtypes all have them
+        # covered dtypes all have them
+        rtol, small_value, satol = standards.absolute_thresholds(dtype) or (0.0, 0.0, 0.0)
         normal_count = small_count = rel_err = abs_err = 0
         for _, _, abs_diff, abs_bench in pair.pairs():
             small = abs_bench < small_value
@@ -397,9 +398,13 @@ def _new_rule(fields: dict, api_name: str, dtype: str, target: Any, bench: Any, 
         else:
             fields["ulp_max"] = fields["ulp_mean"] = 0.0
         fields["ulp_ratio"] = float(above) / compared if compared else 0.0
-        passed = (fields["ulp_mean"] < 64 or fields["ulp_ratio"] < 0.05) if dtype == "float32" else fields["ulp_ratio"] < 0.001
+        if dtype == "float32":
+            passed = fields["ulp_mean"] < 64 or fields["ulp_ratio"] < 0.05
+        else:
+            passed = fields["ulp_ratio"] < 0.001
         if not passed:
-            msgs.append(f"ULP error: mean {fields['ulp_mean']:.3f}, {fields['ulp_ratio']:.2%} above {thr:g} ULP: error.")
+            msgs.append(f"ULP error: mean {fields['ulp_mean']:.3f}, {fields['ulp_ratio']:.2%} above {thr:g} ULP: "
+                        "error.")
             return ERROR
         return PASS
     if algo == standards.THOUSANDTH:

@@ -140,8 +140,9 @@ def _st(passed: bool) -> str:
 
 def _apply(algo: str, target_row: dict, bench_row: dict, dtype: str, out: dict) -> tuple:
     # the indices of each side (None where the CSV cell is empty: checked before each use)
-    target: dict = {key: _num(value) for key, value in target_row.items() if key not in ("name", "status", "message", "device_dtype")}
-    bench: dict = {key: _num(value) for key, value in bench_row.items() if key not in ("name", "status", "message", "device_dtype")}
+    text_keys = ("name", "status", "message", "device_dtype")
+    target: dict = {key: _num(value) for key, value in target_row.items() if key not in text_keys}
+    bench: dict = {key: _num(value) for key, value in bench_row.items() if key not in text_keys}
     msgs: list = []
     if algo == standards.BINARY:
         if target.get("binary_err") is None:
@@ -167,14 +168,19 @@ def _apply(algo: str, target_row: dict, bench_row: dict, dtype: str, out: dict) 
     if algo == standards.ULP:
         if target.get("ulp_ratio") is None:
             return None, msgs
-        target_ratio, target_mean, bench_ratio = target["ulp_ratio"], target.get("ulp_mean") or 0.0, bench.get("ulp_ratio")
+        target_ratio, target_mean = target["ulp_ratio"], target.get("ulp_mean") or 0.0
+        bench_ratio = bench.get("ulp_ratio")
         out["ulp_mean"], out["ulp_ratio"] = target_mean, target_ratio
         out["ulp_ratio_ratio"] = _ratio(target_ratio, bench_ratio)
         below_gpu = bench_ratio is not None and target_ratio < bench_ratio
-        passed = (target_mean < 64 or target_ratio < 0.05 or below_gpu) if dtype == "float32" else (target_ratio < 0.001 or below_gpu)
+        if dtype == "float32":
+            passed = target_mean < 64 or target_ratio < 0.05 or below_gpu
+        else:
+            passed = target_ratio < 0.001 or below_gpu
         out["ulp_status"] = _st(passed)
         if not passed:
-            msgs.append(f"ULP error: mean {target_mean:g}, share above the threshold {target_ratio:g} (GPU {bench_ratio}).")
+            msgs.append(f"ULP error: mean {target_mean:g}, share above the threshold {target_ratio:g} "
+                        f"(GPU {bench_ratio}).")
         return [out["ulp_status"]], msgs
     if algo == standards.THOUSANDTH:
         if target.get("rel1000") is None:

@@ -136,7 +136,8 @@ def load_run_ut_config(path: Optional[str]) -> dict:
         out["error_data_path"] = sec["error_data_path"]
     if sec.get("max_input_mb") is not None:
         value = sec["max_input_mb"]
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value != value or value == float("inf"):
+        if (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value != value
+                or value == float("inf")):
             raise ConfigError(f"-config {path}: max_input_mb must be a number of MiB > 0 (the ceiling of an "
                               "API's generated inputs)")
         out["max_input_mb"] = value
@@ -175,8 +176,8 @@ def _guarded(check: Any, name: str, has_bwd: bool) -> ApiResult:
         return check()
     except Exception as exc:  # noqa: BLE001 - one API's failure is a SKIP row, never the end of the run
         text = str(exc).strip().splitlines()
-        result = skip_result(name, f"run_ut could not check the API: {type(exc).__name__}: {text[0] if text else ''}"[:500],
-                        has_bwd)
+        reason = f"run_ut could not check the API: {type(exc).__name__}: {text[0] if text else ''}"[:500]
+        result = skip_result(name, reason, has_bwd)
         if isinstance(exc, InputTooLargeError):
             result.skip_cause = "input_ceiling"
         result.seconds = time.perf_counter() - started
@@ -461,7 +462,8 @@ def _run_pool(todo: list, init: tuple, n_workers: int, devices: list, timeout: f
                     elif got and kind == "fatal":
                         fatal = payload
                         raise ConfigError(f"run_ut worker could not start: {payload}")
-                if (not got and worker.proc.sentinel in ready and not worker.proc.is_alive()) or (not got and worker.parent in ready):
+                if ((not got and worker.proc.sentinel in ready and not worker.proc.is_alive())
+                        or (not got and worker.parent in ready)):
                     code = worker.proc.exitcode
                     if worker.task:
                         fail(worker, f"The worker process died while checking this API (exit code {code}); "
@@ -472,8 +474,8 @@ def _run_pool(todo: list, init: tuple, n_workers: int, devices: list, timeout: f
                     pool[index] = _Worker(ctx, init + (devices[index % len(devices)],))
                     continue
                 if worker.task and now - worker.started > timeout:
-                    fail(worker, f"Timed out: the API ran longer than {timeout:g} s; its worker was stopped and the run "
-                            "went on.")
+                    fail(worker, f"Timed out: the API ran longer than {timeout:g} s; its worker was stopped and "
+                                 "the run went on.")
                     worker.stop(kill=True)
                     pool[index] = _Worker(ctx, init + (devices[index % len(devices)],))
     finally:
