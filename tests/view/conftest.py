@@ -46,31 +46,28 @@ def scale_pair(tmp_path_factory) -> str:
     return _make(str(tmp_path_factory.mktemp("scale_pair")), "scale")
 
 
-@pytest.fixture(scope="session")
-def hostile_pair(tmp_path_factory, nan_pair) -> str:
-    """The NaN pair with HTML and script tags in a record name, a dtype and a stack frame."""
-    root = str(tmp_path_factory.mktemp("hostile_pair"))
+def _derived(root: str, pair: str, how: str) -> str:
+    """A copy of ``pair`` under ``root`` changed by ``_make_pair.py HOW ROOT`` (poison, rename)."""
     for side in ("target", "bench"):
-        shutil.copytree(os.path.join(nan_pair, side), os.path.join(root, side))
+        shutil.copytree(os.path.join(pair, side), os.path.join(root, side))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, os.path.join(HERE, "_make_pair.py"), "poison", root], capture_output=True,
+    out = subprocess.run([sys.executable, os.path.join(HERE, "_make_pair.py"), how, root], capture_output=True,
                          text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return root
+
+
+@pytest.fixture(scope="session")
+def hostile_pair(tmp_path_factory, nan_pair) -> str:
+    """The NaN pair with HTML and script tags in a record name, a dtype and a stack frame."""
+    return _derived(str(tmp_path_factory.mktemp("hostile_pair")), nan_pair, "poison")
 
 
 @pytest.fixture(scope="session")
 def skew_pair(tmp_path_factory, nan_pair) -> str:
     """The NaN pair whose bench calls its relu record gelu: one target record and one bench record
     have no counterpart (each tree has an unmatched node under Module.act.ReLU.forward.0)."""
-    root = str(tmp_path_factory.mktemp("skew_pair"))
-    for side in ("target", "bench"):
-        shutil.copytree(os.path.join(nan_pair, side), os.path.join(root, side))
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, os.path.join(HERE, "_make_pair.py"), "rename", root], capture_output=True,
-                         text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return root
+    return _derived(str(tmp_path_factory.mktemp("skew_pair")), nan_pair, "rename")
 
 
 def _open(pair: str):
