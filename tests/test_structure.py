@@ -24,7 +24,6 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 # "path:qualified name" of what exceeded a limit when the test was written (issue 28 removes them)
 KNOWN = {
-    "msprobe/dumpers/config.py:DumpConfig.validate",
     "msprobe/dumpers/control.py:DumperControl",
     "msprobe/dumpers/mindspore/_dumper.py:MindSporeDumper",
     "msprobe/dumpers/pytorch/_dumper.py:TorchDumper",

@@ -129,51 +129,14 @@ class DumpConfig:
     online: Any = None  # msprobe.online.config.OnlineSettings when online_run_ut is on
 
     def validate(self) -> "DumpConfig":
+        """The config itself, once each field passed its rule of ``_RULES`` (the first failing one
+        raises the :class:`ConfigError` naming its key, its value and the valid values)."""
         if self.task in NOT_DEBUGGER_TASKS:
             raise ConfigError(NOT_DEBUGGER_TASKS[self.task])
-        if self.task not in TASKS:
-            raise invalid_value("task", self.task, list(DUMP_TASKS))
-        if self.level not in LEVELS:
-            raise invalid_value("level", self.level, list(LEVELS))
-        if self.summary_mode not in SUMMARY_MODES:
-            raise invalid_value("summary_mode", self.summary_mode, list(SUMMARY_MODES))
-        if not isinstance(self.data_mode, list) or not self.data_mode or any(m not in DATA_MODES for m in self.data_mode):
-            raise invalid_value("data_mode", self.data_mode, f"a non-empty list of {list(DATA_MODES)}")
-        if "all" in self.data_mode and len(self.data_mode) > 1:
-            raise invalid_value("data_mode", self.data_mode, "'all' alone, or a combination of the others")
-        for key in ("scope", "list", "tensor_list"):
-            v = getattr(self, key)
-            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-                raise invalid_value(key, v, "a list of non-empty strings")
-        if self.scope and len(self.scope) != 2:
-            raise invalid_value("scope", self.scope, "exactly two names [start, end]")
-        if not isinstance(self.dump_path, str) or not self.dump_path:
-            raise invalid_value("dump_path", self.dump_path, "a non-empty path or URL string")
-        if not isinstance(self.async_dump, bool):
-            raise invalid_value("async_dump", self.async_dump, "true or false")
-        if not isinstance(self.overflow_nums, int) or isinstance(self.overflow_nums, bool) or \
-                (self.overflow_nums < 1 and self.overflow_nums != -1):
-            raise invalid_value("overflow_nums", self.overflow_nums, "an integer >= 1, or -1 for no limit")
-        if self.tensor_store not in TENSOR_STORES:
-            raise invalid_value("tensor_store", self.tensor_store, list(TENSOR_STORES))
-        if self.tensor_compression not in ("zstd", "zstd-byteshuffle", "lz4", "none"):
-            raise invalid_value("tensor_compression", self.tensor_compression,
-                                ["zstd", "zstd-byteshuffle", "lz4", "none"])
-        if not isinstance(self.tensor_shard_mb, int) or isinstance(self.tensor_shard_mb, bool) or \
-                not 1 <= self.tensor_shard_mb <= 4096:
-            raise invalid_value("tensor_shard_mb", self.tensor_shard_mb, "an integer from 1 to 4096 (MiB per shard)")
-        if self.run_dir_policy not in RUN_DIR_POLICIES:
-            raise invalid_value("run_dir_policy", self.run_dir_policy, list(RUN_DIR_POLICIES))
-        if self.journal_flush is not None and (not isinstance(self.journal_flush, int) or
-                                               isinstance(self.journal_flush, bool) or self.journal_flush < 1):
-            raise invalid_value("journal_flush", self.journal_flush,
-                                "an integer >= 1 (records per flush), or null (auto)")
-        for key, top in (("journal_window", 3600), ("storage_timeout", 3600)):
-            v = getattr(self, key)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= top:
-                raise invalid_value(key, v, f"a number of seconds in (0, {top}]")
-        if self.storage_options is not None and not isinstance(self.storage_options, dict):
-            raise invalid_value("storage_options", "<redacted>", "a JSON object")
+        for key, accepts, valid in _RULES:
+            value = getattr(self, key)
+            if not accepts(value):
+                raise invalid_value(key, "<redacted>" if key in _SECRET_FIELDS else value, valid)
         return self
 
     @property
@@ -195,6 +158,51 @@ class DumpConfig:
     def output_enabled(self) -> bool:
         return "all" in self.data_mode or "output" in self.data_mode or \
             not ({"input", "output"} & set(self.data_mode))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_seconds(value: Any, top: int) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= top
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) and item for item in value)
+
+
+_COMPRESSIONS = ["zstd", "zstd-byteshuffle", "lz4", "none"]
+#: fields whose value an error never shows
+_SECRET_FIELDS = {"storage_options"}
+#: ``DumpConfig.validate``'s rules, in the order they are checked: (field, whether a value is
+#: accepted, the valid values as the error names them)
+_RULES: tuple = (
+    ("task", lambda value: value in TASKS, list(DUMP_TASKS)),
+    ("level", lambda value: value in LEVELS, list(LEVELS)),
+    ("summary_mode", lambda value: value in SUMMARY_MODES, list(SUMMARY_MODES)),
+    ("data_mode", lambda value: isinstance(value, list) and bool(value) and all(mode in DATA_MODES for mode in value),
+     f"a non-empty list of {list(DATA_MODES)}"),
+    ("data_mode", lambda value: "all" not in value or len(value) == 1, "'all' alone, or a combination of the others"),
+    ("scope", _names, "a list of non-empty strings"),
+    ("list", _names, "a list of non-empty strings"),
+    ("tensor_list", _names, "a list of non-empty strings"),
+    ("scope", lambda value: not value or len(value) == 2, "exactly two names [start, end]"),
+    ("dump_path", lambda value: isinstance(value, str) and bool(value), "a non-empty path or URL string"),
+    ("async_dump", lambda value: isinstance(value, bool), "true or false"),
+    ("overflow_nums", lambda value: _is_int(value) and (value >= 1 or value == -1),
+     "an integer >= 1, or -1 for no limit"),
+    ("tensor_store", lambda value: value in TENSOR_STORES, list(TENSOR_STORES)),
+    ("tensor_compression", lambda value: value in _COMPRESSIONS, _COMPRESSIONS),
+    ("tensor_shard_mb", lambda value: _is_int(value) and 1 <= value <= 4096,
+     "an integer from 1 to 4096 (MiB per shard)"),
+    ("run_dir_policy", lambda value: value in RUN_DIR_POLICIES, list(RUN_DIR_POLICIES)),
+    ("journal_flush", lambda value: value is None or _is_int(value) and value >= 1,
+     "an integer >= 1 (records per flush), or null (auto)"),
+    ("journal_window", lambda value: _is_seconds(value, 3600), "a number of seconds in (0, 3600]"),
+    ("storage_timeout", lambda value: _is_seconds(value, 3600), "a number of seconds in (0, 3600]"),
+    ("storage_options", lambda value: value is None or isinstance(value, dict), "a JSON object"),
+)
 
 
 def read_config_json(config_path: str) -> dict:
