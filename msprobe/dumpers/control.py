@@ -1,78 +1,273 @@
-"""Framework-neutral parts of a dumper: the list/scope/token_range filters, data_mode
-directions, overflow gating, construct.json parents and the call-stack capture.
+"""Framework-neutral parts of a dumper, composed into each framework's dumper.
 
-A framework dumper mixes ``DumperControl`` in, calls ``_init_state`` (``config``, ``session``,
-``encoder``, ``enabled``, ``_hooked_models``, ``module_stack``, ``token_range``, ``_token_count``,
-``_scope_state``, ``_parent_of``...) and provides the methods ``_encode_output(out, prefix, save)``,
-``_module_params(module)`` (a module's own ``(name, parameter)`` pairs),
-``_hook_param_grads(module, key)``, and for ``save(..., save_backward=True)``
-``_grad_hookable(value)`` / ``_on_grad(tensor, fn)`` (a gradient hook on a tensor).
+* :class:`FrameworkAdapter`: what a framework supplies (an abstract class): how an output and a
+  module's own parameters are encoded, how a gradient hook goes on a module's parameters and on a
+  tensor. ``TorchDumper`` and ``MindSporeDumper`` are adapters.
+* :class:`RecordFilter`: which calls are recorded: ``scope``, ``list``, ``data_mode`` directions,
+  ``token_range`` and the overflow gating of ``overflow_check``.
+* :class:`DumperCore`: the state and the records every dumper shares (its session, encoder and
+  patcher, the module stacks, construct.json parents, the step generation, the forward/backward
+  records of modules, ``save``), built by the framework's dumper with itself as the adapter.
+* ``capture_stack`` / ``render_stack``: the call stack of a record.
 """
 from __future__ import annotations
 
 import linecache
 import os
 import re
-import sys
 import types
 import weakref
-from typing import Any, Callable, Optional
+from abc import ABC, abstractmethod
+from sys import _getframe  # CPython's frames: the cheap way to the caller's stack
+from typing import Any, Callable, Iterable, Optional
 
+from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.session import DumpSession
 from msprobe.errors import ConfigError
 
-__all__ = ["DumperControl", "capture_stack", "render_stack"]
+__all__ = ["DumperCore", "FrameworkAdapter", "RecordFilter", "backward_parent", "capture_stack", "core_attribute",
+           "render_stack"]
 
 _PKG_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
 #: a record name's direction: API ``....forward``/``....backward``, module ``....forward.<n>``
 _DIRECTION = re.compile(r"\.(forward|backward)(?:\.\d+)?$")
 _MODULE_NAME = re.compile(r"^(Module|Cell)\..*\.(forward|backward)\.\d+$")
+_SCOPE_BEFORE, _SCOPE_INSIDE, _SCOPE_AFTER = 0, 1, 2
 
 
 def capture_stack() -> tuple:
     """(filename, lineno, function) of the user frames, innermost first; code lines are read at publish."""
-    f: Optional[types.FrameType] = sys._getframe(2)
-    out = []
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIRS) and fn != "<string>":
-            out.append((fn, f.f_lineno, f.f_code.co_name))
-        f = f.f_back
-    return tuple(out)
+    frame: Optional[types.FrameType] = _getframe(2)
+    frames = []
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_PKG_DIRS) and filename != "<string>":
+            frames.append((filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return tuple(frames)
 
 
 def render_stack(frames: tuple) -> list:
-    return [f"File {fn}, line {ln}, in {func}, \n {linecache.getline(fn, ln).strip()}" for fn, ln, func in frames]
+    return [f"File {filename}, line {lineno}, in {func}, \n {linecache.getline(filename, lineno).strip()}"
+            for filename, lineno, func in frames]
 
 
-class DumperControl:
-    # the framework's thread-local API guard (``guard.inside`` while the dumper works), a
-    # threading.local that each subclass sets
-    guard: Any = None
+class FrameworkAdapter(ABC):
+    """What a framework's dumper supplies to its :class:`DumperCore`."""
 
-    # -- provided by each framework's dumper (the PyTorch and MindSpore ones define them all)
-    def _encode_output(self, out: Any, prefix: str, save: bool) -> list:
-        raise NotImplementedError
+    @abstractmethod
+    def encode_output(self, out: Any, prefix: str, save: bool) -> list:
+        """The ``output`` entries of a call's result (the framework's rule for sequences)."""
 
-    @staticmethod
-    def _module_params(mod: Any) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def module_params(self, module: Any) -> Iterable[tuple[str, Any]]:
+        """A module's own ``(name, parameter)`` pairs (its children's left out)."""
 
-    def _hook_param_grads(self, mod: Any, key: str) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def hook_param_grads(self, module: Any, key: str) -> None:
+        """Hook the gradients of ``module``'s parameters: its ``<key>.parameters_grad`` record."""
 
-    @staticmethod
-    def _grad_hookable(value: Any) -> bool:
-        raise NotImplementedError
+    @abstractmethod
+    def grad_hookable(self, value: Any) -> bool:
+        """Whether ``value`` is a tensor whose gradient a hook can receive (``save(..., save_backward=True)``)."""
 
-    @staticmethod
-    def _on_grad(tensor: Any, fn: Any) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def on_grad(self, tensor: Any, hook: Any) -> None:
+        """Call ``hook(gradient)`` when ``tensor``'s gradient is computed."""
 
-    def _init_state(self, config: Any, framework: str, encoder_cls: Any, patcher_cls: Any, fetch_stats: Any,
-                    get_rank: Any) -> None:
-        """What every dumper starts with: its session and encoder, the API patcher, and the
-        bookkeeping this mixin reads (stacks, filters, parents, levels)."""
+
+class RecordFilter:
+    """Which calls are recorded: the ``scope`` range (in execution order), the ``list`` of names,
+    the ``data_mode`` directions, ``token_range`` (forward calls of the root model counted) and
+    ``overflow_check``'s gating (up to ``overflow_nums`` records over the run). ``module_stack``
+    and ``bw_stack``: the dumper's forward and backward module stacks (for ``list`` at mix level)."""
+
+    def __init__(self, config: DumpConfig, module_stack: list, bw_stack: list) -> None:
+        self.config = config
+        self.module_stack = module_stack
+        self.bw_stack = bw_stack
+        self.modules_dumped = config.level in ("L0", "mix")
+        self.scope_state = _SCOPE_BEFORE
+        self.token_range: Optional[tuple] = None
+        self.token_count = -1
+        self.overflow_count = 0  # overflow_check: overflowing records over the whole run
+        self.overflow_done = False  # overflow_nums reached: no more detection for the run
+
+    def set_token_range(self, model: Any, token_range: Optional[list]) -> None:
+        if token_range is None:
+            return
+        if model is None:
+            raise ConfigError("token_range requires model")
+        if not (isinstance(token_range, (list, tuple)) and len(token_range) == 2
+                and all(isinstance(bound, int) and bound >= 0 for bound in token_range)
+                and token_range[0] <= token_range[1]):
+            raise ConfigError(f"invalid token_range={token_range!r}; valid: [start, end] integers, start <= end")
+        self.token_range = tuple(token_range)
+
+    def count_token(self, module: Any, args: Any) -> None:
+        """The root model's forward pre-hook (with a token_range): one more token."""
+        self.token_count += 1
+
+    def end_step(self) -> None:
+        self.scope_state = _SCOPE_BEFORE
+        self.token_count = -1
+
+    def in_token_range(self) -> bool:
+        return self.token_range is None or self.token_range[0] <= self.token_count <= self.token_range[1]
+
+    def in_scope(self, name: str) -> bool:
+        """The scope range, in execution order (a backward name as its backward runs). A range
+        that ends at a module (L0/mix) ends when that module's call ends: its inner calls are in
+        it (8.1.1/26.2.0); one that ends at an API ends with that API."""
+        scope = self.config.scope
+        if not scope:
+            return True
+        if self.scope_state == _SCOPE_BEFORE and name == scope[0]:
+            self.scope_state = _SCOPE_INSIDE
+        if self.scope_state == _SCOPE_INSIDE:
+            if name == scope[1] and not (self.modules_dumped and _MODULE_NAME.match(name)):
+                self.scope_state = _SCOPE_AFTER
+            return True
+        return False
+
+    def scope_enter(self, name: str) -> None:
+        """A module's call begins (a backward one: when its output gradients arrive)."""
+        scope = self.config.scope
+        if scope and self.scope_state == _SCOPE_BEFORE and name == scope[0]:
+            self.scope_state = _SCOPE_INSIDE
+
+    def scope_leave(self, name: str) -> None:
+        """A module's call ends: a scope ending at it ends here."""
+        scope = self.config.scope
+        if scope and self.scope_state == _SCOPE_INSIDE and name == scope[1]:
+            self.scope_state = _SCOPE_AFTER
+
+    def listed(self, name: str) -> bool:
+        """``list``: a full record name (forward or backward), or a part of names (``"relu"``)."""
+        names = self.config.list
+        return not names or any(item == name or item in name for item in names)
+
+    def direction_on(self, name: str) -> bool:
+        """``data_mode`` forward/backward: whether records of ``name``'s direction are dumped."""
+        match = _DIRECTION.search(name)
+        if match is not None:
+            return self.config.forward_enabled if match.group(1) == "forward" else self.config.backward_enabled
+        if "parameters_grad" in name:
+            return self.config.backward_enabled
+        return True
+
+    def wanted(self, name: str, on: bool, inside_listed: Optional[bool] = None) -> bool:
+        """Whether the call ``name`` is recorded: ``on`` (the dump is on, or the step of its
+        forward call is still dumped), inside token_range and scope, listed, of a dumped
+        direction. ``inside_listed``: whether the call sits in a module named by ``list`` (mix
+        level); None = look at the current module stack (forward). The scope is consulted for
+        every call, in execution order, so that ``scope`` + ``list`` is their intersection."""
+        if not on or self.overflow_done:
+            return False
+        if not self.in_token_range():
+            return False
+        if not self.in_scope(name):
+            return False
+        if not self.direction_on(name):
+            return False
+        if not self.listed(name):
+            if inside_listed is None:
+                inside_listed = self.config.level == "mix" and self.inside_listed_module()
+            if not inside_listed:
+                return False
+        return True
+
+    def backward_listed(self, bwd: str, inside_listed: bool = False) -> bool:
+        """At a forward call: whether its backward ``bwd`` may be recorded (hook it then), by
+        ``list`` and ``data_mode``; the scope is decided when the backward runs."""
+        return self.config.backward_enabled and not self.overflow_done and (inside_listed or self.listed(bwd))
+
+    def mix_listed(self) -> bool:
+        """mix with a ``list``: a backward may sit in a listed module's backward (known only then)."""
+        return self.config.level == "mix" and bool(self.config.list)
+
+    def inside_listed_module(self, stack: Optional[list] = None) -> bool:
+        """Whether a module on ``stack`` (default: the forward module stack) is named by ``list``."""
+        names = self.config.list
+        return bool(names) and any(any(item == module or item in module for item in names)
+                                   for module in (self.module_stack if stack is None else stack))
+
+    def inside_listed_backward(self) -> bool:
+        """mix: whether a module backward in progress is named by ``list`` (a backward runs
+        inside its module's backward, which ``list`` names separately from its forward)."""
+        return self.config.level == "mix" and self.inside_listed_module(self.bw_stack)
+
+    def io(self, direction: str) -> tuple:
+        """(inputs dumped, outputs dumped) of the records of ``direction`` (``data_mode``)."""
+        config = self.config
+        enabled = config.forward_enabled if direction == "forward" else config.backward_enabled
+        return enabled and config.input_enabled, enabled and config.output_enabled
+
+    def keep(self, rec: dict, name: str, encoder: Any) -> bool:
+        """overflow_check keeps only records whose tensors hold Inf/NaN, with their tensor files
+        (the docs: the inputs and outputs of an overflowing API are dumped), up to
+        ``overflow_nums`` records over the whole run (-1: no limit). ``encoder``: the one that
+        encoded the record."""
+        if self.config.task != "overflow_check":
+            return True
+        found = encoder.take_overflow(name) and not self.overflow_done
+        encoder.settle_overflow(name, keep=found)
+        if not found:
+            return False
+        self.overflow_count += 1
+        limit = self.config.overflow_nums
+        if limit != -1 and self.overflow_count >= limit:
+            self.overflow_done = True
+        return True
+
+    def nothing_recorded(self, seen: list) -> list:
+        """Why a dumped step recorded nothing: the filters that excluded every call (``seen``: the
+        APIs and modules called), empty when none did."""
+        config = self.config
+        why = []
+        if config.list:
+            import difflib
+
+            short = {**{name.split(".", 1)[-1]: name for name in seen}, **{name: name for name in seen}}
+            near = sorted({short[match] for item in config.list
+                           for match in difflib.get_close_matches(item, list(short), n=2, cutoff=0.6)})
+            why.append(f"list {config.list} matched none of the {len(seen)} APIs/modules called"
+                       + (f" (near: {', '.join(near[:4])})" if near else
+                          f" ({', '.join(seen[:4])}{', ...' if len(seen) > 4 else ''})" if seen else ""))
+        if config.scope:
+            state = ("its start never ran" if self.scope_state == _SCOPE_BEFORE
+                     else "it opened but nothing in it was dumped")
+            why.append(f"scope {config.scope}: {state}")
+        if config.data_mode != ["all"]:
+            why.append(f"data_mode {config.data_mode}")
+        if self.token_range is not None:
+            why.append(f"token_range {list(self.token_range)} (forward calls counted: {self.token_count + 1})")
+        return why
+
+
+def core_attribute(name: str) -> Any:
+    """A framework dumper's attribute that is its core's (``session``, ``encoder``, ``patcher``,
+    ``enabled``): read and set through ``dumper.core``, for the dumper's users."""
+
+    def get(dumper: Any) -> Any:
+        return getattr(dumper.core, name)
+
+    def put(dumper: Any, value: Any) -> None:
+        setattr(dumper.core, name, value)
+
+    return property(get, put, doc=f"the core's ``{name}``")
+
+
+class DumperCore:
+    """What every dumper holds and records, whatever the framework: the session, encoder and API
+    patcher, the module stacks and parents, the step generation, the records of module calls and
+    of ``save``. ``adapter``: the framework's dumper; ``guard``: its thread-local API guard
+    (``guard.inside`` while the dumper works)."""
+
+    def __init__(self, adapter: FrameworkAdapter, config: DumpConfig, framework: str, *, encoder_cls: Any,
+                 patcher_cls: Any, fetch_stats: Any, get_rank: Any, guard: Any) -> None:
+        self.adapter = adapter
+        self.guard = guard
         self.config = config
         self.session = DumpSession(config, framework, fetch_stats=fetch_stats, render_stack=render_stack,
                                    get_rank=get_rank)
@@ -83,217 +278,221 @@ class DumperControl:
         self.enabled = False
         self.module_stack: list = []
         self.bw_stack: list = []
-        self._hooked_models: list = []
-        self._scope_state = 0  # 0 before scope start, 1 inside, 2 after end
-        self.token_range: Optional[tuple] = None
-        self._token_count = -1
-        self._parent_of: dict = {}
-        self._pgrad_seen: set = set()  # modules whose parameter gradients this step dumps
+        self.filter = RecordFilter(config, self.module_stack, self.bw_stack)
+        self.hooked_models: list = []
+        self.parent_of: dict = {}
+        self.pgrad_seen: set = set()  # modules whose parameter gradients this step dumps
         self.debug_counts: dict = {}
-        self.L1 = config.level in ("L1", "mix")
-        self.L0 = config.level in ("L0", "mix")
+        self.apis_dumped = config.level in ("L1", "mix")
+        self.modules_dumped = config.level in ("L0", "mix")
         #: the step generation: a backward hook set up while the dump was on records until the
         #: step ends (``step()``), also after ``stop()`` (the docs: stop before loss.backward()
         #: and step() after it collects the forward *and* backward of the calls in between)
-        self._gen = 0
-        self._overflow_count = 0  # overflow_check: overflowing records over the whole run
-        self._overflow_done = False  # overflow_nums reached: no more detection for the run
-        self._region: Optional[str] = None  # module_dump(module, name): the module's key, until module_dump_end
+        self.generation = 0
+        self.region: Optional[str] = None  # module_dump(module, name): the module's key, until module_dump_end
+        self.dumped_step = False  # start() turned the dump on in this step
+        self.records_before = 0
+        self.told_nothing = False
 
-    def _warn_if_nothing(self) -> None:
+    # ---------------------------------------------------------------- steps
+    def begin(self) -> bool:
+        """``start()``: whether this step and rank are dumped (the session claims its directory then)."""
+        if not (self.session.step_enabled() and self.session.rank_enabled()):
+            self.enabled = False
+            return False
+        self.session.claim()
+        return True
+
+    def turn_on(self) -> None:
+        self.enabled = True
+        self.dumped_step = True
+        self.guard.on = True
+
+    def live(self, generation: int) -> bool:
+        """Whether a hook set up in step generation ``generation`` still records."""
+        return self.enabled or generation == self.generation
+
+    def end_step_state(self) -> None:
+        """What a step's end resets (both dumpers)."""
+        self.generation += 1
+        self.filter.end_step()
+        self.debug_counts.clear()
+        self.bw_stack.clear()
+        self.parent_of.clear()
+        self.pgrad_seen.clear()
+        reset = getattr(self.encoder, "reset_overflow", None)
+        if reset is not None:
+            reset()
+
+    def warn_if_nothing(self) -> None:
         """At ``step()``: a step that was dumped (``start()`` ran with its step and rank on) and
         recorded nothing warns once, naming the filter that excluded every call (``list``,
         ``scope``, ``data_mode``, ``token_range``) or saying that no wrapped call ran."""
         import warnings
 
-        started, self._dumped_step = getattr(self, "_dumped_step", False), False
-        before, self._records_before = getattr(self, "_records_before", 0), self.session.records_total
-        cfg = self.config
-        if (not started or self.session.records_total > before or getattr(self, "_told_nothing", False)
-                or cfg.task == "overflow_check" or cfg.level == "debug"):
+        started, self.dumped_step = self.dumped_step, False
+        before, self.records_before = self.records_before, self.session.records_total
+        config = self.config
+        if (not started or self.session.records_total > before or self.told_nothing
+                or config.task == "overflow_check" or config.level == "debug"):
             return
-        self._told_nothing = True
-        seen = sorted(set(self.session.api_counts) | {k.rsplit(".", 1)[0] for k in self.session.module_counts})
-        why = []
-        if cfg.list:
-            import difflib
-
-            short = {**{n.split(".", 1)[-1]: n for n in seen}, **{n: n for n in seen}}  # linear -> Functional.linear
-            near = sorted({short[m] for item in cfg.list
-                           for m in difflib.get_close_matches(item, list(short), n=2, cutoff=0.6)})
-            why.append(f"list {cfg.list} matched none of the {len(seen)} APIs/modules called"
-                       + (f" (near: {', '.join(near[:4])})" if near else
-                          f" ({', '.join(seen[:4])}{', ...' if len(seen) > 4 else ''})" if seen else ""))
-        if cfg.scope:
-            state = ("its start never ran" if self._scope_state == 0 else "it opened but nothing in it was dumped")
-            why.append(f"scope {cfg.scope}: {state}")
-        if cfg.data_mode != ["all"]:
-            why.append(f"data_mode {cfg.data_mode}")
-        if self.token_range is not None:
-            why.append(f"token_range {list(self.token_range)} (forward calls counted: {self._token_count + 1})")
+        self.told_nothing = True
+        seen = sorted(set(self.session.api_counts) | {key.rsplit(".", 1)[0] for key in self.session.module_counts})
+        why = self.filter.nothing_recorded(seen)
         if not why:
-            hooked = "no model passed to start(model)" if not self._hooked_models else "the model's modules"
+            hooked = "no model passed to start(model)" if not self.hooked_models else "the model's modules"
             why.append(f"no call went through a wrapped API or a hooked module between start() and step() "
-                       f"(level {cfg.level}, {len(seen)} APIs/modules seen; {hooked})")
+                       f"(level {config.level}, {len(seen)} APIs/modules seen; {hooked})")
         warnings.warn(f"msprobe: step {self.session.current_step} was dumped but recorded nothing: "
                       f"{'; '.join(why)} (said once)", RuntimeWarning, stacklevel=4)
 
-    def _live(self, gen: int) -> bool:
-        """Whether a hook set up in step generation ``gen`` still records."""
-        return self.enabled or gen == self._gen
-
-    def _end_step_state(self) -> None:
-        """What a step's end resets (both dumpers)."""
-        self._gen += 1
-        self._scope_state = 0
-        self._token_count = -1
-        self.debug_counts.clear()
-        self.bw_stack.clear()
-        self._parent_of.clear()
-        self._pgrad_seen.clear()
-        reset = getattr(self.encoder, "reset_overflow", None)
-        if reset is not None:
-            reset()
-
-    def _set_token_range(self, model: Any, token_range: Optional[list]) -> None:
-        if token_range is None:
-            return
-
-        if model is None:
-            raise ConfigError("token_range requires model")
-        if not (isinstance(token_range, (list, tuple)) and len(token_range) == 2
-                and all(isinstance(x, int) and x >= 0 for x in token_range) and token_range[0] <= token_range[1]):
-            raise ConfigError(f"invalid token_range={token_range!r}; valid: [start, end] integers, start <= end")
-        self.token_range = tuple(token_range)
-
-    def _record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
+    # ---------------------------------------------------------------- records
+    def record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
         """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
         if self.config.task == "structure":  # its place in construct.json only
             self.session.add_structure(bwd, parent)
             return
         self.guard.inside = True
         try:
-            want_in, want_out = self._io("backward")
-            save = self.encoder.wants_tensors(bwd)
+            want_in, want_out = self.filter.io("backward")
+            encoder = self.encoder
+            save = encoder.wants_tensors(bwd)
             rec: dict = {}
             if want_in:
-                rec["input"] = [self.encoder.encode(g, f"{bwd}.input.{i}", save) for i, g in enumerate(grads_in)]
+                rec["input"] = [encoder.encode(grad, f"{bwd}.input.{i}", save) for i, grad in enumerate(grads_in)]
             if want_out:
-                rec["output"] = [self.encoder.encode(g, f"{bwd}.output.{i}", save) for i, g in enumerate(grads_out)]
-            if self._keep(rec, bwd):
+                rec["output"] = [encoder.encode(grad, f"{bwd}.output.{i}", save) for i, grad in enumerate(grads_out)]
+            if self.filter.keep(rec, bwd, encoder):
                 self.session.add_record(bwd, rec, parent=parent)
         finally:
             self.guard.inside = False
 
-    # ---------------------------------------------------------------- records
-    def _forward_inputs(self, fwd: str, args: tuple, kwargs: dict, encode_arg: Any = None) -> dict:
+    def forward_inputs(self, fwd: str, args: tuple, kwargs: dict, encode_arg: Any = None) -> dict:
         """A forward record with its ``input_args``/``input_kwargs`` (none when inputs are not
         dumped); ``encode_arg``: how a positional argument is encoded (default: the encoder)."""
-        want_in, _ = self._io("forward")
+        want_in, _ = self.filter.io("forward")
         rec: dict = {}
         if want_in and self.config.task != "structure":
             save = self.encoder.wants_tensors(fwd)
-            enc = self.encoder.encode
-            arg = encode_arg or enc
-            rec["input_args"] = [arg(a, f"{fwd}.input.{i}", save) for i, a in enumerate(args)]
-            rec["input_kwargs"] = {k: enc(v, f"{fwd}.kwargs.{k}", save) for k, v in kwargs.items()}
+            encode = self.encoder.encode
+            encode_positional = encode_arg or encode
+            rec["input_args"] = [encode_positional(arg, f"{fwd}.input.{i}", save) for i, arg in enumerate(args)]
+            rec["input_kwargs"] = {key: encode(value, f"{fwd}.kwargs.{key}", save) for key, value in kwargs.items()}
         return rec
 
-    def _forward_output(self, rec: dict, fwd: str, out: Any) -> None:
-        _, want_out = self._io("forward")
+    def forward_output(self, rec: dict, fwd: str, out: Any) -> None:
+        _, want_out = self.filter.io("forward")
         if want_out and self.config.task != "structure":
-            rec["output"] = self._encode_output(out, f"{fwd}.output", self.encoder.wants_tensors(fwd))
+            rec["output"] = self.adapter.encode_output(out, f"{fwd}.output", self.encoder.wants_tensors(fwd))
 
-    def _add_models(self, model: Any, cls: type, what: str, handles: list) -> Optional[list]:
+    def add_models(self, model: Any, cls: type, what: str, handles: list) -> Optional[list]:
         """The models of ``start(model=...)`` (one, or a list/tuple), None when they are hooked
         already; with a token_range the first one's forward pre-hook counts the tokens."""
         models = list(model) if isinstance(model, (list, tuple)) else [model]
-        for m in models:
-            if not isinstance(m, cls):
-                raise ConfigError(f"model must be a {what} or a list/tuple of them, got {type(m).__name__}")
-        if any(m is h for m in models for h in self._hooked_models):
+        for candidate in models:
+            if not isinstance(candidate, cls):
+                raise ConfigError(f"model must be a {what} or a list/tuple of them, got {type(candidate).__name__}")
+        if any(candidate is hooked for candidate in models for hooked in self.hooked_models):
             return None
-        self._hooked_models.extend(models)
-        if self.token_range is not None:
-            handles.append(models[0].register_forward_pre_hook(self._on_root_forward))
+        self.hooked_models.extend(models)
+        if self.filter.token_range is not None:
+            handles.append(models[0].register_forward_pre_hook(self.filter.count_token))
         return models
 
-    def _on_root_forward(self, module: Any, args: Any) -> None:
-        self._token_count += 1
+    def parent(self) -> Optional[str]:
+        return self.module_stack[-1] if self.module_stack else None
 
-    def _module_forward_begin(self, key: str, args: tuple, kwargs: dict) -> Optional[tuple]:
+    def module_forward_begin(self, key: str, args: tuple, kwargs: dict) -> Optional[tuple]:
         """A module's (Cell's) forward pre-hook: counts the call, pushes it on the module stack and
         encodes its inputs. Returns the call in flight, ``(fwd, rec, parent, stack)`` with ``rec``
         None when the call is filtered out, or None when nothing is dumped now."""
-        if not self.enabled or (self.token_range is not None and not self._in_token_range()):
+        selection = self.filter
+        if not self.enabled or (selection.token_range is not None and not selection.in_token_range()):
             return None
-        if self._region is not None and key != self._region:
+        if self.region is not None and key != self.region:
             return None  # inside module_dump(...): only that module is dumped
-        n = self.session.next_module_index(key)
-        fwd = f"{key}.forward.{n}"
-        parent = self._parent()
+        fwd = f"{key}.forward.{self.session.next_module_index(key)}"
+        parent = self.parent()
         self.module_stack.append(fwd)
-        if not self._wanted(fwd):
+        if not selection.wanted(fwd, self.enabled):
             return fwd, None, parent, None
         self.guard.inside = True
         try:
-            return fwd, self._forward_inputs(fwd, args, kwargs), parent, \
+            return fwd, self.forward_inputs(fwd, args, kwargs), parent, \
                 capture_stack() if self.config.stack else None
         finally:
             self.guard.inside = False
 
-    def _module_forward_end(self, call: tuple, module: Any, key: str, output: Any, gated: bool = False) -> None:
-        """The forward hook for a call from ``_module_forward_begin``: pops it, records its outputs
+    def module_forward_end(self, call: tuple, module: Any, key: str, output: Any, gated: bool = False) -> None:
+        """The forward hook for a call from ``module_forward_begin``: pops it, records its outputs
         and own parameters, hooks the parameters' gradients. A filtered-out call is a structure
         entry (``gated``: only while the dump is on and inside token_range)."""
         fwd, rec, parent, stack = call
-        self._parent_of[fwd] = parent
+        self.parent_of[fwd] = parent
         if self.module_stack and self.module_stack[-1] == fwd:
             self.module_stack.pop()
+        config, selection = self.config, self.filter
         if rec is None:
-            self._scope_leave(fwd)
-            if not gated or (self.enabled and self._in_token_range()):
+            selection.scope_leave(fwd)
+            if not gated or (self.enabled and selection.in_token_range()):
                 self.session.add_structure(fwd, parent)
-                if self.enabled and self.config.backward_enabled and self.config.task != "structure":
-                    self._hook_param_grads(module, key)  # data_mode backward, list of backward names
+                if self.enabled and config.backward_enabled and config.task != "structure":
+                    self.adapter.hook_param_grads(module, key)  # data_mode backward, list of backward names
             return
         self.guard.inside = True
         try:
-            _, want_out = self._io("forward")
-            save = self.encoder.wants_tensors(fwd)
-            if want_out and self.config.task != "structure":
-                rec["output"] = self._encode_output(output, f"{fwd}.output", save)
-                rec["parameters"] = {name: self.encoder.encode(p, f"{fwd}.parameters.{name}", save)
-                                     for name, p in self._module_params(module)}
-            if self._keep(rec, fwd):
+            _, want_out = selection.io("forward")
+            encoder = self.encoder
+            save = encoder.wants_tensors(fwd)
+            if want_out and config.task != "structure":
+                rec["output"] = self.adapter.encode_output(output, f"{fwd}.output", save)
+                rec["parameters"] = {name: encoder.encode(param, f"{fwd}.parameters.{name}", save)
+                                     for name, param in self.adapter.module_params(module)}
+            if selection.keep(rec, fwd, encoder):
                 self.session.add_record(fwd, rec, stack=stack, parent=parent)
-            if self.config.task != "structure":
-                self._hook_param_grads(module, key)
+            if config.task != "structure":
+                self.adapter.hook_param_grads(module, key)
         finally:
             self.guard.inside = False
-            self._scope_leave(fwd)
+            selection.scope_leave(fwd)
 
-    def _module_backward(self, bwd: str, fwd: str, grads_in: Any, grads_out: Any, live: bool = False) -> None:
+    def module_backward(self, bwd: str, fwd: str, grads_in: Any, grads_out: Any, live: bool = False) -> None:
         """A module's backward (of its forward call ``fwd``): a record, or a structure entry when
         filtered out; its parent is the backward of the forward's parent. ``live``: the step of
         the forward call is still being dumped (after ``stop()`` too)."""
-        parent = self._bw_parent(self._parent_of.get(fwd))
+        parent = backward_parent(self.parent_of.get(fwd))
+        selection = self.filter
         try:
-            if not self._wanted(bwd, self._inside_listed_backward(), live=live):
+            if not selection.wanted(bwd, self.enabled or live, selection.inside_listed_backward()):
                 self.session.add_structure(bwd, parent)
                 return
-            self._record_backward(bwd, grads_in, grads_out, parent)
+            self.record_backward(bwd, grads_in, grads_out, parent)
         finally:
-            self._scope_leave(bwd)
+            selection.scope_leave(bwd)
 
-    def _save_debug(self, variable: Any, name: str, save_backward: bool = False) -> Optional[str]:
+    def fix_dangling_parents(self) -> None:
+        """A module whose backward never completed leaves no record: its children go to the
+        nearest recorded ancestor."""
+        parent_of = self.parent_of
+
+        def fix(parent: Optional[str], known: Callable[[Optional[str]], bool]) -> Optional[str]:
+            hops = 0
+            while parent is not None and not known(parent) and hops < 64:
+                parent = backward_parent(parent_of.get(parent.replace(".backward.", ".forward.")))
+                hops += 1
+            return parent if known(parent) else None
+
+        self.session.rewrite_parents(fix)
+
+    # ------------------------------------------------------------------ debug
+    def save_debug(self, variable: Any, name: str, save_backward: bool = False) -> Optional[str]:
         """debug level ``save``: the record ``<name>.<n>.debug`` and, ``save_backward``,
         ``<name>_grad.<n>.debug`` (None when this step/rank is not dumped)."""
         if not self.enabled and not (self.session.step_enabled() and self.session.rank_enabled()):
             return None
-        n = self.debug_counts.get(name, 0)
-        self.debug_counts[name] = n + 1
-        key = f"{name}.{n}.debug"
+        count = self.debug_counts.get(name, 0)
+        self.debug_counts[name] = count + 1
+        key = f"{name}.{count}.debug"
         self.guard.inside = True
         try:
             save = self.encoder.wants_tensors(key)
@@ -301,178 +500,59 @@ class DumperControl:
         finally:
             self.guard.inside = False
         if save_backward:
-            self._save_grads(variable, f"{name}_grad.{n}.debug")
+            self.save_grads(variable, f"{name}_grad.{count}.debug")
         return key
 
-    def _save_grads(self, variable: Any, key: str) -> None:
+    def save_grads(self, variable: Any, key: str) -> None:
         """The gradients of ``variable``'s tensors, in its nesting: the record is there at once
         with ``null`` in each place (as the real tool writes it) and fills in as they arrive."""
         tensors: list = []
-        hookable = self._grad_hookable
+        hookable = self.adapter.grad_hookable
 
-        def collect(v: Any, path: tuple) -> None:
-            if hookable(v):
-                tensors.append((path, v))
-            elif isinstance(v, (list, tuple)):
-                for i, x in enumerate(v):
-                    collect(x, path + (str(i),))
-            elif isinstance(v, dict):
-                for k, x in v.items():
-                    collect(x, path + (str(k),))
+        def collect(value: Any, path: tuple) -> None:
+            if hookable(value):
+                tensors.append((path, value))
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    collect(item, path + (str(i),))
+            elif isinstance(value, dict):
+                for name, item in value.items():
+                    collect(item, path + (str(name),))
 
         collect(variable, ())
         grads: dict = {}
         self.session.add_record(key, _nest(variable, grads), construct=False)
-        dumper_ref = weakref.ref(self)
-        gen = self._gen
-        for path, t in tensors:
-            def hook(g, path=path):
-                d = dumper_ref()
-                if d is None or not d._live(gen):
+        core_ref = weakref.ref(self)
+        generation = self.generation
+        for path, tensor in tensors:
+            def hook(grad, path=path):
+                core = core_ref()
+                if core is None or not core.live(generation):
                     return None
-                d.guard.inside = True
+                core.guard.inside = True
                 try:
-                    save = d.encoder.wants_tensors(key)
-                    grads[path] = d.encoder.encode(g, ".".join((key,) + path), save)
-                    d.session.add_record(key, _nest(variable, grads), construct=False)
+                    save = core.encoder.wants_tensors(key)
+                    grads[path] = core.encoder.encode(grad, ".".join((key,) + path), save)
+                    core.session.add_record(key, _nest(variable, grads), construct=False)
                 finally:
-                    d.guard.inside = False
+                    core.guard.inside = False
                 return None
 
-            self._on_grad(t, hook)
+            self.adapter.on_grad(tensor, hook)
 
-    # ---------------------------------------------------------------- filters
-    def _in_scope(self, name: str) -> bool:
-        """The scope range, in execution order (a backward name as its backward runs). A range
-        that ends at a module (L0/mix) ends when that module's call ends: its inner calls are in
-        it (8.1.1/26.2.0); one that ends at an API ends with that API."""
-        scope = self.config.scope
-        if not scope:
-            return True
-        if self._scope_state == 0 and name == scope[0]:
-            self._scope_state = 1
-        if self._scope_state == 1:
-            if name == scope[1] and not (self.L0 and _MODULE_NAME.match(name)):
-                self._scope_state = 2
-            return True
-        return False
 
-    def _scope_enter(self, name: str) -> None:
-        """A module's call begins (a backward one: when its output gradients arrive)."""
-        scope = self.config.scope
-        if scope and self._scope_state == 0 and name == scope[0]:
-            self._scope_state = 1
-
-    def _scope_leave(self, name: str) -> None:
-        """A module's call ends: a scope ending at it ends here."""
-        scope = self.config.scope
-        if scope and self._scope_state == 1 and name == scope[1]:
-            self._scope_state = 2
-
-    def _listed(self, name: str) -> bool:
-        """``list``: a full record name (forward or backward), or a part of names (``"relu"``)."""
-        lst = self.config.list
-        return not lst or any(item == name or item in name for item in lst)
-
-    def _direction_on(self, name: str) -> bool:
-        """``data_mode`` forward/backward: whether records of ``name``'s direction are dumped."""
-        m = _DIRECTION.search(name)
-        if m is not None:
-            return self.config.forward_enabled if m.group(1) == "forward" else self.config.backward_enabled
-        if "parameters_grad" in name:
-            return self.config.backward_enabled
-        return True
-
-    def _wanted(self, name: str, inside_listed: Optional[bool] = None, live: bool = False) -> bool:
-        """Whether the call ``name`` is recorded: the dump is on (or, ``live``, the step of its
-        forward call is still dumped), inside token_range and scope, listed, of a dumped
-        direction. ``inside_listed``: whether the call sits in a module named by ``list`` (mix
-        level); None = look at the current module stack (forward). The scope is consulted for
-        every call, in execution order, so that ``scope`` + ``list`` is their intersection."""
-        if not (self.enabled or live) or self._overflow_done:
-            return False
-        if not self._in_token_range():
-            return False
-        if not self._in_scope(name):
-            return False
-        if not self._direction_on(name):
-            return False
-        if not self._listed(name):
-            if inside_listed is None:
-                inside_listed = self.config.level == "mix" and self._inside_listed_module()
-            if not inside_listed:
-                return False
-        return True
-
-    def _bw_listed(self, bwd: str, inside_listed: bool = False) -> bool:
-        """At a forward call: whether its backward ``bwd`` may be recorded (hook it then), by
-        ``list`` and ``data_mode``; the scope is decided when the backward runs."""
-        return self.config.backward_enabled and not self._overflow_done and (inside_listed or self._listed(bwd))
-
-    def _in_token_range(self) -> bool:
-        return self.token_range is None or self.token_range[0] <= self._token_count <= self.token_range[1]
-
-    def _inside_listed_module(self, stack: Optional[list] = None) -> bool:
-        """Whether a module on ``stack`` (default: the forward module stack) is named by ``list``."""
-        lst = self.config.list
-        return bool(lst) and any(any(item == m or item in m for item in lst)
-                                 for m in (self.module_stack if stack is None else stack))
-
-    def _inside_listed_backward(self) -> bool:
-        """mix: whether a module backward in progress is named by ``list`` (a backward runs
-        inside its module's backward, which ``list`` names separately from its forward)."""
-        return self.config.level == "mix" and self._inside_listed_module(self.bw_stack)
-
-    def _io(self, direction: str) -> tuple:
-        cfg = self.config
-        ok = cfg.forward_enabled if direction == "forward" else cfg.backward_enabled
-        return ok and cfg.input_enabled, ok and cfg.output_enabled
-
-    def _parent(self) -> Optional[str]:
-        return self.module_stack[-1] if self.module_stack else None
-
-    def _keep(self, rec: dict, name: str, encoder: Any = None) -> bool:
-        """overflow_check keeps only records whose tensors hold Inf/NaN, with their tensor files
-        (the docs: the inputs and outputs of an overflowing API are dumped), up to
-        ``overflow_nums`` records over the whole run (-1: no limit). ``encoder``: the one that
-        encoded the record (default: the dumper's)."""
-        if self.config.task != "overflow_check":
-            return True
-        enc = encoder or self.encoder
-        found = enc.take_overflow(name) and not self._overflow_done
-        enc.settle_overflow(name, keep=found)
-        if not found:
-            return False
-        self._overflow_count += 1
-        n = self.config.overflow_nums
-        if n != -1 and self._overflow_count >= n:
-            self._overflow_done = True
-        return True
-
-    @staticmethod
-    def _bw_parent(parent: Optional[str]) -> Optional[str]:
-        if parent is None:
-            return None
-        head, _, n = parent.rpartition(".forward.")
-        return f"{head}.backward.{n}" if head else parent
-
-    def _fix_dangling_parents(self) -> None:
-        """A module whose backward never completed leaves no record: its children go to the
-        nearest recorded ancestor."""
-        def fix(parent: Optional[str], known: Callable[[Optional[str]], bool]) -> Optional[str]:
-            seen = 0
-            while parent is not None and not known(parent) and seen < 64:
-                parent = self._bw_parent(self._parent_of.get(parent.replace(".backward.", ".forward.")))
-                seen += 1
-            return parent if known(parent) else None
-
-        self.session.rewrite_parents(fix)
+def backward_parent(parent: Optional[str]) -> Optional[str]:
+    """The backward of a forward module call ``parent`` (``....forward.<n>`` -> ``....backward.<n>``)."""
+    if parent is None:
+        return None
+    head, _, index = parent.rpartition(".forward.")
+    return f"{head}.backward.{index}" if head else parent
 
 
 def _nest(variable: Any, grads: dict, path: tuple = ()) -> Any:
     """``variable``'s nesting with the gradient entries found in ``grads`` (by path), else None."""
     if isinstance(variable, (list, tuple)):
-        return [_nest(v, grads, path + (str(i),)) for i, v in enumerate(variable)]
+        return [_nest(item, grads, path + (str(i),)) for i, item in enumerate(variable)]
     if isinstance(variable, dict):
-        return {k: _nest(v, grads, path + (str(k),)) for k, v in variable.items()}
+        return {key: _nest(item, grads, path + (str(key),)) for key, item in variable.items()}
     return grads.get(path)

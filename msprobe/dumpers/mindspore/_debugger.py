@@ -36,7 +36,7 @@ class PrecisionDebugger(_BaseDebugger):
     def set_init_step(cls, step: int) -> None:
         """Also numbers the ``graph/`` session of the jit-Cell split (spec/PRODUCER.md §23.3) from ``step``."""
         super().set_init_step(step)
-        split = cls._get().dumper._split_session
+        split = cls.current().dumper.split_session
         if split is not None:
             split.set_step(step)
 
@@ -66,7 +66,7 @@ class MsprobeStep(Callback):
         (the documented use), else Model.train's network at L0/mix."""
         if self.debugger.model is not None:
             return self.debugger.model
-        if self.debugger.dumper._hooked_models:  # start(model) before Model.train (the docs' GRAPH_MODE use)
+        if self.debugger.dumper.core.hooked_models:  # start(model) before Model.train (the docs' GRAPH_MODE use)
             return None
         if self.debugger.config.level in ("L0", "mix"):
             params = run_context.original_args()

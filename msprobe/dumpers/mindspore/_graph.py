@@ -30,6 +30,7 @@ import mindspore
 import numpy as np
 from mindspore import Tensor, ops
 
+from msprobe.dumpers.control import backward_parent
 from msprobe.dumpers.mindspore._apis import GUARD, PIJIT_CONTEXT, import_first
 
 __all__ = ["GraphCellDump", "is_jit_cell"]
@@ -145,7 +146,7 @@ class GraphCellDump:
             def callback(arr, i, n):
                 g = me()
                 if g is not None:
-                    g._on_point(key, kind, arr, i, n)
+                    g.on_point(key, kind, arr, i, n)
             return callback
 
         fin = _point(cb("in"), _point(cb("grad_in")))
@@ -200,23 +201,23 @@ class GraphCellDump:
             def callback(arr, i, n, pname=pname):
                 g = me()
                 if g is not None:
-                    g._on_param_grad(name, pname, arr)
+                    g.on_param_grad(name, pname, arr)
 
-            d._param_handles.append(p.register_hook(_grad_hook(_point(callback))))
+            d.param_handles.append(p.register_hook(_grad_hook(_point(callback))))
 
-    def _on_param_grad(self, name: str, pname: str, arr: np.ndarray) -> None:
+    def on_param_grad(self, name: str, pname: str, arr: np.ndarray) -> None:
         d = self._dumper()
         if d is None or not d.enabled:
             return
         self.fired += 1
-        if not d._wanted(name):
+        if not d.core.filter.wanted(name, d.core.enabled):
             return
         GUARD.inside = True
         try:
             save = self.encoder.wants_tensors(name)
             value = Tensor(np.array(arr, copy=True))
             # kept until the Cell's backward record, written just before it (as in PyNative)
-            d._pgrads.setdefault(name, {})[pname] = [self.encoder.encode(value, f"{name}.{pname}", save)]
+            d.pending_param_grads.setdefault(name, {})[pname] = [self.encoder.encode(value, f"{name}.{pname}", save)]
         finally:
             GUARD.inside = False
 
@@ -245,7 +246,7 @@ class GraphCellDump:
         self.parent_of.clear()
         self.n_inputs.clear()
 
-    def _on_point(self, key: str, kind: str, arr: np.ndarray, i: int, n: int) -> None:
+    def on_point(self, key: str, kind: str, arr: np.ndarray, i: int, n: int) -> None:
         d = self._dumper()
         if d is None or not d.enabled:
             return
@@ -265,9 +266,9 @@ class GraphCellDump:
         idx = self.session.next_module_index(key)
         fwd = f"{key}.forward.{idx}"
         parent = self.stack[-1].name if self.stack else None
-        call = _Call(fwd, {} if d._wanted(fwd) else None, parent)
+        call = _Call(fwd, {} if d.core.filter.wanted(fwd, d.core.enabled) else None, parent)
         if call.rec is not None and d.config.task != "structure":
-            want_in, _ = d._io("forward")
+            want_in, _ = d.core.filter.io("forward")
             if want_in:
                 call.rec["input_args"] = []
                 call.rec["input_kwargs"] = {}
@@ -282,7 +283,7 @@ class GraphCellDump:
             call = self._open_forward(d, key)
         enc, rec, fwd = self.encoder, call.rec, call.name
         save = rec is not None and enc.wants_tensors(fwd)
-        want_in, want_out = d._io("forward")
+        want_in, want_out = d.core.filter.io("forward")
         structure = d.config.task == "structure"
         if kind == "in":
             call.n_in += 1
@@ -315,7 +316,7 @@ class GraphCellDump:
             params = rec.pop("parameters", {})
             rec["output"] = [call.pending[k] for k in sorted(call.pending)]
             rec["parameters"] = params
-        if d._keep(rec, fwd, self.encoder):
+        if d.core.filter.keep(rec, fwd, self.encoder):
             self.session.add_record(fwd, rec, parent=call.parent)
 
     def _backward(self, d, key: str, kind: str, value: Tensor, i: int, n: int) -> None:
@@ -330,10 +331,10 @@ class GraphCellDump:
             done = self.done.get(key)
             idx = done.pop() if done else 0
             bwd = f"{key}.backward.{idx}"
-            parent = d._bw_parent(self.parent_of.get(f"{key}.forward.{idx}"))
-            call = _Call(bwd, {} if d._wanted(bwd) else None, parent)
+            parent = backward_parent(self.parent_of.get(f"{key}.forward.{idx}"))
+            call = _Call(bwd, {} if d.core.filter.wanted(bwd, d.core.enabled) else None, parent)
             self.bw_open[key] = call
-        want_in, want_out = d._io("backward")
+        want_in, want_out = d.core.filter.io("backward")
         if kind == "grad_out":
             side, wanted = "input", want_in
             call.exp_in = n
@@ -360,7 +361,7 @@ class GraphCellDump:
         if d is None:
             return
         for name in ([f"{key}.parameters_grad"] if key is not None else sorted(self.pgrad_names)):
-            rec = d._pgrads.pop(name, None)
+            rec = d.pending_param_grads.pop(name, None)
             if rec:
                 self.session.add_record(name, rec, parent=None, construct=False)
 
@@ -369,7 +370,7 @@ class GraphCellDump:
         if call.rec is None:
             self.session.add_structure(call.name, call.parent)
             return
-        want_in, want_out = d._io("backward")
+        want_in, want_out = d.core.filter.io("backward")
         rec: dict = {}
         if want_in:
             rec["input"] = [v for _, v in sorted(call.rec.get("input", {}).items())]
@@ -377,5 +378,5 @@ class GraphCellDump:
             got = call.rec.get("output", {})
             n = max(self.n_inputs.get(call.name.replace(".backward.", ".forward."), 0), len(got))
             rec["output"] = [got.get(k) for k in range(n)]
-        if d._keep(rec, call.name, self.encoder):
+        if d.core.filter.keep(rec, call.name, self.encoder):
             self.session.add_record(call.name, rec, parent=call.parent)

@@ -32,12 +32,13 @@ def load_api_list(path: Optional[str] = None) -> dict:
 
 def _namespaces() -> dict:
     import torch.nn.functional as F
+    from torch import _VF as variable_functions  # torch functions not exported at the top
 
     ns = {
         "functional": ("Functional", [F]),
         "tensor": ("Tensor", [torch.Tensor]),
         "torch": ("Torch", [torch]),
-        "vf": ("VF", [torch._VF]),
+        "vf": ("VF", [variable_functions]),
     }
     try:
         import torch.distributed as dist

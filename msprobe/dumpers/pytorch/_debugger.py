@@ -20,20 +20,20 @@ class PrecisionDebugger:
     """One debugger per process: instantiating it again returns the same object (the docs' cross-file use)."""
 
     _instance: Optional["PrecisionDebugger"] = None
-    _initialized: bool = False  # per instance: set by __new__, then True once __init__ has run
+    initialized: bool = False  # per instance: set by __new__, then True once __init__ has run
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "PrecisionDebugger":
         with _LOCK:
             if cls._instance is None:
                 inst = super().__new__(cls)
-                inst._initialized = False
+                inst.initialized = False
                 cls._instance = inst
             return cls._instance
 
     def __init__(self, config_path: Optional[str] = None, task: Optional[str] = None,
                  dump_path: Optional[str] = None, level: Optional[str] = None, model: Any = None,
                  step: Optional[list] = None, storage_options: Optional[dict] = None, **kwargs: Any):
-        if self._initialized:
+        if self.initialized:
             return
         if step is not None and not isinstance(step, list):
             raise ConfigError(f"invalid step={step!r}; valid: a list of integers or 'a-b' strings")
@@ -41,7 +41,7 @@ class PrecisionDebugger:
                                   storage_options=storage_options, **kwargs)
         self.dumper = self._new_dumper(self.config)
         self.model = model
-        self._initialized = True
+        self.initialized = True
         import atexit
 
         atexit.register(self._at_exit)
@@ -57,19 +57,22 @@ class PrecisionDebugger:
 
     # documented API -------------------------------------------------------
     @classmethod
-    def _get(cls) -> "PrecisionDebugger":
-        if cls._instance is None or not cls._instance._initialized:
+    def current(cls) -> "PrecisionDebugger":
+        """The process's debugger; :class:`ConfigError` when none has been created."""
+        if cls._instance is None or not cls._instance.initialized:
             raise ConfigError("PrecisionDebugger has not been created")
         return cls._instance
 
+    _get = current  # (its earlier name)
+
     @classmethod
     def start(cls, model: Any = None, token_range: Optional[list] = None) -> None:
-        self = cls._get()
+        self = cls.current()
         self.dumper.start(model if model is not None else self.model, token_range)
 
     @classmethod
     def stop(cls) -> None:
-        cls._get().dumper.stop()
+        cls.current().dumper.stop()
 
     @classmethod
     def forward_backward_dump_end(cls) -> None:
@@ -77,11 +80,11 @@ class PrecisionDebugger:
 
     @classmethod
     def step(cls) -> None:
-        cls._get().dumper.step()
+        cls.current().dumper.step()
 
     @classmethod
     def save(cls, variable: Any, name: str, save_backward: bool = True) -> None:
-        self = cls._get()
+        self = cls.current()
         if self.config.level != "debug":
             return
         if not isinstance(name, str) or not name or "/" in name or ".." in name:
@@ -92,11 +95,11 @@ class PrecisionDebugger:
     def set_init_step(cls, step: int) -> None:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"invalid init step {step!r}; valid: an integer >= 0")
-        cls._get().dumper.session.set_step(step)
+        cls.current().dumper.session.set_step(step)
 
     @classmethod
     def register_custom_api(cls, module: Any, api_name: str, api_prefix: Optional[str] = None) -> None:
-        self = cls._get()
+        self = cls.current()
 
         if not isinstance(api_name, str) or not callable(getattr(module, api_name, None)):
             raise ConfigError(f"invalid custom API {api_name!r}: {getattr(module, '__name__', module)!r} "
@@ -109,7 +112,7 @@ class PrecisionDebugger:
 
     @classmethod
     def restore_custom_api(cls, module: Any, api_name: str) -> None:
-        cls._get().dumper.patcher.drop_custom(module, api_name)
+        cls.current().dumper.patcher.drop_custom(module, api_name)
 
     def _at_exit(self) -> None:
         try:
@@ -120,7 +123,7 @@ class PrecisionDebugger:
     @classmethod
     def _reset(cls) -> None:
         """Tear down the process's debugger (tests)."""
-        if cls._instance is not None and cls._instance._initialized:
+        if cls._instance is not None and cls._instance.initialized:
             cls._instance.dumper.close()
         cls._instance = None
 
@@ -131,22 +134,22 @@ def module_dump(module: Any, name: str) -> None:
     between are not dumped. Use it between ``start()`` and ``stop()`` (the docs)."""
     import torch
 
-    dbg = PrecisionDebugger._get()
+    dbg = PrecisionDebugger.current()
     d = dbg.dumper
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(f"module_dump needs a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"module_dump needs a non-empty str name, got {name!r}")
     key = f"Module.{name}.{type(module).__name__}"
-    if not any(module is m for m in d._hooked_models):
-        d._hooked_models.append(module)
-        d._hook_module(module, key)
-    d._region = key
+    if not any(module is hooked for hooked in d.core.hooked_models):
+        d.core.hooked_models.append(module)
+        d.hook_module(module, key)
+    d.core.region = key
 
 
 def module_dump_end() -> None:
     """End :func:`module_dump`: APIs and modules are dumped again, as usual, until ``stop()``."""
-    PrecisionDebugger._get().dumper._region = None
+    PrecisionDebugger.current().dumper.core.region = None
 
 
 def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True, is_enhanced: bool = False) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from msprobe.dumpers.config import DumpConfig
-from msprobe.dumpers.control import DumperControl, capture_stack
+from msprobe.dumpers.control import DumperCore, FrameworkAdapter, capture_stack, core_attribute
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
 from msprobe.errors import ConfigError
@@ -35,18 +35,18 @@ def _get_rank() -> Optional[int]:
     return None
 
 
-class TorchDumper(DumperControl):
-    """Owns the patcher, the module hooks and the session for one process."""
-
-    guard = GUARD
+class TorchDumper(FrameworkAdapter):
+    """Owns the patcher, the module hooks and the session for one process (through its
+    :class:`DumperCore`, whose framework adapter it is)."""
 
     def __init__(self, config: DumpConfig):
         if config.level == "L2":
             raise ConfigError("level 'L2' is the kernel dump: PrecisionDebugger runs it with KernelDumper")
-        self._init_state(config, "pytorch", Encoder, ApiPatcher, fetch_stats, _get_rank)
+        self.config = config
+        self.core = DumperCore(self, config, "pytorch", encoder_cls=Encoder, patcher_cls=ApiPatcher,
+                               fetch_stats=fetch_stats, get_rank=_get_rank, guard=GUARD)
         self._module_handles: list = []
-        self._root_models: list = []
-        self._last_module_fwd: Optional[str] = None
+        self.last_module_fwd: Optional[str] = None  # the last module forward call that ended
         self._optim_handles: list = []
         self._mutating = _MutatingKeys()
         self._captured_checked: set = set()
@@ -55,148 +55,128 @@ class TorchDumper(DumperControl):
             from msprobe.dumpers.pytorch._online import OnlineRunUt
 
             self.online = OnlineRunUt(config.online, self.session.resolve_rank)
-        if self.L1 and config.level != "debug":
+        if self.core.apis_dumped and config.level != "debug":
             # the API wrappers go in when the debugger is created, as 26.2.0 does: a model built after
             # it that keeps an API in an attribute (transformers' GELUActivation: self.act = F.gelu)
             # holds the wrapper, so its calls are recorded; they pass straight through until start()
-            self.patcher.install(self._on_api)
+            self.patcher.install(self.on_api)
+
+    session = core_attribute("session")
+    encoder = core_attribute("encoder")
+    patcher = core_attribute("patcher")
+    enabled = core_attribute("enabled")
 
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
-        cfg = self.config
+        config, core = self.config, self.core
         _refuse_compiled(model)
         _warn_fsdp2(model, self._captured_checked)
-        self._set_token_range(model, token_range)
-        if model is not None and self.L1 and cfg.level != "debug":
-            self._warn_captured_apis(model)
-        if model is not None and (self.L0 or token_range is not None):
+        core.filter.set_token_range(model, token_range)
+        apis = core.apis_dumped and config.level != "debug"
+        if model is not None and apis:
+            _warn_captured_apis(model, self.patcher, self._captured_checked)
+        if model is not None and (core.modules_dumped or token_range is not None):
             self._hook_models(model)
-        if self.config.level == "mix" and not self._optim_handles:
+        if config.level == "mix" and not self._optim_handles:
             self._hook_optimizers()
-        elif self.L0 and not self._hooked_models:
-            raise ConfigError(f"level {cfg.level!r} dumps modules and needs start(model=...)")
-        if not (self.session.step_enabled() and self.session.rank_enabled()):
-            self.enabled = False
+        elif core.modules_dumped and not core.hooked_models:
+            raise ConfigError(f"level {config.level!r} dumps modules and needs start(model=...)")
+        if not core.begin():
             return
-        self.session.claim()
-        if self.L1 and cfg.level != "debug":
-            self.patcher.install(self._on_api)
-        self.enabled = True
-        self._dumped_step = True
-        GUARD.on = True
-
-    def _warn_captured_apis(self, model: Any) -> None:
-        """Warn (once per model) about module attributes holding an API as it was before the wrappers
-        went in (a model built before ``PrecisionDebugger(...)``: ``self.act = F.gelu``, a
-        ``functools.partial`` of it): those calls cannot be recorded."""
-        models = list(model) if isinstance(model, (list, tuple)) else [model]
-        todo = [m for m in models if isinstance(m, torch.nn.Module) and id(m) not in self._captured_checked]
-        if not todo or not self.patcher.installed:
-            return
-        self._captured_checked.update(id(m) for m in todo)
-        originals = self.patcher.originals()
-        found = []
-        for m in todo:
-            for path, sub in m.named_modules():
-                for attr, v in vars(sub).items():
-                    fn = v.func if isinstance(v, functools.partial) else v
-                    key = originals.get(id(fn)) if callable(fn) else None
-                    if key is not None:
-                        found.append(f"{path + '.' if path else ''}{attr} ({key})")
-        if found:
-            import warnings
-
-            warnings.warn(f"msprobe: {len(found)} module attribute(s) hold an API captured before PrecisionDebugger "
-                          f"was created, whose calls are not dumped: {', '.join(found[:5])}"
-                          f"{', ...' if len(found) > 5 else ''}; create the debugger before the model",
-                          stacklevel=4)
+        if apis:
+            self.patcher.install(self.on_api)
+        core.turn_on()
 
     def stop(self) -> None:
         """The dump goes off; dump.json holds what was recorded so far. Backward calls of the
         forward calls recorded before are still recorded until ``step()`` (the docs: stop before
         loss.backward(), step after it)."""
-        if not self.enabled:
+        core = self.core
+        if not core.enabled:
             return
-        self.enabled = False
+        core.enabled = False
         GUARD.on = False
-        self._fix_dangling_parents()
-        self.session.publish()
+        core.fix_dangling_parents()
+        core.session.publish()
 
     def step(self) -> None:
         self.stop()
-        self.bw_stack.clear()
-        self._fix_dangling_parents()
+        core = self.core
+        core.bw_stack.clear()
+        core.fix_dangling_parents()
         if self.online is not None:
-            self.online.end_step(self.session.current_step)
+            self.online.end_step(core.session.current_step)
         else:
-            self._warn_if_nothing()
-        self.session.end_step()
-        self.encoder.cache.clear()
-        self._end_step_state()
-        self._pgrad_seen.clear()
+            core.warn_if_nothing()
+        core.session.end_step()
+        core.encoder.cache.clear()
+        core.end_step_state()
 
     def close(self) -> None:
         self.stop()
         if self.online is not None:
             self.online.close(self.session.current_step)
         else:  # a step ended by the process, not by step(): said as step() says it
-            self._warn_if_nothing()
+            self.core.warn_if_nothing()
         self.patcher.uninstall()
-        for h in self._module_handles + self._optim_handles:
-            h.remove()
+        for handle in self._module_handles + self._optim_handles:
+            handle.remove()
         self._module_handles = []
         self._optim_handles = []
         self.session.close()
 
     # ------------------------------------------------------------------- APIs
-    def _on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
-        if not self.enabled:  # before start(), after stop(), in a step not dumped: not recorded nor counted
+    def on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
+        """The API wrappers' callback: ``orig(*args, **kwargs)`` recorded."""
+        core = self.core
+        if not core.enabled:  # before start(), after stop(), in a step not dumped: not recorded nor counted
             return orig(*args, **kwargs)
-        if self.token_range is not None and not self._in_token_range():
+        selection = core.filter
+        if selection.token_range is not None and not selection.in_token_range():
             return orig(*args, **kwargs)  # outside token_range nothing counts
-        if self._region is not None:  # inside module_dump(...): APIs are not dumped (nor counted)
+        if core.region is not None:  # inside module_dump(...): APIs are not dumped (nor counted)
             return orig(*args, **kwargs)
         online = self.online
         if online is not None:
             return self._online_api(online, orig, api_key, args, kwargs)
         GUARD.inside = True
         try:
-            base, _ = self.session.next_api_name(api_key)
+            base, _ = core.session.next_api_name(api_key)
             fwd, bwd = base + ".forward", base + ".backward"
             dist = api_key.startswith("Distributed.")
-            if not self._wanted(fwd):
-                structure = self.enabled and self.L0 and self._in_token_range()
+            if not selection.wanted(fwd, core.enabled):
+                structure = core.enabled and core.modules_dumped and selection.in_token_range()
                 # its backward may still be wanted (list names it, data_mode backward)
-                backward = self.enabled and not dist and self._bw_wanted() and (structure or self._bw_listed(
-                    bwd, self.config.level == "mix" and bool(self.config.list)))
+                backward = core.enabled and not dist and self._bw_wanted() and (
+                    structure or selection.backward_listed(bwd, self.config.level == "mix" and bool(self.config.list)))
                 if not structure and not backward:
                     return orig(*args, **kwargs)
-                parent = self._parent()
+                parent = core.parent()
                 if structure:  # filtered out: not recorded, but part of the structure
-                    self.session.add_structure(fwd, parent)
+                    core.session.add_structure(fwd, parent)
                 out = orig(*args, **kwargs)
                 if backward:
                     self._hook_api_backward(out, bwd, parent, args, kwargs)
                 return out
-            rec = self._forward_inputs(fwd, args, kwargs)
+            rec = core.forward_inputs(fwd, args, kwargs)
             stack = capture_stack() if self.config.stack else None
-            parent = self._parent()
+            parent = core.parent()
             if api_key in self._mutating:  # writes memory (maybe without a version bump): forget cached stats
-                self.encoder.cache.clear()
+                core.encoder.cache.clear()
             try:
                 out = orig(*args, **kwargs)
             except BaseException:
                 # a call cut short (torch.utils.checkpoint stops its non-reentrant recompute inside the
                 # call that recovers the last saved tensor, or the API raised): its inputs, as 26.2.0
-                if rec and self.enabled:
-                    self.session.add_record(fwd, rec, stack=stack, parent=parent)
+                if rec and core.enabled:
+                    core.session.add_record(fwd, rec, stack=stack, parent=parent)
                 raise
             if dist:  # the arguments after the collective, as msprobe does
-                self._forward_output(rec, fwd, tuple(args) + tuple(kwargs.values()))
+                core.forward_output(rec, fwd, tuple(args) + tuple(kwargs.values()))
             else:
-                self._forward_output(rec, fwd, out)
-            if self._keep(rec, fwd):
-                self.session.add_record(fwd, rec, stack=stack, parent=parent)
+                core.forward_output(rec, fwd, out)
+            if selection.keep(rec, fwd, core.encoder):
+                core.session.add_record(fwd, rec, stack=stack, parent=parent)
             if not dist and self._bw_wanted():
                 self._hook_api_backward(out, bwd, parent, args, kwargs)
             return out
@@ -205,16 +185,18 @@ class TorchDumper(DumperControl):
 
     def _online_api(self, online: OnlineRunUt, orig, api_key: str, args: tuple, kwargs: dict):
         """online_run_ut: the call's inputs and outputs go to the checker as one packet."""
+        core = self.core
         GUARD.inside = True
         try:
-            base, _ = self.session.next_api_name(api_key)
+            base, _ = core.session.next_api_name(api_key)
             fwd = base + ".forward"
-            if api_key.startswith("Distributed.") or not self._wanted(fwd) or not online.admit():
+            if api_key.startswith("Distributed.") or not core.filter.wanted(fwd, core.enabled) or not online.admit():
                 return orig(*args, **kwargs)  # collectives are not replayable; a shed packet costs no copy
-            enc = online.encoder
+            encoder = online.encoder
             try:
-                rec = {"input_args": [enc.encode(a, f"{fwd}.input.{i}", True) for i, a in enumerate(args)],
-                       "input_kwargs": {k: enc.encode(v, f"{fwd}.input.{k}", True) for k, v in kwargs.items()}}
+                rec = {"input_args": [encoder.encode(arg, f"{fwd}.input.{i}", True) for i, arg in enumerate(args)],
+                       "input_kwargs": {key: encoder.encode(value, f"{fwd}.input.{key}", True)
+                                        for key, value in kwargs.items()}}
             except Exception:  # noqa: BLE001 - never break training for the dump
                 online.discard()
                 return orig(*args, **kwargs)
@@ -232,15 +214,15 @@ class TorchDumper(DumperControl):
             GUARD.inside = True  # (_tap resets it) calls made inside the API are not recorded
             out = orig(*call_args, **kwargs)
             try:
-                rec["output"] = self._encode_output(out, f"{fwd}.output", True, enc)
-                t = _first_tensor(out)
-                backward = tap and t is not None and t.requires_grad and t.grad_fn is not None
-                online.submit(fwd, rec, self.session.current_step, expects_backward=backward)
+                rec["output"] = self.encode_output(out, f"{fwd}.output", True, encoder)
+                first = _first_tensor(out)
+                backward = tap and first is not None and first.requires_grad and first.grad_fn is not None
+                online.submit(fwd, rec, core.session.current_step, expects_backward=backward)
             except Exception:  # noqa: BLE001 - never break training for the dump
                 online.discard()
                 return out
-            if backward and t is not None:  # (backward implies a tensor)
-                t.register_hook(lambda g, st=grads_state: st.__setitem__("gout", (g,)))
+            if backward and first is not None:  # (backward implies a tensor)
+                first.register_hook(lambda grad, state=grads_state: state.__setitem__("gout", (grad,)))
             return out
         finally:
             GUARD.inside = False
@@ -248,30 +230,32 @@ class TorchDumper(DumperControl):
     def _online_grads_callback(self, bwd: str, args: tuple, state: dict):
         """The tap's callback: it receives the input gradients after the output's hook put the
         output's gradient in ``state``."""
-        idx = [i for i, v in enumerate(args) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        positions = [i for i, arg in enumerate(args) if isinstance(arg, torch.Tensor) and arg.is_floating_point()]
         dumper = weakref.ref(self)
-        n = len(args)
+        count = len(args)
 
         def got(grads):
-            d = dumper()
-            if d is None or d.online is None or not d.enabled or not d._wanted(bwd, False):
+            alive = dumper()
+            if alive is None or alive.online is None or not alive.enabled \
+                    or not alive.core.filter.wanted(bwd, alive.core.enabled, False):
                 return
-            full = [None] * n
-            for pos, g in zip(idx, grads):
-                full[pos] = g
-            d._online_backward(bwd, state["gout"] or (), full)
+            full = [None] * count
+            for position, grad in zip(positions, grads):
+                full[position] = grad
+            alive.online_backward(bwd, state["gout"] or (), full)
 
         return got
 
-    def _online_backward(self, bwd: str, grads_in: Any, grads_out: Any) -> None:
+    def online_backward(self, bwd: str, grads_in: Any, grads_out: Any) -> None:
+        """online_run_ut: a backward packet (gradients of the outputs, of the inputs)."""
         online = self.online
         if online is None or not online.admit():  # (the callback runs only while online is set)
             return
         GUARD.inside = True
         try:
-            enc = online.encoder
-            rec = {"input": [enc.encode(g, f"{bwd}.input.{i}", True) for i, g in enumerate(grads_in)],
-                   "output": [enc.encode(g, f"{bwd}.output.{i}", True) for i, g in enumerate(grads_out)]}
+            encoder = online.encoder
+            rec = {"input": [encoder.encode(grad, f"{bwd}.input.{i}", True) for i, grad in enumerate(grads_in)],
+                   "output": [encoder.encode(grad, f"{bwd}.output.{i}", True) for i, grad in enumerate(grads_out)]}
             online.submit(bwd, rec, self.session.current_step)
         except Exception:  # noqa: BLE001 - never break training for the dump
             online.discard()
@@ -281,195 +265,241 @@ class TorchDumper(DumperControl):
     def _bw_wanted(self) -> bool:
         return self.config.backward_enabled and torch.is_grad_enabled()
 
-    def _encode_output(self, out: Any, prefix: str, save: bool, enc: Any = None) -> list:
-        return (enc or self.encoder).encode_output(out, prefix, save, is_sequence=_is_sequence)
+    def encode_output(self, out: Any, prefix: str, save: bool, encoder: Any = None) -> list:
+        return (encoder or self.core.encoder).encode_output(out, prefix, save, is_sequence=_is_sequence)
 
     def _hook_api_backward(self, out: Any, bwd: str, parent: Optional[str], args: tuple = (),
                            kwargs: Optional[dict] = None) -> None:
-        t = _first_tensor(out)
-        if t is None or not t.requires_grad or t.grad_fn is None or _identity_dropout(bwd, args, kwargs or {}):
+        first = _first_tensor(out)
+        if first is None or not first.requires_grad or first.grad_fn is None \
+                or _identity_dropout(bwd, args, kwargs or {}):
             return
-        dumper = weakref.ref(self)
-        gen = self._gen
+        core_ref = weakref.ref(self.core)
+        generation = self.core.generation
 
         def hook(grad_inputs, grad_outputs):
-            d = dumper()
-            if d is None or not d._live(gen):
+            core = core_ref()
+            if core is None or not core.live(generation):
                 return None
-            if not d._wanted(bwd, d._inside_listed_backward(), live=True):
-                if d.L0:
-                    d.session.add_structure(bwd, d.bw_stack[-1] if d.bw_stack else None)
+            bw_parent = core.bw_stack[-1] if core.bw_stack else None
+            if not core.filter.wanted(bwd, True, core.filter.inside_listed_backward()):
+                if core.modules_dumped:
+                    core.session.add_structure(bwd, bw_parent)
                 return None
-            d._record_backward(bwd, grad_outputs, grad_inputs, d.bw_stack[-1] if d.bw_stack else None)
+            core.record_backward(bwd, grad_outputs, grad_inputs, bw_parent)
             return None
 
-        t.grad_fn.register_hook(hook)
+        first.grad_fn.register_hook(hook)
 
     # ---------------------------------------------------------------- modules
     def _hook_models(self, model: Any) -> None:
-        models = self._add_models(model, torch.nn.Module, "torch.nn.Module", self._module_handles)
-        if models is None or not self.L0:
+        models = self.core.add_models(model, torch.nn.Module, "torch.nn.Module", self._module_handles)
+        if models is None or not self.core.modules_dumped:
             return
         multi = len(models) > 1
-        for idx, m in enumerate(models):
-            for path, sub in m.named_modules():
-                if sub is m or not path:
+        for index, root in enumerate(models):
+            for path, sub in root.named_modules():
+                if sub is root or not path:
                     continue
-                key = f"Module.{idx}.{path}.{type(sub).__name__}" if multi else f"Module.{path}.{type(sub).__name__}"
-                self._hook_module(sub, key)
+                key = f"Module.{index}.{path}.{type(sub).__name__}" if multi else f"Module.{path}.{type(sub).__name__}"
+                self.hook_module(sub, key)
 
     def _hook_optimizers(self) -> None:
         """At mix level, optimizer.step() APIs get the pseudo-module parent 'optimizer' (as msprobe 26 does)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        dumper = weakref.ref(self)
+        core_ref = weakref.ref(self.core)
 
         def pre(opt, args, kwargs):
-            d = dumper()
-            if d is not None and d.enabled:
-                d.module_stack.append("optimizer")
-                d.session.ensure_structure("optimizer")
+            core = core_ref()
+            if core is not None and core.enabled:
+                core.module_stack.append("optimizer")
+                core.session.ensure_structure("optimizer")
 
         def post(opt, args, kwargs):
-            d = dumper()
-            if d is not None and d.module_stack and d.module_stack[-1] == "optimizer":
-                d.module_stack.pop()
+            core = core_ref()
+            if core is not None and core.module_stack and core.module_stack[-1] == "optimizer":
+                core.module_stack.pop()
 
         self._optim_handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
 
-    def _hook_module(self, module: torch.nn.Module, key: str) -> None:
-        calls: list = []
-        dumper = weakref.ref(self)
+    def hook_module(self, module: torch.nn.Module, key: str) -> None:
+        """The forward and backward hooks of one module, recorded as ``key`` (``Module.<path>.<Class>``)."""
+        _ModuleHooks(self, module, key)
 
-        def pre(mod, args, kwargs):
-            d = dumper()
-            calls.append(None if d is None else d._module_forward_begin(key, args, kwargs))
-            return None
+    def add_handle(self, handle: Any) -> None:
+        self._module_handles.append(handle)
 
-        def post(mod, args, kwargs, output):
-            d = dumper()
-            item = calls.pop() if calls else None
-            if item is not None and d is not None:
-                d._last_module_fwd = item[0]
-                if output is None and sys.exc_info()[0] is not None:
-                    # the forward raised (a checkpoint recompute cut short): leave the module and keep
-                    # its place in construct.json, but write no record (spec/PRODUCER.md §20 item 27)
-                    item = (item[0], None, item[2], item[3])
-                d._module_forward_end(item, mod, key, output, gated=True)
-            return None
+    def module_params(self, module: torch.nn.Module) -> Any:
+        return module.named_parameters(recurse=False)
 
-        def emit_backward(d, n, gen, grad_output, grad_input):
-            bwd = f"{key}.backward.{n}"
-            if d._live(gen):
-                d._module_backward(bwd, f"{key}.forward.{n}", grad_output, grad_input, live=True)
-            if d.bw_stack and d.bw_stack[-1] == bwd:
-                d.bw_stack.pop()
-
-        def pre_bw(mod, args, kwargs):
-            # tap the inputs so their per-call gradients reach us (what a full backward hook does,
-            # but tolerant of in-place ops on the taps' outputs)
-            d = dumper()
-            if d is None or not d.enabled or not calls or calls[-1] is None or not _grad_tensors(args):
-                return None
-            fwd = calls[-1][0]
-            n = int(fwd.rsplit(".", 1)[1])
-            gen = d._gen
-            state = {"gout": None}
-            taps[fwd] = state
-            new_args = _tap(args, lambda grads: (dumper() and emit_backward(dumper(), n, gen, state["gout"] or (), grads)),
-                            nested=True)
-            return new_args, kwargs
-
-        def post_bw(mod, args, kwargs, output):
-            d = dumper()
-            if d is None or not d.enabled or not torch.is_grad_enabled():
-                return None
-            fwd = d._last_module_fwd
-            if fwd is None or not fwd.startswith(key + ".forward."):
-                return None
-            n = int(fwd.rsplit(".", 1)[1])
-            gen = d._gen
-            state = taps.pop(fwd, None)
-            if not _grad_tensors((output,)):
-                return None
-
-            def got_output_grads(grads):
-                dd = dumper()
-                if dd is None or not dd._live(gen):
-                    return
-                dd._scope_enter(f"{key}.backward.{n}")  # the module's backward begins
-                if state is None:  # no input needs grad: the record is complete now
-                    emit_backward(dd, n, gen, grads, ())
-                else:
-                    state["gout"] = grads
-                    dd.bw_stack.append(f"{key}.backward.{n}")
-
-            # the output's tensors that need a gradient, in depth-first order through tuples, lists and
-            # dicts (a ModelOutput): the record's "input" holds one gradient each, as 26.2.0's
-            return _tap((output,), got_output_grads, nested=True)[0]
-
-        taps: dict = {}
-        bw = self.config.backward_enabled
-        self._module_handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        if bw:
-            self._module_handles.append(module.register_forward_pre_hook(pre_bw, with_kwargs=True))
-        self._module_handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
-        if bw:
-            self._module_handles.append(module.register_forward_hook(post_bw, with_kwargs=True))
-
-    @staticmethod
-    def _module_params(mod: torch.nn.Module) -> Any:
-        return mod.named_parameters(recurse=False)
-
-    def _hook_param_grads(self, mod: torch.nn.Module, key: str) -> None:
-        if not self.config.backward_enabled or id(mod) in self._pgrad_seen:
+    def hook_param_grads(self, module: torch.nn.Module, key: str) -> None:
+        core = self.core
+        if not self.config.backward_enabled or id(module) in core.pgrad_seen:
             return
-        self._pgrad_seen.add(id(mod))  # this step dumps the module's parameter gradients
-        if getattr(mod, "__msprobe_pgrad_hooked__", False):
+        core.pgrad_seen.add(id(module))  # this step dumps the module's parameter gradients
+        if getattr(module, "__msprobe_pgrad_hooked__", False):
             return
-        mod.__msprobe_pgrad_hooked__ = True  # type: ignore[assignment]  # torch types Module attrs as Tensor|Module
+        module.__msprobe_pgrad_hooked__ = True  # type: ignore[assignment]  # torch types Module attrs as Tensor|Module
         name = f"{key}.parameters_grad"
-        dumper = weakref.ref(self)
-        wanted = [n for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
-        for pname, p in mod.named_parameters(recurse=False):
-            if not p.requires_grad:
+        core_ref = weakref.ref(core)
+        wanted = [pname for pname, param in module.named_parameters(recurse=False) if param.requires_grad]
+        for pname, param in module.named_parameters(recurse=False):
+            if not param.requires_grad:
                 continue
 
             def hook(param, pname=pname):
-                d = dumper()
+                alive = core_ref()
                 # the module's forward ran while this step was dumped (also before a stop())
-                if d is None or id(mod) not in d._pgrad_seen or param.grad is None or not d._wanted(name, live=True):
+                if alive is None or id(module) not in alive.pgrad_seen or param.grad is None \
+                        or not alive.filter.wanted(name, True):
                     return
                 GUARD.inside = True
                 try:
-                    save = d.encoder.wants_tensors(name)
-                    entry = d.encoder.encode(param.grad, f"{name}.{pname}", save)
-                    if not d._keep({pname: entry}, name):
+                    save = alive.encoder.wants_tensors(name)
+                    entry = alive.encoder.encode(param.grad, f"{name}.{pname}", save)
+                    if not alive.filter.keep({pname: entry}, name, alive.encoder):
                         return
-                    rec = d.session.record(name)
-                    if isinstance(rec, dict) and not all(n in rec for n in wanted):
+                    rec = alive.session.record(name)
+                    if isinstance(rec, dict) and not all(each in rec for each in wanted):
                         # not complete yet: the record takes its place where the module's last parameter
                         # gets its first gradient, as 26.2.0's (later accumulations keep the place)
-                        d.session.remove_record(name)
+                        alive.session.remove_record(name)
                     rec = dict(rec) if isinstance(rec, dict) else {}
                     rec[pname] = [entry]
-                    d.session.add_record(name, rec, parent=None, construct=False)  # FORMAT §12: not listed
+                    alive.session.add_record(name, rec, parent=None, construct=False)  # FORMAT §12: not listed
                 finally:
                     GUARD.inside = False
 
-            self._module_handles.append(p.register_post_accumulate_grad_hook(hook))
+            self._module_handles.append(param.register_post_accumulate_grad_hook(hook))
 
     # ------------------------------------------------------------------ debug
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
-        self._save_debug(variable, name, save_backward)
+        self.core.save_debug(variable, name, save_backward)
 
-    @staticmethod
-    def _grad_hookable(value: Any) -> bool:
+    def grad_hookable(self, value: Any) -> bool:
         return isinstance(value, torch.Tensor) and value.requires_grad
 
-    @staticmethod
-    def _on_grad(tensor: Any, fn: Any) -> None:
-        tensor.register_hook(fn)
+    def on_grad(self, tensor: Any, hook: Any) -> None:
+        tensor.register_hook(hook)
+
+
+class _ModuleHooks:
+    """One module's hooks: forward pre/post (its records) and, with backward dumped, the taps
+    on its inputs and outputs whose gradients give its backward record."""
+
+    def __init__(self, dumper: TorchDumper, module: torch.nn.Module, key: str) -> None:
+        self.dumper = weakref.ref(dumper)
+        self.key = key
+        self.calls: list = []  # forward calls in flight (from module_forward_begin)
+        self.taps: dict = {}  # forward name -> its tap's state (the output gradients, once they arrive)
+        add = dumper.add_handle
+        add(module.register_forward_pre_hook(self.pre, with_kwargs=True))
+        if dumper.config.backward_enabled:
+            add(module.register_forward_pre_hook(self.pre_backward, with_kwargs=True))
+        add(module.register_forward_hook(self.post, with_kwargs=True, always_call=True))
+        if dumper.config.backward_enabled:
+            add(module.register_forward_hook(self.post_backward, with_kwargs=True))
+
+    def pre(self, module, args, kwargs):
+        dumper = self.dumper()
+        self.calls.append(None if dumper is None else dumper.core.module_forward_begin(self.key, args, kwargs))
+        return None
+
+    def post(self, module, args, kwargs, output):
+        dumper = self.dumper()
+        item = self.calls.pop() if self.calls else None
+        if item is not None and dumper is not None:
+            dumper.last_module_fwd = item[0]
+            if output is None and sys.exc_info()[0] is not None:
+                # the forward raised (a checkpoint recompute cut short): leave the module and keep
+                # its place in construct.json, but write no record (spec/PRODUCER.md §20 item 27)
+                item = (item[0], None, item[2], item[3])
+            dumper.core.module_forward_end(item, module, self.key, output, gated=True)
+        return None
+
+    def emit_backward(self, core: DumperCore, index: int, generation: int, grad_output, grad_input) -> None:
+        bwd = f"{self.key}.backward.{index}"
+        if core.live(generation):
+            core.module_backward(bwd, f"{self.key}.forward.{index}", grad_output, grad_input, live=True)
+        if core.bw_stack and core.bw_stack[-1] == bwd:
+            core.bw_stack.pop()
+
+    def pre_backward(self, module, args, kwargs):
+        # tap the inputs so their per-call gradients reach us (what a full backward hook does,
+        # but tolerant of in-place ops on the taps' outputs)
+        dumper = self.dumper()
+        calls = self.calls
+        if dumper is None or not dumper.enabled or not calls or calls[-1] is None or not _grad_tensors(args):
+            return None
+        fwd = calls[-1][0]
+        index = int(fwd.rsplit(".", 1)[1])
+        generation = dumper.core.generation
+        state = {"gout": None}
+        self.taps[fwd] = state
+        dumper_ref = self.dumper
+
+        def got_input_grads(grads):
+            alive = dumper_ref()
+            if alive:
+                self.emit_backward(alive.core, index, generation, state["gout"] or (), grads)
+
+        return _tap(args, got_input_grads, nested=True), kwargs
+
+    def post_backward(self, module, args, kwargs, output):
+        dumper = self.dumper()
+        if dumper is None or not dumper.enabled or not torch.is_grad_enabled():
+            return None
+        key = self.key
+        fwd = dumper.last_module_fwd
+        if fwd is None or not fwd.startswith(key + ".forward."):
+            return None
+        index = int(fwd.rsplit(".", 1)[1])
+        generation = dumper.core.generation
+        state = self.taps.pop(fwd, None)
+        if not _grad_tensors((output,)):
+            return None
+        dumper_ref = self.dumper
+
+        def got_output_grads(grads):
+            alive = dumper_ref()
+            if alive is None or not alive.core.live(generation):
+                return
+            alive.core.filter.scope_enter(f"{key}.backward.{index}")  # the module's backward begins
+            if state is None:  # no input needs grad: the record is complete now
+                self.emit_backward(alive.core, index, generation, grads, ())
+            else:
+                state["gout"] = grads
+                alive.core.bw_stack.append(f"{key}.backward.{index}")
+
+        # the output's tensors that need a gradient, in depth-first order through tuples, lists and
+        # dicts (a ModelOutput): the record's "input" holds one gradient each, as 26.2.0's
+        return _tap((output,), got_output_grads, nested=True)[0]
+
+
+def _warn_captured_apis(model: Any, patcher: Any, checked: set) -> None:
+    """Warn (once per model) about module attributes holding an API as it was before the wrappers
+    went in (a model built before ``PrecisionDebugger(...)``: ``self.act = F.gelu``, a
+    ``functools.partial`` of it): those calls cannot be recorded."""
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    todo = [root for root in models if isinstance(root, torch.nn.Module) and id(root) not in checked]
+    if not todo or not patcher.installed:
+        return
+    checked.update(id(root) for root in todo)
+    originals = patcher.originals()
+    found = []
+    for root in todo:
+        for path, sub in root.named_modules():
+            for attr, value in vars(sub).items():
+                func = value.func if isinstance(value, functools.partial) else value
+                key = originals.get(id(func)) if callable(func) else None
+                if key is not None:
+                    found.append(f"{path + '.' if path else ''}{attr} ({key})")
+    if found:
+        warnings.warn(f"msprobe: {len(found)} module attribute(s) hold an API captured before PrecisionDebugger "
+                      f"was created, whose calls are not dumped: {', '.join(found[:5])}"
+                      f"{', ...' if len(found) > 5 else ''}; create the debugger before the model",
+                      stacklevel=4)
 
 
 def _refuse_compiled(model: Any) -> None:
