@@ -439,7 +439,7 @@ class _HookedCalls:
         def __call__(primitive, *args, **kwargs):
             calls = owner()
             dumper = calls.dumper() if calls is not None else None
-            if dumper is None or not dumper.enabled or getattr(GUARD, "inside", False) \
+            if dumper is None or not dumper.core.enabled or getattr(GUARD, "inside", False) \
                     or not GUARD.__dict__.get("on", True):
                 return orig_call(primitive, *args, **kwargs)
             return calls.record(lambda *a, **k: orig_call(primitive, *a, **k), api_key, args, kwargs)
@@ -571,7 +571,7 @@ class _JitPatches:
 
         def __call__(ex, *args, **kwargs):
             dumper = dumper_ref()
-            if dumper is None or not dumper.enabled or getattr(GUARD, "inside", False) \
+            if dumper is None or not dumper.core.enabled or getattr(GUARD, "inside", False) \
                     or not GUARD.__dict__.get("on", True):
                 return orig(ex, *args, **kwargs)
             if args and isinstance(args[0], nn.Optimizer):  # the optimizer's own jit step: not the model's
@@ -607,7 +607,7 @@ class _JitPatches:
 
         def __enter__(ctx):
             dumper = dumper_ref()
-            skip = dumper is not None and dumper.enabled and dumper.core.apis_dumped
+            skip = dumper is not None and dumper.core.enabled and dumper.core.apis_dumped
             eager.append(skip)
             return None if skip else enter(ctx)
 

@@ -40,14 +40,14 @@ def is_jit_cell(cell: Any) -> bool:
     """True when the Cell's ``construct`` is decorated with ``mindspore.jit`` (ast capture, a graph);
     ``capture_mode="bytecode"`` is not one: it runs op by op at L1/mix and its Cell is hooked as
     any other (as 26.2.0, whose jit-Cell test looks for a JitConfig in the wrapper's closure)."""
-    fn = getattr(type(cell), "construct", None)
-    return bool(getattr(fn, "__wrapped_by_jit__", False)) and not _bytecode_captured(fn)
+    construct = getattr(type(cell), "construct", None)
+    return bool(getattr(construct, "__wrapped_by_jit__", False)) and not _bytecode_captured(construct)
 
 
-def _bytecode_captured(fn: Any) -> bool:
+def _bytecode_captured(construct: Any) -> bool:
     ctx = import_first(*PIJIT_CONTEXT)
-    return ctx is not None and any(isinstance(getattr(c, "cell_contents", None), ctx)
-                                   for c in getattr(fn, "__closure__", None) or ())
+    return ctx is not None and any(isinstance(getattr(cell_var, "cell_contents", None), ctx)
+                                   for cell_var in getattr(construct, "__closure__", None) or ())
 
 
 def _same(*shapes):
@@ -139,19 +139,19 @@ class GraphCellDump:
         if getattr(cell, "_msprobe_graph_key", None) is not None:
             return
         object.__setattr__(cell, "_msprobe_graph_key", key)
-        me = weakref.ref(self)
+        owner = weakref.ref(self)
         self._hook_param_grads(cell, key)
 
-        def cb(kind):
-            def callback(arr, i, n):
-                g = me()
-                if g is not None:
-                    g.on_point(key, kind, arr, i, n)
+        def point_callback(kind):
+            def callback(arr, index, total):
+                graph_dump = owner()
+                if graph_dump is not None:
+                    graph_dump.on_point(key, kind, arr, index, total)
             return callback
 
-        fin = _point(cb("in"), _point(cb("grad_in")))
-        fout = _point(cb("out"), _point(cb("grad_out")))
-        fpar = _point(cb("param"))
+        fin = _point(point_callback("in"), _point(point_callback("grad_in")))
+        fout = _point(point_callback("out"), _point(point_callback("grad_out")))
+        fpar = _point(point_callback("param"))
         names = tuple(name for name in cell._params)
         self.param_names[key] = names
         n_par = len(names)
@@ -188,36 +188,36 @@ class GraphCellDump:
     def _hook_param_grads(self, cell, key: str) -> None:
         """parameters_grad: a Parameter hook (compiled into the graph with it, so registered before
         compilation) passing the gradient through a point."""
-        d = self._dumper()
-        if d is None or not d.config.backward_enabled:
+        dumper = self._dumper()
+        if dumper is None or not dumper.config.backward_enabled:
             return
         name = f"{key}.parameters_grad"
         self.pgrad_names.add(name)
-        me = weakref.ref(self)
-        for pname, p in cell._params.items():
-            if not getattr(p, "requires_grad", False):
+        owner = weakref.ref(self)
+        for pname, param in cell._params.items():
+            if not getattr(param, "requires_grad", False):
                 continue
 
-            def callback(arr, i, n, pname=pname):
-                g = me()
-                if g is not None:
-                    g.on_param_grad(name, pname, arr)
+            def callback(arr, index, total, pname=pname):
+                graph_dump = owner()
+                if graph_dump is not None:
+                    graph_dump.on_param_grad(name, pname, arr)
 
-            d.param_handles.append(p.register_hook(_grad_hook(_point(callback))))
+            dumper.param_handles.append(param.register_hook(_grad_hook(_point(callback))))
 
     def on_param_grad(self, name: str, pname: str, arr: np.ndarray) -> None:
-        d = self._dumper()
-        if d is None or not d.enabled:
+        dumper = self._dumper()
+        if dumper is None or not dumper.core.enabled:
             return
         self.fired += 1
-        if not d.core.filter.wanted(name, d.core.enabled):
+        if not dumper.core.filter.wanted(name, dumper.core.enabled):
             return
         GUARD.inside = True
         try:
             save = self.encoder.wants_tensors(name)
             value = Tensor(np.array(arr, copy=True))
             # kept until the Cell's backward record, written just before it (as in PyNative)
-            d.pending_param_grads.setdefault(name, {})[pname] = [self.encoder.encode(value, f"{name}.{pname}", save)]
+            dumper.pending_param_grads.setdefault(name, {})[pname] = [self.encoder.encode(value, f"{name}.{pname}", save)]
         finally:
             GUARD.inside = False
 
@@ -246,9 +246,9 @@ class GraphCellDump:
         self.parent_of.clear()
         self.n_inputs.clear()
 
-    def on_point(self, key: str, kind: str, arr: np.ndarray, i: int, n: int) -> None:
-        d = self._dumper()
-        if d is None or not d.enabled:
+    def on_point(self, key: str, kind: str, arr: np.ndarray, index: int, total: int) -> None:
+        dumper = self._dumper()
+        if dumper is None or not dumper.core.enabled:
             return
         self.fired += 1
         GUARD.inside = True
@@ -256,19 +256,19 @@ class GraphCellDump:
             value = Tensor(np.array(arr, copy=True))
             with self.session.journal_held():  # in the graph's run: no tensor read until it ends
                 if kind in ("in", "param", "out"):
-                    self._forward(d, key, kind, value, i, n)
+                    self._forward(dumper, key, kind, value, index, total)
                 else:
-                    self._backward(d, key, kind, value, i, n)
+                    self._backward(dumper, key, kind, value, index, total)
         finally:
             GUARD.inside = False
 
-    def _open_forward(self, d, key: str) -> _Call:
+    def _open_forward(self, dumper, key: str) -> _Call:
         idx = self.session.next_module_index(key)
         fwd = f"{key}.forward.{idx}"
         parent = self.stack[-1].name if self.stack else None
-        call = _Call(fwd, {} if d.core.filter.wanted(fwd, d.core.enabled) else None, parent)
-        if call.rec is not None and d.config.task != "structure":
-            want_in, _ = d.core.filter.io("forward")
+        call = _Call(fwd, {} if dumper.core.filter.wanted(fwd, dumper.core.enabled) else None, parent)
+        if call.rec is not None and dumper.config.task != "structure":
+            want_in, _ = dumper.core.filter.io("forward")
             if want_in:
                 call.rec["input_args"] = []
                 call.rec["input_kwargs"] = {}
@@ -276,30 +276,30 @@ class GraphCellDump:
         self.open.setdefault(key, []).append(call)
         return call
 
-    def _forward(self, d, key: str, kind: str, value: Tensor, i: int, n: int) -> None:
+    def _forward(self, dumper, key: str, kind: str, value: Tensor, index: int, total: int) -> None:
         calls = self.open.get(key) or []
         call = calls[-1] if calls else None
-        if call is None or (kind == "in" and i == 0):
-            call = self._open_forward(d, key)
+        if call is None or (kind == "in" and index == 0):
+            call = self._open_forward(dumper, key)
         enc, rec, fwd = self.encoder, call.rec, call.name
         save = rec is not None and enc.wants_tensors(fwd)
-        want_in, want_out = d.core.filter.io("forward")
-        structure = d.config.task == "structure"
+        want_in, want_out = dumper.core.filter.io("forward")
+        structure = dumper.config.task == "structure"
         if kind == "in":
             call.n_in += 1
             if rec is not None and want_in and not structure:
-                rec["input_args"].append(enc.encode(value, f"{fwd}.input.{i}", save))
+                rec["input_args"].append(enc.encode(value, f"{fwd}.input.{index}", save))
             return
         if kind == "param":
             call.n_par += 1
             if rec is not None and want_out and not structure:
-                name = self.param_names[key][i]
+                name = self.param_names[key][index]
                 rec.setdefault("parameters", {})[name] = enc.encode(value, f"{fwd}.parameters.{name}", save)
             return
         call.n_out += 1
         if rec is not None and want_out and not structure:
-            call.pending[i] = enc.encode(value, f"{fwd}.output.{i}", save)
-        if call.n_out < n:
+            call.pending[index] = enc.encode(value, f"{fwd}.output.{index}", save)
+        if call.n_out < total:
             return
         calls.pop()
         if self.stack and self.stack[-1] is call:
@@ -314,12 +314,12 @@ class GraphCellDump:
             return
         if want_out and not structure:
             params = rec.pop("parameters", {})
-            rec["output"] = [call.pending[k] for k in sorted(call.pending)]
+            rec["output"] = [call.pending[slot] for slot in sorted(call.pending)]
             rec["parameters"] = params
-        if d.core.filter.keep(rec, fwd, self.encoder):
+        if dumper.core.filter.keep(rec, fwd, self.encoder):
             self.session.add_record(fwd, rec, parent=call.parent)
 
-    def _backward(self, d, key: str, kind: str, value: Tensor, i: int, n: int) -> None:
+    def _backward(self, dumper, key: str, kind: str, value: Tensor, index: int, total: int) -> None:
         """``grad_out``: a gradient of the Cell's outputs (they come first; the backward record's
         ``input``); ``grad_in``: of its inputs (``output``; the call is complete with the last)."""
         call = self.bw_open.get(key)
@@ -332,12 +332,12 @@ class GraphCellDump:
             idx = done.pop() if done else 0
             bwd = f"{key}.backward.{idx}"
             parent = backward_parent(self.parent_of.get(f"{key}.forward.{idx}"))
-            call = _Call(bwd, {} if d.core.filter.wanted(bwd, d.core.enabled) else None, parent)
+            call = _Call(bwd, {} if dumper.core.filter.wanted(bwd, dumper.core.enabled) else None, parent)
             self.bw_open[key] = call
-        want_in, want_out = d.core.filter.io("backward")
+        want_in, want_out = dumper.core.filter.io("backward")
         if kind == "grad_out":
             side, wanted = "input", want_in
-            call.exp_in = n
+            call.exp_in = total
             call.n_in += 1
             count = call.n_in
         else:
@@ -346,37 +346,37 @@ class GraphCellDump:
             count = call.n_out
         if call.rec is not None and wanted:
             save = self.encoder.wants_tensors(call.name)
-            call.rec.setdefault(side, {})[i] = self.encoder.encode(value, f"{call.name}.{side}.{i}", save)
-        if kind == "grad_out" and count < n:
+            call.rec.setdefault(side, {})[index] = self.encoder.encode(value, f"{call.name}.{side}.{index}", save)
+        if kind == "grad_out" and count < total:
             return
-        if kind == "grad_in" and count >= n:
+        if kind == "grad_in" and count >= total:
             self.bw_open.pop(key, None)
         # written once the output gradients are in, and again with each input gradient (some
         # never come: the graph prunes the gradient of an input nothing needs)
-        self._emit_backward(d, call)
+        self._emit_backward(dumper, call)
 
     def flush_param_grads(self, key: Optional[str] = None) -> None:
         """Write the wrapped Cells' parameters_grad records (those of ``key`` only) to this session."""
-        d = self._dumper()
-        if d is None:
+        dumper = self._dumper()
+        if dumper is None:
             return
         for name in ([f"{key}.parameters_grad"] if key is not None else sorted(self.pgrad_names)):
-            rec = d.pending_param_grads.pop(name, None)
+            rec = dumper.pending_param_grads.pop(name, None)
             if rec:
                 self.session.add_record(name, rec, parent=None, construct=False)
 
-    def _emit_backward(self, d, call: _Call) -> None:
+    def _emit_backward(self, dumper, call: _Call) -> None:
         self.flush_param_grads(call.name.rsplit(".backward.", 1)[0])  # before the backward record, as in PyNative
         if call.rec is None:
             self.session.add_structure(call.name, call.parent)
             return
-        want_in, want_out = d.core.filter.io("backward")
+        want_in, want_out = dumper.core.filter.io("backward")
         rec: dict = {}
         if want_in:
-            rec["input"] = [v for _, v in sorted(call.rec.get("input", {}).items())]
+            rec["input"] = [entry for _, entry in sorted(call.rec.get("input", {}).items())]
         if want_out:  # None for an input whose gradient the graph never computed, as in PyNative
             got = call.rec.get("output", {})
-            n = max(self.n_inputs.get(call.name.replace(".backward.", ".forward."), 0), len(got))
-            rec["output"] = [got.get(k) for k in range(n)]
-        if d.core.filter.keep(rec, call.name, self.encoder):
+            total = max(self.n_inputs.get(call.name.replace(".backward.", ".forward."), 0), len(got))
+            rec["output"] = [got.get(slot) for slot in range(total)]
+        if dumper.core.filter.keep(rec, call.name, self.encoder):
             self.session.add_record(call.name, rec, parent=call.parent)

@@ -236,7 +236,7 @@ class TorchDumper(FrameworkAdapter):
 
         def got(grads):
             alive = dumper()
-            if alive is None or alive.online is None or not alive.enabled \
+            if alive is None or alive.online is None or not alive.core.enabled \
                     or not alive.core.filter.wanted(bwd, alive.core.enabled, False):
                 return
             full = [None] * count
@@ -430,7 +430,7 @@ class _ModuleHooks:
         # but tolerant of in-place ops on the taps' outputs)
         dumper = self.dumper()
         calls = self.calls
-        if dumper is None or not dumper.enabled or not calls or calls[-1] is None or not _grad_tensors(args):
+        if dumper is None or not dumper.core.enabled or not calls or calls[-1] is None or not _grad_tensors(args):
             return None
         fwd = calls[-1][0]
         index = int(fwd.rsplit(".", 1)[1])
@@ -448,7 +448,7 @@ class _ModuleHooks:
 
     def post_backward(self, module, args, kwargs, output):
         dumper = self.dumper()
-        if dumper is None or not dumper.enabled or not torch.is_grad_enabled():
+        if dumper is None or not dumper.core.enabled or not torch.is_grad_enabled():
             return None
         key = self.key
         fwd = dumper.last_module_fwd
