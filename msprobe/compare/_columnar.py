@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Optional
@@ -496,7 +497,10 @@ class Frame:
 _FLOAT_WRITER: Any = None
 #: values whose text orjson must give as repr does for its writer to be used
 _FLOAT_PROBES = (0.0, -0.0, 1.0, -1.5, 0.1, 1e-4, 0.00012345678901234567, 123456789.0, 1e15, 9999999999999998.0,
-                 2.0 ** 53, 3.141592653589793, 1.7976931348623157e15, 5e-3, 1 / 3)
+                 2.0 ** 53, 3.141592653589793, 1.7976931348623157e15, 5e-3, 1 / 3, 1e16, -2.5e+20, 1.7976931348623157e308,
+                 9.99e-06, 1e-07, -1.2345e-10, 5e-324, 2.2250738585072014e-308)
+#: a one-digit negative exponent in orjson's text (``1e-7``), which repr writes with two (``1e-07``)
+_ONE_DIGIT_EXPONENT = re.compile(r"e-([1-9])(?=[,\]])")
 
 
 def _float_writer() -> Any:
@@ -510,7 +514,8 @@ def _float_writer() -> Any:
             return False
 
         def write(array: Any) -> list:
-            return orjson.dumps(array, option=orjson.OPT_SERIALIZE_NUMPY).decode("ascii")[1:-1].split(",")
+            text = orjson.dumps(array, option=orjson.OPT_SERIALIZE_NUMPY).decode("ascii")
+            return _ONE_DIGIT_EXPONENT.sub(r"e-0\1", text)[1:-1].split(",")
 
         probes = np.array(_FLOAT_PROBES, dtype=np.float64)
         if write(probes) == list(map(repr, _FLOAT_PROBES)):
@@ -519,9 +524,11 @@ def _float_writer() -> Any:
 
 
 def _reprs(array: Any) -> list:
-    """``repr`` of each value of a float64 array (what str() of the Python float prints): orjson
-    writes the values that repr prints in positional notation (0, and 1e-4 <= |x| < 1e16: the same
-    shortest round-trip digits, about 5x faster), repr the others (NaN, inf, |x| < 1e-4, |x| >= 1e16)."""
+    """``repr`` of each value of a float64 array (what str() of the Python float prints) through
+    orjson's writer (the same shortest round-trip digits, about 5x faster): repr and orjson lay
+    them out alike but for the one-digit negative exponents orjson writes (``1e-7``: put back to
+    ``1e-07``) and 1e-5 <= |x| < 1e-4 (positional for orjson, scientific for repr); those and
+    NaN/inf (orjson writes null) take repr."""
     import numpy as np
 
     write = _float_writer()
@@ -530,7 +537,7 @@ def _reprs(array: Any) -> list:
     array = np.ascontiguousarray(array, dtype=np.float64)
     magnitude = np.abs(array)
     with np.errstate(invalid="ignore"):
-        other = ~(((magnitude >= 1e-4) & (magnitude < 1e16)) | (magnitude == 0))
+        other = ~np.isfinite(array) | ((magnitude >= 1e-5) & (magnitude < 1e-4))
     texts = write(array)
     for position in np.flatnonzero(other).tolist():
         texts[position] = repr(float(array[position]))
@@ -561,7 +568,8 @@ def _texts(values: list, numbers: tuple) -> list:
 def _diffs(target_values: list, bench_values: list, target_rows: Any, bench_rows: Any, target_numbers: tuple,
            bench_numbers: tuple) -> tuple:
     """([diff strings], [relative error strings], float array of the relative errors with NaN
-    where :func:`diff_cells` gives None, mask of None): :func:`diff_cells` of
+    where :func:`diff_cells` gives None, mask of None, mask of the ``"<x>%"`` relative errors):
+    :func:`diff_cells` of
     ``target_values[target_rows]`` and ``bench_values[bench_rows]``."""
     import numpy as np
 
@@ -595,17 +603,19 @@ def _diffs(target_values: list, bench_values: list, target_rows: Any, bench_rows
     none[bench_inf] = True
     relative_text[regular] = _percents(percent[regular])
     relative_out[regular] = relative[regular]
+    is_percent = regular.copy()
     for position in np.flatnonzero(~numeric).tolist():
         text, rel_text, value = diff_cells(target_values[target_rows[position]], bench_values[bench_rows[position]])
         diff_text[position], relative_text[position] = text, rel_text
+        is_percent[position] = rel_text.__class__ is str and rel_text.endswith("%")
         if value is None:
             none[position] = True
         else:
             relative_out[position] = value
-    return diff_text, relative_text, relative_out, none
+    return diff_text, relative_text, relative_out, none, is_percent
 
 
-def _norm_cells(frame: Frame, relative: Any, none: Any, relative_text: Any) -> None:
+def _norm_cells(frame: Frame, relative: Any, none: Any, relative_text: Any, is_percent: Any) -> None:
     """The NormRelativeErr of the matched rows on ``frame``: as a fraction, and as the rules read
     its printed cell (``"<x>%"`` as x/100; ``inf``; 0 for what reads as no number)."""
     import numpy as np
@@ -615,9 +625,7 @@ def _norm_cells(frame: Frame, relative: Any, none: Any, relative_text: Any) -> N
     frame.norm_none[rows] = none
     with np.errstate(all="ignore"):
         back = (relative * 100) / 100  # float("<rel*100>") / 100, as the rules read the printed cell
-    texts = relative_text.tolist()
-    is_percent = np.fromiter((text.__class__ is str and text.endswith("%") for text in texts), bool, len(texts))
-    is_inf = np.fromiter((text == "inf" for text in texts), bool, len(texts))
+    is_inf = relative_text == "inf"
     frame.norm_cell[rows] = np.where(is_percent, back, np.nan)
     frame.norm_percent[rows] = np.where(is_percent, back, np.where(is_inf, np.inf,
                                                                    np.where(relative_text == "nan", np.nan, 0.0)))
@@ -634,11 +642,11 @@ def statistics_kernel(frame: Frame, context: PairContext) -> list:
     """Statistics mode: the 4 diffs, then the 4 relative errors, then the 8 statistics."""
     metrics = [_objects(frame.row_count) for _ in range(8)]
     for position, statistic in enumerate(_STATISTICS):
-        diff_text, relative_text, relative, none = _statistic_diffs(frame, statistic)
+        diff_text, relative_text, relative, none, is_percent = _statistic_diffs(frame, statistic)
         metrics[position][frame.matched_rows] = diff_text
         metrics[4 + position][frame.matched_rows] = relative_text
         if statistic == "Norm":
-            _norm_cells(frame, relative, none, relative_text)
+            _norm_cells(frame, relative, none, relative_text, is_percent)
     return metrics + frame.statistic_columns()
 
 
@@ -655,8 +663,8 @@ def _cell_number(value: Any) -> float:
 def tensor_kernel(frame: Frame, context: PairContext) -> list:
     """Tensor mode: the 6 metrics of each matched row's two tensors (loaded one row at a time),
     then the 8 statistics; the NormRelativeErr of the statistics feeds the series and the marks."""
-    _, relative_text, relative, none = _statistic_diffs(frame, "Norm")
-    _norm_cells(frame, relative, none, relative_text)
+    _, relative_text, relative, none, is_percent = _statistic_diffs(frame, "Norm")
+    _norm_cells(frame, relative, none, relative_text, is_percent)
     metrics = [_objects(frame.row_count) for _ in range(6)]
     plan = frame.plan
     for row in frame.matched_rows.tolist():
