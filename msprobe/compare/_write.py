@@ -23,7 +23,8 @@ def _quoted(column: list) -> list:
     """A CSV column, RFC 4180 quoting only the cells that need it."""
     if not _needs_quote("\x00".join(column)):
         return column
-    return [('"' + cell.replace('"', '""') + '"') if _needs_quote(cell) else cell for cell in column]
+    distinct = {cell: ('"' + cell.replace('"', '""') + '"') if _needs_quote(cell) else cell for cell in set(column)}
+    return list(map(distinct.__getitem__, column))  # each distinct cell (a stack repeats) looked at once
 
 
 def write_header(path: str, names: list) -> None:
