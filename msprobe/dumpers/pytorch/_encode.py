@@ -223,6 +223,10 @@ def _no_bytes() -> bytes:
 
 
 _SPECIAL_TYPES: dict = {}
+#: torch dtype -> its name in a record (``str(dtype)``)
+_DTYPE_NAMES: dict = {d: str(d) for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                                          torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+                                          torch.complex64, torch.complex128)}
 
 
 class StatCache:
@@ -235,16 +239,20 @@ class StatCache:
     the memory is written in place, the entry no longer matches.
     """
 
-    __slots__ = ("entries", "limit", "hits", "misses", "ordered")
+    __slots__ = ("entries", "limit", "hits", "misses", "ordered", "gathered")
 
     def __init__(self, limit: int = 65536, ordered: bool = False):
         self.entries: dict = {}
+        #: (id, version) of a DTensor -> (weak reference to it, its gathered full tensor), for the step
+        self.gathered: dict = {}
         self.limit = limit
         self.hits = self.misses = 0
         self.ordered = ordered  # md5 mode: the checksum depends on the element order
 
     def _key(self, t: torch.Tensor) -> tuple:
-        base = t._base if t._base is not None else t
+        base = t._base
+        if base is None:
+            base = t
         if t.is_contiguous():
             # a 0-d tensor's statistics (Mean/Norm = its value) are not those of its [1]-shaped views
             layout: tuple = (t.numel(), t.dim() == 0)
@@ -255,7 +263,10 @@ class StatCache:
         return (id(base), t.storage_offset(), layout, t.dtype, t.device), base
 
     def get(self, t: torch.Tensor) -> Any:
-        key, base = self._key(t)
+        return self.lookup(t, *self._key(t))
+
+    def lookup(self, t: torch.Tensor, key: tuple, base: torch.Tensor) -> Any:
+        """The handle cached under ``key`` (from ``_key(t)``) while its memory is unchanged, else None."""
         e = self.entries.get(key)
         if e is not None and e[0]() is base and e[1] == t._version:
             self.hits += 1
@@ -264,16 +275,36 @@ class StatCache:
         return None
 
     def put(self, t: torch.Tensor, handle: Any) -> None:
+        self.store(t, *self._key(t), handle)
+
+    def store(self, t: torch.Tensor, key: tuple, base: torch.Tensor, handle: Any) -> None:
         if len(self.entries) >= self.limit:
             self.entries.clear()
-        key, base = self._key(t)
         try:
             self.entries[key] = (weakref.ref(base), t._version, handle)
         except TypeError:
             pass
 
+    def dense(self, t: torch.Tensor) -> torch.Tensor:
+        """``_dense(t)``, a ``DTensor``'s gather made once per step (and memory version): FSDP2's
+        sharded parameters reach several records of a step (their statistics are cached by the
+        memory they describe, but the gather itself was repeated for each record)."""
+        if type(t).__name__ != "DTensor":
+            return t
+        key = (id(t), t._version)
+        e = self.gathered.get(key)
+        if e is not None and e[0]() is t:
+            return e[1]
+        full = _dense(t)
+        try:
+            self.gathered[key] = (weakref.ref(t), full)
+        except TypeError:
+            pass
+        return full
+
     def clear(self) -> None:
         self.entries.clear()
+        self.gathered.clear()
 
 
 class Encoder(ValueEncoder):
@@ -354,24 +385,41 @@ class Encoder(ValueEncoder):
         return None
 
     def tensor(self, t: torch.Tensor, data_name_prefix: str, save: bool) -> dict:
-        dtype = str(t.dtype)
-        entry: dict = {"type": "torch.Tensor", "dtype": dtype, "shape": list(t.shape)}
+        dtype = t.dtype
+        entry: dict = {"type": "torch.Tensor", "dtype": _DTYPE_NAMES.get(dtype) or str(dtype), "shape": list(t.shape)}
         mode = self.summary_mode
+        md5: Optional[tuple] = None
         try:
-            data = _dense(t.detach())
             if mode == "xor":
-                entry["md5"] = self._xor(data)
+                entry["md5"] = self._xor(_dense(t.detach()))
             else:
-                entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
-                handle = self.cache.get(t)
+                cache = self.cache
+                key, base = cache._key(t)
+                handle = cache.lookup(t, key, base)
+                data = None
                 if handle is None:
+                    data = cache.dense(t.detach())
+                    entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
                     handle = _stat_handle(data)
                     if mode == "md5":
                         handle = handle + ({"md5": _crc32_hex(data)},)
-                    self.cache.put(t, handle)
-                self.session.pending.add(entry, handle)
-                if self.check_overflow and data.is_floating_point() and data.numel():
-                    self._watch(data_name_prefix, data)
+                    cache.store(t, key, base, handle)
+                if handle[0] == _K_DONE and not self.check_overflow:
+                    # computed already (the CPU kernels): filled now, as the pending batch would
+                    v = handle[1]
+                    entry["Max"], entry["Min"], entry["Mean"], entry["Norm"] = \
+                        v.get("Max"), v.get("Min"), v.get("Mean"), v.get("Norm")
+                    extra = handle[-1] if len(handle) > 2 and isinstance(handle[-1], dict) else v
+                    if "md5" in extra or "md5" in v:
+                        md5 = (extra if "md5" in extra else v)["md5"],
+                else:
+                    entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
+                    self.session.pending.add(entry, handle)
+                if self.check_overflow:
+                    if data is None:
+                        data = cache.dense(t.detach())
+                    if data.is_floating_point() and data.numel():
+                        self._watch(data_name_prefix, data)
         except RuntimeError:  # meta/fake tensors, unsupported dtypes: keep the entry without stats
             pass
         entry["requires_grad"] = bool(t.requires_grad)
@@ -382,6 +430,8 @@ class Encoder(ValueEncoder):
                 self._write_tensor(entry, t, name)
             elif self.check_overflow:  # written when the record overflows (_keep)
                 self._defer(data_name_prefix, entry, t.detach(), name)
+        if md5 is not None:  # (the pending batch adds it last, after the entry is complete)
+            entry["md5"] = md5[0]
         return entry
 
     def _write_tensor(self, entry: dict, t: torch.Tensor, name: str) -> None:
