@@ -13,7 +13,9 @@ side (tests/_realtool.py's cached venv unless ``--real-python``/``$MSPROBE_REAL_
 
 Each measurement is a fresh process (1 warm-up + 5 measured steps, median); tools and
 modes run in alternating rounds; the ratio is against the no-tool run of the same
-interpreter, so both tools are judged against their own baseline.
+interpreter, so both tools are judged against their own baseline. With ``--table`` each ratio
+is taken per round (that round's run over that round's no-tool run) and printed as the mean
+over the rounds +- its standard error (default 8 rounds), with our overhead per record.
 """
 import argparse
 import json
@@ -66,9 +68,9 @@ def default_real_python():
 
 #: (label, ours' mode, the real tool's mode or None, target)
 TABLE = [
-    ("statistics L1", "L1", "L1", "<= 1.15x, within 0.03 of the floor"),
-    ("statistics mix", "mix", "mix", "<= 1.20x"),
-    ("L1 + md5 (CRC-32)", "md5", "md5", "<= 1.20x"),
+    ("statistics L1", "L1", "L1", "overhead <= 1/8 of the real tool's"),
+    ("statistics mix", "mix", "mix", "overhead <= 1/8 of the real tool's"),
+    ("L1 + md5 (CRC-32)", "md5", "md5", "overhead <= 1/8 of the real tool's"),
     ("tensor L1, classic .pt", "tensor", "tensor", "overhead <= 0.5 of the real tool's"),
     ("tensor L1, Zarr store", "tensor_zarr", None, "overhead <= 0.5 of the real tool's"),
     ("floor: hooks + one sum per tensor, nothing written", "floor", None, ""),
@@ -103,9 +105,25 @@ def table(args):
         runs = res.get((metric, label, mode))
         return statistics.median(x[key] for x in runs) if runs else None
 
-    print(f"\nsize={args.size}, device={args.device}, window={args.window}, {args.rounds} rounds x {args.steps} measured steps "
-          f"(median of per-run medians); CPU = process CPU ms/step with 1 torch thread, wall = wall ms/step "
-          f"with 2 torch threads; ratio = step / no-tool step of the same interpreter")
+    def per_round(metric, label, mode):
+        """The ratio of each round: the mode's step over the no-tool step of the same round and interpreter."""
+        key = dict((m, k) for m, _, k in configs)[metric]
+        runs, base_runs = res.get((metric, label, mode)), res.get((metric, label, "none"))
+        if not runs or not base_runs:
+            return []
+        return [x[key] / b[key] for x, b in zip(runs, base_runs)]
+
+    def mean_se(values):
+        """(mean, standard error of the mean) of the per-round values."""
+        if not values:
+            return None, None
+        m = statistics.fmean(values)
+        return m, (statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan"))
+
+    print(f"\nsize={args.size}, device={args.device}, window={args.window}, {args.rounds} interleaved rounds x {args.steps} "
+          f"measured steps (each run: the median step; each ratio: the mean over the rounds of that round's run over "
+          f"its no-tool run, +- the standard error of that mean); CPU = process CPU ms/step with 1 torch thread, "
+          f"wall = wall ms/step with 2 torch threads")
     first = configs[0][0]
     recs = {m: res[(first, "ours", m)][0]["records"] // res[(first, "ours", m)][0]["steps_dumped"]
             for _, m, _, _ in rows}
@@ -113,38 +131,47 @@ def table(args):
     # the overhead ratio is read on the CPU metric when it ran, else on the wall clock (bench/gpu/run.sh)
     over_metric = "cpu" if any(c[0] == "cpu" for c in configs) else "wall"
     print(f"\n| mode | records/step | ours CPU | real CPU | ours wall | real wall | ours/real overhead ({over_metric}) "
-          "| target |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| ours overhead per record | target |")
+    print("|---|---|---|---|---|---|---|---|---|")
 
     def ms(metric, label):
         v = base.get((metric, label))
         return f"{v:.0f} ms" if v else "–"
 
-    print(f"| no tool | – | {ms('cpu', 'ours')} | {ms('cpu', 'real')} | {ms('wall', 'ours')} | {ms('wall', 'real')} | | |")
+    def cell(m, se):
+        return "–" if m is None else f"{m:.3f}x ± {se:.3f}"
+
+    print(f"| no tool | – | {ms('cpu', 'ours')} | {ms('cpu', 'real')} | {ms('wall', 'ours')} | {ms('wall', 'real')} "
+          "| | | |")
     for name, m_ours, m_real, target in rows:
-        ratios: dict = {}
-        for metric, _, _ in configs:
-            for label, _ in tools:
-                mode = m_ours if label == "ours" else m_real
-                v = med(metric, label, mode) if mode else None
-                ratios[(metric, label)] = v / base[(metric, label)] if v else None
-        cells = [f"{ratios[(mt, lb)]:.2f}x" if ratios.get((mt, lb)) else "–"
-                 for mt in ("cpu", "wall") for lb in ("ours", "real")]
-        o, rr = ratios.get((over_metric, "ours")), ratios.get((over_metric, "real"))
-        if m_ours == "tensor_zarr" and (over_metric, "real", "tensor") in res:
-            rr = med(over_metric, "real", "tensor") / base[(over_metric, "real")]
-        over = f"{(o - 1) / (rr - 1):.2f}" if o and rr and rr > 1 else "–"
-        print(f"| {name} | {recs[m_ours]} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {over} | {target} |")
+        cells = []
+        for mt in ("cpu", "wall"):
+            for lb in ("ours", "real"):
+                mode = m_ours if lb == "ours" else m_real
+                ok = mode and any(c[0] == mt for c in configs) and any(t[0] == lb for t in tools)
+                cells.append(cell(*mean_se(per_round(mt, lb, mode))) if ok else "–")
+        o_r = per_round(over_metric, "ours", m_ours)
+        r_r = per_round(over_metric, "real", m_real if m_real else ("tensor" if m_ours == "tensor_zarr" else None)) \
+            if any(t[0] == "real" for t in tools) else []
+        over = "–"
+        if o_r and r_r and all(r > 1 for r in r_r):
+            om, ose = mean_se([(o - 1) / (r - 1) for o, r in zip(o_r, r_r)])
+            over = f"{om:.3f} ± {ose:.3f}"
+        b = base.get((over_metric, "ours"))
+        per_rec = f"{(statistics.fmean(o_r) - 1) * b / recs[m_ours] * 1000:.0f} µs" if o_r and b and recs[m_ours] else "–"
+        print(f"| {name} | {recs[m_ours]} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {over} | {per_rec} "
+              f"| {target} |")
     if any(r[1] == "floor" for r in rows) and any(r[1] == "L1" for r in rows):
-        fl = {mt: med(mt, "ours", "floor") / base[(mt, "ours")] for mt, _, _ in configs}
         print("\nstatistics L1 - floor: " + "; ".join(
-            f"{mt} {med(mt, 'ours', 'L1') / base[(mt, 'ours')] - fl[mt]:+.3f}" for mt, _, _ in configs))
+            f"{mt} {statistics.fmean(per_round(mt, 'ours', 'L1')) - statistics.fmean(per_round(mt, 'ours', 'floor')):+.3f}"
+            for mt, _, _ in configs))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="gpt2")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="interleaved rounds (default 3; 8 with --table: the spread of each ratio is printed)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--modes", default="L1,mix,md5,tensor")
     ap.add_argument("--real-python", default=None,
@@ -162,6 +189,8 @@ def main():
     ap.add_argument("--metric", default="wall", choices=["wall", "cpu"],
                     help="wall-clock ms/step, or process CPU ms/step (steadier on a shared machine)")
     args = ap.parse_args()
+    if args.rounds is None:
+        args.rounds = 8 if args.table else 3
     if args.table:
         args.window = args.window or "fwd_bwd"
         return table(args)

@@ -102,6 +102,19 @@ class Journal:
             if self._buffered >= self._max_buffer:
                 self._flush_locked()
 
+    def extend(self, lines: list, *, flush: bool) -> None:
+        """``append`` each line, then ``flush`` when asked (one lock, one write for them all)."""
+        with self._lock:
+            if self._closed:
+                raise MsprobeError(f"journal {self._prefix} is closed")
+            for line in lines:
+                if b"\n" in line:
+                    raise MsprobeError("a journal line must not contain a newline")
+                self._buffer.append(line + b"\n")
+                self._buffered += len(line) + 1
+            if flush or self._buffered >= self._max_buffer:
+                self._flush_locked()
+
     def open_segment(self) -> None:
         """Local stores: create the segment file now (and reserve its blocks), not at the first flush."""
         with self._lock:
@@ -154,7 +167,7 @@ class Journal:
     def _flush_locked(self) -> None:
         if not self._buffer:
             return
-        data = b"".join(self._buffer)
+        data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
         if self._local_dir is not None:
             self._append_local(data)
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import difflib
+import functools
 import os
 import re
 import warnings
@@ -141,23 +142,37 @@ class DumpConfig:
 
     @property
     def forward_enabled(self) -> bool:
-        return "all" in self.data_mode or "forward" in self.data_mode or \
-            not ({"forward", "backward"} & set(self.data_mode))
+        return _directions(self.data_mode)[0]
 
     @property
     def backward_enabled(self) -> bool:
-        return "all" in self.data_mode or "backward" in self.data_mode or \
-            not ({"forward", "backward"} & set(self.data_mode))
+        return _directions(self.data_mode)[1]
 
     @property
     def input_enabled(self) -> bool:
-        return "all" in self.data_mode or "input" in self.data_mode or \
-            not ({"input", "output"} & set(self.data_mode))
+        return _directions(self.data_mode)[2]
 
     @property
     def output_enabled(self) -> bool:
-        return "all" in self.data_mode or "output" in self.data_mode or \
-            not ({"input", "output"} & set(self.data_mode))
+        return _directions(self.data_mode)[3]
+
+
+def _directions(data_mode: Any) -> tuple:
+    """(forward, backward, input, output) enabled by ``data_mode`` (asked at every call: computed once)."""
+    if type(data_mode) in (list, tuple):  # (a str would be read as its characters by the cache key)
+        try:
+            return _directions_of(tuple(data_mode))
+        except TypeError:  # an unhashable item (not validated yet)
+            pass
+    return _directions_of.__wrapped__(data_mode)
+
+
+@functools.lru_cache(maxsize=64)
+def _directions_of(data_mode: Any) -> tuple:
+    fb = not ({"forward", "backward"} & set(data_mode))
+    io = not ({"input", "output"} & set(data_mode))
+    return ("all" in data_mode or "forward" in data_mode or fb, "all" in data_mode or "backward" in data_mode or fb,
+            "all" in data_mode or "input" in data_mode or io, "all" in data_mode or "output" in data_mode or io)
 
 
 def _is_int(value: Any) -> bool:

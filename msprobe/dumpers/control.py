@@ -149,6 +149,8 @@ class RecordFilter:
 
     def direction_on(self, name: str) -> bool:
         """``data_mode`` forward/backward: whether records of ``name``'s direction are dumped."""
+        if name.endswith(".forward"):  # (an API's name: the regular expression's commonest match)
+            return self.config.forward_enabled
         match = _DIRECTION.search(name)
         if match is not None:
             return self.config.forward_enabled if match.group(1) == "forward" else self.config.backward_enabled

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterator, Optional, TypeVar, Union
+from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 from msprobe.errors import DocumentError, FormatError, NameFormatError, RecordNotFoundError
 from msprobe.format.model import Record
@@ -116,11 +116,13 @@ def dumps_json(obj: Any) -> str:
 _COMPACT = json.JSONEncoder(separators=(", ", ": "))
 
 
-def dumps_records_json(head: dict, data_key: str = "data") -> str:
+def dumps_records_json(head: dict, data_key: str = "data", encoded: Optional[dict] = None) -> str:
     """The writer's fast layout: top-level keys one per line, then one record per line.
 
     The same JSON value as :func:`dumps_json` (any JSON parser reads both), at C speed,
-    and a dump.json that ``grep`` can search record by record.
+    and a dump.json that ``grep`` can search record by record. ``encoded``: record name ->
+    (the record object, its JSON text) made already (the producer's journal lines), used for
+    a record that is still that object.
     """
     enc = _COMPACT.encode
     parts = ["{"]
@@ -129,12 +131,20 @@ def dumps_records_json(head: dict, data_key: str = "data") -> str:
         comma = "" if index == len(items) - 1 else ","
         if key == data_key and isinstance(value, dict) and value:
             parts.append(f" {enc(key)}: {{")
-            parts.append(",\n".join(f"  {enc(name)}: {enc(rec)}" for name, rec in value.items()))
+            if encoded:
+                parts.append(",\n".join(f"  {enc(name)}: {_text(encoded.get(name), rec, enc)}"
+                                         for name, rec in value.items()))
+            else:
+                parts.append(",\n".join(f"  {enc(name)}: {enc(rec)}" for name, rec in value.items()))
             parts.append(" }" + comma)
         else:
             parts.append(f" {enc(key)}: {enc(value)}{comma}")
     parts.append("}")
     return "\n".join(parts)
+
+
+def _text(done: Optional[tuple], rec: Any, enc: Callable[[Any], str]) -> str:
+    return done[1] if done is not None and done[0] is rec else enc(rec)
 
 
 def _unwrap(text: str) -> bytes:
@@ -146,23 +156,24 @@ def _unwrap(text: str) -> bytes:
     return "\n".join(inner).encode("utf-8")
 
 
-def encode_document(doc: dict) -> bytes:
+def encode_document(doc: dict, encoded: Optional[dict] = None) -> bytes:
     """dump.json (or debug.json) as the producer writes it (:func:`dumps_records_json`)."""
-    return dumps_records_json(doc).encode("utf-8")
+    return dumps_records_json(doc, encoded=encoded).encode("utf-8")
 
 
 def encode_documents(doc: dict, *, debug: bool, stack: Optional[dict], construct: Optional[dict],
-                     records_layout: bool = True) -> list:
+                     records_layout: bool = True, encoded: Optional[dict] = None) -> list:
     """[(file name, bytes)] of a rank directory's documents, the one writer of the producer's
     publish and of recovery: the document first (debug.json when ``debug``, without stack.json
     and construct.json), then stack.json and construct.json. ``records_layout``: one record per
-    line (the producer, spec 8.4 and 20 item 13); else ``indent=1`` (crash recovery, spec 8.4)."""
+    line (the producer, spec 8.4 and 20 item 13); else ``indent=1`` (crash recovery, spec 8.4).
+    ``encoded``: the records' JSON texts made already (see :func:`dumps_records_json`)."""
     def encode(obj: dict) -> bytes:
         if not records_layout:
             return dumps_json(obj).encode("utf-8")
         return _unwrap(dumps_records_json({"_": obj}, "_"))
 
-    out = [(DEBUG_JSON if debug else DUMP_JSON, encode_document(doc) if records_layout else encode(doc))]
+    out = [(DEBUG_JSON if debug else DUMP_JSON, encode_document(doc, encoded) if records_layout else encode(doc))]
     if not debug:
         out.append((STACK_JSON, encode(stack or {})))
         out.append((CONSTRUCT_JSON, encode(construct or {})))

@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
-__all__ = ["NO_PARENT", "StackLine", "RecordLine", "encode_stack", "encode_record", "decode_line", "Replay"]
+__all__ = ["NO_PARENT", "StackLine", "RecordLine", "encode_stack", "encode_record", "encode_record_text",
+           "record_text", "decode_line", "Replay"]
 
 
 class _NoParent:
@@ -74,6 +75,22 @@ def encode_record(name: str, record: Any, *, parent: Any = NO_PARENT, stack_id: 
     if stack_id is not None:
         entry["stack_id"] = stack_id
     return json.dumps(entry).encode("utf-8")
+
+
+#: a record's JSON text as ``json.dumps`` writes it (and as dump.json's one-record lines hold it)
+record_text = json.JSONEncoder(separators=(", ", ": ")).encode
+_str_text = json.encoder.encode_basestring_ascii  # (what json.dumps writes for a str)
+
+
+def encode_record_text(name: str, text: str, *, parent: Any = NO_PARENT, stack_id: Any = None) -> bytes:
+    """:func:`encode_record` of a record whose JSON is ``text`` (``record_text(record)``), byte for byte."""
+    parts = ['{"name": ', _str_text(name), ', "record": ', text]
+    if parent is not NO_PARENT:
+        parts += [', "parent": ', _str_text(parent) if isinstance(parent, str) else record_text(parent)]
+    if stack_id is not None:
+        parts += [', "stack_id": ', str(stack_id) if type(stack_id) is int else record_text(stack_id)]
+    parts.append("}")
+    return "".join(parts).encode("utf-8")
 
 
 def decode_line(line: Union[bytes, str]) -> Optional[Entry]:

@@ -164,6 +164,44 @@ def test_statistics_of_npu_tensors_are_fetched_in_batches(torch_npu, debugger, t
     assert total <= flushes + 2, total
 
 
+def test_md5_of_npu_tensors_is_fetched_in_batches(torch_npu, debugger, tmp_path):
+    """md5 (CRC-32) on a device: each tensor's bytes stay on the device until its record's batch is
+    fetched, then come to the host together (one transfer per fetch, not one per tensor), and every
+    checksum is that of the tensor's bytes when it was recorded (a later in-place write changes nothing)."""
+    import zlib
+
+    x = torch.randn(4, 16).npu()
+    g = torch.rand(16).npu()
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"task": "statistics", "dump_path": str(tmp_path / "d"), "level": "L1",
+                               "statistics": {"summary_mode": "md5"}}))
+    dbg = debugger(config_path=str(cfg))
+    dbg.start()
+    before = torch_npu._backend.stats["d2h"]
+    want = []
+    for _ in range(40):
+        want.append((x.cpu(), g.cpu()))
+        before += 2  # (the reference copies above)
+        x = torch_npu.npu_rms_norm(x, g)[0] * 1.5
+    during = torch_npu._backend.stats["d2h"] - before
+    x.mul_(0.0)  # after its record: its checksum is of the values it had
+    dbg.stop()
+    dbg.step()
+    data = _dump_json(tmp_path / "d")["data"]
+    names = [n for n in data if n.startswith("NPU.npu_rms_norm.")]
+    assert len(names) == 40
+    for n, (xi, gi) in zip(names, want):
+        args = data[n]["input_args"]
+        assert args[0]["md5"] == f"{zlib.crc32(xi.contiguous().numpy().tobytes()):08x}", n
+        assert args[1]["md5"] == f"{zlib.crc32(gi.contiguous().numpy().tobytes()):08x}", n
+    tensors = sum(1 for r in data.values() for v in [*r.get("input_args", []), *r.get("output", [])]
+                  if isinstance(v, dict) and v.get("type") == "torch.Tensor")
+    assert tensors >= 200
+    flushes = len(data) // dbg._get().dumper.session.journal_batch
+    # per flush: the statistics batch and the checksums' batch, against 3-4 tensors per record
+    assert during <= 2 * flushes, (during, flushes, tensors)
+
+
 def test_seed_all_seeds_the_npu_and_sets_deterministic_collectives(torch_npu, monkeypatch):
     from msprobe.pytorch import seed_all
 

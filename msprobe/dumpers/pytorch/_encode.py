@@ -164,6 +164,10 @@ def fetch_stats(handles: list) -> list:
             else:  # _K_FLOAT, _K_FUSED
                 resolved[i] = {"Max": r[0], "Min": r[1], "Mean": r[2] if width > 2 else None,
                                "Norm": r[3] if width > 3 else None}
+    deferred = [h[-1] for h in uniq.values()
+                if len(h) > 2 and isinstance(h[-1], dict) and isinstance(h[-1].get("md5"), _DeviceBytes)]
+    if deferred:
+        _resolve_device_md5(deferred)
     for hid, h in uniq.items():
         extra = h[-1] if len(h) > 2 and isinstance(h[-1], dict) else None
         if extra:
@@ -182,6 +186,58 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     # ``.data``: the array's buffer (numpy's stubs type ndarray as a buffer only for Python >= 3.12)
     return memoryview(c.view(torch.uint8).numpy().data).cast("B") if c.dim() else memoryview(
         c.reshape(1).view(torch.uint8).numpy().data).cast("B")
+
+
+class _DeviceBytes:
+    """The bytes of a device tensor whose ``md5`` (CRC-32) is computed when its handle is fetched: a copy
+    on its own device (the tensor may be written in place later), brought to the host with the other
+    deferred ones of the same fetch in one transfer (no host synchronisation per tensor)."""
+
+    __slots__ = ("flat",)
+
+    def __init__(self, t: torch.Tensor):
+        c = t.detach().clone(memory_format=torch.contiguous_format)
+        self.flat = c.reshape(-1).view(torch.uint8)
+
+
+def _md5_of(t: torch.Tensor) -> Union[str, _DeviceBytes]:
+    """``md5`` of ``t`` now (a CPU tensor) or deferred to the fetch (another device's tensor)."""
+    if t.is_cpu or t.is_neg() or t.is_conj() or t.numel() == 0:
+        return _crc32_hex(t)
+    try:
+        return _DeviceBytes(t)
+    except RuntimeError:  # a layout that cannot be viewed as bytes on the device: as before, through the host
+        return _crc32_hex(t)
+
+
+def _crc32_bytes(buf: Any) -> int:
+    fast = _FAST if _FAST is not False else _fast()
+    if fast is not None and fast.HAVE_CLMUL and isinstance(buf, torch.Tensor):
+        n = buf.numel()
+        return fast.crc32(buf.data_ptr(), n) if n else 0
+    return zlib.crc32(memoryview(buf.numpy().data).cast("B") if isinstance(buf, torch.Tensor) else buf) & 0xFFFFFFFF
+
+
+def _resolve_device_md5(extras: list) -> None:
+    """Replace each deferred ``md5`` in ``extras`` (dicts) by its CRC-32: one device->host transfer per device."""
+    by_dev: dict = {}
+    for e in extras:
+        by_dev.setdefault(e["md5"].flat.device, []).append(e)
+    for items in by_dev.values():
+        flats = [e["md5"].flat for e in items]
+        try:
+            host = (torch.cat(flats) if len(flats) > 1 else flats[0]).cpu()
+        except RuntimeError:
+            host = None
+        off = 0
+        for e, f in zip(items, flats):
+            n = f.numel()
+            try:
+                part = host[off:off + n] if host is not None else f.cpu()
+                e["md5"] = f"{_crc32_bytes(part):08x}"
+            except RuntimeError:
+                e["md5"] = None
+            off += n
 
 
 def _crc32_hex(t: torch.Tensor) -> str:
@@ -402,9 +458,11 @@ class Encoder(ValueEncoder):
                     entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
                     handle = _stat_handle(data)
                     if mode == "md5":
-                        handle = handle + ({"md5": _crc32_hex(data)},)
+                        handle = handle + ({"md5": _md5_of(data)},)
                     cache.store(t, key, base, handle)
-                if handle[0] == _K_DONE and not self.check_overflow:
+                if handle[0] == _K_DONE and not self.check_overflow and not (
+                        len(handle) > 2 and isinstance(handle[-1], dict)
+                        and isinstance(handle[-1].get("md5"), _DeviceBytes)):
                     # computed already (the CPU kernels): filled now, as the pending batch would
                     v = handle[1]
                     entry["Max"], entry["Min"], entry["Mean"], entry["Norm"] = \

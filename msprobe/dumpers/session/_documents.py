@@ -95,7 +95,7 @@ class StackTable:
 class StepDocuments:
     """What the current step's documents hold so far (a new one each step)."""
 
-    __slots__ = ("data", "construct", "stacks", "pending", "files", "mapping", "skipped")
+    __slots__ = ("data", "construct", "stacks", "pending", "files", "mapping", "skipped", "encoded")
 
     def __init__(self) -> None:
         self.data: dict = {}
@@ -105,6 +105,8 @@ class StepDocuments:
         self.files: set = set()  # tensor file (or payload) names of the step
         self.mapping: dict = {}  # data name -> its file name (the 255-character rule)
         self.skipped = 0  # tensor files of this step not written (the disk is full)
+        #: record name -> (the record object, its JSON text) as journaled: publish writes the same text
+        self.encoded: dict = {}
 
     def file_name(self, data_name: str) -> str:
         """The file name for ``data_name`` (the 255-character rule, recorded in mapping.csv)."""

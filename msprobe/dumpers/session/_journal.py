@@ -13,7 +13,7 @@ from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.session._documents import PendingStats
 from msprobe.dumpers.session._failures import FailureLog
 from msprobe.dumpers.session._storage import SessionStorage
-from msprobe.format.journal import NO_PARENT, encode_record, encode_stack
+from msprobe.format.journal import NO_PARENT, encode_record_text, encode_stack, record_text
 from msprobe.format.layout import JOURNAL_DIR, MARKER_FILE
 from msprobe.format.marker import decode_marker
 from msprobe.format.model import data_names
@@ -76,14 +76,15 @@ class JournalPipeline:
         finally:
             self.held_here.on = previous
 
-    def flush(self, pending: PendingStats, fetch_stats: Callable[[list], list]) -> None:
+    def flush(self, pending: PendingStats, fetch_stats: Callable[[list], list], encoded: Optional[dict] = None) -> None:
         """Resolve pending statistics and append the queued records to the crash journal (the
         caller holds the session's lock).
 
         A record whose tensor files are still being written is held back (with every record
         after it, so the journal stays in execution order) until the writer has published
         them: a journaled record always has its tensors (tensor mode loses nothing to a kill
-        between the call and its file). The statistics path holds nothing back."""
+        between the call and its file). The statistics path holds nothing back. ``encoded``
+        (name -> (record, JSON text)) receives each record's text: publish writes the same."""
         if not self.queue:
             return
         pending.resolve(fetch_stats)
@@ -94,7 +95,10 @@ class JournalPipeline:
             if name is None:  # a new stack (raw: its id, stack: its frames): its frames once, records refer to its id
                 lines.append((encode_stack(raw, self.render_stack(stack)), 0, None))
                 continue
-            line = encode_record(name, raw, parent=parent if with_parent else NO_PARENT, stack_id=stack)
+            text = record_text(raw)  # made once: the journal line is built around it, dump.json reuses it
+            if encoded is not None:
+                encoded[name] = (raw, text)
+            line = encode_record_text(name, text, parent=parent if with_parent else NO_PARENT, stack_id=stack)
             lines.append((line, 1, raw))
         with self.lock:
             inflight, held = self.inflight, self.held_lines
@@ -159,17 +163,17 @@ class JournalPipeline:
         waiting; flush the journal when ``force`` or ``journal_flush`` records are unflushed."""
         held = self.held_lines
         try:
-            journal = None
+            lines = []
             while held and held[0][1] <= 0:
                 line = held.popleft()
-                if journal is None:
-                    journal = self.journal if self.journal is not None else self.open()
-                journal.append(line[0])
+                lines.append(line[0])
                 self._unflushed += line[2]
                 self.records_journaled += line[2]
-            if self._unflushed and (force or self._unflushed >= self.batch):
+            flush = bool(self._unflushed) and (force or self._unflushed >= self.batch)
+            if lines or flush:  # the lines released now: one call, one write
+                (self.journal if self.journal is not None else self.open()).extend(lines, flush=flush)
+            if flush:
                 self._unflushed = 0
-                (journal if journal is not None else self.open()).flush()
             elif self._unflushed and self._window_timer is None:  # flushed within journal_window at the latest
                 self._window_timer = threading.Timer(self.config.journal_window, self._window_flush)
                 self._window_timer.daemon = True

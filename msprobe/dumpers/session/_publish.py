@@ -42,7 +42,7 @@ class RankPublisher:
             # each document: one atomic put, transient failures retried
             store = RetryingPut(self.storage.store, self.storage.policy())
             stack = None if debug else docs.stacks.to_json(self.render_stack)
-            encoded = encode_documents(doc, debug=debug, stack=stack, construct=docs.construct)
+            encoded = encode_documents(doc, debug=debug, stack=stack, construct=docs.construct, encoded=docs.encoded)
             for name, body in encoded:
                 store.put(f"{prefix}/{name}", body)
             doc_bytes = encoded[0][1]

@@ -262,7 +262,7 @@ class DumpSession:
         """Resolve pending statistics and append the queued records to the crash journal (a
         record waits there for its tensor files in flight, see :meth:`JournalPipeline.flush`)."""
         with self.lock:
-            self.journal.flush(self.docs.pending, self.fetch_stats)
+            self.journal.flush(self.docs.pending, self.fetch_stats, self.docs.encoded)
 
     # ---------------------------------------------------------------- tensors
     def save_tensor(self, data_name: str, produce: Callable[[], bytes], nbytes: int) -> None:
