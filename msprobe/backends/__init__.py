@@ -20,7 +20,7 @@ from msprobe.backends._local import LocalStore
 from msprobe.backends._open import open_store, redact_options
 from msprobe.backends._retry import RetryPolicy, classify_error, is_transient, retry, translate_error
 from msprobe.backends._rundir import CLAIM_MARKER, claim_run_dir
-from msprobe.backends._writer import BackgroundWriter, WriterStats, append_log_line
+from msprobe.backends._writer import BackgroundWriter, Digested, WriterStats, append_log_line
 
 __all__ = [
     "Store",
@@ -32,6 +32,7 @@ __all__ = [
     "validate_prefix",
     "is_temp_name",
     "BackgroundWriter",
+    "Digested",
     "WriterStats",
     "append_log_line",
     "Journal",

@@ -9,7 +9,7 @@ import queue
 import threading
 import time
 import zlib
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Union
 
 from msprobe.backends._keys import validate_key
 from msprobe.backends._retry import RetryPolicy, reraise
@@ -24,7 +24,7 @@ from msprobe.errors import (
 if TYPE_CHECKING:
     from msprobe.backends._base import Store
 
-__all__ = ["BackgroundWriter", "WriterStats", "append_log_line"]
+__all__ = ["BackgroundWriter", "Digested", "WriterStats", "append_log_line"]
 
 log = logging.getLogger("msprobe.backends")
 
@@ -95,6 +95,14 @@ class _Task:
 
 def _nbytes(data: Any) -> int:
     return memoryview(data).nbytes
+
+
+class Digested(NamedTuple):
+    """What a ``submit``'s callable may return: the object's bytes with their CRC-32 computed already
+    (by its producer, on the way: :attr:`BackgroundWriter.digests` then need not read them again)."""
+
+    data: Any
+    crc: int
 
 
 class BackgroundWriter:
@@ -294,8 +302,11 @@ class BackgroundWriter:
 
     def _write(self, task: _Task) -> int:
         data = task.data
+        crc = None
         if callable(data) and not isinstance(data, (bytes, bytearray, memoryview)):
             data = data()
+            if isinstance(data, Digested):
+                data, crc = data.data, data.crc
             size = _nbytes(data)
             if size > task.reserved:  # the estimate was low: count the real size
                 with self._cond:
@@ -323,7 +334,7 @@ class BackgroundWriter:
             if self._overwrite or not self._same(task.key, body):
                 raise
         if self.digests is not None:
-            self.digests[task.key] = (_nbytes(body), zlib.crc32(body))
+            self.digests[task.key] = (_nbytes(body), crc if crc is not None else zlib.crc32(body))
         return _nbytes(body)
 
     def _same(self, key: str, body: Any) -> bool:

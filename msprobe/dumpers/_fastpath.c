@@ -9,6 +9,7 @@
  *       round to nearest even); float64 gives Mean = Norm = None. A NaN anywhere makes all four NaN.
  *     integers: (int Max, int Min, None, None); bool: (any, all, None, None).
  *   crc32(addr, nbytes, crc=0) -> int: zlib's CRC-32 (the gzip polynomial), continuing from crc.
+ *   crc32_combine(crc1, crc2, len2) -> int: the CRC-32 of two blocks from theirs (zlib's crc32_combine).
  *
  * The caller guarantees that [addr, addr + n * itemsize) is readable for the duration of the call
  * (a live, contiguous CPU tensor or array) and that n > 0 for stats. The GIL is released for
@@ -20,7 +21,7 @@
 #include <string.h>
 #include <math.h>
 
-#define FASTPATH_VERSION 2  /* bump with every change: a stale build is then rebuilt */
+#define FASTPATH_VERSION 3  /* bump with every change: a stale build is then rebuilt */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define MULTI __attribute__((target_clones("avx2", "default")))
@@ -514,6 +515,62 @@ static PyObject *fp_crc32(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromUnsignedLong(r);
 }
 
+/* crc32_combine(crc1, crc2, len2): the CRC-32 of A followed by B from crc1 = CRC(A), crc2 = CRC(B) and
+   len2 = len(B), without reading B again (zlib's method: the operator of len2 zero bytes by squaring) */
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
+    uint32_t sum = 0;
+    while (vec) {
+        if (vec & 1) sum ^= *mat;
+        vec >>= 1;
+        mat++;
+    }
+    return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *mat) {
+    for (int n = 0; n < 32; n++) square[n] = gf2_times(mat, mat[n]);
+}
+
+static uint32_t crc32_combine_(uint32_t crc1, uint32_t crc2, unsigned long long len2) {
+    uint32_t even[32], odd[32];
+    if (len2 == 0) return crc1;
+    odd[0] = 0xedb88320u;  /* the operator of one zero bit */
+    uint32_t row = 1;
+    for (int n = 1; n < 32; n++) {
+        odd[n] = row;
+        row <<= 1;
+    }
+    gf2_square(even, odd);  /* two zero bits */
+    gf2_square(odd, even);  /* four */
+    do {
+        gf2_square(even, odd);
+        if (len2 & 1) crc1 = gf2_times(even, crc1);
+        len2 >>= 1;
+        if (len2 == 0) break;
+        gf2_square(odd, even);
+        if (len2 & 1) crc1 = gf2_times(odd, crc1);
+        len2 >>= 1;
+    } while (len2 != 0);
+    return crc1 ^ crc2;
+}
+
+static PyObject *fp_crc32_combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "crc32_combine(crc1, crc2, len2)");
+        return NULL;
+    }
+    unsigned long c1 = PyLong_AsUnsignedLongMask(args[0]);
+    unsigned long c2 = PyLong_AsUnsignedLongMask(args[1]);
+    long long n = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "crc32_combine: a negative length");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(crc32_combine_((uint32_t)c1, (uint32_t)c2, (unsigned long long)n));
+}
+
 /* set_simd(on) -> the previous setting: off runs the portable kernels (the tests cover both) */
 static PyObject *fp_set_simd(PyObject *self, PyObject *arg) {
     (void)self;
@@ -536,6 +593,8 @@ static PyMethodDef methods[] = {
      "stats_runs(addr, code, run, sizes, strides) -> (Max, Min, Mean, Norm) over contiguous runs"},
     {"crc32", (PyCFunction)(void (*)(void))fp_crc32, METH_FASTCALL,
      "crc32(addr, nbytes, crc=0) -> zlib's CRC-32 of nbytes at addr"},
+    {"crc32_combine", (PyCFunction)(void (*)(void))fp_crc32_combine, METH_FASTCALL,
+     "crc32_combine(crc1, crc2, len2) -> the CRC-32 of A + B from CRC(A), CRC(B) and len(B)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -167,6 +167,16 @@ def test_layouts_left_to_torch():
     assert _encode._runs(x.t()) == (200, (), ())  # a transpose is one block
 
 
+def test_crc32_combine_equals_zlib_of_the_concatenation(fast):
+    rng = np.random.default_rng(3)
+    for la, lb in [(0, 0), (0, 5), (5, 0), (1, 1), (3, 1000), (1000, 65537), (17, 1 << 20)]:
+        a = rng.integers(0, 256, la, dtype=np.uint8).tobytes()
+        b = rng.integers(0, 256, lb, dtype=np.uint8).tobytes()
+        assert fast.crc32_combine(zlib.crc32(a), zlib.crc32(b), lb) == zlib.crc32(a + b), (la, lb)
+    with pytest.raises(ValueError):
+        fast.crc32_combine(0, 0, -1)
+
+
 def test_crc32_equals_zlib(kernels):
     rng = np.random.default_rng(1)
     buf = rng.integers(0, 256, 300_000, dtype=np.uint8)

@@ -109,3 +109,16 @@ def test_tensor_dump_files_equal_the_torch_save_path(tmp_path):
         a = torch.load(roots["1"] / n, weights_only=True)
         b = torch.load(roots["0"] / n, weights_only=True)
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), n
+
+
+@pytest.mark.parametrize("shape,dtype", [((0,), torch.float32), ((3, 5), torch.float32), ((7,), torch.bfloat16),
+                                         ((), torch.int64), ((64, 33), torch.float16)])
+def test_file_crc_is_the_crc_of_the_file(shape, dtype):
+    """The whole file's CRC-32 (the writer's digest in msprobe_lake.json) is made from the data's, without a
+    second read: it must equal zlib's CRC-32 of the bytes written."""
+    import zlib
+
+    t = torch.randn(shape).to(dtype) if dtype.is_floating_point else torch.randint(-9, 9, shape, dtype=dtype)
+    f = PtFile(t)
+    body = bytes(f.finish())
+    assert f.file_crc == zlib.crc32(body)

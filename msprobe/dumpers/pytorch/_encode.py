@@ -260,11 +260,13 @@ def _serialize(t: torch.Tensor) -> bytes:
     return buf.getvalue()
 
 
-def _finish_pt(f: Any) -> memoryview:
+def _finish_pt(f: Any) -> Any:
+    from msprobe.backends import Digested
     from msprobe.dumpers.pytorch._apis import GUARD
 
     GUARD.inside = True  # a writer thread: these tensor calls are not the model's
-    return f.finish()
+    body = f.finish()
+    return Digested(body, f.file_crc) if f.file_crc is not None else body  # (the writer's digest, made on the way)
 
 
 def _raw_bytes(t: torch.Tensor) -> memoryview:

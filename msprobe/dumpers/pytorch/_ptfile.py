@@ -103,11 +103,12 @@ class PtFile:
     """The file's buffer with the tensor copied in (the constructor, in the hook); ``finish()`` (in the
     writer thread) completes it and returns its bytes as a memoryview."""
 
-    __slots__ = ("buf", "nbytes", "dtype", "shape", "numel")
+    __slots__ = ("buf", "nbytes", "dtype", "shape", "numel", "file_crc")
 
     def __init__(self, t: torch.Tensor):
         self.dtype, self.shape, self.numel = t.dtype, tuple(t.shape), t.numel()
         self.nbytes = self.numel * t.element_size()
+        self.file_crc: Optional[int] = None  # the whole file's CRC-32, once finish() made it
         tail = 2048 + 48 * t.dim()  # pickle, the small records and the zip directory fit in it
         self.buf = torch.empty(_DATA_OFF + self.nbytes + tail, dtype=torch.uint8)
         if self.nbytes:
@@ -149,6 +150,13 @@ class PtFile:
         end = b"".join(tail)
         start = _DATA_OFF + self.nbytes
         if start + len(end) > len(mv):  # cannot happen with the tail reserved above; keep it correct anyway
-            return memoryview(bytes(mv[:start]) + end)
+            out = bytes(mv[:start]) + end
+            self.file_crc = zlib.crc32(out)
+            return memoryview(out)
+        # the whole file's CRC-32 (the writer's digest) from the data's, without reading the data again
+        head_crc = zlib.crc32(mv[:_DATA_OFF])
+        combine = getattr(fast, "crc32_combine", None) if fast is not None else None
+        whole = combine(head_crc, crc, self.nbytes) if combine is not None else zlib.crc32(data, head_crc)
+        self.file_crc = zlib.crc32(end, whole)
         mv[start:start + len(end)] = end
         return mv[:start + len(end)]
