@@ -5,7 +5,7 @@ import os
 import re
 import threading
 import warnings
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from msprobe.backends._keys import validate_key
 from msprobe.backends._retry import RetryPolicy, put_retrying, reraise
@@ -238,16 +238,34 @@ class Journal:
             return
 
 
+#: libc's fallocate, looked up once per process (``find_library`` runs ``ldconfig`` in a subprocess:
+#: a fork of the training process at every step's journal); False once known to be missing
+_FALLOCATE: Any = None
+
+
+def _fallocate() -> Any:
+    global _FALLOCATE
+    if _FALLOCATE is None:
+        try:
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            fn = libc.fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+            _FALLOCATE = fn
+        except (OSError, AttributeError):
+            _FALLOCATE = False
+    return _FALLOCATE
+
+
 def _reserve_blocks(fd: int, nbytes: int) -> bool:
     """Reserve ``nbytes`` of disk beyond the end of ``fd`` without changing its size
     (Linux ``fallocate(FALLOC_FL_KEEP_SIZE)``); False where that is not possible."""
+    fallocate = _fallocate()
+    if not fallocate:
+        return False
     try:
-        import ctypes
-        import ctypes.util
-
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fallocate = libc.fallocate
-        fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
         return fallocate(fd, 1, 0, int(nbytes)) == 0  # 1: FALLOC_FL_KEEP_SIZE
     except (OSError, AttributeError):
         return False

@@ -333,7 +333,8 @@ class StatCache:
         return None
 
     def put(self, t: torch.Tensor, handle: Any) -> None:
-        self.store(t, *self._key(t), handle)
+        key, base = self._key(t)
+        self.store(t, key, base, handle)
 
     def store(self, t: torch.Tensor, key: tuple, base: torch.Tensor, handle: Any) -> None:
         if len(self.entries) >= self.limit:
