@@ -307,7 +307,7 @@ class StatCache:
         self.hits = self.misses = 0
         self.ordered = ordered  # md5 mode: the checksum depends on the element order
 
-    def _key(self, t: torch.Tensor) -> tuple:
+    def memory_key(self, t: torch.Tensor) -> tuple:
         base = t._base
         if base is None:
             base = t
@@ -321,10 +321,10 @@ class StatCache:
         return (id(base), t.storage_offset(), layout, t.dtype, t.device), base
 
     def get(self, t: torch.Tensor) -> Any:
-        return self.lookup(t, *self._key(t))
+        return self.lookup(t, *self.memory_key(t))
 
     def lookup(self, t: torch.Tensor, key: tuple, base: torch.Tensor) -> Any:
-        """The handle cached under ``key`` (from ``_key(t)``) while its memory is unchanged, else None."""
+        """The handle cached under ``key`` (from ``memory_key(t)``) while its memory is unchanged, else None."""
         e = self.entries.get(key)
         if e is not None and e[0]() is base and e[1] == t._version:
             self.hits += 1
@@ -333,7 +333,7 @@ class StatCache:
         return None
 
     def put(self, t: torch.Tensor, handle: Any) -> None:
-        key, base = self._key(t)
+        key, base = self.memory_key(t)
         self.store(t, key, base, handle)
 
     def store(self, t: torch.Tensor, key: tuple, base: torch.Tensor, handle: Any) -> None:
@@ -453,7 +453,7 @@ class Encoder(ValueEncoder):
                 entry["md5"] = self._xor(_dense(t.detach()))
             else:
                 cache = self.cache
-                key, base = cache._key(t)
+                key, base = cache.memory_key(t)
                 handle = cache.lookup(t, key, base)
                 data = None
                 if handle is None:
