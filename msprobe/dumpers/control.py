@@ -260,6 +260,23 @@ def core_attribute(name: str) -> Any:
     return property(get, put, doc=f"the core's ``{name}``")
 
 
+class ModuleForwardHooks:
+    """The forward half of one module's (PyTorch) or Cell's (MindSpore) hooks, the same in both
+    frameworks: a weak reference to the dumper, the module's key, and the stack of its forward calls in
+    flight (what :meth:`DumperCore.module_forward_begin` gave, or None without a dumper), pushed by
+    :meth:`pre` and popped by the framework's post hook."""
+
+    def __init__(self, dumper: Any, key: str) -> None:
+        self.dumper = weakref.ref(dumper)
+        self.key = key
+        self.calls: list = []  # forward calls in flight (from module_forward_begin)
+
+    def pre(self, module, args, kwargs):
+        dumper = self.dumper()
+        self.calls.append(None if dumper is None else dumper.core.module_forward_begin(self.key, args, kwargs))
+        return None
+
+
 class DumperCore:
     """What every dumper holds and records, whatever the framework: the session, encoder and API
     patcher, the module stacks and parents, the step generation, the records of module calls and
@@ -404,13 +421,21 @@ class DumperCore:
     def parent(self) -> Optional[str]:
         return self.module_stack[-1] if self.module_stack else None
 
+    def call_skipped(self) -> bool:
+        """Whether a call now is neither recorded nor counted: before start(), after stop(), in a step
+        not dumped, or outside token_range."""
+        if not self.enabled:
+            return True
+        selection = self.filter
+        return selection.token_range is not None and not selection.in_token_range()
+
     def module_forward_begin(self, key: str, args: tuple, kwargs: dict) -> Optional[tuple]:
         """A module's (Cell's) forward pre-hook: counts the call, pushes it on the module stack and
         encodes its inputs. Returns the call in flight, ``(fwd, rec, parent, stack)`` with ``rec``
         None when the call is filtered out, or None when nothing is dumped now."""
-        selection = self.filter
-        if not self.enabled or (selection.token_range is not None and not selection.in_token_range()):
+        if self.call_skipped():
             return None
+        selection = self.filter
         if self.region is not None and key != self.region:
             return None  # inside module_dump(...): only that module is dumped
         fwd = f"{key}.forward.{self.session.next_module_index(key)}"

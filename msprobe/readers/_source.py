@@ -96,21 +96,6 @@ def _has_long_integer(data: bytes) -> bool:
     return False
 
 
-def _walk_nonfinite(obj: Any) -> None:
-    """Put NaN/+-Infinity back where orjson parsed their stand-in strings, everywhere in ``obj``."""
-    values = _NONFINITE_VALUES
-    stack = [obj]
-    while stack:
-        node = stack.pop()
-        for key, value in (node.items() if node.__class__ is dict else enumerate(node)):
-            kind = value.__class__
-            if kind is str:
-                if value[:1] == "\x00":
-                    node[key] = values[value]
-            elif kind is dict or kind is list:
-                stack.append(value)
-
-
 def _holds_stand_in(obj: Any) -> bool:
     """Whether a parsed container holds a stand-in string: orjson writes its NUL as ``\\u0000``,
     which the document did not hold (:func:`_orjson_loads` checked); True where orjson cannot write it."""
@@ -122,21 +107,27 @@ def _holds_stand_in(obj: Any) -> bool:
         return True
 
 
-def _restore_nonfinite(obj: Any, depth: int = 1) -> None:
+def _restore_nonfinite(obj: Any, depth: Optional[int] = 1) -> None:
     """Put NaN/+-Infinity back where orjson parsed their stand-in strings: the top ``depth`` + 1
-    levels are read here, and of the containers below them only those whose orjson text holds a
-    stand-in are walked (a dump's records: writing them is about 5x faster than walking them)."""
+    levels are read, and of the containers below them only those whose orjson text holds a
+    stand-in are walked, all through (a dump's records: writing them is about 5x faster than walking
+    them); ``depth=None`` walks everything."""
     values = _NONFINITE_VALUES
-    for key, value in (obj.items() if obj.__class__ is dict else enumerate(obj)):
-        kind = value.__class__
-        if kind is str:
-            if value[:1] == "\x00":
-                obj[key] = values[value]
-        elif kind is dict or kind is list:
-            if depth > 0:
-                _restore_nonfinite(value, depth - 1)
-            elif _holds_stand_in(value):
-                _walk_nonfinite(value)
+    stack: list = [(obj, depth)]
+    while stack:
+        node, level = stack.pop()
+        for key, value in (node.items() if node.__class__ is dict else enumerate(node)):
+            kind = value.__class__
+            if kind is str:
+                if value[:1] == "\x00":
+                    node[key] = values[value]
+            elif kind is dict or kind is list:
+                if level is None:
+                    stack.append((value, None))
+                elif level > 0:
+                    stack.append((value, level - 1))
+                elif _holds_stand_in(value):
+                    stack.append((value, None))
 
 
 def _orjson_loads(data: bytes) -> Any:

@@ -23,7 +23,14 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import Primitive
 
 from msprobe.dumpers.config import DumpConfig
-from msprobe.dumpers.control import DumperCore, FrameworkAdapter, capture_stack, core_attribute, render_stack
+from msprobe.dumpers.control import (
+    DumperCore,
+    FrameworkAdapter,
+    ModuleForwardHooks,
+    capture_stack,
+    core_attribute,
+    render_stack,
+)
 from msprobe.dumpers.mindspore._apis import GUARD, PIJIT_CONTEXT, ApiPatcher, import_first
 from msprobe.dumpers.mindspore._encode import Encoder, fetch_stats
 from msprobe.dumpers.mindspore._graph import GraphCellDump, is_jit_cell
@@ -228,11 +235,9 @@ class MindSporeDumper(FrameworkAdapter):
     def on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
         """The API wrappers' callback: ``orig(*args, **kwargs)`` recorded."""
         core = self.core
-        if not core.enabled:  # before start(), after stop(), in a step not dumped: not recorded nor counted
+        if core.call_skipped():
             return orig(*args, **kwargs)
         selection = core.filter
-        if selection.token_range is not None and not selection.in_token_range():
-            return orig(*args, **kwargs)
         GUARD.inside = True
         try:
             base, _ = core.session.next_api_name(api_key)
@@ -626,14 +631,12 @@ class _JitPatches:
             self._pijit_saved = None
 
 
-class _CellHooks:
+class _CellHooks(ModuleForwardHooks):
     """One Cell's hooks (L0/mix in PyNative): forward pre/post (its records), backward pre/post
     (its backward record, after its parameters_grad)."""
 
     def __init__(self, dumper: MindSporeDumper, cell: nn.Cell, key: str) -> None:
-        self.dumper = weakref.ref(dumper)
-        self.key = key
-        self.calls: list = []  # forward calls in flight: (fwd, rec, parent, stack) or None
+        super().__init__(dumper, key)  # calls: forward calls in flight, (fwd, rec, parent, stack) or None
         self.done: list = []  # finished forward indexes, popped by the backward pass (LIFO)
         self.running: list = []  # backward calls in flight: (backward name, recorded)
         handles = dumper.cell_handles
@@ -642,11 +645,6 @@ class _CellHooks:
         if dumper.config.backward_enabled:
             handles.append(cell.register_backward_pre_hook(self.backward_pre))
             handles.append(cell.register_backward_hook(self.backward_post))
-
-    def pre(self, cell, args, kwargs):
-        dumper = self.dumper()
-        self.calls.append(None if dumper is None else dumper.core.module_forward_begin(self.key, args, kwargs))
-        return None
 
     def post(self, cell, args, kwargs, output):
         dumper = self.dumper()

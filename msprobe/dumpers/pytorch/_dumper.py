@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from msprobe.dumpers.config import DumpConfig
-from msprobe.dumpers.control import DumperCore, FrameworkAdapter, capture_stack, core_attribute
+from msprobe.dumpers.control import DumperCore, FrameworkAdapter, ModuleForwardHooks, capture_stack, core_attribute
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
 from msprobe.errors import ConfigError
@@ -129,11 +129,9 @@ class TorchDumper(FrameworkAdapter):
     def on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
         """The API wrappers' callback: ``orig(*args, **kwargs)`` recorded."""
         core = self.core
-        if not core.enabled:  # before start(), after stop(), in a step not dumped: not recorded nor counted
+        if core.call_skipped():
             return orig(*args, **kwargs)
         selection = core.filter
-        if selection.token_range is not None and not selection.in_token_range():
-            return orig(*args, **kwargs)  # outside token_range nothing counts
         if core.region is not None:  # inside module_dump(...): APIs are not dumped (nor counted)
             return orig(*args, **kwargs)
         online = self.online
@@ -384,14 +382,12 @@ class TorchDumper(FrameworkAdapter):
         tensor.register_hook(hook)
 
 
-class _ModuleHooks:
+class _ModuleHooks(ModuleForwardHooks):
     """One module's hooks: forward pre/post (its records) and, with backward dumped, the taps
     on its inputs and outputs whose gradients give its backward record."""
 
     def __init__(self, dumper: TorchDumper, module: torch.nn.Module, key: str) -> None:
-        self.dumper = weakref.ref(dumper)
-        self.key = key
-        self.calls: list = []  # forward calls in flight (from module_forward_begin)
+        super().__init__(dumper, key)
         self.taps: dict = {}  # forward name -> its tap's state (the output gradients, once they arrive)
         add = dumper.add_handle
         add(module.register_forward_pre_hook(self.pre, with_kwargs=True))
@@ -400,11 +396,6 @@ class _ModuleHooks:
         add(module.register_forward_hook(self.post, with_kwargs=True, always_call=True))
         if dumper.config.backward_enabled:
             add(module.register_forward_hook(self.post_backward, with_kwargs=True))
-
-    def pre(self, module, args, kwargs):
-        dumper = self.dumper()
-        self.calls.append(None if dumper is None else dumper.core.module_forward_begin(self.key, args, kwargs))
-        return None
 
     def post(self, module, args, kwargs, output):
         dumper = self.dumper()
