@@ -41,6 +41,8 @@ class WriterStats:
     bytes_written: int = 0
     retries: int = 0
     failures: int = 0
+    #: objects not written because the same key was submitted again before they were
+    superseded: int = 0
     bytes_in_flight: int = 0
     peak_bytes_in_flight: int = 0
     #: total time submit() spent waiting for room (back-pressure)
@@ -86,11 +88,15 @@ def append_log_line(store: "Store", key: str, line: bytes | str, *, retry_policy
 
 
 class _Task:
-    __slots__ = ("key", "data", "reserved", "on_done")
+    __slots__ = ("key", "data", "reserved", "on_done", "seq")
 
     def __init__(self, key: str, data: Payload, reserved: int,
-                 on_done: "Callable[[BaseException | None], None] | None" = None) -> None:
-        self.key, self.data, self.reserved, self.on_done = key, data, reserved, on_done
+                 on_done: "Callable[[BaseException | None], None] | None" = None, seq: int = 0) -> None:
+        self.key, self.data, self.reserved, self.on_done, self.seq = key, data, reserved, on_done, seq
+
+
+class _Superseded(Exception):
+    """The key was submitted again: this task's bytes are not the object's any more."""
 
 
 def _nbytes(data: Any) -> int:
@@ -115,7 +121,11 @@ class BackgroundWriter:
     ``data`` may be a callable producing the bytes in the worker (lazy
     serialization); pass its expected size as ``nbytes`` so it is counted
     against the bound from the start. Buffers passed in must not be mutated
-    until written; submit each key once.
+    until written. A key submitted again replaces the earlier submission: the
+    last one submitted is what the key holds once :meth:`flush` returns, in
+    whatever order workers pick them up or retries delay them (an earlier one
+    not yet written is skipped, one being written finishes first; counted in
+    ``stats.superseded``).
 
     Workers retry transient errors (timeouts, 5xx, throttling, connection
     resets) ``retries`` times with exponential backoff and jitter between
@@ -180,6 +190,11 @@ class BackgroundWriter:
         self._cond = threading.Condition()
         self._stats = WriterStats()
         self._pending = 0
+        self._seq = 0
+        #: key -> the sequence number of its last submission, while one of it is queued or being written
+        self._latest: dict[str, int] = {}
+        #: the keys a worker is writing now (a later submission of one waits for it)
+        self._writing: set[str] = set()
         self._failed: dict[str, BaseException] = {}
         self._closed = False
         self._log_lock = threading.Lock()
@@ -227,7 +242,9 @@ class BackgroundWriter:
             self._reserve(size)
             self._pending += 1
             self._stats.objects_submitted += 1
-        self._queue.put(_Task(key, data, size, on_done))
+            self._seq += 1
+            seq = self._latest[key] = self._seq
+        self._queue.put(_Task(key, data, size, on_done, seq))
 
     def flush(self) -> None:
         """Wait until everything submitted is written; raise if anything failed since the last flush."""
@@ -278,8 +295,15 @@ class BackgroundWriter:
                 return
             succeeded = False
             error: BaseException | None = None
+            written = -1
             try:
-                written = self._write(task)
+                if self._claim(task):
+                    try:
+                        written = self._write(task)
+                    except _Superseded:
+                        written = -1
+                    finally:
+                        self._release(task)
                 succeeded = True
             except BaseException as exc:  # noqa: BLE001 - every failure is reported by flush()
                 error = exc
@@ -294,11 +318,34 @@ class BackgroundWriter:
                 task.data = b""
                 with self._cond:
                     self._stats.bytes_in_flight -= task.reserved
-                    if succeeded:
+                    if succeeded and written < 0:
+                        self._stats.superseded += 1
+                    elif succeeded:
                         self._stats.objects_written += 1
                         self._stats.bytes_written += written
                     self._pending -= 1
                     self._cond.notify_all()
+
+    def _claim(self, task: _Task) -> bool:
+        """Wait while another worker writes ``task.key``; False when a later submission replaced it."""
+        with self._cond:
+            while task.key in self._writing:
+                self._cond.wait()
+            if self._latest.get(task.key) != task.seq:
+                return False
+            self._writing.add(task.key)
+            return True
+
+    def _release(self, task: _Task) -> None:
+        with self._cond:
+            self._writing.discard(task.key)
+            if self._latest.get(task.key) == task.seq:
+                del self._latest[task.key]
+            self._cond.notify_all()
+
+    def _superseded(self, task: _Task) -> bool:
+        with self._cond:
+            return self._latest.get(task.key) != task.seq
 
     def _write(self, task: _Task) -> int:
         data = task.data
@@ -319,6 +366,8 @@ class BackgroundWriter:
             with self._cond:
                 self._stats.retries += 1
             log.debug("retrying %s (attempt %d) after %s", task.key, attempt, type(exc).__name__)
+            if self._superseded(task):  # submitted again meanwhile: the later bytes are written, not these
+                raise _Superseded(task.key) from exc
 
         def attempt() -> None:
             self._store.put(task.key, body, overwrite=self._overwrite)

@@ -212,3 +212,56 @@ def test_append_log_line_keeps_other_writers_lines(tmp_path, kind) -> None:
     lines = store.get("rank0/dump_error_info.log").decode().splitlines()
     assert lines[0] == "from the session" and lines[2] == "again from the session"
     assert "rank0/blocker/x" in lines[1] and "rank0/blocker/y" in lines[3] and len(lines) == 4
+
+
+class FirstFailsSlowly(LocalStore):
+    """The first put of ``bad`` bytes fails transiently, after ``delay`` seconds (a write that
+    times out); every other put works."""
+
+    def __init__(self, root, bad: bytes, delay: float) -> None:
+        super().__init__(root, fsync=False)
+        self.bad, self.delay, self.failed, self.puts = bad, delay, False, []
+
+    def put(self, key, data, *, overwrite=True):
+        self.puts.append(bytes(data))
+        if bytes(data) == self.bad and not self.failed:
+            self.failed = True
+            time.sleep(self.delay)
+            raise StorageTransientError(f"timed out writing {key}")
+        super().put(key, data, overwrite=overwrite)
+
+
+def test_a_key_submitted_again_holds_the_last_bytes_whatever_the_retries(tmp_path) -> None:
+    """A key submitted twice (a parameter's gradient rewritten after a second backward): the first
+    write times out and is retried while the second is written by another worker; the key must hold
+    the second submission's bytes (before, the first one's retry landed last)."""
+    store = FirstFailsSlowly(tmp_path, bad=b"v1" * 100, delay=0.2)
+    with BackgroundWriter(store, workers=4, backoff=(0.3, 0.3)) as w:
+        w.submit("g.pt", b"v1" * 100)
+        time.sleep(0.05)  # the first is being written (and about to fail)
+        w.submit("g.pt", b"v2" * 100)
+        w.flush()
+        assert store.get("g.pt") == b"v2" * 100
+        assert w.stats.superseded == 1 and w.stats.objects_written == 1
+    assert store.puts.count(b"v1" * 100) == 1  # its retry was dropped, not written
+
+
+def test_a_queued_submission_replaced_before_it_starts_is_not_produced(tmp_path) -> None:
+    store = LocalStore(tmp_path, fsync=False)
+    gate, produced = threading.Event(), []
+
+    def blocker() -> bytes:
+        gate.wait(5)
+        return b"other"
+
+    def producer(tag: bytes):
+        return lambda: produced.append(tag) or tag * 10
+
+    with BackgroundWriter(store, workers=1, digests=True) as w:
+        w.submit("other", blocker, nbytes=5)
+        for tag in (b"a", b"b", b"c"):
+            w.submit("k", producer(tag), nbytes=10)
+        gate.set()
+        w.flush()
+        assert store.get("k") == b"c" * 10 and produced == [b"c"]
+        assert w.stats.superseded == 2 and w.digests["k"] == (10, zlib.crc32(b"c" * 10))

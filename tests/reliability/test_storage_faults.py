@@ -178,6 +178,49 @@ def test_local_disk_faults_lose_nothing(tmp_path, reference, figures, monkeypatc
     assert lost == 0 and corrupted == 0
 
 
+def test_a_gradient_rewritten_by_a_second_backward_keeps_its_last_value(tmp_path, reference, monkeypatch):
+    """Two backward passes in a step (gradient accumulation) write each ``parameters_grad`` file twice;
+    the first write of the last layer's two times out (after 0.2 s, half its bytes written) and is retried
+    while the second is written by a free worker: every file must hold the accumulated gradient dump.json describes (before, the first
+    write's retry landed last: the race behind test_local_disk_faults_lose_nothing's rare corruption)."""
+    import errno
+
+    import msprobe.backends._local as local_mod
+
+    real_write_all, failed = local_mod._write_all, set()
+
+    def write_all(fd, view):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        key = os.path.basename(name).split(".msprobe-tmp-")[0]
+        if "Module.4.Linear.parameters_grad" in key and key not in failed:
+            failed.add(key)
+            os.write(fd, memoryview(view).cast("B")[: len(view) // 2])
+            import time
+
+            time.sleep(0.2)
+            raise OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT))
+        return real_write_all(fd, view)
+
+    monkeypatch.setattr(local_mod, "_write_all", write_all)
+    path = str(tmp_path / "d")
+    dbg = _dbg(path)
+    train(dbg, steps=1)
+    errors = list(dbg.dumper.session.errors)
+    PrecisionDebugger._reset()
+    monkeypatch.undo()
+    assert errors == [] and len(failed) == 2, (errors, failed)
+    rank = os.path.join(path, "step0", "rank")
+    ref_data, ref_tensors = reference[0]
+    with open(os.path.join(rank, "dump.json")) as f:
+        assert json.load(f)["data"] == ref_data
+    wrong = []
+    for fn, crc in sorted(ref_tensors.items()):
+        t = torch.load(os.path.join(rank, "dump_tensor_data", fn), weights_only=True)
+        if zlib.crc32(t.contiguous().numpy().tobytes()) != crc:
+            wrong.append(fn)
+    assert wrong == []
+
+
 def test_denied_tensor_writes_are_logged_not_fatal(s3_server, s3_bucket_url, s3_fault_proxy, reference, figures):
     from msprobe.backends import open_store
 
