@@ -56,10 +56,12 @@ UNINIT = {"mixtral": re.compile(r"^Tensor\.__setitem__\.\d+\.forward\.input_args
 RACY_MD5 = {"mixtral": re.compile(r"^(Torch\.topk\.\d+\.forward\.output\.0|Tensor\.sum\.\d+\.forward\.input_args\.0)"
                                   r"\.md5$"),
             # a basic layer's output (its last conv layer's batch_norm output, through an Identity) gets the
-            # shortcut added in place right after: hidden_state += residual
+            # shortcut added in place right after: hidden_state += residual. Every record that sees that
+            # buffer: the batch_norm call and its BatchNorm2d module (output), the Identity (input and
+            # output), the ResNetConvLayer and the Sequential holding it (output)
             "resnet": re.compile(r"^(Functional\.batch_norm\.\d+\.forward\.(input_args\.[12]|output\.0)"
-                                 r"|Module\..*\.(Sequential|ResNetConvLayer|Identity)\.forward\.\d+\.output\.0)"
-                                 r"\.md5$")}
+                                 r"|Module\..*\.(Sequential|ResNetConvLayer|Identity|BatchNorm2d)\.forward\.\d+"
+                                 r"\.output\.0|Module\..*\.Identity\.forward\.\d+\.input_args\.0)\.md5$")}
 
 
 def run_tool(python: str, cwd, model: str, cfg: str, ours: bool) -> str:
