@@ -10,6 +10,11 @@
  *     integers: (int Max, int Min, None, None); bool: (any, all, None, None).
  *   crc32(addr, nbytes, crc=0) -> int: zlib's CRC-32 (the gzip polynomial), continuing from crc.
  *   crc32_combine(crc1, crc2, len2) -> int: the CRC-32 of two blocks from theirs (zlib's crc32_combine).
+ *   record_json(obj, dumps) -> str or None: json.dumps(obj, separators=(", ", ": ")) byte for byte,
+ *     made from dumps(obj) (orjson's compact UTF-8 text, its shortest float digits) respaced, with
+ *     non-ASCII and DEL escaped and floats spelt as Python's repr; None (the caller then takes json)
+ *     when obj holds anything but exact dict (str keys) / list / tuple / str / int (64-bit) / finite
+ *     float / bool / None, nests deeper than 64, or dumps fails.
  *
  * The caller guarantees that [addr, addr + n * itemsize) is readable for the duration of the call
  * (a live, contiguous CPU tensor or array) and that n > 0 for stats. The GIL is released for
@@ -21,7 +26,7 @@
 #include <string.h>
 #include <math.h>
 
-#define FASTPATH_VERSION 3  /* bump with every change: a stale build is then rebuilt */
+#define FASTPATH_VERSION 4  /* bump with every change: a stale build is then rebuilt */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define MULTI __attribute__((target_clones("avx2", "default")))
@@ -571,6 +576,209 @@ static PyObject *fp_crc32_combine(PyObject *self, PyObject *const *args, Py_ssiz
     return PyLong_FromUnsignedLong(crc32_combine_((uint32_t)c1, (uint32_t)c2, (unsigned long long)n));
 }
 
+/* ---- record_json: see the header comment ---------------------------------------------------- */
+
+static int json_plain(PyObject *o, int depth) {
+    if (o == Py_None || PyBool_Check(o) || PyUnicode_CheckExact(o)) return 1;
+    if (PyFloat_CheckExact(o)) return isfinite(PyFloat_AS_DOUBLE(o)) ? 1 : 0;
+    if (PyLong_CheckExact(o)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (v == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        return overflow == 0;
+    }
+    if (depth >= 64) return 0;
+    if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+        PyObject **items = PySequence_Fast_ITEMS(o);
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!json_plain(items[i], depth + 1)) return 0;
+        return 1;
+    }
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v))
+            if (!PyUnicode_CheckExact(k) || !json_plain(v, depth + 1)) return 0;
+        return 1;
+    }
+    return 0;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+static Py_ssize_t put_u(unsigned char *out, unsigned cp) {
+    out[0] = '\\';
+    out[1] = 'u';
+    out[2] = HEX[(cp >> 12) & 15];
+    out[3] = HEX[(cp >> 8) & 15];
+    out[4] = HEX[(cp >> 4) & 15];
+    out[5] = HEX[cp & 15];
+    return 6;
+}
+
+/* one number token of orjson's text, as Python's repr spells it: an exponent of at least two
+ * digits with its sign, scientific below 1e-4 (orjson writes 0.00001 and 1e-7) */
+static Py_ssize_t put_number(const unsigned char *t, Py_ssize_t len, unsigned char *out) {
+    Py_ssize_t e = -1, o = 0;
+    for (Py_ssize_t i = 0; i < len; i++)
+        if (t[i] == 'e' || t[i] == 'E') {
+            e = i;
+            break;
+        }
+    if (e >= 0) {
+        memcpy(out, t, (size_t)e);
+        o = e;
+        out[o++] = 'e';
+        Py_ssize_t k = e + 1;
+        if (k < len && (t[k] == '+' || t[k] == '-')) out[o++] = t[k++];
+        else out[o++] = '+';
+        if (len - k == 1) out[o++] = '0';
+        memcpy(out + o, t + k, (size_t)(len - k));
+        return o + (len - k);
+    }
+    Py_ssize_t p = (len && t[0] == '-') ? 1 : 0;
+    if (len - p > 6 && t[p] == '0' && t[p + 1] == '.') {
+        Py_ssize_t z = 0;
+        while (p + 2 + z < len && t[p + 2 + z] == '0') z++;
+        Py_ssize_t d = p + 2 + z;  /* the first significant digit */
+        if (z >= 4 && d < len) {
+            if (p) out[o++] = '-';
+            out[o++] = t[d];
+            if (len - d > 1) {
+                out[o++] = '.';
+                memcpy(out + o, t + d + 1, (size_t)(len - d - 1));
+                o += len - d - 1;
+            }
+            unsigned ex = (unsigned)(z + 1);
+            out[o++] = 'e';
+            out[o++] = '-';
+            char buf[8];
+            int nd = snprintf(buf, sizeof buf, "%02u", ex);
+            memcpy(out + o, buf, (size_t)nd);
+            return o + nd;
+        }
+    }
+    memcpy(out, t, (size_t)len);
+    return len;
+}
+
+/* orjson's compact UTF-8 text -> json.dumps(separators=(", ", ": "), ensure_ascii=True)'s; NULL with
+ * no exception set when the text is not what orjson writes (the caller falls back) */
+static PyObject *respace(const unsigned char *s, Py_ssize_t n) {
+    unsigned char *out = (unsigned char *)PyMem_Malloc((size_t)n * 6 + 64);
+    if (out == NULL) return PyErr_NoMemory();
+    Py_ssize_t i = 0, o = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c == '"') {
+            out[o++] = c;
+            i++;
+            for (;;) {
+                if (i >= n) goto bad;
+                c = s[i];
+                if (c == '"') {
+                    out[o++] = c;
+                    i++;
+                    break;
+                }
+                if (c == '\\') {
+                    if (i + 1 >= n) goto bad;
+                    if (s[i + 1] == 'u') {
+                        if (i + 6 > n) goto bad;
+                        out[o++] = '\\';
+                        out[o++] = 'u';
+                        for (int k = 2; k < 6; k++) {
+                            unsigned char h = s[i + k];
+                            out[o++] = (h >= 'A' && h <= 'F') ? (unsigned char)(h + 32) : h;
+                        }
+                        i += 6;
+                    } else {
+                        out[o++] = c;
+                        out[o++] = s[i + 1];
+                        i += 2;
+                    }
+                    continue;
+                }
+                if (c < 0x80) {
+                    if (c == 0x7f) o += put_u(out + o, c);
+                    else out[o++] = c;
+                    i++;
+                    continue;
+                }
+                unsigned cp;
+                int more;
+                if ((c & 0xE0) == 0xC0) { cp = c & 0x1F; more = 1; }
+                else if ((c & 0xF0) == 0xE0) { cp = c & 0x0F; more = 2; }
+                else if ((c & 0xF8) == 0xF0) { cp = c & 0x07; more = 3; }
+                else goto bad;
+                if (i + more >= n) goto bad;
+                for (int k = 1; k <= more; k++) {
+                    unsigned char b = s[i + k];
+                    if ((b & 0xC0) != 0x80) goto bad;
+                    cp = (cp << 6) | (b & 0x3F);
+                }
+                i += more + 1;
+                if (cp >= 0x10000) {
+                    cp -= 0x10000;
+                    o += put_u(out + o, 0xD800 | (cp >> 10));
+                    o += put_u(out + o, 0xDC00 | (cp & 0x3FF));
+                } else {
+                    o += put_u(out + o, cp);
+                }
+            }
+        } else if (c == ',' || c == ':') {
+            out[o++] = c;
+            out[o++] = ' ';
+            i++;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            Py_ssize_t j = i + 1;
+            while (j < n && ((s[j] >= '0' && s[j] <= '9') || s[j] == '.' || s[j] == 'e' || s[j] == 'E' ||
+                             s[j] == '+' || s[j] == '-'))
+                j++;
+            o += put_number(s + i, j - i, out + o);
+            i = j;
+        } else {
+            out[o++] = c;
+            i++;
+        }
+    }
+    {
+        PyObject *r = PyUnicode_New(o, 127);
+        if (r != NULL) memcpy(PyUnicode_1BYTE_DATA(r), out, (size_t)o);
+        PyMem_Free(out);
+        return r;
+    }
+bad:
+    PyMem_Free(out);
+    return NULL;
+}
+
+static PyObject *fp_record_json(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "record_json(obj, dumps)");
+        return NULL;
+    }
+    if (!json_plain(args[0], 0)) Py_RETURN_NONE;
+    PyObject *b = PyObject_CallOneArg(args[1], args[0]);
+    if (b == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!PyBytes_Check(b)) {
+        Py_DECREF(b);
+        Py_RETURN_NONE;
+    }
+    PyObject *r = respace((const unsigned char *)PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+    Py_DECREF(b);
+    if (r == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+    return r;
+}
+
 /* set_simd(on) -> the previous setting: off runs the portable kernels (the tests cover both) */
 static PyObject *fp_set_simd(PyObject *self, PyObject *arg) {
     (void)self;
@@ -595,6 +803,8 @@ static PyMethodDef methods[] = {
      "crc32(addr, nbytes, crc=0) -> zlib's CRC-32 of nbytes at addr"},
     {"crc32_combine", (PyCFunction)(void (*)(void))fp_crc32_combine, METH_FASTCALL,
      "crc32_combine(crc1, crc2, len2) -> the CRC-32 of A + B from CRC(A), CRC(B) and len(B)"},
+    {"record_json", (PyCFunction)(void (*)(void))fp_record_json, METH_FASTCALL,
+     "record_json(obj, dumps) -> json.dumps(obj, separators=(', ', ': ')) from dumps(obj), or None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,10 +18,10 @@ import os
 import sys
 from typing import Any, Optional
 
-__all__ = ["native", "DTYPE_CODES", "disabled"]
+__all__ = ["native", "DTYPE_CODES", "disabled", "record_text_function"]
 
 #: the C module's FASTPATH_VERSION this Python code expects
-VERSION = 3
+VERSION = 4
 #: dtype name (torch's / numpy's spelling) -> the C dtype code
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int16": 6,
                "int32": 7, "int64": 8, "bool": 9}
@@ -113,3 +113,27 @@ def _compile(d: str, path: str) -> bool:
             return True
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def record_text_function() -> Any:
+    """``record -> its JSON text`` exactly as :data:`msprobe.format.journal.record_text` (``json.dumps``
+    with ``", "``/``": "``) writes it: through the C ``record_json`` over orjson's encoder (its float
+    digits, ~6x faster on a record of statistics) when both are there, else (and for any record the C
+    side declines: NaN/Infinity, other types, huge ints) the json module itself."""
+    from msprobe.format.journal import record_text
+
+    mod = native()
+    fast = getattr(mod, "record_json", None) if mod is not None else None
+    try:
+        import orjson  # the [fast] extra
+    except ImportError:
+        return record_text
+    if fast is None:
+        return record_text
+    dumps = orjson.dumps
+
+    def text(record: Any) -> str:
+        out = fast(record, dumps)
+        return out if out is not None else record_text(record)
+
+    return text

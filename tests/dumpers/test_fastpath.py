@@ -371,3 +371,56 @@ def test_fused_handles_round_and_batch_per_dtype():
                               logical_dtype="bfloat16" if t.dtype == torch.bfloat16 else None)
         assert all(_close(a, b) for a, b in zip((v["Max"], v["Min"], v["Mean"], v["Norm"]), ref)), (t.dtype, v, ref)
     assert got[0]["md5"] == "0000abcd"
+
+
+def _random_value(rng, depth=0):
+    import math
+    import struct
+
+    kind = rng.randrange(10 if depth < 4 else 6)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.choice([0, -1, 7, 2**63 - 1, -2**63, rng.randrange(-10**12, 10**12)])
+    if kind in (2, 3):
+        while True:
+            v = rng.choice([struct.unpack("f", struct.pack("I", rng.getrandbits(32)))[0],
+                            struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0],
+                            rng.gauss(0, 1) * 10.0 ** rng.randint(-30, 30), float(rng.randint(-10**6, 10**6)),
+                            rng.choice([0.0, -0.0, 1e-4, 1e-5, 9.999e-5, 1e16, 1e15, 5e-324, 1e308])])
+            if math.isfinite(v):
+                return v
+    if kind in (4, 5):
+        alphabet = "ab:,\" \\/\n\t\x00\x1f\x7f\x80é€\U0001F600{}[]-0.1e"
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(8)))
+    if kind in (6, 7):
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(5))]
+    if kind == 8:
+        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randrange(3)))
+    return {str(_random_value(rng, 5)): _random_value(rng, depth + 1) for _ in range(rng.randrange(5))}
+
+
+def test_record_json_is_json_dumps_byte_for_byte(fast):
+    """The C record encoder (orjson's text respaced) gives exactly json.dumps(separators=(", ", ": "))'s
+    text for every plain record, and None (the json module then) for what it does not take."""
+    import random
+
+    import orjson  # (the [fast] extra: in the test install)
+
+    from msprobe.format.journal import record_text
+
+    rng = random.Random(30)
+    for _ in range(20000):
+        value = {"input_args": [_random_value(rng) for _ in range(3)], "output": _random_value(rng)}
+        got = fast.record_json(value, orjson.dumps)
+        assert got == record_text(value), value
+    deep: list = [1]
+    for _ in range(70):
+        deep = [deep]
+    for value in (float("nan"), [float("inf")], {"a": -float("inf")}, {1: 2}, [2**64], [-(2**63) - 1], {"s": "\ud800"},
+                  deep, object(), {"x": {1, 2}}, np.float32(1.5), 3j):
+        assert fast.record_json(value, orjson.dumps) is None, value
+    # the dumper's function takes json's path for those, with json's answer
+    text = fastpath.record_text_function()
+    assert text({"Max": float("nan"), "Min": float("-inf")}) == '{"Max": NaN, "Min": -Infinity}'
+    assert text({"a": [1, 2.5e-07]}) == '{"a": [1, 2.5e-07]}'

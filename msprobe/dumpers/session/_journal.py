@@ -10,10 +10,11 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from msprobe.dumpers.config import DumpConfig
+from msprobe.dumpers.fastpath import record_text_function
 from msprobe.dumpers.session._documents import PendingStats
 from msprobe.dumpers.session._failures import FailureLog
 from msprobe.dumpers.session._storage import SessionStorage
-from msprobe.format.journal import NO_PARENT, encode_record_text, encode_stack, record_text
+from msprobe.format.journal import NO_PARENT, encode_record_text, encode_stack
 from msprobe.format.layout import JOURNAL_DIR, MARKER_FILE
 from msprobe.format.marker import decode_marker
 from msprobe.format.model import data_names
@@ -46,6 +47,8 @@ class JournalPipeline:
         self.journal: Any = None  # the store's journal of the rank directory, opened on first use
         self._batch: Optional[int] = None
         self._window_timer: Optional[threading.Timer] = None
+        #: a record's JSON text, as format.journal.record_text makes it (the C fast path when there)
+        self.record_text = record_text_function()
         self.reset()
 
     def reset(self) -> None:
@@ -90,12 +93,13 @@ class JournalPipeline:
         pending.resolve(fetch_stats)
         queue, self.queue = self.queue, []
         with_parent = self.config.level in ("L0", "mix")
+        text_of = self.record_text
         lines: list = []  # (line bytes, 1 for a record / 0 for a stack, record)
         for name, raw, parent, stack in queue:
             if name is None:  # a new stack (raw: its id, stack: its frames): its frames once, records refer to its id
                 lines.append((encode_stack(raw, self.render_stack(stack)), 0, None))
                 continue
-            text = record_text(raw)  # made once: the journal line is built around it, dump.json reuses it
+            text = text_of(raw)  # made once: the journal line is built around it, dump.json reuses it
             if encoded is not None:
                 encoded[name] = (raw, text)
             line = encode_record_text(name, text, parent=parent if with_parent else NO_PARENT, stack_id=stack)
