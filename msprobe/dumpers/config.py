@@ -113,7 +113,7 @@ class DumpConfig:
     journal_flush: Optional[int] = None
     journal_window: float = 1.0  # object stores: seconds a completed record may wait for its journal flush
     storage_timeout: float = 30.0  # seconds per storage operation of the dumper, retries included
-    journal_fsync: bool = False  # fsync each journal flush (power-loss safety) or not (process-kill safety)
+    journal_fsync: bool = False  # fsync each journal flush and published document (power-loss safety) or not (process-kill safety)
     fsync_tensors: bool = False  # fsync each tensor file (power-loss safety); renames stay atomic either way
     index: bool = False  # write the Parquet side index at publish
     tensor_store: str = "files"  # "files": one .pt per tensor (msprobe); "zarr": tensors.zarr (section 21)

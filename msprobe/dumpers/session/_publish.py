@@ -40,7 +40,7 @@ class RankPublisher:
                "dump_data_dir": self.dump_data_dir(prefix, docs), "data": docs.data}
         try:
             # each document: one atomic put, transient failures retried
-            store = RetryingPut(self.storage.store, self.storage.policy())
+            store = RetryingPut(self.storage.document_store(), self.storage.policy())
             stack = None if debug else docs.stacks.to_json(self.render_stack)
             encoded = encode_documents(doc, debug=debug, stack=stack, construct=docs.construct, encoded=docs.encoded)
             for name, body in encoded:
@@ -91,6 +91,6 @@ class RankPublisher:
             policy = storage.policy()  # the marker is read back with the same retries as every publish
             if policy.call(lambda: storage.store.exists(key)):
                 final = mark_final(policy.call(lambda: storage.store.get(key)))
-                RetryingPut(storage.store, storage.policy()).put(key, final)
+                RetryingPut(storage.document_store(), storage.policy()).put(key, final)
         except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
             self.failures.note("marker", exc)
