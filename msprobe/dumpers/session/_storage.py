@@ -131,7 +131,10 @@ class SessionStorage:
         if not getattr(store, "is_local", False) or self.config.journal_fsync:
             return store
         if self._documents is None:
-            self._documents = LocalStore(store.local_path(""), fsync=False)
+            root = store.local_path("")
+            if root is None:
+                return store
+            self._documents = LocalStore(root, fsync=False)
         return self._documents
 
     def check_writable(self) -> None:
