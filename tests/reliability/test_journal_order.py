@@ -138,6 +138,37 @@ def test_failed_write_releases_the_queue(tmp_path):
     s.close()
 
 
+def test_a_file_written_twice_holds_its_records_until_the_last_write(tmp_path):
+    """A gradient's file is written again after a second backward (same data name): the record of the
+    second write must wait for that write too, not be released by the first one's."""
+    s = _session(tmp_path)
+    dn = "Module.fc.Linear.parameters_grad.weight.pt"
+    first, second = threading.Event(), threading.Event()
+    store = s.writer.store
+    real = store.put
+
+    def put(key, data, **kw):
+        if dn in key:
+            (first if bytes(data) == b"1" * 8 else second).wait(30)
+        return real(key, data, **kw)
+
+    store.put = put
+    s.save_tensor(dn, lambda: b"1" * 8, 8)
+    s.add_record("Module.fc.Linear.parameters_grad", _rec(dn))
+    s.save_tensor(dn, lambda: b"2" * 8, 8)
+    s.remove_record("Module.fc.Linear.parameters_grad")
+    s.add_record("Module.fc.Linear.parameters_grad", _rec(dn))
+    first.set()
+    time.sleep(0.2)  # the first write is published (or skipped: superseded), the second is held
+    assert _journaled(tmp_path) == []
+    second.set()
+    _wait(lambda: len(_journaled(tmp_path)) == 2)
+    s.publish(final=True)
+    assert (tmp_path / "step0" / "rank" / "dump_tensor_data" / dn).read_bytes() == b"2" * 8
+    assert s.errors == []
+    s.close()
+
+
 @pytest.mark.parametrize("task", ["statistics"])
 def test_statistics_path_holds_nothing(tmp_path, task):
     s = _session(tmp_path, task)

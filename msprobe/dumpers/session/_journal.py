@@ -56,7 +56,7 @@ class JournalPipeline:
         #: (name, raw, parent, stack id) of each record (the session appends them, then flushes a
         #: full batch), (None, stack id, None, frames) of each new stack
         self.queue: list = []
-        #: data_name -> journal lines waiting for that tensor file (submitted, not yet published)
+        #: data_name -> [its submissions not yet published, the journal lines waiting for them]
         self.inflight: dict = {}
         #: journal lines in execution order, each [bytes, tensor files still in flight, is a record]
         self.held_lines: deque = deque()
@@ -112,7 +112,7 @@ class JournalPipeline:
                     for data_name in data_names(record, bounded=False):
                         waiting = inflight.get(data_name)
                         if waiting is not None:
-                            waiting.append(item)
+                            waiting[1].append(item)
                             item[1] += 1
                 held.append(item)
             self._release_locked(force=False)
@@ -126,14 +126,23 @@ class JournalPipeline:
                     self.open()
                 except Exception as exc:  # noqa: BLE001 - the journal is a safety net
                     self.failures.note("journal", exc)
-            self.inflight[data_name] = []
+            waiting = self.inflight.get(data_name)
+            if waiting is None:
+                self.inflight[data_name] = [1, []]
+            else:  # written again (a gradient after a second backward): its lines wait for every write
+                waiting[0] += 1
 
     def tensor_done(self, data_name: str) -> None:
         """A tensor file is published (or failed for good): release the journal lines that
         waited for it, in order. Runs in a writer thread."""
         with self.lock:
-            for held in self.inflight.pop(data_name, ()):
-                held[1] -= 1
+            waiting = self.inflight.get(data_name)
+            if waiting is not None:
+                waiting[0] -= 1
+                if waiting[0] <= 0:
+                    del self.inflight[data_name]
+                    for held in waiting[1]:
+                        held[1] -= 1
             if self.held_lines:
                 self._release_locked(force=False)
 
