@@ -1,6 +1,7 @@
 """LocalStore: a directory of the local file system, or a shared (NFS-style) one."""
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
@@ -18,6 +19,30 @@ _CHUNK = 1 << 20
 _NO_HARDLINKS = {
     getattr(errno, n) for n in ("EPERM", "ENOTSUP", "EOPNOTSUPP", "ENOSYS", "EMLINK", "EXDEV") if hasattr(errno, n)
 }
+
+
+#: ``direct=True``: objects of at least this many bytes whose buffer starts on a _DIRECT_ALIGN boundary
+#: are written with O_DIRECT (all but the last partial block; that one through the page cache)
+_DIRECT_MIN = 1 << 20
+_DIRECT_ALIGN = 4096
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def _address(view: memoryview) -> int:
+    """The address of a writable buffer's first byte, or -1 (read-only: never written direct)."""
+    if view.readonly:
+        return -1
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _set_direct(fd: int, on: bool) -> None:
+    import fcntl
+
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, (flags | _O_DIRECT) if on else (flags & ~_O_DIRECT))
 
 
 def _as_bytes_view(data: BytesLike) -> memoryview:
@@ -53,6 +78,13 @@ class LocalStore(Store):
     file). Directory creation races between processes are harmless.
 
     ``fsync=False`` skips the fsyncs (faster, not durable across power loss).
+
+    ``direct=True`` writes the bulk of a large ``put`` (at least 1 MiB, from a writable buffer
+    that starts on a 4096-byte boundary: a tensor file's buffer) with ``O_DIRECT``: from the
+    caller's memory to the disk, without the copy into the page cache (most of the process CPU of
+    writing a tensor dump) and without filling the page cache with the dump. The last partial block
+    goes through the page cache; the bytes, the temporary name and the rename are the same. A file
+    system that refuses it (``EINVAL``) is written through the page cache from then on.
     """
 
     is_local = True
@@ -64,11 +96,13 @@ class LocalStore(Store):
         read_only: bool = False,
         create: bool = True,
         fsync: bool = True,
+        direct: bool = False,
         _below: bool = False,
     ) -> None:
         super().__init__(read_only=read_only)
         self._root = os.fspath(root) if _below else os.path.abspath(os.fspath(root))
         self._fsync = fsync
+        self._direct = bool(direct and _O_DIRECT)
         if _below or os.path.isdir(self._root):  # a sub-store's root is neither checked nor created
             return
         if os.path.lexists(self._root) and not os.path.isdir(self._root):  # isdir again: another process may have
@@ -193,7 +227,29 @@ class LocalStore(Store):
     def put(self, key: str, data: BytesLike, *, overwrite: bool = True) -> None:
         self.check_writable()
         view = _as_bytes_view(data)
+        if self._direct and len(view) >= _DIRECT_MIN and _address(view) % _DIRECT_ALIGN == 0:
+            self._publish(self._key(key), lambda fd: self._write_direct(fd, view), overwrite, "put", direct=True)
+            return
         self._publish(self._key(key), lambda fd: _write_all(fd, view), overwrite, "put")
+
+    def _write_direct(self, fd: int, view: memoryview) -> int:
+        """``view`` into ``fd`` (opened with O_DIRECT, at offset 0): its whole blocks direct, the rest
+        through the page cache."""
+        bulk = len(view) - len(view) % _DIRECT_ALIGN
+        try:
+            done = _write_all(fd, view[:bulk])
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            # refused (this file system wants another alignment, or a short write left the offset
+            # unaligned): the whole object again through the page cache, and every later one
+            self._direct = False
+            _set_direct(fd, False)
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            return _write_all(fd, view)
+        _set_direct(fd, False)
+        return done + _write_all(fd, view[bulk:]) if bulk < len(view) else done
 
     def put_stream(self, key: str, fileobj: BinaryIO, *, overwrite: bool = True) -> int:
         self.check_writable()
@@ -216,7 +272,8 @@ class LocalStore(Store):
 
         return self._publish(self._key(key), copy, overwrite, "put_stream")
 
-    def _publish(self, key: str, write: Callable[[int], int], overwrite: bool, operation: str) -> int:
+    def _publish(self, key: str, write: Callable[[int], int], overwrite: bool, operation: str,
+                 direct: bool = False) -> int:
         path = self._path(key)
         parent, name = os.path.split(path)
         tmp = os.path.join(parent, f".{name[:120]}{TEMP_MARKER}{uuid.uuid4().hex}")
@@ -224,7 +281,18 @@ class LocalStore(Store):
             os.makedirs(parent, exist_ok=True)
             if not overwrite and self._stat(path) is not None:
                 raise StoragePermissionError(f"{operation} {path}: already exists and overwrite=False")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+            if direct:
+                try:
+                    fd = os.open(tmp, flags | _O_DIRECT, 0o666)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    self._direct = False  # no O_DIRECT on this file system: the page cache, as any put
+                    _unlink_quiet(tmp)
+                    fd = os.open(tmp, flags, 0o666)
+            else:
+                fd = os.open(tmp, flags, 0o666)
             try:
                 nbytes = write(fd)
                 if self._fsync:
@@ -289,4 +357,5 @@ class LocalStore(Store):
     # -- navigation -------------------------------------------------------
     def child(self, prefix: str) -> "LocalStore":
         prefix = self._prefix(prefix)
-        return LocalStore(self._path(prefix), read_only=self.read_only, fsync=self._fsync, _below=True) if prefix else self
+        return LocalStore(self._path(prefix), read_only=self.read_only, fsync=self._fsync, direct=self._direct,
+                          _below=True) if prefix else self

@@ -122,3 +122,22 @@ def test_file_crc_is_the_crc_of_the_file(shape, dtype):
     f = PtFile(t)
     body = bytes(f.finish())
     assert f.file_crc == zlib.crc32(body)
+
+
+@pytest.mark.parametrize("shape,dtype", [((1 << 18,), torch.float32), ((513, 1025), torch.float16),
+                                         ((3, 1 << 19), torch.bfloat16)])
+def test_large_files_written_direct_load_and_mmap(tmp_path, shape, dtype):
+    """A large file's buffer starts on a page boundary, so LocalStore(direct=True) writes it with
+    O_DIRECT: the file is byte for byte the buffer, loads (weights_only) and mmaps to the tensor."""
+    from msprobe.backends import LocalStore
+
+    t = torch.randn(shape).to(dtype)
+    f = PtFile(t)
+    assert f.buf.data_ptr() % 4096 == 0
+    body = f.finish()
+    store = LocalStore(tmp_path, fsync=False, direct=True)
+    store.put("x.pt", body)
+    assert (tmp_path / "x.pt").read_bytes() == bytes(body)
+    for mmap in (False, True):
+        got = torch.load(tmp_path / "x.pt", weights_only=True, mmap=mmap)
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)

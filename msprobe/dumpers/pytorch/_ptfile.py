@@ -35,6 +35,9 @@ _HEAD = 30 + len(_DATA)
 _PAD = (-(_HEAD + 4)) % _ALIGN  # the local header of data/0, an "FB" extra field of _PAD bytes, then the data
 _DATA_OFF = _HEAD + 4 + _PAD
 _MAX_BYTES = (1 << 31) - (1 << 20)
+#: a buffer of at least _PAGE_MIN bytes starts on a _PAGE boundary (LocalStore(direct=True) writes it
+#: with O_DIRECT: straight to the disk, no copy into the page cache)
+_PAGE, _PAGE_MIN = 4096, 1 << 20
 _STORAGE: dict = {}
 #: (dtype, shape) -> data.pkl's (name, crc, bytes)
 _PKL: dict = {}
@@ -110,7 +113,13 @@ class PtFile:
         self.nbytes = self.numel * t.element_size()
         self.file_crc: Optional[int] = None  # the whole file's CRC-32, once finish() made it
         tail = 2048 + 48 * t.dim()  # pickle, the small records and the zip directory fit in it
-        self.buf = torch.empty(_DATA_OFF + self.nbytes + tail, dtype=torch.uint8)
+        size = _DATA_OFF + self.nbytes + tail
+        if size >= _PAGE_MIN:  # starts on a 4096-byte boundary: the store writes it with O_DIRECT
+            raw = torch.empty(size + _PAGE - 1, dtype=torch.uint8)
+            start = -raw.data_ptr() % _PAGE
+            self.buf = raw[start:start + size]
+        else:
+            self.buf = torch.empty(size, dtype=torch.uint8)
         if self.nbytes:
             dst = self.buf[_DATA_OFF:_DATA_OFF + self.nbytes].view(self.dtype).view(self.shape)
             dst.copy_(t.detach().resolve_conj().resolve_neg())

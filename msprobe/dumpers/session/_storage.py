@@ -117,10 +117,11 @@ class SessionStorage:
     def tensor_store(self) -> Store:
         """Where tensor files and shards go: the store, or on a local disk without
         ``fsync_tensors`` the same directory with writes still atomic (temp file + rename) but
-        not fsync'ed one by one."""
+        not fsync'ed one by one, and large tensor files written with O_DIRECT (LocalStore's
+        ``direct``: no copy into the page cache)."""
         store = self.store
         root = store.local_path("") if getattr(store, "is_local", False) and not self.config.fsync_tensors else None
-        return store if root is None else LocalStore(root, fsync=False)
+        return store if root is None else LocalStore(root, fsync=False, direct=True)
 
     def document_store(self) -> Store:
         """Where the step's documents and the marker go: the store, or on a local disk without
