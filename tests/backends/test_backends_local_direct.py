@@ -130,3 +130,38 @@ def test_a_retried_write_after_a_partial_failure_has_the_right_bytes(tmp_path, m
         assert (tmp_path / key).read_bytes() == bytes(view)
     assert sorted(os.listdir(tmp_path)) == sorted(views)
     assert store._direct
+
+
+def test_file_sink_releases_each_buffer_once_the_writer_is_done(tmp_path) -> None:
+    """``release`` runs once per queued file: written, failed for good, or replaced by a later
+    submission of its key (the pool may then reuse the buffer)."""
+    from msprobe.dumpers.session._sinks import FileSink
+    from msprobe.errors import StorageError
+
+    class Journal:
+        def __init__(self):
+            self.done = []
+
+        def expect(self, name):
+            pass
+
+        def tensor_done(self, name):
+            self.done.append(name)
+
+    journal = Journal()
+    sink = FileSink(None, None, None, journal)  # type: ignore[arg-type]
+    store = LocalStore(tmp_path, fsync=False, direct=True)
+    sink._writer = BackgroundWriter(store, workers=1, retries=0)
+    released = []
+    sink.save("a", "a", lambda: b"1", 1, lambda: released.append("a"))
+    sink.save("a", "a2", lambda: b"2", 1, lambda: released.append("a2"))  # may replace the first
+    sink.save("b", "b", lambda: 1 / 0, 1, lambda: released.append("b"))  # fails for good
+    sink.save("c", "c", lambda: b"3", 1)  # no release
+    try:
+        sink.settle()
+    except StorageError:
+        pass
+    sink.close()
+    assert sorted(released) == ["a", "a2", "b"]
+    assert sorted(journal.done) == ["a", "a2", "b", "c"]
+    assert (tmp_path / "a").read_bytes() == b"2"

@@ -94,21 +94,88 @@ dbg.step()
 """
 
 
-def test_tensor_dump_files_equal_the_torch_save_path(tmp_path):
-    roots = {}
-    for flag in ("1", "0"):
-        root = tmp_path / f"native{flag}"
-        env = dict(os.environ, PYTHONPATH=ROOT, MSPROBE_LAKE_NATIVE=flag)
-        r = subprocess.run([sys.executable, "-c", _DUMP, str(root)], env=env, capture_output=True, text=True,
-                           timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        roots[flag] = root / "step0" / "rank" / "dump_tensor_data"
-    names = sorted(os.listdir(roots["1"]))
-    assert len(names) > 20 and names == sorted(os.listdir(roots["0"]))
-    for n in names:
-        a = torch.load(roots["1"] / n, weights_only=True)
-        b = torch.load(roots["0"] / n, weights_only=True)
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), n
+#: tensors of 1-2.4 MB over three steps: their buffers come from the pool (filled by the step before,
+#: or by an earlier tensor of the step) and are written with O_DIRECT
+_DUMP_LARGE = """
+import sys, torch, torch.nn as nn
+from msprobe.dumpers.pytorch import _ptfile
+from msprobe.pytorch import PrecisionDebugger
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 600))
+dbg = PrecisionDebugger(dump_path=sys.argv[1], level="L1", task="tensor")
+for step in range(3):
+    dbg.start(m)
+    x = torch.randn(1000 - 100 * step, 512) * (step + 1)
+    m(x).sum().backward()
+    dbg.stop()
+    dbg.step()
+
+"""
+
+
+@pytest.mark.parametrize("script,steps,least", [(_DUMP, 1, 20), (_DUMP_LARGE, 3, 6)], ids=["small", "pooled"])
+def test_tensor_dump_files_equal_the_torch_save_path(tmp_path, script, steps, least):
+    for step in range(steps):
+        roots = {}
+        for flag in ("1", "0"):
+            root = tmp_path / f"native{flag}"
+            if step == 0:
+                env = dict(os.environ, PYTHONPATH=ROOT, MSPROBE_LAKE_NATIVE=flag)
+                r = subprocess.run([sys.executable, "-c", script, str(root)], env=env, capture_output=True,
+                                   text=True, timeout=300)
+                assert r.returncode == 0, r.stderr[-3000:]
+            roots[flag] = root / f"step{step}" / "rank" / "dump_tensor_data"
+        names = sorted(os.listdir(roots["1"]))
+        assert len(names) >= least and names == sorted(os.listdir(roots["0"]))
+        for n in names:
+            a = torch.load(roots["1"] / n, weights_only=True)
+            b = torch.load(roots["0"] / n, weights_only=True)
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), n
+
+
+def test_a_reused_buffer_holds_nothing_of_the_earlier_file():
+    """A pooled buffer that held another tensor (here: all 0xFF) gives byte for byte the file that a
+    zeroed buffer gives; it is the same memory (the pool's), and it returns on release()."""
+    from msprobe.dumpers.pytorch import _ptfile
+
+    pool = _ptfile.POOL
+    pool.clear()
+    big = torch.randn(700, 1024)  # 2.8 MB
+    t = torch.randn(690, 1024)  # 2.83 MB: the same size class
+    first = PtFile(big)
+    first.finish()
+    buf = first._pooled
+    first.release()
+    assert pool.idle == buf.numel()
+    bodies = []
+    for fill in (0xFF, 0x00):
+        buf.fill_(fill)
+        pool.clear()
+        pool.give(buf)
+        _ptfile._ID[0] = 41  # the same serialization id for both
+        f = PtFile(t)
+        assert f.buf.data_ptr() == buf.data_ptr()  # reused
+        bodies.append(bytes(f.finish()))
+        f.release()
+        f.release()  # twice: given back once
+        assert pool.idle == buf.numel()
+    assert bodies[0] == bodies[1]
+    got = torch.load(io.BytesIO(bodies[0]), weights_only=True)
+    assert torch.equal(got, t)
+    pool.clear()
+
+
+def test_the_pool_keeps_at_most_its_cap():
+    from msprobe.dumpers.pytorch._ptfile import _Pool
+
+    pool = _Pool(cap=5 << 20)
+    bufs = [pool.take(2 << 20) for _ in range(3)]
+    assert all(b.data_ptr() % 4096 == 0 and b.numel() >= 2 << 20 for b in bufs)
+    for b in bufs:
+        pool.give(b)
+    assert pool.idle == 4 << 20  # the third did not fit
+    assert pool.take((2 << 20) - 5).data_ptr() in {b.data_ptr() for b in bufs[:2]}
+    assert pool.size_class(3 << 20) == 3 << 20 and pool.size_class((3 << 20) + 1) == (3 << 20) + (1 << 18)
 
 
 @pytest.mark.parametrize("shape,dtype", [((0,), torch.float32), ((3, 5), torch.float32), ((7,), torch.bfloat16),

@@ -12,6 +12,7 @@ import torch
 
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.control import DumperCore, FrameworkAdapter, ModuleForwardHooks, capture_stack, core_attribute
+from msprobe.dumpers.pytorch import _ptfile
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
 from msprobe.errors import ConfigError
@@ -124,6 +125,7 @@ class TorchDumper(FrameworkAdapter):
         self._module_handles = []
         self._optim_handles = []
         self.session.close()
+        _ptfile.POOL.clear()  # every file is written: the buffers kept for the next ones go
 
     # ------------------------------------------------------------------- APIs
     def on_api(self, orig, api_key: str, args: tuple, kwargs: dict):

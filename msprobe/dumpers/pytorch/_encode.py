@@ -502,7 +502,7 @@ class Encoder(ValueEncoder):
             return
         if _PT_FAST and _ptfile.supported(t):  # copied once, into the file's buffer (see _ptfile)
             f = _ptfile.PtFile(t)
-            self.session.save_tensor(name, lambda f=f: _finish_pt(f), f.buf.numel())
+            self.session.save_tensor(name, lambda f=f: _finish_pt(f), f.buf.numel(), release=f.release)
             return
         cpu = t.detach().to("cpu", copy=True).contiguous() if t.device.type != "cpu" else t.detach().clone()
         self.session.save_tensor(name, lambda c=cpu: _serialize(c), cpu.numel() * cpu.element_size())

@@ -265,8 +265,11 @@ class DumpSession:
             self.journal.flush(self.docs.pending, self.fetch_stats, self.docs.encoded)
 
     # ---------------------------------------------------------------- tensors
-    def save_tensor(self, data_name: str, produce: Callable[[], bytes], nbytes: int) -> None:
-        """Queue a tensor file write under ``dump_tensor_data/`` (background, bounded, retried).
+    def save_tensor(self, data_name: str, produce: Callable[[], bytes], nbytes: int,
+                    release: Optional[Callable[[], None]] = None) -> None:
+        """Queue a tensor file write under ``dump_tensor_data/`` (background, bounded, retried);
+        ``release()`` is called once the file is written or has failed for good (its buffer may
+        then be reused), never when it was not queued.
 
         The record referring to it is journaled only once the file is published (see
         :meth:`flush_journal`)."""
@@ -276,7 +279,7 @@ class DumpSession:
         if self.failures.tensors_off:  # the disk is full: said once; each file not written is counted
             self._skip_tensor()
             return
-        self.file_sink.save(f"{self.rank_prefix}/{TENSOR_DIR}/{file_name}", data_name, produce, nbytes)
+        self.file_sink.save(f"{self.rank_prefix}/{TENSOR_DIR}/{file_name}", data_name, produce, nbytes, release)
 
     def save_payload(self, data_name: str, logical_dtype: str, shape: tuple, produce: Callable[[], Any],
                      nbytes: int, same_as: Optional[str] = None) -> None:

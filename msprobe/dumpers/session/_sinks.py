@@ -85,14 +85,25 @@ class FileSink(TensorSink):
                 digests=True)
         return self._writer
 
-    def save(self, key: str, data_name: str, produce: Callable[[], bytes], nbytes: int) -> None:
+    def save(self, key: str, data_name: str, produce: Callable[[], bytes], nbytes: int,
+             release: Optional[Callable[[], None]] = None) -> None:
         """Queue the file ``key`` of ``data_name`` (background, bounded, retried); the records
-        naming it reach the journal once it is published."""
+        naming it reach the journal once it is published. ``release()`` is called once the
+        writer is done with it (written, failed for good, or replaced by a later submission)."""
         writer = self._writer if self._writer is not None else self.writer
         journal = self.journal
         journal.expect(data_name)
+        if release is None:
+            def done(error: Optional[BaseException], name: str = data_name) -> None:
+                journal.tensor_done(name)
+        else:
+            def done(error: Optional[BaseException], name: str = data_name) -> None:
+                try:
+                    release()
+                finally:
+                    journal.tensor_done(name)
         try:
-            writer.submit(key, produce, nbytes=nbytes, on_done=lambda error, name=data_name: journal.tensor_done(name))
+            writer.submit(key, produce, nbytes=nbytes, on_done=done)
         except BaseException:
             journal.tensor_done(data_name)
             raise
