@@ -82,7 +82,7 @@ class ValueEncoder:
         raise NotImplementedError
 
     def wants_tensors(self, record: str) -> bool:
-        return self.save_tensors or any(item in record for item in self.tensor_list)
+        return self.save_tensors or (bool(self.tensor_list) and any(item in record for item in self.tensor_list))
 
     def framework_value(self, value: Any) -> Any:
         return NotImplemented

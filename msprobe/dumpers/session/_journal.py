@@ -97,7 +97,7 @@ class JournalPipeline:
         lines: list = []  # (line bytes, 1 for a record / 0 for a stack, record)
         for name, raw, parent, stack in queue:
             if name is None:  # a new stack (raw: its id, stack: its frames): its frames once, records refer to its id
-                lines.append((encode_stack(raw, self.render_stack(stack)), 0, None))
+                lines.append((encode_stack(raw, self.render_stack(stack), text_of), 0, None))
                 continue
             text = text_of(raw)  # made once: the journal line is built around it, dump.json reuses it
             if encoded is not None:
