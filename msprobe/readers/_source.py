@@ -7,7 +7,6 @@ still-running dump may have changed.
 from __future__ import annotations
 
 import json
-import re
 from json.decoder import NaN, NegInf, PosInf  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -73,7 +72,6 @@ def _part_order(key: str) -> tuple:
 #: the non-finite tokens Python's json writes (JSON has none) and the strings they stand in as
 #: for orjson: none holds a token, so the replacements cannot meet each other
 _NONFINITE_TOKENS = ((b"-Infinity", b'"\\u0000-I"'), (b"Infinity", b'"\\u0000I"'), (b"NaN", b'"\\u0000N"'))
-_STAND_IN_KEY = re.compile(rb'"\\u0000(?:N|I|-I)"[ \t\r\n]*:')
 _NONFINITE_VALUES = {"\x00-I": NegInf, "\x00I": PosInf, "\x00N": NaN}  # json.loads' own objects
 #: digits to "0", so that runs of 19 digits or more are found by bytes.find
 _DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
@@ -107,16 +105,29 @@ def _holds_stand_in(obj: Any) -> bool:
         return True
 
 
-def _restore_nonfinite(obj: Any, depth: Optional[int] = 1) -> None:
+#: containers written by orjson at once while looking for stand-ins (few hold one)
+_STAND_IN_BATCH = 128
+
+
+def _restore_nonfinite(obj: Any, depth: Optional[int] = 1) -> bool:
     """Put NaN/+-Infinity back where orjson parsed their stand-in strings: the top ``depth`` + 1
     levels are read, and of the containers below them only those whose orjson text holds a
     stand-in are walked, all through (a dump's records: writing them is about 5x faster than walking
-    them); ``depth=None`` walks everything."""
+    them); ``depth=None`` walks everything. False where a stand-in is a key (a bare token as a key:
+    not JSON), found in every dict that is walked (a dict not walked holds no stand-in)."""
     values = _NONFINITE_VALUES
     stack: list = [(obj, depth)]
     while stack:
         node, level = stack.pop()
-        for key, value in (node.items() if node.__class__ is dict else enumerate(node)):
+        if node.__class__ is dict:
+            for key in node:
+                if key[:1] == "\x00":
+                    return False
+            items: Any = node.items()
+        else:
+            items = enumerate(node)
+        unread = []  # the containers below the levels read: looked at through orjson's text
+        for key, value in items:
             kind = value.__class__
             if kind is str:
                 if value[:1] == "\x00":
@@ -126,8 +137,37 @@ def _restore_nonfinite(obj: Any, depth: Optional[int] = 1) -> None:
                     stack.append((value, None))
                 elif level > 0:
                     stack.append((value, level - 1))
-                elif _holds_stand_in(value):
-                    stack.append((value, None))
+                else:
+                    unread.append(value)
+        for start in range(0, len(unread), _STAND_IN_BATCH):  # a batch's text first, then its members'
+            batch = unread[start:start + _STAND_IN_BATCH]
+            if _holds_stand_in(batch):
+                stack.extend((value, None) for value in batch if _holds_stand_in(value))
+    return True
+
+
+def _with_stand_ins(data: bytes) -> bytes:
+    """``data`` with each NaN/Infinity/-Infinity token replaced by its stand-in string: the tokens
+    found by ``bytes.find`` (a dump holds few), the text copied once (``bytes.replace`` of each
+    token copied it three times)."""
+    found = []
+    for token, stand_in in _NONFINITE_TOKENS:
+        at = data.find(token)
+        while at >= 0:
+            found.append((at, len(token), stand_in))
+            at = data.find(token, at + len(token))
+    if not found:
+        return data
+    found.sort()
+    pieces, end = [], 0
+    for at, size, stand_in in found:
+        if at < end:  # "Infinity" inside "-Infinity", found before it
+            continue
+        pieces.append(data[end:at])
+        pieces.append(stand_in)
+        end = at + size
+    pieces.append(data[end:])
+    return b"".join(pieces)
 
 
 def _orjson_loads(data: bytes) -> Any:
@@ -144,10 +184,7 @@ def _orjson_loads(data: bytes) -> Any:
     if marked:
         if b"\\u0000" in data:  # a stand-in could be a string of the document
             return None
-        for token, stand_in in _NONFINITE_TOKENS:
-            data = data.replace(token, stand_in)  # a token inside a string breaks that string: orjson refuses
-        if _STAND_IN_KEY.search(data):  # a bare token as a key: not JSON, json.loads is to say so
-            return None
+        data = _with_stand_ins(data)  # a token inside a string breaks that string: orjson refuses
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -155,7 +192,8 @@ def _orjson_loads(data: bytes) -> Any:
     if marked:
         if not isinstance(obj, (dict, list)):
             return None
-        _restore_nonfinite(obj)
+        if not _restore_nonfinite(obj):  # a bare token as a key: not JSON, json.loads is to say so
+            return None
     return obj
 
 
