@@ -148,25 +148,29 @@ def _restore_nonfinite(obj: Any, depth: Optional[int] = 1) -> bool:
 
 def _with_stand_ins(data: bytes) -> bytes:
     """``data`` with each NaN/Infinity/-Infinity token replaced by its stand-in string: the tokens
-    found by ``bytes.find`` (a dump holds few), the text copied once (``bytes.replace`` of each
-    token copied it three times)."""
+    found by ``bytes.find`` (a dump holds few; ``-Infinity`` is an ``Infinity`` after a ``-``), the
+    text copied once (``bytes.replace`` of each token copied it three times)."""
     found = []
-    for token, stand_in in _NONFINITE_TOKENS:
+    for token, stand_in in _NONFINITE_TOKENS[1:]:
+        size = len(token)
         at = data.find(token)
         while at >= 0:
-            found.append((at, len(token), stand_in))
-            at = data.find(token, at + len(token))
+            if token == b"Infinity" and at and data[at - 1] == 45:  # "-Infinity"
+                found.append((at - 1, size + 1, _NONFINITE_TOKENS[0][1]))
+            else:
+                found.append((at, size, stand_in))
+            at = data.find(token, at + size)
     if not found:
         return data
     found.sort()
-    pieces, end = [], 0
+    view = memoryview(data)
+    pieces: list = []
+    end = 0
     for at, size, stand_in in found:
-        if at < end:  # "Infinity" inside "-Infinity", found before it
-            continue
-        pieces.append(data[end:at])
+        pieces.append(view[end:at])
         pieces.append(stand_in)
         end = at + size
-    pieces.append(data[end:])
+    pieces.append(view[end:])
     return b"".join(pieces)
 
 
