@@ -418,6 +418,8 @@ class Frame:
         self.cosine_number = np.full(count, np.nan)
         self.ratio_number = np.full(count, np.nan)
         self._first_output: Any = None
+        self._texts: dict = {}  # (side, kind) -> text(side, kind)
+        self._index_lists: dict = {}  # side -> its leaf index per row, as a list
 
     def leaves(self, side: str) -> Leaves:
         return self.plan.target if side == "target" else self.plan.bench
@@ -437,10 +439,20 @@ class Frame:
 
         return np.append(np.asarray(values, dtype=bool), False)[self._index(side)]
 
+    def column_list(self, side: str, values: list, fill: Any = _NA) -> list:
+        """:meth:`column` as a list (what the CSV writer takes), gathered without an object array."""
+        index = self._index_lists.get(side)
+        if index is None:
+            index = self._index_lists[side] = self._index(side).tolist()
+        return list(map((values + [fill]).__getitem__, index))
+
     def text(self, side: str, kind: str) -> Any:
-        """A side's dtype / shape / requires_grad / md5 column over the rows (``N/A`` where none)."""
-        leaves = self.leaves(side)
-        return self.column(side, getattr(leaves, kind))
+        """A side's dtype / shape / requires_grad / md5 column over the rows (``N/A`` where none),
+        built once per block (the rules and the writer read it; nobody writes into it)."""
+        got = self._texts.get((side, kind))
+        if got is None:
+            got = self._texts[(side, kind)] = self.column(side, getattr(self.leaves(side), kind))
+        return got
 
     def nonfinite_max_min(self, side: str) -> Any:
         leaves = self.leaves(side)
@@ -504,7 +516,7 @@ class Frame:
 
     def statistic_columns(self) -> list:
         """The 8 statistics columns as the CSV prints them (target's four, then bench's)."""
-        return [self.column(side, _texts(self.leaves(side).statistics[name], self.leaves(side).numbers(name)))
+        return [self.column_list(side, _texts(self.leaves(side).statistics[name], self.leaves(side).numbers(name)))
                 for side in ("target", "bench") for name in _STATISTICS]
 
     def series(self) -> Any:
@@ -578,10 +590,19 @@ def _reprs(array: Any) -> list:
     array = np.ascontiguousarray(array, dtype=np.float64)
     magnitude = np.abs(array)
     with np.errstate(invalid="ignore"):
-        other = ~np.isfinite(array) | ((magnitude >= 1e-5) & (magnitude < 1e-4))
+        band = np.flatnonzero((magnitude >= 1e-5) & (magnitude < 1e-4))
     texts = write(array)
-    for position in np.flatnonzero(other).tolist():
-        texts[position] = repr(float(array[position]))
+    for position in band.tolist():  # orjson's 0.0000ddd as repr's d.ddde-05: the same digits
+        cell = texts[position]
+        digits = cell[7:] if cell[0] == "-" else cell[6:]
+        if cell[6 if cell[0] == "-" else 5] != "0" or not cell.startswith(("0.0000", "-0.0000")) or not digits:
+            texts[position] = repr(float(array[position]))
+            continue
+        texts[position] = (("-" if cell[0] == "-" else "") + digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+                           + "e-05")
+    nonfinite = np.flatnonzero(~np.isfinite(array))
+    for position, value in zip(nonfinite.tolist(), array[nonfinite].tolist()):
+        texts[position] = repr(value)
     return texts
 
 
@@ -829,8 +850,8 @@ def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], st
     results, messages = judge(frame, mode)
     head = [frame.name, _bench_names(plan)]
     head += [frame.text(side, kind) for kind in ("dtype", "shape", "requires_grad") for side in ("target", "bench")]
-    columns = [column.tolist() for column in head + metric_columns + [_requires_grad_consistent(frame), results,
-                                                                         messages]]
+    columns = [column if column.__class__ is list else column.tolist()
+               for column in head + metric_columns + [_requires_grad_consistent(frame), results, messages]]
     columns += [plan.row_stack] + trailing
     if context.stack is False:
         del columns[COLUMNS[mode].index("NPU_Stack_Info")]
@@ -840,8 +861,7 @@ def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], st
     result_list = columns[COLUMNS[mode].index("Result")]
     summary = PairSummary(rows=frame.row_count, unmatched_rows=int(frame.row_count - len(frame.matched_rows)),
                           results=_counts(result_list), series=frame.series().tolist(), marks=_marks(frame, results),
-                          first_divergence=_first_divergence(frame, results, messages,
-                                                             [column.tolist() for column in metric_columns], mode,
+                          first_divergence=_first_divergence(frame, results, messages, metric_columns, mode,
                                                              context.threshold))
     summary.first_nan_inf_target = _replay(firsts[0], plan.target, plan.target_seen, state, "target")
     summary.first_nan_inf_bench = _replay(firsts[1], plan.bench, plan.bench_seen, state, "bench")

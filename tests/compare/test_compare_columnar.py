@@ -269,6 +269,29 @@ def test_garbage_collector_paused_during_compare_and_restored(tmp_path, monkeypa
         gc.enable()
 
 
+def test_objects_made_while_paused_leave_the_youngest_generation_uncollected():
+    """After the pause the objects made meanwhile are in the oldest generation (the first collection
+    does not traverse them); objects a caller froze stay frozen."""
+    import gc
+
+    from msprobe.compare._runner import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        made = [[index] for index in range(50000)]
+        assert gc.get_count()[0] >= 50000
+    assert gc.isenabled() and gc.get_count()[0] < 1000 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            made.append([0])
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+    del made
+
+
 @pytest.mark.parametrize("block", [1, 7])
 def test_blocks_of_records_same_bytes(tmp_path, monkeypatch, block):
     """The columnar path builds and writes a pair block by block: small blocks, same bytes
