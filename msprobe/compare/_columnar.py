@@ -347,6 +347,9 @@ def number_columns(values: list) -> tuple:
     import numpy as np
 
     count = len(values)
+    if count and set(map(type, values)) == {float}:  # the common column: floats only
+        every = np.ones(count, dtype=bool)
+        return np.array(values, dtype=np.float64), every, every.copy(), np.zeros(count, dtype=bool)
     codes = np.fromiter(map(_CODES.get, map(type, values), repeat(2)), np.int8, count)
     is_float = codes == 0
     is_number = codes < 2
@@ -702,11 +705,15 @@ def _statistic_diffs(frame: Frame, statistic: str) -> tuple:
 
 def statistics_kernel(frame: Frame, context: PairContext) -> list:
     """Statistics mode: the 4 diffs, then the 4 relative errors, then the 8 statistics."""
-    metrics = [_objects(frame.row_count) for _ in range(8)]
+    every_row = len(frame.matched_rows) == frame.row_count  # the diffs are the columns themselves
+    metrics: list = [None] * 8 if every_row else [_objects(frame.row_count) for _ in range(8)]
     for position, statistic in enumerate(_STATISTICS):
         diff_text, relative_text, relative, none, is_percent = _statistic_diffs(frame, statistic)
-        metrics[position][frame.matched_rows] = diff_text
-        metrics[4 + position][frame.matched_rows] = relative_text
+        if every_row:
+            metrics[position], metrics[4 + position] = diff_text, relative_text
+        else:
+            metrics[position][frame.matched_rows] = diff_text
+            metrics[4 + position][frame.matched_rows] = relative_text
         if statistic == "Norm":
             _norm_cells(frame, relative, none, relative_text, is_percent)
     return metrics + frame.statistic_columns()
@@ -848,7 +855,7 @@ def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], st
     metric_columns = KERNELS[mode](frame, context)
     trailing = [metric_columns.pop()[1]] if metric_columns and isinstance(metric_columns[-1], tuple) else []
     results, messages = judge(frame, mode)
-    head = [frame.name, _bench_names(plan)]
+    head = [plan.row_name, plan.row_bench_name]
     head += [frame.text(side, kind) for kind in ("dtype", "shape", "requires_grad") for side in ("target", "bench")]
     columns = [column if column.__class__ is list else column.tolist()
                for column in head + metric_columns + [_requires_grad_consistent(frame), results, messages]]
@@ -866,12 +873,6 @@ def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], st
     summary.first_nan_inf_target = _replay(firsts[0], plan.target, plan.target_seen, state, "target")
     summary.first_nan_inf_bench = _replay(firsts[1], plan.bench, plan.bench_seen, state, "bench")
     return summary
-
-
-def _bench_names(plan: Plan) -> Any:
-    import numpy as np
-
-    return np.array(plan.row_bench_name, dtype=object)
 
 
 def columnar_pair(context: PairContext, path: str, keep_rows: bool = False, *, start: int = 0,
