@@ -125,7 +125,7 @@ def _shape_texts(shapes: list) -> list:
     (a dump repeats a few shapes; ``str`` of a list is the slowest cell of the plan). Lists with a
     float are written each time (0.0 and -0.0 are one key)."""
     texts: dict = {}
-    out = []
+    out: list = []
     append = out.append
     for shape in shapes:
         if shape.__class__ is list:
