@@ -120,33 +120,6 @@ def bench_counterpart(row_name: str, suffix: str, mapping: dict, bench_data: dic
 
 # ---------------------------------------------------------------- 1. the plan
 
-def _shape_texts(shapes: list) -> list:
-    """``str`` of each shape, each distinct list of the same items of the same types written once
-    (a dump repeats a few shapes; ``str`` of a list is the slowest cell of the plan). Lists with a
-    float are written each time (0.0 and -0.0 are one key)."""
-    texts: dict = {}
-    out: list = []
-    append = out.append
-    for shape in shapes:
-        if shape.__class__ is list:
-            types = tuple(map(type, shape))
-            if float in types:
-                append(str(shape))
-                continue
-            try:
-                key = (*shape, *types)
-                text = texts.get(key)
-            except TypeError:  # an item that cannot be a key (a list)
-                append(str(shape))
-                continue
-            if text is None:
-                text = texts[key] = str(shape)
-            append(text)
-        else:
-            append(str(shape))
-    return out
-
-
 class Leaves:
     """Flat columns of the leaves of one side: ``leaf`` is filled by the plan, the columns by
     :meth:`finish` (what :func:`leaf_side` reads, a whole column at a time)."""
@@ -181,7 +154,7 @@ class Leaves:
         get = dict.get
         self.tensor = tensor
         self.dtype = list(map(str, map(get, views, repeat("dtype"))))
-        self.shape = _shape_texts(list(map(get, views, repeat("shape"))))
+        self.shape = list(map(str, map(get, views, repeat("shape"))))
         self.requires_grad = [_NA if value is None else str(value)
                               for value in map(get, views, repeat("requires_grad"))]
         self.statistics = {name: list(map(get, views, repeat(name))) for name in _STATISTICS}
