@@ -252,20 +252,34 @@ class _Planner:
         stack = str(frames) if frames else _NA
         ignore_name = None
         target_leaves = plan.target.leaf
+        mapping = context.mapping
+        target_seen, bench_seen = plan.target_seen.append, plan.bench_seen.append
+        row_target, row_bench, row_name_of = plan.row_target.append, plan.row_bench.append, plan.row_name.append
+        row_bench_name, row_stack, row_group = plan.row_bench_name.append, plan.row_stack.append, plan.row_group.append
         for suffix, leaf, io in record_leaves(name, context.target_data[name], self.tensor_task):
             target_index = len(target_leaves)
             target_leaves.append(leaf)
             row_name = f"{name}.{suffix}" if suffix else name
             if ignore_name is None and ".output." not in row_name:
                 ignore_name = row_name
-            plan.target_seen.append((target_index, io, suffix, name, row_name, record_index, record_index, name))
-            bench_name, bench_index = bench_counterpart(row_name, suffix, context.mapping or {}, context.bench_data,
-                                                        self.bench_leaves_of, bench, bench_left)
+            target_seen((target_index, io, suffix, name, row_name, record_index, record_index, name))
+            if mapping:
+                bench_name, bench_index = bench_counterpart(row_name, suffix, mapping, context.bench_data,
+                                                            self.bench_leaves_of, bench, bench_left)
+            elif bench is not None and suffix in bench_left:  # bench_counterpart without a mapping
+                bench_name, bench_index = (f"{bench}.{suffix}" if suffix else bench), bench_left.pop(suffix)
+            else:
+                bench_name = None
             if bench_name is None:
                 bench_name, bench_index = _NA, -1
             else:
-                plan.bench_seen.append((bench_index, io, suffix, bench, bench_name, record_index, epoch, bench))
-            self.add_row(target_index, bench_index, row_name, bench_name, stack, group)
+                bench_seen((bench_index, io, suffix, bench, bench_name, record_index, epoch, bench))
+            row_target(target_index)
+            row_bench(bench_index)
+            row_name_of(row_name)
+            row_bench_name(bench_name)
+            row_stack(stack)
+            row_group(group)
             stack = _NA
         for suffix, bench_index in bench_left.items():
             ignore_name = _NA if ignore_name is None else ignore_name
