@@ -1,0 +1,54 @@
+"""compare's float cells through orjson's writer print what ``repr`` prints
+(msprobe.compare._columnar._reprs), the one-digit negative exponents and 1e-5 <= |x| < 1e-4
+included; and NaN/Infinity tokens through the fast JSON path stay json.loads' objects."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from msprobe.compare._columnar import _reprs, number_columns
+from msprobe.readers._source import _with_stand_ins, loads_json_bytes
+
+
+def test_reprs_match_repr_over_every_magnitude():
+    rng = np.random.default_rng(30)
+    for _ in range(40):
+        values = rng.standard_normal(1000) * 10.0 ** rng.integers(-330, 308, 1000)
+        values[rng.integers(0, 1000, 30)] = np.nan
+        values[rng.integers(0, 1000, 5)] = np.inf
+        values[rng.integers(0, 1000, 5)] = -np.inf
+        values[rng.integers(0, 1000, 5)] = -0.0
+        assert _reprs(values) == list(map(repr, values.tolist()))
+
+
+def test_reprs_match_repr_near_the_scientific_bounds():
+    rng = np.random.default_rng(31)
+    small = rng.standard_normal(20000) * 10.0 ** rng.integers(-11, -2, 20000)
+    edges = [1e-5, -1e-5, 1e-4, -1e-4, 1e-9, 1e-10, 9.999999999999999e-10, 5e-324, -5e-324]
+    edges += [float(np.nextafter(x, 0)) for x in (1e-5, 1e-4, -1e-5, 1e-9)]
+    edges += [float(np.nextafter(x, 1)) for x in (1e-5, 1e-4, 1e-9)]
+    values = np.concatenate([small, np.array(edges)])
+    assert _reprs(values) == list(map(repr, values.tolist()))
+    assert _reprs(np.array([])) == []
+
+
+def test_float_only_column_is_numbers_like_the_mixed_path():
+    floats = [0.5, -1.0, float("nan"), 1e300]
+    got = number_columns(floats)
+    mixed = number_columns(floats + [1])
+    assert got[0].tolist()[:2] == [0.5, -1.0] and math.isnan(got[0][2])
+    assert got[1].tolist() == mixed[1].tolist()[:4] and got[2].tolist() == mixed[2].tolist()[:4]
+    assert got[3].tolist() == [False] * 4
+
+
+@pytest.mark.parametrize("text", [
+    b'[-Infinity]', b'[Infinity,-Infinity,NaN]', b'{"a":-Infinity,"b":[NaN,NaN],"c":Infinity}',
+    b'[NaN, -Infinity , Infinity]', b'{"x": [1, -Infinity, 2, Infinity, 3]}',
+])
+def test_tokens_beside_each_other_parse_as_json_does(text):
+    got, want = loads_json_bytes(text), json.loads(text)
+    assert json.dumps(got) == json.dumps(want)
+    assert b"Infinity" not in _with_stand_ins(text) and b"NaN" not in _with_stand_ins(text)
