@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from msprobe.format.layout import STORE_DIR
 
 __all__ = [
     "STORE_DIR", "MANIFEST_DIR", "LAYOUT_VERSION", "CODECS", "storage_dtype", "array_metadata",
-    "encode_shard", "decode_index", "shard_key", "location", "parse_location",
+    "encode_shard", "encode_shard_pieces", "decode_index", "shard_key", "location", "parse_location",
 ]
 
 MANIFEST_DIR = ".manifest"
@@ -138,32 +138,74 @@ def _compressor(codec: Optional[str]) -> Any:
     return Blosc(cname=cfg["cname"], clevel=cfg["clevel"], shuffle=shuffle)
 
 
-def encode_shard(data: np.ndarray, chunk_elems: int, chunks_per_shard: int, codec: Optional[str]) -> bytes:
+def encode_shard(data: np.ndarray, chunk_elems: int, chunks_per_shard: int, codec: Optional[str]) -> memoryview:
     """One shard object from the shard's elements ``data`` (1-D, at most a whole shard; the last
     inner chunk is padded with zeros, chunks past ``data`` are left out of the index as missing)."""
+    data = np.ascontiguousarray(data).astype(data.dtype.newbyteorder("<"), copy=False)
+    return encode_shard_pieces([data.data.cast("B")], data.dtype, chunk_elems, chunks_per_shard, codec)
+
+
+def aligned_buffer(size: int) -> np.ndarray:
+    """A uint8 array of ``size`` bytes starting on a 4096-byte boundary."""
+    raw = np.empty(size + 4095, dtype=np.uint8)
+    first = -raw.ctypes.data % 4096
+    return raw[first:first + size]
+
+
+def encode_shard_pieces(pieces: list, dtype: np.dtype, chunk_elems: int, chunks_per_shard: int,
+                        codec: Optional[str], alloc: Optional[Callable[[int], np.ndarray]] = None) -> memoryview:
+    """:func:`encode_shard` of the bytes of ``pieces`` (byte memoryviews, in order, whole elements
+    of ``dtype`` together) without joining them first: an inner chunk inside one piece is encoded
+    from it as it is, one across pieces from a copy of its bytes. The object is returned in a
+    writable buffer starting on a 4096-byte boundary (a local store writes it with O_DIRECT):
+    ``alloc(size)``'s (a page-aligned uint8 array of at least ``size`` bytes: a reused one) or a new one."""
     comp = _compressor(codec)
-    parts = []
+    dt = np.dtype(dtype).newbyteorder("<")
+    chunk_bytes = chunk_elems * dt.itemsize
+    total = sum(len(p) for p in pieces)
     index = np.full((chunks_per_shard, 2), _MISSING, dtype="<u8")
+    parts: list = []
     offset = 0
-    n = len(data)
+    pi = po = 0  # the piece and the offset in it where the next chunk starts
     for c in range(chunks_per_shard):
-        lo = c * chunk_elems
-        if lo >= n:
+        lo = c * chunk_bytes
+        if lo >= total:
             break
-        chunk = data[lo:lo + chunk_elems]
-        if len(chunk) < chunk_elems:
-            pad = np.zeros(chunk_elems, dtype=data.dtype)
+        need = min(chunk_bytes, total - lo)
+        while len(pieces[pi]) == po:
+            pi, po = pi + 1, 0
+        piece = pieces[pi]
+        if len(piece) - po >= need:
+            raw: Any = piece[po:po + need]
+            po += need
+        else:
+            raw, got = bytearray(need), 0
+            while got < need:
+                while len(pieces[pi]) == po:
+                    pi, po = pi + 1, 0
+                take = min(len(pieces[pi]) - po, need - got)
+                raw[got:got + take] = pieces[pi][po:po + take]
+                got, po = got + take, po + take
+        chunk = np.frombuffer(raw, dtype=dt)
+        if need < chunk_bytes:
+            pad = np.zeros(chunk_elems, dtype=dt)
             pad[:len(chunk)] = chunk
             chunk = pad
-        chunk = np.ascontiguousarray(chunk).astype(chunk.dtype.newbyteorder("<"), copy=False)
-        enc = bytes(comp.encode(chunk)) if comp is not None else chunk.tobytes()
+        enc = comp.encode(chunk) if comp is not None else chunk.data.cast("B")
         parts.append(enc)
         index[c] = (offset, len(enc))
         offset += len(enc)
     ib = index.tobytes()
     parts.append(ib)
     parts.append(struct.pack("<I", _crc32c(ib)))
-    return b"".join(parts)
+    size = offset + len(ib) + 4
+    out = (alloc or aligned_buffer)(size)[:size]
+    pos = 0
+    for part in parts:
+        n = len(part)
+        out[pos:pos + n] = np.frombuffer(part, dtype=np.uint8)
+        pos += n
+    return out.data
 
 
 def index_nbytes(chunks_per_shard: int) -> int:

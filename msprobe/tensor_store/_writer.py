@@ -19,8 +19,6 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from msprobe.backends import Store
 from msprobe.backends._retry import RetryPolicy
 from msprobe.errors import ConfigError, StorageError
@@ -30,8 +28,9 @@ from msprobe.tensor_store._layout import (
     LAYOUT_VERSION,
     MANIFEST_DIR,
     STORE_DIR,
+    aligned_buffer,
     array_metadata,
-    encode_shard,
+    encode_shard_pieces,
     group_metadata,
     location,
     shard_key,
@@ -125,6 +124,10 @@ class ZarrTensorWriter:
         self._queue: deque = deque()
         self._inflight = 0
         self._busy = 0  # queue items + shard jobs not finished
+        #: the page-aligned buffers of shard objects written, reused for the next ones (at most one per
+        #: worker: a fresh 128 MiB buffer's pages cost more to fault in than its copy)
+        self._out_free: list = []
+        self._out_keep = max(1, workers)
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="msprobe-zarr")
         self._packer: Optional[threading.Thread] = None
         self._journal: Any = None  # the manifest journal, opened with the first payload
@@ -309,28 +312,34 @@ class ZarrTensorWriter:
             arr.buffered -= take
             k = arr.buf_start // arr.shard
             arr.buf_start = (k + 1) * arr.shard
-            blob = b"".join(pieces)
             self._busy += 1
-            self._inflight += len(blob)
-            self._pool.submit(self._write_shard, arr, k, blob)
+            self._inflight += take  # the pieces stay referenced until the shard is encoded
+            self._pool.submit(self._write_shard, arr, k, pieces, take)
         if final and arr.next % arr.shard:
             arr.next = arr.buf_start  # the last shard is published: new payloads start a fresh one
 
-    def _write_shard(self, arr: _Array, k: int, blob: bytes) -> None:
+    def _write_shard(self, arr: _Array, k: int, pieces: list, nbytes: int) -> None:
         key = self._k(shard_key(arr.name, k))
         try:
             from msprobe.backends._retry import put_retrying
 
-            data = np.frombuffer(blob, dtype=arr.dt.newbyteorder("<"))
-            obj = encode_shard(data, arr.chunk, arr.cps, self.compression)
-            put_retrying(self.store, key, obj, overwrite=True, policy=self.policy)
+            used: list = []
+            obj = encode_shard_pieces(pieces, arr.dt, arr.chunk, arr.cps, self.compression,
+                                      alloc=lambda size: self._out_buffer(size, used))
+            pieces = []
+            try:
+                put_retrying(self.store, key, obj, overwrite=True, policy=self.policy)  # type: ignore[arg-type]  # a buffer
+            finally:
+                nobj = len(obj)
+                del obj  # nothing reads the buffer after this
+                self._out_return(used)
             with self._lock:
-                arr.shards[k] = len(obj)
+                arr.shards[k] = nobj
                 self.summary.shards += 1
-                self.summary.shard_bytes += len(obj)
-                self.summary.per_dtype.setdefault(arr.name, [0, 0])[1] += len(obj)
+                self.summary.shard_bytes += nobj
+                self.summary.per_dtype.setdefault(arr.name, [0, 0])[1] += nobj
                 self._put_array_meta(arr)
-                self._journal_line({"shard": [arr.name, k, len(obj)]})
+                self._journal_line({"shard": [arr.name, k, nobj]})
                 self._complete_payloads(arr)
                 self._flush_manifest_journal()
         except BaseException as exc:  # noqa: BLE001 - reported by checkpoint()
@@ -339,9 +348,25 @@ class ZarrTensorWriter:
                 self._failed[key] = exc
         finally:
             with self._cond:
-                self._inflight -= len(blob)
+                self._inflight -= nbytes
                 self._busy -= 1
                 self._cond.notify_all()
+
+    def _out_buffer(self, size: int, used: list) -> Any:
+        with self._lock:
+            for i, buf in enumerate(self._out_free):
+                if len(buf) >= size:
+                    used.append(self._out_free.pop(i))
+                    return used[0]
+        used.append(aligned_buffer(-(-size // (1 << 20)) << 20))  # whole MiB: the next shard of about its size fits
+        return used[0]
+
+    def _out_return(self, used: list) -> None:
+        with self._lock:
+            for buf in used:
+                if len(self._out_free) < self._out_keep:
+                    self._out_free.append(buf)
+            self._out_free.sort(key=len)  # the smallest that fits is taken
 
     def _put_array_meta(self, arr: _Array) -> None:
         """zarr.json of ``arr``: its shape covers the stored shards (or, finally, the data)."""

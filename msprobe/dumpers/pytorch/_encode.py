@@ -5,7 +5,7 @@ import io
 import math
 import weakref
 import zlib
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -276,6 +276,20 @@ def _raw_bytes(t: torch.Tensor) -> memoryview:
     return tensor_bytes(t)
 
 
+def _pooled_copy(t: torch.Tensor, nbytes: int) -> Callable[[], memoryview]:
+    """A copy of ``t``'s bytes, taken now, in a buffer of the pool; the producer returns a view of it.
+
+    The buffer goes back to the pool when the numpy array over it is freed: every view of the bytes
+    (the producer's memoryview, the shard's pieces, numpy's arrays over them) refers to that array,
+    so no buffer is reused while anything can still read it."""
+    buf = _ptfile.POOL.take(nbytes)
+    buf[:nbytes].view(t.dtype).view(t.shape).copy_(t.detach().resolve_conj().resolve_neg())
+    arr = buf.numpy()
+    weakref.finalize(arr, _ptfile.POOL.give, buf).atexit = False
+    del buf
+    return lambda: memoryview(arr[:nbytes].data).cast("B")
+
+
 def _no_bytes() -> bytes:
     return b""
 
@@ -402,10 +416,16 @@ class Encoder(ValueEncoder):
                 return True
         except (RuntimeError, TypeError):  # sparse, meta, ...: no memory identity
             key = None
-        c = t.detach()
-        c = c.to("cpu", copy=True) if c.device.type != "cpu" else c.clone()
-        c = c.resolve_conj().resolve_neg().contiguous()
-        session.save_payload(name, logical, tuple(c.shape), lambda c=c: _raw_bytes(c), c.numel() * c.element_size())
+        nbytes = t.numel() * t.element_size()
+        if nbytes >= _ptfile.PAGE_MIN and _ptfile.supported(t):
+            # into a buffer of the pool (no page faults of a fresh one); it goes back once nothing
+            # refers to its bytes any more (the payload deduplicated, or its shard written)
+            session.save_payload(name, logical, tuple(t.shape), _pooled_copy(t, nbytes), nbytes)
+        else:
+            c = t.detach()
+            c = c.to("cpu", copy=True) if c.device.type != "cpu" else c.clone()
+            c = c.resolve_conj().resolve_neg().contiguous()
+            session.save_payload(name, logical, tuple(c.shape), lambda c=c: _raw_bytes(c), nbytes)
         if key is not None:
             session.zarr_sink.remember_memory(key, owner, t._version, name)
         return True

@@ -36,9 +36,9 @@ _HEAD = 30 + len(_DATA)
 _PAD = (-(_HEAD + 4)) % _ALIGN  # the local header of data/0, an "FB" extra field of _PAD bytes, then the data
 _DATA_OFF = _HEAD + 4 + _PAD
 _MAX_BYTES = (1 << 31) - (1 << 20)
-#: a buffer of at least _PAGE_MIN bytes starts on a _PAGE boundary (LocalStore(direct=True) writes it
+#: a buffer of at least PAGE_MIN bytes starts on a _PAGE boundary (LocalStore(direct=True) writes it
 #: with O_DIRECT: straight to the disk, no copy into the page cache)
-_PAGE, _PAGE_MIN = 4096, 1 << 20
+_PAGE, PAGE_MIN = 4096, 1 << 20
 _STORAGE: dict = {}
 #: (dtype, shape) -> data.pkl's (name, crc, bytes)
 _PKL: dict = {}
@@ -167,7 +167,7 @@ class PtFile:
         self.file_crc: Optional[int] = None  # the whole file's CRC-32, once finish() made it
         tail = 2048 + 48 * t.dim()  # pickle, the small records and the zip directory fit in it
         size = _DATA_OFF + self.nbytes + tail
-        if size >= _PAGE_MIN:  # from the pool, starting on a 4096-byte boundary (the store writes it O_DIRECT)
+        if size >= PAGE_MIN:  # from the pool, starting on a 4096-byte boundary (the store writes it O_DIRECT)
             self._pooled: Optional[torch.Tensor] = POOL.take(size)
             self.buf = self._pooled[:size]
         else:
