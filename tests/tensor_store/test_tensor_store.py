@@ -440,3 +440,39 @@ def test_name_of_a_stored_payload_is_durable_without_a_new_shard(tmp_path):
     assert not r.complete and {"a", "b", "c"} <= set(r.names())
     assert np.array_equal(r.load("b"), np.arange(1024, dtype="<f4").reshape(32, 32))
     w.close()
+
+
+def test_large_payloads_through_pool_buffers_round_trip(tmp_path):
+    """Payloads of 1 MiB and more are copied into the pool's buffers, which go back (and are reused
+    by later payloads) once nothing refers to their bytes: 24 large tensors, with shards of 4 MiB,
+    one source overwritten in place after each save, a content duplicate and a bf16 one, all read
+    back exactly, and the buffers back in the pool once the store is closed."""
+    import gc
+
+    from msprobe.dumpers.pytorch import _ptfile
+
+    _ptfile.POOL.clear()
+    g = torch.Generator().manual_seed(3)
+    src = torch.empty(300_000)  # 1.2 MB, rewritten for every case
+    cases = {}
+    from msprobe.dumpers.pytorch._dumper import TorchDumper
+
+    config = load_config(task="tensor", dump_path=str(tmp_path / "d"), level="L1", tensor_store="zarr",
+                         tensor_shard_mb=4)
+    d = TorchDumper(config)
+    for i in range(24):
+        src.copy_(torch.randn(300_000, generator=g))
+        if i == 7:
+            src.copy_(cases["c3"])  # the same bytes as an earlier payload: content dedup
+        t = src.bfloat16() if i == 11 else src
+        cases[f"c{i}"] = t.clone()
+        rec = f"Tensor.case_c{i}.{i}.forward"
+        entry = d.encoder.tensor(t, f"{rec}.input.0", True)
+        src.fill_(float("nan"))  # the model overwrites it: the dump holds the copy
+        d.session.add_record(rec, {"input_args": [entry], "input_kwargs": {}, "output": []})
+    d.session.publish(final=True)
+    d.session.close()
+    gc.collect()
+    assert _ptfile.POOL.idle > 0  # given back
+    _check_round_trip(str(tmp_path / "d"), cases)
+    _ptfile.POOL.clear()
