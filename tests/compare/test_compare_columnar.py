@@ -286,7 +286,8 @@ def test_objects_made_while_paused_leave_the_youngest_generation_uncollected():
         frozen = gc.get_freeze_count()
         with gc_paused():
             made.append([0])
-        assert gc.get_freeze_count() == frozen
+        # still frozen (an unfreeze would leave 0; objects of other threads may die meanwhile: not ==)
+        assert gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
     del made
