@@ -301,7 +301,7 @@ class BackgroundWriter:
                     try:
                         written = self._write(task)
                     except _Superseded:
-                        written = -1
+                        pass  # (written stays -1: counted as superseded)
                     finally:
                         self._release(task)
                 succeeded = True

@@ -124,11 +124,11 @@ def record_text_function() -> Any:
 
     mod = native()
     fast = getattr(mod, "record_json", None) if mod is not None else None
+    if fast is None:
+        return record_text
     try:
         import orjson  # the [fast] extra
     except ImportError:
-        return record_text
-    if fast is None:
         return record_text
     dumps = orjson.dumps
 

@@ -27,6 +27,8 @@ from typing import Optional
 
 import torch
 
+from msprobe.tensor_store._layout import aligned_buffer
+
 __all__ = ["PtFile", "POOL", "supported"]
 
 _ALIGN = 64
@@ -36,9 +38,9 @@ _HEAD = 30 + len(_DATA)
 _PAD = (-(_HEAD + 4)) % _ALIGN  # the local header of data/0, an "FB" extra field of _PAD bytes, then the data
 _DATA_OFF = _HEAD + 4 + _PAD
 _MAX_BYTES = (1 << 31) - (1 << 20)
-#: a buffer of at least PAGE_MIN bytes starts on a _PAGE boundary (LocalStore(direct=True) writes it
+#: a buffer of at least PAGE_MIN bytes starts on a 4096-byte boundary (LocalStore(direct=True) writes it
 #: with O_DIRECT: straight to the disk, no copy into the page cache)
-_PAGE, PAGE_MIN = 4096, 1 << 20
+PAGE_MIN = 1 << 20
 _STORAGE: dict = {}
 #: (dtype, shape) -> data.pkl's (name, crc, bytes)
 _PKL: dict = {}
@@ -82,9 +84,7 @@ class _Pool:
             if bufs:
                 self.idle -= cls
                 return bufs.pop()
-        raw = torch.empty(cls + _PAGE - 1, dtype=torch.uint8)
-        start = -raw.data_ptr() % _PAGE
-        return raw[start:start + cls]
+        return torch.from_numpy(aligned_buffer(cls))
 
     def give(self, buf: torch.Tensor) -> None:
         cls = buf.numel()

@@ -93,15 +93,14 @@ class FileSink(TensorSink):
         writer = self._writer if self._writer is not None else self.writer
         journal = self.journal
         journal.expect(data_name)
-        if release is None:
-            def done(error: Optional[BaseException], name: str = data_name) -> None:
-                journal.tensor_done(name)
-        else:
-            def done(error: Optional[BaseException], name: str = data_name) -> None:
-                try:
+
+        def done(error: Optional[BaseException], name: str = data_name) -> None:
+            try:
+                if release is not None:
                     release()
-                finally:
-                    journal.tensor_done(name)
+            finally:
+                journal.tensor_done(name)
+
         try:
             writer.submit(key, produce, nbytes=nbytes, on_done=done)
         except BaseException:

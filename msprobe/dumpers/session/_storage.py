@@ -119,24 +119,23 @@ class SessionStorage:
         ``fsync_tensors`` the same directory with writes still atomic (temp file + rename) but
         not fsync'ed one by one, and large tensor files written with O_DIRECT (LocalStore's
         ``direct``: no copy into the page cache)."""
-        store = self.store
-        root = store.local_path("") if getattr(store, "is_local", False) and not self.config.fsync_tensors else None
-        return store if root is None else LocalStore(root, fsync=False, direct=True)
+        return self._unsynced(self.config.fsync_tensors, direct=True)
 
     def document_store(self) -> Store:
         """Where the step's documents and the marker go: the store, or on a local disk without
         ``journal_fsync`` the same directory, each document still atomic (temp file + rename) but
         not fsync'ed (as the journal: a SIGKILL loses nothing, power-loss safety is
         ``journal_fsync``'s; an fsync costs 3-9 ms of wall time per document here)."""
-        store = self.store
-        if not getattr(store, "is_local", False) or self.config.journal_fsync:
-            return store
         if self._documents is None:
-            root = store.local_path("")
-            if root is None:
-                return store
-            self._documents = LocalStore(root, fsync=False)
+            self._documents = self._unsynced(self.config.journal_fsync)
         return self._documents
+
+    def _unsynced(self, synced: bool, **options: Any) -> Store:
+        """The store itself when ``synced`` or not local, else a LocalStore of its directory whose
+        writes are atomic but not fsync'ed (``options``: LocalStore's others)."""
+        store = self.store
+        root = store.local_path("") if getattr(store, "is_local", False) and not synced else None
+        return store if root is None else LocalStore(root, fsync=False, **options)
 
     def check_writable(self) -> None:
         """At ``PrecisionDebugger()``: prove that ``dump_path`` can be written (a probe object
