@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import numpy as np
 import pytest
@@ -52,3 +53,24 @@ def test_tokens_beside_each_other_parse_as_json_does(text):
     got, want = loads_json_bytes(text), json.loads(text)
     assert json.dumps(got) == json.dumps(want)
     assert b"Infinity" not in _with_stand_ins(text) and b"NaN" not in _with_stand_ins(text)
+
+
+def test_shape_and_requires_grad_cells_are_str_of_the_values():
+    """The shape column through one orjson text of the lists and requires_grad by lookup print
+    what str() prints, whatever a (hostile) dump holds there."""
+    from msprobe.compare._columnar import _requires_grad_texts, _shape_texts
+
+    rng = random.Random(11)
+    odd = [True, False, None, 1.5, 1e16, "x", [1], [], {"a": 1}, 2 ** 63 - 1, -2 ** 63, 2 ** 64, 2 ** 70, -1, 0]
+
+    def shape():
+        if rng.random() < 0.8:
+            return [rng.choice(odd) if rng.random() < 0.1 else rng.randrange(0, 70000) for _ in range(rng.randrange(0, 5))]
+        return rng.choice([None, "[]", "N/A", "(3,)", 5, 1.5, [[1, 2]], [1, [2], 3], {}, True])
+
+    for _ in range(3000):
+        values = [shape() for _ in range(rng.randrange(1, 8))]
+        assert _shape_texts(list(values)) == list(map(str, values)), values
+    assert _shape_texts([[8, 128, 256], [], [1]]) == ["[8, 128, 256]", "[]", "[1]"]
+    for values in ([True, False, None], [1, 0, None], [1.0, True], ["True", None], [[1]], [None], []):
+        assert _requires_grad_texts(list(values)) == ["N/A" if value is None else str(value) for value in values]

@@ -95,3 +95,62 @@ def test_orjson_takes_documents_with_nonfinite_tokens():
     assert _orjson_loads(b'{"big": 123456789012345678901234567890}') is None
     assert _orjson_loads(b'{"tiny": 0.00000000000000000001234, "wide": 1234567890123456789012.5}') is not None
     assert _orjson_loads(b'{"s": "\\u0000N", "x": NaN}') is None
+
+
+LONG_INTEGERS = [
+    b'12345678901234567890', b'-12345678901234567890', b'[12345678901234567890]', b'[1,12345678901234567890]',
+    b'{"a":12345678901234567890}', b'{"a" :\t12345678901234567890}', b'[\n12345678901234567890\r]',
+    b'{"s": "x 12345678901234567890", "n": NaN}',       # in a string after a space: json.loads decides
+    b'{"s": "x12345678901234567890"}',                  # in a string after a letter: no integer
+    b'[1.12345678901234567890, 0.000000000000000000001]',  # fractions
+    b'[12345678901234567890.5, 12345678901234567890e3, 12345678901234567890E-3]',
+    b'[1e12345678901234567890, 1e+12345678901234567890, 1e-12345678901234567890]',  # exponents
+    b'[9223372036854775807, 18446744073709551615, 1844674407370955161]',
+]
+
+
+@pytest.mark.parametrize("data", LONG_INTEGERS, ids=range(len(LONG_INTEGERS)))
+def test_long_integers_parse_as_json_does(data):
+    want, got = _json_answer(data), _ours(data)
+    assert want[0] == got[0]
+    assert _same(want[1], got[1]) if want[0] == "ok" else want[1] == got[1]
+
+
+def _counting_stand_in_writes(monkeypatch) -> list:
+    """Counts the orjson writes of containers looking for stand-ins (the slow search)."""
+    from msprobe.readers import _source
+
+    calls: list = []
+    real = _source._holds_stand_in
+    monkeypatch.setattr(_source, "_holds_stand_in", lambda obj: calls.append(1) or real(obj))
+    return calls
+
+
+def test_records_holding_nonfinite_tokens_are_found_by_their_keys(monkeypatch):
+    """The records that hold a NaN/Infinity are found from the tokens' positions and the records'
+    keys in the text: no record is written out to look for stand-ins."""
+    pytest.importorskip("orjson")
+    calls = _counting_stand_in_writes(monkeypatch)
+    data = {f"Torch.op{i}.{i}.forward": {"output": [{"type": "torch.Tensor", "Max": 1.5, "Min": 0.5}]}
+            for i in range(500)}
+    for i in (0, 7, 250, 499):
+        data[f"Torch.op{i}.{i}.forward"]["output"][0]["Max"] = float(("nan", "inf", "-inf", "nan")[i % 4])
+    for indent in (None, 1):
+        text = json.dumps({"task": "statistics", "data": data}, indent=indent).encode()
+        got = _orjson_loads(text)
+        assert got is not None and _same(got, json.loads(text))
+    assert calls == []
+
+
+def test_a_key_met_inside_an_earlier_record_still_restores_every_token(monkeypatch):
+    """A record's key text met first inside an earlier record (a nested key of the same name)
+    makes the guess miss a stand-in: the count says so and every container is looked at."""
+    pytest.importorskip("orjson")
+    calls = _counting_stand_in_writes(monkeypatch)
+    text = b'{"data": {"a": {"b": 1, "x": NaN, "y": [Infinity]}, "b": {"z": -Infinity}, "c": {"w": 2}}}'
+    got = _orjson_loads(text)
+    assert got is not None and _same(got, json.loads(text))
+    assert calls  # the slow search ran
+    text = b'{"data": {"r\\u00e9c": {"x": NaN}, "b": {"x": 1}}}'  # a key escaped otherwise than orjson writes it
+    got = _orjson_loads(text)
+    assert got is not None and _same(got, json.loads(text))
