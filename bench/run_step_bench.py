@@ -42,7 +42,7 @@ def install_floor(read: str) -> None:
 
     def stat_handle(t):
         if read == "sum" and t.numel():
-            t.sum()
+            t.detach().sum()  # (the encoder passes a tensor needing a gradient as it is: no graph for this read)
         return (_encode._K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
 
     def drop(self, **_):

@@ -159,6 +159,10 @@ class DumpConfig:
 
 def _directions(data_mode: Any) -> tuple:
     """(forward, backward, input, output) enabled by ``data_mode`` (asked at every call: computed once)."""
+    if type(data_mode) is list and len(data_mode) == 1:  # the common case (["all"]): no tuple, no lru_cache
+        known = _ONE_MODE.get(data_mode[0]) if type(data_mode[0]) is str else None
+        if known is not None:
+            return known
     if type(data_mode) in (list, tuple):  # (a str would be read as its characters by the cache key)
         try:
             return _directions_of(tuple(data_mode))
@@ -173,6 +177,10 @@ def _directions_of(data_mode: Any) -> tuple:
     io = not ({"input", "output"} & set(data_mode))
     return ("all" in data_mode or "forward" in data_mode or fb, "all" in data_mode or "backward" in data_mode or fb,
             "all" in data_mode or "input" in data_mode or io, "all" in data_mode or "output" in data_mode or io)
+
+
+#: the directions of each one-item data_mode
+_ONE_MODE = {mode: _directions_of((mode,)) for mode in DATA_MODES}
 
 
 def _is_int(value: Any) -> bool:

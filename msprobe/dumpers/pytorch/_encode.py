@@ -88,10 +88,11 @@ def _stat_handle(tensor: torch.Tensor) -> tuple:
     one fused Triton reduction when Triton is there; anything else takes the torch reductions below
     (the reference path, also taken with ``MSPROBE_LAKE_NATIVE=0``)."""
     count = tensor.numel()
-    if count == 0 or (tensor.is_cpu and _no_storage(tensor)):  # (the memory the C kernels below would read)
+    cpu = tensor.is_cpu
+    if count == 0 or (cpu and _no_storage(tensor)):  # (the memory the C kernels below would read)
         return (_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
     fast = _FAST if _FAST is not False else _fast()
-    if fast is not None and tensor.is_cpu and tensor.dim():
+    if fast is not None and cpu and tensor.dim():
         code = _FAST_CODES.get(tensor.dtype)
         if code is not None and not tensor.is_neg() and (fast.SIMD or count <= _FAST_SCALAR_MAX):
             if tensor.is_contiguous():
@@ -117,6 +118,8 @@ def _stat_handle(tensor: torch.Tensor) -> tuple:
         return (_K_BOOL, torch.stack([tensor.any(), tensor.all()]))
     if tensor.dim() == 0:
         return (_K_SCALAR, tensor.detach().clone())
+    if tensor.requires_grad:  # (the encoder passes a plain tensor as it is: the reductions build no graph)
+        tensor = tensor.detach()
     if tensor.is_complex():
         magnitude = tensor.detach().abs()
         return (_K_FLOAT, torch.stack([magnitude.max(), magnitude.min(), magnitude.mean()]).to(torch.float64), 3)
@@ -295,6 +298,8 @@ def _no_bytes() -> bytes:
 
 
 _SPECIAL_TYPES: dict = {}
+#: the tensor classes whose statistics are read from the tensor itself, not from a detached copy
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: torch dtype -> its name in a record (``str(dtype)``)
 _DTYPE_NAMES: dict = {d: str(d) for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
                                           torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
@@ -466,6 +471,7 @@ class Encoder(ValueEncoder):
     def tensor(self, t: torch.Tensor, data_name_prefix: str, save: bool) -> dict:
         dtype = t.dtype
         entry: dict = {"type": "torch.Tensor", "dtype": _DTYPE_NAMES.get(dtype) or str(dtype), "shape": list(t.shape)}
+        requires_grad = bool(t.requires_grad)
         mode = self.summary_mode
         md5: Optional[tuple] = None
         try:
@@ -477,7 +483,9 @@ class Encoder(ValueEncoder):
                 handle = cache.lookup(t, key, base)
                 data = None
                 if handle is None:
-                    data = cache.dense(t.detach())
+                    # a plain tensor or parameter as it is (no detached copy of it: the C kernels read its
+                    # memory, _stat_handle detaches it for torch's reductions, md5 reads bytes); else detached
+                    data = t if type(t) in _PLAIN and not self.check_overflow else cache.dense(t.detach())
                     entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
                     handle = _stat_handle(data)
                     if mode == "md5":
@@ -503,8 +511,9 @@ class Encoder(ValueEncoder):
                         self._watch(data_name_prefix, data)
         except RuntimeError:  # meta/fake tensors, unsupported dtypes: keep the entry without stats
             pass
-        entry["requires_grad"] = bool(t.requires_grad)
-        if t.numel() or not getattr(self._tls, "in_output", False):  # an empty *output* has no file (as the real tool does)
+        entry["requires_grad"] = requires_grad
+        # an empty *output* has no file (as the real tool does)
+        if (save or self.check_overflow) and (t.numel() or not getattr(self._tls, "in_output", False)):
             name = f"{data_name_prefix}.pt"
             if save:
                 entry["data_name"] = name
