@@ -55,6 +55,10 @@ def render_stack(frames: tuple) -> list:
 class FrameworkAdapter(ABC):
     """What a framework's dumper supplies to its :class:`DumperCore`."""
 
+    #: whether a forward call made while a module's backward runs and no module forward is
+    #: open (a checkpoint's recompute) takes that backward as its construct.json parent
+    backward_parents_forward: bool = False
+
     @abstractmethod
     def encode_output(self, out: Any, prefix: str, save: bool) -> list:
         """The ``output`` entries of a call's result (the framework's rule for sequences)."""
@@ -419,7 +423,11 @@ class DumperCore:
         return models
 
     def parent(self) -> Optional[str]:
-        return self.module_stack[-1] if self.module_stack else None
+        """The construct.json parent of a forward call made now: the innermost module forward open,
+        else (where the adapter says so) the innermost module backward running."""
+        if self.module_stack:
+            return self.module_stack[-1]
+        return self.bw_stack[-1] if self.bw_stack and self.adapter.backward_parents_forward else None
 
     def call_skipped(self) -> bool:
         """Whether a call now is neither recorded nor counted: before start(), after stop(), in a step

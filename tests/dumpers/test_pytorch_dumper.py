@@ -171,6 +171,58 @@ def test_mix_modules_params_and_construct(tmp_path):
     assert opt_apis and all(n.startswith("Tensor.") or n.startswith("Torch.") for n in opt_apis)
 
 
+def test_mix_clip_grad_calls_sit_under_the_clip_grad_pseudo_module(tmp_path):
+    """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ inside the window: their calls map to
+    "clip_grad" in construct.json (added as "clip_grad": null), as 26.2.0's; the functions are
+    the originals again after close()."""
+    originals = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="mix")
+    dbg.start(model)
+    model(torch.randn(5, 4)).sum().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
+    opt.step()
+    dbg.stop()
+    dbg.step()
+    PrecisionDebugger._reset()  # the dumper closed (what the process end does)
+    assert (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_) == originals
+    construct = load(tmp_path, doc="construct.json")
+    data = load(tmp_path)["data"]
+    assert construct["clip_grad"] is None and construct["optimizer"] is None
+    clipped = [n for n, p in construct.items() if p == "clip_grad"]
+    assert any(n.startswith("Torch._foreach_norm.") or ".norm." in n for n in clipped), clipped
+    assert any("clamp" in n for n in clipped), clipped  # clip_grad_value_
+    assert all(n in data for n in clipped)
+    assert not set(clipped) & {n for n, p in construct.items() if p == "optimizer"}
+
+
+def test_recomputed_forward_calls_take_the_running_backward_as_parent(tmp_path):
+    """torch.utils.checkpoint (non-reentrant) recomputes a block's forward inside the backward of
+    the first module needing a saved tensor: those forward calls map to that backward record in
+    construct.json (26.2.0's module stack holds backwards too), not to null."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    head = nn.Linear(4, 2)
+    model = nn.ModuleDict({"block": block, "head": head})
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="mix")
+    dbg.start(model)
+    hidden = checkpoint(block, torch.randn(3, 4, requires_grad=True), use_reentrant=False)
+    head(hidden).sum().backward()
+    dbg.stop()
+    dbg.step()
+    PrecisionDebugger._reset()  # the dumper closed (what the process end does)
+    construct = load(tmp_path, doc="construct.json")
+    recomputed = [n for n in construct if n.startswith("Module.block.") and n.endswith(".forward.1")]
+    assert recomputed, sorted(construct)
+    tops = {construct[n] for n in recomputed if construct[n] is None or ".backward." in construct[n]}
+    assert tops and all(parent is not None and ".backward." in parent for parent in tops), tops
+
+
 def test_module_backward_grads_are_the_true_gradients(tmp_path):
     torch.manual_seed(0)
     lin = nn.Linear(3, 2)

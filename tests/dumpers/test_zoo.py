@@ -59,11 +59,6 @@ def run_ours(tmp_path, run: str, model: str, cfg: str) -> str:
     return run_zoo(tmp_path, run, model, cfg)
 
 
-def _cut_short_module(rec) -> bool:
-    """26.2.0's record of a module whose forward raised (a checkpoint recompute cut short, §20)."""
-    return isinstance(rec, dict) and rec.get("output") == [None] and rec.get("parameters") == {}
-
-
 def compare_run(real_root: str, ours_root: str, float_checksums: bool = False) -> dict:
     """Compare one run with a real dump (committed: ``float_checksums`` False, the checksums of
     float tensors left out; live: True); returns the figures, with the problems found under
@@ -80,17 +75,7 @@ def compare_run(real_root: str, ours_root: str, float_checksums: bool = False) -
     ours = dict(odoc["data"])
     fig["records"] = len(real)
     kept = zoo.module_backward_kept(real, ours)
-    # §20 item 27: 26.2.0 writes a module whose forward was cut short with output [null]; we do not
-    cut = [n for n in real if n not in ours and _cut_short_module(real[n])]
-    # §20 item 27: after an API call cut short, 26.2.0 writes no API forward record for the rest of the
-    # step (its nesting counter stays raised): ours has those (the optimizer's Tensor.add_) on top
-    cut_api = [n for n, v in real.items() if n.endswith(".forward") and isinstance(v, dict) and "input_args" in v
-               and "output" not in v]
-    after = []
-    if cut_api:
-        names = list(ours)
-        start = names.index(cut_api[0]) if cut_api[0] in names else len(names)
-        after = [n for n in names[start + 1:] if n not in real and n.endswith(".forward")]
+    cut, after = zoo.cut_short(real, ours)  # §20 item 27
     fig["module_backward_kept"], fig["module_cut_short"], fig["api_after_cut_short"] = len(kept), len(cut), len(after)
     ours = {n: v for n, v in ours.items() if n not in kept and n not in after}
     real_cmp = {n: v for n, v in real.items() if n not in cut}

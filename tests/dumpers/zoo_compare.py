@@ -45,6 +45,30 @@ def construct_problems(real_dir: str, our_dir: str, skip: Callable[[str], bool] 
             and our_parents.get(child, "MISSING") != parent]
 
 
+def _cut_short_module(rec) -> bool:
+    """26.2.0's record of a module whose forward raised (a checkpoint recompute cut short, §20):
+    output [null], its own parameters as usual (none for a container, a Linear's weight)."""
+    return isinstance(rec, dict) and rec.get("output") == [None] and "parameters" in rec
+
+
+def cut_short(real: dict, ours: dict) -> tuple:
+    """(26.2.0's records of modules whose forward was cut short, our API forward records after the
+    first API call cut short): spec/PRODUCER.md §20 item 27. 26.2.0 writes a module whose forward
+    raised (a torch.utils.checkpoint recompute cut short) with output [null], we do not; after an
+    API call cut short (inputs only, no output) it writes no API forward record for the rest of the
+    step (its nesting counter stays raised), we go on (the optimizer's Tensor.add_ and the next
+    recomputes' calls)."""
+    cut = [n for n in real if n not in ours and _cut_short_module(real[n])]
+    cut_api = [n for n, v in real.items() if n.endswith(".forward") and isinstance(v, dict) and "input_args" in v
+               and "output" not in v]
+    after: list = []
+    if cut_api:
+        names = list(ours)
+        start = names.index(cut_api[0]) if cut_api[0] in names else len(names)
+        after = [n for n in names[start + 1:] if n not in real and n.endswith(".forward")]
+    return cut, after
+
+
 def write_figures(fig: dict, run: str) -> None:
     """Append one run's figures to the file MSPROBE_CONFORMANCE_FIGURES names (the problems counted)."""
     if os.environ.get("MSPROBE_CONFORMANCE_FIGURES"):  # the figures of docs/conformance.md

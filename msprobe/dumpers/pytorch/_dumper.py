@@ -40,6 +40,10 @@ class TorchDumper(FrameworkAdapter):
     """Owns the patcher, the module hooks and the session for one process (through its
     :class:`DumperCore`, whose framework adapter it is)."""
 
+    #: a forward call inside a module's backward (torch.utils.checkpoint's recompute) has that backward
+    #: as its parent, as 26.2.0's one module stack of forwards and backwards gives it
+    backward_parents_forward = True
+
     def __init__(self, config: DumpConfig):
         if config.level == "L2":
             raise ConfigError("level 'L2' is the kernel dump: PrecisionDebugger runs it with KernelDumper")
@@ -305,7 +309,9 @@ class TorchDumper(FrameworkAdapter):
                 self.hook_module(sub, key)
 
     def _hook_optimizers(self) -> None:
-        """At mix level, optimizer.step() APIs get the pseudo-module parent 'optimizer' (as msprobe 26 does)."""
+        """At mix level, optimizer.step() APIs get the pseudo-module parent 'optimizer', and those of
+        ``torch.nn.utils.clip_grad_norm_`` (``clip_grad_norm``, ``clip_grad_value_``, Megatron's
+        ``MegatronOptimizer.clip_grad_norm``) the parent 'clip_grad' (as msprobe 26 does)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         core_ref = weakref.ref(self.core)
@@ -322,6 +328,7 @@ class TorchDumper(FrameworkAdapter):
                 core.module_stack.pop()
 
         self._optim_handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+        self._optim_handles.extend(_ClipGradPatch(core_ref, owner, name) for owner, name in _clip_grad_functions())
 
     def hook_module(self, module: torch.nn.Module, key: str) -> None:
         """The forward and backward hooks of one module, recorded as ``key`` (``Module.<path>.<Class>``)."""
@@ -667,3 +674,50 @@ def _tap(values: tuple, callback, nested: bool = False) -> tuple:
         if _SET_META is not None and _META_DEFAULT is not None and o.requires_grad:
             _SET_META(o, _META_DEFAULT)  # allow in-place ops (ReLU(inplace=True)) on the tapped tensor
     return tuple(_rebuild(values, iter(outs), nested))
+
+
+def _clip_grad_functions() -> list:
+    """(owner, attribute) of the gradient clipping functions 26.2.0 scopes as 'clip_grad': those of
+    ``torch.nn.utils`` (a call through a name imported before the debugger is not seen, as in 26.2.0)
+    and Megatron's, where it is installed."""
+    import torch.nn.utils as utils
+
+    found = [(utils, name) for name in ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
+             if callable(getattr(utils, name, None))]
+    try:
+        from megatron.core.optimizer import MegatronOptimizer
+    except Exception:  # noqa: BLE001 - absent, or failing to import: nothing to scope
+        return found
+    if callable(getattr(MegatronOptimizer, "clip_grad_norm", None)):
+        found.append((MegatronOptimizer, "clip_grad_norm"))
+    return found
+
+
+class _ClipGradPatch:
+    """One gradient clipping function replaced by a wrapper that puts its calls under the
+    pseudo-module 'clip_grad' while the dump is on; ``remove()`` puts the function back (unless
+    someone replaced it since)."""
+
+    def __init__(self, core_ref: Any, owner: Any, name: str) -> None:
+        self.owner, self.name = owner, name
+        self.original = original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def clip_grad(*args: Any, **kwargs: Any) -> Any:
+            core = core_ref()
+            if core is None or not core.enabled:
+                return original(*args, **kwargs)
+            core.module_stack.append("clip_grad")
+            core.session.ensure_structure("clip_grad")
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if core.module_stack and core.module_stack[-1] == "clip_grad":
+                    core.module_stack.pop()
+
+        self.wrapper = clip_grad
+        setattr(owner, name, clip_grad)
+
+    def remove(self) -> None:
+        if getattr(self.owner, self.name, None) is self.wrapper:
+            setattr(self.owner, self.name, self.original)
