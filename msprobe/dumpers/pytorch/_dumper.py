@@ -319,13 +319,12 @@ class TorchDumper(FrameworkAdapter):
         def pre(opt, args, kwargs):
             core = core_ref()
             if core is not None and core.enabled:
-                core.module_stack.append("optimizer")
-                core.session.ensure_structure("optimizer")
+                _enter_pseudo_module(core, "optimizer")
 
         def post(opt, args, kwargs):
             core = core_ref()
-            if core is not None and core.module_stack and core.module_stack[-1] == "optimizer":
-                core.module_stack.pop()
+            if core is not None:
+                _leave_pseudo_module(core, "optimizer")
 
         self._optim_handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
         self._optim_handles.extend(_ClipGradPatch(core_ref, owner, name) for owner, name in _clip_grad_functions())
@@ -676,6 +675,17 @@ def _tap(values: tuple, callback, nested: bool = False) -> tuple:
     return tuple(_rebuild(values, iter(outs), nested))
 
 
+def _enter_pseudo_module(core: Any, name: str) -> None:
+    """The calls from now on map to the pseudo-module ``name`` ("optimizer", "clip_grad") in construct.json."""
+    core.module_stack.append(name)
+    core.session.ensure_structure(name)
+
+
+def _leave_pseudo_module(core: Any, name: str) -> None:
+    if core.module_stack and core.module_stack[-1] == name:
+        core.module_stack.pop()
+
+
 def _clip_grad_functions() -> list:
     """(owner, attribute) of the gradient clipping functions 26.2.0 scopes as 'clip_grad': those of
     ``torch.nn.utils`` (a call through a name imported before the debugger is not seen, as in 26.2.0)
@@ -707,13 +717,11 @@ class _ClipGradPatch:
             core = core_ref()
             if core is None or not core.enabled:
                 return original(*args, **kwargs)
-            core.module_stack.append("clip_grad")
-            core.session.ensure_structure("clip_grad")
+            _enter_pseudo_module(core, "clip_grad")
             try:
                 return original(*args, **kwargs)
             finally:
-                if core.module_stack and core.module_stack[-1] == "clip_grad":
-                    core.module_stack.pop()
+                _leave_pseudo_module(core, "clip_grad")
 
         self.wrapper = clip_grad
         setattr(owner, name, clip_grad)
