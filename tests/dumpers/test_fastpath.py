@@ -264,6 +264,19 @@ def test_encoder_takes_the_one_pass_kernel(fast, monkeypatch):
         _encode._stat_handle(torch.randn(10, 10)[:, ::2])
 
 
+def test_kernel_taken_in_a_fresh_process_given_only_the_module(fast):
+    """The dtype codes are known at import: a process whose first tensor meets a preset module (no
+    earlier _fast() call) still takes the kernel (the test above once passed only after other tests)."""
+    code = ("import torch; from msprobe.dumpers import fastpath; from msprobe.dumpers.pytorch import _encode; "
+            "_encode._FAST = fastpath.native(); "
+            "torch.aminmax = None; "
+            "print(_encode._stat_handle(torch.randn(10, 10))[0] == _encode._K_DONE)")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "True"
+
+
 # ------------------------------------------------------------------ loading and the fallback
 
 

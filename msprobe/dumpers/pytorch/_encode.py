@@ -26,7 +26,8 @@ _K_FLOAT, _K_INT, _K_BOOL, _K_SCALAR, _K_DONE, _K_FUSED = 0, 1, 2, 3, 4, 5
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: the compiled one-pass kernels (msprobe/dumpers/fastpath.py), loaded at the first tensor: False until then
 _FAST: Any = False
-_FAST_CODES: dict = {}
+#: torch dtype -> the kernels' dtype code (constants: known before the kernels load)
+_FAST_CODES: dict = {getattr(torch, name): code for name, code in DTYPE_CODES.items()}
 #: largest element count given to the C kernels when they have no SIMD code for this CPU (torch's own
 #: vectorised passes win above it)
 _FAST_SCALAR_MAX = 1 << 14
@@ -37,9 +38,7 @@ _PT_FAST = not fastpath.disabled()
 def _fast() -> Any:
     global _FAST
     if _FAST is False:
-        mod = native()
-        _FAST_CODES.update({getattr(torch, name): code for name, code in DTYPE_CODES.items()})
-        _FAST = mod
+        _FAST = native()
     return _FAST
 
 
@@ -80,6 +79,29 @@ def _no_storage(tensor: torch.Tensor) -> bool:
         return True
 
 
+def _cpu_kernel_stats(tensor: torch.Tensor, count: int) -> Optional[dict]:
+    """The statistics of a CPU tensor read once by the C kernels, or None where they do not apply (no
+    kernels, a dtype they do not know, a negated view, a layout without unit-stride runs)."""
+    fast = _FAST if _FAST is not False else _fast()
+    code = _FAST_CODES.get(tensor.dtype)
+    if fast is None or code is None or tensor.is_neg() or not (fast.SIMD or count <= _FAST_SCALAR_MAX):
+        return None
+    if tensor.is_contiguous():
+        stats = fast.stats(tensor.data_ptr(), count, code)
+    else:
+        runs = _runs(tensor)
+        if runs is None:
+            return None
+        if not runs[1]:  # a permutation of a contiguous block (a transpose): the block, in memory order
+            stats = fast.stats(tensor.data_ptr(), count, code)
+        else:
+            stats = fast.stats_runs(tensor.data_ptr(), code, *runs)
+    mean = stats[2]
+    if tensor.dtype == torch.float32 and mean is not None and abs(mean) * count > _F32_MAX:
+        mean = math.copysign(math.inf, mean)  # torch's float32 sum overflows there (26.2.0: -inf)
+    return {"Max": stats[0], "Min": stats[1], "Mean": mean, "Norm": stats[3]}
+
+
 def _stat_handle(tensor: torch.Tensor) -> tuple:
     """Start computing the statistics of ``tensor`` (no host sync); returns a handle for fetch_stats.
 
@@ -91,25 +113,10 @@ def _stat_handle(tensor: torch.Tensor) -> tuple:
     cpu = tensor.is_cpu
     if count == 0 or (cpu and _no_storage(tensor)):  # (the memory the C kernels below would read)
         return (_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
-    fast = _FAST if _FAST is not False else _fast()
-    if fast is not None and cpu and tensor.dim():
-        code = _FAST_CODES.get(tensor.dtype)
-        if code is not None and not tensor.is_neg() and (fast.SIMD or count <= _FAST_SCALAR_MAX):
-            if tensor.is_contiguous():
-                stats = fast.stats(tensor.data_ptr(), count, code)
-            else:
-                runs = _runs(tensor)
-                if runs is None:
-                    stats = None
-                elif not runs[1]:  # a permutation of a contiguous block (a transpose): the block, in memory order
-                    stats = fast.stats(tensor.data_ptr(), count, code)
-                else:
-                    stats = fast.stats_runs(tensor.data_ptr(), code, *runs)
-            if stats is not None:
-                mean = stats[2]
-                if tensor.dtype == torch.float32 and mean is not None and abs(mean) * count > _F32_MAX:
-                    mean = math.copysign(math.inf, mean)  # torch's float32 sum overflows there (26.2.0: -inf)
-                return (_K_DONE, {"Max": stats[0], "Min": stats[1], "Mean": mean, "Norm": stats[3]})
+    if cpu and tensor.dim():
+        done = _cpu_kernel_stats(tensor, count)
+        if done is not None:
+            return (_K_DONE, done)
     if (tensor.is_cuda and tensor.dtype in _FUSED_DTYPES and tensor.dim() and tensor.is_contiguous()
             and not tensor.is_neg()):
         if _cuda_stats.available():  # one fused pass on the device (Triton), rounded and fetched in batches
