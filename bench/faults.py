@@ -30,6 +30,8 @@ from typing import Any, Optional
 
 KINDS = ("weight_scale", "dtype_lower", "nan", "inf", "api_wrong", "rank_wrong", "layer_skip")
 MODELS = ("gpt", "tfm", "mlp")
+#: Hugging Face transformers models as users train them (tiny configs, no downloads)
+HF_MODELS = ("llama", "bert")
 STEPS = 3
 
 
@@ -114,13 +116,46 @@ def _models() -> dict:
         def loss(self, out: Any, x: Any) -> Any:
             return (out.squeeze(-1) - x.sum(-1)).pow(2).mean()
 
-    return {"gpt": lambda: LM(False), "tfm": lambda: LM(True), "mlp": MLP}
+    return {"gpt": lambda: LM(False), "tfm": lambda: LM(True), "mlp": MLP, "llama": _hf_llama, "bert": _hf_bert}
+
+
+def _hf_llama() -> Any:
+    """transformers' LlamaForCausalLM (3 layers, hidden 32), next-token loss on its logits."""
+    import torch
+    import torch.nn.functional as F
+    import transformers as T
+
+    model = T.LlamaForCausalLM(T.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=32, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        use_cache=False))
+    model.batch = lambda g: torch.randint(3, 64, (4, 8), generator=g)
+    model.loss = lambda out, x: F.cross_entropy(out.logits[:, :-1].reshape(-1, 64), x[:, 1:].reshape(-1))
+    return model
+
+
+def _hf_bert() -> Any:
+    """transformers' BertForSequenceClassification (3 layers, hidden 32), 3 classes."""
+    import torch
+    import torch.nn.functional as F
+    import transformers as T
+
+    model = T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    model.batch = lambda g: torch.randint(3, 64, (4, 8), generator=g)
+    model.loss = lambda out, x: F.cross_entropy(out.logits, x[:, 0] % 3)
+    return model
 
 
 def _layer(model_name: str) -> tuple:
     """(module path of the faulty layer, the API replaced by api_wrong, the block skipped)."""
     if model_name == "mlp":
         return "blocks.1", "tanh", "blocks.2"
+    if model_name == "llama":
+        return "model.layers.1.mlp.down_proj", "silu", "model.layers.1"
+    if model_name == "bert":
+        return "bert.encoder.layer.1.intermediate.dense", "gelu", "bert.encoder.layer.1"
     return "blocks.1.fc", "gelu", "blocks.1"
 
 
@@ -142,6 +177,9 @@ def _wrong_api(api: str) -> None:
     if api == "gelu":  # the tanh approximation, computed in bfloat16 (a kernel of lower precision)
         right = F.gelu
         F.gelu = lambda x, approximate="none": right(x.bfloat16(), approximate="tanh").to(x.dtype)  # type: ignore[assignment]
+    elif api == "silu":  # computed in bfloat16
+        silu = F.silu
+        F.silu = lambda x, inplace=False: silu(x.bfloat16()).to(x.dtype)  # type: ignore[assignment]
     else:  # computed in bfloat16
         right = torch.tanh
         torch.tanh = lambda x, *a, **k: right(x.bfloat16(), *a, **k).to(x.dtype)  # type: ignore[assignment]
@@ -164,6 +202,9 @@ def train(model_name: str, fault: str, out: str, *, rank: Optional[int] = None, 
         dist.init_process_group("gloo", rank=rank, world_size=world)
     seed_all(1234)
     torch.set_num_threads(1)
+    # before the model, as msprobe's docs show: a model that keeps a function at construction
+    # (transformers' GELUActivation holds F.gelu) then keeps the wrapped one
+    debugger = PrecisionDebugger(task=task, level="mix", dump_path=out)
     model = _models()[model_name]()
     layer = model.get_submodule(where["module"]) if where else None
     if fault == "weight_scale":
@@ -174,16 +215,17 @@ def train(model_name: str, fault: str, out: str, *, rank: Optional[int] = None, 
 
         def lowered(x: Any) -> Any:
             w, b = layer.weight, layer.bias  # type: ignore[union-attr]
-            return F.linear(x.bfloat16(), w.bfloat16(), b.bfloat16()).float()
+            return F.linear(x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16()).float()
 
         layer.forward = lowered  # type: ignore[union-attr,method-assign]
-    if fault == "layer_skip":
+    if fault == "layer_skip" and model_name in HF_MODELS:  # the layer hands its input on, its children unrun
+        layer.forward = lambda hidden_states, *a, **k: hidden_states  # type: ignore[union-attr,method-assign]
+    elif fault == "layer_skip":
         model.skip = int(where["module"].split(".")[1])  # type: ignore[index]
     net: Any = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    debugger = PrecisionDebugger(task=task, level="mix", dump_path=out)
     g = torch.Generator().manual_seed(7 + (rank or 0))
     for step in range(steps or (1 if task == "tensor" else STEPS)):
         if fault in ("nan", "inf", "rank_wrong") and step == where["step"] \
@@ -229,7 +271,7 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", choices=MODELS)
+    ap.add_argument("model", choices=MODELS + HF_MODELS)
     ap.add_argument("fault", choices=("none",) + KINDS)
     ap.add_argument("out")
     ap.add_argument("--world", type=int, default=1)

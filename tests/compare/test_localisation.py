@@ -182,3 +182,30 @@ def test_localisation_benchmark_small(tmp_path):
     assert not misses, misses
     assert sum(1 for s in scores.values() for t in tools if s.get(t)) == len(faults.KINDS) * 2 + 2 + 2 + 1
     assert scores["mlp/healthy"]["run_ut_clean"] and scores["mlp/healthy"]["lake_nan_clean"]
+
+
+def _run_ut_errors(dump: str, out) -> list:
+    import csv
+    import glob
+
+    assert main(["run_ut", "-api_info", dump, "-o", str(out), "--no-progress"]) == 0
+    (res,) = glob.glob(str(out / "accuracy_checking_result_*.csv"))
+    with open(res, encoding="utf-8-sig") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) > 100
+    return sorted({r["API name"].rsplit(".", 1)[0] for r in rows
+                   if "error" in (r["Forward Test Success"], r["Backward Test Success"])})
+
+
+@pytest.mark.parametrize("model,api", [("llama", "Functional.silu"), ("bert", "Functional.gelu")])
+def test_run_ut_on_transformers_models(model, api, tmp_path):
+    """Hugging Face models (bench/faults.py's llama and bert: transformers built from tiny configs):
+    run_ut names the one API computed in bfloat16 and nothing else, and passes the healthy run.
+    A fresh model's activations are below 0.3, so the docs' rule alone (max abs error < 0.001)
+    passed the wrong silu; and BERT's key-projection bias gradient (zero in exact arithmetic, noise
+    near 1e-14) failed the cosine rule in the healthy run."""
+    for kind in ("none", "api_wrong"):
+        faults.run(model, kind, str(tmp_path / kind), task="tensor")
+    healthy = _run_ut_errors(str(tmp_path / "none" / "step0" / "rank" / "dump.json"), tmp_path / "ut_none")
+    wrong = _run_ut_errors(str(tmp_path / "api_wrong" / "step0" / "rank" / "dump.json"), tmp_path / "ut_wrong")
+    assert healthy == [] and wrong == [api]

@@ -75,3 +75,37 @@ def test_absolute_threshold_ulp_and_thousandth():
     c[:20] *= 1.01  # 0.2% of the elements beyond 0.1%
     assert compare_values("x", "conv2d", B, c.float())["status"] == "error"
     assert compare_values("x", "conv2d", B, B.float())["status"] == "pass"
+
+
+def test_rounding_noise_in_the_small_value_domain_is_not_a_cosine_error():
+    """A bias gradient that is zero in exact arithmetic (BERT's key projection: softmax ignores a
+    constant added to every key) is cancellation noise near 1e-14 on both sides: two noises have no
+    meaningful cosine, and every element is within the small-value tolerance (a healthy BERT's
+    run_ut once listed Functional.linear as an error for it)."""
+    g = torch.Generator().manual_seed(0)
+    bench = torch.randn(32, generator=g, dtype=torch.float64) * 1e-14
+    device = (bench + torch.randn(32, generator=g, dtype=torch.float64) * 1e-14).to(torch.float32)
+    row = compare_values("Functional.linear.1.backward.output.2", "", bench, device)
+    assert row["status"] == "pass", row["message"]
+    assert row["cosine"] is None and "rounding noise" in row["message"]
+    # values above the small-value bound keep the cosine rule
+    row = compare_values("x", "", bench * 1e10, (device.double() * 1e10).to(torch.float32))
+    assert row["status"] == "error" and row["cosine"] is not None and row["cosine"] <= 0.99
+
+
+def _silu_case(dtype_of_kernel):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(4, 8, 64, generator=g) * 0.1).float()  # a freshly initialised model's activations
+    bench = torch.nn.functional.silu(x.double())
+    device = torch.nn.functional.silu(x)  # the replay: a correct float32 kernel
+    recorded = torch.nn.functional.silu(x.to(dtype_of_kernel)).to(torch.float32)  # what the dump holds
+    return compare_values("Functional.silu.0.forward.output.0", "silu", bench, device, recorded=recorded)
+
+
+def test_a_dumped_output_computed_in_bfloat16_is_an_error_even_below_0_001():
+    """The docs' rule passes the dumped output (max abs error < 0.001); against the replay's error it
+    is ~1e4x further from the benchmark, with a mean relative error ~1e-3 for a float32 API."""
+    row = _silu_case(torch.bfloat16)
+    assert row["status"] == "error", row["message"]
+    assert "further from the benchmark than this device's replay" in row["message"]
+    assert _silu_case(torch.float32)["status"] == "pass"  # the healthy dump: the same kernel as the replay
