@@ -43,7 +43,8 @@ RUNS = [("llama", "L1"), ("llama", "mix"), ("gpt2", "mix"), ("bert", "mix"), ("b
         ("bf16", "mix"), ("ddp", "mix"), ("vit", "mix"), ("qwen2", "mix"), ("bart", "mix"), ("neox", "mix"),
         ("gemma2", "md5"), ("ckpt", "mix"), ("adamw", "mix"),
         ("deberta", "mix"), ("wav2vec2", "mix"), ("clip", "md5"), ("deberta", "L0"), ("wav2vec2", "md5"),
-        ("clip", "L1"), ("gemma2", "L0"), ("mixtral", "L0")]
+        ("clip", "L1"), ("gemma2", "L0"), ("mixtral", "L0"),
+        ("nomodel", "L1"), ("evalstep", "mix")]
 
 # --- the listed differences (spec/FORMAT.md §20), counted by kind ---
 #: item 25: the APIs we wrap beyond 26.2.0's lists (the transformers MoE calls F.grouped_mm)
