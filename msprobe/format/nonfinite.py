@@ -14,7 +14,10 @@ walks one rank's records in execution order and calls each entry one of:
 
 Statistics are ``(Max, Min, Mean, Norm)``; an infinite Norm or Mean is explained by the
 Max/Min it comes with (``-inf`` in the tensor gives ``Norm inf``), and is ``+inf`` only when
-Max and Min are finite (the statistic overflowed).
+Max and Min are finite (the statistic overflowed). Max and Min carry a NaN of the tensor (both
+tools take them with NaN-propagating reductions), so a NaN Mean under ``Max +inf, Min -inf`` is
+the sum ``inf + -inf``, not a NaN element: that tensor is ``inf`` (a float16 matmul that
+overflowed both ways), and the first NaN is looked for further on.
 """
 from __future__ import annotations
 
@@ -38,7 +41,9 @@ def stat_kinds(stats: Iterable[Any]) -> frozenset:
     maximum, minimum, mean, norm = (list(stats) + [None] * 4)[:4]
     maximum, minimum, mean, norm = _float(maximum), _float(minimum), _float(mean), _float(norm)
     out = set()
-    if any(value is not None and value != value for value in (maximum, minimum, mean, norm)):
+    both_infs = maximum == _INF and minimum == -_INF
+    if any(value is not None and value != value for value in (maximum, minimum)) or (
+            not both_infs and any(value is not None and value != value for value in (mean, norm))):
         out.add("nan")
     if maximum == _INF or minimum == _INF:
         out.add("+inf")

@@ -209,3 +209,34 @@ def test_run_ut_on_transformers_models(model, api, tmp_path):
     healthy = _run_ut_errors(str(tmp_path / "none" / "step0" / "rank" / "dump.json"), tmp_path / "ut_none")
     wrong = _run_ut_errors(str(tmp_path / "api_wrong" / "step0" / "rank" / "dump.json"), tmp_path / "ut_wrong")
     assert healthy == [] and wrong == [api]
+
+
+def test_first_inf_and_first_nan_of_a_float16_overflow(tmp_path, capsys):
+    """A transformers Llama whose layer-1 up_proj overflows float16 both ways: that linear's output
+    has Max +inf, Min -inf and a NaN Mean (the sum inf + -inf), but no NaN element; the first NaN
+    element is in the next linear (down_proj). Compare and the lake name the up_proj call as the
+    first Inf and the down_proj call as the first NaN (they once called the up_proj output the
+    first NaN, and found no Inf at all)."""
+    import subprocess
+
+    import msprobe.lake
+
+    script = os.path.join(HERE, "overflow_llama.py")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(HERE)))
+    for name, scale in (("bad", "1e6"), ("good", "1")):
+        r = subprocess.run([sys.executable, script, str(tmp_path / "lake" / name), scale], env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+    s = _json(capsys, ["compare", str(tmp_path / "lake" / "bad"), str(tmp_path / "lake" / "good"),
+                       "-o", str(tmp_path / "cmp")])
+    linears = ("Functional.linear.12.forward", "Functional.linear.13.forward")  # layer 1's up_proj, down_proj
+    assert (s["first_inf_target"]["record"], s["first_inf_target"]["step"]) == (linears[0], 0)
+    assert (s["first_nan_target"]["record"], s["first_nan_target"]["step"]) == (linears[1], 0)
+    parents = json.load(open(tmp_path / "lake" / "bad" / "step0" / "rank" / "construct.json", encoding="utf-8"))
+    flat = {k: v for part in parents.values() if isinstance(part, dict) for k, v in part.items()} or parents
+    assert flat[linears[0]].startswith("Module.model.layers.1.mlp.up_proj.")
+    assert flat[linears[1]].startswith("Module.model.layers.1.mlp.down_proj.")
+    with msprobe.lake.open(str(tmp_path / "lake")) as lake:
+        for kind, want in (("nan", linears[1]), ("inf", linears[0])):
+            df = lake.first_nan(run="bad", kind=kind).sort_values(["step", "seq"])
+            assert (df.iloc[0]["record"], int(df.iloc[0]["step"])) == (want, 0), kind

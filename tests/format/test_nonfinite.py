@@ -20,6 +20,13 @@ def test_stat_kinds():
     assert stat_kinds((NAN, NAN, NAN, NAN)) == {"nan"}
     assert stat_kinds((1e4, -1e4, 0.0, INF)) == {"+inf"}  # finite tensor, its Norm overflowed
     assert stat_kinds(("3", None, None, None)) == frozenset()  # a str argument is no number
+    # Max/Min carry a NaN element (NaN-propagating reductions): a NaN Mean under +inf/-inf ends is
+    # the sum inf + -inf, no NaN element (a float16 matmul that overflowed both ways)
+    assert stat_kinds((INF, -INF, NAN, INF)) == {"+inf", "-inf"}
+    assert stat_kinds((NAN, NAN, NAN, NAN)) == {"nan"}
+    assert stat_kinds((INF, 0.0, NAN, INF)) == {"+inf", "nan"}  # one infinite end cannot explain it
+    assert stat_kinds((1.0, 0.0, NAN, 1.0)) == {"nan"}
+    assert stat_kinds((None, None, NAN, None)) == {"nan"}
 
 
 def test_tracker_tells_masks_from_anomalies():
