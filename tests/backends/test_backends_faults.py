@@ -111,7 +111,9 @@ def test_permanent_403_is_reported_and_logged(s3_bucket_url, s3_server, s3_fault
     with pytest.raises(StoragePermissionError) as info:
         w.close()
     assert sorted(info.value.failures) == [f"rank0/forbidden/t{i}.pt" for i in range(3)]
-    assert w.stats.retries == 0 and proxy.counts["deny"] == 3  # 403 is never retried
+    # 403 is never retried: each denied object reached the server once (w.stats.retries is not
+    # asserted: on a loaded machine an allowed write may time out once and be retried, rightly)
+    assert proxy.counts["deny"] == 3
     clean = open_store(f"{s3_bucket_url}/run", s3_storage_options(s3_server))
     log = clean.get("rank0/dump_error_info.log").decode()
     for i in range(3):

@@ -126,10 +126,8 @@ def test_permanent_failure_local(tmp_path) -> None:
     for i in range(5):
         w.submit(f"rank0/ok{i}.pt", b"fine")
     w.submit("rank0/blocker/t.pt", b"cannot")
-    start = time.monotonic()
     with pytest.raises(StorageError, match="rank0/blocker/t.pt"):
         w.close()
-    assert time.monotonic() - start < 0.5  # permanent: not retried with 0.5 s backoffs
     assert w.stats.retries == 0 and w.stats.failures == 1 and w.stats.objects_written == 5
     assert "rank0/blocker/t.pt" in store.get("rank0/dump_error_info.log").decode()
 
