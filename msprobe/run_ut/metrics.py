@@ -446,6 +446,23 @@ def _replay_calibrated(api_name: str) -> bool:
             and not base.startswith(("conv", "_convolution")) and base != "scaled_dot_product_attention")
 
 
+def _rmse_and_mean_rel(values: Any, bench: Any) -> tuple:
+    """(RMSE, mean relative error over the non-zero benchmark elements) of ``values`` against
+    ``bench``, over their finite pairs in float64 chunks (:class:`_Pair`: no float64 copy of the
+    whole output); None where there is no finite pair / no non-zero benchmark element."""
+    pair = _Pair(values, bench)
+    if not pair.m:
+        return None, None
+    squares = relative = 0.0
+    nonzero = 0
+    for _, diff, abs_diff, abs_bench in pair.pairs():
+        squares += float((diff * diff).sum())
+        keep = abs_bench > 0
+        nonzero += int(keep.sum())
+        relative += float((abs_diff[keep] / abs_bench[keep]).sum())
+    return math.sqrt(squares / pair.m), (relative / nonzero if nonzero else None)
+
+
 def _judge_recorded_against_replay(row: dict, bench: Any, device: Any, recorded: Any) -> None:
     """The dumped output against the error a correct kernel of this device makes (the replay's).
 
@@ -454,24 +471,13 @@ def _judge_recorded_against_replay(row: dict, bench: Any, device: Any, recorded:
     activations). The replay, the same API on the same inputs on this device, says how far from
     the float64 benchmark a correct kernel lands: a dumped output 100x further (RMSE) with a mean
     relative error above the dtype's tolerance is an error."""
-    import torch
-
     if tuple(recorded.shape) != tuple(bench.shape) or tuple(device.shape) != tuple(bench.shape):
         return
-    ref = bench.detach().to("cpu", torch.float64)
-    rec = recorded.detach().to("cpu", torch.float64)
-    dev = device.detach().to("cpu", torch.float64)
-    finite = torch.isfinite(ref) & torch.isfinite(rec) & torch.isfinite(dev)
-    if not bool(finite.any()):
+    rec_rmse, mean_rel = _rmse_and_mean_rel(recorded, bench)
+    dev_rmse, _ = _rmse_and_mean_rel(device, bench)
+    if rec_rmse is None or dev_rmse is None or mean_rel is None:
         return
-    ref, rec, dev = ref[finite], rec[finite], dev[finite]
-    rec_rmse = float(torch.sqrt(torch.mean((rec - ref) ** 2)))
-    dev_rmse = float(torch.sqrt(torch.mean((dev - ref) ** 2)))
-    nonzero = ref != 0
-    if not bool(nonzero.any()):
-        return
-    mean_rel = float(torch.mean((rec[nonzero] - ref[nonzero]).abs() / ref[nonzero].abs()))
-    tolerance = _RECORDED_MEAN_REL.get(dtype_name(recorded).replace("torch.", ""), _RECORDED_MEAN_REL_DEFAULT)
+    tolerance = _RECORDED_MEAN_REL.get(_canon(recorded.dtype), _RECORDED_MEAN_REL_DEFAULT)
     if mean_rel <= tolerance or rec_rmse <= _RECORDED_RMSE_RATIO * dev_rmse:
         return
     ratio = f"{rec_rmse / dev_rmse:.3g}x" if dev_rmse else "infinitely"
