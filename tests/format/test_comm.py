@@ -1,0 +1,60 @@
+"""The communication graph of a step (msprobe.format.comm): matching, buffers, order."""
+from msprobe.format.comm import buffer_args, build_step_graph, is_buffer_leaf
+
+
+def _t():
+    return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": 1.0, "Min": 0.0,
+            "Mean": 0.5, "Norm": 1.0}
+
+
+def _i(v):
+    return {"type": "int", "value": v}
+
+
+def _rec(args, kwargs=None):
+    return {"input_args": args, "input_kwargs": kwargs or {}, "output": [_t()] + [None] * (len(args) - 1)}
+
+
+def test_pipeline_order_follows_send_and_recv():
+    # rank 0: linear, send(dst=1), recv grad(src=1); rank 1: recv(src=0), linear, send(dst=0)
+    r0 = [("Functional.linear.0.forward", _rec([_t()])),
+          ("Distributed.send.0.forward", _rec([_t(), _i(1)])),
+          ("Distributed.recv.0.forward", _rec([_t(), _i(1)])),
+          ("Tensor.mul.0.forward", _rec([_t()]))]
+    r1 = [("Distributed.recv.0.forward", _rec([_t(), _i(0)])),
+          ("Functional.linear.0.forward", _rec([_t()])),
+          ("Distributed.send.0.forward", _rec([_t()], {"dst": _i(0)}))]
+    g = build_step_graph([(0, r0), (1, r1)])
+    key = g.order_key
+    assert key(0, 0) < key(0, 1) < key(1, 0) < key(1, 1) < key(1, 2) < key(0, 2) < key(0, 3)
+    edges = {(e.src_rank, e.src_index, e.dst_rank, e.dst_index) for e in g.edges()}
+    assert edges == {(0, 1, 1, 0), (1, 2, 0, 2)}
+    assert not g.unmatched
+
+
+def test_collectives_happen_at_once_and_buffers():
+    grp = {"type": "torch.ProcessGroup", "group_ranks": [0, 1], "group_id": "x"}
+    r0 = [("Functional.linear.0.forward", _rec([_t()])),
+          ("Functional.linear.1.forward", _rec([_t()])),
+          ("Distributed.all_reduce.0.forward", _rec([_t()], {"group": grp}))]
+    r1 = [("Distributed.all_reduce.0.forward", _rec([_t()], {"group": grp})),
+          ("Functional.relu.0.forward", _rec([_t()]))]
+    g = build_step_graph([(0, r0), (1, r1)])
+    assert g.calls[0][0].level == g.calls[1][0].level
+    assert g.order_key(0, 1) < g.order_key(1, 1)
+    assert len(list(g.edges())) == 2
+    assert buffer_args("Distributed.recv.0.forward", _rec([_t(), _i(0)]), 1) == {0}
+    assert buffer_args("Distributed.all_reduce.0.forward", _rec([_t()]), 1) == set()
+    assert buffer_args("Distributed.all_gather.0.forward", _rec([[_t(), _t()], _t()]), 1) == {0}
+    bc = _rec([_t(), _i(0)])
+    assert buffer_args("Distributed.broadcast.0.forward", bc, 0) == set()
+    assert buffer_args("Distributed.broadcast.0.forward", bc, 1) == {0}
+    assert is_buffer_leaf("input.0.1", {0}) and not is_buffer_leaf("input.1", {0})
+    assert is_buffer_leaf("input.tensor", {"tensor"}) and not is_buffer_leaf("output.0", {0})
+
+
+def test_missing_peer_does_not_stall():
+    r1 = [("Distributed.recv.0.forward", _rec([_t(), _i(0)])), ("Functional.relu.0.forward", _rec([_t()]))]
+    r2 = [("Distributed.all_reduce.0.forward", _rec([_t()]))]
+    g = build_step_graph([(1, r1), (2, r2)], world=(0, 1, 2))
+    assert g.order_key(1, 1)[0] >= 1 and len(g.unmatched) == 2
