@@ -38,6 +38,7 @@ from msprobe.compare._summary import NonFiniteFirsts, PairSummary
 from msprobe.compare._verdict import ignore_class, judge
 from msprobe.compare._write import write_columns
 from msprobe.errors import TensorLoadError
+from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
 from msprobe.readers._tensor import load_tensor_file
 
 __all__ = ["columnar_pair", "PairContext", "bench_counterpart", "load_side", "BLOCK_RECORDS", "METRIC_COUNT"]
@@ -200,6 +201,9 @@ def _view(leaf: Any, mode: str) -> tuple:
     side = leaf_side(leaf)
     return {"dtype": side.dtype, "shape": side.shape, "requires_grad": None if side.rg == _NA else side.rg,
             **dict(zip(_STATISTICS, side.stats)), "md5": side.md5, "data_name": side.data_name}, side.tensor
+
+
+_COMM = tuple(prefix + "." for prefix in COMM_PREFIXES)
 
 
 class Leaves:
@@ -845,7 +849,7 @@ def _marks(frame: Frame, results: Any) -> PlotMarks:
 
 
 def _first_divergence(frame: Frame, results: Any, messages: Any, metric_columns: list, mode: str,
-                      threshold: Optional[float]) -> Optional[dict]:
+                      threshold: Optional[float], side: tuple = ({}, -1)) -> Optional[dict]:
     """The block's first matched target row whose Result is not pass (or whose NormRelativeErr
     exceeds ``threshold``)."""
     import numpy as np
@@ -861,9 +865,9 @@ def _first_divergence(frame: Frame, results: Any, messages: Any, metric_columns:
         with np.errstate(invalid="ignore"):
             candidates &= is_float & (frame.norm > threshold)
     hits = np.flatnonzero(candidates)
-    if not len(hits):
+    row = _first_data_row(frame, hits, *side)
+    if row is None:
         return None
-    row = int(hits[0])
     group = int(frame.groups[row])
     norm = float(frame.norm[row]) if is_float[row] else None
     names = COLUMNS[mode][8:8 + METRIC_COUNT[mode]]
@@ -873,15 +877,40 @@ def _first_divergence(frame: Frame, results: Any, messages: Any, metric_columns:
             "metrics": dict(zip(names, [column[row] for column in metric_columns[:METRIC_COUNT[mode]]]))}
 
 
-def _replay(firsts: NonFiniteFirsts, leaves: Leaves, events: list, state: dict, key: str) -> Optional[dict]:
+def _rank(source: Any) -> int:
+    rank = getattr(source, "rank", None)
+    return rank if isinstance(rank, int) else -1
+
+
+def _first_data_row(frame: Frame, hits: Any, data: dict, rank: int) -> Optional[int]:
+    """The first of the rows ``hits`` that is not a communication call's receive buffer (its
+    content before the call is no data, never a divergence)."""
+    plan = frame.plan
+    for row in hits.tolist():
+        record = plan.group_name[int(frame.groups[row])]
+        if record.startswith(_COMM):
+            suffix = frame.name[row][len(record) + 1:]
+            if is_buffer_leaf(suffix, buffer_args(record, data.get(record), rank)):
+                continue
+        return int(row)
+    return None
+
+
+def _replay(firsts: NonFiniteFirsts, leaves: Leaves, events: list, state: dict, key: str,
+            side: tuple = ({}, None)) -> Optional[dict]:
     """Feed the non-finite leaves to a side's NaN/Inf tracker with the state the row-by-row order
     gives it (``record()`` of the record last started before each; ``state[key]``: the epoch
-    last replayed, carried across blocks); the first entry it reports."""
+    last replayed, carried across blocks); the first entry it reports. A communication call's
+    receive buffers are left out (``side``: the side's records and rank): their content before
+    the call is whatever the memory held, no data."""
     flagged = leaves.nonfinite()
     first = None
     epoch = state.get(key)
+    data, rank = side
     for leaf_index, io, suffix, record, row, record_index, event_epoch, epoch_name in events:
         if not flagged[leaf_index]:
+            continue
+        if record.startswith(_COMM) and is_buffer_leaf(suffix, buffer_args(record, data.get(record), rank)):
             continue
         if event_epoch != epoch:
             epoch = event_epoch
@@ -928,9 +957,12 @@ def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], st
     summary = PairSummary(rows=frame.row_count, unmatched_rows=int(frame.row_count - len(frame.matched_rows)),
                           results=_counts(result_list), series=frame.series().tolist(), marks=_marks(frame, results),
                           first_divergence=_first_divergence(frame, results, messages, metric_columns, mode,
-                                                             context.threshold))
-    summary.first_nan_inf_target = _replay(firsts[0], plan.target, plan.target_seen, state, "target")
-    summary.first_nan_inf_bench = _replay(firsts[1], plan.bench, plan.bench_seen, state, "bench")
+                                                             context.threshold,
+                                                             (context.target_data, _rank(context.target_source))))
+    summary.first_nan_inf_target = _replay(firsts[0], plan.target, plan.target_seen, state, "target",
+                                           (context.target_data, _rank(context.target_source)))
+    summary.first_nan_inf_bench = _replay(firsts[1], plan.bench, plan.bench_seen, state, "bench",
+                                          (context.bench_data, _rank(context.bench_source)))
     return summary
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import msprobe.readers
 from msprobe.compare import _columnar
+from msprobe.compare._cluster import add_paths, comm_report, order_results
 from msprobe.compare._columnar import PairContext
 from msprobe.compare._match import match_records
 from msprobe.compare._options import CompareOptions, PairJob
@@ -174,8 +175,11 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
         summary, rows = _columnar.columnar_pair(context, path, keep_rows=options.xlsx)
         if options.xlsx:
             files.append(write_xlsx(path[:-4] + ".xlsx", header, rows))
-    return _pair_report(target_source, bench_source, files, summary, pairs, rest, how,
-                        find_origin(target_data, bench_data, pairs, rest, options.mode, options.threshold))
+    report = _pair_report(target_source, bench_source, files, summary, pairs, rest, how,
+                          find_origin(target_data, bench_data, pairs, rest, options.mode, options.threshold,
+                                      target_source.rank))
+    report["comm"] = comm_report(target_data, bench_data, pairs, target_source.rank, options.mode, options.threshold)
+    return report
 
 
 def _pair_report(target_source: Any, bench_source: Any, files: list, summary: PairSummary, pairs: list, rest: list,
@@ -326,7 +330,8 @@ def _finish(summary: dict, results: list, backend: str, out_dir: str, storage_op
             options: CompareOptions, plotter: Any, plot: bool, started: float) -> dict:
     """The whole compare's summary (the earliest divergence, origin and NaN/Inf over the rank
     pairs), the plot and summary.json written (uploaded when ``out_dir`` is remote)."""
-    # across rank pairs: the earliest step, then the lowest record index over that step's ranks
+    # across rank pairs: the earliest step, then the earliest in the step's happens-before order
+    graphs = order_results(results)
     first, origin = (_located(earliest(results, key), key) for key in ("first_divergence", "origin"))
     remote = is_remote(out_dir)
     local = tempfile.mkdtemp(prefix="msprobe_compare_") if remote else local_dir(out_dir)
@@ -337,6 +342,7 @@ def _finish(summary: dict, results: list, backend: str, out_dir: str, storage_op
                                          threshold or NORM_REL_THRESHOLD)
     for result in results:
         result.pop("series")
+        result.pop("comm", None)
         result["worst_rows"] = result.pop("marks")["worst"]
     summary.update({
         "divergence": ("first row whose Result is not pass" if threshold is None
@@ -350,6 +356,8 @@ def _finish(summary: dict, results: list, backend: str, out_dir: str, storage_op
         "plot_note": plot_note, "backend": backend,
         "seconds": round(time.perf_counter() - started, 3),
     })
+    add_paths({key: summary[key] for key in ("origin", "first_divergence", "first_nan_inf_target",
+                                             "first_nan_target", "first_inf_target")}, graphs)
     os.makedirs(local, exist_ok=True)
     with open(os.path.join(local, "summary.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=1, default=str)

@@ -26,12 +26,14 @@ import math
 from typing import Any, Optional
 
 from msprobe.compare._rows import leaf_side, record_leaves
+from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
 
 __all__ = ["ORIGIN_THRESHOLD", "find_origin", "departure", "describe", "earliest", "order_key"]
 
 #: a leaf departs from the bench when its statistics differ by more than this fraction of its scale
 ORIGIN_THRESHOLD = 1e-4
 _OUT_IO = ("output", "parameters_grad")
+_COMM = tuple(prefix + "." for prefix in COMM_PREFIXES)
 
 
 def _number(value: Any) -> Optional[float]:
@@ -94,12 +96,15 @@ def _missing_positions(target_count: int, pairs: list, missing: list, bench_posi
     return sorted(at)
 
 
-def _departures(leaves: list, bench_leaves: dict, md5: bool) -> tuple:
-    """(inputs, outputs): [(suffix, io, target Side, size, note)] of the leaves both sides hold."""
+def _departures(leaves: list, bench_leaves: dict, md5: bool, buffers: frozenset = frozenset()) -> tuple:
+    """(inputs, outputs): [(suffix, io, target Side, size, note)] of the leaves both sides hold
+    (a communication call's receive buffers left out: their content before the call is no data)."""
     inputs: list = []
     outputs: list = []
     for suffix, leaf, io in leaves:
         if suffix not in bench_leaves or leaf is None or bench_leaves[suffix] is None:
+            continue
+        if buffers and is_buffer_leaf(suffix, buffers):
             continue
         side = leaf_side(leaf)
         size, note = departure(side, leaf_side(bench_leaves[suffix]), md5)
@@ -124,10 +129,11 @@ def _introduced(inputs: list, outputs: list, threshold: float, produced: set) ->
 
 
 def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mode: str,
-                threshold: Optional[float] = None) -> Optional[dict]:
+                threshold: Optional[float] = None, rank: Optional[int] = None) -> Optional[dict]:
     """The first record of one rank pair where an error is introduced (see the module doc):
     ``{record, bench_record, row, argument, role, size, note, record_index}`` or None.
-    ``pairs``/``rest``: :func:`msprobe.compare._match.match_records`' matching."""
+    ``pairs``/``rest``: :func:`msprobe.compare._match.match_records`' matching; ``rank``: the
+    target's rank (a broadcast's tensor is data on its root, a receive buffer elsewhere)."""
     limit = ORIGIN_THRESHOLD if threshold is None else threshold
     md5 = mode == "md5"
     tensor_task = mode == "tensor"
@@ -145,7 +151,9 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
             return {"record": name, "bench_record": None, "row": name, "argument": None, "role": "extra in target",
                     "size": None, "note": "the bench has no such record", "record_index": record_index}
         bench_leaves = {suffix: leaf for suffix, leaf, _ in record_leaves(bench, bench_data[bench], tensor_task)}
-        inputs, outputs = _departures(leaves, bench_leaves, md5)
+        buffers = frozenset(buffer_args(name, target_data[name], -1 if rank is None else rank)) \
+            if name.startswith(_COMM) else frozenset()
+        inputs, outputs = _departures(leaves, bench_leaves, md5, buffers)
         found = _introduced(inputs, outputs, limit, produced)
         if found is not None:
             suffix, role, size, note = found
@@ -165,10 +173,19 @@ def _step_key(step: Any) -> tuple:
 
 def order_key(result: dict, key: str, position: int = 0) -> tuple:
     """Sort key of a rank-pair result by its ``key`` entry (a first divergence, origin or first
-    NaN, with a ``record_index``): the earliest step, then the lowest record index over the ranks
-    of that step, then rank order (``position``: the result's position, the last tie-break)."""
-    record_index = result[key].get("record_index")
-    return (_step_key(result.get("step")), str(result.get("split") or ""),
+    NaN, with a ``record_index``): the earliest step, then the entry's place in the step's
+    happens-before order (``order``, from :func:`msprobe.compare._cluster.order_results`: the
+    level of the communication before it, then its record index), then rank order
+    (``position``: the result's position, the last tie-break). Without an ``order`` (no
+    communication) the level is 0."""
+    entry = result[key]
+    record_index = entry.get("record_index")
+    order = entry.get("order")
+    if order:  # the step's happens-before order (compare._cluster): level, rank, record index
+        level, rank, index = order
+        return (_step_key(result.get("step")), str(result.get("split") or ""), level,
+                math.inf if record_index is None else index, rank, position)
+    return (_step_key(result.get("step")), str(result.get("split") or ""), 0,
             math.inf if record_index is None else record_index, result.get("rank") is None,
             result.get("rank") or 0, position)
 

@@ -31,7 +31,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
 
-__all__ = ["CommApi", "COMM_APIS", "CommCall", "comm_api", "comm_call", "buffer_args", "is_buffer_leaf",
+__all__ = ["CommApi", "COMM_APIS", "COMM_PREFIXES", "CommCall", "comm_api", "comm_call", "buffer_args", "is_buffer_leaf",
+           "calls_in", "call_rows", "calls_from_rows", "graph_from_calls", "propagation", "describe_path", "CALL_FIELDS",
            "StepGraph", "Edge", "build_step_graph"]
 
 
@@ -223,15 +224,15 @@ def buffer_args(name: str, record: Any, rank: int) -> set:
     return out
 
 
-def is_buffer_leaf(suffix: str, buffers: set) -> bool:
-    """Whether a leaf path (``input.0``, ``input.0.1``, ``input.tensor_list``, ``input.kwargs.x``
-    as compare and the index name them) lies in one of ``buffers`` (:func:`buffer_args`)."""
-    if not buffers or not suffix.startswith("input"):
+def is_buffer_leaf(suffix: str, buffers: "set | frozenset") -> bool:
+    """Whether a leaf path (``input.0``, ``input.0.1``, ``input.tensor_list``, ``kwargs.tensor`` as
+    compare and the index name them) lies in one of ``buffers`` (:func:`buffer_args`)."""
+    if not buffers:
         return False
     parts = suffix.split(".")
-    if len(parts) < 2:
+    if len(parts) < 2 or parts[0] not in ("input", "kwargs"):
         return False
-    head = parts[2] if parts[1] in ("kwargs",) and len(parts) > 2 else parts[1]
+    head = parts[1]
     key: Any = int(head) if head.isdigit() else head
     return key in buffers
 
@@ -437,3 +438,70 @@ def graph_from_calls(calls: dict, world: Optional[tuple] = None) -> StepGraph:
     graph.matches = _match(graph)
     _levels(graph)
     return graph
+
+
+# -- rows: what a rank contributes to its step's graph --------------------------------------------
+
+#: the fields of :func:`call_rows`' rows, in order
+CALL_FIELDS = ("index", "name", "group", "peer", "tag", "is_root")
+
+
+def calls_in(data: dict, rank: int) -> list:
+    """[CommCall] of one rank's ``dump.json`` ``data`` (records in document order)."""
+    out = []
+    prefixes = tuple(prefix + "." for prefix in COMM_PREFIXES)
+    for index, name in enumerate(data):
+        if name.startswith(prefixes):
+            call = comm_call(name, data[name], rank, index)
+            if call is not None:
+                out.append(call)
+    return out
+
+
+def call_rows(calls: Iterable[CommCall]) -> list:
+    """JSON-ready rows (:data:`CALL_FIELDS`) of some calls; :func:`calls_from_rows` reads them back."""
+    return [[c.index, c.name, list(c.group) if c.group is not None else None, c.peer, c.tag, c.is_root] for c in calls]
+
+
+def calls_from_rows(rank: int, rows: Iterable[list]) -> list:
+    out = []
+    for index, name, group, peer, tag, is_root in rows:
+        found = comm_api(name)
+        if found is None:
+            continue
+        api, spec = found
+        out.append(CommCall(rank, index, name, api, spec.kind, tuple(group) if group is not None else None,
+                            peer, tag, bool(is_root)))
+    return out
+
+
+def propagation(graph: StepGraph, rank: int, index: int, carries: Any) -> list:
+    """The communication hops an anomaly born at record ``index`` of ``rank`` travels, earliest
+    first: [Edge] along the matched calls whose data carries it (``carries(rank, index)``: whether
+    that communication record's data, or result for a receiving side, holds the anomaly)."""
+    reached = {rank: index}
+    hops: list = []
+    seen: set = set()
+    for edge in sorted(graph.edges(), key=lambda e: (graph.order_key(e.dst_rank, e.dst_index), e.src_rank)):
+        start = reached.get(edge.src_rank)
+        if start is None or edge.src_index < start or (edge.dst_rank, edge.dst_index) in seen:
+            continue
+        if edge.src_rank == edge.dst_rank or not carries(edge.src_rank, edge.src_index, "data"):
+            continue
+        if not carries(edge.dst_rank, edge.dst_index, "result"):
+            continue
+        seen.add((edge.dst_rank, edge.dst_index))
+        hops.append(edge)
+        if edge.dst_rank not in reached or reached[edge.dst_rank] > edge.dst_index:
+            reached[edge.dst_rank] = edge.dst_index
+    return hops
+
+
+def describe_path(origin: tuple, hops: list) -> str:
+    """``rank 0 Tensor.masked_fill.0.forward -> Distributed.send.0.forward -> rank 1
+    Distributed.recv.0.forward``: the origin (rank, record name) and the hops."""
+    rank, record = origin
+    parts = [f"rank {rank} {record}"]
+    for edge in hops:
+        parts.append(f"rank {edge.src_rank} {edge.src_record} -> rank {edge.dst_rank} {edge.dst_record}")
+    return " -> ".join(parts)
