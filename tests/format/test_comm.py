@@ -58,3 +58,36 @@ def test_missing_peer_does_not_stall():
     r2 = [("Distributed.all_reduce.0.forward", _rec([_t()]))]
     g = build_step_graph([(1, r1), (2, r2)], world=(0, 1, 2))
     assert g.order_key(1, 1)[0] >= 1 and len(g.unmatched) == 2
+
+
+def _nan():
+    return dict(_t(), Max=float("nan"), Min=float("nan"), Mean=float("nan"), Norm=float("nan"))
+
+
+def test_first_anomaly_is_where_it_is_born_not_where_it_arrives():
+    from msprobe.format.cluster import first_anomaly
+
+    def rec(args, out, kwargs=None):
+        return {"input_args": args, "input_kwargs": kwargs or {}, "output": out}
+
+    # stage 0 (rank 0) sends a healthy activation and receives a NaN gradient born on stage 1 (rank 1);
+    # both receive buffers hold leftover NaN before the call (torch.empty)
+    r0 = {"Functional.linear.0.forward": rec([_t()], [_t()]),
+          "Distributed.send.0.forward": rec([_t()], [_t(), None], {"dst": _i(1)}),
+          "Distributed.recv.0.forward": rec([_nan()], [_nan(), None], {"src": _i(1)}),
+          "Tensor.mul.0.forward": rec([_nan()], [_nan()])}
+    r1 = {"Distributed.recv.0.forward": rec([_nan()], [_t(), None], {"src": _i(0)}),
+          "Functional.linear.0.forward": rec([_t()], [_t()]),
+          "Tensor.log.0.forward": rec([_t()], [_nan()]),
+          "Distributed.send.0.forward": rec([_nan()], [_nan(), None], {"dst": _i(0)})}
+    got = first_anomaly([(0, r0), (1, r1)])
+    assert (got["rank"], got["record"], got["kind"]) == (1, "Tensor.log.0.forward", "nan")
+    assert [(hop["from_rank"], hop["to_rank"], hop["to_record"]) for hop in got["path"]] == \
+        [(1, 0, "Distributed.recv.0.forward")]
+    assert [entry["rank"] for entry in got["ranks"]] == [1, 0]
+    # healthy: leftover NaN in the receive buffers alone is no anomaly
+    r0["Distributed.recv.0.forward"]["output"] = [_t(), None]
+    del r0["Tensor.mul.0.forward"]
+    r1["Tensor.log.0.forward"]["output"] = [_t()]
+    r1["Distributed.send.0.forward"] = rec([_t()], [_t(), None], {"dst": _i(0)})
+    assert first_anomaly([(0, r0), (1, r1)]) is None
