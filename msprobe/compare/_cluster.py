@@ -1,4 +1,4 @@
-"""Answers across the ranks of a step that follow their communication (spec/FORMAT.md section 22).
+"""Answers across the ranks of a step that follow their communication (spec/FORMAT.md section 25).
 
 Each rank pair's report carries its target's communication calls (:func:`comm_report`: the
 calls with their peers and groups, and whether each call's data and result hold a NaN/Inf or

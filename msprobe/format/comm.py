@@ -1,6 +1,6 @@
 """Communication between ranks, read from the dumps alone: what each communication API's
 arguments are, which calls of a step match across ranks, and a happens-before order over every
-record of the step on every rank (spec/FORMAT.md section 22).
+record of the step on every rank (spec/FORMAT.md section 25).
 
 A ``Distributed.*`` record (``MintDistributed.*`` in MindSpore) is one call of a communication
 API. Its arguments play one of three parts (:data:`COMM_APIS`):
