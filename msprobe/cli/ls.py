@@ -52,8 +52,12 @@ def run(args) -> int:
         return 0
     ranks = ", ".join("-" if entry is None else str(entry) for entry in summary["ranks"])
     say(f"{summary['url']}")
-    say(f"  engine {summary['engine']}, dialect {summary['dialect'] or 'unknown'}, framework {summary['framework']}, "
-          f"task {summary['task']}, level {summary['level']}")
+    inferred = summary["framework_source"] not in (None, "declared")
+    say(f"  engine {summary['engine']}, dialect {summary['dialect'] or 'unknown'}, framework {summary['framework']}"
+        + (f" ({summary['framework_source']})" if inferred else "")
+        + f", task {summary['task']}, level {summary['level']}")
+    if summary["fragment"]:
+        say(f"  an {summary['fragment']}: its records read as forward API records run_ut can replay")
     say(f"  {len(summary['steps'])} step(s): {step_ranges(summary['steps'])}; rank(s): {ranks}; "
           f"{len(summary['rank_dirs'])} rank dir(s), {sum(entry['records'] for entry in summary['rank_dirs'])} records")
     has_run = any(entry["run"] and entry["run"] != doc.run for entry in summary["rank_dirs"])

@@ -12,6 +12,7 @@ import math
 from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 from msprobe.errors import DocumentError, FormatError, NameFormatError, RecordNotFoundError
+from msprobe.format.fragments import read_fragment
 from msprobe.format.model import Record
 
 __all__ = [
@@ -279,7 +280,10 @@ class DumpDocument(_JsonDocument):
                 return
         yield from self._header_problems()
         if "data" not in raw:
-            yield DocumentError("missing 'data'", file=f, location="$")
+            fragment = read_fragment(raw)
+            what = (f": this is an {fragment.kind}, which ls/show/compare/run_ut read as forward API records, "
+                    "not a dump.json") if fragment else ""
+            yield DocumentError(f"missing 'data'{what}", file=f, location="$")
             return
         if not isinstance(raw["data"], dict):
             yield DocumentError("'data' must be an object", file=f, location="$.data")

@@ -128,6 +128,9 @@ DIALECTS = {
     "msprobe-8": Dialect("msprobe-8", "rank", False, True, False, "format", ("statistics", "md5")),
     "msprobe-26": Dialect("msprobe-26", "proc", True, False, True, "format", ("statistics", "md5", "xor")),
 }
+#: msprobe 1.x (2024, also atat): the documented layout (``rank``), 8.x-style parameter-gradient names and
+#: float statistics, but no ``is_recompute`` and no top-level ``framework`` key (spec/FORMAT.md 4.1, 4.3).
+DIALECTS["msprobe-1"] = Dialect("msprobe-1", "rank", False, False, False, "format", ("statistics", "md5"))
 #: Ours: the documented layout (``rank``), 8.x record names, 26.x statistics types. See spec/FORMAT.md.
 DIALECTS["msprobe-lake"] = Dialect("msprobe-lake", "rank", False, False, True, "format", ("statistics", "md5", "xor"))
 
@@ -140,9 +143,10 @@ def get_dialect(name: str) -> Dialect:
 
 
 def detect_dialect(rank_dir_names: Iterable[str] = (), data: Optional[dict] = None,
-                   marker: Optional[dict] = None) -> str:
+                   marker: Optional[dict] = None, header: Optional[dict] = None) -> str:
     """Guess the producer from cheap evidence: our marker file, the rank directory names,
-    then the records (``is_recompute``, parameters_grad count, integer statistics).
+    the document's header (``header``: the document object; 1.x wrote no ``framework``), then
+    the records (``is_recompute``, parameters_grad count, integer statistics).
 
     Returns a key of :data:`DIALECTS`; 'unknown' never — it raises UnknownDialectError when
     nothing looks like an msprobe dump."""
@@ -155,6 +159,8 @@ def detect_dialect(rank_dir_names: Iterable[str] = (), data: Optional[dict] = No
         if any(parse_rank_dir(n) for n in names):
             return "msprobe-8"
         raise UnknownDialectError("no rank directory (rank, rank<N>, proc<pid>) and no document to inspect")
+    if header is not None and _is_1x(header, data):
+        return "msprobe-1"
     votes_26 = votes_8 = 0
     for i, (name, rec) in enumerate(data.items()):
         if i >= 64 or abs(votes_8 - votes_26) > 8:
@@ -172,6 +178,19 @@ def detect_dialect(rank_dir_names: Iterable[str] = (), data: Optional[dict] = No
         rec_votes_8, rec_votes_26 = _int_stat_votes(rec)
         votes_8, votes_26 = votes_8 + rec_votes_8, votes_26 + rec_votes_26
     return "msprobe-26" if votes_26 > votes_8 else "msprobe-8"
+
+
+def _is_1x(header: dict, data: dict) -> bool:
+    """spec/FORMAT.md 4.3 step 4: a document without a top-level ``framework`` key whose first 64
+    records hold no ``is_recompute`` and no ``.parameters_grad.<n>`` name was written by 1.x."""
+    if "framework" in header or "data" not in header or header.get("fragment"):
+        return False
+    for i, (name, rec) in enumerate(data.items()):
+        if i >= 64:
+            break
+        if _PGRAD_COUNT_RE.search(name) or (isinstance(rec, dict) and "is_recompute" in rec):
+            return False
+    return True
 
 
 _PGRAD_COUNT_RE = re.compile(r"\.parameters_grad\.\d+$")

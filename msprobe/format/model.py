@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Union
 
 from msprobe.errors import DocumentError
-from msprobe.format.naming import RecordName, check_file_name, parse_record_name
+from msprobe.format.naming import RecordName, check_file_name, parse_record_name, read_record_name
 
 __all__ = [
     "TENSOR_TYPES",
+    "infer_framework",
     "Arg",
     "TensorArg",
     "ScalarArg",
@@ -234,6 +235,30 @@ def _check_depth(depth: int, path: str) -> None:
         raise DocumentError(f"argument {path[:60]}...: nested deeper than {MAX_ARG_DEPTH} levels")
 
 
+#: a tensor entry's ``type`` prefix -> the framework that wrote it (``mindtorch`` runs on MindSpore)
+_FRAMEWORK_OF_TYPE = (("torch.", "pytorch"), ("mindspore.", "mindspore"), ("mindtorch.", "mindspore"))
+
+
+def infer_framework(data: dict, limit: int = 64) -> Optional[tuple]:
+    """(framework, why) from the tensor entries of the first ``limit`` records of a document's
+    ``data``, as the real tool does for a dump without a top-level ``framework`` key (every dump
+    before 2025-02): ``("mindspore", "entry type mindspore.Tensor")``. None when no entry names a
+    framework (no tensor, or only ``numpy.ndarray``)."""
+    for i, rec in enumerate(data.values()):
+        if i >= limit:
+            break
+        try:
+            found = tensor_entries(rec)
+        except DocumentError:
+            continue
+        for _path, entry in found:
+            type_name = entry.get("type")
+            for prefix, framework in _FRAMEWORK_OF_TYPE:
+                if isinstance(type_name, str) and type_name.startswith(prefix):
+                    return framework, f"entry type {type_name}"
+    return None
+
+
 def tensor_entries(value: Any, path: str = "", *, bounded: bool = True) -> list:
     """[(argument path, entry)] of every tensor entry in a raw JSON value, depth first in document
     order: the one leaf walker over raw records (objects without ``type`` and arrays are walked
@@ -319,7 +344,7 @@ class Record:
     @property
     def parsed(self) -> RecordName:
         if self._parsed is None:
-            self._parsed = parse_record_name(self.name, strict=False)
+            self._parsed = read_record_name(self.name)  # tolerant: kind 'unknown' outside the grammar
         return self._parsed
 
     kind = property(lambda self: self.parsed.kind)
@@ -385,7 +410,7 @@ class Record:
     def check(self, file: Optional[str] = None) -> None:
         """Validate what readers rely on; raise DocumentError naming the JSON path."""
         loc = f'$.data["{self.name}"]'
-        self.parsed  # noqa: B018 - raises NameFormatError
+        parse_record_name(self.name, strict=False)  # validation reports a name outside the grammar
         if self.kind in ("api", "module") and not isinstance(self.raw, dict):
             raise DocumentError(f"record must be an object, got {type(self.raw).__name__}", file=file, location=loc)
         for tensor in self.tensors():

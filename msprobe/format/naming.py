@@ -40,6 +40,7 @@ __all__ = [
     "DataName",
     "parse_record_name",
     "is_record_name",
+    "read_record_name",
     "parse_data_name",
     "check_file_name",
     "needs_mapping",
@@ -98,7 +99,7 @@ def register_prefix(prefix: str) -> None:
 class RecordName:
     """A record name parsed into its fields. ``str(rn)`` gives the name back byte-for-byte."""
 
-    kind: str  # 'api' | 'module' | 'parameters_grad' | 'debug'
+    kind: str  # 'api' | 'module' | 'parameters_grad' | 'debug' | 'unknown' (read_record_name: outside the grammar)
     prefix: str  # api_type: 'Functional', 'Module', 'Cell', ... ('' for debug)
     api_name: str  # api: 'linear'; module/parameters_grad: the module path; debug: the saved name
     call_index: Optional[int]  # the call count; None for 8.x parameters_grad
@@ -127,6 +128,8 @@ class RecordName:
         if self.kind == "debug":
             name = f"{self.api_name}_grad" if self.is_grad else self.api_name
             return f"{name}.{self.call_index}.debug"
+        if self.kind == "unknown":
+            return self.api_name
         raise NameFormatError(f"unknown record kind {self.kind!r}")
 
     @property
@@ -190,6 +193,18 @@ def parse_record_name(name: str, *, strict: bool = True) -> RecordName:
         return RecordName("api", prefix, api, int(match.group("n")), match.group("direction"), cls, False, name)
     raise NameFormatError(f"invalid record name {name!r}: matches no rule of the naming grammar "
                           "(api, module, parameters_grad or debug)")
+
+
+def read_record_name(name: str) -> RecordName:
+    """The readers' one tolerant rule: :func:`parse_record_name` without ``strict``, and a name
+    outside the grammar (``api``, ``Module``, ``matmul.backward``) is a record of kind
+    ``"unknown"`` (its whole name as ``api_name``, no prefix, call index or direction) instead
+    of a :class:`NameFormatError`. ``ls``, ``show``, the index, compare and
+    ``DumpRecord.parsed`` all read names through it; ``validate`` reports such names."""
+    try:
+        return parse_record_name(name, strict=False)
+    except NameFormatError:
+        return RecordName("unknown", "", str(name), None, None, None, False, str(name))
 
 
 def is_record_name(name: str, *, strict: bool = True) -> bool:

@@ -13,10 +13,10 @@ dialect, matching the real tool (see spec/FORMAT.md, "Statistics"):
     ``Norm`` (L2) computed in the tensor's dtype (accumulated wider, the result
     rounded to that dtype: float16/bfloat16 results are float16/bfloat16 values),
     except float64 whose ``Mean``/``Norm`` are null.
-  - msprobe-8: float64 is cast to float32 first; all four computed.
+  - msprobe-8 and msprobe-1: float64 is cast to float32 first; all four computed.
 * integer:
   - msprobe-26 / msprobe-lake: ``Max``/``Min`` as JSON integers; ``Mean``/``Norm`` null.
-  - msprobe-8: cast to float32; all four as floats.
+  - msprobe-8 and msprobe-1: cast to float32; all four as floats.
 * NaN propagates (``Max`` of a tensor holding NaN is NaN, written ``NaN``); Inf likewise.
 * MindSpore (``framework="mindspore"``, every dialect): integer and float64 tensors are cast
   to float32 and all four given (the msprobe-8 rule); complex also gives ``Norm``.
@@ -89,7 +89,7 @@ def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype
         magnitude = np.abs(a)
         norm = _py(np.linalg.norm(magnitude)) if mindspore else None
         return (_py(magnitude.max()), _py(magnitude.min()), _py(magnitude.mean()), norm)
-    legacy = dialect == "msprobe-8" or mindspore
+    legacy = dialect in ("msprobe-8", "msprobe-1") or mindspore
     if a.dtype.kind in "iu":
         if legacy:
             as_float32 = a.astype(np.float32)

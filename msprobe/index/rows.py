@@ -10,10 +10,9 @@ import json
 import math
 from typing import Any, Iterable, Optional
 
-from msprobe.errors import NameFormatError
 from msprobe.format.layout import TENSOR_DIR
 from msprobe.format.model import is_valid_shape, tensor_entries
-from msprobe.format.naming import RecordName, parse_record_name
+from msprobe.format.naming import RecordName, read_record_name
 
 __all__ = [
     "COLUMNS",
@@ -48,9 +47,8 @@ def empty_columns() -> dict:
 
 def record_fields(name: str) -> tuple:
     """(kind, api_type, api_name, call_index, direction) of a record name; unknown names are tolerated."""
-    try:
-        parsed: RecordName = parse_record_name(name, strict=False)
-    except NameFormatError:
+    parsed: RecordName = read_record_name(name)
+    if parsed.kind == "unknown":
         return ("unknown", None, None, None, None)
     api_name = parsed.api_name
     if parsed.kind == "api" and parsed.class_name:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from msprobe.errors import ConfigError, MsprobeError, RecordNotFoundError, StorageNotFoundError, require
 from msprobe.format.layout import detect_dialect
+from msprobe.format.model import infer_framework
 from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import (
     STRING_COLUMNS,
@@ -72,6 +73,7 @@ class Dump:
         self._rediscover = rediscover
         self._recs: dict = {}
         self._dialect: Any = False
+        self._framework: Optional[tuple] = None
         #: index lakes: compacted file -> the index files it covers (see index.compact_index)
         self.compacts: dict = {}
         self._refresh_compacts = refresh_compacts  # index lakes: compacts again after a rediscovery
@@ -125,7 +127,21 @@ class Dump:
                 return v
         return None
 
-    framework = property(lambda self: self._meta("framework"), doc="'pytorch' | 'mindspore' | ...")
+    @property
+    def framework(self) -> Optional[str]:
+        """'pytorch' | 'mindspore' | ...: the documents' ``framework``, else inferred from the entries'
+        types (:attr:`framework_source` says which)."""
+        return self.framework_found[0]
+
+    @property
+    def framework_found(self) -> tuple:
+        """(framework, where it came from): ``("pytorch", "dump.json")``, ``("mindspore", "inferred from
+        entry type mindspore.Tensor")``, ``(None, None)``."""
+        if self._framework is None:
+            self._framework = _framework_of(self._sources, self._meta("framework"))
+        return self._framework
+
+    framework_source = property(lambda self: self.framework_found[1], doc="where :attr:`framework` came from")
     task = property(lambda self: self._meta("task"), doc="'statistics' | 'tensor' | ...")
     level = property(lambda self: self._meta("level"), doc="'L0' | 'L1' | 'mix' | 'debug' | ...")
 
@@ -143,14 +159,15 @@ class Dump:
                 return d
         marker = src.marker()
         names = [s.rank_dir for s in self._sources]
-        data = None
+        data = header = None
         if not src.use_index and not (marker and marker.get("dialect")):
             try:
+                header = src.document().raw
                 data = src.document().data
             except (StorageNotFoundError, MsprobeError):
-                data = None
+                data = header = None
         try:
-            return detect_dialect(names, data, marker)
+            return detect_dialect(names, data, marker, header)
         except MsprobeError:
             return None
 
@@ -429,9 +446,27 @@ class Dump:
                          "records": self._count_one(s),
                          "source": "index" if s.use_index else (s.doc_name or "-")})
         return {"url": self.url, "engine": self.engine, "dialect": self.dialect, "framework": self.framework,
+                "framework_source": self.framework_source, "fragment": self._meta("fragment"),
                 "task": self.task, "level": self.level, "steps": self.steps, "ranks": self.ranks,
                 "rank_dirs": rows}
 
+
+
+def _framework_of(sources: list, declared: Optional[str]) -> tuple:
+    """(framework, source) of a dump: declared by its documents (or index), else inferred from the
+    entry types of the first rank directories' records (:func:`msprobe.format.model.infer_framework`)."""
+    if declared is not None:
+        return declared, "declared"
+    for src in sources[:4]:
+        if src.use_index:
+            continue
+        try:
+            found = infer_framework(src.document().data)
+        except (StorageNotFoundError, MsprobeError):
+            continue
+        if found is not None:
+            return found[0], f"inferred from {found[1]}"
+    return None, None
 
 
 def _split(r: DumpRecord) -> str:

@@ -18,7 +18,7 @@ from msprobe.format.model import (
     TensorArg,
     parse_arg,
 )
-from msprobe.format.naming import parse_record_name
+from msprobe.format.naming import read_record_name
 from msprobe.index.rows import forward_twin, record_fields, record_tensors
 from msprobe.readers._replay import replay_inputs
 from msprobe.readers._tensor import load_tensor_file
@@ -152,8 +152,10 @@ class DumpRecord:
 
     @property
     def parsed(self) -> Any:
-        """The :class:`~msprobe.format.naming.RecordName` (class name, module path, ...)."""
-        return parse_record_name(self.name, strict=False)
+        """The :class:`~msprobe.format.naming.RecordName` (class name, module path, ...); a name outside
+        the naming grammar gives kind ``"unknown"``, as ``kind`` does (one tolerant rule,
+        :func:`~msprobe.format.naming.read_record_name`)."""
+        return read_record_name(self.name)
 
     def __repr__(self) -> str:
         where = f"step={self.step}, rank_dir={self.rank_dir!r}"

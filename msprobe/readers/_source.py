@@ -27,6 +27,7 @@ from msprobe.format.documents import (
     DumpDocument,
     StackDocument,
 )
+from msprobe.format.fragments import HEADER_KEYS, not_a_document, read_fragment
 from msprobe.format.journal import Replay
 from msprobe.format.layout import (
     INDEX_DIR,
@@ -274,6 +275,11 @@ def parse_document(data: bytes, file: str) -> DumpDocument:
         obj = loads_json(data, file)  # raises the precise DocumentError
     if not isinstance(obj, dict):
         raise DocumentError(f"expected a JSON object, got {type(obj).__name__}", file=file, location="$")
+    if not any(key in obj for key in HEADER_KEYS):  # no header: an API-info fragment, or not a dump document
+        fragment = read_fragment(obj)
+        if fragment is None:
+            raise not_a_document(obj, file)
+        obj = fragment.document()
     return DumpDocument(obj, file)
 
 
