@@ -126,10 +126,19 @@ def _with_lake(handler):
     def run(args) -> int:
         lake = _open(args)
         try:
+            if not lake.runs:  # a question on a root without a dump: an error, never an empty answer
+                raise _no_runs(args.root)
             return handler(args, lake)
         finally:
             lake.close()
     return run
+
+
+def _no_runs(root: str) -> Exception:
+    from msprobe.errors import StorageNotFoundError
+
+    return StorageNotFoundError(f"{root}: no runs (no dump below it; a lake root holds one directory per "
+                                "run, e.g. ROOT/run1/step0/rank0/dump.json)")
 
 
 def _print_table(frame, as_json: bool, empty: str = "") -> int:
@@ -179,10 +188,7 @@ def run_ls(args) -> int:
         print(json.dumps(runs, indent=1, default=str))
         return 0
     if not runs:
-        from msprobe.errors import StorageNotFoundError
-
-        raise StorageNotFoundError(f"{args.root}: no runs (no dump below it; a lake root holds one directory per "
-                                   "run, e.g. ROOT/run1/step0/rank0/dump.json)")
+        raise _no_runs(args.root)
     from msprobe.format.naming import printable
 
     head = ["run", "dialect", "framework", "task", "level", "steps", "ranks", "records", "bytes", "from", "to"]

@@ -52,12 +52,7 @@ def run(args) -> int:
         return 0
     ranks = ", ".join("-" if entry is None else str(entry) for entry in summary["ranks"])
     say(f"{summary['url']}")
-    inferred = summary["framework_source"] not in (None, "declared")
-    say(f"  engine {summary['engine']}, dialect {summary['dialect'] or 'unknown'}, framework {summary['framework']}"
-        + (f" ({summary['framework_source']})" if inferred else "")
-        + f", task {summary['task']}, level {summary['level']}")
-    if summary["fragment"]:
-        say(f"  an {summary['fragment']}: its records read as forward API records run_ut can replay")
+    _say_header(summary)
     say(f"  {len(summary['steps'])} step(s): {step_ranges(summary['steps'])}; rank(s): {ranks}; "
           f"{len(summary['rank_dirs'])} rank dir(s), {sum(entry['records'] for entry in summary['rank_dirs'])} records")
     has_run = any(entry["run"] and entry["run"] != doc.run for entry in summary["rank_dirs"])
@@ -76,6 +71,16 @@ def run(args) -> int:
             f"step(s) "
               f"{step_ranges(steps)}; opaque binaries in the Ascend runtime's dump format (not decoded)")
     return 0
+
+
+def _say_header(summary: dict) -> None:
+    """The engine, dialect, framework (and where it came from when inferred), task and level; a fragment."""
+    inferred = summary["framework_source"] not in (None, "declared")
+    say(f"  engine {summary['engine']}, dialect {summary['dialect'] or 'unknown'}, framework {summary['framework']}"
+        + (f" ({summary['framework_source']})" if inferred else "")
+        + f", task {summary['task']}, level {summary['level']}")
+    if summary["fragment"]:
+        say(f"  an {summary['fragment']}: its records read as forward API records run_ut can replay")
 
 
 def _list_records(doc, args) -> int:

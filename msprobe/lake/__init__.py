@@ -35,7 +35,7 @@ from typing import Any
 from msprobe.lake._core import read_catalog as _read
 from msprobe.lake._lake import Lake
 
-__all__ = ["open", "Lake", "LAKE_DIR", "read_catalog"]
+__all__ = ["open", "Lake", "LAKE_DIR", "read_catalog", "has_runs"]
 
 LAKE_DIR = "_lake"
 
@@ -45,6 +45,15 @@ def open(root: Any, storage_options: Any = None, client: Any = None, **kwargs: A
 
     Example: ``with msprobe.lake.open("./lake") as lake: lake.catalog`` (``msprobe lake ls ./lake``)."""
     return Lake(root, storage_options=storage_options, client=client, **kwargs)
+
+
+def has_runs(root: Any, storage_options: Any = None) -> bool:
+    """Whether ``root`` holds at least one dump (searched as the lake does, 3 levels deep), without
+    opening the lake or writing anything. Example: ``msprobe.lake.has_runs("./junk")`` -> ``False``."""
+    from msprobe.backends import open_store
+    from msprobe.lake._core import discover_runs
+
+    return bool(discover_runs(open_store(root, storage_options, read_only=True, create=False)))
 
 
 def read_catalog(root: Any, storage_options: Any = None, lake_dir: Any = None,

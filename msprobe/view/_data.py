@@ -20,7 +20,7 @@ import tempfile
 import threading
 from typing import Any, Iterator, Optional
 
-from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError
+from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError, UnknownDialectError
 from msprobe.view._load import Loader
 
 __all__ = ["ViewData", "open_view", "ROW_FIELDS", "FILTERS", "json_safe"]
@@ -372,6 +372,14 @@ def _compare_apart(path: str, bench: str, out: str, storage_options: Optional[di
         raise ConfigError(lines[-1] if lines else f"msprobe compare exited with status {done.returncode}")
 
 
+def _nothing_to_show(path: str, exc: Exception) -> UnknownDialectError:
+    """The error of a path that is neither a dump, nor a compare output, nor a lake of dumps."""
+    csvs = os.path.isdir(path) and any(name.endswith(".csv") for name in os.listdir(path))
+    extra = (" (it holds CSV files but no summary.json: a compare output needs the summary.json that "
+             "msprobe compare writes next to its CSVs; compare the dumps again)") if csvs else ""
+    return UnknownDialectError(f"{exc}; nor is it a compare output or a lake of dumps{extra}: nothing to show")
+
+
 def open_view(path: str, bench: Optional[str] = None, *, storage_options: Optional[dict] = None,
               work_dir: Optional[str] = None, threshold: Optional[float] = None, title: Optional[str] = None) -> ViewData:
     """The explorer's data for ``path`` (a dump, lake index or compare output) and optional ``bench``.
@@ -393,14 +401,15 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
             data.load_compare_output(path)
         else:
             import msprobe.readers
-            from msprobe.errors import UnknownDialectError
 
             data.target = path
             try:
                 dump = msprobe.readers.open(path, storage_options=storage_options)
-            except UnknownDialectError:  # not one dump: a lake of runs (indexed as msprobe.lake does)
+            except UnknownDialectError as exc:  # not one dump: a lake of runs (indexed as msprobe.lake does)
                 import msprobe.lake
 
+                if not msprobe.lake.has_runs(path, storage_options):  # never an empty page (issue 41)
+                    raise _nothing_to_show(path, exc) from exc
                 data.load_lake(msprobe.lake.open(path, storage_options=storage_options, progress=False))
             else:
                 data.load_dump(dump)

@@ -227,7 +227,8 @@ def serve(data: ViewData, *, host: str = "127.0.0.1", port: Optional[int] = None
     except ImportError as exc:
         raise MissingDependencyError("msprobe view needs uvicorn: pip install 'msprobe-lake[view]'") from exc
     token = token or secrets.token_urlsafe(24)
-    port = port if port else free_port(host)
+    sock = listening_socket(host, port)  # bound and listening before the URL is printed
+    port = int(sock.getsockname()[1])
     app = make_app(data, token)
     first = data.overview()["first_cell"]
     data.rows(first if first is not None else 0, 0, 200, {})  # the page's first list, read once from disk
@@ -240,4 +241,23 @@ def serve(data: ViewData, *, host: str = "127.0.0.1", port: Optional[int] = None
     announce(f"msprobe view: http://{shown}:{port}/?token={token}")
     announce(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {socket.gethostname()}  "
              f"then open http://127.0.0.1:{port}/?token={token}")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    try:  # a connection made as soon as the URL shows waits in the backlog until the server accepts it
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def listening_socket(host: str, port: Optional[int]) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (a free port when None) and listening: a client that opens
+    the printed URL at once is queued, never refused."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port or 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
