@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+from typing import Optional
 
 from msprobe.cli._text import say
 from msprobe.progress import add_progress_flag
@@ -60,6 +61,11 @@ def register(sub) -> None:
     p.add_argument("--divergence-threshold", dest="threshold", type=float, default=None, metavar="T",
                    help="the first divergence is the first row whose NormRelativeErr exceeds T (a fraction, "
                         "e.g. 1e-3) instead of the first row whose Result is not pass")
+    p.add_argument("--layout", default=None, metavar="tp=T,pp=P[,dp=D][,order=tp-cp-ep-dp-pp]",
+                   help="the target is a parallel run: merge its ranks into its logical model (pipeline stages "
+                        "in model order, tensor-parallel shards merged) before comparing (statistics mode)")
+    p.add_argument("--bench-layout", dest="bench_layout", default=None, metavar="tp=T,pp=P",
+                   help="the same for the bench")
     p.add_argument("--fail-on-divergence", action="store_true",
                    help="exit 3 when there is a first divergence (by default: a row whose Result is not pass)")
     p.set_defaults(func=run, subparser=p)
@@ -134,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
                 workers=max(1, args.workers), plot=not args.no_plot, storage_options=opts,
                 scheduler=args.scheduler, progress=args.progress,
                 structural={"auto": "auto", "names": False, "structure": True}[args.match],
-                fuzzy=args.fuzzy, stack=stack, mapping=mapping, threshold=args.threshold)
+                fuzzy=args.fuzzy, stack=stack, mapping=mapping, threshold=args.threshold, layout=args.layout,
+                bench_layout=args.bench_layout)
     for line in s.get("warnings", ()):
         print(f"msprobe compare: warning: {line}", file=sys.stderr)
     if args.json:
@@ -166,9 +173,29 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
             if masked:
                 parts.append(f"-inf only in masked_fill outputs and the masks they feed: {masked} rows, as intended")
             say("; ".join(parts))
+    _print_layout(s.get("layout"))
     if s.get("plot_note"):
         say(f"note: {s['plot_note']}")
     say(f"summary: {s['summary_file']}")
+
+
+def _print_layout(layout: Optional[dict]) -> None:
+    """The merged models (stages, communication records left out, replicas that disagree) and the
+    ranks behind the origin of the divergence."""
+    if not layout:
+        return
+    for model in layout["models"]:
+        say(f"layout {model['layout']} ({model['side']} {model['rank_dir']}): stages {model['stages']}, "
+            f"{model['records']} logical records, {model['communication_left_out']} communication records left out")
+        for finding in model["findings"]:
+            say(f"  {finding['finding']}: {finding['record']} {finding['leaf']} on ranks {finding['ranks']}"
+                + (f" (differ from the bench: {finding['differ_from_bench']})" if finding["differ_from_bench"] else ""))
+    for key in ("origin", "first_divergence"):
+        found = layout.get(key)
+        if found:
+            suspects = f", its shard on rank {found['suspect_ranks']} cannot be a piece of the bench's tensor" \
+                if found["suspect_ranks"] else ""
+            say(f"  {key.replace('_', ' ')} {found['record']}: held by ranks {found['ranks']}{suspects}")
 
 
 def _print_divergence(s: dict) -> None:

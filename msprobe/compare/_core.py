@@ -12,6 +12,7 @@ import msprobe.readers
 from msprobe.compare import _columnar
 from msprobe.compare._cluster import add_paths, comm_report, order_results
 from msprobe.compare._columnar import PairContext
+from msprobe.compare._layouts import layout_mode, layout_pairs, layout_summary
 from msprobe.compare._match import match_records
 from msprobe.compare._options import CompareOptions, PairJob
 from msprobe.compare._origin import earliest, find_origin
@@ -229,7 +230,8 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
             storage_options: Optional[dict] = None, timestamp: Optional[str] = None,
             client: Any = None, scheduler: Optional[str] = None, progress: Optional[bool] = None,
             structural: Any = "auto", fuzzy: bool = False, stack: bool = True, mapping: Optional[dict] = None,
-            threshold: Optional[float] = None, engine: str = "auto") -> dict:
+            threshold: Optional[float] = None, engine: str = "auto", layout: Optional[str] = None,
+            bench_layout: Optional[str] = None) -> dict:
     """Compare ``target`` with ``bench`` (paths or URLs of any dialect); writes one CSV per
     (step,) rank, ``summary.json`` and ``compare_plot.png`` into ``out_dir`` (a path, or a URL:
     files are then uploaded there); returns the summary.
@@ -254,6 +256,10 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
 
     ``engine`` (``"auto"`` or ``"rows"``) is accepted for compatibility: every mode is built by
     the one column-wise engine (:mod:`msprobe.compare._columnar`).
+
+    ``layout`` / ``bench_layout`` (``"tp=2,pp=2"``, :func:`msprobe.format.parallel.parse_layout`):
+    that side's ranks are merged into its logical model(s) first (:mod:`msprobe.compare._layouts`);
+    merged sides compare in statistics mode, in this process, and summary.json gets ``layout``.
     """
     if xlsx:
         try:
@@ -265,14 +271,23 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     try:
         with gc_paused():
             target_dump, bench_dump = _open(target, storage_options), _open(bench, storage_options)
-            pairs = pair_sources(target_dump, bench_dump, step=step, rank=rank)
+            merged = None
+            if layout or bench_layout:
+                if client is not None or scheduler is not None:
+                    raise ConfigError("--layout merges the ranks in this process: no --scheduler")
+                merged = pairs = layout_pairs(target_dump, bench_dump, _paired_steps(
+                    {s.step for s in target_dump.sources}, {s.step for s in bench_dump.sources}, step),
+                    layout, bench_layout)
+                mode, workers = layout_mode(mode), 1
+            else:
+                pairs = pair_sources(target_dump, bench_dump, step=step, rank=rank)
             options = _options(pairs, mode, timestamp, xlsx, structural, fuzzy, stack, mapping, threshold, engine)
             results, backend = _run_pairs(pairs, out_dir, storage_options, options, workers, client, scheduler,
                                           progress)
             summary = {"target": target, "bench": bench, "mode": options.mode, "timestamp": options.timestamp,
                        "target_dialect": target_dump.dialect, "bench_dialect": bench_dump.dialect}
             return _finish(summary, results, backend, out_dir, storage_options, options, plotter if plot else None,
-                           plot, started)
+                           plot, started, merged)
     finally:
         if plotter is not None:
             plotter.close()
@@ -327,7 +342,7 @@ def _run_pairs(pairs: list, out_dir: str, storage_options: Optional[dict], optio
 
 
 def _finish(summary: dict, results: list, backend: str, out_dir: str, storage_options: Optional[dict],
-            options: CompareOptions, plotter: Any, plot: bool, started: float) -> dict:
+            options: CompareOptions, plotter: Any, plot: bool, started: float, merged: Optional[list] = None) -> dict:
     """The whole compare's summary (the earliest divergence, origin and NaN/Inf over the rank
     pairs), the plot and summary.json written (uploaded when ``out_dir`` is remote)."""
     # across rank pairs: the earliest step, then the earliest in the step's happens-before order
@@ -358,6 +373,8 @@ def _finish(summary: dict, results: list, backend: str, out_dir: str, storage_op
     })
     add_paths({key: summary[key] for key in ("origin", "first_divergence", "first_nan_inf_target",
                                              "first_nan_target", "first_inf_target")}, graphs)
+    if merged is not None:
+        summary["layout"] = layout_summary(merged, summary)
     os.makedirs(local, exist_ok=True)
     with open(os.path.join(local, "summary.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=1, default=str)

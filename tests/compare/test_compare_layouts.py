@@ -1,0 +1,132 @@
+"""Compare under a parallel layout (``--layout``): a Megatron-style TP=2 x PP=2 forward pass on 4
+gloo ranks (tests/compare/_tp_pp_child.py) against the same model with the same weights on one
+card lines up record by record, with equal statistics; a shard fault is found on its rank."""
+from __future__ import annotations
+
+import csv
+import glob
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from msprobe.compare import compare
+from msprobe.errors import ConfigError
+from msprobe.format.parallel import LayoutError, merge_shard_stats, parse_layout, stage_renames
+from msprobe.format.stats import stats_equal
+
+REPO = str(Path(__file__).resolve().parents[2])
+CHILD = str(Path(__file__).with_name("_tp_pp_child.py"))
+STATS = (("NPU max", "Bench max"), ("NPU min", "Bench min"), ("NPU mean", "Bench mean"), ("NPU l2norm", "Bench l2norm"))
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(dump: Path, tp: int, pp: int, fault: int = -1) -> None:
+    world = tp * pp
+    port = _port()
+    procs = [subprocess.Popen([sys.executable, CHILD, str(dump), str(tp), str(pp), str(fault)],
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_PORT=str(port),
+                                       MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONPATH=REPO),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
+    outs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("layouts")
+    for name, args in (("single", (1, 1)), ("tp2pp2", (2, 2)), ("fault", (2, 2, 3))):
+        _run(root / name, *args)
+    return root
+
+
+def _rows(out: Path) -> list:
+    (path,) = glob.glob(str(out / "compare_result_*.csv"))
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_tp2_pp2_lines_up_with_the_single_card_run(runs, tmp_path):
+    summary = compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2", plot=False)
+    (pair,) = summary["pairs"]
+    assert pair["records"] == pair["bench_records"] == pair["matched_records"] == 34
+    assert pair["unmatched"] == {"target": [], "bench": []}
+    rows = _rows(tmp_path)
+    assert len(rows) == pair["rows"] == 108 and {row["Result"] for row in rows} == {"pass"}
+    for row in rows:
+        assert row["NPU Name"] == row["Bench Name"] and row["NPU Tensor Shape"] == row["Bench Tensor Shape"]
+        for target, bench in STATS:
+            assert stats_equal(float(row[target]), float(row[bench])), (row["NPU Name"], target)
+    model = summary["layout"]["models"][0]
+    assert model["stages"] == [[0, 1], [2, 3]] and model["findings"] == []
+    assert model["communication_left_out"] == 12  # 2 all_reduce per rank, a send on each stage-0 rank, a recv on each stage-1 rank
+    assert summary["first_divergence"] is None and summary["origin"] is None
+
+
+def test_a_shard_fault_is_found_on_its_rank(runs, tmp_path):
+    summary = compare(str(runs / "fault"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2", plot=False)
+    assert summary["pairs"][0]["matched_records"] == 34
+    origin = summary["origin"]
+    assert origin["record"] == "Functional.linear.4.forward" and origin["argument"] == "input.1"  # layers.2's fc1 weight
+    assert summary["layout"]["origin"]["ranks"] == [2, 3]
+    assert summary["layout"]["origin"]["suspect_ranks"] == [3]
+    findings = summary["layout"]["models"][0]["findings"]
+    bias = [f for f in findings if f["record"] == "Module.head.Linear.forward.0" and f["leaf"] == "parameters.bias"]
+    assert bias and bias[0]["finding"] == "replicas disagree" and bias[0]["differ_from_bench"] == [3]
+
+
+def test_cli_layout_and_refusals(runs, tmp_path, capsys):
+    from msprobe.cli import main
+
+    assert main(["compare", str(runs / "fault"), str(runs / "single"), "-o", str(tmp_path), "--layout",
+                 "tp=2,pp=2", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "records 34/34 matched" in out and "its shard on rank [3]" in out
+    with pytest.raises(ConfigError, match="md5"):
+        compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2", mode="md5", plot=False)
+    with pytest.raises(ConfigError, match="needs 8 ranks"):
+        compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2,dp=2", plot=False)
+
+
+def test_parse_layout_and_megatron_rank_order():
+    layout = parse_layout("tp=2,pp=2")
+    assert layout.models([0, 1, 2, 3]) == [((0, 0, 0), [[0, 1], [2, 3]])]
+    assert parse_layout("tp=2,pp=2").models(list(range(8)))[1] == ((1, 0, 0), [[2, 3], [6, 7]])
+    assert parse_layout("tp=2,pp=2,order=pp-tp-cp-ep-dp").models([0, 1, 2, 3]) == [((0, 0, 0), [[0, 2], [1, 3]])]
+    for bad in ("tp=0", "tp=2,xx=1", "order=tp-pp", "tp"):
+        with pytest.raises(LayoutError):
+            parse_layout(bad)
+
+
+def test_merged_statistics_are_those_of_the_concatenation():
+    rng = np.random.default_rng(0)
+    shards = [rng.standard_normal((3, n)) for n in (4, 4, 2)]
+    leaves = [{"type": "torch.Tensor", "dtype": "torch.float64", "shape": list(s.shape), "Max": float(s.max()),
+               "Min": float(s.min()), "Mean": float(s.mean()), "Norm": float(np.linalg.norm(s)), "md5": "0"}
+              for s in shards]
+    whole = np.concatenate(shards, axis=1)
+    merged = merge_shard_stats(leaves, 1)
+    assert merged["shape"] == [3, 10] and "md5" not in merged
+    assert merged["Max"] == whole.max() and merged["Min"] == whole.min()
+    assert math.isclose(merged["Mean"], whole.mean(), rel_tol=1e-12)
+    assert math.isclose(merged["Norm"], np.linalg.norm(whole), rel_tol=1e-12)
+
+
+def test_stage_renames_follow_model_order():
+    stage0 = ["Functional.linear.0.forward", "Module.layers.0.fc1.C.forward.0", "Module.layers.1.M.forward.0"]
+    stage1 = ["Functional.linear.0.forward", "Module.layers.0.fc1.C.forward.0", "Module.head.Linear.forward.0"]
+    first, second = stage_renames([stage0, stage1])
+    assert first == {name: name for name in stage0}
+    assert second == {"Functional.linear.0.forward": "Functional.linear.1.forward",
+                      "Module.layers.0.fc1.C.forward.0": "Module.layers.2.fc1.C.forward.0",
+                      "Module.head.Linear.forward.0": "Module.head.Linear.forward.0"}
