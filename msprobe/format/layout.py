@@ -183,7 +183,7 @@ def detect_dialect(rank_dir_names: Iterable[str] = (), data: Optional[dict] = No
 def _is_1x(header: dict, data: dict) -> bool:
     """spec/FORMAT.md 4.3 step 4: a document without a top-level ``framework`` key whose first 64
     records hold no ``is_recompute`` and no ``.parameters_grad.<n>`` name was written by 1.x."""
-    if "framework" in header or "data" not in header or header.get("fragment"):
+    if "framework" in header or header.get("fragment"):
         return False
     for i, (name, rec) in enumerate(data.items()):
         if i >= 64:

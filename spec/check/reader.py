@@ -327,7 +327,7 @@ def summary_mode_of(entry: dict) -> str:
 _INT_PREFIXES = ("torch.int", "torch.uint", "torch.long", "torch.short")
 _PG_COUNT = re.compile(r"\.parameters_grad\.\d+$")
 _FWD = re.compile(r"\.(?:\d+\.forward|forward\.\d+)$")
-DIALECTS = ("msprobe-8", "msprobe-26", "msprobe-lake")
+DIALECTS = ("msprobe-1", "msprobe-8", "msprobe-26", "msprobe-lake")
 
 
 def _int_votes(v: Any, level: int) -> tuple:
@@ -373,13 +373,29 @@ def vote(data: dict) -> tuple:
     return v8, v26
 
 
-def detect_dialect(rank_dir_names: list, data: Optional[dict], marker: Optional[dict]) -> Optional[str]:
+def is_1x(header: Any, data: dict) -> bool:
+    """4.3 step 4: no framework key (nor a fragment), no counted parameters_grad and no
+    is_recompute in the first 64 records."""
+    if not isinstance(header, dict) or "framework" in header or header.get("fragment"):
+        return False
+    for i, (name, rec) in enumerate(data.items()):
+        if i >= 64:
+            break
+        if _PG_COUNT.search(name) or (isinstance(rec, dict) and "is_recompute" in rec):
+            return False
+    return True
+
+
+def detect_dialect(rank_dir_names: list, data: Optional[dict], marker: Optional[dict],
+                   header: Any = None) -> Optional[str]:
     if marker and marker.get("dialect") in DIALECTS:
         return marker["dialect"]
     if any(n.startswith("proc") for n in rank_dir_names):
         return "msprobe-26"
     if data is None:
         return "msprobe-8" if rank_dir_names else None
+    if is_1x(header, data):
+        return "msprobe-1"
     v8, v26 = vote(data)
     return "msprobe-26" if v26 > v8 else "msprobe-8"
 
@@ -798,7 +814,7 @@ class Dump:
         if not self.rank_dirs:
             return None
         first = self.rank_dirs[0]
-        return detect_dialect([r.rank_dir for r in self.rank_dirs], first.data, first.marker)
+        return detect_dialect([r.rank_dir for r in self.rank_dirs], first.data, first.marker, first.doc)
 
     def rows(self) -> list:
         return [row for r in self.rank_dirs for row in r.rows()]

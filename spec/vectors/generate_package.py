@@ -100,7 +100,7 @@ def statistics_vectors() -> dict:
                  "bytes_crc32": crc32_hex(np.ascontiguousarray(raw).reshape(-1)),
                  "bytes_xor": xor64_hex(np.ascontiguousarray(raw).reshape(-1)), "stats": {}}
         for framework in ("pytorch", "mindspore"):
-            for dialect in ("msprobe-8", "msprobe-26", "msprobe-lake"):
+            for dialect in ("msprobe-8", "msprobe-26", "msprobe-lake"):  # msprobe-1: the msprobe-8 rules
                 got = reference_stats(a, dialect=dialect, framework=framework,
                                       logical_dtype="bfloat16" if dtype == "bfloat16" else None)
                 entry["stats"][f"{framework}/{dialect}"] = [_clean(x) for x in got]
@@ -166,9 +166,24 @@ def dialect_vectors() -> dict:
     for label, names, marker, data in cases:
         out.append({"label": label, "rank_dirs": names, "marker": marker, "data": data,
                     "dialect": detect_dialect(names, data, marker)})
+    data1 = {"Functional.linear.0.forward": fwd26, "Module.fc.Linear.forward.0": fwd26,
+             "Module.fc.Linear.parameters_grad": {"weight": [_t()]}}
+    head = {"task": "statistics", "level": "mix", "dump_data_dir": None}
+    with_header = [  # step 4: 1.x, known from the document's header (no 'framework')
+        ("1.x: no framework key, no is_recompute", ["rank"], data1, head),
+        ("a framework key is not 1.x", ["rank"], data1, {**head, "framework": "pytorch"}),
+        ("is_recompute is not 1.x", ["rank0"], {"Functional.relu.0.forward": fwd8}, head),
+        ("a counted parameters_grad is not 1.x", ["rank"],
+         {"Functional.relu.0.forward": fwd26, "Module.fc.Linear.parameters_grad.0": {"weight": [_t()]}}, head),
+        ("a proc directory comes before 1.x", ["proc12"], data1, head),
+    ]
+    for label, names, data, header in with_header:
+        out.append({"label": label, "rank_dirs": names, "marker": None, "data": data, "header": header,
+                    "dialect": detect_dialect(names, data, None, {**header, "data": data})})
     return {"description": "Dialect detection (spec/FORMAT.md 4.3): the rank directory names of a dump, the "
                            "marker and the document data of its first rank directory (null: none), and the "
-                           "dialect msprobe-lake detects.", "format_version": "1.0", "cases": out}
+                           "dialect msprobe-lake detects; 'header' (when given): the document's other top-level "
+                           "members (step 4, msprobe-1: no 'framework').", "format_version": "1.0", "cases": out}
 
 
 # ------------------------------------------------------------------ layouts/

@@ -19,6 +19,7 @@ from _fmt_support import SPEC
 import msprobe.readers as mr
 from msprobe.backends import open_store
 from msprobe.dumpers.recover import recover_store
+from msprobe.format.layout import detect_dialect
 from msprobe.format.stats import reference_stats, stats_equal
 from msprobe.readers.validate import validate_store
 
@@ -185,7 +186,9 @@ def test_statistics_vectors():
 
 def test_dialect_vectors():
     for c in json.loads((VEC / "dialects.json").read_text())["cases"]:
-        assert R.detect_dialect(c["rank_dirs"], c["data"], c["marker"]) == c["dialect"], c["label"]
+        doc = None if c.get("header") is None else {**c["header"], "data": c["data"]}
+        assert R.detect_dialect(c["rank_dirs"], c["data"], c["marker"], doc) == c["dialect"], c["label"]
+        assert detect_dialect(c["rank_dirs"], c["data"], c["marker"], doc) == c["dialect"], c["label"]
 
 
 def test_layout_vectors():
