@@ -72,6 +72,7 @@ class LocalApi {
     if (f.kind && f.kind !== "all") rows = rows.filter((r) => r.kind === f.kind);
     if (f.result === "divergent") rows = rows.filter((r) => this.divergent(r));
     else if (f.result === "nan_inf") rows = rows.filter((r) => r.nan_inf);
+    else if (f.result === "masked") rows = rows.filter((r) => r.masked);
     else if (f.result === "unmatched") rows = rows.filter((r) => !r.bench_name || r.bench_name === "N/A");
     if (f.q) { const q = f.q.toLowerCase(); rows = rows.filter((r) => r.name.toLowerCase().includes(q)); }
     const s = f.sort || "order";

@@ -135,7 +135,7 @@ function renderOverview() {
   const dense = rankDirs.length * rowKeys.length > 400;
   chart.setOption({
     animation: false,
-    tooltip: { formatter: (pt) => { const c = cellAt(pt); if (!c) return ""; return `<b>${esc(cellLabel(c))}</b><br>${c.rows} rows · ${c.errors} errors · ${c.warnings} warnings · ${c.nan_inf} NaN/Inf<br>worst rel. Norm err ${esc(fmt(c.worst_norm_rel, true))}${c.first_div_name ? "<br>first divergent: " + esc(c.first_div_name) : ""}`; } },
+    tooltip: { formatter: (pt) => { const c = cellAt(pt); if (!c) return ""; return `<b>${esc(cellLabel(c))}</b><br>${c.rows} rows · ${c.errors} errors · ${c.warnings} warnings · ${c.nan_inf} NaN/Inf${c.masked ? ` · ${c.masked} mask -inf (as intended)` : ""}<br>worst rel. Norm err ${esc(fmt(c.worst_norm_rel, true))}${c.first_div_name ? "<br>first divergent: " + esc(c.first_div_name) : ""}`; } },
     grid: { left: 110, right: 30, top: 20, bottom: 60 },
     xAxis: { type: "category", data: rankDirs, name: "rank", nameLocation: "middle", nameGap: 35, splitArea: { show: !dense },
       axisTick: { show: !dense }, axisLabel: dense ? { interval: Math.max(Math.ceil(rankDirs.length / 32) - 1, 0) } : {} },
@@ -175,7 +175,7 @@ const list = (() => {
   bar.append(
     mkSel("dir", [["all", "all"], ["forward", "forward"], ["backward", "backward"]]),
     mkSel("kind", [["all", "API + module"], ["api", "API"], ["module", "module"]]),
-    mkSel("result", [["all", "all rows"], ["divergent", "divergent"], ["nan_inf", "NaN/Inf"], ["unmatched", "unmatched"]]),
+    mkSel("result", [["all", "all rows"], ["divergent", "divergent"], ["nan_inf", "NaN/Inf"], ["masked", "mask -inf"], ["unmatched", "unmatched"]]),
     mkSel("sort", [["order", "execution order"], ["score", "worst first"], ["norm_rel", "rel. Norm err"], ["name", "name"]]),
     el("input", { type: "search", placeholder: "filter by name", "data-filter": "q", oninput: debounce((e) => { state.filters.q = e.target.value; reset(); }, 250) }),
     el("button", { id: "export-csv", onclick: () => guard(async () => downloadText(`msprobe_rows_cell${state.cell}.csv`, await api.csv(state.cell, state.filters), "text/csv")), text: "Export CSV" }),
@@ -226,6 +226,7 @@ const list = (() => {
       for (const [k, , w] of COLS) {
         let v = k === "norm_rel" || k === "max_rel" ? fmt(r[k], true) : fmt(r[k]);
         if (k === "result" && r.nan_inf) v = (v ? v + " " : "") + "NaN/Inf";
+        else if (k === "result" && r.masked) v = (v && v !== "masked" ? v + " " : "") + "mask -inf";
         const c = el("div", { class: `vcell${k === "name" || k === "bench_name" ? " mono" : ""}`, style: `width:${w}px`, title: k === "name" || k === "err" ? String(r[k] ?? "") : null, text: v });
         if (k === "name" && div) c.prepend(el("span", { class: "badge", text: "first" }));
         row.append(c);
@@ -469,7 +470,7 @@ async function openRecord(record, rowName) {
   const table = el("table", { class: "grid args", id: "record-args" },
     el("thead", {}, el("tr", {}, ...["argument", "result", "dtype", "shape", ...stats.map((s) => "target " + s), ...stats.map((s) => "bench " + s), "rel. Norm err", "cosine", "md5 target", "md5 bench", ""].map((h) => el("th", { text: h })))),
     el("tbody", {}, ...r.args.map((a) => el("tr", { class: `${resultClass(a.result, a.nan_inf)}${a.name === rowName ? " hl" : ""}`, "data-name": a.name },
-      el("td", { class: "mono", text: a.name.slice(record.length + 1) || a.name }), el("td", { text: (a.result || "") + (a.nan_inf ? " NaN/Inf" : "") }),
+      el("td", { class: "mono", text: a.name.slice(record.length + 1) || a.name }), el("td", { text: (a.result || "") + (a.nan_inf ? " NaN/Inf" : a.masked ? " mask -inf" : "") }),
       el("td", { text: a.npu_dtype + (a.bench_dtype && a.bench_dtype !== a.npu_dtype ? " | " + a.bench_dtype : "") }), el("td", { text: a.npu_shape }),
       ...stats.map((s) => el("td", { class: "num", text: fmt(a["npu_" + s]) })), ...stats.map((s) => el("td", { class: "num", text: fmt(a["bench_" + s]) })),
       el("td", { class: "num", text: fmt(a.norm_rel, true) }), el("td", { class: "num", text: fmt(a.cosine) }),

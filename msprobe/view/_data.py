@@ -29,12 +29,12 @@ __all__ = ["ViewData", "open_view", "ROW_FIELDS", "FILTERS", "json_safe"]
 ROW_FIELDS = ("i", "name", "record", "io", "dir", "kind", "result", "err", "norm_rel", "max_rel", "cosine",
               "npu_dtype", "bench_dtype", "npu_shape", "bench_shape", "bench_name",
               "npu_max", "npu_min", "npu_mean", "npu_norm", "bench_max", "bench_min", "bench_mean", "bench_norm",
-              "npu_md5", "bench_md5", "nan_inf", "score", "data_name")
+              "npu_md5", "bench_md5", "nan_inf", "masked", "score", "data_name")
 #: the list's filters and their values
 FILTERS = {
     "dir": ("all", "forward", "backward"),
     "kind": ("all", "api", "module"),
-    "result": ("all", "divergent", "nan_inf", "unmatched"),
+    "result": ("all", "divergent", "nan_inf", "masked", "unmatched"),
     "sort": ("order", "score", "norm_rel", "name"),
 }
 MEMORY_LIMIT = os.environ.get("MSPROBE_VIEW_MEMORY", "128MB")
@@ -116,7 +116,7 @@ class ViewData(Loader):
 
     def _compute_overview(self) -> dict:
         cells = self.query("""SELECT s.cell, s.run, s.step, s.rank, s.rank_dir, s.rows, s.errors, s.warnings,
-            s.nan_inf, s.unmatched, s.worst_norm_rel, s.worst_cosine, s.first_div, s.max_score,
+            s.nan_inf, s.masked, s.unmatched, s.worst_norm_rel, s.worst_cosine, s.first_div, s.max_score,
             r.name AS first_div_name
             FROM cell_stats s LEFT JOIN rows r ON r.cell = s.cell AND r.i = s.first_div ORDER BY s.cell""")
         # the first divergent cell: compare's own pick (the earliest step, then the lowest record index
@@ -152,8 +152,8 @@ class ViewData(Loader):
         res = filters.get("result", "all")
         if res == "divergent":
             where.append(self.divergent_sql)
-        elif res == "nan_inf":
-            where.append("nan_inf")
+        elif res in ("nan_inf", "masked"):
+            where.append(res)
         elif res == "unmatched":
             where.append("(bench_name IS NULL OR bench_name = 'N/A')")
         text = filters.get("q")

@@ -11,6 +11,7 @@ import os
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError
+from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.readers import ANY
 
 __all__ = ["Loader"]
@@ -203,6 +204,7 @@ class Loader:
     def finish(self) -> None:
         """The derived columns and aggregates: each row's score, each cell's worst and first divergence."""
         self._overview = None
+        mark_masks(self._db)
         threshold = None
         div = str(self.summary.get("divergence") or "")
         if "NormRelativeErr >" in div:
@@ -214,15 +216,60 @@ class Loader:
                      else "(result NOT IN ('pass', '', 'n/a') OR nan_inf)")
         self._db.execute(f"""CREATE OR REPLACE TABLE cell_stats AS SELECT c.*,
             coalesce(a.rows, 0) AS rows, coalesce(a.errors, 0) AS errors, coalesce(a.warnings, 0) AS warnings,
-            coalesce(a.nan_inf, 0) AS nan_inf, a.worst_norm_rel, a.worst_cosine, a.first_div,
+            coalesce(a.nan_inf, 0) AS nan_inf, coalesce(a.masked, 0) AS masked, a.worst_norm_rel, a.worst_cosine,
+            a.first_div,
             coalesce(a.unmatched, 0) AS unmatched, coalesce(a.max_score, 0) AS max_score
           FROM cells c LEFT JOIN (SELECT cell, count(*) AS rows, count(*) FILTER (WHERE result = 'error') AS errors,
             count(*) FILTER (WHERE result = 'warning') AS warnings, count(*) FILTER (WHERE nan_inf) AS nan_inf,
+            count(*) FILTER (WHERE masked) AS masked,
             max(CASE WHEN isnan(norm_rel) THEN NULL ELSE norm_rel END) AS worst_norm_rel,
             min(cosine) AS worst_cosine, min(i) FILTER (WHERE {divergent}) AS first_div,
             count(*) FILTER (WHERE bench_name IS NULL OR bench_name = 'N/A') AS unmatched, max(score) AS max_score
             FROM rows GROUP BY cell) a USING (cell)""")
         self.divergent_sql = divergent
+
+
+def _side_kind(tracker: NonFiniteTracker, record: str, name: str, io: Any, stats: tuple, dtype: Any,
+               shape: Any) -> Optional[str]:
+    path = name[len(record) + 1:] if name.startswith(record + ".") else name
+    side_io = "input" if io in ("input", "kwargs") else io
+    return tracker.see(side_io, path, stats, dtype, shape)
+
+
+def mark_masks(db: Any) -> int:
+    """compare's mask rule (:mod:`msprobe.format.nonfinite`) over the rows holding a NaN or an Inf, in
+    each cell's execution order, one tracker per side: a row whose only non-finite values are a
+    mask's intended ``-inf`` (``masked_fill(..., -inf)``, the masks it feeds) is ``masked`` and not
+    ``nan_inf``: its own quiet category, never the colour of a NaN. Returns the rows marked."""
+    db.execute("ALTER TABLE rows ADD COLUMN IF NOT EXISTS masked BOOLEAN DEFAULT false")
+    cur = db.execute("""SELECT cell, i, name, record, io, npu_max, npu_min, npu_mean, npu_norm, npu_dtype, npu_shape,
+        bench_max, bench_min, bench_mean, bench_norm, bench_dtype, bench_shape FROM rows WHERE nan_inf
+        ORDER BY cell, i""")
+    trackers: dict = {}
+    last: dict = {}
+    marked: list = []
+    while True:
+        batch = cur.fetchmany(4096)
+        if not batch:
+            break
+        for cell, i, name, record, io, *sides in batch:
+            kinds = []
+            for side, (mx, mn, mean, norm, dtype, shape) in enumerate((sides[:6], sides[6:])):
+                tracker = trackers.setdefault((cell, side), NonFiniteTracker())
+                if last.get((cell, side)) != record:
+                    tracker.record(record or "")
+                    last[(cell, side)] = record
+                kinds.append(_side_kind(tracker, record or "", name or "", io, (mx, mn, mean, norm), dtype, shape))
+            if "masked" in kinds and set(kinds) <= {"masked", None}:
+                marked.append((cell, i))
+    if marked:
+        db.execute("CREATE OR REPLACE TEMP TABLE masked_rows (cell INTEGER, i INTEGER)")
+        db.executemany("INSERT INTO masked_rows VALUES (?, ?)", marked)
+        db.execute("""UPDATE rows SET masked = true, nan_inf = false, score = score - 1e5,
+            result = CASE WHEN result = 'nan_inf' THEN 'masked' ELSE result END
+            FROM masked_rows m WHERE rows.cell = m.cell AND rows.i = m.i""")
+        db.execute("DROP TABLE masked_rows")
+    return len(marked)
 
 
 def _arrow(table: Any) -> Any:
