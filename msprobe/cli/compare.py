@@ -63,7 +63,8 @@ def register(sub) -> None:
                         "e.g. 1e-3) instead of the first row whose Result is not pass")
     p.add_argument("--layout", default=None, metavar="tp=T,pp=P[,dp=D][,order=tp-cp-ep-dp-pp]",
                    help="the target is a parallel run: merge its ranks into its logical model (pipeline stages "
-                        "in model order, tensor-parallel shards merged) before comparing (statistics mode)")
+                        "in model order, tensor-parallel shards merged) before comparing (statistics mode); auto: the "
+                        "layout the dump's all_reduce groups and send/recv peers describe")
     p.add_argument("--bench-layout", dest="bench_layout", default=None, metavar="tp=T,pp=P",
                    help="the same for the bench")
     p.add_argument("--fail-on-divergence", action="store_true",
@@ -187,6 +188,8 @@ def _print_layout(layout: Optional[dict]) -> None:
     for model in layout["models"]:
         say(f"layout {model['layout']} ({model['side']} {model['rank_dir']}): stages {model['stages']}, "
             f"{model['records']} logical records, {model['communication_left_out']} communication records left out")
+        for warning in model["warnings"]:
+            say(f"  warning: {warning}")
         for finding in model["findings"]:
             say(f"  {finding['finding']}: {finding['record']} {finding['leaf']} on ranks {finding['ranks']}"
                 + (f" (differ from the bench: {finding['differ_from_bench']})" if finding["differ_from_bench"] else ""))

@@ -258,7 +258,8 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     the one column-wise engine (:mod:`msprobe.compare._columnar`).
 
     ``layout`` / ``bench_layout`` (``"tp=2,pp=2"``, :func:`msprobe.format.parallel.parse_layout`):
-    that side's ranks are merged into its logical model(s) first (:mod:`msprobe.compare._layouts`);
+    that side's ranks are merged into its logical model(s) first (``"auto"``: the layout the
+    dump's all_reduce groups and send/recv peers describe) (:mod:`msprobe.compare._layouts`);
     merged sides compare in statistics mode, in this process, and summary.json gets ``layout``.
     """
     if xlsx:

@@ -18,8 +18,8 @@ __all__ = ["layout_pairs", "layout_mode", "layout_summary"]
 
 
 def _parse(text: Optional[str], flag: str) -> Any:
-    if not text:
-        return None
+    if not text or text == "auto":
+        return text or None
     try:
         return parse_layout(text)
     except LayoutError as exc:
@@ -30,7 +30,7 @@ def _side(dump: Any, step: Any, layout: Any, reference: Optional[dict]) -> list:
     sources = [source for source in dump.sources if source.step == step]
     if layout is None:
         return sources
-    return merge_dump_step(sources, layout, reference)
+    return merge_dump_step(sources, None if layout == "auto" else layout, reference)
 
 
 def layout_pairs(target_dump: Any, bench_dump: Any, steps: list, layout: Optional[str],
@@ -78,6 +78,7 @@ def layout_summary(pairs: list, summary: dict) -> dict:
             models.append({"side": side, "rank_dir": source.rank_dir, "layout": report["layout"],
                            "stages": report["stages"], "findings": report["findings"],
                            "communication_left_out": report["communication_left_out"],
+                           "warnings": report["warnings"],
                            "records": len(report["records"])})
     out: dict = {"models": models}
     for key in ("origin", "first_divergence"):

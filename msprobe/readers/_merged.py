@@ -24,12 +24,12 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError
-from msprobe.format.comm import comm_api
+from msprobe.format.comm import comm_api, comm_call
 from msprobe.format.documents import DumpDocument
 from msprobe.format.parallel import Layout, LayoutError, merge_shard_stats, stage_renames
 from msprobe.format.stats import stats_equal
 
-__all__ = ["MergedSource", "merge_dump_step", "Layout"]
+__all__ = ["MergedSource", "merge_dump_step", "read_layout", "Layout"]
 
 _STATS = ("Max", "Min", "Mean", "Norm")
 
@@ -297,20 +297,88 @@ def _parents(source: Any) -> dict:
         return {}
 
 
-def merge_dump_step(sources: list, layout: Layout, reference: Optional[dict] = None) -> list:
+def _groups_of(sources: list) -> tuple:
+    """({rank: its tensor-parallel group}, {rank: previous pipeline stage's rank}) as the dump says
+    them: the group of a rank's first all_reduce; the peer of its first receive when that comes
+    before its first send (the first stage sends first; later stages receive their input first)."""
+    tp_of: dict = {}
+    prev: dict = {}
+    for source in sources:
+        first_send, first_recv = None, None
+        for index, (name, record) in enumerate(_records_of(source).items()):
+            call = comm_call(name, record, source.rank, index)
+            if call is None:
+                continue
+            if call.api == "all_reduce" and source.rank not in tp_of and call.group:
+                tp_of[source.rank] = tuple(call.group)
+            if call.kind == "send" and first_send is None:
+                first_send = index
+            if call.kind == "recv" and first_recv is None:
+                first_recv = (index, call.peer)
+        if first_recv is not None and first_recv[1] is not None and (first_send is None or first_recv[0] < first_send):
+            prev[source.rank] = first_recv[1]
+    return tp_of, prev
+
+
+def read_layout(sources: list) -> tuple:
+    """(text, [(key, stages)]) of the logical models the dump's communication records describe
+    (``--layout auto``): tensor-parallel groups from the all_reduce calls' groups, the pipeline
+    stages in model order from the point-to-point calls. ConfigError when they do not cover
+    every rank once."""
+    tp_of, prev = _groups_of(sources)
+    following = {before: rank for rank, before in prev.items()}
+    ranks = sorted(source.rank for source in sources)
+    models: dict = {}
+    for head in (rank for rank in ranks if rank not in prev):
+        chain, seen = [head], {head}
+        while following.get(chain[-1]) is not None and following[chain[-1]] not in seen:
+            chain.append(following[chain[-1]])
+            seen.add(chain[-1])
+        stages = tuple(tp_of.get(rank, (rank,)) for rank in chain)
+        models.setdefault(min(stages[0]), stages)
+    covered = sorted(rank for stages in models.values() for stage in stages for rank in stage)
+    if covered != ranks:
+        raise ConfigError(f"--layout auto: the dump's all_reduce groups and send/recv peers do not describe "
+                          f"one layout of ranks {ranks} (they cover {covered}); give --layout tp=T,pp=P")
+    ordered = [stages for _, stages in sorted(models.items())]
+    text = f"tp={len(ordered[0][0])},pp={len(ordered[0])} (read from the dump)"
+    return text, [((index, 0, 0), [list(stage) for stage in stages]) for index, stages in enumerate(ordered)]
+
+
+def _checked(models: list, sources: list) -> list:
+    """Warnings where a layout's tensor-parallel groups are not the dump's all_reduce groups."""
+    tp_of, _ = _groups_of(sources)
+    out = []
+    for _, stages in models:
+        for stage in stages:
+            for rank in stage:
+                said = tp_of.get(rank)
+                if said is not None and sorted(said) != sorted(stage):
+                    out.append(f"rank {rank}: the layout's tensor-parallel group is {stage}, its first all_reduce's "
+                               f"group is {list(said)}")
+    return out
+
+
+def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional[dict] = None) -> list:
     """The :class:`MergedSource` of each logical model (data-parallel replica) of one step's rank
-    sources under ``layout``. ConfigError when the ranks do not fit the layout."""
-    if layout.vpp != 1:
+    sources under ``layout`` (None: read from the dump, :func:`read_layout`). ConfigError when the
+    ranks do not fit the layout."""
+    if layout is not None and layout.vpp != 1:
         raise ConfigError(f"layout {layout.text()}: virtual pipeline stages (vpp) are not merged yet")
     by_rank = {source.rank: source for source in sources}
     if None in by_rank or len(by_rank) != len(sources):
         raise ConfigError("a parallel layout needs rank directories (rank0, rank1, ...), one per rank")
-    try:
-        models = layout.models(sorted(by_rank))
-    except LayoutError as exc:
-        raise ConfigError(str(exc)) from exc
     if sorted(by_rank) != list(range(len(by_rank))):
         raise ConfigError(f"a parallel layout needs ranks 0..{len(by_rank) - 1}, the dump has {sorted(by_rank)}")
+    if layout is None:
+        text, models = read_layout(sources)
+        warnings = []
+    else:
+        try:
+            text, models = layout.text(), layout.models(sorted(by_rank))
+        except LayoutError as exc:
+            raise ConfigError(str(exc)) from exc
+        warnings = _checked(models, sources)
     out = []
     for index, (key, stages) in enumerate(models):
         stage_sources = [[by_rank[rank] for rank in stage] for stage in stages]
@@ -318,7 +386,7 @@ def merge_dump_step(sources: list, layout: Layout, reference: Optional[dict] = N
         first = stage_sources[0][0]
         raw = dict(first.document().raw)
         raw["data"] = data
-        report.update({"layout": layout.text(), "model": index, "dp_cp_ep": list(key),
+        report.update({"layout": text, "model": index, "dp_cp_ep": list(key), "warnings": warnings,
                        "stages": [[source.rank for source in stage] for stage in stage_sources]})
         out.append(MergedSource(first.step, index, f"merged{index}" if len(models) > 1 else "merged",
                                 first.url, DumpDocument(raw), parents, frames, report))

@@ -130,3 +130,15 @@ def test_stage_renames_follow_model_order():
     assert second == {"Functional.linear.0.forward": "Functional.linear.1.forward",
                       "Module.layers.0.fc1.C.forward.0": "Module.layers.2.fc1.C.forward.0",
                       "Module.head.Linear.forward.0": "Module.head.Linear.forward.0"}
+
+
+def test_layout_read_from_the_dump_and_checked_against_it(runs, tmp_path):
+    summary = compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path / "auto"), layout="auto", plot=False)
+    model = summary["layout"]["models"][0]
+    assert model["layout"] == "tp=2,pp=2 (read from the dump)" and model["stages"] == [[0, 1], [2, 3]]
+    assert summary["pairs"][0]["matched_records"] == 34 and summary["first_divergence"] is None
+    wrong = compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path / "wrong"),
+                    layout="tp=2,pp=2,order=pp-tp-cp-ep-dp", plot=False)
+    assert wrong["layout"]["models"][0]["stages"] == [[0, 2], [1, 3]]
+    assert "rank 0: the layout's tensor-parallel group is [0, 2], its first all_reduce's group is [0, 1]" in \
+        wrong["layout"]["models"][0]["warnings"]
