@@ -32,6 +32,7 @@ class ServerApi {
   search(cell, q) { return this.get("api/search", { cell, q }); }
   record(cell, record) { return this.get("api/record", { cell, record }); }
   trend(name, stat) { return this.get("api/trend", { name, stat }); }
+  cluster(cell, laneBegin, laneEnd) { return this.get("api/cluster", { cell, lane_begin: laneBegin, lane_end: laneEnd }); }
   tensor(cell, name, side) { return this.get("api/tensor", { cell, name, side }); }
   async csv(cell, f) {
     const u = new URL("api/export.csv", window.location.href);
@@ -135,6 +136,18 @@ class LocalApi {
       steps.add(c.step);
     }
     return { name, stat, steps: [...steps].sort((a, b) => a - b), series: Object.values(series) };
+  }
+  // the report holds each step's first lanes (msprobe report's bound): a page is sliced from them
+  async cluster(cell, laneBegin, laneEnd) {
+    const key = (this.b.cluster_of || {})[cell];
+    const whole = key !== undefined ? this.b.clusters[key] : null;
+    if (!whole) throw new Error("this report holds no cluster view of this step");
+    if (whole.error) throw new Error(whole.error);
+    const lo = Math.max(laneBegin - whole.lane_begin, 0), hi = Math.max(laneEnd - whole.lane_begin, lo);
+    const lanes = whole.lanes.slice(lo, hi);
+    const held = whole.lane_end;
+    return { ...whole, lanes, lane_begin: whole.lane_begin + lo, lane_end: whole.lane_begin + lo + lanes.length,
+      note: [whole.note, held < whole.ranks_total ? `this report holds the first ${held} of ${whole.ranks_total} ranks' lanes; msprobe view shows every rank` : null].filter(Boolean).join(" · ") || null };
   }
   async tensor() { return { available: false, why: "a report holds no tensor data; use msprobe view" }; }
   async csv(cell, f) {

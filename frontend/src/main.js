@@ -6,6 +6,7 @@ import { HeatmapChart, LineChart, BarChart } from "echarts/charts";
 import { GridComponent, TooltipComponent, VisualMapComponent, LegendComponent, DataZoomComponent, MarkLineComponent } from "echarts/components";
 import { CanvasRenderer, SVGRenderer } from "echarts/renderers";
 import { makeApi } from "./api.js";
+import { makeCluster } from "./cluster.js";
 import "./style.css";
 
 echarts.use([HeatmapChart, LineChart, BarChart, GridComponent, TooltipComponent, VisualMapComponent, LegendComponent,
@@ -48,7 +49,7 @@ function download(name, href) { const a = el("a", { href, download: name }); doc
 function downloadText(name, text, type) { const url = URL.createObjectURL(new Blob([text], { type })); download(name, url); setTimeout(() => URL.revokeObjectURL(url), 5000); }
 
 // -- layout ---------------------------------------------------------------------------------------
-const VIEWS = [["overview", "Overview"], ["list", "Divergences"], ["tree", "Model tree"], ["trends", "Trends"], ["record", "Record"]];
+const VIEWS = [["overview", "Overview"], ["cluster", "Cluster"], ["list", "Divergences"], ["tree", "Model tree"], ["trends", "Trends"], ["record", "Record"]];
 const root = document.getElementById("app");
 const header = el("header", { class: "top" });
 const tabs = el("nav", { class: "tabs" });
@@ -66,6 +67,7 @@ root.append(header, main, status);
 function show(view) {
   state.view = view;
   if (view === "tree") tree.ensure();
+  if (view === "cluster") cluster.ensure();
   for (const [id] of VIEWS) {
     panes[id].hidden = id !== view;
     tabs.querySelector(`[data-view=${id}]`).classList.toggle("active", id === view);
@@ -458,6 +460,10 @@ function exportChart(key, name, kind) {
   download(`${name}.svg`, svg.getDataURL({ type: "svg" }));
   svg.dispose(); div.remove();
 }
+
+// -- cluster view (frontend/src/cluster.js) --------------------------------------------------------
+const cluster = makeCluster({ el, api, state, pane: panes.cluster, guard, openCell, openRecord, cellLabel });
+window.__msprobe.cluster = cluster;
 
 // -- record detail -----------------------------------------------------------------------------
 async function openRecord(record, rowName) {

@@ -68,6 +68,7 @@ class ViewData(Loader):
         self._db.execute(f"SET temp_directory='{os.path.join(work_dir, 'spill')}'")
         self._dumps: dict = {}
         self._trees: dict = {}
+        self._clusters: dict = {}
         self._lake: Any = None
         self._overview: Optional[dict] = None
 
@@ -306,6 +307,21 @@ class ViewData(Loader):
         if side == "bench" and bench is None:
             raise ConfigError("this view has no bench: no bench tree")
         return target if side == "target" else bench
+
+    def cluster(self, cell: int, lane_begin: int = 0, lane_end: Optional[int] = None) -> dict:
+        """The cluster view of the (run, step) of ``cell``: a page of its ranks as lanes
+        (:mod:`msprobe.view._cluster`; each step's model built once, the last few kept)."""
+        from msprobe.view._cluster import LANES_PAGE, build_cluster
+
+        cell_row = self._cell(cell)
+        key = (cell_row["run"], cell_row["step"])
+        with self._lock:
+            if key not in self._clusters:
+                if len(self._clusters) >= 4:
+                    self._clusters.pop(next(iter(self._clusters)))
+                self._clusters[key] = build_cluster(self, cell_row)
+            model = self._clusters[key]
+        return model.page(lane_begin, LANES_PAGE if lane_end is None else lane_end)
 
     def search(self, cell: int, text: str, limit: int = 50) -> list:
         return self.query("""SELECT record, min(i) AS i, max(score) AS score FROM rows WHERE cell = ?

@@ -13,6 +13,7 @@ import json
 import os
 from typing import Any
 
+from msprobe.errors import MsprobeError
 from msprobe.view._data import ROW_FIELDS, ViewData, json_safe
 from msprobe.view._server import static_asset
 
@@ -20,6 +21,8 @@ __all__ = ["write_report", "report_bundle", "MAX_ROWS_PER_CELL", "MAX_TREE_NODES
 
 MAX_ROWS_PER_CELL = 20000
 MAX_TREE_NODES = 20000
+#: the steps whose cluster view a report holds (those with NaN/Inf or errors first), and its lanes a step
+MAX_CLUSTER_STEPS = 20
 #: the row fields a report keeps (the list, the record detail and the trends need these)
 _FIELDS = [field for field in ROW_FIELDS]
 
@@ -43,6 +46,28 @@ def _tree_bundle(data: ViewData, cell: int, keep: set, side: str = "target") -> 
     for name, node in nodes.items():  # children counts match what the report holds
         node["children"] = len(children.get(name, []))
     return {"nodes": nodes, "children": children, "bench_only": model.bench_only[:200]}
+
+
+def _cluster_bundle(data: ViewData, cells: list) -> tuple:
+    """({step key: the cluster page of its first lanes}, {cell: step key}) for the report's steps."""
+    from msprobe.view._cluster import MAX_LANES
+
+    steps: dict = {}
+    for cell_row in cells:
+        steps.setdefault((cell_row["run"], cell_row["step"]), []).append(cell_row)
+    bad = {key for key, rows in steps.items() if any(row["nan_inf"] or row["errors"] for row in rows)}
+    keys = sorted(steps, key=lambda key: key not in bad)[:MAX_CLUSTER_STEPS]
+    clusters: dict = {}
+    cluster_of: dict = {}
+    for number, key in enumerate(keys):
+        first = steps[key][0]["cell"]
+        try:
+            clusters[str(number)] = json_safe(data.cluster(first, 0, MAX_LANES))
+        except (MsprobeError, OSError) as exc:
+            clusters[str(number)] = {"error": str(exc)}
+        for row in steps[key]:
+            cluster_of[str(row["cell"])] = str(number)
+    return clusters, cluster_of
 
 
 def report_bundle(data: ViewData, max_rows: int = MAX_ROWS_PER_CELL) -> dict:
@@ -81,13 +106,15 @@ def report_bundle(data: ViewData, max_rows: int = MAX_ROWS_PER_CELL) -> dict:
         if data.bench:
             bench_trees[str(cell)] = _tree_bundle(data, cell, set(cell_stacks), "bench")
     meta = dict(meta, truncated_rows=truncated)
+    clusters, cluster_of = _cluster_bundle(data, overview["cells"])
     threshold = None
     div = str(data.summary.get("divergence") or "")
     if "NormRelativeErr >" in div:
         threshold = float(div.rsplit(">", 1)[1])
     return {"meta": meta, "overview": json_safe(overview), "columns": _FIELDS, "rows": rows, "stacks": stacks,
             "stack_texts": stack_texts, "trees": json_safe(trees),
-            "bench_trees": json_safe(bench_trees), "threshold": threshold, "csv_fields": list(ROW_FIELDS)}
+            "bench_trees": json_safe(bench_trees), "threshold": threshold, "csv_fields": list(ROW_FIELDS),
+            "clusters": clusters, "cluster_of": cluster_of}
 
 
 def _json_block(obj: Any) -> str:

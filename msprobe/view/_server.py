@@ -187,6 +187,11 @@ def make_app(data: ViewData, token: str) -> Any:
         cell = _int(arg(request, "cell"), "cell")
         return SafeJSON(data.record(cell, arg(request, "record") or ""))
 
+    def cluster(request: Request) -> Response:
+        cell = _int(arg(request, "cell"), "cell")
+        begin = _int(arg(request, "lane_begin"), "lane_begin", 0)
+        return SafeJSON(data.cluster(cell, begin, _int(arg(request, "lane_end"), "lane_end", begin + 16)))
+
     def trend(request: Request) -> Response:
         return SafeJSON(data.trend(arg(request, "name") or "", arg(request, "stat") or "norm"))
 
@@ -201,7 +206,7 @@ def make_app(data: ViewData, token: str) -> Any:
               Route("/api/rows", guarded(rows)), Route("/api/export.csv", guarded(export_csv)),
               Route("/api/tree", guarded(tree)), Route("/api/tree_path", guarded(tree_path)),
               Route("/api/search", guarded(search)), Route("/api/record", guarded(record)),
-              Route("/api/trend", guarded(trend)), Route("/api/tensor", guarded(tensor))]
+              Route("/api/trend", guarded(trend)), Route("/api/cluster", guarded(cluster)), Route("/api/tensor", guarded(tensor))]
     return Starlette(routes=routes)
 
 

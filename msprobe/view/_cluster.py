@@ -1,0 +1,292 @@
+"""The cluster view of one step: its ranks as lanes, in the order their communication implies.
+
+:func:`build_cluster` reads each rank of a (run, step) once (its ``dump.json``, then released), and
+keeps per rank only what the view draws: the communication calls (:mod:`msprobe.format.comm`: the
+step's graph, its levels and matched calls) and the anomalous records (NaN/Inf rows, divergent rows of
+a compare; a communication call's receive buffers before the call left out), so a lane holds the
+records that explain the step's communication and anomalies, never all of its records. The first
+anomaly is :func:`msprobe.format.cluster.first_anomaly` of the dump (one dump, a lake) or compare's
+``origin`` / first NaN/Inf / first divergence of summary.json (a compare), with its propagation path.
+
+:meth:`StepCluster.page` answers a page of lanes (``lane_begin``..``lane_end``, at most
+:data:`MAX_LANES`), the matched point-to-point calls and collectives among them, the anomaly with
+its path, and every lane's counts (so 1,024 ranks are one small table and a few pages of lanes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from msprobe.errors import MsprobeError
+from msprobe.format.cluster import first_anomaly
+from msprobe.format.comm import (
+    COMM_PREFIXES,
+    StepGraph,
+    buffer_args,
+    calls_in,
+    graph_from_calls,
+    is_buffer_leaf,
+)
+from msprobe.readers._source import records_of
+
+__all__ = ["StepCluster", "build_cluster", "MAX_LANES", "MAX_NODES", "LANES_PAGE"]
+
+#: lanes answered at most at once, and by default
+MAX_LANES = 64
+LANES_PAGE = 16
+#: records kept per lane (communication calls and anomalous records, the earliest first; the
+#: anomaly and its path always)
+MAX_NODES = 400
+#: anomalous rows read per cell
+_MAX_ROWS = 5000
+_COMM = tuple(prefix + "." for prefix in COMM_PREFIXES)
+#: the summary entries of a compare shown on the view, the first present on the step being the anomaly
+_COMPARE_MARKS = (("origin", "error enters"), ("first_nan_inf_target", "first NaN/Inf"),
+                  ("first_nan_target", "first NaN"), ("first_inf_target", "first Inf"),
+                  ("first_divergence", "first divergence"))
+
+
+@dataclass
+class Lane:
+    """One rank of the step: its cell, counts and the records the view draws (``nodes``)."""
+
+    rank: int
+    rank_dir: str
+    cell: int
+    records: int = 0
+    comm: int = 0
+    anomalous: int = 0
+    nodes: dict = field(default_factory=dict)  # record index -> node
+    readable: bool = True
+    dropped: int = 0  # records of the view's kinds past MAX_NODES, not drawn
+
+    def summary(self) -> dict:
+        return {"rank": self.rank, "rank_dir": self.rank_dir, "cell": self.cell, "records": self.records,
+                "comm": self.comm, "anomalous": self.anomalous, "readable": self.readable, "dropped": self.dropped}
+
+
+def _worse(old: str, new: str) -> str:
+    order = {"error": 3, "nan_inf": 3, "warning": 2, "pass": 1}
+    return new if order.get(new, 0) > order.get(old, 0) else old
+
+
+class StepCluster:
+    """The cluster view's model of one (run, step): lanes, the graph and the anomaly."""
+
+    def __init__(self, run: Optional[str], step: Optional[int], lanes: list, graph: StepGraph,
+                 anomaly: Optional[dict], marks: list, note: Optional[str]) -> None:
+        self.run = run
+        self.step = step
+        self.lanes = lanes
+        self.graph = graph
+        self.anomaly = anomaly
+        self.marks = marks
+        self.note = note
+        self._by_rank = {lane.rank: lane for lane in lanes}
+
+    def _node(self, rank: int, index: int) -> dict:
+        node = dict(self._by_rank[rank].nodes[index])
+        node["level"] = self.graph.order_key(rank, index)[0]
+        call = self.graph.call_at(rank, index)
+        if call is not None:
+            node.update(comm=call.api, peer=call.peer, is_root=call.is_root)
+        return node
+
+    def _links(self, shown: set) -> tuple:
+        """(point-to-point edges, collectives) among the records ``shown`` ({(rank, index)})."""
+        p2p: list = []
+        colls: list = []
+        seen: set = set()
+        for rank, items in self.graph.calls.items():
+            for call in items:
+                spot = (rank, call.index)
+                if spot in seen:
+                    continue
+                peers = self.graph.matches.get(spot, [])
+                if call.kind == "send":
+                    p2p.extend({"from": [rank, call.index], "to": list(peer), "via": "p2p"} for peer in peers
+                               if spot in shown and tuple(peer) in shown)
+                elif call.kind in ("all", "from_root", "to_root", "sync"):
+                    members = sorted([spot] + [tuple(peer) for peer in peers])
+                    seen.update(members)
+                    visible = [member for member in members if member in shown]
+                    if len(visible) > 1:
+                        roots = [list(m) for m in visible if (c := self.graph.call_at(*m)) is not None and c.is_root]
+                        colls.append({"api": call.api, "kind": call.kind, "level": call.level,
+                                      "members": [list(m) for m in visible], "roots": roots,
+                                      "group_size": len(members)})
+        return p2p, colls
+
+    def page(self, lane_begin: int = 0, lane_end: int = LANES_PAGE) -> dict:
+        """Lanes ``lane_begin``..``lane_end`` (at most :data:`MAX_LANES`) with their links and the anomaly."""
+        lane_begin = max(int(lane_begin), 0)
+        lane_end = min(max(int(lane_end), lane_begin), lane_begin + MAX_LANES)
+        picked = self.lanes[lane_begin:lane_end]
+        lanes = []
+        shown: set = set()
+        for lane in picked:
+            nodes = [self._node(lane.rank, index) for index in sorted(lane.nodes)]
+            shown.update((lane.rank, node["i"]) for node in nodes)
+            lanes.append(dict(lane.summary(), nodes=nodes, shown=len(nodes)))
+        p2p, colls = self._links(shown)
+        anomaly_lane = None
+        if self.anomaly is not None:
+            anomaly_lane = next((k for k, lane in enumerate(self.lanes) if lane.rank == self.anomaly["rank"]), None)
+        return {"run": self.run, "step": self.step, "ranks_total": len(self.lanes), "lane_begin": lane_begin,
+                "lane_end": lane_begin + len(picked), "lanes": lanes, "summary": [lane.summary() for lane in self.lanes],
+                "p2p": p2p, "collectives": colls, "anomaly": self.anomaly, "anomaly_lane": anomaly_lane,
+                "marks": self.marks, "levels": max((c.level for items in self.graph.calls.values() for c in items),
+                                                   default=0),
+                "note": self.note}
+
+
+def _anomalous_rows(data: Any, cell: int) -> list:
+    """The cell's rows the view marks: divergent or NaN/Inf rows, and every communication record's rows."""
+    comm = " OR ".join(f"starts_with(record, '{prefix}')" for prefix in _COMM)
+    return data.query(f"""SELECT record, name, result, nan_inf, {data.divergent_sql} AS bad FROM rows
+        WHERE cell = ? AND ({data.divergent_sql} OR {comm}) ORDER BY i LIMIT {_MAX_ROWS}""", [cell])
+
+
+def _mark_rows(lane: Lane, records: dict, rows: list, positions: dict) -> None:
+    """Add to ``lane`` the records of its anomalous rows (a receive buffer's rows are no anomaly)."""
+    buffers: dict = {}
+    for row in rows:
+        record = row["record"]
+        index = positions.get(record)
+        if index is None:
+            continue
+        if record.startswith(_COMM):
+            if record not in buffers:
+                buffers[record] = buffer_args(record, records.get(record), lane.rank)
+            if is_buffer_leaf(row["name"][len(record) + 1:], buffers[record]):
+                continue
+        if not row["bad"]:
+            continue
+        node = lane.nodes.setdefault(index, {"i": index, "record": record, "kind": "anomaly", "result": "",
+                                             "nan_inf": False, "row": row["name"]})
+        node["nan_inf"] = node["nan_inf"] or bool(row["nan_inf"])
+        node["result"] = _worse(node["result"], "nan_inf" if row["nan_inf"] else str(row["result"] or ""))
+        node.setdefault("row", row["name"])
+
+
+def _fill_lane(lane: Lane, records: dict, calls: list, rows: list) -> None:
+    """The lane's nodes: its communication calls and anomalous records, the earliest :data:`MAX_NODES`."""
+    lane.records = len(records)
+    lane.comm = len(calls)
+    for call in calls:
+        lane.nodes[call.index] = {"i": call.index, "record": call.name, "kind": "comm", "result": "", "nan_inf": False}
+    positions = {name: k for k, name in enumerate(records)} if rows else {}
+    _mark_rows(lane, records, rows, positions)
+    lane.anomalous = sum(1 for node in lane.nodes.values() if node["nan_inf"] or node["result"] in ("error", "warning"))
+    for index in sorted(lane.nodes)[MAX_NODES:]:
+        del lane.nodes[index]
+        lane.dropped += 1
+
+
+def _keep(lanes: dict, rank: Any, index: Any, record: str, kind: str) -> None:
+    """Make sure the record (rank, index) is a node of its lane (the anomaly, a hop of its path)."""
+    lane = lanes.get(rank)
+    if lane is None or not isinstance(index, int):
+        return
+    lane.nodes.setdefault(index, {"i": index, "record": record, "kind": kind, "result": "", "nan_inf": False})
+
+
+class _Reader:
+    """Reads each lane's records once, for the graph, the lane and (a dump) the first anomaly."""
+
+    def __init__(self, data: Any, cells: list) -> None:
+        self.data = data
+        self.cells = cells
+        self.lanes: dict = {}
+        self.calls: dict = {}
+        self.names: dict = {}  # rank -> {record name: index} of the records the path may name
+        self.unreadable = 0
+
+    def ranks(self) -> Iterator[tuple]:
+        for pos, cell_row in enumerate(self.cells):
+            rank = cell_row["rank"] if cell_row["rank"] is not None else pos
+            lane = Lane(rank, str(cell_row["rank_dir"]), int(cell_row["cell"]))
+            self.lanes[rank] = lane
+            source = None
+            try:
+                source = self.data.source("target", lane.cell)
+                records = records_of(source) if source is not None else {}
+            except (MsprobeError, OSError, ValueError):
+                records = {}
+            if source is None or not records:
+                lane.readable = source is not None and bool(records)
+                self.unreadable += 0 if lane.readable else 1
+            calls = calls_in(records, rank)
+            self.calls[rank] = calls
+            _fill_lane(lane, records, calls, _anomalous_rows(self.data, lane.cell))
+            self.names[rank] = {name: k for k, name in enumerate(records)
+                                if name.startswith(_COMM) or k in lane.nodes}
+            yield rank, records
+            if source is not None:
+                source.release()
+
+
+def _hops(path: Any, names: dict) -> list:
+    """A summary entry's path with each hop's record indexes (``from_i``, ``to_i``)."""
+    out = []
+    for hop in path or []:
+        if not isinstance(hop, dict):
+            continue
+        out.append(dict(hop, from_i=names.get(hop.get("from_rank"), {}).get(hop.get("from_record")),
+                        to_i=names.get(hop.get("to_rank"), {}).get(hop.get("to_record"))))
+    return out
+
+
+def _compare_marks(summary: dict, step: Any, run: Any, reader: _Reader) -> list:
+    """compare's answers located on this step (summary.json's origin, first NaN/Inf, first divergence)."""
+    marks: list = []
+    for key, label in _COMPARE_MARKS:
+        entry = summary.get(key)
+        if not isinstance(entry, dict) or entry.get("step") != step or (run and entry.get("run") not in (None, run)):
+            continue
+        lane = next((lane for lane in reader.lanes.values() if lane.rank_dir == entry.get("rank_dir")), None)
+        if lane is None or any(mark["rank"] == lane.rank and mark["record"] == entry.get("record") for mark in marks):
+            continue  # the same record answers two questions (first NaN/Inf and first NaN): shown once
+        index = entry.get("record_index")
+        marks.append({"key": key, "label": label, "rank": lane.rank, "rank_dir": lane.rank_dir, "record": entry.get("record"),
+                      "i": index if isinstance(index, int) else reader.names.get(lane.rank, {}).get(entry.get("record")),
+                      "row": entry.get("row"), "argument": entry.get("argument"), "kind": entry.get("kind"),
+                      "order": entry.get("order"), "path": _hops(entry.get("path"), reader.names),
+                      "path_text": entry.get("path_text")})
+    return marks
+
+
+def build_cluster(data: Any, cell_row: dict) -> StepCluster:
+    """The :class:`StepCluster` of the (run, step) of ``cell_row`` (a row of ``cells``) in the view ``data``."""
+    run, step = cell_row["run"], cell_row["step"]
+    cells = data.query("""SELECT cell, rank, rank_dir FROM cells WHERE run IS NOT DISTINCT FROM ?
+        AND step IS NOT DISTINCT FROM ? ORDER BY rank NULLS LAST, rank_dir""", [run, step])
+    reader = _Reader(data, cells)
+    use_summary = any(isinstance(data.summary.get(key), dict) for key, _ in _COMPARE_MARKS)
+    found = None
+    if use_summary:
+        for _ in reader.ranks():
+            pass
+    else:
+        found = first_anomaly(reader.ranks())
+    graph = graph_from_calls(reader.calls)
+    if use_summary:
+        marks = _compare_marks(data.summary, step, run, reader)
+    elif found is not None:
+        marks = [{"key": "first_nan_inf", "label": "first " + ("NaN" if found["kind"] == "nan" else "Inf"),
+                  "rank": found["rank"], "rank_dir": reader.lanes[found["rank"]].rank_dir, "record": found["record"],
+                  "i": found["record_index"], "row": None, "argument": found.get("argument"), "kind": found["kind"],
+                  "order": found.get("order"), "path": _hops(found.get("path"), reader.names),
+                  "path_text": found.get("path_text")}]
+    else:
+        marks = []
+    for mark in marks:
+        _keep(reader.lanes, mark["rank"], mark["i"], mark["record"] or "", "anomaly")
+        for hop in mark["path"]:
+            _keep(reader.lanes, hop.get("from_rank"), hop.get("from_i"), hop.get("from_record") or "", "comm")
+            _keep(reader.lanes, hop.get("to_rank"), hop.get("to_i"), hop.get("to_record") or "", "comm")
+    anomaly = marks[0] if marks else None
+    note = (f"{reader.unreadable} of {len(cells)} ranks' dump.json could not be read: their lanes show no records"
+            if reader.unreadable else None)
+    ordered = [reader.lanes[rank] for rank in sorted(reader.lanes)]
+    return StepCluster(run, step, ordered, graph, anomaly, marks, note)
