@@ -71,7 +71,8 @@ export function makeCluster(ctx) {
   function fillSteps() {
     if (stepSel.options.length) return;
     for (const [key, c] of steps()) stepSel.append(el("option", { value: c.cell, "data-key": key, text: `${c.run ? c.run + " / " : ""}step ${c.step ?? "-"}` }));
-    stepSel.addEventListener("change", () => load(Number(stepSel.value), 0));
+    // another step: its first cell becomes the page's cell (the list, the tree and the badge follow)
+    stepSel.addEventListener("change", () => { openCell(Number(stepSel.value), null); load(Number(stepSel.value), 0); });
   }
   async function ensure() {
     fillSteps();
@@ -117,7 +118,7 @@ export function makeCluster(ctx) {
     const root = svg("svg", { width: W, height: H, class: "cluster-svg", id: "cluster-svg" });
     const defs = svg("defs");
     for (const [id, color] of [["cl-arrow", "#2563eb"], ["cl-arrow-path", "#f97316"]]) {
-      const m = svg("marker", { id, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" });
+      const m = svg("marker", { id, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 9, markerHeight: 9, markerUnits: "userSpaceOnUse", orient: "auto-start-reverse" });
       m.append(svg("path", { d: "M0,0 L10,5 L0,10 z", fill: color }));
       defs.append(m);
     }
@@ -149,7 +150,11 @@ export function makeCluster(ctx) {
     }
     // point-to-point calls: an arrow from the send to its receive
     const pathHops = new Set(((r.anomaly && r.anomaly.path) || []).map((h) => `${h.from_rank}:${h.from_i}>${h.to_rank}:${h.to_i}`));
-    const curve = (a, p) => { const b = [p[0] + (p[0] >= a[0] ? -10 : 10), p[1]]; const mx = (a[0] + b[0]) / 2; return `M${a[0]},${a[1]} C${mx},${a[1]} ${mx},${b[1]} ${b[0]},${b[1]}`; };
+    // a hop between lanes: a curve left to right, or (a collective: one level) a straight line beside the bar
+    const curve = (a, p) => {
+      if (Math.abs(p[0] - a[0]) < 1) { const dx = p[1] > a[1] ? -5 : 5, dy = p[1] > a[1] ? -10 : 10; return `M${a[0] + dx},${a[1] - dy} L${p[0] + dx},${p[1] + dy}`; }
+      const b = [p[0] + (p[0] >= a[0] ? -10 : 10), p[1]]; const mx = (a[0] + b[0]) / 2; return `M${a[0]},${a[1]} C${mx},${a[1]} ${mx},${b[1]} ${b[0]},${b[1]}`;
+    };
     for (const e of r.p2p || []) {
       const a = at(e.from[0], e.from[1]), b = at(e.to[0], e.to[1]);
       if (!a || !b) continue;
