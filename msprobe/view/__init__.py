@@ -5,7 +5,8 @@
 >>> serve(data)                                      # http://127.0.0.1:PORT/?token=...  # doctest: +SKIP
 >>> write_report(data, "report.html")                # one self-contained file  # doctest: +SKIP
 
-Views: the overview (step x rank heatmap of the worst result), the divergence list (paged rows in
+Views: the overview (step x rank heatmap of the worst result), the cluster view (one step's ranks as
+lanes in communication order, matched calls as edges, the first anomaly and its path), the divergence list (paged rows in
 execution order, the first divergent one marked), the model tree (construct.json, each node coloured
 by the worst result below it), trends (a row's statistic over steps per rank, target against bench),
 the record detail (every argument side by side, md5, stack, tensor histogram) and export (PNG/SVG,
