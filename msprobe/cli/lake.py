@@ -62,6 +62,10 @@ def register(sub) -> None:
     cmd.add_argument("--mode", default="auto", choices=["auto", "statistics", "md5", "tensor"])
     cmd.add_argument("-o", "--output-path", "--out", dest="out", default=None, help="keep compare's CSVs in this directory")
     cmd.add_argument("--all-steps", action="store_true", help="compare every step, not only up to the first divergence")
+    cmd.add_argument("--layout", default=None, metavar="tp=T,pp=P|auto",
+                     help="run_a is a parallel run: merge its ranks into its logical model (as compare --layout)")
+    cmd.add_argument("--bench-layout", dest="bench_layout", default=None, metavar="tp=T,pp=P|auto",
+                     help="the same for run_b")
     cmd.set_defaults(func=run_diverge)
     cmd = lsub.add_parser("disagree", help="ranks whose statistic differs from what a majority of the ranks agree on")
     _common(cmd)
@@ -260,7 +264,7 @@ def run_nan(args, lake) -> int:
 @_with_lake
 def run_diverge(args, lake) -> int:
     res = lake.diverge(args.run_a, args.run_b, step=args.step, rank=args.rank, mode=args.mode, out=args.out,
-                       all_steps=args.all_steps)
+                       all_steps=args.all_steps, layout=args.layout, bench_layout=args.bench_layout)
     if args.json:
         print(json.dumps(res, indent=1, default=str))
         return 0
@@ -273,6 +277,10 @@ def run_diverge(args, lake) -> int:
 
         print(f"error introduced at: step {origin['step']} {origin['rank_dir']} {describe(origin)} "
               f"(record #{origin['record_index']})")
+        held = origin.get("layout")
+        if held:
+            print(f"  held by ranks {held['ranks']}" + (f"; suspect ranks {held['suspect_ranks']} (a shard that "
+                  f"cannot be a piece of the bench's tensor)" if held["suspect_ranks"] else ""))
     if first is None:
         print("no divergence" if origin is None else "no row whose Result is not pass")
         return 0

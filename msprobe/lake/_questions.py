@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from msprobe.compare._core import compare_pair, detect_mode, pair_sources
+from msprobe.compare._layouts import layout_mode, layout_pairs, layout_summary
 from msprobe.compare._origin import earliest, order_key
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import star
@@ -179,8 +180,57 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
     return out
 
 
+def _layout_batch(root_url: str, storage_options: Optional[dict], target_locs: list, bench_locs: list, mode: str,
+                  out_dir: Optional[str], timestamp: str, layouts: tuple) -> list:
+    """Task: one step of two runs under parallel layouts (``layouts``: target's, bench's): each side's
+    ranks merged into its logical models (:mod:`msprobe.compare._layouts`), then compared; the
+    summaries carry ``layout`` (suspect ranks of the origin and first divergence)."""
+    store = Prefetched(cached_store(root_url, storage_options))
+    store.prefetch([loc[0] for loc in target_locs + bench_locs], (DUMP_JSON, STACK_JSON, CONSTRUCT_JSON))
+    sides = [SimpleNamespace(sources=[RankSource(store, RankLocation(*loc)) for loc in locs])
+             for locs in (target_locs, bench_locs)]
+    step = (target_locs[0][1], bench_locs[0][1])
+    tmp = None
+    if out_dir is None:
+        tmp = out_dir = tempfile.mkdtemp(prefix="msprobe-lake-compare-")
+    out = []
+    try:
+        for target, bench in layout_pairs(sides[0], sides[1], [step], *layouts):
+            summary = compare_pair(target, bench, mode=layout_mode(mode if mode != "auto" else "statistics"),
+                                   out_dir=out_dir, ts=timestamp, multi_step=True)
+            summary.pop("series", None)
+            summary.update(mode="statistics", split=target_locs[0][4],
+                           layout=layout_summary([(target, bench)], summary))
+            if tmp is not None:
+                summary["files"] = []
+            out.append(summary)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _layout_jobs(lake: Any, run_a: str, run_b: str, step: Optional[int], mode: str, out: Optional[str],
+                 timestamp: str, layouts: tuple) -> dict:
+    """{(step, split): [one job of :func:`_layout_batch`]} for the steps both runs hold."""
+    sides = []
+    for run in (run_a, run_b):
+        by_step: dict = {}
+        for source in _sources(lake, run):
+            if step is None or source.step == step:
+                by_step.setdefault((-1 if source.step is None else source.step, source.split or ""), []).append(
+                    _loc(source))
+        sides.append(by_step)
+    common = sorted(set(sides[0]) & set(sides[1]))
+    if not common:
+        raise ConfigError(f"diverge: runs {run_a!r} and {run_b!r} share no step")
+    return {key: [(lake.url, lake.storage_options, sides[0][key], sides[1][key], mode, out, timestamp, layouts)]
+            for key in common}
+
+
 def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, rank: Optional[int] = None,
-            mode: str = "auto", out: Optional[str] = None, all_steps: bool = False, batch: int = 4) -> dict:
+            mode: str = "auto", out: Optional[str] = None, all_steps: bool = False, batch: int = 4,
+            layout: Optional[str] = None, bench_layout: Optional[str] = None) -> dict:
     """The first record where ``run_b`` diverges from ``run_a``, over all ranks.
 
     Steps are paired as :func:`msprobe.compare.pair_sources` pairs them; the steps are
@@ -199,10 +249,23 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     column (26.2.0's rules); ``origin`` is where the error is introduced (:mod:`msprobe.compare._origin`); both are the earliest step's,
     then the lowest record index over its ranks (:func:`msprobe.compare._origin.earliest`).
 
+    ``layout`` / ``bench_layout`` (``"tp=2,pp=2"`` or ``"auto"``): that run's ranks are merged into its
+    logical model per step before comparing (:mod:`msprobe.compare._layouts`; one task a step);
+    each rank entry and the origin then carry ``layout`` (the ranks holding the record, the
+    suspect ranks).
+
     Example: ``lake.diverge("run_npu", "run_gpu")["first_divergence"]["record"]``.
     """
     if run_a == run_b:
         raise ConfigError("diverge: give two different runs")
+    timestamp = time.strftime("%Y%m%d%H%M%S")
+    if out is not None:
+        os.makedirs(out, exist_ok=True)
+    if layout or bench_layout:
+        layout_mode(mode)
+        return _diverge_steps(lake, run_a, run_b, _layout_jobs(lake, run_a, run_b, step, mode, out, timestamp,
+                                                               (layout, bench_layout)), _layout_batch, mode,
+                              all_steps)
     target_sources, bench_sources = _sources(lake, run_a), _sources(lake, run_b)
     pairs = pair_sources(SimpleNamespace(sources=target_sources), SimpleNamespace(sources=bench_sources),
                          step=step, rank=rank)
@@ -210,19 +273,22 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     for target, bench_source in pairs:
         step_key = (-1 if target.step is None else target.step, target.split or "")
         by_step.setdefault(step_key, []).append((_loc(target), _loc(bench_source)))
-    timestamp = time.strftime("%Y%m%d%H%M%S")
-    if out is not None:
-        os.makedirs(out, exist_ok=True)
+    jobs = {key: [(lake.url, lake.storage_options, items[start:start + batch], mode, out, timestamp)
+                  for start in range(0, len(items), batch)] for key, items in by_step.items()}
+    return _diverge_steps(lake, run_a, run_b, jobs, _compare_batch, mode, all_steps)
+
+
+def _diverge_steps(lake: Any, run_a: str, run_b: str, jobs_by_step: dict, task: Any, mode: str,
+                   all_steps: bool) -> dict:
+    """Run each step's jobs (``task``) in step order until a step diverges (every step with
+    ``all_steps``); the answer of :func:`diverge`."""
     first = origin = None
     ranks: list = []
     steps_done: list = []
     n_pairs = 0
     used_mode = mode
-    for key in sorted(by_step):
-        items = by_step[key]
-        jobs = [(lake.url, lake.storage_options, items[start:start + batch], mode, out, timestamp)
-                for start in range(0, len(items), batch)]
-        results = [summary for part in lake.runner.map(star(_compare_batch), jobs) for summary in part]
+    for key in sorted(jobs_by_step):
+        results = [summary for part in lake.runner.map(star(task), jobs_by_step[key]) for summary in part]
         n_pairs += len(results)
         steps_done.append(key[0] if key[0] >= 0 else None)
         if results:
@@ -232,6 +298,8 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
             if got is not None:
                 origin = dict(got["origin"], step=got["step"], rank=got["rank"], rank_dir=got["rank_dir"],
                               split=got["split"], run_a=run_a, run_b=run_b)
+                if "layout" in got:
+                    origin["layout"] = got["layout"].get("origin")
         divs = [summary for summary in results if summary["first_divergence"]]
         if divs:
             divs.sort(key=lambda summary: order_key(summary, "first_divergence"))
@@ -240,7 +308,8 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
                 ranks.append({"step": summary["step"], "rank": summary["rank"], "rank_dir": summary["rank_dir"],
                               "split": summary["split"], "record": divergence["record"], "row": divergence["row"],
                               "record_index": divergence["record_index"], "result": divergence["result"],
-                              "metrics": divergence["metrics"], "files": summary["files"]})
+                              "metrics": divergence["metrics"], "files": summary["files"],
+                              **({"layout": summary["layout"].get("first_divergence")} if "layout" in summary else {})})
             if first is None:
                 first = dict(ranks[0], run_a=run_a, run_b=run_b)
         if (divs or origin is not None) and not all_steps:

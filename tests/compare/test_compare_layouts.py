@@ -142,3 +142,22 @@ def test_layout_read_from_the_dump_and_checked_against_it(runs, tmp_path):
     assert wrong["layout"]["models"][0]["stages"] == [[0, 2], [1, 3]]
     assert "rank 0: the layout's tensor-parallel group is [0, 2], its first all_reduce's group is [0, 1]" in \
         wrong["layout"]["models"][0]["warnings"]
+
+
+def test_lake_diverge_under_a_layout(runs, tmp_path, capsys):
+    for module in ("pyarrow", "duckdb", "distributed"):
+        pytest.importorskip(module)
+    import json
+    import shutil
+
+    from msprobe.cli import main
+
+    lake = tmp_path / "lake"
+    for run in ("fault", "single"):
+        shutil.copytree(runs / run, lake / run)
+    assert main(["lake", "diverge", str(lake), "fault", "single", "--layout", "tp=2,pp=2", "--no-cluster",
+                 "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["pairs_compared"] == 1 and answer["origin"]["record"] == "Functional.linear.4.forward"
+    assert answer["origin"]["layout"]["suspect_ranks"] == [3]
+    assert answer["first_divergence"]["rank_dir"] == "merged"
