@@ -12,7 +12,7 @@ import math
 from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 from msprobe.errors import DocumentError, FormatError, NameFormatError, RecordNotFoundError
-from msprobe.format.fragments import read_fragment
+from msprobe.format.fragments import HEADER_KEYS, not_a_document, read_fragment
 from msprobe.format.model import Record
 
 __all__ = [
@@ -281,6 +281,9 @@ class DumpDocument(_JsonDocument):
         yield from self._header_problems()
         if "data" not in raw:
             fragment = read_fragment(raw)
+            if fragment is None and not any(key in raw for key in HEADER_KEYS):
+                yield not_a_document(raw, f)  # what the readers say of it too
+                return
             what = (f": this is an {fragment.kind}, which ls/show/compare/run_ut read as forward API records, "
                     "not a dump.json") if fragment else ""
             yield DocumentError(f"missing 'data'{what}", file=f, location="$")

@@ -166,6 +166,8 @@ class Dump:
                 data = src.document().data
             except (StorageNotFoundError, MsprobeError):
                 data = header = None
+        if header is not None and header.get("fragment"):
+            return None  # an API-info fragment (spec/FORMAT.md 9.5) was written by no dump producer
         try:
             return detect_dialect(names, data, marker, header)
         except MsprobeError:

@@ -155,7 +155,8 @@ def _validate_rank(store: ReadableStore, loc: RankLocation, report: Report,
     data = doc.data
     report.records += len(data)
     try:
-        report.dialects.add(detect_dialect([loc.rank_dir], data, marker, doc.raw if "data" in doc.raw else None))
+        if "data" in doc.raw or marker is not None:  # no dialect for a document without records (a fragment)
+            report.dialects.add(detect_dialect([loc.rank_dir], data, marker, doc.raw))
     except MsprobeError:
         pass
     tensor_files, zarr, mapping = _tensor_files(store, loc.prefix, names, report)
