@@ -15,6 +15,15 @@ from msprobe.dumpers.control import DumperCore, FrameworkAdapter, ModuleForwardH
 from msprobe.dumpers.pytorch import _ptfile
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
+from msprobe.dumpers.pytorch._observer import (
+    InputEdges,
+    before_event,
+    node_seq,
+    observe,
+    observed_output,
+    on_grad,
+    sequence_mark,
+)
 from msprobe.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -280,8 +289,10 @@ class TorchDumper(FrameworkAdapter):
             return
         core_ref = weakref.ref(self.core)
         generation = self.core.generation
+        seq = node_seq(first.grad_fn)
 
         def hook(grad_inputs, grad_outputs):
+            before_event(seq)  # module calls completed before this node, in the engine's order
             core = core_ref()
             if core is None or not core.live(generation):
                 return None
@@ -293,6 +304,11 @@ class TorchDumper(FrameworkAdapter):
             core.record_backward(bwd, grad_outputs, grad_inputs, bw_parent)
             return None
 
+        if any(first is arg for arg in args) and observed_output(first):
+            # an API that returned a module's output unchanged (x.float() of a float32 x): 26.2.0's record
+            # is that of its identity node on the module's output, whose gradient passes through
+            on_grad(first, lambda grad: hook((grad,), (grad,)), last=True)
+            return
         first.grad_fn.register_hook(hook)
 
     # ---------------------------------------------------------------- modules
@@ -425,25 +441,16 @@ class _ModuleHooks(ModuleForwardHooks):
             core.bw_stack.pop()
 
     def pre_backward(self, module, args, kwargs):
-        # tap the inputs so their per-call gradients reach us (what a full backward hook does,
-        # but tolerant of in-place ops on the taps' outputs)
+        # the inputs' graph edges, before the forward (spec/PRODUCER.md §20 item 43: observed, not rerouted)
         dumper = self.dumper()
         calls = self.calls
-        if dumper is None or not dumper.core.enabled or not calls or calls[-1] is None or not _grad_tensors(args):
+        if dumper is None or not dumper.core.enabled or not calls or calls[-1] is None:
             return None
-        fwd = calls[-1][0]
-        index = int(fwd.rsplit(".", 1)[1])
-        generation = dumper.core.generation
-        state = {"gout": None}
-        self.taps[fwd] = state
-        dumper_ref = self.dumper
-
-        def got_input_grads(grads):
-            alive = dumper_ref()
-            if alive:
-                self.emit_backward(alive.core, index, generation, state["gout"] or (), grads)
-
-        return _tap(args, got_input_grads, nested=True), kwargs
+        inputs = _grad_tensors(args)
+        mark = sequence_mark()
+        if inputs and mark is not None:
+            self.taps[calls[-1][0]] = (InputEdges(inputs, mark), len(inputs))
+        return None
 
     def post_backward(self, module, args, kwargs, output):
         dumper = self.dumper()
@@ -455,25 +462,34 @@ class _ModuleHooks(ModuleForwardHooks):
             return None
         index = int(fwd.rsplit(".", 1)[1])
         generation = dumper.core.generation
-        state = self.taps.pop(fwd, None)
-        if not _grad_tensors((output,)):
-            return None
-        dumper_ref = self.dumper
-
-        def got_output_grads(grads):
-            alive = dumper_ref()
-            if alive is None or not alive.core.live(generation):
-                return
-            alive.core.filter.scope_enter(f"{key}.backward.{index}")  # the module's backward begins
-            if state is None:  # no input needs grad: the record is complete now
-                self.emit_backward(alive.core, index, generation, grads, ())
-            else:
-                state["gout"] = grads
-                alive.core.bw_stack.append(f"{key}.backward.{index}")
-
+        edges, n_in = self.taps.pop(fwd, (None, 0))
         # the output's tensors that need a gradient, in depth-first order through tuples, lists and
         # dicts (a ModelOutput): the record's "input" holds one gradient each, as 26.2.0's
-        return _tap((output,), got_output_grads, nested=True)[0]
+        outputs = _grad_tensors((output,))
+        if not outputs:
+            return None
+        dumper_ref = self.dumper
+        bwd = f"{key}.backward.{index}"
+
+        def begin():
+            alive = dumper_ref()
+            if alive is not None and alive.core.live(generation):
+                alive.core.filter.scope_enter(bwd)  # the module's backward begins
+                alive.core.bw_stack.append(bwd)
+
+        def done(grad_output, grad_input):
+            alive = dumper_ref()
+            if alive is not None:
+                self.emit_backward(alive.core, index, generation, grad_output, grad_input)
+
+        GUARD.inside = True
+        try:
+            observe(outputs, edges, n_in, begin, done)
+        except Exception:  # noqa: BLE001 - never break training for the dump
+            pass
+        finally:
+            GUARD.inside = False
+        return None
 
 
 def _warn_captured_apis(model: Any, patcher: Any, checked: set) -> None:

@@ -1,0 +1,279 @@
+"""A module call's backward, observed without changing the autograd graph (spec/PRODUCER.md §20 item 43).
+
+No node is added to the graph and no tensor is replaced: the gradients of a module's outputs come from
+tensor hooks on them, the gradient of each of its inputs is the sum of what the module's own nodes (those
+created during its forward, found from its outputs by the nodes' sequence numbers) send to that input,
+taken from post hooks on those nodes and summed apart, in the order the engine runs them, in the
+gradient's dtype (the real tool's identity node sums the same terms in the same order). Every hook
+returns None, so the engine adds the same numbers in the same order as without the dumper.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from msprobe.dumpers.pytorch._apis import GUARD
+
+_seq_nr = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
+
+def sequence_mark() -> Optional[int]:
+    """The autograd sequence number the next node created in this thread gets (None: not known)."""
+    return _seq_nr() if _seq_nr is not None else None
+
+
+def _edge(t: torch.Tensor) -> tuple:
+    """What the graph's edges into ``t`` look like: its node and output number, or the leaf itself."""
+    return ("leaf", id(t)) if t.grad_fn is None else (id(t.grad_fn), t.output_nr)
+
+
+class InputEdges:
+    """A module call's input tensors that need a gradient, as graph edges, taken before its forward
+    (an in-place op inside the module changes the tensor's node, not the edge its gradient reaches)."""
+
+    __slots__ = ("mark", "keys", "nodes")
+
+    def __init__(self, tensors: list, mark: int) -> None:
+        self.mark = mark
+        self.keys: dict = {}
+        self.nodes: list = []  # kept until the forward ends, so that the ids stay theirs
+        for index, t in enumerate(tensors):
+            self.keys.setdefault(_edge(t), index)
+            self.nodes.append(t if t.grad_fn is None else t.grad_fn)
+
+    def index_of(self, node: Any, nr: int) -> Optional[int]:
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            return self.keys.get(("leaf", id(variable)))
+        return self.keys.get((id(node), nr))
+
+
+def _consumers(outputs: list, edges: InputEdges) -> dict:
+    """The module's own nodes that send a gradient to one of its inputs: {id: (node, [(slot, input index)])}.
+    A node is the module's when it was created during its forward (its sequence number from the mark
+    on); the walk goes from the outputs' nodes and stops at older nodes and at leaves."""
+    found: dict = {}
+    seen: set = set()
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for slot, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            index = edges.index_of(nxt, nr)
+            if index is not None:
+                found.setdefault(id(node), (node, []))[1].append((slot, index))
+            elif not hasattr(nxt, "variable") and id(nxt) not in seen and (node_seq(nxt) or 0) >= edges.mark:
+                stack.append(nxt)
+    return found
+
+
+class _Completed:
+    """Module calls whose gradients are all in, not yet written: each is written where 26.2.0's identity
+    node on its inputs would have run, i.e. before the first observed event of a node older than the call
+    (its sequence number below the call's mark; the engine runs the newer ready node first), or at the end
+    of the backward pass, newest first. Gradient accumulation (sequence number max) comes before."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def add(self, call: "CallGrads") -> None:
+        self.calls.append(call)
+
+    def flush_before(self, seq: Optional[int]) -> None:
+        if not self.calls:
+            return
+        due = [c for c in self.calls if seq is None or c.mark > seq]
+        if not due:
+            return
+        self.calls = [c for c in self.calls if not (seq is None or c.mark > seq)]
+        for call in sorted(due, key=lambda c: -c.mark):
+            call.emit()
+
+    def flush_all(self) -> None:
+        self.flush_before(None)
+
+
+COMPLETED = _Completed()
+
+
+def node_seq(node: Any) -> Optional[int]:
+    """A node's sequence number (None for a leaf's, whose gradient accumulation runs first)."""
+    if node is None or hasattr(node, "variable"):
+        return None
+    try:
+        return node._sequence_nr()  # noqa: SLF001 - torch's Node API
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def before_event(seq: Optional[int]) -> None:
+    """A hook of the dumper is about to record something for the node ``seq``: write first the module
+    calls completed before it in the engine's order."""
+    if seq is not None and COMPLETED.calls:
+        COMPLETED.flush_before(seq)
+
+
+class CallGrads:
+    """The gradients of one module call, gathered as the engine produces them. ``begin()`` runs at the
+    first gradient of an output, ``done(grad_output, grad_input)`` once every gradient the module's own
+    nodes send to its inputs has arrived (or, when a node of the module is never reached, when the input's
+    node runs, or at the end of the backward pass)."""
+
+    def __init__(self, n_out: int, n_in: int, mark: int, begin: Callable[[], None],
+                 done: Callable[[tuple, tuple], None]) -> None:
+        self.mark = mark
+        self.grad_output: list = [None] * n_out
+        self.grad_input: list = [None] * n_in
+        self.pending = 0  # hooks of the module's nodes (and outputs that are inputs) still to fire
+        self.outputs_left = n_out
+        self.started = False
+        self.finished = False
+        self._begin, self._done = begin, done
+        self.dispatchers: list = []
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - not inside a backward pass: the other completions remain
+            pass
+        self._begin()
+
+    def add_input(self, index: int, grad: Any) -> None:
+        if grad is None:
+            return
+        have = self.grad_input[index]
+        if have is None:
+            self.grad_input[index] = grad
+            return
+        inside = GUARD.inside
+        GUARD.inside = True
+        try:
+            with torch.no_grad():
+                self.grad_input[index] = torch.add(have, grad)
+        finally:
+            GUARD.inside = inside
+
+    def output_grad(self, position: int, grad: Any, input_index: Optional[int], seq: Optional[int]) -> None:
+        if self.finished:
+            return
+        before_event(seq)
+        self.start()
+        self.grad_output[position] = grad
+        self.outputs_left -= 1
+        if input_index is not None:  # an output that is an input, unchanged: its gradient goes through
+            self.add_input(input_index, grad)
+            self.pending -= 1
+        self._maybe_finish()
+
+    def node_grads(self, slots: list, grad_inputs: tuple, seq: Optional[int]) -> None:
+        if self.finished:
+            return
+        before_event(seq)
+        self.start()
+        for slot, index in slots:
+            self.add_input(index, grad_inputs[slot] if slot < len(grad_inputs) else None)
+        self.pending -= 1
+        self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        if self.pending <= 0 and (self.outputs_left <= 0 or any(g is not None for g in self.grad_input)):
+            self.finish()
+
+    def input_node_runs(self, seq: Optional[int]) -> None:
+        if self.started:
+            self.finish()
+        before_event(seq)
+
+    def finish(self) -> None:
+        """All gradients are in: written at the next older event (:class:`_Completed`)."""
+        if self.finished or not self.started:
+            return
+        self.finished = True
+        for fns, fn in self.dispatchers:
+            if fn in fns:
+                fns.remove(fn)
+        self.dispatchers = []
+        COMPLETED.add(self)
+
+    def emit(self) -> None:
+        try:
+            self._done(tuple(self.grad_output), tuple(self.grad_input))
+        except Exception:  # noqa: BLE001 - never break training for the dump
+            pass
+
+
+def _end_of_backward() -> None:
+    COMPLETED.flush_all()
+
+
+def observed_output(t: Any) -> bool:
+    """Whether ``t``, as it is now, is a module output whose gradient a module call observes."""
+    reg = getattr(t, "_msprobe_grad_hooks", None)
+    return reg is not None and reg[0] is t.grad_fn
+
+
+def on_grad(t: torch.Tensor, fn: Callable[[Any], None], last: bool = False) -> Optional[list]:
+    """Call ``fn(grad)`` with the gradient of ``t`` (as it is now: a later in-place op does not move it).
+    One hook per tensor node, whose callbacks run last-added first: an outer module, whose forward ends
+    after its inner module's, sees the gradient of their common output first (the order of 26.2.0's
+    nested identity nodes)."""
+    node = t.grad_fn
+    reg = getattr(t, "_msprobe_grad_hooks", None)
+    if reg is None or reg[0] is not node:
+        fns: list = []
+
+        def hook(grad, fns=fns):
+            for each in list(fns):
+                try:
+                    each(grad)
+                except Exception:  # noqa: BLE001 - never break training for the dump
+                    pass
+
+        t.register_hook(hook)
+        reg = (node, fns)
+        try:
+            t._msprobe_grad_hooks = reg  # type: ignore[attr-defined]  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - a tensor subclass without attributes: one hook per module
+            pass
+    reg[1].insert(len(reg[1]) if last else 0, fn)
+    return reg[1]
+
+
+def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callable[[], None],
+            done: Callable[[tuple, tuple], None]) -> CallGrads:
+    """Hook one module call's backward: ``outputs`` are its output tensors that need a gradient (depth
+    first), ``edges`` its inputs' (None: no input needs a gradient)."""
+    grads = CallGrads(len(outputs), n_in, edges.mark if edges is not None else (sequence_mark() or 0), begin, done)
+    consumers = _consumers(outputs, edges) if edges is not None else {}
+    grads.pending = len(consumers)
+    for node, slots in consumers.values():
+        seq = node_seq(node)
+        node.register_hook(lambda grad_inputs, grad_outputs, slots=slots, seq=seq:
+                           grads.node_grads(slots, grad_inputs, seq))
+    if edges is not None:
+        for node in {id(n): n for n in edges.nodes}.values():
+            if isinstance(node, torch.Tensor):
+                continue  # a leaf: the end of the backward pass completes the record
+            seq = node_seq(node)
+            node.register_prehook(lambda grad_outputs, seq=seq: grads.input_node_runs(seq))
+    for position, out in enumerate(outputs):
+        index = edges.keys.get(_edge(out)) if edges is not None else None
+        grads.pending += index is not None
+
+        seq = node_seq(out.grad_fn)
+
+        def got(grad, position=position, index=index, seq=seq):
+            grads.output_grad(position, grad, index, seq)
+
+        fns = on_grad(out, got)
+        if fns is not None:
+            grads.dispatchers.append((fns, got))
+    return grads
