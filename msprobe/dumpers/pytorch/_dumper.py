@@ -448,7 +448,7 @@ class _ModuleHooks(ModuleForwardHooks):
             return None
         inputs = _grad_tensors(args)
         mark = sequence_mark()
-        if inputs and mark is not None:
+        if mark is not None and torch.is_grad_enabled():
             self.taps[calls[-1][0]] = (InputEdges(inputs, mark), len(inputs))
         return None
 

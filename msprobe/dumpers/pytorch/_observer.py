@@ -80,6 +80,7 @@ class _Completed:
 
     def __init__(self) -> None:
         self.calls: list = []
+        self.open: list = []  # begun, not all gradients in
 
     def add(self, call: "CallGrads") -> None:
         self.calls.append(call)
@@ -95,7 +96,18 @@ class _Completed:
             call.emit()
 
     def flush_all(self) -> None:
+        for call in self.open:
+            call.finish()
+        self.open = []
         self.flush_before(None)
+
+    def older_event(self, seq: int) -> None:
+        """A node older than a begun call runs: a call that waits on no node of its own is over."""
+        if self.open:
+            for call in [c for c in self.open if c.finish_on_older and c.mark > seq]:
+                call.finish()
+        if self.calls:
+            self.flush_before(seq)
 
 
 COMPLETED = _Completed()
@@ -114,8 +126,8 @@ def node_seq(node: Any) -> Optional[int]:
 def before_event(seq: Optional[int]) -> None:
     """A hook of the dumper is about to record something for the node ``seq``: write first the module
     calls completed before it in the engine's order."""
-    if seq is not None and COMPLETED.calls:
-        COMPLETED.flush_before(seq)
+    if seq is not None:
+        COMPLETED.older_event(seq)
 
 
 class CallGrads:
@@ -133,6 +145,7 @@ class CallGrads:
         self.outputs_left = n_out
         self.started = False
         self.finished = False
+        self.finish_on_older = False  # no node of its own sends a gradient to an input
         self._begin, self._done = begin, done
         self.dispatchers: list = []
 
@@ -140,6 +153,7 @@ class CallGrads:
         if self.started:
             return
         self.started = True
+        COMPLETED.open.append(self)
         try:
             torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)  # noqa: SLF001
         except Exception:  # noqa: BLE001 - not inside a backward pass: the other completions remain
@@ -197,11 +211,16 @@ class CallGrads:
         if self.finished or not self.started:
             return
         self.finished = True
+        if self in COMPLETED.open:
+            COMPLETED.open.remove(self)
         for fns, fn in self.dispatchers:
             if fn in fns:
                 fns.remove(fn)
         self.dispatchers = []
-        COMPLETED.add(self)
+        if self.finish_on_older:
+            self.emit()  # 26.2.0's identity node on the outputs alone: it runs before the module's nodes
+        else:
+            COMPLETED.add(self)
 
     def emit(self) -> None:
         try:
@@ -252,8 +271,9 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
     """Hook one module call's backward: ``outputs`` are its output tensors that need a gradient (depth
     first), ``edges`` its inputs' (None: no input needs a gradient)."""
     grads = CallGrads(len(outputs), n_in, edges.mark if edges is not None else (sequence_mark() or 0), begin, done)
-    consumers = _consumers(outputs, edges) if edges is not None else {}
+    consumers = _consumers(outputs, edges) if edges is not None and edges.keys else {}
     grads.pending = len(consumers)
+    grads.finish_on_older = not consumers
     for node, slots in consumers.values():
         seq = node_seq(node)
         node.register_hook(lambda grad_inputs, grad_outputs, slots=slots, seq=seq:
