@@ -140,11 +140,18 @@ class StepCluster:
                 "note": self.note}
 
 
-def _anomalous_rows(data: Any, cell: int) -> list:
-    """The cell's rows the view marks: divergent or NaN/Inf rows, and every communication record's rows."""
+def _anomalous_rows(data: Any, run: Any, step: Any) -> dict:
+    """{cell: rows} of the step's cells the view marks: divergent or NaN/Inf rows, and every
+    communication record's rows (the first :data:`_MAX_ROWS` of a cell), in one query."""
     comm = " OR ".join(f"starts_with(record, '{prefix}')" for prefix in _COMM)
-    return data.query(f"""SELECT record, name, result, nan_inf, {data.divergent_sql} AS bad FROM rows
-        WHERE cell = ? AND ({data.divergent_sql} OR {comm}) ORDER BY i LIMIT {_MAX_ROWS}""", [cell])
+    found = data.query(f"""SELECT cell, record, name, result, nan_inf, {data.divergent_sql} AS bad FROM rows
+        WHERE cell IN (SELECT cell FROM cells WHERE run IS NOT DISTINCT FROM ? AND step IS NOT DISTINCT FROM ?)
+        AND ({data.divergent_sql} OR {comm})
+        QUALIFY row_number() OVER (PARTITION BY cell ORDER BY i) <= {_MAX_ROWS} ORDER BY cell, i""", [run, step])
+    out: dict = {}
+    for row in found:
+        out.setdefault(row["cell"], []).append(row)
+    return out
 
 
 def _mark_rows(lane: Lane, records: dict, rows: list, positions: dict) -> None:
@@ -194,9 +201,10 @@ def _keep(lanes: dict, rank: Any, index: Any, record: str, kind: str) -> None:
 class _Reader:
     """Reads each lane's records once, for the graph, the lane and (a dump) the first anomaly."""
 
-    def __init__(self, data: Any, cells: list) -> None:
+    def __init__(self, data: Any, cells: list, rows: dict) -> None:
         self.data = data
         self.cells = cells
+        self.rows = rows
         self.lanes: dict = {}
         self.calls: dict = {}
         self.names: dict = {}  # rank -> {record name: index} of the records the path may name
@@ -209,7 +217,7 @@ class _Reader:
             self.lanes[rank] = lane
             source = None
             try:
-                source = self.data.source("target", lane.cell)
+                source = self.data.located_row("target", cell_row)[1]
                 records = records_of(source) if source is not None else {}
             except (MsprobeError, OSError, ValueError):
                 records = {}
@@ -218,7 +226,7 @@ class _Reader:
                 self.unreadable += 0 if lane.readable else 1
             calls = calls_in(records, rank)
             self.calls[rank] = calls
-            _fill_lane(lane, records, calls, _anomalous_rows(self.data, lane.cell))
+            _fill_lane(lane, records, calls, self.rows.get(lane.cell, []))
             self.names[rank] = {name: k for k, name in enumerate(records)
                                 if name.startswith(_COMM) or k in lane.nodes}
             yield rank, records
@@ -259,9 +267,9 @@ def _compare_marks(summary: dict, step: Any, run: Any, reader: _Reader) -> list:
 def build_cluster(data: Any, cell_row: dict) -> StepCluster:
     """The :class:`StepCluster` of the (run, step) of ``cell_row`` (a row of ``cells``) in the view ``data``."""
     run, step = cell_row["run"], cell_row["step"]
-    cells = data.query("""SELECT cell, rank, rank_dir FROM cells WHERE run IS NOT DISTINCT FROM ?
+    cells = data.query("""SELECT * FROM cells WHERE run IS NOT DISTINCT FROM ?
         AND step IS NOT DISTINCT FROM ? ORDER BY rank NULLS LAST, rank_dir""", [run, step])
-    reader = _Reader(data, cells)
+    reader = _Reader(data, cells, _anomalous_rows(data, run, step))
     use_summary = any(isinstance(data.summary.get(key), dict) for key, _ in _COMPARE_MARKS)
     found = None
     if use_summary:

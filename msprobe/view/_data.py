@@ -242,7 +242,10 @@ class ViewData(Loader):
 
     def located(self, side: str, cell: int) -> tuple:
         """(the Dump, its source) holding ``cell`` on ``side``; (None, None) when it cannot be opened."""
-        cell_row = self._cell(cell)
+        return self.located_row(side, self._cell(cell))
+
+    def located_row(self, side: str, cell_row: dict) -> tuple:
+        """:meth:`located` of a row of ``cells`` (every column) already read."""
         if self._lake is not None:  # a lake: the cell's run, opened once
             if side != "target" or cell_row["run"] is None:
                 return None, None
