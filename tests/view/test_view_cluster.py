@@ -134,3 +134,17 @@ def test_cluster_of_a_compare_names_its_origin(pipeline, tmp_path):
         assert len(step1["lanes"]) == 2 and step1["anomaly"]["record"] == ORIGIN
         html = open(write_report(v, str(tmp_path / "r.html")), encoding="utf-8").read()
         assert '"clusters"' in html
+
+
+def test_cluster_of_a_lake_run(tmp_path):
+    from msprobe.view import open_view
+
+    write_pipeline(str(tmp_path / "lake" / "run_a"))
+    write_pipeline(str(tmp_path / "lake" / "run_b"), bench=True)
+    with open_view(str(tmp_path / "lake"), work_dir=str(tmp_path / "w")) as v:
+        cells = {(c["run"], c["step"], c["rank_dir"]): c["cell"] for c in v.meta()["cells"]}
+        got = v.cluster(cells[("run_a", 1, "rank1")])
+        assert (got["run"], got["step"]) == ("run_a", 1) and [lane["rank"] for lane in got["lanes"]] == [0, 1]
+        assert (got["anomaly"]["rank"], got["anomaly"]["record"]) == (0, ORIGIN) and len(got["p2p"]) == 2
+        healthy = v.cluster(cells[("run_b", 1, "rank0")])
+        assert healthy["run"] == "run_b" and healthy["anomaly"] is None and len(healthy["p2p"]) == 2
