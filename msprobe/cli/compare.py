@@ -190,7 +190,11 @@ def _print_layout(layout: Optional[dict]) -> None:
             f"{model['records']} logical records, {model['communication_left_out']} communication records left out")
         for warning in model["warnings"]:
             say(f"  warning: {warning}")
-        for finding in model["findings"]:
+        listed = 5
+        if len(model["findings"]) > listed:
+            say(f"  {len(model['findings'])} findings, the first {listed} in model order (all in summary.json "
+                f"layout.models[].findings):")
+        for finding in model["findings"][:listed]:
             say(f"  {finding['finding']}: {finding['record']} {finding['leaf']} on ranks {finding['ranks']}"
                 + (f" (differ from the bench: {finding['differ_from_bench']})" if finding["differ_from_bench"] else ""))
     for key in ("origin", "first_divergence"):

@@ -145,14 +145,19 @@ _API = re.compile(r"^(?P<head>[^.]+\.[^.]+(?:\.[^.]+)*?)\.(?P<n>\d+)\.(?P<dir>fo
 _MODULE = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward)\.(?P<n>\d+)$")
 
 
+_ENDS = ("forward", "backward", "parameters_grad")
+
+
 def _list_index(name: str) -> Optional[tuple]:
     """(prefix path, index, position) of the first integer segment (the outermost ModuleList index)
-    of a module record's path, e.g. ``("layers", 0, 1)`` for ``Module.layers.0.fc1.Linear.forward.0``."""
-    found = _MODULE.match(name)
-    if not found:
+    of a module record's path, e.g. ``("layers", 0, 1)`` for ``Module.layers.0.fc1.Linear.forward.0``
+    and ``Module.layers.0.fc1.Linear.parameters_grad``; the call count after the direction is none."""
+    if not name.startswith("Module."):
         return None
-    segments = found.group("path").split(".")
+    segments = name.split(".")[1:]
     for i, seg in enumerate(segments):
+        if seg in _ENDS:
+            return None
         if seg.isdigit() and i > 0:
             return ".".join(segments[:i]), int(seg), i
     return None

@@ -270,8 +270,9 @@ def merge_model(stages: list, reference: Optional[dict] = None) -> tuple:
                 record = _span(target[logical], record, logical)
                 target.pop(logical)
             target[logical] = record
-            parent = local_parents.get(name)
-            parents[logical] = rename.get(parent, parent) if parent is not None else None
+            if name in local_parents:  # records outside the construct tree (parameters_grad) stay outside
+                parent = local_parents[name]
+                parents[logical] = rename.get(parent, parent) if parent is not None else None
             frames[logical] = (sources[0], name)
             entry = provenance.setdefault(logical, {"stages": [], "ranks": [], "leaves": {}, "suspects": []})
             entry["stages"].append(stage)
@@ -286,6 +287,8 @@ def merge_model(stages: list, reference: Optional[dict] = None) -> tuple:
     data = dict(forward)
     for stage_backward in reversed(backward):
         data.update(stage_backward)
+    order = {name: index for index, name in enumerate(data)}
+    findings.sort(key=lambda finding: order.get(finding["record"], len(order)))  # in the logical model's order
     report = {"findings": findings, "communication_left_out": len(left_out), "records": provenance}
     return data, parents, frames, report
 

@@ -2,8 +2,10 @@
 (gloo, 127.0.0.1), dumped by our PrecisionDebugger; with WORLD_SIZE=1 the same model on one card
 (tp 1, pp 1: the same module classes, no communication).
 
-Usage: python _tp_pp_child.py DUMP_PATH TP PP [FAULT_RANK] (RANK, WORLD_SIZE, MASTER_PORT in the
-environment). Ranks follow Megatron's order tp-dp-pp: rank = pp_rank * TP + tp_rank. The model:
+Usage: python _tp_pp_child.py DUMP_PATH TP PP [FAULT_RANK] (RANK, WORLD_SIZE, MASTER_PORT, LEVEL (mix)
+in the environment). A forward and backward pass (the loss: the mean square of the head's output);
+the gradients travel back through the stages with send/recv and, as Megatron's copy-to-region
+does, the column-parallel input's gradient is all_reduced over the tensor-parallel group. Ranks follow Megatron's order tp-dp-pp: rank = pp_rank * TP + tp_rank. The model:
 4 layers of [ColumnParallelLinear -> gelu -> RowParallelLinear (all_reduce of the partial sums)
 -> + bias -> residual], split into PP stages of consecutive layers that pass their activations
 with send/recv, then a head (a plain Linear on the last stage, replicated over the TP ranks).
@@ -27,14 +29,35 @@ def _full(shape: tuple, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 0.3
 
 
+class _CopyToTP(torch.autograd.Function):
+    """Megatron's copy to the tensor-parallel region: identity forward, all_reduce of the input's
+    gradient (each rank's is a partial sum) backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.group is None:  # one card: nothing to reduce (Megatron bypasses it the same way)
+            return grad, None
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
 class ColumnParallelLinear(nn.Module):
-    def __init__(self, full_w: torch.Tensor, full_b: torch.Tensor, tp: int, tp_rank: int):
+    def __init__(self, full_w: torch.Tensor, full_b: torch.Tensor, tp: int, tp_rank: int, group):
         super().__init__()
         rows = full_w.shape[0] // tp
         self.weight = nn.Parameter(full_w[tp_rank * rows:(tp_rank + 1) * rows].clone())
         self.bias = nn.Parameter(full_b[tp_rank * rows:(tp_rank + 1) * rows].clone())
 
+        self.tp, self.group = tp, group
+
     def forward(self, x):
+        x = _CopyToTP.apply(x, self.group)  # on every layout, as Megatron's copy_to_tensor_model_parallel_region
         return F.linear(x, self.weight, self.bias)
 
 
@@ -56,7 +79,8 @@ class RowParallelLinear(nn.Module):
 class MLP(nn.Module):
     def __init__(self, index: int, tp: int, tp_rank: int, group):
         super().__init__()
-        self.fc1 = ColumnParallelLinear(_full((4 * H, H), 10 * index), _full((4 * H,), 10 * index + 1), tp, tp_rank)
+        self.fc1 = ColumnParallelLinear(_full((4 * H, H), 10 * index), _full((4 * H,), 10 * index + 1), tp, tp_rank,
+                                        group)
         self.fc2 = RowParallelLinear(_full((H, 4 * H), 10 * index + 2), _full((H,), 10 * index + 3), tp, tp_rank,
                                      group)
 
@@ -100,16 +124,23 @@ def main(dump_path: str, tp: int, pp: int, fault_rank: int) -> None:
     if rank == fault_rank and model.head is not None:
         with torch.no_grad():
             model.head.bias.add_(0.25)  # a replica of a replicated parameter that disagrees
-    dbg = PrecisionDebugger(task="statistics", level="mix", dump_path=dump_path)
+    dbg = PrecisionDebugger(task="statistics", level=os.environ.get("LEVEL", "mix"), dump_path=dump_path)
     x = _full((2, 3, H), 7)
-    with torch.no_grad():
-        dbg.start(model)
-        if stage > 0:
-            dist.recv(x, src=rank - tp)
-        out = model(x)
-        if stage < pp - 1:
-            dist.send(out, dst=rank + tp)
-        dbg.stop()
+    dbg.start(model)
+    if stage > 0:
+        dist.recv(x, src=rank - tp)
+    x.requires_grad_(True)
+    out = model(x)
+    if stage < pp - 1:
+        dist.send(out.detach(), dst=rank + tp)
+        grad = torch.empty_like(out)
+        dist.recv(grad, src=rank + tp)
+        out.backward(grad)
+    else:
+        out.pow(2).mean().backward()
+    if stage > 0:
+        dist.send(x.grad, dst=rank - tp)
+    dbg.stop()
     dbg.step()
     if world > 1:
         dist.barrier()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import json
 import math
 import os
 import socket
@@ -31,11 +32,11 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _run(dump: Path, tp: int, pp: int, fault: int = -1) -> None:
+def _run(dump: Path, tp: int, pp: int, fault: int = -1, level: str = "mix") -> None:
     world = tp * pp
     port = _port()
     procs = [subprocess.Popen([sys.executable, CHILD, str(dump), str(tp), str(pp), str(fault)],
-                              env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_PORT=str(port),
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_PORT=str(port), LEVEL=level,
                                        MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONPATH=REPO),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
     outs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in procs]
@@ -45,7 +46,8 @@ def _run(dump: Path, tp: int, pp: int, fault: int = -1) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("layouts")
-    for name, args in (("single", (1, 1)), ("tp2pp2", (2, 2)), ("fault", (2, 2, 3))):
+    for name, args in (("single", (1, 1)), ("tp2pp2", (2, 2)), ("fault", (2, 2, 3)),
+                       ("single_L1", (1, 1, -1, "L1")), ("tp2pp2_L1", (2, 2, -1, "L1"))):
         _run(root / name, *args)
     return root
 
@@ -56,26 +58,32 @@ def _rows(out: Path) -> list:
         return list(csv.DictReader(handle))
 
 
-def test_tp2_pp2_lines_up_with_the_single_card_run(runs, tmp_path):
-    summary = compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2", plot=False)
+@pytest.mark.parametrize("level", ["mix", "L1"])
+def test_tp2_pp2_lines_up_with_the_single_card_run(runs, tmp_path, level):
+    suffix = "" if level == "mix" else "_" + level
+    summary = compare(str(runs / f"tp2pp2{suffix}"), str(runs / f"single{suffix}"), str(tmp_path),
+                      layout="tp=2,pp=2", plot=False)
     (pair,) = summary["pairs"]
-    assert pair["records"] == pair["bench_records"] == pair["matched_records"] == 34
+    single = json.loads((runs / f"single{suffix}" / "step0" / "rank" / "dump.json").read_text())["data"]
+    assert pair["records"] == pair["bench_records"] == pair["matched_records"] == len(single)
+    assert len(single) == (85 if level == "mix" else 50)  # L1: the API records only
     assert pair["unmatched"] == {"target": [], "bench": []}
-    rows = _rows(tmp_path)
-    assert len(rows) == pair["rows"] == 108 and {row["Result"] for row in rows} == {"pass"}
-    for row in rows:
+    found = _rows(tmp_path)
+    assert len(found) == pair["rows"] and {row["Result"] for row in found} == {"pass"}
+    for row in found:
         assert row["NPU Name"] == row["Bench Name"] and row["NPU Tensor Shape"] == row["Bench Tensor Shape"]
         for target, bench in STATS:
             assert stats_equal(float(row[target]), float(row[bench])), (row["NPU Name"], target)
     model = summary["layout"]["models"][0]
-    assert model["stages"] == [[0, 1], [2, 3]] and model["findings"] == []
-    assert model["communication_left_out"] == 12  # 2 all_reduce per rank, a send on each stage-0 rank, a recv on each stage-1 rank
+    assert model["stages"] == [[0, 1], [2, 3]] and model["findings"] == [] and model["warnings"] == []
+    # per rank: 2 all_reduce forward, 2 backward (the column-parallel input's gradient), a send and a recv
+    assert model["communication_left_out"] == 24
     assert summary["first_divergence"] is None and summary["origin"] is None
 
 
 def test_a_shard_fault_is_found_on_its_rank(runs, tmp_path):
     summary = compare(str(runs / "fault"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2", plot=False)
-    assert summary["pairs"][0]["matched_records"] == 34
+    assert summary["pairs"][0]["matched_records"] == 85
     origin = summary["origin"]
     assert origin["record"] == "Functional.linear.4.forward" and origin["argument"] == "input.1"  # layers.2's fc1 weight
     assert summary["layout"]["origin"]["ranks"] == [2, 3]
@@ -91,7 +99,7 @@ def test_cli_layout_and_refusals(runs, tmp_path, capsys):
     assert main(["compare", str(runs / "fault"), str(runs / "single"), "-o", str(tmp_path), "--layout",
                  "tp=2,pp=2", "--no-plot"]) == 0
     out = capsys.readouterr().out
-    assert "records 34/34 matched" in out and "its shard on rank [3]" in out
+    assert "records 85/85 matched" in out and "its shard on rank [3]" in out
     with pytest.raises(ConfigError, match="md5"):
         compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2", mode="md5", plot=False)
     with pytest.raises(ConfigError, match="needs 8 ranks"):
@@ -136,7 +144,7 @@ def test_layout_read_from_the_dump_and_checked_against_it(runs, tmp_path):
     summary = compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path / "auto"), layout="auto", plot=False)
     model = summary["layout"]["models"][0]
     assert model["layout"] == "tp=2,pp=2 (read from the dump)" and model["stages"] == [[0, 1], [2, 3]]
-    assert summary["pairs"][0]["matched_records"] == 34 and summary["first_divergence"] is None
+    assert summary["pairs"][0]["matched_records"] == 85 and summary["first_divergence"] is None
     wrong = compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path / "wrong"),
                     layout="tp=2,pp=2,order=pp-tp-cp-ep-dp", plot=False)
     assert wrong["layout"]["models"][0]["stages"] == [[0, 2], [1, 3]]
@@ -147,7 +155,6 @@ def test_layout_read_from_the_dump_and_checked_against_it(runs, tmp_path):
 def test_lake_diverge_under_a_layout(runs, tmp_path, capsys):
     for module in ("pyarrow", "duckdb", "distributed"):
         pytest.importorskip(module)
-    import json
     import shutil
 
     from msprobe.cli import main
