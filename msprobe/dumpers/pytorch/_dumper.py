@@ -213,19 +213,16 @@ class TorchDumper(FrameworkAdapter):
             except Exception:  # noqa: BLE001 - never break training for the dump
                 online.discard()
                 return orig(*args, **kwargs)
-            # the backward: gradients of this call's own inputs, in argument order (a tap on the
-            # inputs), and of its output (a hook on it); not with recompute (the docs), not in place
+            # the backward: gradients of this call's own inputs, in argument order (observed on the call's
+            # own autograd nodes, spec/PRODUCER.md §20 item 43) and of its output; not with recompute (the
+            # docs), not in place
             tap = (not online.settings.recompute and self._bw_wanted() and api_key not in self._mutating
                    and _needs_grad(args))
             grads_state: dict = {"gout": None}
-            call_args = args
-            if tap:
-                try:
-                    call_args = _tap(args, self._online_grads_callback(base + ".backward", args, grads_state))
-                except Exception:  # noqa: BLE001 - inference tensors and the like: no backward check, training goes on
-                    tap = False
-            GUARD.inside = True  # (_tap resets it) calls made inside the API are not recorded
-            out = orig(*call_args, **kwargs)
+            mark = sequence_mark() if tap else None
+            tap = mark is not None
+            GUARD.inside = True  # calls made inside the API are not recorded
+            out = orig(*args, **kwargs)
             try:
                 rec["output"] = self.encode_output(out, f"{fwd}.output", True, encoder)
                 first = _first_tensor(out)
@@ -234,11 +231,31 @@ class TorchDumper(FrameworkAdapter):
             except Exception:  # noqa: BLE001 - never break training for the dump
                 online.discard()
                 return out
-            if backward and first is not None:  # (backward implies a tensor)
-                first.register_hook(lambda grad, state=grads_state: state.__setitem__("gout", (grad,)))
+            if backward and first is not None and mark is not None:  # (backward implies a tensor)
+                self._observe_online(first, args, mark, self._online_grads_callback(base + ".backward", args,
+                                                                                    grads_state), grads_state)
             return out
         finally:
             GUARD.inside = False
+
+    @staticmethod
+    def _observe_online(first: torch.Tensor, args: tuple, mark: int, got: Any, state: dict) -> None:
+        """Hand ``got`` the gradients of the call's floating arguments (None where none is needed), after
+        ``state["gout"]`` holds its output's."""
+        floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        needs = [a.requires_grad for a in floats]
+        edges = InputEdges([a for a in floats if a.requires_grad], mark)
+
+        def done(grad_output: tuple, grad_input: tuple) -> None:
+            state["gout"] = grad_output
+            it = iter(grad_input)
+            got(tuple(next(it) if need else None for need in needs))
+
+        GUARD.inside = True
+        try:
+            observe([first], edges, sum(needs), lambda: None, done)
+        except Exception:  # noqa: BLE001 - inference tensors and the like: no backward check, training goes on
+            pass
 
     def _online_grads_callback(self, bwd: str, args: tuple, state: dict):
         """The tap's callback: it receives the input gradients after the output's hook put the
@@ -598,32 +615,6 @@ def _needs_grad(values: Any) -> bool:
     return torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
 
 
-class _GradTap(torch.autograd.Function):
-    """Identity on tensors; its backward hands the incoming gradients to a callback."""
-
-    @staticmethod
-    def forward(ctx, callback, *tensors):
-        ctx.callback = callback
-        # an output nobody used gets None (written null, as the real tool does), not a zero tensor
-        ctx.set_materialize_grads(False)
-        outs = tuple(t.view_as(t) for t in tensors)
-        # a tensor that needed no gradient stays so (marking the inputs would mark nothing: the outputs are views)
-        ctx.mark_non_differentiable(*[o for t, o in zip(tensors, outs) if not t.requires_grad])
-        return outs
-
-    @staticmethod
-    def backward(ctx, *grads):
-        try:
-            ctx.callback(grads)
-        except Exception:  # noqa: BLE001 - never break training for the dump
-            pass
-        return (None,) + grads
-
-
-_SET_META = getattr(torch._C._autograd, "_set_creation_meta", None)
-_META_DEFAULT = getattr(getattr(torch._C._autograd, "CreationMeta", None), "DEFAULT", None)
-
-
 def _seq_type(v: Any) -> bool:
     return type(v) in (tuple, list) or (isinstance(v, tuple) and hasattr(v, "_fields"))
 
@@ -644,51 +635,12 @@ def _float_tensors(values: Any, out: list, nested: bool) -> None:
             _float_tensors(list(v.values()), out, nested)
 
 
-def _rebuild(values: Any, it, nested: bool) -> list:
-    res = []
-    for v in values:
-        if _routed(v, nested):
-            res.append(next(it))
-        elif nested and _seq_type(v):
-            items = _rebuild(v, it, nested)
-            res.append(list(items) if type(v) is list else type(v)(*items) if hasattr(v, "_fields") else tuple(items))
-        elif nested and isinstance(v, dict):
-            # in place: a ModelOutput keeps its identity and its attributes follow its items
-            for k, new in zip(list(v.keys()), _rebuild(list(v.values()), it, nested)):
-                if new is not v[k]:
-                    v[k] = new
-            res.append(v)
-        else:
-            res.append(v)
-    return res
-
-
 def _grad_tensors(values: Any) -> list:
     """The tensors needing a gradient in ``values`` (through tuples, lists and dicts), when grad is on."""
     flat: list = []
     if torch.is_grad_enabled():
         _float_tensors(values, flat, True)
     return flat
-
-
-def _tap(values: tuple, callback, nested: bool = False) -> tuple:
-    """Route tensors of ``values`` through one _GradTap: the floating ones, or (``nested``) those that need
-    a gradient, also inside tuples, lists and dicts, in depth-first order (LSTM's ``(out, (h, c))``, a
-    ModelOutput); other values pass unchanged. The callback gets one gradient per routed tensor, in that
-    order."""
-    flat: list = []
-    _float_tensors(values, flat, nested)
-    if not flat:
-        return values
-    GUARD.inside = True
-    try:
-        outs = _GradTap.apply(callback, *flat)
-    finally:
-        GUARD.inside = False
-    for o in outs:
-        if _SET_META is not None and _META_DEFAULT is not None and o.requires_grad:
-            _SET_META(o, _META_DEFAULT)  # allow in-place ops (ReLU(inplace=True)) on the tapped tensor
-    return tuple(_rebuild(values, iter(outs), nested))
 
 
 def _enter_pseudo_module(core: Any, name: str) -> None:
