@@ -333,6 +333,10 @@ class TorchDumper(FrameworkAdapter):
         models = self.core.add_models(model, torch.nn.Module, "torch.nn.Module", self._module_handles)
         if models is None or not self.core.modules_dumped:
             return
+        if self.config.backward_enabled and sequence_mark() is None:
+            warnings.warn("msprobe: this torch has no autograd sequence numbers (torch._C._autograd._get_sequence_nr):"
+                          " module backward records hold no input gradients (spec/PRODUCER.md section 20 item 43)",
+                          RuntimeWarning, stacklevel=3)
         multi = len(models) > 1
         for index, root in enumerate(models):
             for path, sub in root.named_modules():
