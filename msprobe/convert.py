@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from msprobe.backends import Store, open_store
-from msprobe.errors import ConfigError, MsprobeError
+from msprobe.errors import ConfigError, UnknownDialectError
 from msprobe.format.documents import encode_document
 from msprobe.format.dtypes import numpy_dtype
 from msprobe.format.layout import (
@@ -243,7 +243,9 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
     stats = {"rank_dirs": 0, "tensors": 0, "converted_rank_dirs": 0}
     locs = discover(source, "")
     if not locs:
-        raise MsprobeError(f"{source.url}: no rank directory (dump.json) found to convert")
+        raise UnknownDialectError(f"{source.url}: no rank directory found to convert (it holds "
+                                  f"{', '.join(sorted(source.list_dir(''))[:8]) or 'nothing'}); expected step<N>/, "
+                                  "rank/, rank<N>/, proc<pid>/ with dump.json")
     for loc in locs:
         stats["rank_dirs"] += 1
         names = frozenset(source.list_dir(loc.prefix.strip("/")))
@@ -254,6 +256,8 @@ def convert(path: Any, to: str, out: Any = None, *, storage_options: Optional[di
         stats["converted_rank_dirs"] += 1
         if callable(progress):
             progress(stats["converted_rank_dirs"], len(locs), loc.prefix)
+    if not stats["converted_rank_dirs"]:  # nothing to convert: still, a document it cannot read is an error
+        RankSource(source, locs[0]).document()
     return stats
 
 

@@ -27,7 +27,9 @@ from pathlib import Path
 
 __all__ = ["real_tool_python", "RealToolUnavailable", "CPU_WRAPPER", "run_real_checker"]
 
-EXTRA = {"8.1.1": ["service_identity==24.1.0", "cryptography==43.0.3"]}
+EXTRA = {"8.1.1": ["service_identity==24.1.0", "cryptography==43.0.3"],
+         # 1.x imports what its requirements leave out (tensorboard for its monitor, OpenSSL, einops)
+         "1.1.1": ["tensorboard", "pyOpenSSL", "einops", "pytz"]}
 CPU_WRAPPER = Path(__file__).parent / "fixtures" / "real" / "scripts" / "acc_check_cpu.py"
 _CHECK = ("import msprobe, msprobe.msprobe, torch, os, sys; p = os.path.realpath(msprobe.__file__); "
           "assert p.startswith(os.path.realpath(sys.prefix)), p; print(p, torch.__version__)")

@@ -65,6 +65,12 @@ def real_tool_8():
     return _real_venv("8.1.1")
 
 
+@pytest.fixture(scope="session")
+def real_tool_1():
+    """The python of the real mindstudio-probe 1.1.1 venv (2024; built on first use; failure fails the test)."""
+    return _real_venv("1.1.1")
+
+
 def pytest_runtest_logreport(report):
     """Count the tests marked real_tool / real_fixture by outcome (reports come back from xdist workers)."""
     kinds = [k for k in ("real_tool", "real_fixture") if k in report.keywords]

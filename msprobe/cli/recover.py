@@ -21,6 +21,11 @@ def run(args) -> int:
     store = open_store(args.path, storage_options=opts, create=False)
     results = recover_store(store, task=args.task, level=args.level)
     if not results:
+        import msprobe.readers
+
+        dump = msprobe.readers.open(args.path, storage_options=opts)  # a folder that is no dump: UnknownDialectError
+        if dump.sources:
+            dump.sources[0].document()  # a document the readers cannot read: its DocumentError
         print("nothing to recover: no journal found")
         return 0
     for r in results:
