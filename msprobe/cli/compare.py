@@ -2,7 +2,8 @@
 
 Also the real tool's command lines: 26.x ``msprobe compare -tp T -gp G -o OUT`` (T and G a step or
 rank directory or a dump.json) and 8.x ``msprobe -f pytorch|mindspore compare -i compare.json -o OUT
-[-s] [-c] [-f] [-dm data_mapping.yaml]``.
+[-s] [-c] [-f] [-dm data_mapping.yaml] [-am [api_mapping.yaml]] [-cm [cell_mapping.yaml]]
+[-lm layer_mapping.yaml]``: the last three compare a MindSpore target with a PyTorch bench.
 """
 from __future__ import annotations
 
@@ -39,10 +40,15 @@ def register(sub) -> None:
                    help="records still unmatched pair with those of the same API/module whose call count differs")
     p.add_argument("-dm", "--data_mapping", dest="data_mapping", default=None,
                    help="YAML file of 'target row name: bench row name' pairs")
-    for flag, long, what in (("-am", "--api_mapping", "API"), ("-cm", "--cell_mapping", "cell"),
-                             ("-lm", "--layer_mapping", "layer")):
-        p.add_argument(flag, long, dest=long[2:], nargs="?", const=True, default=None,
-                       help=f"cross-framework {what} mapping: not supported (refused with an error)")
+    p.add_argument("-am", "--api_mapping", dest="api_mapping", nargs="?", const=True, default=None,
+                   help="MindSpore target against PyTorch bench: API records match through the built-in "
+                        "MindSpore-PyTorch API mapping, overridden by api_mapping.yaml when given")
+    p.add_argument("-cm", "--cell_mapping", dest="cell_mapping", nargs="?", const=True, default=None,
+                   help="MindSpore target against PyTorch bench: Cell records match Module records (Cell -> "
+                        "Module, and the renames of cell_mapping.yaml when given)")
+    p.add_argument("-lm", "--layer_mapping", dest="layer_mapping", default=None,
+                   help="MindSpore target against PyTorch bench: cells and APIs match under the layer renames "
+                        "of layer_mapping.yaml")
     p.add_argument("--xlsx", action="store_true", help="also write .xlsx files (needs openpyxl)")
     p.add_argument("--rank", type=int, default=None, help="compare only this rank")
     p.add_argument("--step", type=int, default=None, help="compare only this step")
@@ -109,14 +115,23 @@ def read_data_mapping(path: str) -> dict:
     return m
 
 
+def read_xframe(args: argparse.Namespace) -> Optional[dict]:
+    """The cross-framework options of -am/-cm/-lm (None when none is given)."""
+    from msprobe.compare._xframe import read_api_mapping, read_cell_mapping, read_layer_mapping
+
+    out: dict = {}
+    for name, reader in (("api", read_api_mapping), ("cell", read_cell_mapping), ("layer", read_layer_mapping)):
+        given = getattr(args, f"{name}_mapping")
+        if given is not None:
+            out[name] = reader(given) if isinstance(given, str) else {}
+    return out or None
+
+
 def run(args: argparse.Namespace) -> int:
     from msprobe.compare import compare
     from msprobe.errors import ConfigError
 
-    for name in ("api_mapping", "cell_mapping", "layer_mapping"):
-        if getattr(args, name) is not None:
-            raise ConfigError(f"--{name} (cross-framework mapping) is not supported; map rows with -dm "
-                              f"data_mapping.yaml, or let the names and the construct tree match them")
+    xframe = read_xframe(args)
     stack = True
     if args.input_path:
         if args.target or args.bench or args.target_path or args.golden_path:
@@ -142,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                 scheduler=args.scheduler, progress=args.progress,
                 structural={"auto": "auto", "names": False, "structure": True}[args.match],
                 fuzzy=args.fuzzy, stack=stack, mapping=mapping, threshold=args.threshold, layout=args.layout,
-                bench_layout=args.bench_layout)
+                bench_layout=args.bench_layout, xframe=xframe)
     for line in s.get("warnings", ()):
         print(f"msprobe compare: warning: {line}", file=sys.stderr)
     if args.json:

@@ -1,6 +1,7 @@
 """Compare two dumps: pair steps and ranks, match records, build each rank pair's rows, write results."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from msprobe.compare._runner import publish as _publish
 from msprobe.compare._runner import run_forked as _run_forked
 from msprobe.compare._summary import FIRST_KEYS, PairSummary
 from msprobe.compare._write import XLSX_FILLS, write_header, write_xlsx
+from msprobe.compare._xframe import XFrame, match_xframe
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import Executor
 from msprobe.format.layout import dump_dir_of
@@ -138,7 +140,7 @@ def _csv_name(source: Any, timestamp: str, multi_step: bool) -> str:
 def compare_pair(target_source: Any, bench_source: Any, *, mode: str, out_dir: str, ts: str,
                  multi_step: bool = False, xlsx: bool = False, chunks: int = 1, progress: Any = None,
                  structural: Any = "auto", fuzzy: bool = False, stack: bool = True, mapping: Optional[dict] = None,
-                 threshold: Optional[float] = None, engine: str = "auto") -> dict:
+                 threshold: Optional[float] = None, engine: str = "auto", xframe: Optional[dict] = None) -> dict:
     """Compare one target rank directory with one bench rank directory; writes its CSV
     (and .xlsx) and returns its summary (with ``series``: the NormRelativeErr per row).
 
@@ -148,7 +150,8 @@ def compare_pair(target_source: Any, bench_source: Any, *, mode: str, out_dir: s
     bench row names (a data-mapping file); ``threshold``: see :func:`compare`; ``engine`` is
     accepted for compatibility (there is one engine)."""
     options = CompareOptions(mode=mode, timestamp=ts, multi_step=multi_step, xlsx=xlsx, structural=structural,
-                             fuzzy=fuzzy, stack=stack, mapping=mapping, threshold=threshold, chunks=chunks)
+                             fuzzy=fuzzy, stack=stack, mapping=mapping, threshold=threshold, chunks=chunks,
+                             xframe=xframe)
     return compare_rank_pair(target_source, bench_source, out_dir, options, progress)
 
 
@@ -156,11 +159,16 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
                       progress: Any = None) -> dict:
     """:func:`compare_pair` with its options as one :class:`CompareOptions`."""
     target_data, bench_data = _data(target_source), _data(bench_source)
-    pairs, rest, how = match_records(target_data, bench_data, _parents(target_source), _parents(bench_source),
-                                     options.structural, fuzzy=options.fuzzy)
+    mapping = options.mapping
+    if options.xframe is not None:
+        pairs, rest, how, rows = match_xframe(target_data, bench_data, XFrame(options.xframe))
+        mapping = {**rows, **(mapping or {})} or None
+    else:
+        pairs, rest, how = match_records(target_data, bench_data, _parents(target_source), _parents(bench_source),
+                                         options.structural, fuzzy=options.fuzzy)
     context = PairContext(target_data=target_data, bench_data=bench_data, pairs=pairs, rest=rest,
                           target_source=target_source, bench_source=bench_source, mode=options.mode,
-                          stack=options.stack, mapping=options.mapping, threshold=options.threshold)
+                          stack=options.stack, mapping=mapping, threshold=options.threshold)
     header = [name for name in COLUMNS[options.mode] if options.stack or name != "NPU_Stack_Info"]
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, _csv_name(target_source, options.timestamp, options.multi_step))
@@ -231,7 +239,7 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
             client: Any = None, scheduler: Optional[str] = None, progress: Optional[bool] = None,
             structural: Any = "auto", fuzzy: bool = False, stack: bool = True, mapping: Optional[dict] = None,
             threshold: Optional[float] = None, engine: str = "auto", layout: Optional[str] = None,
-            bench_layout: Optional[str] = None) -> dict:
+            bench_layout: Optional[str] = None, xframe: Optional[dict] = None) -> dict:
     """Compare ``target`` with ``bench`` (paths or URLs of any dialect); writes one CSV per
     (step,) rank, ``summary.json`` and ``compare_plot.png`` into ``out_dir`` (a path, or a URL:
     files are then uploaded there); returns the summary.
@@ -247,7 +255,9 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     tree alignment, ``False`` names only (see :mod:`msprobe.compare._match`). ``fuzzy``: records
     still unmatched then pair in order with the other side's of the same API or module whose call
     count differs (the real tool's fuzzy match). ``mapping``: {target row name: bench row name}
-    (a data-mapping file). ``stack=False`` leaves out the NPU_Stack_Info column.
+    (a data-mapping file). ``stack=False`` leaves out the NPU_Stack_Info column. ``xframe``: a
+    MindSpore target against a PyTorch bench, records matched through the cross-framework mappings
+    (``{"api": {...}, "cell": {...}, "layer": {...}}``, see :mod:`msprobe.compare._xframe`).
 
     Result and Err_message follow 26.2.0's per-record rules (:mod:`msprobe.compare._verdict`).
     The first divergence is the first row, in execution order, whose Result is not ``pass``; with
@@ -283,6 +293,8 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
             else:
                 pairs = pair_sources(target_dump, bench_dump, step=step, rank=rank)
             options = _options(pairs, mode, timestamp, xlsx, structural, fuzzy, stack, mapping, threshold, engine)
+            if xframe is not None:
+                options = dataclasses.replace(options, xframe=dict(xframe))
             results, backend = _run_pairs(pairs, out_dir, storage_options, options, workers, client, scheduler,
                                           progress)
             summary = {"target": target, "bench": bench, "mode": options.mode, "timestamp": options.timestamp,

@@ -21,7 +21,8 @@ class CompareOptions:
     names carry the step; ``xlsx``: an .xlsx beside each CSV; ``structural``, ``fuzzy``: how records
     match; ``stack``: the NPU_Stack_Info column; ``mapping``: {target row: bench row};
     ``threshold``: the NormRelativeErr of a divergence (None: the Result column decides);
-    ``chunks``: forked processes sharing one rank pair's records."""
+    ``chunks``: forked processes sharing one rank pair's records; ``xframe``: MindSpore target against
+    PyTorch bench, {"api": {...}, "cell": {...}, "layer": {...}} (:mod:`msprobe.compare._xframe`)."""
 
     mode: str
     timestamp: str
@@ -33,6 +34,7 @@ class CompareOptions:
     mapping: Optional[dict] = None
     threshold: Optional[float] = None
     chunks: int = 1
+    xframe: Optional[dict] = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

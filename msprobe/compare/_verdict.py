@@ -93,9 +93,20 @@ def _norm_output(frame: Any) -> Any:
     return frame.output_rows & (inputs[frame.groups] < NORM_IN_LIMIT) & (np.abs(frame.norm_percent) > NORM_OUT_LIMIT)
 
 
+def _across(frame: Any) -> Any:
+    """The rows whose target dtype is a MindSpore one and whose bench dtype is a torch one (or the reverse)."""
+    import numpy as np
+
+    target, bench = frame.text("target", "dtype"), frame.text("bench", "dtype")
+    return np.char.startswith(target.astype(str), "torch.") != np.char.startswith(bench.astype(str), "torch.")
+
+
 def _requires_grad(frame: Any) -> Any:
+    """The requires_grad flags differ (a MindSpore tensor, which has none, against a torch one excepted)."""
     target, bench = frame.text("target", "requires_grad"), frame.text("bench", "requires_grad")
-    return frame.matched & (target != "") & (bench != "") & (target != bench)
+    known = (target != "") & (bench != "") & (target != _NA) & (bench != _NA)
+    plain = frame.matched & (target != "") & (bench != "") & (target != bench)
+    return plain & (known | ~_across(frame))
 
 
 def _scalars(frame: Any) -> Any:
@@ -103,11 +114,29 @@ def _scalars(frame: Any) -> Any:
     return ~frame.output_rows & frame.scalar_differs()
 
 
+def dtype_class(dtype: str) -> str:
+    """The class of a dtype name of either framework (``torch.int64`` and ``Int32``: int)."""
+    name = dtype.lower().rsplit(".", 1)[-1]
+    for prefix, kind in (("bool", "bool"), ("complex", "complex"), ("uint", "int"), ("int", "int"),
+                         ("float", "float"), ("bfloat", "float"), ("half", "float"), ("double", "float")):
+        if name.startswith(prefix):
+            return kind
+    return name
+
+
 def _dtype(frame: Any) -> Any:
-    """The dtypes differ (fused qkv/gate_up bench names excepted)."""
+    """The dtypes differ (fused qkv/gate_up bench names excepted); across frameworks (a torch dtype
+    against a MindSpore one) their classes differ."""
+    import numpy as np
+
     target, bench = frame.text("target", "dtype"), frame.text("bench", "dtype")
+    differ = target != bench
+    across = _across(frame)
+    if across.any():
+        classes = np.frompyfunc(dtype_class, 1, 1)
+        differ = np.where(across, classes(target) != classes(bench), differ)
     return (frame.matched & (frame.name != _NA) & ~frame.bench_name_has("qkv", "gate_up") & (target != "")
-            & (bench != "") & (target != bench))
+            & (bench != "") & differ.astype(bool))
 
 
 def _shape(frame: Any) -> Any:
