@@ -72,6 +72,7 @@ class PairContext:
     mapping: Optional[dict] = None
     threshold: Optional[float] = None
     progress: Any = None
+    across_frameworks: bool = False
 
 
 def load_side(source: Any, side: Any, record: str) -> Any:
@@ -463,6 +464,7 @@ class Frame:
         import numpy as np
 
         self.plan = plan
+        self.across_frameworks = False  # a MindSpore target against a PyTorch bench (-am/-cm/-lm)
         self.row_count = count = len(plan.row_target)
         self.target_index = np.array(plan.row_target, dtype=np.int64)
         self.bench_index = np.array(plan.row_bench, dtype=np.int64)
@@ -940,6 +942,7 @@ def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], st
     plan.target.finish(mode)
     plan.bench.finish(mode)
     frame = Frame(plan)
+    frame.across_frameworks = context.across_frameworks
     metric_columns = KERNELS[mode](frame, context)
     trailing = [metric_columns.pop()[1]] if metric_columns and isinstance(metric_columns[-1], tuple) else []
     results, messages = judge(frame, mode)

@@ -168,7 +168,8 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
                                          options.structural, fuzzy=options.fuzzy)
     context = PairContext(target_data=target_data, bench_data=bench_data, pairs=pairs, rest=rest,
                           target_source=target_source, bench_source=bench_source, mode=options.mode,
-                          stack=options.stack, mapping=mapping, threshold=options.threshold)
+                          stack=options.stack, mapping=mapping, threshold=options.threshold,
+                          across_frameworks=options.xframe is not None)
     header = [name for name in COLUMNS[options.mode] if options.stack or name != "NPU_Stack_Info"]
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, _csv_name(target_source, options.timestamp, options.multi_step))

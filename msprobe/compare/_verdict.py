@@ -93,12 +93,25 @@ def _norm_output(frame: Any) -> Any:
     return frame.output_rows & (inputs[frame.groups] < NORM_IN_LIMIT) & (np.abs(frame.norm_percent) > NORM_OUT_LIMIT)
 
 
+def _framework(dtype: Any) -> int:
+    """1 for a torch dtype name, 2 for a MindSpore one (``Float32``, ``BFloat16``), 0 for anything else."""
+    text = str(dtype)
+    if text.startswith("torch."):
+        return 1
+    return 2 if text[:1].isupper() and text[1:2].isalpha() and text != "N/A" else 0
+
+
 def _across(frame: Any) -> Any:
-    """The rows whose target dtype is a MindSpore one and whose bench dtype is a torch one (or the reverse)."""
+    """The rows whose target dtype is a MindSpore one and whose bench dtype a torch one (or the reverse),
+    in a compare across frameworks (-am/-cm/-lm; otherwise none)."""
     import numpy as np
 
-    target, bench = frame.text("target", "dtype"), frame.text("bench", "dtype")
-    return np.char.startswith(target.astype(str), "torch.") != np.char.startswith(bench.astype(str), "torch.")
+    if not frame.across_frameworks:
+        return np.zeros(frame.row_count, dtype=bool)
+
+    kind = np.frompyfunc(_framework, 1, 1)
+    target, bench = kind(frame.text("target", "dtype")), kind(frame.text("bench", "dtype"))
+    return ((target * bench) == 2).astype(bool)
 
 
 def _requires_grad(frame: Any) -> Any:

@@ -101,10 +101,14 @@ def test_compare_json_errors(tmp_path, capsys, monkeypatch):
         json.dump({"npu_path": STATS, "bench_path": PERT, "stack_path": "./nope/stack.json"}, f)
     assert main(["compare", "-i", "c.json", "-o", "o"]) == 1
     assert "stack_path ./nope/stack.json does not exist" in capsys.readouterr().err
-    for flag in ("-am", "-cm", "-lm"):
+    for flag in ("-am", "-cm"):  # the cross-framework mappings parse; the compare.json is still checked
         assert main(["-f", "mindspore", "compare", "-i", "c.json", "-o", "o", "-s", flag]) == 1
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "not supported" in err
+        assert len(err.splitlines()) == 1 and "stack_path ./nope/stack.json does not exist" in err
+    for flag in ("-am", "-cm", "-lm"):  # a mapping file that does not exist: one line
+        assert main(["-f", "mindspore", "compare", "-i", "c.json", "-o", "o", "-s", flag, "nope.yaml"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "nope.yaml" in err
 
 
 def _renamed(root: str, src: str, renames: dict) -> str:
