@@ -12,6 +12,11 @@ def _common(p) -> None:
                    help="the first divergence is the first row whose NormRelativeErr exceeds this "
                         "(default: the first row whose Result is not pass)")
     p.add_argument("--storage-options", default=None, help="JSON object of fsspec storage options")
+    p.add_argument("--layout", default=None, metavar="tp=T,pp=P|auto",
+                   help="with BENCH: PATH is a parallel run, compared and shown as its merged logical model "
+                        "(as compare --layout)")
+    p.add_argument("--bench-layout", dest="bench_layout", default=None, metavar="tp=T,pp=P|auto",
+                   help="the same for BENCH")
     p.add_argument("--work-dir", default=None,
                    help="where the compare output and the view's tables go (default: a temporary directory)")
 
@@ -34,7 +39,7 @@ def _open(args):
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     return open_view(args.path, args.bench, storage_options=opts, work_dir=args.work_dir,
-                     threshold=args.divergence_threshold)
+                     threshold=args.divergence_threshold, layout=args.layout, bench_layout=args.bench_layout)
 
 
 def run_view(args) -> int:

@@ -7,6 +7,7 @@ statistics which replica or shard departs). Merged sides are compared in statist
 values of shards cannot be merged, and tensors are not concatenated here."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError
@@ -14,7 +15,7 @@ from msprobe.format.parallel import LayoutError, parse_layout
 from msprobe.readers._merged import merge_dump_step
 from msprobe.readers._source import records_of
 
-__all__ = ["layout_pairs", "layout_mode", "layout_summary"]
+__all__ = ["layout_pairs", "layout_mode", "layout_summary", "merged_dump"]
 
 
 def _parse(text: Optional[str], flag: str) -> Any:
@@ -52,6 +53,18 @@ def layout_pairs(target_dump: Any, bench_dump: Any, steps: list, layout: Optiona
     if not pairs:
         raise ConfigError("no logical models pair up between the two dumps")
     return pairs
+
+
+def merged_dump(dump: Any, layout: str, reference: Any = None) -> Any:
+    """``dump`` with its sources replaced by its merged logical models, step by step (the explorer's
+    model tree of a parallel run); ``reference``: the other side's dump (its first source of the
+    same step tells shards from replicas)."""
+    parsed = _parse(layout, "--layout")
+    sources = []
+    for step in sorted({source.step for source in dump.sources}, key=lambda found: (found is None, found or 0)):
+        found = [source for source in reference.sources if source.step == step] if reference is not None else []
+        sources.extend(_side(dump, step, parsed, records_of(found[0]) if found else None))
+    return SimpleNamespace(sources=sources, dialect=getattr(dump, "dialect", None), url=getattr(dump, "url", None))
 
 
 def layout_mode(mode: str) -> str:

@@ -59,6 +59,7 @@ class ViewData(Loader):
         self.target = target
         self.bench = bench
         self.storage_options = storage_options
+        self.layouts: dict = {}  # side -> parallel layout text: that side's ranks merged (compare --layout)
         self.summary: dict = {}
         self._owns = owns_dir
         self._lock = threading.Lock()
@@ -231,6 +232,11 @@ class ViewData(Loader):
 
                 try:
                     opened = msprobe.readers.open(url, storage_options=self.storage_options)
+                    if opened is not None and self.layouts.get(side):
+                        from msprobe.compare._layouts import merged_dump
+
+                        other = self.dump("bench") if side == "target" else None
+                        opened = merged_dump(opened, self.layouts[side], other)
                 except (MsprobeError, OSError):
                     opened = None
             self._dumps[side] = opened
@@ -367,7 +373,7 @@ def _is_compare_output(path: str) -> bool:
 
 
 def _compare_apart(path: str, bench: str, out: str, storage_options: Optional[dict],
-                   threshold: Optional[float]) -> None:
+                   threshold: Optional[float], layouts: Optional[dict] = None) -> None:
     """``msprobe compare`` in a child process: the parsed dumps' memory goes with it, so the server's
     peak stays that of its tables; the child's one-line error is raised here as a ConfigError."""
     import subprocess
@@ -376,6 +382,9 @@ def _compare_apart(path: str, bench: str, out: str, storage_options: Optional[di
     cmd = [sys.executable, "-m", "msprobe", "compare", path, bench, "-o", out, "--no-plot"]
     if threshold is not None:
         cmd += ["--divergence-threshold", repr(float(threshold))]
+    for side, flag in (("target", "--layout"), ("bench", "--bench-layout")):
+        if (layouts or {}).get(side):
+            cmd += [flag, str((layouts or {})[side])]
     if storage_options:
         try:
             cmd += ["--storage-options", json.dumps(storage_options)]
@@ -383,7 +392,8 @@ def _compare_apart(path: str, bench: str, out: str, storage_options: Optional[di
             from msprobe.compare import compare
 
             compare(path, bench, out, plot=False, progress=False, storage_options=storage_options,
-                    threshold=threshold)
+                    threshold=threshold, layout=(layouts or {}).get("target"),
+                    bench_layout=(layouts or {}).get("bench"))
             return
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
@@ -400,11 +410,13 @@ def _nothing_to_show(path: str, exc: Exception) -> UnknownDialectError:
 
 
 def open_view(path: str, bench: Optional[str] = None, *, storage_options: Optional[dict] = None,
-              work_dir: Optional[str] = None, threshold: Optional[float] = None, title: Optional[str] = None) -> ViewData:
+              work_dir: Optional[str] = None, threshold: Optional[float] = None, title: Optional[str] = None,
+              layout: Optional[str] = None, bench_layout: Optional[str] = None) -> ViewData:
     """The explorer's data for ``path`` (a dump, lake index or compare output) and optional ``bench``.
 
     With ``bench``, the pair is compared once into ``work_dir`` (a new temporary directory by
-    default, removed by :meth:`ViewData.close`)."""
+    default, removed by :meth:`ViewData.close`). ``layout`` / ``bench_layout``: that side is a
+    parallel run, compared and shown as its merged logical model (``compare --layout``)."""
     owns = work_dir is None
     work = work_dir or tempfile.mkdtemp(prefix="msprobe_view_")
     os.makedirs(work, exist_ok=True)
@@ -413,7 +425,8 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
     try:
         if bench is not None:
             out = os.path.join(work, "compare")
-            _compare_apart(path, bench, out, storage_options, threshold)
+            data.layouts = {"target": layout, "bench": bench_layout}
+            _compare_apart(path, bench, out, storage_options, threshold, data.layouts)
             data.target, data.bench = path, bench
             data.load_compare_output(out)
         elif _is_compare_output(path):

@@ -168,3 +168,20 @@ def test_lake_diverge_under_a_layout(runs, tmp_path, capsys):
     assert answer["pairs_compared"] == 1 and answer["origin"]["record"] == "Functional.linear.4.forward"
     assert answer["origin"]["layout"]["suspect_ranks"] == [3]
     assert answer["first_divergence"]["rank_dir"] == "merged"
+
+
+def test_explorer_model_tree_of_the_merged_model(runs, tmp_path):
+    pytest.importorskip("duckdb")
+    from msprobe.view import open_view
+
+    view = open_view(str(runs / "fault"), str(runs / "single"), layout="tp=2,pp=2", work_dir=str(tmp_path))
+    try:
+        tree = view.tree(0)
+        top = [node["name"] for node in tree.kids(None)["nodes"] if node["name"].startswith("Module.layers.")]
+        assert top[:4] == [f"Module.layers.{i}.MLP.forward.0" for i in range(4)]  # stage 1's layers.0 is layers.2
+        assert tree.path("Functional.linear.4.forward") == ["Module.layers.2.MLP.forward.0",
+                                                           "Module.layers.2.fc1.ColumnParallelLinear.forward.0",
+                                                           "Functional.linear.4.forward"]
+        assert view.summary["layout"]["origin"]["suspect_ranks"] == [3]
+    finally:
+        view.close()
