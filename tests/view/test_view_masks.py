@@ -75,3 +75,31 @@ def test_a_real_inf_is_still_nan_inf(tmp_path):
         assert (cell["nan_inf"], cell["masked"]) == (1, 0)
     finally:
         data.close()
+
+
+def test_the_page_lists_a_mask_quietly(page, causal_pair, tmp_path):
+    """In a real browser, on the report of the pair: no row of the faulty cell wears the NaN colour; the
+    'mask -inf' filter lists the mask's rows, labelled so."""
+    import time
+
+    from msprobe.view import write_report
+
+    data = open_view(str(causal_pair / "target"), str(causal_pair / "bench"), work_dir=str(tmp_path / "w"))
+    try:
+        out = write_report(data, str(tmp_path / "report.html"))
+    finally:
+        data.close()
+    page.goto(f"file://{out}")
+    page.wait_for_selector("body[data-ready]", state="attached", timeout=30000)
+    worst = page.locator("#worst-cells tbody").inner_text()
+    assert "NaN/Inf" not in worst and worst.startswith("step 2"), worst  # the real fault, not the masks
+    page.locator(".tab[data-view=list]").click()
+    page.wait_for_selector("#view-list:not([hidden]) #rows .vrow")
+    assert page.locator("#rows .vrow.r-nan").count() == 0
+    page.select_option("select[data-filter=result]", "masked")
+    deadline = time.monotonic() + 20
+    while not page.evaluate("() => [...document.querySelectorAll('#rows .vrow')].length > 0 && "
+                            "[...document.querySelectorAll('#rows .vrow')].every(r => r.textContent.includes('mask -inf'))"):
+        assert time.monotonic() < deadline, page.locator("#rows").inner_text()[:500]
+        page.wait_for_timeout(50)
+    assert page.errors == [], page.errors
