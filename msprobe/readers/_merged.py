@@ -258,6 +258,11 @@ def merge_model(stages: list, reference: Optional[dict] = None) -> tuple:
         ranks = [source.rank for source in sources]
         left_out.extend({"rank": source.rank, "record": name} for source, data in zip(sources, stage_data)
                         for name in data if comm_api(name) is not None)
+        known = set(stage_data[0])
+        findings.extend({"record": name, "leaf": "", "finding": "record not on the stage's first rank: not merged",
+                         "ranks": [source.rank], "differ_from_bench": [], "values": {}}
+                        for source, data in zip(sources[1:], stage_data[1:]) for name in data
+                        if name not in known and comm_api(name) is None)
         merger = _Merger(ranks, stage_data, reference, findings)
         local_parents = _parents(sources[0])
         stage_backward: dict = {}

@@ -185,3 +185,50 @@ def test_explorer_model_tree_of_the_merged_model(runs, tmp_path):
         assert view.summary["layout"]["origin"]["suspect_ranks"] == [3]
     finally:
         view.close()
+
+
+class _Rank:
+    """A rank directory stand-in for merge_model: its records and its construct tree."""
+
+    def __init__(self, rank: int, data: dict, parents: dict):
+        from msprobe.format.documents import DumpDocument
+
+        self.rank, self.step, self.url = rank, 0, f"mem://rank{rank}"
+        self._doc, self._parents = DumpDocument.new("statistics", "mix", "pytorch", data=data), parents
+
+    def document(self):
+        return self._doc
+
+    def parents(self):
+        return self._parents
+
+
+def _leaf(value: float, shape=(2, 4)) -> dict:
+    return {"type": "torch.Tensor", "dtype": "torch.float64", "shape": list(shape), "Max": value, "Min": -value,
+            "Mean": 0.0, "Norm": value}
+
+
+def test_a_module_on_every_stage_spans_them_and_partial_sums_take_the_reduced_result():
+    from msprobe.readers._merged import merge_model
+
+    root = "Module.model.GPT.forward.0"
+    stage0 = [_Rank(r, {"Functional.matmul.0.forward": {"input_args": [_leaf(1.0)], "output": [_leaf(3.0 + r)]},
+                        "Distributed.all_reduce.0.forward": {"input_args": [_leaf(3.0 + r)], "output": [_leaf(7.0)]},
+                        root: {"input_args": [_leaf(1.0)], "output": [_leaf(5.0)]}},
+                    {"Functional.matmul.0.forward": root, root: None}) for r in (0, 1)]
+    stage1 = []
+    for rank, value in ((2, 6.0), (3, 8.0)):  # a column-parallel output: shards of [2, 4]
+        data = {"Functional.matmul.0.forward": {"input_args": [_leaf(5.0)], "output": [_leaf(value, (2, 2))]},
+                root: {"input_args": [_leaf(5.0)], "output": [_leaf(9.0)]}}
+        if rank == 3:
+            data["Tensor.extra.0.forward"] = {"output": [_leaf(1.0)]}  # only on the second TP rank
+        stage1.append(_Rank(rank, data, {"Functional.matmul.0.forward": root, root: None}))
+    data, parents, _, report = merge_model([stage0, stage1], {})
+    assert list(data) == ["Functional.matmul.0.forward", "Functional.matmul.1.forward", root]
+    assert data[root]["input_args"][0]["Max"] == 1.0 and data[root]["output"][0]["Max"] == 9.0  # first's in, last's out
+    assert data["Functional.matmul.0.forward"]["output"][0]["Max"] == 7.0  # the partial sums' all_reduce result
+    assert report["records"]["Functional.matmul.0.forward"]["leaves"]["output.0"] == "partial"
+    merged = data["Functional.matmul.1.forward"]["output"][0]  # shards along the last dimension
+    assert merged["shape"] == [2, 4] and merged["Max"] == 8.0 and merged["Norm"] == 10.0
+    assert parents["Functional.matmul.1.forward"] == root and report["communication_left_out"] == 2
+    assert [f["record"] for f in report["findings"]] == ["Tensor.extra.0.forward"]
