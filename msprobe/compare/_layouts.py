@@ -99,6 +99,8 @@ def layout_summary(pairs: list, summary: dict) -> dict:
         if not found:
             continue
         for target, _ in pairs:
+            if found.get("rank_dir") not in (None, target.rank_dir):
+                continue  # another logical model's (data-parallel replica's) record
             report = getattr(target, "report", None)
             entry = report["records"].get(found.get("record") or found.get("row", "").split(".input")[0]
                                           .split(".output")[0]) if report else None

@@ -232,3 +232,13 @@ def test_a_module_on_every_stage_spans_them_and_partial_sums_take_the_reduced_re
     assert merged["shape"] == [2, 4] and merged["Max"] == 8.0 and merged["Norm"] == 10.0
     assert parents["Functional.matmul.1.forward"] == root and report["communication_left_out"] == 2
     assert [f["record"] for f in report["findings"]] == ["Tensor.extra.0.forward"]
+
+
+def test_data_parallel_replicas_are_models_of_their_own(runs, tmp_path):
+    # tp=2 alone on 4 ranks: dp=2, ranks [0, 1] and [2, 3] are two logical models, each paired with the bench
+    summary = compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path), layout="tp=2", plot=False)
+    models = {model["rank_dir"]: model["stages"] for model in summary["layout"]["models"]}
+    assert models == {"merged0": [[0, 1]], "merged1": [[2, 3]]}
+    assert [pair["rank_dir"] for pair in summary["pairs"]] == ["merged0", "merged1"]
+    origin = summary["origin"]
+    assert summary["layout"]["origin"]["ranks"] == models[origin["rank_dir"]][0]  # the origin's own replica
