@@ -26,6 +26,7 @@ import math
 from typing import Any, Optional
 
 from msprobe.compare._rows import leaf_side, record_leaves
+from msprobe.compare._verdict import same_dtype
 from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
 
 __all__ = ["ORIGIN_THRESHOLD", "find_origin", "departure", "describe", "earliest", "order_key"]
@@ -53,15 +54,17 @@ def _relative(target: Optional[float], bench: Optional[float], scale: float) -> 
     return abs(target - bench) / scale if scale > 0 else math.inf
 
 
-def departure(target: Any, bench: Any, md5: bool = False) -> tuple:
+def departure(target: Any, bench: Any, md5: bool = False, classes: bool = False) -> tuple:
     """(size, note) of a target leaf against its bench leaf (:class:`_rows.Side`): the largest
     relative difference of their statistics (inf where one side only is non-finite, or the shapes
-    differ), and a note ("dtype X vs Y", "shape", "CRC-32") or None."""
+    differ), and a note ("dtype X vs Y", "shape", "CRC-32") or None. ``classes``: a MindSpore and a
+    torch dtype of the same class are the same dtype (a compare across frameworks)."""
     if target.shape != bench.shape:
         return math.inf, "shape"
     if md5:
         return (math.inf, "CRC-32") if target.md5 != bench.md5 else (0.0, None)
-    note = f"dtype {target.dtype} vs {bench.dtype}" if target.dtype != bench.dtype else None
+    same = same_dtype(target.dtype, bench.dtype) if classes else target.dtype == bench.dtype
+    note = None if same else f"dtype {target.dtype} vs {bench.dtype}"
     if not target.tensor or not bench.tensor:
         return (0.0 if target.stats[0] == bench.stats[0] else math.inf), note
     target_max, target_min, target_mean, target_norm = (_number(v) for v in target.stats)
@@ -96,7 +99,8 @@ def _missing_positions(target_count: int, pairs: list, missing: list, bench_posi
     return sorted(at)
 
 
-def _departures(leaves: list, bench_leaves: dict, md5: bool, buffers: frozenset = frozenset()) -> tuple:
+def _departures(leaves: list, bench_leaves: dict, md5: bool, buffers: frozenset = frozenset(),
+                classes: bool = False) -> tuple:
     """(inputs, outputs): [(suffix, io, target Side, size, note)] of the leaves both sides hold
     (a communication call's receive buffers left out: their content before the call is no data)."""
     inputs: list = []
@@ -107,7 +111,7 @@ def _departures(leaves: list, bench_leaves: dict, md5: bool, buffers: frozenset 
         if buffers and is_buffer_leaf(suffix, buffers):
             continue
         side = leaf_side(leaf)
-        size, note = departure(side, leaf_side(bench_leaves[suffix]), md5)
+        size, note = departure(side, leaf_side(bench_leaves[suffix]), md5, classes)
         (outputs if io in _OUT_IO else inputs).append((suffix, io, side, size, note))
     return inputs, outputs
 
@@ -129,15 +133,18 @@ def _introduced(inputs: list, outputs: list, threshold: float, produced: set) ->
 
 
 def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mode: str,
-                threshold: Optional[float] = None, rank: Optional[int] = None) -> Optional[dict]:
+                threshold: Optional[float] = None, rank: Optional[int] = None, across_frameworks: bool = False,
+                rows: Optional[dict] = None) -> Optional[dict]:
     """The first record of one rank pair where an error is introduced (see the module doc):
     ``{record, bench_record, row, argument, role, size, note, record_index}`` or None.
     ``pairs``/``rest``: :func:`msprobe.compare._match.match_records`' matching; ``rank``: the
-    target's rank (a broadcast's tensor is data on its root, a receive buffer elsewhere)."""
+    target's rank (a broadcast's tensor is data on its root, a receive buffer elsewhere);
+    ``across_frameworks``: a record only one side has is no origin (each framework has its own), and
+    dtypes compare by class; ``rows``: {target row: bench row} of a mapping (-dm, -am's argument indices)."""
     limit = ORIGIN_THRESHOLD if threshold is None else threshold
     md5 = mode == "md5"
     tensor_task = mode == "tensor"
-    missing = [name for name in rest if _has_tensor(record_leaves(name, bench_data[name], tensor_task))]
+    missing = [name for name in rest if not across_frameworks and _has_tensor(record_leaves(name, bench_data[name], tensor_task))]
     missing_at = (_missing_positions(len(pairs), pairs, missing, {name: i for i, name in enumerate(bench_data)})
                   if missing else [])
     produced: set = set()
@@ -146,14 +153,16 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
             return _missing(missing_at[0][1], missing_at[0][0])
         leaves = record_leaves(name, target_data[name], tensor_task)
         if bench is None:
-            if name.endswith(".debug") or not _has_tensor(leaves):
+            if across_frameworks or name.endswith(".debug") or not _has_tensor(leaves):
                 continue
             return {"record": name, "bench_record": None, "row": name, "argument": None, "role": "extra in target",
                     "size": None, "note": "the bench has no such record", "record_index": record_index}
         bench_leaves = {suffix: leaf for suffix, leaf, _ in record_leaves(bench, bench_data[bench], tensor_task)}
+        if rows:
+            bench_leaves = _remapped(name, bench, leaves, bench_leaves, rows)
         buffers = frozenset(buffer_args(name, target_data[name], -1 if rank is None else rank)) \
             if name.startswith(_COMM) else frozenset()
-        inputs, outputs = _departures(leaves, bench_leaves, md5, buffers)
+        inputs, outputs = _departures(leaves, bench_leaves, md5, buffers, across_frameworks)
         found = _introduced(inputs, outputs, limit, produced)
         if found is not None:
             suffix, role, size, note = found
@@ -165,6 +174,16 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
     if missing_at:
         return _missing(missing_at[0][1], missing_at[0][0])
     return None
+
+
+def _remapped(name: str, bench: str, leaves: list, bench_leaves: dict, rows: dict) -> dict:
+    """``bench_leaves`` keyed by the target's suffixes where ``rows`` maps a target row to a bench row of ``bench``."""
+    out = dict(bench_leaves)
+    for suffix, _, _ in leaves:
+        mapped = rows.get(f"{name}.{suffix}")
+        if mapped and mapped.startswith(bench + ".") and mapped[len(bench) + 1:] in bench_leaves:
+            out[suffix] = bench_leaves[mapped[len(bench) + 1:]]
+    return out
 
 
 def _step_key(step: Any) -> tuple:

@@ -101,6 +101,13 @@ def _framework(dtype: Any) -> int:
     return 2 if text[:1].isupper() and text[1:2].isalpha() and text != "N/A" else 0
 
 
+def same_dtype(target: Any, bench: Any) -> bool:
+    """Equal dtype names, or a MindSpore and a torch dtype of the same class (``Float32``, ``torch.float32``)."""
+    if target == bench:
+        return True
+    return _framework(target) * _framework(bench) == 2 and dtype_class(str(target)) == dtype_class(str(bench))
+
+
 def _across(frame: Any) -> Any:
     """The rows whose target dtype is a MindSpore one and whose bench dtype a torch one (or the reverse),
     in a compare across frameworks (-am/-cm/-lm; otherwise none)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from msprobe.compare._xframe_api import BUILTIN, CELL_CLASSES, PT_TYPES, mindspore_api
+from msprobe.compare._xframe_api import BUILTIN, BUILTIN_ARGS, CELL_CLASSES, PARAMETERS, PT_TYPES, mindspore_api
 
 __all__ = ["XFrame", "match_xframe", "read_api_mapping", "read_cell_mapping", "read_layer_mapping"]
 
@@ -218,17 +218,38 @@ def _counterpart(name: str, target_data: dict, bench_data: dict, xf: XFrame, by_
 
 
 def _row_mapping(pairs: list, target_data: dict, xf: XFrame) -> dict:
-    """{target row: bench row} from the user api_mapping entries' argument and output indices."""
+    """{target row: bench row} from the argument and output indices of the user api_mapping entries
+    (and of the built-in table's forward arguments, :data:`BUILTIN_ARGS`)."""
     user = xf.get("api") or {}
     out: dict = {}
-    if not user:
-        return out
     for name, bench in pairs:
         split = _split_api(name) if bench is not None else None
-        entry = user.get(f"{split[0]}.{split[1]}") if split else None
-        if entry is None:
+        if split is None:
+            if bench is not None and name.startswith("Cell."):
+                out.update(_parameter_rows(name, bench, target_data[name]))
             continue
-        for io, side in (("input", "args"), ("output", "outputs")):
-            for ms, pt in zip(entry.get(f"ms_{side}") or [], entry.get(f"pt_{side}") or []):
+        api = f"{split[0]}.{split[1]}"
+        entry = user.get(api)
+        if entry is not None:
+            indices = {io: (entry.get(f"ms_{side}") or [], entry.get(f"pt_{side}") or [])
+                       for io, side in (("input", "args"), ("output", "outputs"))}
+        else:
+            indices = {io: got for (direction, io), got in BUILTIN_ARGS.get(api, {}).items() if direction == split[2]}
+        for io, (ms_indices, pt_indices) in indices.items():
+            for ms, pt in zip(ms_indices, pt_indices):
                 out[f"{name}.{io}.{ms}"] = f"{bench}.{io}.{pt}"
+    return out
+
+
+def _parameter_rows(name: str, bench: str, raw: Any) -> dict:
+    """{target row: bench row} of a Cell's parameters whose PyTorch names differ (``gamma`` -> ``weight``)."""
+    out = {}
+    if name.endswith(".parameters_grad") and isinstance(raw, dict):
+        for param in raw:
+            if param in PARAMETERS:
+                out[f"{name}.{param}"] = f"{bench}.{PARAMETERS[param]}"
+    elif isinstance(raw, dict) and isinstance(raw.get("parameters"), dict):
+        for param in raw["parameters"]:
+            if param in PARAMETERS:
+                out[f"{name}.parameters.{param}"] = f"{bench}.parameters.{PARAMETERS[param]}"
     return out

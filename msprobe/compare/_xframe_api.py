@@ -16,7 +16,7 @@ A MindSpore API record ``<Type>.<api>`` is tried against the PyTorch API names i
 """
 from __future__ import annotations
 
-__all__ = ["BUILTIN", "CELL_CLASSES", "PT_TYPES", "mindspore_api"]
+__all__ = ["BUILTIN", "BUILTIN_ARGS", "CELL_CLASSES", "PARAMETERS", "PT_TYPES", "mindspore_api"]
 
 #: the API types of a PyTorch dump
 PT_TYPES = ("Torch", "Functional", "Tensor", "NPU", "Distributed", "Aten", "VF")
@@ -64,6 +64,17 @@ BUILTIN = {
     "Functional.sum": ("Tensor.sum", "Torch.sum"),
 }
 
+
+#: arguments that sit at other positions: {MindSpore ``Type.api``: {(direction, "input"/"output"):
+#: (its indices, PyTorch's)}}. ``LayerNorm``'s primitive takes x, gamma, beta where ``layer_norm``
+#: takes x, normalized_shape, weight, bias, eps; its backward record holds the gradients of beta,
+#: gamma and x where PyTorch's holds those of x, weight and bias (read from both dumps of one model).
+BUILTIN_ARGS = {"Primitive.layer_norm": {("forward", "input"): ((0, 1, 2), (0, 2, 3)),
+                                         ("backward", "output"): ((0, 1, 2), (2, 1, 0))}}
+
+#: MindSpore parameter names -> PyTorch's, where they differ (``LayerNorm``/``BatchNorm``, ``Embedding``)
+PARAMETERS = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean", "moving_variance": "running_var",
+              "embedding_table": "weight"}
 
 #: MindSpore Cell classes -> the PyTorch Module classes of the same layer, where the names differ
 CELL_CLASSES = {"Dense": "Linear", "SequentialCell": "Sequential", "CellList": "ModuleList", "CellDict": "ModuleDict",
