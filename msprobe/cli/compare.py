@@ -175,7 +175,10 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
               f"records {r['matched_records']}/{r['records']} matched, {r['unmatched_bench_records']} "
               f"bench-only -> {os.path.basename(r['files'][0])}")
         mb = r["matched_by"]
-        if mb.get("structural") or mb.get("dialect") or mb.get("fuzzy"):
+        if mb.get("mapping") is not None:
+            say(f"    MindSpore against PyTorch: matched by name {mb['exact']}, through the API/Cell/layer "
+                f"mappings {mb['mapping']}; records without a counterpart stay unmatched")
+        elif mb.get("structural") or mb.get("dialect") or mb.get("fuzzy"):
             say(f"    matched by name {mb['exact']}, across dialects {mb['dialect']}, by structure "
                   f"{mb['structural']}" + (f", fuzzy {mb['fuzzy']}" if mb.get("fuzzy") else ""))
     if analysis:

@@ -19,6 +19,12 @@ def _common(p) -> None:
                    help="the same for BENCH")
     p.add_argument("--work-dir", default=None,
                    help="where the compare output and the view's tables go (default: a temporary directory)")
+    p.add_argument("-am", "--api_mapping", dest="api_mapping", nargs="?", const=True, default=None,
+                   help="a MindSpore dump against a PyTorch bench: compare's -am [api_mapping.yaml] (the built-in "
+                        "API and Cell mappings apply by default to such a pair)")
+    p.add_argument("-cm", "--cell_mapping", dest="cell_mapping", nargs="?", const=True, default=None,
+                   help="compare's -cm [cell_mapping.yaml]")
+    p.add_argument("-lm", "--layer_mapping", dest="layer_mapping", default=None, help="compare's -lm layer_mapping.yaml")
 
 
 def register(sub) -> None:
@@ -38,8 +44,13 @@ def _open(args):
     from msprobe.view import open_view
 
     opts = json.loads(args.storage_options) if args.storage_options else None
+    flags: list = []
+    for flag, value in (("-am", args.api_mapping), ("-cm", args.cell_mapping), ("-lm", args.layer_mapping)):
+        if value is not None:
+            flags += [flag] if value is True else [flag, value]
     return open_view(args.path, args.bench, storage_options=opts, work_dir=args.work_dir,
-                     threshold=args.divergence_threshold, layout=args.layout, bench_layout=args.bench_layout)
+                     threshold=args.divergence_threshold, layout=args.layout, bench_layout=args.bench_layout,
+                     compare_flags=flags)
 
 
 def run_view(args) -> int:

@@ -25,7 +25,7 @@ from msprobe.compare._runner import publish as _publish
 from msprobe.compare._runner import run_forked as _run_forked
 from msprobe.compare._summary import FIRST_KEYS, PairSummary
 from msprobe.compare._write import XLSX_FILLS, write_header, write_xlsx
-from msprobe.compare._xframe import XFrame, match_xframe
+from msprobe.compare._xframe import XFrame, match_xframe, mindspore_against_pytorch
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import Executor
 from msprobe.format.layout import dump_dir_of
@@ -160,8 +160,12 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
     """:func:`compare_pair` with its options as one :class:`CompareOptions`."""
     target_data, bench_data = _data(target_source), _data(bench_source)
     mapping = options.mapping
-    if options.xframe is not None:
-        pairs, rest, how, rows = match_xframe(target_data, bench_data, XFrame(options.xframe))
+    xframe = options.xframe
+    if xframe is None and options.structural == "auto" and mindspore_against_pytorch(target_data, bench_data):
+        xframe = {"api": {}, "cell": {}}  # as -am -cm: names alone pair almost nothing across frameworks
+        options = dataclasses.replace(options, xframe=xframe)
+    if xframe is not None:
+        pairs, rest, how, rows = match_xframe(target_data, bench_data, XFrame(xframe))
         mapping = {**rows, **(mapping or {})} or None
     else:
         pairs, rest, how = match_records(target_data, bench_data, _parents(target_source), _parents(bench_source),
@@ -427,6 +431,8 @@ def _warnings(results: list) -> list:
     """Lines worth a user's attention: rank pairs where most target records found no bench record."""
     out = []
     for result in results:
+        if result["matched_by"].get("mapping") is not None:
+            continue  # across frameworks each side has records of its own (listed per record as unmatched)
         if result["records"] and result["matched_records"] < MOSTLY_UNMATCHED * result["records"]:
             out.append(f"step {result['step']} {result['rank_dir']} vs {result['bench_rank_dir']}: only "
                        f"{result['matched_records']} of {result['records']} target records matched a bench record "

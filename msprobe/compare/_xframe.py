@@ -23,7 +23,8 @@ from typing import Any, Optional
 
 from msprobe.compare._xframe_api import BUILTIN, BUILTIN_ARGS, CELL_CLASSES, PARAMETERS, PT_TYPES, mindspore_api
 
-__all__ = ["XFrame", "match_xframe", "read_api_mapping", "read_cell_mapping", "read_layer_mapping"]
+__all__ = ["XFrame", "match_xframe", "mindspore_against_pytorch", "read_api_mapping", "read_cell_mapping",
+           "read_layer_mapping"]
 
 _DIRS = ("forward", "backward")
 
@@ -168,6 +169,14 @@ def _bench_api_key(name: str) -> Optional[tuple]:
 
 
 # ---------------------------------------------------------------- matching
+
+def mindspore_against_pytorch(target_data: Any, bench_data: Any) -> bool:
+    """Whether the target's records are MindSpore's and the bench's PyTorch's (by their tensor types)."""
+    from msprobe.format.model import infer_framework
+
+    target, bench = infer_framework(target_data), infer_framework(bench_data)
+    return bool(target and bench and target[0] == "mindspore" and bench[0] == "pytorch")
+
 
 def _bench_index(bench_data: dict) -> tuple:
     """({(pt api, direction): [records in order]}, {pt api})."""

@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError, UnknownDialectError
 from msprobe.view._load import Loader
@@ -373,13 +373,14 @@ def _is_compare_output(path: str) -> bool:
 
 
 def _compare_apart(path: str, bench: str, out: str, storage_options: Optional[dict],
-                   threshold: Optional[float], layouts: Optional[dict] = None) -> None:
+                   threshold: Optional[float], layouts: Optional[dict] = None, flags: Sequence[str] = ()) -> None:
     """``msprobe compare`` in a child process: the parsed dumps' memory goes with it, so the server's
-    peak stays that of its tables; the child's one-line error is raised here as a ConfigError."""
+    peak stays that of its tables; the child's one-line error is raised here as a ConfigError.
+    ``flags``: more of compare's options (the cross-framework mappings ``-am``/``-cm``/``-lm``)."""
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "msprobe", "compare", path, bench, "-o", out, "--no-plot"]
+    cmd = [sys.executable, "-m", "msprobe", "compare", path, bench, "-o", out, "--no-plot", *flags]
     if threshold is not None:
         cmd += ["--divergence-threshold", repr(float(threshold))]
     for side, flag in (("target", "--layout"), ("bench", "--bench-layout")):
@@ -391,6 +392,8 @@ def _compare_apart(path: str, bench: str, out: str, storage_options: Optional[di
         except TypeError:  # options that are objects (a session): they cannot cross; compare here
             from msprobe.compare import compare
 
+            if flags:
+                raise ConfigError("the cross-framework mappings need storage options that are JSON") from None
             compare(path, bench, out, plot=False, progress=False, storage_options=storage_options,
                     threshold=threshold, layout=(layouts or {}).get("target"),
                     bench_layout=(layouts or {}).get("bench"))
@@ -411,12 +414,15 @@ def _nothing_to_show(path: str, exc: Exception) -> UnknownDialectError:
 
 def open_view(path: str, bench: Optional[str] = None, *, storage_options: Optional[dict] = None,
               work_dir: Optional[str] = None, threshold: Optional[float] = None, title: Optional[str] = None,
-              layout: Optional[str] = None, bench_layout: Optional[str] = None) -> ViewData:
+              layout: Optional[str] = None, bench_layout: Optional[str] = None,
+              compare_flags: Sequence[str] = ()) -> ViewData:
     """The explorer's data for ``path`` (a dump, lake index or compare output) and optional ``bench``.
 
     With ``bench``, the pair is compared once into ``work_dir`` (a new temporary directory by
     default, removed by :meth:`ViewData.close`). ``layout`` / ``bench_layout``: that side is a
-    parallel run, compared and shown as its merged logical model (``compare --layout``)."""
+    parallel run, compared and shown as its merged logical model (``compare --layout``).
+    ``compare_flags``: ``-am``, ``-cm``, ``-lm`` (a MindSpore dump against a PyTorch one pairs
+    through the built-in mappings without them)."""
     owns = work_dir is None
     work = work_dir or tempfile.mkdtemp(prefix="msprobe_view_")
     os.makedirs(work, exist_ok=True)
@@ -426,7 +432,7 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
         if bench is not None:
             out = os.path.join(work, "compare")
             data.layouts = {"target": layout, "bench": bench_layout}
-            _compare_apart(path, bench, out, storage_options, threshold, data.layouts)
+            _compare_apart(path, bench, out, storage_options, threshold, data.layouts, compare_flags)
             data.target, data.bench = path, bench
             data.load_compare_output(out)
         elif _is_compare_output(path):

@@ -264,9 +264,22 @@ def test_models_match_their_counterparts(xframe_pairs, tmp_path, model):
     pairs = _record_pairs(_ours(ms, pt, str(tmp_path / "o"), ["-am", "-cm"]))
     right = [name for name, found in counterparts.items() if pairs.get(name) in found]
     assert len(right) >= MIN_SHARE * len(counterparts), sorted(set(counterparts) - set(right))
-    # without the mappings (today's default) most of them stay unmatched
-    plain = _record_pairs(_ours(ms, pt, str(tmp_path / "p"), []))
+    # a MindSpore dump against a PyTorch one: the same matching without the flags, and in the explorer
+    assert _record_pairs(_ours(ms, pt, str(tmp_path / "d"), [])) == pairs
+    # names only (--match names; the default before the mappings): most of them stay unmatched
+    plain = _record_pairs(_ours(ms, pt, str(tmp_path / "p"), ["--match", "names"]))
     assert sum(1 for name, found in counterparts.items() if plain.get(name) in found) < 0.6 * len(counterparts)
+    if model == "conv":
+        pytest.importorskip("duckdb")
+        from msprobe.view import open_view
+
+        data = open_view(ms, pt, work_dir=str(tmp_path / "view"))
+        try:
+            with open(tmp_path / "view" / "compare" / "summary.json", encoding="utf-8") as f:
+                (pair,) = json.load(f)["pairs"]
+            assert pair["matched_records"] == 16 and pair["matched_by"]["mapping"] > 0
+        finally:
+            data.close()
 
 
 @pytest.mark.parametrize("model,task", [("mlp", "md5"), ("conv", "tensor")])
