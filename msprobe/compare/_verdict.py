@@ -155,12 +155,17 @@ def _dtype(frame: Any) -> Any:
     if across.any():
         classes = np.frompyfunc(dtype_class, 1, 1)
         differ = np.where(across, classes(target) != classes(bench), differ)
+    if frame.across_frameworks:  # an argument one framework passes as no tensor or value (a group object)
+        differ = differ & (target != _NA) & (bench != _NA)
     return (frame.matched & (frame.name != _NA) & ~frame.bench_name_has("qkv", "gate_up") & (target != "")
             & (bench != "") & differ.astype(bool))
 
 
 def _shape(frame: Any) -> Any:
-    return frame.matched & (frame.text("target", "shape") != frame.text("bench", "shape"))
+    differ = frame.matched & (frame.text("target", "shape") != frame.text("bench", "shape"))
+    if frame.across_frameworks:  # an argument one framework passes as no tensor or value (a group object)
+        differ = differ & (frame.text("target", "dtype") != _NA) & (frame.text("bench", "dtype") != _NA)
+    return differ
 
 
 def _first_output_where(frame: Any, groups: Any) -> Any:

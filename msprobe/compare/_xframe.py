@@ -219,11 +219,30 @@ def _counterpart(name: str, target_data: dict, bench_data: dict, xf: XFrame, by_
         candidates, position = by_key[key], taken[key]
         while position < len(candidates) and candidates[position] in used:
             position += 1
-        taken[key] = position + 1
-        return candidates[position] if position < len(candidates) else None
+        taken[key] = position
+        shape = _first_shape(target_data[name])
+        for candidate in candidates[position:]:  # the next call of the API whose first tensor has the shape
+            if candidate not in used and _compatible(shape, _first_shape(bench_data[candidate])):
+                return candidate
+        return None
     if name in bench_data and name not in used:  # Distributed.*, or a name both frameworks use
         return name
     return None
+
+
+def _first_shape(raw: Any) -> Optional[tuple]:
+    """The shape of a record's first tensor argument (of its gradients for a backward), or None."""
+    if not isinstance(raw, dict):
+        return None
+    for key in ("input_args", "input"):
+        for value in raw.get(key) or ():
+            if isinstance(value, dict) and isinstance(value.get("shape"), list) and "dtype" in value:
+                return tuple(value["shape"])
+    return None
+
+
+def _compatible(target: Optional[tuple], bench: Optional[tuple]) -> bool:
+    return target is None or bench is None or target == bench
 
 
 def _row_mapping(pairs: list, target_data: dict, xf: XFrame) -> dict:
