@@ -12,6 +12,8 @@ The real tool's ``-am [api_mapping.yaml]``, ``-cm [cell_mapping.yaml]`` and ``-l
   ``Module.<path>.<Class>...``; a cell_mapping file renames ``<cell path>.<Class>`` (whole or as a
   suffix of the path), a layer_mapping file renames the layers of the path (each path component
   the file maps, ``Cell: {network_with_loss: module}`` the top one).
+- A layer_mapping file may also name APIs (``logical_or: __or__``, a Primitive's class
+  ``RmsNorm: npu_rms_norm``): those pair as the file says.
 - The per-argument mappings of an api_mapping file (``ms_args``/``pt_args``,
   ``ms_outputs``/``pt_outputs``) become row mappings, as a data_mapping file's.
 
@@ -155,10 +157,28 @@ def _api_key(name: str, xf: XFrame, bench_apis: set) -> Optional[tuple]:
     user = (xf.get("api") or {}).get(f"{kind}.{api}")
     if user is not None:
         return user["pt_api"], direction
+    named = _layer_api(name, xf.get("layer") or {}, bench_apis)
+    if named is not None:
+        return named, direction
     for candidate in mindspore_api(kind, api, BUILTIN):
         if candidate in bench_apis:
             return candidate, direction
     return (f"{kind}.{api}", direction) if kind in PT_TYPES and kind not in ("Functional", "Tensor") else None
+
+
+def _layer_api(name: str, layers: dict, bench_apis: set) -> Optional[str]:
+    """The PyTorch ``Type.api`` a layer_mapping file names for an API record (``logical_or: __or__``,
+    a Primitive's class ``RmsNorm: npu_rms_norm``; a dotted name by its last part), if the bench has it."""
+    if not layers:
+        return None
+    parts = name.split(".")
+    for ms, pt in layers.items():
+        if ms.rsplit(".", 1)[-1] in parts[1:-2]:
+            target = pt.rsplit(".", 1)[-1]
+            for kind in PT_TYPES:
+                if f"{kind}.{target}" in bench_apis:
+                    return f"{kind}.{target}"
+    return None
 
 
 def _bench_api_key(name: str) -> Optional[tuple]:

@@ -105,6 +105,16 @@ def test_layer_and_api_mapping_pair_every_record_with_a_counterpart():
     assert how["mapping"] == 6 and how["exact"] == 1
 
 
+def test_layer_mapping_names_apis_too():
+    ms = {"Functional.my_fused_op.0.forward": _rec(_ms([4], 2.0)), "Primitive.norm.MyNorm.0.forward": _rec(_ms([4]))}
+    pt = {"NPU.custom_op.0.forward": _rec(_pt([4], 2.0)), "NPU.npu_my_norm.0.forward": _rec(_pt([4]))}
+    layer = {"my_fused_op": "core.custom_op", "MyNorm": "npu_my_norm"}  # an API, a Primitive's class
+    pairs, _, _, _ = match_xframe(ms, pt, XFrame(layer=layer))
+    assert dict(pairs) == {"Functional.my_fused_op.0.forward": "NPU.custom_op.0.forward",
+                           "Primitive.norm.MyNorm.0.forward": "NPU.npu_my_norm.0.forward"}
+    assert match_xframe(ms, pt, XFrame(api={}))[0] == [(name, None) for name in ms]
+
+
 def test_today_default_matching_drops_all_reduce_and_mapping_fixes_it(tmp_path):
     ms, pt = _write(str(tmp_path / "ms"), MS_DATA, "mindspore"), _write(str(tmp_path / "pt"), PT_DATA, "pytorch")
     assert main(["compare", ms, pt, "-o", str(tmp_path / "out"), "--no-plot", "-am", "-cm",
