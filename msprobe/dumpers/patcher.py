@@ -29,6 +29,10 @@ class ApiPatcher:
         self.extra = extra or {}
         self._saved: list = []
         self._handler: Optional[Callable] = None
+        # (id(original), api key) -> its wrapper: a function reached through two modules
+        # (``dist.isend`` and ``distributed_c10d.isend``) gets one wrapper, so identity checks
+        # such as ``P2POp``'s ``op in [isend, irecv]`` still hold
+        self._made: dict = {}
 
     @property
     def installed(self) -> bool:
@@ -70,6 +74,22 @@ class ApiPatcher:
         return out
 
     def _wrap(self, target, name: str, orig, api_key: str, handler: Callable) -> None:
+        made = self._made.get((id(orig), api_key))
+        wrapper = made[1] if made is not None and made[0] is orig and made[2] is handler else \
+            self._new_wrapper(orig, api_key, handler)
+        owned = not isinstance(target, type) or name in target.__dict__
+        new_attr: Any  # the wrapper, or a staticmethod of it
+        if owned and isinstance(target, type) and isinstance(target.__dict__[name], staticmethod):
+            orig_attr, new_attr = target.__dict__[name], staticmethod(wrapper)  # Tensor.from_numpy
+        else:
+            orig_attr, new_attr = orig, wrapper
+        try:
+            setattr(target, name, new_attr)
+        except (AttributeError, TypeError):
+            return
+        self._saved.append((target, name, orig_attr, owned))
+
+    def _new_wrapper(self, orig, api_key: str, handler: Callable) -> Callable:
         guard = self.guard
 
         def wrapper(*args, **kwargs):
@@ -83,17 +103,8 @@ class ApiPatcher:
             pass
         wrapper.__msprobe_wrapped__ = True  # type: ignore[attr-defined]
         wrapper.__msprobe_key__ = api_key  # type: ignore[attr-defined]
-        owned = not isinstance(target, type) or name in target.__dict__
-        new_attr: Any  # the wrapper, or a staticmethod of it
-        if owned and isinstance(target, type) and isinstance(target.__dict__[name], staticmethod):
-            orig_attr, new_attr = target.__dict__[name], staticmethod(wrapper)  # Tensor.from_numpy
-        else:
-            orig_attr, new_attr = orig, wrapper
-        try:
-            setattr(target, name, new_attr)
-        except (AttributeError, TypeError):
-            return
-        self._saved.append((target, name, orig_attr, owned))
+        self._made[(id(orig), api_key)] = (orig, wrapper, handler)
+        return wrapper
 
     def _listed_key(self, target, name: str) -> Optional[str]:
         for key, (prefix, targets) in self.namespaces().items():
@@ -129,6 +140,7 @@ class ApiPatcher:
     def uninstall(self) -> None:
         if _ACTIVE.get(id(self.guard)) is self:
             del _ACTIVE[id(self.guard)]
+        self._made.clear()
         for target, name, orig, owned in reversed(self._saved):
             try:
                 if owned:

@@ -31,7 +31,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
 
-__all__ = ["CommApi", "COMM_APIS", "COMM_PREFIXES", "CommCall", "comm_api", "comm_call", "buffer_args", "is_buffer_leaf",
+__all__ = ["CommApi", "COMM_APIS", "COMM_PREFIXES", "CommCall", "comm_api", "comm_call", "buffer_args", "null_args",
+           "is_buffer_leaf",
            "calls_in", "call_rows", "calls_from_rows", "graph_from_calls", "propagation", "describe_path", "CALL_FIELDS",
            "StepGraph", "Edge", "build_step_graph"]
 
@@ -59,6 +60,9 @@ class CommApi:
     peer: Optional[str] = None
     group_peer: Optional[str] = None
     asynchronous: bool = False
+    #: buffers whose pre-call content the dump records all the same (26.2.0 writes broadcast's
+    #: tensor on every rank); every other buffer is written ``null`` (spec/FORMAT.md 22.1)
+    recorded_buffers: tuple = ()
 
     def position(self, param: str) -> int:
         return self.params.index(param)
@@ -84,7 +88,8 @@ COMM_APIS: dict = {
     "recv": _p2p("recv", "src"),
     "irecv": _p2p("recv", "src", True),
     "broadcast": CommApi("from_root", ("tensor", "src", "group", "async_op", "group_src"),
-                         root_data=("tensor",), buffers=("tensor",), peer="src", group_peer="group_src"),
+                         root_data=("tensor",), buffers=("tensor",), peer="src", group_peer="group_src",
+                         recorded_buffers=("tensor",)),
     "all_reduce": CommApi("all", ("tensor", "op", "group", "async_op"), data=("tensor",)),
     "reduce": CommApi("to_root", ("tensor", "dst", "op", "group", "async_op", "group_dst"),
                       data=("tensor",), peer="dst", group_peer="group_dst"),
@@ -222,6 +227,18 @@ def buffer_args(name: str, record: Any, rank: int) -> set:
         elif param in spec.params:
             out.add(spec.position(param))
     return out
+
+
+def null_args(name: str, record: Any, rank: int) -> set:
+    """The arguments a producer writes ``null`` in a communication record's inputs: its buffers
+    (:func:`buffer_args`) but those 26.2.0 records all the same (``recorded_buffers``)."""
+    found = comm_api(name)
+    out = buffer_args(name, record, rank)
+    if found is None or not out or not found[1].recorded_buffers:
+        return out
+    spec = found[1]
+    keep = set(spec.recorded_buffers) | {spec.position(p) for p in spec.recorded_buffers}
+    return out - keep
 
 
 def is_buffer_leaf(suffix: str, buffers: "set | frozenset") -> bool:

@@ -1,0 +1,102 @@
+"""torch.distributed calls in the dump: receive buffers written ``null`` and asynchronous calls
+recorded once their work completes (spec/PRODUCER.md section 24).
+
+* The content of a receive buffer before the call (``recv``'s tensor, ``all_gather``'s output
+  list, ``all_to_all_single``'s output, ...) is whatever the memory held: the record's inputs
+  write ``null`` there, as 26.2.0 does (:func:`msprobe.format.comm.null_args` says which).
+* An asynchronous call (``isend``/``irecv``, a collective with ``async_op=True``) returns a
+  ``Work``; the record keeps its place (call order) and its ``output`` is encoded when the work's
+  ``wait()`` returns, the buffers then holding what was received. ``Work.wait`` is patched once
+  (at the first asynchronous call recorded) and runs the pending callback of its work.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from msprobe.format.comm import null_args
+
+__all__ = ["without_buffers", "is_work", "defer_until_wait", "drop_pending"]
+
+_LOCK = threading.Lock()
+_PENDING: dict = {}  # id(work) -> (work, callback)
+_PATCHED: dict = {}  # "wait" -> the original Work.wait
+
+
+def _work_class() -> Any:
+    try:
+        from torch._C._distributed_c10d import Work
+    except Exception:  # noqa: BLE001 - torch without distributed
+        return None
+    return Work
+
+
+def _plain(value: Any) -> Any:
+    """What :func:`null_args` reads of an argument: ints as they are, a process group as its ranks."""
+    if isinstance(value, (bool, int, str)) or value is None:
+        return value
+    try:
+        import torch.distributed as dist
+
+        if isinstance(value, dist.ProcessGroup):
+            return {"group_ranks": list(dist.get_process_group_ranks(value))}
+    except Exception:  # noqa: BLE001 - a group we cannot read: treated as the default group
+        return None
+    return "tensor"
+
+
+def without_buffers(api_key: str, args: tuple, kwargs: dict, rank: Optional[int]) -> tuple:
+    """``(args, kwargs)`` with the receive buffers of a ``Distributed.*`` call replaced by None
+    (encoded ``null``); the call's own arguments are left alone."""
+    name = api_key + ".0.forward"
+    view = {"input_args": [_plain(a) for a in args], "input_kwargs": {k: _plain(v) for k, v in kwargs.items()}}
+    nulls = null_args(name, view, -1 if rank is None else rank)
+    if not nulls:
+        return args, kwargs
+    args = tuple(None if i in nulls else a for i, a in enumerate(args))
+    kwargs = {k: None if k in nulls else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def is_work(value: Any) -> bool:
+    cls = _work_class()
+    return cls is not None and isinstance(value, cls)
+
+
+def _patch() -> bool:
+    if "wait" in _PATCHED:
+        return True
+    cls = _work_class()
+    if cls is None:
+        return False
+    orig = cls.wait
+
+    def wait(work, *args, **kwargs):
+        result = orig(work, *args, **kwargs)
+        with _LOCK:
+            entry = _PENDING.pop(id(work), None)
+        if entry is not None and entry[0] is work:
+            entry[1]()
+        return result
+
+    try:
+        cls.wait = wait
+    except (AttributeError, TypeError):
+        return False
+    _PATCHED["wait"] = orig
+    return True
+
+
+def defer_until_wait(work: Any, callback: Callable[[], None]) -> bool:
+    """Run ``callback`` once ``work.wait()`` returns; False when that cannot be arranged."""
+    with _LOCK:
+        if not _patch():
+            return False
+        _PENDING[id(work)] = (work, callback)
+    return True
+
+
+def drop_pending() -> None:
+    """Forget every pending callback (the step is over: its records are published)."""
+    with _LOCK:
+        _PENDING.clear()
