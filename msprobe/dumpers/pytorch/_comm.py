@@ -12,11 +12,13 @@ recorded once their work completes (spec/PRODUCER.md section 24).
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
+from msprobe.dumpers.pytorch._apis import GUARD
 from msprobe.format.comm import null_args
 
-__all__ = ["without_buffers", "is_work", "defer_until_wait", "drop_pending"]
+__all__ = ["without_buffers", "is_work", "defer_until_wait", "record_after_wait", "drop_pending"]
 
 _LOCK = threading.Lock()
 _PENDING: dict = {}  # id(work) -> (work, callback)
@@ -94,6 +96,38 @@ def defer_until_wait(work: Any, callback: Callable[[], None]) -> bool:
             return False
         _PENDING[id(work)] = (work, callback)
     return True
+
+
+def record_after_wait(core: Any, rec: dict, fwd: str, work: Any, values: tuple, stack: Any, parent: Any) -> bool:
+    """An asynchronous communication call (its ``Work``): its record takes its place now and gets
+    its ``output`` (``values``: the call's arguments) when ``work.wait()`` returns, the statistics
+    cache cleared first (gloo writes the buffers without a ``_version`` bump). False: nothing
+    deferred, record it now."""
+    if not core.enabled:
+        return False
+    session = core.session
+    step = session.current_step
+    session.add_record(fwd, rec, stack=stack, parent=parent)
+    ref = weakref.ref(core)
+
+    def completed() -> None:
+        alive = ref()
+        if alive is None or alive.session.current_step != step or GUARD.inside:
+            return
+        GUARD.inside = True
+        try:
+            alive.encoder.cache.clear()
+            alive.forward_output(rec, fwd, values)
+            if alive.filter.keep(rec, fwd, alive.encoder):
+                alive.session.add_record(fwd, rec, parent=parent, construct=False)
+            else:
+                alive.session.remove_record(fwd)
+        except Exception:  # noqa: BLE001 - never break training for the dump
+            pass
+        finally:
+            GUARD.inside = False
+
+    return defer_until_wait(work, completed)
 
 
 def drop_pending() -> None:

@@ -188,7 +188,8 @@ class TorchDumper(FrameworkAdapter):
                 if rec and core.enabled:
                     core.session.add_record(fwd, rec, stack=stack, parent=parent)
                 raise
-            if dist and _comm.is_work(out) and self._defer_output(rec, fwd, out, args, kwargs, stack, parent):
+            if dist and _comm.is_work(out) and _comm.record_after_wait(core, rec, fwd, out, tuple(args) + tuple(
+                    kwargs.values()), stack, parent):
                 return out  # recorded in call order, its output once the work completes
             if dist:  # the arguments after the collective, as msprobe does
                 core.forward_output(rec, fwd, tuple(args) + tuple(kwargs.values()))
@@ -201,39 +202,6 @@ class TorchDumper(FrameworkAdapter):
             return out
         finally:
             GUARD.inside = False
-
-    def _defer_output(self, rec: dict, fwd: str, work: Any, args: tuple, kwargs: dict, stack: Any,
-                      parent: Any) -> bool:
-        """An asynchronous communication call (a ``Work``): its record takes its place now and gets
-        its ``output`` when ``work.wait()`` returns (the buffers written then, with no ``_version``
-        bump by gloo: the statistics cache is cleared first). False: record it now."""
-        core = self.core
-        if not core.enabled:
-            return False
-        session = core.session
-        step = session.current_step
-        core.session.add_record(fwd, rec, stack=stack, parent=parent)
-        dumper = weakref.ref(self)
-        values = tuple(args) + tuple(kwargs.values())
-
-        def completed() -> None:
-            alive = dumper()
-            if alive is None or alive.core.session.current_step != step or GUARD.inside:
-                return
-            GUARD.inside = True
-            try:
-                alive.core.encoder.cache.clear()
-                alive.core.forward_output(rec, fwd, values)
-                if alive.core.filter.keep(rec, fwd, alive.core.encoder):
-                    alive.core.session.add_record(fwd, rec, parent=parent, construct=False)
-                else:
-                    alive.core.session.remove_record(fwd)
-            except Exception:  # noqa: BLE001 - never break training for the dump
-                pass
-            finally:
-                GUARD.inside = False
-
-        return _comm.defer_until_wait(work, completed)
 
     def _online_api(self, online: OnlineRunUt, orig, api_key: str, args: tuple, kwargs: dict):
         """online_run_ut: the call's inputs and outputs go to the checker as one packet."""
