@@ -294,6 +294,17 @@ def test_models_match_their_counterparts(xframe_pairs, tmp_path, model):
             data.close()
 
 
+def test_lake_diverge_pairs_the_frameworks(xframe_pairs, tmp_path, capsys):
+    import shutil
+
+    ms, pt = xframe_pairs[("mlp", "statistics")]
+    for name, root in (("ms", ms), ("pt", pt)):
+        shutil.copytree(os.path.join(root, "step0"), tmp_path / "lake" / name / "step0")
+    assert main(["lake", "diverge", str(tmp_path / "lake"), "ms", "pt", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "no divergence" in out, out  # the same weights: every paired record agrees
+
+
 @pytest.mark.parametrize("model,task", [("mlp", "md5"), ("conv", "tensor")])
 def test_md5_and_tensor_modes(xframe_pairs, tmp_path, model, task):
     ms, pt = xframe_pairs[(model, task)]
