@@ -61,6 +61,7 @@ class TorchDumper(FrameworkAdapter):
                                fetch_stats=fetch_stats, get_rank=_get_rank, guard=GUARD)
         self._module_handles: list = []
         self.last_module_fwd: Optional[str] = None  # the last module forward call that ended
+        self.in_flight: list = []  # InputEdges of the module forwards running (innermost last)
         self._optim_handles: list = []
         self._mutating = _MutatingKeys()
         self._captured_checked: set = set()
@@ -117,6 +118,7 @@ class TorchDumper(FrameworkAdapter):
         self.stop()
         core = self.core
         core.bw_stack.clear()
+        self.in_flight.clear()
         core.fix_dangling_parents()
         if self.online is not None:
             self.online.end_step(core.session.current_step)
@@ -328,11 +330,17 @@ class TorchDumper(FrameworkAdapter):
             core.record_backward(bwd, grad_outputs, grad_inputs, bw_parent)
             return None
 
-        if any(first is arg for arg in args) and observed_output(first):
-            # an API that returned a module's output unchanged (x.float() of a float32 x): 26.2.0's record
-            # is that of its identity node on the module's output, whose gradient passes through
-            on_grad(first, lambda grad: hook((grad,), (grad,)), last=True)
-            return
+        if any(first is arg for arg in args):
+            # an API that returned its argument unchanged (x.float() of a float32 x): 26.2.0 records the
+            # identity node its module hooks put on a module's output, or on the inputs of the module
+            # whose forward is running
+            inputs = next((edges for edges in reversed(self.in_flight) if edges.holds(first)), None)
+            if inputs is not None:
+                inputs.apis.append(lambda grads: hook(grads, grads))
+                return
+            if observed_output(first):
+                on_grad(first, lambda grad: hook((grad,), (grad,)), last=True)
+                return
         first.grad_fn.register_hook(hook)
 
     # ---------------------------------------------------------------- modules
@@ -477,7 +485,9 @@ class _ModuleHooks(ModuleForwardHooks):
         inputs = _grad_tensors(args)
         mark = sequence_mark()
         if mark is not None and torch.is_grad_enabled():
-            self.taps[calls[-1][0]] = (InputEdges(inputs, mark), len(inputs))
+            edges = InputEdges(inputs, mark)
+            self.taps[calls[-1][0]] = (edges, len(inputs))
+            dumper.in_flight.append(edges)
         return None
 
     def post_backward(self, module, args, kwargs, output):
@@ -491,6 +501,8 @@ class _ModuleHooks(ModuleForwardHooks):
         index = int(fwd.rsplit(".", 1)[1])
         generation = dumper.core.generation
         edges, n_in = self.taps.pop(fwd, (None, 0))
+        if edges is not None and edges in dumper.in_flight:
+            dumper.in_flight.remove(edges)
         # the output's tensors that need a gradient, in depth-first order through tuples, lists and
         # dicts (a ModelOutput): the record's "input" holds one gradient each, as 26.2.0's
         outputs = _grad_tensors((output,))

@@ -32,15 +32,19 @@ class InputEdges:
     """A module call's input tensors that need a gradient, as graph edges, taken before its forward
     (an in-place op inside the module changes the tensor's node, not the edge its gradient reaches)."""
 
-    __slots__ = ("mark", "keys", "nodes")
+    __slots__ = ("mark", "keys", "nodes", "apis")
 
     def __init__(self, tensors: list, mark: int) -> None:
         self.mark = mark
+        self.apis: list = []  # API calls inside the forward that returned one of these inputs unchanged
         self.keys: dict = {}
         self.nodes: list = []  # kept until the forward ends, so that the ids stay theirs
         for index, t in enumerate(tensors):
             self.keys.setdefault(_edge(t), index)
             self.nodes.append(t if t.grad_fn is None else t.grad_fn)
+
+    def holds(self, t: torch.Tensor) -> bool:
+        return _edge(t) in self.keys
 
     def index_of(self, node: Any, nr: int) -> Optional[int]:
         variable = getattr(node, "variable", None)
@@ -148,6 +152,9 @@ class CallGrads:
         self.finish_on_older = False  # no node of its own sends a gradient to an input
         self._begin, self._done = begin, done
         self.dispatchers: list = []
+        self.apis: list = []
+        self.out_seqs: Optional[list] = None  # each output's node
+        self.fired: set = set()
 
     def start(self) -> None:
         if self.started:
@@ -185,6 +192,14 @@ class CallGrads:
         if input_index is not None:  # an output that is an input, unchanged: its gradient goes through
             self.add_input(input_index, grad)
             self.pending -= 1
+        if self.finish_on_older and self.out_seqs is not None:
+            # 26.2.0's identity node on the outputs runs once the outputs' users are done: when the first
+            # output's node runs (with the outputs of that same node), not when an output used inside
+            # another one (a ModelOutput's last_hidden_state under its pooler_output) gets its gradient
+            self.fired.add(position)
+            if all(i in self.fired for i, each in enumerate(self.out_seqs) if each == seq):
+                self.finish()
+                return
         self._maybe_finish()
 
     def node_grads(self, slots: list, grad_inputs: tuple, seq: Optional[int]) -> None:
@@ -225,6 +240,10 @@ class CallGrads:
     def emit(self) -> None:
         try:
             self._done(tuple(self.grad_output), tuple(self.grad_input))
+            # then the API calls that returned an input unchanged: 26.2.0 records them from its identity
+            # node on the module's inputs, whose gradients are the module's input gradients
+            for api in self.apis:
+                api(tuple(self.grad_input))
         except Exception:  # noqa: BLE001 - never break training for the dump
             pass
 
@@ -274,6 +293,7 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
     consumers = _consumers(outputs, edges) if edges is not None and edges.keys else {}
     grads.pending = len(consumers)
     grads.finish_on_older = not consumers
+    grads.out_seqs = [node_seq(o.grad_fn) for o in outputs]
     for node, slots in consumers.values():
         seq = node_seq(node)
         node.register_hook(lambda grad_inputs, grad_outputs, slots=slots, seq=seq:
@@ -296,4 +316,7 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
         fns = on_grad(out, got)
         if fns is not None:
             grads.dispatchers.append((fns, got))
+    if edges is not None:
+        grads.apis = edges.apis
+        edges.nodes = []  # (the ids served the walk; a hook on an input's node must not keep it alive)
     return grads
