@@ -127,12 +127,12 @@ class ValueEncoder:
             return {"type": "ellipsis", "value": "..."}
         if isinstance(value, complex):
             return {"type": "complex", "value": [value.real, value.imag]}
-        return self._special(value)
+        return self._special(value, data_prefix, save)
 
     def _plain(self, bound: Any) -> Any:
         return bound if bound is None or isinstance(bound, (int, float, str, bool)) else str(bound)
 
-    def _special(self, value: Any) -> Any:
+    def _special(self, value: Any, data_prefix: str, save: bool) -> Any:
         return None
 
     def encode_output(self, out: Any, prefix: str, save: bool, *, is_sequence=None) -> Any:

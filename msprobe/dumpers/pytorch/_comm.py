@@ -61,8 +61,13 @@ def without_buffers(api_key: str, args: tuple, kwargs: dict, rank: Optional[int]
 
 
 def is_work(value: Any) -> bool:
+    """Whether a call returned a ``Work`` (an asynchronous call), or ``batch_isend_irecv``'s list of them."""
     cls = _work_class()
-    return cls is not None and isinstance(value, cls)
+    if cls is None:
+        return False
+    if isinstance(value, list) and value:
+        value = value[-1]  # the batch's last operation: waited on last
+    return isinstance(value, cls)
 
 
 def _patch() -> bool:
@@ -127,7 +132,7 @@ def record_after_wait(core: Any, rec: dict, fwd: str, work: Any, values: tuple, 
         finally:
             GUARD.inside = False
 
-    return defer_until_wait(work, completed)
+    return defer_until_wait(work[-1] if isinstance(work, list) else work, completed)
 
 
 def drop_pending() -> None:

@@ -458,10 +458,12 @@ class Encoder(ValueEncoder):
             return v.item() if v.numel() == 1 else None
         return super()._plain(v)
 
-    def _special(self, value: Any) -> Any:
+    def _special(self, value: Any, data_prefix: str, save: bool) -> Any:
         if is_ndarray(value):  # Tensor.numpy()'s output
             return ndarray_entry(value)
         tname = type(value).__name__
+        if tname == "P2POp":
+            return self._p2p_op(value, data_prefix, save)
         if tname == "ReduceOp" or tname == "RedOpType":
             return {"type": "torch.distributed.ReduceOp", "value": str(value)}
         if tname in ("ProcessGroup", "ProcessGroupGloo", "ProcessGroupNCCL"):
@@ -474,6 +476,25 @@ class Encoder(ValueEncoder):
             except Exception:  # noqa: BLE001 - a process group that cannot be described: no group_id
                 return {"type": "torch.ProcessGroup", "value": None}
         return None
+
+    def _p2p_op(self, op: Any, data_prefix: str, save: bool) -> dict:
+        """A ``P2POp`` of ``batch_isend_irecv`` (26.2.0's fields); an ``irecv`` op's tensor in the
+        call's inputs is its receive buffer before the receive: null (PRODUCER.md item 46)."""
+        kind = getattr(getattr(op, "op", None), "__name__", None)
+        group = self._special(getattr(op, "group", None), data_prefix, save) if getattr(op, "group", None) else None
+        if group is None:
+            try:
+                import torch.distributed as dist
+
+                group = self._special(dist.group.WORLD, data_prefix, save)
+            except Exception:  # noqa: BLE001 - no default group: no group_id
+                group = None
+        buffer = kind == "irecv" and ".input." in data_prefix
+        tensor = getattr(op, "tensor", None)
+        return {"class_type": "torch.distributed.P2POp",
+                "tensor": None if buffer or tensor is None else self.tensor(tensor, f"{data_prefix}.tensor", save),
+                "op": kind, "peer": getattr(op, "peer", None), "tag": getattr(op, "tag", 0),
+                "group_id": (group or {}).get("group_id")}
 
     def tensor(self, t: torch.Tensor, data_name_prefix: str, save: bool) -> dict:
         dtype = t.dtype
