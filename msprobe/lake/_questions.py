@@ -20,6 +20,7 @@ import time
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from msprobe.compare._cluster import add_paths, order_results
 from msprobe.compare._core import compare_pair, detect_mode, pair_sources
 from msprobe.compare._layouts import layout_mode, layout_pairs, layout_summary
 from msprobe.compare._origin import earliest, order_key
@@ -247,7 +248,11 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     "mode": ...}``; ``first_divergence`` is the key of compare's summary.json too (``"first"``,
     the same object, is kept for older scripts). ``first_divergence`` follows the Result
     column (26.2.0's rules); ``origin`` is where the error is introduced (:mod:`msprobe.compare._origin`); both are the earliest step's,
-    then the lowest record index over its ranks (:func:`msprobe.compare._origin.earliest`).
+    then the first in that step's happens-before order over its ranks (the communication graph of
+    :mod:`msprobe.format.comm`, built from the rank pairs' ``comm`` reports by
+    :func:`msprobe.compare._cluster.order_results`; ``order``: (level, rank, record index)), as compare
+    chooses them (:func:`msprobe.compare._origin.earliest`), each with its propagation path over the ranks
+    (``path``, ``path_text``: :func:`msprobe.compare._cluster.add_paths`).
 
     ``layout`` / ``bench_layout`` (``"tp=2,pp=2"`` or ``"auto"``): that run's ranks are merged into its
     logical model per step before comparing (:mod:`msprobe.compare._layouts`; one task a step);
@@ -293,6 +298,7 @@ def _diverge_steps(lake: Any, run_a: str, run_b: str, jobs_by_step: dict, task: 
         steps_done.append(key[0] if key[0] >= 0 else None)
         if results:
             used_mode = results[0]["mode"]
+        graphs = order_results(results)  # each answer's place in its step's happens-before order
         if origin is None:
             got = earliest(results, "origin")
             if got is not None:
@@ -309,9 +315,11 @@ def _diverge_steps(lake: Any, run_a: str, run_b: str, jobs_by_step: dict, task: 
                               "split": summary["split"], "record": divergence["record"], "row": divergence["row"],
                               "record_index": divergence["record_index"], "result": divergence["result"],
                               "metrics": divergence["metrics"], "files": summary["files"],
+                              "order": divergence.get("order"),
                               **({"layout": summary["layout"].get("first_divergence")} if "layout" in summary else {})})
             if first is None:
                 first = dict(ranks[0], run_a=run_a, run_b=run_b)
+        add_paths({"origin": origin, "first_divergence": first}, graphs)
         if (divs or origin is not None) and not all_steps:
             break
     return {"run_a": run_a, "run_b": run_b, "mode": used_mode, "first_divergence": first, "first": first,
