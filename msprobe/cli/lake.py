@@ -46,7 +46,8 @@ def register(sub) -> None:
     cmd.add_argument("query", help='e.g. "SELECT run, count(*) FROM lake GROUP BY run"')
     cmd.add_argument("--csv", default=None, help="write the result to this CSV file too")
     cmd.set_defaults(func=run_sql)
-    cmd = lsub.add_parser("nan", help="the first NaN/Inf of each run and rank (attention masks' -inf counted apart)")
+    cmd = lsub.add_parser("nan", help="the first NaN/Inf of each run and rank, in the step's communication order: "
+                                      "the first row of a run is its origin (masks' -inf counted apart)")
     _common(cmd)
     cmd.add_argument("--run", action="append", default=None, help="only this run (repeatable)")
     cmd.add_argument("--kind", default="any", choices=["any", "nan", "inf"],
@@ -254,7 +255,15 @@ def run_sql(args, lake) -> int:
 def run_nan(args, lake) -> int:
     frame = lake.first_nan(run=args.run, kind=args.kind)
     what = {"any": "no NaN or Inf", "nan": "no NaN", "inf": "no Inf"}[args.kind]
-    status = _print_table(frame, args.json, f"{what} in any statistic")
+    shown = frame if args.json else frame.drop(columns=["path"])
+    status = _print_table(shown, args.json, f"{what} in any statistic")
+    if not args.json:
+        from msprobe.format.naming import printable
+
+        for row in frame[frame["origin"]].itertuples():  # each run's first, in its step's happens-before order
+            print(f"origin ({printable(str(row.run))}): step {row.step} {printable(str(row.rank_dir))} "
+                  f"{printable(str(row.record))} {row.arg_path} ({row.kind}, first in the step's communication order)")
+            print(f"  path: {printable(str(row.path))}")
     for masked in frame.attrs.get("masked_only", ()):
         print(f"note: {masked['run']} {masked['rank_dir']}: -inf only in attention masks and what they feed "
               f"({masked['masked_rows']} rows, as intended)", file=sys.stderr if args.json else sys.stdout)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from msprobe.backends import Store, open_store
 from msprobe.errors import ConfigError, MsprobeError, StorageNotFoundError, StoragePermissionError, require
+from msprobe.format.comm import COMM_PREFIXES
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
 from msprobe.format.layout import MAPPING_CSV, TENSOR_DIR, RankLocation, discover
 from msprobe.format.protocols import ReadableStore
@@ -49,8 +50,11 @@ CONFIG_NAMES = ("config.json", "msprobe_config.json")
 #: one row per indexed rank directory
 MANIFEST_COLUMNS = ("run", "run_prefix", "split", "step", "rank", "rank_dir", "prefix", "index_key", "compact_key",
                     "doc", "doc_size", "mtime", "tensor_files", "tensor_bytes", "records", "rows", "nan_rows",
-                    "framework", "task", "level", "dialect", "built_at")
+                    "framework", "task", "level", "dialect", "built_at", "comm_calls")
 
+
+#: record-name prefixes of communication calls (counted per rank directory: a step without any has no graph)
+_COMM_NAMES = tuple(prefix + "." for prefix in COMM_PREFIXES)
 
 _STORES: dict = {}
 
@@ -422,6 +426,7 @@ def build_batch(job: BuildJob) -> list:
                 "mtime": mtime, "tensor_files": files, "tensor_bytes": tbytes, "records": len(data),
                 "rows": n_rows, "nan_rows": nan_rows, "framework": doc.framework, "task": doc.task,
                 "level": doc.level, "dialect": dialect, "built_at": time.time(),
+                "comm_calls": sum(1 for name in data if name.startswith(_COMM_NAMES)),
             })
             src.release()  # one document in memory at a time
         for future in puts:
@@ -476,7 +481,8 @@ def manifest_table(rows: list) -> Any:
     pyarrow = require("pyarrow", "parquet")
     types = {"step": pyarrow.int64(), "rank": pyarrow.int64(), "doc_size": pyarrow.int64(), "mtime": pyarrow.float64(),
              "tensor_files": pyarrow.int64(), "tensor_bytes": pyarrow.int64(), "records": pyarrow.int64(),
-             "rows": pyarrow.int64(), "nan_rows": pyarrow.int64(), "built_at": pyarrow.float64()}
+             "rows": pyarrow.int64(), "nan_rows": pyarrow.int64(), "built_at": pyarrow.float64(),
+             "comm_calls": pyarrow.int64()}
     schema = pyarrow.schema([(column, types.get(column, pyarrow.string())) for column in MANIFEST_COLUMNS])
     return pyarrow.Table.from_pydict({column: [row.get(column) for row in rows] for column in MANIFEST_COLUMNS},
                                      schema=schema)

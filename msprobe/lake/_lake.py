@@ -19,7 +19,7 @@ from msprobe.execution import Executor
 from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import check_index_file
 from msprobe.index.rows import COLUMNS, arrow_schema
-from msprobe.lake import _core
+from msprobe.lake import _core, _graph
 from msprobe.lake._place import locate, open_lake_store
 from msprobe.lake._questions import disagree, diverge, first_nan, trend
 from msprobe.lake._refresh import Places, Refresher
@@ -126,6 +126,7 @@ class Lake:
         self.catalog_rows = result.catalog_rows
         self.stats = result.stats
         self.timings = result.timings
+        self.graphs = result.graphs  # comm/ dir -> what the step's communication graph holds (lake._graph)
 
     def _own(self) -> ReadableStore:
         """The store of the lake's own files (there is one whenever it lists files)."""
@@ -298,7 +299,10 @@ class Lake:
     # -- SQL ------------------------------------------------------------------------------------------------
     def duckdb(self) -> Any:
         """A DuckDB connection with views ``lake`` (one row per tensor), ``lake_records`` (every
-        index row, records without tensors included), ``catalog`` and ``manifest``.
+        index row, records without tensors included), ``catalog``, ``manifest``, and the steps'
+        communication graphs (:mod:`msprobe.lake._graph`): ``comm_calls`` (one row per
+        communication call, with its level in the step's happens-before order) and ``comm_edges``
+        (one row per matched data flow between two ranks).
 
         Local lakes are read by DuckDB's own Parquet reader; ``s3://`` lakes through its
         httpfs extension when it is installed, given the endpoint, region and credentials
@@ -326,6 +330,7 @@ class Lake:
                 raise
             raise StorageError(f"{self.lake_url}: cannot read the lake's index files ({_first_line(exc)}); "
                                "reopen the lake to rebuild them") from None
+        _graph.register_views(con, self.graphs, own=self._own, lake_url=self.lake_url, engine=self.sql_engine)
         con.register("catalog_arrow", self.catalog_table())
         con.execute("CREATE VIEW catalog AS SELECT * FROM catalog_arrow")
         con.register("manifest_arrow", _core.manifest_table(self.manifest_rows))

@@ -26,9 +26,11 @@ from msprobe.compare._layouts import layout_mode, layout_pairs, layout_summary
 from msprobe.compare._origin import earliest, order_key
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import star
+from msprobe.format.comm import CommCall, comm_api, describe_path, graph_from_calls, propagation
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
 from msprobe.format.layout import RankLocation
 from msprobe.lake._core import Prefetched, cached_store
+from msprobe.lake._graph import is_buffer_row
 from msprobe.readers._source import RankSource, records_of, task_of
 
 __all__ = ["first_nan", "diverge", "disagree", "trend", "STATS", "NAN_KINDS", "TREND_MAX_RECORDS"]
@@ -101,8 +103,12 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
     where = "(has_nan OR has_inf)" + _among("run", run) + _among("step", step) + _among("rank", rank)
     cols = ["run", "rank", "rank_dir", "split", "step", "seq", "record", "io", "arg_path", "max", "min", "mean",
             "norm", "has_nan", "has_inf"]
+    # a communication call's receive buffers (their content before the call) are no data: left out
     frame = lake.sql(f"""
-    SELECT {", ".join(cols)}, dtype, shape FROM lake WHERE {where}
+    WITH l AS (SELECT {", ".join(cols)}, dtype, shape FROM lake WHERE {where})
+    SELECT l.*, c.buffers AS comm_buffers FROM l LEFT JOIN comm_calls c
+      ON l.run = c.run AND l.step IS NOT DISTINCT FROM c.step AND l.split IS NOT DISTINCT FROM c.split
+         AND l.rank = c.rank AND l.seq = c."index"
     ORDER BY run, rank NULLS FIRST, rank_dir, step NULLS FIRST, split NULLS FIRST, seq, {_IO_ORDER}, arg_path
     """)
     firsts: dict = {}
@@ -115,6 +121,8 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
         if (row.seq, row.record) != rec:
             rec = (row.seq, row.record)
             tracker.record(row.record)
+        if is_buffer_row(row.arg_path, row.comm_buffers):
+            continue
         stats = tuple(None if value is None or pd.isna(value) and not isinstance(value, float) else float(value)
                       for value in (row.max, row.min, row.mean, row.norm))
         got = tracker.see(row.io, row.arg_path, stats, row.dtype, row.shape)
@@ -127,11 +135,89 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
     out = [dict(found, nan_rows=counts[rank_key]["nan"], inf_rows=counts[rank_key]["inf"],
                 masked_rows=counts[rank_key]["masked"])
            for rank_key, found in firsts.items()]
-    res = pd.DataFrame(out, columns=cols + ["kind", "nan_rows", "inf_rows", "masked_rows"])
+    paths = _in_order(lake, out)
+    res = pd.DataFrame(out, columns=cols + ["kind", "nan_rows", "inf_rows", "masked_rows", "level", "order", "origin",
+                                            "path"])
+    res.attrs["paths"] = paths
     res.attrs["masked_only"] = [{"run": rank_key[0], "rank_dir": rank_key[1], "masked_rows": counted["masked"]}
                                 for rank_key, counted in counts.items()
                                 if counted["masked"] and not counted["nan"] and not counted["inf"]]
     return res
+
+
+def _step_of(row: dict) -> tuple:
+    return (row["run"], row["split"], row["step"])
+
+
+def _in_order(lake: Any, rows: list) -> dict:
+    """Give each rank's first anomaly its place in its step's happens-before order (``level``: of
+    the rank's last communication call at or before it, from ``comm_calls``; ``order``: [level,
+    rank, record index]), sort ``rows`` by (run, step, split, order) and flag each run's first
+    as its ``origin``, with its propagation path (``path``, as text); returns {run: [hops]}."""
+    steps = {_step_of(row) for row in rows}
+    calls: dict = {}
+    if steps:
+        found = lake.sql(f"""SELECT * FROM comm_calls WHERE TRUE{_among("run", sorted({s[0] for s in steps}))}
+                         {_among("step", sorted({s[2] for s in steps if s[2] is not None}))} ORDER BY rank, "index" """)
+        for call in found.to_dict("records"):
+            key = (call["run"], call["split"], call["step"])
+            if key in steps:
+                calls.setdefault(key, []).append(call)
+    for row in rows:
+        level = 0
+        for call in calls.get(_step_of(row), ()):
+            if call["rank"] == row["rank"] and call["index"] <= row["seq"]:
+                level = call["level"]
+        row["level"] = level
+        row["order"] = [level, row["rank"], row["seq"]] if row["rank"] is not None else None
+        row["origin"] = False
+        row["path"] = None
+
+    def sort_key(row: dict) -> tuple:
+        order = row["order"] or [math.inf, math.inf, row["seq"]]
+        return (row["run"], row["step"] is None, row["step"] or 0, row["split"] or "", *order)
+
+    rows.sort(key=sort_key)
+    paths: dict = {}
+    for row in rows:
+        if row["run"] in paths:
+            continue
+        row["origin"] = True
+        hops = _path(lake, calls.get(_step_of(row), []), row)
+        paths[row["run"]] = [{"from_rank": e.src_rank, "from_record": e.src_record, "to_rank": e.dst_rank,
+                              "to_record": e.dst_record, "via": e.kind} for e in hops]
+        row["path"] = describe_path((row["rank"], row["record"]), hops)
+    return paths
+
+
+def _path(lake: Any, rows: list, origin: dict) -> list:
+    """The communication hops that carried ``origin``'s anomaly to other ranks (the step's graph
+    rebuilt from its ``comm_calls`` rows, :func:`msprobe.format.comm.propagation`)."""
+    if not rows or origin["rank"] is None:
+        return []
+    calls: dict = {}
+    flags: dict = {}
+    for row in rows:
+        found = comm_api(row["record"])
+        if found is None:
+            continue
+        group = row["group"]
+        call = CommCall(int(row["rank"]), int(row["index"]), row["record"], found[0], found[1].kind,
+                        tuple(int(member) for member in group) if group is not None else None,
+                        None if row["peer"] is None or row["peer"] != row["peer"] else int(row["peer"]),
+                        int(row["tag"] or 0), bool(row["is_root"]))
+        calls.setdefault(call.rank, []).append(call)
+        flags[(call.rank, call.index)] = (bool(row["data_nonfinite"]), bool(row["result_nonfinite"]))
+    world = tuple(sorted({m["rank"] for m in lake.manifest_rows
+                          if (m["run"], m["split"], m["step"]) == _step_of(origin) and m["rank"] is not None}
+                         | set(calls)))
+    graph = graph_from_calls(calls, world)
+
+    def carries(rank: int, index: int, what: str) -> bool:
+        flag = flags.get((rank, index))
+        return bool(flag and flag[0 if what == "data" else 1])
+
+    return propagation(graph, int(origin["rank"]), int(origin["seq"]), carries)
 
 
 # -- divergence between two runs ---------------------------------------------------------------------

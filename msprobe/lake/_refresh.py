@@ -27,7 +27,7 @@ from msprobe.errors import MsprobeError
 from msprobe.execution import Executor, star
 from msprobe.format.protocols import ReadableStore
 from msprobe.index import stale_reason, warn_stale
-from msprobe.lake import _core
+from msprobe.lake import _core, _graph
 from msprobe.progress import Progress
 
 __all__ = ["RefreshPlan", "BuildPlan", "CompactionPlan", "Places", "RefreshResult", "Refresher", "plan_refresh",
@@ -251,6 +251,7 @@ class RefreshResult:
     catalog_rows: list
     stats: dict
     timings: dict = field(default_factory=dict)
+    graphs: dict = field(default_factory=dict)  # comm/ dir -> state entry (msprobe.lake._graph)
 
 
 class Refresher:
@@ -309,6 +310,8 @@ class Refresher:
                                      direct=builds.direct, refresh=refresh)
         self._compact(rows, compaction)
         self._lap()
+        graphs = self._graphs(refresh, rows)
+        self._lap()
         manifest_rows = sorted(rows.values(), key=_manifest_order)
         catalog_rows = _core.catalog_rows(manifest_rows, infos, places.root_url)
         self._write(refresh, manifest_rows, catalog_rows,
@@ -318,10 +321,11 @@ class Refresher:
         stats = {"runs": len(infos), "rank_dirs": len(rows), "indexed": built_count, "recovered": len(plan.recover),
                  "removed": compaction.removed, "compacted": len(compaction.tasks) + len(builds.direct),
                  "stale": len(stale), "executor": executor}
-        names = ("discover_s", "list_s", "index_s", "compact_s", "catalog_s")
+        stats["graphs"] = sum(1 for entry in graphs.values() if entry.get("calls"))
+        names = ("discover_s", "list_s", "index_s", "compact_s", "graph_s", "catalog_s")
         timings = {name: end - start for name, start, end in zip(names, self.marks, self.marks[1:])}
         timings["total_s"] = self.marks[-1] - self.marks[0]
-        return RefreshResult(infos, manifest_rows, catalog_rows, stats, timings)
+        return RefreshResult(infos, manifest_rows, catalog_rows, stats, timings, graphs)
 
     @staticmethod
     def _absorb(rows: dict, changed: set, batches: list) -> int:
@@ -384,6 +388,32 @@ class Refresher:
                     store.delete(key)
                 except MsprobeError:
                     pass
+
+    def _graphs(self, refresh: str, rows: dict) -> dict:
+        """The communication graph of every step whose rank directories changed since it was built
+        (:func:`msprobe.lake._graph.plan_graphs`), as tasks; returns {dir: state entry}."""
+        state = _graph.read_state(self.lake)
+        plan = _graph.plan_graphs(rows, state, refresh)
+        graphs = dict(plan.keep)
+        if plan.build:
+            self.writable()
+            places = self.places
+            jobs = [_graph.GraphJob(places.root_url, places.storage_options, places.lake_url, places.lake_options,
+                                    run, split, step, locs, where, fingerprint)
+                    for where, run, split, step, locs, fingerprint in plan.build]
+            self.say(f"communication graph of {len(jobs)} step(s)")
+            for entry in self.runner.map(_graph.build_graph, jobs):
+                graphs[entry.pop("dir")] = entry
+        if plan.deletes:
+            store = self.writable()
+            for key in plan.deletes:
+                try:
+                    store.delete(key)
+                except MsprobeError:
+                    pass
+        if refresh != "none" and graphs != state:
+            _graph.write_state(self.writable(), graphs)
+        return graphs
 
     def _write(self, refresh: str, manifest_rows: list, catalog_rows: list, changed: bool) -> None:
         if refresh == "none":
