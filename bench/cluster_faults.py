@@ -17,11 +17,13 @@ Layouts (:data:`LAYOUTS`):
 * ``bcast``: rank 0 makes a scale vector and ``broadcast``s it (the others receive into
   ``torch.empty``); every rank multiplies its activations by it.
 
-A NaN/Inf fault is written by ``masked_fill`` at one *site* of one rank: every site calls
-``masked_fill`` at every step with an all-False mask but at the fault's (step, rank, site), so a
-run's records are the same with and without the fault, and the injected record is known:
-``Tensor.masked_fill.<k>.forward`` (``k``: the site's place among the rank's ``masked_fill``
-calls of the step). A ``scale`` fault multiplies one rank's weight (shard) by 1.05 before step 1
+A NaN/Inf fault is written at one *site* of one rank: every site calls ``t.fmod(a).div(b)`` at
+every step, ``t`` unchanged (``a`` 1e30, ``b`` 1) but at the fault's (step, rank, site), where one
+element of ``a`` (NaN) or ``b`` (Inf) is 0; so a run's records are the same with and without the
+fault, no argument is ever non-finite, and the injected record is known:
+``Tensor.fmod.<k>.forward`` (NaN) or ``Tensor.div.<k>.forward`` (Inf), ``k`` the site's place
+among the rank's sites of the step. (A ``masked_fill(mask, nan)`` would carry its NaN fill value
+into every step's record.) A ``scale`` fault multiplies one rank's weight (shard) by 1.05 before step 1
 (it stays off from then on): the expected origin is the record consuming it, the module given.
 
 Run as a script (``python bench/cluster_faults.py LAYOUT FAULT DUMP_PATH PORT``) it trains one run
@@ -41,7 +43,7 @@ FAULT_STEP = 1
 WORLD = 2
 H = 8
 
-#: the layouts and, per rank, their masked_fill sites in call order within a step
+#: the layouts and, per rank, their fault sites in call order within a step
 LAYOUTS: dict = {
     "pp": {0: ["s0f", "s0b"], 1: ["s1f", "s1b"]},
     "pp_async": {0: ["s0f0", "s0f1", "s0b0", "s0b1"], 1: ["s1f0", "s1f1", "s1b0", "s1b1"]},
@@ -79,7 +81,8 @@ def place(fault: str) -> dict:
     if kind == "scale":
         out["module"] = site
     else:
-        out["record"] = f"Tensor.masked_fill.{LAYOUTS[layout][rank].index(site)}.forward"
+        api = "fmod" if kind == "nan" else "div"
+        out["record"] = f"Tensor.{api}.{LAYOUTS[layout][rank].index(site)}.forward"
     return out
 
 
@@ -94,20 +97,28 @@ class _Run:
         self.kind, self.frank, self.site = (spec[1], spec[2], spec[3]) if spec else (None, None, None)
 
     def inject(self, t: Any, site: str) -> Any:
-        """``t.masked_fill(mask, value)``: the mask all False but at the fault's (step, rank, site)."""
+        """``t.fmod(a).div(b)``: ``a`` 1e30 and ``b`` 1 (``t`` unchanged, bit for bit) but at one
+        element at the fault's (step, rank, site), where ``a`` is 0 (fmod: NaN) or ``b`` is 0 (div:
+        Inf), the only non-finite values born of finite inputs in the run."""
         import torch
 
-        hit = self.kind in ("nan", "inf") and self.step == FAULT_STEP and self.rank == self.frank \
-            and site == self.site
-        cells = [hit and i == 1 for i in range(t.numel())]
-        for size in reversed(t.shape[1:]):  # nested lists: torch.tensor makes the mask, no recorded API
-            cells = [cells[i:i + size] for i in range(0, len(cells), size)]
-        mask = torch.tensor(cells, dtype=torch.bool)
-        return t.masked_fill(mask, float("nan") if self.kind == "nan" else float("inf"))
+        hit = self.step == FAULT_STEP and self.rank == self.frank and site == self.site
+        a = torch.tensor(_nested([0.0 if hit and self.kind == "nan" and i == 1 else 1e30 for i in range(t.numel())],
+                                 t.shape))
+        b = torch.tensor(_nested([0.0 if hit and self.kind == "inf" and i == 1 else 1.0 for i in range(t.numel())],
+                                 t.shape))
+        return t.fmod(a).div(b)
 
     def scaled(self, module: str) -> bool:
         """Whether ``module`` of this rank is scaled now (before step 1, once)."""
         return self.kind == "scale" and self.step == FAULT_STEP and self.rank == self.frank and module == self.site
+
+
+def _nested(cells: list, shape: Any) -> list:
+    """``cells`` as nested lists of ``shape`` (torch.tensor makes them a tensor: no recorded API)."""
+    for size in reversed(tuple(shape)[1:]):
+        cells = [cells[i:i + size] for i in range(0, len(cells), size)]
+    return cells
 
 
 def _data(step: int, rank: int, *shape: int) -> Any:
@@ -418,9 +429,10 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     layout, fault, dump, port = sys.argv[1:5]
-    if fault != "none" and FAULTS[f"{layout}/{fault}"][0] != layout:
+    healthy = fault.startswith("none")  # none, none2: healthy runs
+    if not healthy and f"{layout}/{fault}" not in FAULTS:
         raise SystemExit(f"{fault} is no fault of {layout}")
-    mp.spawn(train, args=(layout, fault if fault == "none" else f"{layout}/{fault}", dump, port), nprocs=WORLD)
+    mp.spawn(train, args=(layout, "none" if healthy else f"{layout}/{fault}", dump, port), nprocs=WORLD)
 
 
 if __name__ == "__main__":
