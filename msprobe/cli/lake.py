@@ -41,7 +41,8 @@ def register(sub) -> None:
     cmd = lsub.add_parser("index", help="discover runs and build the missing Parquet indexes")
     _common(cmd)
     cmd.set_defaults(func=run_index)
-    cmd = lsub.add_parser("sql", help="a DuckDB query over the views lake, lake_records, catalog, manifest")
+    cmd = lsub.add_parser("sql", help="a DuckDB query over the views lake, lake_records, catalog, manifest, comm_calls "
+                                      "(communication calls with their level in the step's order), comm_edges")
     _common(cmd)
     cmd.add_argument("query", help='e.g. "SELECT run, count(*) FROM lake GROUP BY run"')
     cmd.add_argument("--csv", default=None, help="write the result to this CSV file too")

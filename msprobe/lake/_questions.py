@@ -78,7 +78,15 @@ NAN_KINDS = ("any", "nan", "inf")
 
 def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None, kind: str = "any") -> Any:
     """One row per (run, rank) that has a NaN or an Inf in a statistic: the first such row in
-    execution order (step, then the record's position in dump.json, then its arguments).
+    execution order (step, then the record's position in dump.json, then its arguments), the rows
+    sorted by (run, step, their place in the step's happens-before order): each rank's first takes
+    the ``level`` of its rank's last communication call at or before it (the ``comm_calls``
+    table, :mod:`msprobe.lake._graph`), ``order`` = [level, rank, record index], and each run's
+    first row is its ``origin`` (True) with its propagation path over the ranks (``path``, as
+    text; the hops in ``attrs["paths"][run]``): a NaN born on one pipeline stage and received by
+    another is named where it was born. A communication call's receive buffers (their content
+    before the call: leftover memory) are no data and never an answer, as in compare and
+    :func:`msprobe.format.cluster.first_anomaly`.
 
     An attention mask's intended ``-inf`` (``masked_fill(..., -inf)``, ``torch.full(..., -inf)``
     and the tensors such a mask feeds) is no anomaly: the rows are classed by the rule compare
@@ -88,7 +96,8 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
 
     Columns: run, rank, rank_dir, split, step, seq, record, io, arg_path, max, min, mean, norm,
     has_nan, has_inf, kind ("nan" or "inf"), and the rank's counts over the rows asked about:
-    nan_rows, inf_rows (Inf that is no mask's), masked_rows (a mask's -inf). The frame's
+    nan_rows, inf_rows (Inf that is no mask's), masked_rows (a mask's -inf); level, order, origin,
+    path. The frame's
     ``attrs["masked_only"]`` lists the (run, rank_dir) whose only non-finite values are masks'.
     ``run``, ``step``, ``rank``: a value or a list of values to keep.
 
