@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import shutil
@@ -172,11 +173,16 @@ def _in_order(lake: Any, rows: list) -> dict:
             key = (call["run"], call["split"], call["step"])
             if key in steps:
                 calls.setdefault(key, []).append(call)
+    levels: dict = {}  # (run, split, step, rank) -> ([call indexes], [their levels]), in record order
+    for key, items in calls.items():
+        for call in items:
+            got = levels.setdefault((*key, call["rank"]), ([], []))
+            got[0].append(call["index"])
+            got[1].append(call["level"])
     for row in rows:
-        level = 0
-        for call in calls.get(_step_of(row), ()):
-            if call["rank"] == row["rank"] and call["index"] <= row["seq"]:
-                level = call["level"]
+        indexes, found = levels.get((*_step_of(row), row["rank"]), ([], []))
+        at = bisect.bisect_right(indexes, row["seq"]) - 1
+        level = int(found[at]) if at >= 0 else 0
         row["level"] = level
         row["order"] = [level, row["rank"], row["seq"]] if row["rank"] is not None else None
         row["origin"] = False
@@ -192,6 +198,8 @@ def _in_order(lake: Any, rows: list) -> dict:
         if row["run"] in paths:
             continue
         row["origin"] = True
+        if row["rank"] is None:  # a rank directory without a rank number: no place among the ranks
+            continue
         hops = _path(lake, calls.get(_step_of(row), []), row)
         paths[row["run"]] = [{"from_rank": e.src_rank, "from_record": e.src_record, "to_rank": e.dst_rank,
                               "to_record": e.dst_record, "via": e.kind} for e in hops]
