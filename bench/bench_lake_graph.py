@@ -171,8 +171,9 @@ def phase_full(root: str, a: argparse.Namespace) -> dict:
 
 
 def phase_graph(root: str, a: argparse.Namespace) -> dict:
-    import msprobe.lake  # noqa: F401 - imports before the baseline
     import pyarrow.parquet  # noqa: F401
+
+    import msprobe.lake  # noqa: F401 - imports before the baseline
 
     shutil.rmtree(os.path.join(root, "_lake", "comm"), ignore_errors=True)
     base = _rss_mb()
