@@ -58,6 +58,10 @@ def _claim(name: str, lang: str, body: str) -> str:
         return "online"
     if name in ("reliability.md", "benchmarks.md"):
         return "commands"
+    if name == "compare.md" and lang == "bash":
+        return "compare_cli"  # test_compare_doc_commands_parse
+    if name == "compare.md" and body.startswith("$ msprobe compare"):
+        return "layout_transcript"  # tests/compare/test_compare_layouts.py::test_doc_transcripts_are_what_it_prints
     if name == "everyday.md":
         return "everyday"  # tests/test_everyday.py::test_everyday_doc_blocks_run
     if name == "architecture.md":
@@ -219,6 +223,22 @@ def test_online_doc_examples_are_accepted(tmp_path):
     for cmd in command_lines(cmds):
         args = parser.parse_args([a.replace("checker.json", str(tmp_path / "checker.json")) for a in cmd[1:]])
         assert callable(args.func), cmd
+
+
+# -- docs/compare.md -------------------------------------------------------------------------------
+
+def test_compare_doc_commands_parse():
+    """Each command line of compare.md's bash blocks parses with the real CLI parser into compare."""
+    from msprobe.cli import build_parser
+    from msprobe.cli.compare import run as run_compare
+
+    parser = build_parser()
+    cmds = [c for lang, b in blocks(ROOT / "docs" / "compare.md") if lang == "bash" for c in command_lines(b)]
+    assert len(cmds) >= 6
+    for cmd in cmds:
+        assert cmd[0] == "msprobe", cmd
+        args = parser.parse_args(cmd[1:])
+        assert args.func is run_compare, cmd
 
 
 # -- docs/reliability.md, docs/benchmarks.md ---------------------------------------------------------

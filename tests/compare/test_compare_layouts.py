@@ -8,6 +8,7 @@ import glob
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -104,6 +105,35 @@ def test_cli_layout_and_refusals(runs, tmp_path, capsys):
         compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2", mode="md5", plot=False)
     with pytest.raises(ConfigError, match="needs 8 ranks"):
         compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2,dp=2", plot=False)
+
+
+def _transcripts() -> list:
+    """docs/compare.md's ``$ msprobe compare ...`` blocks: (arguments, the lines it shows)."""
+    text = (Path(REPO) / "docs" / "compare.md").read_text(encoding="utf-8")
+    found = []
+    for body in re.findall(r"^```\n(\$ msprobe compare .*?)^```", text, re.S | re.M):
+        first, *shown = body.splitlines()
+        found.append((first.split()[2:], shown))
+    return found
+
+
+def test_doc_transcripts_are_what_it_prints(runs, tmp_path, capsys, monkeypatch):
+    """Every line docs/compare.md shows of a layout compare is a line the command prints on these runs
+    (``<ts>`` a timestamp, ``[...]`` any text, a ``...`` line the lines left out)."""
+    from msprobe.cli import main
+
+    monkeypatch.chdir(runs)
+    transcripts = _transcripts()
+    assert len(transcripts) == 2
+    for args, shown in transcripts:
+        out = str(tmp_path / args[1].strip("./"))
+        assert main([out if a == "./out" else a for a in args] + ["--no-plot"]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        for line in shown:
+            if line.strip() == "...":
+                continue
+            pattern = re.escape(line).replace(re.escape("<ts>"), r"\S+").replace(re.escape("[...]"), ".*")
+            assert any(re.fullmatch(pattern, each) for each in printed), (line, printed)
 
 
 def test_parse_layout_and_megatron_rank_order():
