@@ -10,9 +10,11 @@ import json
 import os
 from typing import Any, Optional
 
-from msprobe.errors import ConfigError
+from msprobe.errors import ConfigError, MsprobeError
+from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
 from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.readers import ANY
+from msprobe.readers._source import records_of
 
 __all__ = ["Loader"]
 
@@ -53,6 +55,7 @@ class Loader:
     bench: Optional[str]
     divergent_sql: str
     _overview: Optional[dict]
+    located_row: Any  # ViewData's: a row of ``cells`` -> (dump, source)
 
     def _create(self) -> None:
         self._db.execute("""CREATE OR REPLACE TABLE rows (cell INTEGER, i INTEGER, name VARCHAR, record VARCHAR,
@@ -204,6 +207,7 @@ class Loader:
     def finish(self) -> None:
         """The derived columns and aggregates: each row's score, each cell's worst and first divergence."""
         self._overview = None
+        mark_buffers(self._db, self.located_row)
         mark_masks(self._db)
         threshold = None
         div = str(self.summary.get("divergence") or "")
@@ -212,21 +216,81 @@ class Loader:
                 threshold = float(div.rsplit(">", 1)[1])
             except ValueError:
                 threshold = None
-        divergent = (f"(norm_rel > {threshold})" if threshold is not None
-                     else "(result NOT IN ('pass', '', 'n/a') OR nan_inf)")
+        divergent = (f"(NOT buffer AND norm_rel > {threshold})" if threshold is not None
+                     else "(NOT buffer AND (result NOT IN ('pass', '', 'n/a') OR nan_inf))")
         self._db.execute(f"""CREATE OR REPLACE TABLE cell_stats AS SELECT c.*,
             coalesce(a.rows, 0) AS rows, coalesce(a.errors, 0) AS errors, coalesce(a.warnings, 0) AS warnings,
             coalesce(a.nan_inf, 0) AS nan_inf, coalesce(a.masked, 0) AS masked, a.worst_norm_rel, a.worst_cosine,
             a.first_div,
             coalesce(a.unmatched, 0) AS unmatched, coalesce(a.max_score, 0) AS max_score
-          FROM cells c LEFT JOIN (SELECT cell, count(*) AS rows, count(*) FILTER (WHERE result = 'error') AS errors,
-            count(*) FILTER (WHERE result = 'warning') AS warnings, count(*) FILTER (WHERE nan_inf) AS nan_inf,
-            count(*) FILTER (WHERE masked) AS masked,
-            max(CASE WHEN isnan(norm_rel) THEN NULL ELSE norm_rel END) AS worst_norm_rel,
-            min(cosine) AS worst_cosine, min(i) FILTER (WHERE {divergent}) AS first_div,
-            count(*) FILTER (WHERE bench_name IS NULL OR bench_name = 'N/A') AS unmatched, max(score) AS max_score
+          FROM cells c LEFT JOIN (SELECT cell, count(*) AS rows,
+            count(*) FILTER (WHERE result = 'error' AND NOT buffer) AS errors,
+            count(*) FILTER (WHERE result = 'warning' AND NOT buffer) AS warnings,
+            count(*) FILTER (WHERE nan_inf AND NOT buffer) AS nan_inf, count(*) FILTER (WHERE masked) AS masked,
+            max(CASE WHEN buffer OR isnan(norm_rel) THEN NULL ELSE norm_rel END) AS worst_norm_rel,
+            min(CASE WHEN buffer THEN NULL ELSE cosine END) AS worst_cosine, min(i) FILTER (WHERE {divergent}) AS first_div,
+            count(*) FILTER (WHERE bench_name IS NULL OR bench_name = 'N/A') AS unmatched,
+            max(score) FILTER (WHERE NOT buffer) AS max_score
             FROM rows GROUP BY cell) a USING (cell)""")
         self.divergent_sql = divergent
+
+
+#: a communication record's argument rows (candidates for a receive buffer)
+_COMM_INPUTS = ("io = 'input' AND (" + " OR ".join(f"starts_with(record, '{prefix}.')" for prefix in COMM_PREFIXES)
+                + ")")
+
+
+def mark_buffers(db: Any, located_row: Any) -> int:
+    """Mark the rows of communication calls' receive buffers (:func:`msprobe.format.comm.buffer_args`:
+    a ``recv``/``irecv`` tensor, ``all_gather``'s output list, a non-root's ``broadcast`` tensor, ...):
+    their content before the call is whatever the memory held, no data. Such a row is ``buffer``:
+    its own statistics stay as they are (a NaN there is listed as one), but it counts in no cell's
+    NaN/Inf, errors, warnings, worst error, worst score or first divergence, and is never divergent
+    (a step or rank is never NaN/Inf, nor divergent, from a receive buffer). Only rows
+    that would count are looked at (NaN/Inf, not pass, a relative error): their rank's ``dump.json``
+    is read (``located_row``: a row of ``cells`` -> (dump, source)) for the records' arguments.
+    Returns the rows marked."""
+    db.execute("ALTER TABLE rows ADD COLUMN IF NOT EXISTS buffer BOOLEAN DEFAULT false")
+    found = db.execute(f"""SELECT r.cell, r.i, r.name, r.record FROM rows r WHERE {_COMM_INPUTS}
+        AND (nan_inf OR result NOT IN ('pass', '', 'n/a') OR coalesce(norm_rel, 0) <> 0) ORDER BY r.cell, r.i""").fetchall()
+    marked: list = []
+    cell_rows: dict = {}
+    for cell, i, name, record in found:
+        cell_rows.setdefault(cell, []).append((i, name, record))
+    for cell, rows in cell_rows.items():
+        cur = db.execute("SELECT * FROM cells WHERE cell = ?", [cell])
+        cell_row = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+        records = _records(located_row, cell_row)
+        if records is None:
+            continue
+        rank = cell_row["rank"] if isinstance(cell_row["rank"], int) else -1
+        buffers: dict = {}
+        for i, name, record in rows:
+            if record not in buffers:
+                buffers[record] = buffer_args(record, records.get(record), rank)
+            if is_buffer_leaf(name[len(record) + 1:], buffers[record]):
+                marked.append((cell, i))
+    if marked:
+        db.execute("CREATE OR REPLACE TEMP TABLE buffer_rows (cell INTEGER, i INTEGER)")
+        db.executemany("INSERT INTO buffer_rows VALUES (?, ?)", marked)
+        db.execute("""UPDATE rows SET buffer = true
+            FROM buffer_rows b WHERE rows.cell = b.cell AND rows.i = b.i""")
+        db.execute("DROP TABLE buffer_rows")
+    return len(marked)
+
+
+def _records(located_row: Any, cell_row: dict) -> Optional[dict]:
+    """The records of a cell's rank directory (its ``dump.json``'s data); None when unreadable."""
+    try:
+        source = located_row("target", cell_row)[1]
+        if source is None:
+            return None
+        try:
+            return records_of(source)
+        finally:
+            source.release()
+    except (MsprobeError, OSError, ValueError):
+        return None
 
 
 def _side_kind(tracker: NonFiniteTracker, record: str, name: str, io: Any, stats: tuple, dtype: Any,
