@@ -1,13 +1,16 @@
 """Framework-neutral parts of a dumper, composed into each framework's dumper.
 
-* :class:`FrameworkAdapter`: what a framework supplies (an abstract class): how an output and a
-  module's own parameters are encoded, how a gradient hook goes on a module's parameters and on a
-  tensor. ``TorchDumper`` and ``MindSporeDumper`` are adapters.
+* :class:`FrameworkAdapter` (msprobe/dumpers/adapter.py, the written contract): what a framework
+  supplies: its encoder, API patcher, guard, statistics fetch and rank, how an API is called and
+  what a collective is, how an output and a module's own parameters are encoded, how a gradient
+  hook goes on a module's parameters and on a tensor. ``TorchDumper`` and ``MindSporeDumper`` are
+  adapters.
 * :class:`RecordFilter`: which calls are recorded: ``scope``, ``list``, ``data_mode`` directions,
   ``token_range`` and the overflow gating of ``overflow_check``.
 * :class:`DumperCore`: the state and the records every dumper shares (its session, encoder and
-  patcher, the module stacks, construct.json parents, the step generation, the forward/backward
-  records of modules, ``save``), built by the framework's dumper with itself as the adapter.
+  patcher, the module stacks, construct.json parents, the step generation, the records of API
+  calls (``record_api``) and of modules, ``stop``, ``save``), built by the framework's dumper with
+  itself as the adapter.
 * ``capture_stack`` / ``render_stack``: the call stack of a record.
 """
 from __future__ import annotations
@@ -17,15 +20,15 @@ import os
 import re
 import types
 import weakref
-from abc import ABC, abstractmethod
 from sys import _getframe  # CPython's frames: the cheap way to the caller's stack
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
+from msprobe.dumpers.adapter import ApiCall, ApiCaller, ApiGuard, ApiPatcher, FrameworkAdapter, StatEncoder
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.session import DumpSession
 from msprobe.errors import ConfigError
 
-__all__ = ["DumperCore", "FrameworkAdapter", "RecordFilter", "backward_parent", "capture_stack", "core_attribute",
+__all__ = ["ApiCall", "DumperCore", "FrameworkAdapter", "RecordFilter", "backward_parent", "capture_stack", "core_attribute",
            "render_stack"]
 
 _PKG_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
@@ -50,34 +53,6 @@ def capture_stack() -> tuple:
 def render_stack(frames: tuple) -> list:
     return [f"File {filename}, line {lineno}, in {func}, \n {linecache.getline(filename, lineno).strip()}"
             for filename, lineno, func in frames]
-
-
-class FrameworkAdapter(ABC):
-    """What a framework's dumper supplies to its :class:`DumperCore`."""
-
-    #: whether a forward call made while a module's backward runs and no module forward is
-    #: open (a checkpoint's recompute) takes that backward as its construct.json parent
-    backward_parents_forward: bool = False
-
-    @abstractmethod
-    def encode_output(self, out: Any, prefix: str, save: bool) -> list:
-        """The ``output`` entries of a call's result (the framework's rule for sequences)."""
-
-    @abstractmethod
-    def module_params(self, module: Any) -> Iterable[tuple[str, Any]]:
-        """A module's own ``(name, parameter)`` pairs (its children's left out)."""
-
-    @abstractmethod
-    def hook_param_grads(self, module: Any, key: str) -> None:
-        """Hook the gradients of ``module``'s parameters: its ``<key>.parameters_grad`` record."""
-
-    @abstractmethod
-    def grad_hookable(self, value: Any) -> bool:
-        """Whether ``value`` is a tensor whose gradient a hook can receive (``save(..., save_backward=True)``)."""
-
-    @abstractmethod
-    def on_grad(self, tensor: Any, hook: Any) -> None:
-        """Call ``hook(gradient)`` when ``tensor``'s gradient is computed."""
 
 
 class RecordFilter:
@@ -284,20 +259,21 @@ class ModuleForwardHooks:
 class DumperCore:
     """What every dumper holds and records, whatever the framework: the session, encoder and API
     patcher, the module stacks and parents, the step generation, the records of module calls and
-    of ``save``. ``adapter``: the framework's dumper; ``guard``: its thread-local API guard
-    (``guard.inside`` while the dumper works)."""
+    of ``save``. ``adapter``: the framework's dumper, whose collaborators (msprobe/dumpers/adapter.py)
+    the core builds: its session (with the adapter's ``fetch_stats`` and ``get_rank``), encoder and
+    patcher; ``guard``: its thread-local API guard (``guard.inside`` while the dumper works)."""
 
-    def __init__(self, adapter: FrameworkAdapter, config: DumpConfig, framework: str, *, encoder_cls: Any,
-                 patcher_cls: Any, fetch_stats: Any, get_rank: Any, guard: Any) -> None:
+    def __init__(self, adapter: FrameworkAdapter, config: DumpConfig) -> None:
         self.adapter = adapter
-        self.guard = guard
+        self.guard: ApiGuard = adapter.guard
         self.config = config
-        self.session = DumpSession(config, framework, fetch_stats=fetch_stats, render_stack=render_stack,
-                                   get_rank=get_rank)
-        self.encoder = encoder_cls(self.session, save_tensors=config.task == "tensor",
-                                   summary_mode=config.summary_mode, tensor_list=config.tensor_list)
+        self.session = DumpSession(config, adapter.framework, fetch_stats=adapter.fetch_stats,
+                                   render_stack=render_stack, get_rank=adapter.get_rank)
+        self.encoder: StatEncoder = adapter.encoder_cls(self.session, save_tensors=config.task == "tensor",
+                                                        summary_mode=config.summary_mode,
+                                                        tensor_list=config.tensor_list)
         self.encoder.check_overflow = config.task == "overflow_check"
-        self.patcher = patcher_cls()
+        self.patcher: ApiPatcher = adapter.patcher_cls()
         self.enabled = False
         self.module_stack: list = []
         self.bw_stack: list = []
@@ -330,6 +306,20 @@ class DumperCore:
         self.enabled = True
         self.dumped_step = True
         self.guard.on = True
+
+    def stop(self) -> None:
+        """``stop()``: the dump goes off and dump.json holds what was recorded so far (the adapter
+        waits for its work in flight first, and writes what it held back before the publish)."""
+        if not self.enabled:
+            return
+        adapter = self.adapter
+        adapter.before_stop()
+        self.enabled = False
+        self.guard.on = False
+        adapter.flush_records()
+        self.fix_dangling_parents()
+        self.session.publish()
+        adapter.after_publish()
 
     def live(self, generation: int) -> bool:
         """Whether a hook set up in step generation ``generation`` still records."""
@@ -368,6 +358,70 @@ class DumperCore:
                        f"(level {config.level}, {len(seen)} APIs/modules seen; {hooked})")
         warnings.warn(f"msprobe: step {self.session.current_step} was dumped but recorded nothing: "
                       f"{'; '.join(why)} (said once)", RuntimeWarning, stacklevel=4)
+
+    # ---------------------------------------------------------------- API calls
+    def record_api(self, caller: ApiCaller, orig: Callable[..., Any], api_key: str, args: tuple,
+                   kwargs: dict) -> Any:
+        """One API call, ``orig(*args, **kwargs)``, recorded (the API wrappers' callback, through the
+        adapter; ``caller``: the adapter, or another kind of call it records the same way): its
+        forward record around the call, or, filtered out, its place in construct.json and its
+        backward where ``list``/``data_mode`` still want it; the adapter calls the API
+        (:meth:`ApiCaller.call_api`) with its backward hooks."""
+        if self.call_skipped() or self.region is not None:  # module_dump(...): APIs not dumped (nor counted)
+            return orig(*args, **kwargs)
+        selection = self.filter
+        guard = self.guard
+        guard.inside = True
+        try:
+            base, _ = self.session.next_api_name(api_key)
+            call = ApiCall(orig, api_key, args, kwargs, base, self.parent(), caller.is_collective(api_key))
+            call.backward = not call.collective and caller.backward_possible(call)
+            if not selection.wanted(call.fwd, self.enabled):
+                call.recorded = False
+                structure = self.enabled and self.modules_dumped and selection.in_token_range()
+                # its backward may still be wanted (list names it, data_mode backward)
+                call.listed = self.enabled and call.backward and selection.backward_listed(call.bwd,
+                                                                                           selection.mix_listed())
+                if not structure and not call.listed:
+                    return orig(*args, **kwargs)
+                if structure:  # filtered out: not recorded, but part of the structure
+                    self.session.add_structure(call.fwd, call.parent)
+                return caller.call_api(call)
+            call.rec = caller.encode_inputs(call)
+            call.stack = capture_stack() if self.config.stack else None
+            out = caller.call_api(call)
+            if call.collective:
+                if not caller.collective_output(call, out):
+                    return out  # recorded in call order, its output once the work completes
+            else:
+                self.forward_output(call.rec, call.fwd, out)
+            if selection.keep(call.rec, call.fwd, self.encoder):
+                self.session.add_record(call.fwd, call.rec, stack=call.stack, parent=call.parent)
+            return out
+        finally:
+            guard.inside = False
+
+    def api_backward_hook(self, bwd: str, record: bool = True) -> Callable[[Any, Any], None]:
+        """``hook(grad_input, grad_output)`` of an API call's backward ``bwd`` (gradients of its
+        inputs, of its outputs), set up now: its record (parent: the module backward running), or
+        its place in construct.json when filtered out or ``record`` is False; nothing once the
+        step of the call is over."""
+        core_ref = weakref.ref(self)
+        generation = self.generation
+
+        def hook(grad_input: Any, grad_output: Any) -> None:
+            core = core_ref()
+            if core is None or not core.live(generation):
+                return None
+            bw_parent = core.bw_stack[-1] if core.bw_stack else None
+            if not record or not core.filter.wanted(bwd, True, core.filter.inside_listed_backward()):
+                if core.modules_dumped:
+                    core.session.add_structure(bwd, bw_parent)
+                return None
+            core.record_backward(bwd, grad_output, grad_input, bw_parent)
+            return None
+
+        return hook
 
     # ---------------------------------------------------------------- records
     def record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:

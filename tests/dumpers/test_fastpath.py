@@ -257,9 +257,9 @@ def test_encoder_takes_the_one_pass_kernel(fast, monkeypatch):
     calls = []
     monkeypatch.setattr(torch, "aminmax", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError))
     h = _encode._stat_handle(torch.randn(10, 10))
-    assert h[0] == _encode._K_DONE and not calls
-    assert _encode._stat_handle(torch.randn(10, 10).t())[0] == _encode._K_DONE and not calls  # a block
-    assert _encode._stat_handle(torch.randn(10, 40)[:, 3:30])[0] == _encode._K_DONE and not calls  # runs
+    assert h.kind == _encode._K_DONE and not calls
+    assert _encode._stat_handle(torch.randn(10, 10).t()).kind == _encode._K_DONE and not calls  # a block
+    assert _encode._stat_handle(torch.randn(10, 40)[:, 3:30]).kind == _encode._K_DONE and not calls  # runs
     with pytest.raises(AssertionError):  # a layout without unit-stride runs still is
         _encode._stat_handle(torch.randn(10, 10)[:, ::2])
 
@@ -333,7 +333,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
     x = torch.randn(3000, generator=g).to(dtype); x[1700] = float("nan"); cases.append(x)
     x = torch.randn(3000, generator=g).to(dtype); x[5] = float("inf"); x[2999] = float("-inf"); cases.append(x)
 cases.append(torch.full((2100,), 60000.0, dtype=torch.float16))  # Norm overflows float16: inf
-handles = [(_encode._K_FUSED, _cuda_stats.raw(t), 4, t.dtype) for t in cases]
+handles = [_encode.StatHandle(_encode._K_FUSED, _cuda_stats.raw(t), 4, t.dtype) for t in cases]
 got = _encode.fetch_stats(handles)
 bad = []
 for t, v in zip(cases, got):
@@ -376,8 +376,8 @@ def test_fused_handles_round_and_batch_per_dtype():
         d = t.double()
         return torch.stack([d.max(), d.min(), d.mean(), d.norm()])
 
-    hs = [(_encode._K_FUSED, emulate(t), 4, t.dtype) for t in ts]
-    hs[0] = hs[0] + ({"md5": "0000abcd"},)
+    hs = [_encode.StatHandle(_encode._K_FUSED, emulate(t), 4, t.dtype) for t in ts]
+    hs[0] = hs[0]._replace(extra={"md5": "0000abcd"})
     got = _encode.fetch_stats(hs)
     for t, v in zip(ts, got):
         ref = reference_stats(t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy(),

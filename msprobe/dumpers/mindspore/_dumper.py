@@ -22,15 +22,9 @@ import mindspore
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import Primitive
 
+from msprobe.dumpers.adapter import ApiCall, ApiCaller, FrameworkAdapter
 from msprobe.dumpers.config import DumpConfig
-from msprobe.dumpers.control import (
-    DumperCore,
-    FrameworkAdapter,
-    ModuleForwardHooks,
-    capture_stack,
-    core_attribute,
-    render_stack,
-)
+from msprobe.dumpers.control import DumperCore, ModuleForwardHooks, core_attribute, render_stack
 from msprobe.dumpers.mindspore._apis import GUARD, PIJIT_CONTEXT, ApiPatcher, import_first
 from msprobe.dumpers.mindspore._encode import Encoder, fetch_stats
 from msprobe.dumpers.mindspore._graph import GraphCellDump, is_jit_cell
@@ -103,14 +97,19 @@ class MindSporeDumper(FrameworkAdapter):
     encoder = core_attribute("encoder")
     patcher = core_attribute("patcher")
     enabled = core_attribute("enabled")
+    framework = "mindspore"
+    encoder_cls = Encoder
+    patcher_cls = ApiPatcher
+    guard = GUARD
+    fetch_stats = staticmethod(fetch_stats)
+    get_rank = staticmethod(_get_rank)
 
     def __init__(self, config: DumpConfig):
         if config.level == "L2":
             raise ConfigError("level 'L2' (kernel dump) needs MindSpore on Ascend hardware "
                               f"(device_target 'Ascend'); this process runs on {_device_target()!r}")
         self.config = config
-        self.core = DumperCore(self, config, "mindspore", encoder_cls=Encoder, patcher_cls=ApiPatcher,
-                               fetch_stats=fetch_stats, get_rank=_get_rank, guard=GUARD)
+        self.core = DumperCore(self, config)
         self.cell_handles: list = []
         self.param_handles: list = []
         self.calls = _HookedCalls(self)  # Primitive and jit calls
@@ -151,19 +150,19 @@ class MindSporeDumper(FrameworkAdapter):
         core.turn_on()
 
     def stop(self) -> None:
-        core = self.core
-        if not core.enabled:
-            return
+        self.core.stop()
+
+    def before_stop(self) -> None:
         if self._graph is not None:
             _sync()  # the points' callbacks run as the (asynchronous) executor reaches them
             self._warn_no_points()
-        core.enabled = False
-        GUARD.on = False
+
+    def flush_records(self) -> None:
         if self._graph is not None:
             self._graph.flush_param_grads()
         self.flush_param_grads()
-        core.fix_dangling_parents()
-        core.session.publish()
+
+    def after_publish(self) -> None:
         if self._graph is not None:
             self._graph.reset()
         if self.split_session is not None:
@@ -190,7 +189,7 @@ class MindSporeDumper(FrameworkAdapter):
             f"no dump point of {', '.join(cells[:3]) + (', ...' if len(cells) > 3 else '')} ran between start() and "
             "stop(). A graph compiled before debugger.start(model) has no dump points and keeps running "
             "undumped: call debugger.start(model) before the model (or the function or Model.train that runs "
-            "it) is first run", RuntimeWarning, stacklevel=4)
+            "it) is first run", RuntimeWarning, stacklevel=6)
 
     def step(self) -> None:
         """Ends the step: the backward of the calls recorded before ``stop()`` is in it (the
@@ -234,40 +233,29 @@ class MindSporeDumper(FrameworkAdapter):
     # ------------------------------------------------------------------- APIs
     def on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
         """The API wrappers' callback: ``orig(*args, **kwargs)`` recorded."""
-        core = self.core
-        if core.call_skipped():
-            return orig(*args, **kwargs)
-        selection = core.filter
-        GUARD.inside = True
-        try:
-            base, _ = core.session.next_api_name(api_key)
-            fwd = base + ".forward"
-            parent = core.parent()
-            dist = api_key.startswith(_DIST_PREFIXES)  # collectives: forward-only records
-            backward = not dist and self.bw_wanted() and (_has_tensor(args) or _has_tensor(kwargs.values()))
-            if not selection.wanted(fwd, core.enabled):
-                structure = core.enabled and core.modules_dumped and selection.in_token_range()
-                # its backward may still be wanted (list names it, data_mode backward)
-                listed = core.enabled and backward and selection.backward_listed(base + ".backward",
-                                                                                 selection.mix_listed())
-                if not structure and not listed:
-                    return orig(*args, **kwargs)
-                if structure:
-                    core.session.add_structure(fwd, parent)
-                return self._call_api(orig, args, kwargs, base + ".backward", parent, backward, record=listed)
-            # a call that writes into its arguments: read them (copies) before it does
-            rec = core.forward_inputs(fwd, args, kwargs, self._encode_copy if _mutates(api_key) else None)
-            stack = capture_stack() if self.config.stack else None
-            out = self._call_api(orig, args, kwargs, base + ".backward", parent, backward, record=True)
-            if api_key.startswith("MintDistributed."):
-                self._collective_output(rec, fwd, api_key, args, kwargs, out)
-            else:
-                core.forward_output(rec, fwd, out)
-            if selection.keep(rec, fwd, core.encoder):
-                core.session.add_record(fwd, rec, stack=stack, parent=parent)
-            return out
-        finally:
-            GUARD.inside = False
+        return self.core.record_api(self, orig, api_key, args, kwargs)
+
+    def is_collective(self, api_key: str) -> bool:
+        return api_key.startswith(_DIST_PREFIXES)  # collectives: forward-only records
+
+    def backward_possible(self, call: ApiCall) -> bool:
+        return self.bw_wanted() and (_has_tensor(call.args) or _has_tensor(call.kwargs.values()))
+
+    def encode_inputs(self, call: ApiCall) -> dict:
+        # a call that writes into its arguments: read them (copies) before it does
+        return self.core.forward_inputs(call.fwd, call.args, call.kwargs,
+                                        self._encode_copy if _mutates(call.api_key) else None)
+
+    def call_api(self, call: ApiCall) -> Any:
+        return self._call_api(call.orig, call.args, call.kwargs, call.bwd, call.backward,
+                              record=call.recorded or call.listed)
+
+    def collective_output(self, call: ApiCall, out: Any) -> bool:
+        if call.api_key.startswith("MintDistributed."):
+            self._collective_output(call.rec, call.fwd, call.api_key, call.args, call.kwargs, out)
+        else:
+            self.core.forward_output(call.rec, call.fwd, out)
+        return True
 
     def _collective_output(self, rec: dict, fwd: str, api_key: str, args: tuple, kwargs: dict, out: Any) -> None:
         """mint.distributed collectives write into their arguments: the output entries are the
@@ -294,27 +282,12 @@ class MindSporeDumper(FrameworkAdapter):
     def encode_output(self, out: Any, prefix: str, save: bool) -> list:
         return self.core.encoder.encode_output(out, prefix, save)
 
-    def _call_api(self, orig, args: tuple, kwargs: dict, bwd: str, parent: Optional[str], backward: bool,
-                  record: bool):
+    def _call_api(self, orig, args: tuple, kwargs: dict, bwd: str, backward: bool, record: bool):
         if not backward:
             return orig(*args, **kwargs)
         cell = _ApiCell(orig)
-        core_ref = weakref.ref(self.core)
-        generation = self.core.generation
-
-        def hook(_cell, grad_input, grad_output):
-            core = core_ref()
-            if core is None or not core.live(generation):
-                return None
-            bw_parent = core.bw_stack[-1] if core.bw_stack else None
-            if not record or not core.filter.wanted(bwd, True, core.filter.inside_listed_backward()):
-                if core.modules_dumped:
-                    core.session.add_structure(bwd, bw_parent)
-                return None
-            core.record_backward(bwd, grad_output, grad_input, bw_parent)
-            return None
-
-        cell.register_backward_hook(hook)
+        hook = self.core.api_backward_hook(bwd, record)
+        cell.register_backward_hook(lambda _cell, grad_input, grad_output: hook(grad_input, grad_output))
         return cell(*args, **kwargs)
 
     # ------------------------------------------------------------------ Cells
@@ -418,7 +391,7 @@ class MindSporeDumper(FrameworkAdapter):
         tensor.register_hook(hook)
 
 
-class _HookedCalls:
+class _HookedCalls(ApiCaller):
     """The calls recorded outside the API wrappers: the Primitives held by the model's Cells
     (``Primitive.<attribute>.<Class>.<n>``) and ``mindspore.jit`` functions and Cells
     (``Jit.<name>.<n>``); their gradients arrive through ``ops.HookBackward``."""
@@ -426,6 +399,12 @@ class _HookedCalls:
     def __init__(self, dumper: MindSporeDumper) -> None:
         self.dumper = weakref.ref(dumper)
         self.primitives: list = []  # (primitive, original class)
+
+    @property  # (the dumper's, read through a weak reference)
+    def core(self) -> DumperCore:
+        dumper = self.dumper()
+        assert dumper is not None  # (record() runs only while the dumper lives)
+        return dumper.core
 
     def hook_primitives(self, model) -> None:
         seen = {id(prim) for prim, _ in self.primitives}
@@ -465,37 +444,19 @@ class _HookedCalls:
         dumper = self.dumper()
         if dumper is None:
             return call(*head, *args, **kwargs)
-        core = dumper.core
-        selection = core.filter
-        if selection.token_range is not None and not selection.in_token_range():
-            return call(*head, *args, **kwargs)
-        GUARD.inside = True
-        try:
-            base, _ = core.session.next_api_name(api_key)
-            fwd, bwd = base + ".forward", base + ".backward"
-            parent = core.parent()
-            wanted = selection.wanted(fwd, core.enabled)
-            backward = dumper.bw_wanted() and _has_tensor(args)
-            if not wanted:
-                if core.enabled and core.modules_dumped:
-                    core.session.add_structure(fwd, parent)
-                if not (core.enabled and backward and selection.backward_listed(bwd, selection.mix_listed())):
-                    return call(*head, *args, **kwargs)
-                out = call(*head, *self._hook_grads(args, bwd, "output"), **kwargs)  # its backward is wanted
-                return self._hook_grads(out, bwd, "input")
-            rec = core.forward_inputs(fwd, args, kwargs)
-            stack = capture_stack() if dumper.config.stack else None
-            if backward:
-                args = self._hook_grads(args, bwd, "output")
-            out = call(*head, *args, **kwargs)
-            core.forward_output(rec, fwd, out)
-            if selection.keep(rec, fwd, core.encoder):
-                core.session.add_record(fwd, rec, stack=stack, parent=parent)
-            if backward:
-                out = self._hook_grads(out, bwd, "input")
-            return out
-        finally:
-            GUARD.inside = False
+        return dumper.core.record_api(self, (lambda *a, **k: call(*head, *a, **k)) if head else call, api_key, args,
+                                      kwargs)
+
+    def backward_possible(self, call: ApiCall) -> bool:
+        dumper = self.dumper()
+        return dumper is not None and dumper.bw_wanted() and _has_tensor(call.args)
+
+    def call_api(self, call: ApiCall) -> Any:
+        """The call, its tensors routed through ops.HookBackward when its backward is wanted."""
+        if not (call.backward if call.recorded else call.listed):
+            return call.run()
+        out = call.orig(*self._hook_grads(call.args, call.bwd, "output"), **call.kwargs)
+        return self._hook_grads(out, call.bwd, "input")
 
     def _hook_grads(self, values: Any, bwd: str, side: str) -> Any:
         """Route the tensors of ``values`` through ops.HookBackward: their gradients extend the

@@ -10,7 +10,7 @@ float64 accumulation): no ``mint.norm``/``linalg.vector_norm``, which have no CP
 from __future__ import annotations
 
 import io
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import mindspore
 import numpy as np
@@ -21,7 +21,7 @@ from msprobe.dumpers.ndarray import ndarray_entry
 from msprobe.dumpers.session import StatsFetchError
 from msprobe.format.stats import crc32_hex, reference_stats, xor64
 
-__all__ = ["Encoder", "fetch_stats", "tensor_numpy", "tensor_raw"]
+__all__ = ["Encoder", "StatHandle", "fetch_stats", "tensor_numpy", "tensor_raw"]
 
 _BF16 = mindspore.bfloat16
 # dtypes numpy lacks, widened for statistics and stored as their raw bytes
@@ -56,8 +56,16 @@ def _read_error(t: Tensor) -> Optional[RuntimeError]:
         return exc
 
 
-def fetch_stats(handles: list) -> list:
-    """handle = (tensor, want_md5); one dict per handle (shared handles computed once)."""
+class StatHandle(NamedTuple):
+    """The statistics of one tensor, computed when ``fetch_stats`` resolves a batch: the tensor
+    held (a copy for a Parameter or a value about to be modified) and whether its ``md5`` is wanted."""
+
+    tensor: Tensor
+    want_md5: bool
+
+
+def fetch_stats(handles: list[StatHandle]) -> list[dict]:
+    """One dict per handle (shared handles computed once)."""
     done: dict = {}
     out = []
     failure = None
@@ -65,7 +73,7 @@ def fetch_stats(handles: list) -> list:
         key = id(h)
         vals = done.get(key)
         if vals is None:
-            t, want_md5 = h
+            t, want_md5 = h.tensor, h.want_md5
             exc = _read_error(t) if t.dtype not in _NO_NUMPY else None  # a dtype numpy has: a computation failed
             if exc is not None:
                 failure = failure or exc
@@ -130,7 +138,7 @@ class Encoder(ValueEncoder):
             entry["md5"] = self._xor(held)
         else:
             entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
-            self.session.pending.add(entry, (held, mode == "md5"))
+            self.session.pending.add(entry, StatHandle(held, mode == "md5"))
             if self.check_overflow and t.dtype in (mindspore.float16, mindspore.float32, mindspore.float64, _BF16):
                 self._watch(data_name_prefix, held)
         if t.size or not getattr(self._tls, "in_output", False):

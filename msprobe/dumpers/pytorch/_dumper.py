@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from msprobe.dumpers.adapter import ApiCall, FrameworkAdapter
 from msprobe.dumpers.config import DumpConfig
-from msprobe.dumpers.control import DumperCore, FrameworkAdapter, ModuleForwardHooks, capture_stack, core_attribute
+from msprobe.dumpers.control import DumperCore, ModuleForwardHooks, core_attribute
 from msprobe.dumpers.pytorch import _comm, _ptfile
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
@@ -52,13 +53,18 @@ class TorchDumper(FrameworkAdapter):
     #: a forward call inside a module's backward (torch.utils.checkpoint's recompute) has that backward
     #: as its parent, as 26.2.0's one module stack of forwards and backwards gives it
     backward_parents_forward = True
+    framework = "pytorch"
+    encoder_cls = Encoder
+    patcher_cls = ApiPatcher
+    guard = GUARD
+    fetch_stats = staticmethod(fetch_stats)
+    get_rank = staticmethod(_get_rank)
 
     def __init__(self, config: DumpConfig):
         if config.level == "L2":
             raise ConfigError("level 'L2' is the kernel dump: PrecisionDebugger runs it with KernelDumper")
         self.config = config
-        self.core = DumperCore(self, config, "pytorch", encoder_cls=Encoder, patcher_cls=ApiPatcher,
-                               fetch_stats=fetch_stats, get_rank=_get_rank, guard=GUARD)
+        self.core = DumperCore(self, config)
         self._module_handles: list = []
         self.last_module_fwd: Optional[str] = None  # the last module forward call that ended
         self.in_flight: list = []  # InputEdges of the module forwards running (innermost last)
@@ -106,13 +112,7 @@ class TorchDumper(FrameworkAdapter):
         """The dump goes off; dump.json holds what was recorded so far. Backward calls of the
         forward calls recorded before are still recorded until ``step()`` (the docs: stop before
         loss.backward(), step after it)."""
-        core = self.core
-        if not core.enabled:
-            return
-        core.enabled = False
-        GUARD.on = False
-        core.fix_dangling_parents()
-        core.session.publish()
+        self.core.stop()
 
     def step(self) -> None:
         self.stop()
@@ -126,7 +126,7 @@ class TorchDumper(FrameworkAdapter):
             core.warn_if_nothing()
         core.session.end_step()
         _comm.drop_pending()
-        core.encoder.cache.clear()
+        self.encoder.cache.clear()
         core.end_step_state()
 
     def close(self) -> None:
@@ -145,65 +145,54 @@ class TorchDumper(FrameworkAdapter):
 
     # ------------------------------------------------------------------- APIs
     def on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
-        """The API wrappers' callback: ``orig(*args, **kwargs)`` recorded."""
+        """The API wrappers' callback: ``orig(*args, **kwargs)`` recorded (online_run_ut: sent to
+        the checker instead)."""
         core = self.core
-        if core.call_skipped():
-            return orig(*args, **kwargs)
-        selection = core.filter
-        if core.region is not None:  # inside module_dump(...): APIs are not dumped (nor counted)
-            return orig(*args, **kwargs)
         online = self.online
-        if online is not None:
+        if online is not None and not core.call_skipped() and core.region is None:
             return self._online_api(online, orig, api_key, args, kwargs)
-        GUARD.inside = True
-        try:
-            base, _ = core.session.next_api_name(api_key)
-            fwd, bwd = base + ".forward", base + ".backward"
-            dist = api_key.startswith("Distributed.")
-            if not selection.wanted(fwd, core.enabled):
-                structure = core.enabled and core.modules_dumped and selection.in_token_range()
-                # its backward may still be wanted (list names it, data_mode backward)
-                backward = core.enabled and not dist and self._bw_wanted() and (
-                    structure or selection.backward_listed(bwd, self.config.level == "mix" and bool(self.config.list)))
-                if not structure and not backward:
-                    return orig(*args, **kwargs)
-                parent = core.parent()
-                if structure:  # filtered out: not recorded, but part of the structure
-                    core.session.add_structure(fwd, parent)
-                out = orig(*args, **kwargs)
-                if backward:
-                    self._hook_api_backward(out, bwd, parent, args, kwargs)
-                return out
-            if dist:  # a receive buffer's content before the call is no data: null, as 26.2.0
-                rec = core.forward_inputs(fwd, *_comm.without_buffers(api_key, args, kwargs, _get_rank()))
-            else:
-                rec = core.forward_inputs(fwd, args, kwargs)
-            stack = capture_stack() if self.config.stack else None
-            parent = core.parent()
-            if api_key in self._mutating:  # writes memory (maybe without a version bump): forget cached stats
-                core.encoder.cache.clear()
-            try:
-                out = orig(*args, **kwargs)
-            except BaseException:
-                # a call cut short (torch.utils.checkpoint stops its non-reentrant recompute inside the
-                # call that recovers the last saved tensor, or the API raised): its inputs, as 26.2.0
-                if rec and core.enabled:
-                    core.session.add_record(fwd, rec, stack=stack, parent=parent)
-                raise
-            if dist and _comm.is_work(out) and _comm.record_after_wait(core, rec, fwd, out, tuple(args) + tuple(
-                    kwargs.values()), stack, parent):
-                return out  # recorded in call order, its output once the work completes
-            if dist:  # the arguments after the collective, as msprobe does
-                core.forward_output(rec, fwd, tuple(args) + tuple(kwargs.values()))
-            else:
-                core.forward_output(rec, fwd, out)
-            if selection.keep(rec, fwd, core.encoder):
-                core.session.add_record(fwd, rec, stack=stack, parent=parent)
-            if not dist and self._bw_wanted():
-                self._hook_api_backward(out, bwd, parent, args, kwargs)
+        return core.record_api(self, orig, api_key, args, kwargs)
+
+    def is_collective(self, api_key: str) -> bool:
+        return api_key.startswith("Distributed.")
+
+    def backward_possible(self, call: ApiCall) -> bool:
+        return self._bw_wanted()
+
+    def encode_inputs(self, call: ApiCall) -> dict:
+        if call.collective:  # a receive buffer's content before the call is no data: null, as 26.2.0
+            return self.core.forward_inputs(call.fwd, *_comm.without_buffers(call.api_key, call.args, call.kwargs,
+                                                                             _get_rank()))
+        return self.core.forward_inputs(call.fwd, call.args, call.kwargs)
+
+    def call_api(self, call: ApiCall) -> Any:
+        """The call; its backward hooked (a recorded call: when gradients are recorded once it returned)."""
+        core = self.core
+        if not call.recorded:
+            out = call.run()
+            if call.backward:
+                self._hook_api_backward(out, call.bwd, call.parent, call.args, call.kwargs)
             return out
-        finally:
-            GUARD.inside = False
+        if call.api_key in self._mutating:  # writes memory (maybe without a version bump): forget cached stats
+            self.encoder.cache.clear()
+        try:
+            out = call.run()
+        except BaseException:
+            # a call cut short (torch.utils.checkpoint stops its non-reentrant recompute inside the
+            # call that recovers the last saved tensor, or the API raised): its inputs, as 26.2.0
+            if call.rec and core.enabled:
+                core.session.add_record(call.fwd, call.rec, stack=call.stack, parent=call.parent)
+            raise
+        if not call.collective and self._bw_wanted():
+            self._hook_api_backward(out, call.bwd, call.parent, call.args, call.kwargs)
+        return out
+
+    def collective_output(self, call: ApiCall, out: Any) -> bool:
+        if _comm.is_work(out) and _comm.record_after_wait(self.core, call.rec, call.fwd, out, call.values(),
+                                                          call.stack, call.parent):
+            return False
+        self.core.forward_output(call.rec, call.fwd, call.values())  # the arguments after the collective, as msprobe
+        return True
 
     def _online_api(self, online: OnlineRunUt, orig, api_key: str, args: tuple, kwargs: dict):
         """online_run_ut: the call's inputs and outputs go to the checker as one packet."""
@@ -313,22 +302,12 @@ class TorchDumper(FrameworkAdapter):
         if first is None or not first.requires_grad or first.grad_fn is None \
                 or _identity_dropout(bwd, args, kwargs or {}):
             return
-        core_ref = weakref.ref(self.core)
-        generation = self.core.generation
+        record = self.core.api_backward_hook(bwd)
         seq = node_seq(first.grad_fn)
 
         def hook(grad_inputs, grad_outputs):
             before_event(seq)  # module calls completed before this node, in the engine's order
-            core = core_ref()
-            if core is None or not core.live(generation):
-                return None
-            bw_parent = core.bw_stack[-1] if core.bw_stack else None
-            if not core.filter.wanted(bwd, True, core.filter.inside_listed_backward()):
-                if core.modules_dumped:
-                    core.session.add_structure(bwd, bw_parent)
-                return None
-            core.record_backward(bwd, grad_outputs, grad_inputs, bw_parent)
-            return None
+            return record(grad_inputs, grad_outputs)
 
         if any(first is arg for arg in args):
             # an API that returned its argument unchanged (x.float() of a float32 x): 26.2.0 records the

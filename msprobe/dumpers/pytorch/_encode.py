@@ -5,7 +5,7 @@ import io
 import math
 import weakref
 import zlib
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import torch
 
@@ -18,7 +18,7 @@ from msprobe.errors import MsprobeError
 from msprobe.format.stats import xor64
 from msprobe.tensor_store._layout import storage_dtype
 
-__all__ = ["Encoder", "fetch_stats", "tensor_bytes"]
+__all__ = ["Encoder", "StatHandle", "fetch_stats", "tensor_bytes"]
 
 _FLOAT_LOW = (torch.float16, torch.bfloat16)
 _F32_MAX = float(torch.finfo(torch.float32).max)
@@ -102,7 +102,27 @@ def _cpu_kernel_stats(tensor: torch.Tensor, count: int) -> Optional[dict]:
     return {"Max": stats[0], "Min": stats[1], "Mean": mean, "Norm": stats[3]}
 
 
-def _stat_handle(tensor: torch.Tensor) -> tuple:
+class StatHandle(NamedTuple):
+    """The statistics of one tensor on their way to the host (``fetch_stats`` resolves a batch of them).
+
+    ``kind``: how they are computed (``_K_*``); ``value``: the statistics already known (``_K_DONE``:
+    a dict) or the device tensor holding them; ``width``: how many of Max, Min, Mean, Norm that
+    tensor holds (``_K_FLOAT``, ``_K_FUSED``); ``dtype``: the dtype Mean and Norm round to
+    (``_K_FUSED``); ``extra``: entries added to the statistics (md5 mode: ``{"md5": ...}``, maybe
+    deferred to the fetch as :class:`_DeviceBytes`)."""
+
+    kind: int
+    value: Any
+    width: int = 0
+    dtype: Any = None
+    extra: Optional[dict] = None
+
+    def deferred_md5(self) -> bool:
+        """Whether its ``md5`` is a device copy read at the fetch."""
+        return self.extra is not None and isinstance(self.extra.get("md5"), _DeviceBytes)
+
+
+def _stat_handle(tensor: torch.Tensor) -> StatHandle:
     """Start computing the statistics of ``tensor`` (no host sync); returns a handle for fetch_stats.
 
     A CPU tensor of a dtype the C kernels know, contiguous or made of unit-stride runs (``_runs``), is
@@ -112,35 +132,36 @@ def _stat_handle(tensor: torch.Tensor) -> tuple:
     count = tensor.numel()
     cpu = tensor.is_cpu
     if count == 0 or (cpu and _no_storage(tensor)):  # (the memory the C kernels below would read)
-        return (_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
+        return StatHandle(_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
     if cpu and tensor.dim():
         done = _cpu_kernel_stats(tensor, count)
         if done is not None:
-            return (_K_DONE, done)
+            return StatHandle(_K_DONE, done)
     if (tensor.is_cuda and tensor.dtype in _FUSED_DTYPES and tensor.dim() and tensor.is_contiguous()
             and not tensor.is_neg()):
         if _cuda_stats.available():  # one fused pass on the device (Triton), rounded and fetched in batches
-            return (_K_FUSED, _cuda_stats.raw(tensor.detach()), 4, tensor.dtype)
+            return StatHandle(_K_FUSED, _cuda_stats.raw(tensor.detach()), 4, tensor.dtype)
     if tensor.dtype == torch.bool:
-        return (_K_BOOL, torch.stack([tensor.any(), tensor.all()]))
+        return StatHandle(_K_BOOL, torch.stack([tensor.any(), tensor.all()]))
     if tensor.dim() == 0:
-        return (_K_SCALAR, tensor.detach().clone())
+        return StatHandle(_K_SCALAR, tensor.detach().clone())
     if tensor.requires_grad:  # (the encoder passes a plain tensor as it is: the reductions build no graph)
         tensor = tensor.detach()
     if tensor.is_complex():
         magnitude = tensor.detach().abs()
-        return (_K_FLOAT, torch.stack([magnitude.max(), magnitude.min(), magnitude.mean()]).to(torch.float64), 3)
+        return StatHandle(_K_FLOAT, torch.stack([magnitude.max(), magnitude.min(), magnitude.mean()]).to(torch.float64),
+                          3)
     if tensor.is_floating_point():
         low, high = torch.aminmax(tensor)
         if tensor.dtype == torch.float64:
-            return (_K_FLOAT, torch.stack([high, low]), 2)
+            return StatHandle(_K_FLOAT, torch.stack([high, low]), 2)
         stats = torch.stack([high, low, tensor.mean(), torch.linalg.vector_norm(tensor)])
-        return (_K_FLOAT, stats.to(torch.float64) if tensor.dtype in _FLOAT_LOW else stats, 4)
+        return StatHandle(_K_FLOAT, stats.to(torch.float64) if tensor.dtype in _FLOAT_LOW else stats, 4)
     low, high = torch.aminmax(tensor)
-    return (_K_INT, torch.stack([high, low]).to(torch.int64))
+    return StatHandle(_K_INT, torch.stack([high, low]).to(torch.int64))
 
 
-def fetch_stats(handles: list) -> list:
+def fetch_stats(handles: list[StatHandle]) -> list[dict]:
     """Resolve handles in as few device->host transfers as possible (one per dtype/device group);
     a handle shared by several entries (StatCache) is fetched once."""
     uniq: dict = {}
@@ -149,16 +170,16 @@ def fetch_stats(handles: list) -> list:
     resolved: dict = {}
     groups: dict = {}
     for hid, h in uniq.items():
-        kind = h[0]
+        kind = h.kind
         if kind == _K_DONE:
-            resolved[hid] = h[1]
+            resolved[hid] = h.value
         else:
-            width = h[2] if kind in (_K_FLOAT, _K_FUSED) else (2 if kind != _K_SCALAR else 1)
-            dtype = h[3] if kind == _K_FUSED else h[1].dtype  # fused: the dtype Mean/Norm round to
-            groups.setdefault((kind, width, dtype, h[1].device), []).append(hid)
+            width = h.width if kind in (_K_FLOAT, _K_FUSED) else (2 if kind != _K_SCALAR else 1)
+            dtype = h.dtype if kind == _K_FUSED else h.value.dtype  # fused: the dtype Mean/Norm round to
+            groups.setdefault((kind, width, dtype, h.value.device), []).append(hid)
     for (kind, width, dtype, _), ids in groups.items():
-        stacked = torch.stack([uniq[i][1] for i in ids]) if kind != _K_SCALAR else \
-            torch.stack([uniq[i][1].reshape(()) for i in ids])
+        stacked = torch.stack([uniq[i].value for i in ids]) if kind != _K_SCALAR else \
+            torch.stack([uniq[i].value.reshape(()) for i in ids])
         if kind == _K_FUSED:  # Mean, Norm: float64 -> the dtype (bfloat16 through float32, as the format)
             mid = stacked[:, 2:]
             mid = (mid.to(torch.float32) if dtype == torch.bfloat16 else mid).to(dtype)
@@ -174,14 +195,12 @@ def fetch_stats(handles: list) -> list:
             else:  # _K_FLOAT, _K_FUSED
                 resolved[i] = {"Max": r[0], "Min": r[1], "Mean": r[2] if width > 2 else None,
                                "Norm": r[3] if width > 3 else None}
-    deferred = [h[-1] for h in uniq.values()
-                if len(h) > 2 and isinstance(h[-1], dict) and isinstance(h[-1].get("md5"), _DeviceBytes)]
+    deferred = [h.extra for h in uniq.values() if h.deferred_md5()]
     if deferred:
         _resolve_device_md5(deferred)
     for hid, h in uniq.items():
-        extra = h[-1] if len(h) > 2 and isinstance(h[-1], dict) else None
-        if extra:
-            resolved[hid] = dict(resolved[hid], **extra)
+        if h.extra:
+            resolved[hid] = dict(resolved[hid], **h.extra)
     return [resolved[id(h)] for h in handles]
 
 
@@ -517,16 +536,14 @@ class Encoder(ValueEncoder):
                     entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
                     handle = _stat_handle(data)
                     if mode == "md5":
-                        handle = handle + ({"md5": _md5_of(data)},)
+                        handle = handle._replace(extra={"md5": _md5_of(data)})
                     cache.store(t, key, base, handle)
-                if handle[0] == _K_DONE and not self.check_overflow and not (
-                        len(handle) > 2 and isinstance(handle[-1], dict)
-                        and isinstance(handle[-1].get("md5"), _DeviceBytes)):
+                if handle.kind == _K_DONE and not self.check_overflow and not handle.deferred_md5():
                     # computed already (the CPU kernels): filled now, as the pending batch would
-                    v = handle[1]
+                    v = handle.value
                     entry["Max"], entry["Min"], entry["Mean"], entry["Norm"] = \
                         v.get("Max"), v.get("Min"), v.get("Mean"), v.get("Norm")
-                    extra = handle[-1] if len(handle) > 2 and isinstance(handle[-1], dict) else v
+                    extra = handle.extra if handle.extra is not None else v
                     if "md5" in extra or "md5" in v:
                         md5 = (extra if "md5" in extra else v)["md5"],
                 else:

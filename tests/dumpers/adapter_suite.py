@@ -1,0 +1,161 @@
+"""The tests every framework adapter passes (msprobe/dumpers/adapter.py's contract), as zarr's
+``StoreTests`` for its stores: a framework's test module subclasses :class:`AdapterTests` and says
+how to make its dumper, its tensors and its calls. PyTorch runs it in tests/dumpers/test_adapter.py,
+MindSpore in its venv (tests/dumpers/mindspore/ms_test_adapter.py, started by test_mindspore.py).
+
+The suite imports no framework itself: it works through the subclass and the real framework's
+dumper (its encoder, API wrappers, guard, session), never a stand-in."""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from msprobe.dumpers.adapter import FrameworkAdapter
+from msprobe.dumpers.config import DumpConfig
+
+
+class AdapterTests:
+    """Subclass it (a ``Test...`` class) and fill in what follows."""
+
+    framework: str = ""  # the name the dumper writes in dump.json
+    collective_key: str = ""  # an API key the framework's dumper takes for a communication call
+    plain_key: str = ""  # an API key of an ordinary (not communication) call
+
+    def make_dumper(self, config: DumpConfig) -> Any:
+        raise NotImplementedError
+
+    def tensor(self, values: Any) -> Any:
+        """A float32 tensor of ``values`` (a list, or a number: 0-d)."""
+        raise NotImplementedError
+
+    def to_numpy(self, t: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def relu(self, x: Any) -> Any:
+        """A call of the framework's ``relu`` through its public API (the one the wrappers replace)."""
+        raise NotImplementedError
+
+    def assign(self, t: Any, value: float) -> None:
+        """Write ``value`` into every element of ``t`` in place."""
+        raise NotImplementedError
+
+    def grad_of(self, fn: Callable[[Any], Any], x: Any) -> Any:
+        """The gradient of ``fn(x).sum()`` with respect to ``x``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+    @pytest.fixture
+    def dumper(self, tmp_path):
+        d = self.make_dumper(DumpConfig(task="statistics", level="L1", dump_path=str(tmp_path / "dump")))
+        try:
+            yield d
+        finally:
+            d.close()
+
+    @staticmethod
+    def dump_json(dumper: Any, step: int = 0) -> dict:
+        found = glob.glob(os.path.join(dumper.config.dump_path, f"step{step}", "*", "dump.json"))
+        assert len(found) == 1, found
+        with open(found[0], encoding="utf-8") as f:
+            return json.load(f)
+
+    @staticmethod
+    def named(data: dict, part: str, suffix: str) -> list:
+        return [name for name in data if part in name and name.endswith(suffix)]
+
+    # ------------------------------------------------------------------ the contract
+    def test_declares_its_collaborators(self, dumper):
+        """The adapter names its encoder, patcher, guard, statistics fetch and rank; the core is built of them."""
+        assert isinstance(dumper, FrameworkAdapter)
+        core = dumper.core
+        assert dumper.framework == self.framework and core.session.framework == self.framework
+        assert type(core.encoder) is dumper.encoder_cls and type(core.patcher) is dumper.patcher_cls
+        assert core.guard is dumper.guard
+        assert core.session.fetch_stats is dumper.fetch_stats
+        assert dumper.get_rank() is None  # no distributed job here
+        assert core.patcher.installed  # L1: the wrappers go in with the dumper, pass-through until start()
+
+    def test_what_a_collective_is(self, dumper):
+        assert dumper.is_collective(self.collective_key)
+        assert not dumper.is_collective(self.plain_key)
+
+    def test_stat_handles_are_typed_and_fetched(self, dumper):
+        """The statistics' handles in the pending batch are small typed objects (not probed tuples);
+        the adapter's fetch resolves them to the values numpy computes."""
+        values: list = [[1.5, -2.0, 4.0, 0.25], 3.0]  # (a 0-d tensor's statistics wait for the batch everywhere)
+        core = dumper.core
+        entries = [core.encoder.encode(self.tensor(v), f"Case.{i}.forward.input.0", False)
+                   for i, v in enumerate(values)]
+        pending = core.session.pending
+        assert len(pending.handles) >= 1
+        for handle in pending.handles:
+            assert type(handle) is not tuple and hasattr(type(handle), "_fields"), type(handle)
+        pending.resolve(dumper.fetch_stats)
+        for entry, v in zip(entries, values):
+            a = np.asarray(v, dtype=np.float32)
+            assert entry["Max"] == a.max() and entry["Min"] == a.min()
+            assert math.isclose(entry["Mean"], float(a.mean()), rel_tol=1e-6)
+            assert math.isclose(entry["Norm"], float(np.linalg.norm(a)), rel_tol=1e-6)
+
+    # ------------------------------------------------------------------ recording an API call
+    def test_records_an_api_call_through_the_wrappers(self, dumper):
+        x = self.tensor([1.0, -2.0, 3.0])
+        self.relu(x)  # before start(): passed through, not counted
+        assert not dumper.session.api_counts
+        dumper.start()
+        out = self.relu(x)
+        assert not dumper.guard.inside  # the core gave the guard back
+        dumper.stop()
+        assert list(self.to_numpy(out)) == [1.0, 0.0, 3.0]
+        data = self.dump_json(dumper)["data"]
+        names = self.named(data, ".relu.", ".forward")
+        assert len(names) == 1, list(data)
+        rec = data[names[0]]
+        assert rec["input_args"][0]["Min"] == -2.0 and rec["output"][0]["Min"] == 0.0
+        assert rec["output"][0]["Max"] == 3.0
+
+    def test_collective_outputs_are_its_arguments_after_the_call(self, dumper):
+        """A communication call: its inputs as they were, its outputs its arguments after the call."""
+        x = self.tensor([1.0, 2.0])
+        dumper.start()
+        result = dumper.on_api(lambda t: self.assign(t, 7.0), self.collective_key, (x,), {})
+        dumper.stop()
+        assert result is None
+        data = self.dump_json(dumper)["data"]
+        (name,) = [n for n in data if n.endswith(".forward")]
+        rec = data[name]
+        assert name.startswith(self.collective_key + ".")
+        assert rec["input_args"][0]["Max"] == 2.0
+        assert [entry["Max"] for entry in rec["output"]] == [7.0]
+
+    def test_api_backward_recorded(self, dumper):
+        x = self.tensor([1.0, -2.0, 3.0])
+        dumper.start()
+        grad = self.grad_of(self.relu, x)
+        dumper.stop()
+        assert list(self.to_numpy(grad)) == [1.0, 0.0, 1.0]
+        data = self.dump_json(dumper)["data"]
+        names = self.named(data, ".relu.", ".backward")
+        assert len(names) == 1, list(data)
+        rec = data[names[0]]
+        assert rec["input"][0]["Max"] == 1.0  # the gradient of relu's output
+        assert rec["output"][0]["Min"] == 0.0 and rec["output"][0]["Max"] == 1.0  # of its input
+
+    # ------------------------------------------------------------------ stopping
+    def test_stop_publishes_and_turns_off(self, dumper):
+        dumper.start()
+        assert dumper.enabled and dumper.guard.on
+        self.relu(self.tensor([0.5]))
+        dumper.stop()
+        assert not dumper.enabled and not dumper.guard.on
+        first = self.dump_json(dumper)
+        assert self.named(first["data"], ".relu.", ".forward")
+        self.relu(self.tensor([0.5]))  # after stop(): not recorded
+        dumper.stop()  # a second stop() changes nothing
+        assert self.dump_json(dumper) == first
