@@ -14,6 +14,7 @@ import msprobe.readers
 from msprobe.backends import open_store
 from msprobe.errors import MissingDependencyError, require
 from msprobe.format.nonfinite import NonFiniteTracker, describe
+from msprobe.format.stats import NORM
 from msprobe.pytorch import PrecisionDebugger, seed_all
 from msprobe.readers.validate import validate_store
 
@@ -100,9 +101,9 @@ def run_demo(dump_path: str = "./demo_dump", task: str = "statistics", level: st
         if first[kind] is not None:
             say(f"  first {'NaN' if kind == 'nan' else '+/-Inf'}: step {first[kind][0]} {first[kind][1]} {first[kind][2]}")
     if outputs:
-        say("largest forward outputs by Norm:")
+        say(f"largest forward outputs by {NORM.key}:")
         for norm, step, name, path, shape in sorted(outputs, key=lambda o: -o[0])[:3]:
-            say(f"  step {step} {name} {path}: shape {shape} Norm {norm:.4g}")
+            say(f"  step {step} {name} {path}: shape {shape} {NORM.key} {norm:.4g}")
     rows = None
     try:
         df = doc.to_pandas()

@@ -5,6 +5,7 @@ import functools
 import json
 import sys
 
+from msprobe.format.stats import NORM, STAT_COLUMNS
 from msprobe.progress import add_progress_flag, resolve
 
 
@@ -75,7 +76,7 @@ def register(sub) -> None:
     cmd.add_argument("--step", type=int, action="append", default=None)
     cmd.add_argument("--kind", default="parameters_grad", help="record kind compared ('all' for every record)")
     cmd.add_argument("--record", default=None, help="a record name or glob")
-    cmd.add_argument("--stat", default="norm", choices=["max", "min", "mean", "norm"])
+    cmd.add_argument("--stat", default=NORM.column, choices=list(STAT_COLUMNS))
     cmd.add_argument("--rtol", type=float, default=1e-6)
     cmd.add_argument("--atol", type=float, default=0.0)
     cmd.add_argument("--no-consensus", action="store_true",
@@ -85,7 +86,7 @@ def register(sub) -> None:
     cmd = lsub.add_parser("trend", help="a record's statistic over steps (table, and a PNG with --plot)")
     _common(cmd)
     cmd.add_argument("record", help="a record name or glob")
-    cmd.add_argument("--stat", default="norm", choices=["max", "min", "mean", "norm"])
+    cmd.add_argument("--stat", default=NORM.column, choices=list(STAT_COLUMNS))
     cmd.add_argument("--arg", default=None, help="the argument (output.0, weight.0...; default: output.0 or the first)")
     cmd.add_argument("--run", action="append", default=None)
     cmd.add_argument("--rank", type=int, action="append", default=None)
@@ -296,7 +297,7 @@ def run_diverge(args, lake) -> int:
         return 0
     print(f"first divergence: step {first['step']} {first['rank_dir']} record {first['record']} (row {first['row']}, "
           f"record #{first['record_index']}, {first['result']})")
-    nre = first["metrics"].get("NormRelativeErr")
+    nre = first["metrics"].get(NORM.relative)
     if nre is not None:
         print(f"  NormRelativeErr {nre}")
     if len(res["ranks"]) > 1:

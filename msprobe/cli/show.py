@@ -87,8 +87,8 @@ def _show(rec, print_line, raw_print, printable) -> None:
             st = t.stats
             extra = f" md5={t.md5}" if t.md5 else ""
             extra += f" file={t.data_name}" if t.data_name else ""
-            print(f"    {t.path:<24} {t.dtype} {list(t.shape)} max={_fmt(st['max'])} min={_fmt(st['min'])} "
-                  f"mean={_fmt(st['mean'])} norm={_fmt(st['norm'])} requires_grad={_fmt(t.requires_grad)}{extra}")
+            stats = " ".join(f"{name}={_fmt(value)}" for name, value in st.items())
+            print(f"    {t.path:<24} {t.dtype} {list(t.shape)} {stats} requires_grad={_fmt(t.requires_grad)}{extra}")
     if non_tensor:
         print("  other arguments:")
         for path, value in non_tensor:

@@ -39,18 +39,19 @@ from msprobe.compare._verdict import ignore_class, judge
 from msprobe.compare._write import write_columns
 from msprobe.errors import TensorLoadError
 from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
+from msprobe.format.stats import MAX, MIN, NORM, STAT_KEYS
 from msprobe.readers._tensor import load_tensor_file
 
 __all__ = ["columnar_pair", "PairContext", "bench_counterpart", "load_side", "BLOCK_RECORDS", "METRIC_COUNT"]
 
 _NA = "N/A"
 #: metric columns per mode (after the 8 head columns)
-METRIC_COUNT = {"statistics": 8, "md5": 2, "tensor": 6}
+METRIC_COUNT = {"statistics": 2 * len(STAT_KEYS), "md5": 2, "tensor": 6}
 #: records per block: a block's columns are built, written and dropped before the next one's
 #: (bounds the memory of a 100,000-record pair)
 BLOCK_RECORDS = 2000
 #: the statistics of a leaf, as the dump names them
-_STATISTICS = ("Max", "Min", "Mean", "Norm")
+_STATISTICS = STAT_KEYS
 #: scalar argument types and the dtype leaf_side shows for them
 _SCALAR_TYPES = {kind: f"<class '{kind}'>" for kind in ("int", "float", "bool", "str")}
 
@@ -196,9 +197,8 @@ def _view(leaf: Any, mode: str) -> tuple:
     kind = leaf.get("type") if leaf.__class__ is dict else None
     if kind in _SCALAR_TYPES:
         value = leaf.get("value")
-        return {"dtype": _SCALAR_TYPES[kind], "shape": [], "requires_grad": None, "Max": value, "Min": value,
-                "Mean": value, "Norm": value, "md5": crc_text(value) if mode == "md5" else None,
-                "data_name": None}, False
+        return {"dtype": _SCALAR_TYPES[kind], "shape": [], "requires_grad": None, **dict.fromkeys(STAT_KEYS, value),
+                "md5": crc_text(value) if mode == "md5" else None, "data_name": None}, False
     side = leaf_side(leaf)
     return {"dtype": side.dtype, "shape": side.shape, "requires_grad": None if side.rg == _NA else side.rg,
             **dict(zip(_STATISTICS, side.stats)), "md5": side.md5, "data_name": side.data_name}, side.tensor
@@ -524,8 +524,8 @@ class Frame:
 
     def nonfinite_max_min(self, side: str) -> Any:
         leaves = self.leaves(side)
-        max_bad = _inf_or_nan(leaves.statistics["Max"], leaves.numbers("Max"))
-        return self.mask(side, max_bad | _inf_or_nan(leaves.statistics["Min"], leaves.numbers("Min")))
+        max_bad = _inf_or_nan(leaves.statistics[MAX.key], leaves.numbers(MAX.key))
+        return self.mask(side, max_bad | _inf_or_nan(leaves.statistics[MIN.key], leaves.numbers(MIN.key)))
 
     def scalar_differs(self) -> Any:
         """Matched rows of scalar arguments (``<class ...>`` dtypes, shape ``[]``) whose values differ."""
@@ -534,8 +534,8 @@ class Frame:
         out = np.zeros(self.row_count, dtype=bool)
         rows = self.matched_rows
         if len(rows):
-            target_max = self.plan.target.statistics["Max"]
-            bench_max = self.plan.bench.statistics["Max"]
+            target_max = self.plan.target.statistics[MAX.key]
+            bench_max = self.plan.bench.statistics[MAX.key]
             out[rows] = [("class" in target_dtype and "class" in bench_dtype and shape == "[]"
                           and target_max[target] != bench_max[bench])
                          for target_dtype, bench_dtype, shape, target, bench in
@@ -771,15 +771,16 @@ def _statistic_diffs(frame: Frame, statistic: str) -> tuple:
 def statistics_kernel(frame: Frame, context: PairContext) -> list:
     """Statistics mode: the 4 diffs, then the 4 relative errors, then the 8 statistics."""
     every_row = len(frame.matched_rows) == frame.row_count  # the diffs are the columns themselves
-    metrics: list = [None] * 8 if every_row else [_objects(frame.row_count) for _ in range(8)]
+    count = len(_STATISTICS)
+    metrics: list = [None] * (2 * count) if every_row else [_objects(frame.row_count) for _ in range(2 * count)]
     for position, statistic in enumerate(_STATISTICS):
         diff_text, relative_text, relative, none, is_percent = _statistic_diffs(frame, statistic)
         if every_row:
-            metrics[position], metrics[4 + position] = diff_text, relative_text
+            metrics[position], metrics[count + position] = diff_text, relative_text
         else:
             metrics[position][frame.matched_rows] = diff_text
-            metrics[4 + position][frame.matched_rows] = relative_text
-        if statistic == "Norm":
+            metrics[count + position][frame.matched_rows] = relative_text
+        if statistic == NORM.key:
             _norm_cells(frame, relative, none, relative_text, is_percent)
     return metrics + frame.statistic_columns()
 
@@ -797,7 +798,7 @@ def _cell_number(value: Any) -> float:
 def tensor_kernel(frame: Frame, context: PairContext) -> list:
     """Tensor mode: the 6 metrics of each matched row's two tensors (loaded one row at a time),
     then the 8 statistics; the NormRelativeErr of the statistics feeds the series and the marks."""
-    _, relative_text, relative, none, is_percent = _statistic_diffs(frame, "Norm")
+    _, relative_text, relative, none, is_percent = _statistic_diffs(frame, NORM.key)
     _norm_cells(frame, relative, none, relative_text, is_percent)
     metrics = [_objects(frame.row_count) for _ in range(6)]
     plan = frame.plan

@@ -29,6 +29,7 @@ from msprobe.compare._xframe import XFrame, match_xframe, mindspore_against_pyto
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import Executor
 from msprobe.format.layout import dump_dir_of
+from msprobe.format.stats import MAX
 from msprobe.progress import Progress
 from msprobe.readers._source import records_of as _data
 from msprobe.readers._source import task_of as _task
@@ -68,7 +69,7 @@ def _has_md5(data: dict) -> bool:
     """Whether the first tensor leaf (of the first 51 records) holds a CRC-32 beside its statistics."""
     for leaves in _first_tensor_leaves(data, 51):
         if leaves:
-            return isinstance(leaves[0].get("md5"), str) and "Max" in leaves[0]
+            return isinstance(leaves[0].get("md5"), str) and MAX.key in leaves[0]
     return False
 
 

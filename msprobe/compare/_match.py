@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any, Optional
 
 from msprobe.compare._rows import as_float, norm_record_name
+from msprobe.format.stats import MAX, NORM
 
 __all__ = ["match_records", "record_key"]
 
@@ -57,7 +58,7 @@ def _signature(raw: Any, out: list) -> list:
         return out
     if isinstance(raw, dict):
         if "dtype" in raw and "shape" in raw:
-            value = raw.get("Norm", raw.get("Max"))
+            value = raw.get(NORM.key, raw.get(MAX.key))
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out.append(as_float(value))
         else:

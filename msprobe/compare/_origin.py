@@ -28,6 +28,10 @@ from typing import Any, Optional
 from msprobe.compare._rows import leaf_side, record_leaves
 from msprobe.compare._verdict import same_dtype
 from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
+from msprobe.format.stats import MAX, MIN, STATISTICS
+
+#: where Max and Min sit in a side's statistics (the range scale of the others)
+_MAX_AT, _MIN_AT = STATISTICS.index(MAX), STATISTICS.index(MIN)
 
 __all__ = ["ORIGIN_THRESHOLD", "find_origin", "departure", "describe", "earliest", "order_key"]
 
@@ -67,13 +71,12 @@ def departure(target: Any, bench: Any, md5: bool = False, classes: bool = False)
     note = None if same else f"dtype {target.dtype} vs {bench.dtype}"
     if not target.tensor or not bench.tensor:
         return (0.0 if target.stats[0] == bench.stats[0] else math.inf), note
-    target_max, target_min, target_mean, target_norm = (_number(v) for v in target.stats)
-    bench_max, bench_min, bench_mean, bench_norm = (_number(v) for v in bench.stats)
-    ends = [abs(v) for v in (bench_max, bench_min) if v is not None and math.isfinite(v)]
-    scale = max(ends) if ends else 0.0
-    norm_scale = abs(bench_norm) if bench_norm is not None and math.isfinite(bench_norm) else 0.0
-    size = max(_relative(target_max, bench_max, scale), _relative(target_min, bench_min, scale),
-               _relative(target_mean, bench_mean, scale), _relative(target_norm, bench_norm, norm_scale))
+    targets, benches = [_number(v) for v in target.stats], [_number(v) for v in bench.stats]
+    ends = [abs(end) for end in (benches[_MAX_AT], benches[_MIN_AT]) if end is not None and math.isfinite(end)]
+    range_scale = max(ends) if ends else 0.0
+    size = max(_relative(value, base, range_scale if statistic.scale == "range" else
+                         (abs(base) if base is not None and math.isfinite(base) else 0.0))
+               for statistic, value, base in zip(STATISTICS, targets, benches))
     return size, note
 
 

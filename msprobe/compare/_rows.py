@@ -16,18 +16,17 @@ import zlib
 from typing import Any, Optional
 
 from msprobe.format.model import is_tensor_entry
+from msprobe.format.stats import CSV_BENCH, CSV_DIFF, CSV_RELATIVE, CSV_TARGET, STAT_KEYS
 
 __all__ = ["COLUMNS", "record_leaves", "norm_record_name", "Side", "crc_text", "diff_cells", "tensor_metrics",
            "leaf_side", "as_float"]
 
 _HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
          "NPU Requires_grad", "Bench Requires_grad"]
-_STATS_VALS = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
-               "Bench l2norm"]
+_STATS_VALS = [*CSV_TARGET, *CSV_BENCH]
 #: CSV columns per mode, in the order the real tool (26.2.0) writes them
 COLUMNS = {
-    "statistics": _HEAD + ["Max diff", "Min diff", "Mean diff", "L2norm diff", "MaxRelativeErr", "MinRelativeErr",
-                           "MeanRelativeErr", "NormRelativeErr"] + _STATS_VALS
+    "statistics": _HEAD + [*CSV_DIFF, *CSV_RELATIVE] + _STATS_VALS
                   + ["Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info"],
     "md5": _HEAD + ["NPU MD5", "BENCH MD5", "Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info"],
     "tensor": _HEAD + ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
@@ -131,7 +130,7 @@ def leaf_side(leaf: Any) -> Side:
         data_name = leaf.get("data_name")
         return Side(str(leaf.get("dtype")), str(leaf.get("shape")),
                     _NA if requires_grad is None else str(requires_grad),
-                    (leaf.get("Max"), leaf.get("Min"), leaf.get("Mean"), leaf.get("Norm")),
+                    tuple(leaf.get(key) for key in STAT_KEYS),
                     md5 if isinstance(md5, str) else (_NA if md5 is None else str(md5)),
                     data_name if isinstance(data_name, str) else None, True, None)
     value = leaf.get("value")

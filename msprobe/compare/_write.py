@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from msprobe.errors import MissingDependencyError
+from msprobe.format.stats import CSV_BENCH, CSV_DIFF
 
 __all__ = ["write_header", "write_columns", "write_xlsx", "XLSX_FILLS"]
 
@@ -76,8 +77,8 @@ def write_xlsx(path: str, names: list, rows: list) -> str:
     fills = {result: PatternFill("solid", start_color=colour, end_color=colour)
              for result, colour in XLSX_FILLS.items()}
     result_at = names.index("Result") if "Result" in names else None
-    first = next((k for k, name in enumerate(names) if name in ("Max diff", "Cosine")), len(names))
-    last = names.index("Bench l2norm") if "Bench l2norm" in names else first - 1
+    first = next((k for k, name in enumerate(names) if name in (CSV_DIFF[0], "Cosine")), len(names))
+    last = names.index(CSV_BENCH[-1]) if CSV_BENCH[-1] in names else first - 1
     for row in rows:
         fill = fills.get(row[result_at]) if result_at is not None else None
         out = []

@@ -19,6 +19,7 @@ from typing import Optional
 
 from msprobe.compare._rows import COLUMNS
 from msprobe.errors import ConfigError, MissingDependencyError, require
+from msprobe.format.stats import CSV_BENCH, CSV_TARGET
 
 __all__ = ["merge_result", "read_yaml", "METRICS"]
 
@@ -118,7 +119,7 @@ def merge_result(input_dir: str, output_dir: str, config: str, *, timestamp: Opt
             for metric in metrics:
                 value = row[column[metric]]
                 if value.strip() in _UNDEFINED:
-                    value = f"NPU:'{row[column['NPU max']]}'  Bench:'{row[column['Bench max']]}'"
+                    value = f"NPU:'{row[column[CSV_TARGET[0]]]}'  Bench:'{row[column[CSV_BENCH[0]]]}'"
                 table.setdefault(metric, {}).setdefault(name, {})[rank] = value
     assert mode is not None  # files is not empty: every file set it
     metrics = index or METRICS[mode]

@@ -21,9 +21,9 @@ def ndarray_entry(a: Any) -> dict:
     as a file."""
     import numpy as np
 
-    entry: dict = {"type": "numpy.ndarray", "dtype": str(a.dtype), "shape": list(a.shape),
-                   "Max": None, "Min": None, "Mean": None, "Norm": None}
+    from msprobe.format.stats import null_stats, stats_dict
+
+    entry: dict = {"type": "numpy.ndarray", "dtype": str(a.dtype), "shape": list(a.shape), **null_stats()}
     if a.size and a.dtype.kind in "biuf":
-        entry.update(Max=a.max().item(), Min=a.min().item(), Mean=a.mean().item(),
-                     Norm=np.linalg.norm(a.ravel()).item())
+        entry.update(stats_dict((a.max().item(), a.min().item(), a.mean().item(), np.linalg.norm(a.ravel()).item())))
     return entry

@@ -11,6 +11,7 @@ from typing import Any, Iterator, Optional, Union
 
 from msprobe.errors import DocumentError
 from msprobe.format.naming import RecordName, check_file_name, parse_record_name, read_record_name
+from msprobe.format.stats import STAT_KEYS, STATISTICS
 
 __all__ = [
     "TENSOR_TYPES",
@@ -40,7 +41,7 @@ TENSOR_TYPES = frozenset({
     "torch.Tensor", "torch.nn.parameter.Parameter", "mindspore.Tensor", "mindspore.Parameter",
     "mindspore.common.parameter.Parameter", "numpy.ndarray", "mindtorch.Tensor",
 })
-_STAT_KEYS = ("Max", "Min", "Mean", "Norm")
+_STAT_KEYS = STAT_KEYS
 
 
 def is_tensor_entry(value: Any) -> bool:
@@ -113,7 +114,7 @@ class TensorArg(Arg):
 
     @property
     def stats(self) -> dict:
-        return {key.lower(): self.raw.get(key) for key in _STAT_KEYS}
+        return {s.column: self.raw.get(s.key) for s in STATISTICS}
 
 
 class ScalarArg(Arg):

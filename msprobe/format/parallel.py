@@ -19,11 +19,12 @@ from typing import Any, Optional
 
 import numpy as np
 
+from msprobe.format.stats import STAT_KEYS, STATISTICS
+
 __all__ = ["Layout", "LayoutError", "parse_layout", "merge_shard_stats", "stage_renames", "DIMENSIONS"]
 
 #: the parallel dimensions, in Megatron's default order (fastest first)
 DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
-_STATS = ("Max", "Min", "Mean", "Norm")
 
 
 class LayoutError(ValueError):
@@ -118,25 +119,21 @@ def merge_shard_stats(leaves: list, dim: int) -> dict:
     (rounded to the tensors' float dtype, as the dumper writes them); shape the shards' with
     ``dim`` summed. md5 (a CRC of each shard's bytes) cannot be merged: left out."""
     first = leaves[0]
-    merged = {key: value for key, value in first.items() if key not in _STATS and key != "md5"}
+    merged = {key: value for key, value in first.items() if key not in STAT_KEYS and key != "md5"}
     shapes = [list(leaf.get("shape") or []) for leaf in leaves]
     shape = list(shapes[0])
     if shape and -len(shape) <= dim < len(shape):
         shape[dim] = sum(s[dim] if len(s) == len(shape) else 0 for s in shapes)
     merged["shape"] = shape
     numels = [math.prod(s) for s in shapes]
-    values = {stat: [_number(leaf.get(stat)) for leaf in leaves] for stat in _STATS}
-    total = sum(numels)
-    rules: dict = {"Max": max, "Min": min,
-             "Mean": lambda found: sum(n * m for n, m in zip(numels, found)) / total if total else found[0],
-             "Norm": lambda found: math.sqrt(sum(v * v for v in found))}
     cast = _ROUND.get(str(first.get("dtype")))
-    for stat, rule in rules.items():
-        found = values[stat]
+    for statistic in STATISTICS:  # each by its own rule (format.stats)
+        stat = statistic.key
+        found = [_number(leaf.get(stat)) for leaf in leaves]
         if any(v is None for v in found) or stat not in first:
             merged[stat] = first.get(stat) if len(leaves) == 1 else None
             continue
-        value = rule(found)
+        value = statistic.merge(found, numels)
         merged[stat] = float(cast(value)) if cast is not None and math.isfinite(value) else value
     return merged
 

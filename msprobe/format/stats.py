@@ -28,12 +28,80 @@ written ``"0x%016x"``.
 """
 from __future__ import annotations
 
+import math
 import zlib
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["crc32_hex", "xor64_hex", "xor64", "reference_stats", "stats_equal"]
+__all__ = ["crc32_hex", "xor64_hex", "xor64", "reference_stats", "stats_equal",
+           "Statistic", "STATISTICS", "MAX", "MIN", "MEAN", "NORM", "STAT_KEYS", "STAT_COLUMNS", "STAT_BY_COLUMN",
+           "CSV_TARGET", "CSV_BENCH", "CSV_DIFF", "CSV_RELATIVE", "null_stats", "stats_dict", "get_statistic"]
+
+
+def _merge_mean(found: Sequence[float], numels: Sequence[int]) -> float:
+    total = sum(numels)
+    return sum(n * m for n, m in zip(numels, found)) / total if total else found[0]
+
+
+def _merge_norm(found: Sequence[float], numels: Sequence[int]) -> float:
+    return math.sqrt(sum(v * v for v in found))
+
+
+class Statistic(NamedTuple):
+    """One statistic of a tensor, as every layer spells and treats it.
+
+    ``key``: its dump.json key; ``column``: its name in the Parquet index, the lake's questions, the
+    CLI (``--stat``) and the view; ``csv``: its name in compare's CSV after "NPU "/"Bench ";
+    ``diff``/``relative``: compare's difference and relative-error columns; ``merge(found, numels)``:
+    the statistic of the concatenation of shards whose statistics are ``found`` and sizes ``numels``;
+    ``scale``: what compare's origin search divides a difference by, ``"range"`` (the bench's
+    largest finite ``|Max|``/``|Min|``) or ``"own"`` (the bench's own ``|value|``).
+    """
+    key: str
+    column: str
+    csv: str
+    diff: str
+    relative: str
+    merge: Callable[[Sequence[float], Sequence[int]], float]
+    scale: str
+
+
+#: the statistics in the order dump.json, the index and compare's CSV give them (the real tool's order)
+STATISTICS: tuple = (
+    Statistic("Max", "max", "max", "Max diff", "MaxRelativeErr", lambda found, numels: max(found), "range"),
+    Statistic("Min", "min", "min", "Min diff", "MinRelativeErr", lambda found, numels: min(found), "range"),
+    Statistic("Mean", "mean", "mean", "Mean diff", "MeanRelativeErr", _merge_mean, "range"),
+    Statistic("Norm", "norm", "l2norm", "L2norm diff", "NormRelativeErr", _merge_norm, "own"),
+)
+MAX, MIN, MEAN, NORM = STATISTICS
+#: dump.json keys ("Max", ...) and index/CLI/view names ("max", ...), in table order
+STAT_KEYS: tuple = tuple(s.key for s in STATISTICS)
+STAT_COLUMNS: tuple = tuple(s.column for s in STATISTICS)
+STAT_BY_COLUMN: dict = {s.column: s for s in STATISTICS}
+#: compare's CSV columns: the target's statistics, the bench's, the differences, the relative errors
+CSV_TARGET: tuple = tuple(f"NPU {s.csv}" for s in STATISTICS)
+CSV_BENCH: tuple = tuple(f"Bench {s.csv}" for s in STATISTICS)
+CSV_DIFF: tuple = tuple(s.diff for s in STATISTICS)
+CSV_RELATIVE: tuple = tuple(s.relative for s in STATISTICS)
+
+
+def null_stats() -> dict:
+    """A dump.json entry's statistics when there are none: every key, null."""
+    return dict.fromkeys(STAT_KEYS)
+
+
+def stats_dict(values: Iterable[Any]) -> dict:
+    """The dump.json statistics of ``values`` given in table order."""
+    return dict(zip(STAT_KEYS, values))
+
+
+def get_statistic(column: str) -> Statistic:
+    """The statistic an index/CLI/view name (``"norm"``) names; ValueError for another name."""
+    try:
+        return STAT_BY_COLUMN[column]
+    except KeyError:
+        raise ValueError(f"unknown statistic {column!r}; known: {', '.join(STAT_COLUMNS)}") from None
 
 
 def _byte_view(buf: Any) -> Any:

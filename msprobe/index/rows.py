@@ -13,6 +13,7 @@ from typing import Any, Iterable, Optional
 from msprobe.format.layout import TENSOR_DIR
 from msprobe.format.model import is_valid_shape, tensor_entries
 from msprobe.format.naming import RecordName, read_record_name
+from msprobe.format.stats import STAT_COLUMNS, STATISTICS
 
 __all__ = [
     "COLUMNS",
@@ -31,14 +32,14 @@ __all__ = [
 RECORD_COLUMNS = ("run", "step", "rank", "rank_dir", "split", "seq", "record", "kind", "api_type", "api_name",
                   "call_index", "direction")
 #: Columns that describe one tensor-like argument.
-TENSOR_COLUMNS = ("io", "arg_path", "type", "dtype", "shape", "numel", "max", "min", "mean", "norm", "md5",
-                  "has_nan", "has_inf", "requires_grad", "data_name", "location")
+TENSOR_COLUMNS = ("io", "arg_path", "type", "dtype", "shape", "numel") + STAT_COLUMNS + (
+    "md5", "has_nan", "has_inf", "requires_grad", "data_name", "location")
 #: Every column, in order; ``stack_id`` and ``parent`` come from stack.json / construct.json.
 COLUMNS = RECORD_COLUMNS + TENSOR_COLUMNS + ("stack_id", "parent")
 #: What a record digest needs (read from the index without dump.json).
 DIGEST_COLUMNS = ("seq", "record", "kind", "api_type", "api_name", "call_index", "direction", "stack_id", "parent")
 
-_STAT_KEYS = (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "Norm"))
+_STAT_KEYS = tuple((s.column, s.key) for s in STATISTICS)
 
 
 def empty_columns() -> dict:
@@ -189,7 +190,7 @@ def arrow_schema() -> Any:
         ("api_type", pa.string()), ("api_name", pa.string()), ("call_index", pa.int64()),
         ("direction", pa.string()), ("io", pa.string()), ("arg_path", pa.string()), ("type", pa.string()),
         ("dtype", pa.string()), ("shape", pa.list_(pa.int64())), ("numel", pa.int64()),
-        ("max", pa.float64()), ("min", pa.float64()), ("mean", pa.float64()), ("norm", pa.float64()),
+        *[(column, pa.float64()) for column in STAT_COLUMNS],
         ("md5", pa.string()), ("has_nan", pa.bool_()), ("has_inf", pa.bool_()), ("requires_grad", pa.bool_()),
         ("data_name", pa.string()), ("location", pa.string()), ("stack_id", pa.string()), ("parent", pa.string()),
     ])

@@ -30,13 +30,14 @@ from msprobe.execution import star
 from msprobe.format.comm import CommCall, comm_api, describe_path, graph_from_calls, propagation
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
 from msprobe.format.layout import RankLocation
+from msprobe.format.stats import NORM, STAT_COLUMNS
 from msprobe.lake._core import Prefetched, cached_store
 from msprobe.lake._graph import is_buffer_row
 from msprobe.readers._source import RankSource, records_of, task_of
 
 __all__ = ["first_nan", "diverge", "disagree", "trend", "STATS", "NAN_KINDS", "TREND_MAX_RECORDS"]
 
-STATS = ("max", "min", "mean", "norm")
+STATS = STAT_COLUMNS
 #: document order of a record's argument groups (rows of one record sort by it, then arg_path)
 _IO_ORDER = ("CASE io WHEN 'input_args' THEN 0 WHEN 'input_kwargs' THEN 1 WHEN 'input' THEN 2 "
              "WHEN 'parameters' THEN 3 WHEN 'output' THEN 4 ELSE 5 END")
@@ -111,8 +112,8 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
     if kind not in NAN_KINDS:
         raise ConfigError(f"kind={kind!r}: one of {', '.join(NAN_KINDS)}")
     where = "(has_nan OR has_inf)" + _among("run", run) + _among("step", step) + _among("rank", rank)
-    cols = ["run", "rank", "rank_dir", "split", "step", "seq", "record", "io", "arg_path", "max", "min", "mean",
-            "norm", "has_nan", "has_inf"]
+    cols = ["run", "rank", "rank_dir", "split", "step", "seq", "record", "io", "arg_path", *STAT_COLUMNS,
+            "has_nan", "has_inf"]
     # a communication call's receive buffers (their content before the call) are no data: left out
     frame = lake.sql(f"""
     WITH l AS (SELECT {", ".join(cols)}, dtype, shape FROM lake WHERE {where})
@@ -433,7 +434,7 @@ def _diverge_steps(lake: Any, run_a: str, run_b: str, jobs_by_step: dict, task: 
 # -- rank disagreement -------------------------------------------------------------------------------
 
 def disagree(lake: Any, *, run: Any = None, step: Any = None, kind: Optional[str] = "parameters_grad",
-             record: Any = None, stat: str = "norm", rtol: float = 1e-6, atol: float = 0.0,
+             record: Any = None, stat: str = NORM.column, rtol: float = 1e-6, atol: float = 0.0,
              no_consensus: bool = False) -> Any:
     """Rows whose ``stat`` differs from what the other ranks agree on, for the same (run,
     step, record, argument).
@@ -543,7 +544,7 @@ def _main_arg(args: Any) -> Optional[str]:
     return weights[0] if weights else names[0]
 
 
-def trend(lake: Any, record: str, *, stat: str = "norm", arg: Optional[str] = None, run: Any = None,
+def trend(lake: Any, record: str, *, stat: str = NORM.column, arg: Optional[str] = None, run: Any = None,
           rank: Any = None, plot: Optional[str] = None) -> Any:
     """``stat`` of one record's argument over steps: a DataFrame (run, rank, rank_dir, step,
     record, arg_path, value) sorted by run, rank, record, step. ``record``: a name or a glob
@@ -622,14 +623,16 @@ def _plot(frame: Any, path: str, record: str, arg: Optional[str], stat: str) -> 
             bad_x[label] += steps
             bad_y[label] += [bottom if label == "-Inf" else top] * len(steps)
         fin = group[np.isfinite(series)]
-        agg = fin.groupby("step")["value"].agg(["mean", "min", "max"]).reindex(sorted(group["step"].dropna().unique()))
-        x_steps = agg.index.tolist()
+        by_step, steps_of = fin.groupby("step")["value"], sorted(group["step"].dropna().unique())
+        mean = by_step.mean().reindex(steps_of)
+        x_steps = mean.index.tolist()
         n_ranks = group["rank_dir"].nunique()
         label = f"{run} {rec}" if many else f"{run}"
-        axes.plot(x_steps, agg["mean"].tolist(), marker="o", lw=1.2,
+        axes.plot(x_steps, mean.tolist(), marker="o", lw=1.2,
                 label=label + (f" (mean over {n_ranks} ranks)" if n_ranks > 1 else ""))
         if n_ranks > 1:
-            axes.fill_between(x_steps, agg["min"].tolist(), agg["max"].tolist(), alpha=0.2)
+            axes.fill_between(x_steps, by_step.min().reindex(steps_of).tolist(),
+                              by_step.max().reindex(steps_of).tolist(), alpha=0.2)
     for label, marker, color in (("NaN", "X", "red"), ("+Inf", "^", "purple"), ("-Inf", "v", "purple")):
         if bad_x[label]:
             axes.scatter(bad_x[label], bad_y[label], marker=marker, s=80, color=color, zorder=5, label=label)

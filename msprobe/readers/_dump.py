@@ -9,6 +9,7 @@ from msprobe.errors import ConfigError, MsprobeError, RecordNotFoundError, Stora
 from msprobe.format.layout import detect_dialect
 from msprobe.format.model import infer_framework
 from msprobe.format.protocols import ReadableStore
+from msprobe.format.stats import NORM, STAT_COLUMNS
 from msprobe.index.files import (
     STRING_COLUMNS,
     check_decoded_strings,
@@ -406,10 +407,10 @@ class Dump:
 
         expr = pc.field("has_nan") | pc.field("has_inf")
         if norm_above is not None:
-            expr = expr | (pc.field("norm") > float(norm_above))
+            expr = expr | (pc.field(NORM.column) > float(norm_above))
         cols = list(columns) if columns is not None else [
-            "run", "step", "rank", "rank_dir", "seq", "record", "io", "arg_path", "dtype", "max", "min", "mean",
-            "norm", "has_nan", "has_inf"]
+            "run", "step", "rank", "rank_dir", "seq", "record", "io", "arg_path", "dtype", *STAT_COLUMNS,
+            "has_nan", "has_inf"]
         t = self.to_arrow(step, rank, run=run, filter=expr, columns=cols)
         return t if as_arrow else table_to_pandas(t)
 

@@ -27,11 +27,11 @@ from msprobe.errors import ConfigError
 from msprobe.format.comm import comm_api, comm_call
 from msprobe.format.documents import DumpDocument
 from msprobe.format.parallel import Layout, LayoutError, merge_shard_stats, stage_renames
-from msprobe.format.stats import stats_equal
+from msprobe.format.stats import MAX, MIN, STAT_KEYS, stats_equal
 
 __all__ = ["MergedSource", "merge_dump_step", "read_layout", "Layout"]
 
-_STATS = ("Max", "Min", "Mean", "Norm")
+_STATS = STAT_KEYS
 
 
 def _is_leaf(node: Any) -> bool:
@@ -198,8 +198,8 @@ def _suspects(kinds: dict, nodes_by_rank: dict, ref: Any) -> list:
             leaf = _at(record, path)
             if not _is_leaf(leaf):
                 continue
-            high, low = leaf.get("Max"), leaf.get("Min")
-            top, bottom = whole.get("Max"), whole.get("Min")
+            high, low = leaf.get(MAX.key), leaf.get(MIN.key)
+            top, bottom = whole.get(MAX.key), whole.get(MIN.key)
             if isinstance(high, (int, float)) and isinstance(top, (int, float)) and high > top + 1e-8 + 1e-5 * abs(top):
                 out.add(rank)
             if isinstance(low, (int, float)) and isinstance(bottom, (int, float)) and \

@@ -24,6 +24,7 @@ from msprobe.format.model import (
     TensorArg,
     TypedValueArg,
 )
+from msprobe.format.stats import MAX, MIN
 
 __all__ = ["replay_inputs", "generate_tensor", "decode_value", "REPLAY_MODES", "InputTooLargeError"]
 
@@ -190,13 +191,13 @@ def generate_tensor(entry: dict, *, framework: str = "torch", gen: Optional[_Gen
     if canonical is None:
         raise MsprobeError(f"record {record!r}: {path}: no dtype to generate a tensor from")
     numel = math.prod(shape)
-    low_o, high_o = entry.get("Min"), entry.get("Max")
-    low = entry.get("Min_except_inf_nan", low_o)
-    high = entry.get("Max_except_inf_nan", high_o)
+    low_o, high_o = entry.get(MIN.key), entry.get(MAX.key)
+    low = entry.get(f"{MIN.key}_except_inf_nan", low_o)
+    high = entry.get(f"{MAX.key}_except_inf_nan", high_o)
     if numel == 0:
         low = high = low_o = high_o = 0
-    low = _number(low, "Min", record, path)
-    high = _number(high, "Max", record, path)
+    low = _number(low, MIN.key, record, path)
+    high = _number(high, MAX.key, record, path)
     if framework == "torch":
         return _torch_tensor(canonical, shape, low, high, low_o, high_o, gen, record, path)
     return _numpy_tensor(canonical, shape, low, high, low_o, high_o, gen, record, path)

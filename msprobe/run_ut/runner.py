@@ -18,6 +18,7 @@ from msprobe import readers
 from msprobe.backends import open_store
 from msprobe.errors import ConfigError, read_json_object
 from msprobe.format.layout import dump_dir_of
+from msprobe.format.stats import MAX, MIN, STAT_KEYS
 from msprobe.progress import Progress
 from msprobe.readers._replay import InputTooLargeError
 from msprobe.run_ut.csvio import ResultWriter
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["run_ut", "open_rank", "list_tasks", "load_run_ut_config", "check_api", "DEFAULT_TIMEOUT", "pick_device"]
 
 DEFAULT_TIMEOUT = 300.0
-_STAT_KEYS = {"Max", "Min", "Mean", "Norm", "md5", "data_name", "Max_except_inf_nan", "Min_except_inf_nan",
+_STAT_KEYS = {*STAT_KEYS, "md5", "data_name", f"{MAX.key}_except_inf_nan", f"{MIN.key}_except_inf_nan",
               "requires_grad"}
 
 

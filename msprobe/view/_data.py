@@ -21,15 +21,15 @@ import threading
 from typing import Any, Iterator, Optional, Sequence
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError, UnknownDialectError
-from msprobe.view._load import Loader
+from msprobe.format.stats import STAT_COLUMNS
+from msprobe.view._load import SIDE_STAT_COLUMNS, Loader
 
 __all__ = ["ViewData", "open_view", "ROW_FIELDS", "FILTERS", "json_safe"]
 
 #: the columns of ``rows`` the list and the record detail return, in order
 ROW_FIELDS = ("i", "name", "record", "io", "dir", "kind", "result", "err", "norm_rel", "max_rel", "cosine",
               "npu_dtype", "bench_dtype", "npu_shape", "bench_shape", "bench_name",
-              "npu_max", "npu_min", "npu_mean", "npu_norm", "bench_max", "bench_min", "bench_mean", "bench_norm",
-              "npu_md5", "bench_md5", "nan_inf", "masked", "score", "data_name")
+              *SIDE_STAT_COLUMNS, "npu_md5", "bench_md5", "nan_inf", "masked", "score", "data_name")
 #: the list's filters and their values
 FILTERS = {
     "dir": ("all", "forward", "backward"),
@@ -288,8 +288,8 @@ class ViewData(Loader):
 
     def trend(self, name: str, stat: str) -> dict:
         """One row's statistic over steps, per rank, target and bench."""
-        if stat not in ("max", "min", "mean", "norm"):
-            raise ConfigError(f"stat must be max, min, mean or norm, not {stat!r}")
+        if stat not in STAT_COLUMNS:
+            raise ConfigError(f"stat must be {', '.join(STAT_COLUMNS[:-1])} or {STAT_COLUMNS[-1]}, not {stat!r}")
         rows = self.query(f"""SELECT c.run, c.step, c.rank, c.rank_dir, r.npu_{stat} AS target, r.bench_{stat} AS bench
             FROM rows r JOIN cells c USING (cell) WHERE r.name = ? ORDER BY c.run, c.rank_dir, c.step""", [name])
         series: dict = {}

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from msprobe.errors import ConfigError, MsprobeError
 from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
 from msprobe.format.nonfinite import NonFiniteTracker
+from msprobe.format.stats import CSV_BENCH, CSV_TARGET, MAX, NORM, STAT_COLUMNS
 from msprobe.readers import ANY
 from msprobe.readers._source import records_of
 
@@ -32,9 +33,11 @@ _RECORD_SQL = r"""CASE
 
 #: the compare CSV columns the rows are made of
 _CSV_COLUMNS = {"NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
-                "NormRelativeErr", "MaxRelativeErr", "Cosine", "NPU max", "NPU min", "NPU mean", "NPU l2norm",
-                "Bench max", "Bench min", "Bench mean", "Bench l2norm", "NPU MD5", "BENCH MD5", "Result",
+                NORM.relative, MAX.relative, "Cosine", *CSV_TARGET, *CSV_BENCH, "NPU MD5", "BENCH MD5", "Result",
                 "Err_message", "NPU_Stack_Info", "Data_name"}
+#: the statistics' columns of ``rows``: the target's (npu_max...), then the bench's (format.stats' order)
+SIDE_STAT_COLUMNS = tuple(f"{side}_{column}" for side in ("npu", "bench") for column in STAT_COLUMNS)
+_N_STATS = len(STAT_COLUMNS)
 
 
 def _num(col: str) -> str:
@@ -58,11 +61,10 @@ class Loader:
     located_row: Any  # ViewData's: a row of ``cells`` -> (dump, source)
 
     def _create(self) -> None:
-        self._db.execute("""CREATE OR REPLACE TABLE rows (cell INTEGER, i INTEGER, name VARCHAR, record VARCHAR,
+        self._db.execute(f"""CREATE OR REPLACE TABLE rows (cell INTEGER, i INTEGER, name VARCHAR, record VARCHAR,
             io VARCHAR, dir VARCHAR, kind VARCHAR, result VARCHAR, err VARCHAR, norm_rel DOUBLE, max_rel DOUBLE,
             cosine DOUBLE, npu_dtype VARCHAR, bench_dtype VARCHAR, npu_shape VARCHAR, bench_shape VARCHAR,
-            bench_name VARCHAR, npu_max DOUBLE, npu_min DOUBLE, npu_mean DOUBLE, npu_norm DOUBLE,
-            bench_max DOUBLE, bench_min DOUBLE, bench_mean DOUBLE, bench_norm DOUBLE, npu_md5 VARCHAR,
+            bench_name VARCHAR, {", ".join(f"{column} DOUBLE" for column in SIDE_STAT_COLUMNS)}, npu_md5 VARCHAR,
             bench_md5 VARCHAR, nan_inf BOOLEAN, score DOUBLE, data_name VARCHAR, stack VARCHAR)""")
         self._db.execute("""CREATE OR REPLACE TABLE cells (cell INTEGER, run VARCHAR, step INTEGER, rank INTEGER,
             rank_dir VARCHAR, bench_step INTEGER, bench_rank_dir VARCHAR)""")
@@ -101,9 +103,9 @@ class Loader:
 
             def column(name: str) -> str:
                 return f'"{name}"' if name in cols else "NULL"
-            norm = _num(column("NormRelativeErr"))
+            norm = _num(column(NORM.relative))
             cos = _num(column("Cosine"))
-            stats = [_num(column(f"{side} {k}")) for side in ("NPU", "Bench") for k in ("max", "min", "mean", "l2norm")]
+            stats = [_num(column(name)) for name in CSV_TARGET + CSV_BENCH]
             # staged as a table first: its rowid is the file's row order (the execution order)
             wanted = ", ".join(f'"{col}"' for col in sorted(cols & _CSV_COLUMNS))  # only what the rows hold
             cur.execute(f"CREATE OR REPLACE TABLE csv_in AS SELECT {wanted} FROM read_csv(?, all_varchar=true, "
@@ -117,11 +119,11 @@ class Loader:
                 CASE WHEN regexp_matches(name, '\\.backward|\\.parameters_grad') THEN 'backward' ELSE 'forward' END,
                 CASE WHEN starts_with(name, 'Module.') THEN 'module' ELSE 'api' END,
                 result, err, norm_rel, max_rel, cosine, npu_dtype, bench_dtype, npu_shape, bench_shape, bench_name,
-                s0, s1, s2, s3, s4, s5, s6, s7, npu_md5, bench_md5,
-                coalesce({" OR ".join(f"isnan(s{k}) OR isinf(s{k})" for k in range(4))}, false) AS nan_inf,
+                {", ".join(f"s{k}" for k in range(2 * _N_STATS))}, npu_md5, bench_md5,
+                coalesce({" OR ".join(f"isnan(s{k}) OR isinf(s{k})" for k in range(_N_STATS))}, false) AS nan_inf,
                 0.0 AS score, data_name, stack
               FROM (SELECT "NPU Name" AS name, lower(coalesce("Result", '')) AS result, "Err_message" AS err,
-                {norm} AS norm_rel, {_num(column('MaxRelativeErr'))} AS max_rel, {cos} AS cosine,
+                {norm} AS norm_rel, {_num(column(MAX.relative))} AS max_rel, {cos} AS cosine,
                 "NPU Dtype" AS npu_dtype, "Bench Dtype" AS bench_dtype, "NPU Tensor Shape" AS npu_shape,
                 "Bench Tensor Shape" AS bench_shape, "Bench Name" AS bench_name,
                 {', '.join(f'{s} AS s{k}' for k, s in enumerate(stats))},
@@ -138,7 +140,7 @@ class Loader:
     _INDEX_INSERT = f"""INSERT INTO rows SELECT * REPLACE ({_SCORE} AS score) FROM (SELECT cell, row_number() OVER (PARTITION BY cell ORDER BY seq, pos) - 1,
         name, record, io, dir, kind, CASE WHEN nan_inf THEN 'nan_inf' ELSE '' END AS result, NULL AS err,
         NULL::DOUBLE AS norm_rel, NULL::DOUBLE AS max_rel, NULL::DOUBLE AS cosine,
-        dtype, NULL, shape, NULL, NULL, max, min, mean, norm, NULL, NULL, NULL, NULL, md5, NULL,
+        dtype, NULL, shape, NULL, NULL, {", ".join(STAT_COLUMNS)}, {", ".join(["NULL"] * _N_STATS)}, md5, NULL,
         nan_inf, 0.0 AS score, data_name, NULL
       FROM (SELECT cell, record || CASE WHEN arg_path IS NULL OR arg_path = '' THEN '' ELSE '.' ||
           -- the compare's row names: input_args.N / input_kwargs.K -> input.N / input.K, a
@@ -148,9 +150,8 @@ class Loader:
           record, CASE WHEN starts_with(io, 'input') THEN 'input' ELSE io END AS io,
           CASE WHEN direction = 'backward' OR kind = 'parameters_grad' THEN 'backward' ELSE 'forward' END AS dir,
           CASE WHEN kind IN ('module', 'parameters_grad') THEN 'module' ELSE 'api' END AS kind,
-          dtype, CAST(shape AS VARCHAR) AS shape, try_cast(max AS DOUBLE) AS max,
-          try_cast(min AS DOUBLE) AS min, try_cast(mean AS DOUBLE) AS mean,
-          try_cast(norm AS DOUBLE) AS norm, md5, coalesce(has_nan, false) OR coalesce(has_inf, false)
+          dtype, CAST(shape AS VARCHAR) AS shape,
+          {", ".join(f"try_cast({column} AS DOUBLE) AS {column}" for column in STAT_COLUMNS)}, md5, coalesce(has_nan, false) OR coalesce(has_inf, false)
           AS nan_inf, data_name, seq, pos FROM t_in))"""
 
     def _insert_index_rows(self, cur: Any, table: Any, cell_sql: str, params: list, join: str = "") -> None:
@@ -182,8 +183,8 @@ class Loader:
             cur.close()
 
     #: the lake's columns the rows are made of (the rest of its index stays in the lake)
-    _LAKE_COLUMNS = ("run, step, rank_dir, seq, record, kind, direction, io, arg_path, dtype, shape, max, min, mean, "
-                     "norm, md5, has_nan, has_inf, data_name")
+    _LAKE_COLUMNS = ("run, step, rank_dir, seq, record, kind, direction, io, arg_path, dtype, shape, "
+                     + ", ".join(STAT_COLUMNS) + ", md5, has_nan, has_inf, data_name")
 
     def load_lake(self, lake: Any) -> None:
         """Rows of a lake (many runs x steps x ranks, no bench): its index through the lake's DuckDB in
@@ -306,9 +307,9 @@ def mark_masks(db: Any) -> int:
     mask's intended ``-inf`` (``masked_fill(..., -inf)``, the masks it feeds) is ``masked`` and not
     ``nan_inf``: its own quiet category, never the colour of a NaN. Returns the rows marked."""
     db.execute("ALTER TABLE rows ADD COLUMN IF NOT EXISTS masked BOOLEAN DEFAULT false")
-    cur = db.execute("""SELECT cell, i, name, record, io, npu_max, npu_min, npu_mean, npu_norm, npu_dtype, npu_shape,
-        bench_max, bench_min, bench_mean, bench_norm, bench_dtype, bench_shape FROM rows WHERE nan_inf
-        ORDER BY cell, i""")
+    target, bench = ", ".join(SIDE_STAT_COLUMNS[:_N_STATS]), ", ".join(SIDE_STAT_COLUMNS[_N_STATS:])
+    cur = db.execute(f"""SELECT cell, i, name, record, io, {target}, npu_dtype, npu_shape,
+        {bench}, bench_dtype, bench_shape FROM rows WHERE nan_inf ORDER BY cell, i""")
     trackers: dict = {}
     last: dict = {}
     marked: list = []
@@ -318,12 +319,12 @@ def mark_masks(db: Any) -> int:
             break
         for cell, i, name, record, io, *sides in batch:
             kinds = []
-            for side, (mx, mn, mean, norm, dtype, shape) in enumerate((sides[:6], sides[6:])):
+            for side, (*stats, dtype, shape) in enumerate((sides[:_N_STATS + 2], sides[_N_STATS + 2:])):
                 tracker = trackers.setdefault((cell, side), NonFiniteTracker())
                 if last.get((cell, side)) != record:
                     tracker.record(record or "")
                     last[(cell, side)] = record
-                kinds.append(_side_kind(tracker, record or "", name or "", io, (mx, mn, mean, norm), dtype, shape))
+                kinds.append(_side_kind(tracker, record or "", name or "", io, tuple(stats), dtype, shape))
             if "masked" in kinds and set(kinds) <= {"masked", None}:
                 marked.append((cell, i))
     if marked:

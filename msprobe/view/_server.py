@@ -16,6 +16,7 @@ import socket
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError
+from msprobe.format.stats import NORM
 from msprobe.view._data import FILTERS, ROW_FIELDS, ViewData, json_safe
 
 __all__ = ["make_app", "serve", "STATIC_DIR", "CSP", "free_port", "static_asset"]
@@ -193,7 +194,7 @@ def make_app(data: ViewData, token: str) -> Any:
         return SafeJSON(data.cluster(cell, begin, _int(arg(request, "lane_end"), "lane_end", begin + 16)))
 
     def trend(request: Request) -> Response:
-        return SafeJSON(data.trend(arg(request, "name") or "", arg(request, "stat") or "norm"))
+        return SafeJSON(data.trend(arg(request, "name") or "", arg(request, "stat") or NORM.column))
 
     def tensor(request: Request) -> Response:
         from msprobe.view._tensor import tensor_view

@@ -21,17 +21,17 @@ _SEV = {3: "error", 2: "warning", 1: "pass", 0: ""}
 class Node:
     """One record or module: its own figures, then its subtree's (``worst*``, ``first``)."""
 
-    __slots__ = ("i", "score", "sev", "nan", "norm", "cosine", "rows", "bench", "matched",
+    __slots__ = ("i", "score", "sev", "nan", "norm_rel", "cosine", "rows", "bench", "matched",
                  "worst", "worst_sev", "worst_nan", "worst_norm", "first")
 
     def __init__(self, i: Optional[int] = None, score: float = 0.0, sev: int = 0, nan: bool = False,
-                 norm: Optional[float] = None, cosine: Optional[float] = None, rows: int = 0,
+                 norm_rel: Optional[float] = None, cosine: Optional[float] = None, rows: int = 0,
                  bench: Optional[str] = None, matched: bool = True) -> None:
         self.i = self.first = i
         self.score = self.worst = score
         self.sev = self.worst_sev = sev
         self.nan = self.worst_nan = nan
-        self.norm = self.worst_norm = norm
+        self.norm_rel = self.worst_norm = norm_rel
         self.cosine = cosine
         self.rows = rows
         self.bench = bench
@@ -43,7 +43,7 @@ class Node:
         self.score = self.worst = other.score
         self.sev = self.worst_sev = other.sev
         self.nan = self.worst_nan = other.nan
-        self.norm = self.worst_norm = other.norm
+        self.norm_rel = self.worst_norm = other.norm_rel
         self.cosine = other.cosine
         self.rows = other.rows
 
@@ -161,7 +161,7 @@ class Tree:
                 "bench": node.bench if self.side == "target" else name,
                 "peer": node.bench, "matched": node.matched,
                 "result": _SEV[node.sev], "worst": node.worst, "worst_result": _SEV[node.worst_sev],
-                "nan_inf": node.worst_nan, "norm_rel": node.norm, "worst_norm_rel": node.worst_norm,
+                "nan_inf": node.worst_nan, "norm_rel": node.norm_rel, "worst_norm_rel": node.worst_norm,
                 "cosine": node.cosine, "children": len(self.children.get(name, []))}
 
     def kids(self, parent: Optional[str], begin: int = 0, end: int = 500) -> dict:

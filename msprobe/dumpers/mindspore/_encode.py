@@ -19,7 +19,7 @@ from mindspore import Parameter, Tensor
 from msprobe.dumpers.encode import ValueEncoder
 from msprobe.dumpers.ndarray import ndarray_entry
 from msprobe.dumpers.session import StatsFetchError
-from msprobe.format.stats import crc32_hex, reference_stats, xor64
+from msprobe.format.stats import crc32_hex, null_stats, reference_stats, stats_dict, xor64
 
 __all__ = ["Encoder", "StatHandle", "fetch_stats", "tensor_numpy", "tensor_raw"]
 
@@ -78,17 +78,16 @@ def fetch_stats(handles: list[StatHandle]) -> list[dict]:
             if exc is not None:
                 failure = failure or exc
                 if _read_error(t) is not None:  # (an asynchronous error surfaces at the first read, maybe not its own)
-                    vals = done[key] = {"Max": None, "Min": None, "Mean": None, "Norm": None}
+                    vals = done[key] = null_stats()
                     out.append(vals)
                     continue
             try:
                 logical = "bfloat16" if t.dtype == _BF16 else None
-                mx, mn, mean, norm = reference_stats(tensor_numpy(t), framework="mindspore", logical_dtype=logical)
-                vals = {"Max": mx, "Min": mn, "Mean": mean, "Norm": norm}
+                vals = stats_dict(reference_stats(tensor_numpy(t), framework="mindspore", logical_dtype=logical))
                 if want_md5:
                     vals["md5"] = crc32_hex(np.ascontiguousarray(tensor_raw(t)))
             except (RuntimeError, TypeError, ValueError):  # a dtype without a CPU kernel: no statistics
-                vals = {"Max": None, "Min": None, "Mean": None, "Norm": None}
+                vals = null_stats()
             done[key] = vals
         out.append(vals)
     if failure is not None:  # the script sees the error it would have seen without the dump
@@ -137,7 +136,7 @@ class Encoder(ValueEncoder):
         if mode == "xor":
             entry["md5"] = self._xor(held)
         else:
-            entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
+            entry.update(null_stats())
             self.session.pending.add(entry, StatHandle(held, mode == "md5"))
             if self.check_overflow and t.dtype in (mindspore.float16, mindspore.float32, mindspore.float64, _BF16):
                 self._watch(data_name_prefix, held)

@@ -15,7 +15,7 @@ from msprobe.dumpers.fastpath import DTYPE_CODES, native
 from msprobe.dumpers.ndarray import is_ndarray, ndarray_entry
 from msprobe.dumpers.pytorch import _cuda_stats, _ptfile
 from msprobe.errors import MsprobeError
-from msprobe.format.stats import xor64
+from msprobe.format.stats import STAT_KEYS, null_stats, stats_dict, xor64
 from msprobe.tensor_store._layout import storage_dtype
 
 __all__ = ["Encoder", "StatHandle", "fetch_stats", "tensor_bytes"]
@@ -99,7 +99,7 @@ def _cpu_kernel_stats(tensor: torch.Tensor, count: int) -> Optional[dict]:
     mean = stats[2]
     if tensor.dtype == torch.float32 and mean is not None and abs(mean) * count > _F32_MAX:
         mean = math.copysign(math.inf, mean)  # torch's float32 sum overflows there (26.2.0: -inf)
-    return {"Max": stats[0], "Min": stats[1], "Mean": mean, "Norm": stats[3]}
+    return stats_dict((stats[0], stats[1], mean, stats[3]))
 
 
 class StatHandle(NamedTuple):
@@ -132,7 +132,7 @@ def _stat_handle(tensor: torch.Tensor) -> StatHandle:
     count = tensor.numel()
     cpu = tensor.is_cpu
     if count == 0 or (cpu and _no_storage(tensor)):  # (the memory the C kernels below would read)
-        return StatHandle(_K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
+        return StatHandle(_K_DONE, null_stats())
     if cpu and tensor.dim():
         done = _cpu_kernel_stats(tensor, count)
         if done is not None:
@@ -187,14 +187,13 @@ def fetch_stats(handles: list[StatHandle]) -> list[dict]:
         rows = stacked.tolist()
         for i, r in zip(ids, rows):
             if kind == _K_SCALAR:
-                resolved[i] = {"Max": r, "Min": r, "Mean": r, "Norm": r}
+                resolved[i] = stats_dict((r, r, r, r))
             elif kind == _K_BOOL:
-                resolved[i] = {"Max": bool(r[0]), "Min": bool(r[1]), "Mean": None, "Norm": None}
+                resolved[i] = stats_dict((bool(r[0]), bool(r[1]), None, None))
             elif kind == _K_INT:
-                resolved[i] = {"Max": int(r[0]), "Min": int(r[1]), "Mean": None, "Norm": None}
-            else:  # _K_FLOAT, _K_FUSED
-                resolved[i] = {"Max": r[0], "Min": r[1], "Mean": r[2] if width > 2 else None,
-                               "Norm": r[3] if width > 3 else None}
+                resolved[i] = stats_dict((int(r[0]), int(r[1]), None, None))
+            else:  # _K_FLOAT, _K_FUSED: the first `width` statistics, the rest null
+                resolved[i] = stats_dict(r[:width] + [None] * (len(STAT_KEYS) - width))
     deferred = [h.extra for h in uniq.values() if h.deferred_md5()]
     if deferred:
         _resolve_device_md5(deferred)
@@ -533,7 +532,7 @@ class Encoder(ValueEncoder):
                     # a plain tensor or parameter as it is (no detached copy of it: the C kernels read its
                     # memory, _stat_handle detaches it for torch's reductions, md5 reads bytes); else detached
                     data = t if type(t) in _PLAIN and not self.check_overflow else cache.dense(t.detach())
-                    entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
+                    entry.update(null_stats())
                     handle = _stat_handle(data)
                     if mode == "md5":
                         handle = handle._replace(extra={"md5": _md5_of(data)})
@@ -541,13 +540,12 @@ class Encoder(ValueEncoder):
                 if handle.kind == _K_DONE and not self.check_overflow and not handle.deferred_md5():
                     # computed already (the CPU kernels): filled now, as the pending batch would
                     v = handle.value
-                    entry["Max"], entry["Min"], entry["Mean"], entry["Norm"] = \
-                        v.get("Max"), v.get("Min"), v.get("Mean"), v.get("Norm")
+                    entry.update({stat: v.get(stat) for stat in STAT_KEYS})
                     extra = handle.extra if handle.extra is not None else v
                     if "md5" in extra or "md5" in v:
                         md5 = (extra if "md5" in extra else v)["md5"],
                 else:
-                    entry["Max"] = entry["Min"] = entry["Mean"] = entry["Norm"] = None
+                    entry.update(null_stats())
                     self.session.pending.add(entry, handle)
                 if self.check_overflow:
                     if data is None:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any, Callable
 
 from msprobe.format.naming import converted_file_name, needs_mapping
+from msprobe.format.stats import STAT_KEYS
 
 __all__ = ["PendingStats", "StackTable", "StatsFetchError", "StepDocuments"]
 
@@ -56,7 +57,7 @@ class PendingStats:
         for entry, vals in zip(self.entries, values):
             if "md5" in vals:
                 entry["md5"] = vals["md5"]
-            for stat in ("Max", "Min", "Mean", "Norm"):
+            for stat in STAT_KEYS:
                 if stat in entry:
                     entry[stat] = vals.get(stat)
         self.entries = []
