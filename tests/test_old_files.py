@@ -16,7 +16,7 @@ import pytest
 
 import msprobe.readers
 from msprobe.errors import DocumentError
-from msprobe.format.layout import detect_dialect
+from msprobe.format.dialects import detect_dialect
 from msprobe.format.stats import reference_stats
 
 ROOT = Path(__file__).resolve().parents[1]

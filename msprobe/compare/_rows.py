@@ -11,10 +11,10 @@ Works on the raw JSON of dump.json (no Arg objects) so 100,000 records take a se
 from __future__ import annotations
 
 import math
-import re
 import zlib
 from typing import Any, Optional
 
+from msprobe.format.dialects import normalise_record_name
 from msprobe.format.model import is_tensor_entry
 from msprobe.format.stats import CSV_BENCH, CSV_DIFF, CSV_RELATIVE, CSV_TARGET, STAT_KEYS
 
@@ -35,13 +35,12 @@ COLUMNS = {
 }
 
 _SKIP_KEYS = {"is_recompute"}
-_PARAMETERS_GRAD_INDEX = re.compile(r"\.parameters_grad\.\d+$")
 _NA = "N/A"
 
 
 def norm_record_name(name: str) -> str:
     """The name with dialect differences removed (26.x ``parameters_grad.N`` -> ``parameters_grad``)."""
-    return _PARAMETERS_GRAD_INDEX.sub(".parameters_grad", name)
+    return normalise_record_name(name)
 
 
 def _walk(value: Any, path: str, out: list, io: str) -> None:

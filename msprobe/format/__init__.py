@@ -5,6 +5,7 @@ zarr, s3fs or dask.
 """
 from __future__ import annotations
 
+from msprobe.format.dialects import DIALECTS, Dialect, detect_dialect, get_dialect
 from msprobe.format.documents import (
     CONSTRUCT_JSON,
     DEBUG_JSON,
@@ -18,14 +19,10 @@ from msprobe.format.documents import (
     loads_json,
 )
 from msprobe.format.layout import (
-    DIALECTS,
     FORMAT_VERSION,
     TENSOR_DIR,
-    Dialect,
     RankDir,
     check_format_version,
-    detect_dialect,
-    get_dialect,
     parse_rank_dir,
     parse_step_dir,
     rank_dir_name,

@@ -1,4 +1,4 @@
-"""Directory layout and dialects.
+"""Directory layout (the dialects, what each producer writes differently: :mod:`msprobe.format.dialects`).
 
 A dump root holds ``step{N}/`` directories (optionally under ``graph/`` and
 ``pynative/`` for MindSpore jit at L0/mix); a step holds one directory per
@@ -14,7 +14,7 @@ import csv
 import io
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from msprobe import FORMAT_VERSION  # the one definition, re-exported here
 from msprobe.errors import DocumentError, UnknownDialectError
@@ -41,10 +41,6 @@ __all__ = [
     "parse_step_dir",
     "parse_rank_dir",
     "rank_dir_name",
-    "Dialect",
-    "DIALECTS",
-    "detect_dialect",
-    "get_dialect",
     "FORMAT_VERSION",
     "STORE_DIR",
     "join_key",
@@ -109,117 +105,6 @@ def rank_dir_name(rank: Optional[int], *, pid: Optional[int] = None) -> str:
     if rank is not None:
         return f"rank{rank}"
     return f"proc{pid}" if pid is not None else "rank"
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """What a producer writes differently. Readers accept all; writers choose one."""
-
-    name: str
-    single_rank_dir: str  # 'rank' or 'proc'
-    params_grad_count: bool  # '...parameters_grad.0' (26.x) vs '...parameters_grad' (8.x)
-    is_recompute: bool  # forward records carry "is_recompute": false (8.x)
-    int_stats_as_int: bool  # int tensors: Max/Min ints and Mean/Norm null (26.x) vs floats (8.x)
-    memory_format_key: str  # 'format' in every known release ('value' is never written)
-    summary_modes: tuple
-
-
-DIALECTS = {
-    "msprobe-8": Dialect("msprobe-8", "rank", False, True, False, "format", ("statistics", "md5")),
-    "msprobe-26": Dialect("msprobe-26", "proc", True, False, True, "format", ("statistics", "md5", "xor")),
-}
-#: msprobe 1.x (2024, also atat): the documented layout (``rank``), 8.x-style parameter-gradient names and
-#: float statistics, but no ``is_recompute`` and no top-level ``framework`` key (spec/FORMAT.md 4.1, 4.3).
-DIALECTS["msprobe-1"] = Dialect("msprobe-1", "rank", False, False, False, "format", ("statistics", "md5"))
-#: Ours: the documented layout (``rank``), 8.x record names, 26.x statistics types. See spec/FORMAT.md.
-DIALECTS["msprobe-lake"] = Dialect("msprobe-lake", "rank", False, False, True, "format", ("statistics", "md5", "xor"))
-
-
-def get_dialect(name: str) -> Dialect:
-    try:
-        return DIALECTS[name]
-    except KeyError:
-        raise UnknownDialectError(f"unknown dialect {name!r}; known: {', '.join(sorted(DIALECTS))}") from None
-
-
-def detect_dialect(rank_dir_names: Iterable[str] = (), data: Optional[dict] = None,
-                   marker: Optional[dict] = None, header: Optional[dict] = None) -> str:
-    """Guess the producer from cheap evidence: our marker file, the rank directory names,
-    the document's header (``header``: the document object; 1.x wrote no ``framework``), then
-    the records (``is_recompute``, parameters_grad count, integer statistics).
-
-    Returns a key of :data:`DIALECTS`; 'unknown' never — it raises UnknownDialectError when
-    nothing looks like an msprobe dump."""
-    if marker and marker.get("dialect") in DIALECTS:
-        return marker["dialect"]
-    names = list(rank_dir_names)
-    if any(n.startswith("proc") for n in names):
-        return "msprobe-26"
-    if data is None:
-        if any(parse_rank_dir(n) for n in names):
-            return "msprobe-8"
-        raise UnknownDialectError("no rank directory (rank, rank<N>, proc<pid>) and no document to inspect")
-    if header is not None and _is_1x(header, data):
-        return "msprobe-1"
-    votes_26 = votes_8 = 0
-    for i, (name, rec) in enumerate(data.items()):
-        if i >= 64 or abs(votes_8 - votes_26) > 8:
-            break
-        if name.endswith(".parameters_grad"):
-            votes_8 += 2
-        elif _PGRAD_COUNT_RE.search(name):
-            votes_26 += 2
-        elif isinstance(rec, dict) and _FORWARD_RE.search(name):
-            # 8.x writes "is_recompute" on every forward record, 26.x never
-            if "is_recompute" in rec:
-                votes_8 += 1
-            else:
-                votes_26 += 1
-        rec_votes_8, rec_votes_26 = _int_stat_votes(rec)
-        votes_8, votes_26 = votes_8 + rec_votes_8, votes_26 + rec_votes_26
-    return "msprobe-26" if votes_26 > votes_8 else "msprobe-8"
-
-
-def _is_1x(header: dict, data: dict) -> bool:
-    """spec/FORMAT.md 4.3 step 4: a document without a top-level ``framework`` key whose first 64
-    records hold no ``is_recompute`` and no ``.parameters_grad.<n>`` name was written by 1.x."""
-    if "framework" in header or header.get("fragment"):
-        return False
-    for i, (name, rec) in enumerate(data.items()):
-        if i >= 64:
-            break
-        if _PGRAD_COUNT_RE.search(name) or (isinstance(rec, dict) and "is_recompute" in rec):
-            return False
-    return True
-
-
-_PGRAD_COUNT_RE = re.compile(r"\.parameters_grad\.\d+$")
-_FORWARD_RE = re.compile(r"\.(?:\d+\.forward|forward\.\d+)$")
-_TORCH_INT = ("torch.int", "torch.uint", "torch.long", "torch.short")
-
-
-def _int_stat_votes(value: Any, depth: int = 0) -> tuple:
-    """PyTorch integer tensors: 26.x writes integer Max (and null Mean), 8.x floats."""
-    votes_8 = votes_26 = 0
-    if depth > 6:
-        return votes_8, votes_26
-    if isinstance(value, dict):
-        if value.get("type") == "torch.Tensor" and str(value.get("dtype", "")).startswith(_TORCH_INT):
-            mx = value.get("Max") if value.get("shape") else None  # 0-d tensors keep their type in both
-            if isinstance(mx, float):
-                votes_8 += 1
-            elif isinstance(mx, int) and not isinstance(mx, bool):
-                votes_26 += 1
-            return votes_8, votes_26
-        items: Iterable = value.values()
-    elif isinstance(value, list):
-        items = value
-    else:
-        return votes_8, votes_26
-    for item in items:
-        item_8, item_26 = _int_stat_votes(item, depth + 1)
-        votes_8, votes_26 = votes_8 + item_8, votes_26 + item_26
-    return votes_8, votes_26
 
 
 def read_marker(raw: Any) -> dict:

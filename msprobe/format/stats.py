@@ -34,6 +34,8 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from msprobe.format.dialects import casts_stats
+
 __all__ = ["crc32_hex", "xor64_hex", "xor64", "reference_stats", "stats_equal",
            "Statistic", "STATISTICS", "MAX", "MIN", "MEAN", "NORM", "STAT_KEYS", "STAT_COLUMNS", "STAT_BY_COLUMN",
            "CSV_TARGET", "CSV_BENCH", "CSV_DIFF", "CSV_RELATIVE", "null_stats", "stats_dict", "get_statistic"]
@@ -157,7 +159,7 @@ def reference_stats(a: np.ndarray, *, dialect: str = "msprobe-26", logical_dtype
         magnitude = np.abs(a)
         norm = _py(np.linalg.norm(magnitude)) if mindspore else None
         return (_py(magnitude.max()), _py(magnitude.min()), _py(magnitude.mean()), norm)
-    legacy = dialect in ("msprobe-8", "msprobe-1") or mindspore
+    legacy = casts_stats(dialect) or mindspore  # the dialect's statistics rule (format.dialects)
     if a.dtype.kind in "iu":
         if legacy:
             as_float32 = a.astype(np.float32)

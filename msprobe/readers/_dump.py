@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from msprobe.errors import ConfigError, MsprobeError, RecordNotFoundError, StorageNotFoundError, require
-from msprobe.format.layout import detect_dialect
+from msprobe.format.dialects import detect_dialect
 from msprobe.format.model import infer_framework
 from msprobe.format.protocols import ReadableStore
 from msprobe.format.stats import NORM, STAT_COLUMNS

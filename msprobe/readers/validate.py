@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from msprobe.errors import FormatError, MissingDependencyError, MsprobeError
 from msprobe.format._digests import check_digests
+from msprobe.format.dialects import detect_dialect
 from msprobe.format.documents import DEBUG_JSON, DUMP_JSON, SIDE_DOCUMENTS, DebugDocument, DumpDocument, loads_json
 from msprobe.format.dtypes import itemsize
 from msprobe.format.layout import (
@@ -21,7 +22,6 @@ from msprobe.format.layout import (
     TENSOR_DIR,
     RankLocation,
     check_format_version,
-    detect_dialect,
     discover,
     join_key,
     read_mapping,

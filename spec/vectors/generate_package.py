@@ -119,7 +119,7 @@ def _t(dtype="torch.float32", shape=(2,), mx=1.0, ttype="torch.Tensor"):
 
 
 def dialect_vectors() -> dict:
-    from msprobe.format.layout import detect_dialect
+    from msprobe.format.dialects import detect_dialect
 
     fwd8 = {"input_args": [_t()], "input_kwargs": {}, "is_recompute": False, "output": [_t()]}
     fwd26 = {"input_args": [_t()], "input_kwargs": {}, "output": [_t()]}

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from _fmt_support import GOLDEN, SPEC, VECTORS, open_dump
 
+from msprobe.format.dialects import detect_dialect
 from msprobe.format.documents import ConstructDocument, DebugDocument, DumpDocument, StackDocument
-from msprobe.format.layout import detect_dialect, read_mapping
+from msprobe.format.layout import read_mapping
 from msprobe.format.naming import parse_record_name
 from msprobe.format.stats import crc32_hex, reference_stats, stats_equal
 from msprobe.readers.validate import validate_store

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from _fmt_support import REAL, open_dump
 
+from msprobe.format.dialects import detect_dialect
 from msprobe.format.documents import ConstructDocument, DebugDocument, DumpDocument, StackDocument
-from msprobe.format.layout import detect_dialect, parse_rank_dir, read_mapping
+from msprobe.format.layout import parse_rank_dir, read_mapping
 from msprobe.format.naming import parse_data_name, parse_record_name
 from msprobe.format.stats import crc32_hex, reference_stats, stats_equal, xor64_hex
 from msprobe.readers.validate import validate_store

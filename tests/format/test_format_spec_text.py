@@ -7,7 +7,7 @@ import re
 import pytest
 from _fmt_support import SPEC
 
-from msprobe.format import layout, naming
+from msprobe.format import dialects, layout, naming
 from msprobe.format.documents import MAX_JSON_DEPTH
 from msprobe.format.model import TENSOR_TYPES
 
@@ -47,7 +47,7 @@ def test_constants_are_stated():
 def test_every_dialect_is_in_the_table():
     row = re.search(r"^\| topic \|(.+)\|$", TEXT, re.M)
     assert row
-    for name in layout.DIALECTS:
+    for name in dialects.DIALECTS:
         assert f"`{name}`" in row.group(1)
 
 

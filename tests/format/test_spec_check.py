@@ -19,7 +19,7 @@ from _fmt_support import SPEC
 import msprobe.readers as mr
 from msprobe.backends import open_store
 from msprobe.dumpers.recover import recover_store
-from msprobe.format.layout import detect_dialect
+from msprobe.format.dialects import detect_dialect
 from msprobe.format.stats import reference_stats, stats_equal
 from msprobe.readers.validate import validate_store
 
