@@ -18,6 +18,7 @@ from msprobe.format.documents import (
     dumps_json,
     loads_json,
 )
+from msprobe.format.fastjson import loads_json_bytes
 from msprobe.format.layout import (
     FORMAT_VERSION,
     TENSOR_DIR,
@@ -55,5 +56,5 @@ __all__ = [
     "rank_dir_name", "validate_marker", "check_format_version",
     "Arg", "Record", "TensorArg", "iter_tensors", "parse_arg", "tensor_entry", "typed_value",
     "DataName", "RecordName", "check_file_name", "is_record_name", "parse_data_name", "parse_record_name",
-    "crc32_hex", "reference_stats", "xor64_hex",
+    "crc32_hex", "reference_stats", "xor64_hex", "loads_json_bytes",
 ]

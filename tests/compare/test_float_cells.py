@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from msprobe.compare._columnar import _reprs, number_columns
-from msprobe.readers._source import _with_stand_ins, loads_json_bytes
+from msprobe.format.fastjson import _with_stand_ins, loads_json_bytes
 
 
 def test_reprs_match_repr_over_every_magnitude():

@@ -1,5 +1,5 @@
 """dump.json through orjson gives exactly json.loads' objects (NaN/Infinity tokens included), or
-json.loads decides (msprobe.readers._source.loads_json_bytes)."""
+json.loads decides (msprobe.format.fastjson.loads_json_bytes)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from msprobe.readers._source import _orjson_loads, loads_json_bytes
+from msprobe.format.fastjson import _orjson_loads, loads_json_bytes
 
 
 def _same(a, b) -> bool:
@@ -118,11 +118,11 @@ def test_long_integers_parse_as_json_does(data):
 
 def _counting_stand_in_writes(monkeypatch) -> list:
     """Counts the orjson writes of containers looking for stand-ins (the slow search)."""
-    from msprobe.readers import _source
+    from msprobe.format import fastjson
 
     calls: list = []
-    real = _source._holds_stand_in
-    monkeypatch.setattr(_source, "_holds_stand_in", lambda obj: calls.append(1) or real(obj))
+    real = fastjson._holds_stand_in
+    monkeypatch.setattr(fastjson, "_holds_stand_in", lambda obj: calls.append(1) or real(obj))
     return calls
 
 
@@ -154,3 +154,16 @@ def test_a_key_met_inside_an_earlier_record_still_restores_every_token(monkeypat
     text = b'{"data": {"r\\u00e9c": {"x": NaN}, "b": {"x": 1}}}'  # a key escaped otherwise than orjson writes it
     got = _orjson_loads(text)
     assert got is not None and _same(got, json.loads(text))
+
+
+def test_the_decoder_is_the_format_layers():
+    """The readers parse documents with the format layer's decoder; their raw I/O holds none of its own."""
+    from pathlib import Path
+
+    import msprobe.format
+    import msprobe.format.fastjson
+    import msprobe.readers._source as source
+
+    assert source.loads_json_bytes is msprobe.format.fastjson.loads_json_bytes is msprobe.format.loads_json_bytes
+    text = Path(source.__file__).read_text(encoding="utf-8")
+    assert "orjson" not in text and "NaN" not in text.replace("NaN/Infinity", "")
