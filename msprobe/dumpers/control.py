@@ -559,6 +559,28 @@ class DumperCore:
         finally:
             selection.scope_leave(bwd)
 
+    def hold_backward(self, bwd: str, fwd: str, live: bool = False) -> Optional[tuple]:
+        """A module's backward due now whose gradients are not all in yet: its place in the documents
+        and the end of its scope now, its record by :meth:`fill_backward` with the held place (None:
+        it is not recorded, a structure entry only)."""
+        parent = backward_parent(self.parent_of.get(fwd))
+        selection = self.filter
+        try:
+            if not selection.wanted(bwd, self.enabled or live, selection.inside_listed_backward()):
+                self.session.add_structure(bwd, parent)
+                return None
+            return parent, self.session.reserve(bwd, parent)
+        finally:
+            selection.scope_leave(bwd)
+
+    def fill_backward(self, bwd: str, held: tuple, grads_in: Any, grads_out: Any) -> None:
+        """The record of a backward held by :meth:`hold_backward`, at its place."""
+        parent, placeholder = held
+        try:
+            self.record_backward(bwd, grads_in, grads_out, parent)
+        finally:
+            self.session.unreserve(bwd, placeholder)
+
     def fix_dangling_parents(self) -> None:
         """A module whose backward never completed leaves no record: its children go to the
         nearest recorded ancestor."""

@@ -173,7 +173,50 @@ def test_module_outputs_and_their_backward_record(tmp_path, kind):
     else:
         rec = data["Module.out.Out.backward.0"]
         assert len(rec["input"]) == n_grads and all(e is not None for e in rec["input"]), rec
+        # each output's gradient is what the users outside the module sent (26.2.0's identity node on the
+        # outputs): ones, also for h, which the module uses for its other output too (not 1 + 2, 3, 4...)
+        assert [(e["Max"], e["Min"]) for e in rec["input"]] == [(1.0, 1.0)] * n_grads, rec
         assert rec["output"] == []  # the input needs no gradient
+        names = list(data)  # written where 26.2.0's identity node runs: before the module's own nodes' records
+        assert names.index("Module.out.Out.backward.0") < names.index("Module.out.lin.Linear.backward.0")
+
+
+class Reused(nn.Module):
+    """An output the module uses for its other output too: (h, h * 5)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h, h * 5
+
+
+#: (input needs a gradient, h used outside) -> the record's gradient of h (its Max; None: no record entry),
+#: as 26.2.0 writes it (measured: Max 1.5 for 1.5 * h.sum() outside, where h's whole gradient is 14.0)
+REUSED = {(False, True): 1.5, (True, True): 1.5, (False, False): None, (True, False): None}
+
+
+@pytest.mark.parametrize("x_grad, h_outside", sorted(REUSED))
+def test_an_output_used_inside_the_module_gets_its_outside_gradient(tmp_path, x_grad, h_outside):
+    dbg = debugger(tmp_path)
+    torch.manual_seed(0)
+    net = nn.ModuleDict({"m": Reused()})
+
+    def body():
+        h, h5 = net["m"](torch.randn(2, 4, requires_grad=x_grad))
+        (h.sum() * 1.5 + h5.sum() * 2.5 if h_outside else h5.sum() * 2.5).backward()
+
+    data = dump(tmp_path, dbg, net, body)
+    rec = data["Module.m.Reused.backward.0"]
+    first, second = rec["input"]
+    want = REUSED[(x_grad, h_outside)]
+    assert (first if first is None else first["Max"]) == want, rec
+    assert second["Max"] == second["Min"] == 2.5
+    assert len(rec["output"]) == (1 if x_grad else 0)
+    inner = data["Module.m.lin.Linear.backward.0"]["input"][0]
+    assert inner["Max"] == (14.0 if h_outside else 12.5)  # the Linear's output: its whole gradient
 
 
 class Block(nn.Module):

@@ -448,10 +448,24 @@ class _ModuleHooks(ModuleForwardHooks):
             dumper.core.module_forward_end(item, module, self.key, output, gated=True)
         return None
 
-    def emit_backward(self, core: DumperCore, index: int, generation: int, grad_output, grad_input) -> None:
+    def emit_backward(self, core: DumperCore, index: int, generation: int, grad_output, grad_input,
+                      held: Optional[list] = None) -> None:
+        """The module's backward record; ``held``: its place was held (:meth:`hold_backward`) then."""
         bwd = f"{self.key}.backward.{index}"
+        if held is not None:
+            if held and held[0] is not None and core.live(generation):
+                core.fill_backward(bwd, held[0], grad_output, grad_input)
+            return
         if core.live(generation):
             core.module_backward(bwd, f"{self.key}.forward.{index}", grad_output, grad_input, live=True)
+        if core.bw_stack and core.bw_stack[-1] == bwd:
+            core.bw_stack.pop()
+
+    def hold_backward(self, core: DumperCore, index: int, generation: int, held: list) -> None:
+        """The record is due, not all its output gradients are in: its place now (``held``)."""
+        bwd = f"{self.key}.backward.{index}"
+        held.append(core.hold_backward(bwd, f"{self.key}.forward.{index}", live=True)
+                    if core.live(generation) else None)
         if core.bw_stack and core.bw_stack[-1] == bwd:
             core.bw_stack.pop()
 
@@ -496,14 +510,21 @@ class _ModuleHooks(ModuleForwardHooks):
                 alive.core.filter.scope_enter(bwd)  # the module's backward begins
                 alive.core.bw_stack.append(bwd)
 
+        held = []  # the record's held place (one entry once held)
+
+        def hold():
+            alive = dumper_ref()
+            if alive is not None:
+                self.hold_backward(alive.core, index, generation, held)
+
         def done(grad_output, grad_input):
             alive = dumper_ref()
             if alive is not None:
-                self.emit_backward(alive.core, index, generation, grad_output, grad_input)
+                self.emit_backward(alive.core, index, generation, grad_output, grad_input, held if held else None)
 
         GUARD.inside = True
         try:
-            observe(outputs, edges, n_in, begin, done)
+            observe(outputs, edges, n_in, begin, done, hold)
         except Exception:  # noqa: BLE001 - never break training for the dump
             pass
         finally:

@@ -53,11 +53,13 @@ class InputEdges:
         return self.keys.get((id(node), nr))
 
 
-def _consumers(outputs: list, edges: InputEdges) -> dict:
-    """The module's own nodes that send a gradient to one of its inputs: {id: (node, [(slot, input index)])}.
-    A node is the module's when it was created during its forward (its sequence number from the mark
-    on); the walk goes from the outputs' nodes and stops at older nodes and at leaves."""
+def _consumers(outputs: list, edges: InputEdges, out_keys: dict) -> tuple:
+    """The module's own nodes that send a gradient to one of its inputs, and those that send one to one of
+    its outputs (an output used inside the module too): ({id: (node, [(slot, input index)])}, the same with
+    output positions). A node is the module's when it was created during its forward (its sequence number
+    from the mark on); the walk goes from the outputs' nodes and stops at older nodes and at leaves."""
     found: dict = {}
+    inner: dict = {}
     seen: set = set()
     stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
     while stack:
@@ -65,15 +67,25 @@ def _consumers(outputs: list, edges: InputEdges) -> dict:
         if id(node) in seen:
             continue
         seen.add(id(node))
+        own = (node_seq(node) or 0) >= edges.mark  # (an output that is an input has an older node)
         for slot, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
             index = edges.index_of(nxt, nr)
             if index is not None:
                 found.setdefault(id(node), (node, []))[1].append((slot, index))
-            elif not hasattr(nxt, "variable") and id(nxt) not in seen and (node_seq(nxt) or 0) >= edges.mark:
+            for position in out_keys.get(_node_edge(nxt, nr), ()) if own else ():
+                inner.setdefault(id(node), (node, []))[1].append((slot, position))
+            if index is None and not hasattr(nxt, "variable") and id(nxt) not in seen \
+                    and (node_seq(nxt) or 0) >= edges.mark:
                 stack.append(nxt)
-    return found
+    return found, inner
+
+
+def _node_edge(node: Any, nr: int) -> tuple:
+    """The key of :func:`_edge` for the graph edge (node, output number)."""
+    variable = getattr(node, "variable", None)
+    return ("leaf", id(variable)) if variable is not None else (id(node), nr)
 
 
 class _Completed:
@@ -85,6 +97,7 @@ class _Completed:
     def __init__(self) -> None:
         self.calls: list = []
         self.open: list = []  # begun, not all gradients in
+        self.held: list = []  # written with their place held, an output's gradient still to come
 
     def add(self, call: "CallGrads") -> None:
         self.calls.append(call)
@@ -104,6 +117,9 @@ class _Completed:
             call.finish()
         self.open = []
         self.flush_before(None)
+        held, self.held = self.held, []
+        for call in held:
+            call.release()
 
     def older_event(self, seq: int) -> None:
         """A node older than a begun call runs: a call that waits on no node of its own is over."""
@@ -141,9 +157,12 @@ class CallGrads:
     node runs, or at the end of the backward pass)."""
 
     def __init__(self, n_out: int, n_in: int, mark: int, begin: Callable[[], None],
-                 done: Callable[[tuple, tuple], None]) -> None:
+                 done: Callable[[tuple, tuple], None], hold: Optional[Callable[[], None]] = None) -> None:
         self.mark = mark
         self.grad_output: list = [None] * n_out
+        self.inner: list = [None] * n_out  # what the module's own nodes send to each output
+        self.hold = hold  # the record is due with an output's gradient to come: hold its place
+        self.held = False
         self.grad_input: list = [None] * n_in
         self.pending = 0  # hooks of the module's nodes (and outputs that are inputs) still to fire
         self.outputs_left = n_out
@@ -168,23 +187,43 @@ class CallGrads:
         self._begin()
 
     def add_input(self, index: int, grad: Any) -> None:
-        if grad is None:
-            return
-        have = self.grad_input[index]
-        if have is None:
-            self.grad_input[index] = grad
-            return
+        _accumulate(self.grad_input, index, grad)
+
+    def inner_grads(self, slots: list, grad_inputs: tuple) -> None:
+        """A node of the module's own sent gradients to outputs (an output used inside the module too)."""
+        if not self.finished or self.held:
+            for slot, position in slots:
+                _accumulate(self.inner, position, grad_inputs[slot] if slot < len(grad_inputs) else None)
+
+    def external(self, position: int, grad: Any) -> Any:
+        """An output's gradient as 26.2.0's identity node on the outputs has it: what the users outside
+        the module sent, i.e. the output's whole gradient less what the module's own nodes sent (None
+        when nothing is left: no user outside the module, as 26.2.0 writes it)."""
+        inner = self.inner[position]
+        if inner is None or grad is None:
+            return grad
         inside = GUARD.inside
         GUARD.inside = True
         try:
             with torch.no_grad():
-                self.grad_input[index] = torch.add(have, grad)
+                rest = torch.sub(grad, inner)
+                return rest if bool(torch.any(rest)) else None
+        except Exception:  # noqa: BLE001 - never break training for the dump
+            return grad
         finally:
             GUARD.inside = inside
 
     def output_grad(self, position: int, grad: Any, input_index: Optional[int], seq: Optional[int]) -> None:
+        if self.held:
+            self.grad_output[position] = self.external(position, grad)
+            self.outputs_left -= 1
+            if self.outputs_left <= 0:
+                COMPLETED.held.remove(self)
+                self.release()
+            return
         if self.finished:
             return
+        grad = self.external(position, grad)
         before_event(seq)
         self.start()
         self.grad_output[position] = grad
@@ -228,14 +267,31 @@ class CallGrads:
         self.finished = True
         if self in COMPLETED.open:
             COMPLETED.open.remove(self)
-        for fns, fn in self.dispatchers:
-            if fn in fns:
-                fns.remove(fn)
-        self.dispatchers = []
+        if self.finish_on_older and self.outputs_left > 0 and self.hold is not None:
+            # 26.2.0's identity node on the outputs runs now, with what the users outside the module
+            # sent to each output; an output used inside the module too gets its whole gradient later
+            # (its node runs after the module's nodes): the record's place is held until then
+            self.held = True
+            COMPLETED.held.append(self)
+            self.hold()
+            return
+        self._unhook()
         if self.finish_on_older:
             self.emit()  # 26.2.0's identity node on the outputs alone: it runs before the module's nodes
         else:
             COMPLETED.add(self)
+
+    def _unhook(self) -> None:
+        for fns, fn in self.dispatchers:
+            if fn in fns:
+                fns.remove(fn)
+        self.dispatchers = []
+
+    def release(self) -> None:
+        """A held record's gradients are in (or the backward pass is over): written at its place."""
+        self.held = False
+        self._unhook()
+        self.emit()
 
     def emit(self) -> None:
         try:
@@ -246,6 +302,23 @@ class CallGrads:
                 api(tuple(self.grad_input))
         except Exception:  # noqa: BLE001 - never break training for the dump
             pass
+
+
+def _accumulate(sums: list, index: int, grad: Any) -> None:
+    """``sums[index] += grad`` apart from the graph (None: nothing yet)."""
+    if grad is None:
+        return
+    have = sums[index]
+    if have is None:
+        sums[index] = grad
+        return
+    inside = GUARD.inside
+    GUARD.inside = True
+    try:
+        with torch.no_grad():
+            sums[index] = torch.add(have, grad)
+    finally:
+        GUARD.inside = inside
 
 
 def _end_of_backward() -> None:
@@ -286,11 +359,16 @@ def on_grad(t: torch.Tensor, fn: Callable[[Any], None], last: bool = False) -> O
 
 
 def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callable[[], None],
-            done: Callable[[tuple, tuple], None]) -> CallGrads:
+            done: Callable[[tuple, tuple], None], hold: Optional[Callable[[], None]] = None) -> CallGrads:
     """Hook one module call's backward: ``outputs`` are its output tensors that need a gradient (depth
-    first), ``edges`` its inputs' (None: no input needs a gradient)."""
-    grads = CallGrads(len(outputs), n_in, edges.mark if edges is not None else (sequence_mark() or 0), begin, done)
-    consumers = _consumers(outputs, edges) if edges is not None and edges.keys else {}
+    first), ``edges`` its inputs' (None: no input needs a gradient); ``hold()`` holds the record's place
+    when it is due before all the outputs' gradients are in (without: those are written None)."""
+    grads = CallGrads(len(outputs), n_in, edges.mark if edges is not None else (sequence_mark() or 0), begin, done,
+                      hold)
+    out_keys: dict = {}
+    for position, out in enumerate(outputs):
+        out_keys.setdefault(_edge(out), []).append(position)
+    consumers, inner = _consumers(outputs, edges, out_keys) if edges is not None else ({}, {})
     grads.pending = len(consumers)
     grads.finish_on_older = not consumers
     grads.out_seqs = [node_seq(o.grad_fn) for o in outputs]
@@ -298,6 +376,8 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
         seq = node_seq(node)
         node.register_hook(lambda grad_inputs, grad_outputs, slots=slots, seq=seq:
                            grads.node_grads(slots, grad_inputs, seq))
+    for node, slots in inner.values():
+        node.register_hook(lambda grad_inputs, grad_outputs, slots=slots: grads.inner_grads(slots, grad_inputs))
     if edges is not None:
         for node in {id(n): n for n in edges.nodes}.values():
             if isinstance(node, torch.Tensor):

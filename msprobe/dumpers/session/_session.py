@@ -232,6 +232,26 @@ class DumpSession:
             if len(queue) >= (self.config.journal_flush or 1) and not getattr(journal.held_here, "on", False):
                 self.flush_journal()
 
+    def reserve(self, name: str, parent: Optional[str]) -> Any:
+        """Hold the place of a record whose values come later (:meth:`add_record` fills it in place);
+        returns the placeholder for :meth:`unreserve`."""
+        placeholder: dict = {}
+        with self.lock:
+            docs = self.docs
+            if self.config.task != "structure":
+                docs.data.setdefault(name, placeholder)
+            if self.config.level in ("L0", "mix"):
+                docs.construct.setdefault(name, parent)
+        return placeholder
+
+    def unreserve(self, name: str, placeholder: Any) -> None:
+        """Drop a held place that no record filled (a record the filters did not keep)."""
+        with self.lock:
+            docs = self.docs
+            if docs.data.get(name) is placeholder:
+                del docs.data[name]
+                docs.construct.pop(name, None)
+
     def record(self, name: str) -> Any:
         """The record ``name`` of the current step so far (None when there is none)."""
         with self.lock:
