@@ -12,7 +12,8 @@ answers the questions the core asks while it records:
 * an API call (:class:`ApiCall`, recorded by :meth:`DumperCore.record_api`): what a
   collective is (:meth:`FrameworkAdapter.is_collective`), whether its backward can be recorded
   (:meth:`FrameworkAdapter.backward_possible`), how its inputs are encoded (a collective's
-  receive buffers, known from the call's peers and this rank, are not data), how it is called
+  receive buffers, known from the call's peers or root and this rank, are not data:
+  :meth:`FrameworkAdapter.receive_buffers`), how it is called
   (:meth:`FrameworkAdapter.call_api`, with the framework's backward hooks) and a collective's
   outputs (:meth:`FrameworkAdapter.collective_output`);
 * a module: its own parameters, how their gradients and a tensor's are hooked, how an output is
@@ -129,9 +130,25 @@ class ApiCaller(ABC):
         """Whether the call's backward can be recorded (backward dumped, gradients recorded now,
         a tensor among its arguments): asked before the call."""
 
+    def receive_buffers(self, call: ApiCall) -> frozenset:
+        """A collective's arguments that are this rank's receive buffers (positions and keyword
+        names), known from the API's argument roles, its peers or root and this rank: their
+        content before the call is no data, written ``null``. None by default."""
+        return frozenset()
+
+    def input_encoder(self, call: ApiCall) -> Optional[Callable[[Any, str, bool], Any]]:
+        """How the call's positional arguments are encoded (None: the encoder's ``encode``)."""
+        return None
+
     def encode_inputs(self, call: ApiCall) -> dict:
-        """The forward record with the call's inputs (``input_args``/``input_kwargs``)."""
-        return self.core.forward_inputs(call.fwd, call.args, call.kwargs)
+        """The forward record with the call's inputs (``input_args``/``input_kwargs``), a
+        collective's receive buffers ``null``."""
+        args, kwargs = call.args, call.kwargs
+        buffers = self.receive_buffers(call) if call.collective else None
+        if buffers:
+            args = tuple(None if i in buffers else a for i, a in enumerate(args))
+            kwargs = {k: None if k in buffers else v for k, v in kwargs.items()}
+        return self.core.forward_inputs(call.fwd, args, kwargs, self.input_encoder(call))
 
     @abstractmethod
     def call_api(self, call: ApiCall) -> Any:

@@ -9,6 +9,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adapter_suite import AdapterTests
 
+from msprobe.dumpers.adapter import ApiCall
 from msprobe.dumpers.pytorch._dumper import TorchDumper
 
 
@@ -36,3 +37,19 @@ class TestTorchAdapter(AdapterTests):
         x = x.clone().requires_grad_(True)
         fn(x).sum().backward()
         return x.grad
+
+    def test_a_receive_buffer_is_no_data(self, dumper):
+        """Who a collective's peers are decides its receive buffers (``receive_buffers``): a ``recv``'s
+        tensor before the call is written null, after it (its output) the data received."""
+        assert dumper.receive_buffers(ApiCall(None, "Distributed.recv", (torch.zeros(1),), {"src": 1},
+                                              "Distributed.recv.0", None, True)) == {0}
+        x = torch.zeros(2)
+        dumper.start()
+        dumper.on_api(lambda t, src: t.fill_(5.0), "Distributed.recv", (x,), {"src": 1})
+        dumper.on_api(lambda t, src: t.fill_(6.0), "Distributed.broadcast", (x,), {"src": 1})
+        dumper.stop()
+        data = self.dump_json(dumper)["data"]
+        recv, bcast = data["Distributed.recv.0.forward"], data["Distributed.broadcast.0.forward"]
+        assert recv["input_args"] == [None] and recv["output"][0]["Max"] == 5.0
+        # a broadcast's tensor on a non-root is a buffer that 26.2.0 records all the same (format.comm)
+        assert bcast["input_args"][0]["Max"] == 5.0 and bcast["output"][0]["Max"] == 6.0

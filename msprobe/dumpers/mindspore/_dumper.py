@@ -241,10 +241,9 @@ class MindSporeDumper(FrameworkAdapter):
     def backward_possible(self, call: ApiCall) -> bool:
         return self.bw_wanted() and (_has_tensor(call.args) or _has_tensor(call.kwargs.values()))
 
-    def encode_inputs(self, call: ApiCall) -> dict:
+    def input_encoder(self, call: ApiCall) -> Any:
         # a call that writes into its arguments: read them (copies) before it does
-        return self.core.forward_inputs(call.fwd, call.args, call.kwargs,
-                                        self._encode_copy if _mutates(call.api_key) else None)
+        return self._encode_copy if _mutates(call.api_key) else None
 
     def call_api(self, call: ApiCall) -> Any:
         return self._call_api(call.orig, call.args, call.kwargs, call.bwd, call.backward,

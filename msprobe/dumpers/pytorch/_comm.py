@@ -3,7 +3,8 @@ recorded once their work completes (spec/PRODUCER.md section 24).
 
 * The content of a receive buffer before the call (``recv``'s tensor, ``all_gather``'s output
   list, ``all_to_all_single``'s output, ...) is whatever the memory held: the record's inputs
-  write ``null`` there, as 26.2.0 does (:func:`msprobe.format.comm.null_args` says which).
+  write ``null`` there, as 26.2.0 does (:func:`msprobe.format.comm.null_args` says which;
+  :func:`receive_buffers` answers the adapter contract's ``receive_buffers``).
 * An asynchronous call (``isend``/``irecv``, a collective with ``async_op=True``) returns a
   ``Work``; the record keeps its place (call order) and its ``output`` is encoded when the work's
   ``wait()`` returns, the buffers then holding what was received. ``Work.wait`` is patched once
@@ -18,7 +19,7 @@ from typing import Any, Callable, Optional
 from msprobe.dumpers.pytorch._apis import GUARD
 from msprobe.format.comm import null_args
 
-__all__ = ["without_buffers", "is_work", "defer_until_wait", "record_after_wait", "drop_pending"]
+__all__ = ["receive_buffers", "is_work", "defer_until_wait", "record_after_wait", "drop_pending"]
 
 _LOCK = threading.Lock()
 _PENDING: dict = {}  # id(work) -> (work, callback)
@@ -47,17 +48,12 @@ def _plain(value: Any) -> Any:
     return "tensor"
 
 
-def without_buffers(api_key: str, args: tuple, kwargs: dict, rank: Optional[int]) -> tuple:
-    """``(args, kwargs)`` with the receive buffers of a ``Distributed.*`` call replaced by None
-    (encoded ``null``); the call's own arguments are left alone."""
+def receive_buffers(api_key: str, args: tuple, kwargs: dict, rank: Optional[int]) -> frozenset:
+    """The receive buffers of a ``Distributed.*`` call on this ``rank`` (positions and keyword
+    names), from the API's argument roles and its root or peer: encoded ``null`` by the core."""
     name = api_key + ".0.forward"
     view = {"input_args": [_plain(a) for a in args], "input_kwargs": {k: _plain(v) for k, v in kwargs.items()}}
-    nulls = null_args(name, view, -1 if rank is None else rank)
-    if not nulls:
-        return args, kwargs
-    args = tuple(None if i in nulls else a for i, a in enumerate(args))
-    kwargs = {k: None if k in nulls else v for k, v in kwargs.items()}
-    return args, kwargs
+    return frozenset(null_args(name, view, -1 if rank is None else rank))
 
 
 def is_work(value: Any) -> bool:

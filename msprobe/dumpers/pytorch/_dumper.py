@@ -159,11 +159,9 @@ class TorchDumper(FrameworkAdapter):
     def backward_possible(self, call: ApiCall) -> bool:
         return self._bw_wanted()
 
-    def encode_inputs(self, call: ApiCall) -> dict:
-        if call.collective:  # a receive buffer's content before the call is no data: null, as 26.2.0
-            return self.core.forward_inputs(call.fwd, *_comm.without_buffers(call.api_key, call.args, call.kwargs,
-                                                                             _get_rank()))
-        return self.core.forward_inputs(call.fwd, call.args, call.kwargs)
+    def receive_buffers(self, call: ApiCall) -> frozenset:
+        # a receive buffer's content before the call is no data: null, as 26.2.0
+        return _comm.receive_buffers(call.api_key, call.args, call.kwargs, _get_rank())
 
     def call_api(self, call: ApiCall) -> Any:
         """The call; its backward hooked (a recorded call: when gradients are recorded once it returned)."""
