@@ -611,45 +611,8 @@ class DumperCore:
         finally:
             self.guard.inside = False
         if save_backward:
-            self.save_grads(variable, f"{name}_grad.{count}.debug")
+            _save_grads(self, variable, f"{name}_grad.{count}.debug")
         return key
-
-    def save_grads(self, variable: Any, key: str) -> None:
-        """The gradients of ``variable``'s tensors, in its nesting: the record is there at once
-        with ``null`` in each place (as the real tool writes it) and fills in as they arrive."""
-        tensors: list = []
-        hookable = self.adapter.grad_hookable
-
-        def collect(value: Any, path: tuple) -> None:
-            if hookable(value):
-                tensors.append((path, value))
-            elif isinstance(value, (list, tuple)):
-                for i, item in enumerate(value):
-                    collect(item, path + (str(i),))
-            elif isinstance(value, dict):
-                for name, item in value.items():
-                    collect(item, path + (str(name),))
-
-        collect(variable, ())
-        grads: dict = {}
-        self.session.add_record(key, _nest(variable, grads), construct=False)
-        core_ref = weakref.ref(self)
-        generation = self.generation
-        for path, tensor in tensors:
-            def hook(grad, path=path):
-                core = core_ref()
-                if core is None or not core.live(generation):
-                    return None
-                core.guard.inside = True
-                try:
-                    save = core.encoder.wants_tensors(key)
-                    grads[path] = core.encoder.encode(grad, ".".join((key,) + path), save)
-                    core.session.add_record(key, _nest(variable, grads), construct=False)
-                finally:
-                    core.guard.inside = False
-                return None
-
-            self.adapter.on_grad(tensor, hook)
 
 
 def backward_parent(parent: Optional[str]) -> Optional[str]:
@@ -667,3 +630,41 @@ def _nest(variable: Any, grads: dict, path: tuple = ()) -> Any:
     if isinstance(variable, dict):
         return {key: _nest(item, grads, path + (str(key),)) for key, item in variable.items()}
     return grads.get(path)
+
+
+def _save_grads(core: DumperCore, variable: Any, key: str) -> None:
+    """The gradients of ``variable``'s tensors, in its nesting: the record is there at once
+    with ``null`` in each place (as the real tool writes it) and fills in as they arrive."""
+    tensors: list = []
+    hookable = core.adapter.grad_hookable
+
+    def collect(value: Any, path: tuple) -> None:
+        if hookable(value):
+            tensors.append((path, value))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                collect(item, path + (str(i),))
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                collect(item, path + (str(name),))
+
+    collect(variable, ())
+    grads: dict = {}
+    core.session.add_record(key, _nest(variable, grads), construct=False)
+    core_ref = weakref.ref(core)
+    generation = core.generation
+    for path, tensor in tensors:
+        def hook(grad, path=path):
+            alive = core_ref()
+            if alive is None or not alive.live(generation):
+                return None
+            alive.guard.inside = True
+            try:
+                save = alive.encoder.wants_tensors(key)
+                grads[path] = alive.encoder.encode(grad, ".".join((key,) + path), save)
+                alive.session.add_record(key, _nest(variable, grads), construct=False)
+            finally:
+                alive.guard.inside = False
+            return None
+
+        core.adapter.on_grad(tensor, hook)
