@@ -10,7 +10,7 @@ with their sources. Rows are classed by their target name: ``.output.`` in it ma
 row, anything else (positional and keyword inputs, parameters, parameter gradients) an input row.
 
 :data:`RULES` holds each mode's rules in order; each rule is a function of the rows' columns
-(the engine's frame, :class:`msprobe.compare._columnar.Frame`) that returns the rows it fires
+(the engine's frame, :class:`msprobe.compare._frame.Frame`) that returns the rows it fires
 on, and :func:`judge` evaluates the table over all rows at once. A record whose API is in
 :data:`ALL_IGNORE` is not judged; one in :data:`INPUT_IGNORE` has its output rows judged by the
 rules that do not read inputs. ``tests/compare/row_oracle.py`` keeps the rules one row at a time,

@@ -1,5 +1,5 @@
 """compare's float cells through orjson's writer print what ``repr`` prints
-(msprobe.compare._columnar._reprs), the one-digit negative exponents and 1e-5 <= |x| < 1e-4
+(msprobe.compare._floattext._reprs), the one-digit negative exponents and 1e-5 <= |x| < 1e-4
 included; and NaN/Infinity tokens through the fast JSON path stay json.loads' objects."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from msprobe.compare._columnar import _reprs, number_columns
+from msprobe.compare._floattext import _reprs, number_columns
 from msprobe.format.fastjson import _with_stand_ins, loads_json_bytes
 
 
@@ -58,7 +58,7 @@ def test_tokens_beside_each_other_parse_as_json_does(text):
 def test_shape_and_requires_grad_cells_are_str_of_the_values():
     """The shape column through one orjson text of the lists and requires_grad by lookup print
     what str() prints, whatever a (hostile) dump holds there."""
-    from msprobe.compare._columnar import _requires_grad_texts, _shape_texts
+    from msprobe.compare._plan import _requires_grad_texts, _shape_texts
 
     rng = random.Random(11)
     odd = [True, False, None, 1.5, 1e16, "x", [1], [], {"a": 1}, 2 ** 63 - 1, -2 ** 63, 2 ** 64, 2 ** 70, -1, 0]
