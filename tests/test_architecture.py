@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("msprobe", "msprobe._coexist", "msprobe.errors", "msprobe.progress", "msprobe.execution"),
     ("msprobe.format",),
     ("msprobe.backends",),
+    ("msprobe.testing",),
     ("msprobe.tensor_store",),
     ("msprobe.index",),
     ("msprobe.readers",),

@@ -14,6 +14,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests._ast_measure import listing, modules_with
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "msprobe"
 FORMAT = PKG / "format"
@@ -35,23 +37,15 @@ def spellings(source: str) -> list[tuple[int, str]]:
 
 
 def spelling_modules() -> dict[str, list[tuple[int, str]]]:
-    out = {}
-    for path in sorted(PKG.rglob("*.py")):
-        if FORMAT in path.parents:
-            continue
-        found = spellings(path.read_text(encoding="utf-8"))
-        if found:
-            out[str(path.relative_to(ROOT))] = found
-    return out
+    return modules_with(spellings, outside=FORMAT)
 
 
 def test_statistics_are_spelled_in_few_modules_outside_the_format_layer():
     found = spelling_modules()
-    listing = "\n".join(f"{module}: {hits}" for module, hits in found.items())
     assert len(found) <= MAX_SPELLING_MODULES, (
         f"{len(found)} modules outside msprobe/format/ spell a statistic's name (at most "
         f"{MAX_SPELLING_MODULES}); read msprobe.format.stats (STATISTICS, STAT_KEYS, STAT_COLUMNS, CSV_*):\n"
-        f"{listing}")
+        f"{listing(found)}")
 
 
 def test_the_measure_sees_every_spelling():

@@ -13,7 +13,7 @@ Importing this package imports neither s3fs nor torch, pyarrow, zarr or dask.
 from __future__ import annotations
 
 from msprobe.backends._base import Store
-from msprobe.backends._fsspec import FsspecStore
+from msprobe.backends._fsspec import FsspecStore, mtime_of
 from msprobe.backends._journal import Journal, JournalTruncatedWarning, read_journal
 from msprobe.backends._keys import is_temp_name, validate_key, validate_prefix
 from msprobe.backends._local import LocalStore
@@ -26,6 +26,7 @@ __all__ = [
     "Store",
     "LocalStore",
     "FsspecStore",
+    "mtime_of",
     "open_store",
     "redact_options",
     "validate_key",

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import abc
-from typing import IO, TYPE_CHECKING, BinaryIO, Union
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, Optional, Union
 
-from msprobe.backends._journal import Journal
 from msprobe.backends._keys import validate_key, validate_prefix
 from msprobe.errors import StoragePermissionError
 
@@ -37,6 +36,12 @@ class Store(abc.ABC):
     supports_listing: bool = True
     #: True when keys are files of the local (or NFS-mounted) file system.
     is_local: bool = False
+    #: True when an object's modification time is exact (a file system's stat), False
+    #: when it may be rounded (an object store's Last-Modified: whole seconds).
+    exact_mtimes: bool = False
+    #: True when each request is a cheap system call rather than a network round trip:
+    #: callers then read and write one object at a time instead of in parallel.
+    cheap_requests: bool = False
 
     def __init__(self, *, read_only: bool = False) -> None:
         self._read_only = bool(read_only)
@@ -129,8 +134,46 @@ class Store(abc.ABC):
         validate_prefix(key)
         return None
 
+    def append_dir(self, prefix: str) -> Optional[str]:
+        """A directory where append-only files for ``prefix`` may be written in place (with
+        ``fsync`` and block reservation), else ``None``: the journal then publishes one
+        object per flush instead."""
+        validate_prefix(prefix)
+        return None
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove every object below ``prefix`` (and, on a file system, the directories left
+        empty); a missing prefix is not an error."""
+        self.check_writable()
+        for key in self.list_prefix(prefix):
+            self.delete(key)
+
+    def stat(self, key: str) -> tuple[Optional[int], Optional[float]]:
+        """``(size, mtime)`` of the object at ``key``, read fresh (no cache); ``mtime`` is
+        seconds since the epoch, ``None`` where the store cannot tell."""
+        return self.size(key), None
+
+    def disk_usage(self, prefix: str = "") -> tuple[int, int]:
+        """``(objects, bytes)`` below ``prefix``, recursively; ``(0, 0)`` for a missing prefix."""
+        keys = self.list_prefix(prefix)
+        return len(keys), sum(self.size(key) for key in keys)
+
+    def arrow_location(self, key: str) -> Optional[tuple[Any, str]]:
+        """``(pyarrow FileSystem, path)`` through which pyarrow (and so DuckDB's Arrow
+        scans) can read ``key`` directly, or ``None``: callers then read through
+        :meth:`get`/:meth:`open_read`."""
+        validate_prefix(key)
+        return None
+
+    def fsspec_location(self, key: str = "") -> Optional[tuple[Any, str]]:
+        """``(fsspec file system, path)`` of ``key`` where the store is one, else ``None``."""
+        validate_prefix(key)
+        return None
+
     def journal(self, prefix: str, **kwargs: object) -> "Journal":
         """An append-only, crash-safe :class:`Journal` under ``prefix``."""
+        from msprobe.backends._journal import Journal
+
         return Journal(self, prefix, **kwargs)  # type: ignore[arg-type]
 
     # helpers for subclasses

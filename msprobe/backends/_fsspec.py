@@ -8,7 +8,7 @@ from msprobe.backends._base import BytesLike, Store
 from msprobe.backends._retry import MISSING_ERRORS, is_transient, remaining_time, reraise
 from msprobe.errors import MsprobeError, StorageNotFoundError, StoragePermissionError
 
-__all__ = ["FsspecStore"]
+__all__ = ["FsspecStore", "mtime_of"]
 
 _CHUNK = 1 << 20
 _READ_ONLY_PROTOCOLS = {"http", "https", "github", "gist", "zip", "tar", "reference", "data"}
@@ -290,6 +290,23 @@ class FsspecStore(Store):
         except Exception as exc:  # noqa: BLE001 - fsspec raises anything: one StorageError
             self._fail(exc, "delete", key)
 
+    # -- capabilities -----------------------------------------------------
+    def stat(self, key: str) -> tuple[int | None, float | None]:
+        path = self._full(self._key(key))
+        self._fs.invalidate_cache(path)
+        info = self._fs.info(path)
+        return info.get("size"), mtime_of(info)
+
+    def disk_usage(self, prefix: str = "") -> tuple[int, int]:
+        found = self._fs.find(self._full(self._prefix(prefix)), detail=True)
+        return len(found), sum(int(value.get("size") or 0) for value in found.values())
+
+    def arrow_location(self, key: str) -> tuple[Any, str]:
+        return _arrow_wrapped(self._fs), self._full(self._prefix(key))
+
+    def fsspec_location(self, key: str = "") -> tuple[Any, str]:
+        return self._fs, self._full(self._prefix(key))
+
     # -- navigation -------------------------------------------------------
     def child(self, prefix: str) -> "FsspecStore":
         prefix = self._prefix(prefix)
@@ -304,6 +321,29 @@ class FsspecStore(Store):
         store._secrets = self._secrets
         store.op_timeout, store.breaker = self.op_timeout, self.breaker
         return store
+
+
+def mtime_of(info: dict) -> float | None:
+    """The modification time in an fsspec ``info``/listing entry (seconds), or None."""
+    stamp: Any = info.get("LastModified") or info.get("mtime") or info.get("created")
+    if hasattr(stamp, "timestamp"):
+        stamp = stamp.timestamp()
+    return float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else None
+
+
+_ARROW_WRAPPED: dict = {}
+
+
+def _arrow_wrapped(fs: Any) -> Any:
+    """pyarrow's view of an fsspec file system, one per file system (pyarrow imported on first use)."""
+    hit = _ARROW_WRAPPED.get(id(fs))
+    if hit is not None and hit[0] is fs:
+        return hit[1]
+    import pyarrow.fs as pafs
+
+    wrapped = pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+    _ARROW_WRAPPED[id(fs)] = (fs, wrapped)
+    return wrapped
 
 
 def classify_invalid_range(exc: BaseException) -> bool:

@@ -5,15 +5,12 @@ import os
 import re
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from msprobe.backends._keys import validate_key
 from msprobe.backends._retry import RetryPolicy, put_retrying, reraise
 from msprobe.errors import MsprobeError, StoragePermissionError
 from msprobe.format.protocols import ReadableStore
-
-if TYPE_CHECKING:
-    from msprobe.backends._base import Store
 
 __all__ = ["Journal", "read_journal", "JournalTruncatedWarning"]
 
@@ -52,7 +49,7 @@ class Journal:
 
     def __init__(
         self,
-        store: "Store",
+        store: Any,  # a msprobe.backends.Store (not imported: _base imports this module)
         prefix: str,
         *,
         max_buffer_bytes: int = 8 << 20,
@@ -76,7 +73,7 @@ class Journal:
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._closed = False
-        self._local_dir = store.local_path(self._prefix) if store.is_local else None
+        self._local_dir = store.append_dir(self._prefix)
         self._fd: int | None = None
         self._offset = 0
         existing = _segments(store, self._prefix)
@@ -177,11 +174,11 @@ class Journal:
 
     # -- local: one append-only file per journal ---------------------------
     def _open_local_segment(self) -> int:
-        os.makedirs(self._local_dir, exist_ok=True)  # type: ignore[arg-type]
+        os.makedirs(self._local_dir, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         while True:
             name = _segment_name(self._next)
-            path = os.path.join(self._local_dir, name)  # type: ignore[arg-type]
+            path = os.path.join(self._local_dir, name)
             self._next += 1
             try:
                 fd = os.open(path, flags, 0o666)
@@ -301,7 +298,7 @@ def read_journal(
     prefix = validate_key(prefix.rstrip("/"))
     for _, name in _segments(store, prefix):
         key = f"{prefix}/{name}"
-        if store.is_local:
+        if store.cheap_requests:
             with store.open_read(key) as f:
                 lines: Iterator[bytes] = iter(f)
                 yield from _complete_lines(lines, key, on_truncated, store)

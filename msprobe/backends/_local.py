@@ -6,7 +6,7 @@ import errno
 import os
 import stat
 import uuid
-from typing import IO, BinaryIO, Callable, NoReturn
+from typing import IO, Any, BinaryIO, Callable, NoReturn
 
 from msprobe.backends._base import BytesLike, Store
 from msprobe.backends._keys import TEMP_MARKER, is_temp_name
@@ -88,6 +88,8 @@ class LocalStore(Store):
     """
 
     is_local = True
+    exact_mtimes = True
+    cheap_requests = True
 
     def __init__(
         self,
@@ -135,6 +137,39 @@ class LocalStore(Store):
 
     def local_path(self, key: str = "") -> str:
         return self._path(self._prefix(key))
+
+    def append_dir(self, prefix: str) -> str:
+        return self.local_path(prefix)
+
+    def delete_prefix(self, prefix: str) -> None:
+        super().delete_prefix(prefix)  # checks that the store is writable
+        top = self.local_path(prefix)
+        for dirpath, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):  # deepest first
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass  # not empty (a file written meanwhile) or already gone
+
+    def stat(self, key: str) -> tuple[int | None, float | None]:
+        result = os.stat(self.local_path(key))
+        return result.st_size, result.st_mtime
+
+    def disk_usage(self, prefix: str = "") -> tuple[int, int]:
+        top = self.local_path(prefix)
+        count = total = 0
+        if not os.path.isdir(top):
+            return 0, 0
+        for dirpath, _, files in os.walk(top):
+            for file_name in files:
+                try:
+                    total += os.stat(os.path.join(dirpath, file_name)).st_size
+                    count += 1
+                except OSError:
+                    pass
+        return count, total
+
+    def arrow_location(self, key: str) -> tuple[Any, str]:
+        return _arrow_local(), self.local_path(key)
 
     @staticmethod
     def _fail(exc: BaseException, operation: str, path: str) -> NoReturn:
@@ -359,3 +394,15 @@ class LocalStore(Store):
         prefix = self._prefix(prefix)
         return LocalStore(self._path(prefix), read_only=self.read_only, fsync=self._fsync, direct=self._direct,
                           _below=True) if prefix else self
+
+
+_ARROW_LOCAL: list = []
+
+
+def _arrow_local() -> Any:
+    """One pyarrow LocalFileSystem for every local store (pyarrow imported on first use)."""
+    if not _ARROW_LOCAL:
+        import pyarrow.fs as pafs
+
+        _ARROW_LOCAL.append(pafs.LocalFileSystem())
+    return _ARROW_LOCAL[0]

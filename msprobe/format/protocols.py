@@ -8,7 +8,7 @@ Writing needs the whole :class:`msprobe.backends.Store`.
 """
 from __future__ import annotations
 
-from typing import IO, Optional, Protocol, runtime_checkable
+from typing import IO, Any, Optional, Protocol, runtime_checkable
 
 __all__ = ["ReadableStore"]
 
@@ -18,6 +18,10 @@ class ReadableStore(Protocol):
     """Keys are '/'-separated relative strings; a missing key raises ``StorageNotFoundError``."""
 
     is_local: bool
+    #: an object's mtime is exact (a file system), not rounded (an object store)
+    exact_mtimes: bool
+    #: requests are cheap system calls, not network round trips: no point in parallel reads
+    cheap_requests: bool
 
     @property
     def url(self) -> str: ...
@@ -39,3 +43,11 @@ class ReadableStore(Protocol):
     def child(self, prefix: str) -> "ReadableStore": ...
 
     def local_path(self, key: str = "") -> Optional[str]: ...
+
+    def stat(self, key: str) -> tuple[Optional[int], Optional[float]]: ...
+
+    def arrow_location(self, key: str) -> Optional[tuple[Any, str]]: ...
+
+    def fsspec_location(self, key: str = "") -> Optional[tuple[Any, str]]: ...
+
+    def disk_usage(self, prefix: str = "") -> tuple[int, int]: ...

@@ -24,12 +24,11 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import re
 import warnings
 from typing import Any, Iterable, Optional
 
-from msprobe.backends import Store
+from msprobe.backends import Store, mtime_of
 from msprobe.errors import FormatError, MsprobeError, require
 from msprobe.format.documents import DumpDocument, StackDocument
 from msprobe.format.layout import FORMAT_VERSION, INDEX_DIR, join_key, parse_rank_dir
@@ -113,30 +112,12 @@ def _parents(construct: Any) -> Optional[dict]:
 
 
 def doc_stat(store: ReadableStore, key: str) -> tuple:
-    """(size, mtime) of a document, (None, None) when it cannot be told: a local ``os.stat``,
-    else the file system's ``info`` (an object store's Last-Modified)."""
-    local = store.local_path(key) if getattr(store, "is_local", False) else None
+    """(size, mtime) of a document, (None, None) when it cannot be told: the store's
+    :meth:`~msprobe.backends.Store.stat` (a local ``os.stat``, an object store's Last-Modified)."""
     try:
-        if local:
-            stat = os.stat(local)
-            return stat.st_size, stat.st_mtime
-        filesystem, root = getattr(store, "fs", None), getattr(store, "root", None)
-        if filesystem is None:
-            return store.size(key), None
-        path = f"{root}/{key}" if root else key
-        filesystem.invalidate_cache(path)
-        info = filesystem.info(path)
-        return info.get("size"), mtime_of(info)
+        return store.stat(key)
     except (OSError, MsprobeError, KeyError, ValueError):
         return None, None
-
-
-def mtime_of(info: dict) -> Optional[float]:
-    """The modification time in an fsspec ``info``/listing entry (seconds), or None."""
-    stamp: Any = info.get("LastModified") or info.get("mtime") or info.get("created")
-    if hasattr(stamp, "timestamp"):
-        stamp = stamp.timestamp()
-    return float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else None
 
 
 def stale_reason(meta: dict, size: Optional[int], mtime: Optional[float], *, local: bool = True) -> Optional[str]:

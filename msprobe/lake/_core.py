@@ -208,9 +208,9 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
     one recursive listing each (a page per 1,000 keys instead of a request per rank dir)."""
     base = cached_store(root_url, storage_options)
     out: dict = {}
-    filesystem, root = getattr(base, "fs", None), getattr(base, "root", None)
+    filesystem, root = base.fsspec_location("") or (None, None)
     listable = filesystem is not None and getattr(filesystem, "async_impl", False)
-    if flat_steps and listable and not getattr(base, "is_local", False):
+    if flat_steps and listable:
         full = [(f"{root}/{step_prefix}" if root else step_prefix).rstrip("/") for step_prefix in flat_steps]
         wanted = set(prefixes)
         for step, step_root, found in zip(flat_steps, full, gather_listings(filesystem, "find", full)):
@@ -247,25 +247,8 @@ def doc_stats(root_url: str, storage_options: Optional[dict], prefixes: list, fl
 def _tensor_bytes(store: ReadableStore, prefix: str) -> tuple:
     """(files, bytes) below the rank's dump_tensor_data/ (one recursive listing)."""
     key = f"{prefix}/{TENSOR_DIR}" if prefix else TENSOR_DIR
-    local = store.local_path(key) if getattr(store, "is_local", False) else None
-    count = total = 0
     try:
-        if local:
-            if not os.path.isdir(local):
-                return 0, 0
-            for dirpath, _, files in os.walk(local):
-                for file_name in files:
-                    try:
-                        total += os.stat(os.path.join(dirpath, file_name)).st_size
-                        count += 1
-                    except OSError:
-                        pass
-            return count, total
-        filesystem, root = getattr(store, "fs", None), getattr(store, "root", None)
-        if filesystem is None:
-            return 0, 0
-        found = filesystem.find(f"{root}/{key}" if root else key, detail=True)
-        return len(found), sum(int(value.get("size") or 0) for value in found.values())
+        return store.disk_usage(key)
     except (OSError, MsprobeError):
         return 0, 0
 
@@ -383,7 +366,7 @@ def build_batch(job: BuildJob) -> list:
     from concurrent.futures import ThreadPoolExecutor
 
     # index files are written concurrently (object stores: latency-bound PUTs); at most 8 in flight
-    pool = ThreadPoolExecutor(max_workers=1 if getattr(out_store, "is_local", False) else 8)
+    pool = ThreadPoolExecutor(max_workers=1 if out_store.cheap_requests else 8)
     puts: list = []
     try:
         for prefix, step, rank_dir, rank, split in locs:

@@ -323,7 +323,7 @@ class Lake:
             self.sql_engine = _register_views(con, [key for key, _ in self.files()], own=self._own,
                                               lake_url=self.lake_url, expression=self._expr,
                                               dataset=lambda: self.dataset,
-                                              local=bool(getattr(self.lake_store, "is_local", False)))
+                                              local=bool(getattr(self.lake_store, "exact_mtimes", False)))
         except Exception as exc:  # an index file that cannot be read: one typed line
             con.close()
             if not _is_duckdb_error(exc):

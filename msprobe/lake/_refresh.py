@@ -355,7 +355,7 @@ class Refresher:
         now: dict = {}
         for part in self.runner.map(star(_core.doc_stats), jobs, local_cluster=False):
             now.update(part)
-        return stale_reasons(rows, now, local=bool(getattr(self.root, "is_local", False)))
+        return stale_reasons(rows, now, local=bool(getattr(self.root, "exact_mtimes", False)))
 
     def _build(self, builds: BuildPlan) -> tuple:
         """(the build tasks' row lists, the executor that ran them)."""

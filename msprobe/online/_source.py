@@ -18,6 +18,8 @@ class _PacketStore:
     """Read-only view of the packets' tensor bytes, keyed ``<data_name>.raw``."""
 
     is_local = False
+    exact_mtimes = False
+    cheap_requests = True
     read_only = True
 
     def __init__(self, packets: dict):

@@ -161,7 +161,7 @@ class RankSource:
         if self.doc_name is None:
             return True
         size, mtime = doc_stat(self.store, self.doc_key)
-        reason = stale_reason(self.index_metadata(), size, mtime, local=bool(getattr(self.store, "is_local", False)))
+        reason = stale_reason(self.index_metadata(), size, mtime, local=bool(getattr(self.store, "exact_mtimes", False)))
         if reason is not None:
             warn_stale(self.url, reason)
         return reason is None
@@ -482,7 +482,7 @@ class IndexSource:
                 except MsprobeError:
                     size = mtime = None
                 reason = stale_reason(meta, size, mtime, local=bool(getattr(self._rank and self._rank.store,
-                                                                            "is_local", False)))
+                                                                            "exact_mtimes", False)))
                 if reason is not None:
                     warn_stale(f"{self.url} (of {meta.get('source')})", reason)
                     self._use_index = False

@@ -117,7 +117,7 @@ def _covers(store: ReadableStore, key: str, src: RankSource) -> bool:
     if not src.doc_name:
         return True
     size, mtime = doc_stat(src.store, src.doc_key)
-    reason = stale_reason(meta, size, mtime, local=bool(getattr(src.store, "is_local", False)))
+    reason = stale_reason(meta, size, mtime, local=bool(getattr(src.store, "exact_mtimes", False)))
     if reason is not None:
         log.info("re-indexing %s: %s", src.url, reason)
     return reason is None

@@ -102,8 +102,8 @@ class FailureLog:
         """Append an error line where it cannot be lost to the failing store (caller holds
         ``lock``); returns where the log is."""
         store = self.storage.opened
-        local = store is not None and getattr(store, "is_local", False)
-        path = store.local_path(f"{prefix}/{ERROR_LOG}") if local and store is not None else None
+        where = store.append_dir(prefix) if store is not None else None  # a file appended in place
+        path = os.path.join(where, *ERROR_LOG.split("/")) if where is not None else None
         if path is not None:
             if append_local(path, line):
                 return path
@@ -120,7 +120,7 @@ class FailureLog:
         with self.lock:
             lines = self.lines.pop(prefix, None)
         store = self.storage.store
-        if not lines or getattr(store, "is_local", False):
+        if not lines or (store is not None and store.append_dir(prefix) is not None):  # already there
             return
 
         try:

@@ -4,7 +4,6 @@ only once the tensor files it names are published, flushed by batch (or by a tim
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections import deque
 from typing import Any, Callable, Optional
@@ -161,7 +160,7 @@ class JournalPipeline:
         if self._batch is None:
             configured = self.config.journal_flush
             self._batch = configured if configured is not None else (
-                1 if getattr(self.storage.store, "is_local", False) else 64)
+                1 if getattr(self.storage.store, "cheap_requests", False) else 64)
         return self._batch
 
     def _window_flush(self) -> None:
@@ -201,12 +200,11 @@ class JournalPipeline:
         if self.journal is None:
             self._drop_final_marker()
             store = self.storage.store
-            local = getattr(store, "is_local", False)
+            # stores that append in place (Store.append_dir) reserve the journal's disk blocks when
+            # its segment opens, before the tensor files fill the disk; the others ignore both
             self.journal = store.journal(f"{self.rank_prefix()}/{JOURNAL_DIR}", fsync=self.config.journal_fsync,
-                                         retry_policy=self.storage.policy(),
-                                         **({"reserve_bytes": JOURNAL_RESERVE} if local else {}))
-            if local:
-                self.journal.open_segment()  # its reserve is taken before the tensor files fill the disk
+                                         retry_policy=self.storage.policy(), reserve_bytes=JOURNAL_RESERVE)
+            self.journal.open_segment()
         return self.journal
 
     def _drop_final_marker(self) -> None:
@@ -237,10 +235,6 @@ class JournalPipeline:
         if delete:
             try:
                 store, prefix = self.storage.store, self.rank_prefix()
-                for key in store.list_prefix(f"{prefix}/{JOURNAL_DIR}"):
-                    store.delete(key)
-                local = store.local_path(f"{prefix}/{JOURNAL_DIR}")
-                if local is not None and os.path.isdir(local):
-                    os.rmdir(local)  # a final dump leaves no .journal/ behind (object stores have no directories)
+                store.delete_prefix(f"{prefix}/{JOURNAL_DIR}")  # a final dump leaves no .journal/ behind
             except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
                 pass

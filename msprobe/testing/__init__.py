@@ -1,0 +1,11 @@
+"""Test suites for msprobe's extension points, to run with pytest on your own implementation.
+
+:class:`StoreTests`: every :class:`msprobe.backends.Store` must pass it (see
+docs/architecture.md, "Recipe: add a storage backend"). Needs pytest and numpy; ``import
+msprobe`` does not import this package.
+"""
+from __future__ import annotations
+
+from msprobe.testing._store import BAD_KEYS, StoreTests
+
+__all__ = ["StoreTests", "BAD_KEYS"]

@@ -1,0 +1,86 @@
+"""Stores own their capabilities (docs/architecture.md, "Recipe: add a storage backend").
+
+Measured from the AST of every ``msprobe`` module outside ``msprobe/backends/``: a module tells
+local from remote itself when it reads a store's ``is_local``, calls ``local_path``, reaches
+for a store's fsspec file system or root (``.fs``, ``store.root``, ``getattr(x, "fs")``...) or
+names ``LocalStore``/``FsspecStore``. Callers ask the store instead: ``stat``, ``disk_usage``,
+``arrow_location``, ``fsspec_location``, ``append_dir`` and the flags ``exact_mtimes`` and
+``cheap_requests`` (msprobe.backends.Store), which LocalStore and FsspecStore override.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests._ast_measure import listing, modules_with
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "msprobe"
+BACKENDS = PKG / "backends"
+DOC = ROOT / "docs" / "architecture.md"
+
+#: modules outside msprobe/backends/ that still tell local from remote themselves. Issue 42's
+#: figure is 0; this ceiling only goes down (it was 18 before stores owned stat, disk_usage,
+#: arrow_location, fsspec_location, append_dir, exact_mtimes and cheap_requests).
+MAX_MODULES = 10
+
+_ATTRS = {"is_local", "local_path", "fs"}
+_NAMES = {"LocalStore", "FsspecStore"}
+_GETATTR = {"is_local", "local_path", "fs", "root"}
+
+
+def _storeish(node: ast.expr) -> bool:
+    text = ast.unparse(node).lower()
+    return "store" in text or text.endswith("._s")
+
+
+def telling(source: str) -> list[tuple[int, str]]:
+    """(line, what) of each place in ``source`` that tells a local store from a remote one."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in _ATTRS:
+            found.append((node.lineno, f".{node.attr}"))
+        elif isinstance(node, ast.Attribute) and node.attr == "root" and _storeish(node.value):
+            found.append((node.lineno, ".root"))
+        elif isinstance(node, ast.Name) and node.id in _NAMES:
+            found.append((node.lineno, node.id))
+        elif isinstance(node, ast.alias) and node.name in _NAMES:
+            found.append((getattr(node, "lineno", 0), f"import {node.name}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in _GETATTR):
+            found.append((node.lineno, f"{node.func.id}({node.args[1].value!r})"))
+    return sorted(set(found))
+
+
+def test_few_modules_outside_backends_tell_local_from_remote():
+    hint = ("ask the store (Store.stat, disk_usage, delete_prefix, arrow_location, fsspec_location, "
+            "append_dir, exact_mtimes, cheap_requests) or give Store a method")
+    found = modules_with(telling, outside=BACKENDS)
+    assert len(found) <= MAX_MODULES, f"{len(found)} modules tell local from remote ({MAX_MODULES} at most); {hint}:\n" + (
+        listing(found))
+
+
+def test_the_measure_sees_every_way_of_telling():
+    source = '''
+from msprobe.backends import LocalStore
+a = store.is_local
+b = self._s.local_path("x")
+c = store.fs.info(p)
+d = getattr(store, "root", None)
+e = hasattr(st, "is_local")
+f = isinstance(s, FsspecStore)
+g = self.store.root
+h = args.root
+i = store.stat("k")
+'''
+    kinds = [what for _, what in telling(source)]
+    assert kinds == ["import LocalStore", ".is_local", ".local_path", ".fs", "getattr('root')",
+                     "hasattr('is_local')", "FsspecStore", ".root"], kinds
+
+
+def test_the_recipe_is_written():
+    text = DOC.read_text(encoding="utf-8")
+    assert "## Recipe: add a storage backend" in text
+    recipe = text.split("## Recipe: add a storage backend", 1)[1].split("\n## ", 1)[0]
+    for needed in ("msprobe/backends/", "msprobe.testing", "StoreTests", "open_store"):
+        assert needed in recipe, needed
