@@ -17,7 +17,7 @@ from msprobe.backends._fsspec import FsspecStore, mtime_of
 from msprobe.backends._journal import Journal, JournalTruncatedWarning, read_journal
 from msprobe.backends._keys import is_temp_name, validate_key, validate_prefix
 from msprobe.backends._local import LocalStore
-from msprobe.backends._open import open_store, redact_options
+from msprobe.backends._open import open_store, redact_options, register_store
 from msprobe.backends._retry import RetryPolicy, classify_error, is_transient, retry, translate_error
 from msprobe.backends._rundir import CLAIM_MARKER, claim_run_dir
 from msprobe.backends._writer import BackgroundWriter, Digested, WriterStats, append_log_line
@@ -28,6 +28,7 @@ __all__ = [
     "FsspecStore",
     "mtime_of",
     "open_store",
+    "register_store",
     "redact_options",
     "validate_key",
     "validate_prefix",

@@ -134,6 +134,17 @@ class Store(abc.ABC):
         validate_prefix(key)
         return None
 
+    def without_fsync(self, **options: Any) -> "Store":
+        """The same place with writes still atomic but not flushed to disk one by one (a local
+        file system's ``fsync``); stores where that means nothing return themselves.
+        ``options``: the backend's own (LocalStore: ``direct``)."""
+        return self
+
+    def location(self, key: str) -> str:
+        """Where a person finds ``key``: its file-system path for local stores, else its URL."""
+        validate_prefix(key)
+        return f"{self.url.rstrip('/')}/{key}"
+
     def append_dir(self, prefix: str) -> Optional[str]:
         """A directory where append-only files for ``prefix`` may be written in place (with
         ``fsync`` and block reservation), else ``None``: the journal then publishes one
@@ -160,10 +171,15 @@ class Store(abc.ABC):
 
     def arrow_location(self, key: str) -> Optional[tuple[Any, str]]:
         """``(pyarrow FileSystem, path)`` through which pyarrow (and so DuckDB's Arrow
-        scans) can read ``key`` directly, or ``None``: callers then read through
-        :meth:`get`/:meth:`open_read`."""
-        validate_prefix(key)
-        return None
+        scans) can read ``key``. The default is pyarrow's read-only view of this store through
+        its own methods (:meth:`get`, :meth:`size`, :meth:`list_prefix`); a store with a file
+        system of its own names that instead (faster: ranged reads)."""
+        from msprobe.backends._arrow import store_filesystem
+
+        cached = self.__dict__.get("_arrow_fs")
+        if cached is None:
+            cached = self.__dict__["_arrow_fs"] = store_filesystem(self)
+        return cached, validate_prefix(key)
 
     def fsspec_location(self, key: str = "") -> Optional[tuple[Any, str]]:
         """``(fsspec file system, path)`` of ``key`` where the store is one, else ``None``."""

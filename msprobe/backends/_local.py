@@ -138,6 +138,12 @@ class LocalStore(Store):
     def local_path(self, key: str = "") -> str:
         return self._path(self._prefix(key))
 
+    def without_fsync(self, **options: Any) -> "LocalStore":
+        return LocalStore(self.local_path(""), fsync=False, **options)
+
+    def location(self, key: str) -> str:
+        return self.local_path(key)
+
     def append_dir(self, prefix: str) -> str:
         return self.local_path(prefix)
 

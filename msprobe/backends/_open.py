@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from msprobe.backends._base import Store
 from msprobe.backends._fsspec import FsspecStore
@@ -105,6 +105,17 @@ def _check_options(cls: type, protocol: str, options: Mapping[str, Any]) -> None
         )
 
 
+#: protocol -> opener of the stores registered with :func:`register_store`
+_REGISTERED: dict[str, Callable[..., Store]] = {}
+
+
+def register_store(protocol: str, opener: Callable[..., Store]) -> None:
+    """Open ``protocol://...`` URLs with ``opener(url, storage_options, read_only=, create=)``
+    (a backend that is neither a local directory nor an fsspec file system); everything that
+    takes a dump path or a lake root then accepts such URLs."""
+    _REGISTERED[protocol.lower()] = opener
+
+
 def open_store(
     url_or_path: str | os.PathLike[str] | Store,
     storage_options: Mapping[str, Any] | None = None,
@@ -130,6 +141,7 @@ def open_store(
       missing, or that fsspec does not know, raises
       :class:`MissingDependencyError` naming the ``pip install``.
       ``create=False`` requires the prefix to exist already (hold an object).
+    * a protocol registered with :func:`register_store`: its opener's store.
     * a :class:`Store`: returned as is (``storage_options`` must be empty).
 
     Errors and ``repr`` never show storage options; secret values (keys,
@@ -148,6 +160,8 @@ def open_store(
         protocol = head.split("://", 1)[0].lower()
     else:
         protocol = head.lower() if "::" in url else ""
+    if protocol in _REGISTERED:
+        return _REGISTERED[protocol](url, options, read_only=read_only, create=create)
     if protocol == "" or protocol in _LOCAL_PROTOCOLS:
         if options:
             raise ConfigError(

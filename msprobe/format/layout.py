@@ -236,8 +236,7 @@ def encode_mapping(mapping: dict) -> bytes:
 
 def data_dir_url(store: ReadableStore, key: str) -> str:
     """``dump_data_dir`` of a document: the local path of ``key`` (a tensor directory), else its URL."""
-    local = store.local_path(key)
-    return local if local else f"{store.url.rstrip('/')}/{key}"
+    return store.location(key)
 
 
 def read_mapping(data: bytes) -> dict:

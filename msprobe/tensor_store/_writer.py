@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -454,14 +453,7 @@ class ZarrTensorWriter:
                     self._journal.close()
                     self._journal = None
                     if manifest["complete"]:
-                        for key in self.store.list_prefix(self._k(STORE_DIR, MANIFEST_DIR)):
-                            self.store.delete(key)
-                        here = self.store.local_path(self._k(STORE_DIR, MANIFEST_DIR))
-                        if here is not None:
-                            try:
-                                os.rmdir(here)
-                            except OSError:
-                                pass
+                        self.store.delete_prefix(self._k(STORE_DIR, MANIFEST_DIR))
             except Exception as exc:  # noqa: BLE001
                 failed["manifest"] = exc
             locs = self.locations()

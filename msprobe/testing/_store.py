@@ -19,6 +19,7 @@ with no cache in the way), and :meth:`StoreTests.reopen`. Run it with pytest::
 from __future__ import annotations
 
 import io
+import os
 import threading
 import warnings
 
@@ -462,3 +463,17 @@ class StoreTests:
         with pytest.raises(StoragePermissionError):
             reader.delete_prefix("dp")
         assert other.get("dp/keep") == b"3"
+
+    def test_location(self, store: Store) -> None:
+        """Where a person finds a key: a path that exists on this machine, or the store's URL."""
+        store.put("loc/x.bin", b"1")
+        where = store.location("loc/x.bin")
+        assert where.endswith("loc/x.bin")
+        assert where == f"{store.url.rstrip('/')}/loc/x.bin" or os.path.isfile(where)
+
+    def test_without_fsync(self, store: Store, other: Store) -> None:
+        """The unflushed view writes the same place, atomically, as the store."""
+        fast = store.without_fsync()
+        assert isinstance(fast, Store) and fast.url == store.url
+        fast.put("nf/doc.json", b"{}")
+        assert other.get("nf/doc.json") == b"{}"

@@ -137,6 +137,11 @@ class TestCountingStore(StoreTests):
         store.put("a/b", b"x")
         assert store.get("a/b") == b"x"
         assert store.counts["put"] == 1 and store.counts["get"] == 1
-        assert store.local_path("a/b") is None and store.arrow_location("a/b") is None
+        assert store.local_path("a/b") is None
+        filesystem, path = store.arrow_location("a/b")  # the generic view: through get/size/list
+        before = store.counts["get"]
+        with filesystem.open_input_file(path) as f:
+            assert f.read() == b"x"
+        assert store.counts["get"] == before + 1
         assert store.append_dir("a") is None and store.fsspec_location() is None
         assert not store.is_local and not store.exact_mtimes and not store.cheap_requests

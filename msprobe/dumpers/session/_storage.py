@@ -6,7 +6,7 @@ import os
 import threading
 from typing import Any, Optional
 
-from msprobe.backends import LocalStore, open_store
+from msprobe.backends import open_store
 from msprobe.backends._base import Store
 from msprobe.backends._keys import TEMP_MARKER
 from msprobe.backends._open import bound_store, bounded_storage_options
@@ -100,7 +100,7 @@ class SessionStorage:
     def local_root(self) -> Optional[str]:
         """The local directory of the open store (None when it is not open, or not local)."""
         store = self._store
-        return store.local_path("") if store is not None and getattr(store, "is_local", False) else None
+        return store.append_dir("") if store is not None else None
 
     def policy(self) -> RetryPolicy:
         """The retry policy of every storage operation of this session: one total deadline
@@ -131,11 +131,10 @@ class SessionStorage:
         return self._documents
 
     def _unsynced(self, synced: bool, **options: Any) -> Store:
-        """The store itself when ``synced`` or not local, else a LocalStore of its directory whose
-        writes are atomic but not fsync'ed (``options``: LocalStore's others)."""
-        store = self.store
-        root = store.local_path("") if getattr(store, "is_local", False) and not synced else None
-        return store if root is None else LocalStore(root, fsync=False, **options)
+        """The store itself when ``synced``, else the store's view of the same place whose writes
+        are atomic but not fsync'ed (Store.without_fsync: the store itself where that means
+        nothing; ``options``: LocalStore's others)."""
+        return self.store if synced else self.store.without_fsync(**options)
 
     def check_writable(self) -> None:
         """At ``PrecisionDebugger()``: prove that ``dump_path`` can be written (a probe object
