@@ -176,9 +176,15 @@ def _sha(tensors) -> str:
     return h.hexdigest()[:16]
 
 
-def train(name: str, debugger=None) -> dict:
-    """The fingerprint of 3 training steps of model ``name`` (under ``debugger`` when given)."""
-    _seed()
+def train(name: str, debugger=None, seeded: bool = False) -> dict:
+    """The fingerprint of 3 training steps of model ``name`` (under ``debugger`` when given; ``seeded``:
+    seeded by msprobe's ``seed_all`` (deterministic mode, dropout removed) instead of by hand)."""
+    if seeded:
+        from msprobe.pytorch import seed_all
+
+        seed_all(SEED, mode=True, rm_dropout=True)
+    else:
+        _seed()
     model, batch, opt = {"llama": _llama, "bert": _bert, "bnhook": _bnhook, "resnet": _resnet}[name]()
     model.train()
     fp: dict = {"losses": [], "grad_norms": [], "grads": []}
@@ -210,6 +216,7 @@ def main(argv=None) -> int:
     ap.add_argument("--level", choices=("L0", "L1", "mix"))
     ap.add_argument("--task", default="statistics", choices=("statistics", "md5", "tensor"))
     ap.add_argument("--dump-path", default="./observer_dump")
+    ap.add_argument("--seed-all", action="store_true", help="seed with msprobe's seed_all (mode, rm_dropout)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -226,7 +233,7 @@ def main(argv=None) -> int:
         with open(path, "w") as f:
             json.dump(cfg, f)
         debugger = PrecisionDebugger(config_path=path)  # before the model, as the docs show
-    print(MARK + json.dumps(train(a.model, debugger)))
+    print(MARK + json.dumps(train(a.model, debugger, a.seed_all)))
     sys.stdout.flush()
     return 0
 

@@ -26,10 +26,11 @@ CONFIGS = [(level, task) for level in ("L0", "L1", "mix") for task in ("statisti
 _BASE: dict = {}
 
 
-def _run(tmp_path, model: str, level=None, task="statistics") -> dict:
+def _run(tmp_path, model: str, level=None, task="statistics", seeded=False) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
     env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, os.path.join(ROOT, "bench", "observer_models.py"), "--model", model]
+    cmd += ["--seed-all"] if seeded else []
     if level:
         cmd += ["--level", level, "--task", task, "--dump-path", str(tmp_path / "dump")]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -56,3 +57,18 @@ def test_dumper_changes_no_bit_of_the_training(tmp_path, tmp_path_factory, model
 def test_two_runs_without_a_tool_agree(tmp_path, tmp_path_factory):
     """The premise: the runs are deterministic, so any difference is the dumper's."""
     assert om.same(_base(tmp_path_factory, "llama"), _run(tmp_path, "llama"))
+
+
+@pytest.mark.parametrize("model", ["bert", "llama"])
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_seed_all_then_the_dumper_changes_no_bit(tmp_path, tmp_path_factory, model, level):
+    """``seed_all`` (deterministic mode, dropout removed) changes the run by design; the dumper on top of
+    it changes nothing more: bitwise the seed_all run without the dumper (BERT has dropout on)."""
+    key = f"seeded_{model}"
+    if key not in _BASE:
+        _BASE[key] = _run(tmp_path_factory.mktemp(key), model, seeded=True)
+    run = _run(tmp_path, model, level, seeded=True)
+    assert om.same(_BASE[key], run), om.differences(_BASE[key], run)
+    assert any((tmp_path / "dump").rglob("dump.json")), "the run dumped nothing"
+    if model == "bert":  # the premise: seed_all's dropout removal took effect (the loss is not the plain run's)
+        assert _BASE[key]["losses"] != _base(tmp_path_factory, model)["losses"]
