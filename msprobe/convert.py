@@ -37,9 +37,8 @@ from msprobe.format.marker import with_tensor_format
 from msprobe.format.naming import converted_file_name, needs_mapping
 from msprobe.format.protocols import ReadableStore
 from msprobe.index import write_rank_index
-from msprobe.readers._record import DumpRecord
-from msprobe.readers._source import RankSource
-from msprobe.tensor_store._writer import ZarrTensorWriter
+from msprobe.readers import DumpRecord, RankSource
+from msprobe.tensor_store import ZarrTensorWriter
 
 __all__ = ["convert", "convert_rank", "RankJob", "ToZarr", "ToClassic"]
 
@@ -63,7 +62,7 @@ def _payload(value: Any) -> tuple:
         array = array.astype(array.dtype.newbyteorder("<"), copy=False)
         return array.dtype.name, tuple(array.shape), array.reshape(-1).view(np.uint8).tobytes()
     tensor = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
-    from msprobe.dumpers.pytorch._encode import tensor_bytes
+    from msprobe.dumpers.pytorch import tensor_bytes
 
     return str(tensor.dtype).replace("torch.", "", 1), tuple(tensor.shape), bytes(tensor_bytes(tensor))
 

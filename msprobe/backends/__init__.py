@@ -15,10 +15,20 @@ from __future__ import annotations
 from msprobe.backends._base import Store
 from msprobe.backends._fsspec import FsspecStore, mtime_of
 from msprobe.backends._journal import Journal, JournalTruncatedWarning, read_journal
-from msprobe.backends._keys import is_temp_name, validate_key, validate_prefix
+from msprobe.backends._keys import TEMP_MARKER, is_temp_name, validate_key, validate_prefix
 from msprobe.backends._local import LocalStore
-from msprobe.backends._open import open_store, redact_options, register_store
-from msprobe.backends._retry import RetryPolicy, classify_error, is_transient, retry, translate_error
+from msprobe.backends._open import bound_store, bounded_storage_options, open_store, redact_options, register_store
+from msprobe.backends._retry import (
+    Breaker,
+    RetryPolicy,
+    StoreLike,
+    classify_error,
+    is_disk_full,
+    is_transient,
+    put_retrying,
+    retry,
+    translate_error,
+)
 from msprobe.backends._rundir import CLAIM_MARKER, claim_run_dir
 from msprobe.backends._writer import BackgroundWriter, Digested, WriterStats, append_log_line
 
@@ -33,6 +43,7 @@ __all__ = [
     "validate_key",
     "validate_prefix",
     "is_temp_name",
+    "TEMP_MARKER",
     "BackgroundWriter",
     "Digested",
     "WriterStats",
@@ -47,4 +58,11 @@ __all__ = [
     "is_transient",
     "classify_error",
     "translate_error",
+    "is_disk_full",
+    # a writer whose every storage operation ends within a deadline (the dumper's session)
+    "bound_store",
+    "bounded_storage_options",
+    "Breaker",
+    "StoreLike",
+    "put_retrying",
 ]

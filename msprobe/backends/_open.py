@@ -11,7 +11,7 @@ from msprobe.backends._fsspec import FsspecStore
 from msprobe.backends._local import LocalStore
 from msprobe.errors import ConfigError, MissingDependencyError, StorageNotFoundError
 
-__all__ = ["open_store", "redact_options"]
+__all__ = ["open_store", "redact_options", "bound_store", "bounded_storage_options"]
 
 #: protocol -> the msprobe-lake extra that installs its fsspec implementation
 EXTRAS = {

@@ -38,6 +38,8 @@ __all__ = [
     "retry",
     "remaining_time",
     "is_disk_full",
+    "StoreLike",
+    "put_retrying",
 ]
 
 log = logging.getLogger("msprobe.backends")

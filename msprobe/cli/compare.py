@@ -117,7 +117,7 @@ def read_data_mapping(path: str) -> dict:
 
 def read_xframe(args: argparse.Namespace) -> Optional[dict]:
     """The cross-framework options of -am/-cm/-lm (None when none is given)."""
-    from msprobe.compare._xframe import read_api_mapping, read_cell_mapping, read_layer_mapping
+    from msprobe.compare import read_api_mapping, read_cell_mapping, read_layer_mapping
 
     out: dict = {}
     for name, reader in (("api", read_api_mapping), ("cell", read_cell_mapping), ("layer", read_layer_mapping)):
@@ -226,7 +226,7 @@ def _print_layout(layout: Optional[dict]) -> None:
 def _print_divergence(s: dict) -> None:
     """Where the error is introduced (our localisation) and, when it is another row, the first row
     of the Result column's rule (26.2.0's) or of --divergence-threshold."""
-    from msprobe.compare._origin import describe
+    from msprobe.compare import describe
 
     o, fd = s.get("origin"), s["first_divergence"]
     if o:

@@ -284,7 +284,7 @@ def run_diverge(args, lake) -> int:
           f"step(s) {res['steps_compared']}")
     origin = res.get("origin")
     if origin is not None:
-        from msprobe.compare._origin import describe
+        from msprobe.compare import describe
 
         print(f"error introduced at: step {origin['step']} {origin['rank_dir']} {describe(origin)} "
               f"(record #{origin['record_index']})")

@@ -31,8 +31,7 @@ def run(args) -> int:
     import msprobe.readers
     from msprobe.cli._text import say as print  # every line holds names from the dump: one line each
     from msprobe.format.naming import printable
-    from msprobe.readers import ANY
-    from msprobe.readers._dump import AmbiguousRecordError
+    from msprobe.readers import ANY, AmbiguousRecordError
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     d = msprobe.readers.open(args.path, engine=args.engine, storage_options=opts)

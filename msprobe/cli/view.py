@@ -73,8 +73,7 @@ def run_view(args) -> int:
 
 def run_report(args) -> int:
     from msprobe.cli._text import say
-    from msprobe.view import write_report
-    from msprobe.view._report import MAX_ROWS_PER_CELL
+    from msprobe.view import MAX_ROWS_PER_CELL, write_report
 
     data = _open(args)
     try:

@@ -31,8 +31,8 @@ from msprobe.execution import Executor
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.stats import MAX
 from msprobe.progress import Progress
-from msprobe.readers._source import records_of as _data
-from msprobe.readers._source import task_of as _task
+from msprobe.readers import records_of as _data
+from msprobe.readers import task_of as _task
 
 if TYPE_CHECKING:
     from msprobe.readers.protocols import RecordSource

@@ -12,8 +12,7 @@ from typing import Any, Optional
 
 from msprobe.errors import ConfigError
 from msprobe.format.parallel import LayoutError, parse_layout
-from msprobe.readers._merged import merge_dump_step
-from msprobe.readers._source import records_of
+from msprobe.readers import merge_dump_step, records_of
 
 __all__ = ["layout_pairs", "layout_mode", "layout_summary", "merged_dump"]
 

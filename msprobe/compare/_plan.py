@@ -17,7 +17,7 @@ from msprobe.compare._verdict import ignore_class
 from msprobe.errors import TensorLoadError
 from msprobe.format.comm import COMM_PREFIXES
 from msprobe.format.stats import STAT_KEYS
-from msprobe.readers._tensor import load_tensor_file
+from msprobe.readers import load_tensor_file
 
 __all__ = ["PairContext", "Leaves", "Plan", "plan_rows", "bench_counterpart", "load_side"]
 

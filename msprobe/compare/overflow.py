@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional
 from msprobe.errors import ConfigError
 from msprobe.format.cluster import first_anomaly
 from msprobe.readers import open as open_dump
-from msprobe.readers._source import records_of
+from msprobe.readers import records_of
 
 __all__ = ["analyze_step", "write_anomaly_file", "ANOMALY_FILE"]
 

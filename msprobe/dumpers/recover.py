@@ -13,9 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from msprobe.backends import read_journal
-from msprobe.backends._base import Store
-from msprobe.backends._keys import is_temp_name
+from msprobe.backends import Store, is_temp_name, read_journal
 from msprobe.errors import FormatError, MsprobeError
 from msprobe.format.documents import DEBUG_JSON, DUMP_JSON, encode_documents
 from msprobe.format.journal import RecordLine, Replay, StackLine, decode_line

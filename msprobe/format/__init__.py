@@ -5,6 +5,7 @@ zarr, s3fs or dask.
 """
 from __future__ import annotations
 
+from msprobe.format._digests import CRC_BUDGET, check_digests
 from msprobe.format.dialects import DIALECTS, Dialect, detect_dialect, get_dialect
 from msprobe.format.documents import (
     CONSTRUCT_JSON,
@@ -57,4 +58,5 @@ __all__ = [
     "Arg", "Record", "TensorArg", "iter_tensors", "parse_arg", "tensor_entry", "typed_value",
     "DataName", "RecordName", "check_file_name", "is_record_name", "parse_data_name", "parse_record_name",
     "crc32_hex", "reference_stats", "xor64_hex", "loads_json_bytes",
+    "check_digests", "CRC_BUDGET",
 ]

@@ -31,9 +31,7 @@ from msprobe.index import (
     read_index_metadata,
     table_bytes,
 )
-from msprobe.readers._api import looks_like_dump
-from msprobe.readers._dump import Dump
-from msprobe.readers._source import RankSource
+from msprobe.readers import Dump, RankSource, looks_like_dump
 
 __all__ = ["discover_runs", "read_catalog", "LAKE_DIR", "INDEX_PREFIX", "MANIFEST_KEY", "CATALOG_JSON",
            "CATALOG_PARQUET", "MANIFEST_COLUMNS"]

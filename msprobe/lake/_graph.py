@@ -197,7 +197,7 @@ def _read_calls(job: GraphJob) -> tuple:
     from msprobe.errors import MsprobeError, StorageNotFoundError
     from msprobe.format.documents import DEBUG_JSON, DUMP_JSON
     from msprobe.lake._core import Prefetched, cached_store
-    from msprobe.readers._source import RankSource
+    from msprobe.readers import RankSource
 
     base = cached_store(job.root_url, job.storage_options)
     calls: dict = {}
@@ -299,7 +299,7 @@ def register_views(con: Any, graphs: dict, *, own: Any, lake_url: str, engine: s
     import pyarrow as pa
     import pyarrow.dataset as pads
 
-    from msprobe.readers._store import arrow_location
+    from msprobe.readers import arrow_location
 
     dirs = sorted(where for where, entry in graphs.items() if entry.get("calls"))
     for view, name, schema in VIEWS:

@@ -23,8 +23,7 @@ from msprobe.lake import _core, _graph
 from msprobe.lake._place import locate, open_lake_store
 from msprobe.lake._questions import disagree, diverge, first_nan, trend
 from msprobe.lake._refresh import Places, Refresher
-from msprobe.readers._dump import table_to_pandas
-from msprobe.readers._store import arrow_location
+from msprobe.readers import arrow_location, table_to_pandas
 
 __all__ = ["Lake", "s3_settings"]
 

@@ -21,10 +21,18 @@ import time
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from msprobe.compare._cluster import add_paths, order_results
-from msprobe.compare._core import compare_pair, detect_mode, pair_sources
-from msprobe.compare._layouts import layout_mode, layout_pairs, layout_summary
-from msprobe.compare._origin import earliest, order_key
+from msprobe.compare import (
+    add_paths,
+    compare_pair,
+    detect_mode,
+    earliest,
+    layout_mode,
+    layout_pairs,
+    layout_summary,
+    order_key,
+    order_results,
+    pair_sources,
+)
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import star
 from msprobe.format.comm import CommCall, comm_api, describe_path, graph_from_calls, propagation
@@ -33,7 +41,7 @@ from msprobe.format.layout import RankLocation
 from msprobe.format.stats import NORM, STAT_COLUMNS
 from msprobe.lake._core import Prefetched, cached_store
 from msprobe.lake._graph import is_buffer_row
-from msprobe.readers._source import RankSource, records_of, task_of
+from msprobe.readers import RankSource, records_of, task_of
 
 __all__ = ["first_nan", "diverge", "disagree", "trend", "STATS", "NAN_KINDS", "TREND_MAX_RECORDS"]
 

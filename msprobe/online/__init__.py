@@ -15,6 +15,7 @@ Importing this package imports neither torch nor s3fs.
 """
 from __future__ import annotations
 
+from msprobe.online._source import PacketSource, packet_record
 from msprobe.online.packet import Packet, decode_packet, encode_packet
 
-__all__ = ["Packet", "encode_packet", "decode_packet"]
+__all__ = ["Packet", "encode_packet", "decode_packet", "PacketSource", "packet_record"]

@@ -17,9 +17,23 @@ Importing this package imports neither torch nor pyarrow nor pandas.
 from __future__ import annotations
 
 from msprobe.index.rows import COLUMNS
-from msprobe.readers._api import ENGINES, Engine, IndexEngine, MsprobeEngine, guess_engine, list_engines, open
-from msprobe.readers._dump import ANY, AmbiguousRecordError, Dump
+from msprobe.readers._api import (
+    ENGINES,
+    Engine,
+    IndexEngine,
+    MsprobeEngine,
+    guess_engine,
+    list_engines,
+    looks_like_dump,
+    open,
+)
+from msprobe.readers._dump import ANY, AmbiguousRecordError, Dump, table_to_pandas
+from msprobe.readers._merged import merge_dump_step
 from msprobe.readers._record import DumpRecord, TensorRef
+from msprobe.readers._replay import InputTooLargeError
+from msprobe.readers._source import RankSource, records_of, task_of
+from msprobe.readers._store import arrow_location
+from msprobe.readers._tensor import load_tensor_file
 from msprobe.readers.index import build_index, write_rank_index
 
 __all__ = [
@@ -38,4 +52,16 @@ __all__ = [
     "list_engines",
     "build_index",
     "write_rank_index",
+    # one rank directory, read raw (its documents, records and tensor files)
+    "RankSource",
+    "records_of",
+    "task_of",
+    "looks_like_dump",
+    "load_tensor_file",
+    "InputTooLargeError",
+    # the merged logical model of a parallel run's step (compare --layout)
+    "merge_dump_step",
+    # Arrow/pandas access to a store's files
+    "arrow_location",
+    "table_to_pandas",
 ]

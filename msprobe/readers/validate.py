@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from msprobe.errors import FormatError, MissingDependencyError, MsprobeError
-from msprobe.format._digests import check_digests
+from msprobe.format import check_digests
 from msprobe.format.dialects import detect_dialect
 from msprobe.format.documents import DEBUG_JSON, DUMP_JSON, SIDE_DOCUMENTS, DebugDocument, DumpDocument, loads_json
 from msprobe.format.dtypes import itemsize

@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Optional
 
 from msprobe.errors import invalid_value, read_json_object
-from msprobe.online._source import PacketSource, packet_record
+from msprobe.online import PacketSource, packet_record
 from msprobe.online.config import OnlineSettings, parse_online, section_with_fallback
 from msprobe.online.packet import Packet
 from msprobe.online.transport import SocketListener, StoreWatcher, server_ssl_context

@@ -20,7 +20,7 @@ from msprobe.errors import ConfigError, read_json_object
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.stats import MAX, MIN, STAT_KEYS
 from msprobe.progress import Progress
-from msprobe.readers._replay import InputTooLargeError
+from msprobe.readers import InputTooLargeError
 from msprobe.run_ut.csvio import ResultWriter
 from msprobe.run_ut.execute import (
     AUTO_CEILING,

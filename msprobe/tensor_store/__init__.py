@@ -7,9 +7,9 @@ google-crc32c (the ``zarr`` extra) are imported only when a store is written or 
 """
 from __future__ import annotations
 
-from msprobe.tensor_store._layout import STORE_DIR, location, parse_location
+from msprobe.tensor_store._layout import STORE_DIR, aligned_buffer, location, parse_location, storage_dtype
 from msprobe.tensor_store._reader import IncompleteTensorError, ZarrTensorReader, has_tensor_store
 from msprobe.tensor_store._writer import WriterSummary, ZarrTensorWriter
 
 __all__ = ["STORE_DIR", "ZarrTensorWriter", "ZarrTensorReader", "IncompleteTensorError", "WriterSummary",
-           "has_tensor_store", "location", "parse_location"]
+           "has_tensor_store", "location", "parse_location", "storage_dtype", "aligned_buffer"]

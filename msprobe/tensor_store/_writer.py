@@ -18,8 +18,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
-from msprobe.backends import Store
-from msprobe.backends._retry import RetryPolicy
+from msprobe.backends import RetryPolicy, Store
 from msprobe.errors import ConfigError, StorageError
 from msprobe.format.layout import join_key
 from msprobe.tensor_store._layout import (
@@ -320,7 +319,7 @@ class ZarrTensorWriter:
     def _write_shard(self, arr: _Array, k: int, pieces: list, nbytes: int) -> None:
         key = self._k(shard_key(arr.name, k))
         try:
-            from msprobe.backends._retry import put_retrying
+            from msprobe.backends import put_retrying
 
             used: list = []
             obj = encode_shard_pieces(pieces, arr.dt, arr.chunk, arr.cps, self.compression,

@@ -18,7 +18,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["open_view", "serve", "make_app", "write_report"]
+__all__ = ["open_view", "serve", "make_app", "write_report", "MAX_ROWS_PER_CELL", "MAX_TREE_NODES"]
+
+#: public names served from a heavier module on first use (``import msprobe.view`` stays light)
+_LAZY = {"MAX_ROWS_PER_CELL": "_report", "MAX_TREE_NODES": "_report"}
+
+
+def __getattr__(name: str) -> Any:
+    if _LAZY.get(name) == "_report":
+        from msprobe.view import _report
+
+        return getattr(_report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_view(*args: Any, **kwargs: Any) -> Any:

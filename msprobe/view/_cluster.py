@@ -27,7 +27,7 @@ from msprobe.format.comm import (
     graph_from_calls,
     is_buffer_leaf,
 )
-from msprobe.readers._source import records_of
+from msprobe.readers import records_of
 
 __all__ = ["StepCluster", "build_cluster", "MAX_LANES", "MAX_NODES", "LANES_PAGE"]
 

@@ -233,7 +233,7 @@ class ViewData(Loader):
                 try:
                     opened = msprobe.readers.open(url, storage_options=self.storage_options)
                     if opened is not None and self.layouts.get(side):
-                        from msprobe.compare._layouts import merged_dump
+                        from msprobe.compare import merged_dump
 
                         other = self.dump("bench") if side == "target" else None
                         opened = merged_dump(opened, self.layouts[side], other)

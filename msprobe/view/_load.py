@@ -14,8 +14,7 @@ from msprobe.errors import ConfigError, MsprobeError
 from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
 from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.format.stats import CSV_BENCH, CSV_TARGET, MAX, NORM, STAT_COLUMNS
-from msprobe.readers import ANY
-from msprobe.readers._source import records_of
+from msprobe.readers import ANY, records_of
 
 __all__ = ["Loader"]
 

@@ -16,7 +16,7 @@ from msprobe.dumpers.ndarray import is_ndarray, ndarray_entry
 from msprobe.dumpers.pytorch import _cuda_stats, _ptfile
 from msprobe.errors import MsprobeError
 from msprobe.format.stats import STAT_KEYS, null_stats, stats_dict, xor64
-from msprobe.tensor_store._layout import storage_dtype
+from msprobe.tensor_store import storage_dtype
 
 __all__ = ["Encoder", "StatHandle", "fetch_stats", "tensor_bytes"]
 

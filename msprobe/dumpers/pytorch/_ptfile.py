@@ -27,7 +27,8 @@ from typing import Optional
 
 import torch
 
-from msprobe.tensor_store._layout import aligned_buffer
+from msprobe.dumpers.fastpath import native
+from msprobe.tensor_store import aligned_buffer
 
 __all__ = ["PtFile", "POOL", "supported"]
 
@@ -185,11 +186,9 @@ class PtFile:
             POOL.give(pooled)
 
     def finish(self) -> memoryview:
-        from msprobe.dumpers.pytorch._encode import _fast
-
         mv = memoryview(self.buf.numpy().data)  # .data: see _encode.tensor_bytes
         data = mv[_DATA_OFF:_DATA_OFF + self.nbytes]
-        fast = _fast()
+        fast = native()  # the compiled kernels, loaded once per process (msprobe/dumpers/fastpath.py)
         if fast is not None and fast.HAVE_CLMUL and self.nbytes:
             crc = fast.crc32(self.buf.data_ptr() + _DATA_OFF, self.nbytes)
         else:

@@ -10,8 +10,7 @@ import warnings
 from collections import defaultdict
 from typing import Callable, Optional
 
-from msprobe.backends import append_log_line
-from msprobe.backends._retry import RetryPolicy, is_disk_full
+from msprobe.backends import RetryPolicy, append_log_line, is_disk_full
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.session._storage import SessionStorage, append_local
 from msprobe.format.layout import ERROR_LOG, TENSOR_DIR

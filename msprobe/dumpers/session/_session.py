@@ -19,7 +19,7 @@ import threading
 from collections import defaultdict
 from typing import Any, Callable, Optional
 
-from msprobe.backends._base import Store
+from msprobe.backends import Store
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.session._claims import RunDirClaims
 from msprobe.dumpers.session._documents import StepDocuments

@@ -6,11 +6,17 @@ import os
 import threading
 from typing import Any, Optional
 
-from msprobe.backends import open_store
-from msprobe.backends._base import Store
-from msprobe.backends._keys import TEMP_MARKER
-from msprobe.backends._open import bound_store, bounded_storage_options
-from msprobe.backends._retry import Breaker, RetryPolicy, StoreLike, put_retrying
+from msprobe.backends import (
+    TEMP_MARKER,
+    Breaker,
+    RetryPolicy,
+    Store,
+    StoreLike,
+    bound_store,
+    bounded_storage_options,
+    open_store,
+    put_retrying,
+)
 from msprobe.dumpers.config import DumpConfig
 from msprobe.errors import StorageError, StoragePermissionError
 
