@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -202,12 +201,7 @@ def _drop_old_form(job: RankJob, strategy: Any) -> None:
     for key in job.source.list_prefix(join_key(job.prefix, old)):
         if not strategy.keeps(key, job.prefix):
             job.source.delete(key)
-    if getattr(job.source, "is_local", False):
-        import shutil
-
-        path = job.source.local_path(join_key(job.prefix, old))
-        if path and not any(files for _, _, files in os.walk(path)):
-            shutil.rmtree(path, ignore_errors=True)
+    job.source.remove_empty_dirs(join_key(job.prefix, old))
 
 
 def convert_rank(job: RankJob, strategy: Any) -> Optional[int]:

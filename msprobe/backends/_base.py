@@ -159,6 +159,18 @@ class Store(abc.ABC):
         for key in self.list_prefix(prefix):
             self.delete(key)
 
+    def remove_temps(self, prefix: str) -> None:
+        """Remove the temporary files that interrupted writes left directly below ``prefix``
+        (never listed, never visible under a final name); stores whose writes leave none (an
+        object store's upload is invisible until complete) have nothing to do."""
+        validate_prefix(prefix)
+
+    def remove_empty_dirs(self, prefix: str) -> None:
+        """Remove the directory tree of ``prefix`` when it holds no file any more (a file
+        system's leftovers after its objects were deleted); stores without directories have
+        nothing to do."""
+        validate_prefix(prefix)
+
     def stat(self, key: str) -> tuple[Optional[int], Optional[float]]:
         """``(size, mtime)`` of the object at ``key``, read fresh (no cache); ``mtime`` is
         seconds since the epoch, ``None`` where the store cannot tell."""

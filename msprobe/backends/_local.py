@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import shutil
 import stat
 import uuid
 from typing import IO, Any, BinaryIO, Callable, NoReturn
@@ -155,6 +156,19 @@ class LocalStore(Store):
                 os.rmdir(dirpath)
             except OSError:
                 pass  # not empty (a file written meanwhile) or already gone
+
+    def remove_temps(self, prefix: str) -> None:
+        local = self.local_path(prefix)
+        if not os.path.isdir(local):
+            return
+        for file_name in os.listdir(local):
+            if is_temp_name(file_name):
+                _unlink_quiet(os.path.join(local, file_name))
+
+    def remove_empty_dirs(self, prefix: str) -> None:
+        path = self.local_path(prefix)
+        if path and not any(files for _, _, files in os.walk(path)):
+            shutil.rmtree(path, ignore_errors=True)
 
     def stat(self, key: str) -> tuple[int | None, float | None]:
         result = os.stat(self.local_path(key))

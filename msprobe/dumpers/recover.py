@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from msprobe.backends import Store, is_temp_name, read_journal
+from msprobe.backends import Store, read_journal
 from msprobe.errors import FormatError, MsprobeError
 from msprobe.format.documents import DEBUG_JSON, DUMP_JSON, encode_documents
 from msprobe.format.journal import RecordLine, Replay, StackLine, decode_line
@@ -200,19 +200,10 @@ def _zarr_names(store: ReadableStore, rank_prefix: str, res: RecoveryResult) -> 
         return set()
 
 
-def _remove_stale_temps(store: ReadableStore, prefix: str) -> None:
-    """Temp files of writes the kill interrupted (never visible under a final name): remove them."""
-    import os
-
-    local = store.local_path(prefix) if getattr(store, "is_local", False) else None
-    if not local or not os.path.isdir(local):
-        return
-    for file_name in os.listdir(local):
-        if is_temp_name(file_name):
-            try:
-                os.unlink(os.path.join(local, file_name))
-            except OSError:
-                pass
+def _remove_stale_temps(store: Store, prefix: str) -> None:
+    """Temp files of writes the kill interrupted (never visible under a final name): remove them
+    (only a file system has any: Store.remove_temps)."""
+    store.remove_temps(prefix)
 
 
 def _marker(store: ReadableStore, rank_prefix: str) -> dict:

@@ -477,3 +477,13 @@ class StoreTests:
         assert isinstance(fast, Store) and fast.url == store.url
         fast.put("nf/doc.json", b"{}")
         assert other.get("nf/doc.json") == b"{}"
+
+    def test_remove_empty_dirs_and_temps(self, store: Store, other: Store) -> None:
+        store.put("ed/a/x", b"1")
+        store.put("ed/b/y", b"2")
+        store.delete("ed/a/x")
+        store.remove_empty_dirs("ed/a")
+        store.remove_empty_dirs("ed/b")  # holds an object: kept
+        assert "a" not in other.list_dir("ed") and other.get("ed/b/y") == b"2"
+        store.remove_temps("ed/b")  # a finished write leaves no temporary file: nothing listed goes
+        assert other.list_prefix("ed") == ["ed/b/y"]
