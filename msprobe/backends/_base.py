@@ -193,6 +193,12 @@ class Store(abc.ABC):
             cached = self.__dict__["_arrow_fs"] = store_filesystem(self)
         return cached, validate_prefix(key)
 
+    def duckdb_path(self, key: str) -> Optional[str]:
+        """A path DuckDB's own readers (``read_parquet``) open directly, or ``None``: the lake
+        then reads through :meth:`arrow_location` (or DuckDB's httpfs for S3)."""
+        validate_prefix(key)
+        return None
+
     def fsspec_location(self, key: str = "") -> Optional[tuple[Any, str]]:
         """``(fsspec file system, path)`` of ``key`` where the store is one, else ``None``."""
         validate_prefix(key)

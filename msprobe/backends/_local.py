@@ -142,6 +142,9 @@ class LocalStore(Store):
     def without_fsync(self, **options: Any) -> "LocalStore":
         return LocalStore(self.local_path(""), fsync=False, **options)
 
+    def duckdb_path(self, key: str) -> str:
+        return self.local_path(key)
+
     def location(self, key: str) -> str:
         return self.local_path(key)
 

@@ -306,7 +306,7 @@ def register_views(con: Any, graphs: dict, *, own: Any, lake_url: str, engine: s
         keys = [f"{where}/{name}" for where in dirs]
         source = None
         if keys and engine == "duckdb-parquet":
-            source = "read_parquet([" + ", ".join(_quote(str(own().local_path(key))) for key in keys) + "])"
+            source = "read_parquet([" + ", ".join(_quote(str(own().duckdb_path(key))) for key in keys) + "])"
         elif keys and engine == "duckdb-httpfs":
             root = lake_url.rstrip("/")
             source = "read_parquet([" + ", ".join(_quote(f"{root}/{key}") for key in keys) + "])"

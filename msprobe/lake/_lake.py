@@ -322,7 +322,7 @@ class Lake:
             self.sql_engine = _register_views(con, [key for key, _ in self.files()], own=self._own,
                                               lake_url=self.lake_url, expression=self._expr,
                                               dataset=lambda: self.dataset,
-                                              local=bool(getattr(self.lake_store, "exact_mtimes", False)))
+                                              local=self.lake_store is not None and self.lake_store.duckdb_path("") is not None)
         except Exception as exc:  # an index file that cannot be read: one typed line
             con.close()
             if not _is_duckdb_error(exc):
@@ -433,7 +433,7 @@ def _register_views(con: Any, files: list, *, own: Callable[[], ReadableStore], 
     if not files:
         source = None
     elif local:
-        paths = [str(own().local_path(key)) for key in files]
+        paths = [str(own().duckdb_path(key)) for key in files]
         source = "read_parquet([" + ", ".join(_quote(path) for path in paths) + "])"
         engine = "duckdb-parquet"
     elif lake_url.startswith("s3://") and _httpfs(con, own()):
