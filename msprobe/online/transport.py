@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, NoReturn, Optional
 
-from msprobe.backends import LocalStore, open_store
+from msprobe.backends import open_store
 from msprobe.errors import ConfigError, MsprobeError, invalid_value
 from msprobe.online._tls_purpose import MARK, client_purpose, relax_client_purpose
 from msprobe.online.packet import Packet, PacketError, decode_packet
@@ -157,11 +157,8 @@ class StoreSink:
 
     def __init__(self, url: str, *, storage_options: Optional[dict] = None):
         self.url = url
-        store = open_store(url, storage_options=storage_options)
-        if getattr(store, "is_local", False):
-            # still temp file + atomic rename, without an fsync per packet (they are transient)
-            store = LocalStore(store.local_path(""), fsync=False)  # type: ignore[arg-type]  # local: a path
-        self.store = store
+        # still atomic (a file system: temp file + rename), without an fsync per packet (they are transient)
+        self.store = open_store(url, storage_options=storage_options).without_fsync()
 
     @staticmethod
     def key_for(run: str, rank: Any, seq: int) -> str:
