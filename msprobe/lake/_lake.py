@@ -6,7 +6,7 @@ import os
 import re
 from typing import Any, Callable, Iterable, Optional
 
-from msprobe.backends import FsspecStore, Store
+from msprobe.backends import Store
 from msprobe.errors import (
     ConfigError,
     MissingDependencyError,
@@ -508,7 +508,7 @@ def _load_httpfs(con: Any) -> bool:
     return True
 
 
-def s3_settings(store: FsspecStore) -> dict:
+def s3_settings(store: ReadableStore) -> dict:
     """What the S3 file system of ``store`` (s3fs) resolved through botocore: ``endpoint``
     (``AWS_ENDPOINT_URL``, ``endpoint_url`` options, the config file...), ``region``, and the
     credentials of its chain (options, environment, profile, instance role...), as the
@@ -516,8 +516,10 @@ def s3_settings(store: FsspecStore) -> dict:
     lake's listings and reads use, so DuckDB reads what s3fs reads."""
     from fsspec.asyn import sync
 
-    filesystem = store.fs
-    bucket = (store.root or "").split("/", 1)[0] or None
+    filesystem, root = store.fsspec_location("") or (None, "")
+    if filesystem is None:
+        raise ValueError(f"{store.url}: not an fsspec file system, no S3 settings")
+    bucket = (root or "").split("/", 1)[0] or None
 
     async def resolve() -> dict:
         client = await filesystem.get_s3(bucket) if hasattr(filesystem, "get_s3") else await filesystem.set_session()
@@ -577,7 +579,7 @@ def _httpfs(con: Any, store: ReadableStore) -> bool:
     """Load DuckDB's httpfs extension (installed beforehand; nothing is downloaded here) and
     give it the endpoint and credentials the store's s3fs resolved; False when it is not there
     or the settings cannot be resolved (the caller reads through pyarrow then)."""
-    if not isinstance(store, FsspecStore) or not _load_httpfs(con):
+    if store.fsspec_location("") is None or not _load_httpfs(con):
         return False
     try:
         settings = s3_settings(store)
