@@ -199,6 +199,13 @@ class Store(abc.ABC):
         validate_prefix(key)
         return None
 
+    def list_dir_stats(self, prefix: str) -> Optional[dict[str, Optional[tuple[int, float]]]]:
+        """Every entry directly below ``prefix`` (temporary files included) with its ``(size,
+        mtime)`` (``None`` where it cannot be told) from one cheap listing, or ``None`` where the
+        store has no such listing (callers then list and stat one by one)."""
+        validate_prefix(prefix)
+        return None
+
     def fsspec_location(self, key: str = "") -> Optional[tuple[Any, str]]:
         """``(fsspec file system, path)`` of ``key`` where the store is one, else ``None``."""
         validate_prefix(key)

@@ -142,6 +142,18 @@ class LocalStore(Store):
     def without_fsync(self, **options: Any) -> "LocalStore":
         return LocalStore(self.local_path(""), fsync=False, **options)
 
+    def list_dir_stats(self, prefix: str) -> dict[str, tuple[int, float] | None]:
+        with os.scandir(self.local_path(prefix)) as listing:
+            entries = list(listing)
+        out: dict[str, tuple[int, float] | None] = {}
+        for entry in entries:
+            try:
+                stat = entry.stat()
+                out[entry.name] = (stat.st_size, stat.st_mtime)
+            except OSError:
+                out[entry.name] = None
+        return out
+
     def duckdb_path(self, key: str) -> str:
         return self.local_path(key)
 

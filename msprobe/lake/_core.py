@@ -275,25 +275,19 @@ class Prefetched:
 
     def prefetch(self, prefixes: list, names: tuple) -> None:
         """List each rank directory (with sizes and times) and read its ``names`` that exist."""
-        filesystem, root = getattr(self._s, "fs", None), getattr(self._s, "root", None)
-        if getattr(self._s, "is_local", False) or filesystem is None or not getattr(filesystem, "async_impl", False):
+        filesystem, root = self._s.fsspec_location("") or (None, None)
+        if filesystem is None or not getattr(filesystem, "async_impl", False):
             for prefix in prefixes:
-                local = self._s.local_path(prefix) if getattr(self._s, "is_local", False) else None
-                if local is None:
-                    return
                 try:
-                    with os.scandir(local) as listing:
-                        entries = list(listing)
+                    entries = self._s.list_dir_stats(prefix)
                 except OSError:
                     continue
-                self._dirs[prefix] = sorted(entry.name for entry in entries
-                                            if not entry.name.startswith(".msprobe-tmp"))
-                for entry in entries:
-                    try:
-                        stat = entry.stat()
-                        self.info[f"{prefix}/{entry.name}" if prefix else entry.name] = (stat.st_size, stat.st_mtime)
-                    except OSError:
-                        pass
+                if entries is None:
+                    return  # no such listing: read one by one
+                self._dirs[prefix] = sorted(name for name in entries if not name.startswith(".msprobe-tmp"))
+                for name, stat in entries.items():
+                    if stat is not None:
+                        self.info[f"{prefix}/{name}" if prefix else name] = stat
             return
         full = {prefix: (f"{root}/{prefix}" if root else prefix).rstrip("/") for prefix in prefixes}
         listed = gather_listings(filesystem, "ls", list(map(full.get, prefixes)))

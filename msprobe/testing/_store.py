@@ -496,3 +496,14 @@ class StoreTests:
             return  # the lake reads through arrow_location then
         with open(path, "rb") as f:
             assert f.read() == b"PAR1"
+
+    def test_list_dir_stats(self, store: Store, other: Store) -> None:
+        """Where the store lists a directory with sizes and times, it agrees with list_dir and stat."""
+        store.put("ls/a.json", b"123")
+        store.put("ls/sub/b.bin", b"1")
+        entries = other.list_dir_stats("ls")
+        if entries is None:
+            return  # callers list and stat one by one then
+        assert sorted(entries) == other.list_dir("ls")
+        size_and_time = entries["a.json"]
+        assert size_and_time is not None and size_and_time[0] == 3
