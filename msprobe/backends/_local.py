@@ -1,6 +1,7 @@
 """LocalStore: a directory of the local file system, or a shared (NFS-style) one."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -164,13 +165,22 @@ class LocalStore(Store):
         return self.local_path(prefix)
 
     def delete_prefix(self, prefix: str) -> None:
-        super().delete_prefix(prefix)  # checks that the store is writable
+        """Also removes what interrupted writes left (temporary files), the emptied directories
+        and the directory above ``prefix`` when nothing else is in it."""
+        prefix = self._prefix(prefix)
+        if not prefix:  # the root itself stays
+            super().delete_prefix(prefix)
+            return
+        self.check_writable()
         top = self.local_path(prefix)
-        for dirpath, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):  # deepest first
+        if os.path.isdir(top):
             try:
-                os.rmdir(dirpath)
-            except OSError:
-                pass  # not empty (a file written meanwhile) or already gone
+                shutil.rmtree(top)
+            except OSError as exc:
+                reraise(exc, f"delete {top}")
+        if "/" in prefix:
+            with contextlib.suppress(OSError):  # not empty: other objects live beside it
+                os.rmdir(os.path.dirname(top))
 
     def remove_temps(self, prefix: str) -> None:
         local = self.local_path(prefix)

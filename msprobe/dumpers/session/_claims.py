@@ -2,10 +2,7 @@
 earlier run left in ``dump_path`` for the same rank directory."""
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import shutil
 import warnings
 from typing import Callable, Optional
 
@@ -90,14 +87,7 @@ class RunDirClaims:
         for step in sorted(steps):
             prefix = f"step{step}/{rank_dir}"
             try:
-                local = store.local_path(prefix)
-                if local is not None:
-                    shutil.rmtree(local)
-                    with contextlib.suppress(OSError):  # the step's folder, when no other rank is in it
-                        os.rmdir(os.path.dirname(local))
-                    continue
-                for key in store.list_prefix(prefix):
-                    store.delete(key)
+                store.delete_prefix(prefix)  # a file system: the step's folder too, when no other rank is in it
             except Exception as exc:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
                 self.failures.note("clearing", exc, key=prefix)
         log.info("msprobe: run_dir_policy 'clear': removed %s of step(s) %s of an earlier run from %s",
