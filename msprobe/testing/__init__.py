@@ -7,5 +7,6 @@ msprobe`` does not import this package.
 from __future__ import annotations
 
 from msprobe.testing._store import BAD_KEYS, StoreTests
+from msprobe.testing._store_caps import StoreCapabilityTests
 
-__all__ = ["StoreTests", "BAD_KEYS"]
+__all__ = ["StoreTests", "StoreCapabilityTests", "BAD_KEYS"]
