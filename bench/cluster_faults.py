@@ -18,7 +18,7 @@ Layouts (:data:`LAYOUTS`):
   ``torch.empty``); every rank multiplies its activations by it.
 
 A NaN/Inf fault is written at one *site* of one rank: every site calls ``t.fmod(a).div(b)`` at
-every step, ``t`` unchanged (``a`` 1e30, ``b`` 1) but at the fault's (step, rank, site), where one
+every step, ``t`` unchanged (``a`` 1e15, ``b`` 1) but at the fault's (step, rank, site), where one
 element of ``a`` (NaN) or ``b`` (Inf) is 0; so a run's records are the same with and without the
 fault, no argument is ever non-finite, and the injected record is known:
 ``Tensor.fmod.<k>.forward`` (NaN) or ``Tensor.div.<k>.forward`` (Inf), ``k`` the site's place
@@ -97,13 +97,15 @@ class _Run:
         self.kind, self.frank, self.site = (spec[1], spec[2], spec[3]) if spec else (None, None, None)
 
     def inject(self, t: Any, site: str) -> Any:
-        """``t.fmod(a).div(b)``: ``a`` 1e30 and ``b`` 1 (``t`` unchanged, bit for bit) but at one
+        """``t.fmod(a).div(b)``: ``a`` 1e15 and ``b`` 1 (``t`` unchanged, bit for bit) but at one
         element at the fault's (step, rank, site), where ``a`` is 0 (fmod: NaN) or ``b`` is 0 (div:
-        Inf), the only non-finite values born of finite inputs in the run."""
+        Inf), the only non-finite values born of finite inputs in the run. (``a`` 1e30 gave 26.2.0's
+        float32 ``Norm`` of ``a`` an overflow, ``inf``, at every step: an infinite statistic of a
+        finite argument, which our ``lake nan`` and ``overflow_check`` name as an Inf at step 0.)"""
         import torch
 
         hit = self.step == FAULT_STEP and self.rank == self.frank and site == self.site
-        a = torch.tensor(_nested([0.0 if hit and self.kind == "nan" and i == 1 else 1e30 for i in range(t.numel())],
+        a = torch.tensor(_nested([0.0 if hit and self.kind == "nan" and i == 1 else 1e15 for i in range(t.numel())],
                                  t.shape))
         b = torch.tensor(_nested([0.0 if hit and self.kind == "inf" and i == 1 else 1.0 for i in range(t.numel())],
                                  t.shape))

@@ -109,6 +109,8 @@ def order_results(results: list) -> dict:
             entry = result.get(key)
             if isinstance(entry, dict):
                 entry["order"] = list(graph.order_key(rank, entry.get("record_index")))
+                if entry.get("settled_at") is not None:  # its content's place (format.settled): its level
+                    entry["order"][0] = graph.order_key(rank, entry["settled_at"])[0]
     return graphs
 
 

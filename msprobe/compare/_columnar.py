@@ -37,10 +37,11 @@ from msprobe.compare._kernels import KERNELS, METRIC_COUNT
 from msprobe.compare._plan import _COMM, Leaves, PairContext, Plan, bench_counterpart, load_side, plan_rows
 from msprobe.compare._plot import TOP_N, PlotMarks
 from msprobe.compare._rows import COLUMNS, leaf_side
-from msprobe.compare._summary import NonFiniteFirsts, PairSummary
+from msprobe.compare._summary import NonFiniteFirsts, PairSummary, comes_before
 from msprobe.compare._verdict import judge
 from msprobe.compare._write import write_columns
 from msprobe.format.comm import buffer_args, is_buffer_leaf
+from msprobe.format.settled import settled_positions
 
 __all__ = ["columnar_pair", "PairContext", "bench_counterpart", "load_side", "BLOCK_RECORDS", "METRIC_COUNT"]
 
@@ -146,7 +147,7 @@ def _replay(firsts: NonFiniteFirsts, leaves: Leaves, events: list, state: dict, 
             if epoch_name is not None:
                 firsts.tracker.record(epoch_name)
         seen = firsts.see(io, suffix, leaf_side(leaves.leaf[leaf_index]), record, row, record_index)
-        if first is None and seen is not None:
+        if seen is not None and comes_before(seen, first):
             first = seen
     state[key] = epoch
     return first
@@ -202,7 +203,9 @@ def columnar_pair(context: PairContext, path: str, keep_rows: bool = False, *, s
     records when ``with_rest``) appended to the CSV ``path``: (their :class:`PairSummary`, the
     rows as lists when ``keep_rows``, for the xlsx). A forked chunk of compare -n runs one range."""
     stop = len(context.pairs) if stop is None else stop
-    firsts = (NonFiniteFirsts(), NonFiniteFirsts())
+    # records whose content postdates their place are taken where it was settled (format.settled)
+    firsts = (NonFiniteFirsts(settled_positions(name for name, _ in context.pairs)),
+              NonFiniteFirsts(settled_positions(bench or "" for _, bench in context.pairs)))
     state: dict = {"bench_epoch": (-1, None)}
     keep: Optional[list] = [] if keep_rows else None
     total = PairSummary()

@@ -28,6 +28,7 @@ from typing import Any, Optional
 from msprobe.compare._rows import leaf_side, record_leaves
 from msprobe.compare._verdict import same_dtype
 from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
+from msprobe.format.settled import settled_positions
 from msprobe.format.stats import MAX, MIN, STATISTICS
 
 #: where Max and Min sit in a side's statistics (the range scale of the others)
@@ -151,7 +152,10 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
     missing_at = (_missing_positions(len(pairs), pairs, missing, {name: i for i, name in enumerate(bench_data)})
                   if missing else [])
     produced: set = set()
-    for record_index, (name, bench) in enumerate(pairs):
+    # a record whose content postdates its place is walked where it was settled (format.settled)
+    moved = settled_positions(name for name, _ in pairs)
+    for record_index in sorted(range(len(pairs)), key=lambda at: moved.get(at, at)) if moved else range(len(pairs)):
+        name, bench = pairs[record_index]
         if missing_at and missing_at[0][0] <= record_index:
             return _missing(missing_at[0][1], missing_at[0][0])
         leaves = record_leaves(name, target_data[name], tensor_task)
@@ -171,8 +175,11 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
             suffix, role, size, note = found
             if not math.isfinite(size):
                 size, note = None, note or "NaN/Inf on the target side only"
-            return {"record": name, "bench_record": bench, "row": f"{name}.{suffix}" if suffix else name,
-                    "argument": suffix, "role": role, "size": size, "note": note, "record_index": record_index}
+            found_at = {"record": name, "bench_record": bench, "row": f"{name}.{suffix}" if suffix else name,
+                        "argument": suffix, "role": role, "size": size, "note": note, "record_index": record_index}
+            if record_index in moved:
+                found_at["settled_at"] = moved[record_index]
+            return found_at
         produced.update(_signature(side) for _, _, side, _, _ in outputs if side.tensor)
     if missing_at:
         return _missing(missing_at[0][1], missing_at[0][0])

@@ -9,28 +9,50 @@ from typing import Any, Optional
 from msprobe.compare._plot import PlotMarks
 from msprobe.format.nonfinite import NonFiniteTracker
 
-__all__ = ["PairSummary", "NonFiniteFirsts", "FIRST_KEYS"]
+__all__ = ["PairSummary", "NonFiniteFirsts", "FIRST_KEYS", "comes_before"]
 
 #: the entries of a summary that keep their first occurrence when summaries are merged
 FIRST_KEYS = ("first_divergence", "first_nan_inf_target", "first_nan_inf_bench", "first_nan_target",
               "first_nan_bench", "first_inf_target", "first_inf_bench")
 
 
+def settled(entry: dict) -> float:
+    """Where a first NaN/Inf entry's content was settled: its ``settled_at``
+    (:mod:`msprobe.format.settled`), else its record index."""
+    at = entry.get("settled_at")
+    if at is None:
+        at = entry.get("record_index")
+    return float("inf") if at is None else at
+
+
+def comes_before(entry: dict, than: Optional[dict]) -> bool:
+    """Whether ``entry`` comes before the entry ``than`` (None: nothing yet) where their content
+    was settled: leaves arrive in record order, so only a moved record (``settled_at``) is passed."""
+    return than is None or settled(entry) < settled(than)
+
+
 class NonFiniteFirsts:
     """The first NaN and the first +/-Inf of one side (a mask's intended -inf counted apart,
-    :mod:`msprobe.format.nonfinite`)."""
+    :mod:`msprobe.format.nonfinite`). ``positions``: {record index: position} of the records whose
+    content postdates their place (:func:`msprobe.format.settled.settled_positions`), taken there."""
 
-    def __init__(self) -> None:
+    def __init__(self, positions: Optional[dict] = None) -> None:
         self.tracker = NonFiniteTracker()
         self.first: dict = {"nan": None, "inf": None}
+        self.positions = positions or {}
 
     def see(self, io: Any, suffix: str, side: Any, record: str, row: str, record_index: Any) -> Optional[dict]:
         """The entry for the summary when this leaf is the side's first NaN/Inf anomaly."""
         kind = self.tracker.see(io, suffix, side.stats, side.dtype, side.shape)
-        if kind not in self.first or self.first[kind] is not None:
+        if kind not in self.first:
             return None
-        self.first[kind] = {"record": record, "row": row, "record_index": record_index, "kind": kind}
-        return self.first[kind] if self.first["nan" if kind == "inf" else "inf"] is None else None
+        entry = {"record": record, "row": row, "record_index": record_index, "kind": kind}
+        if record_index in self.positions:
+            entry["settled_at"] = self.positions[record_index]
+        if not comes_before(entry, self.first[kind]):
+            return None
+        self.first[kind] = entry
+        return entry if comes_before(entry, self.first["nan" if kind == "inf" else "inf"]) else None
 
     def fill(self, summary: "PairSummary", side: str) -> None:
         """Set ``summary``'s first NaN, first Inf and masked -inf count of ``side`` from this tracker."""
@@ -72,7 +94,9 @@ class PairSummary:
         self.marks.merge(later.marks, offset)
         for key in FIRST_KEYS:
             got = getattr(later, key)
-            if getattr(self, key) is None and got is not None:
+            mine = getattr(self, key)
+            if got is not None and (mine is None or (key != "first_divergence" and "settled_at" in mine
+                                                      and comes_before(got, mine))):
                 got = dict(got)
                 if "row_index" in got:
                     got["row_index"] += offset

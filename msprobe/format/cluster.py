@@ -22,6 +22,7 @@ from msprobe.format.comm import (
 )
 from msprobe.format.model import is_tensor_entry
 from msprobe.format.nonfinite import NonFiniteTracker
+from msprobe.format.settled import settled_positions
 
 __all__ = ["record_tensor_leaves", "first_anomaly", "rank_anomalies"]
 
@@ -62,12 +63,17 @@ def _stats(entry: dict) -> tuple:
 def rank_anomalies(records: Iterable[tuple], rank: int) -> tuple:
     """(first, flags) of one rank's ``(name, record)`` pairs in order: ``first`` =
     ``{record, record_index, kind, argument}`` of its first record holding a NaN or a (non-mask)
-    Inf, or None; ``flags`` = {record index: [NaN/Inf in data, NaN/Inf in result]} of its
+    Inf (records walked where their content was settled, :mod:`msprobe.format.settled`; such a
+    record's entry has its ``settled_at`` position), or None; ``flags`` = {record index: [NaN/Inf in data, NaN/Inf in result]} of its
     communication calls."""
     tracker = NonFiniteTracker()
     first = None
     flags: dict = {}
-    for index, (name, record) in enumerate(records):
+    items = list(records)
+    # a record whose content postdates its place is walked where it was settled (format.settled)
+    moved = settled_positions(name for name, _ in items)
+    for index in sorted(range(len(items)), key=lambda at: moved.get(at, at)) if moved else range(len(items)):
+        name, record = items[index]
         comm = name.startswith(_COMM)
         if first is not None and not comm:
             continue
@@ -82,6 +88,8 @@ def rank_anomalies(records: Iterable[tuple], rank: int) -> tuple:
                 bad[1 if io == "output" else 0] = True
                 if first is None:
                     first = {"record": name, "record_index": index, "kind": kind, "argument": path}
+                    if index in moved:
+                        first["settled_at"] = moved[index]
         if comm:
             flags[index] = bad
     return first, flags
@@ -104,8 +112,9 @@ def first_anomaly(ranks: Iterable[tuple], world: Optional[tuple] = None) -> Opti
     if not firsts:
         return None
     graph = graph_from_calls(calls, world)
-    for entry in firsts:
-        entry["order"] = list(graph.order_key(entry["rank"], entry["record_index"]))
+    for entry in firsts:  # the level of where its content was settled (format.settled), its own index
+        level = graph.order_key(entry["rank"], entry.get("settled_at", entry["record_index"]))[0]
+        entry["order"] = [level, entry["rank"], entry["record_index"]]
     firsts.sort(key=lambda entry: entry["order"])
     chosen = dict(firsts[0])
 

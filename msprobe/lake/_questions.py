@@ -38,6 +38,7 @@ from msprobe.execution import star
 from msprobe.format.comm import CommCall, comm_api, describe_path, graph_from_calls, propagation
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
 from msprobe.format.layout import RankLocation
+from msprobe.format.settled import settled_positions
 from msprobe.format.stats import NORM, STAT_COLUMNS
 from msprobe.lake._core import Prefetched, cached_store
 from msprobe.lake._graph import is_buffer_row
@@ -130,6 +131,7 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
          AND l.rank = c.rank AND l.seq = c."index"
     ORDER BY run, rank NULLS FIRST, rank_dir, step NULLS FIRST, split NULLS FIRST, seq, {_IO_ORDER}, arg_path
     """)
+    frame = _settled(lake, frame)
     firsts: dict = {}
     counts: dict = {}
     tracker, part, rec = NonFiniteTracker(), None, None
@@ -151,6 +153,8 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
         counted[got] += 1
         if got != "masked" and kind in ("any", got) and key not in firsts:
             firsts[key] = dict(zip(cols, row[:len(cols)]), kind=got)
+            if row.settled_at != row.seq:
+                firsts[key]["settled_at"] = row.settled_at
     out = [dict(found, nan_rows=counts[rank_key]["nan"], inf_rows=counts[rank_key]["inf"],
                 masked_rows=counts[rank_key]["masked"])
            for rank_key, found in firsts.items()]
@@ -162,6 +166,42 @@ def first_nan(lake: Any, *, run: Any = None, step: Any = None, rank: Any = None,
                                 for rank_key, counted in counts.items()
                                 if counted["masked"] and not counted["nan"] and not counted["inf"]]
     return res
+
+
+def _settled(lake: Any, frame: Any) -> Any:
+    """``frame`` (first_nan's rows, in execution order) with ``settled_at``: each row's position
+    where its record's content was settled (:mod:`msprobe.format.settled`: a module's
+    ``parameters_grad`` record accumulated over several backward passes, after its last one),
+    else its ``seq``; rows re-sorted by it when one moves."""
+    frame["settled_at"] = frame["seq"].astype(float)
+    pgrad = frame["record"].str.contains(".parameters_grad", regex=False)
+    if not pgrad.any():
+        return frame
+    keys = frame.loc[pgrad, ["run", "rank_dir", "step", "split"]].drop_duplicates().to_dict("records")
+    names = lake.sql(f"""SELECT DISTINCT run, rank_dir, step, split, seq, record FROM lake
+        WHERE (starts_with(record, 'Module.') OR starts_with(record, 'Cell.'))
+          AND (contains(record, '.parameters_grad') OR regexp_matches(record, '\.backward\.\d+$'))
+          {_among("run", sorted({k["run"] for k in keys}))} ORDER BY seq""")
+    wanted = {tuple(_plain(k[col]) for col in ("run", "rank_dir", "step", "split")) for k in keys}
+    moved: dict = {}
+    for key, part in names.groupby(["run", "rank_dir", "step", "split"], dropna=False, sort=False):
+        key = tuple(_plain(v) for v in key)
+        if key not in wanted:
+            continue
+        seqs = part["seq"].tolist()
+        for index, at in settled_positions(part["record"].tolist()).items():
+            moved[key + (seqs[index],)] = seqs[int(at)] + 0.5
+    if not moved:
+        return frame
+    frame["settled_at"] = [moved.get(tuple(_plain(v) for v in row), float(row[-1]))
+                           for row in frame[["run", "rank_dir", "step", "split", "seq"]].itertuples(index=False)]
+    return frame.sort_values(["run", "rank", "rank_dir", "step", "split", "settled_at"], kind="stable",
+                             na_position="first").reset_index(drop=True)
+
+
+def _plain(value: Any) -> Any:
+    """A frame's cell as a key: a missing value (None, NaN) as None."""
+    return None if value is None or isinstance(value, float) and value != value else value
 
 
 def _step_of(row: dict) -> tuple:
@@ -190,7 +230,7 @@ def _in_order(lake: Any, rows: list) -> dict:
             got[1].append(call["level"])
     for row in rows:
         indexes, found = levels.get((*_step_of(row), row["rank"]), ([], []))
-        at = bisect.bisect_right(indexes, row["seq"]) - 1
+        at = bisect.bisect_right(indexes, row.pop("settled_at", row["seq"])) - 1
         level = int(found[at]) if at >= 0 else 0
         row["level"] = level
         row["order"] = [level, row["rank"], row["seq"]] if row["rank"] is not None else None
