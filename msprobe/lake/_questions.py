@@ -180,7 +180,7 @@ def _settled(lake: Any, frame: Any) -> Any:
     keys = frame.loc[pgrad, ["run", "rank_dir", "step", "split"]].drop_duplicates().to_dict("records")
     names = lake.sql(f"""SELECT DISTINCT run, rank_dir, step, split, seq, record FROM lake
         WHERE (starts_with(record, 'Module.') OR starts_with(record, 'Cell.'))
-          AND (contains(record, '.parameters_grad') OR regexp_matches(record, '\.backward\.\d+$'))
+          AND (contains(record, '.parameters_grad') OR regexp_matches(record, '\\.backward\\.\\d+$'))
           {_among("run", sorted({k["run"] for k in keys}))} ORDER BY seq""")
     wanted = {tuple(_plain(k[col]) for col in ("run", "rank_dir", "step", "split")) for k in keys}
     moved: dict = {}
