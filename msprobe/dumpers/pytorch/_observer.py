@@ -28,6 +28,12 @@ def _edge(t: torch.Tensor) -> tuple:
     return ("leaf", id(t)) if t.grad_fn is None else (id(t.grad_fn), t.output_nr)
 
 
+def _node_edge(node: Any, nr: int) -> tuple:
+    """The key of :func:`_edge` for the graph edge (node, output number)."""
+    variable = getattr(node, "variable", None)
+    return ("leaf", id(variable)) if variable is not None else (id(node), nr)
+
+
 class InputEdges:
     """A module call's input tensors that need a gradient, as graph edges, taken before its forward
     (an in-place op inside the module changes the tensor's node, not the edge its gradient reaches)."""
@@ -47,10 +53,7 @@ class InputEdges:
         return _edge(t) in self.keys
 
     def index_of(self, node: Any, nr: int) -> Optional[int]:
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            return self.keys.get(("leaf", id(variable)))
-        return self.keys.get((id(node), nr))
+        return self.keys.get(_node_edge(node, nr))
 
 
 def _consumers(outputs: list, edges: InputEdges, out_keys: dict) -> tuple:
@@ -80,12 +83,6 @@ def _consumers(outputs: list, edges: InputEdges, out_keys: dict) -> tuple:
                     and (node_seq(nxt) or 0) >= edges.mark:
                 stack.append(nxt)
     return found, inner
-
-
-def _node_edge(node: Any, nr: int) -> tuple:
-    """The key of :func:`_edge` for the graph edge (node, output number)."""
-    variable = getattr(node, "variable", None)
-    return ("leaf", id(variable)) if variable is not None else (id(node), nr)
 
 
 class _Completed:
