@@ -77,9 +77,11 @@ def pytest_runtest_logreport(report):
     if not kinds or (report.when != "call" and not (report.when == "setup" and report.outcome != "passed")):
         return
     counts = _SUMMARY.setdefault("counts", {})
+    xfail = report.outcome == "skipped" and hasattr(report, "wasxfail")  # pytest reports an xfail as skipped
+    outcome = "xfailed" if xfail else report.outcome
     for kind in kinds:
-        c = counts.setdefault(kind, {"passed": 0, "failed": 0, "skipped": 0})
-        c[report.outcome] = c.get(report.outcome, 0) + 1
+        c = counts.setdefault(kind, {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0})
+        c[outcome] = c.get(outcome, 0) + 1
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -94,4 +96,4 @@ def pytest_terminal_summary(terminalreporter):
         if c:
             ran = c["passed"] + c["failed"]
             terminalreporter.write_line(f"{labels[kind]}: {ran} ran ({c['passed']} passed, {c['failed']} failed), "
-                                        f"{c['skipped']} skipped")
+                                        f"{c['skipped']} skipped, {c['xfailed']} expected to fail (xfail)")
