@@ -6,7 +6,7 @@ import os
 import sys
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -18,11 +18,14 @@ from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
 from msprobe.dumpers.pytorch._observer import (
     InputEdges,
+    OutputApi,
     before_event,
+    changed_output,
     node_seq,
     observe,
     observed_output,
     on_grad,
+    output_call,
     sequence_mark,
 )
 from msprobe.errors import ConfigError
@@ -315,10 +318,26 @@ class TorchDumper(FrameworkAdapter):
             if inputs is not None:
                 inputs.apis.append(lambda grads: hook(grads, grads))
                 return
-            if observed_output(first):
+            call = output_call(first)
+            if call is not None:  # from the module call's identity node on its outputs: all their gradients
+                call.out_apis.append(OutputApi(hook, self._api_place(bwd)))
+                return
+            if observed_output(first) or (first is args[0] and changed_output(first)):
+                # (in place on a module's output: 26.2.0 records the gradient of the result, once)
                 on_grad(first, lambda grad: hook((grad,), (grad,)), last=True)
                 return
         first.grad_fn.register_hook(hook)
+
+    def _api_place(self, bwd: str) -> Callable[[], Callable[[], None]]:
+        """What holds the place of the API backward record ``bwd`` now (under the module backward
+        running), returning what drops it when no record filled it."""
+        core = self.core
+
+        def reserve() -> Callable[[], None]:
+            placeholder = core.session.reserve(bwd, core.bw_stack[-1] if core.bw_stack else None)
+            return lambda: core.session.unreserve(bwd, placeholder)
+
+        return reserve
 
     # ---------------------------------------------------------------- modules
     def _hook_models(self, model: Any) -> None:
@@ -522,7 +541,8 @@ class _ModuleHooks(ModuleForwardHooks):
 
         GUARD.inside = True
         try:
-            observe(outputs, edges, n_in, begin, done, hold)
+            observe(outputs, edges, n_in, begin, done, hold, watch=True,
+                    parent=dumper.in_flight[-1] if dumper.in_flight else None)
         except Exception:  # noqa: BLE001 - never break training for the dump
             pass
         finally:

@@ -9,6 +9,7 @@ returns None, so the engine adds the same numbers in the same order as without t
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Optional
 
 import torch
@@ -34,14 +35,19 @@ def _node_edge(node: Any, nr: int) -> tuple:
     return ("leaf", id(variable)) if variable is not None else (id(node), nr)
 
 
+#: module forwards begun, counted: a later one is newer when two calls have the same mark
+_STARTS = itertools.count()
+
+
 class InputEdges:
     """A module call's input tensors that need a gradient, as graph edges, taken before its forward
     (an in-place op inside the module changes the tensor's node, not the edge its gradient reaches)."""
 
-    __slots__ = ("mark", "keys", "nodes", "apis")
+    __slots__ = ("mark", "order", "keys", "nodes", "apis")
 
     def __init__(self, tensors: list, mark: int) -> None:
         self.mark = mark
+        self.order = next(_STARTS)  # (calls that created no node between them share a mark)
         self.apis: list = []  # API calls inside the forward that returned one of these inputs unchanged
         self.keys: dict = {}
         self.nodes: list = []  # kept until the forward ends, so that the ids stay theirs
@@ -54,6 +60,49 @@ class InputEdges:
 
     def index_of(self, node: Any, nr: int) -> Optional[int]:
         return self.keys.get(_node_edge(node, nr))
+
+
+class _Watch:
+    """An output of a module call that is one of its inputs, unchanged (``nn.Identity``, a dropout that
+    drops nothing): its gradient as 26.2.0's identity node on the outputs has it is what the nodes created
+    after the call's forward, inside the module call that made it (its parent), send to that tensor (the
+    users of the returned value there, not the uses before the call). Those nodes do not exist yet when
+    the call ends: the walks of the module calls that end later (a sibling's, the parent's) find them
+    and hook them (:func:`_consumers`). Uses after the parent's end are not looked for: the same tensor
+    goes on as the parent's input to other calls (peft's q, k and v projections each pass the layer's
+    input through their own ``lora_dropout``), and autograd cannot tell which of them got the value
+    returned; without a user found, the output's gradient is the tensor's whole gradient."""
+
+    __slots__ = ("grads", "position", "end", "nodes", "keep", "parent")
+
+    def __init__(self, grads: "CallGrads", position: int, end: int, keep: Any, parent: Any) -> None:
+        self.grads, self.position, self.end, self.parent = grads, position, end, parent
+        self.nodes: set = set()
+        self.keep = keep  # the tensor's node (or the leaf): its id, in the key, stays its own
+
+    def found(self, node: Any, slots: list, seq: int) -> None:
+        if id(node) in self.nodes:
+            return
+        self.nodes.add(id(node))
+        grads, position = self.grads, self.position
+        grads.watch_more(position)
+        node.register_hook(lambda grad_inputs, grad_outputs: grads.watched_grad(position, slots, grad_inputs, seq))
+
+
+#: edge key -> the watches of outputs that are inputs unchanged, kept until their parent call ends
+WATCHES: dict = {}
+
+
+def _found_watched(node: Any, seq: int) -> None:
+    """``node`` (created by a module call's forward) sends gradients to watched tensors: hook it."""
+    slots: dict = {}
+    for slot, (nxt, nr) in enumerate(node.next_functions):
+        if nxt is not None:
+            for watch in WATCHES.get(_node_edge(nxt, nr), ()):
+                if seq >= watch.end:
+                    slots.setdefault(id(watch), (watch, []))[1].append(slot)
+    for watch, found in slots.values():
+        watch.found(node, found, seq)
 
 
 def _consumers(outputs: list, edges: InputEdges, out_keys: dict) -> tuple:
@@ -70,7 +119,10 @@ def _consumers(outputs: list, edges: InputEdges, out_keys: dict) -> tuple:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        own = (node_seq(node) or 0) >= edges.mark  # (an output that is an input has an older node)
+        seq = node_seq(node) or 0
+        own = seq >= edges.mark  # (an output that is an input has an older node)
+        if WATCHES and own:
+            _found_watched(node, seq)
         for slot, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
@@ -99,14 +151,20 @@ class _Completed:
     def add(self, call: "CallGrads") -> None:
         self.calls.append(call)
 
-    def flush_before(self, seq: Optional[int]) -> None:
+    def flush_before(self, seq: Optional[int], begun_after: Optional[int] = None) -> None:
+        """Write the completed calls newer than the node ``seq`` (all: None), or those begun after the
+        start count ``begun_after``."""
         if not self.calls:
             return
-        due = [c for c in self.calls if seq is None or c.mark > seq]
-        if not due:
+
+        def due(c: CallGrads) -> bool:
+            return c.order > begun_after if begun_after is not None else seq is None or c.mark > seq
+
+        calls = [c for c in self.calls if due(c)]
+        if not calls:
             return
-        self.calls = [c for c in self.calls if not (seq is None or c.mark > seq)]
-        for call in sorted(due, key=lambda c: -c.mark):
+        self.calls = [c for c in self.calls if not due(c)]
+        for call in sorted(calls, key=lambda c: (-c.mark, -c.order)):
             call.emit()
 
     def flush_all(self) -> None:
@@ -118,13 +176,15 @@ class _Completed:
         for call in held:
             call.release()
 
-    def older_event(self, seq: int) -> None:
-        """A node older than a begun call runs: a call that waits on no node of its own is over."""
+    def older_event(self, seq: int, begun_after: Optional[int] = None) -> None:
+        """A node older than a begun call runs: a call that waits on no node of its own is over.
+        ``begun_after``: the event is the identity node 26.2.0 makes at the end of a forward, whose
+        start count this is: only the calls begun after it are written first (not those inside it)."""
         if self.open:
             for call in [c for c in self.open if c.finish_on_older and c.mark > seq]:
                 call.finish()
         if self.calls:
-            self.flush_before(seq)
+            self.flush_before(seq, begun_after)
 
 
 COMPLETED = _Completed()
@@ -154,8 +214,10 @@ class CallGrads:
     node runs, or at the end of the backward pass)."""
 
     def __init__(self, n_out: int, n_in: int, mark: int, begin: Callable[[], None],
-                 done: Callable[[tuple, tuple], None], hold: Optional[Callable[[], None]] = None) -> None:
+                 done: Callable[[tuple, tuple], None], hold: Optional[Callable[[], None]] = None,
+                 order: Optional[int] = None) -> None:
         self.mark = mark
+        self.order = next(_STARTS) if order is None else order
         self.grad_output: list = [None] * n_out
         self.inner: list = [None] * n_out  # what the module's own nodes send to each output
         self.hold = hold  # the record is due with an output's gradient to come: hold its place
@@ -169,8 +231,13 @@ class CallGrads:
         self._begin, self._done = begin, done
         self.dispatchers: list = []
         self.apis: list = []
+        self.out_apis: list = []  # API calls after the forward that returned one of its outputs unchanged
         self.out_seqs: Optional[list] = None  # each output's node
         self.fired: set = set()
+        self.watched: dict = {}  # position of an output that is an input -> [users hooked to come, their sum]
+        self.inputs_of: dict = {}  # position of an output that is an input -> the input's index
+        self.end: Optional[int] = None  # the start count at the forward's end
+        self.queued = False  # written in the engine's order of the completed calls even with no node of its own
 
     def start(self) -> None:
         if self.started:
@@ -210,6 +277,36 @@ class CallGrads:
         finally:
             GUARD.inside = inside
 
+    def watch_more(self, position: int) -> None:
+        """One more user (created after the forward) of the output at ``position``, an input unchanged."""
+        self.watched.setdefault(position, [0, None])[0] += 1
+
+    def watched_grad(self, position: int, slots: list, grad_inputs: tuple, seq: int) -> None:
+        """A user of the output at ``position`` (an input unchanged) sent its gradient: once all have, the
+        output's gradient is their sum, as 26.2.0's identity node on the outputs sums them."""
+        watch = self.watched.get(position)
+        if watch is None or watch[0] <= 0:
+            return
+        total = [watch[1]]
+        for slot in slots:
+            _accumulate(total, 0, grad_inputs[slot] if slot < len(grad_inputs) else None)
+        watch[1] = total[0]
+        watch[0] -= 1
+        if watch[0] == 0:
+            # 26.2.0's identity node on the outputs runs after these users, as the engine orders it
+            # against the module calls completed by then: in the queue (:class:`_Completed`)
+            self.queued = True
+            self.output_grad(position, watch[1], self.inputs_of[position], seq)
+
+    def whole_grad(self, position: int, grad: Any, input_index: Optional[int], seq: Optional[int]) -> None:
+        """The whole gradient of the output at ``position`` (its tensor hook)."""
+        watch = self.watched.get(position)
+        if watch is None:
+            self.output_grad(position, grad, input_index, seq)
+        elif watch[0] > 0:  # a hooked user did not run: the output's gradient is what the others sent
+            watch[0] = 0
+            self.output_grad(position, watch[1], input_index, seq)
+
     def output_grad(self, position: int, grad: Any, input_index: Optional[int], seq: Optional[int]) -> None:
         if self.held:
             self.grad_output[position] = self.external(position, grad)
@@ -221,10 +318,17 @@ class CallGrads:
         if self.finished:
             return
         grad = self.external(position, grad)
-        before_event(seq)
+        if self.finish_on_older and seq is not None and self.end is not None:
+            # (with no node of its own, the record is written by 26.2.0's identity node on the outputs,
+            # made at the forward's end: the calls begun inside, an identity module's queued, come after)
+            COMPLETED.older_event(seq, self.end)
+        else:
+            before_event(seq)
         self.start()
         self.grad_output[position] = grad
         self.outputs_left -= 1
+        if self.outputs_left <= 0 and not self.finish_on_older:
+            self.fire_out_apis()  # 26.2.0's identity node on the outputs runs now, before the module's nodes
         if input_index is not None:  # an output that is an input, unchanged: its gradient goes through
             self.add_input(input_index, grad)
             self.pending -= 1
@@ -271,9 +375,11 @@ class CallGrads:
             self.held = True
             COMPLETED.held.append(self)
             self.hold()
+            for api in self.out_apis:  # (their places come after the module's)
+                api.hold()
             return
         self._unhook()
-        if self.finish_on_older:
+        if self.finish_on_older and not self.queued:
             self.emit()  # 26.2.0's identity node on the outputs alone: it runs before the module's nodes
         else:
             COMPLETED.add(self)
@@ -283,6 +389,13 @@ class CallGrads:
             if fn in fns:
                 fns.remove(fn)
         self.dispatchers = []
+
+    def fire_out_apis(self) -> None:
+        """The API calls that returned one of the outputs unchanged (``.to()`` of an output on its device):
+        26.2.0 records them from its identity node on the outputs, with all the outputs' gradients."""
+        apis, self.out_apis = self.out_apis, []
+        for api in apis:
+            api.fire(tuple(self.grad_output))
 
     def release(self) -> None:
         """A held record's gradients are in (or the backward pass is over): written at its place."""
@@ -297,8 +410,31 @@ class CallGrads:
             # node on the module's inputs, whose gradients are the module's input gradients
             for api in self.apis:
                 api(tuple(self.grad_input))
+            self.fire_out_apis()
         except Exception:  # noqa: BLE001 - never break training for the dump
             pass
+
+
+class OutputApi:
+    """An API call after a module call's forward that returned one of its outputs unchanged, recorded by
+    ``record(grads, grads)`` with the module's output gradients; ``reserve()`` holds its place in the
+    documents (returning what drops the place when nothing fills it)."""
+
+    __slots__ = ("record", "reserve", "drop")
+
+    def __init__(self, record: Callable[[tuple, tuple], Any], reserve: Callable[[], Callable[[], None]]) -> None:
+        self.record, self.reserve = record, reserve
+        self.drop: Optional[Callable[[], None]] = None
+
+    def hold(self) -> None:
+        self.drop = self.reserve()
+
+    def fire(self, grads: tuple) -> None:
+        try:
+            self.record(grads, grads)
+        finally:
+            if self.drop is not None:
+                self.drop()
 
 
 def _accumulate(sums: list, index: int, grad: Any) -> None:
@@ -320,12 +456,24 @@ def _accumulate(sums: list, index: int, grad: Any) -> None:
 
 def _end_of_backward() -> None:
     COMPLETED.flush_all()
+    WATCHES.clear()
 
 
 def observed_output(t: Any) -> bool:
     """Whether ``t``, as it is now, is a module output whose gradient a module call observes."""
     reg = getattr(t, "_msprobe_grad_hooks", None)
     return reg is not None and reg[0] is t.grad_fn
+
+
+def changed_output(t: Any) -> bool:
+    """Whether ``t`` was a module output whose gradient a module call observes, changed in place since."""
+    reg = getattr(t, "_msprobe_grad_hooks", None)
+    return reg is not None and reg[0] is not t.grad_fn
+
+
+def output_call(t: Any) -> Optional["CallGrads"]:
+    """The outermost module call whose output ``t`` is, as it is now (None: none observes it)."""
+    return getattr(t, "_msprobe_out_call", None) if observed_output(t) else None
 
 
 def on_grad(t: torch.Tensor, fn: Callable[[Any], None], last: bool = False) -> Optional[list]:
@@ -356,16 +504,20 @@ def on_grad(t: torch.Tensor, fn: Callable[[Any], None], last: bool = False) -> O
 
 
 def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callable[[], None],
-            done: Callable[[tuple, tuple], None], hold: Optional[Callable[[], None]] = None) -> CallGrads:
+            done: Callable[[tuple, tuple], None], hold: Optional[Callable[[], None]] = None,
+            watch: bool = False, parent: Optional[InputEdges] = None) -> CallGrads:
     """Hook one module call's backward: ``outputs`` are its output tensors that need a gradient (depth
     first), ``edges`` its inputs' (None: no input needs a gradient); ``hold()`` holds the record's place
-    when it is due before all the outputs' gradients are in (without: those are written None)."""
+    when it is due before all the outputs' gradients are in (without: those are written None). ``watch``
+    (module calls): an output that is an input unchanged is watched for its users until the module call
+    whose forward encloses this one, ``parent`` (its input edges; None: none), ends (:class:`_Watch`)."""
     grads = CallGrads(len(outputs), n_in, edges.mark if edges is not None else (sequence_mark() or 0), begin, done,
-                      hold)
+                      hold, edges.order if edges is not None else None)
     out_keys: dict = {}
     for position, out in enumerate(outputs):
         out_keys.setdefault(_edge(out), []).append(position)
     consumers, inner = _consumers(outputs, edges, out_keys) if edges is not None else ({}, {})
+    grads.end = next(_STARTS)
     grads.pending = len(consumers)
     grads.finish_on_older = not consumers
     grads.out_seqs = [node_seq(o.grad_fn) for o in outputs]
@@ -388,12 +540,40 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
         seq = node_seq(out.grad_fn)
 
         def got(grad, position=position, index=index, seq=seq):
-            grads.output_grad(position, grad, index, seq)
+            grads.whole_grad(position, grad, index, seq)
 
         fns = on_grad(out, got)
         if fns is not None:
             grads.dispatchers.append((fns, got))
+        if watch:
+            try:
+                out._msprobe_out_call = grads  # type: ignore[attr-defined]  # noqa: SLF001 - the outermost wins
+            except Exception:  # noqa: BLE001 - a tensor subclass without attributes
+                pass
     if edges is not None:
         grads.apis = edges.apis
         edges.nodes = []  # (the ids served the walk; a hook on an input's node must not keep it alive)
+    if watch:
+        _watch(grads, outputs, edges, parent)
     return grads
+
+
+def _watch(grads: CallGrads, outputs: list, edges: Optional[InputEdges], parent: Optional[InputEdges]) -> None:
+    """Watch the outputs that are inputs unchanged for their users to come inside ``parent``; the
+    watches whose parent this call is are over (its walk has run)."""
+    if WATCHES:
+        for key in list(WATCHES):
+            left = [w for w in WATCHES[key] if w.parent is not edges]
+            if left:
+                WATCHES[key] = left
+            else:
+                del WATCHES[key]
+    if parent is None or edges is None:
+        return
+    if len(WATCHES) > 4096:
+        WATCHES.clear()
+    end = sequence_mark() or 0
+    for position, out in enumerate(outputs):
+        if edges.holds(out):
+            grads.inputs_of[position] = edges.keys[_edge(out)]
+            WATCHES.setdefault(_edge(out), []).append(_Watch(grads, position, end, out.grad_fn or out, parent))
