@@ -547,7 +547,7 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
             grads.dispatchers.append((fns, got))
         if watch:
             try:
-                out._msprobe_out_call = grads  # type: ignore[attr-defined]  # noqa: SLF001 - the outermost wins
+                out._msprobe_out_call = grads  # noqa: SLF001 - the outermost wins
             except Exception:  # noqa: BLE001 - a tensor subclass without attributes
                 pass
     if edges is not None:
