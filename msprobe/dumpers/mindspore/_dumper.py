@@ -117,6 +117,8 @@ class MindSporeDumper(FrameworkAdapter):
         self.pending_param_grads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
         self._graph: Optional[GraphCellDump] = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
         self._warned_points = False
+        self._reroutes = False  # a Cell's backward is hooked (PyNative): said once at start(), see _warn_reroute
+        self._warned_reroute = False
         if self.core.apis_dumped and not _graph_mode():
             # the API wrappers go in when the debugger is created, as 26.2.0 does: a Cell built after it
             # that keeps an op in an attribute (self.act = ops.gelu) holds the wrapper; they pass
@@ -135,6 +137,7 @@ class MindSporeDumper(FrameworkAdapter):
             if graph:
                 _warn_precompiled(model, core.hooked_models)
             self._hook_models(model)
+            self._warn_reroute()
         elif core.modules_dumped and not core.hooked_models:
             raise ConfigError(f"level {config.level!r} dumps Cells and needs start(model=...)")
         if not core.begin():
@@ -173,6 +176,23 @@ class MindSporeDumper(FrameworkAdapter):
         """The ``graph/`` session of the jit-Cell split (spec/PRODUCER.md §23.3); None without the split."""
         graph = self._graph
         return graph.session if graph is not None and graph.session is not self.session else None
+
+    def _warn_reroute(self) -> None:
+        """PyNative L0/mix with the backward dumped: MindSpore's Cell backward hooks route a Cell's
+        inputs and outputs through an identity node of their own, and a tensor used both inside and
+        outside the Cell then gets its gradient summed in another order (spec/PRODUCER.md §20 item 43,
+        measured by tests/dumpers/mindspore/ms_test_observer.py): said once, at the first start()."""
+        if not self._reroutes or self._warned_reroute:
+            return
+        self._warned_reroute = True
+        warnings.warn(
+            f"msprobe: level {self.config.level!r} records the Cells' backward through MindSpore's Cell backward "
+            "hooks, which route each Cell's inputs and outputs through an identity node: a tensor used both inside "
+            "and outside a Cell (a norm's input that also feeds a residual) gets its gradient summed in another "
+            "order, so the losses, gradients and parameters may differ from a run without the dump in their last "
+            "bits (spec/PRODUCER.md §20 item 43). Level 'L1', or data_mode ['forward'], hooks no Cell's backward",
+            RuntimeWarning,
+            stacklevel=4)
 
     def _warn_no_points(self) -> None:
         """GRAPH_MODE: a dumped step in which no dump point ran means the model ran from a graph
@@ -314,6 +334,7 @@ class MindSporeDumper(FrameworkAdapter):
                     self._graph_dump(split=not graph).wrap(sub, key)
                 else:
                     _CellHooks(self, sub, key)
+                    self._reroutes = self._reroutes or self.config.backward_enabled
 
     def _graph_dump(self, split: bool):
         """The dump points' owner; ``split`` (jit Cells in PyNative): the documented layout, jit

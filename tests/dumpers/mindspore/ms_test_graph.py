@@ -74,7 +74,9 @@ def _train(net, root, graph, steps=2, task="statistics", level="L0"):
     grad_fn = mindspore.value_and_grad(forward, None, opt.parameters)
     dbg = PrecisionDebugger(task=task, dump_path=root, level=level)
     with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="msprobe")  # the documented order: no "compiled before" warning
+        # the documented order: no "compiled before" nor "no Cell dumped" warning (PyNative's Cell backward
+        # hooks are said at start(), PRODUCER.md §20 item 43: not this test's matter)
+        warnings.filterwarnings("error", message="msprobe: (the|no) Cell")
         for _ in range(steps):
             dbg.start(net)
             _, grads = grad_fn(x, y)

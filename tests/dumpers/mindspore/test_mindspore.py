@@ -50,7 +50,7 @@ def _run_inner(py: str, *modules: str, env: Optional[dict] = None) -> subprocess
 @pytest.mark.parametrize("module", [pytest.param("ms_test_conformance.py", marks=pytest.mark.real_tool),
                                     "ms_test_features.py", "ms_test_graph.py",
                                     "ms_test_more.py", "ms_test_docs.py", "ms_test_apilist.py",
-                                    "ms_test_adapter.py"])
+                                    "ms_test_adapter.py", "ms_test_observer.py"])
 def test_mindspore_suite(ms_python, module, request):
     env = {}
     if module == "ms_test_conformance.py":  # its md5 test runs the real tool live
