@@ -138,7 +138,9 @@ def run(name: str, level=None, task: str = "statistics", dump_path=None, seeded:
         kind = "statistics" if task == "md5" else task  # md5: statistics with summary_mode md5
         cfg = {"task": kind, "dump_path": dump_path, "rank": [], "step": [], "level": level,
                kind: {"scope": [], "list": [], "data_mode": [data_mode], **({"summary_mode": "md5"} if task == "md5" else {})}}
-        path = os.path.join(os.path.dirname(os.path.abspath(dump_path)), f"observer_{name}_{level}_{task}.json")
+        parent = os.path.dirname(os.path.abspath(dump_path))
+        os.makedirs(parent, exist_ok=True)
+        path = os.path.join(parent, f"observer_{name}_{level}_{task}.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(cfg, f)
         debugger = PrecisionDebugger(config_path=path)  # before the model, as the docs show
