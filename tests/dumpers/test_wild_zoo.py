@@ -200,8 +200,8 @@ def ours_at(rec, path: str, name: str):
 
 
 #: runs whose module backward records still differ from 26.2.0's since module backward is observed instead
-#: of rerouted (spec/PRODUCER.md §20 item 43; issue 40): wav2vec2's weight-norm records
-OBSERVED = {("wav2vec2", "mix"), ("wav2vec2", "md5")}
+#: of rerouted (spec/PRODUCER.md §20 item 43; issue 40): none left (wav2vec2's weight norm was the last)
+OBSERVED: set = set()
 
 
 @pytest.mark.real_tool

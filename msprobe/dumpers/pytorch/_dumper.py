@@ -21,11 +21,13 @@ from msprobe.dumpers.pytorch._observer import (
     OutputApi,
     before_event,
     changed_output,
+    leaf_accumulates,
     node_seq,
     observe,
     observed_output,
     on_grad,
     output_call,
+    release_order,
     sequence_mark,
 )
 from msprobe.errors import ConfigError
@@ -398,12 +400,15 @@ class TorchDumper(FrameworkAdapter):
         name = f"{key}.parameters_grad"
         core_ref = weakref.ref(core)
         wanted = [pname for pname, param in module.named_parameters(recurse=False) if param.requires_grad]
+        leaf_ids = {pname: id(param) for pname, param in module.named_parameters(recurse=False)}
         for pname, param in module.named_parameters(recurse=False):
             if not param.requires_grad:
                 continue
 
             def hook(param, pname=pname):
                 alive = core_ref()
+                if alive is not None:
+                    leaf_accumulates(param)  # (a module call with this parameter as input is written first)
                 # the module's forward ran while this step was dumped (also before a stop())
                 if alive is None or id(module) not in alive.pgrad_seen or param.grad is None \
                         or not alive.filter.wanted(name, True):
@@ -421,6 +426,7 @@ class TorchDumper(FrameworkAdapter):
                         alive.session.remove_record(name)
                     rec = dict(rec) if isinstance(rec, dict) else {}
                     rec[pname] = [entry]
+                    rec = {each: rec[each] for each in release_order(list(rec), leaf_ids)}
                     alive.session.add_record(name, rec, parent=None, construct=False)  # FORMAT §12: not listed
                 finally:
                     GUARD.inside = False

@@ -160,6 +160,13 @@ class _Completed:
         def due(c: CallGrads) -> bool:
             return c.order > begun_after if begun_after is not None else seq is None or c.mark > seq
 
+        self._flush(due)
+
+    def flush_from(self, call: "CallGrads") -> None:
+        """Write ``call`` and the completed calls newer than it (begun later with the same mark)."""
+        self._flush(lambda c: (c.mark, c.order) >= (call.mark, call.order))
+
+    def _flush(self, due: Callable[["CallGrads"], bool]) -> None:
         calls = [c for c in self.calls if due(c)]
         if not calls:
             return
@@ -238,6 +245,7 @@ class CallGrads:
         self.inputs_of: dict = {}  # position of an output that is an input -> the input's index
         self.end: Optional[int] = None  # the start count at the forward's end
         self.queued = False  # written in the engine's order of the completed calls even with no node of its own
+        self.leaves: dict = {}  # id of an input that is a leaf (a parameter) -> its input index
 
     def start(self) -> None:
         if self.started:
@@ -454,9 +462,44 @@ def _accumulate(sums: list, index: int, grad: Any) -> None:
         GUARD.inside = inside
 
 
+#: id of a leaf -> (the call whose identity node in 26.2.0 hands it its gradient, its input index there)
+RELEASED: dict = {}
+
+
+def leaf_accumulates(leaf: torch.Tensor) -> None:
+    """The gradient of ``leaf`` (a parameter) is accumulated now. When it is an input of a completed module
+    call (``_WeightNorm`` gets a parametrization's ``original0`` and ``original1``), 26.2.0's identity node
+    on that call's inputs sits between the call's nodes and the leaf's accumulation, and ran before it:
+    the call's record (and those of the newer completed calls, which the engine runs first) is written
+    now, and the leaves it hands gradients to are accumulated in its input order (:func:`release_order`)."""
+    calls = [c for c in COMPLETED.calls if id(leaf) in c.leaves]
+    if not calls:
+        return
+    COMPLETED.flush_from(min(calls, key=lambda c: (c.mark, c.order)))
+    for call in calls:
+        for key, index in call.leaves.items():
+            RELEASED.setdefault(key, (call, index))
+
+
+def release_order(names: list, leaf_ids: dict) -> list:
+    """``names`` (parameter names, in the order their gradients were accumulated here) in the order 26.2.0
+    accumulates them: the leaves one identity node hands gradients to come together, where the first of
+    them came, in that node's input order (``leaf_ids``: name -> id of the parameter)."""
+    first: dict = {}
+    keys = []
+    for position, name in enumerate(names):
+        group = RELEASED.get(leaf_ids.get(name))
+        if group is None:
+            keys.append((position, 0))
+        else:
+            keys.append((first.setdefault(id(group[0]), position), group[1]))
+    return [name for _, name in sorted(zip(keys, names))]
+
+
 def _end_of_backward() -> None:
     COMPLETED.flush_all()
     WATCHES.clear()
+    RELEASED.clear()
 
 
 def observed_output(t: Any) -> bool:
@@ -552,6 +595,7 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
                 pass
     if edges is not None:
         grads.apis = edges.apis
+        grads.leaves = {key[1]: index for key, index in edges.keys.items() if key[0] == "leaf"}
         edges.nodes = []  # (the ids served the walk; a hook on an input's node must not keep it alive)
     if watch:
         _watch(grads, outputs, edges, parent)
