@@ -68,7 +68,7 @@ RACY_MD5 = {"mixtral": re.compile(r"^(Torch\.topk\.\d+\.forward\.output\.0|Tenso
                                  r"\.output\.0|Module\..*\.Identity\.forward\.\d+\.input_args\.0)\.md5$")}
 
 
-def run_tool(python: str, cwd, model: str, cfg: str, ours: bool) -> str:
+def run_tool(python: str, cwd, model: str, cfg: str, ours: bool, script: str = SCRIPT) -> str:
     os.makedirs(cwd, exist_ok=True)
     path = os.path.join(cwd, "config.json")
     with open(path, "w") as f:
@@ -77,7 +77,7 @@ def run_tool(python: str, cwd, model: str, cfg: str, ours: bool) -> str:
     env.update(OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if ours:
         env["PYTHONPATH"] = ROOT
-    out = subprocess.run([python, SCRIPT, "--model", model, "--config", path], cwd=cwd, env=env,
+    out = subprocess.run([python, script, "--model", model, "--config", path], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (python, out.stdout[-2000:], out.stderr[-3000:])
     return os.path.join(cwd, cfg)

@@ -17,8 +17,10 @@ from msprobe.dumpers.pytorch import _comm, _ptfile
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
 from msprobe.dumpers.pytorch._observer import (
+    ENDS,
     InputEdges,
     OutputApi,
+    before_accumulation,
     before_event,
     changed_output,
     leaf_accumulates,
@@ -324,9 +326,14 @@ class TorchDumper(FrameworkAdapter):
             if call is not None:  # from the module call's identity node on its outputs: all their gradients
                 call.out_apis.append(OutputApi(hook, self._api_place(bwd)))
                 return
-            if observed_output(first) or (first is args[0] and changed_output(first)):
-                # (in place on a module's output: 26.2.0 records the gradient of the result, once)
+            if observed_output(first):
                 on_grad(first, lambda grad: hook((grad,), (grad,)), last=True)
+                return
+            if first is args[0] and changed_output(first):
+                # in place on a module's output: 26.2.0 records the gradient of the result, once, as the
+                # base of the view sees it when the output is a view (a Linear's 3-d output)
+                as_base = _as_base(first)
+                on_grad(first, lambda grad: hook((as_base(grad),), (grad,)), last=True)
                 return
         first.grad_fn.register_hook(hook)
 
@@ -415,6 +422,7 @@ class TorchDumper(FrameworkAdapter):
                     return
                 GUARD.inside = True
                 try:
+                    before_accumulation(module)  # module calls completed before it, in the engine's order
                     save = alive.encoder.wants_tensors(name)
                     entry = alive.encoder.encode(param.grad, f"{name}.{pname}", save)
                     if not alive.filter.keep({pname: entry}, name, alive.encoder):
@@ -547,8 +555,9 @@ class _ModuleHooks(ModuleForwardHooks):
 
         GUARD.inside = True
         try:
-            observe(outputs, edges, n_in, begin, done, hold, watch=True,
-                    parent=dumper.in_flight[-1] if dumper.in_flight else None)
+            grads = observe(outputs, edges, n_in, begin, done, hold, watch=True,
+                            parent=dumper.in_flight[-1] if dumper.in_flight else None)
+            ENDS[module] = grads.end
         except Exception:  # noqa: BLE001 - never break training for the dump
             pass
         finally:
@@ -646,6 +655,33 @@ class _MutatingKeys:
 
 
 _DROPOUTS = ("Functional.dropout.", "Functional.dropout1d.", "Functional.dropout2d.", "Functional.dropout3d.")
+
+
+def _as_base(view: torch.Tensor) -> Callable[[Any], Any]:
+    """What turns a gradient of ``view`` into the gradient its base gets (the base's shape, zeros
+    outside the view); the identity for a tensor that is no view."""
+    base = view._base
+    if base is None:
+        return lambda grad: grad
+    shape, size, stride = tuple(base.shape), tuple(view.size()), tuple(view.stride())
+    offset = view.storage_offset() - base.storage_offset()
+
+    def as_base(grad: Any) -> Any:
+        if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != size:
+            return grad
+        inside = GUARD.inside
+        GUARD.inside = True
+        try:
+            with torch.no_grad():
+                out = grad.new_zeros(shape)
+                out.as_strided(size, stride, offset).copy_(grad)
+                return out
+        except Exception:  # noqa: BLE001 - never break training for the dump
+            return grad
+        finally:
+            GUARD.inside = inside
+
+    return as_base
 
 
 def _identity_dropout(bwd: str, args: tuple, kwargs: dict) -> bool:

@@ -10,6 +10,7 @@ returns None, so the engine adds the same numbers in the same order as without t
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -207,6 +208,18 @@ def node_seq(node: Any) -> Optional[int]:
         return None
 
 
+#: module -> the start count at the end of its last forward (weakly: a module may go)
+ENDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def before_accumulation(module: Any) -> None:
+    """A parameter of ``module`` gets its gradient: the node that sent it is the module's, older than
+    the calls begun after the module's forward ended, whose completed records come first."""
+    end = ENDS.get(module) if COMPLETED.calls else None
+    if end is not None:
+        COMPLETED.flush_before(None, end)
+
+
 def before_event(seq: Optional[int]) -> None:
     """A hook of the dumper is about to record something for the node ``seq``: write first the module
     calls completed before it in the engine's order."""
@@ -246,6 +259,9 @@ class CallGrads:
         self.end: Optional[int] = None  # the start count at the forward's end
         self.queued = False  # written in the engine's order of the completed calls even with no node of its own
         self.leaves: dict = {}  # id of an input that is a leaf (a parameter) -> its input index
+        self.inside: set = set()  # positions of the outputs the module's own nodes use too
+        self.arrived: set = set()
+        self.apis_held = False
 
     def start(self) -> None:
         if self.started:
@@ -335,8 +351,8 @@ class CallGrads:
         self.start()
         self.grad_output[position] = grad
         self.outputs_left -= 1
-        if self.outputs_left <= 0 and not self.finish_on_older:
-            self.fire_out_apis()  # 26.2.0's identity node on the outputs runs now, before the module's nodes
+        if self.out_apis and not self.finish_on_older:
+            self._outputs_node(position)
         if input_index is not None:  # an output that is an input, unchanged: its gradient goes through
             self.add_input(input_index, grad)
             self.pending -= 1
@@ -397,6 +413,19 @@ class CallGrads:
             if fn in fns:
                 fns.remove(fn)
         self.dispatchers = []
+
+    def _outputs_node(self, position: int) -> None:
+        """26.2.0's identity node on the outputs runs once the users outside the module are done: when
+        the gradients of the outputs not used inside are in (the APIs' places are held there if an output
+        used inside, whose whole gradient comes after the module's own nodes, is still to come)."""
+        self.arrived.add(position)
+        if self.outputs_left <= 0:
+            self.fire_out_apis()
+        elif not self.apis_held and all(p in self.arrived for p in range(len(self.grad_output))
+                                        if p not in self.inside):
+            self.apis_held = True
+            for api in self.out_apis:
+                api.hold()
 
     def fire_out_apis(self) -> None:
         """The API calls that returned one of the outputs unchanged (``.to()`` of an output on its device):
@@ -564,6 +593,7 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
     grads.pending = len(consumers)
     grads.finish_on_older = not consumers
     grads.out_seqs = [node_seq(o.grad_fn) for o in outputs]
+    grads.inside = {position for _, slots in inner.values() for _, position in slots}
     for node, slots in consumers.values():
         seq = node_seq(node)
         node.register_hook(lambda grad_inputs, grad_outputs, slots=slots, seq=seq:
