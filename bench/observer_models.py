@@ -12,6 +12,9 @@ fixed seeds: two runs without a tool agree bitwise, so a run with the dumper mus
   bert     transformers BertForSequenceClassification, tiny, dropout 0.1 on, a padded batch, AdamW
   bnhook   Linear, BatchNorm1d, ReLU, Linear with a user's full backward hook on the BatchNorm, SGD
   resnet   a small ResNet (BatchNorm2d, in-place ReLU, residual additions, a downsampling shortcut), SGD
+  identity modules that hand a tensor through unchanged (nn.Identity shortcuts added in place, p=0
+           dropouts, one input through several identity adapters, a top-level one whose input was used
+           before it) and module outputs used as they are (.to() of a router's logits), SGD
 """
 import argparse
 import hashlib
@@ -30,7 +33,7 @@ import torch
 STEPS = 3
 SEED = 1234
 V = 64
-MODELS = ("llama", "bert", "bnhook", "resnet")
+MODELS = ("llama", "bert", "bnhook", "resnet", "identity")
 MARK = "OBSERVER-FINGERPRINT "
 
 
@@ -163,9 +166,58 @@ def _resnet():
     return model, batch, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
+class _Adapter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base, self.drop = torch.nn.Linear(8, 8), torch.nn.Identity()
+        self.a, self.b = torch.nn.Linear(8, 2, bias=False), torch.nn.Linear(2, 8, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.b(self.a(self.drop(x)))
+
+
+class _Router(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate, self.out, self.shortcut = torch.nn.Linear(8, 4), torch.nn.Linear(8, 8), torch.nn.Identity()
+
+    def forward(self, h):
+        logits = self.gate(h)
+        out = self.out(h) * torch.softmax(logits, -1).sum(-1, keepdim=True)
+        out += self.shortcut(h)
+        return out, logits
+
+
+class _Identity(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm, self.drop = torch.nn.Embedding(V, 8), torch.nn.LayerNorm(8), torch.nn.Dropout(0.0)
+        self.q, self.k, self.router = _Adapter(), _Adapter(), _Router()
+        self.side, self.passed, self.fc = torch.nn.Linear(8, 8), torch.nn.Identity(), torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        h = self.drop(self.norm(self.embed(x)))
+        h = self.q(h) * torch.sigmoid(self.k(h))
+        h, logits = self.router(h)
+        h = self.side(h) + self.passed(h) * 2.0
+        return self.fc(h.mean(1)), logits
+
+
+def _identity():
+    model = _Identity()
+
+    def batch():
+        return dict(x=torch.randint(0, V, (4, 6)), target=torch.randint(0, 5, (4,)))
+
+    return model, batch, torch.optim.SGD(model.parameters(), lr=0.05)
+
+
 def _loss(name: str, model, b):
     if name in ("llama", "bert"):
         return model(**b).loss
+    if name == "identity":
+        out, logits = model(b["x"])
+        return torch.nn.functional.cross_entropy(out, b["target"]) + logits.to(out.device).pow(2).mean()
     return torch.nn.functional.cross_entropy(model(b["x"]), b["target"])
 
 
@@ -185,7 +237,8 @@ def train(name: str, debugger=None, seeded: bool = False) -> dict:
         seed_all(SEED, mode=True, rm_dropout=True)
     else:
         _seed()
-    model, batch, opt = {"llama": _llama, "bert": _bert, "bnhook": _bnhook, "resnet": _resnet}[name]()
+    model, batch, opt = {"llama": _llama, "bert": _bert, "bnhook": _bnhook, "resnet": _resnet,
+                         "identity": _identity}[name]()
     model.train()
     fp: dict = {"losses": [], "grad_norms": [], "grads": []}
     for _ in range(STEPS):

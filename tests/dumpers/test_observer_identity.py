@@ -19,7 +19,7 @@ sys.path.insert(0, HERE)
 import test_wild_zoo as wild  # noqa: E402
 
 SCRIPT = os.path.join(wild.REAL, "scripts", "identity_zoo.py")
-MODELS = ["pooler", "embed", "shortcut", "shared", "router", "chain"]
+MODELS = ["pooler", "embed", "shortcut", "shared", "router", "chain", "top"]
 
 
 @pytest.mark.real_tool

@@ -92,6 +92,8 @@ class _Watch:
 
 #: edge key -> the watches of outputs that are inputs unchanged, kept until their parent call ends
 WATCHES: dict = {}
+#: the parent of a top-level module call: the model's own forward (not recorded, see :func:`model_forward_end`)
+MODEL = object()
 
 
 def _found_watched(node: Any, seq: int) -> None:
@@ -104,6 +106,37 @@ def _found_watched(node: Any, seq: int) -> None:
                     slots.setdefault(id(watch), (watch, []))[1].append(slot)
     for watch, found in slots.values():
         watch.found(node, found, seq)
+
+
+def model_forward_end(outputs: list, mark: int) -> None:
+    """The model's own forward (the root module, not recorded) ended: the users of the watched tensors
+    it made outside every module call (from the sequence number ``mark`` on, reachable from its output
+    tensors ``outputs``) are hooked, and the watches of the top-level calls end."""
+    if not any(w.parent is MODEL for each in WATCHES.values() for w in each):
+        return
+    seen: set = set()
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        seq = node_seq(node)
+        if seq is None or seq < mark:
+            continue
+        _found_watched(node, seq)
+        stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None and id(nxt) not in seen)
+    _end_watches(MODEL)
+
+
+def _end_watches(parent: Any) -> None:
+    """The watches whose parent call (its input edges, or :data:`MODEL`) has ended, dropped."""
+    for key in list(WATCHES):
+        left = [w for w in WATCHES[key] if w.parent is not parent]
+        if left:
+            WATCHES[key] = left
+        else:
+            del WATCHES[key]
 
 
 def _consumers(outputs: list, edges: InputEdges, out_keys: dict) -> tuple:
@@ -633,16 +666,11 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
 
 
 def _watch(grads: CallGrads, outputs: list, edges: Optional[InputEdges], parent: Optional[InputEdges]) -> None:
-    """Watch the outputs that are inputs unchanged for their users to come inside ``parent``; the
-    watches whose parent this call is are over (its walk has run)."""
-    if WATCHES:
-        for key in list(WATCHES):
-            left = [w for w in WATCHES[key] if w.parent is not edges]
-            if left:
-                WATCHES[key] = left
-            else:
-                del WATCHES[key]
-    if parent is None or edges is None:
+    """Watch the outputs that are inputs unchanged for their users to come inside ``parent`` (None: the
+    model's own forward); the watches whose parent this call is are over (its walk has run)."""
+    if WATCHES and edges is not None:
+        _end_watches(edges)
+    if edges is None:
         return
     if len(WATCHES) > 4096:
         WATCHES.clear()
@@ -650,4 +678,5 @@ def _watch(grads: CallGrads, outputs: list, edges: Optional[InputEdges], parent:
     for position, out in enumerate(outputs):
         if edges.holds(out):
             grads.inputs_of[position] = edges.keys[_edge(out)]
-            WATCHES.setdefault(_edge(out), []).append(_Watch(grads, position, end, out.grad_fn or out, parent))
+            WATCHES.setdefault(_edge(out), []).append(
+                _Watch(grads, position, end, out.grad_fn or out, MODEL if parent is None else parent))
