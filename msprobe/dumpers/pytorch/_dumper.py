@@ -24,7 +24,7 @@ from msprobe.dumpers.pytorch._observer import (
     before_event,
     changed_output,
     leaf_accumulates,
-    model_forward_end,
+    model_users,
     node_seq,
     observe,
     observed_output,
@@ -360,37 +360,11 @@ class TorchDumper(FrameworkAdapter):
                           RuntimeWarning, stacklevel=3)
         multi = len(models) > 1
         for index, root in enumerate(models):
-            if self.config.backward_enabled:
-                self._hook_model_forward(root)
             for path, sub in root.named_modules():
                 if sub is root or not path:
                     continue
                 key = f"Module.{index}.{path}.{type(sub).__name__}" if multi else f"Module.{path}.{type(sub).__name__}"
                 self.hook_module(sub, key)
-
-    def _hook_model_forward(self, root: torch.nn.Module) -> None:
-        """The model's own forward is not recorded; its end hands the tensors it made to the observer
-        (users of a top-level module's output that is its input unchanged, spec/PRODUCER.md §20 item 43)."""
-        marks: list = []
-
-        def pre(module, args):
-            marks.append(sequence_mark() if torch.is_grad_enabled() else None)
-
-        def post(module, args, output):
-            mark = marks.pop() if marks else None
-            if mark is None:
-                return None
-            GUARD.inside = True
-            try:
-                model_forward_end(_grad_tensors((output,)), mark)
-            except Exception:  # noqa: BLE001 - never break training for the dump
-                pass
-            finally:
-                GUARD.inside = False
-            return None
-
-        self._module_handles.append(root.register_forward_pre_hook(pre))
-        self._module_handles.append(root.register_forward_hook(post))
 
     def _hook_optimizers(self) -> None:
         """At mix level, optimizer.step() APIs get the pseudo-module parent 'optimizer', and those of
@@ -536,6 +510,7 @@ class _ModuleHooks(ModuleForwardHooks):
         inputs = _grad_tensors(args)
         mark = sequence_mark()
         if mark is not None and torch.is_grad_enabled():
+            model_users(inputs)  # (what the model's own forward made since a top-level call ended)
             edges = InputEdges(inputs, mark)
             self.taps[calls[-1][0]] = (edges, len(inputs))
             dumper.in_flight.append(edges)

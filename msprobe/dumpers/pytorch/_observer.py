@@ -92,7 +92,7 @@ class _Watch:
 
 #: edge key -> the watches of outputs that are inputs unchanged, kept until their parent call ends
 WATCHES: dict = {}
-#: the parent of a top-level module call: the model's own forward (not recorded, see :func:`model_forward_end`)
+#: the parent of a top-level module call: the model's own forward (not recorded, see :func:`model_users`)
 MODEL = object()
 
 
@@ -108,25 +108,27 @@ def _found_watched(node: Any, seq: int) -> None:
         watch.found(node, found, seq)
 
 
-def model_forward_end(outputs: list, mark: int) -> None:
-    """The model's own forward (the root module, not recorded) ended: the users of the watched tensors
-    it made outside every module call (from the sequence number ``mark`` on, reachable from its output
-    tensors ``outputs``) are hooked, and the watches of the top-level calls end."""
-    if not any(w.parent is MODEL for each in WATCHES.values() for w in each):
+def model_users(tensors: list) -> None:
+    """A module call begins with ``tensors`` as its inputs: the nodes the model's own forward made for
+    them outside every module call (newer than a watch of a top-level call, reachable from them) may
+    use a watched tensor, and are hooked. (The model's own forward is not hooked: 26.2.0 hooks no root,
+    and a hook there would change the call stacks written for the records.)"""
+    ends = [w.end for each in WATCHES.values() for w in each if w.parent is MODEL]
+    if not ends:
         return
+    oldest = min(ends)
     seen: set = set()
-    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
         seq = node_seq(node)
-        if seq is None or seq < mark:
+        if seq is None or seq < oldest:
             continue
         _found_watched(node, seq)
         stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None and id(nxt) not in seen)
-    _end_watches(MODEL)
 
 
 def _end_watches(parent: Any) -> None:
