@@ -297,6 +297,10 @@ class CallGrads:
         self.inside: set = set()  # positions of the outputs the module's own nodes use too
         self.arrived: set = set()
         self.apis_held = False
+        # inputs that need a gradient, none of which the module's nodes (or an output that is one of them)
+        # send one to: 26.2.0's identity node on the inputs, which writes the record, never runs (BART's
+        # positional embedding called on a slice of the embeddings for its shape): no record
+        self.silent = False
 
     def start(self) -> None:
         if self.started:
@@ -307,7 +311,8 @@ class CallGrads:
             torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)  # noqa: SLF001
         except Exception:  # noqa: BLE001 - not inside a backward pass: the other completions remain
             pass
-        self._begin()
+        if not self.silent:
+            self._begin()
 
     def add_input(self, index: int, grad: Any) -> None:
         _accumulate(self.grad_input, index, grad)
@@ -477,7 +482,8 @@ class CallGrads:
 
     def emit(self) -> None:
         try:
-            self._done(tuple(self.grad_output), tuple(self.grad_input))
+            if not self.silent:
+                self._done(tuple(self.grad_output), tuple(self.grad_input))
             # then the API calls that returned an input unchanged: 26.2.0 records them from its identity
             # node on the module's inputs, whose gradients are the module's input gradients
             for api in self.apis:
@@ -627,6 +633,9 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
     grads.end = next(_STARTS)
     grads.pending = len(consumers)
     grads.finish_on_older = not consumers
+    grads.silent = not consumers and edges is not None and bool(edges.keys) and not any(map(edges.holds, outputs))
+    if grads.silent:
+        grads.hold = None
     grads.out_seqs = [node_seq(o.grad_fn) for o in outputs]
     grads.inside = {position for _, slots in inner.values() for _, position in slots}
     for node, slots in consumers.values():
