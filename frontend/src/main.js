@@ -195,6 +195,10 @@ const list = (() => {
   function reset() {
     gen++; pages = new Map(); total = 0; firstDiv = null;
     scroller.scrollTop = 0;
+    // the rows of the previous cell (or filters) go at once: none is shown under the new cell's badge
+    body.replaceChildren();
+    spacer.style.height = "1px";
+    count.textContent = "loading rows…";
     fetchPage(0).then(() => render());
   }
   async function fetchPage(n) {
