@@ -74,10 +74,12 @@ class _Watch:
     input through their own ``lora_dropout``), and autograd cannot tell which of them got the value
     returned; without a user found, the output's gradient is the tensor's whole gradient."""
 
-    __slots__ = ("grads", "position", "end", "nodes", "keep", "parent")
+    __slots__ = ("grads", "position", "mark", "nodes", "keep", "parent")
 
-    def __init__(self, grads: "CallGrads", position: int, end: int, keep: Any, parent: Any) -> None:
-        self.grads, self.position, self.end, self.parent = grads, position, end, parent
+    def __init__(self, grads: "CallGrads", position: int, mark: int, keep: Any, parent: Any) -> None:
+        # ``mark``: the sequence number at the call's end (its users' nodes are from it on); not the start
+        # count that :attr:`CallGrads.end` holds
+        self.grads, self.position, self.mark, self.parent = grads, position, mark, parent
         self.nodes: set = set()
         self.keep = keep  # the tensor's node (or the leaf): its id, in the key, stays its own
 
@@ -102,7 +104,7 @@ def _found_watched(node: Any, seq: int) -> None:
     for slot, (nxt, nr) in enumerate(node.next_functions):
         if nxt is not None:
             for watch in WATCHES.get(_node_edge(nxt, nr), ()):
-                if seq >= watch.end:
+                if seq >= watch.mark:
                     slots.setdefault(id(watch), (watch, []))[1].append(slot)
     for watch, found in slots.values():
         watch.found(node, found, seq)
@@ -113,7 +115,7 @@ def model_users(tensors: list) -> None:
     them outside every module call (newer than a watch of a top-level call, reachable from them) may
     use a watched tensor, and are hooked. (The model's own forward is not hooked: 26.2.0 hooks no root,
     and a hook there would change the call stacks written for the records.)"""
-    ends = [w.end for each in WATCHES.values() for w in each if w.parent is MODEL]
+    ends = [w.mark for each in WATCHES.values() for w in each if w.parent is MODEL]
     if not ends:
         return
     oldest = min(ends)
