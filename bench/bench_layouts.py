@@ -1,0 +1,433 @@
+"""Layouts benchmark (issue 47): compare a parallel run with a baseline whose parallelism differs,
+on Megatron's own habits; does each tool name the injected (step, record) with the right ranks?
+
+The runs are bench/megatron_layouts.py's (plain PyTorch written the way Megatron writes it, gloo on
+127.0.0.1, statistics level mix, 2 steps of 2 micro-batches, zero-initialised biases, loss
+scaler, clip_grad_norm and SGD inside the dump window): TP2xPP2 on 4 ranks, DP2xTP2xPP2 on 8
+(Megatron's rank order tp-dp-pp, and tp-pp-dp: ``dp_order``), TP2xPP2 with 2 virtual stages a
+rank (vpp), each against the single-card run (the same model and weights, the whole global
+batch on one process), and layout against layout (TP2xPP2 against TP4, PP2 against PP4). Each case is scored healthy and with a fault at step 1 on each pipeline stage
+in turn (on the stage's last tensor-parallel rank of the last data-parallel replica): a NaN
+written by that rank's ``masked_fill`` and that rank's shard of the stage's first fc1 weight
+x1.05.
+
+Columns (each answer read by :func:`read_answer`, the one place that knows the fields):
+
+* ``compare``: ``msprobe.compare.compare(target, bench, out, layout=..., bench_layout=...)``:
+  the summary's ``first_nan_target`` (NaN faults) or ``first_divergence`` (x1.05, healthy: any
+  of the three);
+* ``compare origin``: the same summary's ``origin``;
+* ``lake diverge``: ``msprobe lake diverge LAKE target bench --layout L [--bench-layout B]
+  --no-cluster --json``: its ``origin``;
+* ``lake nan`` (NaN faults and healthy runs; per rank, no merge): ``msprobe lake nan LAKE --run
+  target --no-cluster --json``: the row marked ``origin``.
+
+A **hit**: the injected step; the injected record (merged answers: the logical name of the
+injected site, the single-card run's record name of the same site, read from the sidecars;
+the x1.05 fault's fc1 module record counts too; ``lake nan``: the rank's own record name); and a
+rank set that holds the injected rank and no rank outside its pipeline stage (the ranks an answer
+names: ``suspect_ranks`` when there are, else ``ranks``, from the answer or the summary's
+``layout`` section; a merged answer naming no rank is a miss). On a healthy pair any answer is a
+false answer. A case that raises is scored ``error`` (a miss).
+
+    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4] [--table]
+
+Dumps and sidecars are kept under ``--out`` and reused; scores go to ``--out/scores.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from typing import Any, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+
+import megatron_layouts as ml  # noqa: E402
+
+#: run name -> the layout of bench/megatron_layouts.py it is trained with
+RUNS: dict = {
+    "single": {},
+    "tp2pp2": {"tp": 2, "pp": 2},
+    "dp2tp2pp2": {"tp": 2, "pp": 2, "dp": 2},
+    "dp2tp2pp2.pp-dp": {"tp": 2, "pp": 2, "dp": 2, "order": "tp-pp-dp"},
+    "tp2pp2vpp2": {"tp": 2, "pp": 2, "vpp": 2},
+    "tp4": {"tp": 4},
+    "pp2": {"pp": 2},
+    "pp4": {"pp": 4},
+}
+
+#: case group -> (target run, bench run, --layout, --bench-layout)
+GROUPS: dict = {
+    "tp2pp2": ("tp2pp2", "single", "tp=2,pp=2", None),
+    "dp": ("dp2tp2pp2", "single", "tp=2,pp=2,dp=2", None),
+    "dp_order": ("dp2tp2pp2.pp-dp", "single", "tp=2,pp=2,dp=2,order=tp-cp-ep-pp-dp", None),
+    "vpp": ("tp2pp2vpp2", "single", "tp=2,pp=2,vpp=2", None),
+    "tp4": ("tp2pp2", "tp4", "tp=2,pp=2", "tp=4,pp=1"),
+    "pp4": ("pp2", "pp4", "tp=1,pp=2", "tp=1,pp=4"),
+}
+
+TOOLS = [("compare", "compare (first NaN; x1.05: first divergence)"), ("compare_origin", "compare origin"),
+         ("lake_diverge", "lake diverge (origin)"), ("lake_nan", "lake nan")]
+FAULT_STEP = 1
+KINDS = ("nan", "scale")
+
+
+# -- the runs ---------------------------------------------------------------------------------------
+
+def fault_of(run: str, kind: str, stage: int) -> dict:
+    """The fault of ``kind`` on pipeline stage ``stage`` of ``run``: its rank and layer."""
+    spec = RUNS[run]
+    sizes = {"tp": spec.get("tp", 1), "pp": spec.get("pp", 1), "dp": spec.get("dp", 1)}
+    order = ml.parse_order(spec.get("order", "tp-dp-pp"))
+    return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": ml.fault_rank(sizes, order, stage),
+            "fault_layer": ml.chunk_layers(stage, 0, sizes["pp"], spec.get("vpp", 1))[0], "fault_mb": 0}
+
+
+def variants(run: str) -> list:
+    """[(variant name, fault kwargs or None)]: healthy, then each kind on each stage."""
+    out: list = [("healthy", None)]
+    for kind in KINDS:
+        for stage in range(RUNS[run].get("pp", 1)):
+            out.append((f"{kind}_s{stage}", fault_of(run, kind, stage)))
+    return out
+
+
+def dump_run(out: str, run: str, variant: str, fault: Optional[dict], log: Any = None) -> list:
+    """Dump ``run``'s ``variant`` (kept when its sidecars are all there); returns the sidecars."""
+    name = run if variant == "healthy" else f"{run}.{variant}"
+    dump, truth = os.path.join(out, "runs", name), os.path.join(out, "truth", name)
+    world = RUNS[run].get("tp", 1) * RUNS[run].get("pp", 1) * RUNS[run].get("dp", 1)
+    if os.path.isdir(truth) and len(os.listdir(truth)) == world:
+        return ml.read_truth(truth)
+    for path in (dump, truth):
+        shutil.rmtree(path, ignore_errors=True)
+    t0 = time.time()
+    sidecars = ml.launch(dump, truth, **RUNS[run], **(fault or {}))
+    if log:
+        log(f"dumped {name} ({world} ranks) in {time.time() - t0:.0f} s")
+    return sidecars
+
+
+def run_dir(out: str, run: str, variant: str) -> str:
+    return os.path.join(out, "runs", run if variant == "healthy" else f"{run}.{variant}")
+
+
+def losses(sidecars: list) -> list:
+    """The loss of each step: the mean over the replicas of the last stage's (tp rank 0)."""
+    per = [s["losses"] for s in sidecars if s["last_stage"] and s["coords"]["tp"] == 0]
+    return [sum(p[i] for p in per) / len(per) for i in range(len(per[0]))]
+
+
+def loss_gap(sidecars: list, single: list, upto: Optional[int] = None) -> float:
+    """The largest relative difference of the losses from the single card's (steps before ``upto``)."""
+    mine, ref = losses(sidecars), losses(single)
+    steps = range(len(ref) if upto is None else upto)
+    return max((abs(mine[i] - ref[i]) / abs(ref[i]) for i in steps), default=0.0)
+
+
+# -- the truth --------------------------------------------------------------------------------------
+
+def injected(sidecars: list) -> dict:
+    (found,) = [s["injected"] for s in sidecars if s["injected"]]
+    return found
+
+
+def truth(sidecars: list, single: list) -> dict:
+    """What a hit names: {step, rank, stage ranks, logical names (the single card's names of the
+    injected site and of its module record), local names (the rank's own)}."""
+    inj = injected(sidecars)
+    me = sidecars[inj["rank"]]
+    sizes, order = me["sizes"], tuple(me["order"])
+    stage = ml.stage_ranks(sizes, order, me["coords"]["pp"], me["coords"]["dp"])
+    sites = single[0]["sites"][str(inj["step"])]
+    logical = [sites[inj["site"]]] + ([sites[inj["site"] + ".module"]] if inj["kind"] == "scale" else [])
+    return {"kind": inj["kind"], "step": inj["step"], "rank": inj["rank"], "stage_ranks": stage,
+            "logical": logical, "local": [inj["record"]] + list(inj["also"]), "site": inj["site"]}
+
+
+def check_dump(run_path: str, sidecars: list) -> None:
+    """The injected record the sidecar names is in the rank's dump (the instrument's own check)."""
+    inj = injected(sidecars)
+    me = sidecars[inj["rank"]]
+    rank_dir = "rank" if me["world"] == 1 else f"rank{inj['rank']}"
+    with open(os.path.join(run_path, f"step{inj['step']}", rank_dir, "dump.json"), encoding="utf-8") as f:
+        data = json.load(f)["data"]
+    missing = [name for name in [inj["record"]] + inj["also"] if name not in data]
+    if missing:
+        raise RuntimeError(f"{run_path}: the sidecar's records {missing} are not in rank {inj['rank']}'s dump")
+
+
+# -- reading the answers (the one place that knows the fields) ---------------------------------------
+
+_ARG = re.compile(r"\.(input|output|parameters|parameters_grad|input_args|input_kwargs)(\.|$)")
+
+
+def _record(name: Any) -> Optional[str]:
+    if not name:
+        return None
+    name = str(name)
+    found = _ARG.search(name)
+    return name[:found.start()] if found else name
+
+
+def _rank_dir_rank(rank_dir: Any) -> Optional[int]:
+    text = str(rank_dir or "")
+    digits = text[4:] if text.startswith("rank") else ""
+    return int(digits) if digits.isdigit() else (0 if text == "rank" else None)
+
+
+def read_answer(entry: Optional[dict], layout_part: Optional[dict] = None) -> Optional[dict]:
+    """{record, step, ranks, rank_dir, why} of one answer: ``entry`` (compare's summary entry, lake
+    diverge's origin, a lake nan row) and, for a merged answer, the summary's ``layout`` part of
+    it. Ranks: ``suspect_ranks`` when any (the answer's own, else the layout part's), else
+    ``ranks``; an unmerged rank directory (``rank3``) names its rank; a merged answer without
+    them names none (its ``rank`` field, 0, is no rank of a merged model)."""
+    if not entry:
+        return None
+    sources = [entry] + ([layout_part] if layout_part else []) + (
+        [entry["layout"]] if isinstance(entry.get("layout"), dict) else [])
+    ranks: list = []
+    why = "no rank named"
+    for key in ("suspect_ranks", "ranks"):
+        for source in sources:
+            if source.get(key):
+                ranks, why = sorted(int(r) for r in source[key]), key
+                break
+        if ranks:
+            break
+    rank_dir = entry.get("rank_dir")
+    if not ranks and _rank_dir_rank(rank_dir) is not None:
+        ranks, why = [_rank_dir_rank(rank_dir)], "rank_dir"
+    record = _record(entry.get("record") or entry.get("row"))
+    step = entry.get("step")
+    return {"record": record, "step": None if step is None else int(step), "ranks": ranks,
+            "rank_dir": rank_dir, "why": why}
+
+
+def compare_answers(summary: dict, kind: Optional[str]) -> dict:
+    """{compare, compare_origin} from compare()'s summary."""
+    layout = summary.get("layout") or {}
+    origin = read_answer(summary.get("origin"), layout.get("origin"))
+    first = read_answer(summary.get("first_divergence"), layout.get("first_divergence"))
+    nan = read_answer(summary.get("first_nan_target"), layout.get("first_nan_target"))
+    inf = read_answer(summary.get("first_inf_target"), layout.get("first_inf_target"))
+    if kind is None:
+        main = next((a for a in (nan, inf, first) if a), None)
+    else:
+        main = nan if kind == "nan" else first
+    return {"compare": main, "compare_origin": origin}
+
+
+def lake_diverge_answer(answer: dict) -> Optional[dict]:
+    origin = answer.get("origin")
+    return read_answer(origin, origin.get("layout") if origin else None)
+
+
+def lake_nan_answer(rows: list, run: str) -> Optional[dict]:
+    mine = [row for row in rows if row.get("run") == run]
+    first = next((row for row in mine if row.get("origin")), mine[0] if mine else None)
+    return read_answer(first) if first else None
+
+
+# -- the tools --------------------------------------------------------------------------------------
+
+def _cli(args: list) -> Any:
+    """``msprobe ARGS`` in this process; its stdout parsed as JSON."""
+    from msprobe.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(args)
+    if code not in (0, None):
+        raise RuntimeError(f"msprobe {' '.join(args)} exited {code}")
+    return json.loads(buf.getvalue())
+
+
+def score_case(out: str, group: str, variant: str, kind: Optional[str], tools: list) -> dict:
+    """The answers of ``tools`` on one case; each an answer dict, None, or {"error": text}."""
+    target_run, bench_run, layout, bench_layout = GROUPS[group]
+    target = run_dir(out, target_run, variant)
+    bench = run_dir(out, bench_run, "healthy")
+    work = os.path.join(out, "work", group, variant)
+    shutil.rmtree(work, ignore_errors=True)
+    got: dict = {}
+    if "compare" in tools or "compare_origin" in tools:
+        try:
+            from msprobe.compare import compare
+
+            summary = compare(target, bench, os.path.join(work, "cmp"), layout=layout, bench_layout=bench_layout,
+                              plot=False, progress=False)
+            got.update(compare_answers(summary, kind))
+        except Exception as exc:  # a refused layout (vpp today) is a miss, said
+            got.update(compare={"error": _short(exc)}, compare_origin={"error": _short(exc)})
+    lake = os.path.join(work, "lake")
+    if "lake_diverge" in tools or "lake_nan" in tools:
+        os.makedirs(lake, exist_ok=True)
+        for name, path in (("target", target), ("bench", bench)):
+            shutil.copytree(path, os.path.join(lake, name))
+    if "lake_diverge" in tools:
+        args = ["lake", "diverge", lake, "target", "bench", "--layout", layout, "--no-cluster", "--json"]
+        if bench_layout:
+            args += ["--bench-layout", bench_layout]
+        try:
+            got["lake_diverge"] = lake_diverge_answer(_cli(args))
+        except Exception as exc:
+            got["lake_diverge"] = {"error": _short(exc)}
+    if "lake_nan" in tools and kind != "scale":
+        try:
+            got["lake_nan"] = lake_nan_answer(_cli(["lake", "nan", lake, "--run", "target", "--no-cluster",
+                                                    "--json"]), "target")
+        except Exception as exc:
+            got["lake_nan"] = {"error": _short(exc)}
+    return got
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+
+def verdict(want: Optional[dict], ans: Optional[dict], tool: str) -> dict:
+    """{named, hit, false_answer, why} of one answer against the truth (None: a healthy case)."""
+    if ans is not None and "error" in ans:
+        return {"named": ans, "hit": False, "false_answer": False, "why": "error"}
+    if want is None:
+        return {"named": ans, "hit": None, "false_answer": ans is not None,
+                "why": "" if ans is None else "an answer on a healthy pair"}
+    if ans is None:
+        return {"named": None, "hit": False, "false_answer": False, "why": "no answer"}
+    names = want["local"] if tool == "lake_nan" else want["logical"]
+    problems = []
+    if ans["step"] != want["step"]:
+        problems.append(f"step {ans['step']}")
+    if ans["record"] not in names:
+        problems.append("record")
+    if want["rank"] not in ans["ranks"]:
+        problems.append("ranks " + (ans["why"] if not ans["ranks"] else f"{ans['ranks']} lack {want['rank']}"))
+    elif not set(ans["ranks"]) <= set(want["stage_ranks"]):
+        problems.append(f"ranks {ans['ranks']} outside stage {want['stage_ranks']}")
+    return {"named": ans, "hit": not problems, "false_answer": ans["step"] != want["step"], "why": ", ".join(problems)}
+
+
+# -- the benchmark ----------------------------------------------------------------------------------
+
+def bench(out: str, groups: list, tools: list, log: Any = None) -> dict:
+    path = os.path.join(out, "scores.json")
+    scores: dict = _load(path) if os.path.exists(path) else {}
+    single = dump_run(out, "single", "healthy", None, log)
+    checks = scores.setdefault("_checks", {})
+    for group in groups:
+        target_run, bench_run, _, _ = GROUPS[group]
+        bench_sidecars = dump_run(out, bench_run, "healthy", None, log)
+        checks[f"loss gap {bench_run} vs single"] = loss_gap(bench_sidecars, single)
+        for variant, fault in variants(target_run):
+            sidecars = dump_run(out, target_run, variant, fault, log)
+            checks[f"loss gap {target_run}.{variant} vs single"] = loss_gap(
+                sidecars, single, None if fault is None else FAULT_STEP)
+            want = None
+            if fault is not None:
+                check_dump(run_dir(out, target_run, variant), sidecars)
+                want = truth(sidecars, single)
+            t0 = time.time()
+            got = score_case(out, group, variant, want and want["kind"], tools)
+            entry = {"group": group, "variant": variant, "want": want}
+            for tool, ans in got.items():
+                entry[tool] = verdict(want, ans, tool)
+            scores[f"{group}:{variant}"] = entry
+            _save(path, scores)
+            if log:
+                log(f"{group}:{variant} ({time.time() - t0:.0f} s): " + ", ".join(
+                    f"{t}={'hit' if v['hit'] else cell(v)}" for t, v in entry.items() if isinstance(v, dict) and
+                    "named" in v))
+    return scores
+
+
+def _load(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _save(path: str, scores: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(scores, f, indent=1, default=str)
+
+
+def _fmt(ans: Optional[dict]) -> str:
+    if not ans:
+        return "-"
+    if "error" in ans:
+        return f"error: {ans['error']}"
+    return f"{ans['record']} s{ans['step']} r{ans['ranks'] or '?'}"
+
+
+def cell(v: dict) -> str:
+    if v["why"] == "error":
+        return _fmt(v["named"])
+    if v["hit"] is None:
+        return "none" if v["named"] is None else f"**{_fmt(v['named'])}**"
+    if v["hit"]:
+        return "hit"
+    return f"miss ({v['why']}): {_fmt(v['named'])}"
+
+
+def table(scores: dict) -> str:
+    cases = [s for k, s in scores.items() if not k.startswith("_")]
+    cols = [(t, label) for t, label in TOOLS if any(t in s for s in cases)]
+    lines = ["| case | expected | " + " | ".join(label for _, label in cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    for s in cases:
+        want = s["want"]
+        expected = "nothing" if want is None else \
+            f"{want['logical'][0]} s{want['step']} r{want['rank']} (stage {want['stage_ranks']}; local {want['local'][0]})"
+        cells = [cell(s[t]) if t in s else "n/a" for t, _ in cols]
+        lines.append(f"| {s['group']}:{s['variant']} | {expected} | " + " | ".join(cells) + " |")
+    hits, falses, elsewhere, errors = [], [], [], []
+    for t, _ in cols:
+        faulted = [s[t] for s in cases if t in s and s["want"] is not None]
+        n = sum(bool(v["hit"]) for v in faulted)
+        hits.append(f"**{n}/{len(faulted)} ({100 * n / len(faulted):.0f} %)**" if faulted else "n/a")
+        healthy = [s[t] for s in cases if t in s and s["want"] is None]
+        falses.append(f"{sum(bool(v['false_answer']) for v in healthy)}/{len(healthy)}")
+        elsewhere.append(f"{sum(bool(v['false_answer']) for v in faulted)}/{len(faulted)}")
+        errors.append(str(sum(v["why"] == "error" for v in (s[t] for s in cases if t in s))))
+    lines.append("| **hits** | | " + " | ".join(hits) + " |")
+    lines.append("| **healthy pairs with an answer** | | " + " | ".join(falses) + " |")
+    lines.append("| **faulted runs answered at another step** | | " + " | ".join(elsewhere) + " |")
+    lines.append("| **errors** | | " + " | ".join(errors) + " |")
+    checks = scores.get("_checks") or {}
+    if checks:
+        worst = max(checks.values())
+        lines.append("")
+        lines.append(f"losses of every run against the single card's (healthy steps): largest relative gap {worst:.1e}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="directory for the dumps, sidecars and scores (reused)")
+    ap.add_argument("--cases", default=",".join(GROUPS), help=f"case groups ({', '.join(GROUPS)})")
+    ap.add_argument("--tools", default=",".join(t for t, _ in TOOLS), help="the tools to score")
+    ap.add_argument("--table", action="store_true", help="only print the table of --out/scores.json")
+    a = ap.parse_args()
+    groups = a.cases.split(",")
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        raise SystemExit(f"unknown case groups {unknown}; known: {', '.join(GROUPS)}")
+    if a.table:  # the scores kept, as they are
+        print(table(_load(os.path.join(a.out, "scores.json"))))
+        return 0
+    scores = bench(a.out, groups, a.tools.split(","), log=lambda text: print(text, file=sys.stderr, flush=True))
+    print(table(scores))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

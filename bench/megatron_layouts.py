@@ -1,0 +1,743 @@
+"""Megatron-habits training runs for the layouts benchmark (bench/bench_layouts.py) and its small
+version in the tests: one rank of a model written in plain PyTorch the way Megatron writes it,
+on gloo over 127.0.0.1, dumped by our PrecisionDebugger (statistics; level mix by default).
+
+The model (``GPTModel``): ``decoder.layers.<i>`` blocks of ``mlp.linear_fc1``
+(ColumnParallelLinear) -> masked_fill (the NaN fault's site) -> gelu -> ``mlp.linear_fc2``
+(RowParallelLinear, ``all_reduce`` of the partial sums, then its bias) -> residual, and a
+replicated ``output_layer`` (a plain linear on the last stage, the same on every tensor-parallel
+rank). Megatron's habits:
+
+* the column-parallel input goes through Megatron's copy-to-region (identity forward,
+  ``all_reduce`` of the input gradient backward); the row-parallel output through its
+  reduce-from-region (``all_reduce`` forward, identity backward);
+* every bias initialised to **zero**; the weights are slices of one full set drawn from a fixed
+  seed, so every layout computes the same model;
+* 2 micro-batches with gradient accumulation, the loss of each ``mse / micro-batches``; pipeline
+  stages exchange activations and gradients with isend/irecv (waited at once, as Megatron's
+  p2p_communication does) in Megatron's 1F1B order, or, with ``vpp`` > 1, its interleaved order
+  (each rank holds ``vpp`` model chunks of non-consecutive layers: chunk ``c`` of pipeline rank
+  ``p`` holds the layers of virtual stage ``c * pp + p``);
+* data parallel: each replica on its slice of the global batch (micro-batch ``m`` of the single
+  card is the concatenation along the batch of every replica's micro-batch ``m``); gradients
+  scaled by ``1/DP`` and ``all_reduce``d over the data-parallel group (Megatron's DDP);
+* a static loss scaler (``loss * scale`` backward, the gradients unscaled), Megatron's
+  ``clip_grad_norm`` (the squared norms of the rank's gradients, tensor-parallel duplicates
+  counted on tp rank 0 only, ``all_reduce``d over the model-parallel group), and the optimizer
+  (SGD, or Adam) step: all between ``dbg.start()`` and ``dbg.stop()``, ``dbg.step()`` per step.
+
+Ranks follow Megatron's order ``tp-dp-pp`` (the first varies fastest: rank = (pp * DP + dp) * TP
++ tp) or any ``--order`` of tp, dp, pp. With WORLD_SIZE=1 (tp = pp = dp = vpp = 1) it is the
+single-card baseline: the same model with the full weights on the whole global batch, equal to
+every layout up to the reordering of float sums.
+
+Faults (``--fault nan|scale`` at ``--fault-step`` on global ``--fault-rank``, in global layer
+``--fault-layer``, which that rank must hold):
+
+* ``nan``: every block calls ``h.masked_fill(mask, fill)`` on its column-parallel output at every
+  step, ``mask`` all False and ``fill`` 0.0 (nothing changes) but at the fault's (step, rank,
+  layer, micro-batch ``--fault-mb``), where one element of the mask is True and ``fill`` is NaN:
+  the injected record is that rank's ``Tensor.masked_fill.<k>.forward``;
+* ``scale``: that rank's shard of the layer's ``linear_fc1.weight`` is multiplied by 1.05 before
+  the fault step (it stays so): the injected record is the first record consuming it on that
+  rank, micro-batch 0's ``Functional.linear.<k>.forward`` of that layer's fc1 (its module record
+  named beside it).
+
+Each rank writes a sidecar ``TRUTH/rank<r>.json`` (see :func:`main`): its coordinates, the loss
+of each step (last pipeline stage), the local record name of every site (``L<layer>.mb<m>.mask``:
+the masked_fill, ``L<layer>.mb<m>.fc1``: fc1's linear, ``L<layer>.mb<m>.fc1.module``: its module
+record) per step, and the injected fault (step, local record names, rank) or null. A site's
+logical name is the single card's record name of the same site.
+
+    RANK=r WORLD_SIZE=n MASTER_PORT=p python bench/megatron_layouts.py DUMP TRUTH --tp 2 --pp 2 [...]
+
+or :func:`launch` (every rank, as subprocesses).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+H, FFN, OUT, SEQ = 8, 32, 4, 3
+LAYERS = 4
+GLOBAL_BATCH = 4
+MICRO_BATCHES = 2
+LOSS_SCALE = 1024.0
+DIMS = ("tp", "dp", "pp")
+
+
+# -- layout arithmetic (pure) -----------------------------------------------------------------------
+
+def rank_of(coords: dict, sizes: dict, order: tuple) -> int:
+    """Global rank of ``coords`` ({tp, dp, pp}) under ``order`` (the first dimension varies fastest)."""
+    rank, stride = 0, 1
+    for dim in order:
+        rank += coords[dim] * stride
+        stride *= sizes[dim]
+    return rank
+
+
+def coords_of(rank: int, sizes: dict, order: tuple) -> dict:
+    out, rest = {}, rank
+    for dim in order:
+        out[dim] = rest % sizes[dim]
+        rest //= sizes[dim]
+    return out
+
+
+def parse_order(text: str) -> tuple:
+    order = tuple(text.split("-"))
+    if sorted(order) != sorted(DIMS):
+        raise SystemExit(f"--order must name each of tp, dp, pp once, not {text!r}")
+    return order
+
+
+def chunk_layers(pp_rank: int, chunk: int, pp: int, vpp: int) -> list:
+    """Global layer indices of model chunk ``chunk`` of pipeline rank ``pp_rank`` (Megatron's
+    interleaving: virtual stage ``chunk * pp + pp_rank``)."""
+    per = LAYERS // (pp * vpp)
+    first = (chunk * pp + pp_rank) * per
+    return list(range(first, first + per))
+
+
+def stage_ranks(sizes: dict, order: tuple, pp_rank: int, dp_rank: int) -> list:
+    """The ranks of pipeline stage ``pp_rank`` of data-parallel replica ``dp_rank`` (its tp group)."""
+    return [rank_of({"tp": t, "dp": dp_rank, "pp": pp_rank}, sizes, order) for t in range(sizes["tp"])]
+
+
+def fault_rank(sizes: dict, order: tuple, stage: int, tp_rank: Optional[int] = None,
+               dp_rank: Optional[int] = None) -> int:
+    """The rank the benchmark faults on pipeline stage ``stage``: the last tp rank of the last
+    replica by default (never rank 0 unless the layout has one rank per stage)."""
+    return rank_of({"tp": sizes["tp"] - 1 if tp_rank is None else tp_rank,
+                    "dp": sizes["dp"] - 1 if dp_rank is None else dp_rank, "pp": stage}, sizes, order)
+
+
+# -- the model (torch imported inside) --------------------------------------------------------------
+
+def _full(shape: tuple, seed: int) -> Any:
+    import torch
+
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 0.3
+
+
+class _State:
+    """One rank's run: coordinates, groups, counters of the recorded calls of the current step."""
+
+    def __init__(self, args: Any, rank: int, world: int) -> None:
+        self.args, self.rank, self.world = args, rank, world
+        self.sizes = {"tp": args.tp, "dp": args.dp, "pp": args.pp}
+        self.order = parse_order(args.order)
+        self.coords = coords_of(rank, self.sizes, self.order)
+        self.tp_group = self.dp_group = self.mp_group = None
+        self.step = 0
+        self.counts: dict = {}
+        self.sites: dict = {}
+        self.masks: dict = {}
+
+    def count(self, api: str) -> int:
+        n = self.counts.get(api, 0)
+        self.counts[api] = n + 1
+        return n
+
+    def site(self, key: str, name: str) -> None:
+        self.sites.setdefault(str(self.step), {})[key] = name
+
+    def faulted(self, kind: str) -> bool:
+        a = self.args
+        return a.fault == kind and self.step == a.fault_step and self.rank == a.fault_rank
+
+
+def _functions() -> tuple:
+    """Megatron's tensor-parallel regions as autograd functions: (copy to the region: identity
+    forward, all_reduce of the gradient backward; reduce from the region: all_reduce forward,
+    identity backward). Without a group (one tp rank) both are the identity, as Megatron bypasses
+    them."""
+    import torch
+    import torch.distributed as dist
+
+    class CopyToRegion(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, group: Any) -> Any:
+            ctx.group = group
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            if ctx.group is None:
+                return grad, None
+            dist.all_reduce(grad, group=ctx.group)
+            return grad, None
+
+    class ReduceFromRegion(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, group: Any) -> Any:
+            if group is None:
+                return x
+            dist.all_reduce(x, group=group)
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad, None
+
+    return CopyToRegion, ReduceFromRegion
+
+
+def build_chunk(state: _State, layers: list, last: bool) -> Any:
+    """One model chunk: ``decoder.layers`` (local indices, global ``layer_number``) and, on the
+    last virtual stage, the replicated ``output_layer``."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    CopyToRegion, ReduceFromRegion = _functions()
+    tp, tp_rank, group = state.sizes["tp"], state.coords["tp"], state.tp_group
+    random_bias = state.args.bias == "random"
+
+    def bias(size: int, seed: int) -> Any:
+        return _full((size,), seed) if random_bias else torch.zeros(size)
+
+    def linear(x: Any, weight: Any, b: Any, site: Optional[str]) -> Any:
+        k = state.count("Functional.linear")
+        if site:
+            state.site(site, f"Functional.linear.{k}.forward")
+        return F.linear(x, weight, b)
+
+    class ColumnParallelLinear(nn.Module):
+        def __init__(self, full_w: Any, full_b: Any, number: int) -> None:
+            super().__init__()
+            rows = full_w.shape[0] // tp
+            self.weight = nn.Parameter(full_w[tp_rank * rows:(tp_rank + 1) * rows].clone())
+            self.bias = nn.Parameter(full_b[tp_rank * rows:(tp_rank + 1) * rows].clone())
+            self.weight.tensor_model_parallel = self.bias.tensor_model_parallel = True
+            self.number, self.calls, self.name = number, 0, ""
+
+        def forward(self, x: Any) -> Any:
+            mb = self.calls
+            self.calls += 1
+            state.site(f"L{self.number}.mb{mb}.fc1.module", f"{self.name}.ColumnParallelLinear.forward.{mb}")
+            x = CopyToRegion.apply(x, group)
+            return linear(x, self.weight, self.bias, f"L{self.number}.mb{mb}.fc1")
+
+    class RowParallelLinear(nn.Module):
+        def __init__(self, full_w: Any, full_b: Any, number: int) -> None:
+            super().__init__()
+            cols = full_w.shape[1] // tp
+            self.weight = nn.Parameter(full_w[:, tp_rank * cols:(tp_rank + 1) * cols].clone())
+            self.bias = nn.Parameter(full_b.clone())
+            self.weight.tensor_model_parallel, self.bias.tensor_model_parallel = True, False
+            self.number = number
+
+        def forward(self, x: Any) -> Any:
+            partial = linear(x, self.weight, None, None)
+            return ReduceFromRegion.apply(partial, group) + self.bias
+
+    class MLP(nn.Module):
+        def __init__(self, number: int) -> None:
+            super().__init__()
+            self.linear_fc1 = ColumnParallelLinear(_full((FFN, H), 10 * number), bias(FFN, 10 * number + 1), number)
+            self.linear_fc2 = RowParallelLinear(_full((H, FFN), 10 * number + 2), bias(H, 10 * number + 3), number)
+            self.number, self.calls = number, 0
+
+        def forward(self, x: Any) -> Any:
+            mb = self.calls
+            self.calls += 1
+            h = self.linear_fc1(x)
+            k = state.count("Tensor.masked_fill")
+            state.site(f"L{self.number}.mb{mb}.mask", f"Tensor.masked_fill.{k}.forward")
+            mask, fill = state.masks.get((self.number, mb), (None, 0.0))
+            h = h.masked_fill(mask, fill)
+            return self.linear_fc2(F.gelu(h))
+
+    class TransformerLayer(nn.Module):
+        def __init__(self, number: int) -> None:
+            super().__init__()
+            self.layer_number = number
+            self.mlp = MLP(number)
+
+        def forward(self, x: Any) -> Any:
+            return x + self.mlp(x)
+
+    class TransformerBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(TransformerLayer(n) for n in layers)
+
+        def forward(self, x: Any) -> Any:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    class OutputLayer(nn.Module):
+        """The head, replicated over the tensor-parallel ranks."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(_full((OUT, H), 1000))
+            self.bias = nn.Parameter(bias(OUT, 1001))
+            self.weight.tensor_model_parallel = self.bias.tensor_model_parallel = False
+
+        def forward(self, x: Any) -> Any:
+            return linear(x, self.weight, self.bias, None)
+
+    class GPTModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder = TransformerBlock()
+            self.output_layer = OutputLayer() if last else None
+
+        def forward(self, x: Any) -> Any:
+            x = self.decoder(x)
+            return self.output_layer(x) if self.output_layer is not None else x
+
+    return GPTModel()
+
+
+# -- pipeline schedules -----------------------------------------------------------------------------
+
+class _Pipeline:
+    """Megatron's schedules over this rank's chunks: forward/backward steps, p2p with isend/irecv
+    (all of a call's operations posted, then waited, as p2p_communication does)."""
+
+    def __init__(self, state: _State, chunks: list, data: list, targets: list) -> None:
+        self.state, self.chunks, self.data, self.targets = state, chunks, data, targets
+        s, o, c = state.sizes, state.order, state.coords
+        self.pp, self.vpp, self.p = s["pp"], len(chunks), c["pp"]
+        self.next = rank_of(dict(c, pp=(c["pp"] + 1) % s["pp"]), s, o)
+        self.prev = rank_of(dict(c, pp=(c["pp"] - 1) % s["pp"]), s, o)
+        self.losses: list = []
+        self.mb_shape = (data[0].shape[0], SEQ, H)
+
+    # virtual stage helpers
+    def first_virtual(self, chunk: int) -> bool:
+        return self.p == 0 and chunk == 0
+
+    def last_virtual(self, chunk: int) -> bool:
+        return self.p == self.pp - 1 and chunk == self.vpp - 1
+
+    def forward_step(self, chunk: int, mb: int, inp: Any) -> Any:
+        x = self.data[mb] if self.first_virtual(chunk) else inp
+        out = self.chunks[chunk](x)
+        if self.last_virtual(chunk):
+            loss = (out - self.targets[mb]).pow(2).mean() / MICRO_BATCHES
+            self.losses.append(loss)
+            return loss
+        return out
+
+    def backward_step(self, chunk: int, inp: Any, out: Any, grad: Any) -> Any:
+        import torch
+
+        if inp is not None:
+            inp.retain_grad()
+        if grad is None:  # the last virtual stage: the scaled loss (Megatron's grad_scale_func)
+            out = out * LOSS_SCALE
+        torch.autograd.backward(out, grad_tensors=grad)
+        return inp.grad if inp is not None else None
+
+    def p2p(self, send_next: Any = None, send_prev: Any = None, recv_prev: bool = False,
+            recv_next: bool = False) -> tuple:
+        import torch
+        import torch.distributed as dist
+
+        if self.pp == 1:
+            return None, None
+        got_prev = torch.empty(self.mb_shape, requires_grad=True) if recv_prev else None
+        got_next = torch.empty(self.mb_shape) if recv_next else None
+        works = []
+        if send_prev is not None:
+            works.append(dist.isend(send_prev.contiguous(), self.prev))
+        if got_prev is not None:
+            works.append(dist.irecv(got_prev, self.prev))
+        if send_next is not None:
+            works.append(dist.isend(send_next.contiguous(), self.next))
+        if got_next is not None:
+            works.append(dist.irecv(got_next, self.next))
+        for work in works:
+            work.wait()
+        return got_prev, got_next
+
+    # -- 1F1B (forward_backward_pipelining_without_interleaving; pp == 1: no pipelining) --
+    def one_f_one_b(self) -> None:
+        pp, p = self.pp, self.p
+        first, last = p == 0, p == pp - 1
+        warmup = min(pp - p - 1, MICRO_BATCHES)
+        remaining = MICRO_BATCHES - warmup
+        inputs: list = []
+        outputs: list = []
+        fwd = bwd = 0
+        for _ in range(warmup):
+            inp = None if first else self.p2p(recv_prev=True)[0]
+            out = self.forward_step(0, fwd, inp)
+            fwd += 1
+            self.p2p(send_next=None if last else out.detach())
+            inputs.append(inp)
+            outputs.append(out)
+        inp = None
+        if remaining > 0 and not first:
+            inp = self.p2p(recv_prev=True)[0]
+        for i in range(remaining):
+            out = self.forward_step(0, fwd, inp)
+            fwd += 1
+            grad = None if last else self.p2p(send_next=out.detach(), recv_next=True)[1]
+            inputs.append(inp)
+            outputs.append(out)
+            inp_b, out_b = inputs.pop(0), outputs.pop(0)
+            in_grad = self.backward_step(0, inp_b, out_b, grad)
+            bwd += 1
+            if i == remaining - 1:
+                inp = None
+                if not first:
+                    self.p2p(send_prev=in_grad)
+            else:
+                inp = None if first else self.p2p(send_prev=in_grad, recv_prev=True)[0]
+        for _ in range(warmup):
+            inp_b, out_b = inputs.pop(0), outputs.pop(0)
+            grad = None if last else self.p2p(recv_next=True)[1]
+            in_grad = self.backward_step(0, inp_b, out_b, grad)
+            bwd += 1
+            if not first:
+                self.p2p(send_prev=in_grad)
+
+    # -- interleaved 1F1B (forward_backward_pipelining_with_interleaving) --
+    def chunk_id(self, k: int, forward: bool) -> int:
+        c = (k % (self.pp * self.vpp)) // self.pp
+        return c if forward else self.vpp - c - 1
+
+    def mb_id(self, k: int) -> int:
+        return (k // (self.pp * self.vpp)) * self.pp + k % self.pp
+
+    def interleaved(self) -> None:
+        pp, vpp, p = self.pp, self.vpp, self.p
+        total = MICRO_BATCHES * vpp
+        warmup = (pp - p - 1) * 2 + (vpp - 1) * pp
+        all_warmup = warmup >= total
+        warmup = min(warmup, total)
+        remaining = total - warmup
+        inputs: list = [[] for _ in range(vpp)]
+        outputs: list = [[] for _ in range(vpp)]
+        out_grads: list = [[] for _ in range(vpp)]
+
+        def fwd_helper(k: int) -> Any:
+            c = self.chunk_id(k, True)
+            if self.first_virtual(c) and len(inputs[c]) == len(outputs[c]):
+                inputs[c].append(None)
+            out = self.forward_step(c, self.mb_id(k), inputs[c][-1])
+            outputs[c].append(out)
+            return out
+
+        def bwd_helper(k: int) -> Any:
+            c = self.chunk_id(k, False)
+            if self.last_virtual(c) and not out_grads[c]:
+                out_grads[c].append(None)
+            return self.backward_step(c, inputs[c].pop(0), outputs[c].pop(0), out_grads[c].pop(0))
+
+        inputs[0].append(None if p == 0 else self.p2p(recv_prev=True)[0])
+        for k in range(warmup):
+            out = fwd_helper(k)
+            nxt = self.chunk_id(k + 1, True)
+            recv_prev = not (p == 0 and nxt == 0) and k != total - 1
+            if self.last_virtual(self.chunk_id(k, True)):
+                out = None
+            send = None if out is None else out.detach()
+            if k == warmup - 1 and not all_warmup:
+                recv_next = p != pp - 1
+                got_prev, got_next = self.p2p(send_next=send, recv_prev=recv_prev, recv_next=recv_next)
+                out_grads[vpp - 1].append(got_next)
+            else:
+                got_prev = self.p2p(send_next=send, recv_prev=recv_prev)[0]
+            inputs[nxt].append(got_prev)
+        for k in range(remaining):
+            fk = k + warmup
+            out = fwd_helper(fk)
+            in_grad = bwd_helper(k)
+            if self.last_virtual(self.chunk_id(fk, True)):
+                out = None
+            if self.first_virtual(self.chunk_id(k, False)):
+                in_grad = None
+            recv_prev = True
+            if p == 0:
+                nxt_f = self.chunk_id(fk - (pp - 1), True)
+                if nxt_f == vpp - 1:
+                    recv_prev = False
+                nxt_f += 1
+            else:
+                nxt_f = self.chunk_id(fk + 1, True)
+            recv_next = True
+            if p == pp - 1:
+                nxt_b = self.chunk_id(k - (pp - 1), False)
+                if nxt_b == 0:
+                    recv_next = False
+                nxt_b -= 1
+            else:
+                nxt_b = self.chunk_id(k + 1, False)
+            if k == remaining - 1:
+                recv_prev = False
+            got_prev, got_next = self.p2p(send_next=None if out is None else out.detach(), send_prev=in_grad,
+                                          recv_prev=recv_prev, recv_next=recv_next)
+            if recv_prev:
+                inputs[nxt_f].append(got_prev)
+            if recv_next:
+                out_grads[nxt_b].append(got_next)
+        if all_warmup:
+            out_grads[vpp - 1].append(None if p == pp - 1 else self.p2p(recv_next=True)[1])
+        for k in range(remaining, total):
+            in_grad = bwd_helper(k)
+            nxt_b = self.chunk_id(k + 1, False)
+            recv_next = not (p == pp - 1 and nxt_b == vpp - 1) and k != total - 1
+            if self.first_virtual(self.chunk_id(k, False)):
+                in_grad = None
+            got_next = self.p2p(send_prev=in_grad, recv_next=recv_next)[1]
+            out_grads[nxt_b].append(got_next)
+
+    def run(self) -> None:
+        if self.vpp > 1:
+            self.interleaved()
+        else:
+            self.one_f_one_b()
+
+
+# -- the training run -------------------------------------------------------------------------------
+
+def _groups(state: _State) -> None:
+    """Every rank creates every group in the same order; keeps its own (none of size 1)."""
+    import torch.distributed as dist
+
+    s, o = state.sizes, state.order
+
+    def make(kind: str, members: list) -> None:
+        if len(members) > 1:
+            group = dist.new_group(sorted(members))
+            if state.rank in members:
+                setattr(state, kind, group)
+
+    for d in range(s["dp"]):
+        for p in range(s["pp"]):
+            make("tp_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for t in range(s["tp"])])
+    for t in range(s["tp"]):
+        for p in range(s["pp"]):
+            make("dp_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for d in range(s["dp"])])
+    for d in range(s["dp"]):
+        make("mp_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for t in range(s["tp"]) for p in range(s["pp"])])
+
+
+def _batch(step: int) -> tuple:
+    """The global batch of ``step``: inputs [micro-batches, batch, seq, H], targets [.., OUT]."""
+    import torch
+
+    g = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(MICRO_BATCHES, GLOBAL_BATCH, SEQ, H, generator=g)
+    y = torch.randn(MICRO_BATCHES, GLOBAL_BATCH, SEQ, OUT, generator=g)
+    return x, y
+
+
+def clip_grad_norm_(params: list, max_norm: float, state: _State) -> float:
+    """Megatron's clip_grad_norm (norm type 2): the squared norms of this rank's gradients (a
+    tensor-parallel duplicate counted on tp rank 0 only), all_reduced over the model-parallel
+    group, then every gradient scaled by ``max_norm / (norm + 1e-6)`` when that is below 1."""
+    import torch
+    import torch.distributed as dist
+
+    counted = [p.grad for p in params if p.grad is not None and
+               (getattr(p, "tensor_model_parallel", False) or state.coords["tp"] == 0)]
+    total = torch.zeros(1)
+    for grad in counted:
+        total = total + torch.norm(grad, 2) ** 2
+    if state.mp_group is not None:
+        dist.all_reduce(total, group=state.mp_group)
+    norm = total.item() ** 0.5
+    coef = max_norm / (norm + 1.0e-6)
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return norm
+
+
+def train(args: Any) -> dict:
+    """One rank's run; returns its sidecar."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if args.tp * args.pp * args.dp != world:
+        raise SystemExit(f"tp {args.tp} x pp {args.pp} x dp {args.dp} is not WORLD_SIZE {world}")
+    if LAYERS % (args.pp * args.vpp) or FFN % args.tp or H % args.tp or GLOBAL_BATCH % args.dp:
+        raise SystemExit("the layout does not divide the model")
+    if args.vpp > 1 and args.pp == 1:
+        raise SystemExit("virtual pipeline stages need pp > 1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+                                rank=rank, world_size=world)
+    state = _State(args, rank, world)
+    if world > 1:
+        _groups(state)
+    from msprobe.pytorch import PrecisionDebugger
+
+    c = state.coords
+    chunks = [build_chunk(state, chunk_layers(c["pp"], v, args.pp, args.vpp),
+                          c["pp"] == args.pp - 1 and v == args.vpp - 1) for v in range(args.vpp)]
+    for v, chunk in enumerate(chunks):  # the module record names the dumper gives (a list: Module.<chunk>.)
+        for name, module in chunk.named_modules():
+            if name.endswith("linear_fc1"):
+                module.name = f"Module.{v}.{name}" if args.vpp > 1 else f"Module.{name}"
+    held = [n for v in range(args.vpp) for n in chunk_layers(c["pp"], v, args.pp, args.vpp)]
+    if args.fault and rank == args.fault_rank and args.fault_layer not in held:
+        raise SystemExit(f"rank {rank} holds layers {held}, not the fault's layer {args.fault_layer}")
+    params = [p for chunk in chunks for p in chunk.parameters()]
+    opt = torch.optim.Adam(params, lr=1e-3) if args.optimizer == "adam" else torch.optim.SGD(params, lr=args.lr)
+    dbg = PrecisionDebugger(task="statistics", level=args.level, dump_path=args.dump)
+    per = GLOBAL_BATCH // args.dp
+    losses, norms = [], []
+    injected = None
+    for step in range(args.steps):
+        state.step, state.counts = step, {}
+        for chunk in chunks:
+            for module in chunk.modules():
+                if hasattr(module, "calls"):
+                    module.calls = 0
+        x, y = _batch(step)
+        data = [x[m, c["dp"] * per:(c["dp"] + 1) * per].clone() for m in range(MICRO_BATCHES)]
+        targets = [y[m, c["dp"] * per:(c["dp"] + 1) * per].clone() for m in range(MICRO_BATCHES)]
+        state.masks = {}
+        for layer in held:
+            for mb in range(MICRO_BATCHES):
+                mask = torch.zeros(per, SEQ, FFN // args.tp, dtype=torch.bool)
+                fill = 0.0
+                if state.faulted("nan") and layer == args.fault_layer and mb == args.fault_mb:
+                    mask.view(-1)[1] = True
+                    fill = float("nan")
+                state.masks[(layer, mb)] = (mask, fill)
+        if state.faulted("scale"):
+            for chunk in chunks:
+                for layer in chunk.decoder.layers:
+                    if layer.layer_number == args.fault_layer:
+                        with torch.no_grad():
+                            layer.mlp.linear_fc1.weight.mul_(1.05)
+        opt.zero_grad(set_to_none=True)
+        pipe = _Pipeline(state, chunks, data, targets)
+        dbg.start(chunks if args.vpp > 1 else chunks[0])
+        pipe.run()
+        for p in params:  # Megatron's DDP: gradients scaled by 1/DP, all_reduced over the replicas
+            if p.grad is not None and state.dp_group is not None:
+                p.grad.mul_(1.0 / args.dp)
+                dist.all_reduce(p.grad, group=state.dp_group)
+        for p in params:  # the static loss scaler: gradients unscaled
+            if p.grad is not None:
+                p.grad.mul_(1.0 / LOSS_SCALE)
+        norm = clip_grad_norm_(params, args.max_norm, state) if args.max_norm > 0 else None
+        opt.step()
+        dbg.stop()
+        dbg.step()
+        norms.append(norm)
+        losses.append(sum(float(loss) for loss in pipe.losses) if pipe.losses else None)
+        if state.faulted("nan"):
+            site = f"L{args.fault_layer}.mb{args.fault_mb}"
+            injected = {"kind": "nan", "step": step, "rank": rank, "layer": args.fault_layer, "mb": args.fault_mb,
+                        "site": f"{site}.mask", "record": state.sites[str(step)][f"{site}.mask"],
+                        "also": []}
+        elif state.faulted("scale"):
+            site = f"L{args.fault_layer}.mb0"
+            injected = {"kind": "scale", "step": step, "rank": rank, "layer": args.fault_layer, "mb": 0,
+                        "site": f"{site}.fc1", "record": state.sites[str(step)][f"{site}.fc1"],
+                        "also": [state.sites[str(step)][f"{site}.fc1.module"]]}
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return {"rank": rank, "world": world, "sizes": state.sizes, "vpp": args.vpp, "order": list(state.order),
+            "coords": state.coords, "layers": held, "level": args.level, "optimizer": args.optimizer,
+            "bias": args.bias, "steps": args.steps, "losses": losses, "grad_norms": norms,
+            "last_stage": c["pp"] == args.pp - 1, "sites": state.sites, "injected": injected}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dump", help="dump_path of the PrecisionDebugger")
+    ap.add_argument("truth", help="directory of the sidecars (rank<r>.json)")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--vpp", type=int, default=1)
+    ap.add_argument("--order", default="tp-dp-pp", help="rank order, the first dimension fastest (Megatron: tp-dp-pp)")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--level", default="mix")
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--max-norm", dest="max_norm", type=float, default=1.0, help="clip_grad_norm's max (0: no clip)")
+    ap.add_argument("--bias", default="zero", choices=["zero", "random"], help="bias init (Megatron: zero)")
+    ap.add_argument("--fault", default=None, choices=["nan", "scale"])
+    ap.add_argument("--fault-step", dest="fault_step", type=int, default=1)
+    ap.add_argument("--fault-rank", dest="fault_rank", type=int, default=-1)
+    ap.add_argument("--fault-layer", dest="fault_layer", type=int, default=0)
+    ap.add_argument("--fault-mb", dest="fault_mb", type=int, default=0)
+    return ap
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = parser().parse_args(argv)
+    sidecar = train(args)
+    os.makedirs(args.truth, exist_ok=True)
+    with open(os.path.join(args.truth, f"rank{sidecar['rank']}.json"), "w", encoding="utf-8") as f:
+        json.dump(sidecar, f, indent=1)
+    return 0
+
+
+# -- the launcher -----------------------------------------------------------------------------------
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def launch(dump: str, truth: str, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: int = 1, order: str = "tp-dp-pp",
+           fault: Optional[str] = None, fault_step: int = 1, fault_rank: int = -1, fault_layer: int = 0,
+           fault_mb: int = 0, steps: int = 2, level: str = "mix", optimizer: str = "sgd", max_norm: float = 1.0,
+           bias: str = "zero", timeout: float = 600, python: str = sys.executable) -> list:
+    """Run every rank (tp * pp * dp processes, OMP_NUM_THREADS=1) into ``dump``; returns the
+    sidecars in rank order. RuntimeError with the ranks' output when one fails."""
+    world = tp * pp * dp
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [python, os.path.abspath(__file__), os.path.abspath(dump), os.path.abspath(truth), "--tp", str(tp),
+            "--pp", str(pp), "--dp", str(dp), "--vpp", str(vpp), "--order", order, "--steps", str(steps),
+            "--level", level, "--optimizer", optimizer, "--max-norm", str(max_norm), "--bias", bias]
+    if fault:
+        argv += ["--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank),
+                 "--fault-layer", str(fault_layer), "--fault-mb", str(fault_mb)]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
+    env.update(WORLD_SIZE=str(world), MASTER_PORT=free_port(), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
+               PYTHONPATH=root)
+    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(world)]
+    deadline = time.monotonic() + timeout
+    outs = []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 1))[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise RuntimeError(f"{dump}: a rank ran past {timeout} s") from None
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{dump} failed:\n" + "\n".join(f"-- rank {r}:\n{o[-3000:]}" for r, o in enumerate(outs)
+                                                            if procs[r].returncode))
+    return read_truth(truth)
+
+
+def read_truth(truth: str) -> list:
+    out = []
+    for name in sorted(os.listdir(truth), key=lambda n: int(n[4:-5])):
+        with open(os.path.join(truth, name), encoding="utf-8") as f:
+            out.append(json.load(f))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
