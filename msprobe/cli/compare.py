@@ -224,21 +224,18 @@ def _print_layout(layout: Optional[dict]) -> None:
 
 
 def _print_divergence(s: dict) -> None:
-    """Where the error is introduced (our localisation) and, when it is another row, the first row
-    of the Result column's rule (26.2.0's) or of --divergence-threshold."""
+    """Each answer under its own name: where the error enters (summary.json's ``origin``, our
+    localisation) and the first divergence (``first_divergence``: the first row of the Result
+    column's rule, 26.2.0's, or of --divergence-threshold), with the rule it follows."""
     from msprobe.compare import describe
 
     o, fd = s.get("origin"), s["first_divergence"]
     if o:
-        say(f"first divergence: {describe(o)}; step {o['step']}, {o['rank_dir']}, record #{o['record_index']} "
-            f"(where the error is introduced)")
-    if fd and not (o and o["row"] == fd["row"] and o["step"] == fd["step"] and o["rank"] == fd["rank"]):
+        say(f"error enters at: {describe(o)}; step {o['step']}, {o['rank_dir']}, record #{o['record_index']}")
+    if fd:
         why = fd["result"] if fd.get("err_message", "[]") == "[]" else f"{fd['result']} {fd['err_message']}"
-        say(f"{'first divergence' if not o else '  ' + s['divergence']}: {fd['row']} (step {fd['step']}, "
-            f"{fd['rank_dir']}, record #{fd['record_index']}, {why})")
-    elif fd:
-        say(f"  (also the {s['divergence']})")
-    if not o and not fd:
+        say(f"first divergence: {fd['row']} (step {fd['step']}, {fd['rank_dir']}, record #{fd['record_index']}, "
+            f"{why})")
+    else:
         say("first divergence: none")
-    if not o:
-        say(f"  ({s['divergence']})")
+    say(f"  ({s['divergence']})")

@@ -286,7 +286,7 @@ def run_diverge(args, lake) -> int:
     if origin is not None:
         from msprobe.compare import describe
 
-        print(f"error introduced at: step {origin['step']} {origin['rank_dir']} {describe(origin)} "
+        print(f"error enters at: step {origin['step']} {origin['rank_dir']} {describe(origin)} "
               f"(record #{origin['record_index']})")
         held = origin.get("layout")
         if held:

@@ -51,8 +51,9 @@ def test_cli_positional_and_tp_gp(tmp_path, capsys):
     out = str(tmp_path / "a")
     assert main(["compare", STATS, PERT, "-o", out, "--no-plot", "--divergence-threshold", "1e-3"]) == 0
     text = capsys.readouterr().out
-    assert "first divergence: Functional.linear.0.forward" in text
-    assert "first row whose NormRelativeErr > 0.001: Functional.linear.0.forward.output.0" in text
+    assert "error enters at: Functional.linear.0.forward" in text
+    assert "first divergence: Functional.linear.0.forward.output.0 (step 0" in text
+    assert "  (first row whose NormRelativeErr > 0.001)" in text
     assert "first NaN in target: none; first +/-Inf in target: none" in text
     assert os.path.exists(os.path.join(out, "summary.json"))
     out2 = str(tmp_path / "b")

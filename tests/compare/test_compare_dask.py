@@ -86,7 +86,7 @@ def test_cli_scheduler_address(tmp_path, cluster, capsys):
                  "--scheduler", cluster.scheduler_address]) == 0
     text = capsys.readouterr()
     assert "(statistics, dask)" in text.out
-    assert f"first divergence: {DIVERGE[1]} output.0 (output, 50% off the bench); step 0, rank{DIVERGE[0]}," in text.out
+    assert f"error enters at: {DIVERGE[1]} output.0 (output, 50% off the bench); step 0, rank{DIVERGE[0]}," in text.out
     assert "4/4" in text.err and "rank pairs" in text.err
     assert len(_csvs(out)) == RANKS
 

@@ -44,7 +44,7 @@ def test_first_divergence_is_the_earliest_step(runs, tmp_path, capsys):
     # the lake picks by the same rule
     assert main(["lake", "diverge", str(runs), "weight_scale", "none"]) == 0
     out = capsys.readouterr().out
-    assert "first divergence: step 0 " in out and "error introduced at: step 0 " in out
+    assert "first divergence: step 0 " in out and "error enters at: step 0 " in out
 
 
 def test_first_divergence_names_where_the_error_is_introduced(runs, tmp_path, capsys):
@@ -60,9 +60,12 @@ def test_first_divergence_names_where_the_error_is_introduced(runs, tmp_path, ca
     assert s["first_divergence"]["record"] != "Functional.linear.6.forward"
     assert main(["compare", tgt, ref, "-o", str(tmp_path / "b"), "--no-plot"]) == 0
     out = capsys.readouterr().out
-    assert ("first divergence: Functional.linear.6.forward input.1 (parameter, 5% off the bench); step 0, rank, "
-            "record #61 (where the error is introduced)") in out
-    assert f"  first row whose Result is not pass: {s['first_divergence']['row']} (step 0" in out
+    # each answer under its own name: where the error enters, then the Result column's first divergence
+    lines = out.splitlines()
+    at = lines.index("error enters at: Functional.linear.6.forward input.1 (parameter, 5% off the bench); step 0, "
+                     "rank, record #61")
+    assert lines[at + 1].startswith(f"first divergence: {s['first_divergence']['row']} (step 0"), lines
+    assert lines[at + 2] == "  (first row whose Result is not pass)", lines
     s = _json(capsys, ["compare", str(runs / "nan"), ref, "-o", str(tmp_path / "c")])
     assert (s["origin"]["row"], s["origin"]["step"]) == ("Functional.linear.6.forward.input.1", 1)
 
