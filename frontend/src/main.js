@@ -64,16 +64,79 @@ for (const [id, label] of VIEWS) {
 const status = el("div", { class: "status", id: "status" });
 root.append(header, main, status);
 
-function show(view) {
+function show(view, lanes = null) {
   state.view = view;
   if (view === "tree") tree.ensure();
-  if (view === "cluster") cluster.ensure();
   for (const [id] of VIEWS) {
     panes[id].hidden = id !== view;
     tabs.querySelector(`[data-view=${id}]`).classList.toggle("active", id === view);
   }
   resizeCharts();
+  remember();
+  // the cluster view is drawn once its pane has its size (the window on its lanes depends on it)
+  if (view === "cluster") return cluster.ensure(lanes);
+  return null;
 }
+
+// -- links: the view in the URL's fragment ----------------------------------------------------------
+// #view=&run=&step=&rank=&record=&row=&lanes=&dir=&kind=&result=&sort=&q=&name=&stat= : the tab, the
+// cell (by its run, step and rank directory, as a person names it), the record, the cluster's page of
+// lanes, the list's filters and the trend. Every change a person makes is a history entry (back and
+// forward walk them); a fragment is never sent to the server (the access token is a query value,
+// taken out of the URL once the page has it); the report (file://) honours the same links.
+let applying = 0;
+function linkOf() {
+  const p = new URLSearchParams();
+  p.set("view", state.view);
+  const c = state.meta && state.meta.cells.find((x) => x.cell === state.cell);
+  if (c) { if (c.run) p.set("run", c.run); if (c.step !== null && c.step !== undefined) p.set("step", c.step); p.set("rank", c.rank_dir); }
+  if (state.view === "record" && state.record) { p.set("record", state.record); if (state.row) p.set("row", state.row); }
+  if (state.view === "cluster") p.set("lanes", cluster.where().lanes);
+  if (state.view === "trends" && state.trendName) { p.set("name", state.trendName); p.set("stat", state.trendStat); }
+  for (const [k, v] of Object.entries(state.filters)) if (v && v !== { dir: "all", kind: "all", result: "all", sort: "order", q: "" }[k]) p.set(k, v);
+  return "#" + p.toString();
+}
+function remember() {
+  if (applying || !state.meta) return;
+  const h = linkOf();
+  if (h === window.location.hash) return;
+  try { window.history.pushState(null, "", h); } catch (e) { window.location.hash = h; }
+}
+function cellOf(p) {
+  const cells = state.meta.cells;
+  if (p.has("rank") || p.has("step") || p.has("run")) {
+    const found = cells.find((c) => (c.run ?? "") === (p.get("run") ?? "") && String(c.step ?? "") === (p.get("step") ?? "")
+      && (!p.has("rank") || c.rank_dir === p.get("rank")));
+    if (found) return found.cell;
+    setStatus(`the link's cell (${p.get("run") ? p.get("run") + " / " : ""}step ${p.get("step") ?? "-"} · ${p.get("rank") ?? "-"}) is not in this view`, true);
+  }
+  return null;
+}
+// open the view a link names; false when it names none
+async function follow(hash) {
+  const p = new URLSearchParams((hash || "").replace(/^#/, ""));
+  const view = p.get("view");
+  if (!view || !VIEWS.some(([id]) => id === view)) return false;
+  applying++;
+  try {
+    const filters = { dir: "all", kind: "all", result: "all", sort: "order", q: "" };
+    for (const k of Object.keys(filters)) if (p.has(k)) filters[k] = p.get(k);
+    const refilter = JSON.stringify(filters) !== JSON.stringify(state.filters);
+    state.filters = filters;
+    for (const e of document.querySelectorAll("[data-filter]")) e.value = filters[e.dataset.filter];
+    const cell = cellOf(p);
+    if (cell !== null && cell !== state.cell) openCell(cell, null);
+    else if (refilter) list.reset();
+    if (view === "record" && p.get("record")) await openRecord(p.get("record"), p.get("row"));
+    else if (view === "trends" && p.get("name")) await trends.load(p.get("name"), p.get("stat") || "norm");
+    else if (view === "tree" && p.get("record")) await tree.reveal(p.get("record"));
+    else await show(view, p.has("lanes") ? Number(p.get("lanes")) || 0 : null);
+  } finally {
+    applying--;
+  }
+  return true;
+}
+window.addEventListener("popstate", () => { if (state.meta) follow(window.location.hash); });
 // a chart is laid out again only when its box changed (a full redraw of 10,000 cells is not free)
 function resizeCharts() {
   for (const c of Object.values(charts)) {
@@ -156,12 +219,14 @@ function renderOverview() {
 }
 
 function openCell(cell, view) {
+  const moved = cell !== state.cell;
   state.cell = cell;
   const c = state.meta.cells.find((x) => x.cell === cell);
   cellBadge.textContent = c ? cellLabel(c) : "";
   list.reset();
   tree.invalidate();
   if (view) show(view);
+  else if (moved) remember();
 }
 
 // -- divergence list (virtual scroll over paged rows) ---------------------------------------------
@@ -172,14 +237,14 @@ const COLS = [["i", "#", 60], ["name", "row", 420], ["result", "result", 130], [
 const list = (() => {
   let total = 0, firstDiv = null, pages = new Map(), gen = 0;
   const bar = el("div", { class: "filters" });
-  const mkSel = (key, opts) => el("label", {}, key + " ", el("select", { "data-filter": key, onchange: (e) => { state.filters[key] = e.target.value; reset(); } },
+  const mkSel = (key, opts) => el("label", {}, key + " ", el("select", { "data-filter": key, onchange: (e) => { state.filters[key] = e.target.value; reset(); remember(); } },
     ...opts.map(([v, t]) => el("option", { value: v, text: t }))));
   bar.append(
     mkSel("dir", [["all", "all"], ["forward", "forward"], ["backward", "backward"]]),
     mkSel("kind", [["all", "API + module"], ["api", "API"], ["module", "module"]]),
     mkSel("result", [["all", "all rows"], ["divergent", "divergent"], ["nan_inf", "NaN/Inf"], ["masked", "mask -inf"], ["unmatched", "unmatched"]]),
     mkSel("sort", [["order", "execution order"], ["score", "worst first"], ["norm_rel", "rel. Norm err"], ["name", "name"]]),
-    el("input", { type: "search", placeholder: "filter by name", "data-filter": "q", oninput: debounce((e) => { state.filters.q = e.target.value; reset(); }, 250) }),
+    el("input", { type: "search", placeholder: "filter by name", "data-filter": "q", oninput: debounce((e) => { state.filters.q = e.target.value; reset(); remember(); }, 250) }),
     el("button", { id: "export-csv", onclick: () => guard(async () => downloadText(`msprobe_rows_cell${state.cell}.csv`, await api.csv(state.cell, state.filters), "text/csv")), text: "Export CSV" }),
     el("button", { onclick: () => { if (firstDiv !== null) jumpTo(firstDiv); }, text: "Go to first divergence" }));
   const count = el("div", { class: "count", id: "row-count" });
@@ -466,12 +531,13 @@ function exportChart(key, name, kind) {
 }
 
 // -- cluster view (frontend/src/cluster.js) --------------------------------------------------------
-const cluster = makeCluster({ el, api, state, pane: panes.cluster, guard, openCell, openRecord, cellLabel });
+const cluster = makeCluster({ el, api, state, pane: panes.cluster, guard, openCell, openRecord, cellLabel, changed: () => remember() });
 window.__msprobe.cluster = cluster;
 
 // -- record detail -----------------------------------------------------------------------------
 async function openRecord(record, rowName) {
   state.record = record;
+  state.row = rowName || null;
   const r = await guard(() => api.record(state.cell, record));
   if (!r) return;
   const p = panes.record;
@@ -532,12 +598,17 @@ async function start() {
   state.meta = meta; state.overview = ov;
   document.getElementById("title").textContent = meta.title || "";
   document.title = "msprobe · " + (meta.title || "");
+  // a link opens its view; else the overview and the first divergent cell
+  const link = window.location.hash;
+  applying++;
   show("overview");
   // the first cell's list is asked for before the heatmap is drawn: the server answers meanwhile
   const firstCell = ov.first_cell !== null ? ov.first_cell : (meta.cells[0] || { cell: 0 }).cell;
   openCell(firstCell, null);
   renderOverview();
+  applying--;
   mark("overview");
+  if (!(await follow(link))) window.history.replaceState(null, "", linkOf());
   const ms = Math.round(performance.now() - t0);
   setStatus(`ready in ${ms} ms`);
   document.body.setAttribute("data-ready", String(ms));

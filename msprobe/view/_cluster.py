@@ -11,9 +11,17 @@ anomaly is :func:`msprobe.format.cluster.first_anomaly` of the dump (one dump, a
 :meth:`StepCluster.page` answers a page of lanes (``lane_begin``..``lane_end``, at most
 :data:`MAX_LANES`), the matched point-to-point calls and collectives among them, the anomaly with
 its path, and every lane's counts (so 1,024 ranks are one small table and a few pages of lanes).
+
+A lane does not draw every anomalous record: after a NaN most records of a real rank are NaN (tens of
+thousands). Each run of anomalous records between two drawn records (a communication call, the
+anomaly, a hop of its path) is one node of kind ``run`` with its count, first and last record and
+its first :data:`RUN_MEMBERS` members (the lane's first :data:`HELD_MEMBERS` anomalous records are
+held by name), so a lane's nodes are bounded by its communication calls, never by its anomalies.
 """
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
@@ -29,7 +37,7 @@ from msprobe.format.comm import (
 )
 from msprobe.readers import records_of
 
-__all__ = ["StepCluster", "build_cluster", "MAX_LANES", "MAX_NODES", "LANES_PAGE"]
+__all__ = ["StepCluster", "build_cluster", "assemble", "MAX_LANES", "MAX_NODES", "LANES_PAGE"]
 
 #: lanes answered at most at once, and by default
 MAX_LANES = 64
@@ -37,8 +45,14 @@ LANES_PAGE = 16
 #: records kept per lane (communication calls and anomalous records, the earliest first; the
 #: anomaly and its path always)
 MAX_NODES = 400
-#: anomalous rows read per cell
+#: communication rows read per cell (the receive-buffer check)
 _MAX_ROWS = 5000
+#: a run's members answered with it (an expanded run shows these), and the anomalous records of a
+#: lane held by name (the earliest; a run's members past them are counted, not named)
+RUN_MEMBERS = 50
+HELD_MEMBERS = 200
+_SEVERITY = {"warning": 1, "error": 2}
+_RESULT = {0: "", 1: "warning", 2: "error"}
 _COMM = tuple(prefix + "." for prefix in COMM_PREFIXES)
 #: the summary entries of a compare shown on the view, the first present on the step being the anomaly
 _COMPARE_MARKS = (("origin", "error enters"), ("first_nan_inf_target", "first NaN/Inf"),
@@ -59,6 +73,13 @@ class Lane:
     nodes: dict = field(default_factory=dict)  # record index -> node
     readable: bool = True
     dropped: int = 0  # records of the view's kinds past MAX_NODES, not drawn
+    # the anomalous records that are no communication call: their indexes (ascending), flags
+    # (severity << 1 | NaN/Inf) and the names of the first HELD_MEMBERS and of each run's ends
+    bad: Any = field(default_factory=lambda: array("i"))
+    flags: bytearray = field(default_factory=bytearray)
+    names: dict = field(default_factory=dict)  # index -> (record, row)
+    drawn: list = field(default_factory=list)  # the nodes a page draws (runs collapsed), made once
+    kept: set = field(default_factory=set)  # indexes drawn whatever the bound (the anomaly, its path)
 
     def summary(self) -> dict:
         return {"rank": self.rank, "rank_dir": self.rank_dir, "cell": self.cell, "records": self.records,
@@ -83,9 +104,12 @@ class StepCluster:
         self.marks = marks
         self.note = note
         self._by_rank = {lane.rank: lane for lane in lanes}
+        for lane in lanes:
+            _draw_lane(lane)
 
-    def _node(self, rank: int, index: int) -> dict:
-        node = dict(self._by_rank[rank].nodes[index])
+    def _node(self, rank: int, drawn: dict) -> dict:
+        node = dict(drawn)
+        index = node["i"]
         node["level"] = self.graph.order_key(rank, index)[0]
         call = self.graph.call_at(rank, index)
         if call is not None:
@@ -125,8 +149,8 @@ class StepCluster:
         lanes = []
         shown: set = set()
         for lane in picked:
-            nodes = [self._node(lane.rank, index) for index in sorted(lane.nodes)]
-            shown.update((lane.rank, node["i"]) for node in nodes)
+            nodes = [self._node(lane.rank, node) for node in lane.drawn]
+            shown.update((lane.rank, node["i"]) for node in nodes if node["kind"] != "run")
             lanes.append(dict(lane.summary(), nodes=nodes, shown=len(nodes)))
         p2p, colls = self._links(shown)
         anomaly_lane = None
@@ -141,53 +165,123 @@ class StepCluster:
 
 
 def _anomalous_rows(data: Any, run: Any, step: Any) -> dict:
-    """{cell: rows} of the step's cells the view marks: divergent or NaN/Inf rows, and every
-    communication record's rows (the first :data:`_MAX_ROWS` of a cell), in one query."""
+    """{cell: (communication rows, anomalous records)} of the step's cells: every communication
+    record's rows (the first :data:`_MAX_ROWS` of a cell: a receive buffer's rows are no anomaly) and
+    every other record with a divergent or NaN/Inf row, one tuple ``(record, first such row, NaN/Inf,
+    severity)`` a record (a rank of 20,000 records, most NaN after a NaN, is one grouped query)."""
     comm = " OR ".join(f"starts_with(record, '{prefix}')" for prefix in _COMM)
-    found = data.query(f"""SELECT cell, record, name, result, nan_inf, {data.divergent_sql} AS bad FROM rows
-        WHERE cell IN (SELECT cell FROM cells WHERE run IS NOT DISTINCT FROM ? AND step IS NOT DISTINCT FROM ?)
-        AND ({data.divergent_sql} OR {comm})
-        QUALIFY row_number() OVER (PARTITION BY cell ORDER BY i) <= {_MAX_ROWS} ORDER BY cell, i""", [run, step])
+    in_step = "cell IN (SELECT cell FROM cells WHERE run IS NOT DISTINCT FROM ? AND step IS NOT DISTINCT FROM ?)"
     out: dict = {}
-    for row in found:
-        out.setdefault(row["cell"], []).append(row)
+    for row in data.query(f"""SELECT cell, record, name, result, nan_inf, {data.divergent_sql} AS bad FROM rows
+            WHERE {in_step} AND ({comm})
+            QUALIFY row_number() OVER (PARTITION BY cell ORDER BY i) <= {_MAX_ROWS} ORDER BY cell, i""", [run, step]):
+        out.setdefault(row["cell"], ([], []))[0].append(row)
+    cur = data.cursor()
+    try:
+        found = cur.execute(f"""SELECT cell, record, arg_min(name, i), bool_or(nan_inf),
+            max(CASE result WHEN 'error' THEN 2 WHEN 'warning' THEN 1 ELSE 0 END) FROM rows
+            WHERE {in_step} AND {data.divergent_sql} AND NOT ({comm}) GROUP BY cell, record""", [run, step]).fetchall()
+    finally:
+        cur.close()
+    for cell, record, name, nan_inf, severity in found:
+        out.setdefault(cell, ([], []))[1].append((record, name, bool(nan_inf), int(severity or 0)))
     return out
 
 
-def _mark_rows(lane: Lane, records: dict, rows: list, positions: dict) -> None:
-    """Add to ``lane`` the records of its anomalous rows (a receive buffer's rows are no anomaly)."""
+def _mark_comm_rows(lane: Lane, records: dict, rows: list, positions: dict) -> None:
+    """Mark the communication calls of ``lane`` that have an anomalous row (a receive buffer's rows
+    before the call are no anomaly)."""
     buffers: dict = {}
     for row in rows:
         record = row["record"]
         index = positions.get(record)
-        if index is None:
+        node = lane.nodes.get(index) if index is not None else None
+        if node is None:
             continue
-        if record.startswith(_COMM):
-            if record not in buffers:
-                buffers[record] = buffer_args(record, records.get(record), lane.rank)
-            if is_buffer_leaf(row["name"][len(record) + 1:], buffers[record]):
-                continue
-        if not row["bad"]:
+        if record not in buffers:
+            buffers[record] = buffer_args(record, records.get(record), lane.rank)
+        if not row["bad"] or is_buffer_leaf(row["name"][len(record) + 1:], buffers[record]):
             continue
-        node = lane.nodes.setdefault(index, {"i": index, "record": record, "kind": "anomaly", "result": "",
-                                             "nan_inf": False, "row": row["name"]})
         node["nan_inf"] = node["nan_inf"] or bool(row["nan_inf"])
         node["result"] = _worse(node["result"], "nan_inf" if row["nan_inf"] else str(row["result"] or ""))
         node.setdefault("row", row["name"])
 
 
-def _fill_lane(lane: Lane, records: dict, calls: list, rows: list) -> None:
-    """The lane's nodes: its communication calls and anomalous records, the earliest :data:`MAX_NODES`."""
+def _fill_lane(lane: Lane, records: dict, calls: list, rows: tuple) -> None:
+    """The lane's communication calls (nodes) and its other anomalous records (``bad``, ``flags``)."""
     lane.records = len(records)
     lane.comm = len(calls)
     for call in calls:
         lane.nodes[call.index] = {"i": call.index, "record": call.name, "kind": "comm", "result": "", "nan_inf": False}
-    positions = {name: k for k, name in enumerate(records)} if rows else {}
-    _mark_rows(lane, records, rows, positions)
-    lane.anomalous = sum(1 for node in lane.nodes.values() if node["nan_inf"] or node["result"] in ("error", "warning"))
-    for index in sorted(lane.nodes)[MAX_NODES:]:
-        del lane.nodes[index]
-        lane.dropped += 1
+    comm_rows, bad = rows
+    positions = {name: k for k, name in enumerate(records)} if comm_rows or bad else {}
+    _mark_comm_rows(lane, records, comm_rows, positions)
+    found = sorted((positions[record], record, name, nan_inf, severity) for record, name, nan_inf, severity in bad
+                   if record in positions and positions[record] not in lane.nodes)
+    lane.bad = array("i", (entry[0] for entry in found))
+    lane.flags = bytearray(entry[4] << 1 | entry[3] for entry in found)
+    lane.names = {entry[0]: (entry[1], entry[2]) for entry in found[:HELD_MEMBERS]}
+    lane.anomalous = sum(1 for node in lane.nodes.values() if node["nan_inf"] or node["result"] in ("error", "warning")) \
+        + sum(1 for flag in lane.flags if flag)
+    # the ends of each stretch between two communication calls are named (a run's first and last record)
+    stops = sorted(lane.nodes)
+    for k, (index, record, name, _nan, _sev) in enumerate(found):
+        if k == 0 or k == len(found) - 1 or bisect_left(stops, index) != bisect_left(stops, found[k - 1][0]) \
+                or bisect_left(stops, index) != bisect_left(stops, found[k + 1][0]):
+            lane.names[index] = (record, name)
+
+
+def _member(lane: Lane, k: int) -> dict:
+    """The ``k``-th anomalous record of ``lane`` as a node (named when held)."""
+    index, flag = lane.bad[k], lane.flags[k]
+    record, row = lane.names.get(index, (None, None))
+    return {"i": index, "record": record, "row": row, "kind": "anomaly", "nan_inf": bool(flag & 1),
+            "result": "nan_inf" if flag & 1 else _RESULT[flag >> 1]}
+
+
+def _draw_lane(lane: Lane) -> None:
+    """``lane.drawn``: its nodes (communication calls, the anomaly and its path) and between two of
+    them each run of anomalous records as one node (a run of one: the record itself), ascending; the
+    earliest :data:`MAX_NODES` of them drawn (kept nodes always)."""
+    stops = sorted(lane.nodes)
+    drawn = []
+    k = 0
+    total = len(lane.bad)
+    while k < total:
+        index = lane.bad[k]
+        if index in lane.nodes:  # the anomaly itself: its flags go to its node
+            node = lane.nodes[index]
+            member = _member(lane, k)
+            node["nan_inf"] = node["nan_inf"] or member["nan_inf"]
+            node["result"] = _worse(node["result"], member["result"])
+            node.setdefault("row", member["row"])
+            k += 1
+            continue
+        stop = bisect_left(stops, index)
+        end = k
+        while end + 1 < total and lane.bad[end + 1] not in lane.nodes and bisect_left(stops, lane.bad[end + 1]) == stop:
+            end += 1
+        first = _member(lane, k)
+        if end == k:
+            drawn.append(first)
+        else:
+            last = _member(lane, end)
+            flags = lane.flags[k:end + 1]
+            worst = max(flag >> 1 for flag in flags)
+            nan = any(flag & 1 for flag in flags)
+            members = [_member(lane, j) for j in range(k, min(end + 1, k + RUN_MEMBERS))]
+            drawn.append({"i": first["i"], "last": last["i"], "count": end - k + 1, "kind": "run",
+                          "record": first["record"], "last_record": last["record"], "row": first["row"],
+                          "nan_inf": nan, "result": "nan_inf" if nan else _RESULT[worst],
+                          "members": [m for m in members if m["record"] is not None]})
+        k = end + 1
+    drawn.extend(lane.nodes.values())
+    drawn.sort(key=lambda node: node["i"])
+    if len(drawn) > MAX_NODES:
+        keep = {id(node) for node in drawn[:MAX_NODES]} | {id(lane.nodes[index]) for index in lane.kept}
+        lane.dropped = sum(node.get("count", 1) for node in drawn if id(node) not in keep)
+        drawn = [node for node in drawn if id(node) in keep]
+    lane.drawn = drawn
 
 
 def _keep(lanes: dict, rank: Any, index: Any, record: str, kind: str) -> None:
@@ -196,13 +290,14 @@ def _keep(lanes: dict, rank: Any, index: Any, record: str, kind: str) -> None:
     if lane is None or not isinstance(index, int):
         return
     lane.nodes.setdefault(index, {"i": index, "record": record, "kind": kind, "result": "", "nan_inf": False})
+    lane.kept.add(index)
 
 
 class _Reader:
     """Reads each lane's records once, for the graph, the lane and (a dump) the first anomaly."""
 
-    def __init__(self, data: Any, cells: list, rows: dict) -> None:
-        self.data = data
+    def __init__(self, read: Any, cells: list, rows: dict) -> None:
+        self.read = read  # a row of cells -> (its source or None, its records)
         self.cells = cells
         self.rows = rows
         self.lanes: dict = {}
@@ -215,23 +310,30 @@ class _Reader:
             rank = cell_row["rank"] if cell_row["rank"] is not None else pos
             lane = Lane(rank, str(cell_row["rank_dir"]), int(cell_row["cell"]))
             self.lanes[rank] = lane
-            source = None
-            try:
-                source = self.data.located_row("target", cell_row)[1]
-                records = records_of(source) if source is not None else {}
-            except (MsprobeError, OSError, ValueError):
-                records = {}
+            source, records = self.read(cell_row)
             if source is None or not records:
                 lane.readable = source is not None and bool(records)
                 self.unreadable += 0 if lane.readable else 1
             calls = calls_in(records, rank)
             self.calls[rank] = calls
-            _fill_lane(lane, records, calls, self.rows.get(lane.cell, []))
+            _fill_lane(lane, records, calls, self.rows.get(lane.cell, ([], [])))
             self.names[rank] = {name: k for k, name in enumerate(records)
-                                if name.startswith(_COMM) or k in lane.nodes}
+                                if name.startswith(_COMM) or k in lane.nodes or k in lane.names}
             yield rank, records
-            if source is not None:
+            if source is not None and hasattr(source, "release"):
                 source.release()
+
+
+def _read_target(data: Any) -> Any:
+    """The reader of a view's target ranks: a row of cells -> (its source or None, its records)."""
+    def read(cell_row: dict) -> tuple:
+        source = None
+        try:
+            source = data.located_row("target", cell_row)[1]
+            return source, (records_of(source) if source is not None else {})
+        except (MsprobeError, OSError, ValueError):
+            return source, {}
+    return read
 
 
 def _hops(path: Any, names: dict) -> list:
@@ -269,8 +371,16 @@ def build_cluster(data: Any, cell_row: dict) -> StepCluster:
     run, step = cell_row["run"], cell_row["step"]
     cells = data.query("""SELECT * FROM cells WHERE run IS NOT DISTINCT FROM ?
         AND step IS NOT DISTINCT FROM ? ORDER BY rank NULLS LAST, rank_dir""", [run, step])
-    reader = _Reader(data, cells, _anomalous_rows(data, run, step))
-    use_summary = any(isinstance(data.summary.get(key), dict) for key, _ in _COMPARE_MARKS)
+    return assemble(run, step, cells, _anomalous_rows(data, run, step), _read_target(data), data.summary)
+
+
+def assemble(run: Any, step: Any, cells: list, rows: dict, read: Any, summary: dict) -> StepCluster:
+    """The :class:`StepCluster` of a step from its ``cells`` (rows of ``cells``: cell, rank, rank_dir),
+    their anomalous ``rows`` (:func:`_anomalous_rows`), ``read`` (a row of cells -> (its source or
+    None, its records), each rank read once) and compare's ``summary`` (``{}``: the first NaN/Inf of
+    the dumps themselves)."""
+    reader = _Reader(read, cells, rows)
+    use_summary = any(isinstance(summary.get(key), dict) for key, _ in _COMPARE_MARKS)
     found = None
     if use_summary:
         for _ in reader.ranks():
@@ -279,7 +389,7 @@ def build_cluster(data: Any, cell_row: dict) -> StepCluster:
         found = first_anomaly(reader.ranks())
     graph = graph_from_calls(reader.calls)
     if use_summary:
-        marks = _compare_marks(data.summary, step, run, reader)
+        marks = _compare_marks(summary, step, run, reader)
     elif found is not None:
         marks = [{"key": "first_nan_inf", "label": "first " + ("NaN" if found["kind"] == "nan" else "Inf"),
                   "rank": found["rank"], "rank_dir": reader.lanes[found["rank"]].rank_dir, "record": found["record"],

@@ -108,10 +108,16 @@ def test_a_lane_is_bounded(pipeline, monkeypatch, tmp_path):
     with open_view(os.path.join(pipeline, "target"), work_dir=str(tmp_path / "w")) as v:
         got = v.cluster(_cell(v, 1, "rank1"))
     lane = got["lanes"][1]
-    assert lane["dropped"] == 5 and lane["anomalous"] == 7
-    # the first 2, and the hops of the anomaly's path stay drawn on a bounded lane
-    assert [node["record"] for node in lane["nodes"]] == ["Distributed.recv.0.forward", "Functional.linear.0.forward",
-                                                           "Distributed.send.0.forward", "Distributed.all_reduce.0.forward"]
+    # rank 1's NaN records between its receive and its send are one run (3 records): the first 2
+    # nodes and the hops of the anomaly's path stay drawn on a bounded lane, the last add_ is dropped
+    assert lane["dropped"] == 1 and lane["anomalous"] == 7
+    assert [(node["record"], node.get("count")) for node in lane["nodes"]] == [
+        ("Distributed.recv.0.forward", None), ("Functional.linear.0.forward", 3), ("Distributed.send.0.forward", None),
+        ("Distributed.all_reduce.0.forward", None)]
+    run = lane["nodes"][1]
+    assert (run["kind"], run["i"], run["last"], run["last_record"]) == ("run", 1, 3, "Tensor.mean.0.forward")
+    assert [m["record"] for m in run["members"]] == ["Functional.linear.0.forward", "Functional.relu.0.forward",
+                                                    "Tensor.mean.0.forward"]
     assert {node["record"] for node in got["lanes"][0]["nodes"]} >= {ORIGIN, "Distributed.send.0.forward"}
 
 
