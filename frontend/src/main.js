@@ -105,7 +105,8 @@ function remember() {
 function cellOf(p) {
   const cells = state.meta.cells;
   if (p.has("rank") || p.has("step") || p.has("run")) {
-    const found = cells.find((c) => (c.run ?? "") === (p.get("run") ?? "") && String(c.step ?? "") === (p.get("step") ?? "")
+    // a value the link leaves out matches any (a link of one run's step 1, rank 0 needs no run)
+    const found = cells.find((c) => (!p.has("run") || (c.run ?? "") === p.get("run")) && (!p.has("step") || String(c.step ?? "") === p.get("step"))
       && (!p.has("rank") || c.rank_dir === p.get("rank")));
     if (found) return found.cell;
     setStatus(`the link's cell (${p.get("run") ? p.get("run") + " / " : ""}step ${p.get("step") ?? "-"} · ${p.get("rank") ?? "-"}) is not in this view`, true);
@@ -608,10 +609,10 @@ async function start() {
   renderOverview();
   applying--;
   mark("overview");
-  if (!(await follow(link))) window.history.replaceState(null, "", linkOf());
   const ms = Math.round(performance.now() - t0);
   setStatus(`ready in ${ms} ms`);
-  document.body.setAttribute("data-ready", String(ms));
+  if (!(await follow(link))) window.history.replaceState(null, "", linkOf());
+  document.body.setAttribute("data-ready", String(Math.round(performance.now() - t0)));
 }
 start().catch((e) => setStatus(String(e.message || e), true));
 window.addEventListener("resize", () => resizeCharts());
