@@ -27,7 +27,7 @@ from msprobe.compare._summary import FIRST_KEYS, PairSummary
 from msprobe.compare._write import XLSX_FILLS, write_header, write_xlsx
 from msprobe.compare._xframe import XFrame, match_xframe, mindspore_against_pytorch
 from msprobe.errors import ConfigError, MissingDependencyError
-from msprobe.execution import Executor
+from msprobe.execution import Executor, Outbox, Shipment, ship
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.stats import MAX
 from msprobe.progress import Progress
@@ -231,13 +231,25 @@ def _open_one(url: str, storage_options: Optional[dict]) -> Any:
     return sources[0]
 
 
-def _pair_task(job: PairJob) -> dict:
+def _pair_task(job: PairJob) -> Any:
     """One rank pair, opened from its URLs through msprobe.readers (nothing is shared with
-    the caller but the job)."""
+    the caller but the job); with an outbox, its report in a :class:`Shipment` (with the files
+    when this machine does not see the caller's folder)."""
     storage_options = job.storage_options
     with gc_paused():
-        return _run_pair(_open_one(job.target_url, storage_options), _open_one(job.bench_url, storage_options),
-                         job.out_dir, storage_options, CompareOptions.of(job.options))
+        target, bench = _open_one(job.target_url, storage_options), _open_one(job.bench_url, storage_options)
+        options = CompareOptions.of(job.options)
+        if job.outbox is None:
+            return _run_pair(target, bench, job.out_dir, storage_options, options)
+        return ship(job.outbox, lambda folder: compare_rank_pair(target, bench, folder, options),
+                    lambda report: report["files"])
+
+
+def _received(outbox: Outbox, shipment: Shipment) -> dict:
+    """A rank pair's report, its files written into the outbox here and named as they lie there."""
+    report = outbox.receive(shipment)
+    report["files"] = [outbox.name(path) for path in report["files"]]
+    return report
 
 
 def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None, rank: Optional[int] = None,
@@ -340,6 +352,13 @@ def _run_pairs(pairs: list, out_dir: str, storage_options: Optional[dict], optio
     executor = Executor(client if client is not None else scheduler, processes=max(int(workers), 1))
     backend = executor.backend(len(pairs))
     try:
+        if backend == "dask" and not is_remote(out_dir):  # the workers may not share this disk
+            with Outbox.opened(local_dir(out_dir)) as outbox, \
+                    Progress(len(pairs), "compare", "rank pairs", progress) as bar:
+                jobs = [PairJob(target.url, bench.url, storage_options, out_dir, options, outbox)
+                        for target, bench in pairs]
+                return executor.map(_pair_task, jobs, progress=bar,
+                                    sink=lambda shipment: _received(outbox, shipment)), backend
         if backend != "in-process":
             jobs = [PairJob(target.url, bench.url, storage_options, out_dir, options) for target, bench in pairs]
             with Progress(len(pairs), "compare", "rank pairs", progress) as bar:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Optional, Union
 
 from msprobe.errors import ConfigError
+from msprobe.execution import Outbox
 
 __all__ = ["CompareOptions", "PairJob", "MODES"]
 
@@ -69,10 +70,13 @@ class CompareOptions:
 class PairJob:
     """One rank pair as a process-pool or Dask task: its two rank directories' URLs, the
     storage options, where the files go and the compare's options (:class:`CompareOptions`, or
-    :func:`msprobe.compare.compare_pair`'s keyword arguments as a dict)."""
+    :func:`msprobe.compare.compare_pair`'s keyword arguments as a dict). ``outbox``: the
+    caller's folder ``out_dir`` as a Dask task sees it (its files then come back with the
+    result where the worker's machine does not share the caller's disk)."""
 
     target_url: str
     bench_url: str
     storage_options: Optional[dict]
     out_dir: str
     options: Union[CompareOptions, dict]
+    outbox: Optional[Outbox] = None

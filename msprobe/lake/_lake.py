@@ -91,14 +91,18 @@ class Lake:
         self.timings: dict = {}
         self.stats: dict = {}
         try:
-            self._open(refresh, max_depth)
-        except _Relocate:  # the read-only root's own lake needs building: build it in the cache instead
-            assert self._fallback is not None  # (_Relocate is raised only with a fallback)
-            url, note = self._fallback
-            self._fallback = None
-            self._note(note)
-            self._use(url, None, refresh)
-            self._open(refresh, max_depth)
+            try:
+                self._open(refresh, max_depth)
+            except _Relocate:  # the read-only root's own lake needs building: build it in the cache instead
+                assert self._fallback is not None  # (_Relocate is raised only with a fallback)
+                url, note = self._fallback
+                self._fallback = None
+                self._note(note)
+                self._use(url, None, refresh)
+                self._open(refresh, max_depth)
+        except BaseException:
+            self.runner.close()  # a client it connected to a scheduler, a LocalCluster it started
+            raise
 
     # -- opening: msprobe.lake._place says where, msprobe.lake._refresh plans and applies ---------------------
     def _say(self, what: str) -> None:

@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import os
 import shutil
 import tempfile
 import time
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from msprobe.compare import (
     add_paths,
@@ -34,7 +35,7 @@ from msprobe.compare import (
     pair_sources,
 )
 from msprobe.errors import ConfigError, MissingDependencyError
-from msprobe.execution import star
+from msprobe.execution import Outbox, Shipment, ship, star
 from msprobe.format.comm import CommCall, comm_api, describe_path, graph_from_calls, propagation
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
 from msprobe.format.layout import RankLocation
@@ -300,11 +301,30 @@ def _loc(src: Any) -> tuple:
     return (src.prefix, src.step, src.rank_dir, src.rank, src.split)
 
 
-def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, mode: str, out_dir: Optional[str],
-                   timestamp: str) -> list:
+def _files_of(summaries: list) -> list:
+    return [path for summary in summaries for path in summary["files"]]
+
+
+def _received(outbox: Optional[Outbox], got: Any) -> list:
+    """A task's summaries, the files it shipped written into the caller's folder and named as
+    they lie there."""
+    if outbox is None:
+        return got
+    summaries = outbox.receive(got)
+    for summary in summaries:
+        summary["files"] = [outbox.name(path) for path in summary["files"]]
+    return summaries
+
+
+def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, mode: str,
+                   out_dir: Union[None, str, Outbox], timestamp: str) -> Union[list, Shipment]:
     """Task: :func:`msprobe.compare.compare_pair` on each (target loc, bench loc); the CSVs go
-    to ``out_dir`` (a temporary directory, removed, when None). Returns the summaries
-    without their per-summary series."""
+    to ``out_dir`` (a temporary directory, removed, when None; an :class:`Outbox`: the caller's
+    folder, the summaries then in a :class:`Shipment`). Returns the summaries without their
+    per-summary series."""
+    if isinstance(out_dir, Outbox):
+        return ship(out_dir, lambda folder: _compare_batch(root_url, storage_options, pairs, mode, folder, timestamp),
+                    _files_of)
     store = Prefetched(cached_store(root_url, storage_options))
     store.prefetch([loc[0] for pair in pairs for loc in pair], (DUMP_JSON, DEBUG_JSON, STACK_JSON, CONSTRUCT_JSON))
     tmp = None
@@ -334,10 +354,14 @@ def _compare_batch(root_url: str, storage_options: Optional[dict], pairs: list, 
 
 
 def _layout_batch(root_url: str, storage_options: Optional[dict], target_locs: list, bench_locs: list, mode: str,
-                  out_dir: Optional[str], timestamp: str, layouts: tuple) -> list:
+                  out_dir: Union[None, str, Outbox], timestamp: str, layouts: tuple) -> Union[list, Shipment]:
     """Task: one step of two runs under parallel layouts (``layouts``: target's, bench's): each side's
     ranks merged into its logical models (:mod:`msprobe.compare._layouts`), then compared; the
-    summaries carry ``layout`` (suspect ranks of the origin and first divergence)."""
+    summaries carry ``layout`` (suspect ranks of the origin and first divergence). ``out_dir``:
+    as :func:`_compare_batch`'s."""
+    if isinstance(out_dir, Outbox):
+        return ship(out_dir, lambda folder: _layout_batch(root_url, storage_options, target_locs, bench_locs, mode,
+                                                          folder, timestamp, layouts), _files_of)
     store = Prefetched(cached_store(root_url, storage_options))
     store.prefetch([loc[0] for loc in target_locs + bench_locs], (DUMP_JSON, STACK_JSON, CONSTRUCT_JSON))
     sides = [SimpleNamespace(sources=[RankSource(store, RankLocation(*loc)) for loc in locs])
@@ -363,7 +387,7 @@ def _layout_batch(root_url: str, storage_options: Optional[dict], target_locs: l
     return out
 
 
-def _layout_jobs(lake: Any, run_a: str, run_b: str, step: Optional[int], mode: str, out: Optional[str],
+def _layout_jobs(lake: Any, run_a: str, run_b: str, step: Optional[int], mode: str, out: Optional[Outbox],
                  timestamp: str, layouts: tuple) -> dict:
     """{(step, split): [one job of :func:`_layout_batch`]} for the steps both runs hold."""
     sides = []
@@ -416,13 +440,19 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     if run_a == run_b:
         raise ConfigError("diverge: give two different runs")
     timestamp = time.strftime("%Y%m%d%H%M%S")
-    if out is not None:
-        os.makedirs(out, exist_ok=True)
-    if layout or bench_layout:
-        layout_mode(mode)
-        return _diverge_steps(lake, run_a, run_b, _layout_jobs(lake, run_a, run_b, step, mode, out, timestamp,
-                                                               (layout, bench_layout)), _layout_batch, mode,
-                              all_steps)
+    # a Dask worker may not share this machine's disk: the CSVs then come back with the results
+    with Outbox.opened(out) if out is not None else contextlib.nullcontext() as outbox:
+        if layout or bench_layout:
+            layout_mode(mode)
+            return _diverge_steps(lake, run_a, run_b, _layout_jobs(lake, run_a, run_b, step, mode, outbox, timestamp,
+                                                                   (layout, bench_layout)), _layout_batch, mode,
+                                  all_steps, outbox)
+        return _diverge_pairs(lake, run_a, run_b, step, rank, mode, outbox, all_steps, batch, timestamp)
+
+
+def _diverge_pairs(lake: Any, run_a: str, run_b: str, step: Optional[int], rank: Optional[int], mode: str,
+                   outbox: Optional[Outbox], all_steps: bool, batch: int, timestamp: str) -> dict:
+    """:func:`diverge` of two runs without layouts: the rank pairs of each step in tasks of ``batch``."""
     target_sources, bench_sources = _sources(lake, run_a), _sources(lake, run_b)
     pairs = pair_sources(SimpleNamespace(sources=target_sources), SimpleNamespace(sources=bench_sources),
                          step=step, rank=rank)
@@ -430,22 +460,24 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
     for target, bench_source in pairs:
         step_key = (-1 if target.step is None else target.step, target.split or "")
         by_step.setdefault(step_key, []).append((_loc(target), _loc(bench_source)))
-    jobs = {key: [(lake.url, lake.storage_options, items[start:start + batch], mode, out, timestamp)
+    jobs = {key: [(lake.url, lake.storage_options, items[start:start + batch], mode, outbox, timestamp)
                   for start in range(0, len(items), batch)] for key, items in by_step.items()}
-    return _diverge_steps(lake, run_a, run_b, jobs, _compare_batch, mode, all_steps)
+    return _diverge_steps(lake, run_a, run_b, jobs, _compare_batch, mode, all_steps, outbox)
 
 
 def _diverge_steps(lake: Any, run_a: str, run_b: str, jobs_by_step: dict, task: Any, mode: str,
-                   all_steps: bool) -> dict:
+                   all_steps: bool, outbox: Optional[Outbox]) -> dict:
     """Run each step's jobs (``task``) in step order until a step diverges (every step with
-    ``all_steps``); the answer of :func:`diverge`."""
+    ``all_steps``); the answer of :func:`diverge`. ``outbox``: the folder the tasks' CSVs go to."""
     first = origin = None
     ranks: list = []
     steps_done: list = []
     n_pairs = 0
     used_mode = mode
     for key in sorted(jobs_by_step):
-        results = [summary for part in lake.runner.map(star(task), jobs_by_step[key]) for summary in part]
+        results = [summary for part in lake.runner.map(star(task), jobs_by_step[key],
+                                                       sink=lambda got: _received(outbox, got))
+                   for summary in part]
         n_pairs += len(results)
         steps_done.append(key[0] if key[0] >= 0 else None)
         if results:

@@ -270,6 +270,17 @@ class Refresher:
         self.say = say
         self.report = report
         self.marks: list = []
+        self._seen = False  # the lake's folder checked visible to the workers of a given cluster
+
+    def _for_tasks(self) -> Any:
+        """The lake's store, writable, for tasks to write into: on a given Dask cluster, a folder
+        of this machine is refused where a worker cannot see it (its files would land on the
+        worker's disk, and the lake would name files it does not hold)."""
+        store = self.writable()
+        if not self._seen and getattr(store, "is_local", False):
+            self.runner.check_sees(store.local_path(""), "the lake's folder")
+            self._seen = True
+        return store
 
     def _lap(self) -> None:
         self.marks.append(time.perf_counter())
@@ -361,7 +372,7 @@ class Refresher:
         """(the build tasks' row lists, the executor that ran them)."""
         if not builds.tasks:
             return [], "none"
-        self.writable()
+        self._for_tasks()
         places = self.places
         jobs = [_core.BuildJob(places.root_url, places.storage_options, places.lake_url, places.lake_options, run,
                                run_prefix, locs, compact)
@@ -376,7 +387,7 @@ class Refresher:
             rows[key]["compact_key"] = compact
         places = self.places
         if compaction.tasks:
-            self.writable()
+            self._for_tasks()
             self.say(f"compacting {len(compaction.tasks)} step(s)")
             self.runner.map(_core.compact_group,
                             [_core.CompactJob(places.lake_url, places.lake_options, compact, keys)
@@ -396,7 +407,7 @@ class Refresher:
         plan = _graph.plan_graphs(rows, state, refresh)
         graphs = dict(plan.keep)
         if plan.build:
-            self.writable()
+            self._for_tasks()
             places = self.places
             jobs = [_graph.GraphJob(places.root_url, places.storage_options, places.lake_url, places.lake_options,
                                     run, split, step, locs, where, fingerprint)
