@@ -311,9 +311,9 @@ class _Reader:
             lane = Lane(rank, str(cell_row["rank_dir"]), int(cell_row["cell"]))
             self.lanes[rank] = lane
             source, records = self.read(cell_row)
-            if source is None or not records:
-                lane.readable = source is not None and bool(records)
-                self.unreadable += 0 if lane.readable else 1
+            if not records:  # no source, or none of its records could be read
+                lane.readable = False
+                self.unreadable += 1
             calls = calls_in(records, rank)
             self.calls[rank] = calls
             _fill_lane(lane, records, calls, self.rows.get(lane.cell, ([], [])))
