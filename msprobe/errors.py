@@ -67,8 +67,17 @@ class UnknownDialectError(FormatError):
     """The layout or document does not match any dialect we know."""
 
 
+def _os_error_new(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """``__new__`` of the errors that are OSErrors too: OSError's, as construction uses. Without
+    it ``cls.__new__`` resolves to ValueError's, which refuses their layout: unpickling through
+    tblib (as Dask sends a task's error back) failed, and the client got a bare Exception."""
+    return OSError.__new__(cls, *args)
+
+
 class UnsafePathError(FormatError, PermissionError):
     """A name would escape its directory (``..``, absolute path, separator, symlink)."""
+
+    __new__ = _os_error_new
 
 
 class ConfigError(MsprobeError):
@@ -77,6 +86,8 @@ class ConfigError(MsprobeError):
 
 class StorageError(MsprobeError, OSError):
     """A storage operation failed."""
+
+    __new__ = _os_error_new
 
 
 class StorageNotFoundError(StorageError, FileNotFoundError):

@@ -140,12 +140,16 @@ class Executor:
             return
         with Outbox.opened(path) as box:
             seen = self.client().run(_sees, box)
-        blind = sorted(worker for worker, sees in seen.items() if not sees)
-        if blind:
-            raise ConfigError(f"{what} {path} is on this machine's disk, and the Dask worker(s) {', '.join(blind)} "
-                              f"cannot see it (another machine, no shared file system): give a folder they share "
-                              f"(an object store URL such as s3://..., or a shared file system), or run without "
-                              f"a scheduler")
+        _refuse([worker for worker, sees in seen.items() if not sees], path, what)
+
+    def check_reads(self, path: str, what: str) -> None:
+        """Refuse (ConfigError) a folder ``path`` of this machine that the jobs of a given Dask
+        cluster read and that one of its workers does not see as this machine does (the names and
+        file sizes of its listing differ: another machine's disk)."""
+        if self._given is None:
+            return
+        here = _listing(path)
+        _refuse([worker for worker, got in self.client().run(_listing, path).items() if got != here], path, what)
 
     def close(self) -> None:
         """Close what the executor started (a client it connected, a LocalCluster)."""
@@ -305,6 +309,22 @@ def ship(outbox: Outbox, run: Callable[[str], Any], written: Callable[[Any], lis
 
 def _sees(outbox: Outbox) -> bool:
     return outbox.visible()
+
+
+def _listing(path: str) -> Optional[list]:
+    """[(name, size of a file or -1)] of the folder ``path``, None where there is none."""
+    try:
+        with os.scandir(path) as entries:
+            return sorted((entry.name, entry.stat().st_size if entry.is_file() else -1) for entry in entries)
+    except OSError:
+        return None
+
+
+def _refuse(blind: list, path: str, what: str) -> None:
+    if blind:
+        raise ConfigError(f"{what} {path} is on this machine's disk, and the Dask worker(s) {', '.join(sorted(blind))} "
+                          f"cannot see it (another machine, no shared file system): give a place they share (an "
+                          f"object store URL such as s3://..., or a shared file system), or run without a scheduler")
 
 
 class star:

@@ -110,6 +110,19 @@ def test_compare_writes_every_csv_on_the_client(cluster, tmp_path, s3_server, s3
     for key in ("first_divergence", "origin", "first_nan_inf_target"):
         assert got[key] == ref[key]
 
+    # -o on the store: the workers upload their CSVs there
+    to_store = _run_json(["compare", "-tp", f"{s3_bucket_url}/a/step0", "-gp", f"{s3_bucket_url}/b/step0", "-o",
+                          f"{s3_bucket_url}/out", "--scheduler", address, "--storage-options", json.dumps(opts),
+                          "--no-plot", "--json"], capsys)
+    stored = {os.path.basename(path).rsplit("_", 1)[0]: store.get(path[len(s3_bucket_url) + 1:])
+              for pair in to_store["pairs"] for path in pair["files"]}
+    assert stored == _named_csvs(named, True)
+
+    # dumps on this machine's disk, which the workers cannot read: refused, in one line
+    capsys.readouterr()
+    assert main(["compare", "-tp", target, "-gp", bench, "-o", "out2", "--scheduler", address, "--no-plot"]) == 1
+    assert "cannot see it" in capsys.readouterr().err and not os.path.exists("out2")
+
 
 def test_lake_diverge_and_nan(cluster, tmp_path, s3_server, s3_bucket_url, capsys, monkeypatch):
     from msprobe.backends import open_store
@@ -146,4 +159,7 @@ def test_lake_diverge_and_nan(cluster, tmp_path, s3_server, s3_bucket_url, capsy
     # the lake's own files on the client's disk: the workers cannot write them there; refused
     capsys.readouterr()
     assert main(["lake", "nan", url, "--lake-dir", os.path.join(work, "own"), *remote]) == 1
-    assert "cannot see" in capsys.readouterr().err
+    assert "the lake's folder" in capsys.readouterr().err
+    # and so is a root on this machine's disk: the workers would read an empty folder
+    assert main(["lake", "nan", local, "--scheduler", address]) == 1
+    assert "the lake root" in capsys.readouterr().err

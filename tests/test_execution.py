@@ -96,3 +96,64 @@ def test_no_module_level_mutable_state():
         if isinstance(node, ast.Assign):
             assert isinstance(node.value, (ast.Constant, ast.List)) and all(
                 isinstance(t, ast.Name) and t.id.isupper() or t.id == "__all__" for t in node.targets), ast.dump(node)
+
+
+def _write_square(folder: str, n: int) -> dict:
+    path = os.path.join(folder, f"square{n}.txt")
+    with open(path, "w", encoding="ascii") as handle:
+        handle.write(str(n * n))
+    return {"files": [path]}
+
+
+def _files(result: dict) -> list:
+    return result["files"]
+
+
+def test_outbox_writes_in_place_where_seen_and_ships_elsewhere(tmp_path):
+    """A job that sees the caller's folder writes there; one that does not (its outbox's token is
+    in no marker there: another machine) ships its files back, and the caller writes them."""
+    from msprobe.execution import Outbox, ship
+
+    out = str(tmp_path / "out")
+    with Outbox.opened(out) as box:
+        assert os.path.isfile(box.marker) and box.visible()
+        here = ship(box, lambda folder: _write_square(folder, 3), _files)
+        assert here.files == {} and here.value["files"] == [os.path.join(out, "square3.txt")]
+        elsewhere = Outbox(box.path, box.where, "a-token-no-marker-holds")
+        assert not elsewhere.visible()
+        shipped = ship(elsewhere, lambda folder: _write_square(folder, 4), _files)
+        assert shipped.files == {"square4.txt": b"16"} and not shipped.value["files"][0].startswith(out)
+        assert not os.path.exists(shipped.value["files"][0])  # the stand-in folder is gone
+        assert not os.path.exists(os.path.join(out, "square4.txt"))
+        box.receive(shipped)
+        assert box.name(shipped.value["files"][0]) == os.path.join(out, "square4.txt")
+    assert sorted(os.listdir(out)) == ["square3.txt", "square4.txt"]  # the marker removed
+    with open(os.path.join(out, "square4.txt"), encoding="ascii") as handle:
+        assert handle.read() == "16"
+
+
+def test_sink_sees_each_result_as_its_job_finishes():
+    seen: list = []
+    for ex in (Executor(), Executor(processes=2)):
+        seen.clear()
+        with ex:
+            got = ex.map(square, [Job(i) for i in range(4)], sink=lambda result: seen.append(result[0]) or -result[0])
+        assert got == [0, -1, -4, -9] and sorted(seen) == [0, 1, 4, 9]
+
+
+@pytest.mark.parametrize("name", ["StorageError", "StorageNotFoundError", "StoragePermissionError",
+                                  "StorageTransientError", "UnsafePathError", "ConfigError"])
+def test_errors_survive_the_pickling_dask_sends_them_back_with(name):
+    """A task's error reaches the Dask client pickled through tblib: it must come back as itself
+    (ValueError.__new__ refused the errors that are OSErrors too, and the client got a bare
+    Exception that the CLI could not report in one line)."""
+    import pickle
+
+    import msprobe.errors
+
+    pickling_support = pytest.importorskip("tblib.pickling_support")
+    cls = getattr(msprobe.errors, name)
+    error = cls("gone")
+    pickling_support.install(error)
+    got = pickle.loads(pickle.dumps(error))
+    assert type(got) is cls and got.args == ("gone",) and str(got) == "gone"

@@ -352,7 +352,11 @@ def _run_pairs(pairs: list, out_dir: str, storage_options: Optional[dict], optio
     executor = Executor(client if client is not None else scheduler, processes=max(int(workers), 1))
     backend = executor.backend(len(pairs))
     try:
-        if backend == "dask" and not is_remote(out_dir):  # the workers may not share this disk
+        if backend == "dask":  # the workers of a given cluster may not share this machine's disk
+            for source in pairs[0]:
+                if not is_remote(source.url):
+                    executor.check_reads(local_dir(source.url), "the dump folder")
+        if backend == "dask" and not is_remote(out_dir):
             with Outbox.opened(local_dir(out_dir)) as outbox, \
                     Progress(len(pairs), "compare", "rank pairs", progress) as bar:
                 jobs = [PairJob(target.url, bench.url, storage_options, out_dir, options, outbox)

@@ -277,8 +277,9 @@ class Refresher:
         of this machine is refused where a worker cannot see it (its files would land on the
         worker's disk, and the lake would name files it does not hold)."""
         store = self.writable()
-        if not self._seen and getattr(store, "is_local", False):
-            self.runner.check_sees(store.local_path(""), "the lake's folder")
+        path = store.local_path("") if store.is_local else None
+        if not self._seen and path:
+            self.runner.check_sees(path, "the lake's folder")
             self._seen = True
         return store
 
@@ -288,6 +289,9 @@ class Refresher:
     def run(self, refresh: str, max_depth: int) -> RefreshResult:
         places = self.places
         self.marks = [time.perf_counter()]
+        root_path = self.root.local_path("") if self.root.is_local else None
+        if root_path:  # the workers of a given cluster read it too
+            self.runner.check_reads(root_path, "the lake root")
         found = _core.discover_runs(self.root, max_depth)
         self.say(f"{len(found)} run(s)")
         infos = self.runner.map(star(_core.discover_run),
