@@ -7,7 +7,7 @@ matches its meaning, so callers can catch either.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 __all__ = [
     "MsprobeError",
@@ -67,17 +67,16 @@ class UnknownDialectError(FormatError):
     """The layout or document does not match any dialect we know."""
 
 
-def _os_error_new(cls: type, *args: Any, **kwargs: Any) -> Any:
-    """``__new__`` of the errors that are OSErrors too: OSError's, as construction uses. Without
-    it ``cls.__new__`` resolves to ValueError's, which refuses their layout: unpickling through
-    tblib (as Dask sends a task's error back) failed, and the client got a bare Exception."""
-    return OSError.__new__(cls, *args)
+#: an error that is an OSError too (its ``__new__`` is OSError's)
+_OSE = TypeVar("_OSE", bound=OSError)
 
 
 class UnsafePathError(FormatError, PermissionError):
     """A name would escape its directory (``..``, absolute path, separator, symlink)."""
 
-    __new__ = _os_error_new
+    def __new__(cls: type[_OSE], *args: Any, **kwargs: Any) -> _OSE:
+        """OSError's, as construction uses (see :meth:`StorageError.__new__`)."""
+        return OSError.__new__(cls, *args)
 
 
 class ConfigError(MsprobeError):
@@ -87,7 +86,11 @@ class ConfigError(MsprobeError):
 class StorageError(MsprobeError, OSError):
     """A storage operation failed."""
 
-    __new__ = _os_error_new
+    def __new__(cls: type[_OSE], *args: Any, **kwargs: Any) -> _OSE:
+        """OSError's, as construction uses. Without it ``cls.__new__`` resolves to ValueError's,
+        which refuses this layout: unpickling through tblib (as Dask sends a task's error back)
+        failed, and the client got a bare Exception."""
+        return OSError.__new__(cls, *args)
 
 
 class StorageNotFoundError(StorageError, FileNotFoundError):
