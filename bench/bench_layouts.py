@@ -80,6 +80,8 @@ TOOLS = [("compare", "compare (first NaN; x1.05: first divergence)"), ("compare_
          ("lake_diverge", "lake diverge (origin)"), ("lake_nan", "lake nan")]
 FAULT_STEP = 1
 KINDS = ("nan", "scale")
+#: options of every run (--level, --optimizer): bench/megatron_layouts.py's launch() keywords
+OPTIONS: dict = {}
 
 
 # -- the runs ---------------------------------------------------------------------------------------
@@ -112,7 +114,7 @@ def dump_run(out: str, run: str, variant: str, fault: Optional[dict], log: Any =
     for path in (dump, truth):
         shutil.rmtree(path, ignore_errors=True)
     t0 = time.time()
-    sidecars = ml.launch(dump, truth, **RUNS[run], **(fault or {}))
+    sidecars = ml.launch(dump, truth, **RUNS[run], **OPTIONS, **(fault or {}))
     if log:
         log(f"dumped {name} ({world} ranks) in {time.time() - t0:.0f} s")
     return sidecars
@@ -142,7 +144,7 @@ def injected(sidecars: list) -> dict:
     return found
 
 
-def truth(sidecars: list, single: list) -> dict:
+def truth(sidecars: list, single: list, run_path: Optional[str] = None) -> dict:
     """What a hit names: {step, rank, stage ranks, logical names (the single card's names of the
     injected site and of its module record), local names (the rank's own)}."""
     inj = injected(sidecars)
@@ -152,7 +154,27 @@ def truth(sidecars: list, single: list) -> dict:
     sites = single[0]["sites"][str(inj["step"])]
     logical = [sites[inj["site"]]] + ([sites[inj["site"] + ".module"]] if inj["kind"] == "scale" else [])
     return {"kind": inj["kind"], "step": inj["step"], "rank": inj["rank"], "stage_ranks": stage,
-            "logical": logical, "local": [inj["record"]] + list(inj["also"]), "site": inj["site"]}
+            "logical": logical, "local": [inj["record"]] + list(inj["also"]), "site": inj["site"],
+            "stage_renamed": _stage_renamed(run_path, sidecars, inj) if run_path else None}
+
+
+def _stage_renamed(run_path: str, sidecars: list, inj: dict) -> Optional[str]:
+    """The name today's stage-by-stage renaming (msprobe.format.parallel.stage_renames over the
+    first rank of each stage of the replica) gives the injected record: a diagnosis of misses whose
+    record is that name and not the single card's (None with virtual stages)."""
+    from msprobe.format.comm import comm_api
+    from msprobe.format.parallel import stage_renames
+
+    me = sidecars[inj["rank"]]
+    if me["vpp"] != 1:
+        return None
+    sizes, order = me["sizes"], tuple(me["order"])
+    names = []
+    for p in range(sizes["pp"]):
+        first = ml.stage_ranks(sizes, order, p, me["coords"]["dp"])[0]
+        with open(os.path.join(run_path, f"step{inj['step']}", f"rank{first}", "dump.json"), encoding="utf-8") as f:
+            names.append([name for name in json.load(f)["data"] if comm_api(name) is None])
+    return stage_renames(names)[me["coords"]["pp"]].get(inj["record"])
 
 
 def check_dump(run_path: str, sidecars: list) -> None:
@@ -162,7 +184,7 @@ def check_dump(run_path: str, sidecars: list) -> None:
     rank_dir = "rank" if me["world"] == 1 else f"rank{inj['rank']}"
     with open(os.path.join(run_path, f"step{inj['step']}", rank_dir, "dump.json"), encoding="utf-8") as f:
         data = json.load(f)["data"]
-    missing = [name for name in [inj["record"]] + inj["also"] if name not in data]
+    missing = [name for name in [inj["record"]] if name not in data]  # (the module record: level mix only)
     if missing:
         raise RuntimeError(f"{run_path}: the sidecar's records {missing} are not in rank {inj['rank']}'s dump")
 
@@ -245,11 +267,12 @@ def _cli(args: list) -> Any:
     """``msprobe ARGS`` in this process; its stdout parsed as JSON."""
     from msprobe.cli import main
 
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    buf, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         code = main(args)
     if code not in (0, None):
-        raise RuntimeError(f"msprobe {' '.join(args)} exited {code}")
+        said = [line for line in err.getvalue().splitlines() if line.strip()]
+        raise RuntimeError(f"msprobe {' '.join(args[:2])} exited {code}: {said[-1] if said else ''}")
     return json.loads(buf.getvalue())
 
 
@@ -310,7 +333,8 @@ def verdict(want: Optional[dict], ans: Optional[dict], tool: str) -> dict:
     if ans["step"] != want["step"]:
         problems.append(f"step {ans['step']}")
     if ans["record"] not in names:
-        problems.append("record")
+        problems.append("record" + (" (today's stage-by-stage name)" if tool != "lake_nan" and
+                                    ans["record"] == want.get("stage_renamed") else ""))
     if want["rank"] not in ans["ranks"]:
         problems.append("ranks " + (ans["why"] if not ans["ranks"] else f"{ans['ranks']} lack {want['rank']}"))
     elif not set(ans["ranks"]) <= set(want["stage_ranks"]):
@@ -323,6 +347,11 @@ def verdict(want: Optional[dict], ans: Optional[dict], tool: str) -> dict:
 def bench(out: str, groups: list, tools: list, log: Any = None) -> dict:
     path = os.path.join(out, "scores.json")
     scores: dict = _load(path) if os.path.exists(path) else {}
+    kept = os.path.join(out, "options.json")
+    if os.path.exists(kept) and _load(kept) != OPTIONS:
+        raise SystemExit(f"{out} holds runs dumped with {_load(kept)}, not {OPTIONS}: give another --out")
+    os.makedirs(out, exist_ok=True)
+    _save(kept, OPTIONS)
     single = dump_run(out, "single", "healthy", None, log)
     checks = scores.setdefault("_checks", {})
     for group in groups:
@@ -336,7 +365,7 @@ def bench(out: str, groups: list, tools: list, log: Any = None) -> dict:
             want = None
             if fault is not None:
                 check_dump(run_dir(out, target_run, variant), sidecars)
-                want = truth(sidecars, single)
+                want = truth(sidecars, single, run_dir(out, target_run, variant))
             t0 = time.time()
             got = score_case(out, group, variant, want and want["kind"], tools)
             entry = {"group": group, "variant": variant, "want": want}
@@ -415,8 +444,11 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="directory for the dumps, sidecars and scores (reused)")
     ap.add_argument("--cases", default=",".join(GROUPS), help=f"case groups ({', '.join(GROUPS)})")
     ap.add_argument("--tools", default=",".join(t for t, _ in TOOLS), help="the tools to score")
+    ap.add_argument("--level", default="mix", help="the dump level of every run (a new --out for another)")
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"], help="the runs' optimizer")
     ap.add_argument("--table", action="store_true", help="only print the table of --out/scores.json")
     a = ap.parse_args()
+    OPTIONS.update(level=a.level, optimizer=a.optimizer)
     groups = a.cases.split(",")
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
