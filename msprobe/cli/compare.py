@@ -182,7 +182,7 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
             say(f"    matched by name {mb['exact']}, across dialects {mb['dialect']}, by structure "
                   f"{mb['structural']}" + (f", fuzzy {mb['fuzzy']}" if mb.get("fuzzy") else ""))
     if analysis:
-        _print_divergence(s)
+        _print_divergence(s, target)
         for side in ("target", "bench"):
             parts = []
             for k, label in (("nan", "NaN"), ("inf", "+/-Inf")):
@@ -223,7 +223,17 @@ def _print_layout(layout: Optional[dict]) -> None:
             say(f"  {key.replace('_', ' ')} {found['record']}: held by ranks {found['ranks']}{suspects}")
 
 
-def _print_divergence(s: dict) -> None:
+def _print_link(target: str, place: dict) -> None:
+    """The link to ``place``'s record on a running ``msprobe view`` of ``target``, when there is one."""
+    from msprobe.view.links import fragment, link_to
+
+    link = link_to([target], fragment("record", step=place.get("step"), rank=place.get("rank_dir"),
+                                      record=place.get("record"), row=place.get("row")))
+    if link:
+        say(f"  view: {link}")
+
+
+def _print_divergence(s: dict, target: str) -> None:
     """Each answer under its own name: where the error enters (summary.json's ``origin``, our
     localisation) and the first divergence (``first_divergence``: the first row of the Result
     column's rule, 26.2.0's, or of --divergence-threshold), with the rule it follows."""
@@ -232,10 +242,12 @@ def _print_divergence(s: dict) -> None:
     o, fd = s.get("origin"), s["first_divergence"]
     if o:
         say(f"error enters at: {describe(o)}; step {o['step']}, {o['rank_dir']}, record #{o['record_index']}")
+        _print_link(target, o)
     if fd:
         why = fd["result"] if fd.get("err_message", "[]") == "[]" else f"{fd['result']} {fd['err_message']}"
         say(f"first divergence: {fd['row']} (step {fd['step']}, {fd['rank_dir']}, record #{fd['record_index']}, "
             f"{why})")
+        _print_link(target, fd)
     else:
         say("first divergence: none")
     say(f"  ({s['divergence']})")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 
 from msprobe.format.stats import NORM, STAT_COLUMNS
@@ -261,11 +262,17 @@ def run_nan(args, lake) -> int:
     status = _print_table(shown, args.json, f"{what} in any statistic")
     if not args.json:
         from msprobe.format.naming import printable
+        from msprobe.view.links import fragment, link_to
 
         for row in frame[frame["origin"]].itertuples():  # each run's first, in its step's happens-before order
             print(f"origin ({printable(str(row.run))}): step {row.step} {printable(str(row.rank_dir))} "
                   f"{printable(str(row.record))} {row.arg_path} ({row.kind}, first in the step's communication order)")
             print(f"  path: {printable(str(row.path))}")
+            # a running msprobe view of the lake (or of that run) opens the record: its link
+            link = link_to([args.root, os.path.join(str(args.root), str(row.run))],
+                           fragment("record", run=row.run, step=row.step, rank=row.rank_dir, record=row.record))
+            if link:
+                print(f"  view: {link}")
     for masked in frame.attrs.get("masked_only", ()):
         print(f"note: {masked['run']} {masked['rank_dir']}: -inf only in attention masks and what they feed "
               f"({masked['masked_rows']} rows, as intended)", file=sys.stderr if args.json else sys.stdout)

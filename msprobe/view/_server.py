@@ -18,6 +18,7 @@ from typing import Any, Optional
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError
 from msprobe.format.stats import NORM
 from msprobe.view._data import FILTERS, ROW_FIELDS, ViewData, json_safe
+from msprobe.view.links import register, unregister
 
 __all__ = ["make_app", "serve", "STATIC_DIR", "CSP", "free_port", "static_asset"]
 
@@ -248,9 +249,12 @@ def serve(data: ViewData, *, host: str = "127.0.0.1", port: Optional[int] = None
     announce(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {socket.gethostname()}  "
              f"then open http://127.0.0.1:{port}/?token={token}")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    # other commands (compare, lake nan) print links to this server's views while it runs
+    entry = register(f"http://{shown}:{port}/?token={token}", [data.target, data.bench])
     try:  # a connection made as soon as the URL shows waits in the backlog until the server accepts it
         server.run(sockets=[sock])
     finally:
+        unregister(entry)
         sock.close()
 
 

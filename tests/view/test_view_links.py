@@ -4,15 +4,23 @@ the cell (run, step, rank), the record, the cluster's page of lanes and the list
 a URL gives the same view; back and forward walk the views a person opened; the access token is out
 of the URL once the page has it.
 
+``msprobe compare`` and ``msprobe lake nan`` print the link of the record they name while an ``msprobe
+view`` of their input runs (its registry: msprobe.view.links), and the link opens that record.
+
 These tests fail, never skip, when Chromium cannot be installed or started (tests/view/conftest.py)."""
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from tests.view.conftest import LiveServer
-from tests.view.test_view_cluster import cluster_view, pipeline  # noqa: F401 - the fixtures
+from tests.view.test_view_cluster import ORIGIN, cluster_view, pipeline  # noqa: F401 - the fixtures
 
 READY = "body[data-ready]"
 RECV = "Distributed.recv.0.forward"
@@ -114,3 +122,82 @@ def test_the_token_leaves_the_url(page, cluster_view, hash_):  # noqa: F811 - th
         assert _link(page)["view"] == "list" and "token" not in page.url
     finally:
         s.close()
+
+
+def _env(registry: str) -> dict:
+    from tests.view.conftest import ROOT
+
+    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                MSPROBE_VIEW_REGISTRY=registry)
+
+
+def _cli(args: list, env: dict) -> str:
+    out = subprocess.run([sys.executable, "-m", "msprobe", *args], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _serving(args: list, env: dict):
+    """``msprobe view ARGS`` in its own process: (process, the URL it printed)."""
+    proc = subprocess.Popen([sys.executable, "-m", "msprobe", "view", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    m = re.match(r"msprobe view: (\S+)", line.strip())
+    if not m:
+        proc.kill()
+        raise AssertionError(f"msprobe view did not start: {line!r} {proc.stderr.read()[-3000:]}")
+    return proc, m.group(1)
+
+
+def _stop(proc) -> None:
+    proc.send_signal(signal.SIGINT)  # as a person stops it: the server's registration goes
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_compare_prints_the_link_of_a_running_view(page, pipeline, tmp_path):  # noqa: F811 - the fixture
+    """compare's answers name the record's view on a running ``msprobe view`` of the same dump, and the
+    link opens that record; with no server running compare prints no link."""
+    target, bench = os.path.join(pipeline, "target"), os.path.join(pipeline, "bench")
+    env = _env(str(tmp_path / "registry"))
+    proc, url = _serving([target, bench, "--work-dir", str(tmp_path / "view")], env)
+    try:
+        said = _cli(["compare", target, bench, "--out", str(tmp_path / "cmp")], env)
+        links = [line.split("view: ", 1)[1] for line in said.splitlines() if line.strip().startswith("view: ")]
+        assert links and all(link.startswith(url + "#view=record") for link in links), said
+        origin = links[0]
+        frag = {k: v[0] for k, v in parse_qs(urlsplit(origin).fragment).items()}
+        assert (frag["step"], frag["rank"], frag["record"]) == ("1", "rank0", ORIGIN), said
+        _open(page, origin)
+        _until(page, lambda: _active(page) == "record" and page.locator("#record-name").inner_text() == ORIGIN)
+        assert page.locator("#cell-badge").inner_text().endswith("step 1 · rank0")
+        assert "token" not in page.url
+    finally:
+        _stop(proc)
+    assert os.listdir(tmp_path / "registry") == []
+    said = _cli(["compare", target, bench, "--out", str(tmp_path / "cmp2")], env)
+    assert "error enters at" in said and "view: " not in said
+
+
+def test_lake_nan_prints_the_link_of_a_running_view(page, tmp_path):
+    from tests.view._make_cluster import write_pipeline
+
+    lake = str(tmp_path / "lake")
+    write_pipeline(os.path.join(lake, "run_a"))
+    write_pipeline(os.path.join(lake, "run_b"), bench=True)
+    env = _env(str(tmp_path / "registry"))
+    proc, url = _serving([lake, "--work-dir", str(tmp_path / "view")], env)
+    try:
+        said = _cli(["lake", "nan", lake], env)
+        links = [line.split("view: ", 1)[1] for line in said.splitlines() if line.strip().startswith("view: ")]
+        assert len(links) == 1 and links[0].startswith(url + "#view=record"), said
+        frag = {k: v[0] for k, v in parse_qs(urlsplit(links[0]).fragment).items()}
+        assert (frag["run"], frag["step"], frag["rank"], frag["record"]) == ("run_a", "1", "rank0", ORIGIN), said
+        _open(page, links[0])
+        _until(page, lambda: _active(page) == "record" and page.locator("#record-name").inner_text() == ORIGIN)
+        assert page.locator("#cell-badge").inner_text() == "run_a / step 1 · rank0"
+    finally:
+        _stop(proc)
