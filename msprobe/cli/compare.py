@@ -187,7 +187,7 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
             parts = []
             for k, label in (("nan", "NaN"), ("inf", "+/-Inf")):
                 nf = s.get(f"first_{k}_{side}")
-                parts.append(f"first {label} in {side}: " + (f"{nf['row']} (step {nf['step']}, {nf['rank_dir']})" if nf else "none"))
+                parts.append(f"first {label} in {side}: " + (f"{nf['row']} (step {nf['step']}, {_place(nf)})" if nf else "none"))
             masked = s.get(f"masked_inf_{side}", 0)
             if masked:
                 parts.append(f"-inf only in masked_fill outputs and the masks they feed: {masked} rows, as intended")
@@ -198,13 +198,23 @@ def _print_summary(s: dict, target: str, bench: str, analysis: bool) -> None:
     say(f"summary: {s['summary_file']}")
 
 
+def _place(answer: dict) -> str:
+    """Where an answer is: its rank directory, and on a merged layout the ranks holding the record
+    (and the one whose shard or replica alone carries the anomaly)."""
+    if answer.get("ranks") is None:
+        return str(answer["rank_dir"])
+    suspects = answer.get("suspect_ranks") or []
+    return f"{answer['rank_dir']} ranks {answer['ranks']}" + (f", on rank {suspects}" if suspects and
+                                                               suspects != answer["ranks"] else "")
+
+
 def _print_layout(layout: Optional[dict]) -> None:
     """The merged models (stages, communication records left out, replicas that disagree) and the
     ranks behind the origin of the divergence."""
     if not layout:
         return
     for model in layout["models"]:
-        say(f"layout {model['layout']} ({model['side']} {model['rank_dir']}): stages {model['stages']}, "
+        say(f"layout {model['layout']} (step {model['step']}, {model['side']} {model['rank_dir']}): stages {model['stages']}, "
             f"{model['records']} logical records, {model['communication_left_out']} communication records left out")
         for warning in model["warnings"]:
             say(f"  warning: {warning}")
@@ -241,11 +251,11 @@ def _print_divergence(s: dict, target: str) -> None:
 
     o, fd = s.get("origin"), s["first_divergence"]
     if o:
-        say(f"error enters at: {describe(o)}; step {o['step']}, {o['rank_dir']}, record #{o['record_index']}")
+        say(f"error enters at: {describe(o)}; step {o['step']}, {_place(o)}, record #{o['record_index']}")
         _print_link(target, o)
     if fd:
         why = fd["result"] if fd.get("err_message", "[]") == "[]" else f"{fd['result']} {fd['err_message']}"
-        say(f"first divergence: {fd['row']} (step {fd['step']}, {fd['rank_dir']}, record #{fd['record_index']}, "
+        say(f"first divergence: {fd['row']} (step {fd['step']}, {_place(fd)}, record #{fd['record_index']}, "
             f"{why})")
         _print_link(target, fd)
     else:

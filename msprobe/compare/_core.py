@@ -121,8 +121,14 @@ def pair_sources(target_dump: Any, bench_dump: Any, *, step: Any = None, rank: A
                      if target.rank == rank or (target.rank is None and len(found) == 1)]
         pairs.extend(found)
     if not pairs:
+        ranks = [sorted({s.rank for s in dump.sources if s.rank is not None}) for dump in (target_dump, bench_dump)]
+        hint = ""
+        if rank is None and len(ranks[0]) != len(ranks[1]):
+            hint = (f" (the target holds {len(ranks[0]) or 1} rank(s), the bench {len(ranks[1]) or 1}: runs of two "
+                    f"parallel layouts pair up merged, with --layout tp=T,pp=P[,dp=D] or --layout auto, and "
+                    f"--bench-layout for a parallel bench)")
         raise ConfigError("no rank directories pair up between the two dumps"
-                          + (f" for rank {rank}" if rank is not None else ""))
+                          + (f" for rank {rank}" if rank is not None else "") + hint)
     return pairs
 
 

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from msprobe.errors import ConfigError
 from msprobe.format.parallel import LayoutError, parse_layout
-from msprobe.readers import merge_dump_step, records_of
+from msprobe.readers import merge_dump_step, other_shapes_of, records_of, shapes_of
 
 __all__ = ["layout_pairs", "layout_mode", "layout_summary", "merged_dump"]
 
@@ -26,11 +26,26 @@ def _parse(text: Optional[str], flag: str) -> Any:
         raise ConfigError(f"{flag}: {exc}") from exc
 
 
-def _side(dump: Any, step: Any, layout: Any, reference: Optional[dict]) -> list:
-    sources = [source for source in dump.sources if source.step == step]
+def _step_sources(dump: Any, step: Any) -> list:
+    return [source for source in dump.sources if source.step == step]
+
+
+def _side(dump: Any, step: Any, layout: Any, reference: Optional[dict], other_shapes: Optional[dict] = None) -> list:
+    sources = _step_sources(dump, step)
     if layout is None:
         return sources
-    return merge_dump_step(sources, None if layout == "auto" else layout, reference)
+    return merge_dump_step(sources, None if layout == "auto" else layout, reference, other_shapes)
+
+
+def _shapes(dump: Any, step: Any, layout: Any) -> Optional[dict]:
+    """What one side holds of each tensor: a single card's shapes, or what its layout's shards can
+    make (the other side's hint for telling shards from replicas)."""
+    sources = _step_sources(dump, step)
+    if not sources:
+        return None
+    if layout is None:
+        return shapes_of(records_of(sources[0]))
+    return other_shapes_of(sources, None if layout == "auto" else layout)
 
 
 def layout_pairs(target_dump: Any, bench_dump: Any, steps: list, layout: Optional[str],
@@ -40,11 +55,13 @@ def layout_pairs(target_dump: Any, bench_dump: Any, steps: list, layout: Optiona
     target_layout, bench_parsed = _parse(layout, "--layout"), _parse(bench_layout, "--bench-layout")
     pairs: list = []
     for target_step, bench_step in steps:
-        benches = _side(bench_dump, bench_step, bench_parsed, None)
+        target_shapes = _shapes(target_dump, target_step, target_layout) if bench_parsed is not None else None
+        benches = _side(bench_dump, bench_step, bench_parsed, None, target_shapes)
         if not benches:
             continue
         reference = records_of(benches[0])
-        targets = _side(target_dump, target_step, target_layout, reference)
+        bench_shapes = _shapes(bench_dump, bench_step, bench_parsed) if bench_parsed is not None else None
+        targets = _side(target_dump, target_step, target_layout, reference, bench_shapes)
         if len(benches) == 1:
             pairs.extend((target, benches[0]) for target in targets)
         else:
@@ -77,34 +94,69 @@ def layout_mode(mode: str) -> str:
     return "statistics"
 
 
+#: the answers of a compare, and the side each one is of
+ANSWERS = (("origin", "target"), ("first_divergence", "target"), ("first_nan_inf_target", "target"),
+           ("first_nan_target", "target"), ("first_inf_target", "target"), ("first_nan_inf_bench", "bench"),
+           ("first_nan_bench", "bench"), ("first_inf_bench", "bench"))
+
+
+def _row_path(path: str) -> str:
+    """A merged leaf path (``input_args.1``) as compare's row names spell it (``input.1``)."""
+    for key in ("input_args", "input_kwargs"):
+        if path == key or path.startswith(key + "."):
+            return "input" + path[len(key):]
+    return path
+
+
+def answer_ranks(report: Optional[dict], answer: dict) -> Optional[dict]:
+    """The ranks behind one answer on a merged model: those holding its record, its stages, and the
+    suspects: the ranks whose shard or replica alone carries the anomaly at the answer's leaf (a
+    NaN's shard, a shard that cannot be a piece of the bench's tensor, the replica that departs),
+    else at any leaf of the record."""
+    if not report:
+        return None
+    record = answer.get("record") or str(answer.get("row", "")).split(".input")[0].split(".output")[0]
+    entry = report["records"].get(record)
+    if not entry:
+        return None
+    row = answer.get("row") or ""
+    suffix = row[len(record) + 1:] if row.startswith(record + ".") else (answer.get("argument") or "")
+    leaf = [ranks for path, ranks in entry.get("leaf_suspects", {}).items()
+            if suffix and (_row_path(path) == suffix or path == suffix)]
+    return {"record": record, "ranks": entry["ranks"], "stages": entry["stages"],
+            "suspect_ranks": leaf[0] if leaf else entry["suspects"], "leaves": entry["leaves"]}
+
+
 def layout_summary(pairs: list, summary: dict) -> dict:
     """The layout section of summary.json: per merged model its stages, findings, communication
-    records left out and, for the origin and first divergence, the ranks that hold the record and
-    those whose shard cannot be a piece of the bench's tensor."""
+    records left out and, for each answer (origin, first divergence, first NaN/Inf), the ranks that
+    hold the record and the suspects (:func:`answer_ranks`). Each merged answer of ``summary``
+    gets its ``ranks`` and ``suspect_ranks`` (its ``rank`` is None: no one rank holds a merged record)."""
     models = []
     for target, bench in pairs:
         for side, source in (("target", target), ("bench", bench)):
             report = getattr(source, "report", None)
             if report is None:
                 continue
-            models.append({"side": side, "rank_dir": source.rank_dir, "layout": report["layout"],
+            models.append({"side": side, "rank_dir": source.rank_dir, "step": source.step, "layout": report["layout"],
                            "stages": report["stages"], "findings": report["findings"],
                            "communication_left_out": report["communication_left_out"],
                            "warnings": report["warnings"],
                            "records": len(report["records"])})
     out: dict = {"models": models}
-    for key in ("origin", "first_divergence"):
+    for key, side in ANSWERS:
         found = summary.get(key)
         if not found:
             continue
-        for target, _ in pairs:
-            if found.get("rank_dir") not in (None, target.rank_dir):
-                continue  # another logical model's (data-parallel replica's) record
-            report = getattr(target, "report", None)
-            entry = report["records"].get(found.get("record") or found.get("row", "").split(".input")[0]
-                                          .split(".output")[0]) if report else None
-            if entry:
-                out[key] = {"record": found.get("record"), "ranks": entry["ranks"], "stages": entry["stages"],
-                            "suspect_ranks": entry["suspects"], "leaves": entry["leaves"]}
-                break
+        for target, bench in pairs:
+            source = target if side == "target" else bench
+            if found.get("rank_dir", source.rank_dir) != source.rank_dir or \
+                    found.get("step", source.step) != source.step:
+                continue  # another step's, or another logical model's (data-parallel replica's) record
+            ranks = answer_ranks(getattr(source, "report", None), found)
+            if ranks:
+                found.update(rank=None, ranks=ranks["ranks"], suspect_ranks=ranks["suspect_ranks"])
+                if key in ("origin", "first_divergence"):
+                    out[key] = ranks
+            break
     return out

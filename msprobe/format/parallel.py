@@ -117,7 +117,8 @@ def merge_shard_stats(leaves: list, dim: int) -> dict:
     """The statistics of the concatenation of tensor shards along ``dim`` (exact): Max the shards'
     max, Min their min, Mean the numel-weighted mean, Norm the root of the sum of squared norms
     (rounded to the tensors' float dtype, as the dumper writes them); shape the shards' with
-    ``dim`` summed. md5 (a CRC of each shard's bytes) cannot be merged: left out."""
+    ``dim`` summed; a NaN statistic in any shard makes every merged statistic NaN, a +/-Inf Max or
+    Min is the merged one. md5 (a CRC of each shard's bytes) cannot be merged: left out."""
     first = leaves[0]
     merged = {key: value for key, value in first.items() if key not in STAT_KEYS and key != "md5"}
     shapes = [list(leaf.get("shape") or []) for leaf in leaves]
@@ -127,13 +128,15 @@ def merge_shard_stats(leaves: list, dim: int) -> dict:
     merged["shape"] = shape
     numels = [math.prod(s) for s in shapes]
     cast = _ROUND.get(str(first.get("dtype")))
+    # a NaN anywhere in a shard is a NaN in the whole tensor: every statistic of the whole is NaN
+    poisoned = any(isinstance(v, float) and math.isnan(v) for leaf in leaves for v in (leaf.get(k) for k in STAT_KEYS))
     for statistic in STATISTICS:  # each by its own rule (format.stats)
         stat = statistic.key
         found = [_number(leaf.get(stat)) for leaf in leaves]
         if any(v is None for v in found) or stat not in first:
             merged[stat] = first.get(stat) if len(leaves) == 1 else None
             continue
-        value = statistic.merge(found, numels)
+        value = math.nan if poisoned else statistic.merge(found, numels)
         merged[stat] = float(cast(value)) if cast is not None and math.isfinite(value) else value
     return merged
 
@@ -160,39 +163,58 @@ def _list_index(name: str) -> Optional[tuple]:
     return None
 
 
-def stage_renames(stages: list) -> list:
-    """For the record names of each pipeline stage (in model order), {stage name: logical name}:
-    an API record's call count is offset by the calls of the same API on the earlier stages
-    (``Functional.linear.0.forward`` of stage 1 follows stage 0's linears), a module's list index
-    (``layers.0`` of stage 1) by the indices of the same list on the earlier stages. A name that
-    none of this changes stays as it is (a module present on several stages spans them)."""
-    api_offset: dict = {}
-    index_offset: dict = {}
-    renames = []
+def stage_renames(stages: list, order: Optional[list] = None) -> list:
+    """For the record names of each pipeline stage (in model order), {stage name: logical name}.
+
+    A module's list index (``layers.0`` of stage 1) is offset by the indices of the same list on
+    the earlier stages. An API record's call count is renumbered in ``order`` ([(stage, name)]: the
+    step's happens-before order over the stages, see :mod:`msprobe.readers._merged`; default:
+    stage after stage): the logical ``Functional.linear.N`` is the N-th call of that API in that
+    order, as one card running the same step numbers it; a backward record takes its forward
+    call's number. A name that none of this changes stays as it is (a module present on several
+    stages spans them). An ``order`` item ``(stage, name, rank)`` is a record that only ``rank``
+    of the stage holds (not in ``stages``): it is numbered in its place and renamed under the key
+    ``(rank, name)``."""
+    if order is None:
+        order = [(stage, name) for stage, names in enumerate(stages) for name in names]
+    offsets: list = []
+    offset: dict = {}
     for names in stages:
-        rename: dict = {}
-        api_count: dict = {}
-        index_seen: dict = {}
+        offsets.append(dict(offset))
+        seen: dict = {}
         for name in names:
             found = _list_index(name)
             if found:
-                prefix, index, position = found
-                index_seen.setdefault(prefix, set()).add(index)
-                parts = name.split(".")
-                parts[1 + position] = str(index + index_offset.get(prefix, 0))
-                rename[name] = ".".join(parts)
-                continue
-            api = _API.match(name)
-            if api and not name.startswith("Module."):
-                key = (api.group("head"), )
-                count = int(api.group("n"))
-                api_count[key] = max(api_count.get(key, 0), count + 1)
-                rename[name] = f"{api.group('head')}.{count + api_offset.get(key, 0)}.{api.group('dir')}"
-            else:
-                rename[name] = name
-        for key, count in api_count.items():
-            api_offset[key] = api_offset.get(key, 0) + count
-        for prefix, seen in index_seen.items():
-            index_offset[prefix] = index_offset.get(prefix, 0) + len(seen)
-        renames.append(rename)
+                seen.setdefault(found[0], set()).add(found[1])
+        for prefix, indexes in seen.items():
+            offset[prefix] = offset.get(prefix, 0) + len(indexes)
+    renames: list = [{name: _module_renamed(name, offsets[stage]) for name in names}
+                     for stage, names in enumerate(stages)]
+    counts: dict = {}
+    numbers: dict = {}  # (stage, API head, stage-local count, rank of a lone record) -> logical count
+    for stage, name, *alone in order:
+        holder = alone[0] if alone else None
+        key_of = name if holder is None else (holder, name)
+        if holder is not None:
+            renames[stage][key_of] = _module_renamed(name, offsets[stage])
+        api = _API.match(name)
+        if not api or name.startswith("Module.") or key_of not in renames[stage]:
+            continue
+        head = api.group("head")
+        key = (stage, head, int(api.group("n")), holder)
+        if key not in numbers:
+            numbers[key] = counts.get(head, 0)
+            counts[head] = numbers[key] + 1
+        renames[stage][key_of] = f"{head}.{numbers[key]}.{api.group('dir')}"
     return renames
+
+
+def _module_renamed(name: str, offset: dict) -> str:
+    """A module record's name with its outermost list index offset by the earlier stages'."""
+    found = _list_index(name)
+    if not found:
+        return name
+    prefix, index, position = found
+    parts = name.split(".")
+    parts[1 + position] = str(index + offset.get(prefix, 0))
+    return ".".join(parts)

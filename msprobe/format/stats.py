@@ -41,6 +41,16 @@ __all__ = ["crc32_hex", "xor64_hex", "xor64", "reference_stats", "stats_equal",
            "CSV_TARGET", "CSV_BENCH", "CSV_DIFF", "CSV_RELATIVE", "null_stats", "stats_dict", "get_statistic"]
 
 
+def _merge_max(found: Sequence[float], numels: Sequence[int]) -> float:
+    """The Max of a concatenation: NaN when a shard's is (Python's ``max`` would keep whichever
+    comes first), else the largest (+Inf when a shard holds +Inf)."""
+    return math.nan if any(math.isnan(v) for v in found) else max(found)
+
+
+def _merge_min(found: Sequence[float], numels: Sequence[int]) -> float:
+    return math.nan if any(math.isnan(v) for v in found) else min(found)
+
+
 def _merge_mean(found: Sequence[float], numels: Sequence[int]) -> float:
     total = sum(numels)
     return sum(n * m for n, m in zip(numels, found)) / total if total else found[0]
@@ -71,8 +81,8 @@ class Statistic(NamedTuple):
 
 #: the statistics in the order dump.json, the index and compare's CSV give them (the real tool's order)
 STATISTICS: tuple = (
-    Statistic("Max", "max", "max", "Max diff", "MaxRelativeErr", lambda found, numels: max(found), "range"),
-    Statistic("Min", "min", "min", "Min diff", "MinRelativeErr", lambda found, numels: min(found), "range"),
+    Statistic("Max", "max", "max", "Max diff", "MaxRelativeErr", _merge_max, "range"),
+    Statistic("Min", "min", "min", "Min diff", "MinRelativeErr", _merge_min, "range"),
     Statistic("Mean", "mean", "mean", "Mean diff", "MeanRelativeErr", _merge_mean, "range"),
     Statistic("Norm", "norm", "l2norm", "L2norm diff", "NormRelativeErr", _merge_norm, "own"),
 )

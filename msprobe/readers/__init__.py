@@ -28,7 +28,7 @@ from msprobe.readers._api import (
     open,
 )
 from msprobe.readers._dump import ANY, AmbiguousRecordError, Dump, table_to_pandas
-from msprobe.readers._merged import merge_dump_step
+from msprobe.readers._merged import merge_dump_step, other_shapes_of, shapes_of
 from msprobe.readers._record import DumpRecord, TensorRef
 from msprobe.readers._replay import InputTooLargeError
 from msprobe.readers._source import RankSource, records_of, task_of
@@ -61,6 +61,8 @@ __all__ = [
     "InputTooLargeError",
     # the merged logical model of a parallel run's step (compare --layout)
     "merge_dump_step",
+    "other_shapes_of",
+    "shapes_of",
     # Arrow/pandas access to a store's files
     "arrow_location",
     "table_to_pandas",

@@ -2,18 +2,26 @@
 (spec/FORMAT.md section 26).
 
 Per data-parallel replica, each pipeline stage's tensor-parallel ranks are merged record by
-record, then the stages are concatenated in model order under the logical names
-(:func:`~msprobe.format.parallel.stage_renames`). Each tensor of a record is, across the ranks
-of its tensor-parallel group:
+record, in the step's happens-before order over the stages (:func:`model_order`), under the
+logical names (:func:`~msprobe.format.parallel.stage_renames`). Each tensor of a record is,
+across the ranks of its tensor-parallel group:
 
-* **replicated**: equal statistics on every rank (within the format's tolerance): kept once;
-  replicas that differ where the reference (the other side of a compare) says the tensor is
-  whole are a finding (``replicas disagree``), the ranks that differ from the reference named;
 * **partial**: a rank's partial sum before an ``all_reduce`` (a row-parallel matmul's output:
   its statistics are the all_reduce's input on that rank): not a shard; it takes the statistics
   of the all_reduce's result (the sum the single-card model computes);
-* **sharded**: otherwise; merged exactly (:func:`~msprobe.format.parallel.merge_shard_stats`)
-  along the dimension where the reference's shape is the shards' sum (else the last).
+* **sharded** or **replicated**, decided by shapes alone, never by values: what each rank holds
+  against the other side's shape of the same tensor (the whole tensor of a single card, or what
+  another layout's shards can make): a ``[16]`` leaf on 2 ranks against a ``[32]`` bench is a
+  shard along dimension 0 whatever its values (zero-initialised biases, all-NaN gradients). A
+  shard is merged exactly (:func:`~msprobe.format.parallel.merge_shard_stats`, NaN and Inf
+  carried); replicas that differ are a finding (``replicas disagree``), the ranks that differ
+  from the reference named. Where shapes cannot decide (no such tensor on the other side, or
+  both readings fit), equal statistics are kept once and others joined along the last dimension.
+
+Data-parallel replicas are joined into one logical model when the other side holds the whole
+batch (:func:`join_replicas`): activations along the dimension the shapes name, parameters as
+replicas; each replica's backward tensors are its own loss's (averaged over its share of the
+batch, Megatron's convention), dp times the whole batch's: their statistics are divided by dp.
 
 Communication records (``Distributed.*``) are the layout's own work, not the model's: left out
 and listed. A module that appears on several stages under one name spans them: its inputs are
@@ -21,15 +29,16 @@ the first stage's, its outputs the last's (backward: the other way round).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError
 from msprobe.format.comm import comm_api, comm_call
 from msprobe.format.documents import DumpDocument
 from msprobe.format.parallel import Layout, LayoutError, merge_shard_stats, stage_renames
-from msprobe.format.stats import MAX, MIN, STAT_KEYS, stats_equal
+from msprobe.format.stats import MAX, MEAN, MIN, NORM, STAT_KEYS, stats_equal
 
-__all__ = ["MergedSource", "merge_dump_step", "read_layout", "Layout"]
+__all__ = ["MergedSource", "merge_dump_step", "read_layout", "Layout", "model_order", "shapes_of", "other_shapes_of"]
 
 _STATS = STAT_KEYS
 
@@ -38,15 +47,56 @@ def _is_leaf(node: Any) -> bool:
     return isinstance(node, dict) and "dtype" in node and "shape" in node
 
 
+def _shape(leaf: Any) -> tuple:
+    return tuple(leaf.get("shape") or ())
+
+
 def _signature(leaf: Any) -> Optional[tuple]:
     if not _is_leaf(leaf):
         return None
-    return (tuple(leaf.get("shape") or ()),) + tuple(leaf.get(stat) for stat in _STATS)
+    return (_shape(leaf),) + tuple(leaf.get(stat) for stat in _STATS)
 
 
 def _same(a: dict, b: dict) -> bool:
-    return list(a.get("shape") or []) == list(b.get("shape") or []) and \
-        all(stats_equal(a.get(stat), b.get(stat)) for stat in _STATS)
+    return _shape(a) == _shape(b) and all(stats_equal(a.get(stat), b.get(stat)) for stat in _STATS)
+
+
+def _anomalous(leaf: Any) -> bool:
+    """A NaN or +/-Inf among a tensor leaf's statistics."""
+    return _is_leaf(leaf) and any(isinstance(leaf.get(stat), float) and not math.isfinite(leaf[stat])
+                                  for stat in _STATS)
+
+
+def _is_backward(name: str) -> bool:
+    return ".backward" in name or name.endswith("parameters_grad")
+
+
+def _leaves(node: Any, path: str = "") -> list:
+    """[(path, leaf)] of every tensor leaf under ``node``."""
+    if _is_leaf(node):
+        return [(path, node)]
+    if isinstance(node, dict):
+        return [found for key, value in node.items() for found in _leaves(value, f"{path}.{key}".lstrip("."))]
+    if isinstance(node, list):
+        return [found for i, value in enumerate(node) for found in _leaves(value, f"{path}.{i}".lstrip("."))]
+    return []
+
+
+def _grown(shapes: set, degree: int) -> set:
+    """The whole shapes ``degree`` ranks holding a tensor of each of ``shapes`` can make: the
+    tensor itself (replicas) or ``degree`` pieces joined along one dimension (shards)."""
+    if degree <= 1:
+        return set(shapes)
+    out = set(shapes)
+    for shape in shapes:
+        for dim in range(len(shape)):
+            out.add(shape[:dim] + (shape[dim] * degree,) + shape[dim + 1:])
+    return out
+
+
+def shapes_of(data: dict) -> dict:
+    """{record: {leaf path: {shape}}} of one side's records taken as they are (a single card)."""
+    return {name: {path: {_shape(leaf)} for path, leaf in _leaves(record)} for name, record in data.items()}
 
 
 class MergedSource:
@@ -97,32 +147,30 @@ class MergedSource:
 
 
 class _Merger:
-    """Merges the records of one tensor-parallel group (one pipeline stage)."""
+    """Merges one record of a group of members (the tensor-parallel ranks of a stage, or the
+    data-parallel replicas of a model): each member a list of ranks."""
 
-    def __init__(self, ranks: list, datas: list, reference: dict, findings: list):
-        self.ranks, self.datas, self.reference, self.findings = ranks, datas, reference, findings
-        self.partials = [self._partials(data) for data in datas]
+    def __init__(self, members: list, reference: dict, other_shapes: Optional[dict], degree: int,
+                 findings: list, partials: Optional[list] = None, scale_backward: float = 1.0):
+        self.members, self.reference, self.other_shapes = members, reference, other_shapes
+        self.degree, self.findings = degree, findings
+        self.partials = partials or [_Reduced({}) for _ in members]
+        self.peers: list = []  # the same tensor on the other data-parallel replicas (:meth:`record`)
+        self.scale_backward = scale_backward
         self.kinds: dict = {}
+        self.suspects: dict = {}
+        self.name = ""
 
-    @staticmethod
-    def _partials(data: dict) -> dict:
-        """{signature of an all_reduce's input: its result} of one rank."""
-        found = {}
-        for name, record in data.items():
-            api = comm_api(name)
-            if api is None or api[0] != "all_reduce" or not isinstance(record, dict):
-                continue
-            args, out = record.get("input_args") or [], record.get("output") or []
-            if args and out and _is_leaf(args[0]) and _is_leaf(out[0]):
-                found[_signature(args[0])] = out[0]
-        return found
+    @property
+    def ranks(self) -> list:
+        return [rank for member in self.members for rank in member]
 
-    def record(self, logical: str, name: str) -> tuple:
-        """(merged record, {leaf path: kind}) of record ``name`` of every rank."""
-        nodes = [data.get(name) for data in self.datas]
-        self.kinds = {}
-        self.name = logical
-        return self._node(nodes, self.reference.get(logical), ""), self.kinds
+    def record(self, logical: str, nodes: list, peers: Optional[list] = None) -> tuple:
+        """(merged record, {leaf path: kind}, {leaf path: [suspect ranks]}) of one record of every
+        member; ``peers``: the record on the other data-parallel replicas (their first member's)."""
+        self.kinds, self.suspects, self.name, self.peers = {}, {}, logical, [p for p in peers or [] if p is not None]
+        merged = self._node(nodes, self.reference.get(logical), "")
+        return merged, self.kinds, self.suspects
 
     def _node(self, nodes: list, ref: Any, path: str) -> Any:
         first = nodes[0]
@@ -138,37 +186,129 @@ class _Merger:
                     for i in range(len(first))]
         return first
 
+    def _reading(self, nodes: list, shapes: list, path: str) -> Optional[int]:
+        """How the other side's shape reads the members' tensors: None (replicas), a dimension
+        (shards along it), or -2 when shapes cannot decide. Where both readings fit (the data-parallel
+        replicas may hold pieces of the batch too), tensors that differ across the members are
+        shards, and equal ones replicas unless they are equal on every data-parallel replica too
+        (a zero-initialised bias: a parameter, which data parallelism never splits)."""
+        if any(shape != shapes[0] for shape in shapes[1:]):
+            return -2
+        wanted = (self.other_shapes or {}).get(self.name, {}).get(path) if self.other_shapes is not None else None
+        if not wanted:
+            return -2
+        shape = shapes[0]
+        fits: list = [None] if shape in wanted else []
+        fits += [dim for dim in range(len(shape))
+                 if shape[:dim] + (shape[dim] * len(shapes),) + shape[dim + 1:] in wanted]
+        if len(fits) == 1:
+            return fits[0]
+        if len(fits) > 1 and None in fits:
+            dims = [dim for dim in fits if dim is not None]
+            if any(_anomalous(n) for n in nodes):
+                return None  # a NaN/Inf on some members: replicas, the one carrying it departs
+            if not all(_same(n, nodes[0]) for n in nodes[1:]):
+                return dims[-1]
+            peers = [_at(peer, path) for peer in self.peers]
+            if peers and not _is_backward(self.name) and all(_is_leaf(peer) and _same(peer, nodes[0]) for peer in peers):
+                return dims[-1]
+            return None
+        return -2
+
     def _leaf(self, nodes: list, ref: Optional[dict], path: str) -> Any:
         first = nodes[0]
         if not all(_is_leaf(n) for n in nodes):
             self.kinds[path] = "missing on a rank"
             return first
-        results = [partial.get(_signature(n)) for partial, n in zip(self.partials, nodes)]
-        if all(r is not None for r in results):
-            self.kinds[path] = "partial"
-            merged = dict(first)
-            merged.update({stat: (results[0] or {}).get(stat) for stat in _STATS})
-            merged.pop("md5", None)
-            return merged
-        if all(_same(n, first) for n in nodes[1:]):
-            self.kinds[path] = "replicated"
-            return first
-        shapes = [list(n.get("shape") or []) for n in nodes]
-        if ref is not None and list(ref.get("shape") or []) == shapes[0]:
+        results = [partial.get(n) for partial, n in zip(self.partials, nodes)]
+        reduced = all(r is not None for r in results)
+        if reduced:  # each rank's partial sum: its all_reduce's result (the sum one card computes)
+            nodes = [dict(n, **{stat: r.get(stat) for stat in _STATS}) for n, r in zip(nodes, results)]
+            for n in nodes:
+                n.pop("md5", None)
+            first = nodes[0]
+        shapes = [_shape(n) for n in nodes]
+        reading = self._reading(nodes, shapes, path)
+        if reading == -2:  # shapes cannot decide: equal statistics are one tensor, others pieces of one
+            if all(_same(n, first) for n in nodes[1:]):
+                reading = None
+            elif ref is not None and _shape(ref) == shapes[0]:
+                reading = None
+            else:
+                reading = self._dim(shapes, ref)
+        self._anomalies(nodes, path)
+        if reading is None:
+            if all(_same(n, first) for n in nodes[1:]):
+                self.kinds[path] = "partial" if reduced else "replicated"
+                return first
+            if self.scale_backward != 1.0 and math.prod(shapes[0]) == 1 and not _is_backward(self.name) and \
+                    not any(_anomalous(n) for n in nodes):
+                return self._mean(nodes, path)
             return self._disagreeing(nodes, ref, path)
         self.kinds[path] = "sharded"
-        return merge_shard_stats(nodes, self._dim(shapes, ref))
+        if self.scale_backward != 1.0 and _is_backward(self.name):  # a replica's gradient of its own loss
+            nodes = [dict(n, **{stat: n[stat] / self.scale_backward for stat in _STATS
+                                if isinstance(n.get(stat), float)}) for n in nodes]
+        self._outside(nodes, ref, path)
+        return merge_shard_stats(nodes, reading)
 
-    def _disagreeing(self, nodes: list, ref: dict, path: str) -> dict:
-        """Replicas that differ although the reference holds the tensor whole: a finding."""
-        wrong = [rank for rank, n in zip(self.ranks, nodes) if not _same(n, ref)]
+    def _mean(self, nodes: list, path: str) -> dict:
+        """One value per replica (a loss averaged over each replica's share of the batch): their mean."""
+        values = [n.get(MEAN.key) for n in nodes]
+        merged = dict(nodes[0])
+        merged.pop("md5", None)
+        if all(isinstance(v, (int, float)) for v in values):
+            mean = sum(values) / len(values)
+            merged.update({MAX.key: mean, MIN.key: mean, MEAN.key: mean, NORM.key: abs(mean)})
+        self.kinds[path] = "mean over the replicas"
+        return merged
+
+    def _anomalies(self, nodes: list, path: str) -> None:
+        """The members alone holding a NaN/Inf: suspects of this leaf."""
+        bad = [i for i, n in enumerate(nodes) if _anomalous(n)]
+        if bad and len(bad) < len(nodes):
+            self._suspect(path, bad)
+
+    def _outside(self, nodes: list, ref: Optional[dict], path: str) -> None:
+        """Shards that cannot be a piece of the reference's whole tensor (a Max above its Max, a Min
+        below its Min)."""
+        if ref is None:
+            return
+        top, bottom = ref.get(MAX.key), ref.get(MIN.key)
+        bad = []
+        for i, leaf in enumerate(nodes):
+            high, low = leaf.get(MAX.key), leaf.get(MIN.key)
+            if isinstance(high, (int, float)) and isinstance(top, (int, float)) and \
+                    high > top + 1e-8 + 1e-5 * abs(top):
+                bad.append(i)
+            elif isinstance(low, (int, float)) and isinstance(bottom, (int, float)) and \
+                    low < bottom - 1e-8 - 1e-5 * abs(bottom):
+                bad.append(i)
+        if bad:
+            self._suspect(path, bad)
+
+    def _suspect(self, path: str, members: list) -> None:
+        found = self.suspects.setdefault(path, [])
+        for i in members:
+            found.extend(rank for rank in self.members[i] if rank not in found)
+        found.sort()
+
+    def _disagreeing(self, nodes: list, ref: Optional[dict], path: str) -> dict:
+        """Replicas that differ: a finding; the replica that differs from the reference is kept
+        (the first, without one)."""
+        if ref is not None:
+            wrong = [i for i, n in enumerate(nodes) if not _same(n, ref)]
+        else:
+            wrong = [i for i, n in enumerate(nodes) if not _same(n, nodes[0])]
+        ranks = [rank for i in wrong for rank in self.members[i]]
         self.kinds[path] = "replicas disagree"
         self.findings.append({"record": self.name, "leaf": path, "finding": "replicas disagree",
-                              "ranks": list(self.ranks), "differ_from_bench": wrong,
-                              "values": {str(rank): {stat: n.get(stat) for stat in _STATS}
-                                         for rank, n in zip(self.ranks, nodes)}})
-        index = self.ranks.index(wrong[0]) if wrong else 0
-        return nodes[index]
+                              "ranks": self.ranks, "differ_from_bench": ranks if ref is not None else [],
+                              "values": {"/".join(map(str, member)): {stat: n.get(stat) for stat in _STATS}
+                                         for member, n in zip(self.members, nodes)}})
+        if wrong and len(wrong) < len(nodes):
+            self._suspect(path, wrong)
+        return nodes[wrong[0]] if wrong else nodes[0]
 
     @staticmethod
     def _dim(shapes: list, ref: Optional[dict]) -> int:
@@ -182,30 +322,81 @@ class _Merger:
         return -1
 
 
-def _suspects(kinds: dict, nodes_by_rank: dict, ref: Any) -> list:
-    """Ranks whose shard cannot be a piece of the reference's tensor (its Max above the whole's
-    Max, or its Min below the whole's Min)."""
-    out: set = set()
-    if not isinstance(ref, dict):
-        return []
-    for path, kind in kinds.items():
-        if kind != "sharded":
-            continue
-        whole = _at(ref, path)
-        if not _is_leaf(whole):
-            continue
-        for rank, record in nodes_by_rank.items():
-            leaf = _at(record, path)
-            if not _is_leaf(leaf):
+def _scales_for_reduce(record: Any, reduced: "_Reduced") -> bool:
+    """Whether a record's outputs all go into all_reduce calls (a gradient divided by the number of
+    data-parallel replicas before they are summed: the layout's own work, as the all_reduce is)."""
+    outputs = [leaf for _, leaf in _leaves((record or {}).get("output"))] if isinstance(record, dict) else []
+    return bool(outputs) and all(reduced.feeds(leaf) for leaf in outputs)
+
+
+class _Reduced:
+    """The all_reduce calls of one rank, by their input: ``get(leaf)`` is the result of the
+    all_reduce whose input is ``leaf`` (its statistics equal), or ``leaf`` divided by one of
+    ``factors`` (a data-parallel gradient divided by the number of replicas before it is summed,
+    Megatron's averaging), else None."""
+
+    def __init__(self, data: dict, factors: tuple = (1.0,)):
+        self.factors = factors
+        self.by_shape: dict = {}
+        for name, record in data.items():
+            api = comm_api(name)
+            if api is None or api[0] != "all_reduce" or not isinstance(record, dict):
                 continue
-            high, low = leaf.get(MAX.key), leaf.get(MIN.key)
-            top, bottom = whole.get(MAX.key), whole.get(MIN.key)
-            if isinstance(high, (int, float)) and isinstance(top, (int, float)) and high > top + 1e-8 + 1e-5 * abs(top):
-                out.add(rank)
-            if isinstance(low, (int, float)) and isinstance(bottom, (int, float)) and \
-                    low < bottom - 1e-8 - 1e-5 * abs(bottom):
-                out.add(rank)
-    return sorted(out)
+            args, out = record.get("input_args") or [], record.get("output") or []
+            if args and out and _is_leaf(args[0]) and _is_leaf(out[0]):
+                self.by_shape.setdefault(_shape(args[0]), []).append((args[0], out[0]))
+
+    def feeds(self, leaf: Any) -> bool:
+        """Whether ``leaf`` is (the statistics of) an all_reduce's input."""
+        return _is_leaf(leaf) and any(_same(leaf, given) for given, _ in self.by_shape.get(_shape(leaf), ()))
+
+    def get(self, leaf: Any) -> Optional[dict]:
+        if not _is_leaf(leaf):
+            return None
+        for given, result in self.by_shape.get(_shape(leaf), ()):
+            for factor in self.factors:
+                if all(_scaled_equal(leaf.get(stat), given.get(stat), factor) for stat in _STATS):
+                    return result
+        return None
+
+
+def _scaled_equal(value: Any, divided: Any, factor: float) -> bool:
+    if not isinstance(value, (int, float)) or not isinstance(divided, (int, float)):
+        return value == divided
+    if factor == 1.0:
+        return stats_equal(value, divided)
+    return stats_equal(value / factor, divided)
+
+
+def _partials(data: dict, factors: tuple = (1.0,)) -> _Reduced:
+    """The :class:`_Reduced` of one rank's all_reduce calls."""
+    return _Reduced(data, factors)
+
+
+def _shape_of_name(name: str) -> str:
+    """A record name without its call counts (what lines up the records of two ranks of a stage)."""
+    return ".".join(part for part in name.split(".") if not part.isdigit())
+
+
+def _align(base: list, names: list) -> tuple:
+    """({base name: this rank's name}, [(base name before it or None, name)] of the records only
+    this rank holds): another tensor-parallel rank's records lined up with the stage's first
+    rank's (they run the same code; a record of one rank alone, a fault's ``masked_fill``, shifts
+    nothing)."""
+    if names == base:
+        return {name: name for name in base}, []
+    import difflib
+
+    matcher = difflib.SequenceMatcher(None, [_shape_of_name(n) for n in base], [_shape_of_name(n) for n in names],
+                                      autojunk=False)
+    mapping: dict = {}
+    extras: list = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            mapping.update(zip(base[i1:i2], names[j1:j2]))
+        elif tag in ("insert", "replace"):
+            extras.extend((base[i1 - 1] if i1 > 0 else None, name) for name in names[j1:j2])
+    return mapping, extras
 
 
 def _at(node: Any, path: str) -> Any:
@@ -240,62 +431,233 @@ def _records_of(source: Any) -> dict:
         return {}
 
 
-def merge_model(stages: list, reference: Optional[dict] = None) -> tuple:
+_COLLECTIVE = ("all", "from_root", "to_root", "sync")
+
+
+class _Steps:
+    """The nodes of :func:`model_order`'s graph: runs of records and communication calls."""
+
+    def __init__(self) -> None:
+        self.names: list = []   # node -> [(stage, name)]
+        self.tail: list = []    # node -> whether it runs after its stage's last backward record
+
+    def add(self, names: list, tail: bool) -> int:
+        self.names.append(list(names))
+        self.tail.append(tail)
+        return len(self.names) - 1
+
+
+def _last_backward(names: list) -> int:
+    return max((i for i, name in enumerate(names) if _is_backward(name) and comm_api(name) is None), default=-1)
+
+
+def model_order(stage_ranks: list, stage_data: list) -> list:
+    """[(stage, record name)] of the non-communication records of each stage (``stage_data``: the
+    records of the stage's first rank) in the step's happens-before order across the stages.
+
+    Each stage's records are a chain; a send to another stage of the model happens before the
+    matching receive (the k-th from stage a to stage b with the k-th receive of b from a), a
+    collective over ranks of several stages (a clip's norm over the model-parallel group) is one
+    moment for all of them. Among the orders these allow, the one a single card runs is taken:
+    after a send, the receiver goes on (the data is followed), and the records after a stage's
+    last backward record (the optimizer's updates, the clip, the loss scaler) wait until no stage
+    has anything else to do, then run stage after stage."""
+    stage_of = {rank: stage for stage, ranks in enumerate(stage_ranks) for rank in ranks}
+    steps = _Steps()
+    chains: list = []
+    sends: dict = {}
+    recvs: dict = {}
+    shared: dict = {}
+    for stage, data in enumerate(stage_data):
+        rank = stage_ranks[stage][0]
+        names = list(data)
+        position = {name: index for index, name in enumerate(names)}
+        last = _last_backward(names)
+        chain: list = []
+        run: list = []
+        counts: dict = {}
+        for index, name in enumerate(names):
+            if index == last + 1 and run:  # the tail (after the last backward record) is a node of its own
+                chain.append(steps.add(run, False))
+                run = []
+            if comm_api(name) is None:
+                run.append((stage, name))
+                continue
+            call = comm_call(name, data[name], rank, index)
+            if call is None:
+                continue
+            tail = last >= 0 and index > last
+            if call.kind in ("send", "recv") and stage_of.get(call.peer, stage) != stage:
+                if run:
+                    chain.append(steps.add(run, tail))
+                    run = []
+                other = stage_of[call.peer]
+                key = ((stage, other) if call.kind == "send" else (other, stage)) + (call.tag,)
+                chain.append(steps.add([], tail))
+                (sends if call.kind == "send" else recvs).setdefault(key, []).append(chain[-1])
+            elif call.kind in _COLLECTIVE and call.group and \
+                    len({stage_of[r] for r in call.group if r in stage_of}) > 1:
+                if run:
+                    chain.append(steps.add(run, tail))
+                    run = []
+                group = (call.api, tuple(sorted(call.group)))
+                seq = counts.get(group, 0)
+                counts[group] = seq + 1
+                if (group, seq) not in shared:
+                    shared[(group, seq)] = steps.add([], tail)
+                chain.append(shared[(group, seq)])
+        if run:  # after the forced cut above, a last run is all before or all after the last backward record
+            chain.append(steps.add(run, 0 <= last < position[run[0][1]]))
+        chains.append(chain)
+    edges: dict = {node: [] for node in range(len(steps.names))}
+    waits = [0] * len(steps.names)
+    for chain in chains:
+        for a, b in zip(chain, chain[1:]):
+            edges[a].append(b)
+            waits[b] += 1
+    for key, items in sends.items():
+        for send, recv in zip(items, recvs.get(key, [])):
+            edges[send].append(recv)
+            waits[recv] += 1
+    ready = [chain[0] for chain in reversed(chains) if chain and waits[chain[0]] == 0]
+    later: list = []
+    out: list = []
+    done: set = set()
+    while len(done) < len(steps.names):
+        if ready:
+            node = ready.pop()
+        elif later:
+            later.sort(key=lambda n: steps.names[n][0][0] if steps.names[n] else -1)
+            node = later.pop(0)
+        else:  # a receive whose send is not in the dump: let the earliest waiting node go
+            node = min((n for n in range(len(steps.names)) if n not in done), key=lambda n: (waits[n], n))
+        if node in done:
+            continue
+        done.add(node)
+        out.extend(steps.names[node])
+        for following in reversed(edges[node]):
+            waits[following] -= 1
+            if waits[following] == 0:
+                (later if steps.tail[following] else ready).append(following)
+    return out
+
+
+def merge_model(stages: list, reference: Optional[dict] = None, other_shapes: Optional[dict] = None,
+                peers: Optional[list] = None, factors: tuple = (1.0,)) -> tuple:
     """``stages``: [[source of each tp rank] per pipeline stage]; returns (data, parents, frames,
-    report) of the logical model."""
+    report) of the logical model. ``reference``: the other side's records (statistics) under the
+    logical names; ``other_shapes``: the other side's shapes (:func:`shapes_of`, or what its
+    layout can make of its shards), which tell a shard from a replica; ``peers``: the stages of the
+    other data-parallel replicas (the same tensor there tells a parameter from a piece of the batch);
+    ``factors``: what a gradient may be divided by before its all_reduce (1, and dp)."""
     reference = reference or {}
+    peer_data = [[_records_of(stage[0]) for stage in replica] for replica in peers or []]
     findings: list = []
     left_out: list = []
     datas = [[_records_of(source) for source in stage] for stage in stages]
+    ranks_of = [[source.rank for source in stage] for stage in stages]
     names = [[name for name in stage_data[0] if comm_api(name) is None] for stage_data in datas]
-    renames = stage_renames(names)
-    forward: dict = {}
-    backward: list = []
+    maps: list = []
+    lone: dict = {}  # (stage, base name before it or None) -> [(member, name)] of records one rank alone holds
+    for stage, stage_data in enumerate(datas):
+        stage_maps = []
+        for member, held in enumerate(stage_data):
+            mapping, extras = _align(names[stage], [name for name in held if comm_api(name) is None])
+            stage_maps.append(mapping)
+            for anchor, name in extras:
+                lone.setdefault((stage, anchor), []).append((member, name))
+        maps.append(stage_maps)
+    order: list = []
+    for stage in range(len(stages)):
+        order.extend((stage, name, ranks_of[stage][member]) for member, name in lone.get((stage, None), []))
+    for stage, name in model_order(ranks_of, [stage_data[0] for stage_data in datas]):
+        order.append((stage, name))
+        order.extend((stage, extra, ranks_of[stage][member]) for member, extra in lone.get((stage, name), []))
+    renames = stage_renames(names, order)
+    mergers = []
+    for stage, (sources, stage_data) in enumerate(zip(stages, datas)):
+        ranks = ranks_of[stage]
+        left_out.extend({"rank": source.rank, "record": name} for source, held in zip(sources, stage_data)
+                        for name in held if comm_api(name) is not None)
+        mergers.append(_Merger([[rank] for rank in ranks], reference, other_shapes, len(ranks), findings,
+                               [_partials(held, factors) for held in stage_data]))
+    data: dict = {}
+    stage_held: dict = {}
     parents: dict = {}
     frames: dict = {}
     provenance: dict = {}
-    for stage, (sources, stage_data, rename) in enumerate(zip(stages, datas, renames)):
-        ranks = [source.rank for source in sources]
-        left_out.extend({"rank": source.rank, "record": name} for source, data in zip(sources, stage_data)
-                        for name in data if comm_api(name) is not None)
-        known = set(stage_data[0])
-        findings.extend({"record": name, "leaf": "", "finding": "record not on the stage's first rank: not merged",
-                         "ranks": [source.rank], "differ_from_bench": [], "values": {}}
-                        for source, data in zip(sources[1:], stage_data[1:]) for name in data
-                        if name not in known and comm_api(name) is None)
-        merger = _Merger(ranks, stage_data, reference, findings)
-        local_parents = _parents(sources[0])
-        stage_backward: dict = {}
-        for name in names[stage]:
-            logical = rename[name]
-            record, kinds = merger.record(logical, name)
-            missing = [rank for rank, data in zip(ranks, stage_data) if name not in data]
-            target = stage_backward if ".backward" in name or "parameters_grad" in name else forward
-            if logical in target and isinstance(target[logical], dict) and isinstance(record, dict):
-                record = _span(target[logical], record, logical)
-                target.pop(logical)
-            target[logical] = record
-            if name in local_parents:  # records outside the construct tree (parameters_grad) stay outside
-                parent = local_parents[name]
-                parents[logical] = rename.get(parent, parent) if parent is not None else None
-            frames[logical] = (sources[0], name)
-            entry = provenance.setdefault(logical, {"stages": [], "ranks": [], "leaves": {}, "suspects": []})
+    local_parents = [_parents(stage[0]) for stage in stages]
+    for stage, name, *alone in order:
+        stage_data = datas[stage]
+        if alone:  # a record of one rank alone: kept as it is, a finding
+            rank = alone[0]
+            member = ranks_of[stage].index(rank)
+            logical = renames[stage][(rank, name)]
+            record = stage_data[member][name]
+            ranks = [rank]
+            kinds = {path: "on one rank only" for path, _ in _leaves(record)}
+            suspects = {path: [rank] for path, leaf in _leaves(record) if _anomalous(leaf)}
+            findings.append({"record": logical, "leaf": "", "finding": f"record on rank {rank} alone of its "
+                             f"tensor-parallel group {ranks_of[stage]}", "ranks": [rank], "differ_from_bench": [],
+                             "values": {}})
+            parent = _parents(stages[stage][member]).get(name)
+            source = stages[stage][member]
+        else:
+            logical = renames[stage][name]
+            nodes = [d.get(m.get(name, name)) for d, m in zip(stage_data, maps[stage])]
+            if len(factors) > 1 and logical not in reference and _scales_for_reduce(nodes[0], mergers[stage].partials[0]):
+                left_out.append({"rank": ranks_of[stage][0], "record": name})  # the replicas' averaging
+                continue
+            record, kinds, suspects = mergers[stage].record(logical, nodes,
+                                                            [replica[stage].get(name) for replica in peer_data])
+            ranks = [rank for rank, node in zip(ranks_of[stage], nodes) if node is not None]
+            parent = local_parents[stage].get(name)
+            source = stages[stage][0]
+            missing = [rank for rank, node in zip(ranks_of[stage], nodes) if node is None]
+        if logical in data and isinstance(data[logical], dict) and isinstance(record, dict):
+            earlier = stage_held[logical]
+            record = _span(data[logical], record, logical) if earlier <= stage else _span(record, data[logical],
+                                                                                           logical)
+            data.pop(logical)  # a module spanning stages is written when it ends: on the last of them
+        data[logical] = record
+        stage_held[logical] = min(stage, stage_held.get(logical, stage))
+        if parent is not None or name in local_parents[stage]:  # parameters_grad stays outside the tree
+            renamed = renames[stage].get(parent, parent) if parent is not None else None
+            parents[logical] = renamed
+        frames.setdefault(logical, (source, name))
+        entry = provenance.setdefault(logical, {"stages": [], "ranks": [], "leaves": {}, "suspects": [],
+                                                "leaf_suspects": {}, "names": {}})
+        if stage not in entry["stages"]:
             entry["stages"].append(stage)
-            entry["ranks"].extend(ranks)
-            entry["leaves"].update(kinds)
-            entry["suspects"] = sorted(set(entry["suspects"]) | set(
-                _suspects(kinds, {rank: data.get(name) for rank, data in zip(ranks, stage_data)},
-                          reference.get(logical))))
-            if missing:
-                entry["missing_on"] = missing
-        backward.append(stage_backward)
-    data = dict(forward)
-    for stage_backward in reversed(backward):
-        data.update(stage_backward)
-    order = {name: index for index, name in enumerate(data)}
-    findings.sort(key=lambda finding: order.get(finding["record"], len(order)))  # in the logical model's order
+        entry["ranks"] = sorted(set(entry["ranks"]) | set(ranks))
+        entry["names"][str(stage)] = name
+        entry["leaves"].update(kinds)
+        for path, found in suspects.items():
+            entry["leaf_suspects"][path] = sorted(set(entry["leaf_suspects"].get(path, [])) | set(found))
+        entry["suspects"] = sorted({rank for found in entry["leaf_suspects"].values() for rank in found})
+        if not alone and missing:
+            entry["missing_on"] = missing
+    position = {name: index for index, name in enumerate(data)}
+    findings.sort(key=lambda finding: position.get(finding["record"], len(position)))  # in the logical model's order
     report = {"findings": findings, "communication_left_out": len(left_out), "records": provenance}
     return data, parents, frames, report
+
+
+def model_shapes(stages: list) -> dict:
+    """{logical record: {leaf path: shapes}} the ranks of one logical model can make of each
+    tensor (its own shape on one rank, or its tensor-parallel ranks' pieces joined along any
+    dimension): the other side's hint when both sides are merged (layout against layout)."""
+    datas = [[_records_of(source) for source in stage] for stage in stages]
+    ranks_of = [[source.rank for source in stage] for stage in stages]
+    names = [[name for name in stage_data[0] if comm_api(name) is None] for stage_data in datas]
+    renames = stage_renames(names, model_order(ranks_of, [stage_data[0] for stage_data in datas]))
+    out: dict = {}
+    for stage, stage_data in enumerate(datas):
+        for name in names[stage]:
+            entry = out.setdefault(renames[stage][name], {})
+            for path, leaf in _leaves(stage_data[0][name]):
+                entry.setdefault(path, set()).update(_grown({_shape(leaf)}, len(stage_data)))
+    return out
 
 
 def _parents(source: Any) -> dict:
@@ -349,7 +711,10 @@ def read_layout(sources: list) -> tuple:
         raise ConfigError(f"--layout auto: the dump's all_reduce groups and send/recv peers do not describe "
                           f"one layout of ranks {ranks} (they cover {covered}); give --layout tp=T,pp=P")
     ordered = [stages for _, stages in sorted(models.items())]
-    text = f"tp={len(ordered[0][0])},pp={len(ordered[0])} (read from the dump)"
+    text = f"tp={len(ordered[0][0])},pp={len(ordered[0])}"
+    if len(ordered) > 1:
+        text += f",dp={len(ordered)}"
+    text += " (read from the dump)"
     return text, [((index, 0, 0), [list(stage) for stage in stages]) for index, stages in enumerate(ordered)]
 
 
@@ -367,10 +732,9 @@ def _checked(models: list, sources: list) -> list:
     return out
 
 
-def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional[dict] = None) -> list:
-    """The :class:`MergedSource` of each logical model (data-parallel replica) of one step's rank
-    sources under ``layout`` (None: read from the dump, :func:`read_layout`). ConfigError when the
-    ranks do not fit the layout."""
+def layout_models(sources: list, layout: Optional[Layout]) -> tuple:
+    """(layout text, [(key, [[rank of each tp rank] per stage])], warnings) of one step's rank
+    sources under ``layout`` (None: read from the dump). ConfigError when they do not fit."""
     if layout is not None and layout.vpp != 1:
         raise ConfigError(f"layout {layout.text()}: virtual pipeline stages (vpp) are not merged yet")
     by_rank = {source.rank: source for source in sources}
@@ -380,22 +744,157 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
         raise ConfigError(f"a parallel layout needs ranks 0..{len(by_rank) - 1}, the dump has {sorted(by_rank)}")
     if layout is None:
         text, models = read_layout(sources)
-        warnings = []
-    else:
-        try:
-            text, models = layout.text(), layout.models(sorted(by_rank))
-        except LayoutError as exc:
-            raise ConfigError(str(exc)) from exc
-        warnings = _checked(models, sources)
-    out = []
-    for index, (key, stages) in enumerate(models):
-        stage_sources = [[by_rank[rank] for rank in stage] for stage in stages]
-        data, parents, frames, report = merge_model(stage_sources, reference)
-        first = stage_sources[0][0]
+        return text, models, []
+    try:
+        text, models = layout.text(), layout.models(sorted(by_rank))
+    except LayoutError as exc:
+        raise ConfigError(str(exc)) from exc
+    return text, models, _checked(models, sources)
+
+
+def other_shapes_of(sources: list, layout: Optional[Layout]) -> dict:
+    """What one side can make of each tensor under its layout (:func:`model_shapes` of its first
+    logical model)."""
+    by_rank = {source.rank: source for source in sources}
+    _, models, _ = layout_models(sources, layout)
+    return model_shapes([[by_rank[rank] for rank in stage] for stage in models[0][1]])
+
+
+def join_replicas(models: list, reference: dict, other_shapes: dict) -> tuple:
+    """One logical model of the data-parallel replicas' merged models ``[(data, parents, frames,
+    report)]``: each tensor joined along the batch (the dimension the other side's shape names) or
+    kept once (parameters, reduced gradients) by :class:`_Merger`; backward statistics of joined
+    tensors divided by the number of replicas (each replica's loss averages its own share); a
+    scalar that differs across the replicas (each one's loss, a mean over its share) is their mean.
+    A record that only some replicas hold (a fault's ``masked_fill``) is kept as it is, in its place."""
+    findings: list = []
+    reports = [model[3] for model in models]
+    members = [sorted({rank for entry in report["records"].values() for rank in entry["ranks"]}) for report in reports]
+    merger = _Merger(members, reference, other_shapes, len(models), findings, scale_backward=float(len(models)))
+    first_data, parents, frames, first_report = models[0]
+    base = list(first_data)
+    maps: list = []
+    lone: dict = {}
+    for index, model in enumerate(models):
+        mapping, extras = _align(base, list(model[0]))
+        maps.append(mapping)
+        for anchor, name in extras:
+            lone.setdefault(anchor, []).append((index, name))
+    order = [(None, index, name) for index, name in lone.get(None, [])]
+    for name in base:
+        order.append((name, None, None))
+        order.extend((None, index, extra) for index, extra in lone.get(name, []))
+    data: dict = {}
+    provenance: dict = {}
+    for name, alone, extra in order:
+        if name is None:  # a record of some replicas alone
+            logical = extra if extra not in data else f"{extra}@replica{alone}"
+            data[logical] = models[alone][0][extra]
+            entry = dict(reports[alone]["records"].get(extra) or {"ranks": members[alone], "leaf_suspects": {}})
+            findings.append({"record": logical, "leaf": "", "finding": f"record on data-parallel replica {alone} "
+                             f"alone", "ranks": entry["ranks"], "differ_from_bench": [], "values": {}})
+            if extra in models[alone][1]:
+                parents.setdefault(logical, models[alone][1][extra])
+            frames.setdefault(logical, models[alone][2].get(extra))
+            provenance[logical] = entry
+            continue
+        nodes = [model[0].get(mapping.get(name, name)) for model, mapping in zip(models, maps)]
+        entries = [report["records"].get(mapping.get(name, name)) for report, mapping in zip(reports, maps)]
+        kinds: dict = {}
+        suspects: dict = {}
+        if any(node is None for node in nodes):
+            data[name] = first_data[name]
+            findings.append({"record": name, "leaf": "", "finding": "record not on every data-parallel replica",
+                             "ranks": [rank for member, node in zip(members, nodes) if node is not None
+                                       for rank in member], "differ_from_bench": [], "values": {}})
+        else:
+            data[name], kinds, suspects = merger.record(name, nodes)
+        entry = dict(entries[0] or {})
+        entry["ranks"] = sorted(rank for e in entries if e for rank in e["ranks"])
+        entry["stages"] = sorted({stage for e in entries if e for stage in e.get("stages", [])})
+        leaf_suspects: dict = {}
+        for e in entries:
+            for path, found in (e or {}).get("leaf_suspects", {}).items():
+                leaf_suspects[path] = sorted(set(leaf_suspects.get(path, [])) | set(found))
+        entry["leaves"] = dict(entry.get("leaves", {}), **{p: f"data parallel: {k}" for p, k in kinds.items()})
+        for path, found in suspects.items():
+            inner = [rank for rank in leaf_suspects.get(path, []) if rank in found]
+            leaf_suspects[path] = inner or found
+        entry["leaf_suspects"] = leaf_suspects
+        entry["suspects"] = sorted({rank for found in leaf_suspects.values() for rank in found})
+        provenance[name] = entry
+    findings = [f for report in reports for f in report["findings"]] + findings
+    position = {name: index for index, name in enumerate(data)}
+    findings.sort(key=lambda finding: position.get(finding["record"], len(position)))
+    report = {"findings": findings, "records": provenance,
+              "communication_left_out": sum(r["communication_left_out"] for r in reports)}
+    return data, parents, frames, report
+
+
+def _shrunk(shapes: set, degree: int) -> set:
+    """``shapes`` and each of them with one dimension divided by ``degree`` (what one of ``degree``
+    data-parallel replicas may hold of a tensor of the whole batch)."""
+    out = set(shapes)
+    for shape in shapes:
+        for dim in range(len(shape)):
+            if shape[dim] % degree == 0:
+                out.add(shape[:dim] + (shape[dim] // degree,) + shape[dim + 1:])
+    return out
+
+
+def _holds_a_piece(sources: list, other_shapes: Optional[dict], replicas: int) -> bool:
+    """Whether data-parallel replicas hold pieces of the other side's batch: the first tensor input
+    of the first stage's first rank is, joined ``replicas`` times along a dimension, the other
+    side's, and not the other side's as it is."""
+    if not other_shapes or replicas < 2:
+        return False
+    for name, record in _records_of(sources[0]).items():
+        if _is_backward(name) or comm_api(name) is not None:
+            continue
+        for path, leaf in _leaves(record):
+            wanted = other_shapes.get(name, {}).get(path)
+            if not wanted or not path.startswith("input"):
+                continue
+            shape = _shape(leaf)
+            return shape not in wanted and bool(_grown({shape}, replicas) & wanted)
+    return False
+
+
+def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional[dict] = None,
+                    other_shapes: Optional[dict] = None) -> list:
+    """The :class:`MergedSource` of each logical model of one step's rank sources under ``layout``
+    (None: read from the dump, :func:`read_layout`); the data-parallel replicas joined into one when
+    they hold pieces of the other side's batch. ``reference``: the other side's records;
+    ``other_shapes``: its shapes (default: those of ``reference``). ConfigError when the ranks do
+    not fit the layout."""
+    text, models, warnings = layout_models(sources, layout)
+    by_rank = {source.rank: source for source in sources}
+    if other_shapes is None and reference:
+        other_shapes = shapes_of(reference)
+    replicas = [(key, [[by_rank[rank] for rank in stage] for stage in stages]) for key, stages in models]
+    first = replicas[0][1][0][0]
+    if _holds_a_piece([stage[0] for stage in replicas[0][1]], other_shapes, len(replicas)):
+        dp = len(replicas)
+        wanted = {name: {path: _shrunk(shapes, dp) for path, shapes in paths.items()}
+                  for name, paths in (other_shapes or {}).items()}
+        each = [merge_model(stages, reference, wanted, [other for j, (_, other) in enumerate(replicas) if j != i],
+                            (1.0, float(dp))) for i, (_, stages) in enumerate(replicas)]
+        data, parents, frames, report = join_replicas(each, reference or {}, other_shapes or {})
         raw = dict(first.document().raw)
+        raw["data"] = data
+        report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas],
+                       "warnings": warnings, "stages": [[s.rank for s in stage] for _, stages in replicas
+                                                        for stage in stages],
+                       "replicas": [[[s.rank for s in stage] for stage in stages] for _, stages in replicas]})
+        return [MergedSource(first.step, None, "merged", first.url, DumpDocument(raw), parents, frames, report)]
+    out = []
+    for index, (key, stage_sources) in enumerate(replicas):
+        data, parents, frames, report = merge_model(stage_sources, reference, other_shapes)
+        head = stage_sources[0][0]
+        raw = dict(head.document().raw)
         raw["data"] = data
         report.update({"layout": text, "model": index, "dp_cp_ep": list(key), "warnings": warnings,
                        "stages": [[source.rank for source in stage] for stage in stage_sources]})
-        out.append(MergedSource(first.step, index, f"merged{index}" if len(models) > 1 else "merged",
-                                first.url, DumpDocument(raw), parents, frames, report))
+        out.append(MergedSource(head.step, None, f"merged{index}" if len(replicas) > 1 else "merged",
+                                head.url, DumpDocument(raw), parents, frames, report))
     return out

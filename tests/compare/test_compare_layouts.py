@@ -254,14 +254,17 @@ def test_a_module_on_every_stage_spans_them_and_partial_sums_take_the_reduced_re
             data["Tensor.extra.0.forward"] = {"output": [_leaf(1.0)]}  # only on the second TP rank
         stage1.append(_Rank(rank, data, {"Functional.matmul.0.forward": root, root: None}))
     data, parents, _, report = merge_model([stage0, stage1], {})
-    assert list(data) == ["Functional.matmul.0.forward", "Functional.matmul.1.forward", root]
+    # a record of one tensor-parallel rank alone is kept in its place (a fault's masked_fill), a finding
+    assert list(data) == ["Functional.matmul.0.forward", "Functional.matmul.1.forward", root, "Tensor.extra.0.forward"]
+    assert report["records"]["Tensor.extra.0.forward"]["ranks"] == [3]
     assert data[root]["input_args"][0]["Max"] == 1.0 and data[root]["output"][0]["Max"] == 9.0  # first's in, last's out
     assert data["Functional.matmul.0.forward"]["output"][0]["Max"] == 7.0  # the partial sums' all_reduce result
     assert report["records"]["Functional.matmul.0.forward"]["leaves"]["output.0"] == "partial"
     merged = data["Functional.matmul.1.forward"]["output"][0]  # shards along the last dimension
     assert merged["shape"] == [2, 4] and merged["Max"] == 8.0 and merged["Norm"] == 10.0
     assert parents["Functional.matmul.1.forward"] == root and report["communication_left_out"] == 2
-    assert [f["record"] for f in report["findings"]] == ["Tensor.extra.0.forward"]
+    assert [(f["record"], f["finding"]) for f in report["findings"]] == [
+        ("Tensor.extra.0.forward", "record on rank 3 alone of its tensor-parallel group [2, 3]")]
 
 
 def test_data_parallel_replicas_are_models_of_their_own(runs, tmp_path):
@@ -272,3 +275,77 @@ def test_data_parallel_replicas_are_models_of_their_own(runs, tmp_path):
     assert [pair["rank_dir"] for pair in summary["pairs"]] == ["merged0", "merged1"]
     origin = summary["origin"]
     assert summary["layout"]["origin"]["ranks"] == models[origin["rank_dir"]][0]  # the origin's own replica
+
+
+# --- issue 47: Megatron's habits (shapes decide shards, NaN carried, the step's order, ranks named) ---
+
+def _t(shape, mx, mn=None, mean=0.0, norm=1.0) -> dict:
+    return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": list(shape), "Max": mx,
+            "Min": -mx if mn is None else mn, "Mean": mean, "Norm": norm}
+
+
+def _int(value: int) -> dict:
+    return {"type": "int", "value": value}
+
+
+def test_equal_shards_are_shards_when_the_bench_holds_the_whole_tensor():
+    """Megatron initialises biases to zero: two column-parallel bias shards with equal statistics
+    against a [32] bench are a [32] shard pair, not one [16] replica; all-NaN gradient shards too."""
+    from msprobe.readers._merged import merge_model, shapes_of
+
+    zero = _t((16,), 0.0, 0.0, 0.0, 0.0)
+    nan = _t((16,), math.nan, math.nan, math.nan, math.nan)
+    ranks = [_Rank(r, {"Functional.linear.0.forward": {"input_args": [_t((2, 8), 1.0), _t((16, 8), 0.5 + r), zero],
+                                                         "output": [_t((2, 16), 2.0 + r)]},
+                       "Module.fc1.Linear.parameters_grad": {"bias": [nan]}}, {}) for r in (0, 1)]
+    bench = {"Functional.linear.0.forward": {"input_args": [_t((2, 8), 1.0), _t((32, 8), 1.5),
+                                                            _t((32,), 0.0, 0.0, 0.0, 0.0)],
+                                             "output": [_t((2, 32), 3.0)]},
+             "Module.fc1.Linear.parameters_grad": {"bias": [_t((32,), 1.0)]}}
+    data, _, _, report = merge_model([ranks], bench, shapes_of(bench))
+    bias = data["Functional.linear.0.forward"]["input_args"][2]
+    assert bias["shape"] == [32] and bias["Max"] == 0.0 and bias["Norm"] == 0.0
+    leaves = report["records"]["Functional.linear.0.forward"]["leaves"]
+    assert leaves["input_args.2"] == "sharded" and leaves["input_args.0"] == "replicated"
+    grad = data["Module.fc1.Linear.parameters_grad"]["bias"][0]
+    assert grad["shape"] == [32] and math.isnan(grad["Max"]) and math.isnan(grad["Norm"])
+    assert report["findings"] == []
+
+
+def test_merged_statistics_carry_nan_and_inf():
+    """Python's max/min skip a NaN that comes after a number: the merged Max/Min must carry it."""
+    finite = _t((2, 2), 2.8, -0.17, 0.5, 1.0)
+    for bad in (_t((2, 2), math.nan, math.nan, math.nan, math.nan), _t((2, 2), 1.0, math.nan, math.nan, math.nan)):
+        merged = merge_shard_stats([finite, bad], 1)
+        assert all(math.isnan(merged[stat]) for stat in ("Max", "Min", "Mean", "Norm")), merged
+    merged = merge_shard_stats([finite, _t((2, 2), math.inf, 0.0, math.inf, math.inf)], 0)
+    assert merged["Max"] == math.inf and merged["Min"] == pytest.approx(-0.17) and merged["Norm"] == math.inf
+
+
+def _p2p(kind: str, peer: int, leaf: dict) -> dict:
+    return {"input_args": [leaf, _int(peer)], "input_kwargs": {}, "output": [leaf]}
+
+
+def test_the_merged_model_runs_in_the_steps_happens_before_order():
+    """Stage 1's forward comes before stage 0's backward, and the optimizer's in-place updates (after
+    each stage's last backward record) come after every stage's backward, numbered as one card
+    numbers them: stage 0's parameters first."""
+    from msprobe.readers._merged import merge_model
+
+    x = _t((2, 4), 1.0)
+    stage0 = {"Functional.linear.0.forward": {"input_args": [x], "output": [x]},
+              "Distributed.send.0.forward": _p2p("send", 1, x),
+              "Distributed.recv.0.forward": _p2p("recv", 1, x),
+              "Functional.linear.0.backward": {"input": [x], "output": [x]},
+              "Tensor.add_.0.forward": {"input_args": [x], "output": [x]}}
+    stage1 = {"Distributed.recv.0.forward": _p2p("recv", 0, x),
+              "Functional.linear.0.forward": {"input_args": [x], "output": [x]},
+              "Functional.linear.0.backward": {"input": [x], "output": [x]},
+              "Distributed.send.0.forward": _p2p("send", 0, x),
+              "Tensor.add_.0.forward": {"input_args": [x], "output": [x]}}
+    data, _, _, report = merge_model([[_Rank(0, stage0, {})], [_Rank(1, stage1, {})]], {})
+    assert list(data) == ["Functional.linear.0.forward", "Functional.linear.1.forward",
+                          "Functional.linear.1.backward", "Functional.linear.0.backward",
+                          "Tensor.add_.0.forward", "Tensor.add_.1.forward"]
+    assert report["records"]["Tensor.add_.1.forward"]["ranks"] == [1]
+    assert report["communication_left_out"] == 4
