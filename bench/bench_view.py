@@ -26,7 +26,8 @@ Two scenarios, each served by ``python -m msprobe view`` in its own process:
 
 Targets (issue 27, on the 2-core machine): first paint <= 2 s for the pair and the lake overview,
 tree expand <= 0.5 s, server RSS <= 500 MB; issue 49: the cluster view's first paint <= 2 s and its
-DOM under 20,000 elements at 64 ranks x 20,000 records.
+DOM under 20,000 elements at 64 ranks x 20,000 records; command start to first useful paint <= 5 s
+(pair) and <= 10 s (lake).
 
     python bench/bench_view.py                                 # 100,000 records; 1,024 x 10 lake
     python bench/bench_view.py --records 10000 --ranks 64 --steps 4   # a quick run
@@ -79,7 +80,9 @@ def _tree_construct(step_dir: str) -> int:
 
 
 def _serve(args: list, work: str) -> tuple:
-    """Start ``msprobe view``; (process, URL, seconds until it printed the URL)."""
+    """Start ``msprobe view``; (process, URL, seconds until it printed the URL). The URL comes after
+    the set-up's first second (the page is served while the view is built): the first paint then
+    includes the rest of the set-up, and command start to first useful paint is the sum."""
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "msprobe", "view", *args, "--work-dir", work],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -114,7 +117,7 @@ def _paint(page, url: str) -> float:
     """Navigation until the overview is drawn and the first cell's list holds rows."""
     t0 = time.perf_counter()
     page.goto(url)
-    page.wait_for_selector("body[data-ready]", state="attached", timeout=120000)
+    page.wait_for_selector("body[data-ready]", state="attached", timeout=1800000)
     _wait(page, "() => document.querySelectorAll('#rows .vrow').length > 0")
     return time.perf_counter() - t0
 
@@ -131,6 +134,8 @@ def _measured(browser, proc, url: str, out: dict, steps) -> dict:
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         out["first_paint_s"] = _paint(page, url)
+        if "setup_s" in out:
+            out["command_to_first_paint_s"] = round(out["setup_s"] + out["first_paint_s"], 2)
         steps(page, out)
         out["server_rss_mb"] = round(_vmhwm_mb(proc.pid), 1)
         page.close()
@@ -327,7 +332,8 @@ def main(argv=None) -> int:
     for name, r in results.items():
         for key, target in (("first_paint_s", TARGETS["first_paint_s"]), ("tree_expand_layer_s", TARGETS["tree_expand_s"]),
                             ("server_rss_mb", TARGETS["rss_mb"]), ("cluster_first_paint_s", TARGETS["cluster_first_paint_s"]),
-                            ("cluster_dom_elements", TARGETS["cluster_dom_elements"])):
+                            ("cluster_dom_elements", TARGETS["cluster_dom_elements"]),
+                            ("command_to_first_paint_s", 5.0 if name == "pair" else 10.0)):
             if key in r:
                 ok = r[key] < target if key == "cluster_dom_elements" else r[key] <= target
                 print(f"{name:5} {key:22} {r[key]:9.3f}  target <= {target}  {'ok' if ok else 'MISSED'}")

@@ -21,6 +21,8 @@ class ServerApi {
     for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== null) u.searchParams.set(k, String(v));
     const r = await fetch(u, { headers: { "X-Msprobe-Token": this.token }, credentials: "same-origin" });
     const body = await r.json();
+    // the server is still building the view (msprobe view's set-up): its progress, asked again later
+    if (body && body.loading) throw Object.assign(new Error(body.error || `building the view: ${body.stage}`), { loading: body });
     if (!r.ok) throw new Error(body.error || r.statusText);
     return body;
   }

@@ -57,7 +57,7 @@ const cellBadge = el("span", { class: "cell-badge", id: "cell-badge" });
 const main = el("main", { class: "main" });
 const panes = {};
 for (const [id, label] of VIEWS) {
-  tabs.append(el("button", { class: "tab", "data-view": id, onclick: () => show(id), text: label }));
+  tabs.append(el("button", { class: "tab", "data-view": id, onclick: () => { if (state.meta) show(id); }, text: label }));
   panes[id] = el("section", { class: "pane", id: `view-${id}`, hidden: true });
   main.append(panes[id]);
 }
@@ -588,12 +588,35 @@ async function showTensor(name) {
 }
 
 // -- start ---------------------------------------------------------------------------------------
+// msprobe view serves the page while it builds the view: until its data is ready the page shows the
+// set-up's stages and their times, asking again every half second (a failed set-up: its error)
+async function firstAnswers() {
+  let box = null;
+  for (;;) {
+    try {
+      const answers = await Promise.all([api.meta(), api.overview()]);
+      if (box) box.remove();
+      return answers;
+    } catch (e) {
+      if (!e.loading) throw e;
+      const l = e.loading;
+      if (!box) { box = el("div", { class: "loading", id: "loading" }); main.prepend(box); }
+      box.replaceChildren(el("h2", { text: l.error ? "The view could not be built" : "Building the view…" }),
+        el("div", { class: "hint", text: l.error ? l.error : `${l.elapsed_s} s since msprobe view started` }),
+        el("ol", {}, ...l.stages.map(([name, t], k) => el("li", { class: k === l.stages.length - 1 && !l.error ? "current" : "done", text: `${name} (${t} s)` }))));
+      setStatus(l.error ? l.error : `building the view: ${l.stage}`, !!l.error);
+      if (l.error) throw e;
+      await new Promise((res) => setTimeout(res, 500));
+    }
+  }
+}
+
 async function start() {
   const t0 = performance.now();
   header.append(el("span", { class: "brand", text: "msprobe" }), el("span", { class: "title", id: "title" }), tabs, cellBadge,
     el("span", { class: "mode", text: api.mode === "report" ? "report" : "live" }));
   mark("start");
-  const [meta, ov] = await Promise.all([api.meta(), api.overview()]);
+  const [meta, ov] = await firstAnswers();
   mark("data");
   if (!meta || !ov) return;
   state.meta = meta; state.overview = ov;

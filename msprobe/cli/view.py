@@ -40,7 +40,7 @@ def register(sub) -> None:
     r.set_defaults(func=run_report)
 
 
-def _open(args):
+def _open(args, stage=None):
     from msprobe.view import open_view
 
     opts = json.loads(args.storage_options) if args.storage_options else None
@@ -50,7 +50,7 @@ def _open(args):
             flags += [flag] if value is True else [flag, value]
     return open_view(args.path, args.bench, storage_options=opts, work_dir=args.work_dir,
                      threshold=args.divergence_threshold, layout=args.layout, bench_layout=args.bench_layout,
-                     compare_flags=flags)
+                     compare_flags=flags, stage=stage)
 
 
 def run_view(args) -> int:
@@ -63,11 +63,12 @@ def run_view(args) -> int:
         say(line)
         sys.stdout.flush()
 
-    data = _open(args)
-    try:
-        serve(data, host=args.host, port=args.port, announce=announce)
-    finally:
-        data.close()
+    def load(stage):  # in the server's set-up thread: the page is served meanwhile, with its progress
+        return _open(args, stage)
+
+    load.paths = [args.path, args.bench]  # type: ignore[attr-defined]
+    serve(host=args.host, port=args.port, announce=announce, loader=load,
+          progress=lambda line: print(line, file=sys.stderr, flush=True))
     return 0
 
 

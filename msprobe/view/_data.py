@@ -415,14 +415,16 @@ def _nothing_to_show(path: str, exc: Exception) -> UnknownDialectError:
 def open_view(path: str, bench: Optional[str] = None, *, storage_options: Optional[dict] = None,
               work_dir: Optional[str] = None, threshold: Optional[float] = None, title: Optional[str] = None,
               layout: Optional[str] = None, bench_layout: Optional[str] = None,
-              compare_flags: Sequence[str] = ()) -> ViewData:
+              compare_flags: Sequence[str] = (), stage: Any = None) -> ViewData:
     """The explorer's data for ``path`` (a dump, lake index or compare output) and optional ``bench``.
 
     With ``bench``, the pair is compared once into ``work_dir`` (a new temporary directory by
     default, removed by :meth:`ViewData.close`). ``layout`` / ``bench_layout``: that side is a
     parallel run, compared and shown as its merged logical model (``compare --layout``).
     ``compare_flags``: ``-am``, ``-cm``, ``-lm`` (a MindSpore dump against a PyTorch one pairs
-    through the built-in mappings without them)."""
+    through the built-in mappings without them). ``stage``: called with the name of each step of
+    the set-up as it begins (``msprobe view``'s progress)."""
+    say = stage or (lambda what: None)
     owns = work_dir is None
     work = work_dir or tempfile.mkdtemp(prefix="msprobe_view_")
     os.makedirs(work, exist_ok=True)
@@ -432,10 +434,13 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
         if bench is not None:
             out = os.path.join(work, "compare")
             data.layouts = {"target": layout, "bench": bench_layout}
+            say("comparing the pair (msprobe compare, in a child process)")
             _compare_apart(path, bench, out, storage_options, threshold, data.layouts, compare_flags)
             data.target, data.bench = path, bench
+            say("loading the compare output into the view's tables")
             data.load_compare_output(out)
         elif _is_compare_output(path):
+            say("loading the compare output into the view's tables")
             data.load_compare_output(path)
         else:
             import msprobe.readers
@@ -448,9 +453,12 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
 
                 if not msprobe.lake.has_runs(path, storage_options):  # never an empty page (issue 41)
                     raise _nothing_to_show(path, exc) from exc
+                say("opening the lake (its index) and loading its cells")
                 data.load_lake(msprobe.lake.open(path, storage_options=storage_options, progress=False))
             else:
+                say("reading the dump into the view's tables")
                 data.load_dump(dump)
+        say("the overview")
         data.finish()
     except BaseException:
         data.close()

@@ -1,5 +1,11 @@
 """The explorer's HTTP server: a Starlette app over a :class:`~msprobe.view._data.ViewData`.
 
+:func:`serve` given a ``loader`` (what ``msprobe view`` does) prints its URL and serves the page as soon
+as the set-up has run a second, while the rest is built in a thread: until the view's data is ready
+the API answers ``202 {"loading": true, "stage", "elapsed_s", "stages"}`` (accepted, not yet done) and the page shows that
+progress (the terminal shows each stage as it begins); a set-up that fails stops the server with its
+one-line error.
+
 Every request needs the access token (``?token=`` once, then a same-site cookie, or the
 ``X-Msprobe-Token`` header); every response carries a Content-Security-Policy without inline
 script. Endpoints take cells, record and row names as query values and look them up in the
@@ -13,6 +19,8 @@ import io
 import os
 import secrets
 import socket
+import threading
+import time
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError
@@ -67,8 +75,37 @@ def _int(value: Any, name: str, default: Optional[int] = None) -> int:
         raise ConfigError(f"{name} must be an integer, not {value!r}") from None
 
 
-def make_app(data: ViewData, token: str) -> Any:
-    """The ASGI app serving ``data``; every request must present ``token``."""
+class Pending:
+    """A server's view data while it is being built: the stages begun (name, seconds since the
+    start), the data once ready, or the set-up's error."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.stages: list = []
+        self.data: Optional[ViewData] = None
+        self.error: Optional[str] = None
+
+    def stage(self, name: str) -> None:
+        self.stages.append([name, round(time.monotonic() - self.t0, 1)])
+
+    def state(self) -> dict:
+        return {"loading": True, "stage": self.stages[-1][0] if self.stages else "starting",
+                "elapsed_s": round(time.monotonic() - self.t0, 1), "stages": list(self.stages), "error": self.error}
+
+
+class _Late:
+    """The view data of a :class:`Pending` (its attributes, once loaded)."""
+
+    def __init__(self, pending: Pending) -> None:
+        self._pending = pending
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pending.data, name)
+
+
+def make_app(given: Optional[ViewData], token: str, pending: Optional[Pending] = None) -> Any:
+    """The ASGI app serving ``given`` (or, None, the data ``pending`` holds once it is built); every
+    request must present ``token``."""
     _starlette()
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -95,11 +132,21 @@ def make_app(data: ViewData, token: str) -> Any:
         resp.headers["Cache-Control"] = "no-store"
         return resp
 
-    def guarded(handler: Any) -> Any:
+    if given is None and pending is None:
+        raise ConfigError("make_app needs the view data or a pending set-up")
+    data: Any = given if given is not None else _Late(pending)  # type: ignore[arg-type]
+
+    def loading() -> Optional[dict]:
+        return pending.state() if pending is not None and pending.data is None else None
+
+    def guarded(handler: Any, api: bool = True) -> Any:
         async def endpoint(request: Request) -> Response:
             if not authorized(request):
                 return secure(PlainTextResponse("a valid token is needed (the URL msprobe view printed)",
                                                 status_code=403))
+            waiting = loading() if api else None
+            if waiting is not None:  # the page asks again until the view is built
+                return secure(JSONResponse(waiting, status_code=500 if waiting["error"] else 202))
             try:  # the tables' queries run in worker threads: a slow one holds up no other request
                 resp = await run_in_threadpool(handler, request)
             except (ConfigError, KeyError) as exc:
@@ -132,13 +179,21 @@ def make_app(data: ViewData, token: str) -> Any:
 
     # the tables do not change once loaded: the two answers every page load starts with are encoded
     # once, here (a lake's 10,240 cells are megabytes of JSON)
-    first_answers = {"meta": SafeJSON(data.meta()).body, "overview": SafeJSON(data.overview()).body}
+    first_answers: dict = {}
+
+    def first(name: str) -> bytes:
+        if name not in first_answers:
+            first_answers[name] = SafeJSON(data.meta() if name == "meta" else data.overview()).body
+        return first_answers[name]
+
+    if pending is None:
+        first("meta"), first("overview")
 
     def meta(request: Request) -> Response:
-        return Response(first_answers["meta"], media_type="application/json")
+        return Response(first("meta"), media_type="application/json")
 
     def overview(request: Request) -> Response:
-        return Response(first_answers["overview"], media_type="application/json")
+        return Response(first("overview"), media_type="application/json")
 
     def rows(request: Request) -> Response:
         cell = _int(arg(request, "cell"), "cell")
@@ -203,7 +258,7 @@ def make_app(data: ViewData, token: str) -> Any:
         cell = _int(arg(request, "cell"), "cell")
         return SafeJSON(tensor_view(data, cell, arg(request, "name") or "", arg(request, "side") or "target"))
 
-    routes = [Route("/", guarded(page)), Route("/static/{name}", guarded(static)),
+    routes = [Route("/", guarded(page, False)), Route("/static/{name}", guarded(static, False)),
               Route("/api/meta", guarded(meta)), Route("/api/overview", guarded(overview)),
               Route("/api/rows", guarded(rows)), Route("/api/export.csv", guarded(export_csv)),
               Route("/api/tree", guarded(tree)), Route("/api/tree_path", guarded(tree_path)),
@@ -225,37 +280,97 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def serve(data: ViewData, *, host: str = "127.0.0.1", port: Optional[int] = None, token: Optional[str] = None,
-          announce: Any = print) -> None:
-    """Serve ``data`` until interrupted; ``announce`` gets the lines to show (URL, ssh hint)."""
+def _warm(data: ViewData, stage: Any) -> None:
+    """What every first page asks for, read once before the page does: the first cell's list and trees."""
+    first = data.overview()["first_cell"]
+    stage("the first cell's list")
+    data.rows(first if first is not None else 0, 0, 200, {})  # the page's first list, read once from disk
+    stage("the first cell's model trees")
+    try:  # the trees of the cell the page opens first: no page request waits on them
+        data.tree(first if first is not None else 0)
+    except (MsprobeError, OSError):
+        pass  # asked for again (and its error shown) when the tree view opens
+
+
+def serve(data: Optional[ViewData] = None, *, host: str = "127.0.0.1", port: Optional[int] = None,
+          token: Optional[str] = None, announce: Any = print, loader: Any = None, progress: Any = None,
+          grace_s: float = 1.0, until: Optional[threading.Event] = None, linger_s: float = 2.0) -> None:
+    """Serve ``data`` until interrupted; ``announce`` gets the lines to show (URL, ssh hint).
+
+    With ``loader`` instead (called with a stage callback, it returns the view data), the set-up runs
+    in a thread: a set-up that fails within ``grace_s`` raises its error before any URL is printed;
+    else the URL is printed at once, the page shows the set-up's progress until the data is ready,
+    ``progress`` gets each stage's line (the terminal), and a set-up that fails later stops the server
+    ``linger_s`` later (an open page shows the error) and raises it. The loaded data is closed when the server stops. ``until``: an event that
+    stops the server when set (serving from a thread); else it runs until interrupted."""
     _starlette()
     try:
         import uvicorn
     except ImportError as exc:
         raise MissingDependencyError("msprobe view needs uvicorn: pip install 'msprobe-lake[view]'") from exc
+    if (data is None) == (loader is None):
+        raise ConfigError("serve needs the view data or a loader, not both")
     token = token or secrets.token_urlsafe(24)
     sock = listening_socket(host, port)  # bound and listening before the URL is printed
     port = int(sock.getsockname()[1])
-    app = make_app(data, token)
-    first = data.overview()["first_cell"]
-    data.rows(first if first is not None else 0, 0, 200, {})  # the page's first list, read once from disk
+    pending: Optional[Pending] = None
+    failure: list = []
+    server: Any = None
+    if loader is None:
+        app = make_app(data, token)
+        _warm(data, lambda name: None)  # type: ignore[arg-type]
+    else:
+        pending = Pending()
+        say = progress or (lambda line: None)
 
-    try:  # the trees of the cell the page opens first, before the URL: no page request waits on them
-        data.tree(first if first is not None else 0)
-    except (MsprobeError, OSError):
-        pass  # asked for again (and its error shown) when the tree view opens
+        def stage(name: str) -> None:
+            pending.stage(name)
+            say(f"msprobe view: {name} ({pending.stages[-1][1]:.1f} s)")
+
+        def build() -> None:
+            try:
+                loaded = loader(stage)
+                _warm(loaded, stage)
+                pending.data = loaded
+                say(f"msprobe view: ready in {time.monotonic() - pending.t0:.1f} s")
+            except BaseException as exc:  # noqa: BLE001 - the set-up's error ends the server, raised below
+                failure.append(exc)
+                pending.error = str(exc)
+                time.sleep(linger_s)  # an open page asks again within half a second: it shows the error
+                if server is not None:
+                    server.should_exit = True
+
+        app = make_app(None, token, pending)
+        worker = threading.Thread(target=build, name="msprobe-view-setup", daemon=True)
+        worker.start()
+        worker.join(grace_s)
+        if failure:
+            sock.close()
+            raise failure[0]
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     announce(f"msprobe view: http://{shown}:{port}/?token={token}")
     announce(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {socket.gethostname()}  "
              f"then open http://127.0.0.1:{port}/?token={token}")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    if failure:  # failed between the grace period and now
+        server.should_exit = True
+    if until is not None:
+        def stop() -> None:
+            until.wait()
+            server.should_exit = True
+        threading.Thread(target=stop, name="msprobe-view-stop", daemon=True).start()
     # other commands (compare, lake nan) print links to this server's views while it runs
-    entry = register(f"http://{shown}:{port}/?token={token}", [data.target, data.bench])
+    entry = register(f"http://{shown}:{port}/?token={token}",
+                     [data.target, data.bench] if data is not None else getattr(loader, "paths", ()))
     try:  # a connection made as soon as the URL shows waits in the backlog until the server accepts it
         server.run(sockets=[sock])
     finally:
         unregister(entry)
         sock.close()
+        if pending is not None and pending.data is not None:
+            pending.data.close()
+    if failure:
+        raise failure[0]
 
 
 def listening_socket(host: str, port: Optional[int]) -> socket.socket:
