@@ -179,6 +179,16 @@ def page(browser):
     ctx.close()
 
 
+def until(page, check, timeout_ms: int = 30000) -> None:
+    """Poll ``check`` every 50 ms until it holds (Playwright's wait_for_function evals, which the
+    page's policy forbids); assert it at the end."""
+    for _ in range(timeout_ms // 50):
+        if check():
+            return
+        page.wait_for_timeout(50)
+    assert check()
+
+
 def shot(page, name: str) -> None:
     """A screenshot of the page for docs/explorer.md (only when MSPROBE_VIEW_SHOTS=1)."""
     if SHOTS:

@@ -8,18 +8,10 @@ With MSPROBE_VIEW_SHOTS=1 the live walk writes docs/explorer/cluster.png."""
 from __future__ import annotations
 
 from tests.view.conftest import LiveServer, shot
+from tests.view.conftest import until as _until
 from tests.view.test_view_cluster import ORIGIN, cluster_view, pipeline  # noqa: F401 - the fixtures
 
 READY = "body[data-ready]"
-
-
-def _until(page, check, timeout_ms: int = 20000) -> None:
-    """Poll ``check`` (Playwright's wait_for_function evals, which the page's policy forbids)."""
-    for _ in range(timeout_ms // 50):
-        if check():
-            return
-        page.wait_for_timeout(50)
-    assert check()
 
 
 def _walk(page, url: str, shots: bool) -> None:

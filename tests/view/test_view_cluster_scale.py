@@ -21,20 +21,13 @@ import sys
 import pytest
 
 from tests.view.conftest import ROOT, LiveServer, shot
+from tests.view.conftest import until as _until
 
 pytest.importorskip("torch")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 READY = "body[data-ready]"
 DOM_LIMIT = 20000
-
-
-def _until(page, check, timeout_ms: int = 30000) -> None:
-    for _ in range(timeout_ms // 50):
-        if check():
-            return
-        page.wait_for_timeout(50)
-    assert check()
 
 
 @pytest.fixture(scope="module")

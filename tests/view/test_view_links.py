@@ -20,18 +20,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from tests.view.conftest import LiveServer
+from tests.view.conftest import until as _until
 from tests.view.test_view_cluster import ORIGIN, cluster_view, pipeline  # noqa: F401 - the fixtures
 
 READY = "body[data-ready]"
 RECV = "Distributed.recv.0.forward"
-
-
-def _until(page, check, timeout_ms: int = 20000) -> None:
-    for _ in range(timeout_ms // 50):
-        if check():
-            return
-        page.wait_for_timeout(50)
-    assert check()
 
 
 def _link(page) -> dict:

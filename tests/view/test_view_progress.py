@@ -13,15 +13,8 @@ import os
 import threading
 import urllib.request
 
+from tests.view.conftest import until as _until
 from tests.view.test_view_cluster import pipeline  # noqa: F401 - the fixture
-
-
-def _until(page, check, timeout_ms: int = 30000) -> None:
-    for _ in range(timeout_ms // 50):
-        if check():
-            return
-        page.wait_for_timeout(50)
-    assert check()
 
 
 class _Serving:
