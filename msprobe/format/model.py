@@ -270,17 +270,24 @@ def tensor_entries(value: Any, path: str = "", *, bounded: bool = True) -> list:
 
 
 def _walk_entries(value: Any, path: str, out: list, depth: int, limit: Optional[int]) -> None:
-    if limit is not None and depth > limit and isinstance(value, (dict, list)):
+    """Scalars are passed over where they are met (no call, no path made for them): only an
+    object or an array can hold a tensor entry."""
+    if not isinstance(value, (dict, list)):
+        return
+    if limit is not None and depth > limit:
         _check_depth(depth, path)
     if isinstance(value, dict):
-        if value.get("type") is None:
+        type_name = value.get("type")
+        if type_name is None:
             for key, item in value.items():
-                _walk_entries(item, f"{path}.{key}" if path else str(key), out, depth + 1, limit)
-        elif is_tensor_entry(value):
-            out.append((path, value))
-    elif isinstance(value, list):
+                if isinstance(item, (dict, list)):
+                    _walk_entries(item, f"{path}.{key}" if path else str(key), out, depth + 1, limit)
+        elif isinstance(type_name, str) and (type_name in TENSOR_TYPES or "dtype" in value and "shape" in value):
+            out.append((path, value))  # is_tensor_entry, inline
+    else:
         for index, item in enumerate(value):
-            _walk_entries(item, f"{path}.{index}" if path else str(index), out, depth + 1, limit)
+            if isinstance(item, (dict, list)):
+                _walk_entries(item, f"{path}.{index}" if path else str(index), out, depth + 1, limit)
 
 
 def parse_arg(raw: Any, path: str = "", depth: int = 0) -> Arg:

@@ -6,6 +6,7 @@ flattens in about a second; paths follow :func:`msprobe.format.model.parse_arg`.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any, Iterable, Optional
@@ -46,8 +47,10 @@ def empty_columns() -> dict:
     return {column: [] for column in COLUMNS}
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def record_fields(name: str) -> tuple:
-    """(kind, api_type, api_name, call_index, direction) of a record name; unknown names are tolerated."""
+    """(kind, api_type, api_name, call_index, direction) of a record name; unknown names are tolerated.
+    Cached: the ranks of a step (indexed one after the other by a lake task) share their names."""
     parsed: RecordName = read_record_name(name)
     if parsed.kind == "unknown":
         return ("unknown", None, None, None, None)
@@ -108,67 +111,92 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
 
     ``placeholders=True`` adds one row with ``io`` null for each record without a
     tensor (the index keeps every record that way). ``names`` limits the records.
+
+    One pass over the records gathers each row's record and tensor entry; the columns are then
+    built a column at a time (each a comprehension over the rows), not a row at a time.
     """
-    cols = empty_columns()
     stack_ids = stack_ids or {}
     parents = parents or {}
-    mapping = mapping or {}
     order = {name: seq for seq, name in enumerate(data)} if names is not None else None
     items = ((name, data[name]) for name in names) if names is not None else iter(data.items())
+    records: list = []  # (seq, name, kind, api_type, api_name, call_index, direction, stack_id, parent)
+    row_record: list = []  # each row's position in ``records``
+    sides: list = []
+    paths: list = []
+    tensors: list = []  # each row's tensor entry; _NO_TENSOR for a record's placeholder row
     for position, (name, raw) in enumerate(items):
-        seq = order[name] if order is not None else position
         kind, api_type, api_name, call_index, direction = record_fields(name)
-        tensors = record_tensors(kind, raw)
+        found = record_tensors(kind, raw)
+        if not found and not placeholders:
+            continue
         sid = stack_ids.get(name)
         if sid is None and direction == "backward":
             sid = stack_ids.get(forward_twin(name, kind))
         par = parents.get(name)
-        par = par if isinstance(par, str) else None
-        rec_vals = (run, step, rank, rank_dir, split, seq, name, kind, api_type, api_name, call_index, direction)
-        if not tensors:
-            if placeholders:
-                for column, value in zip(RECORD_COLUMNS, rec_vals):
-                    cols[column].append(value)
-                for column in TENSOR_COLUMNS:
-                    cols[column].append(None)
-                cols["stack_id"].append(sid)
-                cols["parent"].append(par)
+        at = len(records)
+        records.append((order[name] if order is not None else position, name, kind, api_type, api_name, call_index,
+                        direction, sid, par if isinstance(par, str) else None))
+        if not found:
+            row_record.append(at)
+            sides.append(None)
+            paths.append(None)
+            tensors.append(_NO_TENSOR)
             continue
-        for side, path, tensor in tensors:
-            for column, value in zip(RECORD_COLUMNS, rec_vals):
-                cols[column].append(value)
-            _append_tensor(cols, side, path, tensor, mapping, locations)
-            cols["stack_id"].append(sid)
-            cols["parent"].append(par)
-    return cols
+        for side, path, tensor in found:
+            row_record.append(at)
+            sides.append(side)
+            paths.append(path)
+            tensors.append(tensor)
+    cols = {"run": [run] * len(row_record), "step": [step] * len(row_record), "rank": [rank] * len(row_record),
+            "rank_dir": [rank_dir] * len(row_record), "split": [split] * len(row_record)}
+    for at, column in enumerate(("seq", "record", "kind", "api_type", "api_name", "call_index", "direction")):
+        values = [record[at] for record in records]
+        cols[column] = [values[i] for i in row_record]
+    cols.update(_tensor_columns(sides, paths, tensors, mapping or {}, locations))
+    for at, column in ((7, "stack_id"), (8, "parent")):
+        values = [record[at] for record in records]
+        cols[column] = [values[i] for i in row_record]
+    return {column: cols[column] for column in COLUMNS}
 
 
-def _append_tensor(cols: dict, side: str, path: str, tensor: dict, mapping: dict, locations: Optional[dict]) -> None:
-    """The tensor columns of one row (``io`` through ``location``) of a record's tensor ``tensor``."""
-    stats = [_num(tensor.get(key)) for _, key in _STAT_KEYS]
-    shape: Any = tensor.get("shape")
-    data_name = tensor.get("data_name")
-    data_name = data_name if isinstance(data_name, str) else None
-    requires_grad = tensor.get("requires_grad")
-    md5 = tensor.get("md5")
-    cols["io"].append(side)
-    cols["arg_path"].append(path)
-    cols["type"].append(tensor.get("type"))
-    cols["dtype"].append(tensor.get("dtype") if isinstance(tensor.get("dtype"), str) else None)
-    cols["shape"].append([int(size) for size in shape] if _numel(shape) is not None else None)
-    cols["numel"].append(_numel(shape))
-    for (column, _), value in zip(_STAT_KEYS, stats):
-        cols[column].append(value)
+#: the tensor entry of a record's placeholder row (a record without a tensor): every cell null
+_NO_TENSOR: dict = {}
+
+
+def _tensor_columns(sides: list, paths: list, tensors: list, mapping: dict, locations: Optional[dict]) -> dict:
+    """The tensor columns (``io`` through ``location``) of the rows, a column at a time."""
+    cols: dict = {"io": sides, "arg_path": paths, "type": [tensor.get("type") for tensor in tensors]}
+    dtypes = [tensor.get("dtype") for tensor in tensors]
+    cols["dtype"] = [dtype if isinstance(dtype, str) else None for dtype in dtypes]
+    numels = [_numel(tensor.get("shape")) for tensor in tensors]
+    cols["shape"] = [None if numel is None else [int(size) for size in tensor["shape"]]
+                     for numel, tensor in zip(numels, tensors)]
+    cols["numel"] = numels
+    has_nan = has_inf = [False] * len(tensors)
+    for column, key in _STAT_KEYS:
+        values = [tensor.get(key) for tensor in tensors]
+        values = [value if type(value) is float else _num(value) for value in values]  # exactly float: as it is
+        cols[column] = values
+        # None != None is False, NaN != NaN is True; None equals no infinity
+        has_nan = [seen or value != value for seen, value in zip(has_nan, values)]
+        has_inf = [seen or value == math.inf or value == -math.inf for seen, value in zip(has_inf, values)]
     # 26.x xor mode writes a 0-d tensor's value instead of its checksum: keep it, as text
-    cols["md5"].append(md5 if isinstance(md5, str) or md5 is None else json.dumps(md5))
-    cols["has_nan"].append(any(value is not None and value != value for value in stats))
-    cols["has_inf"].append(any(value is not None and value in (math.inf, -math.inf) for value in stats))
-    cols["requires_grad"].append(requires_grad if isinstance(requires_grad, bool) else None)
-    cols["data_name"].append(data_name)
-    if data_name and locations is not None:
-        cols["location"].append(locations.get(data_name))
+    cols["md5"] = [md5 if isinstance(md5, str) or md5 is None else json.dumps(md5)
+                   for md5 in (tensor.get("md5") for tensor in tensors)]
+    cols["has_nan"] = has_nan
+    cols["has_inf"] = has_inf
+    cols["requires_grad"] = [grad if isinstance(grad, bool) else None
+                             for grad in (tensor.get("requires_grad") for tensor in tensors)]
+    data_names = [name if isinstance(name, str) else None for name in (tensor.get("data_name") for tensor in tensors)]
+    cols["data_name"] = data_names
+    if locations is not None:
+        cols["location"] = [locations.get(name) if name else None for name in data_names]
     else:
-        cols["location"].append(f"{TENSOR_DIR}/{mapping.get(data_name, data_name)}" if data_name else None)
+        cols["location"] = [f"{TENSOR_DIR}/{mapping.get(name, name)}" if name else None for name in data_names]
+    if any(tensor is _NO_TENSOR for tensor in tensors):  # placeholder rows: no statistics, so no flags
+        for column in ("has_nan", "has_inf"):
+            cols[column] = [None if tensor is _NO_TENSOR else flag for flag, tensor in zip(cols[column], tensors)]
+    return cols
 
 
 def forward_twin(name: str, kind: str) -> str:
