@@ -85,3 +85,83 @@ def test_the_recipe_is_written():
     recipe = text.split("## Recipe: add a storage backend", 1)[1].split("\n## ", 1)[0]
     for needed in ("msprobe/backends/", "msprobe.testing", "StoreTests", "open_store"):
         assert needed in recipe, needed
+
+
+# -- URL schemes read from text ---------------------------------------------------------------------
+
+#: modules outside msprobe/backends/ that read a URL's scheme from its text (``"://" in url``,
+#: ``url.startswith("s3://")``, ``url.split("://")``, ``urlparse``): issue 50 measured 9
+#: (cli/compare.py, compare/_runner.py, dumpers/pytorch/_kernel_dump.py, dumpers/session/_storage.py,
+#: lake/_core.py, lake/_lake.py, lake/_place.py, readers/_api.py, run_ut/runner.py). Where a path
+#: is and how it is read is the store's answer (msprobe.backends: local_path_of, shares_options,
+#: url_path, join_location, upload_files; Store.get_many, duckdb_setup).
+MAX_SCHEME_MODULES = 0
+
+_TEXT_METHODS = {"startswith", "endswith", "split", "rsplit", "partition", "rpartition", "find", "rfind",
+                 "index", "rindex", "count", "replace", "removeprefix", "removesuffix"}
+_URL_PARSERS = {"urlparse", "urlsplit", "urldefrag", "url_to_fs", "split_protocol", "get_protocol",
+                "infer_storage_options", "strip_protocol"}
+_RE_CALLS = {"match", "fullmatch", "search", "compile", "sub", "split", "findall", "finditer"}
+
+
+def _schemeish(node: ast.AST) -> bool:
+    """A constant (or a tuple of them) holding ``://``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return "://" in node.value
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_schemeish(elt) for elt in node.elts)
+
+
+def reading_schemes(source: str) -> list[tuple[int, str]]:
+    """(line, what) of each place in ``source`` that reads a URL's scheme from its text (building
+    a URL, an f-string or a message that shows one, is not reading it)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and (
+                _schemeish(node.left) or any(_schemeish(c) for c in node.comparators)):
+            found.append((node.lineno, "'://' in"))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name in _URL_PARSERS:
+                found.append((node.lineno, f"{name}()"))
+            elif isinstance(func, ast.Attribute) and name in _TEXT_METHODS and any(_schemeish(a) for a in node.args):
+                found.append((node.lineno, f".{name}('...://')"))
+            elif name == "len" and any(_schemeish(a) for a in node.args):
+                found.append((node.lineno, "len('...://')"))
+            elif (isinstance(func, ast.Attribute) and name in _RE_CALLS and isinstance(func.value, ast.Name)
+                  and func.value.id == "re" and any(_schemeish(a) for a in node.args)):
+                found.append((node.lineno, f"re.{name}('...://')"))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(a.name in _URL_PARSERS for a in node.names):
+            found.append((node.lineno, "import " + ", ".join(a.name for a in node.names if a.name in _URL_PARSERS)))
+    return sorted(set(found))
+
+
+def test_no_module_outside_backends_reads_a_url_scheme():
+    hint = ("ask msprobe.backends where the path is (local_path_of, shares_options, url_path, join_location, "
+            "upload_files) or the store (get_many, duckdb_setup), or give them a method")
+    found = modules_with(reading_schemes, outside=BACKENDS)
+    assert len(found) <= MAX_SCHEME_MODULES, (
+        f"{len(found)} modules read a URL's scheme from its text ({MAX_SCHEME_MODULES} at most); {hint}:\n"
+        + listing(found))
+
+
+def test_the_measure_sees_every_way_of_reading_a_scheme():
+    source = '''
+from urllib.parse import urlparse
+a = "://" in url
+b = "://" not in path.split("::", 1)[0]
+c = url.startswith("file://")
+d = url.split("://", 1)[-1]
+e = endpoint.partition("://")
+f = out[len("file://"):]
+g = urlparse(url).scheme
+h = url.startswith(("s3://", "gs://"))
+i = re.match(r"^[a-z]+://", url)
+j = f"packet://{key}"
+k = "tcp://host:8786"
+m = help_text("see s3://bucket")
+'''
+    kinds = [what for _, what in reading_schemes(source)]
+    assert kinds == ["import urlparse", "'://' in", "'://' in", ".startswith('...://')", ".split('...://')",
+                     ".partition('...://')", "len('...://')", "urlparse()", ".startswith('...://')",
+                     "re.match('...://')"], kinds

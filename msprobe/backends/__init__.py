@@ -30,6 +30,7 @@ from msprobe.backends._retry import (
     translate_error,
 )
 from msprobe.backends._rundir import CLAIM_MARKER, claim_run_dir
+from msprobe.backends._where import join_location, local_path_of, shares_options, upload_files, url_path
 from msprobe.backends._writer import BackgroundWriter, Digested, WriterStats, append_log_line
 
 __all__ = [
@@ -39,6 +40,12 @@ __all__ = [
     "mtime_of",
     "open_store",
     "register_store",
+    # where a path or URL is (callers never read a scheme themselves)
+    "local_path_of",
+    "shares_options",
+    "url_path",
+    "join_location",
+    "upload_files",
     "redact_options",
     "validate_key",
     "validate_prefix",

@@ -5,7 +5,7 @@ import abc
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, Optional, Union
 
 from msprobe.backends._keys import validate_key, validate_prefix
-from msprobe.errors import StoragePermissionError
+from msprobe.errors import MsprobeError, StoragePermissionError
 
 if TYPE_CHECKING:
     from msprobe.backends._journal import Journal
@@ -195,9 +195,30 @@ class Store(abc.ABC):
 
     def duckdb_path(self, key: str) -> Optional[str]:
         """A path DuckDB's own readers (``read_parquet``) open directly, or ``None``: the lake
-        then reads through :meth:`arrow_location` (or DuckDB's httpfs for S3)."""
+        then reads through :meth:`duckdb_setup` or :meth:`arrow_location`."""
         validate_prefix(key)
         return None
+
+    def duckdb_setup(self, con: Any) -> Optional[str]:
+        """Set the DuckDB connection ``con`` up to read this store's objects with DuckDB's own
+        readers over the network, and return the location they are read under (object ``key``
+        at ``<location>/<key>``); ``None`` where DuckDB cannot read this store itself (the
+        default; then :meth:`duckdb_path` or :meth:`arrow_location`). An S3 store loads DuckDB's
+        httpfs extension (installed beforehand: nothing is downloaded) and gives it the endpoint,
+        region and credentials its own client resolved."""
+        return None
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        """The objects at ``keys`` that can be read, read at once where the store can (an
+        asynchronous file system: one round of concurrent requests); a key that is missing or
+        cannot be read is left out (callers read it again one by one to learn why)."""
+        out: dict[str, bytes] = {}
+        for key in keys:
+            try:
+                out[key] = self.get(key)
+            except MsprobeError:
+                continue
+        return out
 
     def list_dir_stats(self, prefix: str) -> Optional[dict[str, Optional[tuple[int, float]]]]:
         """Every entry directly below ``prefix`` (temporary files included) with its ``(size,

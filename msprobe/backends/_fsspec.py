@@ -307,6 +307,28 @@ class FsspecStore(Store):
     def fsspec_location(self, key: str = "") -> tuple[Any, str]:
         return self._fs, self._full(self._prefix(key))
 
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        if not self._async:
+            return super().get_many(keys)
+        want = {self._full(self._key(key)): key for key in keys}
+        if not want:
+            return {}
+        got = self._fs.cat(list(want), on_error="omit")
+        asked = set(want.values())
+        out = {}
+        for path, data in got.items():
+            key = want.get(path) or self._relative(path)  # (named with its protocol: stripped)
+            if key in asked and isinstance(data, bytes):
+                out[key] = data
+        return out
+
+    def duckdb_setup(self, con: Any) -> str | None:
+        if not self._url.startswith("s3://"):
+            return None
+        from msprobe.backends._duckdb import httpfs_setup
+
+        return self._url if httpfs_setup(con, self) else None
+
     # -- navigation -------------------------------------------------------
     def child(self, prefix: str) -> "FsspecStore":
         prefix = self._prefix(prefix)

@@ -155,11 +155,7 @@ def open_store(
     url = os.fspath(url_or_path)
     if not isinstance(url, str) or not url:
         raise ConfigError(f"a store location must be a non-empty path or URL, got {url_or_path!r}")
-    head = url.split("::", 1)[0]
-    if "://" in head:
-        protocol = head.split("://", 1)[0].lower()
-    else:
-        protocol = head.lower() if "::" in url else ""
+    protocol = protocol_of(url)
     if protocol in _REGISTERED:
         return _REGISTERED[protocol](url, options, read_only=read_only, create=create)
     if protocol == "" or protocol in _LOCAL_PROTOCOLS:
@@ -171,6 +167,15 @@ def open_store(
         path = url.split("://", 1)[1] if protocol else url
         return LocalStore(path, read_only=read_only, create=create)
     return _open_fsspec(url, protocol, options, read_only=read_only, create=create)
+
+
+def protocol_of(url: str) -> str:
+    """The protocol that picks the store of ``url`` (lower case): ``""`` for a plain path, the
+    first of a chained fsspec URL's (``simplecache::s3://...``: ``simplecache``)."""
+    head = url.split("::", 1)[0]
+    if "://" in head:
+        return head.split("://", 1)[0].lower()
+    return head.lower() if "::" in url else ""
 
 
 def _open_fsspec(url: str, protocol: str, options: dict[str, Any], *, read_only: bool, create: bool) -> Store:

@@ -88,6 +88,7 @@ def _strip_comments(text: str) -> str:
 
 def read_compare_json(path: str) -> dict:
     """The 8.x compare.json (``#`` comments allowed); ConfigError when unreadable or incomplete."""
+    from msprobe.backends import local_path_of
     from msprobe.errors import ConfigError, read_json_object
 
     cfg = read_json_object(path, "-i", preprocess=_strip_comments)
@@ -97,7 +98,8 @@ def read_compare_json(path: str) -> dict:
     stack = cfg.get("stack_path")
     if stack is not None and not isinstance(stack, str):
         raise ConfigError(f"-i {path}: 'stack_path' must be a path")
-    if stack and "://" not in stack and not os.path.isfile(stack):
+    local_stack = local_path_of(stack) if stack else None
+    if local_stack is not None and not os.path.isfile(local_stack):
         raise ConfigError(f"-i {path}: stack_path {stack} does not exist")
     return cfg
 

@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 import msprobe.readers
+from msprobe.backends import local_path_of, upload_files
 from msprobe.compare import _columnar
 from msprobe.compare._cluster import add_paths, comm_report, order_results
 from msprobe.compare._columnar import PairContext
@@ -20,8 +21,7 @@ from msprobe.compare._origin import earliest, find_origin
 from msprobe.compare._plotproc import draw as draw_plot
 from msprobe.compare._plotproc import start as start_plotter
 from msprobe.compare._rows import COLUMNS, record_leaves
-from msprobe.compare._runner import concatenate_parts, fork_available, gc_paused, in_out_dir, is_remote, local_dir
-from msprobe.compare._runner import publish as _publish
+from msprobe.compare._runner import concatenate_parts, fork_available, gc_paused, in_out_dir
 from msprobe.compare._runner import run_forked as _run_forked
 from msprobe.compare._summary import FIRST_KEYS, PairSummary
 from msprobe.compare._write import XLSX_FILLS, write_header, write_xlsx
@@ -397,8 +397,9 @@ def _finish(summary: dict, results: list, backend: str, out_dir: str, storage_op
     # across rank pairs: the earliest step, then the earliest in the step's happens-before order
     graphs = order_results(results)
     first, origin = (_located(earliest(results, key), key) for key in ("first_divergence", "origin"))
-    remote = is_remote(out_dir)
-    local = tempfile.mkdtemp(prefix="msprobe_compare_") if remote else local_dir(out_dir)
+    local_out = local_path_of(out_dir)
+    remote = local_out is None
+    local = tempfile.mkdtemp(prefix="msprobe_compare_") if local_out is None else local_out
     plot_file = plot_note = None
     threshold = options.threshold
     if plot:
@@ -430,7 +431,7 @@ def _finish(summary: dict, results: list, backend: str, out_dir: str, storage_op
     if remote:
         try:
             names = ["summary.json"] + ([os.path.basename(plot_file)] if plot_file else [])
-            summary["summary_file"] = _publish(out_dir, local, names, storage_options)[0]
+            summary["summary_file"] = upload_files(out_dir, local, names, storage_options)[0]
         finally:
             shutil.rmtree(local, ignore_errors=True)
     else:

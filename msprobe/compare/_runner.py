@@ -11,10 +11,10 @@ import tempfile
 import threading
 from typing import Any, Callable, Iterator, Optional
 
-from msprobe.backends import open_store
+from msprobe.backends import local_path_of, upload_files
 from msprobe.compare import _columnar
 
-__all__ = ["run_forked", "fork_available", "in_out_dir", "publish", "is_remote", "local_dir", "gc_paused"]
+__all__ = ["run_forked", "fork_available", "in_out_dir", "gc_paused"]
 
 
 def fork_available() -> bool:
@@ -93,35 +93,17 @@ def remove_parts(path: str, chunks: int) -> None:
             os.remove(part)
 
 
-def is_remote(url: str) -> bool:
-    return "://" in url and not url.startswith("file://")
-
-
-def local_dir(out_dir: str) -> str:
-    return out_dir[len("file://"):] if out_dir.startswith("file://") else out_dir
-
-
-def publish(out_dir: str, local: str, names: list, storage_options: Optional[dict]) -> list:
-    """Upload ``names`` from the local directory ``local`` to the store ``out_dir``; their URLs."""
-    store = open_store(out_dir, storage_options)
-    urls = []
-    for name in names:
-        with open(os.path.join(local, name), "rb") as handle:
-            store.put_stream(name, handle)
-        urls.append(f"{out_dir.rstrip('/')}/{name}")
-    return urls
-
-
 def in_out_dir(run: Callable[[str], dict], out_dir: str, storage_options: Optional[dict]) -> dict:
-    """``run(directory)`` into ``out_dir``; a remote ``out_dir`` (``s3://...``) gets the files
-    (its result's ``files``) uploaded from a temporary local directory, so workers need no
-    shared file system."""
-    if not is_remote(out_dir):
-        return run(local_dir(out_dir))
+    """``run(directory)`` into ``out_dir``; an ``out_dir`` that is not a local directory (``s3://...``,
+    a registered store's URL) gets the files (its result's ``files``) uploaded from a temporary
+    local directory, so workers need no shared file system."""
+    local = local_path_of(out_dir)
+    if local is not None:
+        return run(local)
     tmp = tempfile.mkdtemp(prefix="msprobe_compare_")
     try:
         result = run(tmp)
-        result["files"] = publish(out_dir, tmp, [os.path.basename(f) for f in result["files"]], storage_options)
+        result["files"] = upload_files(out_dir, tmp, [os.path.basename(f) for f in result["files"]], storage_options)
         return result
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

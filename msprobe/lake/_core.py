@@ -291,7 +291,7 @@ class Prefetched:
             return
         full = {prefix: (f"{root}/{prefix}" if root else prefix).rstrip("/") for prefix in prefixes}
         listed = gather_listings(filesystem, "ls", list(map(full.get, prefixes)))
-        want = {}
+        want = []
         for prefix, entries in zip(prefixes, listed):
             if isinstance(entries, BaseException):
                 continue
@@ -304,14 +304,10 @@ class Prefetched:
                 modified = modified.timestamp() if hasattr(modified, "timestamp") else modified
                 self.info[key] = (entry.get("size"), float(modified) if isinstance(modified, (int, float)) else None)
                 if name in names and entry.get("type") == "file":
-                    want[f"{full[prefix]}/{name}"] = key
+                    want.append(key)
             self._dirs[prefix] = sorted(set(kids))
         if want:
-            got = filesystem.cat(list(want), on_error="omit")
-            for path, data in got.items():
-                entry_key = want.get(path) or want.get(path.split("://", 1)[-1])
-                if entry_key is not None and isinstance(data, bytes):
-                    self._data[entry_key] = data
+            self._data.update(self._s.get_many(want))
 
 
 @dataclass(frozen=True)

@@ -292,10 +292,11 @@ def build_graph(job: GraphJob) -> dict:
 VIEWS = (("comm_calls", CALLS_FILE, calls_schema), ("comm_edges", EDGES_FILE, edges_schema))
 
 
-def register_views(con: Any, graphs: dict, *, own: Any, lake_url: str, engine: str) -> None:
+def register_views(con: Any, graphs: dict, *, own: Any, remote_root: Optional[str], engine: str) -> None:
     """Create the views ``comm_calls`` and ``comm_edges`` in ``con`` over the graph files of
     ``graphs`` ({dir: state entry}; steps without calls have no files), read as the lake's
-    ``engine`` reads its index (DuckDB's Parquet reader, its httpfs, else pyarrow)."""
+    ``engine`` reads its index (DuckDB's Parquet reader, its httpfs under ``remote_root``, the
+    location the store's ``duckdb_setup`` gave, else pyarrow)."""
     import pyarrow as pa
     import pyarrow.dataset as pads
 
@@ -307,8 +308,8 @@ def register_views(con: Any, graphs: dict, *, own: Any, lake_url: str, engine: s
         source = None
         if keys and engine == "duckdb-parquet":
             source = "read_parquet([" + ", ".join(_quote(str(own().duckdb_path(key))) for key in keys) + "])"
-        elif keys and engine == "duckdb-httpfs":
-            root = lake_url.rstrip("/")
+        elif keys and engine == "duckdb-httpfs" and remote_root is not None:
+            root = remote_root.rstrip("/")
             source = "read_parquet([" + ", ".join(_quote(f"{root}/{key}") for key in keys) + "])"
         if source is not None:
             con.execute(f"CREATE VIEW {view} AS SELECT * FROM {source}")

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import re
 from typing import Any, Callable, Iterable, Optional
 
 from msprobe.backends import Store
@@ -25,7 +23,7 @@ from msprobe.lake._questions import disagree, diverge, first_nan, trend
 from msprobe.lake._refresh import Places, Refresher
 from msprobe.readers import arrow_location, table_to_pandas
 
-__all__ = ["Lake", "s3_settings"]
+__all__ = ["Lake"]
 
 log = logging.getLogger("msprobe.lake")
 
@@ -307,11 +305,12 @@ class Lake:
         communication call, with its level in the step's happens-before order) and ``comm_edges``
         (one row per matched data flow between two ranks).
 
-        Local lakes are read by DuckDB's own Parquet reader; ``s3://`` lakes through its
-        httpfs extension when it is installed, given the endpoint, region and credentials
-        that s3fs resolved through botocore (``storage_options``, ``AWS_ENDPOINT_URL``,
-        ``AWS_*`` variables, profiles, instance roles: see :func:`s3_settings`), else (or when
-        httpfs cannot read there) through the pyarrow dataset over the fsspec file system.
+        The lake's store says how DuckDB reads its files: local lakes by DuckDB's own Parquet
+        reader (``Store.duckdb_path``); ``s3://`` lakes through its httpfs extension when it is
+        installed, set up by the store with the endpoint, region and credentials that s3fs
+        resolved through botocore (``Store.duckdb_setup``: ``storage_options``,
+        ``AWS_ENDPOINT_URL``, ``AWS_*`` variables, profiles, instance roles); else (or when
+        httpfs cannot read there) through the pyarrow dataset over the store.
 
         Example: ``lake.duckdb().sql("SELECT count(*) FROM lake_records").fetchall()``."""
         if self._con is not None:
@@ -323,17 +322,16 @@ class Lake:
         for setting, value in cfg.items():
             con.execute(f"SET {setting} = '{value}'" if isinstance(value, str) else f"SET {setting} = {value}")
         try:
-            self.sql_engine = _register_views(con, [key for key, _ in self.files()], own=self._own,
-                                              lake_url=self.lake_url, expression=self._expr,
-                                              dataset=lambda: self.dataset,
-                                              local=self.lake_store is not None and self.lake_store.duckdb_path("") is not None)
+            self.sql_engine, remote_root = _register_views(con, [key for key, _ in self.files()], own=self._own,
+                                                           lake_url=self.lake_url, expression=self._expr,
+                                                           dataset=lambda: self.dataset)
         except Exception as exc:  # an index file that cannot be read: one typed line
             con.close()
             if not _is_duckdb_error(exc):
                 raise
             raise StorageError(f"{self.lake_url}: cannot read the lake's index files ({_first_line(exc)}); "
                                "reopen the lake to rebuild them") from None
-        _graph.register_views(con, self.graphs, own=self._own, lake_url=self.lake_url, engine=self.sql_engine)
+        _graph.register_views(con, self.graphs, own=self._own, remote_root=remote_root, engine=self.sql_engine)
         con.register("catalog_arrow", self.catalog_table())
         con.execute("CREATE VIEW catalog AS SELECT * FROM catalog_arrow")
         con.register("manifest_arrow", _core.manifest_table(self.manifest_rows))
@@ -416,11 +414,12 @@ class _Relocate(Exception):
 
 
 def _register_views(con: Any, files: list, *, own: Callable[[], ReadableStore], lake_url: str, expression: Any,
-                    dataset: Callable[[], Any], local: bool) -> str:
+                    dataset: Callable[[], Any]) -> tuple[str, Optional[str]]:
     """Create the views ``lake_records`` and ``lake`` over the index ``files`` of the lake at
-    ``lake_url`` (``own()``: its store) in ``con``; returns the engine that reads them: DuckDB's
-    Parquet reader (local), its httpfs (S3), else the pyarrow ``dataset()`` (also when filtered
-    by ``expression``)."""
+    ``lake_url`` (``own()``: its store) in ``con``; returns the engine that reads them, as the
+    store answers: DuckDB's Parquet reader (``duckdb_path``: local files), its httpfs
+    (``duckdb_setup``: S3), else the pyarrow ``dataset()`` (also when filtered by
+    ``expression``); and the location httpfs reads the files under (None for the others)."""
     for key in files:  # a Parquet bomb is refused from its footer, before DuckDB or pyarrow inflate it
         try:
             check_index_file(own(), key)
@@ -431,19 +430,21 @@ def _register_views(con: Any, files: list, *, own: Callable[[], ReadableStore], 
         con.register("lake_ds", dataset().scanner(filter=expression).to_reader())
         con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
         con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
-        return "pyarrow-filtered"
+        return "pyarrow-filtered", None
     engine = "pyarrow"
-    source = None
+    source = remote_root = None
     if not files:
         source = None
-    elif local:
+    elif own().duckdb_path("") is not None:
         paths = [str(own().duckdb_path(key)) for key in files]
         source = "read_parquet([" + ", ".join(_quote(path) for path in paths) + "])"
         engine = "duckdb-parquet"
-    elif lake_url.startswith("s3://") and _httpfs(con, own()):
-        root = lake_url.rstrip("/")
-        source = "read_parquet([" + ", ".join(_quote(f"{root}/{key}") for key in files) + "])"
-        engine = "duckdb-httpfs"
+    else:
+        remote_root = own().duckdb_setup(con)
+        if remote_root is not None:
+            root = remote_root.rstrip("/")
+            source = "read_parquet([" + ", ".join(_quote(f"{root}/{key}") for key in files) + "])"
+            engine = "duckdb-httpfs"
     if source is not None:
         try:
             con.execute(f"CREATE VIEW lake_records AS SELECT * FROM {source}")
@@ -452,13 +453,13 @@ def _register_views(con: Any, files: list, *, own: Callable[[], ReadableStore], 
                 raise
             log.warning("lake: DuckDB's httpfs cannot read %s (%s); reading through pyarrow and s3fs",
                         lake_url, _first_line(exc))
-            source = None
+            source = remote_root = None
     if source is None:
         con.register("lake_ds", dataset())
         con.execute("CREATE VIEW lake_records AS SELECT * FROM lake_ds")
         engine = "pyarrow"
     con.execute("CREATE VIEW lake AS SELECT * FROM lake_records WHERE has_nan IS NOT NULL")
-    return engine
+    return engine, remote_root
 
 
 def _is_duckdb_error(exc: BaseException) -> bool:
@@ -476,123 +477,3 @@ def _first_line(exc: BaseException) -> str:
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
-
-
-def _httpfs_file(con: Any) -> Optional[str]:
-    """The httpfs binary of the ``duckdb-extension-httpfs`` package built for this DuckDB
-    (``extensions/<version>/httpfs.duckdb_extension``), or None: the package is not installed
-    or was built for another DuckDB version (an extension loads only into its own version)."""
-    try:
-        import duckdb_extension_httpfs as pkg
-    except ImportError:
-        return None
-    version = con.sql("PRAGMA version").fetchone()[0]
-    path = os.path.join(os.path.dirname(pkg.__file__), "extensions", version, "httpfs.duckdb_extension")
-    return path if os.path.isfile(path) else None
-
-
-def _load_httpfs(con: Any) -> bool:
-    """Load httpfs without downloading anything: the one installed in DuckDB's extension
-    directory, else the binary of the ``duckdb-extension-httpfs`` package (loaded from where
-    it lies, nothing is copied into the user's home)."""
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
-    try:
-        con.execute("LOAD httpfs")
-        return True
-    except Exception:  # noqa: BLE001 - not in the extension directory
-        pass
-    path = _httpfs_file(con)
-    if path is None:
-        return False
-    try:
-        con.execute(f"LOAD {_quote(path)}")
-    except Exception:  # noqa: BLE001 - unsigned or incompatible: the caller falls back to pyarrow
-        return False
-    return True
-
-
-def s3_settings(store: ReadableStore) -> dict:
-    """What the S3 file system of ``store`` (s3fs) resolved through botocore: ``endpoint``
-    (``AWS_ENDPOINT_URL``, ``endpoint_url`` options, the config file...), ``region``, and the
-    credentials of its chain (options, environment, profile, instance role...), as the
-    :class:`dict` ``{key, secret, token, endpoint, region, anon}``. The same settings the
-    lake's listings and reads use, so DuckDB reads what s3fs reads."""
-    from fsspec.asyn import sync
-
-    filesystem, root = store.fsspec_location("") or (None, "")
-    if filesystem is None:
-        raise ValueError(f"{store.url}: not an fsspec file system, no S3 settings")
-    bucket = (root or "").split("/", 1)[0] or None
-
-    async def resolve() -> dict:
-        client = await filesystem.get_s3(bucket) if hasattr(filesystem, "get_s3") else await filesystem.set_session()
-        out = {"endpoint": client.meta.endpoint_url, "region": client.meta.region_name,
-               "anon": bool(getattr(filesystem, "anon", False)), "key": None, "secret": None, "token": None}
-        if not out["anon"]:
-            out.update(await _credentials(filesystem))
-        return out
-
-    return sync(filesystem.loop, resolve)
-
-
-async def _credentials(filesystem: Any) -> dict:
-    """The credentials s3fs's client signs with, as botocore chooses them: the key and secret
-    given (``key``/``secret``/``token`` options or ``client_kwargs``), else the session's chain
-    (environment, profile, instance role...); {} when there are none."""
-    import inspect
-
-    given = getattr(filesystem, "client_kwargs", None) or {}
-    key = getattr(filesystem, "key", None) or given.get("aws_access_key_id")
-    secret = getattr(filesystem, "secret", None) or given.get("aws_secret_access_key")
-    if key is not None and secret is not None:
-        token = getattr(filesystem, "token", None) or given.get("aws_session_token")
-        return {"key": key, "secret": secret, "token": token}
-    session = getattr(filesystem, "session", None)
-    chain = await session.get_credentials() if session is not None else None
-    if chain is None:
-        return {}
-    frozen = chain.get_frozen_credentials()
-    if inspect.isawaitable(frozen):
-        frozen = await frozen
-    return {"key": frozen.access_key, "secret": frozen.secret_key, "token": frozen.token}
-
-
-def _secret_sql(settings: dict) -> str:
-    """``CREATE SECRET`` for DuckDB's httpfs from :func:`s3_settings`."""
-    parts = ["TYPE s3"]
-    if settings.get("key") and not settings.get("anon"):
-        parts.append(f"KEY_ID {_quote(settings['key'])}")
-        parts.append(f"SECRET {_quote(settings.get('secret') or '')}")
-        if settings.get("token"):
-            parts.append(f"SESSION_TOKEN {_quote(settings['token'])}")
-    if settings.get("region"):
-        parts.append(f"REGION {_quote(settings['region'])}")
-    endpoint = settings.get("endpoint") or ""
-    scheme, _, host = endpoint.partition("://")
-    host = host.rstrip("/")
-    if host and not re.fullmatch(r"s3[.-]([a-z0-9-]+[.])?amazonaws[.]com(\.cn)?", host.split("/", 1)[0]):
-        # any endpoint but AWS's own: path-style URLs (MinIO, Ceph, moto... have no bucket hostnames)
-        parts.append(f"ENDPOINT {_quote(host)}")
-        parts.append("URL_STYLE 'path'")
-        parts.append(f"USE_SSL {'true' if scheme == 'https' else 'false'}")
-    return f"CREATE OR REPLACE SECRET msprobe_lake_s3 ({', '.join(parts)})"
-
-
-def _httpfs(con: Any, store: ReadableStore) -> bool:
-    """Load DuckDB's httpfs extension (installed beforehand; nothing is downloaded here) and
-    give it the endpoint and credentials the store's s3fs resolved; False when it is not there
-    or the settings cannot be resolved (the caller reads through pyarrow then)."""
-    if store.fsspec_location("") is None or not _load_httpfs(con):
-        return False
-    try:
-        settings = s3_settings(store)
-    except Exception as exc:  # noqa: BLE001 - no client: the pyarrow route reports the cause
-        log.debug("lake: S3 settings not resolved (%s); reading through pyarrow", exc)
-        return False
-    try:
-        con.execute(_secret_sql(settings))
-    except Exception as exc:  # noqa: BLE001
-        log.debug("lake: DuckDB refused the S3 secret (%s); reading through pyarrow", exc)
-        return False
-    return True

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from msprobe.backends import shares_options
 from msprobe.errors import MsprobeError, StorageNotFoundError, StoragePermissionError
 from msprobe.format.protocols import ReadableStore
 from msprobe.lake import _core
@@ -58,7 +59,7 @@ def locate(root: ReadableStore, storage_options: Optional[dict], lake_dir: Any, 
     root_url = root.url
     if lake_dir is not None:
         url = os.fspath(lake_dir)
-        if lake_options is None and "://" in url and url.split("://", 1)[0] == root_url.split("://", 1)[0]:
+        if lake_options is None and shares_options(url, root_url):
             lake_options = storage_options  # the same store kind: the root's options
         return Placement(url, lake_options)
     url = _core.default_lake_url(root_url)

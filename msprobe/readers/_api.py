@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Optional
 
+from msprobe.backends import url_path
 from msprobe.errors import ConfigError, MissingDependencyError, UnknownDialectError
 from msprobe.format.documents import DEBUG_JSON, DUMP_JSON
 from msprobe.format.layout import (
@@ -62,13 +63,13 @@ def looks_like_dump(names: list) -> bool:
 
 
 def _run_name(url: str) -> str:
-    path = url.split("://", 1)[-1].rstrip("/")
+    path = url_path(url)
     return path.rsplit("/", 1)[-1] or path or "run"
 
 
 def _fix_root_location(loc: RankLocation, url: str) -> RankLocation:
     """discover() cannot see the names of the directories above the store root: take them from the URL."""
-    parts = url.split("://", 1)[-1].rstrip("/").split("/")
+    parts = url_path(url).split("/")
     last = parts[-1] if parts else ""
     parent = parts[-2] if len(parts) > 1 else ""
     if loc.prefix == "":

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from msprobe import readers
-from msprobe.backends import open_store
+from msprobe.backends import join_location, local_path_of, open_store, upload_files
 from msprobe.errors import ConfigError, read_json_object
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.stats import MAX, MIN, STAT_KEYS
@@ -370,12 +372,19 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
     names, backward = list_tasks(dump, src, filter_api=filter_api)
     if not names:
         _no_api_records(api_info, src)
-    writer = ResultWriter(out_path, resume_from=result_csv, precision=cfg.get("precision", 14))
+    # an out_path that is not a local directory (s3://..., a registered store's URL): the CSVs are
+    # written in a temporary directory and published into its store at the end
+    local_out = local_path_of(out_path)
+    work_dir = local_out if local_out is not None else tempfile.mkdtemp(prefix="msprobe_run_ut_")
+    try:
+        writer = ResultWriter(work_dir, resume_from=result_csv, precision=cfg.get("precision", 14))
+    except BaseException:
+        _drop_work_dir(work_dir, local_out)
+        raise
     error_data = None
     if save_error_data_flag:
         base = cfg.get("error_data_path", out_path)
-        error_data = os.path.join(base, f"ut_error_data{time.strftime('%Y%m%d%H%M%S')}") if "://" not in base \
-            else base.rstrip("/") + f"/ut_error_data{time.strftime('%Y%m%d%H%M%S')}"
+        error_data = join_location(base, f"ut_error_data{time.strftime('%Y%m%d%H%M%S')}")
     todo = [(index, name) for index, name in enumerate(names) if name[: -len(".forward")] not in writer.done]
     resumed = len(names) - len(todo)
     if options.max_input_bytes == AUTO_CEILING:  # shared by the processes that check at the same time
@@ -393,14 +402,27 @@ def run_ut(api_info: str, out_path: str = ".", *, workers: int = 1, devices: Opt
                 prog.tick(res)
         else:
             _run_pool(todo, init, workers, devices or [0], timeout, writer, prog, backward)
+        writer.close()
+        result_path, details_path = writer.result_path, writer.details_path
+        if local_out is None and result_csv is None:
+            result_path, details_path = upload_files(out_path, work_dir, [os.path.basename(result_path),
+                                                                          os.path.basename(details_path)],
+                                                     storage_options)
     finally:
         writer.close()
         prog.done()
-    return {"result_csv": writer.result_path, "details_csv": writer.details_path, "apis": len(names),
+        _drop_work_dir(work_dir, local_out)
+    return {"result_csv": result_path, "details_csv": details_path, "apis": len(names),
             "checked": prog.n, "resumed": resumed, "counts": dict(writer.counts), "api_counts": dict(prog.counts),
             "error_data": error_data, "input_ceiling_bytes": options.max_input_bytes, "input_ceiling": ceiling_how,
             "skipped_input_ceiling": prog.causes.get("input_ceiling", 0),
             "seconds": time.perf_counter() - started, "apis_per_second": prog.n / max(prog.elapsed(), 1e-9)}
+
+
+def _drop_work_dir(work_dir: str, local_out: Optional[str]) -> None:
+    """Remove the temporary directory the CSVs of a non-local out_path were written in."""
+    if local_out is None:
+        shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def _pool_size(workers: int, tasks: int) -> int:

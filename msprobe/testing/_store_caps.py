@@ -111,6 +111,26 @@ class StoreCapabilityTests:
         with open(path, "rb") as f:
             assert f.read() == b"PAR1"
 
+    def test_duckdb_setup(self, store: Store) -> None:
+        """A store that sets DuckDB up to read it names a location its objects lie under; one
+        that cannot says None (the lake reads through duckdb_path or arrow_location then)."""
+        duckdb = pytest.importorskip("duckdb")
+        store.put("duck/u.bin", b"x")
+        con = duckdb.connect(":memory:")
+        try:
+            where = store.duckdb_setup(con)
+        finally:
+            con.close()
+        assert where is None or (isinstance(where, str) and where.rstrip("/") == store.url.rstrip("/")), where
+
+    def test_get_many(self, store: Store, other: Store) -> None:
+        """The objects asked for that exist, by key, read at once; missing ones are left out."""
+        store.put("many/a.json", b"1")
+        store.put("many/sub/b.json", b"22")
+        assert other.get_many(["many/a.json", "many/sub/b.json", "many/none.json"]) == {
+            "many/a.json": b"1", "many/sub/b.json": b"22"}
+        assert other.get_many([]) == {}
+
     def test_list_dir_stats(self, store: Store, other: Store) -> None:
         """Where the store lists a directory with sizes and times, it agrees with list_dir and stat."""
         store.put("ls/a.json", b"123")

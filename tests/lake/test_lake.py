@@ -158,7 +158,7 @@ def test_s3_lake_with_local_cluster(lake_src, tmp_path, dask_client, s3_server, 
     check_answers(lake, tmp_path, full=False)
     # DuckDB reads the Parquet where it lies, through httpfs (the pinned duckdb-extension-httpfs
     # package matches the pinned duckdb); the pyarrow fallback only where no matching binary exists
-    from msprobe.lake._lake import _httpfs_file
+    from msprobe.backends._duckdb import httpfs_file as _httpfs_file
 
     want = "duckdb-httpfs" if _httpfs_file(lake.duckdb()) else "pyarrow"
     assert lake.sql_engine == want
@@ -308,8 +308,9 @@ def test_s3_sql_with_environment_only(tmp_path, s3_server, s3_bucket_url, monkey
     the credentials come from the environment, for the listings (s3fs) and for DuckDB alike."""
     import s3fs
 
+    from msprobe.backends._duckdb import httpfs_file as _httpfs_file
+    from msprobe.backends._duckdb import s3_settings
     from msprobe.cli import main
-    from msprobe.lake._lake import _httpfs_file, s3_settings
     from tests.conftest_s3 import s3_storage_options
 
     src = S.make_lake(str(tmp_path / "src"), steps=1, ranks=2)

@@ -22,6 +22,7 @@ import os
 import re
 from typing import Any, Optional
 
+from msprobe.backends import local_path_of
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._dumper import _first_tensor, _get_rank
@@ -68,7 +69,8 @@ class KernelDumper:
         if config.task != "tensor":
             raise ConfigError(f"level 'L2' needs task 'tensor', got {config.task!r}")
         root = config.dump_path
-        if "://" in str(root) and not str(root).startswith("file://"):
+        local_root = local_path_of(root)
+        if local_root is None:
             raise ConfigError(f"level 'L2': the Ascend runtime writes kernel dumps to a local directory; "
                               f"dump_path={root!r} is not local")
         npu = torch_npu_module()
@@ -85,7 +87,7 @@ class KernelDumper:
             raise ConfigError("level 'L2' (kernel dump) needs an Ascend NPU: torch.npu.is_available() is False")
 
         self.config = config
-        self.root = str(root)[len("file://"):] if str(root).startswith("file://") else str(root)
+        self.root = local_root
         self.target = config.list[0]
         self.session = DumpSession(config, "pytorch", fetch_stats=lambda hs: [], render_stack=lambda f: [],
                                    get_rank=_get_rank)

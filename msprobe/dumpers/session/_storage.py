@@ -14,6 +14,7 @@ from msprobe.backends import (
     StoreLike,
     bound_store,
     bounded_storage_options,
+    local_path_of,
     open_store,
     put_retrying,
 )
@@ -147,8 +148,9 @@ class SessionStorage:
         created and deleted), or raise a typed :class:`StorageError` naming the path and the cause."""
         path = self.config.dump_path
         try:
-            if "://" not in path.split("::", 1)[0] or path.startswith("file://"):
-                _probe_local_dir(path.split("://", 1)[-1] if path.startswith("file://") else path)
+            local = local_path_of(path)
+            if local is not None:
+                _probe_local_dir(local)
                 return
             store, key = self.store, f".probe{TEMP_MARKER}{os.getpid()}-{threading.get_ident()}"
             policy = self.policy()
