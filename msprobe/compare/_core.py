@@ -360,10 +360,12 @@ def _run_pairs(pairs: list, out_dir: str, storage_options: Optional[dict], optio
     try:
         if backend == "dask":  # the workers of a given cluster may not share this machine's disk
             for source in pairs[0]:
-                if not is_remote(source.url):
-                    executor.check_reads(local_dir(source.url), "the dump folder")
-        if backend == "dask" and not is_remote(out_dir):
-            with Outbox.opened(local_dir(out_dir)) as outbox, \
+                source_dir = local_path_of(source.url)
+                if source_dir is not None:
+                    executor.check_reads(source_dir, "the dump folder")
+        local_out = local_path_of(out_dir)
+        if backend == "dask" and local_out is not None:
+            with Outbox.opened(local_out) as outbox, \
                     Progress(len(pairs), "compare", "rank pairs", progress) as bar:
                 jobs = [PairJob(target.url, bench.url, storage_options, out_dir, options, outbox)
                         for target, bench in pairs]

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from msprobe.backends import local_path_of
 from msprobe.errors import MsprobeError
 from msprobe.execution import Executor, star
 from msprobe.format.protocols import ReadableStore
@@ -277,7 +278,7 @@ class Refresher:
         of this machine is refused where a worker cannot see it (its files would land on the
         worker's disk, and the lake would name files it does not hold)."""
         store = self.writable()
-        path = store.local_path("") if store.is_local else None
+        path = local_path_of(store.url)
         if not self._seen and path:
             self.runner.check_sees(path, "the lake's folder")
             self._seen = True
@@ -289,7 +290,7 @@ class Refresher:
     def run(self, refresh: str, max_depth: int) -> RefreshResult:
         places = self.places
         self.marks = [time.perf_counter()]
-        root_path = self.root.local_path("") if self.root.is_local else None
+        root_path = local_path_of(self.root.url)
         if root_path:  # the workers of a given cluster read it too
             self.runner.check_reads(root_path, "the lake root")
         found = _core.discover_runs(self.root, max_depth)
