@@ -20,6 +20,8 @@ import os
 from typing import Any, Iterable, Optional
 from urllib.parse import urlencode
 
+from msprobe.backends import local_path_of
+
 __all__ = ["fragment", "register", "unregister", "servers", "link_to"]
 
 
@@ -46,9 +48,8 @@ def _key(path: Any) -> Optional[str]:
     if not path:
         return None
     text = str(path)
-    if "://" in text and not text.startswith("file://"):
-        return text.rstrip("/")
-    return os.path.realpath(text[7:] if text.startswith("file://") else text)
+    local = local_path_of(text)
+    return text.rstrip("/") if local is None else os.path.realpath(local)
 
 
 def register(url: str, paths: Iterable[Any]) -> Optional[str]:
@@ -57,7 +58,7 @@ def register(url: str, paths: Iterable[Any]) -> Optional[str]:
     folder = _registry()
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        port = url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[-1]
+        port = url.split("/")[2].rsplit(":", 1)[-1]  # the server's own http://host:port/...
         path = os.path.join(folder, f"{port}.json")
         tmp = f"{path}.{os.getpid()}.part"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
