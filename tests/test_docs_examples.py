@@ -64,6 +64,8 @@ def _claim(name: str, lang: str, body: str) -> str:
         return "layout_transcript"  # tests/compare/test_compare_layouts.py::test_doc_transcripts_are_what_it_prints
     if name == "everyday.md":
         return "everyday"  # tests/test_everyday.py::test_everyday_doc_blocks_run
+    if name == "explorer.md" and body.startswith("error enters at: "):
+        return "links"  # tests/view/test_view_links.py::test_compare_prints_the_link_of_a_running_view
     if name == "architecture.md":
         return "diagram"  # tests/test_architecture.py::test_data_path_names_real_code
     if name == "conformance.md" and "real-tool conformance" in body:
