@@ -26,7 +26,7 @@ import json
 import logging
 import re
 import warnings
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from msprobe.backends import Store, mtime_of
 from msprobe.errors import FormatError, MsprobeError, require
@@ -176,8 +176,10 @@ def write_rank_index(store: Store, rank_prefix: str, doc: Any, *, step: Optional
                      stack: Any = None, construct: Any = None, mapping: Optional[dict] = None,
                      dialect: Optional[str] = None, key: Optional[str] = None, doc_name: str = "dump.json",
                      doc_size: Optional[int] = None, source: Optional[str] = None,
-                     locations: Optional[dict] = None, doc_mtime: Optional[float] = None) -> str:
+                     locations: Optional[dict] = None, doc_mtime: Optional[float] = None,
+                     written: Optional[Callable[[str, Any], None]] = None) -> str:
     """Write the index of one rank through ``store`` (``store.put``, atomic) and return its key.
+    ``written``: called with the key and the table once it is written (a compaction streams it).
 
     ``doc`` is the rank's :class:`~msprobe.format.documents.DumpDocument` or the dump.json
     object; ``stack`` and ``construct`` its StackDocument / ConstructDocument or their JSON
@@ -196,6 +198,8 @@ def write_rank_index(store: Store, rank_prefix: str, doc: Any, *, step: Optional
                              doc_name=doc_name, doc_size=doc_size, locations=locations, doc_mtime=doc_mtime)
     key = key or join_key(rank_prefix, INDEX_FILE)
     store.put(key, table_bytes(table))
+    if written is not None:
+        written(key, table)
     return key
 
 

@@ -13,7 +13,7 @@ from msprobe.backends import Store
 from msprobe.errors import StorageNotFoundError, require
 from msprobe.format.layout import join_key
 from msprobe.format.protocols import ReadableStore
-from msprobe.index.compact import compact_index, run_compact_key
+from msprobe.index.compact import CompactWriter, compact_index, run_compact_key
 
 # the public index names this module has always offered (msprobe.index is their home)
 from msprobe.index.files import (
@@ -22,8 +22,10 @@ from msprobe.index.files import (
     INDEX_VERSION,
     META_PREFIX,
     StaleIndexWarning,
+    _safe,
     doc_stat,
     partition_key,
+    partition_order,
     read_index_metadata,
     stale_reason,
     write_rank_index,
@@ -58,6 +60,7 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     dump = dump_or_path if isinstance(dump_or_path, Dump) else open_dump(
         dump_or_path, engine="msprobe", storage_options=storage_options, run=run)
     run = run or dump.run
+    dump_store = None
     if out is not None:
         out_store = open_store(out, out_storage_options, create=True)
         stale = run_compact_key(run)
@@ -73,7 +76,28 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     show = None
     if progress is True or progress == "auto":
         show = Progress(len(sources), "index", "rank dirs", enabled=None if progress == "auto" else True)
-    written = []
+    written: list = []
+    stream = _RunCompaction.start(out_store, run) if out_store is not None and compact else None
+    try:
+        _index_sources(sources, dump, out_store, dump_store, run, skip_existing, show, progress, written, stream)
+    except BaseException:
+        if stream is not None:
+            stream.abort()
+        raise
+    if show is not None:
+        show.close()
+    if out_store is not None and compact and written:
+        if stream is None or not stream.finish():  # other files in the run, or another order: read them all
+            compact_index(out_store, runs=[run])
+    elif stream is not None:
+        stream.abort()
+    return written
+
+
+def _index_sources(sources: list, dump: Dump, out_store: Any, dump_store: Any, run: Optional[str],
+                   skip_existing: bool, show: Any, progress: Any, written: list, stream: Any) -> None:
+    """Index each rank directory of ``sources`` (see :func:`build_index`); their URLs appended to
+    ``written``, their tables streamed into ``stream`` (the run's compaction) as they are built."""
     for i, src in enumerate(sources):
         if out_store is None:
             store, prefix = dump_store, src.prefix
@@ -93,7 +117,8 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
                              mapping=src.mapping() if src.has_mapping() else None,
                              dialect=dump.dialect_of(src), key=key, doc_name=src.doc_name or "dump.json",
                              doc_size=src.doc_size if src.doc_size is not None else size,
-                             doc_mtime=mtime, source=src.url, locations=src.tensor_locations())
+                             doc_mtime=mtime, source=src.url, locations=src.tensor_locations(),
+                             written=None if stream is None else stream.add)
             if not was_loaded:
                 src.release()  # bound memory: one document at a time
         written.append(f"{store.url.rstrip('/')}/{key}")
@@ -101,11 +126,43 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
             show.update()
         elif callable(progress):
             progress(i + 1, len(sources), src.url)
-    if show is not None:
-        show.close()
-    if out_store is not None and compact and written:
-        compact_index(out_store, runs=[run])
-    return written
+
+
+class _RunCompaction:
+    """The run's ``_compact.parquet`` streamed from the tables as they are built, so that
+    :func:`build_index` need not read its index files back: kept only when those tables are
+    all of the run's files, added in the order readers list them (else :func:`compact_index`
+    reads the files, as it always did)."""
+
+    def __init__(self, store: Store, run: str):
+        self.store, self.run = store, run
+        self.part = f"run={_safe(run)}/"
+        self.keys: list = []
+        self.writer = CompactWriter(store, run_compact_key(run))
+
+    @classmethod
+    def start(cls, store: Any, run: Optional[str]) -> Optional["_RunCompaction"]:
+        return cls(store, run) if run and isinstance(store, Store) else None
+
+    def _files(self) -> list:
+        return [key for key in self.store.list_prefix(self.part)
+                if key.endswith(".parquet") and key.rsplit("/", 1)[-1] != COMPACT_FILE]
+
+    def add(self, key: str, table: Any) -> None:
+        self.keys.append(key)
+        self.writer.add(key, table)
+
+    def finish(self) -> bool:
+        """Write the compacted file when it holds exactly the run's files in order; else drop it."""
+        if (self.keys and len(set(self.keys)) == len(self.keys) and self.keys == sorted(self.keys, key=partition_order)
+                and set(self._files()) == set(self.keys)):
+            self.writer.close()
+            return True
+        self.abort()
+        return False
+
+    def abort(self) -> None:
+        self.writer.abort()
 
 
 def _covers(store: ReadableStore, key: str, src: RankSource) -> bool:

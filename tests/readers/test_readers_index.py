@@ -270,6 +270,31 @@ def test_lake_compaction(tmp_path, dist):
     assert len(d.to_pandas()) == len(ref[~((ref["step"] == 1) & (ref["rank"] == 1))])
 
 
+def test_run_compaction_streamed_or_read_back(tmp_path, dist):
+    """build_index streams the run's compaction from the tables it builds when they are all of
+    the run's files: the same bytes as compact_index reading them back; with other files in
+    the run (skip_existing kept them), it reads them all, as before."""
+    from msprobe.readers.index import COMPACT_FILE, compact_index
+
+    root, _ = dist
+    lake = tmp_path / "lake"
+    build_index(str(root), out=str(lake), run="A")
+    compacted = lake / "run=A" / COMPACT_FILE
+    streamed = compacted.read_bytes()
+    compacted.unlink()
+    compact_index(str(lake))
+    assert compacted.read_bytes() == streamed
+    ref = readers.open(str(lake)).to_pandas()
+    os.remove(lake / "run=A" / "step=1" / "rank=0" / "records.parquet")
+    assert len(build_index(str(root), out=str(lake), run="A", skip_existing=True)) == 4
+    assert json.loads(read_index_metadata(readers.open(str(lake)).store, f"run=A/{COMPACT_FILE}")["covers"]) == [
+        "step=0/rank=0/records.parquet", "step=0/rank=1/records.parquet", "step=1/rank=0/records.parquet",
+        "step=1/rank=1/records.parquet"]
+    d = readers.open(str(lake))
+    assert list(d.compacts) == [f"run=A/{COMPACT_FILE}"]
+    pd.testing.assert_frame_equal(d.to_pandas(), ref)
+
+
 def test_stale_index_after_redump_is_ignored(tmp_path):
     """A re-dump into the same path leaves the old index behind: it covers another document
     (size, mtime), so readers ignore it with a StaleIndexWarning and read dump.json."""
