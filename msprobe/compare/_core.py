@@ -199,7 +199,9 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
     report = _pair_report(target_source, bench_source, files, summary, pairs, rest, how,
                           find_origin(target_data, bench_data, pairs, rest, options.mode, options.threshold,
                                       target_source.rank, across_frameworks=options.xframe is not None,
-                                      rows=mapping if options.xframe is not None else None))
+                                      rows=mapping if options.xframe is not None else None,
+                                      tolerant=any(getattr(source, "report", None) is not None
+                                                   for source in (target_source, bench_source))))
     report["comm"] = comm_report(target_data, bench_data, pairs, target_source.rank, options.mode, options.threshold)
     return report
 

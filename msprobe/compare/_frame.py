@@ -25,6 +25,15 @@ def _objects(count: int, fill: Any = _NA) -> Any:
     return np.array([fill] * count, dtype=object)
 
 
+def _differs_within_tolerance(a: Any, b: Any) -> bool:
+    """Two scalar values that differ beyond the format's tolerance (floats), or at all (others)."""
+    from msprobe.format.stats import stats_equal
+
+    if isinstance(a, float) and isinstance(b, float):
+        return not stats_equal(a, b)
+    return bool(a != b)
+
+
 class Frame:
     """The index columns of one block's rows and what the kernels and the rules read of them."""
 
@@ -33,6 +42,7 @@ class Frame:
 
         self.plan = plan
         self.across_frameworks = False  # a MindSpore target against a PyTorch bench (-am/-cm/-lm)
+        self.scalar_tolerance = False  # float arguments equal within the format's tolerance (merged layouts)
         self.row_count = count = len(plan.row_target)
         self.target_index = np.array(plan.row_target, dtype=np.int64)
         self.bench_index = np.array(plan.row_bench, dtype=np.int64)
@@ -104,8 +114,9 @@ class Frame:
         if len(rows):
             target_max = self.plan.target.statistics[MAX.key]
             bench_max = self.plan.bench.statistics[MAX.key]
+            differs = _differs_within_tolerance if self.scalar_tolerance else operator.ne
             out[rows] = [("class" in target_dtype and "class" in bench_dtype and shape == "[]"
-                          and target_max[target] != bench_max[bench])
+                          and differs(target_max[target], bench_max[bench]))
                          for target_dtype, bench_dtype, shape, target, bench in
                          zip(self.text("target", "dtype")[rows].tolist(), self.text("bench", "dtype")[rows].tolist(),
                              self.text("target", "shape")[rows].tolist(), self.target_index[rows].tolist(),

@@ -59,11 +59,13 @@ def _relative(target: Optional[float], bench: Optional[float], scale: float) -> 
     return abs(target - bench) / scale if scale > 0 else math.inf
 
 
-def departure(target: Any, bench: Any, md5: bool = False, classes: bool = False) -> tuple:
+def departure(target: Any, bench: Any, md5: bool = False, classes: bool = False, tolerant: bool = False) -> tuple:
     """(size, note) of a target leaf against its bench leaf (:class:`_rows.Side`): the largest
     relative difference of their statistics (inf where one side only is non-finite, or the shapes
     differ), and a note ("dtype X vs Y", "shape", "CRC-32") or None. ``classes``: a MindSpore and a
-    torch dtype of the same class are the same dtype (a compare across frameworks)."""
+    torch dtype of the same class are the same dtype (a compare across frameworks); ``tolerant``: float
+    arguments depart by their relative difference, not at any difference (a merged parallel layout's
+    values come of sums in another order)."""
     if target.shape != bench.shape:
         return math.inf, "shape"
     if md5:
@@ -71,7 +73,10 @@ def departure(target: Any, bench: Any, md5: bool = False, classes: bool = False)
     same = same_dtype(target.dtype, bench.dtype) if classes else target.dtype == bench.dtype
     note = None if same else f"dtype {target.dtype} vs {bench.dtype}"
     if not target.tensor or not bench.tensor:
-        return (0.0 if target.stats[0] == bench.stats[0] else math.inf), note
+        a, b = target.stats[0], bench.stats[0]
+        if tolerant and isinstance(a, float) and isinstance(b, float) and math.isfinite(a) and math.isfinite(b):
+            return abs(a - b) / max(abs(b), 1e-30), note
+        return (0.0 if a == b else math.inf), note
     targets, benches = [_number(v) for v in target.stats], [_number(v) for v in bench.stats]
     ends = [abs(end) for end in (benches[_MAX_AT], benches[_MIN_AT]) if end is not None and math.isfinite(end)]
     range_scale = max(ends) if ends else 0.0
@@ -104,7 +109,7 @@ def _missing_positions(target_count: int, pairs: list, missing: list, bench_posi
 
 
 def _departures(leaves: list, bench_leaves: dict, md5: bool, buffers: frozenset = frozenset(),
-                classes: bool = False) -> tuple:
+                classes: bool = False, tolerant: bool = False) -> tuple:
     """(inputs, outputs): [(suffix, io, target Side, size, note)] of the leaves both sides hold
     (a communication call's receive buffers left out: their content before the call is no data)."""
     inputs: list = []
@@ -115,7 +120,7 @@ def _departures(leaves: list, bench_leaves: dict, md5: bool, buffers: frozenset 
         if buffers and is_buffer_leaf(suffix, buffers):
             continue
         side = leaf_side(leaf)
-        size, note = departure(side, leaf_side(bench_leaves[suffix]), md5, classes)
+        size, note = departure(side, leaf_side(bench_leaves[suffix]), md5, classes, tolerant)
         (outputs if io in _OUT_IO else inputs).append((suffix, io, side, size, note))
     return inputs, outputs
 
@@ -138,7 +143,7 @@ def _introduced(inputs: list, outputs: list, threshold: float, produced: set) ->
 
 def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mode: str,
                 threshold: Optional[float] = None, rank: Optional[int] = None, across_frameworks: bool = False,
-                rows: Optional[dict] = None) -> Optional[dict]:
+                rows: Optional[dict] = None, tolerant: bool = False) -> Optional[dict]:
     """The first record of one rank pair where an error is introduced (see the module doc):
     ``{record, bench_record, row, argument, role, size, note, record_index}`` or None.
     ``pairs``/``rest``: :func:`msprobe.compare._match.match_records`' matching; ``rank``: the
@@ -169,7 +174,7 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
             bench_leaves = _remapped(name, bench, leaves, bench_leaves, rows)
         buffers = frozenset(buffer_args(name, target_data[name], -1 if rank is None else rank)) \
             if name.startswith(_COMM) else frozenset()
-        inputs, outputs = _departures(leaves, bench_leaves, md5, buffers, across_frameworks)
+        inputs, outputs = _departures(leaves, bench_leaves, md5, buffers, across_frameworks, tolerant)
         found = _introduced(inputs, outputs, limit, produced)
         if found is not None:
             suffix, role, size, note = found

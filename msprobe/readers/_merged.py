@@ -160,6 +160,7 @@ class _Merger:
         self.kinds: dict = {}
         self.suspects: dict = {}
         self.name = ""
+        self.partial_values: list = [set() for _ in members]  # per member: signatures of partial values
 
     @property
     def ranks(self) -> list:
@@ -169,6 +170,7 @@ class _Merger:
         """(merged record, {leaf path: kind}, {leaf path: [suspect ranks]}) of one record of every
         member; ``peers``: the record on the other data-parallel replicas (their first member's)."""
         self.kinds, self.suspects, self.name, self.peers = {}, {}, logical, [p for p in peers or [] if p is not None]
+        self.record_partial = False  # an input of this record is a partial value
         merged = self._node(nodes, self.reference.get(logical), "")
         return merged, self.kinds, self.suspects
 
@@ -203,6 +205,8 @@ class _Merger:
                  if shape[:dim] + (shape[dim] * len(shapes),) + shape[dim + 1:] in wanted]
         if len(fits) == 1:
             return fits[0]
+        if len(fits) > 1 and None not in fits:
+            return fits[-1]  # pieces along one of several dimensions: the last (hidden) one
         if len(fits) > 1 and None in fits:
             dims = [dim for dim in fits if dim is not None]
             if any(_anomalous(n) for n in nodes):
@@ -216,9 +220,19 @@ class _Merger:
         return -2
 
     def _leaf(self, nodes: list, ref: Optional[dict], path: str) -> Any:
+        present = [(i, n) for i, n in enumerate(nodes) if _is_leaf(n)]
+        if present and path.startswith("input") and all(_signature(n) in self.partial_values[i] for i, n in present):
+            self.record_partial = True
+            return self._partial_value(present, path)
+        if present and not path.startswith("input") and self.record_partial and \
+                math.prod(_shape(present[0][1])) == 1:
+            return self._partial_value(present, path)
         first = nodes[0]
         if not all(_is_leaf(n) for n in nodes):
             self.kinds[path] = "missing on a rank"
+            return first
+        if any(shape != _shape(first) and len(shape) != len(_shape(first)) for shape in (_shape(n) for n in nodes)):
+            self.kinds[path] = "shapes differ across the ranks"
             return first
         results = [partial.get(n) for partial, n in zip(self.partials, nodes)]
         reduced = all(r is not None for r in results)
@@ -244,6 +258,12 @@ class _Merger:
             if self.scale_backward != 1.0 and math.prod(shapes[0]) == 1 and not _is_backward(self.name) and \
                     not any(_anomalous(n) for n in nodes):
                 return self._mean(nodes, path)
+            if self.scale_backward != 1.0 and _is_backward(self.name) and not any(_anomalous(n) for n in nodes):
+                return self._replica_mean(nodes, path)
+            if math.prod(shapes[0]) == 1 and not path.startswith("input") and not any(_anomalous(n) for n in nodes) \
+                    and any(kind in ("sharded", "partial of shards") for key, kind in self.kinds.items()
+                            if key.startswith("input")):
+                return self._partial_value(list(enumerate(nodes)), path)
             return self._disagreeing(nodes, ref, path)
         self.kinds[path] = "sharded"
         if self.scale_backward != 1.0 and _is_backward(self.name):  # a replica's gradient of its own loss
@@ -251,6 +271,29 @@ class _Merger:
                                 if isinstance(n.get(stat), float)}) for n in nodes]
         self._outside(nodes, ref, path)
         return merge_shard_stats(nodes, reading)
+
+    def _partial_value(self, present: list, path: str) -> dict:
+        """One value per rank computed from its shard alone (a gradient clip's norm of each shard, and
+        what is made of it before the all_reduce that completes it; ``present``: [(member, leaf)]): no
+        statistic of the whole can be made of them: not compared (the all_reduce's result is)."""
+        for i, n in present:
+            self.partial_values[i].add(_signature(n))
+        merged = dict(present[0][1], **{stat: None for stat in _STATS})
+        merged.pop("md5", None)
+        self.kinds[path] = "partial of shards"
+        return merged
+
+    def _replica_mean(self, nodes: list, path: str) -> dict:
+        """A gradient each data-parallel replica holds whole, of its own share of the batch (a bias's,
+        summed over the batch): the whole batch's is the replicas' mean. Its Mean is theirs; Max,
+        Min and Norm of a mean cannot be made of the parts' (left out: not compared)."""
+        merged = dict(nodes[0], **{stat: None for stat in _STATS})
+        merged.pop("md5", None)
+        means = [n.get(MEAN.key) for n in nodes]
+        if all(isinstance(v, (int, float)) for v in means):
+            merged[MEAN.key] = sum(means) / len(means)
+        self.kinds[path] = "data-parallel partial: the replicas' mean"
+        return merged
 
     def _mean(self, nodes: list, path: str) -> dict:
         """One value per replica (a loss averaged over each replica's share of the batch): their mean."""
@@ -314,7 +357,7 @@ class _Merger:
     def _dim(shapes: list, ref: Optional[dict]) -> int:
         if ref is not None:
             whole = list(ref.get("shape") or [])
-            if len(whole) == len(shapes[0]):
+            if len(whole) == len(shapes[0]) and all(len(s) == len(whole) for s in shapes):
                 for dim in range(len(whole)):
                     if whole[dim] == sum(s[dim] for s in shapes) and all(
                             whole[d] == shapes[0][d] for d in range(len(whole)) if d != dim):
@@ -322,11 +365,46 @@ class _Merger:
         return -1
 
 
-def _scales_for_reduce(record: Any, reduced: "_Reduced") -> bool:
-    """Whether a record's outputs all go into all_reduce calls (a gradient divided by the number of
-    data-parallel replicas before they are summed: the layout's own work, as the all_reduce is)."""
-    outputs = [leaf for _, leaf in _leaves((record or {}).get("output"))] if isinstance(record, dict) else []
-    return bool(outputs) and all(reduced.feeds(leaf) for leaf in outputs)
+def _feeding_reduce(data: dict) -> set:
+    """Signatures of the one-element values of a rank's tail (the records after its last backward
+    record) that flow into an all_reduce there: a gradient clip's norm of each local gradient, their
+    squares and running sum before the all_reduce that completes them over the ranks. Each rank holds
+    its own part of the sum: no statistic of the whole can be made of them (spec/FORMAT.md 26.4)."""
+    names = list(data)
+    last = _last_backward(names)
+    if last < 0:
+        return set()
+    reaching: set = set()
+    for name in reversed(names[last + 1:]):
+        record = data[name]
+        api = comm_api(name)
+        if api is not None:
+            if api[0] == "all_reduce" and isinstance(record, dict):
+                reaching.update(_signature(leaf) for _, leaf in _leaves(record.get("input_args")))
+            continue
+        if not isinstance(record, dict):
+            continue
+        if any(_signature(leaf) in reaching for _, leaf in _leaves(record.get("output"))):
+            for key in ("input_args", "input_kwargs"):
+                reaching.update(_signature(leaf) for _, leaf in _leaves(record.get(key)))
+    return {signature for signature in reaching if signature is not None and math.prod(signature[0]) <= 1}
+
+
+def _averaging(data: dict, reduced: "_Reduced") -> set:
+    """The records of a rank's tail whose outputs, gradients (more than one element), all go into
+    all_reduce calls: a gradient divided by the number of data-parallel replicas before they are
+    summed, the layout's own work as the all_reduce is (a single card has no such record)."""
+    names = list(data)
+    last = _last_backward(names)
+    out = set()
+    for name in names[last + 1:] if last >= 0 else ():
+        record = data[name]
+        if comm_api(name) is not None or not isinstance(record, dict):
+            continue
+        outputs = [leaf for _, leaf in _leaves(record.get("output"))]
+        if outputs and all(math.prod(_shape(leaf)) > 1 and reduced.feeds(leaf) for leaf in outputs):
+            out.add(name)
+    return out
 
 
 class _Reduced:
@@ -348,7 +426,8 @@ class _Reduced:
 
     def feeds(self, leaf: Any) -> bool:
         """Whether ``leaf`` is (the statistics of) an all_reduce's input."""
-        return _is_leaf(leaf) and any(_same(leaf, given) for given, _ in self.by_shape.get(_shape(leaf), ()))
+        signature = _signature(leaf)  # exactly: the same tensor (a tolerance would take tiny gradients for it)
+        return _is_leaf(leaf) and any(_signature(given) == signature for given, _ in self.by_shape.get(_shape(leaf), ()))
 
     def get(self, leaf: Any) -> Optional[dict]:
         if not _is_leaf(leaf):
@@ -363,9 +442,7 @@ class _Reduced:
 def _scaled_equal(value: Any, divided: Any, factor: float) -> bool:
     if not isinstance(value, (int, float)) or not isinstance(divided, (int, float)):
         return value == divided
-    if factor == 1.0:
-        return stats_equal(value, divided)
-    return stats_equal(value / factor, divided)
+    return stats_equal(value / factor, divided, atol=0.0)  # relative only: tiny gradients are not all alike
 
 
 def _partials(data: dict, factors: tuple = (1.0,)) -> _Reduced:
@@ -378,7 +455,7 @@ def _shape_of_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if not part.isdigit())
 
 
-def _align(base: list, names: list) -> tuple:
+def _align(base: list, names: list, base_data: Optional[dict] = None, data: Optional[dict] = None) -> tuple:
     """({base name: this rank's name}, [(base name before it or None, name)] of the records only
     this rank holds): another tensor-parallel rank's records lined up with the stage's first
     rank's (they run the same code; a record of one rank alone, a fault's ``masked_fill``, shifts
@@ -387,8 +464,23 @@ def _align(base: list, names: list) -> tuple:
         return {name: name for name in base}, []
     import difflib
 
-    matcher = difflib.SequenceMatcher(None, [_shape_of_name(n) for n in base], [_shape_of_name(n) for n in names],
-                                      autojunk=False)
+    def keys(found: list, records: Optional[dict]) -> list:
+        """Per record: its name without counts, its tensors' shapes, and the same of the records whose
+        outputs its tensor inputs are (norms of different parameters: their squares differ so)."""
+        made: dict = {}  # signature of an output -> the record that made it: its own key and its sources'
+        out = []
+        for n in found:
+            record = (records or {}).get(n)
+            leaves = _leaves(record)
+            own = (_shape_of_name(n), tuple(_shape(leaf) for _, leaf in leaves))
+            sources = tuple(made.get(_signature(leaf), (None, ())) for path, leaf in leaves if path.startswith("input"))
+            out.append((own, sources))
+            for path, leaf in leaves:
+                if path.startswith("output"):  # two generations: a chain of sums stays short
+                    made[_signature(leaf)] = (own, tuple(source[0] for source in sources))
+        return out
+
+    matcher = difflib.SequenceMatcher(None, keys(base, base_data), keys(names, data), autojunk=False)
     mapping: dict = {}
     extras: list = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -535,7 +627,7 @@ def model_order(stage_ranks: list, stage_data: list) -> list:
             continue
         done.add(node)
         out.extend(steps.names[node])
-        for following in reversed(edges[node]):
+        for following in edges[node]:  # the chain's next first, the receiver last: it is taken next
             waits[following] -= 1
             if waits[following] == 0:
                 (later if steps.tail[following] else ready).append(following)
@@ -557,12 +649,19 @@ def merge_model(stages: list, reference: Optional[dict] = None, other_shapes: Op
     datas = [[_records_of(source) for source in stage] for stage in stages]
     ranks_of = [[source.rank for source in stage] for stage in stages]
     names = [[name for name in stage_data[0] if comm_api(name) is None] for stage_data in datas]
+    averaging: list = [set() for _ in stages]
+    if len(factors) > 1:  # the replicas' gradient averaging before their all_reduce: the layout's own work
+        for stage, stage_data in enumerate(datas):
+            averaging[stage] = _averaging(stage_data[0], _partials(stage_data[0]))
+            names[stage] = [name for name in names[stage] if name not in averaging[stage]]
+            left_out.extend({"rank": ranks_of[stage][0], "record": name} for name in sorted(averaging[stage]))
     maps: list = []
     lone: dict = {}  # (stage, base name before it or None) -> [(member, name)] of records one rank alone holds
     for stage, stage_data in enumerate(datas):
         stage_maps = []
         for member, held in enumerate(stage_data):
-            mapping, extras = _align(names[stage], [name for name in held if comm_api(name) is None])
+            mapping, extras = _align(names[stage], [name for name in held if comm_api(name) is None
+                                                    and name not in averaging[stage]], stage_data[0], held)
             stage_maps.append(mapping)
             for anchor, name in extras:
                 lone.setdefault((stage, anchor), []).append((member, name))
@@ -570,7 +669,9 @@ def merge_model(stages: list, reference: Optional[dict] = None, other_shapes: Op
     order: list = []
     for stage in range(len(stages)):
         order.extend((stage, name, ranks_of[stage][member]) for member, name in lone.get((stage, None), []))
-    for stage, name in model_order(ranks_of, [stage_data[0] for stage_data in datas]):
+    kept = [{name: record for name, record in stage_data[0].items() if name not in averaging[index]}
+            for index, stage_data in enumerate(datas)]
+    for stage, name in model_order(ranks_of, kept):
         order.append((stage, name))
         order.extend((stage, extra, ranks_of[stage][member]) for member, extra in lone.get((stage, name), []))
     renames = stage_renames(names, order)
@@ -579,8 +680,11 @@ def merge_model(stages: list, reference: Optional[dict] = None, other_shapes: Op
         ranks = ranks_of[stage]
         left_out.extend({"rank": source.rank, "record": name} for source, held in zip(sources, stage_data)
                         for name in held if comm_api(name) is not None)
-        mergers.append(_Merger([[rank] for rank in ranks], reference, other_shapes, len(ranks), findings,
-                               [_partials(held, factors) for held in stage_data]))
+        merger = _Merger([[rank] for rank in ranks], reference, other_shapes, len(ranks), findings,
+                         [_partials(held, factors) for held in stage_data])
+        if len(stages) > 1 or len(ranks) > 1:
+            merger.partial_values = [_feeding_reduce(held) for held in stage_data]
+        mergers.append(merger)
     data: dict = {}
     stage_held: dict = {}
     parents: dict = {}
@@ -604,10 +708,7 @@ def merge_model(stages: list, reference: Optional[dict] = None, other_shapes: Op
             source = stages[stage][member]
         else:
             logical = renames[stage][name]
-            nodes = [d.get(m.get(name, name)) for d, m in zip(stage_data, maps[stage])]
-            if len(factors) > 1 and logical not in reference and _scales_for_reduce(nodes[0], mergers[stage].partials[0]):
-                left_out.append({"rank": ranks_of[stage][0], "record": name})  # the replicas' averaging
-                continue
+            nodes = [d.get(m[name]) if name in m else None for d, m in zip(stage_data, maps[stage])]
             record, kinds, suspects = mergers[stage].record(logical, nodes,
                                                             [replica[stage].get(name) for replica in peer_data])
             ranks = [rank for rank, node in zip(ranks_of[stage], nodes) if node is not None]
@@ -798,8 +899,8 @@ def join_replicas(models: list, reference: dict, other_shapes: dict) -> tuple:
             frames.setdefault(logical, models[alone][2].get(extra))
             provenance[logical] = entry
             continue
-        nodes = [model[0].get(mapping.get(name, name)) for model, mapping in zip(models, maps)]
-        entries = [report["records"].get(mapping.get(name, name)) for report, mapping in zip(reports, maps)]
+        nodes = [model[0].get(mapping[name]) if name in mapping else None for model, mapping in zip(models, maps)]
+        entries = [report["records"].get(mapping[name]) if name in mapping else None for report, mapping in zip(reports, maps)]
         kinds: dict = {}
         suspects: dict = {}
         if any(node is None for node in nodes):
@@ -807,7 +908,8 @@ def join_replicas(models: list, reference: dict, other_shapes: dict) -> tuple:
             findings.append({"record": name, "leaf": "", "finding": "record not on every data-parallel replica",
                              "ranks": [rank for member, node in zip(members, nodes) if node is not None
                                        for rank in member], "differ_from_bench": [], "values": {}})
-        else:
+        else:  # each replica named by the ranks holding this record
+            merger.members = [e["ranks"] if e else member for e, member in zip(entries, members)]
             data[name], kinds, suspects = merger.record(name, nodes)
         entry = dict(entries[0] or {})
         entry["ranks"] = sorted(rank for e in entries if e for rank in e["ranks"])
