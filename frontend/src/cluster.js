@@ -36,6 +36,8 @@ function items(lane, expanded) {
     out.push({ n, key: `${lane.rank}:${n.i}` });
     if (n.kind === "run" && expanded.has(`${lane.rank}:${n.i}`)) {
       for (const m of n.members || []) out.push({ n: { ...m, level: n.level, member: true }, key: `${lane.rank}:${m.i}` });
+      const rest = n.count - (n.members || []).length;
+      if (rest > 0) out.push({ n: { kind: "more", i: n.i, count: rest, level: n.level, member: true }, key: `${lane.rank}:${n.i}:more` });
     }
   }
   return out;
@@ -70,7 +72,7 @@ function layout(lanes, expanded) {
 }
 
 export function makeCluster(ctx) {
-  const { el, api, state, pane, guard, openCell, openRecord, cellLabel, changed } = ctx;
+  const { el, api, state, pane, guard, openCell, openRecord, cellLabel, changed, openList } = ctx;
   const stepSel = el("select", { id: "cluster-step" });
   const prev = el("button", { id: "cluster-prev", text: "◀ ranks" });
   const next = el("button", { id: "cluster-next", text: "ranks ▶" });
@@ -115,6 +117,7 @@ export function makeCluster(ctx) {
     fillSteps();
     const key = stepKey(state.cell);
     if (key !== loaded || (lanes !== null && lanes !== begin)) await load(state.cell, lanes);
+    else paint(true);  // shown again: the window as it is now (nothing is painted while hidden)
   }
   async function load(cell, laneBegin) {
     loaded = stepKey(cell);
@@ -247,7 +250,7 @@ export function makeCluster(ctx) {
   // the DOM holds the columns of the window and one window's width either side; painted again when
   // the window leaves that span (or the zoom, the page or an expanded run changes)
   function paint(force) {
-    if (!lay || !last) return;
+    if (!lay || !last || !box.clientWidth) return;  // hidden: painted when shown again
     const w = plotWidth();
     const lo = box.scrollLeft, hi = lo + w;
     if (!force && painted && lo >= painted[0] + w / 3 && hi <= painted[1] - w / 3) { drawMinimap(); return; }
@@ -336,6 +339,12 @@ export function makeCluster(ctx) {
 
   function nodeEl(lane, it, anomaly, onPath, small, y) {
     const n = it.n, x = X(it.col);
+    if (n.kind === "more") {  // the records of an expanded run this view does not name: the rank's list has them
+      const t = svg("text", { x: x - 8, y: y + 4, class: "run-more", "data-rank": lane.rank, "data-count": n.count, tabindex: 0 }, `+${n.count}`);
+      t.append(svg("title", {}, `${n.count} more anomalous records of this run, not named here\nclick: the rank's NaN/Inf rows in the Divergences list`));
+      t.addEventListener("click", () => openList(lane.cell, "nan_inf"));
+      return t;
+    }
     const isOrigin = anomaly && anomaly.rank === lane.rank && anomaly.i === n.i && !n.member && n.kind !== "run";
     const run = n.kind === "run" && !n.member;
     const open_ = run && expanded.has(it.key);

@@ -532,7 +532,12 @@ function exportChart(key, name, kind) {
 }
 
 // -- cluster view (frontend/src/cluster.js) --------------------------------------------------------
-const cluster = makeCluster({ el, api, state, pane: panes.cluster, guard, openCell, openRecord, cellLabel, changed: () => remember() });
+const cluster = makeCluster({ el, api, state, pane: panes.cluster, guard, openCell, openRecord, cellLabel, changed: () => remember(),
+  openList: (cell, result) => {  // a cell's list under one result filter (the others as they are)
+    state.filters.result = result;
+    for (const e of document.querySelectorAll("[data-filter=result]")) e.value = result;
+    if (cell !== state.cell) openCell(cell, "list"); else { list.reset(); show("list"); }
+  } });
 window.__msprobe.cluster = cluster;
 
 // -- record detail -----------------------------------------------------------------------------

@@ -152,6 +152,27 @@ def test_cluster_dom_at_64_ranks_of_20000_records(page, tmp_path):
     win = _window(page)
     assert _inside(page.locator("#cluster-svg .cl-node.origin .origin-ring").bounding_box(), win)
     shot(page, "cluster_scale")
+    # a run of 99 NaN records on rank 0 expands into the 50 it names and a '+49' that opens the
+    # rank's NaN/Inf rows in the list
+    run = page.locator("#cluster-svg .cl-node.k-run[data-rank='0'][data-count='99']").first
+    i = run.get_attribute("data-i")
+    run.locator(".shape").click()
+    members = page.locator("#cluster-svg .cl-node.member[data-rank='0']")
+    _until(page, lambda: members.count() == 50)
+    assert members.first.get_attribute("data-i") == i
+    more = page.locator("#cluster-svg .run-more[data-rank='0']")
+    assert more.count() == 1 and more.text_content().startswith("+49") and more.get_attribute("data-count") == "49"
+    assert _dom(page) < DOM_LIMIT
+    more.click()
+    _until(page, lambda: page.locator(".tab.active").get_attribute("data-view") == "list")
+    assert page.locator("select[data-filter=result]").input_value() == "nan_inf"
+    assert page.locator("#cell-badge").inner_text().endswith("step 0 · rank0")
+    # back: the cluster view (scrolled where the click left it); 'Anomaly & path' brings the origin back
+    page.go_back()
+    page.wait_for_selector("#view-cluster:not([hidden]) #cluster-svg .cl-node")
+    page.locator("#cluster-zoom-path").click()
+    page.wait_for_selector("#cluster-svg .cl-node.origin")
+    assert _inside(page.locator("#cluster-svg .cl-node.origin .origin-ring").bounding_box(), _window(page))
     # the step's end: painted there (its last all_reduce), the DOM as small
     page.evaluate("() => { const b = document.getElementById('cluster-box'); b.scrollLeft = b.scrollWidth; }")
     last = "Distributed.all_reduce.199.forward"
