@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from msprobe.lake._core import read_catalog as _read
+from msprobe.lake._catalog import read_catalog as _read
 from msprobe.lake._lake import Lake
 
 __all__ = ["open", "Lake", "LAKE_DIR", "read_catalog", "has_runs"]
@@ -51,7 +51,7 @@ def has_runs(root: Any, storage_options: Any = None) -> bool:
     """Whether ``root`` holds at least one dump (searched as the lake does, 3 levels deep), without
     opening the lake or writing anything. Example: ``msprobe.lake.has_runs("./junk")`` -> ``False``."""
     from msprobe.backends import open_store
-    from msprobe.lake._core import discover_runs
+    from msprobe.lake._discover import discover_runs
 
     return bool(discover_runs(open_store(root, storage_options, read_only=True, create=False)))
 

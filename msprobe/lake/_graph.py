@@ -196,7 +196,8 @@ def _read_calls(job: GraphJob) -> tuple:
     one document in memory at a time."""
     from msprobe.errors import MsprobeError, StorageNotFoundError
     from msprobe.format.documents import DEBUG_JSON, DUMP_JSON
-    from msprobe.lake._core import Prefetched, cached_store
+    from msprobe.lake._build import Prefetched
+    from msprobe.lake._core import cached_store
     from msprobe.readers import RankSource
 
     base = cached_store(job.root_url, job.storage_options)

@@ -17,7 +17,7 @@ from msprobe.execution import Executor
 from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import check_index_file
 from msprobe.index.rows import COLUMNS, arrow_schema
-from msprobe.lake import _core, _graph
+from msprobe.lake import _catalog, _core, _graph
 from msprobe.lake._place import locate, open_lake_store
 from msprobe.lake._questions import disagree, diverge, first_nan, trend
 from msprobe.lake._refresh import Places, Refresher
@@ -166,7 +166,7 @@ class Lake:
         """One row per rank directory (pandas): what was indexed, from which document.
 
         Example: ``lake.manifest.groupby("run").size()``."""
-        return _core.manifest_table(self.manifest_rows).to_pandas()
+        return _catalog.manifest_table(self.manifest_rows).to_pandas()
 
     def run_url(self, run: str) -> str:
         """The URL of one run's dump (a :class:`ConfigError` naming the runs when absent).
@@ -334,7 +334,7 @@ class Lake:
         _graph.register_views(con, self.graphs, own=self._own, remote_root=remote_root, engine=self.sql_engine)
         con.register("catalog_arrow", self.catalog_table())
         con.execute("CREATE VIEW catalog AS SELECT * FROM catalog_arrow")
-        con.register("manifest_arrow", _core.manifest_table(self.manifest_rows))
+        con.register("manifest_arrow", _catalog.manifest_table(self.manifest_rows))
         con.execute("CREATE VIEW manifest AS SELECT * FROM manifest_arrow")
         self._con = con
         return con

@@ -41,7 +41,8 @@ from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STAC
 from msprobe.format.layout import RankLocation
 from msprobe.format.settled import settled_positions
 from msprobe.format.stats import NORM, STAT_COLUMNS
-from msprobe.lake._core import Prefetched, cached_store
+from msprobe.lake._build import Prefetched
+from msprobe.lake._core import cached_store
 from msprobe.lake._graph import is_buffer_row
 from msprobe.readers import RankSource, records_of, task_of
 

@@ -28,7 +28,7 @@ from msprobe.errors import MsprobeError
 from msprobe.execution import Executor, star
 from msprobe.format.protocols import ReadableStore
 from msprobe.index import stale_reason, warn_stale
-from msprobe.lake import _core, _graph
+from msprobe.lake import _build, _catalog, _core, _discover, _graph
 from msprobe.progress import Progress
 
 __all__ = ["RefreshPlan", "BuildPlan", "CompactionPlan", "Places", "RefreshResult", "Refresher", "plan_refresh",
@@ -71,7 +71,7 @@ class RefreshPlan:
 
 def plan_refresh(run_infos: list, indexed: set, manifest: dict, refresh: str) -> RefreshPlan:
     """The plan of an open from its listings alone: ``run_infos`` (what
-    :func:`msprobe.lake._core.discover_run` returns per run), ``indexed`` (the keys under the
+    :func:`msprobe.lake._discover.discover_run` returns per run), ``indexed`` (the keys under the
     lake's ``index/``), ``manifest`` ({index key: row} of the manifest read) and ``refresh``
     (``"missing"``/``"check"``: index what has no index, ``"all"``: everything, ``"none"``:
     nothing). Reads no storage."""
@@ -176,7 +176,7 @@ def plan_compaction(rows: dict, *, manifest_keys: Any, indexed: set, changed: se
 
 def plan_doc_listings(rows: dict) -> list:
     """[(rank prefixes, flat step prefixes)]: the listing tasks that read the document size and
-    time of each indexed rank directory (:func:`msprobe.lake._core.doc_stats`), at most
+    time of each indexed rank directory (:func:`msprobe.lake._build.doc_stats`), at most
     :data:`LISTING_BATCH` prefixes each; a step whose rank directories hold few files (statistics
     dumps, two ranks or more) is listed with one recursive listing."""
     steps: dict = {}  # step prefix -> [rank prefixes]
@@ -293,14 +293,14 @@ class Refresher:
         root_path = local_path_of(self.root.url)
         if root_path:  # the workers of a given cluster read it too
             self.runner.check_reads(root_path, "the lake root")
-        found = _core.discover_runs(self.root, max_depth)
+        found = _discover.discover_runs(self.root, max_depth)
         self.say(f"{len(found)} run(s)")
-        infos = self.runner.map(star(_core.discover_run),
+        infos = self.runner.map(star(_discover.discover_run),
                                 [(places.root_url, places.storage_options, run, prefix) for run, prefix in found],
                                 local_cluster=False)
         self._lap()
         indexed = set(self.lake.list_prefix(_core.INDEX_PREFIX)) if self.lake is not None else set()
-        manifest = {row["index_key"]: row for row in _core.read_manifest(self.lake)} if self.lake is not None else {}
+        manifest = {row["index_key"]: row for row in _catalog.read_manifest(self.lake)} if self.lake is not None else {}
         self._lap()
         plan = plan_refresh(infos, indexed, manifest, refresh)
         rows = dict(plan.kept)
@@ -329,7 +329,7 @@ class Refresher:
         graphs = self._graphs(refresh, rows)
         self._lap()
         manifest_rows = sorted(rows.values(), key=_manifest_order)
-        catalog_rows = _core.catalog_rows(manifest_rows, infos, places.root_url)
+        catalog_rows = _catalog.catalog_rows(manifest_rows, infos, places.root_url)
         self._write(refresh, manifest_rows, catalog_rows,
                     needs_writing(builds=builds, plan=plan, compaction=compaction, manifest_rows=len(manifest),
                                   rows=len(rows)))
@@ -360,7 +360,7 @@ class Refresher:
         places = self.places
         jobs = [(places.lake_url, places.lake_options, list(recover[start:start + RECOVER_BATCH]))
                 for start in range(0, len(recover), RECOVER_BATCH)]
-        return self.runner.map(star(_core.rebuild_rows), jobs, local_cluster=False)
+        return self.runner.map(star(_build.rebuild_rows), jobs, local_cluster=False)
 
     def _stale(self, rows: dict) -> dict:
         """{index key: why} of the indexed rank directories whose document changed (listings only, as tasks)."""
@@ -369,7 +369,7 @@ class Refresher:
         places = self.places
         jobs = [(places.root_url, places.storage_options, prefixes, flat) for prefixes, flat in plan_doc_listings(rows)]
         now: dict = {}
-        for part in self.runner.map(star(_core.doc_stats), jobs, local_cluster=False):
+        for part in self.runner.map(star(_build.doc_stats), jobs, local_cluster=False):
             now.update(part)
         return stale_reasons(rows, now, local=bool(getattr(self.root, "exact_mtimes", False)))
 
@@ -379,12 +379,12 @@ class Refresher:
             return [], "none"
         self._for_tasks()
         places = self.places
-        jobs = [_core.BuildJob(places.root_url, places.storage_options, places.lake_url, places.lake_options, run,
+        jobs = [_build.BuildJob(places.root_url, places.storage_options, places.lake_url, places.lake_options, run,
                                run_prefix, locs, compact)
                 for run, run_prefix, locs, compact in builds.tasks]
         self.say(f"indexing {builds.rank_dirs} rank dir(s) in {len(jobs)} task(s)")
         with Progress(builds.rank_dirs, "lake index", "rank dirs", enabled=self.report) as bar:
-            built = self.runner.map(_core.build_batch, jobs, progress=bar, weight=lambda job: len(job.locs))
+            built = self.runner.map(_build.build_batch, jobs, progress=bar, weight=lambda job: len(job.locs))
         return built, self.runner.last
 
     def _compact(self, rows: dict, compaction: CompactionPlan) -> None:
@@ -394,8 +394,8 @@ class Refresher:
         if compaction.tasks:
             self._for_tasks()
             self.say(f"compacting {len(compaction.tasks)} step(s)")
-            self.runner.map(_core.compact_group,
-                            [_core.CompactJob(places.lake_url, places.lake_options, compact, keys)
+            self.runner.map(_build.compact_group,
+                            [_build.CompactJob(places.lake_url, places.lake_options, compact, keys)
                              for compact, keys in compaction.tasks])
         if compaction.deletes:
             store = self.writable()
@@ -435,6 +435,6 @@ class Refresher:
         if refresh == "none":
             return
         if changed:
-            _core.write_table(self.writable(), _core.MANIFEST_KEY, _core.manifest_table(manifest_rows))
-        if changed or self.lake is None or _core.stale_catalog(self.lake, catalog_rows):
-            _core.write_catalog(self.writable(), catalog_rows, self.places.root_url)
+            _catalog.write_table(self.writable(), _core.MANIFEST_KEY, _catalog.manifest_table(manifest_rows))
+        if changed or self.lake is None or _catalog.stale_catalog(self.lake, catalog_rows):
+            _catalog.write_catalog(self.writable(), catalog_rows, self.places.root_url)
