@@ -519,6 +519,10 @@ def describe_path(origin: tuple, hops: list) -> str:
     Distributed.recv.0.forward``: the origin (rank, record name) and the hops."""
     rank, record = origin
     parts = [f"rank {rank} {record}"]
-    for edge in hops:
-        parts.append(f"rank {edge.src_rank} {edge.src_record} -> rank {edge.dst_rank} {edge.dst_record}")
+    last = (rank, record)
+    for edge in hops:  # a hop that leaves from where the previous one arrived names that place once
+        if (edge.src_rank, edge.src_record) != last:
+            parts.append(f"rank {edge.src_rank} {edge.src_record}")
+        parts.append(f"rank {edge.dst_rank} {edge.dst_record}")
+        last = (edge.dst_rank, edge.dst_record)
     return " -> ".join(parts)

@@ -833,6 +833,17 @@ def _checked(models: list, sources: list) -> list:
     return out
 
 
+def _model_chunks(sources: list) -> Optional[tuple]:
+    """(rank, [chunk prefixes]) of the first rank whose module records carry more than one model
+    chunk index (``Module.0.``, ``Module.1.``: Megatron's virtual pipeline), else None."""
+    for source in sources:
+        chunks = sorted({name.split(".")[1] for name in _records_of(source)
+                         if name.startswith("Module.") and name.split(".")[1].isdigit()})
+        if len(chunks) > 1:
+            return source.rank, [f"Module.{chunk}." for chunk in chunks]
+    return None
+
+
 def layout_models(sources: list, layout: Optional[Layout]) -> tuple:
     """(layout text, [(key, [[rank of each tp rank] per stage])], warnings) of one step's rank
     sources under ``layout`` (None: read from the dump). ConfigError when they do not fit."""
@@ -845,12 +856,18 @@ def layout_models(sources: list, layout: Optional[Layout]) -> tuple:
         raise ConfigError(f"a parallel layout needs ranks 0..{len(by_rank) - 1}, the dump has {sorted(by_rank)}")
     if layout is None:
         text, models = read_layout(sources)
-        return text, models, []
-    try:
-        text, models = layout.text(), layout.models(sorted(by_rank))
-    except LayoutError as exc:
-        raise ConfigError(str(exc)) from exc
-    return text, models, _checked(models, sources)
+        warnings: list = []
+    else:
+        try:
+            text, models = layout.text(), layout.models(sorted(by_rank))
+        except LayoutError as exc:
+            raise ConfigError(str(exc)) from exc
+        warnings = _checked(models, sources)
+    chunked = _model_chunks(sources) if any(len(stages) > 1 for _, stages in models) else None
+    if chunked:  # a pipeline whose ranks hold several chunks: merged as plain stages, it would be wrong
+        raise ConfigError(f"rank {chunked[0]} holds model chunks ({', '.join(chunked[1])}) of a pipeline: "
+                          f"virtual pipeline stages (vpp > 1) are not merged yet")
+    return text, models, warnings
 
 
 def other_shapes_of(sources: list, layout: Optional[Layout]) -> dict:

@@ -349,3 +349,21 @@ def test_the_merged_model_runs_in_the_steps_happens_before_order():
                           "Tensor.add_.0.forward", "Tensor.add_.1.forward"]
     assert report["records"]["Tensor.add_.1.forward"]["ranks"] == [1]
     assert report["communication_left_out"] == 4
+
+
+def test_a_pipeline_of_model_chunks_is_refused_not_merged_as_plain_stages():
+    """Megatron's virtual pipeline (vpp): each rank holds several model chunks (``Module.0.``,
+    ``Module.1.``). Merged as plain stages the layers would be misplaced: refused with the reason,
+    whether the layout is given without vpp or read from the dump."""
+    from msprobe.readers._merged import layout_models
+
+    x = _t((2, 4), 1.0)
+    chunked = {"Module.0.layers.0.L.forward.0": {"input_args": [x], "output": [x]},
+               "Module.1.layers.0.L.forward.0": {"input_args": [x], "output": [x]}}
+    ranks = [_Rank(0, dict(chunked, **{"Distributed.send.0.forward": _p2p("send", 1, x)}), {}),
+             _Rank(1, dict({"Distributed.recv.0.forward": _p2p("recv", 0, x)}, **chunked), {})]
+    for layout in (parse_layout("tp=1,pp=2"), None):
+        with pytest.raises(ConfigError, match="model chunks .*virtual pipeline"):
+            layout_models(ranks, layout)
+    # one stage holding two models (start(model=[a, b])) is no pipeline: merged as it is
+    assert layout_models(ranks, parse_layout("tp=2,pp=1"))[1] == [((0, 0, 0), [[0, 1]])]

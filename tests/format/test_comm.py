@@ -91,3 +91,15 @@ def test_first_anomaly_is_where_it_is_born_not_where_it_arrives():
     r1["Tensor.log.0.forward"]["output"] = [_t()]
     r1["Distributed.send.0.forward"] = rec([_t()], [_t(), None], {"dst": _i(0)})
     assert first_anomaly([(0, r0), (1, r1)]) is None
+
+
+def test_describe_path_names_a_hop_once():
+    """A hop that leaves from where the previous one arrived (an all_reduce's result sent on) is named
+    once, not twice in a row."""
+    from msprobe.format.comm import Edge, describe_path
+
+    hops = [Edge(1, 3, "Distributed.all_reduce.0.forward", 0, 3, "Distributed.all_reduce.0.forward", "all_reduce"),
+            Edge(0, 3, "Distributed.all_reduce.0.forward", 2, 0, "Distributed.recv.0.forward", "p2p")]
+    text = describe_path((1, "Tensor.masked_fill.0.forward"), hops)
+    assert text == ("rank 1 Tensor.masked_fill.0.forward -> rank 1 Distributed.all_reduce.0.forward -> rank 0 "
+                    "Distributed.all_reduce.0.forward -> rank 2 Distributed.recv.0.forward")
