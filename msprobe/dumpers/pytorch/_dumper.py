@@ -1,12 +1,11 @@
 """The PyTorch adapter: API and module hooks feeding the framework-neutral DumpSession."""
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -15,7 +14,14 @@ from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.control import DumperCore, ModuleForwardHooks, core_attribute
 from msprobe.dumpers.pytorch import _comm, _ptfile
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
+from msprobe.dumpers.pytorch._clipgrad import (
+    ClipGradPatch,
+    clip_grad_functions,
+    enter_pseudo_module,
+    leave_pseudo_module,
+)
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
+from msprobe.dumpers.pytorch._model_checks import refuse_compiled, warn_captured_apis, warn_fsdp2
 from msprobe.dumpers.pytorch._observer import (
     ENDS,
     InputEdges,
@@ -33,10 +39,9 @@ from msprobe.dumpers.pytorch._observer import (
     release_order,
     sequence_mark,
 )
+from msprobe.dumpers.pytorch._online_api import online_api
+from msprobe.dumpers.pytorch._values import first_tensor, grad_tensors, is_sequence
 from msprobe.errors import ConfigError
-
-if TYPE_CHECKING:
-    from msprobe.dumpers.pytorch._online import OnlineRunUt
 
 __all__ = ["TorchDumper"]
 
@@ -77,7 +82,7 @@ class TorchDumper(FrameworkAdapter):
         self.last_module_fwd: Optional[str] = None  # the last module forward call that ended
         self.in_flight: list = []  # InputEdges of the module forwards running (innermost last)
         self._optim_handles: list = []
-        self._mutating = _MutatingKeys()
+        self.mutating = _MutatingKeys()
         self._captured_checked: set = set()
         self.online = None
         if config.online is not None:  # online_run_ut: packets to the checker instead of dump files
@@ -98,12 +103,12 @@ class TorchDumper(FrameworkAdapter):
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
         config, core = self.config, self.core
-        _refuse_compiled(model)
-        _warn_fsdp2(model, self._captured_checked)
+        refuse_compiled(model)
+        warn_fsdp2(model, self._captured_checked)
         core.filter.set_token_range(model, token_range)
         apis = core.apis_dumped and config.level != "debug"
         if model is not None and apis:
-            _warn_captured_apis(model, self.patcher, self._captured_checked)
+            warn_captured_apis(model, self.patcher, self._captured_checked)
         if model is not None and (core.modules_dumped or token_range is not None):
             self._hook_models(model)
         if config.level == "mix" and not self._optim_handles:
@@ -158,14 +163,14 @@ class TorchDumper(FrameworkAdapter):
         core = self.core
         online = self.online
         if online is not None and not core.call_skipped() and core.region is None:
-            return self._online_api(online, orig, api_key, args, kwargs)
+            return online_api(self, online, orig, api_key, args, kwargs)
         return core.record_api(self, orig, api_key, args, kwargs)
 
     def is_collective(self, api_key: str) -> bool:
         return api_key.startswith("Distributed.")
 
     def backward_possible(self, call: ApiCall) -> bool:
-        return self._bw_wanted()
+        return self.backward_wanted()
 
     def receive_buffers(self, call: ApiCall) -> frozenset:
         # a receive buffer's content before the call is no data: null, as 26.2.0
@@ -179,7 +184,7 @@ class TorchDumper(FrameworkAdapter):
             if call.backward:
                 self._hook_api_backward(out, call.bwd, call.parent, call.args, call.kwargs)
             return out
-        if call.api_key in self._mutating:  # writes memory (maybe without a version bump): forget cached stats
+        if call.api_key in self.mutating:  # writes memory (maybe without a version bump): forget cached stats
             self.encoder.cache.clear()
         try:
             out = call.run()
@@ -189,7 +194,7 @@ class TorchDumper(FrameworkAdapter):
             if call.rec and core.enabled:
                 core.session.add_record(call.fwd, call.rec, stack=call.stack, parent=call.parent)
             raise
-        if not call.collective and self._bw_wanted():
+        if not call.collective and self.backward_wanted():
             self._hook_api_backward(out, call.bwd, call.parent, call.args, call.kwargs)
         return out
 
@@ -200,111 +205,15 @@ class TorchDumper(FrameworkAdapter):
         self.core.forward_output(call.rec, call.fwd, call.values())  # the arguments after the collective, as msprobe
         return True
 
-    def _online_api(self, online: OnlineRunUt, orig, api_key: str, args: tuple, kwargs: dict):
-        """online_run_ut: the call's inputs and outputs go to the checker as one packet."""
-        core = self.core
-        GUARD.inside = True
-        try:
-            base, _ = core.session.next_api_name(api_key)
-            fwd = base + ".forward"
-            if api_key.startswith("Distributed.") or not core.filter.wanted(fwd, core.enabled) or not online.admit():
-                return orig(*args, **kwargs)  # collectives are not replayable; a shed packet costs no copy
-            encoder = online.encoder
-            try:
-                rec = {"input_args": [encoder.encode(arg, f"{fwd}.input.{i}", True) for i, arg in enumerate(args)],
-                       "input_kwargs": {key: encoder.encode(value, f"{fwd}.input.{key}", True)
-                                        for key, value in kwargs.items()}}
-            except Exception:  # noqa: BLE001 - never break training for the dump
-                online.discard()
-                return orig(*args, **kwargs)
-            # the backward: gradients of this call's own inputs, in argument order (observed on the call's
-            # own autograd nodes, spec/PRODUCER.md §20 item 43) and of its output; not with recompute (the
-            # docs), not in place
-            tap = (not online.settings.recompute and self._bw_wanted() and api_key not in self._mutating
-                   and _needs_grad(args))
-            grads_state: dict = {"gout": None}
-            mark = sequence_mark() if tap else None
-            tap = mark is not None
-            GUARD.inside = True  # calls made inside the API are not recorded
-            out = orig(*args, **kwargs)
-            try:
-                rec["output"] = self.encode_output(out, f"{fwd}.output", True, encoder)
-                first = _first_tensor(out)
-                backward = tap and first is not None and first.requires_grad and first.grad_fn is not None
-                online.submit(fwd, rec, core.session.current_step, expects_backward=backward)
-            except Exception:  # noqa: BLE001 - never break training for the dump
-                online.discard()
-                return out
-            if backward and first is not None and mark is not None:  # (backward implies a tensor)
-                self._observe_online(first, args, mark, self._online_grads_callback(base + ".backward", args,
-                                                                                    grads_state), grads_state)
-            return out
-        finally:
-            GUARD.inside = False
-
-    @staticmethod
-    def _observe_online(first: torch.Tensor, args: tuple, mark: int, got: Any, state: dict) -> None:
-        """Hand ``got`` the gradients of the call's floating arguments (None where none is needed), after
-        ``state["gout"]`` holds its output's."""
-        floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
-        needs = [a.requires_grad for a in floats]
-        edges = InputEdges([a for a in floats if a.requires_grad], mark)
-
-        def done(grad_output: tuple, grad_input: tuple) -> None:
-            state["gout"] = grad_output
-            it = iter(grad_input)
-            got(tuple(next(it) if need else None for need in needs))
-
-        GUARD.inside = True
-        try:
-            observe([first], edges, sum(needs), lambda: None, done)
-        except Exception:  # noqa: BLE001 - inference tensors and the like: no backward check, training goes on
-            pass
-
-    def _online_grads_callback(self, bwd: str, args: tuple, state: dict):
-        """The tap's callback: it receives the input gradients after the output's hook put the
-        output's gradient in ``state``."""
-        positions = [i for i, arg in enumerate(args) if isinstance(arg, torch.Tensor) and arg.is_floating_point()]
-        dumper = weakref.ref(self)
-        count = len(args)
-
-        def got(grads):
-            alive = dumper()
-            if alive is None or alive.online is None or not alive.core.enabled \
-                    or not alive.core.filter.wanted(bwd, alive.core.enabled, False):
-                return
-            full = [None] * count
-            for position, grad in zip(positions, grads):
-                full[position] = grad
-            alive.online_backward(bwd, state["gout"] or (), full)
-
-        return got
-
-    def online_backward(self, bwd: str, grads_in: Any, grads_out: Any) -> None:
-        """online_run_ut: a backward packet (gradients of the outputs, of the inputs)."""
-        online = self.online
-        if online is None or not online.admit():  # (the callback runs only while online is set)
-            return
-        GUARD.inside = True
-        try:
-            encoder = online.encoder
-            rec = {"input": [encoder.encode(grad, f"{bwd}.input.{i}", True) for i, grad in enumerate(grads_in)],
-                   "output": [encoder.encode(grad, f"{bwd}.output.{i}", True) for i, grad in enumerate(grads_out)]}
-            online.submit(bwd, rec, self.session.current_step)
-        except Exception:  # noqa: BLE001 - never break training for the dump
-            online.discard()
-        finally:
-            GUARD.inside = False
-
-    def _bw_wanted(self) -> bool:
+    def backward_wanted(self) -> bool:
         return self.config.backward_enabled and torch.is_grad_enabled()
 
     def encode_output(self, out: Any, prefix: str, save: bool, encoder: Any = None) -> list:
-        return (encoder or self.core.encoder).encode_output(out, prefix, save, is_sequence=_is_sequence)
+        return (encoder or self.core.encoder).encode_output(out, prefix, save, is_sequence=is_sequence)
 
     def _hook_api_backward(self, out: Any, bwd: str, parent: Optional[str], args: tuple = (),
                            kwargs: Optional[dict] = None) -> None:
-        first = _first_tensor(out)
+        first = first_tensor(out)
         if first is None or not first.requires_grad or first.grad_fn is None \
                 or _identity_dropout(bwd, args, kwargs or {}):
             return
@@ -377,15 +286,15 @@ class TorchDumper(FrameworkAdapter):
         def pre(opt, args, kwargs):
             core = core_ref()
             if core is not None and core.enabled:
-                _enter_pseudo_module(core, "optimizer")
+                enter_pseudo_module(core, "optimizer")
 
         def post(opt, args, kwargs):
             core = core_ref()
             if core is not None:
-                _leave_pseudo_module(core, "optimizer")
+                leave_pseudo_module(core, "optimizer")
 
         self._optim_handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
-        self._optim_handles.extend(_ClipGradPatch(core_ref, owner, name) for owner, name in _clip_grad_functions())
+        self._optim_handles.extend(ClipGradPatch(core_ref, owner, name) for owner, name in clip_grad_functions())
 
     def hook_module(self, module: torch.nn.Module, key: str) -> None:
         """The forward and backward hooks of one module, recorded as ``key`` (``Module.<path>.<Class>``)."""
@@ -507,7 +416,7 @@ class _ModuleHooks(ModuleForwardHooks):
         calls = self.calls
         if dumper is None or not dumper.core.enabled or not calls or calls[-1] is None:
             return None
-        inputs = _grad_tensors(args)
+        inputs = grad_tensors(args)
         mark = sequence_mark()
         if mark is not None and torch.is_grad_enabled():
             model_users(inputs)  # (what the model's own forward made since a top-level call ended)
@@ -531,7 +440,7 @@ class _ModuleHooks(ModuleForwardHooks):
             dumper.in_flight.remove(edges)
         # the output's tensors that need a gradient, in depth-first order through tuples, lists and
         # dicts (a ModelOutput): the record's "input" holds one gradient each, as 26.2.0's
-        outputs = _grad_tensors((output,))
+        outputs = grad_tensors((output,))
         if not outputs:
             return None
         dumper_ref = self.dumper
@@ -565,78 +474,6 @@ class _ModuleHooks(ModuleForwardHooks):
         finally:
             GUARD.inside = False
         return None
-
-
-def _warn_captured_apis(model: Any, patcher: Any, checked: set) -> None:
-    """Warn (once per model) about module attributes holding an API as it was before the wrappers
-    went in (a model built before ``PrecisionDebugger(...)``: ``self.act = F.gelu``, a
-    ``functools.partial`` of it): those calls cannot be recorded."""
-    models = list(model) if isinstance(model, (list, tuple)) else [model]
-    todo = [root for root in models if isinstance(root, torch.nn.Module) and id(root) not in checked]
-    if not todo or not patcher.installed:
-        return
-    checked.update(id(root) for root in todo)
-    originals = patcher.originals()
-    found = []
-    for root in todo:
-        for path, sub in root.named_modules():
-            for attr, value in vars(sub).items():
-                func = value.func if isinstance(value, functools.partial) else value
-                key = originals.get(id(func)) if callable(func) else None
-                if key is not None:
-                    found.append(f"{path + '.' if path else ''}{attr} ({key})")
-    if found:
-        warnings.warn(f"msprobe: {len(found)} module attribute(s) hold an API captured before PrecisionDebugger "
-                      f"was created, whose calls are not dumped: {', '.join(found[:5])}"
-                      f"{', ...' if len(found) > 5 else ''}; create the debugger before the model",
-                      stacklevel=4)
-
-
-def _refuse_compiled(model: Any) -> None:
-    """A ``torch.compile``d model runs graphs the API wrappers and hooks cannot see into (TorchDynamo
-    traces them, and fails on the dumper's reads): refused with a ConfigError before anything runs."""
-    for m in model if isinstance(model, (list, tuple)) else [model]:
-        if type(m).__name__ == "OptimizedModule" and hasattr(m, "_orig_mod"):
-            raise ConfigError("start(model=...) got a torch.compile'd model: msprobe dumps eager execution; "
-                              "pass and call the model itself (model._orig_mod), without torch.compile, "
-                              "while dumping")
-
-
-def _warn_fsdp2(model: Any, seen: set) -> None:
-    """FSDP2 (``fully_shard``) is not what 26.2.0 or we dump faithfully: said once per model, never a
-    silent partial dump (spec/PRODUCER.md §20 item 42)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2
-        return
-    for m in model if isinstance(model, (list, tuple)) else [model]:
-        key = ("fsdp2", id(m))
-        if not isinstance(m, torch.nn.Module) or key in seen:
-            continue
-        seen.add(key)
-        if any(isinstance(sub, FSDPModule) for sub in m.modules()):
-            warnings.warn("msprobe: start(model=...) got FSDP2 (fully_shard) modules: their parameters are written "
-                          "as the gathered full tensors (as 26.2.0 does), but their parameters_grad records hold "
-                          "this rank's unreduced gradients under another name, and FSDP2's own split/view_as calls "
-                          "around its all-gather are recorded (spec/PRODUCER.md section 20 item 42)",
-                          RuntimeWarning, stacklevel=3)
-
-
-def _is_sequence(out: Any) -> bool:
-    """A tuple output is written one entry per element; anything else (a list, a dict, a namedtuple or
-    dataclass, by field) is the one entry of the output (26.2.0's rule)."""
-    return isinstance(out, tuple) and not isinstance(out, torch.Size) and not hasattr(type(out), "_fields")
-
-
-def _first_tensor(out: Any) -> Optional[torch.Tensor]:
-    while not isinstance(out, torch.Tensor):
-        if isinstance(out, (list, tuple)) and out:
-            out = out[0]
-        elif isinstance(out, dict) and out:
-            out = next(iter(out.values()))
-        else:
-            return None
-    return out
 
 
 class _MutatingKeys:
@@ -694,91 +531,3 @@ def _identity_dropout(bwd: str, args: tuple, kwargs: dict) -> bool:
         return False
     p = args[1] if len(args) >= 2 else kwargs.get("p", 0.5)
     return isinstance(p, (int, float)) and p == 0
-
-
-def _needs_grad(values: Any) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
-
-
-def _seq_type(v: Any) -> bool:
-    return type(v) in (tuple, list) or (isinstance(v, tuple) and hasattr(v, "_fields"))
-
-
-def _routed(v: Any, nested: bool) -> bool:
-    """Whether the tap routes ``v``: at the top level (an API's arguments) every floating tensor; nested
-    (a module's arguments and output) the tensors that need a gradient, as 26.2.0's module hooks."""
-    return isinstance(v, torch.Tensor) and (v.requires_grad if nested else v.is_floating_point())
-
-
-def _float_tensors(values: Any, out: list, nested: bool) -> None:
-    for v in values:
-        if _routed(v, nested):
-            out.append(v)
-        elif nested and _seq_type(v):
-            _float_tensors(v, out, nested)
-        elif nested and isinstance(v, dict):
-            _float_tensors(list(v.values()), out, nested)
-
-
-def _grad_tensors(values: Any) -> list:
-    """The tensors needing a gradient in ``values`` (through tuples, lists and dicts), when grad is on."""
-    flat: list = []
-    if torch.is_grad_enabled():
-        _float_tensors(values, flat, True)
-    return flat
-
-
-def _enter_pseudo_module(core: Any, name: str) -> None:
-    """The calls from now on map to the pseudo-module ``name`` ("optimizer", "clip_grad") in construct.json."""
-    core.module_stack.append(name)
-    core.session.ensure_structure(name)
-
-
-def _leave_pseudo_module(core: Any, name: str) -> None:
-    if core.module_stack and core.module_stack[-1] == name:
-        core.module_stack.pop()
-
-
-def _clip_grad_functions() -> list:
-    """(owner, attribute) of the gradient clipping functions 26.2.0 scopes as 'clip_grad': those of
-    ``torch.nn.utils`` (a call through a name imported before the debugger is not seen, as in 26.2.0)
-    and Megatron's, where it is installed."""
-    import torch.nn.utils as utils
-
-    found = [(utils, name) for name in ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
-             if callable(getattr(utils, name, None))]
-    try:
-        from megatron.core.optimizer import MegatronOptimizer
-    except Exception:  # noqa: BLE001 - absent, or failing to import: nothing to scope
-        return found
-    if callable(getattr(MegatronOptimizer, "clip_grad_norm", None)):
-        found.append((MegatronOptimizer, "clip_grad_norm"))
-    return found
-
-
-class _ClipGradPatch:
-    """One gradient clipping function replaced by a wrapper that puts its calls under the
-    pseudo-module 'clip_grad' while the dump is on; ``remove()`` puts the function back (unless
-    someone replaced it since)."""
-
-    def __init__(self, core_ref: Any, owner: Any, name: str) -> None:
-        self.owner, self.name = owner, name
-        self.original = original = getattr(owner, name)
-
-        @functools.wraps(original)
-        def clip_grad(*args: Any, **kwargs: Any) -> Any:
-            core = core_ref()
-            if core is None or not core.enabled:
-                return original(*args, **kwargs)
-            _enter_pseudo_module(core, "clip_grad")
-            try:
-                return original(*args, **kwargs)
-            finally:
-                _leave_pseudo_module(core, "clip_grad")
-
-        self.wrapper = clip_grad
-        setattr(owner, name, clip_grad)
-
-    def remove(self) -> None:
-        if getattr(self.owner, self.name, None) is self.wrapper:
-            setattr(self.owner, self.name, self.original)

@@ -25,8 +25,9 @@ from typing import Any, Optional
 from msprobe.backends import local_path_of
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
-from msprobe.dumpers.pytorch._dumper import _first_tensor, _get_rank
+from msprobe.dumpers.pytorch._dumper import _get_rank
 from msprobe.dumpers.pytorch._npu import torch_npu_module
+from msprobe.dumpers.pytorch._values import first_tensor
 from msprobe.dumpers.session import DumpSession
 from msprobe.errors import ConfigError, MissingDependencyError
 
@@ -196,7 +197,7 @@ class KernelDumper:
         return out
 
     def _arm_backward(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
-        t = _first_tensor(out)
+        t = first_tensor(out)
         if t is None or t.grad_fn is None:
             self._refuse(name, "its output does not require grad, so it has no backward")
             return
