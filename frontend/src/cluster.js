@@ -306,10 +306,11 @@ export function makeCluster(ctx) {
       const on = pathHops.has(`${e.from[0]}:${e.from[1]}>${e.to[0]}:${e.to[1]}`);
       kids.push(svg("path", { d: curve(a, b), class: `cl-edge${on ? " on-path" : ""}`, "data-from": `${e.from[0]}:${e.from[1]}`, "data-to": `${e.to[0]}:${e.to[1]}`, "marker-end": "url(#cl-arrow)" }));
     }
-    // the anomaly's path: every hop, over the edges (always drawn: it is what the view is for)
+    // the anomaly's path: every hop of the window, over the edges (a dump's path through every later
+    // collective of 64 ranks is thousands of hops: those far from the window are painted when it gets there)
     for (const h of hops) {
       const a = at(h.from_rank, h.from_i), b = at(h.to_rank, h.to_i);
-      if (!a || !b) continue;
+      if (!a || !b || !seen([a, b])) continue;
       const p = svg("path", { d: curve(a, b), class: "cl-path", "data-from": `${h.from_rank}:${h.from_i}`, "data-to": `${h.to_rank}:${h.to_i}`, "marker-end": "url(#cl-arrow-path)" });
       p.append(svg("title", {}, `${h.via}: rank ${h.from_rank} ${h.from_record} → rank ${h.to_rank} ${h.to_record}`));
       kids.push(p);

@@ -19,7 +19,14 @@ from typing import Any, Iterable, Optional
 from msprobe.backends import Store, open_store
 from msprobe.errors import require
 from msprobe.format.layout import FORMAT_VERSION, join_key
-from msprobe.index.files import COMPACT_FILE, INDEX_VERSION, META_PREFIX, _safe, partition_order, read_index_table
+from msprobe.index.files import (
+    COMPACT_FILE,
+    INDEX_VERSION,
+    META_PREFIX,
+    partition_order,
+    partition_value,
+    read_index_table,
+)
 from msprobe.index.rows import arrow_schema
 
 __all__ = ["CompactWriter", "compact_files", "compact_index", "run_compact_key", "ROW_GROUP_ROWS"]
@@ -32,7 +39,7 @@ _PER_FILE_META = ("step", "rank", "rank_dir", "source", "doc", "doc_size", "doc_
 
 def run_compact_key(run: Optional[str]) -> str:
     """``run=<run>/_compact.parquet`` (``_compact.parquet`` without a run)."""
-    return join_key(f"run={_safe(run)}" if run else "", COMPACT_FILE)
+    return join_key(f"run={partition_value(run)}" if run else "", COMPACT_FILE)
 
 
 class CompactWriter:
@@ -143,7 +150,7 @@ def compact_index(out: Any, *, storage_options: Optional[dict] = None, runs: Opt
     readers scan while it covers every file of its run.
     """
     store = out if hasattr(out, "list_prefix") else open_store(out, storage_options, create=True)
-    wanted = None if runs is None else {f"run={_safe(run)}" if run else "" for run in runs}
+    wanted = None if runs is None else {f"run={partition_value(run)}" if run else "" for run in runs}
     groups: dict = {}
     for key in store.list_prefix(""):
         if not key.endswith(".parquet") or key.rsplit("/", 1)[-1] == COMPACT_FILE:

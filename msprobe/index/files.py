@@ -36,6 +36,7 @@ from msprobe.format.protocols import ReadableStore
 from msprobe.index.rows import rank_rows, rows_to_arrow
 
 __all__ = [
+    "partition_value",
     "INDEX_VERSION",
     "INDEX_FILE",
     "META_PREFIX",
@@ -208,11 +209,11 @@ def partition_key(run: Optional[str], step: Optional[int], rank: Optional[int], 
     """``run=<run>/[split=<s>/]step=<N>/rank=<R>/records.parquet`` (hive style)."""
     parts = []
     if run:
-        parts.append(f"run={_safe(run)}")
+        parts.append(f"run={partition_value(run)}")
     if split:
-        parts.append(f"split={_safe(split)}")
+        parts.append(f"split={partition_value(split)}")
     parts.append(f"step={step if step is not None else 'none'}")
-    parts.append(f"rank={rank if rank is not None else _safe(rank_dir)}")
+    parts.append(f"rank={rank if rank is not None else partition_value(rank_dir)}")
     return "/".join(parts) + "/records.parquet"
 
 
@@ -244,7 +245,8 @@ def partition_order(key: str) -> tuple:
             -1 if rank is None else rank, fields.get("rank_dir") or key.rsplit("/", 1)[0])
 
 
-def _safe(value: str) -> str:
+def partition_value(value: str) -> str:
+    """A run, split or rank directory name as a Hive partition value (unsafe characters as ``_``)."""
     safe = _SAFE_RE.sub("_", str(value)).strip(".") or "_"
     return safe
 

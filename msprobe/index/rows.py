@@ -172,6 +172,13 @@ def _tensor_columns(sides: list, paths: list, tensors: list, mapping: dict, loca
     cols["shape"] = [None if numel is None else [int(size) for size in tensor["shape"]]
                      for numel, tensor in zip(numels, tensors)]
     cols["numel"] = numels
+    _stat_columns(cols, tensors)
+    _file_columns(cols, tensors, mapping, locations)
+    return cols
+
+
+def _stat_columns(cols: dict, tensors: list) -> None:
+    """The statistics, md5, NaN/Inf flags and requires_grad columns of the rows (into ``cols``)."""
     has_nan = has_inf = [False] * len(tensors)
     for column, key in _STAT_KEYS:
         values = [tensor.get(key) for tensor in tensors]
@@ -187,16 +194,19 @@ def _tensor_columns(sides: list, paths: list, tensors: list, mapping: dict, loca
     cols["has_inf"] = has_inf
     cols["requires_grad"] = [grad if isinstance(grad, bool) else None
                              for grad in (tensor.get("requires_grad") for tensor in tensors)]
+    if any(tensor is _NO_TENSOR for tensor in tensors):  # placeholder rows: no statistics, so no flags
+        for column in ("has_nan", "has_inf"):
+            cols[column] = [None if tensor is _NO_TENSOR else flag for flag, tensor in zip(cols[column], tensors)]
+
+
+def _file_columns(cols: dict, tensors: list, mapping: dict, locations: Optional[dict]) -> None:
+    """The data_name and location columns of the rows (into ``cols``)."""
     data_names = [name if isinstance(name, str) else None for name in (tensor.get("data_name") for tensor in tensors)]
     cols["data_name"] = data_names
     if locations is not None:
         cols["location"] = [locations.get(name) if name else None for name in data_names]
     else:
         cols["location"] = [f"{TENSOR_DIR}/{mapping.get(name, name)}" if name else None for name in data_names]
-    if any(tensor is _NO_TENSOR for tensor in tensors):  # placeholder rows: no statistics, so no flags
-        for column in ("has_nan", "has_inf"):
-            cols[column] = [None if tensor is _NO_TENSOR else flag for flag, tensor in zip(cols[column], tensors)]
-    return cols
 
 
 def forward_twin(name: str, kind: str) -> str:

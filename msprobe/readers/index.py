@@ -22,10 +22,10 @@ from msprobe.index.files import (
     INDEX_VERSION,
     META_PREFIX,
     StaleIndexWarning,
-    _safe,
     doc_stat,
     partition_key,
     partition_order,
+    partition_value,
     read_index_metadata,
     stale_reason,
     write_rank_index,
@@ -136,7 +136,7 @@ class _RunCompaction:
 
     def __init__(self, store: Store, run: str):
         self.store, self.run = store, run
-        self.part = f"run={_safe(run)}/"
+        self.part = f"run={partition_value(run)}/"
         self.keys: list = []
         self.writer = CompactWriter(store, run_compact_key(run))
 

@@ -164,28 +164,29 @@ class StepCluster:
                 "note": self.note}
 
 
-def _anomalous_rows(data: Any, run: Any, step: Any) -> dict:
-    """{cell: (communication rows, anomalous records)} of the step's cells: every communication
-    record's rows (the first :data:`_MAX_ROWS` of a cell: a receive buffer's rows are no anomaly) and
-    every other record with a divergent or NaN/Inf row, one tuple ``(record, first such row, NaN/Inf,
-    severity)`` a record (a rank of 20,000 records, most NaN after a NaN, is one grouped query)."""
-    comm = " OR ".join(f"starts_with(record, '{prefix}')" for prefix in _COMM)
-    in_step = "cell IN (SELECT cell FROM cells WHERE run IS NOT DISTINCT FROM ? AND step IS NOT DISTINCT FROM ?)"
-    out: dict = {}
-    for row in data.query(f"""SELECT cell, record, name, result, nan_inf, {data.divergent_sql} AS bad FROM rows
-            WHERE {in_step} AND ({comm})
-            QUALIFY row_number() OVER (PARTITION BY cell ORDER BY i) <= {_MAX_ROWS} ORDER BY cell, i""", [run, step]):
-        out.setdefault(row["cell"], ([], []))[0].append(row)
-    cur = data.cursor()
-    try:
-        found = cur.execute(f"""SELECT cell, record, arg_min(name, i), bool_or(nan_inf),
-            max(CASE result WHEN 'error' THEN 2 WHEN 'warning' THEN 1 ELSE 0 END) FROM rows
-            WHERE {in_step} AND {data.divergent_sql} AND NOT ({comm}) GROUP BY cell, record""", [run, step]).fetchall()
-    finally:
-        cur.close()
-    for cell, record, name, nan_inf, severity in found:
-        out.setdefault(cell, ([], []))[1].append((record, name, bool(nan_inf), int(severity or 0)))
-    return out
+class _AnomalousRows:
+    """The anomalous rows of a step's cells, read one cell at a time as its rank is read (``get``, as
+    a dict's): every communication record's rows (the first :data:`_MAX_ROWS` of a cell: a receive
+    buffer's rows are no anomaly) and every other record with a divergent or NaN/Inf row, one tuple
+    ``(record, first such row, NaN/Inf, severity)`` a record (a rank of 20,000 records, most NaN after
+    a NaN, is one grouped query; 64 such ranks are never held at once)."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def get(self, cell: Any, default: Any = None) -> tuple:
+        data = self.data
+        comm = " OR ".join(f"starts_with(record, '{prefix}')" for prefix in _COMM)
+        comm_rows = data.query(f"""SELECT record, name, result, nan_inf, {data.divergent_sql} AS bad FROM rows
+            WHERE cell = ? AND ({comm}) ORDER BY i LIMIT {_MAX_ROWS}""", [cell])
+        cur = data.cursor()
+        try:
+            found = cur.execute(f"""SELECT record, arg_min(name, i), bool_or(nan_inf),
+                max(CASE result WHEN 'error' THEN 2 WHEN 'warning' THEN 1 ELSE 0 END) FROM rows
+                WHERE cell = ? AND {data.divergent_sql} AND NOT ({comm}) GROUP BY record""", [cell]).fetchall()
+        finally:
+            cur.close()
+        return comm_rows, [(record, name, bool(nan_inf), int(severity or 0)) for record, name, nan_inf, severity in found]
 
 
 def _mark_comm_rows(lane: Lane, records: dict, rows: list, positions: dict) -> None:
@@ -296,7 +297,7 @@ def _keep(lanes: dict, rank: Any, index: Any, record: str, kind: str) -> None:
 class _Reader:
     """Reads each lane's records once, for the graph, the lane and (a dump) the first anomaly."""
 
-    def __init__(self, read: Any, cells: list, rows: dict) -> None:
+    def __init__(self, read: Any, cells: list, rows: Any) -> None:
         self.read = read  # a row of cells -> (its source or None, its records)
         self.cells = cells
         self.rows = rows
@@ -371,12 +372,12 @@ def build_cluster(data: Any, cell_row: dict) -> StepCluster:
     run, step = cell_row["run"], cell_row["step"]
     cells = data.query("""SELECT * FROM cells WHERE run IS NOT DISTINCT FROM ?
         AND step IS NOT DISTINCT FROM ? ORDER BY rank NULLS LAST, rank_dir""", [run, step])
-    return assemble(run, step, cells, _anomalous_rows(data, run, step), _read_target(data), data.summary)
+    return assemble(run, step, cells, _AnomalousRows(data), _read_target(data), data.summary)
 
 
-def assemble(run: Any, step: Any, cells: list, rows: dict, read: Any, summary: dict) -> StepCluster:
+def assemble(run: Any, step: Any, cells: list, rows: Any, read: Any, summary: dict) -> StepCluster:
     """The :class:`StepCluster` of a step from its ``cells`` (rows of ``cells``: cell, rank, rank_dir),
-    their anomalous ``rows`` (:func:`_anomalous_rows`), ``read`` (a row of cells -> (its source or
+    their anomalous ``rows`` (``rows.get(cell, default)``: :class:`_AnomalousRows`, or a dict of them), ``read`` (a row of cells -> (its source or
     None, its records), each rank read once) and compare's ``summary`` (``{}``: the first NaN/Inf of
     the dumps themselves)."""
     reader = _Reader(read, cells, rows)

@@ -20,6 +20,8 @@ pytest.importorskip("torch")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import zoo_compare as zoo  # noqa: E402
 
 SCRIPT = '''
 import json, os, sys
@@ -121,11 +123,19 @@ def test_weight_norm_backward_order_as_measured_on_26(tmp_path):
 def test_weight_norm_backward_order_as_live_26(tmp_path, real_tool):
     real = _run(real_tool, str(tmp_path / "real"), ours=False)
     ours = _run(sys.executable, str(tmp_path / "ours"), ours=True)
+    backward_seen = False
     for theirs, mine in zip(real, ours):
         assert [_name(k) for k in mine] == [_name(k) for k in theirs]
         assert _backward(mine) == _backward(theirs)
+        # from the first backward record on, 26.2.0's gradients are its own reordered sums (spec/PRODUCER.md §20 item
+        # 43 (d)): of the values only what no summation order changes (null, NaN, inf or finite)
+        perturbed = zoo.reached("mix", theirs, backward_seen)
+        backward_seen = any(perturbed.values())
         for name, rec in theirs.items():
             want, got = dict(_stats(rec)), dict(_stats(mine[_name(name)]))
             assert list(got) == list(want), name
             for place, values in want.items():
-                assert got[place] == pytest.approx(values, rel=1e-5, abs=1e-6), (name, place)
+                if perturbed[name]:
+                    assert list(map(zoo.value_class, got[place])) == list(map(zoo.value_class, values)), (name, place)
+                else:
+                    assert got[place] == pytest.approx(values, rel=1e-5, abs=1e-6), (name, place)

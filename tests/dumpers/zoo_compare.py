@@ -69,6 +69,69 @@ def cut_short(real: dict, ours: dict) -> tuple:
     return cut, after
 
 
+#: the levels at which 26.2.0 changes the training it dumps (spec/PRODUCER.md §20 item 43): there it routes each
+#: module's inputs and outputs through an identity autograd node (BackwardHook), which sums some gradients in
+#: another order. At L1 it hooks an API's backward by a post hook on its output's node (grad_fn.register_hook),
+#: which changes nothing: both tools see the same training there, bit for bit
+PERTURBING_LEVELS = ("L0", "mix")
+#: the fields of a tensor entry that are its values (the rest, type/dtype/shape/requires_grad, is its structure)
+VALUE_FIELDS = ("Max", "Min", "Mean", "Norm", "md5")
+
+
+def is_backward(name: str) -> bool:
+    """A record written in the backward: an API's or a module's backward, a module's parameters_grad."""
+    return ".backward" in name or ".parameters_grad" in name
+
+
+def reached(level: str, names, before: bool = False, starts: Callable[[str], bool] = is_backward) -> dict:
+    """name -> whether 26.2.0's perturbation can reach the record's values (spec/PRODUCER.md §20 item 43 (d)): at
+    L0 and mix, every record from the first backward record of the run on (``before``: an earlier step of the
+    same rank had one), in the order written. Before it nothing has read a gradient: the forward values are the
+    same computation in both tools, bit for bit on any machine. From it on the gradients are 26.2.0's reordered
+    sums, and so are whatever reads them later (the optimizer's calls, clip_grad_norm_, every later forward);
+    how far the last-bit differences grow depends on the CPU's kernels and the thread count. ``starts``: whether a
+    record starts the perturbation (a backward record; where the identity nodes make the model take another code
+    path, §20 item 47, also the first record of that path)."""
+    hit = before and level in PERTURBING_LEVELS
+    out = {}
+    for name in names:
+        hit = hit or (level in PERTURBING_LEVELS and starts(name))
+        out[name] = hit
+    return out
+
+
+def value_class(value):
+    """What of a statistic or checksum no summation order can change: null or not, NaN, +-inf or finite."""
+    if value is None or isinstance(value, bool):
+        return value if value is None else "bool"
+    if isinstance(value, str):
+        return "checksum"
+    return "nan" if value != value else "inf" if value == float("inf") else "-inf" if value == float("-inf") \
+        else "finite"
+
+
+def unvalued(record):
+    """``record`` with each tensor entry's values (VALUE_FIELDS) replaced by their value_class: what is left is
+    compared exactly (names, keys, argument encodings, dtype, shape, requires_grad, null/NaN/inf-ness)."""
+    if isinstance(record, dict):
+        tensor = "dtype" in record
+        return {k: value_class(v) if tensor and k in VALUE_FIELDS else unvalued(v) for k, v in record.items()}
+    if isinstance(record, list):
+        return [unvalued(v) for v in record]
+    return record
+
+
+def values_in(record) -> int:
+    """How many value fields (VALUE_FIELDS) the tensor entries of ``record`` hold (null ones included, as the
+    "values compared" figure counts them)."""
+    if isinstance(record, dict):
+        tensor = "dtype" in record
+        return sum(1 if tensor and k in VALUE_FIELDS else values_in(v) for k, v in record.items())
+    if isinstance(record, list):
+        return sum(values_in(v) for v in record)
+    return 0
+
+
 def write_figures(fig: dict, run: str) -> None:
     """Append one run's figures to the file MSPROBE_CONFORMANCE_FIGURES names (the problems counted)."""
     if os.environ.get("MSPROBE_CONFORMANCE_FIGURES"):  # the figures of docs/conformance.md

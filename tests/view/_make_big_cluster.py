@@ -82,7 +82,7 @@ def rank_records(rank: int, records: int = 20000, healthy: bool = False) -> dict
 
 def anomalous_rows(records: dict) -> tuple:
     """(communication rows, anomalous records) of one rank, as the view's tables answer them
-    (msprobe.view._cluster._anomalous_rows): its records' NaN rows, a statistics dump's own
+    (msprobe.view._cluster._AnomalousRows): its records' NaN rows, a statistics dump's own
     (no bench: a NaN/Inf is the only anomaly)."""
     comm: list = []
     bad: list = []
