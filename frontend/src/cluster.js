@@ -253,9 +253,11 @@ export function makeCluster(ctx) {
     if (!lay || !last || !box.clientWidth) return;  // hidden: painted when shown again
     const w = plotWidth();
     const lo = box.scrollLeft, hi = lo + w;
-    if (!force && painted && lo >= painted[0] + w / 3 && hi <= painted[1] - w / 3) { drawMinimap(); return; }
+    if (!force && painted && lo >= painted[0] + w / 4 && hi <= painted[1] - w / 4) { drawMinimap(); return; }
     if (!force && painted && lo >= painted[0] && hi <= painted[1] && painted[0] <= 0 && painted[1] >= X(lay.cols)) { drawMinimap(); return; }
-    const x0 = lo - w, x1 = hi + w;
+    // zoomed out (a column under 12 px) the margin is half a window: the marks there are dense
+    const margin = COL_W * zoom < 12 ? w / 2 : w;
+    const x0 = lo - margin, x1 = hi + margin;
     painted = [x0, x1];
     const r = last.r;
     const W = X(lay.cols) + 40, H = TOP + r.lanes.length * LANE_H + 10;
@@ -326,7 +328,7 @@ export function makeCluster(ctx) {
       if (small) {
         const cell = new Map();
         for (const it of its) {
-          const px = Math.round(X(it.col) / 6);
+          const px = Math.round(X(it.col) / 8);
           const had = cell.get(px);
           if (!had || rank(it) > rank(had)) cell.set(px, it);
         }
