@@ -8,6 +8,7 @@ import math
 from typing import Any, Optional
 
 from msprobe.format.comm import comm_api
+from msprobe.format.nonfinite import stat_kinds
 from msprobe.format.parallel import merge_shard_stats
 from msprobe.format.stats import MAX, MEAN, MIN, NORM, STAT_KEYS, stats_equal
 
@@ -33,9 +34,9 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def _anomalous(leaf: Any) -> bool:
-    """A NaN or +/-Inf among a tensor leaf's statistics."""
-    return _is_leaf(leaf) and any(isinstance(leaf.get(stat), float) and not math.isfinite(leaf[stat])
-                                  for stat in _STATS)
+    """A NaN or +/-Inf among a tensor leaf's statistics, as the format classifies them
+    (:func:`msprobe.format.nonfinite.stat_kinds`, the rule of compare's first NaN/Inf)."""
+    return _is_leaf(leaf) and bool(stat_kinds(leaf.get(stat) for stat in _STATS))
 
 
 def _is_backward(name: str) -> bool:
@@ -69,10 +70,10 @@ class _Merger:
     """Merges one record of a group of members (the tensor-parallel ranks of a stage, or the
     data-parallel replicas of a model): each member a list of ranks."""
 
-    def __init__(self, members: list, reference: dict, other_shapes: Optional[dict], degree: int,
+    def __init__(self, members: list, reference: dict, other_shapes: Optional[dict],
                  findings: list, partials: Optional[list] = None, scale_backward: float = 1.0):
         self.members, self.reference, self.other_shapes = members, reference, other_shapes
-        self.degree, self.findings = degree, findings
+        self.findings = findings
         self.partials = partials or [_Reduced({}) for _ in members]
         self.peers: list = []  # the same tensor on the other data-parallel replicas (:meth:`record`)
         self.scale_backward = scale_backward

@@ -198,7 +198,7 @@ class _ModelMerge:
         sources, stage_data, ranks = self.stages[stage], self.datas[stage], self.ranks_of[stage]
         self.left_out.extend({"rank": source.rank, "record": name} for source, held in zip(sources, stage_data)
                              for name in held if comm_api(name) is not None)
-        merger = _Merger([[rank] for rank in ranks], self.reference, other_shapes, len(ranks), self.findings,
+        merger = _Merger([[rank] for rank in ranks], self.reference, other_shapes, self.findings,
                          [_partials(held, factors) for held in stage_data])
         if len(self.stages) > 1 or len(ranks) > 1:
             merger.partial_values = [_feeding_reduce(held) for held in stage_data]
@@ -414,7 +414,7 @@ def join_replicas(models: list, reference: dict, other_shapes: dict) -> tuple:
     reports = [model[3] for model in models]
     members = [sorted({rank for entry in report["records"].values() for rank in entry["ranks"]}) for report in reports]
     findings: list = []
-    merger = _Merger(members, reference, other_shapes, len(models), findings, scale_backward=float(len(models)))
+    merger = _Merger(members, reference, other_shapes, findings, scale_backward=float(len(models)))
     first_data, parents, frames, _ = models[0]
     base = list(first_data)
     maps: list = []
