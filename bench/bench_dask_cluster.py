@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, ROOT)
 from bench_compare import _compile_ours, synthesize  # noqa: E402
 
-from tests._dask_processes import isolated_cluster, private_mount_prefix  # noqa: E402
+from tests._dask_processes import NoPrivateMount, isolated_cluster, private_mount_prefix  # noqa: E402
 
 _AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -106,9 +106,10 @@ def main() -> int:
     aside = os.path.join(work, "cluster")
     os.makedirs(client_dir, exist_ok=True)
     os.makedirs(aside, exist_ok=True)
-    prefix = private_mount_prefix(client_dir)
-    if prefix is None:
-        print("unshare cannot give the workers a private tmpfs here: no cluster without a shared disk", file=sys.stderr)
+    try:
+        prefix = private_mount_prefix(client_dir)
+    except NoPrivateMount as exc:
+        print(f"{exc}: no cluster without a shared disk", file=sys.stderr)
         return 2
     _compile_ours()
     target, bench = synthesize(client_dir, args.records, args.ranks)

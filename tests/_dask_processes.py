@@ -12,26 +12,37 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Iterator, Optional
+from typing import Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MOUNT = 'mount -t tmpfs msprobe-private "$0" && exec "$@"'
 
 
-def private_mount_prefix(probe_dir: str) -> Optional[list]:
+class NoPrivateMount(RuntimeError):
+    """This machine cannot give a process a private tmpfs over a folder (why in the message)."""
+
+
+def private_mount_prefix(probe_dir: str) -> list:
     """The command prefix that runs ``prefix + [folder, command...]`` with a private tmpfs over
-    ``folder``, or None where this machine cannot (no unshare, not root, no user namespaces)."""
+    ``folder``; raises NoPrivateMount saying why where this machine cannot (no unshare, not root,
+    no user namespaces)."""
     if shutil.which("unshare") is None:
-        return None
+        raise NoPrivateMount("no unshare command on PATH (util-linux): the workers cannot be given a private "
+                             "tmpfs over the client's folders")
+    tried = []
     for flags in (["-m"], ["-r", "-m"]):
+        command = ["unshare", *flags, "sh", "-c", _MOUNT, probe_dir, "true"]
         try:
-            done = subprocess.run(["unshare", *flags, "sh", "-c", _MOUNT, probe_dir, "true"], capture_output=True,
-                                  timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
+            done = subprocess.run(command, capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            tried.append(f"`unshare {' '.join(flags)}`: {exc}")
             continue
         if done.returncode == 0:
             return ["unshare", *flags, "sh", "-c", _MOUNT]
-    return None
+        why = done.stderr.decode(errors="replace").strip().splitlines()
+        tried.append(f"`unshare {' '.join(flags)}` exited {done.returncode}: {why[-1] if why else 'no message'}")
+    raise NoPrivateMount("unshare cannot mount a private tmpfs here (needs root, or user namespaces for "
+                         "`unshare -r`): " + "; ".join(tried))
 
 
 @contextlib.contextmanager
