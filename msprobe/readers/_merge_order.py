@@ -70,37 +70,71 @@ class _Steps:
         self.tail.append(tail)
         return len(self.names) - 1
 
-    def stage(self, stage: int, rank: int, data: dict) -> None:
-        """The chain of one stage's records (``data``: its first rank's)."""
+    def stage(self, stage: int, rank: int, data: dict, hint: Optional[tuple] = None) -> None:
+        """The chain of one stage's records (``data``: its first rank's). ``hint``: ({name of a
+        point-to-point call: the stage of its peer, None: none of the model's}, {names of the tail})
+        where the ranks do not say them (a virtual pipeline stage, :mod:`msprobe.readers._merge_chunks`)."""
         names = list(data)
-        last = _last_backward(names)
+        if hint is not None:
+            tails = [name in hint[1] for name in names]
+        else:
+            last = _last_backward(names)
+            tails = [0 <= last < index for index in range(len(names))]
         chain: list = []
         run: list = []
+        calls: list = []  # adjacent communication calls: [(node, call, record)]
         counts: dict = {}
         for index, name in enumerate(names):
-            if index == last + 1 and run:  # the tail (after the last backward record) is a node of its own
-                chain.append(self.add(run, False))
-                run = []
+            if (run or calls) and tails[index] != tails[index - 1]:  # the tail is a node of its own
+                self._flush(chain, run, calls, tails[index - 1])
+                run, calls = [], []
             if comm_api(name) is None:
+                if calls:
+                    self._flush(chain, [], calls, tails[index - 1])
+                    calls = []
                 run.append((stage, name))
                 continue
             call = comm_call(name, data[name], rank, index)
-            node = self._call(stage, call, last >= 0 and index > last, counts) if call is not None else None
+            node = None
+            if call is not None:
+                peer = hint[0].get(name, -1) if hint is not None else -1
+                node = self._call(stage, call, tails[index], counts, peer)
             if node is not None:
                 if run:
-                    chain.append(self.add(run, self.tail[node]))
+                    chain.append(self.add(run, tails[index - 1]))
                     run = []
-                chain.append(node)
-        if run:  # after the forced cut above, a last run is all before or all after the last backward record
-            first = len(names) - 1 - names[::-1].index(run[0][1])
-            chain.append(self.add(run, 0 <= last < first))
+                calls.append((node, call, data[name]))
+        self._flush(chain, run, calls, tails[-1] if tails else False)
         self.chains.append(chain)
 
-    def _call(self, stage: int, call: Any, tail: bool, counts: dict) -> Optional[int]:
-        """The node of a communication call between stages (None for one within the stage)."""
+    def _flush(self, chain: list, run: list, calls: list, tail: bool) -> None:
+        """Appends a run of records, then adjacent communication calls with their sends first: calls
+        issued together (a batch of isend/irecv, Megatron's send_forward_recv_forward) do not wait
+        for each other, so a send there waits for no receive (unless it sends what one received)."""
+        if run:
+            chain.append(self.add(run, tail))
+        received: set = set()
+        for _, call, record in calls:
+            if call.kind == "recv":
+                received.update(_signature(leaf) for _, leaf in _leaves(record.get("output")))
+        relay = [call.kind == "send" and any(_signature(leaf) in received
+                                             for _, leaf in _leaves(record.get("input_args")))
+                 for _, call, record in calls]
+        if any(relay):
+            chain.extend(node for node, _, _ in calls)
+            return
+        chain.extend(node for node, call, _ in calls if call.kind == "send")
+        chain.extend(node for node, call, _ in calls if call.kind != "send")
+
+    def _call(self, stage: int, call: Any, tail: bool, counts: dict, peer: Optional[int] = -1) -> Optional[int]:
+        """The node of a communication call between stages (None for one within the stage).
+        ``peer``: the stage of a point-to-point call's peer when the hint says it (-1: its rank's)."""
         stage_of = self.stage_of
-        if call.kind in ("send", "recv") and stage_of.get(call.peer, stage) != stage:
-            other = stage_of[call.peer]
+        if call.kind in ("send", "recv") and peer != -1:
+            other = peer if peer is not None else stage
+        else:
+            other = stage_of.get(call.peer, stage)
+        if call.kind in ("send", "recv") and other != stage:
             key = ((stage, other) if call.kind == "send" else (other, stage)) + (call.tag,)
             node = self.add([], tail)
             (self.sends if call.kind == "send" else self.recvs).setdefault(key, []).append(node)
@@ -154,7 +188,7 @@ class _Steps:
         return out
 
 
-def model_order(stage_ranks: list, stage_data: list) -> list:
+def model_order(stage_ranks: list, stage_data: list, hints: Optional[list] = None) -> list:
     """[(stage, record name)] of the non-communication records of each stage (``stage_data``: the
     records of the stage's first rank) in the step's happens-before order across the stages.
 
@@ -164,8 +198,9 @@ def model_order(stage_ranks: list, stage_data: list) -> list:
     moment for all of them. Among the orders these allow, the one a single card runs is taken:
     after a send, the receiver goes on (the data is followed), and the records after a stage's
     last backward record (the optimizer's updates, the clip, the loss scaler) wait until no stage
-    has anything else to do, then run stage after stage."""
+    has anything else to do, then run stage after stage. ``hints``: per stage, what
+    :meth:`_Steps.stage` takes where the ranks do not say it (virtual pipeline stages)."""
     steps = _Steps(stage_ranks)
     for stage, data in enumerate(stage_data):
-        steps.stage(stage, stage_ranks[stage][0], data)
+        steps.stage(stage, stage_ranks[stage][0], data, hints[stage] if hints else None)
     return steps.walk()

@@ -35,6 +35,7 @@ from msprobe.errors import ConfigError
 from msprobe.format.comm import comm_api, comm_call
 from msprobe.format.documents import DumpDocument
 from msprobe.format.parallel import Layout, LayoutError, stage_renames
+from msprobe.readers._merge_chunks import chunk_count, virtual_stages
 from msprobe.readers._merge_leaf import (
     _anomalous,
     _averaging,
@@ -124,6 +125,19 @@ def _records_of(source: Any) -> dict:
         return {}
 
 
+def _rank_records(source: Any) -> dict:
+    """All the records of a source's rank (a model chunk's view holds some: the partial sums of the
+    rank's all_reduce calls are read from all of them)."""
+    full = getattr(source, "full", None)
+    return full if isinstance(full, dict) else _records_of(source)
+
+
+def _hints(stages: list) -> Optional[list]:
+    """The order hints of virtual pipeline stages (None for plain stages)."""
+    hints = [getattr(stage[0], "order_hints", None) if stage else None for stage in stages]
+    return hints if any(hint is not None for hint in hints) else None
+
+
 def merge_model(stages: list, reference: Optional[dict] = None, other_shapes: Optional[dict] = None,
                 peers: Optional[list] = None, factors: tuple = (1.0,)) -> tuple:
     """``stages``: [[source of each tp rank] per pipeline stage]; returns (data, parents, frames,
@@ -150,7 +164,8 @@ class _ModelMerge:
         self.averaging: list = [set() for _ in stages]
         if len(factors) > 1:  # the replicas' gradient averaging before their all_reduce: the layout's own work
             for stage, stage_data in enumerate(self.datas):
-                self.averaging[stage] = _averaging(stage_data[0], _partials(stage_data[0]))
+                full = _rank_records(stages[stage][0])
+                self.averaging[stage] = _averaging(full, _partials(full)) & set(stage_data[0])
                 self.names[stage] = [name for name in self.names[stage] if name not in self.averaging[stage]]
                 self.left_out.extend({"rank": self.ranks_of[stage][0], "record": name}
                                      for name in sorted(self.averaging[stage]))
@@ -189,7 +204,7 @@ class _ModelMerge:
             order.extend((stage, name, self.ranks_of[stage][member]) for member, name in lone.get((stage, None), []))
         kept = [{name: record for name, record in stage_data[0].items() if name not in self.averaging[index]}
                 for index, stage_data in enumerate(self.datas)]
-        for stage, name in model_order(self.ranks_of, kept):
+        for stage, name in model_order(self.ranks_of, kept, _hints(self.stages)):
             order.append((stage, name))
             order.extend((stage, extra, self.ranks_of[stage][member]) for member, extra in lone.get((stage, name), []))
         return order
@@ -197,11 +212,13 @@ class _ModelMerge:
     def _merger(self, stage: int, other_shapes: Optional[dict], factors: tuple) -> "_Merger":
         sources, stage_data, ranks = self.stages[stage], self.datas[stage], self.ranks_of[stage]
         self.left_out.extend({"rank": source.rank, "record": name} for source, held in zip(sources, stage_data)
-                             for name in held if comm_api(name) is not None)
+                             for name in held if comm_api(name) is not None
+                             and {"rank": source.rank, "record": name} not in self.left_out)
+        fulls = [_rank_records(source) for source in sources]
         merger = _Merger([[rank] for rank in ranks], self.reference, other_shapes, self.findings,
-                         [_partials(held, factors) for held in stage_data])
+                         [_partials(full, factors) for full in fulls])
         if len(self.stages) > 1 or len(ranks) > 1:
-            merger.partial_values = [_feeding_reduce(held) for held in stage_data]
+            merger.partial_values = [_feeding_reduce(full) for full in fulls]
         return merger
 
     def run(self) -> tuple:
@@ -277,7 +294,7 @@ def model_shapes(stages: list) -> dict:
     datas = [[_records_of(source) for source in stage] for stage in stages]
     ranks_of = [[source.rank for source in stage] for stage in stages]
     names = [[name for name in stage_data[0] if comm_api(name) is None] for stage_data in datas]
-    renames = stage_renames(names, model_order(ranks_of, [stage_data[0] for stage_data in datas]))
+    renames = stage_renames(names, model_order(ranks_of, [stage_data[0] for stage_data in datas], _hints(stages)))
     out: dict = {}
     for stage, stage_data in enumerate(datas):
         for name in names[stage]:
@@ -360,21 +377,19 @@ def _checked(models: list, sources: list) -> list:
 
 
 def _model_chunks(sources: list) -> Optional[tuple]:
-    """(rank, [chunk prefixes]) of the first rank whose module records carry more than one model
-    chunk index (``Module.0.``, ``Module.1.``: Megatron's virtual pipeline), else None."""
+    """(rank, how many model chunks) of the first rank whose module records carry more than one
+    model chunk index (``Module.0.``, ``Module.1.``: Megatron's virtual pipeline), else None."""
     for source in sources:
-        chunks = sorted({name.split(".")[1] for name in _records_of(source)
-                         if name.startswith("Module.") and name.split(".")[1].isdigit()})
-        if len(chunks) > 1:
-            return source.rank, [f"Module.{chunk}." for chunk in chunks]
+        held = chunk_count(_records_of(source))
+        if held > 1:
+            return source.rank, held
     return None
 
 
 def layout_models(sources: list, layout: Optional[Layout]) -> tuple:
-    """(layout text, [(key, [[rank of each tp rank] per stage])], warnings) of one step's rank
-    sources under ``layout`` (None: read from the dump). ConfigError when they do not fit."""
-    if layout is not None and layout.vpp != 1:
-        raise ConfigError(f"layout {layout.text()}: virtual pipeline stages (vpp) are not merged yet")
+    """(layout text, [(key, [[rank of each tp rank] per stage])], warnings, vpp) of one step's rank
+    sources under ``layout`` (None: read from the dump, the virtual pipeline's size from the model
+    chunks its ranks hold). ConfigError when they do not fit."""
     by_rank = {source.rank: source for source in sources}
     if None in by_rank or len(by_rank) != len(sources):
         raise ConfigError("a parallel layout needs rank directories (rank0, rank1, ...), one per rank")
@@ -389,19 +404,31 @@ def layout_models(sources: list, layout: Optional[Layout]) -> tuple:
         except LayoutError as exc:
             raise ConfigError(str(exc)) from exc
         warnings = _checked(models, sources)
-    chunked = _model_chunks(sources) if any(len(stages) > 1 for _, stages in models) else None
-    if chunked:  # a pipeline whose ranks hold several chunks: merged as plain stages, it would be wrong
-        raise ConfigError(f"rank {chunked[0]} holds model chunks ({', '.join(chunked[1])}) of a pipeline: "
-                          f"virtual pipeline stages (vpp > 1) are not merged yet")
-    return text, models, warnings
+    pipeline = any(len(stages) > 1 for _, stages in models)
+    chunked = _model_chunks(sources) if pipeline else None
+    vpp = layout.vpp if layout is not None else (chunked[1] if chunked else 1)
+    if vpp > 1 and not pipeline:
+        raise ConfigError(f"layout {text}: virtual pipeline stages (vpp={vpp}) need a pipeline (pp > 1)")
+    if chunked and vpp == 1:  # a pipeline whose ranks hold several chunks: merged as plain stages, it would be wrong
+        raise ConfigError(f"rank {chunked[0]} holds {chunked[1]} model chunks (Module.0., Module.1., ...) of a "
+                          f"pipeline: a virtual pipeline; give its size (vpp={chunked[1]}) or --layout auto")
+    if layout is None and vpp > 1:
+        text = text.replace(" (read from the dump)", f",vpp={vpp} (read from the dump)")
+    return text, models, warnings, vpp
+
+
+def _stage_sources(by_rank: dict, stages: list, vpp: int) -> list:
+    """[[source of each tp rank] per stage] of a logical model (per virtual stage when vpp > 1)."""
+    physical = [[by_rank[rank] for rank in stage] for stage in stages]
+    return virtual_stages(physical, vpp) if vpp > 1 else physical
 
 
 def other_shapes_of(sources: list, layout: Optional[Layout]) -> dict:
     """What one side can make of each tensor under its layout (:func:`model_shapes` of its first
     logical model)."""
     by_rank = {source.rank: source for source in sources}
-    _, models, _ = layout_models(sources, layout)
-    return model_shapes([[by_rank[rank] for rank in stage] for stage in models[0][1]])
+    _, models, _, vpp = layout_models(sources, layout)
+    return model_shapes(_stage_sources(by_rank, models[0][1], vpp))
 
 
 def join_replicas(models: list, reference: dict, other_shapes: dict) -> tuple:
@@ -519,11 +546,11 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
     they hold pieces of the other side's batch. ``reference``: the other side's records;
     ``other_shapes``: its shapes (default: those of ``reference``). ConfigError when the ranks do
     not fit the layout."""
-    text, models, warnings = layout_models(sources, layout)
+    text, models, warnings, vpp = layout_models(sources, layout)
     by_rank = {source.rank: source for source in sources}
     if other_shapes is None and reference:
         other_shapes = shapes_of(reference)
-    replicas = [(key, [[by_rank[rank] for rank in stage] for stage in stages]) for key, stages in models]
+    replicas = [(key, _stage_sources(by_rank, stages, vpp)) for key, stages in models]
     first = replicas[0][1][0][0]
     if _holds_a_piece([stage[0] for stage in replicas[0][1]], other_shapes, len(replicas)):
         dp = len(replicas)

@@ -351,10 +351,10 @@ def test_the_merged_model_runs_in_the_steps_happens_before_order():
     assert report["communication_left_out"] == 4
 
 
-def test_a_pipeline_of_model_chunks_is_refused_not_merged_as_plain_stages():
+def test_a_pipeline_of_model_chunks_needs_its_virtual_size():
     """Megatron's virtual pipeline (vpp): each rank holds several model chunks (``Module.0.``,
-    ``Module.1.``). Merged as plain stages the layers would be misplaced: refused with the reason,
-    whether the layout is given without vpp or read from the dump."""
+    ``Module.1.``). Given as a plain pipeline (vpp=1) the layers would be misplaced: refused with the
+    reason; read from the dump (auto), the chunks give the virtual pipeline's size."""
     from msprobe.readers._merged import layout_models
 
     x = _t((2, 4), 1.0)
@@ -362,8 +362,142 @@ def test_a_pipeline_of_model_chunks_is_refused_not_merged_as_plain_stages():
                "Module.1.layers.0.L.forward.0": {"input_args": [x], "output": [x]}}
     ranks = [_Rank(0, dict(chunked, **{"Distributed.send.0.forward": _p2p("send", 1, x)}), {}),
              _Rank(1, dict({"Distributed.recv.0.forward": _p2p("recv", 0, x)}, **chunked), {})]
-    for layout in (parse_layout("tp=1,pp=2"), None):
-        with pytest.raises(ConfigError, match="model chunks .*virtual pipeline"):
-            layout_models(ranks, layout)
+    with pytest.raises(ConfigError, match="model chunks .*virtual pipeline.*vpp=2"):
+        layout_models(ranks, parse_layout("tp=1,pp=2"))
+    text, _, _, vpp = layout_models(ranks, None)
+    assert vpp == 2 and text.startswith("tp=1,pp=2,vpp=2")
+    with pytest.raises(ConfigError, match="need a pipeline"):
+        layout_models(ranks, parse_layout("tp=2,pp=1,vpp=2"))
     # one stage holding two models (start(model=[a, b])) is no pipeline: merged as it is
     assert layout_models(ranks, parse_layout("tp=2,pp=1"))[1] == [((0, 0, 0), [[0, 1]])]
+
+
+def _vpp_run(pp: int = 2, vpp: int = 2, mbs: int = 2, batched: bool = True) -> tuple:
+    """(rank sources, single card's records) of a virtual pipeline written as Megatron's interleaved
+    schedule runs it: layer ``l`` (one linear) on virtual stage ``l``, i.e. chunk ``l // pp`` of
+    pipeline rank ``l % pp``; each rank runs its forwards chunk by chunk over the micro-batches,
+    then its backwards, then one optimizer update per parameter (no module: the tail). Every tensor
+    has statistics of its own. ``batched``: a receive for the next forward is posted before the
+    send of the current one (send_forward_recv_forward), as Megatron does."""
+    layers = pp * vpp
+    act = {(mb, l): _t((2, 4), 10.0 + 100 * mb + l) for mb in range(mbs) for l in range(layers + 1)}
+    grad = {(mb, l): _t((2, 4), 20.0 + 100 * mb + l) for mb in range(mbs) for l in range(layers + 1)}
+    weight = {l: _t((4, 4), 30.0 + l) for l in range(layers)}
+    wgrad = {l: _t((4, 4), 40.0 + l) for l in range(layers)}
+    updated = {l: _t((4, 4), 50.0 + l) for l in range(layers)}
+    ranks = []
+    for p in range(pp):
+        data: dict = {}
+        parents: dict = {}
+        counts: dict = {}
+
+        def add(api: str, record: dict, parent=None, backward_of=None) -> str:
+            if backward_of is not None:
+                name = backward_of.replace(".forward", ".backward")
+            else:
+                n = counts.get(api, 0)
+                counts[api] = n + 1
+                name = f"{api}.{n}.forward"
+            data[name] = record
+            parents[name] = parent
+            return name
+
+        order = [(k // pp % vpp, k // (pp * vpp) * pp + k % pp) for k in range(vpp * mbs)]
+        fwd_names: dict = {}
+        pending: list = []
+        for c, mb in order:
+            v = c * pp + p
+            if v > 0 and not (batched and pending):
+                add("Distributed.irecv", _p2p("recv", (p - 1) % pp, act[(mb, v)]))
+            module = f"Module.{c}.layers.0.L.forward.{mb}"
+            fwd_names[(c, mb)] = add("Functional.linear", {"input_args": [act[(mb, v)], weight[v]],
+                                                           "output": [act[(mb, v + 1)]]}, module)
+            data[module] = {"input_args": [act[(mb, v)]], "output": [act[(mb, v + 1)]]}
+            parents[module] = None
+            nxt = order.index((c, mb)) + 1
+            if batched and nxt < len(order) and order[nxt][0] * pp + p > 0:  # the next forward's input first
+                c2, mb2 = order[nxt]
+                add("Distributed.irecv", _p2p("recv", (p - 1) % pp, act[(mb2, c2 * pp + p)]))
+                pending = [True]
+            else:
+                pending = []
+            if v < layers - 1:
+                add("Distributed.isend", _p2p("send", (p + 1) % pp, act[(mb, v + 1)]))
+        for c, mb in sorted(order, key=lambda cm: (-cm[0], cm[1])):
+            v = c * pp + p
+            if v < layers - 1:
+                add("Distributed.irecv", _p2p("recv", (p + 1) % pp, grad[(mb, v + 1)]))
+            module = f"Module.{c}.layers.0.L.backward.{mb}"
+            data[module] = {"input": [grad[(mb, v + 1)]], "output": [grad[(mb, v)]]}
+            parents[module] = None
+            add("", {"input": [grad[(mb, v + 1)]], "output": [grad[(mb, v)]]}, None, fwd_names[(c, mb)])
+            if v > 0:
+                add("Distributed.isend", _p2p("send", (p - 1) % pp, grad[(mb, v)]))
+        for c in range(vpp):
+            v = c * pp + p
+            data[f"Module.{c}.layers.0.L.parameters_grad"] = {"weight": [wgrad[v]]}
+        for c in range(vpp):
+            v = c * pp + p
+            add("Tensor.add_", {"input_args": [weight[v], wgrad[v]], "output": [updated[v]]})
+        ranks.append(_Rank(p, data, parents))
+    single: dict = {}
+    for mb in range(mbs):
+        for l in range(layers):
+            single[f"Functional.linear.{mb * layers + l}.forward"] = {"input_args": [act[(mb, l)], weight[l]],
+                                                                       "output": [act[(mb, l + 1)]]}
+            single[f"Module.layers.{l}.L.forward.{mb}"] = {"input_args": [act[(mb, l)]], "output": [act[(mb, l + 1)]]}
+        for l in reversed(range(layers)):
+            single[f"Module.layers.{l}.L.backward.{mb}"] = {"input": [grad[(mb, l + 1)]], "output": [grad[(mb, l)]]}
+            single[f"Functional.linear.{mb * layers + l}.backward"] = {"input": [grad[(mb, l + 1)]],
+                                                                        "output": [grad[(mb, l)]]}
+    for l in range(layers):
+        single[f"Module.layers.{l}.L.parameters_grad"] = {"weight": [wgrad[l]]}
+    for l in range(layers):
+        single[f"Tensor.add_.{l}.forward"] = {"input_args": [weight[l], wgrad[l]], "output": [updated[l]]}
+    return ranks, single
+
+
+@pytest.mark.parametrize("pp,vpp,batched", [(2, 2, True), (2, 2, False), (2, 3, True), (4, 2, True)])
+def test_a_virtual_pipeline_merges_into_the_single_cards_records(pp, vpp, batched):
+    """Chunk c of pipeline rank p is virtual stage c*pp+p: its layers, API call counts and optimizer
+    updates (the tail, which carries no module) land where one card has them, every record equal."""
+    from msprobe.readers._merged import merge_dump_step
+
+    ranks, single = _vpp_run(pp, vpp, mbs=pp, batched=batched)  # Megatron: micro-batches a multiple of pp
+    (merged,) = merge_dump_step(ranks, parse_layout(f"tp=1,pp={pp},vpp={vpp}"), single)
+    data = merged.document().data
+    assert sorted(data) == sorted(single)
+    for name, record in single.items():
+        assert data[name] == record, name
+    assert merged.report["findings"] == []
+    assert merged.report["records"]["Tensor.add_.0.forward"]["ranks"] == [0]
+    assert merged.report["records"][f"Tensor.add_.{pp}.forward"]["ranks"] == [0]
+    assert merged.report["records"]["Module.layers.1.L.forward.0"]["ranks"] == [1]
+    (auto,) = merge_dump_step(ranks, None, single)
+    assert auto.document().data == data and f"vpp={vpp}" in auto.report["layout"]
+
+
+def test_adjacent_sends_and_receives_do_not_wait_for_each_other():
+    """A receive posted before a send with no computation between (one batch of isend/irecv) does
+    not hold the send back: the receiver's forward comes before the sender's next micro-batch."""
+    from msprobe.readers._merge_order import model_order
+
+    a0, a1, b0, b1, c0, c1 = (_t((2, 4), v) for v in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0))
+    stage0 = {"Functional.linear.0.forward": {"input_args": [a0], "output": [b0]},
+              "Distributed.isend.0.forward": _p2p("send", 1, b0),
+              "Functional.linear.1.forward": {"input_args": [a1], "output": [b1]},
+              "Distributed.isend.1.forward": _p2p("send", 1, b1)}
+    stage1 = {"Distributed.irecv.0.forward": _p2p("recv", 0, b0),
+              "Functional.gelu.0.forward": {"input_args": [b0], "output": [c0]},
+              "Distributed.irecv.1.forward": _p2p("recv", 0, b1),  # posted with the send below
+              "Distributed.isend.0.forward": _p2p("send", 2, c0),
+              "Functional.gelu.1.forward": {"input_args": [b1], "output": [c1]},
+              "Distributed.isend.1.forward": _p2p("send", 2, c1)}
+    stage2 = {"Distributed.irecv.0.forward": _p2p("recv", 1, c0),
+              "Functional.relu.0.forward": {"input_args": [c0], "output": [c0]},
+              "Distributed.irecv.1.forward": _p2p("recv", 1, c1),
+              "Functional.relu.1.forward": {"input_args": [c1], "output": [c1]}}
+    order = model_order([[0], [1], [2]], [stage0, stage1, stage2])
+    assert [name for _, name in order] == ["Functional.linear.0.forward", "Functional.gelu.0.forward",
+                                           "Functional.relu.0.forward", "Functional.linear.1.forward",
+                                           "Functional.gelu.1.forward", "Functional.relu.1.forward"]

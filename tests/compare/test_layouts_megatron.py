@@ -25,7 +25,7 @@ pytestmark = pytest.mark.xdist_group("megatron_layouts")
 
 #: (case group, variant): the runs dumped here
 CASES = [("tp2pp2", "healthy"), ("tp2pp2", "nan_s1"), ("tp2pp2", "scale_s1"), ("dp", "healthy"), ("dp", "nan_s1"),
-         ("tp4", "healthy")]
+         ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1")]
 TOOLS = ["compare", "compare_origin", "lake_diverge", "lake_nan"]
 
 
