@@ -31,7 +31,7 @@ from bench_readers import _rank_doc  # noqa: E402
 
 _BATCH = r"""
 import json, shutil, sys, tempfile, time
-from msprobe.lake import _core
+from msprobe.lake import _build as _core
 root, ranks = sys.argv[1], int(sys.argv[2])
 locs = [(f"run/step0/rank{r}", 0, f"rank{r}", r, None) for r in range(ranks)]
 out = tempfile.mkdtemp()

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from msprobe.compare._frame import Frame, _objects
 from msprobe.compare._kernels import KERNELS, METRIC_COUNT
-from msprobe.compare._plan import _COMM, Leaves, PairContext, Plan, bench_counterpart, load_side, plan_rows
+from msprobe.compare._plan import _COMM, PairContext, Plan, bench_counterpart, load_side, plan_rows
 from msprobe.compare._plot import TOP_N, PlotMarks
 from msprobe.compare._rows import COLUMNS, leaf_side
 from msprobe.compare._summary import NonFiniteFirsts, PairSummary, comes_before
@@ -126,20 +126,17 @@ def _first_data_row(frame: Frame, hits: Any, data: dict, rank: int) -> Optional[
     return None
 
 
-def _replay(firsts: NonFiniteFirsts, leaves: Leaves, events: list, state: dict, key: str,
-            side: tuple = ({}, None)) -> Optional[dict]:
+def _replay(firsts: NonFiniteFirsts, plan: Plan, key: str, state: dict, side: tuple = ({}, None)) -> Optional[dict]:
     """Feed the non-finite leaves to a side's NaN/Inf tracker with the state the row-by-row order
     gives it (``record()`` of the record last started before each; ``state[key]``: the epoch
     last replayed, carried across blocks); the first entry it reports. A communication call's
     receive buffers are left out (``side``: the side's records and rank): their content before
     the call is whatever the memory held, no data."""
-    flagged = leaves.nonfinite()
+    leaves = plan.target if key == "target" else plan.bench
     first = None
     epoch = state.get(key)
     data, rank = side
-    for leaf_index, io, suffix, record, row, record_index, event_epoch, epoch_name in events:
-        if not flagged[leaf_index]:
-            continue
+    for leaf_index, io, suffix, record, row, record_index, event_epoch, epoch_name in plan.seen(key, leaves.nonfinite()):
         if record.startswith(_COMM) and is_buffer_leaf(suffix, buffer_args(record, data.get(record), rank)):
             continue
         if event_epoch != epoch:
@@ -194,9 +191,9 @@ def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], st
                           first_divergence=_first_divergence(frame, results, messages, metric_columns, mode,
                                                              context.threshold,
                                                              (context.target_data, _rank(context.target_source))))
-    summary.first_nan_inf_target = _replay(firsts[0], plan.target, plan.target_seen, state, "target",
+    summary.first_nan_inf_target = _replay(firsts[0], plan, "target", state,
                                            (context.target_data, _rank(context.target_source)))
-    summary.first_nan_inf_bench = _replay(firsts[1], plan.bench, plan.bench_seen, state, "bench",
+    summary.first_nan_inf_bench = _replay(firsts[1], plan, "bench", state,
                                           (context.bench_data, _rank(context.bench_source)))
     return summary
 

@@ -16,6 +16,8 @@ from msprobe.compare._rows import crc_text, leaf_side, record_leaves
 from msprobe.compare._verdict import ignore_class
 from msprobe.errors import TensorLoadError
 from msprobe.format.comm import COMM_PREFIXES
+from msprobe.format.model import TENSOR_TYPES
+from msprobe.format.native import leafwalk
 from msprobe.format.stats import STAT_KEYS
 from msprobe.readers import load_tensor_file
 
@@ -176,6 +178,11 @@ def _view(leaf: Any, mode: str) -> tuple:
             **dict(zip(_STATISTICS, side.stats)), "md5": side.md5, "data_name": side.data_name}, side.tensor
 
 
+def _view_of(mode: str) -> Any:
+    """:func:`_view` for ``mode``, as the C ``leaf_fields`` calls it (the leaf alone)."""
+    return lambda leaf: _view(leaf, mode)
+
+
 _COMM = tuple(prefix + "." for prefix in COMM_PREFIXES)
 
 
@@ -190,6 +197,14 @@ class Leaves:
         self.floats: dict = {}  # statistic name -> its number_columns
 
     def finish(self, mode: str) -> None:
+        walker = leafwalk()
+        if walker is not None:
+            got = walker.leaf_fields(self.leaf, mode == "md5", mode == "tensor", _SCALAR_TYPES, _STATISTICS,
+                                     _view_of(mode))
+            self.tensor, self.dtype, self.shape, self.requires_grad = got[:4]
+            self.statistics = dict(zip(_STATISTICS, got[4:8]))
+            self.md5, self.data_name = got[8], got[9]
+            return
         keys = _LEAF_KEYS + (("md5",) if mode == "md5" else ()) + (("data_name",) if mode == "tensor" else ())
         columns: list = [[] for _ in keys]
         tensor: list = []
@@ -233,12 +248,12 @@ class Plan:
     def __init__(self) -> None:
         self.target = Leaves()
         self.bench = Leaves()
-        self.row_target: list = []        # target leaf index per row, -1 for bench-only rows
-        self.row_bench: list = []         # bench leaf index per row, -1 for unmatched target rows
+        self.row_target: Any = []         # target leaf index per row, -1 for bench-only rows (list or int64 array)
+        self.row_bench: Any = []          # bench leaf index per row, -1 for unmatched target rows
         self.row_name: list = []          # NPU Name
         self.row_bench_name: list = []    # Bench Name
         self.row_stack: list = []         # NPU_Stack_Info
-        self.row_group: list = []         # record group (one per judged record) per row
+        self.row_group: Any = []          # record group (one per judged record) per row
         self.group_ignore: list = []      # per group: its ignore class (0, 1, 2)
         self.group_index: list = []       # per group: target record index or None
         self.group_name: list = []        # per group: the record's name
@@ -246,6 +261,54 @@ class Plan:
         # NaN/Inf replay: (leaf index, io, suffix, record, row name, record index, tracker epoch, epoch record)
         self.target_seen: list = []
         self.bench_seen: list = []
+        self.native: Optional[_NativeRows] = None  # the C planner's columns, the events made from them
+
+    def seen(self, side: str, flagged: list) -> list:
+        """The NaN/Inf replay's events of ``side`` whose leaf is ``flagged``, in row order."""
+        if self.native is not None:
+            return self.native.seen(self, side, flagged)
+        return [event for event in (self.target_seen if side == "target" else self.bench_seen) if flagged[event[0]]]
+
+
+class _NativeRows:
+    """What the C planner gives beyond the :class:`Plan`'s columns: each row's kind (0 a target
+    leaf's, 1 a matched bench record's leaf no target leaf took, 2 a bench-only record's), each
+    leaf's io and suffix, and each group's tracker epoch; the replay's events are made from them
+    for the flagged leaves only."""
+
+    def __init__(self, row_kind: Any, target_io: list, target_suffix: list, bench_io: list, bench_suffix: list,
+                 group_epoch: list) -> None:
+        self.row_kind = row_kind
+        self.target_io, self.target_suffix = target_io, target_suffix
+        self.bench_io, self.bench_suffix = bench_io, bench_suffix
+        self.group_epoch = group_epoch
+
+    def seen(self, plan: Plan, side: str, flagged: list) -> list:
+        import numpy as np
+
+        if not any(flagged):
+            return []
+        flags = np.append(np.asarray(flagged, dtype=bool), False)
+        kind = self.row_kind
+        events = []
+        if side == "target":
+            for row in np.flatnonzero(flags[plan.row_target]).tolist():
+                leaf, group = int(plan.row_target[row]), int(plan.row_group[row])
+                name, index = plan.group_name[group], plan.group_index[group]
+                events.append((leaf, self.target_io[leaf], self.target_suffix[leaf], name, plan.row_name[row], index,
+                               index, name))
+            return events
+        for row in np.flatnonzero(flags[plan.row_bench] & (kind != 1)).tolist():
+            leaf, group = int(plan.row_bench[row]), int(plan.row_group[row])
+            name = plan.group_bench[group]
+            if kind[row] == 0:  # a matched row: the target leaf's io and suffix
+                target = int(plan.row_target[row])
+                io, suffix = self.target_io[target], self.target_suffix[target]
+            else:
+                io, suffix = self.bench_io[leaf], self.bench_suffix[leaf]
+            events.append((leaf, io, suffix, name, plan.row_bench_name[row], plan.group_index[group],
+                           self.group_epoch[group], name))
+        return events
 
 
 def _ignore(name: Optional[str]) -> int:
@@ -297,8 +360,7 @@ class _Planner:
         name, bench = context.pairs[record_index]
         group = len(plan.group_ignore)
         bench_left = dict(self.bench_leaves_of(bench)) if bench is not None else {}
-        frames = context.target_source.frames_of(name) if not name.endswith(("backward", "debug")) else None
-        stack = str(frames) if frames else _NA
+        stack = _stack_text(context.target_source, name)
         ignore_name = None
         target_leaves = plan.target.leaf
         mapping = context.mapping
@@ -348,9 +410,86 @@ class _Planner:
         self.add_group(0, None, bench, bench)
 
 
+def _progressed(progress: Any, context: PairContext, start: int, stop: int, with_rest: bool) -> None:
+    """The progress bar moved as the row-by-row planner moves it (1,000 records at a time)."""
+    if progress is not None:
+        done = len(range(start + (-(start + 1)) % 1000, stop, 1000))  # the record indices ending in 999
+        if done:
+            progress.update(1000 * done)
+        if with_rest:
+            progress.update(len(context.pairs) % 1000)
+
+
+def _stack_text(source: Any, name: str) -> str:
+    frames = source.frames_of(name) if not name.endswith(("backward", "debug")) else None
+    return str(frames) if frames else _NA
+
+
+def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, state: dict) -> Optional[Plan]:
+    """:func:`plan_rows` through the C planner (``msprobe.format._leafwalk.plan_block``): the same
+    plan, without a Python step per leaf; None where it is not there, a data-mapping file pairs
+    the rows, or the records hold what it does not take."""
+    walker = leafwalk()
+    if walker is None or context.mapping or not isinstance(context.target_data, dict) \
+            or not isinstance(context.bench_data, dict) or not isinstance(context.pairs, list):
+        return None
+    got = walker.plan_block(context.target_data, context.bench_data, context.pairs, start, stop,
+                            list(context.rest) if with_rest else None, context.mode == "tensor", TENSOR_TYPES)
+    if got is None:
+        return None
+    import numpy as np
+
+    plan = Plan()
+    (plan.target.leaf, target_io, target_suffix, plan.bench.leaf, bench_io, bench_suffix, row_target,
+     row_bench, row_group, row_kind, plan.row_name, plan.row_bench_name, plan.group_index,
+     plan.group_name, plan.group_bench, group_first) = got
+    plan.row_target, plan.row_bench, plan.row_group, row_kind = (np.frombuffer(column, dtype=np.int64) for column in
+                                                                 (row_target, row_bench, row_group, row_kind))
+    _progressed(context.progress, context, start, stop, with_rest)
+    epoch, epoch_name = state["bench_epoch"]
+    group_epoch = []
+    for bench in plan.group_bench:  # a matched or bench-only record starts the bench tracker's next epoch
+        if bench is not None:
+            epoch, epoch_name = epoch + 1, bench
+        group_epoch.append(epoch)
+    state["bench_epoch"] = (epoch, epoch_name)
+    plan.native = _NativeRows(row_kind, target_io, target_suffix, bench_io, bench_suffix, group_epoch)
+    row_stack = [_NA] * len(plan.row_name)
+    source = context.target_source
+    for first, name in zip(np.frombuffer(group_first, dtype=np.int64).tolist(), plan.group_name):
+        if first >= 0:
+            row_stack[first] = _stack_text(source, name)
+    plan.row_stack = row_stack
+    plan.group_ignore = _group_ignores(plan, row_kind)
+    return plan
+
+
+def _group_ignores(plan: Plan, row_kind: Any) -> list:
+    """Each group's ignore class (``_ignore``), from its first target row that is no output."""
+    import numpy as np
+
+    ignores = [0] * len(plan.group_name)
+    output = np.fromiter(map(operator.contains, plan.row_name, repeat(".output.")), bool, len(plan.row_name))
+    rows = np.flatnonzero((row_kind == 0) & ~output)
+    groups, first = np.unique(plan.row_group[rows], return_index=True)
+    known: dict = {}
+    for group, row in zip(groups.tolist(), rows[first].tolist()):
+        name = plan.row_name[row]
+        parts = name.split(".", 2)
+        api = parts[1] if len(parts) >= 2 else None
+        got = known.get(api)
+        if got is None:
+            got = known[api] = _ignore(name)
+        ignores[group] = got
+    return ignores
+
+
 def plan_rows(context: PairContext, start: int, stop: int, with_rest: bool, state: dict) -> Plan:
     """The rows of the record pairs ``start:stop`` (and of the bench-only records when
     ``with_rest``); ``state`` carries the bench tracker's epoch from block to block."""
+    native = _native_plan(context, start, stop, with_rest, state)
+    if native is not None:
+        return native
     plan = Plan()
     planner = _Planner(context, plan)
     progress = context.progress

@@ -13,10 +13,10 @@
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import sys
 from typing import Any, Optional
+
+from msprobe.format import native as native_modules
 
 __all__ = ["native", "DTYPE_CODES", "disabled", "record_text_function"]
 
@@ -31,88 +31,18 @@ _state: dict = {}
 
 
 def disabled() -> bool:
-    return os.environ.get("MSPROBE_LAKE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+    return native_modules.disabled()
 
 
 def native() -> Optional[Any]:
     """The loaded extension (None: use the fallback). Decided once per process."""
-    if "mod" in _state:
-        return _state["mod"]
-    mod = None
-    if not disabled():
-        mod = _installed() or _built_in_cache()
-    _state["mod"] = mod
-    return mod
-
-
-def _installed() -> Optional[Any]:
-    try:
-        from msprobe.dumpers import _fastpath  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _fastpath if getattr(_fastpath, "VERSION", None) == VERSION else None
-
-
-def _cache_dir() -> str:
-    root = os.environ.get("MSPROBE_LAKE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "msprobe-lake")
-    return os.path.join(root, "native")
+    if "mod" not in _state:
+        _state["mod"] = None if disabled() else (native_modules.load("msprobe.dumpers._fastpath", _SRC, VERSION))
+    return _state["mod"]
 
 
 def _built_in_cache() -> Optional[Any]:
-    import importlib.machinery
-    import importlib.util
-    import sysconfig
-
-    try:
-        with open(_SRC, "rb") as f:
-            src = f.read()
-    except OSError:
-        return None
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    tag = hashlib.sha1(src + sys.version.encode() + sys.executable.encode()).hexdigest()[:16]
-    d = _cache_dir()
-    path = os.path.join(d, f"_fastpath-{tag}{suffix}")
-    if not os.path.exists(path) and not _compile(d, path):
-        return None
-    try:
-        loader = importlib.machinery.ExtensionFileLoader("msprobe.dumpers._fastpath", path)
-        spec = importlib.util.spec_from_file_location("msprobe.dumpers._fastpath", path, loader=loader)
-        if spec is None:  # the loader is given, so this does not happen; treated as "no fast path"
-            return None
-        mod = importlib.util.module_from_spec(spec)
-        loader.exec_module(mod)
-    except (ImportError, OSError):
-        return None
-    return mod if getattr(mod, "VERSION", None) == VERSION else None
-
-
-def _compile(d: str, path: str) -> bool:
-    import shlex
-    import subprocess
-    import sysconfig
-
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    include = sysconfig.get_paths().get("include")
-    if not include or not os.path.exists(os.path.join(include, "Python.h")):
-        return False
-    try:
-        os.makedirs(d, exist_ok=True)
-        import fcntl
-
-        with open(path + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if os.path.exists(path):
-                return True
-            tmp = f"{path}.{os.getpid()}.tmp"
-            cmd = [*shlex.split(cc), "-O3", "-shared", "-fPIC", "-I", include, _SRC, "-o", tmp]
-            r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               timeout=120)
-            if r.returncode != 0 or not os.path.exists(tmp):
-                return False
-            os.replace(tmp, path)
-            return True
-    except (OSError, subprocess.SubprocessError):
-        return False
+    return native_modules.built_in_cache("msprobe.dumpers._fastpath", _SRC, VERSION)
 
 
 def record_text_function() -> Any:

@@ -13,6 +13,8 @@ import json
 from json.decoder import NaN, NegInf, PosInf  # type: ignore[attr-defined]
 from typing import Any, Optional
 
+from msprobe.format.native import leafwalk
+
 __all__ = ["loads_json_bytes"]
 
 
@@ -173,18 +175,23 @@ def _orjson_loads(data: bytes) -> Any:
         import orjson
     except ImportError:
         return None
-    if _has_long_integer(data):
+    native = leafwalk()  # the same checks and stand-ins in C, one pass each
+    if native.has_long_integer(data) if native is not None else _has_long_integer(data):
         return None
     marked = b"NaN" in data or b"Infinity" in data
     positions: list = []
     if marked:
         if b"\\u0000" in data:  # a stand-in could be a string of the document
             return None
-        data = _with_stand_ins(data, positions)  # a token inside a string breaks that string: orjson refuses
+        # a token inside a string breaks that string: orjson refuses
+        data = native.with_stand_ins(data) if native is not None else _with_stand_ins(data, positions)
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
+    if marked and native is not None:  # every container walked in C; None: a stand-in key, json.loads decides
+        return obj if isinstance(obj, (dict, list)) and native.restore_nonfinite(obj, _NONFINITE_VALUES) is not None \
+            else None
     if marked:
         if not isinstance(obj, (dict, list)):
             return None

@@ -1,0 +1,1012 @@
+/* The leaves of a dump's records as columns, in C: compare's row plan without a Python step per leaf.
+ *
+ * msprobe/format/native.py loads it (built at install, or at first use); the Python code in
+ * msprobe/compare/_rows.py (record_leaves) and msprobe/compare/_plan.py (the planner, Leaves.finish)
+ * is the fallback and the reference: tests/compare/test_leafwalk.py holds the two equal.
+ *
+ *   leaves(data, tensor_task, tensor_types) -> (names, starts, suffixes, ios, leaves) or None
+ *     every record's leaves as record_leaves(name, raw, tensor_task) walks them, one list entry per
+ *     leaf; starts[i]:starts[i+1] are record i's (in the order of ``data``).
+ *   plan_block(target_data, bench_data, pairs, start, stop, rest, tensor_task, tensor_types) -> tuple or None
+ *     the rows of the record pairs start:stop (and of the bench-only records ``rest`` when it is not
+ *     None) as compare's planner (_Planner.add_pair / add_bench_only, without a mapping) makes them:
+ *     (target leaves, target ios, target suffixes, bench leaves, bench ios, bench suffixes,
+ *      row_target, row_bench, row_group, row_kind, row_name, row_bench_name,
+ *      group_index, group_name, group_bench, group_first_row)
+ *     row_kind: 0 a target leaf's row, 1 a matched bench record's leaf no target leaf took, 2 a
+ *     bench-only record's leaf.
+ *   leaf_fields(leaves, md5, tensor, scalar_dtypes, stat_keys, view) -> tuple
+ *     Leaves.finish's columns: (is tensor, dtype text, shape text, requires_grad text, the four
+ *     statistics as dumped, md5 text or [], data_name text or []); ``view(leaf)`` (_plan._view)
+ *     gives what a leaf that is neither a tensor entry, a scalar argument nor null shows.
+ *
+ *   has_long_integer(data), with_stand_ins(data), restore_nonfinite(obj, values) -> int or None
+ *     msprobe/format/fastjson.py's checks and NaN/Infinity stand-ins in one pass each (restore: every
+ *     container walked; None where a key is a stand-in).
+ *
+ * None (never an error) where a document holds what the walk does not take (a key that is not a
+ * str, nesting deeper than MAX_DEPTH): the caller then takes the Python code.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#define LEAFWALK_VERSION 7  /* bump with every change: a stale build is then rebuilt */
+#define MAX_DEPTH 900
+
+typedef struct {
+    PyObject *leaf, *suffix, *io;  /* lists */
+} Out;
+
+static PyObject *S_type, *S_dtype, *S_shape, *S_data_name, *S_requires_grad, *S_md5, *S_value, *S_input,
+    *S_output, *S_parameters, *S_parameters_grad, *S_debug, *S_kwargs, *S_input_args, *S_input_kwargs,
+    *S_is_recompute, *S_NA, *S_empty, *S_dot, *S_true, *S_false, *S_minus1, *S_empty_list_text;
+
+/* -1 error, 0 done, 1 decline (the caller takes the Python code) */
+#define DECLINE 1
+
+
+/* a + "." + b (either may be empty: then no dot when a is empty and dot_if_empty is 0); a new reference */
+static PyObject *join_dot(PyObject *a, PyObject *b) {
+    Py_ssize_t la = PyUnicode_GET_LENGTH(a), lb = PyUnicode_GET_LENGTH(b);
+    Py_UCS4 max = PyUnicode_MAX_CHAR_VALUE(a);
+    if (PyUnicode_MAX_CHAR_VALUE(b) > max)
+        max = PyUnicode_MAX_CHAR_VALUE(b);
+    if (max < 127)
+        max = 127;
+    PyObject *out = PyUnicode_New(la + 1 + lb, max);
+    if (!out)
+        return NULL;
+    if (PyUnicode_IS_ASCII(a) && PyUnicode_IS_ASCII(b)) {
+        char *to = (char *)PyUnicode_DATA(out);
+        memcpy(to, PyUnicode_DATA(a), (size_t)la);
+        to[la] = '.';
+        memcpy(to + la + 1, PyUnicode_DATA(b), (size_t)lb);
+        return out;
+    }
+    if (PyUnicode_CopyCharacters(out, 0, a, 0, la) < 0 || PyUnicode_WriteChar(out, la, '.') < 0 ||
+        PyUnicode_CopyCharacters(out, la + 1, b, 0, lb) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* a + "." + str(i) */
+static PyObject *join_index(PyObject *a, Py_ssize_t i) {
+    char digits[32];
+    int n = snprintf(digits, sizeof digits, "%zd", i);
+    PyObject *b = PyUnicode_FromStringAndSize(digits, n);
+    if (!b)
+        return NULL;
+    PyObject *out = join_dot(a, b);
+    Py_DECREF(b);
+    return out;
+}
+
+static int out_init(Out *o) {
+    o->leaf = PyList_New(0);
+    o->suffix = PyList_New(0);
+    o->io = PyList_New(0);
+    return (o->leaf && o->suffix && o->io) ? 0 : -1;
+}
+
+static void out_clear(Out *o) {
+    Py_CLEAR(o->leaf);
+    Py_CLEAR(o->suffix);
+    Py_CLEAR(o->io);
+}
+
+static int out_append(Out *o, PyObject *path, PyObject *leaf, PyObject *io) {
+    if (PyList_Append(o->leaf, leaf) < 0 || PyList_Append(o->suffix, path) < 0 || PyList_Append(o->io, io) < 0)
+        return -1;
+    return 0;
+}
+
+static int has_key(PyObject *dict, PyObject *key) {
+    /* 1, 0, or -1 on error */
+    return PyDict_Contains(dict, key);
+}
+
+static int walk(PyObject *value, PyObject *path, Out *o, PyObject *io, int depth);
+
+/* walk(item, path, ...) with path a new reference it consumes (NULL: the error that made it) */
+static int walk_at(PyObject *item, PyObject *path, Out *o, PyObject *io, int depth) {
+    if (!path)
+        return -1;
+    Py_INCREF(item);
+    int rc = walk(item, path, o, io, depth);
+    Py_DECREF(item);
+    Py_DECREF(path);
+    return rc;
+}
+
+/* _rows._walk(value, path, out, io) */
+static int walk(PyObject *value, PyObject *path, Out *o, PyObject *io, int depth) {
+    if (depth > MAX_DEPTH)
+        return DECLINE;
+    if (value == Py_None)
+        return out_append(o, path, Py_None, io);
+    if (PyDict_Check(value)) {
+        int typed = has_key(value, S_type);
+        if (typed < 0)
+            return -1;
+        if (typed)
+            return out_append(o, path, value, io);
+        Py_ssize_t pos = 0;
+        PyObject *key, *item;
+        while (PyDict_Next(value, &pos, &key, &item)) {
+            if (!PyUnicode_CheckExact(key))
+                return DECLINE;
+            int rc = walk_at(item, join_dot(path, key), o, io, depth + 1);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    if (PyList_Check(value)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(value); i++) {
+            int rc = walk_at(PyList_GET_ITEM(value, i), join_index(path, i), o, io, depth + 1);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* path with its leading dots removed (str.lstrip(".")), or its first character dropped (skip_one) */
+static int strip_from(Out *o, Py_ssize_t from, int skip_one) {
+    for (Py_ssize_t i = from; i < PyList_GET_SIZE(o->suffix); i++) {
+        PyObject *path = PyList_GET_ITEM(o->suffix, i);
+        Py_ssize_t size = PyUnicode_GET_LENGTH(path), at = 0;
+        if (skip_one)
+            at = size ? 1 : 0;
+        else
+            while (at < size && PyUnicode_READ_CHAR(path, at) == '.')
+                at++;
+        if (at == 0)
+            continue;
+        PyObject *cut = PyUnicode_Substring(path, at, size);
+        if (!cut)
+            return -1;
+        PyList_SET_ITEM(o->suffix, i, cut);  /* steals cut */
+        Py_DECREF(path);
+    }
+    return 0;
+}
+
+static int ends_with(PyObject *name, const char *tail) {
+    PyObject *t = PyUnicode_FromString(tail);
+    if (!t)
+        return -1;
+    Py_ssize_t r = PyUnicode_Tailmatch(name, t, 0, PY_SSIZE_T_MAX, 1);
+    Py_DECREF(t);
+    return (int)r;
+}
+
+static int contains(PyObject *name, const char *part) {
+    PyObject *t = PyUnicode_FromString(part);
+    if (!t)
+        return -1;
+    int r = PyUnicode_Contains(name, t);
+    Py_DECREF(t);
+    return r;
+}
+
+static int is_tensor_entry(PyObject *value, PyObject *tensor_types) {
+    if (!PyDict_Check(value))
+        return 0;
+    PyObject *kind = PyDict_GetItemWithError(value, S_type);
+    if (!kind)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyUnicode_Check(kind))
+        return 0;
+    int in = PySequence_Contains(tensor_types, kind);
+    if (in != 0)
+        return in;
+    int a = has_key(value, S_dtype);
+    if (a <= 0)
+        return a;
+    return has_key(value, S_shape);
+}
+
+/* each member of a dict walked under prefix.name (input_kwargs: "kwargs" for a dumped kwarg tensor in
+ * tensor mode, as its data_name says; parameters); nothing for anything but a dict */
+static int walk_members(PyObject *value, PyObject *prefix, PyObject *io, int tensor_task, PyObject *tensor_types,
+                        Out *o) {
+    if (!PyDict_Check(value))
+        return 0;
+    Py_ssize_t pos = 0;
+    PyObject *name, *item;
+    while (PyDict_Next(value, &pos, &name, &item)) {
+        if (!PyUnicode_CheckExact(name))
+            return DECLINE;
+        PyObject *head = prefix;
+        if (tensor_task) {
+            int tensor = is_tensor_entry(item, tensor_types);
+            if (tensor < 0)
+                return -1;
+            PyObject *data_name = tensor ? PyDict_GetItemWithError(item, S_data_name) : NULL;
+            if (!data_name && PyErr_Occurred())
+                return -1;
+            if (data_name && PyUnicode_Check(data_name))
+                head = S_kwargs;
+        }
+        int rc = walk_at(item, join_dot(head, name), o, io, 1);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* _rows.record_leaves(name, raw, tensor_task), appended to o */
+static int record_leaves(PyObject *name, PyObject *raw, int tensor_task, PyObject *tensor_types, Out *o) {
+    Py_ssize_t from = PyList_GET_SIZE(o->suffix);
+    int rc;
+    if (!PyUnicode_Check(name))
+        return DECLINE;
+    if (!PyDict_Check(raw)) {
+        rc = walk(raw, S_empty, o, S_debug, 0);
+        return rc ? rc : strip_from(o, from, 0);
+    }
+    int grad = contains(name, ".parameters_grad");
+    if (grad < 0)
+        return -1;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    if (grad) {
+        while (PyDict_Next(raw, &pos, &key, &value)) {
+            if (!PyUnicode_CheckExact(key))
+                return DECLINE;
+            if (PyList_Check(value) && PyList_GET_SIZE(value) == 1)
+                value = PyList_GET_ITEM(value, 0);
+            rc = walk_at(value, PyUnicode_FromFormat(".%U", key), o, S_parameters_grad, 1);
+            if (rc)
+                return rc;
+        }
+        return strip_from(o, from, 1);
+    }
+    int debug = ends_with(name, ".debug");
+    if (debug < 0)
+        return -1;
+    if (debug) {
+        rc = walk(raw, S_empty, o, S_debug, 0);
+        return rc ? rc : strip_from(o, from, 0);
+    }
+    int has_p = has_key(raw, S_parameters), has_o = has_key(raw, S_output);
+    if (has_p < 0 || has_o < 0)
+        return -1;
+    int late_output = has_p && has_o;  /* rows: inputs, parameters, then outputs (as 26.2.0) */
+    for (int pass = 0; pass < (late_output ? 2 : 1); pass++) {
+        pos = 0;
+        while (PyDict_Next(raw, &pos, &key, &value)) {
+            if (!PyUnicode_CheckExact(key))
+                return DECLINE;
+            int is_output = PyUnicode_Compare(key, S_output) == 0;
+            if (late_output && (pass == 0) == is_output)
+                continue;
+            Py_INCREF(value);
+            rc = 0;
+            if (PyUnicode_Compare(key, S_is_recompute) == 0) {
+                /* skipped */
+            } else if (PyUnicode_Compare(key, S_input_args) == 0) {
+                rc = walk(value, S_input, o, S_input, 1);
+            } else if (PyUnicode_Compare(key, S_input_kwargs) == 0) {
+                rc = walk_members(value, S_input, S_input, tensor_task, tensor_types, o);
+            } else if (PyUnicode_Compare(key, S_input) == 0 || is_output) {
+                rc = walk(value, key, o, key, 1);
+            } else if (PyUnicode_Compare(key, S_parameters) == 0) {
+                rc = walk_members(value, S_parameters, S_parameters, 0, tensor_types, o);
+            } else {
+                rc = walk(value, key, o, key, 1);
+            }
+            Py_DECREF(value);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* record_leaves of data[name] appended to o: 0, DECLINE, or -1 (a KeyError where data lacks name) */
+static int leaves_of(PyObject *data, PyObject *name, int tensor_task, PyObject *tensor_types, Out *o) {
+    PyObject *raw = PyDict_GetItemWithError(data, name);
+    if (!raw) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, name);
+        return -1;
+    }
+    Py_INCREF(raw);
+    int rc = record_leaves(name, raw, tensor_task, tensor_types, o);
+    Py_DECREF(raw);
+    return rc;
+}
+
+static PyObject *leaves(PyObject *self, PyObject *args) {
+    PyObject *data, *tensor_types;
+    int tensor_task;
+    if (!PyArg_ParseTuple(args, "O!pO", &PyDict_Type, &data, &tensor_task, &tensor_types))
+        return NULL;
+    Out o;
+    PyObject *names = PyList_New(0), *starts = PyList_New(0), *start = NULL;
+    if (!names || !starts || out_init(&o) < 0)
+        goto error;
+    Py_ssize_t pos = 0;
+    PyObject *name, *raw;
+    while (PyDict_Next(data, &pos, &name, &raw)) {
+        start = PyLong_FromSsize_t(PyList_GET_SIZE(o.suffix));
+        if (!start || PyList_Append(starts, start) < 0 || PyList_Append(names, name) < 0)
+            goto error;
+        Py_CLEAR(start);
+        Py_INCREF(raw);
+        int rc = record_leaves(name, raw, tensor_task, tensor_types, &o);
+        Py_DECREF(raw);
+        if (rc < 0)
+            goto error;
+        if (rc == DECLINE) {
+            Py_DECREF(names);
+            Py_DECREF(starts);
+            out_clear(&o);
+            Py_RETURN_NONE;
+        }
+    }
+    start = PyLong_FromSsize_t(PyList_GET_SIZE(o.suffix));
+    if (!start || PyList_Append(starts, start) < 0)
+        goto error;
+    Py_DECREF(start);
+    PyObject *result = Py_BuildValue("(NNNNN)", names, starts, o.suffix, o.io, o.leaf);
+    return result;
+error:
+    Py_XDECREF(start);
+    Py_XDECREF(names);
+    Py_XDECREF(starts);
+    out_clear(&o);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ the block's plan */
+
+typedef struct {
+    int64_t *v;
+    Py_ssize_t n, cap;
+} I64;
+
+static int i64_push(I64 *a, int64_t value) {
+    if (a->n == a->cap) {
+        Py_ssize_t cap = a->cap ? 2 * a->cap : 1024;
+        int64_t *v = PyMem_Realloc(a->v, (size_t)cap * sizeof(int64_t));
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = value;
+    return 0;
+}
+
+/* the values as the bytes of int64s (native order: numpy.frombuffer reads them); frees them */
+static PyObject *i64_bytes(I64 *a) {
+    PyObject *out = PyBytes_FromStringAndSize((const char *)a->v, (Py_ssize_t)(a->n * (Py_ssize_t)sizeof(int64_t)));
+    PyMem_Free(a->v);
+    a->v = NULL;
+    a->n = a->cap = 0;
+    return out;
+}
+
+typedef struct {
+    I64 row_target, row_bench, row_group, row_kind, group_first;
+    PyObject *row_name, *row_bench_name, *group_index, *group_name, *group_bench;
+} Rows;
+
+static int append_long(PyObject *list, Py_ssize_t value) {
+    PyObject *v = PyLong_FromSsize_t(value);
+    if (!v)
+        return -1;
+    int rc = PyList_Append(list, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int add_row(Rows *r, Py_ssize_t target, Py_ssize_t bench, PyObject *name, PyObject *bench_name,
+                   Py_ssize_t group, int kind) {
+    if (i64_push(&r->row_target, target) < 0 || i64_push(&r->row_bench, bench) < 0 ||
+        PyList_Append(r->row_name, name) < 0 || PyList_Append(r->row_bench_name, bench_name) < 0 ||
+        i64_push(&r->row_group, group) < 0 || i64_push(&r->row_kind, kind) < 0)
+        return -1;
+    return 0;
+}
+
+/* f"{record}.{suffix}" if suffix else record (a new reference) */
+static PyObject *row_name_of(PyObject *record, PyObject *suffix) {
+    if (PyUnicode_GET_LENGTH(suffix) == 0) {
+        Py_INCREF(record);
+        return record;
+    }
+    return join_dot(record, suffix);
+}
+
+/* the {suffix: bench leaf index} of a bench record, its first leaf of each suffix appended to b
+ * (_Planner.bench_leaves_of); a borrowed reference kept in cache, NULL with DECLINE in *declined */
+static PyObject *bench_leaves_of(PyObject *name, PyObject *bench_data, PyObject *cache, Out *b, int tensor_task,
+                                 PyObject *tensor_types, int *declined) {
+    PyObject *got = PyDict_GetItemWithError(cache, name);
+    if (got || PyErr_Occurred())
+        return got;
+    Out tmp;
+    if (out_init(&tmp) < 0) {
+        out_clear(&tmp);
+        return NULL;
+    }
+    int rc = leaves_of(bench_data, name, tensor_task, tensor_types, &tmp);
+    if (rc) {
+        out_clear(&tmp);
+        if (rc == DECLINE)
+            *declined = 1;
+        return NULL;
+    }
+    got = PyDict_New();
+    if (!got) {
+        out_clear(&tmp);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tmp.suffix); i++) {
+        PyObject *suffix = PyList_GET_ITEM(tmp.suffix, i);
+        int in = PyDict_Contains(got, suffix);
+        if (in < 0)
+            goto fail;
+        if (in)
+            continue;
+        PyObject *at = PyLong_FromSsize_t(PyList_GET_SIZE(b->leaf));
+        if (!at)
+            goto fail;
+        int bad = PyDict_SetItem(got, suffix, at) < 0 ||
+                  out_append(b, suffix, PyList_GET_ITEM(tmp.leaf, i), PyList_GET_ITEM(tmp.io, i)) < 0;
+        Py_DECREF(at);
+        if (bad)
+            goto fail;
+    }
+    out_clear(&tmp);
+    if (PyDict_SetItem(cache, name, got) < 0) {
+        Py_DECREF(got);
+        return NULL;
+    }
+    Py_DECREF(got);  /* the cache holds it */
+    return got;
+fail:
+    out_clear(&tmp);
+    Py_DECREF(got);
+    return NULL;
+}
+
+static PyObject *plan_block(PyObject *self, PyObject *args) {
+    PyObject *target_data, *bench_data, *pairs, *rest, *tensor_types;
+    Py_ssize_t start, stop;
+    int tensor_task;
+    if (!PyArg_ParseTuple(args, "O!O!O!nnOpO", &PyDict_Type, &target_data, &PyDict_Type, &bench_data, &PyList_Type,
+                          &pairs, &start, &stop, &rest, &tensor_task, &tensor_types))
+        return NULL;
+    if (rest != Py_None && !PyList_Check(rest)) {
+        PyErr_SetString(PyExc_TypeError, "rest must be a list or None");
+        return NULL;
+    }
+    if (start < 0 || stop > PyList_GET_SIZE(pairs) || start > stop) {
+        PyErr_SetString(PyExc_IndexError, "start:stop out of the pairs");
+        return NULL;
+    }
+    Out t = {0}, b = {0};
+    Rows r = {0};
+    PyObject *cache = PyDict_New();
+    PyObject *left = NULL;
+    int declined = 0;
+    if (!cache || out_init(&t) < 0 || out_init(&b) < 0)
+        goto error;
+    PyObject **lists[] = {&r.row_name, &r.row_bench_name, &r.group_index, &r.group_name, &r.group_bench};
+    for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++)
+        if (!(*lists[i] = PyList_New(0)))
+            goto error;
+    Py_ssize_t group = 0;
+    for (Py_ssize_t index = start; index < stop; index++, group++) {
+        PyObject *pair = PyList_GET_ITEM(pairs, index);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            declined = 1;
+            goto decline;
+        }
+        PyObject *name = PyTuple_GET_ITEM(pair, 0), *bench = PyTuple_GET_ITEM(pair, 1);
+        if (!PyUnicode_Check(name) || (bench != Py_None && !PyUnicode_Check(bench))) {
+            declined = 1;
+            goto decline;
+        }
+        if (bench != Py_None) {
+            PyObject *of = bench_leaves_of(bench, bench_data, cache, &b, tensor_task, tensor_types, &declined);
+            if (!of)
+                goto decline;
+            left = PyDict_Copy(of);
+            if (!left)
+                goto error;
+        }
+        Py_ssize_t from = PyList_GET_SIZE(t.leaf);
+        int rc = leaves_of(target_data, name, tensor_task, tensor_types, &t);
+        if (rc) {  /* DECLINE: the Python planner; -1: the error */
+            declined = rc == DECLINE;
+            goto decline;
+        }
+        Py_ssize_t first = -1;
+        for (Py_ssize_t i = from; i < PyList_GET_SIZE(t.leaf); i++) {
+            PyObject *suffix = PyList_GET_ITEM(t.suffix, i);
+            PyObject *row = row_name_of(name, suffix);
+            if (!row)
+                goto error;
+            Py_ssize_t bench_index = -1;
+            PyObject *bench_name = S_NA;
+            Py_INCREF(bench_name);
+            if (left) {
+                PyObject *at = PyDict_GetItemWithError(left, suffix);
+                if (!at && PyErr_Occurred()) {
+                    Py_DECREF(row);
+                    Py_DECREF(bench_name);
+                    goto error;
+                }
+                if (at) {
+                    bench_index = PyLong_AsSsize_t(at);
+                    Py_DECREF(bench_name);
+                    bench_name = row_name_of(bench, suffix);
+                    if (!bench_name || PyDict_DelItem(left, suffix) < 0) {
+                        Py_DECREF(row);
+                        Py_XDECREF(bench_name);
+                        goto error;
+                    }
+                }
+            }
+            if (first < 0)
+                first = r.row_target.n;
+            rc = add_row(&r, i, bench_index, row, bench_name, group, 0);
+            Py_DECREF(row);
+            Py_DECREF(bench_name);
+            if (rc < 0)
+                goto error;
+        }
+        if (left) {
+            Py_ssize_t pos = 0;
+            PyObject *suffix, *at;
+            while (PyDict_Next(left, &pos, &suffix, &at)) {
+                PyObject *bench_name = row_name_of(bench, suffix);
+                if (!bench_name)
+                    goto error;
+                rc = add_row(&r, -1, PyLong_AsSsize_t(at), S_NA, bench_name, group, 1);
+                Py_DECREF(bench_name);
+                if (rc < 0)
+                    goto error;
+            }
+            Py_CLEAR(left);
+        }
+        if (append_long(r.group_index, index) < 0 || PyList_Append(r.group_name, name) < 0 ||
+            PyList_Append(r.group_bench, bench) < 0 || i64_push(&r.group_first, first) < 0)
+            goto error;
+    }
+    if (rest != Py_None) {
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rest); k++, group++) {
+            PyObject *bench = PyList_GET_ITEM(rest, k);
+            if (!PyUnicode_Check(bench)) {
+                declined = 1;
+                goto decline;
+            }
+            Py_ssize_t from = PyList_GET_SIZE(b.leaf);
+            int rc = leaves_of(bench_data, bench, tensor_task, tensor_types, &b);
+            if (rc) {  /* DECLINE: the Python planner; -1: the error */
+                declined = rc == DECLINE;
+                goto decline;
+            }
+            for (Py_ssize_t i = from; i < PyList_GET_SIZE(b.leaf); i++) {
+                PyObject *bench_name = row_name_of(bench, PyList_GET_ITEM(b.suffix, i));
+                if (!bench_name)
+                    goto error;
+                rc = add_row(&r, -1, i, S_NA, bench_name, group, 2);
+                Py_DECREF(bench_name);
+                if (rc < 0)
+                    goto error;
+            }
+            if (PyList_Append(r.group_index, Py_None) < 0 || PyList_Append(r.group_name, bench) < 0 ||
+                PyList_Append(r.group_bench, bench) < 0 || i64_push(&r.group_first, -1) < 0)
+                goto error;
+        }
+    }
+    Py_DECREF(cache);
+    return Py_BuildValue("(NNNNNNNNNNNNNNNN)", t.leaf, t.io, t.suffix, b.leaf, b.io, b.suffix,
+                         i64_bytes(&r.row_target), i64_bytes(&r.row_bench), i64_bytes(&r.row_group),
+                         i64_bytes(&r.row_kind), r.row_name, r.row_bench_name, r.group_index, r.group_name,
+                         r.group_bench, i64_bytes(&r.group_first));
+decline:
+    if (!declined)
+        goto error;
+error:
+    Py_XDECREF(cache);
+    Py_XDECREF(left);
+    out_clear(&t);
+    out_clear(&b);
+    PyMem_Free(r.row_target.v);
+    PyMem_Free(r.row_bench.v);
+    PyMem_Free(r.row_group.v);
+    PyMem_Free(r.row_kind.v);
+    PyMem_Free(r.group_first.v);
+    Py_XDECREF(r.row_name);
+    Py_XDECREF(r.row_bench_name);
+    Py_XDECREF(r.group_index);
+    Py_XDECREF(r.group_name);
+    Py_XDECREF(r.group_bench);
+    if (declined && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ Leaves.finish */
+
+/* str(shape) of a list of exact ints that fit 64 bits ("[8, 128]"), else PyObject_Str */
+static PyObject *shape_text(PyObject *shape) {
+    if (!PyList_CheckExact(shape))
+        return PyObject_Str(shape);
+    Py_ssize_t n = PyList_GET_SIZE(shape);
+    if (n == 0) {
+        Py_INCREF(S_empty_list_text);
+        return S_empty_list_text;
+    }
+    if (n > 16)
+        return PyObject_Str(shape);
+    char buffer[16 * 24 + 4];
+    size_t at = 0;
+    buffer[at++] = '[';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(shape, i);
+        if (!PyLong_CheckExact(item))
+            return PyObject_Str(shape);
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return PyObject_Str(shape);
+        }
+        if (i) {
+            buffer[at++] = ',';
+            buffer[at++] = ' ';
+        }
+        at += (size_t)snprintf(buffer + at, sizeof buffer - at, "%lld", v);
+    }
+    buffer[at++] = ']';
+    return PyUnicode_FromStringAndSize(buffer, (Py_ssize_t)at);
+}
+
+/* str(value) as a new reference (the object itself for an exact str) */
+static PyObject *text_of(PyObject *value) {
+    if (PyUnicode_CheckExact(value)) {
+        Py_INCREF(value);
+        return value;
+    }
+    return PyObject_Str(value);
+}
+
+static int append_new(PyObject *list, PyObject *value) {
+    if (!value)
+        return -1;
+    int rc = PyList_Append(list, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+static PyObject *get_or_none(PyObject *dict, PyObject *key) {
+    PyObject *v = PyDict_GetItemWithError(dict, key);
+    if (!v && !PyErr_Occurred())
+        v = Py_None;
+    return v;  /* borrowed */
+}
+
+static PyObject *leaf_fields(PyObject *self, PyObject *args) {
+    PyObject *leaves_list, *scalar_dtypes, *stat_keys, *view;
+    int md5_mode, tensor_mode;
+    if (!PyArg_ParseTuple(args, "O!ppO!O!O", &PyList_Type, &leaves_list, &md5_mode, &tensor_mode, &PyDict_Type,
+                          &scalar_dtypes, &PyTuple_Type, &stat_keys, &view))
+        return NULL;
+    if (PyTuple_GET_SIZE(stat_keys) != 4) {
+        PyErr_SetString(PyExc_ValueError, "four statistics");
+        return NULL;
+    }
+    PyObject *tensor = PyList_New(0), *dtype = PyList_New(0), *shape = PyList_New(0), *rg = PyList_New(0),
+             *md5 = PyList_New(0), *data_name = PyList_New(0);
+    PyObject *stats[4] = {PyList_New(0), PyList_New(0), PyList_New(0), PyList_New(0)};
+    PyObject *viewed = NULL;
+    if (!tensor || !dtype || !shape || !rg || !md5 || !data_name || !stats[0] || !stats[1] || !stats[2] || !stats[3])
+        goto error;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(leaves_list); i++) {
+        PyObject *leaf = PyList_GET_ITEM(leaves_list, i);
+        PyObject *f_dtype, *f_shape, *f_rg, *f_md5 = Py_None, *f_dn = Py_None, *f_stats[4];
+        int is_tensor = 0, scalar = 0;
+        if (Py_IS_TYPE(leaf, &PyDict_Type)) {
+            int d = PyDict_Contains(leaf, S_dtype), s = d > 0 ? PyDict_Contains(leaf, S_shape) : 0;
+            if (d < 0 || s < 0)
+                goto error;
+            is_tensor = d && s;
+        }
+        if (is_tensor) {
+            if (!(f_dtype = get_or_none(leaf, S_dtype)) || !(f_shape = get_or_none(leaf, S_shape)) ||
+                !(f_rg = get_or_none(leaf, S_requires_grad)))
+                goto error;
+            for (int k = 0; k < 4; k++)
+                if (!(f_stats[k] = get_or_none(leaf, PyTuple_GET_ITEM(stat_keys, k))))
+                    goto error;
+            if (md5_mode && !(f_md5 = get_or_none(leaf, S_md5)))
+                goto error;
+            if (tensor_mode && !(f_dn = get_or_none(leaf, S_data_name)))
+                goto error;
+        } else if (leaf == Py_None) {
+            f_dtype = f_shape = S_NA;
+            f_rg = Py_None;
+            f_stats[0] = f_stats[1] = f_stats[2] = f_stats[3] = Py_None;
+            f_md5 = S_NA;
+        } else {
+            PyObject *kind = Py_IS_TYPE(leaf, &PyDict_Type) ? PyDict_GetItemWithError(leaf, S_type) : NULL;
+            if (!kind && PyErr_Occurred())
+                goto error;
+            PyObject *scalar_dtype = NULL;
+            if (kind && !md5_mode && PyUnicode_CheckExact(kind)) {
+                scalar_dtype = PyDict_GetItemWithError(scalar_dtypes, kind);
+                if (!scalar_dtype && PyErr_Occurred())
+                    goto error;
+            }
+            if (scalar_dtype) {  /* _plan._view of a scalar argument, its CRC unused */
+                scalar = 1;
+                PyObject *value = get_or_none(leaf, S_value);
+                if (!value)
+                    goto error;
+                f_dtype = scalar_dtype;
+                f_shape = S_empty_list_text;
+                f_rg = Py_None;
+                f_stats[0] = f_stats[1] = f_stats[2] = f_stats[3] = value;
+            } else {
+                viewed = PyObject_CallOneArg(view, leaf);
+                if (!viewed)
+                    goto error;
+                if (!PyTuple_Check(viewed) || PyTuple_GET_SIZE(viewed) != 2 || !PyDict_Check(PyTuple_GET_ITEM(viewed, 0))) {
+                    PyErr_SetString(PyExc_TypeError, "view(leaf) must give (dict, bool)");
+                    goto error;
+                }
+                PyObject *shown = PyTuple_GET_ITEM(viewed, 0);
+                is_tensor = PyObject_IsTrue(PyTuple_GET_ITEM(viewed, 1));
+                if (is_tensor < 0 || !(f_dtype = get_or_none(shown, S_dtype)) || !(f_shape = get_or_none(shown, S_shape))
+                    || !(f_rg = get_or_none(shown, S_requires_grad)) || !(f_md5 = get_or_none(shown, S_md5))
+                    || !(f_dn = get_or_none(shown, S_data_name)))
+                    goto error;
+                for (int k = 0; k < 4; k++)
+                    if (!(f_stats[k] = get_or_none(shown, PyTuple_GET_ITEM(stat_keys, k))))
+                        goto error;
+            }
+        }
+        if (append_new(tensor, PyBool_FromLong(is_tensor)) < 0)
+            goto error;
+        if (append_new(dtype, text_of(f_dtype)) < 0)
+            goto error;
+        if (scalar) {
+            if (PyList_Append(shape, S_empty_list_text) < 0)
+                goto error;
+        } else if (append_new(shape, PyUnicode_CheckExact(f_shape) ? text_of(f_shape) : shape_text(f_shape)) < 0)
+            goto error;
+        PyObject *rg_text = f_rg == Py_None ? S_NA : f_rg == Py_True ? S_true : f_rg == Py_False ? S_false : NULL;
+        if (rg_text ? PyList_Append(rg, rg_text) < 0 : append_new(rg, PyObject_Str(f_rg)) < 0)
+            goto error;
+        for (int k = 0; k < 4; k++)
+            if (PyList_Append(stats[k], f_stats[k]) < 0)
+                goto error;
+        if (md5_mode) {
+            int rc = PyUnicode_CheckExact(f_md5) ? PyList_Append(md5, f_md5)
+                     : f_md5 == Py_None ? PyList_Append(md5, S_NA) : append_new(md5, PyObject_Str(f_md5));
+            if (rc < 0)
+                goto error;
+        }
+        if (tensor_mode) {
+            int named = PyUnicode_CheckExact(f_dn) && PyUnicode_GET_LENGTH(f_dn) > 0;
+            if (PyList_Append(data_name, named ? f_dn : S_minus1) < 0)
+                goto error;
+        }
+        Py_CLEAR(viewed);
+    }
+    return Py_BuildValue("(NNNNNNNNNN)", tensor, dtype, shape, rg, stats[0], stats[1], stats[2], stats[3], md5,
+                         data_name);
+error:
+    Py_XDECREF(viewed);
+    Py_XDECREF(tensor);
+    Py_XDECREF(dtype);
+    Py_XDECREF(shape);
+    Py_XDECREF(rg);
+    Py_XDECREF(md5);
+    Py_XDECREF(data_name);
+    for (int k = 0; k < 4; k++)
+        Py_XDECREF(stats[k]);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ fastjson's checks and stand-ins */
+
+static int number_start(unsigned char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ':' || c == ',' || c == '[' || c == '-';
+}
+
+/* fastjson._has_long_integer: a run of 19+ digits at the start or after a byte a number may follow,
+ * not followed by '.', 'e' or 'E' */
+static PyObject *has_long_integer(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *d = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len, i = 0;
+    int found = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t at = -1; at < n && !found;) {  /* at: the start byte (-1: the text's start) */
+        Py_ssize_t end = at + 1;
+        while (end < n && d[end] >= '0' && d[end] <= '9')
+            end++;
+        if (end - (at + 1) >= 19 && !(end < n && (d[end] == '.' || d[end] == 'e' || d[end] == 'E'))) {
+            found = 1;
+            break;
+        }
+        i = end > at + 1 ? end : at + 1;
+        while (i < n && !number_start(d[i]))
+            i++;
+        at = i;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(found);
+}
+
+/* fastjson._with_stand_ins: each NaN / Infinity / -Infinity token replaced by its stand-in string */
+static PyObject *with_stand_ins(PyObject *self, PyObject *arg) {
+    static const char NEG[] = "\"\\u0000-I\"", POS[] = "\"\\u0000I\"", NAN_[] = "\"\\u0000N\"";
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const char *d = (const char *)view.buf;
+    Py_ssize_t n = view.len;
+    /* each token grows by at most 3 bytes ("NaN" -> 10 bytes: 7 more) */
+    Py_ssize_t tokens = 0;
+    for (Py_ssize_t i = 0; i + 3 <= n; i++)
+        if ((d[i] == 'N' && d[i + 1] == 'a' && d[i + 2] == 'N') ||
+            (d[i] == 'I' && i + 8 <= n && memcmp(d + i, "Infinity", 8) == 0))
+            tokens++;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n + 8 * tokens);
+    if (!out) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    char *o = PyBytes_AS_STRING(out);
+    Py_ssize_t w = 0;
+    for (Py_ssize_t i = 0; i < n;) {
+        if (d[i] == '-' && i + 9 <= n && memcmp(d + i + 1, "Infinity", 8) == 0) {
+            memcpy(o + w, NEG, sizeof NEG - 1);
+            w += sizeof NEG - 1;
+            i += 9;
+        } else if (d[i] == 'I' && i + 8 <= n && memcmp(d + i, "Infinity", 8) == 0) {
+            memcpy(o + w, POS, sizeof POS - 1);
+            w += sizeof POS - 1;
+            i += 8;
+        } else if (d[i] == 'N' && i + 3 <= n && d[i + 1] == 'a' && d[i + 2] == 'N') {
+            memcpy(o + w, NAN_, sizeof NAN_ - 1);
+            w += sizeof NAN_ - 1;
+            i += 3;
+        } else {
+            o[w++] = d[i++];
+        }
+    }
+    PyBuffer_Release(&view);
+    if (_PyBytes_Resize(&out, w) < 0)
+        return NULL;
+    return out;
+}
+
+/* the stand-ins under node put back (values: stand-in -> float); count, or -1 error, -2 a stand-in key
+ * (or a string starting with NUL that is none: the caller takes json.loads) */
+static Py_ssize_t restore(PyObject *node, PyObject *values, int depth) {
+    Py_ssize_t count = 0;
+    if (depth > 4000)
+        return -2;
+    if (Py_IS_TYPE(node, &PyDict_Type)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(node, &pos, &key, &value)) {
+            if (PyUnicode_Check(key) && PyUnicode_GET_LENGTH(key) && PyUnicode_READ_CHAR(key, 0) == 0)
+                return -2;
+            if (Py_IS_TYPE(value, &PyUnicode_Type)) {
+                if (PyUnicode_GET_LENGTH(value) && PyUnicode_READ_CHAR(value, 0) == 0) {
+                    PyObject *number = PyDict_GetItemWithError(values, value);
+                    if (!number)
+                        return PyErr_Occurred() ? -1 : -2;
+                    if (PyDict_SetItem(node, key, number) < 0)  /* an existing key: the dict does not resize */
+                        return -1;
+                    count++;
+                }
+            } else if (Py_IS_TYPE(value, &PyDict_Type) || Py_IS_TYPE(value, &PyList_Type)) {
+                Py_ssize_t got = restore(value, values, depth + 1);
+                if (got < 0)
+                    return got;
+                count += got;
+            }
+        }
+    } else if (Py_IS_TYPE(node, &PyList_Type)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(node); i++) {
+            PyObject *value = PyList_GET_ITEM(node, i);
+            if (Py_IS_TYPE(value, &PyUnicode_Type)) {
+                if (PyUnicode_GET_LENGTH(value) && PyUnicode_READ_CHAR(value, 0) == 0) {
+                    PyObject *number = PyDict_GetItemWithError(values, value);
+                    if (!number)
+                        return PyErr_Occurred() ? -1 : -2;
+                    Py_INCREF(number);
+                    PyList_SET_ITEM(node, i, number);
+                    Py_DECREF(value);
+                    count++;
+                }
+            } else if (Py_IS_TYPE(value, &PyDict_Type) || Py_IS_TYPE(value, &PyList_Type)) {
+                Py_ssize_t got = restore(value, values, depth + 1);
+                if (got < 0)
+                    return got;
+                count += got;
+            }
+        }
+    }
+    return count;
+}
+
+static PyObject *restore_nonfinite(PyObject *self, PyObject *args) {
+    PyObject *obj, *values;
+    if (!PyArg_ParseTuple(args, "OO!", &obj, &PyDict_Type, &values))
+        return NULL;
+    Py_ssize_t got = restore(obj, values, 0);
+    if (got == -1)
+        return NULL;
+    if (got == -2)
+        Py_RETURN_NONE;
+    return PyLong_FromSsize_t(got);
+}
+
+static PyMethodDef methods[] = {
+    {"leaves", leaves, METH_VARARGS, "every record's leaves as record_leaves walks them (or None)"},
+    {"plan_block", plan_block, METH_VARARGS, "compare's rows of some record pairs (or None)"},
+    {"leaf_fields", leaf_fields, METH_VARARGS, "Leaves.finish's columns"},
+    {"has_long_integer", has_long_integer, METH_O, "fastjson._has_long_integer"},
+    {"with_stand_ins", with_stand_ins, METH_O, "fastjson._with_stand_ins (without the positions)"},
+    {"restore_nonfinite", restore_nonfinite, METH_VARARGS, "the stand-ins put back everywhere: their count, or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_leafwalk", NULL, -1, methods};
+
+#define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) return NULL
+
+PyMODINIT_FUNC PyInit__leafwalk(void) {
+    INTERN(S_type, "type");
+    INTERN(S_dtype, "dtype");
+    INTERN(S_shape, "shape");
+    INTERN(S_data_name, "data_name");
+    INTERN(S_requires_grad, "requires_grad");
+    INTERN(S_md5, "md5");
+    INTERN(S_value, "value");
+    INTERN(S_input, "input");
+    INTERN(S_output, "output");
+    INTERN(S_parameters, "parameters");
+    INTERN(S_parameters_grad, "parameters_grad");
+    INTERN(S_debug, "debug");
+    INTERN(S_kwargs, "kwargs");
+    INTERN(S_input_args, "input_args");
+    INTERN(S_input_kwargs, "input_kwargs");
+    INTERN(S_is_recompute, "is_recompute");
+    INTERN(S_NA, "N/A");
+    INTERN(S_empty, "");
+    INTERN(S_dot, ".");
+    INTERN(S_true, "True");
+    INTERN(S_false, "False");
+    INTERN(S_minus1, "-1");
+    INTERN(S_empty_list_text, "[]");
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "VERSION", LEAFWALK_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
