@@ -171,6 +171,8 @@ function renderOverview() {
     el("div", { class: "fact" }, el("b", { text: "Target" }), " ", el("span", { text: m.target || "-" })),
     m.has_bench ? el("div", { class: "fact" }, el("b", { text: "Bench" }), " ", el("span", { text: m.bench || "-" })) : null,
     el("div", { class: "fact" }, el("b", { text: "Cells" }), ` ${cells.length} · rows ${m.rows}`, m.mode ? ` · ${m.mode} mode` : ""),
+    Object.keys(layouts()).length ? el("div", { class: "fact", id: "layouts" }, el("b", { text: "Merged layout" }), " ",
+      el("span", { text: Object.entries(layouts()).map(([side, text]) => `${side} ${text}`).join(" · ") + " (one logical model a cell; each row names the ranks holding it)" })) : null,
     el("div", { class: "fact first-div-fact", id: "first-divergence", "data-cell": first ? first.cell : "" },
       el("b", { text: "First divergence" }), " ",
       first ? el("a", { href: "#", onclick: (e) => { e.preventDefault(); openCell(first.cell, "list"); }, text: `${cellLabel(first)} · ${first.first_div_name}` })
@@ -235,6 +237,15 @@ const ROW_H = 28;
 const PAGE = 200;
 const COLS = [["i", "#", 60], ["name", "row", 420], ["result", "result", 130], ["norm_rel", "rel. Norm err", 110], ["max_rel", "rel. Max err", 100],
   ["cosine", "cosine", 80], ["npu_dtype", "dtype", 110], ["npu_shape", "shape", 120], ["bench_name", "bench row", 300], ["err", "message", 300]];
+// a merged parallel layout (msprobe view --layout / --bench-layout): each row names the ranks holding it
+const layouts = () => (state.meta && state.meta.layouts) || {};
+function columns() {
+  const extra = [];
+  if (layouts().target) extra.push(["ranks", "ranks", 130]);
+  if (layouts().bench) extra.push(["bench_ranks", "bench ranks", 110]);
+  return [...COLS.slice(0, 2), ...extra, ...COLS.slice(2)];
+}
+function ranksText(ranks, suspects) { return ranks ? `${ranks}${suspects ? ` · suspect ${suspects}` : ""}` : ""; }
 const list = (() => {
   let total = 0, firstDiv = null, pages = new Map(), gen = 0;
   const bar = el("div", { class: "filters" });
@@ -249,7 +260,8 @@ const list = (() => {
     el("button", { id: "export-csv", onclick: () => guard(async () => downloadText(`msprobe_rows_cell${state.cell}.csv`, await api.csv(state.cell, state.filters), "text/csv")), text: "Export CSV" }),
     el("button", { onclick: () => { if (firstDiv !== null) jumpTo(firstDiv); }, text: "Go to first divergence" }));
   const count = el("div", { class: "count", id: "row-count" });
-  const head = el("div", { class: "vhead" }, ...COLS.map(([, t, w]) => el("div", { class: "vcell", style: `width:${w}px`, text: t })));
+  const head = el("div", { class: "vhead" });
+  const heads = () => head.replaceChildren(...columns().map(([, t, w]) => el("div", { class: "vcell", style: `width:${w}px`, text: t })));
   const scroller = el("div", { class: "vscroll", id: "row-scroller" });
   const spacer = el("div", { class: "vspacer" });
   const body = el("div", { class: "vbody", id: "rows" });
@@ -260,6 +272,7 @@ const list = (() => {
 
   function reset() {
     gen++; pages = new Map(); total = 0; firstDiv = null;
+    heads();
     scroller.scrollTop = 0;
     // the rows of the previous cell (or filters) go at once: none is shown under the new cell's badge
     body.replaceChildren();
@@ -295,11 +308,11 @@ const list = (() => {
       if (!r) continue;
       const div = r.i === firstDiv;
       const row = el("div", { class: `vrow ${resultClass(r.result, r.nan_inf)}${div ? " first-div" : ""}`, style: `top:${idx * ROW_H}px`, "data-name": r.name, "data-i": r.i, onclick: () => openRecord(r.record, r.name) });
-      for (const [k, , w] of COLS) {
-        let v = k === "norm_rel" || k === "max_rel" ? fmt(r[k], true) : fmt(r[k]);
+      for (const [k, , w] of columns()) {
+        let v = k === "norm_rel" || k === "max_rel" ? fmt(r[k], true) : k === "ranks" ? ranksText(r.ranks, r.suspects) : fmt(r[k]);
         if (k === "result" && r.nan_inf) v = (v ? v + " " : "") + "NaN/Inf";
         else if (k === "result" && r.masked) v = (v && v !== "masked" ? v + " " : "") + "mask -inf";
-        const c = el("div", { class: `vcell${k === "name" || k === "bench_name" ? " mono" : ""}`, style: `width:${w}px`, title: k === "name" || k === "err" ? String(r[k] ?? "") : null, text: v });
+        const c = el("div", { class: `vcell${k === "name" || k === "bench_name" ? " mono" : ""}${k.endsWith("ranks") ? " ranks" : ""}`, style: `width:${w}px`, title: k === "name" || k === "err" ? String(r[k] ?? "") : null, text: v });
         if (k === "name" && div) c.prepend(el("span", { class: "badge", text: "first" }));
         row.append(c);
       }
@@ -342,6 +355,7 @@ function treeSide(side, boxId) {
       toggle, el("i", { class: `dot ${cls}` }),
       el("span", { class: "tcol-name mono", title: n.name, text: n.name }),
       n.matched ? null : el("span", { class: "tag-unmatched", text: side === "target" ? "no bench counterpart" : "no target counterpart" }),
+      n.ranks ? el("span", { class: "tag-ranks", title: "the ranks holding this record in the merged layout", text: `ranks ${ranksText(n.ranks, n.suspects)}` }) : null,
       el("span", { class: "tcol-err", text: n.nan_inf ? "NaN/Inf" : fmt(n.worst_norm_rel, true) }));
     const kids = el("ul", { class: "tkids", hidden: true });
     li.append(line, kids);
@@ -563,6 +577,7 @@ async function openRecord(record, rowName) {
   p.replaceChildren(
     el("h2", { class: "mono", id: "record-name", text: record }),
     el("div", { class: "facts" }, el("span", { text: cur ? cellLabel(cur) : "" }),
+      r.args[0].ranks ? el("span", { class: "tag-ranks", id: "record-ranks", text: `held by ranks ${ranksText(r.args[0].ranks, r.args[0].suspects)}${r.args[0].bench_ranks ? ` · bench ranks ${r.args[0].bench_ranks}` : ""}` }) : null,
       el("button", { id: "show-in-tree", onclick: () => tree.reveal(record), text: "Show in model tree" }),
       el("button", { onclick: () => trends.load(r.args[r.args.length - 1].name, state.trendStat), text: "Trend of its last output" })),
     el("div", { class: "hscroll" }, table),

@@ -23,13 +23,14 @@ from typing import Any, Iterator, Optional, Sequence
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError, UnknownDialectError
 from msprobe.format.stats import STAT_COLUMNS
 from msprobe.view._load import SIDE_STAT_COLUMNS, Loader
+from msprobe.view._ranks import RANK_COLUMNS
 
 __all__ = ["ViewData", "open_view", "ROW_FIELDS", "FILTERS", "json_safe"]
 
 #: the columns of ``rows`` the list and the record detail return, in order
 ROW_FIELDS = ("i", "name", "record", "io", "dir", "kind", "result", "err", "norm_rel", "max_rel", "cosine",
               "npu_dtype", "bench_dtype", "npu_shape", "bench_shape", "bench_name",
-              *SIDE_STAT_COLUMNS, "npu_md5", "bench_md5", "nan_inf", "masked", "score", "data_name")
+              *SIDE_STAT_COLUMNS, "npu_md5", "bench_md5", "nan_inf", "masked", "score", "data_name", *RANK_COLUMNS)
 #: the list's filters and their values
 FILTERS = {
     "dir": ("all", "forward", "backward"),
@@ -108,6 +109,7 @@ class ViewData(Loader):
         return {"title": self.title, "target": self.target, "bench": self.bench, "mode": summary.get("mode"),
                 "divergence": summary.get("divergence"), "first_divergence": summary.get("first_divergence"),
                 "has_bench": self.bench is not None, "cells": cells,
+                "layouts": {side: text for side, text in self.layouts.items() if text},
                 "rows": int(self.query("SELECT coalesce(sum(rows), 0) AS n FROM cell_stats")[0]["n"])}
 
     def overview(self) -> dict:

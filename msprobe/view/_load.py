@@ -15,6 +15,7 @@ from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
 from msprobe.format.nonfinite import NonFiniteTracker
 from msprobe.format.stats import CSV_BENCH, CSV_TARGET, MAX, NORM, STAT_COLUMNS
 from msprobe.readers import ANY, records_of
+from msprobe.view._ranks import mark_ranks
 
 __all__ = ["Loader"]
 
@@ -23,11 +24,18 @@ _SEVERITY = "CASE result WHEN 'error' THEN 3 WHEN 'warning' THEN 2 WHEN 'pass' T
 _SCORE = f"""(({_SEVERITY}) * 1e6 + CASE WHEN nan_inf THEN 1e5 ELSE 0 END
     + least(coalesce(CASE WHEN isnan(norm_rel) THEN 1e5 ELSE norm_rel END, 0), 1e5 - 1)
     + CASE WHEN cosine IS NOT NULL AND NOT isnan(cosine) THEN 1 - cosine ELSE 0 END)"""
-_RECORD_SQL = r"""CASE
-  WHEN regexp_matches(name, '\.parameters_grad') THEN regexp_extract(name, '^(.*\.parameters_grad)', 1)
-  WHEN regexp_matches(name, '^.*?\.(forward|backward)(\.\d+)?\.(input|output|parameters|kwargs)(\.|$)')
-    THEN regexp_extract(name, '^(.*?\.(?:forward|backward)(?:\.\d+)?)\.(?:input|output|parameters|kwargs)(?:\.|$)', 1)
-  ELSE name END"""
+
+
+def record_sql(column: str) -> str:
+    """SQL: the record a compare row name (``column``) is of (its argument path cut off)."""
+    return r"""CASE
+  WHEN regexp_matches(COL, '\.parameters_grad') THEN regexp_extract(COL, '^(.*\.parameters_grad)', 1)
+  WHEN regexp_matches(COL, '^.*?\.(forward|backward)(\.\d+)?\.(input|output|parameters|kwargs)(\.|$)')
+    THEN regexp_extract(COL, '^(.*?\.(?:forward|backward)(?:\.\d+)?)\.(?:input|output|parameters|kwargs)(?:\.|$)', 1)
+  ELSE COL END""".replace("COL", column)
+
+
+_RECORD_SQL = record_sql("name")
 
 
 #: the compare CSV columns the rows are made of
@@ -53,6 +61,7 @@ class Loader:
     _dumps: dict
     _lake: Any
     summary: dict
+    layouts: dict
     target: Optional[str]
     bench: Optional[str]
     divergent_sql: str
@@ -209,6 +218,7 @@ class Loader:
         self._overview = None
         mark_buffers(self._db, self.located_row)
         mark_masks(self._db)
+        mark_ranks(self._db, self.located_row, self.layouts, record_sql)
         threshold = None
         div = str(self.summary.get("divergence") or "")
         if "NormRelativeErr >" in div:

@@ -22,7 +22,7 @@ class Node:
     """One record or module: its own figures, then its subtree's (``worst*``, ``first``)."""
 
     __slots__ = ("i", "score", "sev", "nan", "norm_rel", "cosine", "rows", "bench", "matched",
-                 "worst", "worst_sev", "worst_nan", "worst_norm", "first")
+                 "worst", "worst_sev", "worst_nan", "worst_norm", "first", "ranks", "bench_ranks", "suspects")
 
     def __init__(self, i: Optional[int] = None, score: float = 0.0, sev: int = 0, nan: bool = False,
                  norm_rel: Optional[float] = None, cosine: Optional[float] = None, rows: int = 0,
@@ -36,6 +36,10 @@ class Node:
         self.rows = rows
         self.bench = bench
         self.matched = matched
+        # a merged parallel layout: the ranks holding the record (its bench record's), the suspects
+        self.ranks: Optional[str] = None
+        self.bench_ranks: Optional[str] = None
+        self.suspects: Optional[str] = None
 
     def copy_figures(self, other: "Node") -> None:
         """Take ``other``'s own figures (a bench node shows its target peer's comparison)."""
@@ -84,20 +88,22 @@ class Tree:
                 max(norm_rel) FILTER (WHERE NOT isnan(norm_rel)), min(cosine),
                 count(*) FILTER (WHERE bench_name IS NULL OR bench_name = 'N/A'),
                 min(name) FILTER (WHERE bench_name IS NOT NULL AND bench_name <> 'N/A'),
-                min(bench_name) FILTER (WHERE bench_name IS NOT NULL AND bench_name <> 'N/A')
+                min(bench_name) FILTER (WHERE bench_name IS NOT NULL AND bench_name <> 'N/A'),
+                min(ranks), min(bench_ranks), min(suspects)
                 FROM rows WHERE cell = ? AND record <> 'N/A' GROUP BY record ORDER BY 2""", [cell]).fetchall()
         finally:
             cur.close()
         no_bench = not data.bench
-        for record, first, score, nan, count, sev, norm, cosine, unmatched, a_name, a_bench in recs:
+        for record, first, score, nan, count, sev, norm, cosine, unmatched, a_name, a_bench, *ranks in recs:
             peer = None
             if a_name and a_bench:
                 suffix = a_name[len(record):]
                 peer = a_bench[: len(a_bench) - len(suffix)] if suffix and a_bench.endswith(suffix) else a_bench
             if peer is not None:
                 peer = intern(peer)
-            model.nodes[intern(record)] = Node(first, score or 0.0, sev, bool(nan), norm, cosine, count, peer,
-                                       unmatched < count or no_bench)
+            node = model.nodes[intern(record)] = Node(first, score or 0.0, sev, bool(nan), norm, cosine, count, peer,
+                                                      unmatched < count or no_bench)
+            node.ranks, node.bench_ranks, node.suspects = ranks
         model.link(cls.parents_of(data.source("target", cell)))
         # bench records no target record matched: compare's summary lists them per rank pair
         pairs = data.summary.get("pairs") or []
@@ -162,7 +168,8 @@ class Tree:
                 "peer": node.bench, "matched": node.matched,
                 "result": _SEV[node.sev], "worst": node.worst, "worst_result": _SEV[node.worst_sev],
                 "nan_inf": node.worst_nan, "norm_rel": node.norm_rel, "worst_norm_rel": node.worst_norm,
-                "cosine": node.cosine, "children": len(self.children.get(name, []))}
+                "cosine": node.cosine, "children": len(self.children.get(name, [])),
+                "ranks": node.ranks, "suspects": node.suspects}
 
     def kids(self, parent: Optional[str], begin: int = 0, end: int = 500) -> dict:
         if parent is not None and parent not in self.nodes:
@@ -196,6 +203,7 @@ def build_pair(data: Any, cell: int) -> tuple:
         if node.bench and node.matched and node.bench not in bench.nodes:
             twin = Node(bench=name)
             twin.copy_figures(node)
+            twin.ranks = node.bench_ranks
             bench.nodes[node.bench] = twin
     # bench-only records, and the modules of the bench hierarchy holding no row (their peer: the
     # target node of the same name, below)
@@ -209,6 +217,7 @@ def build_pair(data: Any, cell: int) -> tuple:
         if twin.bench is None and mine is not None and name not in listed and (mine.bench is None or mine.bench == name):
             twin.bench, twin.matched = name, True
             twin.copy_figures(mine)
+            twin.ranks = mine.bench_ranks
             mine.bench = name
     bench.link(bench_parents)
     known = bool(bench_parents)  # without the bench's hierarchy, a target module's peer is unknown, not missing
