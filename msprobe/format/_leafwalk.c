@@ -31,7 +31,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define LEAFWALK_VERSION 7  /* bump with every change: a stale build is then rebuilt */
+#define LEAFWALK_VERSION 10  /* bump with every change: a stale build is then rebuilt */
 #define MAX_DEPTH 900
 
 typedef struct {
@@ -965,10 +965,305 @@ static PyObject *restore_nonfinite(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(got);
 }
 
+/* ------------------------------------------------------------------ the index's tensor rows */
+
+typedef struct {
+    PyObject *io, *path, *entry;  /* lists */
+    I64 record;
+} Found;
+
+static int walk_entries(PyObject *value, PyObject *path, Found *f, PyObject *io, Py_ssize_t record, int depth,
+                        int limit, PyObject *tensor_types);
+
+/* walk_entries(item, path, ...) with path a new reference it consumes (NULL: the error that made it) */
+static int entries_at(PyObject *item, PyObject *path, Found *f, PyObject *io, Py_ssize_t record, int depth, int limit,
+                      PyObject *tensor_types) {
+    if (!path)
+        return -1;
+    Py_INCREF(item);
+    int rc = walk_entries(item, path, f, io, record, depth, limit, tensor_types);
+    Py_DECREF(item);
+    Py_DECREF(path);
+    return rc;
+}
+
+/* model._walk_entries(value, path, out, depth, limit): 0, DECLINE (past the depth limit: the Python
+ * code raises), -1 */
+static int walk_entries(PyObject *value, PyObject *path, Found *f, PyObject *io, Py_ssize_t record, int depth,
+                        int limit, PyObject *tensor_types) {
+    if (!PyDict_Check(value) && !PyList_Check(value))
+        return 0;
+    if (depth > limit)
+        return DECLINE;
+    if (PyDict_Check(value)) {
+        PyObject *kind = PyDict_GetItemWithError(value, S_type);
+        if (!kind && PyErr_Occurred())
+            return -1;
+        if (!kind || kind == Py_None) {
+            Py_ssize_t pos = 0;
+            PyObject *key, *item;
+            while (PyDict_Next(value, &pos, &key, &item)) {
+                if (!PyDict_Check(item) && !PyList_Check(item))
+                    continue;
+                if (!PyUnicode_CheckExact(key))
+                    return DECLINE;
+                PyObject *sub = PyUnicode_GET_LENGTH(path) ? join_dot(path, key) : (Py_INCREF(key), key);
+                int rc = entries_at(item, sub, f, io, record, depth + 1, limit, tensor_types);
+                if (rc)
+                    return rc;
+            }
+            return 0;
+        }
+        int tensor = is_tensor_entry(value, tensor_types);
+        if (tensor < 0)
+            return -1;
+        if (tensor && (PyList_Append(f->io, io) < 0 || PyList_Append(f->path, path) < 0 ||
+                       PyList_Append(f->entry, value) < 0 || i64_push(&f->record, record) < 0))
+            return -1;
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(value); i++) {
+        PyObject *item = PyList_GET_ITEM(value, i);
+        if (!PyDict_Check(item) && !PyList_Check(item))
+            continue;
+        PyObject *sub = PyUnicode_GET_LENGTH(path) ? join_index(path, i) : PyUnicode_FromFormat("%zd", i);
+        int rc = entries_at(item, sub, f, io, record, depth + 1, limit, tensor_types);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* index.rows._num: a statistic as a float (None where it is none) */
+static PyObject *as_number(PyObject *value) {
+    if (value == Py_None || PyFloat_CheckExact(value)) {
+        Py_INCREF(value);
+        return value;
+    }
+    if (PyBool_Check(value))
+        return PyFloat_FromDouble(value == Py_True ? 1.0 : 0.0);
+    if (PyLong_Check(value)) {
+        double d = PyLong_AsDouble(value);
+        if (d == -1.0 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return NULL;
+            PyErr_Clear();
+            PyObject *zero = PyLong_FromLong(0);
+            int negative = zero ? PyObject_RichCompareBool(value, zero, Py_LT) : -1;
+            Py_XDECREF(zero);
+            if (negative < 0)
+                return NULL;
+            return PyFloat_FromDouble(negative ? -Py_HUGE_VAL : Py_HUGE_VAL);
+        }
+        return PyFloat_FromDouble(d);
+    }
+    if (PyFloat_Check(value))
+        return PyFloat_FromDouble(PyFloat_AS_DOUBLE(value));
+    if (PyUnicode_Check(value)) {
+        PyObject *got = PyFloat_FromString(value);
+        if (!got && PyErr_ExceptionMatches(PyExc_ValueError)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        return got;
+    }
+    Py_RETURN_NONE;
+}
+
+/* model._numel: the element count of a valid shape (a list of ints >= 0, no bools, product within
+ * int64), else None */
+static PyObject *numel_of(PyObject *shape) {
+    if (!PyList_Check(shape))
+        Py_RETURN_NONE;
+    unsigned long long count = 1;
+    int overflow = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(shape); i++) {
+        PyObject *dim = PyList_GET_ITEM(shape, i);
+        if (!PyLong_Check(dim) || PyBool_Check(dim))
+            Py_RETURN_NONE;
+        int over = 0;
+        long long v = PyLong_AsLongLongAndOverflow(dim, &over);
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        if (over || v < 0)
+            Py_RETURN_NONE;
+        if (overflow || (v && count > (unsigned long long)INT64_MAX / (unsigned long long)v))
+            overflow = v != 0 || overflow;  /* a zero later makes the product 0 again */
+        if (v == 0) {
+            count = 0;
+            overflow = 0;
+        } else if (!overflow) {
+            count *= (unsigned long long)v;
+        }
+    }
+    if (overflow || count > (unsigned long long)INT64_MAX)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(count);
+}
+
+static PyObject *index_rows(PyObject *self, PyObject *args) {
+    PyObject *data, *names, *kinds, *tensor_types, *stat_keys, *md5_text;
+    int limit, placeholders;
+    if (!PyArg_ParseTuple(args, "O!O!O!OiO!pO", &PyDict_Type, &data, &PyList_Type, &names, &PyList_Type, &kinds,
+                          &tensor_types, &limit, &PyTuple_Type, &stat_keys, &placeholders, &md5_text))
+        return NULL;
+    if (PyList_GET_SIZE(names) != PyList_GET_SIZE(kinds) || PyTuple_GET_SIZE(stat_keys) != 4) {
+        PyErr_SetString(PyExc_ValueError, "a kind per name, four statistics");
+        return NULL;
+    }
+    Found f = {PyList_New(0), PyList_New(0), PyList_New(0), {NULL, 0, 0}};
+    PyObject *grad = PyUnicode_FromString("parameters_grad"), *debug = PyUnicode_FromString("debug");
+    PyObject *placeholder = PyDict_New();
+    PyObject *cols[13] = {NULL};
+    int rc = 0;
+    if (!f.io || !f.path || !f.entry || !grad || !debug || !placeholder)
+        goto error;
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(names) && !rc; r++) {
+        PyObject *name = PyList_GET_ITEM(names, r), *kind = PyList_GET_ITEM(kinds, r);
+        PyObject *raw = PyDict_GetItemWithError(data, name);
+        if (!raw) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, name);
+            goto error;
+        }
+        Py_ssize_t before = PyList_GET_SIZE(f.entry);
+        Py_INCREF(raw);
+        int whole = PyUnicode_Check(kind) && (PyUnicode_Compare(kind, grad) == 0 || PyUnicode_Compare(kind, debug) == 0);
+        if (whole || !PyDict_Check(raw)) {
+            rc = walk_entries(raw, S_empty, &f, whole ? kind : Py_None, r, 0, limit, tensor_types);
+        } else {
+            Py_ssize_t pos = 0;
+            PyObject *key, *value;
+            while (!rc && PyDict_Next(raw, &pos, &key, &value)) {
+                if (!PyUnicode_CheckExact(key)) {
+                    rc = DECLINE;
+                    break;
+                }
+                Py_INCREF(value);
+                rc = walk_entries(value, key, &f, key, r, 0, limit, tensor_types);
+                Py_DECREF(value);
+            }
+        }
+        Py_DECREF(raw);
+        if (rc < 0)
+            goto error;
+        if (!rc && placeholders && PyList_GET_SIZE(f.entry) == before &&
+            (PyList_Append(f.io, Py_None) < 0 || PyList_Append(f.path, Py_None) < 0 ||
+             PyList_Append(f.entry, placeholder) < 0 || i64_push(&f.record, r) < 0))
+            goto error;
+    }
+    if (rc == DECLINE) {
+        Py_DECREF(f.io);
+        Py_DECREF(f.path);
+        Py_DECREF(f.entry);
+        PyMem_Free(f.record.v);
+        Py_DECREF(grad);
+        Py_DECREF(debug);
+        Py_DECREF(placeholder);
+        Py_RETURN_NONE;
+    }
+    /* type, dtype, shape, numel, max, min, mean, norm, md5, has_nan, has_inf, requires_grad, data_name */
+    for (int c = 0; c < 13; c++)
+        if (!(cols[c] = PyList_New(PyList_GET_SIZE(f.entry))))
+            goto error;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(f.entry); i++) {
+        PyObject *entry = PyList_GET_ITEM(f.entry, i);
+        int empty = entry == placeholder;
+        PyObject *v;
+        if (!(v = get_or_none(entry, S_type)))
+            goto error;
+        Py_INCREF(v);
+        PyList_SET_ITEM(cols[0], i, v);
+        if (!(v = get_or_none(entry, S_dtype)))
+            goto error;
+        v = PyUnicode_Check(v) ? v : Py_None;
+        Py_INCREF(v);
+        PyList_SET_ITEM(cols[1], i, v);
+        PyObject *shape = get_or_none(entry, S_shape);
+        if (!shape)
+            goto error;
+        PyObject *numel = numel_of(shape);
+        if (!numel)
+            goto error;
+        PyList_SET_ITEM(cols[3], i, numel);
+        if (numel == Py_None) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(cols[2], i, Py_None);
+        } else {
+            PyObject *dims = PyList_New(PyList_GET_SIZE(shape));
+            if (!dims)
+                goto error;
+            PyList_SET_ITEM(cols[2], i, dims);
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(shape); k++) {
+                PyObject *dim = PyList_GET_ITEM(shape, k);
+                PyObject *as_int = PyLong_CheckExact(dim) ? (Py_INCREF(dim), dim) : PyNumber_Long(dim);
+                if (!as_int)
+                    goto error;
+                PyList_SET_ITEM(dims, k, as_int);
+            }
+        }
+        int nan = 0, inf = 0;
+        for (int k = 0; k < 4; k++) {
+            PyObject *raw = get_or_none(entry, PyTuple_GET_ITEM(stat_keys, k));
+            PyObject *number = raw ? as_number(raw) : NULL;
+            if (!number)
+                goto error;
+            if (PyFloat_Check(number)) {
+                double d = PyFloat_AS_DOUBLE(number);
+                nan |= d != d;
+                inf |= d == Py_HUGE_VAL || d == -Py_HUGE_VAL;
+            }
+            PyList_SET_ITEM(cols[4 + k], i, number);
+        }
+        if (!(v = get_or_none(entry, S_md5)))
+            goto error;
+        if (v == Py_None || PyUnicode_Check(v)) {
+            Py_INCREF(v);
+        } else if (!(v = PyObject_CallOneArg(md5_text, v))) {  /* json.dumps of a 0-d tensor's value */
+            goto error;
+        }
+        PyList_SET_ITEM(cols[8], i, v);
+        PyObject *flag_nan = empty ? Py_None : nan ? Py_True : Py_False;
+        PyObject *flag_inf = empty ? Py_None : inf ? Py_True : Py_False;
+        Py_INCREF(flag_nan);
+        Py_INCREF(flag_inf);
+        PyList_SET_ITEM(cols[9], i, flag_nan);
+        PyList_SET_ITEM(cols[10], i, flag_inf);
+        if (!(v = get_or_none(entry, S_requires_grad)))
+            goto error;
+        v = PyBool_Check(v) ? v : Py_None;
+        Py_INCREF(v);
+        PyList_SET_ITEM(cols[11], i, v);
+        if (!(v = get_or_none(entry, S_data_name)))
+            goto error;
+        v = PyUnicode_Check(v) ? v : Py_None;
+        Py_INCREF(v);
+        PyList_SET_ITEM(cols[12], i, v);
+    }
+    Py_DECREF(f.entry);
+    Py_DECREF(grad);
+    Py_DECREF(debug);
+    Py_DECREF(placeholder);
+    return Py_BuildValue("(NNNNNNNNNNNNNNNN)", i64_bytes(&f.record), f.io, f.path, cols[0], cols[1], cols[2],
+                         cols[3], cols[4], cols[5], cols[6], cols[7], cols[8], cols[9], cols[10], cols[11], cols[12]);
+error:
+    Py_XDECREF(f.io);
+    Py_XDECREF(f.path);
+    Py_XDECREF(f.entry);
+    PyMem_Free(f.record.v);
+    Py_XDECREF(grad);
+    Py_XDECREF(debug);
+    Py_XDECREF(placeholder);
+    for (int c = 0; c < 13; c++)
+        Py_XDECREF(cols[c]);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"leaves", leaves, METH_VARARGS, "every record's leaves as record_leaves walks them (or None)"},
     {"plan_block", plan_block, METH_VARARGS, "compare's rows of some record pairs (or None)"},
     {"leaf_fields", leaf_fields, METH_VARARGS, "Leaves.finish's columns"},
+    {"index_rows", index_rows, METH_VARARGS, "the Parquet index's tensor columns of some records (or None)"},
     {"has_long_integer", has_long_integer, METH_O, "fastjson._has_long_integer"},
     {"with_stand_ins", with_stand_ins, METH_O, "fastjson._with_stand_ins (without the positions)"},
     {"restore_nonfinite", restore_nonfinite, METH_VARARGS, "the stand-ins put back everywhere: their count, or None"},

@@ -12,8 +12,9 @@ import math
 from typing import Any, Iterable, Optional
 
 from msprobe.format.layout import TENSOR_DIR
-from msprobe.format.model import is_valid_shape, tensor_entries
+from msprobe.format.model import MAX_ARG_DEPTH, TENSOR_TYPES, is_valid_shape, tensor_entries
 from msprobe.format.naming import RecordName, read_record_name
+from msprobe.format.native import leafwalk
 from msprobe.format.stats import STAT_COLUMNS, STATISTICS
 
 __all__ = [
@@ -86,7 +87,7 @@ def _num(value: Any) -> Optional[float]:
         try:
             return float(value)
         except OverflowError:
-            return math.copysign(math.inf, value)
+            return math.inf if value > 0 else -math.inf  # copysign would convert the int to a float
     if isinstance(value, str):
         try:
             return float(value)
@@ -117,6 +118,10 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
     """
     stack_ids = stack_ids or {}
     parents = parents or {}
+    native = _native_rows(data, names, placeholders)
+    if native is not None:
+        return _columns_of(native, data, names is not None, (run, step, rank, rank_dir, split), stack_ids, parents,
+                           mapping or {}, locations)
     order = {name: seq for seq, name in enumerate(data)} if names is not None else None
     items = ((name, data[name]) for name in names) if names is not None else iter(data.items())
     records: list = []  # (seq, name, kind, api_type, api_name, call_index, direction, stack_id, parent)
@@ -161,6 +166,51 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
 
 #: the tensor entry of a record's placeholder row (a record without a tensor): every cell null
 _NO_TENSOR: dict = {}
+#: the tensor columns index_rows gives, in its order (after row_record, io and arg_path)
+_NATIVE_COLUMNS = ("type", "dtype", "shape", "numel") + STAT_COLUMNS + ("md5", "has_nan", "has_inf", "requires_grad",
+                                                                       "data_name")
+
+
+def _native_rows(data: Any, names: Optional[Iterable[str]], placeholders: bool) -> Optional[tuple]:
+    """(the records walked, index_rows' columns) from the C walk (``msprobe.format._leafwalk``), or
+    None where it is not there or declines (then the Python code below decides, errors included)."""
+    walker = leafwalk()
+    if walker is None or not isinstance(data, dict):
+        return None
+    walked = list(names) if names is not None else list(data)
+    kinds = [record_fields(name)[0] if isinstance(name, str) else None for name in walked]
+    got = walker.index_rows(data, walked, kinds, TENSOR_TYPES, MAX_ARG_DEPTH, tuple(key for _, key in _STAT_KEYS),
+                            placeholders, json.dumps)
+    return None if got is None else (walked, got)
+
+
+def _columns_of(native: tuple, data: dict, named: bool, where: tuple, stack_ids: dict, parents: dict, mapping: dict,
+                locations: Optional[dict]) -> dict:
+    """:func:`rank_rows`' columns from the C walk's rows (:func:`_native_rows`)."""
+    import numpy as np
+
+    walked, got = native
+    row_record = np.frombuffer(got[0], dtype=np.int64).tolist()
+    count = len(row_record)
+    cols: dict = {column: [value] * count for column, value in zip(("run", "step", "rank", "rank_dir", "split"), where)}
+    order = {name: seq for seq, name in enumerate(data)} if named else None
+    per_record: dict = {}
+    for position in dict.fromkeys(row_record):  # each record with rows, once
+        name = walked[position]
+        kind, api_type, api_name, call_index, direction = record_fields(name)
+        sid = stack_ids.get(name)
+        if sid is None and direction == "backward":
+            sid = stack_ids.get(forward_twin(name, kind))
+        par = parents.get(name)
+        per_record[position] = (order[name] if order is not None else position, name, kind, api_type, api_name,
+                                call_index, direction, sid, par if isinstance(par, str) else None)
+    by_column = zip(*map(per_record.__getitem__, row_record)) if count else [()] * 9  # the rows' records, transposed
+    cols.update(zip(("seq", "record", "kind", "api_type", "api_name", "call_index", "direction", "stack_id", "parent"),
+                    map(list, by_column)))
+    cols["io"], cols["arg_path"] = got[1], got[2]
+    cols.update(zip(_NATIVE_COLUMNS, got[3:]))
+    _file_columns(cols, None, mapping, locations)
+    return {column: cols[column] for column in COLUMNS}
 
 
 def _tensor_columns(sides: list, paths: list, tensors: list, mapping: dict, locations: Optional[dict]) -> dict:
@@ -199,10 +249,16 @@ def _stat_columns(cols: dict, tensors: list) -> None:
             cols[column] = [None if tensor is _NO_TENSOR else flag for flag, tensor in zip(cols[column], tensors)]
 
 
-def _file_columns(cols: dict, tensors: list, mapping: dict, locations: Optional[dict]) -> None:
-    """The data_name and location columns of the rows (into ``cols``)."""
-    data_names = [name if isinstance(name, str) else None for name in (tensor.get("data_name") for tensor in tensors)]
-    cols["data_name"] = data_names
+def _file_columns(cols: dict, tensors: Optional[list], mapping: dict, locations: Optional[dict]) -> None:
+    """The data_name (from ``tensors``, unless None: then it is in ``cols``) and location columns
+    of the rows (into ``cols``)."""
+    if tensors is not None:
+        cols["data_name"] = [name if isinstance(name, str) else None
+                             for name in (tensor.get("data_name") for tensor in tensors)]
+    data_names = cols["data_name"]
+    if not any(data_names):
+        cols["location"] = [None] * len(data_names)
+        return
     if locations is not None:
         cols["location"] = [locations.get(name) if name else None for name in data_names]
     else:

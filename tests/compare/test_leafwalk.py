@@ -11,20 +11,14 @@ fails, it does not skip.
 """
 from __future__ import annotations
 
-import glob
-import os
-
 import pytest
 
 from msprobe.compare import _plan
 from msprobe.compare._plan import PairContext, plan_rows
 from msprobe.compare._rows import record_leaves
-from msprobe.format.fastjson import loads_json_bytes
 from msprobe.format.model import TENSOR_TYPES
 from msprobe.format.native import leafwalk
-
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
-DOCS = sorted(glob.glob(os.path.join(FIXTURES, "**", "dump.json"), recursive=True))
+from tests._dump_docs import fixture_data
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +95,7 @@ def test_leaves_equal_record_leaves_on_crafted_records(walker, tensor_task):
 
 
 def test_leaves_equal_record_leaves_on_every_fixture(walker):
-    assert len(DOCS) > 20
-    for path in DOCS:
-        with open(path, "rb") as handle:
-            doc = loads_json_bytes(handle.read())
-        data = doc.get("data") if isinstance(doc, dict) else None
-        if not isinstance(data, dict):
-            continue
+    for path, data in fixture_data():
         for tensor_task in (False, True):
             assert _c_leaves(walker, data, tensor_task) == _python_leaves(data, tensor_task), path
 
