@@ -593,7 +593,7 @@ def train(args: Any) -> dict:
         raise SystemExit(f"rank {rank} holds layers {held}, not the fault's layer {args.fault_layer}")
     params = [p for chunk in chunks for p in chunk.parameters()]
     opt = torch.optim.Adam(params, lr=1e-3) if args.optimizer == "adam" else torch.optim.SGD(params, lr=args.lr)
-    dbg = PrecisionDebugger(task="statistics", level=args.level, dump_path=args.dump)
+    dbg = PrecisionDebugger(task=args.task, level=args.level, dump_path=args.dump)
     per = GLOBAL_BATCH // args.dp
     losses, norms = [], []
     injected = None
@@ -668,6 +668,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--order", default="tp-dp-pp", help="rank order, the first dimension fastest (Megatron: tp-dp-pp)")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--level", default="mix")
+    ap.add_argument("--task", default="statistics", choices=["statistics", "tensor"])
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--max-norm", dest="max_norm", type=float, default=1.0, help="clip_grad_norm's max (0: no clip)")
@@ -700,14 +701,14 @@ def free_port() -> str:
 def launch(dump: str, truth: str, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: int = 1, order: str = "tp-dp-pp",
            fault: Optional[str] = None, fault_step: int = 1, fault_rank: int = -1, fault_layer: int = 0,
            fault_mb: int = 0, steps: int = 2, level: str = "mix", optimizer: str = "sgd", max_norm: float = 1.0,
-           bias: str = "zero", timeout: float = 600, python: str = sys.executable) -> list:
+           bias: str = "zero", timeout: float = 600, python: str = sys.executable, task: str = "statistics") -> list:
     """Run every rank (tp * pp * dp processes, OMP_NUM_THREADS=1) into ``dump``; returns the
     sidecars in rank order. RuntimeError with the ranks' output when one fails."""
     world = tp * pp * dp
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = [python, os.path.abspath(__file__), os.path.abspath(dump), os.path.abspath(truth), "--tp", str(tp),
             "--pp", str(pp), "--dp", str(dp), "--vpp", str(vpp), "--order", order, "--steps", str(steps),
-            "--level", level, "--optimizer", optimizer, "--max-norm", str(max_norm), "--bias", bias]
+            "--level", level, "--optimizer", optimizer, "--max-norm", str(max_norm), "--bias", bias, "--task", task]
     if fault:
         argv += ["--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank),
                  "--fault-layer", str(fault_layer), "--fault-mb", str(fault_mb)]

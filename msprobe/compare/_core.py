@@ -316,7 +316,7 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
                 merged = pairs = layout_pairs(target_dump, bench_dump, _paired_steps(
                     {s.step for s in target_dump.sources}, {s.step for s in bench_dump.sources}, step),
                     layout, bench_layout)
-                mode, workers = layout_mode(mode), 1
+                mode, workers = layout_mode(mode, [(_task(t), _task(b)) for t, b in pairs]), 1
             else:
                 pairs = pair_sources(target_dump, bench_dump, step=step, rank=rank)
             options = _options(pairs, mode, timestamp, xlsx, structural, fuzzy, stack, mapping, threshold, engine)

@@ -83,15 +83,16 @@ def merged_dump(dump: Any, layout: str, reference: Any = None) -> Any:
     return SimpleNamespace(sources=sources, dialect=getattr(dump, "dialect", None), url=getattr(dump, "url", None))
 
 
-def layout_mode(mode: str) -> str:
-    """The compare mode of merged sides: statistics (md5 and tensor refused with the reason)."""
+def layout_mode(mode: str, tasks: Optional[list] = None) -> str:
+    """The compare mode of merged sides: statistics or tensor (the shards' tensors concatenated,
+    spec/FORMAT.md 26.6); md5 refused with the reason. ``auto``: tensor when every side's dump
+    (``tasks``: the tasks of each pair's documents) holds tensors, else statistics."""
     if mode == "md5":
         raise ConfigError("--layout: md5 values are CRCs of each shard's bytes and cannot be merged into the "
-                          "whole tensor's; compare merged layouts in statistics mode")
-    if mode == "tensor":
-        raise ConfigError("--layout: tensor mode is not merged yet (the shards' tensors are not concatenated); "
-                          "compare merged layouts in statistics mode")
-    return "statistics"
+                          "whole tensor's; compare merged layouts in statistics or tensor mode")
+    if mode == "auto":
+        return "tensor" if tasks and all(task == "tensor" for pair in tasks for task in pair) else "statistics"
+    return mode
 
 
 #: the answers of a compare, and the side each one is of

@@ -81,6 +81,7 @@ class _Merger:
         self.suspects: dict = {}
         self.name = ""
         self.partial_values: list = [set() for _ in members]  # per member: signatures of partial values
+        self.tensors: Any = None  # the merged step's TensorRecipes (a tensor dump), else None
 
     @property
     def ranks(self) -> list:
@@ -164,7 +165,19 @@ class _Merger:
             nodes = [dict(n, **{stat: n[stat] / self.scale_backward for stat in _STATS
                                 if isinstance(n.get(stat), float)}) for n in nodes]
         self._outside(nodes, ref, path)
-        return merge_shard_stats(nodes, reading)
+        divisor = self.scale_backward if self.scale_backward != 1.0 and _is_backward(self.name) else 1.0
+        return self._tensor(merge_shard_stats(nodes, reading), "cat", nodes, reading, divisor)
+
+    def _tensor(self, merged: dict, how: str, nodes: list, dim: int = 0, divisor: float = 1.0) -> dict:
+        """``merged`` naming the tensor made of the members' (:mod:`msprobe.readers._merge_tensors`),
+        or none when they have none."""
+        made = self.tensors.made(how, [n.get("data_name") for n in nodes], dim, divisor) \
+            if self.tensors is not None else None
+        if made is None:
+            merged.pop("data_name", None)
+        else:
+            merged["data_name"] = made
+        return merged
 
     def _partial_leaf(self, nodes: list, path: str) -> Optional[dict]:
         """The leaf as a partial value (:meth:`_partial_value`) when it is one: an input every member
@@ -187,8 +200,11 @@ class _Merger:
         if not all(r is not None for r in results):
             return nodes, False
         nodes = [dict(n, **{stat: r.get(stat) for stat in _STATS}) for n, r in zip(nodes, results)]
-        for n in nodes:
+        for n, r in zip(nodes, results):
             n.pop("md5", None)
+            n.pop("data_name", None)
+            if self.tensors is not None and r.get("data_name") is not None:
+                n["data_name"] = r["data_name"]  # the all_reduce's result: the sum one card computes
         return nodes, True
 
     def _replicas(self, nodes: list, ref: Optional[dict], path: str, reduced: bool) -> dict:
@@ -219,6 +235,7 @@ class _Merger:
             self.partial_values[i].add(_signature(n))
         merged = dict(present[0][1], **{stat: None for stat in _STATS})
         merged.pop("md5", None)
+        merged.pop("data_name", None)  # no tensor of the whole either
         self.kinds[path] = "partial of shards"
         return merged
 
@@ -232,7 +249,7 @@ class _Merger:
         if all(isinstance(v, (int, float)) for v in means):
             merged[MEAN.key] = sum(means) / len(means)
         self.kinds[path] = "data-parallel partial: the replicas' mean"
-        return merged
+        return self._tensor(merged, "average", nodes)
 
     def _mean(self, nodes: list, path: str) -> dict:
         """One value per replica (a loss averaged over each replica's share of the batch): their mean."""
@@ -243,7 +260,7 @@ class _Merger:
             mean = sum(values) / len(values)
             merged.update({MAX.key: mean, MIN.key: mean, MEAN.key: mean, NORM.key: abs(mean)})
         self.kinds[path] = "mean over the replicas"
-        return merged
+        return self._tensor(merged, "average", nodes)
 
     def _anomalies(self, nodes: list, path: str) -> None:
         """The members alone holding a NaN/Inf: suspects of this leaf."""

@@ -48,6 +48,7 @@ from msprobe.readers._merge_leaf import (
     _shape,
 )
 from msprobe.readers._merge_order import _align, model_order
+from msprobe.readers._merge_tensors import PREFIX, TensorRecipes, tensor_views
 
 __all__ = ["MergedSource", "merge_dump_step", "read_layout", "Layout", "model_order", "shapes_of", "other_shapes_of"]
 
@@ -61,11 +62,11 @@ class MergedSource:
     """A record source holding the merged records of one logical model (one step)."""
 
     def __init__(self, step: Any, rank: Optional[int], rank_dir: str, url: str, document: DumpDocument,
-                 parents: dict, frames: dict, report: dict):
+                 parents: dict, frames: dict, report: dict, tensors: Optional[TensorRecipes] = None):
         self.step, self.rank, self.rank_dir, self.url = step, rank, rank_dir, url
         self._document, self._parents, self._frames = document, parents, frames
         self.report = report
-        self.store = None
+        self.store = tensors  # reads the merged tensors (spec/FORMAT.md 26.6) as a store reads files
 
     @property
     def key(self) -> tuple:
@@ -78,8 +79,10 @@ class MergedSource:
         return self._document.data.get(name)
 
     def tensor_key(self, data_name: str) -> str:
-        raise ConfigError("a merged parallel layout holds statistics only: its tensors are not files "
-                          "(compare it in statistics mode)")
+        if self.store is None or not str(data_name).startswith(PREFIX):
+            raise ConfigError("this merged parallel layout holds statistics only (its ranks dumped no tensors): "
+                              "compare it in statistics mode")
+        return data_name + ".npy"  # what the recipe's store reads back (its name may end like a rank's file)
 
     def stack_ids(self) -> dict:
         return {}
@@ -111,8 +114,8 @@ def _span(previous: dict, later: dict, name: str) -> dict:
     if name.endswith(".forward") or ".forward." in name:
         if "output" in later:
             merged["output"] = later["output"]
-    else:
-        for key in ("input_args", "input_kwargs"):
+    else:  # a backward record's inputs are under "input" (the gradients of the module's outputs)
+        for key in ("input", "input_args", "input_kwargs"):
             if key in later:
                 merged[key] = later[key]
     return merged
@@ -139,14 +142,18 @@ def _hints(stages: list) -> Optional[list]:
 
 
 def merge_model(stages: list, reference: Optional[dict] = None, other_shapes: Optional[dict] = None,
-                peers: Optional[list] = None, factors: tuple = (1.0,)) -> tuple:
+                peers: Optional[list] = None, factors: tuple = (1.0,), tensors: Optional[TensorRecipes] = None) -> tuple:
     """``stages``: [[source of each tp rank] per pipeline stage]; returns (data, parents, frames,
     report) of the logical model. ``reference``: the other side's records (statistics) under the
     logical names; ``other_shapes``: the other side's shapes (:func:`shapes_of`, or what its
     layout can make of its shards), which tell a shard from a replica; ``peers``: the stages of the
     other data-parallel replicas (the same tensor there tells a parameter from a piece of the batch);
-    ``factors``: what a gradient may be divided by before its all_reduce (1, and dp)."""
-    return _ModelMerge(stages, reference or {}, other_shapes, peers or [], factors).run()
+    ``factors``: what a gradient may be divided by before its all_reduce (1, and dp); ``tensors``: the
+    recipes of the merged tensors (a tensor dump)."""
+    merge = _ModelMerge(stages, reference or {}, other_shapes, peers or [], factors)
+    for merger in merge.mergers:
+        merger.tensors = tensors
+    return merge.run()
 
 
 class _ModelMerge:
@@ -431,7 +438,7 @@ def other_shapes_of(sources: list, layout: Optional[Layout]) -> dict:
     return model_shapes(_stage_sources(by_rank, models[0][1], vpp))
 
 
-def join_replicas(models: list, reference: dict, other_shapes: dict) -> tuple:
+def join_replicas(models: list, reference: dict, other_shapes: dict, tensors: Optional[TensorRecipes] = None) -> tuple:
     """One logical model of the data-parallel replicas' merged models ``[(data, parents, frames,
     report)]``: each tensor joined along the batch (the dimension the other side's shape names) or
     kept once (parameters, reduced gradients) by :class:`_Merger`; backward statistics of joined
@@ -442,6 +449,7 @@ def join_replicas(models: list, reference: dict, other_shapes: dict) -> tuple:
     members = [sorted({rank for entry in report["records"].values() for rank in entry["ranks"]}) for report in reports]
     findings: list = []
     merger = _Merger(members, reference, other_shapes, findings, scale_backward=float(len(models)))
+    merger.tensors = tensors
     first_data, parents, frames, _ = models[0]
     base = list(first_data)
     maps: list = []
@@ -546,6 +554,10 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
     they hold pieces of the other side's batch. ``reference``: the other side's records;
     ``other_shapes``: its shapes (default: those of ``reference``). ConfigError when the ranks do
     not fit the layout."""
+    recipes = TensorRecipes()
+    viewed = tensor_views(sources, recipes)
+    tensors = recipes if any(view is not source for view, source in zip(viewed, sources)) else None
+    sources = viewed
     text, models, warnings, vpp = layout_models(sources, layout)
     by_rank = {source.rank: source for source in sources}
     if other_shapes is None and reference:
@@ -557,23 +569,24 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
         wanted = {name: {path: _shrunk(shapes, dp) for path, shapes in paths.items()}
                   for name, paths in (other_shapes or {}).items()}
         each = [merge_model(stages, reference, wanted, [other for j, (_, other) in enumerate(replicas) if j != i],
-                            (1.0, float(dp))) for i, (_, stages) in enumerate(replicas)]
-        data, parents, frames, report = join_replicas(each, reference or {}, other_shapes or {})
+                            (1.0, float(dp)), tensors) for i, (_, stages) in enumerate(replicas)]
+        data, parents, frames, report = join_replicas(each, reference or {}, other_shapes or {}, tensors)
         raw = dict(first.document().raw)
         raw["data"] = data
         report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas],
                        "warnings": warnings, "stages": [[s.rank for s in stage] for _, stages in replicas
                                                         for stage in stages],
                        "replicas": [[[s.rank for s in stage] for stage in stages] for _, stages in replicas]})
-        return [MergedSource(first.step, None, "merged", first.url, DumpDocument(raw), parents, frames, report)]
+        return [MergedSource(first.step, None, "merged", first.url, DumpDocument(raw), parents, frames, report,
+                             tensors)]
     out = []
     for index, (key, stage_sources) in enumerate(replicas):
-        data, parents, frames, report = merge_model(stage_sources, reference, other_shapes)
+        data, parents, frames, report = merge_model(stage_sources, reference, other_shapes, tensors=tensors)
         head = stage_sources[0][0]
         raw = dict(head.document().raw)
         raw["data"] = data
         report.update({"layout": text, "model": index, "dp_cp_ep": list(key), "warnings": warnings,
                        "stages": [[source.rank for source in stage] for stage in stage_sources]})
         out.append(MergedSource(head.step, None, f"merged{index}" if len(replicas) > 1 else "merged",
-                                head.url, DumpDocument(raw), parents, frames, report))
+                                head.url, DumpDocument(raw), parents, frames, report, tensors))
     return out

@@ -2,7 +2,7 @@
 (gloo, 127.0.0.1), dumped by our PrecisionDebugger; with WORLD_SIZE=1 the same model on one card
 (tp 1, pp 1: the same module classes, no communication).
 
-Usage: python _tp_pp_child.py DUMP_PATH TP PP [FAULT_RANK] (RANK, WORLD_SIZE, MASTER_PORT, LEVEL (mix)
+Usage: python _tp_pp_child.py DUMP_PATH TP PP [FAULT_RANK] (RANK, WORLD_SIZE, MASTER_PORT, LEVEL (mix), TASK (statistics)
 in the environment). A forward and backward pass (the loss: the mean square of the head's output);
 the gradients travel back through the stages with send/recv and, as Megatron's copy-to-region
 does, the column-parallel input's gradient is all_reduced over the tensor-parallel group. Ranks follow Megatron's order tp-dp-pp: rank = pp_rank * TP + tp_rank. The model:
@@ -124,7 +124,8 @@ def main(dump_path: str, tp: int, pp: int, fault_rank: int) -> None:
     if rank == fault_rank and model.head is not None:
         with torch.no_grad():
             model.head.bias.add_(0.25)  # a replica of a replicated parameter that disagrees
-    dbg = PrecisionDebugger(task="statistics", level=os.environ.get("LEVEL", "mix"), dump_path=dump_path)
+    dbg = PrecisionDebugger(task=os.environ.get("TASK", "statistics"), level=os.environ.get("LEVEL", "mix"),
+                            dump_path=dump_path)
     x = _full((2, 3, H), 7)
     dbg.start(model)
     if stage > 0:

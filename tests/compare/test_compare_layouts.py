@@ -33,11 +33,12 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _run(dump: Path, tp: int, pp: int, fault: int = -1, level: str = "mix") -> None:
+def _run(dump: Path, tp: int, pp: int, fault: int = -1, level: str = "mix", task: str = "statistics") -> None:
     world = tp * pp
     port = _port()
     procs = [subprocess.Popen([sys.executable, CHILD, str(dump), str(tp), str(pp), str(fault)],
                               env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_PORT=str(port), LEVEL=level,
+                                       TASK=task,
                                        MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONPATH=REPO),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
     outs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in procs]
@@ -48,7 +49,9 @@ def _run(dump: Path, tp: int, pp: int, fault: int = -1, level: str = "mix") -> N
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("layouts")
     for name, args in (("single", (1, 1)), ("tp2pp2", (2, 2)), ("fault", (2, 2, 3)),
-                       ("single_L1", (1, 1, -1, "L1")), ("tp2pp2_L1", (2, 2, -1, "L1"))):
+                       ("single_L1", (1, 1, -1, "L1")), ("tp2pp2_L1", (2, 2, -1, "L1")),
+                       ("single_T", (1, 1, -1, "mix", "tensor")), ("tp2pp2_T", (2, 2, -1, "mix", "tensor")),
+                       ("fault_T", (2, 2, 3, "mix", "tensor"))):
         _run(root / name, *args)
     return root
 
@@ -94,6 +97,35 @@ def test_a_shard_fault_is_found_on_its_rank(runs, tmp_path):
     assert bias and bias[0]["finding"] == "replicas disagree" and bias[0]["differ_from_bench"] == [3]
 
 
+def test_tensor_mode_compares_the_shards_concatenated(runs, tmp_path):
+    """Tensor dumps of a parallel run: each merged leaf's tensor is made of the ranks' files (shards
+    concatenated, a partial sum's all_reduce result, a replica's own file): against the single card's
+    every row's tensors agree (Cosine 1, MaxAbsErr within float32 sums); a shard x1.5 on rank 3 is
+    where the error enters, on rank [3]; the Data_name column says which ranks' files a row is made of."""
+    summary = compare(str(runs / "tp2pp2_T"), str(runs / "single_T"), str(tmp_path / "ok"), layout="tp=2,pp=2",
+                      plot=False)
+    assert summary["mode"] == "tensor"
+    (pair,) = summary["pairs"]
+    assert pair["matched_records"] == 85 and summary["origin"] is None and summary["first_divergence"] is None
+    found = _rows(tmp_path / "ok")
+    assert {row["Result"] for row in found} == {"pass"}
+    compared = [row for row in found if row["Cosine"] not in ("unsupported", "N/A")]
+    assert len(compared) > 150
+    for row in compared:
+        assert float(row["Cosine"]) > 0.99999 and float(row["MaxAbsErr"]) < 1e-5, (row["NPU Name"], row["Cosine"])
+    weight = next(row for row in found if row["NPU Name"] == "Functional.linear.0.forward.input.1")
+    assert weight["NPU Tensor Shape"] == "[32, 8]" and float(weight["MaxAbsErr"]) == 0.0
+    assert "cat(rank0/Functional.linear.0.forward.input.1.pt, rank1/Functional.linear.0.forward.input.1.pt)" \
+        in weight["Data_name"]
+    summary = compare(str(runs / "fault_T"), str(runs / "single_T"), str(tmp_path / "fault"), layout="tp=2,pp=2",
+                      plot=False)
+    origin = summary["origin"]
+    assert origin["record"] == "Functional.linear.4.forward" and origin["argument"] == "input.1"
+    assert summary["layout"]["origin"]["suspect_ranks"] == [3]
+    row = next(row for row in _rows(tmp_path / "fault") if row["NPU Name"] == "Functional.linear.4.forward.input.1")
+    assert float(row["MaxAbsErr"]) > 0.01  # the x1.5 shard, read from rank 3's file
+
+
 def test_cli_layout_and_refusals(runs, tmp_path, capsys):
     from msprobe.cli import main
 
@@ -123,7 +155,7 @@ def test_doc_transcripts_are_what_it_prints(runs, tmp_path, capsys, monkeypatch)
     from msprobe.cli import main
 
     monkeypatch.chdir(runs)
-    transcripts = _transcripts()
+    transcripts = [(args, shown) for args, shown in _transcripts() if "./vpp/step0" not in args]  # vpp: its own test
     assert len(transcripts) == 2
     for args, shown in transcripts:
         out = str(tmp_path / args[1].strip("./"))
@@ -475,6 +507,26 @@ def test_a_virtual_pipeline_merges_into_the_single_cards_records(pp, vpp, batche
     assert merged.report["records"]["Module.layers.1.L.forward.0"]["ranks"] == [1]
     (auto,) = merge_dump_step(ranks, None, single)
     assert auto.document().data == data and f"vpp={vpp}" in auto.report["layout"]
+
+
+def test_a_module_spanning_stages_takes_its_backward_inputs_from_the_last_stage():
+    """A module on two stages (a TransformerBlock each stage holds part of): forward, its inputs are
+    the first stage's and its outputs the last's; backward, its inputs (the gradients of its outputs,
+    under "input") the last stage's and its outputs the first's."""
+    from msprobe.readers._merged import merge_model
+
+    x0, x1, x2, g2, g1, g0 = (_t((2, 4), v) for v in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0))
+    stage0 = {"Module.block.B.forward.0": {"input_args": [x0], "output": [x1]},
+              "Distributed.send.0.forward": _p2p("send", 1, x1),
+              "Distributed.recv.0.forward": _p2p("recv", 1, g1),
+              "Module.block.B.backward.0": {"input": [g1], "output": [g0]}}
+    stage1 = {"Distributed.recv.0.forward": _p2p("recv", 0, x1),
+              "Module.block.B.forward.0": {"input_args": [x1], "output": [x2]},
+              "Module.block.B.backward.0": {"input": [g2], "output": [g1]},
+              "Distributed.send.0.forward": _p2p("send", 0, g1)}
+    data, _, _, _ = merge_model([[_Rank(0, stage0, {})], [_Rank(1, stage1, {})]], {})
+    assert data["Module.block.B.forward.0"] == {"input_args": [x0], "output": [x2]}
+    assert data["Module.block.B.backward.0"] == {"input": [g2], "output": [g0]}
 
 
 def test_adjacent_sends_and_receives_do_not_wait_for_each_other():

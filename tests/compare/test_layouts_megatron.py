@@ -114,3 +114,26 @@ def test_layout_auto_reads_the_data_parallel_replicas_and_a_lone_card_suggests_a
     with pytest.raises(ConfigError, match="--layout tp=T,pp=P"):
         compare(target, B.run_dir(runs["out"], bench_run, "healthy"), str(tmp_path / "none"), plot=False,
                 progress=False)
+
+
+def test_the_virtual_pipeline_transcript_is_what_compare_prints(runs, tmp_path, capsys):
+    """docs/compare.md's vpp transcript (``./vpp`` the TP2xPP2 vpp=2 run, ``./single`` the single card)
+    is what the command prints on these runs."""
+    import re
+    from pathlib import Path
+
+    from msprobe.cli import main
+
+    sys.path.insert(0, HERE)
+    from test_compare_layouts import _transcripts
+
+    (args, shown), = [(args, shown) for args, shown in _transcripts() if "./vpp/step0" in args]
+    target_run, bench_run, _, _ = B.GROUPS["vpp"]
+    where = {"./vpp/step0": str(Path(B.run_dir(runs["out"], target_run, "healthy")) / "step0"),
+             "./single/step0": str(Path(B.run_dir(runs["out"], bench_run, "healthy")) / "step0"),
+             "./out": str(tmp_path / "out")}
+    assert main([where.get(arg, arg) for arg in args] + ["--no-plot"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    for line in shown:
+        pattern = re.escape(line).replace(re.escape("<ts>"), r"\S+").replace(re.escape("[...]"), ".*")
+        assert any(re.fullmatch(pattern, each) for each in printed), (line, printed)
