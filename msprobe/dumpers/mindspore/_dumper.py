@@ -8,8 +8,9 @@
   the instance's class is swapped for a subclass whose ``__call__`` records
   ``Primitive.<attribute>.<Class>.<n>``; their gradients arrive through ``ops.HookBackward``
   on the inputs and outputs, in arrival order, as the real tool records them.
-* Cells (L0/mix): forward pre/post hooks, backward pre/post hooks, and Parameter hooks for
-  ``parameters_grad``.
+* Cells (L0/mix): forward pre/post hooks; their backward observed on MindSpore's autograd graph
+  (_observer.py: pre hooks on the outputs' nodes, post hooks on the Cell's own nodes, no node added),
+  and Parameter hooks for ``parameters_grad``.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from mindspore.ops import Primitive
 from msprobe.dumpers.adapter import ApiCall, ApiCaller, FrameworkAdapter
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.control import DumperCore, ModuleForwardHooks, core_attribute, render_stack
+from msprobe.dumpers.mindspore import _observer
 from msprobe.dumpers.mindspore._apis import GUARD, PIJIT_CONTEXT, ApiPatcher, import_first
 from msprobe.dumpers.mindspore._encode import Encoder, fetch_stats
 from msprobe.dumpers.mindspore._graph import GraphCellDump, is_jit_cell
@@ -117,7 +119,10 @@ class MindSporeDumper(FrameworkAdapter):
         self.pending_param_grads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
         self._graph: Optional[GraphCellDump] = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
         self._warned_points = False
-        self._reroutes = False  # a Cell's backward is hooked (PyNative): said once at start(), see _warn_reroute
+        # the Cells' backward observed without changing the graph (_observer.py); None: this MindSpore
+        # shows no autograd graph to Python, and MindSpore's Cell backward hooks are used instead
+        self.observer = _observer.CellObserver(_EXECUTOR) if _observer.SUPPORTED else None
+        self._reroutes = False  # a Cell's backward is hooked by MindSpore's hooks: said once at start(), see _warn_reroute
         self._warned_reroute = False
         if self.core.apis_dumped and not _graph_mode():
             # the API wrappers go in when the debugger is created, as 26.2.0 does: a Cell built after it
@@ -161,6 +166,8 @@ class MindSporeDumper(FrameworkAdapter):
             self._warn_no_points()
 
     def flush_records(self) -> None:
+        if self.observer is not None:
+            self.observer.flush_all()
         if self._graph is not None:
             self._graph.flush_param_grads()
         self.flush_param_grads()
@@ -216,6 +223,8 @@ class MindSporeDumper(FrameworkAdapter):
         docs: stop before the backward, step after it)."""
         self.stop()
         core = self.core
+        if self.observer is not None:
+            self.observer.flush_all()
         self.flush_param_grads()
         core.fix_dangling_parents()
         if self._graph is None:  # (GRAPH_MODE says it itself: _warn_no_points)
@@ -306,7 +315,14 @@ class MindSporeDumper(FrameworkAdapter):
             return orig(*args, **kwargs)
         cell = _ApiCell(orig)
         hook = self.core.api_backward_hook(bwd, record)
-        cell.register_backward_hook(lambda _cell, grad_input, grad_output: hook(grad_input, grad_output))
+        observer, order = self.observer, next(_observer.ORDER)
+
+        def on_backward(_cell, grad_input, grad_output):
+            if observer is not None:  # the Cell calls begun after this one are written first
+                observer.api_event(order)
+            return hook(grad_input, grad_output)
+
+        cell.register_backward_hook(on_backward)
         return cell(*args, **kwargs)
 
     # ------------------------------------------------------------------ Cells
@@ -334,7 +350,7 @@ class MindSporeDumper(FrameworkAdapter):
                     self._graph_dump(split=not graph).wrap(sub, key)
                 else:
                     _CellHooks(self, sub, key)
-                    self._reroutes = self._reroutes or self.config.backward_enabled
+                    self._reroutes = self._reroutes or (self.config.backward_enabled and self.observer is None)
 
     def _graph_dump(self, split: bool):
         """The dump points' owner; ``split`` (jit Cells in PyNative): the documented layout, jit
@@ -487,11 +503,14 @@ class _HookedCalls(ApiCaller):
         core_ref = weakref.ref(dumper.core)
         captured: list = []
         generation = dumper.core.generation
+        observer, order = dumper.observer, next(_observer.ORDER)
 
         def hook(grad):
             core = core_ref()
             if core is None or not core.live(generation):
                 return None
+            if observer is not None:  # the Cell calls begun after this one are written first
+                observer.api_event(order)
             captured.extend(grad if isinstance(grad, (tuple, list)) else (grad,))
             parent = core.bw_stack[-1] if core.bw_stack else None
             if core.config.task == "structure" or not core.filter.wanted(bwd, True,
@@ -613,28 +632,78 @@ class _JitPatches:
 
 
 class _CellHooks(ModuleForwardHooks):
-    """One Cell's hooks (L0/mix in PyNative): forward pre/post (its records), backward pre/post
-    (its backward record, after its parameters_grad)."""
+    """One Cell's hooks (L0/mix in PyNative): forward pre/post (its records) and, with the backward
+    dumped, the observer of each call's backward (_observer.py: tensor hooks on its outputs, post hooks
+    on its own nodes; its record after its parameters_grad). A MindSpore without the autograd graph in
+    Python gets MindSpore's Cell backward pre/post hooks instead (identity nodes: start() warns)."""
 
     def __init__(self, dumper: MindSporeDumper, cell: nn.Cell, key: str) -> None:
         super().__init__(dumper, key)  # calls: forward calls in flight, (fwd, rec, parent, stack) or None
-        self.done: list = []  # finished forward indexes, popped by the backward pass (LIFO)
-        self.running: list = []  # backward calls in flight: (backward name, recorded)
+        self.inputs: list = []  # per forward call in flight: its observed inputs (None: not observed)
+        self.done: list = []  # (MindSpore's hooks) finished forward indexes, popped by the backward pass (LIFO)
+        self.running: list = []  # (MindSpore's hooks) backward calls in flight: (backward name, recorded)
         handles = dumper.cell_handles
         handles.append(cell.register_forward_pre_hook(self.pre, with_kwargs=True))
         handles.append(cell.register_forward_hook(self.post, with_kwargs=True))
-        if dumper.config.backward_enabled:
+        self.observer = dumper.observer if dumper.config.backward_enabled else None
+        if dumper.config.backward_enabled and self.observer is None:
             handles.append(cell.register_backward_pre_hook(self.backward_pre))
             handles.append(cell.register_backward_hook(self.backward_post))
+
+    def pre(self, module, args, kwargs):
+        super().pre(module, args, kwargs)
+        if self.observer is not None:
+            observe = self.calls[-1] is not None and _grad_recording()
+            self.inputs.append(self.observer.inputs(args, kwargs or {}) if observe else None)
+        return None
 
     def post(self, cell, args, kwargs, output):
         dumper = self.dumper()
         item = self.calls.pop() if self.calls else None
+        inputs = self.inputs.pop() if self.inputs else None
         if item is not None and dumper is not None:
-            if _grad_recording():
+            if self.observer is None and _grad_recording():
                 self.done.append((int(item[0].rsplit(".", 1)[1]), dumper.core.generation))
             dumper.core.module_forward_end(item, cell, self.key, output)
+            if inputs is not None:
+                self._observe(dumper, item[0], inputs, output)
         return None
+
+    def _observe(self, dumper: MindSporeDumper, fwd: str, inputs: Any, output: Any) -> None:
+        """Hook the backward of the call ``fwd`` (spec/PRODUCER.md §20 item 43: observed, not rerouted)."""
+        dumper_ref = self.dumper
+        bwd = fwd.replace(".forward.", ".backward.")
+        generation = dumper.core.generation
+        key = self.key
+
+        def begin():
+            alive = dumper_ref()
+            if alive is not None and alive.core.live(generation):
+                alive.core.filter.scope_enter(bwd)
+                alive.core.bw_stack.append(bwd)
+
+        def leave():
+            alive = dumper_ref()
+            if alive is not None and bwd in alive.core.bw_stack:
+                alive.core.bw_stack.remove(bwd)
+
+        def done(grad_output, grad_input):
+            alive = dumper_ref()
+            if alive is None or not alive.core.live(generation):
+                return
+            alive.flush_param_grads(key + ".parameters_grad")
+            alive.core.module_backward(bwd, fwd, grad_output, grad_input, live=True)
+
+        observer = self.observer
+        if observer is None:
+            return
+        GUARD.inside = True
+        try:
+            observer.observe(inputs, output, begin, leave, done)
+        except Exception:  # noqa: BLE001 - never break training for the dump
+            pass
+        finally:
+            GUARD.inside = False
 
     def backward_pre(self, cell, grad_output):
         dumper = self.dumper()

@@ -5,6 +5,7 @@ hex digests of the raw bytes). ms_test_observer.py compares the fingerprints bit
 
 usage: python ms_observer_models.py --model rmsnorm|dropout|batchnorm [--level L0|L1|mix
        --task statistics|md5|tensor --dump-path DIR [--data-mode all|forward|backward]] [--seed-all]
+       [--cell-hooks]
 
 * ``rmsnorm``: pre-norm residual blocks whose RMSNorm-like Cell takes a tensor that also feeds the
   residual (used inside and outside a Cell: its gradient is a sum of two paths), Adam;
@@ -117,7 +118,7 @@ def batch(step: int):
 
 
 def run(name: str, level=None, task: str = "statistics", dump_path=None, seeded: bool = False,
-        data_mode: str = "all") -> dict:
+        data_mode: str = "all", cell_hooks: bool = False) -> dict:
     import mindspore
     from mindspore import ops
 
@@ -135,6 +136,10 @@ def run(name: str, level=None, task: str = "statistics", dump_path=None, seeded:
     if level is not None:
         from msprobe.mindspore import PrecisionDebugger
 
+        if cell_hooks:  # the dumper as on a MindSpore without the autograd graph in Python: its Cell hooks
+            from msprobe.dumpers.mindspore import _observer
+
+            _observer.SUPPORTED = False
         kind = "statistics" if task == "md5" else task  # md5: statistics with summary_mode md5
         cfg = {"task": kind, "dump_path": dump_path, "rank": [], "step": [], "level": level,
                kind: {"scope": [], "list": [], "data_mode": [data_mode], **({"summary_mode": "md5"} if task == "md5" else {})}}
@@ -190,8 +195,11 @@ def main(argv=None) -> None:
     ap.add_argument("--dump-path")
     ap.add_argument("--seed-all", action="store_true")
     ap.add_argument("--data-mode", default="all", choices=["all", "forward", "backward"])
+    ap.add_argument("--cell-hooks", action="store_true",
+                    help="record the Cells' backward through MindSpore's Cell backward hooks (identity nodes)")
     args = ap.parse_args(argv)
-    print(json.dumps(run(args.model, args.level, args.task, args.dump_path, args.seed_all, args.data_mode)))
+    print(json.dumps(run(args.model, args.level, args.task, args.dump_path, args.seed_all, args.data_mode,
+                         args.cell_hooks)))
     sys.stdout.flush()
 
 
