@@ -28,6 +28,11 @@ class ServerApi {
   }
   meta() { return this.get("api/meta"); }
   overview() { return this.get("api/overview"); }
+  // the set-up's progress while a first look is served ({loading: false} once the view is whole)
+  async progress() {
+    const r = await fetch(new URL("api/progress", window.location.href), { headers: { "X-Msprobe-Token": this.token }, credentials: "same-origin" });
+    return await r.json();
+  }
   rows(cell, begin, end, f) { return this.get("api/rows", { cell, begin, end, ...pick(f) }); }
   tree(cell, node, side = "target") { return this.get("api/tree", { cell, node: node || "", side }); }
   treePath(cell, record, side = "target") { return this.get("api/tree_path", { cell, record, side }); }

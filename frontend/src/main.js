@@ -198,6 +198,7 @@ function renderOverview() {
   // tens of ms, while objects, split areas, borders and auto-spaced labels cost it ten times that
   const data = cells.map((c) => [xOf.get(c.rank_dir), yOf.get(rowKey(c)), level(c)]);
   const cellAt = (pt) => (pt && pt.dataIndex !== undefined ? cells[pt.dataIndex] : null);
+  if (charts.overview && !charts.overview.isDisposed()) charts.overview.dispose();  // drawn again: the whole view
   const chart = echarts.init(chartBox, null, { renderer: "canvas" });
   charts.overview = chart;
   const dense = rankDirs.length * rowKeys.length > 400;
@@ -626,9 +627,47 @@ async function firstAnswers() {
         el("ol", {}, ...l.stages.map(([name, t], k) => el("li", { class: k === l.stages.length - 1 && !l.error ? "current" : "done", text: `${name} (${t} s)` }))));
       setStatus(l.error ? l.error : `building the view: ${l.stage}`, !!l.error);
       if (l.error) throw e;
-      await new Promise((res) => setTimeout(res, 500));
+      await new Promise((res) => setTimeout(res, 200));
     }
   }
+}
+
+// msprobe view serves a first look (a pair's first records compared, a lake's cells counted from its
+// index) while it builds the whole view: a banner says so and what is being built; once the whole view
+// is ready the page takes it in place (the same cell, tab and record)
+async function whileFirstLook() {
+  const box = el("div", { class: "first-look", id: "first-look" });
+  main.prepend(box);
+  for (;;) {
+    let p = null;
+    try { p = await api.progress(); } catch (e) { p = null; }
+    if (p && p.error) {
+      box.replaceChildren(el("b", { text: "The view could not be built" }), " ", el("span", { text: p.error }));
+      setStatus(p.error, true);
+      return;
+    }
+    if (p && !p.loading) break;
+    box.replaceChildren(el("b", { text: "First look" }), " ", el("span", { text: state.meta.first_look.note }),
+      el("span", { class: "hint", id: "first-look-stage", text: p ? ` · ${p.stage} (${p.elapsed_s} s since msprobe view started)` : "" }));
+    await new Promise((res) => setTimeout(res, 1000));
+  }
+  const [meta, ov] = await Promise.all([api.meta(), api.overview()]);
+  const was = state.meta.cells.find((c) => c.cell === state.cell);
+  const same = was && meta.cells.find((c) => (c.run ?? "") === (was.run ?? "") && c.step === was.step && c.rank_dir === was.rank_dir);
+  state.meta = meta; state.overview = ov;
+  box.remove();
+  applying++;
+  try {
+    renderOverview();
+    openCell(same ? same.cell : ov.first_cell !== null ? ov.first_cell : (meta.cells[0] || { cell: 0 }).cell, null);
+    cluster.invalidate();
+    if (state.view === "record" && state.record) await openRecord(state.record, state.row);
+    else show(state.view);
+  } finally {
+    applying--;
+  }
+  setStatus("the whole view is ready");
+  document.body.setAttribute("data-whole", "1");
 }
 
 async function start() {
@@ -656,6 +695,8 @@ async function start() {
   setStatus(`ready in ${ms} ms`);
   if (!(await follow(link))) window.history.replaceState(null, "", linkOf());
   document.body.setAttribute("data-ready", String(Math.round(performance.now() - t0)));
+  if (meta.first_look) whileFirstLook();
+  else document.body.setAttribute("data-whole", "1");
 }
 start().catch((e) => setStatus(String(e.message || e), true));
 window.addEventListener("resize", () => resizeCharts());

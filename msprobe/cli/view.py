@@ -40,7 +40,7 @@ def register(sub) -> None:
     r.set_defaults(func=run_report)
 
 
-def _open(args, stage=None):
+def _open(args, stage=None, first_look=None):
     from msprobe.view import open_view
 
     opts = json.loads(args.storage_options) if args.storage_options else None
@@ -50,7 +50,7 @@ def _open(args, stage=None):
             flags += [flag] if value is True else [flag, value]
     return open_view(args.path, args.bench, storage_options=opts, work_dir=args.work_dir,
                      threshold=args.divergence_threshold, layout=args.layout, bench_layout=args.bench_layout,
-                     compare_flags=flags, stage=stage)
+                     compare_flags=flags, stage=stage, first_look=first_look)
 
 
 def run_view(args) -> int:
@@ -63,10 +63,11 @@ def run_view(args) -> int:
         say(line)
         sys.stdout.flush()
 
-    def load(stage):  # in the server's set-up thread: the page is served meanwhile, with its progress
-        return _open(args, stage)
+    def load(stage, look=None):  # in the server's set-up thread: the page is served meanwhile, with its
+        return _open(args, stage, look)  # progress, and a first look as soon as one is made
 
     load.paths = [args.path, args.bench]  # type: ignore[attr-defined]
+    load.first_look = True  # type: ignore[attr-defined]
     serve(host=args.host, port=args.port, announce=announce, loader=load,
           progress=lambda line: print(line, file=sys.stderr, flush=True))
     return 0

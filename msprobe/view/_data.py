@@ -22,6 +22,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError, UnknownDialectError
 from msprobe.format.stats import STAT_COLUMNS
+from msprobe.view._first import lake_first_look, pair_first_look
 from msprobe.view._load import SIDE_STAT_COLUMNS, Loader
 from msprobe.view._ranks import RANK_COLUMNS
 
@@ -73,6 +74,9 @@ class ViewData(Loader):
         self._clusters: dict = {}
         self._lake: Any = None
         self._overview: Optional[dict] = None
+        self.first_look: Optional[dict] = None  # a first look's note (msprobe.view._first); None: the whole view
+        self.counted = False  # a lake's first look: its cells counted over the index, one cell's rows read
+        self.owns_lake = True
 
     # -- queries ----------------------------------------------------------------------
     def query(self, sql: str, params: Any = ()) -> list:
@@ -91,7 +95,7 @@ class ViewData(Loader):
 
     def close(self) -> None:
         self._db.close()
-        if self._lake is not None:
+        if self._lake is not None and self.owns_lake:
             self._lake.close()
         if self._owns:
             shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -110,6 +114,7 @@ class ViewData(Loader):
                 "divergence": summary.get("divergence"), "first_divergence": summary.get("first_divergence"),
                 "has_bench": self.bench is not None, "cells": cells,
                 "layouts": {side: text for side, text in self.layouts.items() if text},
+                "first_look": self.first_look,
                 "rows": int(self.query("SELECT coalesce(sum(rows), 0) AS n FROM cell_stats")[0]["n"])}
 
     def overview(self) -> dict:
@@ -375,10 +380,12 @@ def _is_compare_output(path: str) -> bool:
 
 
 def _compare_apart(path: str, bench: str, out: str, storage_options: Optional[dict],
-                   threshold: Optional[float], layouts: Optional[dict] = None, flags: Sequence[str] = ()) -> None:
+                   threshold: Optional[float], layouts: Optional[dict] = None, flags: Sequence[str] = (),
+                   meanwhile: Any = None) -> None:
     """``msprobe compare`` in a child process: the parsed dumps' memory goes with it, so the server's
     peak stays that of its tables; the child's one-line error is raised here as a ConfigError.
-    ``flags``: more of compare's options (the cross-framework mappings ``-am``/``-cm``/``-lm``)."""
+    ``flags``: more of compare's options (the cross-framework mappings ``-am``/``-cm``/``-lm``).
+    ``meanwhile``: called while the child compares (the first look)."""
     import subprocess
     import sys
 
@@ -400,10 +407,30 @@ def _compare_apart(path: str, bench: str, out: str, storage_options: Optional[di
                     threshold=threshold, layout=(layouts or {}).get("target"),
                     bench_layout=(layouts or {}).get("bench"))
             return
-    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        raise ConfigError(lines[-1] if lines else f"msprobe compare exited with status {done.returncode}")
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errors:  # no pipe to fill
+        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errors)
+        try:
+            if meanwhile is not None:  # the first look first: the child yields the CPU to it meanwhile
+                _nice(child.pid, 5)
+                meanwhile()
+                _nice(child.pid, 0)
+            returncode = child.wait()
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        errors.seek(0)
+        lines = [line for line in errors.read().splitlines() if line.strip()]
+    if returncode != 0:
+        raise ConfigError(lines[-1] if lines else f"msprobe compare exited with status {returncode}")
+
+
+def _nice(pid: int, niceness: int) -> None:
+    """Set a child's scheduling niceness where this process may (raising it back needs the right)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, niceness)
+    except (OSError, AttributeError):
+        pass
 
 
 def _nothing_to_show(path: str, exc: Exception) -> UnknownDialectError:
@@ -417,7 +444,7 @@ def _nothing_to_show(path: str, exc: Exception) -> UnknownDialectError:
 def open_view(path: str, bench: Optional[str] = None, *, storage_options: Optional[dict] = None,
               work_dir: Optional[str] = None, threshold: Optional[float] = None, title: Optional[str] = None,
               layout: Optional[str] = None, bench_layout: Optional[str] = None,
-              compare_flags: Sequence[str] = (), stage: Any = None) -> ViewData:
+              compare_flags: Sequence[str] = (), stage: Any = None, first_look: Any = None) -> ViewData:
     """The explorer's data for ``path`` (a dump, lake index or compare output) and optional ``bench``.
 
     With ``bench``, the pair is compared once into ``work_dir`` (a new temporary directory by
@@ -425,7 +452,8 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
     parallel run, compared and shown as its merged logical model (``compare --layout``).
     ``compare_flags``: ``-am``, ``-cm``, ``-lm`` (a MindSpore dump against a PyTorch one pairs
     through the built-in mappings without them). ``stage``: called with the name of each step of
-    the set-up as it begins (``msprobe view``'s progress)."""
+    the set-up as it begins (``msprobe view``'s progress). ``first_look``: called with a first look
+    (a ViewData: :mod:`msprobe.view._first`) while the rest is built, where one can be made."""
     say = stage or (lambda what: None)
     owns = work_dir is None
     work = work_dir or tempfile.mkdtemp(prefix="msprobe_view_")
@@ -437,7 +465,12 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
             out = os.path.join(work, "compare")
             data.layouts = {"target": layout, "bench": bench_layout}
             say("comparing the pair (msprobe compare, in a child process)")
-            _compare_apart(path, bench, out, storage_options, threshold, data.layouts, compare_flags)
+            meanwhile = None
+            if first_look is not None and not any(data.layouts.values()) and not compare_flags:
+                def meanwhile() -> None:
+                    _first_look(work, title or f"{path} vs {bench}", storage_options, first_look, say,
+                                lambda view: pair_first_look(view, path, bench, storage_options, threshold))
+            _compare_apart(path, bench, out, storage_options, threshold, data.layouts, compare_flags, meanwhile)
             data.target, data.bench = path, bench
             say("loading the compare output into the view's tables")
             data.load_compare_output(out)
@@ -455,8 +488,13 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
 
                 if not msprobe.lake.has_runs(path, storage_options):  # never an empty page (issue 41)
                     raise _nothing_to_show(path, exc) from exc
-                say("opening the lake (its index) and loading its cells")
-                data.load_lake(msprobe.lake.open(path, storage_options=storage_options, progress=False))
+                say("opening the lake (its index)")
+                lake = msprobe.lake.open(path, storage_options=storage_options, progress=False)
+                if first_look is not None:
+                    _first_look(work, title or path, storage_options, first_look, say,
+                                lambda view: _lake_look(view, lake))
+                say("loading the lake's cells into the view's tables")
+                data.load_lake(lake)
             else:
                 say("reading the dump into the view's tables")
                 data.load_dump(dump)
@@ -466,3 +504,30 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
         data.close()
         raise
     return data
+
+
+def _lake_look(view: ViewData, lake: Any) -> bool:
+    """A lake's first look over the lake the whole view loads next (read before it, never closed by
+    the first look)."""
+    lake_first_look(view, lake)
+    view.owns_lake = False
+    return True
+
+
+def _first_look(work: str, title: str, storage_options: Optional[dict], publish: Any, say: Any, fill: Any) -> None:
+    """Build a first look (``fill(view)`` -> whether it could) in its own tables under ``work`` and
+    hand it to ``publish``; any failure leaves the page waiting for the whole view, as before."""
+    os.makedirs(os.path.join(work, "first_look"), exist_ok=True)
+    view = ViewData(os.path.join(work, "first_look"), title=title, target=None, bench=None,
+                    storage_options=storage_options)
+    try:
+        say("a first look (the overview and the first cell's first records)")
+        if not fill(view):
+            view.close()
+            return
+        view.finish()
+    except (MsprobeError, OSError, ValueError) as exc:
+        view.close()
+        say(f"no first look ({exc}); the whole view follows")
+        return
+    publish(view)

@@ -213,6 +213,44 @@ class Loader:
         finally:
             cur.close()
 
+    def add_cell(self, cell: int, target_source: Any, bench_source: Any) -> None:
+        """A cell without rows yet (a pair's first look lists the cells still being compared)."""
+        rank = target_source.rank if isinstance(target_source.rank, int) else None
+        self._db.execute("INSERT INTO cells VALUES (?, NULL, ?, ?, ?, ?, ?)",
+                         [cell, target_source.step, rank, target_source.rank_dir, bench_source.step,
+                          bench_source.rank_dir])
+
+    def load_lake_overview(self, lake: Any) -> None:
+        """A lake's first look: every cell, its rows and NaN/Inf rows counted over the index in one
+        grouped query (no row read into the tables; :attr:`counted` holds them for :meth:`finish`),
+        and the rows of one cell: the first NaN/Inf one (earliest step, then earliest record over
+        its ranks), else the first cell."""
+        self._lake = lake
+        self._create()
+        counts = _arrow(lake.sql("""SELECT run, step, rank, rank_dir, count(*) AS rows,
+            count(*) FILTER (WHERE coalesce(has_nan, false) OR coalesce(has_inf, false)) AS nan_inf,
+            min(seq) FILTER (WHERE coalesce(has_nan, false) OR coalesce(has_inf, false)) AS first_seq
+            FROM lake GROUP BY run, step, rank, rank_dir""", as_arrow=True))
+        cur = self._db.cursor()
+        try:
+            cur.register("c_arrow", counts)
+            cur.execute("""CREATE OR REPLACE TABLE lake_counts AS SELECT (row_number() OVER (ORDER BY run,
+                step NULLS LAST, rank NULLS LAST, rank_dir) - 1)::INTEGER AS cell, * FROM c_arrow""")
+            cur.unregister("c_arrow")
+            cur.execute("INSERT INTO cells SELECT cell, run, step, rank, rank_dir, NULL, NULL FROM lake_counts")
+            first = cur.execute("""SELECT cell, run, step, rank_dir FROM lake_counts ORDER BY first_seq IS NULL,
+                step NULLS LAST, first_seq, cell LIMIT 1""").fetchone()
+            if first is not None:
+                cell, run, step, rank_dir = first
+                where = "run = ? AND " + ("step IS NULL" if step is None else "step = ?") + " AND rank_dir = ?"
+                params = [run] + ([] if step is None else [step]) + [rank_dir]
+                self._insert_index_rows(cur, lake.sql(f"SELECT {self._LAKE_COLUMNS} FROM lake WHERE "
+                                                      + where.replace("?", "{}").format(*map(_sql_text, params)),
+                                                      as_arrow=True), "?::INTEGER", [cell])
+        finally:
+            cur.close()
+        self.counted = True
+
     def finish(self) -> None:
         """The derived columns and aggregates: each row's score, each cell's worst and first divergence."""
         self._overview = None
@@ -242,6 +280,10 @@ class Loader:
             count(*) FILTER (WHERE bench_name IS NULL OR bench_name = 'N/A') AS unmatched,
             max(score) FILTER (WHERE NOT buffer) AS max_score
             FROM rows GROUP BY cell) a USING (cell)""")
+        if getattr(self, "counted", False):  # a lake's first look: the cells whose rows are not read, counted
+            self._db.execute("""UPDATE cell_stats SET rows = k.rows, nan_inf = k.nan_inf,
+                max_score = CASE WHEN k.nan_inf > 0 THEN 1e5 ELSE 0 END
+                FROM lake_counts k WHERE cell_stats.cell = k.cell AND cell_stats.rows = 0""")
         self.divergent_sql = divergent
 
 
@@ -349,3 +391,10 @@ def mark_masks(db: Any) -> int:
 def _arrow(table: Any) -> Any:
     """An Arrow table (DuckDB's ``.arrow()`` is a batch reader in some versions)."""
     return table.read_all() if hasattr(table, "read_all") else table
+
+
+def _sql_text(value: Any) -> str:
+    """A SQL literal of a cell's run, step or rank directory (the lake's query takes no parameters)."""
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"

@@ -83,14 +83,19 @@ class Pending:
         self.t0 = time.monotonic()
         self.stages: list = []
         self.data: Optional[ViewData] = None
+        self.first: Optional[ViewData] = None  # a first look, served until the data is ready
         self.error: Optional[str] = None
 
     def stage(self, name: str) -> None:
         self.stages.append([name, round(time.monotonic() - self.t0, 1)])
 
     def state(self) -> dict:
-        return {"loading": True, "stage": self.stages[-1][0] if self.stages else "starting",
+        return {"loading": self.data is None, "stage": self.stages[-1][0] if self.stages else "starting",
                 "elapsed_s": round(time.monotonic() - self.t0, 1), "stages": list(self.stages), "error": self.error}
+
+    def current(self) -> Optional[ViewData]:
+        """What is served now: the data once ready, else the first look (or None)."""
+        return self.data if self.data is not None else self.first
 
 
 class _Late:
@@ -100,7 +105,7 @@ class _Late:
         self._pending = pending
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._pending.data, name)
+        return getattr(self._pending.current(), name)
 
 
 def make_app(given: Optional[ViewData], token: str, pending: Optional[Pending] = None) -> Any:
@@ -137,7 +142,7 @@ def make_app(given: Optional[ViewData], token: str, pending: Optional[Pending] =
     data: Any = given if given is not None else _Late(pending)  # type: ignore[arg-type]
 
     def loading() -> Optional[dict]:
-        return pending.state() if pending is not None and pending.data is None else None
+        return pending.state() if pending is not None and pending.current() is None else None
 
     def guarded(handler: Any, api: bool = True) -> Any:
         async def endpoint(request: Request) -> Response:
@@ -178,13 +183,15 @@ def make_app(given: Optional[ViewData], token: str, pending: Optional[Pending] =
         return Response(static_asset(name), media_type=_STATIC[name])
 
     # the tables do not change once loaded: the two answers every page load starts with are encoded
-    # once, here (a lake's 10,240 cells are megabytes of JSON)
+    # once, here (a lake's 10,240 cells are megabytes of JSON), once for a first look and once for the
+    # whole view
     first_answers: dict = {}
 
     def first(name: str) -> bytes:
-        if name not in first_answers:
-            first_answers[name] = SafeJSON(data.meta() if name == "meta" else data.overview()).body
-        return first_answers[name]
+        key = (name, id(pending.current()) if pending is not None else 0)
+        if key not in first_answers:
+            first_answers[key] = SafeJSON(data.meta() if name == "meta" else data.overview()).body
+        return first_answers[key]
 
     if pending is None:
         first("meta"), first("overview")
@@ -194,6 +201,10 @@ def make_app(given: Optional[ViewData], token: str, pending: Optional[Pending] =
 
     def overview(request: Request) -> Response:
         return Response(first("overview"), media_type="application/json")
+
+    def progress(request: Request) -> Response:
+        """The set-up's stages while a first look is served (``loading`` false once the view is whole)."""
+        return SafeJSON(pending.state() if pending is not None else {"loading": False, "stages": []})
 
     def rows(request: Request) -> Response:
         cell = _int(arg(request, "cell"), "cell")
@@ -260,6 +271,7 @@ def make_app(given: Optional[ViewData], token: str, pending: Optional[Pending] =
 
     routes = [Route("/", guarded(page, False)), Route("/static/{name}", guarded(static, False)),
               Route("/api/meta", guarded(meta)), Route("/api/overview", guarded(overview)),
+              Route("/api/progress", guarded(progress)),
               Route("/api/rows", guarded(rows)), Route("/api/export.csv", guarded(export_csv)),
               Route("/api/tree", guarded(tree)), Route("/api/tree_path", guarded(tree_path)),
               Route("/api/search", guarded(search)), Route("/api/record", guarded(record)),
@@ -280,11 +292,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _warm(data: ViewData, stage: Any) -> None:
+def _warm(data: ViewData, stage: Any, trees: bool = True) -> None:
     """What every first page asks for, read once before the page does: the first cell's list and trees."""
     first = data.overview()["first_cell"]
     stage("the first cell's list")
     data.rows(first if first is not None else 0, 0, 200, {})  # the page's first list, read once from disk
+    if not trees:
+        return
     stage("the first cell's model trees")
     try:  # the trees of the cell the page opens first: no page request waits on them
         data.tree(first if first is not None else 0)
@@ -303,11 +317,11 @@ def serve(data: Optional[ViewData] = None, *, host: str = "127.0.0.1", port: Opt
     ``progress`` gets each stage's line (the terminal), and a set-up that fails later stops the server
     ``linger_s`` later (an open page shows the error) and raises it. The loaded data is closed when the server stops. ``until``: an event that
     stops the server when set (serving from a thread); else it runs until interrupted."""
-    _starlette()
-    try:
-        import uvicorn
-    except ImportError as exc:
-        raise MissingDependencyError("msprobe view needs uvicorn: pip install 'msprobe-lake[view]'") from exc
+    import importlib.util
+
+    for name in ("starlette", "uvicorn"):  # found, not imported: the set-up starts first (a first look in seconds)
+        if importlib.util.find_spec(name) is None:
+            raise MissingDependencyError(f"msprobe view needs {name}: pip install 'msprobe-lake[view]'")
     if (data is None) == (loader is None):
         raise ConfigError("serve needs the view data or a loader, not both")
     token = token or secrets.token_urlsafe(24)
@@ -327,9 +341,15 @@ def serve(data: Optional[ViewData] = None, *, host: str = "127.0.0.1", port: Opt
             pending.stage(name)
             say(f"msprobe view: {name} ({pending.stages[-1][1]:.1f} s)")
 
+        def look(first: ViewData) -> None:  # a first look, served while the rest is built (its trees
+            _warm(first, lambda name: None, trees=False)  # when asked for: they cost seconds at 150,000 nodes)
+            pending.first = first
+            say(f"msprobe view: first look ready in {time.monotonic() - pending.t0:.1f} s "
+                f"({(first.first_look or {}).get('note', '')})")
+
         def build() -> None:
             try:
-                loaded = loader(stage)
+                loaded = loader(stage, look) if getattr(loader, "first_look", False) else loader(stage)
                 _warm(loaded, stage)
                 pending.data = loaded
                 say(f"msprobe view: ready in {time.monotonic() - pending.t0:.1f} s")
@@ -340,13 +360,15 @@ def serve(data: Optional[ViewData] = None, *, host: str = "127.0.0.1", port: Opt
                 if server is not None:
                     server.should_exit = True
 
-        app = make_app(None, token, pending)
         worker = threading.Thread(target=build, name="msprobe-view-setup", daemon=True)
         worker.start()
-        worker.join(grace_s)
+        app = make_app(None, token, pending)  # imports the web stack while the set-up runs
+        worker.join(max(grace_s - (time.monotonic() - pending.t0), 0.0))
         if failure:
             sock.close()
             raise failure[0]
+    import uvicorn
+
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     announce(f"msprobe view: http://{shown}:{port}/?token={token}")
     announce(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {socket.gethostname()}  "
@@ -367,8 +389,10 @@ def serve(data: Optional[ViewData] = None, *, host: str = "127.0.0.1", port: Opt
     finally:
         unregister(entry)
         sock.close()
-        if pending is not None and pending.data is not None:
-            pending.data.close()
+        if pending is not None:
+            for loaded in (pending.first, pending.data):  # the first look's tables lie in the data's folder
+                if loaded is not None:
+                    loaded.close()
     if failure:
         raise failure[0]
 
