@@ -99,6 +99,9 @@ COMM_APIS: dict = {
                                       data=("input_tensor",), buffers=("output_tensor",)),
     "_all_gather_base": CommApi("all", ("output_tensor", "input_tensor", "group", "async_op"),
                                 data=("input_tensor",), buffers=("output_tensor",)),
+    # torch 2.13's names for the two above (its deprecation notices point to them): an extra of ours
+    "all_gather_single": CommApi("all", ("output_tensor", "input_tensor", "group", "async_op"),
+                                 data=("input_tensor",), buffers=("output_tensor",)),
     "gather": CommApi("to_root", ("tensor", "gather_list", "dst", "group", "async_op", "group_dst"),
                       data=("tensor",), root_buffers=("gather_list",), peer="dst", group_peer="group_dst"),
     "scatter": CommApi("from_root", ("tensor", "scatter_list", "src", "group", "async_op", "group_src"),
@@ -109,6 +112,8 @@ COMM_APIS: dict = {
                                      data=("input",), buffers=("output",)),
     "_reduce_scatter_base": CommApi("all", ("output", "input", "op", "group", "async_op"),
                                     data=("input",), buffers=("output",)),
+    "reduce_scatter_single": CommApi("all", ("output", "input", "op", "group", "async_op"),
+                                     data=("input",), buffers=("output",)),
     "all_to_all": CommApi("all", ("output_tensor_list", "input_tensor_list", "group", "async_op"),
                           data=("input_tensor_list",), buffers=("output_tensor_list",)),
     "all_to_all_single": CommApi("all", ("output", "input", "output_split_sizes", "input_split_sizes", "group",

@@ -63,6 +63,13 @@ def asynchronous(rank, world, v):
         w.wait()
 
 
+def singles(rank, world, v):
+    """torch 2.13's names that its deprecation notices of the two calls above point to (not wrapped by
+    26.2.0: run for ours only, ``COMM_SINGLE=1``)."""
+    dist.all_gather_single(junk(4 * world), torch.full((4,), v))
+    dist.reduce_scatter_single(junk(4), torch.full((4 * world,), v))
+
+
 def body(rank, world, dump, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = port
@@ -75,6 +82,8 @@ def body(rank, world, dump, port):
     dbg.start()
     blocking(rank, world, v)
     asynchronous(rank, world, v)
+    if os.environ.get("COMM_SINGLE") == "1":
+        singles(rank, world, v)
     if rank in (0, world - 1):
         t = torch.full((4,), v)
         dist.all_reduce(t, group=sub)
