@@ -26,7 +26,8 @@ SPEC = os.path.join(ROOT, "spec", "PRODUCER.md")
 #: where the list lies in the installed real package
 REAL_LIST = ("mindspore", "dump", "dump_processor", "hook_cell", "support_wrap_ops.yaml")
 
-#: our yaml key -> (the real tool's yaml key, record prefix, "module" or "module:attribute" wrapped)
+#: our yaml key -> (the real tool's yaml key, None for a namespace 26.2.0 does not wrap, record prefix,
+#: "module" or "module:attribute" wrapped)
 NAMESPACES = {
     "ops": ("ops", "Functional", "mindspore.ops"),
     "tensor": ("tensor", "Tensor", "mindspore:Tensor"),
@@ -34,14 +35,23 @@ NAMESPACES = {
     "mint.nn.functional": ("mint.nn.functional", "MintFunctional", "mindspore.mint.nn.functional"),
     "communication.comm_func": ("communication.comm_func", "Distributed", "mindspore.communication.comm_func"),
     "mint.distributed": ("mint.distributed", "MintDistributed", "mindspore.mint.distributed"),
+    "ops.communication": (None, "Communication", "mindspore.ops.communication"),
 }
-#: wrapped beyond 26.2.0's lists (spec/PRODUCER.md section 20, item 25): none so far
-EXTRAS: dict = {}
+#: wrapped beyond 26.2.0's lists (spec/PRODUCER.md section 20, item 25): the communication namespace that
+#: MindSpore 2.9's deprecation notices of ``communication.comm_func`` send users to, with the names of
+#: 26.2.0's ``mint.distributed`` list (the same signatures) and those the notices name besides
+EXTRAS: dict = {
+    "ops.communication": ["send", "recv", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "isend",
+                          "irecv", "scatter", "reduce_scatter", "all_to_all_single", "all_to_all",
+                          "all_gather_into_tensor", "reduce_scatter_tensor", "batch_isend_irecv",
+                          "gather_into_tensor", "scatter_tensor", "all_to_all_v_c"],
+}
 
 
 def real_names(real: dict, key: str) -> list:
-    """26.2.0's names for our namespace ``key``, in its order, once each."""
-    return list(dict.fromkeys(real.get(NAMESPACES[key][0]) or []))
+    """26.2.0's names for our namespace ``key``, in its order, once each (none: a namespace it does not wrap)."""
+    real_key = NAMESPACES[key][0]
+    return list(dict.fromkeys(real.get(real_key) or [])) if real_key is not None else []
 
 
 def spec_names(kind: str, path: str = SPEC) -> dict:

@@ -2,8 +2,8 @@
 arguments are, which calls of a step match across ranks, and a happens-before order over every
 record of the step on every rank (spec/FORMAT.md section 25).
 
-A ``Distributed.*`` record (``MintDistributed.*`` in MindSpore) is one call of a communication
-API. Its arguments play one of three parts (:data:`COMM_APIS`):
+A ``Distributed.*`` record (``MintDistributed.*`` and ``Communication.*`` in MindSpore) is one call of a
+communication API. Its arguments play one of three parts (:data:`COMM_APIS`):
 
 * **data**: what the call sends or contributes (``send``'s tensor, ``all_reduce``'s tensor before
   the call, ``all_gather``'s input, ``broadcast``'s tensor on its root);
@@ -31,7 +31,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
 
-__all__ = ["CommApi", "COMM_APIS", "COMM_PREFIXES", "CommCall", "comm_api", "comm_call", "buffer_args", "null_args",
+__all__ = ["CommApi", "COMM_APIS", "COMM_PREFIXES", "PREFIX_APIS", "CommCall", "comm_api", "comm_call", "buffer_args", "null_args",
            "is_buffer_leaf",
            "calls_in", "call_rows", "calls_from_rows", "graph_from_calls", "propagation", "describe_path", "CALL_FIELDS",
            "StepGraph", "Edge", "build_step_graph"]
@@ -80,8 +80,8 @@ def _p2p(kind: str, peer: str, asynchronous: bool = False) -> CommApi:
 
 _ALL_IN_OUT = ("output", "input")
 
-#: the communication APIs, by API name (torch.distributed's signatures; MindSpore's mint.distributed
-#: and communication.comm_func use the same names and orders)
+#: the communication APIs, by API name (torch.distributed's signatures; MindSpore's mint.distributed,
+#: ops.communication and communication.comm_func use the same names and orders)
 COMM_APIS: dict = {
     "send": _p2p("send", "dst"),
     "isend": _p2p("send", "dst", True),
@@ -123,7 +123,20 @@ COMM_APIS: dict = {
 }
 
 #: record-name prefixes of communication APIs
-COMM_PREFIXES = ("Distributed", "MintDistributed")
+COMM_PREFIXES = ("Distributed", "MintDistributed", "Communication")
+
+#: APIs of one prefix only, by prefix: MindSpore's ``mindspore.ops.communication`` (``Communication``) also
+#: has these, whose namesakes in ``communication.comm_func`` take other arguments
+PREFIX_APIS: dict = {
+    "Communication": {
+        "gather_into_tensor": CommApi("to_root", ("output_tensor", "input_tensor", "dst", "group", "async_op"),
+                                      data=("input_tensor",), root_buffers=("output_tensor",), peer="dst"),
+        "scatter_tensor": CommApi("from_root", ("output_tensor", "input_tensor", "src", "group", "async_op"),
+                                  buffers=("output_tensor",), root_data=("input_tensor",), peer="src"),
+        "all_to_all_v_c": CommApi("all", ("output", "input", "send_count_matrix", "group", "async_op"),
+                                  data=("input",), buffers=("output",)),
+    },
+}
 
 
 def comm_api(record_name: str) -> Optional[tuple]:
@@ -131,7 +144,7 @@ def comm_api(record_name: str) -> Optional[tuple]:
     parts = record_name.split(".")
     if len(parts) < 3 or parts[0] not in COMM_PREFIXES:
         return None
-    spec = COMM_APIS.get(parts[1])
+    spec = PREFIX_APIS.get(parts[0], {}).get(parts[1]) or COMM_APIS.get(parts[1])
     return (parts[1], spec) if spec is not None else None
 
 

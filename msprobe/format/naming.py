@@ -51,6 +51,7 @@ __all__ = [
 PYTORCH_API_PREFIXES = ("Tensor", "Torch", "Functional", "NPU", "VF", "Aten", "Distributed", "MindSpeed")
 MINDSPORE_API_PREFIXES = (
     "Tensor", "Functional", "Primitive", "Mint", "MintFunctional", "MintDistributed", "Distributed", "Jit",
+    "Communication",
 )
 # Mutable on purpose: register_prefix() adds custom prefixes (register_custom_api with api_prefix).
 API_PREFIXES: set[str] = set(PYTORCH_API_PREFIXES) | set(MINDSPORE_API_PREFIXES)

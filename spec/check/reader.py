@@ -82,7 +82,7 @@ API_NAME_RE = re.compile(rf"^(?P<prefix>{IDENT})\.(?P<api>{SEG}(?:\.{SEG})*?)\.(
 DATA_NAME_RE = re.compile(r"^(?P<record>.+?\.(?:\d+\.(?:forward|backward)|(?:forward|backward)\.\d+|"
                           r"parameters_grad(?:\.\d+)?|\d+\.debug))(?:\.(?P<rest>.+?))?\.(?P<ext>pt|npy)$")
 API_PREFIXES = {"Tensor", "Torch", "Functional", "NPU", "VF", "Aten", "Distributed", "MindSpeed",
-                "Primitive", "Mint", "MintFunctional", "MintDistributed", "Jit"}
+                "Primitive", "Mint", "MintFunctional", "MintDistributed", "Jit", "Communication"}
 IO_WORDS = ("input", "output", "kwargs", "parameters")
 STEP_DIR_RE = re.compile(r"^step(?P<step>\d+)$")
 RANK_DIR_RE = re.compile(r"^(?:rank(?P<rank>\d+)?|proc(?P<pid>\d+))$")

@@ -48,7 +48,17 @@ def test_our_namespaces_are_the_generators():
 
 @pytest.mark.real_tool
 def test_the_real_tool_has_every_namespace(real_lists):
-    assert {real_key for real_key, _, _ in NAMESPACES.values()} == set(real_lists), sorted(real_lists)
+    assert {real_key for real_key, _, _ in NAMESPACES.values() if real_key is not None} == set(real_lists), \
+        sorted(real_lists)
+
+
+def test_a_namespace_the_real_tool_lacks_is_all_extras():
+    """ops.communication (26.2.0 does not wrap it): every name we wrap there is a documented extra."""
+    lists = load_api_list()
+    extras = spec_names("extras")
+    for ns, (real_key, _, _) in NAMESPACES.items():
+        if real_key is None:
+            assert lists[ns] and set(lists[ns]) == extras.get(ns, set()), ns
 
 
 @pytest.mark.real_tool

@@ -1,5 +1,5 @@
 """The communication graph of a step (msprobe.format.comm): matching, buffers, order."""
-from msprobe.format.comm import buffer_args, build_step_graph, is_buffer_leaf
+from msprobe.format.comm import buffer_args, build_step_graph, comm_api, is_buffer_leaf
 
 
 def _t():
@@ -103,3 +103,23 @@ def test_describe_path_names_a_hop_once():
     text = describe_path((1, "Tensor.masked_fill.0.forward"), hops)
     assert text == ("rank 1 Tensor.masked_fill.0.forward -> rank 1 Distributed.all_reduce.0.forward -> rank 0 "
                     "Distributed.all_reduce.0.forward -> rank 2 Distributed.recv.0.forward")
+
+
+def test_mindspore_ops_communication_names_of_its_own():
+    """``Communication.*`` (mindspore.ops.communication) records are communication records; its
+    ``gather_into_tensor``/``scatter_tensor`` take (output_tensor, input_tensor, root), where
+    ``communication.comm_func``'s namesakes (``Distributed.*``) take other arguments and stay unmapped."""
+    r0 = [("Communication.gather_into_tensor.0.forward", _rec([_t(), _t(), _i(0)])),
+          ("Communication.scatter_tensor.0.forward", _rec([_t(), _t()], {"src": _i(1)}))]
+    r1 = [("Communication.gather_into_tensor.0.forward", _rec([_t(), _t(), _i(0)])),
+          ("Communication.scatter_tensor.0.forward", _rec([_t(), _t()], {"src": _i(1)}))]
+    g = build_step_graph([(0, r0), (1, r1)])
+    edges = {(e.src_rank, e.src_index, e.dst_rank, e.dst_index, e.kind) for e in g.edges()}
+    assert (1, 0, 0, 0, "gather_into_tensor") in edges and (0, 0, 1, 0, "gather_into_tensor") not in edges
+    assert (1, 1, 0, 1, "scatter_tensor") in edges and (0, 1, 1, 1, "scatter_tensor") not in edges
+    rec = _rec([_t(), _t(), _i(0)])
+    assert buffer_args("Communication.gather_into_tensor.0.forward", rec, 0) == {0}  # the root's output
+    assert buffer_args("Communication.gather_into_tensor.0.forward", rec, 1) == set()
+    assert buffer_args("Communication.scatter_tensor.0.forward", rec, 1) == {0}
+    assert comm_api("Distributed.gather_into_tensor.0.forward") is None
+    assert comm_api("Communication.all_reduce.0.forward")[1] is comm_api("MintDistributed.all_reduce.0.forward")[1]

@@ -279,15 +279,15 @@ class MindSporeDumper(FrameworkAdapter):
                               record=call.recorded or call.listed)
 
     def collective_output(self, call: ApiCall, out: Any) -> bool:
-        if call.api_key.startswith("MintDistributed."):
+        if _writes_arguments(call.api_key):
             self._collective_output(call.rec, call.fwd, call.api_key, call.args, call.kwargs, out)
         else:
             self.core.forward_output(call.rec, call.fwd, out)
         return True
 
     def _collective_output(self, rec: dict, fwd: str, api_key: str, args: tuple, kwargs: dict, out: Any) -> None:
-        """mint.distributed collectives write into their arguments: the output entries are the
-        arguments after the call (as msprobe does), an async call waited for first."""
+        """mint.distributed (and in-place ops.communication) collectives write into their arguments: the
+        output entries are the arguments after the call (as msprobe does), an async call waited for first."""
         _, want_out = self.core.filter.io("forward")
         if not want_out or self.config.task == "structure":
             return
@@ -786,7 +786,23 @@ def _join(root: str, sub: str) -> str:
     return root.rstrip("/") + "/" + sub
 
 
-_DIST_PREFIXES = ("Distributed.", "MintDistributed.")
+_DIST_PREFIXES = ("Distributed.", "MintDistributed.", "Communication.")
+_IS_INPLACE = import_first(("mindspore.ops.function.comm_func", "is_inplace_func"))
+
+
+def _writes_arguments(api_key: str) -> bool:
+    """A communication call that writes into its arguments: mint.distributed's always, ops.communication's
+    while MindSpore's ``set_comm_ops_inplace`` leaves them in place (its default), asked now."""
+    if api_key.startswith("MintDistributed."):
+        return True
+    if not api_key.startswith("Communication."):
+        return False
+    if _IS_INPLACE is None:
+        return True
+    try:
+        return bool(_IS_INPLACE(api_key.split(".")[1]))
+    except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
+        return True
 
 
 def _floating(t: Tensor) -> bool:
@@ -797,7 +813,7 @@ def _mutates(api_key: str) -> bool:
     """In-place APIs (``add_``, ``__iadd__``, ``assign``, mint.distributed collectives...) write
     into their arguments."""
     api = api_key.rpartition(".")[2]
-    return api_key.startswith("MintDistributed.") or (api.endswith("_") and not api.endswith("__")) or \
+    return _writes_arguments(api_key) or (api.endswith("_") and not api.endswith("__")) or \
         api.startswith("__i") or api in ("assign", "assign_add", "assign_sub", "scatter_update",
                                          "scatter_nd_update", "copy_")
 

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -105,3 +106,34 @@ def frame_key(frame: str) -> str:
     else:
         path = os.path.basename(path)
     return f"{path}:{line}:{func}:{code.strip()}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cluster(python: str, script: str, args: list, cwd: str, timeout: float = 240) -> None:
+    """``python script *args`` as a 2-worker MindSpore CPU cluster on 127.0.0.1 (a scheduler and 2
+    workers, by ``MS_ROLE``; the framework's mccl backend), our sources on PYTHONPATH; fails the test
+    with each process's log tail when one of them fails."""
+    env = dict(os.environ, PYTHONPATH=ROOT, GLOG_v="3", MS_WORKER_NUM="2", MS_SCHED_HOST="127.0.0.1",
+               MS_SCHED_PORT=str(_free_port()))
+    roles = [("MS_SCHED", None), ("MS_WORKER", 0), ("MS_WORKER", 1)]
+    procs = []
+    for role, node in roles:
+        e = dict(env, MS_ROLE=role, **({} if node is None else {"MS_NODE_ID": str(node)}))
+        procs.append(subprocess.Popen([python, script, *args], env=e, cwd=cwd,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if any(p.returncode for p in procs):
+        pytest.fail("\n".join(f"--- {role} {node}: exit {p.returncode}\n{log[-2500:]}"
+                              for (role, node), p, log in zip(roles, procs, logs)))

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import types
 import zlib
@@ -17,7 +15,10 @@ import mindspore.numpy as mnp
 import numpy as np
 import pytest
 from mindspore import Tensor, mint, nn, ops
-from ms_common import pynative  # noqa: F401 - the fixture
+from ms_common import (
+    pynative,  # noqa: F401 - the fixture
+    run_cluster,
+)
 from ms_common import read_doc as _doc
 
 import msprobe.readers
@@ -207,36 +208,11 @@ def test_summary_mode_xor_md5_statistics(tmp_path):
 
 
 # ------------------------------------------------------------------------------ collectives
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_collectives_on_a_two_worker_cpu_cluster(tmp_path):
     """mint.distributed and communication.comm_func on a real MindSpore CPU cluster (scheduler +
     2 workers on 127.0.0.1, the framework's mccl backend)."""
     root = str(tmp_path / "d")
-    script = os.path.join(HERE, "ms_comm_worker.py")
-    env = dict(os.environ, PYTHONPATH=ROOT, GLOG_v="3", MS_WORKER_NUM="2", MS_SCHED_HOST="127.0.0.1",
-               MS_SCHED_PORT=str(_free_port()))
-    roles = [("MS_SCHED", None), ("MS_WORKER", 0), ("MS_WORKER", 1)]
-    procs = []
-    for role, node in roles:
-        e = dict(env, MS_ROLE=role, **({} if node is None else {"MS_NODE_ID": str(node)}))
-        procs.append(subprocess.Popen([sys.executable, script, root], env=e, cwd=str(tmp_path),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=240)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if any(p.returncode for p in procs):
-        pytest.fail("\n".join(f"--- {role} {node}: exit {p.returncode}\n{log[-2500:]}"
-                               for (role, node), p, log in zip(roles, procs, logs)))
+    run_cluster(sys.executable, os.path.join(HERE, "ms_comm_worker.py"), [root], str(tmp_path))
     results = [json.load(open(f"{root}.result{r}.json", encoding="utf-8")) for r in (0, 1)]
     dump = msprobe.readers.open(root)
     assert sorted(dump.ranks) == [0, 1]
@@ -273,6 +249,25 @@ def test_collectives_on_a_two_worker_cpu_cluster(tmp_path):
             rec = data["Distributed.all_reduce.0.forward"]
             assert rec["input_args"][0]["Max"] == 1.0, (rec, res)
             assert rec["output"][0]["Max"] == max(res["comm_all_reduce"]), (rec, res)
+
+
+def test_ops_communication_writes_its_arguments_while_mindspore_says_in_place():
+    """``mindspore.ops.communication`` calls write into their arguments unless ``set_comm_ops_inplace(False)``
+    (asked at each call): the record's output is then the arguments after the call, else the value returned
+    (as for ``communication.comm_func``); ``mint.distributed``'s always write in place."""
+    from mindspore.ops.communication import set_comm_ops_inplace
+
+    from msprobe.dumpers.mindspore._dumper import _mutates, _writes_arguments
+
+    assert _writes_arguments("Communication.all_reduce") and _mutates("Communication.all_reduce")
+    assert _writes_arguments("MintDistributed.all_reduce") and not _writes_arguments("Distributed.all_reduce")
+    set_comm_ops_inplace(False, ["all_reduce"])
+    try:
+        assert not _writes_arguments("Communication.all_reduce") and not _mutates("Communication.all_reduce")
+        assert _writes_arguments("Communication.broadcast")
+    finally:
+        set_comm_ops_inplace(True, ["all_reduce"])
+    assert _writes_arguments("Communication.all_reduce")
 
 
 # ------------------------------------------------------------------------------ custom APIs
