@@ -213,20 +213,23 @@ def bench_pair(browser, work: str, records: int) -> dict:
     return _measured(browser, proc, url, out, steps)
 
 
-def bench_lake(browser, work: str, ranks: int, steps: int, records: int) -> dict:
+def bench_lake(browser, work: str, ranks: int, steps: int, records: int, root: str = "") -> dict:
+    """``root``: a lake made and indexed before (by this function, kept with --keep) instead of a new one."""
     import bench_lake
 
     a = argparse.Namespace(ranks=ranks, steps=steps, records=records, nan_step=steps // 2, nan_rank=ranks // 3,
                            dis_step=-1, dis_rank=-1, div_rank=-1, procs=2)
-    root = os.path.join(work, "lake")
-    t0 = time.perf_counter()
-    bench_lake.synthesize(root, a)
-    shutil.rmtree(os.path.join(root, "twin"), ignore_errors=True)
-    gen = time.perf_counter() - t0
+    gen = 0.0
+    if not root:
+        root = os.path.join(work, "lake")
+        t0 = time.perf_counter()
+        bench_lake.synthesize(root, a)
+        shutil.rmtree(os.path.join(root, "twin"), ignore_errors=True)
+        gen = time.perf_counter() - t0
     t0 = time.perf_counter()
     import msprobe.lake
 
-    msprobe.lake.open(root, progress=False).close()  # the index, as `msprobe lake index` builds it
+    msprobe.lake.open(root, progress=False).close()  # the index, as `msprobe lake index` builds it (or checks it)
     index_s = time.perf_counter() - t0
     proc, url, setup = _serve([root], os.path.join(work, "lake_view"))
     out: dict = {"ranks": ranks, "steps": steps, "records_per_rank": records, "generate_s": round(gen, 1),
@@ -339,6 +342,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lake-records", type=int, default=8)
+    ap.add_argument("--lake-root", default="", help="a lake of --ranks x --steps made before (bench_lake's generator), "
+                    "indexed or not, used instead of a new one")
     ap.add_argument("--cluster-ranks", type=int, default=64)
     ap.add_argument("--cluster-records", type=int, default=20_000)
     ap.add_argument("--cluster-source", choices=["model", "view"], default="model")
@@ -356,7 +361,7 @@ def main(argv=None) -> int:
                 results["pair"] = bench_pair(browser, work, a.records)
                 print(json.dumps({"pair": results["pair"]}, indent=1), flush=True)
             if a.only in (None, "lake"):
-                results["lake"] = bench_lake(browser, work, a.ranks, a.steps, a.lake_records)
+                results["lake"] = bench_lake(browser, work, a.ranks, a.steps, a.lake_records, a.lake_root)
                 print(json.dumps({"lake": results["lake"]}, indent=1), flush=True)
             if a.only in (None, "cluster"):
                 results["cluster"] = bench_cluster(browser, work, a.cluster_ranks, a.cluster_records, a.cluster_source)

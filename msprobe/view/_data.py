@@ -76,7 +76,7 @@ class ViewData(Loader):
         self._overview: Optional[dict] = None
         self.first_look: Optional[dict] = None  # a first look's note (msprobe.view._first); None: the whole view
         self.counted = False  # a lake's first look: its cells counted over the index, one cell's rows read
-        self.owns_lake = True
+        self._runs: dict = {}  # a lake's first look: run -> URL (its catalog's), the lake itself not opened
 
     # -- queries ----------------------------------------------------------------------
     def query(self, sql: str, params: Any = ()) -> list:
@@ -95,7 +95,7 @@ class ViewData(Loader):
 
     def close(self) -> None:
         self._db.close()
-        if self._lake is not None and self.owns_lake:
+        if self._lake is not None:
             self._lake.close()
         if self._owns:
             shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -259,7 +259,7 @@ class ViewData(Loader):
 
     def located_row(self, side: str, cell_row: dict) -> tuple:
         """:meth:`located` of a row of ``cells`` (every column) already read."""
-        if self._lake is not None:  # a lake: the cell's run, opened once
+        if self._lake is not None or self._runs:  # a lake: the cell's run, opened once
             if side != "target" or cell_row["run"] is None:
                 return None, None
             key = ("run", cell_row["run"])
@@ -267,9 +267,9 @@ class ViewData(Loader):
                 import msprobe.readers
 
                 try:
-                    self._dumps[key] = msprobe.readers.open(self._lake.run_url(cell_row["run"]),
-                                                            storage_options=self.storage_options)
-                except (MsprobeError, OSError):
+                    url = self._runs.get(cell_row["run"]) or self._lake.run_url(cell_row["run"])
+                    self._dumps[key] = msprobe.readers.open(url, storage_options=self.storage_options)
+                except (MsprobeError, OSError, AttributeError):
                     self._dumps[key] = None
             dump = self._dumps[key]
         else:
@@ -488,13 +488,11 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
 
                 if not msprobe.lake.has_runs(path, storage_options):  # never an empty page (issue 41)
                     raise _nothing_to_show(path, exc) from exc
-                say("opening the lake (its index)")
-                lake = msprobe.lake.open(path, storage_options=storage_options, progress=False)
-                if first_look is not None:
+                if first_look is not None:  # from the index files as they are, before the lake is opened
                     _first_look(work, title or path, storage_options, first_look, say,
-                                lambda view: _lake_look(view, lake))
-                say("loading the lake's cells into the view's tables")
-                data.load_lake(lake)
+                                lambda view: lake_first_look(view, path, storage_options))
+                say("opening the lake (its index) and loading its cells")
+                data.load_lake(msprobe.lake.open(path, storage_options=storage_options, progress=False))
             else:
                 say("reading the dump into the view's tables")
                 data.load_dump(dump)
@@ -506,14 +504,6 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
     return data
 
 
-def _lake_look(view: ViewData, lake: Any) -> bool:
-    """A lake's first look over the lake the whole view loads next (read before it, never closed by
-    the first look)."""
-    lake_first_look(view, lake)
-    view.owns_lake = False
-    return True
-
-
 def _first_look(work: str, title: str, storage_options: Optional[dict], publish: Any, say: Any, fill: Any) -> None:
     """Build a first look (``fill(view)`` -> whether it could) in its own tables under ``work`` and
     hand it to ``publish``; any failure leaves the page waiting for the whole view, as before."""
@@ -521,7 +511,7 @@ def _first_look(work: str, title: str, storage_options: Optional[dict], publish:
     view = ViewData(os.path.join(work, "first_look"), title=title, target=None, bench=None,
                     storage_options=storage_options)
     try:
-        say("a first look (the overview and the first cell's first records)")
+        say("a first look (the overview and one cell's rows)")
         if not fill(view):
             view.close()
             return

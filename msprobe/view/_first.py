@@ -209,10 +209,31 @@ def pair_first_look(data: Any, path: str, bench: str, storage_options: Optional[
     return True
 
 
-def lake_first_look(data: Any, lake: Any) -> None:
-    """Fill ``data`` with a lake's first look: every cell with its rows and NaN/Inf rows counted over
-    the index (no row read into the tables) and the rows of the first NaN/Inf cell (else the first)."""
-    data.load_lake_overview(lake)
+def lake_first_look(data: Any, root: str, storage_options: Optional[dict]) -> bool:
+    """Fill ``data`` with a lake's first look from the index it already has (``ROOT/_lake/``: its
+    manifest's index files and its catalog's runs, read without opening the lake, which would look
+    for new or changed rank directories first): every cell with its rows and NaN/Inf rows counted and
+    the rows of the first NaN/Inf cell (else the first). False (``data`` untouched) when the root is
+    not a local folder with such an index (the page then waits for the whole view)."""
+    import msprobe.lake
+
+    folder = root[len("file://"):] if root.startswith("file://") else root
+    lake_dir = os.path.join(folder, msprobe.lake.LAKE_DIR)
+    manifest = os.path.join(lake_dir, "manifest.parquet")
+    if "://" in folder or not os.path.isfile(manifest):
+        return False
+    catalog = msprobe.lake.read_catalog(root, storage_options) or []
+    runs = {row["run"]: row["url"] for row in catalog if row.get("run") and row.get("url")}
+    keys = [found["key"] for found in data.query(
+        "SELECT DISTINCT coalesce(compact_key, index_key) AS key FROM read_parquet(?) ORDER BY 1", [manifest])
+        if found["key"]]
+    files = [os.path.join(lake_dir, key) for key in keys]
+    if not runs or not files or not all(os.path.isfile(path) for path in files):
+        return False
+    data.target = root
+    data.load_lake_overview(files, runs)
     data.first_look = {"cells": len(data.query("SELECT cell FROM cells")),
-                       "note": "a first look: every cell counted from the lake's index, the rows of one cell "
-                               "loaded; the rest of the lake is being loaded"}
+                       "note": "a first look: every cell counted from the lake's index as it is, the rows of "
+                               "one cell read; the lake is being opened (new or changed rank directories "
+                               "indexed) and loaded"}
+    return True

@@ -220,33 +220,32 @@ class Loader:
                          [cell, target_source.step, rank, target_source.rank_dir, bench_source.step,
                           bench_source.rank_dir])
 
-    def load_lake_overview(self, lake: Any) -> None:
-        """A lake's first look: every cell, its rows and NaN/Inf rows counted over the index in one
-        grouped query (no row read into the tables; :attr:`counted` holds them for :meth:`finish`),
-        and the rows of one cell: the first NaN/Inf one (earliest step, then earliest record over
-        its ranks), else the first cell."""
-        self._lake = lake
+    def load_lake_overview(self, files: list, runs: dict) -> None:
+        """A lake's first look from its index files (``files``: the Parquet files its manifest names;
+        ``runs``: run -> URL, from its catalog), read here without opening the lake: every cell, its
+        rows and NaN/Inf rows counted in one grouped query (:attr:`counted`: :meth:`finish` takes them),
+        and the rows of one cell: the first NaN/Inf one (earliest step, then earliest record over its
+        ranks), else the first cell."""
+        self._runs = dict(runs)
         self._create()
-        counts = _arrow(lake.sql("""SELECT run, step, rank, rank_dir, count(*) AS rows,
-            count(*) FILTER (WHERE coalesce(has_nan, false) OR coalesce(has_inf, false)) AS nan_inf,
-            min(seq) FILTER (WHERE coalesce(has_nan, false) OR coalesce(has_inf, false)) AS first_seq
-            FROM lake GROUP BY run, step, rank, rank_dir""", as_arrow=True))
+        source = ("(SELECT * FROM read_parquet([" + ", ".join(_sql_text(path) for path in files)
+                  + "], union_by_name=true) WHERE has_nan IS NOT NULL)")
         cur = self._db.cursor()
         try:
-            cur.register("c_arrow", counts)
-            cur.execute("""CREATE OR REPLACE TABLE lake_counts AS SELECT (row_number() OVER (ORDER BY run,
-                step NULLS LAST, rank NULLS LAST, rank_dir) - 1)::INTEGER AS cell, * FROM c_arrow""")
-            cur.unregister("c_arrow")
+            cur.execute(f"""CREATE OR REPLACE TABLE lake_counts AS SELECT (row_number() OVER (ORDER BY run,
+                step NULLS LAST, rank NULLS LAST, rank_dir) - 1)::INTEGER AS cell, * FROM (SELECT run, step, rank,
+                rank_dir, count(*) AS rows,
+                count(*) FILTER (WHERE coalesce(has_nan, false) OR coalesce(has_inf, false)) AS nan_inf,
+                min(seq) FILTER (WHERE coalesce(has_nan, false) OR coalesce(has_inf, false)) AS first_seq
+                FROM {source} GROUP BY run, step, rank, rank_dir)""")
             cur.execute("INSERT INTO cells SELECT cell, run, step, rank, rank_dir, NULL, NULL FROM lake_counts")
             first = cur.execute("""SELECT cell, run, step, rank_dir FROM lake_counts ORDER BY first_seq IS NULL,
                 step NULLS LAST, first_seq, cell LIMIT 1""").fetchone()
             if first is not None:
                 cell, run, step, rank_dir = first
-                where = "run = ? AND " + ("step IS NULL" if step is None else "step = ?") + " AND rank_dir = ?"
-                params = [run] + ([] if step is None else [step]) + [rank_dir]
-                self._insert_index_rows(cur, lake.sql(f"SELECT {self._LAKE_COLUMNS} FROM lake WHERE "
-                                                      + where.replace("?", "{}").format(*map(_sql_text, params)),
-                                                      as_arrow=True), "?::INTEGER", [cell])
+                rows = cur.execute(f"SELECT {self._LAKE_COLUMNS} FROM {source} WHERE run = ? AND step IS NOT DISTINCT "
+                                   "FROM ? AND rank_dir = ?", [run, step, rank_dir]).arrow()
+                self._insert_index_rows(cur, _arrow(rows), "?::INTEGER", [cell])
         finally:
             cur.close()
         self.counted = True

@@ -1,7 +1,7 @@
 """A first look while the view is built (issue 49 item 3): ``msprobe view`` serves, within seconds, a
 pair's cells and its first cell's first records compared (read from the head of each dump.json, the
-rest unread) or a lake's overview counted over its index with one cell's rows, then replaces it by the
-whole view in place.
+rest unread) or, for a lake with an index, its overview counted over the index files with one cell's
+rows (the lake not opened), then replaces it by the whole view in place.
 
 * ``head_records`` against ``json.load`` on a document cut into tiny chunks (a record, a number, a
   non-ASCII name and the NaN/Infinity tokens split across chunk ends), with a wanted name further on;
@@ -149,9 +149,12 @@ def test_a_pair_first_look_then_the_whole_view(page, nan_pair, tmp_path, monkeyp
 
 
 def test_a_lake_first_look_counts_every_cell_and_opens_the_nan_cell(page, nan_pair, tmp_path):
+    import msprobe.lake
+
     root = tmp_path / "lake"
     shutil.copytree(os.path.join(nan_pair, "target"), root / "run_npu")
     shutil.copytree(os.path.join(nan_pair, "bench"), root / "run_gpu")
+    msprobe.lake.open(str(root), progress=False).close()  # an existing index (msprobe lake index)
     go = threading.Event()
     s = _Serving(_held_loader(go, path=str(root), work_dir=str(tmp_path / "w")))
     try:
