@@ -20,7 +20,7 @@ answers the questions the core asks while it records:
   encoded;
 * stopping: what the framework flushes around the core's :meth:`DumperCore.stop`.
 
-``tests/dumpers/adapter_suite.py`` holds the tests every adapter passes (PyTorch in the main
+``msprobe.testing.AdapterTests`` holds the tests every adapter passes (PyTorch in the main
 environment, MindSpore in its venv).
 """
 from __future__ import annotations
@@ -59,7 +59,9 @@ class ApiPatcher(Protocol):
 
 class StatEncoder(Protocol):
     """Values -> record entries (msprobe/dumpers/encode.py's ``ValueEncoder`` and its framework
-    subclasses); a tensor's statistics go to the session's pending batch as a stat handle."""
+    subclasses); a tensor's statistics still on the device are an ``(entry, stat handle)`` pair the
+    encoder keeps until the core takes them (``take_stats``) and hands them to the session with the
+    record they belong to."""
 
     session: Any
     check_overflow: bool
@@ -71,6 +73,8 @@ class StatEncoder(Protocol):
     def encode_output(self, out: Any, prefix: str, save: bool, *, is_sequence: Any = ...) -> list: ...
 
     def wants_tensors(self, name: str) -> bool: ...
+
+    def take_stats(self) -> list: ...
 
     def take_overflow(self, name: str) -> bool: ...
 

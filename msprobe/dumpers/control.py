@@ -15,12 +15,14 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Callable, Optional
 
-from msprobe.dumpers.adapter import ApiCall, ApiCaller, ApiGuard, ApiPatcher, FrameworkAdapter, StatEncoder
+from msprobe.dumpers.adapter import ApiCall, ApiGuard, ApiPatcher, FrameworkAdapter, StatEncoder
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.record_filter import RecordFilter
+from msprobe.dumpers.records import CallRecords, backward_parent
 from msprobe.dumpers.session import DumpSession
 from msprobe.dumpers.stacks import capture_stack, render_stack
 from msprobe.errors import ConfigError
@@ -33,11 +35,13 @@ def core_attribute(name: str) -> Any:
     """A framework dumper's attribute that is its core's (``session``, ``encoder``, ``patcher``,
     ``enabled``): read and set through ``dumper.core``, for the dumper's users."""
 
+    private = "_" + name
+
     def get(dumper: Any) -> Any:
-        return getattr(dumper.core, name)
+        return getattr(dumper.core, private)
 
     def put(dumper: Any, value: Any) -> None:
-        setattr(dumper.core, name, value)
+        setattr(dumper.core, private, value)
 
     return property(get, put, doc=f"the core's ``{name}``")
 
@@ -59,212 +63,227 @@ class ModuleForwardHooks:
         return None
 
 
-class DumperCore:
+class DumperCore(CallRecords):
     """What every dumper holds and records, whatever the framework: the session, encoder and API
     patcher, the module stacks and parents, the step generation, the records of module calls and
     of ``save``. ``adapter``: the framework's dumper, whose collaborators (msprobe/dumpers/adapter.py)
     the core builds: its session (with the adapter's ``fetch_stats`` and ``get_rank``), encoder and
-    patcher; ``guard``: its thread-local API guard (``guard.inside`` while the dumper works)."""
+    patcher; ``guard``: its thread-local API guard (``guard.inside`` while the dumper works).
+
+    The reverse contract: an adapter asks the core through its public methods only (docs/architecture.md,
+    "What an adapter may ask of the core"; tests/test_adapter_contract.py counts the rest, 0): the
+    session, the module and backward stacks, the parents, the sets and counters below stay the core's.
+
+    * the step: :meth:`begin`, :meth:`turn_on`, :meth:`stop`, :meth:`end_step`, :meth:`close`,
+      :meth:`is_on`, :meth:`generation`, :meth:`live`, :meth:`current_step`, :meth:`set_step`,
+      :meth:`rank`, :meth:`warn_if_nothing`, :meth:`call_skipped`;
+    * what is dumped: :meth:`dumps_apis`, :meth:`dumps_modules`, :meth:`wanted`,
+      :meth:`wanted_backward`, :meth:`io`, :meth:`keep`, :meth:`set_token_range`;
+    * models: :meth:`add_models`, :meth:`has_models`, :meth:`is_hooked`, :meth:`dump_module`,
+      :meth:`end_module_dump`, :meth:`in_module_dump`, :meth:`note_param_grads`,
+      :meth:`param_grads_noted`;
+    * modules and backwards: :meth:`enter_module`, :meth:`leave_module`, :meth:`leave_all_modules`,
+      :meth:`begin_backward`, :meth:`end_backward`, :meth:`running_backward`, and the records of a
+      module call (:meth:`module_forward_begin`, :meth:`module_forward_end`, :meth:`module_backward`,
+      :meth:`hold_backward`, :meth:`fill_backward`);
+    * records: :meth:`record` (the record, with what the encoder made for it, handed to the session
+      once), :meth:`structure`, :meth:`record_of`, :meth:`forget`, :meth:`reserve_place`,
+      :meth:`drop_place`, :meth:`next_api_name`, :meth:`next_module_index`, :meth:`journal_held`,
+      :meth:`record_api`, :meth:`api_backward_hook`, :meth:`forward_inputs`, :meth:`forward_output`,
+      :meth:`save_debug`;
+    * collaborators: :meth:`encoder`, :meth:`patcher`, :meth:`patch_apis`, :meth:`unpatch_apis`,
+      :meth:`write_under` (the session moves to a sub-directory: MindSpore's jit-Cell split).
+    """
 
     def __init__(self, adapter: FrameworkAdapter, config: DumpConfig) -> None:
         self.adapter = adapter
         self.guard: ApiGuard = adapter.guard
         self.config = config
-        self.session = DumpSession(config, adapter.framework, fetch_stats=adapter.fetch_stats,
-                                   render_stack=render_stack, get_rank=adapter.get_rank)
-        self.encoder: StatEncoder = adapter.encoder_cls(self.session, save_tensors=config.task == "tensor",
-                                                        summary_mode=config.summary_mode,
-                                                        tensor_list=config.tensor_list)
-        self.encoder.check_overflow = config.task == "overflow_check"
-        self.patcher: ApiPatcher = adapter.patcher_cls()
-        self.enabled = False
-        self.module_stack: list = []
-        self.bw_stack: list = []
-        self.filter = RecordFilter(config, self.module_stack, self.bw_stack)
-        self.hooked_models: list = []
-        self.parent_of: dict = {}
-        self.pgrad_seen: set = set()  # modules whose parameter gradients this step dumps
-        self.debug_counts: dict = {}
-        self.apis_dumped = config.level in ("L1", "mix")
-        self.modules_dumped = config.level in ("L0", "mix")
+        self._session = DumpSession(config, adapter.framework, fetch_stats=adapter.fetch_stats,
+                                    render_stack=render_stack, get_rank=adapter.get_rank)
+        self._encoder: StatEncoder = adapter.encoder_cls(self._session, save_tensors=config.task == "tensor",
+                                                         summary_mode=config.summary_mode,
+                                                         tensor_list=config.tensor_list)
+        self._encoder.check_overflow = config.task == "overflow_check"
+        self._patcher: ApiPatcher = adapter.patcher_cls()
+        self._enabled = False
+        self._module_stack: list = []
+        self._bw_stack: list = []
+        self._filter = RecordFilter(config, self._module_stack, self._bw_stack)
+        self._hooked_models: list = []
+        self._parent_of: dict = {}
+        self._pgrad_seen: set = set()  # modules whose parameter gradients this step dumps
+        self._debug_counts: dict = {}
+        self._apis_dumped = config.level in ("L1", "mix")
+        self._modules_dumped = config.level in ("L0", "mix")
         #: the step generation: a backward hook set up while the dump was on records until the
         #: step ends (``step()``), also after ``stop()`` (the docs: stop before loss.backward()
         #: and step() after it collects the forward *and* backward of the calls in between)
-        self.generation = 0
-        self.region: Optional[str] = None  # module_dump(module, name): the module's key, until module_dump_end
-        self.dumped_step = False  # start() turned the dump on in this step
-        self.records_before = 0
-        self.told_nothing = False
+        self._generation = 0
+        self._region: Optional[str] = None  # module_dump(module, name): the module's key, until module_dump_end
+        self._dumped_step = False  # start() turned the dump on in this step
+        self._records_before = 0
+        self._told_nothing = False
+
+    # ---------------------------------------------------------------- collaborators
+    def encoder(self) -> StatEncoder:
+        """The encoder the core built of the adapter's ``encoder_cls``."""
+        return self._encoder
+
+    def patcher(self) -> ApiPatcher:
+        """The API wrappers the core built of the adapter's ``patcher_cls``."""
+        return self._patcher
+
+    def patch_apis(self, callback: Callable[..., Any]) -> None:
+        self._patcher.install(callback)
+
+    def unpatch_apis(self) -> None:
+        self._patcher.uninstall()
+
+    def write_under(self, sub: str) -> None:
+        """From now on the core's records go to ``<dump_path>/<sub>`` (a session of their own, at the
+        same step): MindSpore's jit-Cell split (spec/PRODUCER.md §23.3)."""
+        self._session = self.new_session(sub)
+        self._encoder.session = self._session
+
+    def new_session(self, sub: str) -> DumpSession:
+        """A session of this dumper's configuration under ``<dump_path>/<sub>``, at the current step."""
+        config = dataclasses.replace(self.config, dump_path=self.config.dump_path.rstrip("/") + "/" + sub)
+        session = DumpSession(config, self.adapter.framework, fetch_stats=self.adapter.fetch_stats,
+                              render_stack=render_stack, get_rank=self.adapter.get_rank)
+        session.set_step(self._session.current_step)
+        return session
 
     # ---------------------------------------------------------------- steps
     def begin(self) -> bool:
         """``start()``: whether this step and rank are dumped (the session claims its directory then)."""
-        if not (self.session.step_enabled() and self.session.rank_enabled()):
-            self.enabled = False
+        if not (self._session.step_enabled() and self._session.rank_enabled()):
+            self._enabled = False
             return False
-        self.session.claim()
+        self._session.claim()
         return True
 
     def turn_on(self) -> None:
-        self.enabled = True
-        self.dumped_step = True
+        self._enabled = True
+        self._dumped_step = True
         self.guard.on = True
+
+    def is_on(self) -> bool:
+        """Whether the dump is on (between ``start()`` and ``stop()`` of a dumped step)."""
+        return self._enabled
 
     def stop(self) -> None:
         """``stop()``: the dump goes off and dump.json holds what was recorded so far (the adapter
         waits for its work in flight first, and writes what it held back before the publish)."""
-        if not self.enabled:
+        if not self._enabled:
             return
         adapter = self.adapter
         adapter.before_stop()
-        self.enabled = False
+        self._enabled = False
         self.guard.on = False
         adapter.flush_records()
         self.fix_dangling_parents()
-        self.session.publish()
+        self._session.publish()
         adapter.after_publish()
+
+    def generation(self) -> int:
+        """The step generation now (a hook set up now records while :meth:`live` says so)."""
+        return self._generation
 
     def live(self, generation: int) -> bool:
         """Whether a hook set up in step generation ``generation`` still records."""
-        return self.enabled or generation == self.generation
+        return self._enabled or generation == self._generation
+
+    def current_step(self) -> int:
+        return self._session.current_step
+
+    def set_step(self, step: int) -> None:
+        """Number the current step ``step`` (``set_init_step``)."""
+        self._session.set_step(step)
+
+    def rank(self) -> Optional[int]:
+        """This process's rank (resolved once), None outside a distributed job."""
+        return self._session.resolve_rank()
+
+    def end_step(self, *, warn: bool = True) -> None:
+        """``step()``, after ``stop()``: parents of backwards that never completed mended, the step
+        published and closed (``warn``: a dumped step that recorded nothing says so), the next begun."""
+        self.fix_dangling_parents()
+        if warn:
+            self.warn_if_nothing(stacklevel=5)
+        self._session.end_step()
+        self.end_step_state()
+
+    def close(self) -> None:
+        """The dumper is torn down: the current step's dump is final."""
+        self._session.close()
 
     def end_step_state(self) -> None:
         """What a step's end resets (both dumpers)."""
-        self.generation += 1
-        self.filter.end_step()
-        self.debug_counts.clear()
-        self.bw_stack.clear()
-        self.parent_of.clear()
-        self.pgrad_seen.clear()
-        reset = getattr(self.encoder, "reset_overflow", None)
+        self._generation += 1
+        self._filter.end_step()
+        self._debug_counts.clear()
+        self._bw_stack.clear()
+        self._parent_of.clear()
+        self._pgrad_seen.clear()
+        self._encoder.take_stats()  # made for no record of the step (one the filter did not keep)
+        reset = getattr(self._encoder, "reset_overflow", None)
         if reset is not None:
             reset()
 
-    def warn_if_nothing(self) -> None:
+    def warn_if_nothing(self, stacklevel: int = 4) -> None:
         """At ``step()``: a step that was dumped (``start()`` ran with its step and rank on) and
         recorded nothing warns once, naming the filter that excluded every call (``list``,
         ``scope``, ``data_mode``, ``token_range``) or saying that no wrapped call ran."""
         import warnings
 
-        started, self.dumped_step = self.dumped_step, False
-        before, self.records_before = self.records_before, self.session.records_total
+        session = self._session
+        started, self._dumped_step = self._dumped_step, False
+        before, self._records_before = self._records_before, session.records_total
         config = self.config
-        if (not started or self.session.records_total > before or self.told_nothing
+        if (not started or session.records_total > before or self._told_nothing
                 or config.task == "overflow_check" or config.level == "debug"):
             return
-        self.told_nothing = True
-        seen = sorted(set(self.session.api_counts) | {key.rsplit(".", 1)[0] for key in self.session.module_counts})
-        why = self.filter.nothing_recorded(seen)
+        self._told_nothing = True
+        seen = sorted(set(session.api_counts) | {key.rsplit(".", 1)[0] for key in session.module_counts})
+        why = self._filter.nothing_recorded(seen)
         if not why:
-            hooked = "no model passed to start(model)" if not self.hooked_models else "the model's modules"
+            hooked = "no model passed to start(model)" if not self._hooked_models else "the model's modules"
             why.append(f"no call went through a wrapped API or a hooked module between start() and step() "
                        f"(level {config.level}, {len(seen)} APIs/modules seen; {hooked})")
-        warnings.warn(f"msprobe: step {self.session.current_step} was dumped but recorded nothing: "
-                      f"{'; '.join(why)} (said once)", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"msprobe: step {session.current_step} was dumped but recorded nothing: "
+                      f"{'; '.join(why)} (said once)", RuntimeWarning, stacklevel=stacklevel)
 
-    # ---------------------------------------------------------------- API calls
-    def record_api(self, caller: ApiCaller, orig: Callable[..., Any], api_key: str, args: tuple,
-                   kwargs: dict) -> Any:
-        """One API call, ``orig(*args, **kwargs)``, recorded (the API wrappers' callback, through the
-        adapter; ``caller``: the adapter, or another kind of call it records the same way): its
-        forward record around the call, or, filtered out, its place in construct.json and its
-        backward where ``list``/``data_mode`` still want it; the adapter calls the API
-        (:meth:`ApiCaller.call_api`) with its backward hooks."""
-        if self.call_skipped() or self.region is not None:  # module_dump(...): APIs not dumped (nor counted)
-            return orig(*args, **kwargs)
-        selection = self.filter
-        guard = self.guard
-        guard.inside = True
-        try:
-            base, _ = self.session.next_api_name(api_key)
-            call = ApiCall(orig, api_key, args, kwargs, base, self.parent(), caller.is_collective(api_key))
-            call.backward = not call.collective and caller.backward_possible(call)
-            if not selection.wanted(call.fwd, self.enabled):
-                call.recorded = False
-                structure = self.enabled and self.modules_dumped and selection.in_token_range()
-                # its backward may still be wanted (list names it, data_mode backward)
-                call.listed = self.enabled and call.backward and selection.backward_listed(call.bwd,
-                                                                                           selection.mix_listed())
-                if not structure and not call.listed:
-                    return orig(*args, **kwargs)
-                if structure:  # filtered out: not recorded, but part of the structure
-                    self.session.add_structure(call.fwd, call.parent)
-                return caller.call_api(call)
-            call.rec = caller.encode_inputs(call)
-            call.stack = capture_stack() if self.config.stack else None
-            out = caller.call_api(call)
-            if call.collective:
-                if not caller.collective_output(call, out):
-                    return out  # recorded in call order, its output once the work completes
-            else:
-                self.forward_output(call.rec, call.fwd, out)
-            if selection.keep(call.rec, call.fwd, self.encoder):
-                self.session.add_record(call.fwd, call.rec, stack=call.stack, parent=call.parent)
-            return out
-        finally:
-            guard.inside = False
+    # ---------------------------------------------------------------- what is dumped
+    def dumps_apis(self) -> bool:
+        """Whether API calls are dumped (level L1, mix)."""
+        return self._apis_dumped
 
-    def api_backward_hook(self, bwd: str, record: bool = True) -> Callable[[Any, Any], None]:
-        """``hook(grad_input, grad_output)`` of an API call's backward ``bwd`` (gradients of its
-        inputs, of its outputs), set up now: its record (parent: the module backward running), or
-        its place in construct.json when filtered out or ``record`` is False; nothing once the
-        step of the call is over."""
-        core_ref = weakref.ref(self)
-        generation = self.generation
+    def dumps_modules(self) -> bool:
+        """Whether modules (Cells) are dumped (level L0, mix)."""
+        return self._modules_dumped
 
-        def hook(grad_input: Any, grad_output: Any) -> None:
-            core = core_ref()
-            if core is None or not core.live(generation):
-                return None
-            bw_parent = core.bw_stack[-1] if core.bw_stack else None
-            if not record or not core.filter.wanted(bwd, True, core.filter.inside_listed_backward()):
-                if core.modules_dumped:
-                    core.session.add_structure(bwd, bw_parent)
-                return None
-            core.record_backward(bwd, grad_output, grad_input, bw_parent)
-            return None
+    def set_token_range(self, model: Any, token_range: Optional[list]) -> None:
+        self._filter.set_token_range(model, token_range)
 
-        return hook
+    def wanted(self, name: str, on: Optional[bool] = None, inside_listed: Optional[bool] = None) -> bool:
+        """Whether the record ``name`` is dumped (``on``: the dump is on, by default whether it is now)."""
+        return self._filter.wanted(name, self._enabled if on is None else on, inside_listed)
 
-    # ---------------------------------------------------------------- records
-    def record_backward(self, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
-        """A backward record: ``input`` = gradients of the forward outputs, ``output`` = of its inputs."""
-        if self.config.task == "structure":  # its place in construct.json only
-            self.session.add_structure(bwd, parent)
-            return
-        self.guard.inside = True
-        try:
-            want_in, want_out = self.filter.io("backward")
-            encoder = self.encoder
-            save = encoder.wants_tensors(bwd)
-            rec: dict = {}
-            if want_in:
-                rec["input"] = [encoder.encode(grad, f"{bwd}.input.{i}", save) for i, grad in enumerate(grads_in)]
-            if want_out:
-                rec["output"] = [encoder.encode(grad, f"{bwd}.output.{i}", save) for i, grad in enumerate(grads_out)]
-            if self.filter.keep(rec, bwd, encoder):
-                self.session.add_record(bwd, rec, parent=parent)
-        finally:
-            self.guard.inside = False
+    def wanted_backward(self, bwd: str, on: bool) -> bool:
+        """Whether the backward record ``bwd`` is dumped, inside the module backward running now."""
+        selection = self._filter
+        return selection.wanted(bwd, on, selection.inside_listed_backward())
 
-    def forward_inputs(self, fwd: str, args: tuple, kwargs: dict, encode_arg: Any = None) -> dict:
-        """A forward record with its ``input_args``/``input_kwargs`` (none when inputs are not
-        dumped); ``encode_arg``: how a positional argument is encoded (default: the encoder)."""
-        want_in, _ = self.filter.io("forward")
-        rec: dict = {}
-        if want_in and self.config.task != "structure":
-            save = self.encoder.wants_tensors(fwd)
-            encode = self.encoder.encode
-            encode_positional = encode_arg or encode
-            rec["input_args"] = [encode_positional(arg, f"{fwd}.input.{i}", save) for i, arg in enumerate(args)]
-            rec["input_kwargs"] = {key: encode(value, f"{fwd}.kwargs.{key}", save) for key, value in kwargs.items()}
-        return rec
+    def io(self, direction: str) -> tuple:
+        """(inputs dumped, outputs dumped) of the records of ``direction`` (``data_mode``)."""
+        return self._filter.io(direction)
 
-    def forward_output(self, rec: dict, fwd: str, out: Any) -> None:
-        _, want_out = self.filter.io("forward")
-        if want_out and self.config.task != "structure":
-            rec["output"] = self.adapter.encode_output(out, f"{fwd}.output", self.encoder.wants_tensors(fwd))
+    def keep(self, rec: dict, name: str, encoder: Any = None) -> bool:
+        """Whether a record made (by ``encoder``, the core's by default) is kept (overflow_check)."""
+        return self._filter.keep(rec, name, encoder or self._encoder)
 
+    # ---------------------------------------------------------------- models
     def add_models(self, model: Any, cls: type, what: str, handles: list) -> Optional[list]:
         """The models of ``start(model=...)`` (one, or a list/tuple), None when they are hooked
         already; with a token_range the first one's forward pre-hook counts the tokens."""
@@ -272,202 +291,138 @@ class DumperCore:
         for candidate in models:
             if not isinstance(candidate, cls):
                 raise ConfigError(f"model must be a {what} or a list/tuple of them, got {type(candidate).__name__}")
-        if any(candidate is hooked for candidate in models for hooked in self.hooked_models):
+        if any(candidate is hooked for candidate in models for hooked in self._hooked_models):
             return None
-        self.hooked_models.extend(models)
-        if self.filter.token_range is not None:
-            handles.append(models[0].register_forward_pre_hook(self.filter.count_token))
+        self._hooked_models.extend(models)
+        if self._filter.token_range is not None:
+            handles.append(models[0].register_forward_pre_hook(self._filter.count_token))
         return models
+
+    def has_models(self) -> bool:
+        """Whether a model was passed to ``start(model=...)`` (or to ``module_dump``)."""
+        return bool(self._hooked_models)
+
+    def is_hooked(self, model: Any) -> bool:
+        return any(model is hooked for hooked in self._hooked_models)
+
+    def dump_module(self, module: Any, key: str) -> bool:
+        """``module_dump(module, name)``: only ``module`` (as ``key``) is dumped until
+        :meth:`end_module_dump`; True when the module was not hooked yet (the adapter hooks it)."""
+        new = not self.is_hooked(module)
+        if new:
+            self._hooked_models.append(module)
+        self._region = key
+        return new
+
+    def end_module_dump(self) -> None:
+        self._region = None
+
+    def in_module_dump(self) -> bool:
+        """Whether ``module_dump(...)`` is on (API calls are then neither recorded nor counted)."""
+        return self._region is not None
+
+    def note_param_grads(self, module: Any) -> bool:
+        """This step dumps ``module``'s parameter gradients; False when it was noted already."""
+        key = id(module)
+        if key in self._pgrad_seen:
+            return False
+        self._pgrad_seen.add(key)
+        return True
+
+    def param_grads_noted(self, module_id: int) -> bool:
+        """Whether this step dumps the parameter gradients of the module ``id(module) == module_id``."""
+        return module_id in self._pgrad_seen
+
+    # ---------------------------------------------------------------- modules and backwards
+    def enter_module(self, name: str) -> None:
+        """The calls from now on map to the (pseudo-)module ``name`` in construct.json (the
+        optimizer's "optimizer", "clip_grad"), until :meth:`leave_module`."""
+        self._module_stack.append(name)
+        self._session.ensure_structure(name)
+
+    def leave_module(self, name: str) -> None:
+        stack = self._module_stack
+        if stack and stack[-1] == name:
+            stack.pop()
+
+    def leave_all_modules(self) -> None:
+        """Forget the module forwards open (a step's end where their post hooks never ran)."""
+        self._module_stack.clear()
+
+    def begin_backward(self, bwd: str) -> None:
+        """A module's backward ``bwd`` begins: the parent of what runs inside it, in its scope."""
+        self._filter.scope_enter(bwd)
+        self._bw_stack.append(bwd)
+
+    def end_backward(self, bwd: str, *, anywhere: bool = False) -> None:
+        """The module's backward ``bwd`` ends (when it is the innermost running; ``anywhere``: wherever
+        it is among those running, as MindSpore's observer ends a call whose inner calls are left)."""
+        stack = self._bw_stack
+        if stack and stack[-1] == bwd:
+            stack.pop()
+        elif anywhere and bwd in stack:
+            stack.remove(bwd)
+
+    def running_backward(self) -> Optional[str]:
+        """The innermost module backward running, None when none is."""
+        stack = self._bw_stack
+        return stack[-1] if stack else None
 
     def parent(self) -> Optional[str]:
         """The construct.json parent of a forward call made now: the innermost module forward open,
         else (where the adapter says so) the innermost module backward running."""
-        if self.module_stack:
-            return self.module_stack[-1]
-        return self.bw_stack[-1] if self.bw_stack and self.adapter.backward_parents_forward else None
+        if self._module_stack:
+            return self._module_stack[-1]
+        return self._bw_stack[-1] if self._bw_stack and self.adapter.backward_parents_forward else None
 
     def call_skipped(self) -> bool:
         """Whether a call now is neither recorded nor counted: before start(), after stop(), in a step
         not dumped, or outside token_range."""
-        if not self.enabled:
+        if not self._enabled:
             return True
-        selection = self.filter
+        selection = self._filter
         return selection.token_range is not None and not selection.in_token_range()
 
-    def module_forward_begin(self, key: str, args: tuple, kwargs: dict) -> Optional[tuple]:
-        """A module's (Cell's) forward pre-hook: counts the call, pushes it on the module stack and
-        encodes its inputs. Returns the call in flight, ``(fwd, rec, parent, stack)`` with ``rec``
-        None when the call is filtered out, or None when nothing is dumped now."""
-        if self.call_skipped():
-            return None
-        selection = self.filter
-        if self.region is not None and key != self.region:
-            return None  # inside module_dump(...): only that module is dumped
-        fwd = f"{key}.forward.{self.session.next_module_index(key)}"
-        parent = self.parent()
-        self.module_stack.append(fwd)
-        if not selection.wanted(fwd, self.enabled):
-            return fwd, None, parent, None
-        self.guard.inside = True
-        try:
-            return fwd, self.forward_inputs(fwd, args, kwargs), parent, \
-                capture_stack() if self.config.stack else None
-        finally:
-            self.guard.inside = False
+    # ---------------------------------------------------------------- records
+    def record(self, name: str, rec: Any, *, stack: Optional[tuple] = None, parent: Optional[str] = None,
+               construct: bool = True, filtered: bool = True) -> bool:
+        """Add (or replace) the record ``name`` with what the encoder made for it (its statistics
+        still on the device), handed to the session at once; ``filtered``: only when the filter keeps
+        it (overflow_check). Returns whether it was added."""
+        if filtered and not self._filter.keep(rec, name, self._encoder):
+            return False
+        self._session.add_record(name, rec, stack=stack, parent=parent, construct=construct,
+                                 stats=self._encoder.take_stats())
+        return True
 
-    def module_forward_end(self, call: tuple, module: Any, key: str, output: Any, gated: bool = False) -> None:
-        """The forward hook for a call from ``module_forward_begin``: pops it, records its outputs
-        and own parameters, hooks the parameters' gradients. A filtered-out call is a structure
-        entry (``gated``: only while the dump is on and inside token_range)."""
-        fwd, rec, parent, stack = call
-        self.parent_of[fwd] = parent
-        if self.module_stack and self.module_stack[-1] == fwd:
-            self.module_stack.pop()
-        config, selection = self.config, self.filter
-        if rec is None:
-            selection.scope_leave(fwd)
-            if not gated or (self.enabled and selection.in_token_range()):
-                self.session.add_structure(fwd, parent)
-                if self.enabled and config.backward_enabled and config.task != "structure":
-                    self.adapter.hook_param_grads(module, key)  # data_mode backward, list of backward names
-            return
-        self.guard.inside = True
-        try:
-            _, want_out = selection.io("forward")
-            encoder = self.encoder
-            save = encoder.wants_tensors(fwd)
-            if want_out and config.task != "structure":
-                rec["output"] = self.adapter.encode_output(output, f"{fwd}.output", save)
-                rec["parameters"] = {name: encoder.encode(param, f"{fwd}.parameters.{name}", save)
-                                     for name, param in self.adapter.module_params(module)}
-            if selection.keep(rec, fwd, encoder):
-                self.session.add_record(fwd, rec, stack=stack, parent=parent)
-            if config.task != "structure":
-                self.adapter.hook_param_grads(module, key)
-        finally:
-            self.guard.inside = False
-            selection.scope_leave(fwd)
+    def structure(self, name: str, parent: Optional[str]) -> None:
+        """A call not recorded that is part of the model's structure (construct.json)."""
+        self._session.add_structure(name, parent)
 
-    def module_backward(self, bwd: str, fwd: str, grads_in: Any, grads_out: Any, live: bool = False) -> None:
-        """A module's backward (of its forward call ``fwd``): a record, or a structure entry when
-        filtered out; its parent is the backward of the forward's parent. ``live``: the step of
-        the forward call is still being dumped (after ``stop()`` too)."""
-        parent = backward_parent(self.parent_of.get(fwd))
-        selection = self.filter
-        try:
-            if not selection.wanted(bwd, self.enabled or live, selection.inside_listed_backward()):
-                self.session.add_structure(bwd, parent)
-                return
-            self.record_backward(bwd, grads_in, grads_out, parent)
-        finally:
-            selection.scope_leave(bwd)
+    def record_of(self, name: str) -> Any:
+        """The record ``name`` of the current step so far (None when there is none)."""
+        return self._session.record(name)
 
-    def hold_backward(self, bwd: str, fwd: str, live: bool = False) -> Optional[tuple]:
-        """A module's backward due now whose gradients are not all in yet: its place in the documents
-        and the end of its scope now, its record by :meth:`fill_backward` with the held place (None:
-        it is not recorded, a structure entry only)."""
-        parent = backward_parent(self.parent_of.get(fwd))
-        selection = self.filter
-        try:
-            if not selection.wanted(bwd, self.enabled or live, selection.inside_listed_backward()):
-                self.session.add_structure(bwd, parent)
-                return None
-            return parent, self.session.reserve(bwd, parent)
-        finally:
-            selection.scope_leave(bwd)
+    def forget(self, name: str) -> None:
+        """Drop the record ``name`` of the current step (it is added again at its new place)."""
+        self._session.remove_record(name)
 
-    def fill_backward(self, bwd: str, held: tuple, grads_in: Any, grads_out: Any) -> None:
-        """The record of a backward held by :meth:`hold_backward`, at its place."""
-        parent, placeholder = held
-        try:
-            self.record_backward(bwd, grads_in, grads_out, parent)
-        finally:
-            self.session.unreserve(bwd, placeholder)
+    def reserve_place(self, name: str, parent: Optional[str]) -> Any:
+        """Hold the place of the record ``name`` whose values come later (:meth:`record` fills it);
+        returns the placeholder for :meth:`drop_place`."""
+        return self._session.reserve(name, parent)
 
-    def fix_dangling_parents(self) -> None:
-        """A module whose backward never completed leaves no record: its children go to the
-        nearest recorded ancestor."""
-        parent_of = self.parent_of
+    def drop_place(self, name: str, placeholder: Any) -> None:
+        """Drop a held place that no record filled."""
+        self._session.unreserve(name, placeholder)
 
-        def fix(parent: Optional[str], known: Callable[[Optional[str]], bool]) -> Optional[str]:
-            hops = 0
-            while parent is not None and not known(parent) and hops < 64:
-                parent = backward_parent(parent_of.get(parent.replace(".backward.", ".forward.")))
-                hops += 1
-            return parent if known(parent) else None
+    def next_api_name(self, api_key: str) -> tuple:
+        """(``<api_key>.<n>``, n): the next call of ``api_key``, counted."""
+        return self._session.next_api_name(api_key)
 
-        self.session.rewrite_parents(fix)
+    def next_module_index(self, key: str) -> int:
+        return self._session.next_module_index(key)
 
-    # ------------------------------------------------------------------ debug
-    def save_debug(self, variable: Any, name: str, save_backward: bool = False) -> Optional[str]:
-        """debug level ``save``: the record ``<name>.<n>.debug`` and, ``save_backward``,
-        ``<name>_grad.<n>.debug`` (None when this step/rank is not dumped)."""
-        if not self.enabled and not (self.session.step_enabled() and self.session.rank_enabled()):
-            return None
-        count = self.debug_counts.get(name, 0)
-        self.debug_counts[name] = count + 1
-        key = f"{name}.{count}.debug"
-        self.guard.inside = True
-        try:
-            save = self.encoder.wants_tensors(key)
-            self.session.add_record(key, self.encoder.encode(variable, key, save), construct=False)
-        finally:
-            self.guard.inside = False
-        if save_backward:
-            _save_grads(self, variable, f"{name}_grad.{count}.debug")
-        return key
-
-
-def backward_parent(parent: Optional[str]) -> Optional[str]:
-    """The backward of a forward module call ``parent`` (``....forward.<n>`` -> ``....backward.<n>``)."""
-    if parent is None:
-        return None
-    head, _, index = parent.rpartition(".forward.")
-    return f"{head}.backward.{index}" if head else parent
-
-
-def _nest(variable: Any, grads: dict, path: tuple = ()) -> Any:
-    """``variable``'s nesting with the gradient entries found in ``grads`` (by path), else None."""
-    if isinstance(variable, (list, tuple)):
-        return [_nest(item, grads, path + (str(i),)) for i, item in enumerate(variable)]
-    if isinstance(variable, dict):
-        return {key: _nest(item, grads, path + (str(key),)) for key, item in variable.items()}
-    return grads.get(path)
-
-
-def _save_grads(core: DumperCore, variable: Any, key: str) -> None:
-    """The gradients of ``variable``'s tensors, in its nesting: the record is there at once
-    with ``null`` in each place (as the real tool writes it) and fills in as they arrive."""
-    tensors: list = []
-    hookable = core.adapter.grad_hookable
-
-    def collect(value: Any, path: tuple) -> None:
-        if hookable(value):
-            tensors.append((path, value))
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                collect(item, path + (str(i),))
-        elif isinstance(value, dict):
-            for name, item in value.items():
-                collect(item, path + (str(name),))
-
-    collect(variable, ())
-    grads: dict = {}
-    core.session.add_record(key, _nest(variable, grads), construct=False)
-    core_ref = weakref.ref(core)
-    generation = core.generation
-    for path, tensor in tensors:
-        def hook(grad, path=path):
-            alive = core_ref()
-            if alive is None or not alive.live(generation):
-                return None
-            alive.guard.inside = True
-            try:
-                save = alive.encoder.wants_tensors(key)
-                grads[path] = alive.encoder.encode(grad, ".".join((key,) + path), save)
-                alive.session.add_record(key, _nest(variable, grads), construct=False)
-            finally:
-                alive.guard.inside = False
-            return None
-
-        core.adapter.on_grad(tensor, hook)
+    def journal_held(self) -> Any:
+        """A block whose records are queued, not journaled (a compiled graph's run)."""
+        return self._session.journal_held()

@@ -42,6 +42,16 @@ class ValueEncoder:
         #: whose files wait for their record's verdict, (prefix, entry, tensor, data_name)
         self._overflow: list = []
         self._deferred: list = []
+        #: what the encoder made whose values are still on the device: ``(entry, handle)`` pairs of
+        #: statistics, handed to the session with the record they belong to (:meth:`take_stats`)
+        self._stats: list = []
+
+    def take_stats(self) -> list:
+        """The ``(entry, stat handle)`` pairs made since the last call (the core hands them to the
+        session with the record it adds; the session fills those entries once it fetches them)."""
+        made = self._stats
+        self._stats = []
+        return made
 
     # ------------------------------------------------------------ overflow_check
     def _watch(self, prefix: str, handle: Any) -> None:

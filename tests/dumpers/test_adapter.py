@@ -1,16 +1,11 @@
-"""The framework adapter suite (tests/dumpers/adapter_suite.py) on PyTorch's dumper."""
+"""The framework adapter suite (msprobe.testing.AdapterTests) on PyTorch's dumper."""
 from __future__ import annotations
-
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from adapter_suite import AdapterTests
-
 from msprobe.dumpers.adapter import ApiCall
 from msprobe.dumpers.pytorch._dumper import TorchDumper
+from msprobe.testing import AdapterTests
 
 
 class TestTorchAdapter(AdapterTests):

@@ -66,7 +66,7 @@ class MsprobeStep(Callback):
         (the documented use), else Model.train's network at L0/mix."""
         if self.debugger.model is not None:
             return self.debugger.model
-        if self.debugger.dumper.core.hooked_models:  # start(model) before Model.train (the docs' GRAPH_MODE use)
+        if self.debugger.dumper.core.has_models():  # start(model) before Model.train (the docs' GRAPH_MODE use)
             return None
         if self.debugger.config.level in ("L0", "mix"):
             params = run_context.original_args()

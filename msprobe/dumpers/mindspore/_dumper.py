@@ -14,10 +14,9 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import warnings
 import weakref
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import mindspore
 from mindspore import Parameter, Tensor, nn, ops
@@ -25,7 +24,7 @@ from mindspore.ops import Primitive
 
 from msprobe.dumpers.adapter import ApiCall, ApiCaller, FrameworkAdapter
 from msprobe.dumpers.config import DumpConfig
-from msprobe.dumpers.control import DumperCore, ModuleForwardHooks, core_attribute, render_stack
+from msprobe.dumpers.control import DumperCore, ModuleForwardHooks, core_attribute
 from msprobe.dumpers.mindspore import _observer
 from msprobe.dumpers.mindspore._apis import GUARD, PIJIT_CONTEXT, ApiPatcher, import_first
 from msprobe.dumpers.mindspore._encode import Encoder, fetch_stats
@@ -95,9 +94,8 @@ class MindSporeDumper(FrameworkAdapter):
     """Owns the patcher, the Primitive/Cell hooks and the session for one process (through its
     :class:`DumperCore`, whose framework adapter it is)."""
 
+    # for the dumper's users (tests, tools): the adapter itself asks the core (DumperCore's public methods)
     session = core_attribute("session")
-    encoder = core_attribute("encoder")
-    patcher = core_attribute("patcher")
     enabled = core_attribute("enabled")
     framework = "mindspore"
     encoder_cls = Encoder
@@ -111,7 +109,9 @@ class MindSporeDumper(FrameworkAdapter):
             raise ConfigError("level 'L2' (kernel dump) needs MindSpore on Ascend hardware "
                               f"(device_target 'Ascend'); this process runs on {_device_target()!r}")
         self.config = config
-        self.core = DumperCore(self, config)
+        self.core = core = DumperCore(self, config)
+        # the collaborators the core built of the classes above
+        self.encoder, self.patcher = cast(Encoder, core.encoder()), core.patcher()
         self.cell_handles: list = []
         self.param_handles: list = []
         self.calls = _HookedCalls(self)  # Primitive and jit calls
@@ -124,11 +124,11 @@ class MindSporeDumper(FrameworkAdapter):
         self.observer = _observer.CellObserver(_EXECUTOR) if _observer.SUPPORTED else None
         self._reroutes = False  # a Cell's backward is hooked by MindSpore's hooks: said once at start(), see _warn_reroute
         self._warned_reroute = False
-        if self.core.apis_dumped and not _graph_mode():
+        if core.dumps_apis() and not _graph_mode():
             # the API wrappers go in when the debugger is created, as 26.2.0 does: a Cell built after it
             # that keeps an op in an attribute (self.act = ops.gelu) holds the wrapper; they pass
             # straight through until start()
-            self.patcher.install(self.on_api)
+            core.patch_apis(self.on_api)
 
     # ---------------------------------------------------------------- control
     def start(self, model: Any = None, token_range: Optional[list] = None) -> None:
@@ -137,22 +137,22 @@ class MindSporeDumper(FrameworkAdapter):
         if graph:  # graphs run before start (outside the dump) finish their callbacks first
             _synchronize()
         _check_graph_mode(config, graph, token_range)
-        core.filter.set_token_range(model, token_range)
+        core.set_token_range(model, token_range)
         if model is not None:
             if graph:
-                _warn_precompiled(model, core.hooked_models)
+                _warn_precompiled(model, core.is_hooked)
             self._hook_models(model)
             self._warn_reroute()
-        elif core.modules_dumped and not core.hooked_models:
+        elif core.dumps_modules() and not core.has_models():
             raise ConfigError(f"level {config.level!r} dumps Cells and needs start(model=...)")
         if not core.begin():
             return
         split = self.split_session
         if split is not None:
-            split.set_step(self.session.current_step)
+            split.set_step(core.current_step())
             split.claim()
-        if core.apis_dumped:
-            self.patcher.install(self.on_api)
+        if core.dumps_apis():
+            core.patch_apis(self.on_api)
             self._jit.patch_jit()
             self._jit.patch_pijit()
         core.turn_on()
@@ -182,7 +182,7 @@ class MindSporeDumper(FrameworkAdapter):
     def split_session(self) -> Optional[DumpSession]:
         """The ``graph/`` session of the jit-Cell split (spec/PRODUCER.md §23.3); None without the split."""
         graph = self._graph
-        return graph.session if graph is not None and graph.session is not self.session else None
+        return graph.own_session if graph is not None else None
 
     def _warn_reroute(self) -> None:
         """PyNative L0/mix with the backward dumped: MindSpore's Cell backward hooks route a Cell's
@@ -212,7 +212,7 @@ class MindSporeDumper(FrameworkAdapter):
         self._warned_points = True
         cells = [key for key in graph.keys() if key]
         warnings.warn(
-            f"msprobe: no Cell of the model was dumped in step {self.session.current_step} (GRAPH_MODE level L0): "
+            f"msprobe: no Cell of the model was dumped in step {self.core.current_step()} (GRAPH_MODE level L0): "
             f"no dump point of {', '.join(cells[:3]) + (', ...' if len(cells) > 3 else '')} ran between start() and "
             "stop(). A graph compiled before debugger.start(model) has no dump points and keeps running "
             "undumped: call debugger.start(model) before the model (or the function or Model.train that runs "
@@ -226,20 +226,17 @@ class MindSporeDumper(FrameworkAdapter):
         if self.observer is not None:
             self.observer.flush_all()
         self.flush_param_grads()
-        core.fix_dangling_parents()
-        if self._graph is None:  # (GRAPH_MODE says it itself: _warn_no_points)
-            core.warn_if_nothing()
-        core.session.end_step()
+        core.end_step(warn=self._graph is None)  # (GRAPH_MODE says it itself: _warn_no_points)
         if self.split_session is not None:
             self.split_session.end_step()
-        core.end_step_state()
-        core.module_stack.clear()
+        core.leave_all_modules()
 
     def close(self) -> None:
         self.stop()
+        core = self.core
         if self._graph is None:  # a step ended by the process, not by step(): said as step() says it
-            self.core.warn_if_nothing()
-        self.patcher.uninstall()
+            core.warn_if_nothing()
+        core.unpatch_apis()
         self._jit.unpatch_jit()
         self._jit.unpatch_pijit()
         for handle in self.cell_handles + self.param_handles:
@@ -254,7 +251,7 @@ class MindSporeDumper(FrameworkAdapter):
             self._graph.unwrap()
         if self.split_session is not None:
             self.split_session.close()
-        self.session.close()
+        core.close()
 
     def bw_wanted(self) -> bool:
         return self.config.backward_enabled and _grad_recording()
@@ -288,7 +285,7 @@ class MindSporeDumper(FrameworkAdapter):
     def _collective_output(self, rec: dict, fwd: str, api_key: str, args: tuple, kwargs: dict, out: Any) -> None:
         """mint.distributed (and in-place ops.communication) collectives write into their arguments: the
         output entries are the arguments after the call (as msprobe does), an async call waited for first."""
-        _, want_out = self.core.filter.io("forward")
+        _, want_out = self.core.io("forward")
         if not want_out or self.config.task == "structure":
             return
         if kwargs.get("async_op") or api_key.rpartition(".")[2] in ("isend", "irecv", "batch_isend_irecv"):
@@ -308,7 +305,7 @@ class MindSporeDumper(FrameworkAdapter):
         return self.encoder.encode(value, prefix, save)
 
     def encode_output(self, out: Any, prefix: str, save: bool) -> list:
-        return self.core.encoder.encode_output(out, prefix, save)
+        return self.encoder.encode_output(out, prefix, save)
 
     def _call_api(self, orig, args: tuple, kwargs: dict, bwd: str, backward: bool, record: bool):
         if not backward:
@@ -335,9 +332,9 @@ class MindSporeDumper(FrameworkAdapter):
         graph = _graph_mode()
         points = _device_target() == "CPU"  # jit Cells elsewhere: PyNative hooks on the Cell, no split
         for index, root in enumerate(models):
-            if core.apis_dumped:
+            if core.dumps_apis():
                 self.calls.hook_primitives(root)
-            if not core.modules_dumped:
+            if not core.dumps_modules():
                 continue
             in_jit: list = []  # paths of jit Cells (PyNative): they and their Cells run compiled
             for path, sub in root.cells_and_names():
@@ -357,31 +354,20 @@ class MindSporeDumper(FrameworkAdapter):
         Cells' data under ``graph/``, everything else under ``pynative/``, each with its own session."""
         if self._graph is None:
             core = self.core
-            session, encoder = core.session, core.encoder
+            own = None
             if split:
-                session = self._new_session("graph")
-                core.session = self._new_session("pynative")
-                core.encoder.session = core.session
-                encoder = Encoder(session, save_tensors=self.config.task == "tensor",
-                                  summary_mode=self.config.summary_mode, tensor_list=self.config.tensor_list)
-                encoder.check_overflow = core.encoder.check_overflow
-            self._graph = GraphCellDump(self, session, encoder)
+                own = core.new_session("graph")
+                core.write_under("pynative")
+            self._graph = GraphCellDump(self, own)
         return self._graph
-
-    def _new_session(self, sub: str) -> DumpSession:
-        config = dataclasses.replace(self.config, dump_path=_join(self.config.dump_path, sub))
-        session = DumpSession(config, "mindspore", fetch_stats=fetch_stats, render_stack=render_stack,
-                              get_rank=_get_rank)
-        session.set_step(self.session.current_step)
-        return session
 
     def flush_param_grads(self, name: Optional[str] = None) -> None:
         """Write the waiting parameters_grad records (``name``'s only)."""
         core = self.core
         for key in ([name] if name is not None else list(self.pending_param_grads)):
             rec = self.pending_param_grads.pop(key, None)
-            if rec and core.filter.keep(rec, key, core.encoder):
-                core.session.add_record(key, rec, parent=None, construct=False)
+            if rec:
+                core.record(key, rec, parent=None, construct=False)
 
     def module_params(self, module: nn.Cell) -> Any:
         return module._params.items()
@@ -389,8 +375,7 @@ class MindSporeDumper(FrameworkAdapter):
     def hook_param_grads(self, module: nn.Cell, key: str) -> None:
         if not self.config.backward_enabled:
             return
-        core = self.core
-        core.pgrad_seen.add(id(module))  # this step dumps the Cell's parameter gradients
+        self.core.note_param_grads(module)  # this step dumps the Cell's parameter gradients
         if getattr(module, "_msprobe_pgrad_hooked", False):
             return
         object.__setattr__(module, "_msprobe_pgrad_hooked", True)
@@ -402,7 +387,7 @@ class MindSporeDumper(FrameworkAdapter):
 
             def hook(grad, pname=pname, cell_id=id(module)):  # noqa: B008 - bound now, per parameter
                 alive = dumper()
-                if alive is None or cell_id not in alive.core.pgrad_seen or not alive.core.filter.wanted(name, True):
+                if alive is None or not alive.core.param_grads_noted(cell_id) or not alive.core.wanted(name, True):
                     return None
                 GUARD.inside = True
                 try:
@@ -459,7 +444,7 @@ class _HookedCalls(ApiCaller):
         def __call__(primitive, *args, **kwargs):
             calls = owner()
             dumper = calls.dumper() if calls is not None else None
-            if dumper is None or not dumper.core.enabled or getattr(GUARD, "inside", False) \
+            if dumper is None or not dumper.core.is_on() or getattr(GUARD, "inside", False) \
                     or not GUARD.__dict__.get("on", True):
                 return orig_call(primitive, *args, **kwargs)
             return calls.record(lambda *a, **k: orig_call(primitive, *a, **k), api_key, args, kwargs)
@@ -502,7 +487,8 @@ class _HookedCalls(ApiCaller):
             return values
         core_ref = weakref.ref(dumper.core)
         captured: list = []
-        generation = dumper.core.generation
+        generation = dumper.core.generation()
+        structure = dumper.config.task == "structure"
         observer, order = dumper.observer, next(_observer.ORDER)
 
         def hook(grad):
@@ -512,11 +498,10 @@ class _HookedCalls(ApiCaller):
             if observer is not None:  # the Cell calls begun after this one are written first
                 observer.api_event(order)
             captured.extend(grad if isinstance(grad, (tuple, list)) else (grad,))
-            parent = core.bw_stack[-1] if core.bw_stack else None
-            if core.config.task == "structure" or not core.filter.wanted(bwd, True,
-                                                                         core.filter.inside_listed_backward()):
-                if core.modules_dumped:
-                    core.session.add_structure(bwd, parent)
+            parent = core.running_backward()
+            if structure or not core.wanted_backward(bwd, True):
+                if core.dumps_modules():
+                    core.structure(bwd, parent)
                 return None
             GUARD.inside = True
             try:
@@ -536,21 +521,21 @@ class _HookedCalls(ApiCaller):
 
 def _add_backward_side(core: DumperCore, bwd: str, side: str, captured: list, parent: Optional[str]) -> None:
     """The backward record ``bwd`` with its ``side`` (``input``/``output``) now ``captured``."""
-    want_in, want_out = core.filter.io("backward")
+    want_in, want_out = core.io("backward")
     if not (want_in if side == "input" else want_out):
         return
-    save = core.encoder.wants_tensors(bwd)
-    rec = core.session.record(bwd)
+    encoder = core.encoder()
+    save = encoder.wants_tensors(bwd)
+    rec = core.record_of(bwd)
     rec = dict(rec) if isinstance(rec, dict) else {}
-    entries = [core.encoder.encode(grad, f"{bwd}.{side}.{i}", save) for i, grad in enumerate(captured)]
+    entries = [encoder.encode(grad, f"{bwd}.{side}.{i}", save) for i, grad in enumerate(captured)]
     new = {"input": rec.get("input", []), "output": rec.get("output", [])}
     new[side] = entries
     if not want_in:
         new.pop("input")
     if not want_out:
         new.pop("output")
-    if core.filter.keep(new, bwd, core.encoder):
-        core.session.add_record(bwd, new, parent=parent)
+    core.record(bwd, new, parent=parent)
 
 
 class _JitPatches:
@@ -576,7 +561,7 @@ class _JitPatches:
 
         def __call__(ex, *args, **kwargs):
             dumper = dumper_ref()
-            if dumper is None or not dumper.core.enabled or getattr(GUARD, "inside", False) \
+            if dumper is None or not dumper.core.is_on() or getattr(GUARD, "inside", False) \
                     or not GUARD.__dict__.get("on", True):
                 return orig(ex, *args, **kwargs)
             if args and isinstance(args[0], nn.Optimizer):  # the optimizer's own jit step: not the model's
@@ -612,7 +597,7 @@ class _JitPatches:
 
         def __enter__(ctx):
             dumper = dumper_ref()
-            skip = dumper is not None and dumper.core.enabled and dumper.core.apis_dumped
+            skip = dumper is not None and dumper.core.is_on() and dumper.core.dumps_apis()
             eager.append(skip)
             return None if skip else enter(ctx)
 
@@ -663,7 +648,7 @@ class _CellHooks(ModuleForwardHooks):
         inputs = self.inputs.pop() if self.inputs else None
         if item is not None and dumper is not None:
             if self.observer is None and _grad_recording():
-                self.done.append((int(item[0].rsplit(".", 1)[1]), dumper.core.generation))
+                self.done.append((int(item[0].rsplit(".", 1)[1]), dumper.core.generation()))
             dumper.core.module_forward_end(item, cell, self.key, output)
             if inputs is not None:
                 self._observe(dumper, item[0], inputs, output)
@@ -673,19 +658,18 @@ class _CellHooks(ModuleForwardHooks):
         """Hook the backward of the call ``fwd`` (spec/PRODUCER.md §20 item 43: observed, not rerouted)."""
         dumper_ref = self.dumper
         bwd = fwd.replace(".forward.", ".backward.")
-        generation = dumper.core.generation
+        generation = dumper.core.generation()
         key = self.key
 
         def begin():
             alive = dumper_ref()
             if alive is not None and alive.core.live(generation):
-                alive.core.filter.scope_enter(bwd)
-                alive.core.bw_stack.append(bwd)
+                alive.core.begin_backward(bwd)
 
         def leave():
             alive = dumper_ref()
-            if alive is not None and bwd in alive.core.bw_stack:
-                alive.core.bw_stack.remove(bwd)
+            if alive is not None:
+                alive.core.end_backward(bwd, anywhere=True)
 
         def done(grad_output, grad_input):
             alive = dumper_ref()
@@ -715,8 +699,7 @@ class _CellHooks(ModuleForwardHooks):
         bwd = f"{self.key}.backward.{index}"
         self.running.append((bwd, live))
         if live:
-            core.filter.scope_enter(bwd)
-            core.bw_stack.append(bwd)
+            core.begin_backward(bwd)
         return None
 
     def backward_post(self, cell, grad_input, grad_output):
@@ -731,8 +714,7 @@ class _CellHooks(ModuleForwardHooks):
             bwd, live = f"{self.key}.backward.{index}", core.live(generation)
         if not live:
             return None
-        if core.bw_stack and core.bw_stack[-1] == bwd:
-            core.bw_stack.pop()
+        core.end_backward(bwd)
         dumper.flush_param_grads(self.key + ".parameters_grad")
         core.module_backward(bwd, bwd.replace(".backward.", ".forward."), grad_output, grad_input, live=True)
         return None
@@ -765,13 +747,13 @@ def _sync() -> None:
             pass
 
 
-def _warn_precompiled(model: Any, hooked: list) -> None:
+def _warn_precompiled(model: Any, hooked: Any) -> None:
     """GRAPH_MODE: a model Cell called (hence compiled: MindSpore keeps the phases in the Cell's
     compile cache) before start(model) keeps its compiled graph, without dump points; said at
     once. A function or Model.train's network compiled before is seen at stop() instead."""
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     for m in models:
-        if isinstance(m, nn.Cell) and not any(m is h for h in hooked) and getattr(m, "_compile_cache", None):
+        if isinstance(m, nn.Cell) and not hooked(m) and getattr(m, "_compile_cache", None):
             warnings.warn(
                 f"msprobe: the Cell {type(m).__name__} was compiled (run in GRAPH_MODE) before "
                 "debugger.start(model): its compiled graph has no dump points and its Cells will not be "
@@ -780,10 +762,6 @@ def _warn_precompiled(model: Any, hooked: list) -> None:
 
 def in_jit_cell(path: str, jit_paths: list) -> bool:
     return any(path == p or path.startswith(p + ".") for p in jit_paths)
-
-
-def _join(root: str, sub: str) -> str:
-    return root.rstrip("/") + "/" + sub
 
 
 _DIST_PREFIXES = ("Distributed.", "MintDistributed.", "Communication.")

@@ -137,7 +137,7 @@ class Encoder(ValueEncoder):
             entry["md5"] = self._xor(held)
         else:
             entry.update(null_stats())
-            self.session.pending.add(entry, StatHandle(held, mode == "md5"))
+            self._stats.append((entry, StatHandle(held, mode == "md5")))
             if self.check_overflow and t.dtype in (mindspore.float16, mindspore.float32, mindspore.float64, _BF16):
                 self._watch(data_name_prefix, held)
         if t.size or not getattr(self._tls, "in_output", False):

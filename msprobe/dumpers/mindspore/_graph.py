@@ -32,6 +32,7 @@ from mindspore import Tensor, ops
 
 from msprobe.dumpers.control import backward_parent
 from msprobe.dumpers.mindspore._apis import GUARD, PIJIT_CONTEXT, import_first
+from msprobe.dumpers.mindspore._encode import Encoder
 
 __all__ = ["GraphCellDump", "is_jit_cell"]
 
@@ -115,14 +116,49 @@ class _Call:
         self.pending: dict = {}
 
 
-class GraphCellDump:
-    """The dump points of one dumper and their run-time bookkeeping; ``session``/``encoder``
-    are where the records go (the dumper's own, or those of the ``graph/`` split)."""
+class _SplitRecords:
+    """Where the records of the jit Cells go with the split (spec/PRODUCER.md §23.3): the ``graph/``
+    session of their own, asked as the core is asked (``next_module_index``, ``structure``,
+    ``record``, ``journal_held``), with its own encoder and the core's filter."""
 
-    def __init__(self, dumper, session, encoder):
+    def __init__(self, session: Any, encoder: Any, core: Any) -> None:
+        self.session, self.encoder, self.core = session, encoder, core
+
+    def next_module_index(self, key: str) -> int:
+        return self.session.next_module_index(key)
+
+    def structure(self, name: str, parent: Optional[str]) -> None:
+        self.session.add_structure(name, parent)
+
+    def record(self, name: str, rec: Any, *, parent: Optional[str] = None, construct: bool = True,
+               filtered: bool = True) -> bool:
+        if filtered and not self.core.keep(rec, name, self.encoder):
+            return False
+        self.session.add_record(name, rec, parent=parent, construct=construct, stats=self.encoder.take_stats())
+        return True
+
+    def journal_held(self) -> Any:
+        return self.session.journal_held()
+
+
+class GraphCellDump:
+    """The dump points of one dumper and their run-time bookkeeping. The records go through the
+    dumper's core, or, given ``own_session`` (the ``graph/`` session of the jit-Cell split), to that
+    session with an encoder of its own."""
+
+    def __init__(self, dumper, own_session=None):
         self._dumper = weakref.ref(dumper)
-        self.session = session
-        self.encoder = encoder
+        core = dumper.core
+        self.own_session = own_session
+        if own_session is None:
+            self.encoder = core.encoder()
+            self.records: Any = core
+        else:
+            config = dumper.config
+            self.encoder = Encoder(own_session, save_tensors=config.task == "tensor",
+                                   summary_mode=config.summary_mode, tensor_list=config.tensor_list)
+            self.encoder.check_overflow = core.encoder().check_overflow
+            self.records = _SplitRecords(own_session, self.encoder, core)
         self.stack: list = []  # forward calls open, innermost last
         self.open: dict = {}  # key -> forward calls collecting values
         self.done: dict = {}  # key -> finished forward call indexes (LIFO for the backward pass)
@@ -207,10 +243,10 @@ class GraphCellDump:
 
     def on_param_grad(self, name: str, pname: str, arr: np.ndarray) -> None:
         dumper = self._dumper()
-        if dumper is None or not dumper.core.enabled:
+        if dumper is None or not dumper.core.is_on():
             return
         self.fired += 1
-        if not dumper.core.filter.wanted(name, dumper.core.enabled):
+        if not dumper.core.wanted(name, True):
             return
         GUARD.inside = True
         try:
@@ -248,13 +284,13 @@ class GraphCellDump:
 
     def on_point(self, key: str, kind: str, arr: np.ndarray, index: int, total: int) -> None:
         dumper = self._dumper()
-        if dumper is None or not dumper.core.enabled:
+        if dumper is None or not dumper.core.is_on():
             return
         self.fired += 1
         GUARD.inside = True
         try:
             value = Tensor(np.array(arr, copy=True))
-            with self.session.journal_held():  # in the graph's run: no tensor read until it ends
+            with self.records.journal_held():  # in the graph's run: no tensor read until it ends
                 if kind in ("in", "param", "out"):
                     self._forward(dumper, key, kind, value, index, total)
                 else:
@@ -263,12 +299,12 @@ class GraphCellDump:
             GUARD.inside = False
 
     def _open_forward(self, dumper, key: str) -> _Call:
-        idx = self.session.next_module_index(key)
+        idx = self.records.next_module_index(key)
         fwd = f"{key}.forward.{idx}"
         parent = self.stack[-1].name if self.stack else None
-        call = _Call(fwd, {} if dumper.core.filter.wanted(fwd, dumper.core.enabled) else None, parent)
+        call = _Call(fwd, {} if dumper.core.wanted(fwd) else None, parent)
         if call.rec is not None and dumper.config.task != "structure":
-            want_in, _ = dumper.core.filter.io("forward")
+            want_in, _ = dumper.core.io("forward")
             if want_in:
                 call.rec["input_args"] = []
                 call.rec["input_kwargs"] = {}
@@ -283,7 +319,7 @@ class GraphCellDump:
             call = self._open_forward(dumper, key)
         enc, rec, fwd = self.encoder, call.rec, call.name
         save = rec is not None and enc.wants_tensors(fwd)
-        want_in, want_out = dumper.core.filter.io("forward")
+        want_in, want_out = dumper.core.io("forward")
         structure = dumper.config.task == "structure"
         if kind == "in":
             call.n_in += 1
@@ -310,14 +346,13 @@ class GraphCellDump:
         self.n_inputs[fwd] = call.n_in
         self.done.setdefault(key, []).append(int(fwd.rsplit(".", 1)[1]))
         if rec is None:
-            self.session.add_structure(fwd, call.parent)
+            self.records.structure(fwd, call.parent)
             return
         if want_out and not structure:
             params = rec.pop("parameters", {})
             rec["output"] = [call.pending[slot] for slot in sorted(call.pending)]
             rec["parameters"] = params
-        if dumper.core.filter.keep(rec, fwd, self.encoder):
-            self.session.add_record(fwd, rec, parent=call.parent)
+        self.records.record(fwd, rec, parent=call.parent)
 
     def _backward(self, dumper, key: str, kind: str, value: Tensor, index: int, total: int) -> None:
         """``grad_out``: a gradient of the Cell's outputs (they come first; the backward record's
@@ -332,9 +367,9 @@ class GraphCellDump:
             idx = done.pop() if done else 0
             bwd = f"{key}.backward.{idx}"
             parent = backward_parent(self.parent_of.get(f"{key}.forward.{idx}"))
-            call = _Call(bwd, {} if dumper.core.filter.wanted(bwd, dumper.core.enabled) else None, parent)
+            call = _Call(bwd, {} if dumper.core.wanted(bwd) else None, parent)
             self.bw_open[key] = call
-        want_in, want_out = dumper.core.filter.io("backward")
+        want_in, want_out = dumper.core.io("backward")
         if kind == "grad_out":
             side, wanted = "input", want_in
             call.exp_in = total
@@ -363,14 +398,14 @@ class GraphCellDump:
         for name in ([f"{key}.parameters_grad"] if key is not None else sorted(self.pgrad_names)):
             rec = dumper.pending_param_grads.pop(name, None)
             if rec:
-                self.session.add_record(name, rec, parent=None, construct=False)
+                self.records.record(name, rec, parent=None, construct=False, filtered=False)
 
     def _emit_backward(self, dumper, call: _Call) -> None:
         self.flush_param_grads(call.name.rsplit(".backward.", 1)[0])  # before the backward record, as in PyNative
         if call.rec is None:
-            self.session.add_structure(call.name, call.parent)
+            self.records.structure(call.name, call.parent)
             return
-        want_in, want_out = dumper.core.filter.io("backward")
+        want_in, want_out = dumper.core.io("backward")
         rec: dict = {}
         if want_in:
             rec["input"] = [entry for _, entry in sorted(call.rec.get("input", {}).items())]
@@ -378,5 +413,4 @@ class GraphCellDump:
             got = call.rec.get("output", {})
             total = max(self.n_inputs.get(call.name.replace(".backward.", ".forward."), 0), len(got))
             rec["output"] = [got.get(slot) for slot in range(total)]
-        if dumper.core.filter.keep(rec, call.name, self.encoder):
-            self.session.add_record(call.name, rec, parent=call.parent)
+        self.records.record(call.name, rec, parent=call.parent)

@@ -5,18 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["enter_pseudo_module", "leave_pseudo_module", "clip_grad_functions", "ClipGradPatch"]
-
-
-def enter_pseudo_module(core: Any, name: str) -> None:
-    """The calls from now on map to the pseudo-module ``name`` ("optimizer", "clip_grad") in construct.json."""
-    core.module_stack.append(name)
-    core.session.ensure_structure(name)
-
-
-def leave_pseudo_module(core: Any, name: str) -> None:
-    if core.module_stack and core.module_stack[-1] == name:
-        core.module_stack.pop()
+__all__ = ["clip_grad_functions", "ClipGradPatch"]
 
 
 def clip_grad_functions() -> list:
@@ -48,13 +37,13 @@ class ClipGradPatch:
         @functools.wraps(original)
         def clip_grad(*args: Any, **kwargs: Any) -> Any:
             core = core_ref()
-            if core is None or not core.enabled:
+            if core is None or not core.is_on():
                 return original(*args, **kwargs)
-            enter_pseudo_module(core, "clip_grad")
+            core.enter_module("clip_grad")  # the calls map to the pseudo-module "clip_grad" in construct.json
             try:
                 return original(*args, **kwargs)
             finally:
-                leave_pseudo_module(core, "clip_grad")
+                core.leave_module("clip_grad")
 
         self.wrapper = clip_grad
         setattr(owner, name, clip_grad)

@@ -104,25 +104,22 @@ def record_after_wait(core: Any, rec: dict, fwd: str, work: Any, values: tuple, 
     its ``output`` (``values``: the call's arguments) when ``work.wait()`` returns, the statistics
     cache cleared first (gloo writes the buffers without a ``_version`` bump). False: nothing
     deferred, record it now."""
-    if not core.enabled:
+    if not core.is_on():
         return False
-    session = core.session
-    step = session.current_step
-    session.add_record(fwd, rec, stack=stack, parent=parent)
+    step = core.current_step()
+    core.record(fwd, rec, stack=stack, parent=parent, filtered=False)
     ref = weakref.ref(core)
 
     def completed() -> None:
         alive = ref()
-        if alive is None or alive.session.current_step != step or GUARD.inside:
+        if alive is None or alive.current_step() != step or GUARD.inside:
             return
         GUARD.inside = True
         try:
-            alive.encoder.cache.clear()
+            alive.encoder().cache.clear()
             alive.forward_output(rec, fwd, values)
-            if alive.filter.keep(rec, fwd, alive.encoder):
-                alive.session.add_record(fwd, rec, parent=parent, construct=False)
-            else:
-                alive.session.remove_record(fwd)
+            if not alive.record(fwd, rec, parent=parent, construct=False):
+                alive.forget(fwd)
         except Exception:  # noqa: BLE001 - never break training for the dump
             pass
         finally:

@@ -95,7 +95,7 @@ class PrecisionDebugger:
     def set_init_step(cls, step: int) -> None:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"invalid init step {step!r}; valid: an integer >= 0")
-        cls.current().dumper.session.set_step(step)
+        cls.current().dumper.core.set_step(step)
 
     @classmethod
     def register_custom_api(cls, module: Any, api_name: str, api_prefix: Optional[str] = None) -> None:
@@ -141,15 +141,13 @@ def module_dump(module: Any, name: str) -> None:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"module_dump needs a non-empty str name, got {name!r}")
     key = f"Module.{name}.{type(module).__name__}"
-    if not any(module is hooked for hooked in d.core.hooked_models):
-        d.core.hooked_models.append(module)
+    if d.core.dump_module(module, key):  # not hooked yet
         d.hook_module(module, key)
-    d.core.region = key
 
 
 def module_dump_end() -> None:
     """End :func:`module_dump`: APIs and modules are dumped again, as usual, until ``stop()``."""
-    PrecisionDebugger.current().dumper.core.region = None
+    PrecisionDebugger.current().dumper.core.end_module_dump()
 
 
 def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = True, is_enhanced: bool = False) -> None:

@@ -5,7 +5,7 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import torch
 
@@ -14,12 +14,7 @@ from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.control import DumperCore, ModuleForwardHooks, core_attribute
 from msprobe.dumpers.pytorch import _comm, _ptfile
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
-from msprobe.dumpers.pytorch._clipgrad import (
-    ClipGradPatch,
-    clip_grad_functions,
-    enter_pseudo_module,
-    leave_pseudo_module,
-)
+from msprobe.dumpers.pytorch._clipgrad import ClipGradPatch, clip_grad_functions
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
 from msprobe.dumpers.pytorch._model_checks import refuse_compiled, warn_captured_apis, warn_fsdp2
 from msprobe.dumpers.pytorch._observer import (
@@ -77,7 +72,9 @@ class TorchDumper(FrameworkAdapter):
         if config.level == "L2":
             raise ConfigError("level 'L2' is the kernel dump: PrecisionDebugger runs it with KernelDumper")
         self.config = config
-        self.core = DumperCore(self, config)
+        self.core = core = DumperCore(self, config)
+        # the collaborators the core built of the classes above
+        self.encoder, self.patcher = cast(Encoder, core.encoder()), core.patcher()
         self._module_handles: list = []
         self.last_module_fwd: Optional[str] = None  # the last module forward call that ended
         self.in_flight: list = []  # InputEdges of the module forwards running (innermost last)
@@ -88,16 +85,15 @@ class TorchDumper(FrameworkAdapter):
         if config.online is not None:  # online_run_ut: packets to the checker instead of dump files
             from msprobe.dumpers.pytorch._online import OnlineRunUt
 
-            self.online = OnlineRunUt(config.online, self.session.resolve_rank)
-        if self.core.apis_dumped and config.level != "debug":
+            self.online = OnlineRunUt(config.online, core.rank)
+        if core.dumps_apis() and config.level != "debug":
             # the API wrappers go in when the debugger is created, as 26.2.0 does: a model built after
             # it that keeps an API in an attribute (transformers' GELUActivation: self.act = F.gelu)
             # holds the wrapper, so its calls are recorded; they pass straight through until start()
-            self.patcher.install(self.on_api)
+            core.patch_apis(self.on_api)
 
+    # for the dumper's users (tests, tools): the adapter itself asks the core (DumperCore's public methods)
     session = core_attribute("session")
-    encoder = core_attribute("encoder")
-    patcher = core_attribute("patcher")
     enabled = core_attribute("enabled")
 
     # ---------------------------------------------------------------- control
@@ -105,20 +101,20 @@ class TorchDumper(FrameworkAdapter):
         config, core = self.config, self.core
         refuse_compiled(model)
         warn_fsdp2(model, self._captured_checked)
-        core.filter.set_token_range(model, token_range)
-        apis = core.apis_dumped and config.level != "debug"
+        core.set_token_range(model, token_range)
+        apis = core.dumps_apis() and config.level != "debug"
         if model is not None and apis:
             warn_captured_apis(model, self.patcher, self._captured_checked)
-        if model is not None and (core.modules_dumped or token_range is not None):
+        if model is not None and (core.dumps_modules() or token_range is not None):
             self._hook_models(model)
         if config.level == "mix" and not self._optim_handles:
             self._hook_optimizers()
-        elif core.modules_dumped and not core.hooked_models:
+        elif core.dumps_modules() and not core.has_models():
             raise ConfigError(f"level {config.level!r} dumps modules and needs start(model=...)")
         if not core.begin():
             return
         if apis:
-            self.patcher.install(self.on_api)
+            core.patch_apis(self.on_api)
         core.turn_on()
 
     def stop(self) -> None:
@@ -130,30 +126,26 @@ class TorchDumper(FrameworkAdapter):
     def step(self) -> None:
         self.stop()
         core = self.core
-        core.bw_stack.clear()
         self.in_flight.clear()
-        core.fix_dangling_parents()
         if self.online is not None:
-            self.online.end_step(core.session.current_step)
-        else:
-            core.warn_if_nothing()
-        core.session.end_step()
+            self.online.end_step(core.current_step())
+        core.end_step(warn=self.online is None)
         _comm.drop_pending()
         self.encoder.cache.clear()
-        core.end_step_state()
 
     def close(self) -> None:
         self.stop()
+        core = self.core
         if self.online is not None:
-            self.online.close(self.session.current_step)
+            self.online.close(core.current_step())
         else:  # a step ended by the process, not by step(): said as step() says it
-            self.core.warn_if_nothing()
-        self.patcher.uninstall()
+            core.warn_if_nothing()
+        core.unpatch_apis()
         for handle in self._module_handles + self._optim_handles:
             handle.remove()
         self._module_handles = []
         self._optim_handles = []
-        self.session.close()
+        core.close()
         _ptfile.POOL.clear()  # every file is written: the buffers kept for the next ones go
 
     # ------------------------------------------------------------------- APIs
@@ -162,7 +154,7 @@ class TorchDumper(FrameworkAdapter):
         the checker instead)."""
         core = self.core
         online = self.online
-        if online is not None and not core.call_skipped() and core.region is None:
+        if online is not None and not core.call_skipped() and not core.in_module_dump():
             return online_api(self, online, orig, api_key, args, kwargs)
         return core.record_api(self, orig, api_key, args, kwargs)
 
@@ -191,8 +183,8 @@ class TorchDumper(FrameworkAdapter):
         except BaseException:
             # a call cut short (torch.utils.checkpoint stops its non-reentrant recompute inside the
             # call that recovers the last saved tensor, or the API raised): its inputs, as 26.2.0
-            if call.rec and core.enabled:
-                core.session.add_record(call.fwd, call.rec, stack=call.stack, parent=call.parent)
+            if call.rec and core.is_on():
+                core.record(call.fwd, call.rec, stack=call.stack, parent=call.parent, filtered=False)
             raise
         if not call.collective and self.backward_wanted():
             self._hook_api_backward(out, call.bwd, call.parent, call.args, call.kwargs)
@@ -209,7 +201,7 @@ class TorchDumper(FrameworkAdapter):
         return self.config.backward_enabled and torch.is_grad_enabled()
 
     def encode_output(self, out: Any, prefix: str, save: bool, encoder: Any = None) -> list:
-        return (encoder or self.core.encoder).encode_output(out, prefix, save, is_sequence=is_sequence)
+        return (encoder or self.encoder).encode_output(out, prefix, save, is_sequence=is_sequence)
 
     def _hook_api_backward(self, out: Any, bwd: str, parent: Optional[str], args: tuple = (),
                            kwargs: Optional[dict] = None) -> None:
@@ -253,15 +245,15 @@ class TorchDumper(FrameworkAdapter):
         core = self.core
 
         def reserve() -> Callable[[], None]:
-            placeholder = core.session.reserve(bwd, core.bw_stack[-1] if core.bw_stack else None)
-            return lambda: core.session.unreserve(bwd, placeholder)
+            placeholder = core.reserve_place(bwd, core.running_backward())
+            return lambda: core.drop_place(bwd, placeholder)
 
         return reserve
 
     # ---------------------------------------------------------------- modules
     def _hook_models(self, model: Any) -> None:
         models = self.core.add_models(model, torch.nn.Module, "torch.nn.Module", self._module_handles)
-        if models is None or not self.core.modules_dumped:
+        if models is None or not self.core.dumps_modules():
             return
         if self.config.backward_enabled and sequence_mark() is None:
             warnings.warn("msprobe: this torch has no autograd sequence numbers (torch._C._autograd._get_sequence_nr):"
@@ -285,13 +277,13 @@ class TorchDumper(FrameworkAdapter):
 
         def pre(opt, args, kwargs):
             core = core_ref()
-            if core is not None and core.enabled:
-                enter_pseudo_module(core, "optimizer")
+            if core is not None and core.is_on():
+                core.enter_module("optimizer")
 
         def post(opt, args, kwargs):
             core = core_ref()
             if core is not None:
-                leave_pseudo_module(core, "optimizer")
+                core.leave_module("optimizer")
 
         self._optim_handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
         self._optim_handles.extend(ClipGradPatch(core_ref, owner, name) for owner, name in clip_grad_functions())
@@ -308,9 +300,8 @@ class TorchDumper(FrameworkAdapter):
 
     def hook_param_grads(self, module: torch.nn.Module, key: str) -> None:
         core = self.core
-        if not self.config.backward_enabled or id(module) in core.pgrad_seen:
-            return
-        core.pgrad_seen.add(id(module))  # this step dumps the module's parameter gradients
+        if not self.config.backward_enabled or not core.note_param_grads(module):
+            return  # (noted: this step dumps the module's parameter gradients)
         if getattr(module, "__msprobe_pgrad_hooked__", False):
             return
         module.__msprobe_pgrad_hooked__ = True  # type: ignore[assignment]  # torch types Module attrs as Tensor|Module
@@ -327,25 +318,25 @@ class TorchDumper(FrameworkAdapter):
                 if alive is not None:
                     leaf_accumulates(param)  # (a module call with this parameter as input is written first)
                 # the module's forward ran while this step was dumped (also before a stop())
-                if alive is None or id(module) not in alive.pgrad_seen or param.grad is None \
-                        or not alive.filter.wanted(name, True):
+                if alive is None or not alive.param_grads_noted(id(module)) or param.grad is None \
+                        or not alive.wanted(name, True):
                     return
                 GUARD.inside = True
                 try:
                     before_accumulation(module)  # module calls completed before it, in the engine's order
-                    save = alive.encoder.wants_tensors(name)
-                    entry = alive.encoder.encode(param.grad, f"{name}.{pname}", save)
-                    if not alive.filter.keep({pname: entry}, name, alive.encoder):
+                    encoder = alive.encoder()
+                    entry = encoder.encode(param.grad, f"{name}.{pname}", encoder.wants_tensors(name))
+                    if not alive.keep({pname: entry}, name):
                         return
-                    rec = alive.session.record(name)
+                    rec = alive.record_of(name)
                     if isinstance(rec, dict) and not all(each in rec for each in wanted):
                         # not complete yet: the record takes its place where the module's last parameter
                         # gets its first gradient, as 26.2.0's (later accumulations keep the place)
-                        alive.session.remove_record(name)
+                        alive.forget(name)
                     rec = dict(rec) if isinstance(rec, dict) else {}
                     rec[pname] = [entry]
                     rec = {each: rec[each] for each in release_order(list(rec), leaf_ids)}
-                    alive.session.add_record(name, rec, parent=None, construct=False)  # FORMAT §12: not listed
+                    alive.record(name, rec, parent=None, construct=False, filtered=False)  # FORMAT §12: not listed
                 finally:
                     GUARD.inside = False
 
@@ -399,22 +390,20 @@ class _ModuleHooks(ModuleForwardHooks):
             return
         if core.live(generation):
             core.module_backward(bwd, f"{self.key}.forward.{index}", grad_output, grad_input, live=True)
-        if core.bw_stack and core.bw_stack[-1] == bwd:
-            core.bw_stack.pop()
+        core.end_backward(bwd)
 
     def hold_backward(self, core: DumperCore, index: int, generation: int, held: list) -> None:
         """The record is due, not all its output gradients are in: its place now (``held``)."""
         bwd = f"{self.key}.backward.{index}"
         held.append(core.hold_backward(bwd, f"{self.key}.forward.{index}", live=True)
                     if core.live(generation) else None)
-        if core.bw_stack and core.bw_stack[-1] == bwd:
-            core.bw_stack.pop()
+        core.end_backward(bwd)
 
     def pre_backward(self, module, args, kwargs):
         # the inputs' graph edges, before the forward (spec/PRODUCER.md §20 item 43: observed, not rerouted)
         dumper = self.dumper()
         calls = self.calls
-        if dumper is None or not dumper.core.enabled or not calls or calls[-1] is None:
+        if dumper is None or not calls or calls[-1] is None or not dumper.core.is_on():
             return None
         inputs = grad_tensors(args)
         mark = sequence_mark()
@@ -427,14 +416,14 @@ class _ModuleHooks(ModuleForwardHooks):
 
     def post_backward(self, module, args, kwargs, output):
         dumper = self.dumper()
-        if dumper is None or not dumper.core.enabled or not torch.is_grad_enabled():
+        if dumper is None or not dumper.core.is_on() or not torch.is_grad_enabled():
             return None
         key = self.key
         fwd = dumper.last_module_fwd
         if fwd is None or not fwd.startswith(key + ".forward."):
             return None
         index = int(fwd.rsplit(".", 1)[1])
-        generation = dumper.core.generation
+        generation = dumper.core.generation()
         edges, n_in = self.taps.pop(fwd, (None, 0))
         if edges is not None and edges in dumper.in_flight:
             dumper.in_flight.remove(edges)
@@ -449,8 +438,7 @@ class _ModuleHooks(ModuleForwardHooks):
         def begin():
             alive = dumper_ref()
             if alive is not None and alive.core.live(generation):
-                alive.core.filter.scope_enter(bwd)  # the module's backward begins
-                alive.core.bw_stack.append(bwd)
+                alive.core.begin_backward(bwd)
 
         held = []  # the record's held place (one entry once held)
 

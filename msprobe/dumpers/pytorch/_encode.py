@@ -546,7 +546,7 @@ class Encoder(ValueEncoder):
                         md5 = (extra if "md5" in extra else v)["md5"],
                 else:
                     entry.update(null_stats())
-                    self.session.pending.add(entry, handle)
+                    self._stats.append((entry, handle))
                 if self.check_overflow:
                     if data is None:
                         data = cache.dense(t.detach())

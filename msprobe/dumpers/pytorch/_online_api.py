@@ -23,9 +23,9 @@ def online_api(dumper: Any, online: OnlineRunUt, orig: Any, api_key: str, args: 
     core = dumper.core
     GUARD.inside = True
     try:
-        base, _ = core.session.next_api_name(api_key)
+        base, _ = core.next_api_name(api_key)
         fwd = base + ".forward"
-        if api_key.startswith("Distributed.") or not core.filter.wanted(fwd, core.enabled) or not online.admit():
+        if api_key.startswith("Distributed.") or not core.wanted(fwd) or not online.admit():
             return orig(*args, **kwargs)  # collectives are not replayable; a shed packet costs no copy
         encoder = online.encoder
         try:
@@ -49,7 +49,7 @@ def online_api(dumper: Any, online: OnlineRunUt, orig: Any, api_key: str, args: 
             rec["output"] = dumper.encode_output(out, f"{fwd}.output", True, encoder)
             first = first_tensor(out)
             backward = tap and first is not None and first.requires_grad and first.grad_fn is not None
-            online.submit(fwd, rec, core.session.current_step, expects_backward=backward)
+            online.submit(fwd, rec, core.current_step(), expects_backward=backward)
         except Exception:  # noqa: BLE001 - never break training for the dump
             online.discard()
             return out
@@ -89,8 +89,8 @@ def _online_grads_callback(dumper: Any, bwd: str, args: tuple, state: dict) -> A
 
     def got(grads):
         alive = dumper_ref()
-        if alive is None or alive.online is None or not alive.core.enabled \
-                or not alive.core.filter.wanted(bwd, alive.core.enabled, False):
+        if alive is None or alive.online is None or not alive.core.is_on() \
+                or not alive.core.wanted(bwd, True, False):
             return
         full = [None] * count
         for position, grad in zip(positions, grads):
@@ -110,7 +110,7 @@ def online_backward(dumper: Any, bwd: str, grads_in: Any, grads_out: Any) -> Non
         encoder = online.encoder
         rec = {"input": [encoder.encode(grad, f"{bwd}.input.{i}", True) for i, grad in enumerate(grads_in)],
                "output": [encoder.encode(grad, f"{bwd}.output.{i}", True) for i, grad in enumerate(grads_out)]}
-        online.submit(bwd, rec, dumper.session.current_step)
+        online.submit(bwd, rec, dumper.core.current_step())
     except Exception:  # noqa: BLE001 - never break training for the dump
         online.discard()
     finally:

@@ -28,7 +28,7 @@ class StatsFetchError(Exception):
 class PendingStats:
     """Tensor entries whose statistics are still on the device.
 
-    ``add(entry, handle)`` remembers an entry (a dict with Max/Min/Mean/Norm keys already
+    ``add(entry, handle)`` (``extend`` with the pairs a record's encoder made) remembers an entry (a dict with Max/Min/Mean/Norm keys already
     in place) and an adapter-specific handle; ``resolve(fn)`` fetches every handle in one
     batch via ``fn(handles) -> list[tuple]`` and fills the entries in place.
     """
@@ -42,6 +42,12 @@ class PendingStats:
     def add(self, entry: dict, handle: Any) -> None:
         self.entries.append(entry)
         self.handles.append(handle)
+
+    def extend(self, made: list) -> None:
+        """``(entry, handle)`` pairs, as an encoder hands them over (``take_stats``)."""
+        for entry, handle in made:
+            self.entries.append(entry)
+            self.handles.append(handle)
 
     def __len__(self) -> int:
         return len(self.entries)

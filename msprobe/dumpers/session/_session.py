@@ -68,7 +68,6 @@ class DumpSession:
     # ------------------------------------------------------------------ state
     def _new_step(self) -> None:
         self.docs = StepDocuments()
-        self.pending = self.docs.pending  # the encoders' hot path: one attribute, no call
         self._dirty = False  # something to publish
         self.journal.reset()
         self.file_sink.new_step()
@@ -211,10 +210,14 @@ class DumpSession:
                 self._dirty = True
 
     def add_record(self, name: str, raw: Any, *, stack: Optional[tuple] = None, parent: Optional[str] = None,
-                   construct: bool = True) -> None:
-        """Add (or replace) a record of the current step; journal it when its batch is full."""
+                   construct: bool = True, stats: Optional[list] = None) -> None:
+        """Add (or replace) a record of the current step; journal it when its batch is full. ``stats``:
+        what the encoder made for it, ``(entry, handle)`` pairs of statistics still on the device (the
+        session fills those entries of its record when it fetches them)."""
         with self.lock:
             docs = self.docs
+            if stats:
+                docs.pending.extend(stats)
             if self.config.task != "structure":  # structure: only stack.json and construct.json
                 docs.data[name] = raw
             stack_id = None

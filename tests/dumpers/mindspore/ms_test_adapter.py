@@ -1,4 +1,4 @@
-"""The framework adapter suite (tests/dumpers/adapter_suite.py) on MindSpore's dumper (PyNative, CPU),
+"""The framework adapter suite (msprobe.testing.AdapterTests) on MindSpore's dumper (PyNative, CPU),
 run in the MindSpore venv by test_mindspore.py."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from mindspore import Tensor, ops
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from adapter_suite import AdapterTests
 from ms_common import pynative  # noqa: F401
 
 from msprobe.dumpers.mindspore._dumper import MindSporeDumper
+from msprobe.testing import AdapterTests
 
 
 @pytest.mark.usefixtures("pynative")

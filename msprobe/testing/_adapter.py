@@ -1,13 +1,27 @@
-"""The tests every framework adapter passes (msprobe/dumpers/adapter.py's contract), as zarr's
+"""The tests every framework adapter passes (msprobe/dumpers/adapter.py's contract, both ways),
+shipped beside :class:`~msprobe.testing.StoreTests` for adapters written elsewhere, as zarr's
 ``StoreTests`` for its stores: a framework's test module subclasses :class:`AdapterTests` and says
-how to make its dumper, its tensors and its calls. PyTorch runs it in tests/dumpers/test_adapter.py,
-MindSpore in its venv (tests/dumpers/mindspore/ms_test_adapter.py, started by test_mindspore.py).
+how to make its dumper, its tensors and its calls::
 
-The suite imports no framework itself: it works through the subclass and the real framework's
-dumper (its encoder, API wrappers, guard, session), never a stand-in."""
+    from msprobe.testing import AdapterTests
+
+    class TestMyAdapter(AdapterTests):
+        framework = "myframework"
+        collective_key = "Distributed.all_reduce"
+        plain_key = "Functional.relu"
+        def make_dumper(self, config): ...
+        def tensor(self, values): ...
+        ...
+
+PyTorch runs it in tests/dumpers/test_adapter.py, MindSpore in its venv
+(tests/dumpers/mindspore/ms_test_adapter.py). The suite imports no framework itself: it works
+through the subclass and the real framework's dumper (its encoder, API wrappers, guard, session),
+never a stand-in. Needs pytest and numpy; ``import msprobe`` never imports this module.
+"""
 from __future__ import annotations
 
 import glob
+import inspect
 import json
 import math
 import os
@@ -16,8 +30,10 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
+from msprobe.dumpers import control
 from msprobe.dumpers.adapter import FrameworkAdapter
 from msprobe.dumpers.config import DumpConfig
+from msprobe.dumpers.session import PendingStats
 
 
 class AdapterTests:
@@ -74,28 +90,33 @@ class AdapterTests:
         """The adapter names its encoder, patcher, guard, statistics fetch and rank; the core is built of them."""
         assert isinstance(dumper, FrameworkAdapter)
         core = dumper.core
-        assert dumper.framework == self.framework and core.session.framework == self.framework
-        assert type(core.encoder) is dumper.encoder_cls and type(core.patcher) is dumper.patcher_cls
+        assert dumper.framework == self.framework and dumper.session.framework == self.framework
+        assert type(core.encoder()) is dumper.encoder_cls and type(core.patcher()) is dumper.patcher_cls
         assert core.guard is dumper.guard
-        assert core.session.fetch_stats is dumper.fetch_stats
-        assert dumper.get_rank() is None  # no distributed job here
-        assert core.patcher.installed  # L1: the wrappers go in with the dumper, pass-through until start()
+        assert dumper.session.fetch_stats is dumper.fetch_stats
+        assert dumper.get_rank() is None and core.rank() is None  # no distributed job here
+        assert core.patcher().installed  # L1: the wrappers go in with the dumper, pass-through until start()
 
     def test_what_a_collective_is(self, dumper):
         assert dumper.is_collective(self.collective_key)
         assert not dumper.is_collective(self.plain_key)
 
     def test_stat_handles_are_typed_and_fetched(self, dumper):
-        """The statistics' handles in the pending batch are small typed objects (not probed tuples);
-        the adapter's fetch resolves them to the values numpy computes."""
+        """The encoder returns what it made: the entries, and their statistics still on the device as
+        ``(entry, handle)`` pairs (``take_stats``) whose handles are small typed objects (not probed
+        tuples); the adapter's fetch resolves them to the values numpy computes."""
         values: list = [[1.5, -2.0, 4.0, 0.25], 3.0]  # (a 0-d tensor's statistics wait for the batch everywhere)
-        core = dumper.core
-        entries = [core.encoder.encode(self.tensor(v), f"Case.{i}.forward.input.0", False)
+        encoder = dumper.core.encoder()
+        encoder.take_stats()
+        entries = [encoder.encode(self.tensor(v), f"Case.{i}.forward.input.0", False)
                    for i, v in enumerate(values)]
-        pending = core.session.pending
-        assert len(pending.handles) >= 1
-        for handle in pending.handles:
+        made = encoder.take_stats()
+        assert len(made) >= 1 and encoder.take_stats() == []
+        assert all(any(entry is mine for mine in entries) for entry, _ in made)
+        for _, handle in made:
             assert type(handle) is not tuple and hasattr(type(handle), "_fields"), type(handle)
+        pending = PendingStats()
+        pending.extend(made)
         pending.resolve(dumper.fetch_stats)
         for entry, v in zip(entries, values):
             a = np.asarray(v, dtype=np.float32)
@@ -159,3 +180,55 @@ class AdapterTests:
         self.relu(self.tensor([0.5]))  # after stop(): not recorded
         dumper.stop()  # a second stop() changes nothing
         assert self.dump_json(dumper) == first
+
+    # ------------------------------------------------------------------ the reverse contract
+    def test_the_core_hands_each_record_its_statistics_once(self, dumper):
+        """What the encoder made for a record goes to the session with the record (nothing is left
+        with the encoder), and dump.json's statistics are the values of the call."""
+        encoder = dumper.core.encoder()
+        dumper.start()
+        self.relu(self.tensor([1.0, -2.0, 3.0]))
+        assert encoder.take_stats() == []  # handed over with the record
+        dumper.stop()
+        rec = self.dump_json(dumper)["data"][self.named(self.dump_json(dumper)["data"], ".relu.", ".forward")[0]]
+        assert rec["input_args"][0]["Max"] == 3.0 and rec["output"][0]["Min"] == 0.0
+
+    def test_the_adapter_asks_the_core_through_its_methods(self, dumper):
+        """Through start, an API call and its backward, stop and step, nothing outside the core's own
+        classes (msprobe/dumpers/control.py, records.py) reads or writes the core's private state (its
+        session, stacks, sets, filter, flags: the ``_`` attributes): the adapter asks the core's public
+        methods."""
+        core = dumper.core
+        home = {os.path.abspath(inspect.getfile(cls)) for cls in type(core).__mro__ if cls is not object}
+        assert os.path.abspath(control.__file__) in home
+        reached: list = []
+
+        def outside(name: str, how: str) -> None:
+            if name.startswith("_") and not name.startswith("__"):
+                frame = inspect.currentframe()
+                caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+                where = os.path.abspath(caller.f_code.co_filename) if caller is not None else "?"
+                if where not in home:
+                    reached.append(f"{name} {how} {where}:{caller.f_lineno if caller is not None else 0}")
+
+        class Watched(type(core)):
+            def __getattribute__(self, name: str) -> Any:
+                outside(name, "read from")
+                return object.__getattribute__(self, name)
+
+            def __setattr__(self, name: str, value: Any) -> None:
+                outside(name, "set from")
+                object.__setattr__(self, name, value)
+
+        core.__class__ = Watched
+        try:
+            dumper.start()
+            x = self.tensor([1.0, -2.0, 3.0])
+            self.relu(x)
+            self.grad_of(self.relu, x)
+            dumper.stop()
+            dumper.step()
+        finally:
+            core.__class__ = Watched.__mro__[1]
+        assert not reached, reached
+        assert self.dump_json(dumper)["data"]
