@@ -204,7 +204,7 @@ def pair_first_look(data: Any, path: str, bench: str, storage_options: Optional[
     for cell, (target_source, bench_source) in enumerate(pairs[1:], start=1):
         data.add_cell(cell, target_source, bench_source)
     data.first_look = {"records": len(target), "cells_compared": 1, "cells": len(pairs),
-                       "note": f"a first look: the first {len(target):,} records of the first cell compared; "
+                       "note": f"the first {len(target):,} records of the first cell compared; "
                                f"the whole pair is being compared"}
     return True
 
@@ -233,7 +233,7 @@ def lake_first_look(data: Any, root: str, storage_options: Optional[dict]) -> bo
     data.target = root
     data.load_lake_overview(files, runs)
     data.first_look = {"cells": len(data.query("SELECT cell FROM cells")),
-                       "note": "a first look: every cell counted from the lake's index as it is, the rows of "
+                       "note": "every cell counted from the lake's index as it is, the rows of "
                                "one cell read; the lake is being opened (new or changed rank directories "
                                "indexed) and loaded"}
     return True

@@ -13,7 +13,8 @@ rows (the lake not opened), then replaces it by the whole view in place.
   once the event is set. Each failed on the code before (no first look: the page waited for the
   whole set-up).
 
-These tests fail, never skip, when Chromium cannot be installed or started (tests/view/conftest.py)."""
+These tests fail, never skip, when Chromium cannot be installed or started (tests/view/conftest.py).
+MSPROBE_VIEW_SHOTS=1 writes docs/explorer/first_look.png (the pair's first look, its list)."""
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ import threading
 
 import pytest
 
+from tests.view.conftest import shot
 from tests.view.conftest import until as _until
 from tests.view.test_view_endpoints import FAULT_ROW
 from tests.view.test_view_progress import _Serving
@@ -130,6 +132,8 @@ def test_a_pair_first_look_then_the_whole_view(page, nan_pair, tmp_path, monkeyp
         first = _shown_rows(page)
         assert all(any(name.startswith(record + ".") for record in first_records) for name in first), first
         assert page.locator("#row-count").inner_text().startswith(f"{len(first)} rows")
+        page.locator(".tab[data-view=list]").click()
+        shot(page, "first_look")
         go.set()
         page.wait_for_selector("body[data-whole]", state="attached", timeout=180000)
         assert page.locator("#first-look").count() == 0
