@@ -22,11 +22,11 @@ from typing import Any, Iterator, Optional, Sequence
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError, UnknownDialectError
 from msprobe.format.stats import STAT_COLUMNS
-from msprobe.view._first import lake_first_look, pair_first_look
+from msprobe.view._first import dump_first_look, lake_first_look, pair_first_look
 from msprobe.view._load import SIDE_STAT_COLUMNS, Loader
 from msprobe.view._ranks import RANK_COLUMNS
 
-__all__ = ["ViewData", "open_view", "ROW_FIELDS", "FILTERS", "json_safe"]
+__all__ = ["ViewData", "open_view", "ROW_FIELDS", "FILTERS", "json_safe", "NotYet"]
 
 #: the columns of ``rows`` the list and the record detail return, in order
 ROW_FIELDS = ("i", "name", "record", "io", "dir", "kind", "result", "err", "norm_rel", "max_rel", "cosine",
@@ -40,6 +40,10 @@ FILTERS = {
     "sort": ("order", "score", "norm_rel", "name"),
 }
 MEMORY_LIMIT = os.environ.get("MSPROBE_VIEW_MEMORY", "128MB")
+
+
+class NotYet(ConfigError):
+    """What a first look cannot answer yet (a view over every cell): asked again once the view is whole."""
 
 
 def _duckdb() -> Any:
@@ -293,8 +297,15 @@ class ViewData(Loader):
             return None
         return [str(frame) for frame in frames] if frames else None
 
+    def _whole(self, what: str) -> None:
+        """A first look holds a few records of one cell: views over every cell wait for the whole view."""
+        if self.first_look is not None:
+            raise NotYet(f"{what} needs every cell's records: it is shown once the whole view is built "
+                              f"(a first look is shown meanwhile)")
+
     def trend(self, name: str, stat: str) -> dict:
         """One row's statistic over steps, per rank, target and bench."""
+        self._whole("the trend")
         if stat not in STAT_COLUMNS:
             raise ConfigError(f"stat must be {', '.join(STAT_COLUMNS[:-1])} or {STAT_COLUMNS[-1]}, not {stat!r}")
         rows = self.query(f"""SELECT c.run, c.step, c.rank, c.rank_dir, r.npu_{stat} AS target, r.bench_{stat} AS bench
@@ -329,6 +340,7 @@ class ViewData(Loader):
         (:mod:`msprobe.view._cluster`; each step's model built once, the last few kept)."""
         from msprobe.view._cluster import LANES_PAGE, build_cluster
 
+        self._whole("the cluster view")
         cell_row = self._cell(cell)
         key = (cell_row["run"], cell_row["step"])
         with self._lock:
@@ -494,6 +506,9 @@ def open_view(path: str, bench: Optional[str] = None, *, storage_options: Option
                 say("opening the lake (its index) and loading its cells")
                 data.load_lake(msprobe.lake.open(path, storage_options=storage_options, progress=False))
             else:
+                if first_look is not None:
+                    _first_look(work, title or path, storage_options, first_look, say,
+                                lambda view: dump_first_look(view, path, dump, storage_options))
                 say("reading the dump into the view's tables")
                 data.load_dump(dump)
         say("the overview")

@@ -172,7 +172,8 @@ def _write_head(source: Any, into: str, limit: int, wanted: Optional[set] = None
     if doc is None:
         return None
     step = getattr(source, "step", None)
-    out = os.path.join(into, f"step{step}" if isinstance(step, int) else "step0", str(source.rank_dir))
+    out = os.path.join(into, f"step{step}", str(source.rank_dir)) if isinstance(step, int) else \
+        os.path.join(into, str(source.rank_dir))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "dump.json"), "w", encoding="utf-8") as handle:
         handle.write(json.dumps(doc))  # json.dumps: the C encoder (json.dump encodes in Python)
@@ -206,6 +207,33 @@ def pair_first_look(data: Any, path: str, bench: str, storage_options: Optional[
     data.first_look = {"records": len(target), "cells_compared": 1, "cells": len(pairs),
                        "note": f"the first {len(target):,} records of the first cell compared; "
                                f"the whole pair is being compared"}
+    return True
+
+
+def dump_first_look(data: Any, path: str, dump: Any, storage_options: Optional[dict]) -> bool:
+    """Fill ``data`` with one dump's first look: every cell (its rank directories: nothing parsed) and
+    the first cell's first :data:`FIRST_RECORDS` records, read from the head of its dump.json as the
+    whole view reads every record (their statistics and NaN/Inf). False when the first cell is not a
+    local rank directory with a dump.json."""
+    import msprobe.readers
+
+    sources = list(dump.sources)
+    if not sources:
+        return False
+    head_dir = os.path.join(data.work_dir, "first_look")
+    records = _write_head(sources[0], head_dir, FIRST_RECORDS)
+    if not records:
+        return False
+    head = msprobe.readers.open(head_dir)
+    if len(head.sources) != 1:
+        return False
+    data.load_dump(head, keep=False)
+    data.target = path  # the records, stacks and trees read the real dump
+    for cell, source in enumerate(sources[1:], start=1):
+        data.add_cell(cell, source)
+    data.first_look = {"records": len(records), "cells": len(sources),
+                       "note": f"the first {len(records):,} records of the first cell read; every record of "
+                               f"the dump is being read"}
     return True
 
 

@@ -175,9 +175,11 @@ class Loader:
         cur.execute("DROP TABLE t_in")
         cur.execute("DROP TABLE t_raw")
 
-    def load_dump(self, dump: Any) -> None:
-        """Rows of one dump without a bench: the readers' index rows, one rank directory at a time."""
-        self._dumps["target"] = dump
+    def load_dump(self, dump: Any, keep: bool = True) -> None:
+        """Rows of one dump without a bench: the readers' index rows, one rank directory at a time
+        (``keep``: the records, stacks and trees read from ``dump``; else from :attr:`target`)."""
+        if keep:
+            self._dumps["target"] = dump
         self._create()
         cur = self._db.cursor()
         try:
@@ -213,12 +215,13 @@ class Loader:
         finally:
             cur.close()
 
-    def add_cell(self, cell: int, target_source: Any, bench_source: Any) -> None:
-        """A cell without rows yet (a pair's first look lists the cells still being compared)."""
+    def add_cell(self, cell: int, target_source: Any, bench_source: Any = None) -> None:
+        """A cell without rows yet (a first look lists the cells still being read or compared)."""
         rank = target_source.rank if isinstance(target_source.rank, int) else None
-        self._db.execute("INSERT INTO cells VALUES (?, NULL, ?, ?, ?, ?, ?)",
-                         [cell, target_source.step, rank, target_source.rank_dir, bench_source.step,
-                          bench_source.rank_dir])
+        self._db.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         [cell, getattr(target_source, "run", None) or None, target_source.step, rank,
+                          target_source.rank_dir, getattr(bench_source, "step", None),
+                          getattr(bench_source, "rank_dir", None)])
 
     def load_lake_overview(self, files: list, runs: dict) -> None:
         """A lake's first look from its index files (``files``: the Parquet files its manifest names;

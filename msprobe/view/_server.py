@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError
 from msprobe.format.stats import NORM
-from msprobe.view._data import FILTERS, ROW_FIELDS, ViewData, json_safe
+from msprobe.view._data import FILTERS, ROW_FIELDS, NotYet, ViewData, json_safe
 from msprobe.view.links import register, unregister
 
 __all__ = ["make_app", "serve", "STATIC_DIR", "CSP", "free_port", "static_asset"]
@@ -154,6 +154,9 @@ def make_app(given: Optional[ViewData], token: str, pending: Optional[Pending] =
                 return secure(JSONResponse(waiting, status_code=500 if waiting["error"] else 202))
             try:  # the tables' queries run in worker threads: a slow one holds up no other request
                 resp = await run_in_threadpool(handler, request)
+            except NotYet as exc:  # accepted, not done: a first look is served while the view is built
+                state = pending.state() if pending is not None else {"stages": [], "elapsed_s": 0}
+                return secure(JSONResponse(dict(state, loading=True, stage=str(exc), error=None), status_code=202))
             except (ConfigError, KeyError) as exc:
                 msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
                 return secure(JSONResponse({"error": f"not found or invalid: {msg}"}, status_code=400))

@@ -134,9 +134,15 @@ def test_a_pair_first_look_then_the_whole_view(page, nan_pair, tmp_path, monkeyp
         assert page.locator("#row-count").inner_text().startswith(f"{len(first)} rows")
         page.locator(".tab[data-view=list]").click()
         shot(page, "first_look")
+        # the views over every cell wait for the whole view: they say so instead of a partial answer
+        page.locator(".tab[data-view=cluster]").click()
+        _until(page, lambda: "once the whole view is built" in page.locator("#status").inner_text())
+        assert page.locator("#cluster-labels .lane-label").count() == 0
         go.set()
         page.wait_for_selector("body[data-whole]", state="attached", timeout=180000)
         assert page.locator("#first-look").count() == 0
+        _until(page, lambda: page.locator("#cluster-labels .lane-label").count() == 2)  # the cluster, now whole
+        page.locator(".tab[data-view=list]").click()
         cells = page.evaluate("() => window.__msprobe.state.overview.cells")
         assert all(c["rows"] > 0 for c in cells)
         bad = [(c["step"], c["rank_dir"]) for c in cells if c["nan_inf"]]
@@ -177,6 +183,38 @@ def test_a_lake_first_look_counts_every_cell_and_opens_the_nan_cell(page, nan_pa
         assert page.locator("#first-look").count() == 0
         assert page.locator("#cell-badge").inner_text() == "run_npu / step 1 · rank1"
         _until(page, lambda: FAULT_ROW in _shown_rows(page))
+        assert not page.errors, page.errors
+    finally:
+        go.set()
+        s.close()
+    assert not s.error, s.error
+
+
+def test_one_dump_first_look_then_the_whole_view(page, nan_pair, tmp_path, monkeypatch):
+    from msprobe.view import _first
+
+    monkeypatch.setattr(_first, "FIRST_RECORDS", 3)
+    target = os.path.join(nan_pair, "target")
+    with open(os.path.join(target, "step0", "rank0", "dump.json"), encoding="utf-8") as handle:
+        first_records = list(json.load(handle)["data"])[:3]
+    go = threading.Event()
+    s = _Serving(_held_loader(go, path=target, work_dir=str(tmp_path / "w")))
+    try:
+        page.goto(s.url + "#view=list")
+        page.wait_for_selector("body[data-ready]", state="attached", timeout=120000)
+        _until(page, lambda: "held by the test" in page.locator("#first-look").inner_text())
+        assert "the first 3 records of the first cell read" in page.locator("#first-look").inner_text()
+        cells = page.evaluate("() => window.__msprobe.state.overview.cells")
+        assert [(c["step"], c["rank_dir"]) for c in cells] == [(step, f"rank{rank}") for step in range(3) for rank in range(2)]
+        assert cells[0]["rows"] > 0 and all(c["rows"] == 0 for c in cells[1:])
+        _until(page, lambda: len(_shown_rows(page)) > 0)
+        first = _shown_rows(page)
+        assert all(any(name.startswith(record + ".") for record in first_records) for name in first), first
+        go.set()
+        page.wait_for_selector("body[data-whole]", state="attached", timeout=180000)
+        cells = page.evaluate("() => window.__msprobe.state.overview.cells")
+        assert [(c["step"], c["rank_dir"]) for c in cells if c["nan_inf"]] == [(1, "rank1")]
+        _until(page, lambda: len(_shown_rows(page)) > len(first))
         assert not page.errors, page.errors
     finally:
         go.set()
