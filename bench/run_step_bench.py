@@ -43,11 +43,11 @@ def install_floor(read: str) -> None:
     def stat_handle(t):
         if read == "sum" and t.numel():
             t.detach().sum()  # (the encoder passes a tensor needing a gradient as it is: no graph for this read)
-        return (_encode._K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
+        return _encode.StatHandle(_encode._K_DONE, {"Max": None, "Min": None, "Mean": None, "Norm": None})
 
     def drop(self, **_):
         with self.lock:
-            self.pending.resolve(self.fetch_stats)
+            self.docs.pending.resolve(self.fetch_stats)
             self.journal.queue = []
             self._dirty = False
 
