@@ -214,10 +214,10 @@ def _peak_rss_mb() -> float:
 
 def _query_index_files(path: str, threshold: float, repeat: int) -> dict:
     """The index lake without its compacted files: one Parquet file per (step, rank)."""
-    import msprobe.readers._dump as dump_mod
+    import msprobe.readers._tables as tables_mod
 
-    orig = dump_mod._with_compactions
-    dump_mod._with_compactions = lambda sources, compacts: orig(sources, {})
+    orig = tables_mod._with_compactions
+    tables_mod._with_compactions = lambda sources, compacts: orig(sources, {})
     return _query_index(path, threshold, repeat)
 
 

@@ -27,12 +27,13 @@ from msprobe.readers._api import (
     looks_like_dump,
     open,
 )
-from msprobe.readers._dump import ANY, AmbiguousRecordError, Dump, table_to_pandas
+from msprobe.readers._dump import ANY, AmbiguousRecordError, Dump
 from msprobe.readers._merged import merge_dump_step, other_shapes_of, shapes_of
 from msprobe.readers._record import DumpRecord, TensorRef
 from msprobe.readers._replay import InputTooLargeError
 from msprobe.readers._source import RankSource, records_of, task_of
 from msprobe.readers._store import arrow_location
+from msprobe.readers._tables import table_to_pandas
 from msprobe.readers._tensor import load_tensor_file
 from msprobe.readers.index import build_index, write_rank_index
 
