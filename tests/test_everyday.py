@@ -241,12 +241,12 @@ def test_lake_functions_have_docstrings_with_an_example():
     import inspect
 
     import msprobe.lake
-    from msprobe.lake import _questions
+    from msprobe.lake import _diverge, _questions
 
     public = [f.fget if isinstance(f, property) else f for n, f in inspect.getmembers(msprobe.lake.Lake)
               if not n.startswith("_")]
     assert len(public) >= 19
-    for fn in [_questions.first_nan, _questions.diverge, _questions.disagree, _questions.trend,
+    for fn in [_questions.first_nan, _diverge.diverge, _questions.disagree, _questions.trend,
                msprobe.lake.open, msprobe.lake.read_catalog, *public]:
         assert fn.__doc__ and "Example" in fn.__doc__, fn.__qualname__
 

@@ -3,7 +3,8 @@ keys, the manifest's columns) and the per-process store cache every task opens i
 
 The lake's jobs live beside it, one per module: where its own files go (:mod:`._place`), discovery
 (:mod:`._discover`), index building and compaction (:mod:`._build`), manifest and catalog
-(:mod:`._catalog`), refreshing (:mod:`._refresh`), the questions (:mod:`._questions`). Every function
+(:mod:`._catalog`), refreshing (:mod:`._refresh`), the SQL questions (:mod:`._questions`) and
+:func:`diverge` (:mod:`._diverge`, compare over the Executor). Every function
 that runs as a task of :class:`msprobe.execution.Executor` (``discover_run``, ``build_batch`` with a
 ``BuildJob``, ``compact_group`` with a ``CompactJob``...) takes the root URL and storage options,
 opens its own store, and returns plain data: it can run in this process, in a LocalCluster worker

@@ -18,8 +18,9 @@ from msprobe.format.protocols import ReadableStore
 from msprobe.index.files import check_index_file
 from msprobe.index.rows import COLUMNS, arrow_schema
 from msprobe.lake import _catalog, _core, _graph
+from msprobe.lake._diverge import diverge
 from msprobe.lake._place import locate, open_lake_store
-from msprobe.lake._questions import disagree, diverge, first_nan, trend
+from msprobe.lake._questions import disagree, first_nan, trend
 from msprobe.lake._refresh import Places, Refresher
 from msprobe.readers import arrow_location, table_to_pandas
 
@@ -374,7 +375,7 @@ class Lake:
 
     def diverge(self, run_a: str, run_b: str, **options: Any) -> dict:
         """The first record where ``run_b`` diverges from ``run_a`` (compare, as Dask tasks):
-        :func:`msprobe.lake._questions.diverge`; the answer's ``first_divergence`` is compare's.
+        :func:`msprobe.lake._diverge.diverge`; the answer's ``first_divergence`` is compare's.
 
         Example: ``lake.diverge("run_npu", "run_gpu", step=0)["first_divergence"]``."""
         return diverge(self, run_a, run_b, **options)
