@@ -24,6 +24,7 @@ read from the AST of msprobe/dumpers (no framework imported):
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,3 +297,34 @@ def unrelated(alive):
     assert sorted(found) == sorted(["core.bw_stack", "core.session", "self.session", "self.core.enabled",
                                     "alive.pgrad_seen", "other.session", "core.filter", "dumper.core.parent_of",
                                     "dumper.enabled"]), found
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The framework recipe (docs/architecture.md, "Recipe: add a framework") names every file its greps find
+_FRAMEWORK_GREPS = (re.compile(r"""['"](pytorch|mindspore)['"]"""),
+                    re.compile(r"""['"](torch|mindspore)\.(Tensor|Parameter)|['"](torch|mindspore)\.['"]"""),
+                    re.compile(r"_FRAMEWORKS"),
+                    re.compile(r"""startswith\("torch\."\)|\(\?:torch\|mindspore"""))
+_OWN = re.compile(r"^msprobe/(dumpers/(pytorch|mindspore)|pytorch|mindspore)/")
+
+
+def framework_files() -> list:
+    """The files outside the frameworks' own packages that the recipe's greps find (msprobe/, spec/check/)."""
+    found = set()
+    for path in sorted(list((ROOT / "msprobe").rglob("*.py")) + list((ROOT / "spec" / "check").glob("*.py"))):
+        rel = str(path.relative_to(ROOT))
+        if _OWN.match(rel):
+            continue
+        text = path.read_text(encoding="utf-8")
+        if any(grep.search(text) for grep in _FRAMEWORK_GREPS):
+            found.add(rel)
+    return sorted(found)
+
+
+def test_the_framework_recipe_names_every_file_its_greps_find():
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    recipe = doc[doc.index("### Recipe: add a framework"):doc.index("## Recipe: add a lake question")]
+    files = framework_files()
+    assert "msprobe/format/model.py" in files and "msprobe/readers/_tensor.py" in files, files
+    missing = [f for f in files if f.removeprefix("msprobe/") not in recipe]
+    assert not missing, f"the recipe 'add a framework' does not name {missing}"
