@@ -131,3 +131,34 @@ def test_the_report_names_the_ranks_too(page, layout_runs, tmp_path):
     assert _node_ranks(page, "#tree", "Module.layers.2.MLP.forward.0") == "ranks 2,3"
     assert not page.errors, page.errors
     assert os.path.getsize(out) > 0
+
+
+def test_a_data_parallel_run_names_the_ranks_of_both_replicas(tmp_path_factory):
+    """DP=2 x TP=2 x PP=2 (bench/megatron_layouts.py over real gloo, Megatron's rank order, a NaN
+    injected by one rank at step 1) merged with ``--layout tp=2,pp=2,dp=2`` against one card: the
+    replicas are joined into one logical model, and the injected record's rows name the ranks of
+    both replicas' tensor-parallel groups of its stage, the injecting rank their suspect."""
+    import sys
+
+    from msprobe.view import open_view
+    from tests.view.conftest import ROOT
+
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import bench_layouts as B
+
+    out = str(tmp_path_factory.mktemp("view_dp"))
+    single = B.dump_run(out, "single", "healthy", None)
+    target_run, bench_run, layout, _ = B.GROUPS["dp"]
+    fault = dict(B.variants(target_run))["nan_s1"]
+    sidecars = B.dump_run(out, target_run, "nan_s1", fault)
+    want = B.truth(sidecars, single, B.run_dir(out, target_run, "nan_s1"))
+    with open_view(B.run_dir(out, target_run, "nan_s1"), B.run_dir(out, bench_run, "healthy"), layout=layout,
+                   work_dir=str(tmp_path_factory.mktemp("view_dp_w"))) as v:
+        assert v.meta()["layouts"] == {"target": layout}
+        assert {c["rank_dir"] for c in v.meta()["cells"]} == {"merged"}  # the replicas joined: one model a step
+        origin = v.overview()["origin"]
+        args = v.record(origin["cell"], origin["record"])["args"]
+        for arg in args:
+            ranks = {int(rank) for rank in arg["ranks"].split(",")}
+            assert set(want["stage_ranks"]) < ranks and len(ranks) == 2 * len(want["stage_ranks"]), (arg, want)
+        assert any(arg["suspects"] == str(want["rank"]) for arg in args), (args, want)
