@@ -531,8 +531,8 @@ def _first_look(work: str, title: str, storage_options: Optional[dict], publish:
             view.close()
             return
         view.finish()
-    except (MsprobeError, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the first look is an extra: whatever breaks it, the whole view follows
         view.close()
-        say(f"no first look ({exc}); the whole view follows")
+        say(f"no first look ({type(exc).__name__}: {exc}); the whole view follows")
         return
     publish(view)

@@ -220,3 +220,21 @@ def test_one_dump_first_look_then_the_whole_view(page, nan_pair, tmp_path, monke
         go.set()
         s.close()
     assert not s.error, s.error
+
+
+def test_a_first_look_that_breaks_leaves_the_whole_view(nan_pair, tmp_path, monkeypatch):
+    """Whatever breaks a first look (here a failure planted in the pair's: any exception, DuckDB's
+    included), the set-up says so and the whole view follows, unharmed."""
+    from msprobe.view import _data, open_view
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(_data, "pair_first_look", broken)
+    said: list = []
+    published: list = []
+    with open_view(os.path.join(nan_pair, "target"), os.path.join(nan_pair, "bench"), work_dir=str(tmp_path / "w"),
+                   stage=said.append, first_look=published.append) as v:
+        assert not published and "no first look (RuntimeError: planted); the whole view follows" in said
+        assert v.first_look is None and len(v.overview()["cells"]) == 6
+        assert [(c["step"], c["rank_dir"]) for c in v.overview()["cells"] if c["nan_inf"]] == [(1, "rank1")]
