@@ -12,6 +12,8 @@ the other on the same machine, and report wall time and peak RSS (``wait4``'s ru
   ``compare(engine=ENGINE)``, ``-n 1``, its CSV checked to be byte-identical to ours (the row
   builder is no longer in the product: it is the tests' oracle, tests/compare/row_oracle.py)
 * ``--plot``: ours once more with the plot drawn (the other runs use ``--no-plot``)
+* floor: a fresh interpreter parsing every dump.json of both sides one at a time, as compare parses
+  them (``loads_json_bytes``: orjson with the NaN/Infinity restore); ``ours/floor`` is printed
 * real: ``<venv>/bin/msprobe compare -tp T -gp B -o OUT`` (mindstudio-probe 26.2.0 in the venv
   that tests/_realtool.py caches under ~/.cache/msprobe-lake; skipped when absent, or with ``--real ''``); T and B are step directories, so with
   ``--ranks`` > 1 it compares every ``rank*`` pair in one command (its batch mode)
@@ -146,6 +148,14 @@ def _compile_ours() -> None:
                    stdout=subprocess.DEVNULL, check=False)
 
 
+#: the parse floor: a fresh interpreter parsing every dump.json of both sides, one at a time, as
+#: compare parses them (orjson with the NaN/Infinity restore: msprobe.format.fastjson.loads_json_bytes)
+_FLOOR = ("import glob, os, sys; from msprobe.format.fastjson import loads_json_bytes\n"
+          "for side in sys.argv[1:]:\n"
+          "    for path in sorted(glob.glob(os.path.join(side, '*', 'dump.json'))):\n"
+          "        with open(path, 'rb') as handle:\n"
+          "            loads_json_bytes(handle.read())\n")
+
 _BASELINE = ("import sys; from msprobe.compare import compare; "
              "compare(sys.argv[1], sys.argv[2], sys.argv[3], plot=False, progress=False, engine=sys.argv[4])")
 
@@ -249,6 +259,9 @@ def main() -> int:
               f"{time.perf_counter() - t0:.1f}s under {work}")
         res = {"records": args.records, "ranks": args.ranks, "dump_json_mib": round(size, 1)}
         _compile_ours()
+        floors = [_run([sys.executable, "-c", _FLOOR, target, bench], args.timeout) for _ in range(max(args.repeat, 1))]
+        res["floor"] = _median_run(floors)
+        print("floor (interpreter start + parsing every document):", json.dumps(res["floor"]))
         for n in args.workers:
             key = "ours" if n == 1 else f"ours_n{n}"
             out = os.path.join(work, key)
@@ -302,6 +315,10 @@ def main() -> int:
                 if base in res and res[base].get("wall_s"):
                     ratios[f"{base}/{key}"] = {"wall": _ratio(res[base], res[key], "wall_s"),
                                                "cpu": _ratio(res[base], res[key], "cpu_s")}
+        for key in [k for k in res if k.startswith("ours")]:
+            if res["floor"].get("wall_s") and res[key].get("wall_s"):
+                ratios[f"{key}/floor"] = {"wall": _ratio(res[key], res["floor"], "wall_s"),
+                                          "cpu": _ratio(res[key], res["floor"], "cpu_s")}
         res["ratios"] = ratios
         for k, v in ratios.items():
             print(f"ratio {k}: wall {v['wall']}x, cpu {v['cpu']}x")

@@ -34,8 +34,10 @@ from typing import Any, Optional
 
 from msprobe.compare._frame import Frame, _objects
 from msprobe.compare._kernels import KERNELS, METRIC_COUNT
+from msprobe.compare._origin import ORIGIN_THRESHOLD
 from msprobe.compare._plan import _COMM, PairContext, Plan, bench_counterpart, load_side, plan_rows
 from msprobe.compare._plot import TOP_N, PlotMarks
+from msprobe.compare._quiet import departing_records
 from msprobe.compare._rows import COLUMNS, leaf_side
 from msprobe.compare._summary import NonFiniteFirsts, PairSummary, comes_before
 from msprobe.compare._verdict import judge
@@ -54,11 +56,10 @@ BLOCK_RECORDS = 2000
 # ---------------------------------------------------------------- 3-5. verdict, summary, write
 
 def _counts(results: list) -> dict:
-    """Rows per Result, keyed in the order the results first occur."""
-    counts: dict = {}
-    for result in results:
-        counts[result] = counts.get(result, 0) + 1
-    return counts
+    """Rows per Result, keyed in the order the results first occur (a Counter keeps that order)."""
+    from collections import Counter
+
+    return dict(Counter(results))
 
 
 def _marks(frame: Frame, results: Any) -> PlotMarks:
@@ -175,6 +176,12 @@ def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], st
     metric_columns = KERNELS[mode](frame, context)
     trailing = [metric_columns.pop()[1]] if metric_columns and isinstance(metric_columns[-1], tuple) else []
     results, messages = judge(frame, mode)
+    if context.departing is not None:  # for find_origin: the records where a leaf may depart
+        eligible = mode != "md5" and not context.mapping and not context.across_frameworks \
+            and not frame.scalar_tolerance
+        got = departing_records(frame, ORIGIN_THRESHOLD if context.threshold is None else context.threshold) \
+            if eligible else None
+        context.departing = None if got is None else context.departing | got
     head = [plan.row_name, plan.row_bench_name]
     head += [frame.text(side, kind) for kind in ("dtype", "shape", "requires_grad") for side in ("target", "bench")]
     columns = [column if column.__class__ is list else column.tolist()
@@ -204,6 +211,9 @@ def columnar_pair(context: PairContext, path: str, keep_rows: bool = False, *, s
     records when ``with_rest``) appended to the CSV ``path``: (their :class:`PairSummary`, the
     rows as lists when ``keep_rows``, for the xlsx). A forked chunk of compare -n runs one range."""
     stop = len(context.pairs) if stop is None else stop
+    # the records where a leaf may depart, gathered by the blocks for find_origin over a whole pair (a
+    # forked chunk's stay in its process: the caller's context keeps None, the walk looks at every record)
+    context.departing = set() if start == 0 and stop == len(context.pairs) else None
     # records whose content postdates their place are taken where it was settled (format.settled)
     firsts = (NonFiniteFirsts(settled_positions(name for name, _ in context.pairs)),
               NonFiniteFirsts(settled_positions(bench or "" for _, bench in context.pairs)))

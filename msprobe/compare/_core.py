@@ -201,7 +201,8 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
                                       target_source.rank, across_frameworks=options.xframe is not None,
                                       rows=mapping if options.xframe is not None else None,
                                       tolerant=any(getattr(source, "report", None) is not None
-                                                   for source in (target_source, bench_source))))
+                                                   for source in (target_source, bench_source)),
+                                      departing=context.departing))
     report["comm"] = comm_report(target_data, bench_data, pairs, target_source.rank, options.mode, options.threshold)
     return report
 

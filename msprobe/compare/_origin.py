@@ -143,13 +143,16 @@ def _introduced(inputs: list, outputs: list, threshold: float, produced: set) ->
 
 def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mode: str,
                 threshold: Optional[float] = None, rank: Optional[int] = None, across_frameworks: bool = False,
-                rows: Optional[dict] = None, tolerant: bool = False) -> Optional[dict]:
+                rows: Optional[dict] = None, tolerant: bool = False, departing: Optional[set] = None) -> Optional[dict]:
     """The first record of one rank pair where an error is introduced (see the module doc):
     ``{record, bench_record, row, argument, role, size, note, record_index}`` or None.
     ``pairs``/``rest``: :func:`msprobe.compare._match.match_records`' matching; ``rank``: the
     target's rank (a broadcast's tensor is data on its root, a receive buffer elsewhere);
     ``across_frameworks``: a record only one side has is no origin (each framework has its own), and
-    dtypes compare by class; ``rows``: {target row: bench row} of a mapping (-dm, -am's argument indices)."""
+    dtypes compare by class; ``rows``: {target row: bench row} of a mapping (-dm, -am's argument indices);
+    ``departing``: a superset of the matched records where a leaf may depart
+    (:func:`msprobe.compare._quiet.departing_records`): the others are passed over, their outputs
+    joining the produced statistics only when an input's question needs them."""
     limit = ORIGIN_THRESHOLD if threshold is None else threshold
     md5 = mode == "md5"
     tensor_task = mode == "tensor"
@@ -157,12 +160,16 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
     missing_at = (_missing_positions(len(pairs), pairs, missing, {name: i for i, name in enumerate(bench_data)})
                   if missing else [])
     produced: set = set()
+    passed: list = []  # records passed over (nothing departs) whose outputs are not in ``produced`` yet
     # a record whose content postdates its place is walked where it was settled (format.settled)
     moved = settled_positions(name for name, _ in pairs)
     for record_index in sorted(range(len(pairs)), key=lambda at: moved.get(at, at)) if moved else range(len(pairs)):
         name, bench = pairs[record_index]
         if missing_at and missing_at[0][0] <= record_index:
             return _missing(missing_at[0][1], missing_at[0][0])
+        if departing is not None and bench is not None and record_index not in departing:
+            passed.append(record_index)
+            continue
         leaves = record_leaves(name, target_data[name], tensor_task)
         if bench is None:
             if across_frameworks or name.endswith(".debug") or not _has_tensor(leaves):
@@ -175,20 +182,48 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
         buffers = frozenset(buffer_args(name, target_data[name], -1 if rank is None else rank)) \
             if name.startswith(_COMM) else frozenset()
         inputs, outputs = _departures(leaves, bench_leaves, md5, buffers, across_frameworks, tolerant)
+        if passed and any(size > limit or note for *_, size, note in inputs):  # the outputs passed over, now
+            for at in passed:
+                produced.update(_produced_by(target_data, bench_data, pairs[at], tensor_task, rank))
+            passed.clear()
         found = _introduced(inputs, outputs, limit, produced)
         if found is not None:
-            suffix, role, size, note = found
-            if not math.isfinite(size):
-                size, note = None, note or "NaN/Inf on the target side only"
-            found_at = {"record": name, "bench_record": bench, "row": f"{name}.{suffix}" if suffix else name,
-                        "argument": suffix, "role": role, "size": size, "note": note, "record_index": record_index}
-            if record_index in moved:
-                found_at["settled_at"] = moved[record_index]
-            return found_at
+            return _found_at(name, bench, record_index, found, moved)
         produced.update(_signature(side) for _, _, side, _, _ in outputs if side.tensor)
     if missing_at:
         return _missing(missing_at[0][1], missing_at[0][0])
     return None
+
+
+def _found_at(name: str, bench: str, record_index: int, found: tuple, moved: dict) -> dict:
+    """The origin entry of the leaf ``found`` (:func:`_introduced`'s) of record ``name``."""
+    suffix, role, size, note = found
+    if not math.isfinite(size):
+        size, note = None, note or "NaN/Inf on the target side only"
+    found_at = {"record": name, "bench_record": bench, "row": f"{name}.{suffix}" if suffix else name,
+                "argument": suffix, "role": role, "size": size, "note": note, "record_index": record_index}
+    if record_index in moved:
+        found_at["settled_at"] = moved[record_index]
+    return found_at
+
+
+def _produced_by(target_data: dict, bench_data: dict, pair: tuple, tensor_task: bool, rank: Optional[int]) -> list:
+    """The signatures of a matched record's tensor outputs the bench also holds (what the walk adds to
+    ``produced`` after a record where nothing departs)."""
+    name, bench = pair
+    bench_leaves = {suffix: leaf for suffix, leaf, _ in record_leaves(bench, bench_data[bench], tensor_task)}
+    buffers = frozenset(buffer_args(name, target_data[name], -1 if rank is None else rank)) \
+        if name.startswith(_COMM) else frozenset()
+    out = []
+    for suffix, leaf, io in record_leaves(name, target_data[name], tensor_task):
+        if io not in _OUT_IO or leaf is None or bench_leaves.get(suffix, None) is None:
+            continue
+        if buffers and is_buffer_leaf(suffix, buffers):
+            continue
+        side = leaf_side(leaf)
+        if side.tensor:
+            out.append(_signature(side))
+    return out
 
 
 def _remapped(name: str, bench: str, leaves: list, bench_leaves: dict, rows: dict) -> dict:

@@ -48,6 +48,9 @@ class PairContext:
     threshold: Optional[float] = None
     progress: Any = None
     across_frameworks: bool = False
+    #: a superset of the matched records where a leaf may depart (find_origin passes over the others),
+    #: gathered block by block by columnar_pair (None: not gathered, or a block could not tell)
+    departing: Optional[set] = None
 
 
 def load_side(source: Any, side: Any, record: str) -> Any:
@@ -282,6 +285,7 @@ class _NativeRows:
         self.target_io, self.target_suffix = target_io, target_suffix
         self.bench_io, self.bench_suffix = bench_io, bench_suffix
         self.group_epoch = group_epoch
+        self.group_dup: bytes = b""  # int64 per group: 1 where its bench record repeats a suffix
 
     def seen(self, plan: Plan, side: str, flagged: list) -> list:
         import numpy as np
@@ -442,7 +446,7 @@ def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, s
     plan = Plan()
     (plan.target.leaf, target_io, target_suffix, plan.bench.leaf, bench_io, bench_suffix, row_target,
      row_bench, row_group, row_kind, plan.row_name, plan.row_bench_name, plan.group_index,
-     plan.group_name, plan.group_bench, group_first) = got
+     plan.group_name, plan.group_bench, group_first, group_dup) = got
     plan.row_target, plan.row_bench, plan.row_group, row_kind = (np.frombuffer(column, dtype=np.int64) for column in
                                                                  (row_target, row_bench, row_group, row_kind))
     _progressed(context.progress, context, start, stop, with_rest)
@@ -454,6 +458,7 @@ def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, s
         group_epoch.append(epoch)
     state["bench_epoch"] = (epoch, epoch_name)
     plan.native = _NativeRows(row_kind, target_io, target_suffix, bench_io, bench_suffix, group_epoch)
+    plan.native.group_dup = group_dup
     row_stack = [_NA] * len(plan.row_name)
     source = context.target_source
     for first, name in zip(np.frombuffer(group_first, dtype=np.int64).tolist(), plan.group_name):

@@ -12,14 +12,16 @@
  *     None) as compare's planner (_Planner.add_pair / add_bench_only, without a mapping) makes them:
  *     (target leaves, target ios, target suffixes, bench leaves, bench ios, bench suffixes,
  *      row_target, row_bench, row_group, row_kind, row_name, row_bench_name,
- *      group_index, group_name, group_bench, group_first_row)
+ *      group_index, group_name, group_bench, group_first_row, group_dup)
  *     row_kind: 0 a target leaf's row, 1 a matched bench record's leaf no target leaf took, 2 a
- *     bench-only record's leaf.
+ *     bench-only record's leaf; group_dup: 1 where the group's bench record holds two leaves of one suffix.
  *   leaf_fields(leaves, md5, tensor, scalar_dtypes, stat_keys, view) -> tuple
  *     Leaves.finish's columns: (is tensor, dtype text, shape text, requires_grad text, the four
  *     statistics as dumped, md5 text or [], data_name text or []); ``view(leaf)`` (_plan._view)
  *     gives what a leaf that is neither a tensor entry, a scalar argument nor null shows.
  *
+ *   index_rows(...), csv_rows(columns): the index's tensor columns (msprobe/index/rows.py) and compare's
+ *     CSV rows (msprobe/compare/_write.py) without a Python step per cell.
  *   has_long_integer(data), with_stand_ins(data), restore_nonfinite(obj, values) -> int or None
  *     msprobe/format/fastjson.py's checks and NaN/Infinity stand-ins in one pass each (restore: every
  *     container walked; None where a key is a stand-in).
@@ -31,7 +33,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define LEAFWALK_VERSION 10  /* bump with every change: a stale build is then rebuilt */
+#define LEAFWALK_VERSION 12  /* bump with every change: a stale build is then rebuilt */
 #define MAX_DEPTH 900
 
 typedef struct {
@@ -396,7 +398,7 @@ static PyObject *i64_bytes(I64 *a) {
 }
 
 typedef struct {
-    I64 row_target, row_bench, row_group, row_kind, group_first;
+    I64 row_target, row_bench, row_group, row_kind, group_first, group_dup;
     PyObject *row_name, *row_bench_name, *group_index, *group_name, *group_bench;
 } Rows;
 
@@ -429,8 +431,8 @@ static PyObject *row_name_of(PyObject *record, PyObject *suffix) {
 
 /* the {suffix: bench leaf index} of a bench record, its first leaf of each suffix appended to b
  * (_Planner.bench_leaves_of); a borrowed reference kept in cache, NULL with DECLINE in *declined */
-static PyObject *bench_leaves_of(PyObject *name, PyObject *bench_data, PyObject *cache, Out *b, int tensor_task,
-                                 PyObject *tensor_types, int *declined) {
+static PyObject *bench_leaves_of(PyObject *name, PyObject *bench_data, PyObject *cache, PyObject *dups, Out *b,
+                                 int tensor_task, PyObject *tensor_types, int *declined) {
     PyObject *got = PyDict_GetItemWithError(cache, name);
     if (got || PyErr_Occurred())
         return got;
@@ -454,10 +456,10 @@ static PyObject *bench_leaves_of(PyObject *name, PyObject *bench_data, PyObject 
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tmp.suffix); i++) {
         PyObject *suffix = PyList_GET_ITEM(tmp.suffix, i);
         int in = PyDict_Contains(got, suffix);
-        if (in < 0)
+        if (in < 0 || (in && PyDict_SetItem(dups, name, Py_True) < 0))
             goto fail;
         if (in)
-            continue;
+            continue;  /* a later leaf of the same suffix: the first one is the record's */
         PyObject *at = PyLong_FromSsize_t(PyList_GET_SIZE(b->leaf));
         if (!at)
             goto fail;
@@ -497,10 +499,10 @@ static PyObject *plan_block(PyObject *self, PyObject *args) {
     }
     Out t = {0}, b = {0};
     Rows r = {0};
-    PyObject *cache = PyDict_New();
+    PyObject *cache = PyDict_New(), *dups = PyDict_New();
     PyObject *left = NULL;
     int declined = 0;
-    if (!cache || out_init(&t) < 0 || out_init(&b) < 0)
+    if (!cache || !dups || out_init(&t) < 0 || out_init(&b) < 0)
         goto error;
     PyObject **lists[] = {&r.row_name, &r.row_bench_name, &r.group_index, &r.group_name, &r.group_bench};
     for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++)
@@ -519,7 +521,7 @@ static PyObject *plan_block(PyObject *self, PyObject *args) {
             goto decline;
         }
         if (bench != Py_None) {
-            PyObject *of = bench_leaves_of(bench, bench_data, cache, &b, tensor_task, tensor_types, &declined);
+            PyObject *of = bench_leaves_of(bench, bench_data, cache, dups, &b, tensor_task, tensor_types, &declined);
             if (!of)
                 goto decline;
             left = PyDict_Copy(of);
@@ -584,6 +586,9 @@ static PyObject *plan_block(PyObject *self, PyObject *args) {
         if (append_long(r.group_index, index) < 0 || PyList_Append(r.group_name, name) < 0 ||
             PyList_Append(r.group_bench, bench) < 0 || i64_push(&r.group_first, first) < 0)
             goto error;
+        int dup = bench == Py_None ? 0 : PyDict_Contains(dups, bench);
+        if (dup < 0 || i64_push(&r.group_dup, dup) < 0)
+            goto error;
     }
     if (rest != Py_None) {
         for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rest); k++, group++) {
@@ -608,20 +613,23 @@ static PyObject *plan_block(PyObject *self, PyObject *args) {
                     goto error;
             }
             if (PyList_Append(r.group_index, Py_None) < 0 || PyList_Append(r.group_name, bench) < 0 ||
-                PyList_Append(r.group_bench, bench) < 0 || i64_push(&r.group_first, -1) < 0)
+                PyList_Append(r.group_bench, bench) < 0 || i64_push(&r.group_first, -1) < 0 ||
+                i64_push(&r.group_dup, 0) < 0)
                 goto error;
         }
     }
     Py_DECREF(cache);
-    return Py_BuildValue("(NNNNNNNNNNNNNNNN)", t.leaf, t.io, t.suffix, b.leaf, b.io, b.suffix,
+    Py_DECREF(dups);
+    return Py_BuildValue("(NNNNNNNNNNNNNNNNN)", t.leaf, t.io, t.suffix, b.leaf, b.io, b.suffix,
                          i64_bytes(&r.row_target), i64_bytes(&r.row_bench), i64_bytes(&r.row_group),
                          i64_bytes(&r.row_kind), r.row_name, r.row_bench_name, r.group_index, r.group_name,
-                         r.group_bench, i64_bytes(&r.group_first));
+                         r.group_bench, i64_bytes(&r.group_first), i64_bytes(&r.group_dup));
 decline:
     if (!declined)
         goto error;
 error:
     Py_XDECREF(cache);
+    Py_XDECREF(dups);
     Py_XDECREF(left);
     out_clear(&t);
     out_clear(&b);
@@ -630,6 +638,7 @@ error:
     PyMem_Free(r.row_group.v);
     PyMem_Free(r.row_kind.v);
     PyMem_Free(r.group_first.v);
+    PyMem_Free(r.group_dup.v);
     Py_XDECREF(r.row_name);
     Py_XDECREF(r.row_bench_name);
     Py_XDECREF(r.group_index);
@@ -1259,11 +1268,94 @@ error:
     return NULL;
 }
 
+/* ------------------------------------------------------------------ compare's CSV rows */
+
+static int needs_quote(const char *text, Py_ssize_t size) {
+    for (Py_ssize_t i = 0; i < size; i++) {
+        char c = text[i];
+        if (c == ',' || c == '"' || c == '\n' || c == '\r')
+            return 1;
+    }
+    return 0;
+}
+
+/* csv_rows(columns) -> bytes or None: the rows of ``columns`` (lists of str of one length) as
+ * compare/_write.write_columns writes them (UTF-8, a cell quoted RFC 4180-style only where it holds
+ * , " CR or LF, "\r\n" after every row); None where a cell is no str (the Python code decides) */
+static PyObject *csv_rows(PyObject *self, PyObject *arg) {
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "a list of columns");
+        return NULL;
+    }
+    Py_ssize_t ncols = PyList_GET_SIZE(arg), nrows = -1;
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        PyObject *column = PyList_GET_ITEM(arg, c);
+        if (!PyList_Check(column))
+            Py_RETURN_NONE;
+        if (nrows < 0)
+            nrows = PyList_GET_SIZE(column);
+        else if (PyList_GET_SIZE(column) != nrows)
+            Py_RETURN_NONE;  /* zip() stops at the shortest: the Python code decides */
+    }
+    if (ncols == 0 || nrows <= 0)
+        return PyBytes_FromStringAndSize(NULL, 0);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        PyObject *column = PyList_GET_ITEM(arg, c);
+        for (Py_ssize_t r = 0; r < nrows; r++) {
+            PyObject *cell = PyList_GET_ITEM(column, r);
+            if (!PyUnicode_Check(cell))
+                Py_RETURN_NONE;
+            Py_ssize_t size;
+            const char *text = PyUnicode_AsUTF8AndSize(cell, &size);
+            if (!text)
+                return NULL;
+            total += size + 1;  /* the comma or the row's CR (LF counted below) */
+            if (needs_quote(text, size)) {
+                total += 2;
+                for (Py_ssize_t i = 0; i < size; i++)
+                    total += text[i] == '"';
+            }
+        }
+    }
+    total += nrows;  /* each row's LF */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (!out)
+        return NULL;
+    char *o = PyBytes_AS_STRING(out);
+    for (Py_ssize_t r = 0; r < nrows; r++) {
+        for (Py_ssize_t c = 0; c < ncols; c++) {
+            Py_ssize_t size;
+            const char *text = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(PyList_GET_ITEM(arg, c), r), &size);
+            if (!text) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            if (needs_quote(text, size)) {
+                *o++ = '"';
+                for (Py_ssize_t i = 0; i < size; i++) {
+                    if (text[i] == '"')
+                        *o++ = '"';
+                    *o++ = text[i];
+                }
+                *o++ = '"';
+            } else {
+                memcpy(o, text, (size_t)size);
+                o += size;
+            }
+            *o++ = c + 1 < ncols ? ',' : '\r';
+        }
+        *o++ = '\n';
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"leaves", leaves, METH_VARARGS, "every record's leaves as record_leaves walks them (or None)"},
     {"plan_block", plan_block, METH_VARARGS, "compare's rows of some record pairs (or None)"},
     {"leaf_fields", leaf_fields, METH_VARARGS, "Leaves.finish's columns"},
     {"index_rows", index_rows, METH_VARARGS, "the Parquet index's tensor columns of some records (or None)"},
+    {"csv_rows", csv_rows, METH_O, "compare's CSV rows of some columns, as UTF-8 (or None)"},
     {"has_long_integer", has_long_integer, METH_O, "fastjson._has_long_integer"},
     {"with_stand_ins", with_stand_ins, METH_O, "fastjson._with_stand_ins (without the positions)"},
     {"restore_nonfinite", restore_nonfinite, METH_VARARGS, "the stand-ins put back everywhere: their count, or None"},

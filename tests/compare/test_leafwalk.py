@@ -215,3 +215,17 @@ def test_restore_nonfinite_puts_back_every_stand_in_or_declines(walker):
     assert doc["a"][0] is _NONFINITE_VALUES["\x00N"] and doc["a"][1]["c"][0] == float("-inf")
     assert doc["a"][1]["b"] == float("inf") and doc["a"][1]["c"][1] == "x"
     assert walker.restore_nonfinite({"x": {"\x00N": 1}}, _NONFINITE_VALUES) is None
+
+
+def test_csv_rows_equal_the_python_writer(walker, tmp_path, monkeypatch):
+    from msprobe.compare import _write
+
+    columns = [["a", "b,c", 'say "hi"', "multi\nline", "cr\rhere", "", "ünïcödé, ok", "ok"],
+               ["1.5", "-inf", "nan", "N/A", '"', ",", "x" * 300, "日本"]]
+    native, python = tmp_path / "native.csv", tmp_path / "python.csv"
+    _write.write_columns(str(native), columns)
+    monkeypatch.setattr(_write, "leafwalk", lambda: None)
+    _write.write_columns(str(python), columns)
+    assert native.read_bytes() == python.read_bytes()
+    assert walker.csv_rows([["a", 1]]) is None  # a cell that is no str: the Python writer decides
+    assert walker.csv_rows([["a", "b"], ["c"]]) is None
