@@ -7,10 +7,12 @@
 * Primitives held by the cells of ``start(model=...)`` (``self.conv2d = ops.Conv2D(...)``):
   the instance's class is swapped for a subclass whose ``__call__`` records
   ``Primitive.<attribute>.<Class>.<n>``; their gradients arrive through ``ops.HookBackward``
-  on the inputs and outputs, in arrival order, as the real tool records them.
+  on the inputs and outputs, in arrival order, as the real tool records them; and
+  ``mindspore.jit`` calls (_calls.py).
 * Cells (L0/mix): forward pre/post hooks; their backward observed on MindSpore's autograd graph
-  (_observer.py: pre hooks on the outputs' nodes, post hooks on the Cell's own nodes, no node added),
-  and Parameter hooks for ``parameters_grad``.
+  (_cells.py, _observer.py: pre hooks on the outputs' nodes, post hooks on the Cell's own nodes, no
+  node added), and Parameter hooks for ``parameters_grad`` (here); Cells inside compiled graphs
+  (_graph.py).
 """
 from __future__ import annotations
 
@@ -19,35 +21,21 @@ import weakref
 from typing import Any, Optional, cast
 
 import mindspore
-from mindspore import Parameter, Tensor, nn, ops
-from mindspore.ops import Primitive
+from mindspore import Parameter, Tensor, nn
 
-from msprobe.dumpers.adapter import ApiCall, ApiCaller, FrameworkAdapter
+from msprobe.dumpers.adapter import ApiCall, FrameworkAdapter
 from msprobe.dumpers.config import DumpConfig
-from msprobe.dumpers.control import DumperCore, ModuleForwardHooks, core_attribute
+from msprobe.dumpers.control import DumperCore, core_attribute
 from msprobe.dumpers.mindspore import _observer
-from msprobe.dumpers.mindspore._apis import GUARD, PIJIT_CONTEXT, ApiPatcher, import_first
+from msprobe.dumpers.mindspore._apis import GUARD, ApiPatcher, import_first
+from msprobe.dumpers.mindspore._calls import HookedCalls, JitPatches, floating, has_tensor
+from msprobe.dumpers.mindspore._cells import EXECUTOR, CellHooks, grad_recording
 from msprobe.dumpers.mindspore._encode import Encoder, fetch_stats
 from msprobe.dumpers.mindspore._graph import GraphCellDump, is_jit_cell
 from msprobe.dumpers.session import DumpSession
 from msprobe.errors import ConfigError
 
 __all__ = ["MindSporeDumper"]
-
-try:
-    from mindspore.common.api import _pynative_executor as _EXECUTOR
-except ImportError:  # pragma: no cover - other MindSpore layouts
-    _EXECUTOR = None
-
-
-def _grad_recording() -> bool:
-    """True while MindSpore records the forward pass of a gradient computation."""
-    if _EXECUTOR is None:
-        return True
-    try:
-        return bool(_EXECUTOR.requires_grad())
-    except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
-        return True
 
 
 def _get_rank() -> Optional[int]:
@@ -86,10 +74,6 @@ class _ApiCell(nn.Cell):
         return self.fn(*args, **kwargs)
 
 
-def _has_tensor(values) -> bool:
-    return any(isinstance(v, Tensor) for v in values)
-
-
 class MindSporeDumper(FrameworkAdapter):
     """Owns the patcher, the Primitive/Cell hooks and the session for one process (through its
     :class:`DumperCore`, whose framework adapter it is)."""
@@ -114,14 +98,14 @@ class MindSporeDumper(FrameworkAdapter):
         self.encoder, self.patcher = cast(Encoder, core.encoder()), core.patcher()
         self.cell_handles: list = []
         self.param_handles: list = []
-        self.calls = _HookedCalls(self)  # Primitive and jit calls
-        self._jit = _JitPatches(self)
+        self.calls = HookedCalls(self)  # Primitive and jit calls
+        self._jit = JitPatches(self)
         self.pending_param_grads: dict = {}  # parameters_grad records waiting for their Cell's backward hook
         self._graph: Optional[GraphCellDump] = None  # GraphCellDump: the Cells dumped inside compiled graphs (_graph.py)
         self._warned_points = False
         # the Cells' backward observed without changing the graph (_observer.py); None: this MindSpore
         # shows no autograd graph to Python, and MindSpore's Cell backward hooks are used instead
-        self.observer = _observer.CellObserver(_EXECUTOR) if _observer.SUPPORTED else None
+        self.observer = _observer.CellObserver(EXECUTOR) if _observer.SUPPORTED else None
         self._reroutes = False  # a Cell's backward is hooked by MindSpore's hooks: said once at start(), see _warn_reroute
         self._warned_reroute = False
         if core.dumps_apis() and not _graph_mode():
@@ -254,7 +238,7 @@ class MindSporeDumper(FrameworkAdapter):
         core.close()
 
     def bw_wanted(self) -> bool:
-        return self.config.backward_enabled and _grad_recording()
+        return self.config.backward_enabled and grad_recording()
 
     # ------------------------------------------------------------------- APIs
     def on_api(self, orig, api_key: str, args: tuple, kwargs: dict):
@@ -265,7 +249,7 @@ class MindSporeDumper(FrameworkAdapter):
         return api_key.startswith(_DIST_PREFIXES)  # collectives: forward-only records
 
     def backward_possible(self, call: ApiCall) -> bool:
-        return self.bw_wanted() and (_has_tensor(call.args) or _has_tensor(call.kwargs.values()))
+        return self.bw_wanted() and (has_tensor(call.args) or has_tensor(call.kwargs.values()))
 
     def input_encoder(self, call: ApiCall) -> Any:
         # a call that writes into its arguments: read them (copies) before it does
@@ -300,7 +284,7 @@ class MindSporeDumper(FrameworkAdapter):
         """An entry of the value as it is now (tensors, also in lists such as all_gather's, copied)."""
         if isinstance(value, Tensor):
             return self.encoder.tensor(value, prefix, save, snapshot=True)
-        if isinstance(value, (list, tuple)) and _has_tensor(value):
+        if isinstance(value, (list, tuple)) and has_tensor(value):
             return [self._encode_copy(item, f"{prefix}.{i}", save) for i, item in enumerate(value)]
         return self.encoder.encode(value, prefix, save)
 
@@ -346,7 +330,7 @@ class MindSporeDumper(FrameworkAdapter):
                 if graph or in_jit_cell(path, in_jit):
                     self._graph_dump(split=not graph).wrap(sub, key)
                 else:
-                    _CellHooks(self, sub, key)
+                    CellHooks(self, sub, key)
                     self._reroutes = self._reroutes or (self.config.backward_enabled and self.observer is None)
 
     def _graph_dump(self, split: bool):
@@ -406,318 +390,10 @@ class MindSporeDumper(FrameworkAdapter):
         self.core.save_debug(variable, name, save_backward)
 
     def grad_hookable(self, value: Any) -> bool:
-        return isinstance(value, Tensor) and _floating(value)
+        return isinstance(value, Tensor) and floating(value)
 
     def on_grad(self, tensor: Any, hook: Any) -> None:
         tensor.register_hook(hook)
-
-
-class _HookedCalls(ApiCaller):
-    """The calls recorded outside the API wrappers: the Primitives held by the model's Cells
-    (``Primitive.<attribute>.<Class>.<n>``) and ``mindspore.jit`` functions and Cells
-    (``Jit.<name>.<n>``); their gradients arrive through ``ops.HookBackward``."""
-
-    def __init__(self, dumper: MindSporeDumper) -> None:
-        self.dumper = weakref.ref(dumper)
-        self.primitives: list = []  # (primitive, original class)
-
-    @property  # (the dumper's, read through a weak reference)
-    def core(self) -> DumperCore:
-        dumper = self.dumper()
-        assert dumper is not None  # (record() runs only while the dumper lives)
-        return dumper.core
-
-    def hook_primitives(self, model) -> None:
-        seen = {id(prim) for prim, _ in self.primitives}
-        for _, cell in model.cells_and_names():
-            for attr, value in list(vars(cell).items()):
-                if not isinstance(value, Primitive) or id(value) in seen:
-                    continue
-                seen.add(id(value))
-                self._wrap_primitive(value, f"Primitive.{attr}.{type(value).__name__}")
-
-    def _wrap_primitive(self, prim: Primitive, api_key: str) -> None:
-        cls = type(prim)
-        owner = weakref.ref(self)
-        orig_call = cls.__call__
-
-        def __call__(primitive, *args, **kwargs):
-            calls = owner()
-            dumper = calls.dumper() if calls is not None else None
-            if dumper is None or not dumper.core.is_on() or getattr(GUARD, "inside", False) \
-                    or not GUARD.__dict__.get("on", True):
-                return orig_call(primitive, *args, **kwargs)
-            return calls.record(lambda *a, **k: orig_call(primitive, *a, **k), api_key, args, kwargs)
-
-        sub = type(cls.__name__, (cls,), {"__call__": __call__, "__msprobe_wrapped__": True,
-                                           "__module__": cls.__module__})
-        prim.__class__ = sub
-        self.primitives.append((prim, cls))
-
-    def unwrap_primitives(self) -> None:
-        for prim, cls in self.primitives:
-            prim.__class__ = cls
-        self.primitives = []
-
-    def record(self, call, api_key: str, args: tuple, kwargs: dict, head: tuple = ()):
-        """A Primitive or jit call: forward record around ``call(*head, *args, **kwargs)``, gradients
-        through ops.HookBackward (``head``: leading arguments not recorded, a jit Cell's self)."""
-        dumper = self.dumper()
-        if dumper is None:
-            return call(*head, *args, **kwargs)
-        return dumper.core.record_api(self, (lambda *a, **k: call(*head, *a, **k)) if head else call, api_key, args,
-                                      kwargs)
-
-    def backward_possible(self, call: ApiCall) -> bool:
-        dumper = self.dumper()
-        return dumper is not None and dumper.bw_wanted() and _has_tensor(call.args)
-
-    def call_api(self, call: ApiCall) -> Any:
-        """The call, its tensors routed through ops.HookBackward when its backward is wanted."""
-        if not (call.backward if call.recorded else call.listed):
-            return call.run()
-        out = call.orig(*self._hook_grads(call.args, call.bwd, "output"), **call.kwargs)
-        return self._hook_grads(out, call.bwd, "input")
-
-    def _hook_grads(self, values: Any, bwd: str, side: str) -> Any:
-        """Route the tensors of ``values`` through ops.HookBackward: their gradients extend the
-        backward record's ``side`` list as they arrive."""
-        dumper = self.dumper()
-        if dumper is None:
-            return values
-        core_ref = weakref.ref(dumper.core)
-        captured: list = []
-        generation = dumper.core.generation()
-        structure = dumper.config.task == "structure"
-        observer, order = dumper.observer, next(_observer.ORDER)
-
-        def hook(grad):
-            core = core_ref()
-            if core is None or not core.live(generation):
-                return None
-            if observer is not None:  # the Cell calls begun after this one are written first
-                observer.api_event(order)
-            captured.extend(grad if isinstance(grad, (tuple, list)) else (grad,))
-            parent = core.running_backward()
-            if structure or not core.wanted_backward(bwd, True):
-                if core.dumps_modules():
-                    core.structure(bwd, parent)
-                return None
-            GUARD.inside = True
-            try:
-                _add_backward_side(core, bwd, side, captured, parent)
-            finally:
-                GUARD.inside = False
-            return None
-
-        if isinstance(values, Tensor):
-            return ops.HookBackward(hook)(values)
-        if isinstance(values, (tuple, list)):
-            hooked = [ops.HookBackward(hook)(value) if isinstance(value, Tensor) and _floating(value) else value
-                      for value in values]
-            return type(values)(hooked) if isinstance(values, tuple) else hooked
-        return values
-
-
-def _add_backward_side(core: DumperCore, bwd: str, side: str, captured: list, parent: Optional[str]) -> None:
-    """The backward record ``bwd`` with its ``side`` (``input``/``output``) now ``captured``."""
-    want_in, want_out = core.io("backward")
-    if not (want_in if side == "input" else want_out):
-        return
-    encoder = core.encoder()
-    save = encoder.wants_tensors(bwd)
-    rec = core.record_of(bwd)
-    rec = dict(rec) if isinstance(rec, dict) else {}
-    entries = [encoder.encode(grad, f"{bwd}.{side}.{i}", save) for i, grad in enumerate(captured)]
-    new = {"input": rec.get("input", []), "output": rec.get("output", [])}
-    new[side] = entries
-    if not want_in:
-        new.pop("input")
-    if not want_out:
-        new.pop("output")
-    core.record(bwd, new, parent=parent)
-
-
-class _JitPatches:
-    """``mindspore.jit``'s executor and its bytecode-capture context, patched while a dumper runs
-    at L1/mix (and restored at close)."""
-
-    def __init__(self, dumper: MindSporeDumper) -> None:
-        self.dumper = weakref.ref(dumper)
-        self._jit_saved: Optional[tuple] = None
-        self._pijit_saved: Optional[tuple] = None
-
-    def patch_jit(self) -> None:
-        """Calls of ``mindspore.jit`` functions and Cells (compiled graphs, whose inside no hook sees)
-        are recorded as ``Jit.<function or Cell class>.<n>``."""
-        if self._jit_saved is not None:
-            return
-        executor = import_first(("mindspore.common.api", "_JitExecutor"),
-                                ("mindspore.common.api", "_MindsporeFunctionExecutor"))
-        if executor is None:
-            return
-        orig = executor.__call__
-        dumper_ref = self.dumper
-
-        def __call__(ex, *args, **kwargs):
-            dumper = dumper_ref()
-            if dumper is None or not dumper.core.is_on() or getattr(GUARD, "inside", False) \
-                    or not GUARD.__dict__.get("on", True):
-                return orig(ex, *args, **kwargs)
-            if args and isinstance(args[0], nn.Optimizer):  # the optimizer's own jit step: not the model's
-                return orig(ex, *args, **kwargs)
-            name = getattr(getattr(ex, "fn", None), "__name__", None) or "JitFunction"
-            head: tuple = ()
-            if args and isinstance(args[0], nn.Cell) and name == "construct":
-                name, head, args = type(args[0]).__name__, args[:1], args[1:]
-            return dumper.calls.record(lambda *a, **k: orig(ex, *a, **k), f"Jit.{name}", args, kwargs, head)
-
-        executor.__call__ = __call__
-        self._jit_saved = (executor, orig)
-
-    def unpatch_jit(self) -> None:
-        if self._jit_saved is not None:
-            executor, orig = self._jit_saved
-            executor.__call__ = orig
-            self._jit_saved = None
-
-    def patch_pijit(self) -> None:
-        """``mindspore.jit(capture_mode="bytecode")`` functions and Cells run as plain PyNative code
-        while the dumper is on at L1/mix, so their APIs are recorded one by one (the documented
-        behaviour: the decorated part is "restored to a dynamic graph"; 26.2.0 does the same by
-        making the capture context a no-op)."""
-        if self._pijit_saved is not None:
-            return
-        context = import_first(*PIJIT_CONTEXT)
-        if context is None:
-            return
-        enter, leave = context.__enter__, context.__exit__
-        dumper_ref = self.dumper
-        eager: list = []  # per entered context: True when it was not entered (runs eagerly)
-
-        def __enter__(ctx):
-            dumper = dumper_ref()
-            skip = dumper is not None and dumper.core.is_on() and dumper.core.dumps_apis()
-            eager.append(skip)
-            return None if skip else enter(ctx)
-
-        def __exit__(ctx, *exc):
-            if eager and eager.pop():
-                return None
-            return leave(ctx, *exc)
-
-        context.__enter__, context.__exit__ = __enter__, __exit__
-        self._pijit_saved = (context, enter, leave)
-
-    def unpatch_pijit(self) -> None:
-        if self._pijit_saved is not None:
-            context, enter, leave = self._pijit_saved
-            context.__enter__, context.__exit__ = enter, leave
-            self._pijit_saved = None
-
-
-class _CellHooks(ModuleForwardHooks):
-    """One Cell's hooks (L0/mix in PyNative): forward pre/post (its records) and, with the backward
-    dumped, the observer of each call's backward (_observer.py: tensor hooks on its outputs, post hooks
-    on its own nodes; its record after its parameters_grad). A MindSpore without the autograd graph in
-    Python gets MindSpore's Cell backward pre/post hooks instead (identity nodes: start() warns)."""
-
-    def __init__(self, dumper: MindSporeDumper, cell: nn.Cell, key: str) -> None:
-        super().__init__(dumper, key)  # calls: forward calls in flight, (fwd, rec, parent, stack) or None
-        self.inputs: list = []  # per forward call in flight: its observed inputs (None: not observed)
-        self.done: list = []  # (MindSpore's hooks) finished forward indexes, popped by the backward pass (LIFO)
-        self.running: list = []  # (MindSpore's hooks) backward calls in flight: (backward name, recorded)
-        handles = dumper.cell_handles
-        handles.append(cell.register_forward_pre_hook(self.pre, with_kwargs=True))
-        handles.append(cell.register_forward_hook(self.post, with_kwargs=True))
-        self.observer = dumper.observer if dumper.config.backward_enabled else None
-        if dumper.config.backward_enabled and self.observer is None:
-            handles.append(cell.register_backward_pre_hook(self.backward_pre))
-            handles.append(cell.register_backward_hook(self.backward_post))
-
-    def pre(self, module, args, kwargs):
-        super().pre(module, args, kwargs)
-        if self.observer is not None:
-            observe = self.calls[-1] is not None and _grad_recording()
-            self.inputs.append(self.observer.inputs(args, kwargs or {}) if observe else None)
-        return None
-
-    def post(self, cell, args, kwargs, output):
-        dumper = self.dumper()
-        item = self.calls.pop() if self.calls else None
-        inputs = self.inputs.pop() if self.inputs else None
-        if item is not None and dumper is not None:
-            if self.observer is None and _grad_recording():
-                self.done.append((int(item[0].rsplit(".", 1)[1]), dumper.core.generation()))
-            dumper.core.module_forward_end(item, cell, self.key, output)
-            if inputs is not None:
-                self._observe(dumper, item[0], inputs, output)
-        return None
-
-    def _observe(self, dumper: MindSporeDumper, fwd: str, inputs: Any, output: Any) -> None:
-        """Hook the backward of the call ``fwd`` (spec/PRODUCER.md §20 item 43: observed, not rerouted)."""
-        dumper_ref = self.dumper
-        bwd = fwd.replace(".forward.", ".backward.")
-        generation = dumper.core.generation()
-        key = self.key
-
-        def begin():
-            alive = dumper_ref()
-            if alive is not None and alive.core.live(generation):
-                alive.core.begin_backward(bwd)
-
-        def leave():
-            alive = dumper_ref()
-            if alive is not None:
-                alive.core.end_backward(bwd, anywhere=True)
-
-        def done(grad_output, grad_input):
-            alive = dumper_ref()
-            if alive is None or not alive.core.live(generation):
-                return
-            alive.flush_param_grads(key + ".parameters_grad")
-            alive.core.module_backward(bwd, fwd, grad_output, grad_input, live=True)
-
-        observer = self.observer
-        if observer is None:
-            return
-        GUARD.inside = True
-        try:
-            observer.observe(inputs, output, begin, leave, done)
-        except Exception:  # noqa: BLE001 - never break training for the dump
-            pass
-        finally:
-            GUARD.inside = False
-
-    def backward_pre(self, cell, grad_output):
-        dumper = self.dumper()
-        if dumper is None:
-            return None
-        core = dumper.core
-        index, generation = self.done.pop() if self.done else (0, -1)
-        live = core.live(generation)  # the forward ran while this step was dumped (also before a stop())
-        bwd = f"{self.key}.backward.{index}"
-        self.running.append((bwd, live))
-        if live:
-            core.begin_backward(bwd)
-        return None
-
-    def backward_post(self, cell, grad_input, grad_output):
-        dumper = self.dumper()
-        if dumper is None:
-            return None
-        core = dumper.core
-        if self.running:
-            bwd, live = self.running.pop()
-        else:  # no pre hook ran for it
-            index, generation = self.done.pop() if self.done else (0, -1)
-            bwd, live = f"{self.key}.backward.{index}", core.live(generation)
-        if not live:
-            return None
-        core.end_backward(bwd)
-        dumper.flush_param_grads(self.key + ".parameters_grad")
-        core.module_backward(bwd, bwd.replace(".backward.", ".forward."), grad_output, grad_input, live=True)
-        return None
 
 
 def _check_graph_mode(config: DumpConfig, graph: bool, token_range: Optional[list]) -> None:
@@ -739,7 +415,7 @@ def _check_graph_mode(config: DumpConfig, graph: bool, token_range: Optional[lis
 
 
 def _sync() -> None:
-    wait = getattr(_EXECUTOR, "sync", None)
+    wait = getattr(EXECUTOR, "sync", None)
     if wait is not None:
         try:
             wait()
@@ -781,10 +457,6 @@ def _writes_arguments(api_key: str) -> bool:
         return bool(_IS_INPLACE(api_key.split(".")[1]))
     except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
         return True
-
-
-def _floating(t: Tensor) -> bool:
-    return t.dtype in (mindspore.float16, mindspore.float32, mindspore.float64, mindspore.bfloat16)
 
 
 def _mutates(api_key: str) -> bool:
