@@ -18,6 +18,11 @@ const state = { meta: null, overview: null, cell: 0, filters: { dir: "all", kind
 const charts = {};
 const timings = {};
 const mark = (name) => { timings[name] = Math.round(performance.now()); };
+// the statistics' names in the rows and lists ("max", ...): the server's (meta.statistics, from
+// msprobe.format.stats.STATISTICS), never a list of the page's own
+function statColumns() {
+  return ((state.meta && state.meta.statistics) || []).map((s) => s.column);
+}
 window.__msprobe = { charts, state, timings };
 
 // -- small DOM helpers (text only) ------------------------------------------------------------
@@ -481,7 +486,7 @@ window.__msprobe.tree = tree;
 // -- trends ---------------------------------------------------------------------------------------
 const trends = (() => {
   const nameIn = el("input", { type: "text", id: "trend-name", placeholder: "a row name, e.g. Functional.linear.0.forward.output.0", size: 60 });
-  const statSel = el("select", { id: "trend-stat" }, ...["norm", "max", "min", "mean"].map((s) => el("option", { value: s, text: s })));
+  const statSel = el("select", { id: "trend-stat" });  // its options: the server's statistics (setStats, once meta is in)
   const stepSel = el("select", { id: "spread-step" });
   const box = el("div", { class: "chart", id: "trend-chart" });
   const spread = el("div", { class: "chart short", id: "spread-chart" });
@@ -531,7 +536,13 @@ const trends = (() => {
       xAxis: { type: "category", data: ranks }, yAxis: { type: "value", scale: true },
       series: [{ name: "target", type: "bar", data: tv }, ...(state.meta.has_bench ? [{ name: "bench", type: "bar", data: bv }] : [])] }, true);
   }
-  return { load };
+  // the trend's statistic choices: the server's statistics (format.stats.STATISTICS), the Norm first
+  function setStats(columns) {
+    const ordered = [...columns.filter((c) => c === "norm"), ...columns.filter((c) => c !== "norm")];
+    statSel.replaceChildren(...ordered.map((s) => el("option", { value: s, text: s })));
+    if (ordered.includes(state.trendStat)) statSel.value = state.trendStat;
+  }
+  return { load, setStats };
 })();
 
 function exportChart(key, name, kind) {
@@ -563,7 +574,7 @@ async function openRecord(record, rowName) {
   if (!r) return;
   const p = panes.record;
   const cur = state.meta.cells.find((c) => c.cell === state.cell);
-  const stats = ["max", "min", "mean", "norm"];
+  const stats = statColumns();
   const table = el("table", { class: "grid args", id: "record-args" },
     el("thead", {}, el("tr", {}, ...["argument", "result", "dtype", "shape", ...stats.map((s) => "target " + s), ...stats.map((s) => "bench " + s), "rel. Norm err", "cosine", "md5 target", "md5 bench", ""].map((h) => el("th", { text: h })))),
     el("tbody", {}, ...r.args.map((a) => el("tr", { class: `${resultClass(a.result, a.nan_inf)}${a.name === rowName ? " hl" : ""}`, "data-name": a.name },
@@ -655,6 +666,7 @@ async function whileFirstLook() {
   const was = state.meta.cells.find((c) => c.cell === state.cell);
   const same = was && meta.cells.find((c) => (c.run ?? "") === (was.run ?? "") && c.step === was.step && c.rank_dir === was.rank_dir);
   state.meta = meta; state.overview = ov;
+  trends.setStats(statColumns());
   box.remove();
   applying++;
   try {
@@ -679,6 +691,7 @@ async function start() {
   mark("data");
   if (!meta || !ov) return;
   state.meta = meta; state.overview = ov;
+  trends.setStats(statColumns());
   document.getElementById("title").textContent = meta.title || "";
   document.title = "msprobe · " + (meta.title || "");
   // a link opens its view; else the overview and the first divergent cell

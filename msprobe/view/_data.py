@@ -21,7 +21,7 @@ import threading
 from typing import Any, Iterator, Optional, Sequence
 
 from msprobe.errors import ConfigError, MissingDependencyError, MsprobeError, UnknownDialectError
-from msprobe.format.stats import STAT_COLUMNS
+from msprobe.format.stats import STAT_COLUMNS, STATISTICS
 from msprobe.view._first import dump_first_look, lake_first_look, pair_first_look
 from msprobe.view._load import SIDE_STAT_COLUMNS, Loader
 from msprobe.view._ranks import RANK_COLUMNS
@@ -119,6 +119,8 @@ class ViewData(Loader):
                 "has_bench": self.bench is not None, "cells": cells,
                 "layouts": {side: text for side, text in self.layouts.items() if text},
                 "first_look": self.first_look,
+                # the statistics the page offers (its lists and columns), in format.stats.STATISTICS' order
+                "statistics": [{"key": stat.key, "column": stat.column} for stat in STATISTICS],
                 "rows": int(self.query("SELECT coalesce(sum(rows), 0) AS n FROM cell_stats")[0]["n"])}
 
     def overview(self) -> dict:

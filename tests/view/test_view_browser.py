@@ -133,6 +133,13 @@ def test_trend_shows_the_jump(page, scale_view):
         page.wait_for_selector("#rows .vrow")
         page.locator(f"#rows .vrow[data-name='{FAULT_RECORD}.output.0']").click()
         page.wait_for_selector("#record-args")
+        # the page's statistics are the server's (format.stats.STATISTICS through /api/meta), none of its own
+        from msprobe.format.stats import STAT_COLUMNS
+
+        heads = page.evaluate("[...document.querySelectorAll('#record-args th')].map(th => th.textContent)")
+        assert [h for h in heads if h.startswith("target ")] == [f"target {c}" for c in STAT_COLUMNS], heads
+        options = page.evaluate("[...document.querySelectorAll('#trend-stat option')].map(o => o.value)")
+        assert sorted(options) == sorted(STAT_COLUMNS) and options[0] == "norm", options
         page.locator(f"#record-args tr[data-name='{FAULT_RECORD}.output.0'] button", has_text="trend").click()
         page.wait_for_selector("#view-trends:not([hidden])")
         _wait(page, "() => window.__msprobe.charts.trend && window.__msprobe.charts.trend.getOption().series.length === 4")

@@ -416,3 +416,10 @@ def test_a_tensor_dump_gives_each_sides_histogram(nan_view):
         # a statistics dump has no tensor file: said, not an error
         stats = c.get("/api/tensor", params={"cell": 0, "name": row["name"], "side": "nope"})
         assert stats.status_code == 400
+
+
+def test_meta_names_the_statistics_of_the_format(client):
+    """The page takes its statistics from the server (format.stats.STATISTICS), not from a list of its own."""
+    from msprobe.format.stats import STATISTICS
+
+    assert client.get("/api/meta").json()["statistics"] == [{"key": s.key, "column": s.column} for s in STATISTICS]
