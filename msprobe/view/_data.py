@@ -187,14 +187,15 @@ class ViewData(Loader):
         where, params = self._where(cell, filters)
         order = {"order": "i", "score": "score DESC, i", "norm_rel": "norm_rel DESC NULLS LAST, i",
                  "name": "name, i"}[filters.get("sort", "order")]
-        stats = self.query("SELECT rows, first_div FROM cell_stats WHERE cell = ?", [cell])
+        # the first page of a cell binds no parameter (see msprobe.view._load.sql_literal)
+        stats = self.query(f"SELECT rows, first_div FROM cell_stats WHERE cell = {int(cell)}")
         if where == "cell = ?":  # the count of every row is the cell's, pre-aggregated
             total = stats[0]["rows"] if stats else 0
         else:
             total = self.query(f"SELECT count(*) AS n FROM rows WHERE {where}", params)[0]["n"]
         if where == "cell = ?" and order == "i":  # every row in execution order: row k is the k-th, no sort
-            rows = self.query(f"SELECT {', '.join(ROW_FIELDS)} FROM rows WHERE cell = ? AND i >= ? AND i < ? "
-                              f"ORDER BY i", params + [begin, end])
+            rows = self.query(f"SELECT {', '.join(ROW_FIELDS)} FROM rows WHERE cell = {int(cell)} AND i >= {begin} "
+                              f"AND i < {end} ORDER BY i")
         else:
             rows = self.query(f"SELECT {', '.join(ROW_FIELDS)} FROM rows WHERE {where} ORDER BY {order} "
                               f"LIMIT ? OFFSET ?", params + [end - begin, begin])

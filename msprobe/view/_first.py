@@ -22,6 +22,8 @@ import json
 import os
 from typing import Any, Optional
 
+from msprobe.view._load import sql_literal
+
 __all__ = ["head_records", "FIRST_RECORDS", "pair_first_look", "lake_first_look"]
 
 #: the records of the first cell a pair's first look compares
@@ -253,7 +255,7 @@ def lake_first_look(data: Any, root: str, storage_options: Optional[dict]) -> bo
     catalog = msprobe.lake.read_catalog(root, storage_options) or []
     runs = {row["run"]: row["url"] for row in catalog if row.get("run") and row.get("url")}
     keys = [found["key"] for found in data.query(
-        "SELECT DISTINCT coalesce(compact_key, index_key) AS key FROM read_parquet(?) ORDER BY 1", [manifest])
+        f"SELECT DISTINCT coalesce(compact_key, index_key) AS key FROM read_parquet({sql_literal(manifest)}) ORDER BY 1")
         if found["key"]]
     files = [os.path.join(lake_dir, key) for key in keys]
     if not runs or not files or not all(os.path.isfile(path) for path in files):

@@ -47,6 +47,19 @@ SIDE_STAT_COLUMNS = tuple(f"{side}_{column}" for side in ("npu", "bench") for co
 _N_STATS = len(STAT_COLUMNS)
 
 
+def sql_literal(value: Any) -> str:
+    """A SQL literal of a cell's value (None, a bool, a number, a text). The first look's path binds no
+    parameter: DuckDB imports pandas at its first parameterised query (1-2 s on a loaded machine),
+    which the page's first answers then do not wait for."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
 def _num(col: str) -> str:
     """SQL: a compare CSV cell as a double ("12.5%" -> 0.125; "N/A", "" -> NULL)."""
     return (f"CASE WHEN {col} LIKE '%\\%' ESCAPE '\\' THEN try_cast(rtrim({col}, '%') AS DOUBLE) / 100 "
@@ -93,9 +106,9 @@ class Loader:
         self._create()
         for cell, pair in enumerate(summary["pairs"]):
             rank = pair.get("rank")
-            self._db.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?)",
-                             [cell, pair.get("run"), pair.get("step"), rank if isinstance(rank, int) else None,
-                              pair.get("rank_dir"), pair.get("bench_step"), pair.get("bench_rank_dir")])
+            self._db.execute("INSERT INTO cells VALUES (" + ", ".join(map(sql_literal, (
+                cell, pair.get("run"), pair.get("step"), rank if isinstance(rank, int) else None, pair.get("rank_dir"),
+                pair.get("bench_step"), pair.get("bench_rank_dir")))) + ")")
             offset = 0
             for file_name in pair.get("files") or []:
                 csv = file_name if os.path.isabs(file_name) else os.path.join(out_dir, os.path.basename(file_name))
@@ -106,8 +119,8 @@ class Loader:
     def _load_csv(self, cell: int, csv: str, offset: int, mode: str) -> int:
         cur = self._db.cursor()
         try:
-            cols = {described[0] for described in cur.execute("DESCRIBE SELECT * FROM read_csv(?, all_varchar=true, header=true)",
-                                              [csv]).fetchall()}
+            cols = {described[0] for described in cur.execute(
+                f"DESCRIBE SELECT * FROM read_csv({sql_literal(csv)}, all_varchar=true, header=true)").fetchall()}
 
             def column(name: str) -> str:
                 return f'"{name}"' if name in cols else "NULL"
@@ -116,9 +129,9 @@ class Loader:
             stats = [_num(column(name)) for name in CSV_TARGET + CSV_BENCH]
             # staged as a table first: its rowid is the file's row order (the execution order)
             wanted = ", ".join(f'"{col}"' for col in sorted(cols & _CSV_COLUMNS))  # only what the rows hold
-            cur.execute(f"CREATE OR REPLACE TABLE csv_in AS SELECT {wanted} FROM read_csv(?, all_varchar=true, "
-                        "header=true)", [csv])
-            sql = f"""INSERT INTO rows SELECT * REPLACE ({_SCORE} AS score) FROM (SELECT ? AS cell, ? + row_number() OVER (ORDER BY pos) - 1 AS i, name,
+            cur.execute(f"CREATE OR REPLACE TABLE csv_in AS SELECT {wanted} FROM read_csv({sql_literal(csv)}, "
+                        "all_varchar=true, header=true)")
+            sql = f"""INSERT INTO rows SELECT * REPLACE ({_SCORE} AS score) FROM (SELECT {int(cell)} AS cell, {int(offset)} + row_number() OVER (ORDER BY pos) - 1 AS i, name,
                 {_RECORD_SQL} AS record,
                 CASE WHEN regexp_matches(name, '\\.parameters_grad') THEN 'parameters_grad'
                      ELSE coalesce(nullif(regexp_extract(name,
@@ -137,7 +150,7 @@ class Loader:
                 {', '.join(f'{s} AS s{k}' for k, s in enumerate(stats))},
                 {column('NPU MD5')} AS npu_md5, {column('BENCH MD5')} AS bench_md5,
                 {column('Data_name')} AS data_name, {column('NPU_Stack_Info')} AS stack, rowid AS pos FROM csv_in))"""
-            cur.execute(sql, [cell, offset])
+            cur.execute(sql)
             count = cur.execute("SELECT count(*) FROM csv_in").fetchone()[0]
             cur.execute("DROP TABLE csv_in")
             return int(count)
@@ -218,10 +231,9 @@ class Loader:
     def add_cell(self, cell: int, target_source: Any, bench_source: Any = None) -> None:
         """A cell without rows yet (a first look lists the cells still being read or compared)."""
         rank = target_source.rank if isinstance(target_source.rank, int) else None
-        self._db.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         [cell, getattr(target_source, "run", None) or None, target_source.step, rank,
-                          target_source.rank_dir, getattr(bench_source, "step", None),
-                          getattr(bench_source, "rank_dir", None)])
+        self._db.execute("INSERT INTO cells VALUES (" + ", ".join(map(sql_literal, (
+            cell, getattr(target_source, "run", None) or None, target_source.step, rank, target_source.rank_dir,
+            getattr(bench_source, "step", None), getattr(bench_source, "rank_dir", None)))) + ")")
 
     def load_lake_overview(self, files: list, runs: dict) -> None:
         """A lake's first look from its index files (``files``: the Parquet files its manifest names;
@@ -231,7 +243,7 @@ class Loader:
         ranks), else the first cell."""
         self._runs = dict(runs)
         self._create()
-        source = ("(SELECT * FROM read_parquet([" + ", ".join(_sql_text(path) for path in files)
+        source = ("(SELECT * FROM read_parquet([" + ", ".join(sql_literal(path) for path in files)
                   + "], union_by_name=true) WHERE has_nan IS NOT NULL)")
         cur = self._db.cursor()
         try:
@@ -312,7 +324,7 @@ def mark_buffers(db: Any, located_row: Any) -> int:
     for cell, i, name, record in found:
         cell_rows.setdefault(cell, []).append((i, name, record))
     for cell, rows in cell_rows.items():
-        cur = db.execute("SELECT * FROM cells WHERE cell = ?", [cell])
+        cur = db.execute(f"SELECT * FROM cells WHERE cell = {int(cell)}")
         cell_row = dict(zip([d[0] for d in cur.description], cur.fetchone()))
         records = _records(located_row, cell_row)
         if records is None:
@@ -394,9 +406,3 @@ def _arrow(table: Any) -> Any:
     """An Arrow table (DuckDB's ``.arrow()`` is a batch reader in some versions)."""
     return table.read_all() if hasattr(table, "read_all") else table
 
-
-def _sql_text(value: Any) -> str:
-    """A SQL literal of a cell's run, step or rank directory (the lake's query takes no parameters)."""
-    if isinstance(value, int):
-        return str(value)
-    return "'" + str(value).replace("'", "''") + "'"
