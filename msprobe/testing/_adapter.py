@@ -34,6 +34,7 @@ from msprobe.dumpers import control
 from msprobe.dumpers.adapter import FrameworkAdapter
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.session import PendingStats
+from msprobe.format.stats import MAX, MEAN, MIN, NORM
 
 
 class AdapterTests:
@@ -120,9 +121,9 @@ class AdapterTests:
         pending.resolve(dumper.fetch_stats)
         for entry, v in zip(entries, values):
             a = np.asarray(v, dtype=np.float32)
-            assert entry["Max"] == a.max() and entry["Min"] == a.min()
-            assert math.isclose(entry["Mean"], float(a.mean()), rel_tol=1e-6)
-            assert math.isclose(entry["Norm"], float(np.linalg.norm(a)), rel_tol=1e-6)
+            assert entry[MAX.key] == a.max() and entry[MIN.key] == a.min()
+            assert math.isclose(entry[MEAN.key], float(a.mean()), rel_tol=1e-6)
+            assert math.isclose(entry[NORM.key], float(np.linalg.norm(a)), rel_tol=1e-6)
 
     # ------------------------------------------------------------------ recording an API call
     def test_records_an_api_call_through_the_wrappers(self, dumper):
@@ -138,8 +139,8 @@ class AdapterTests:
         names = self.named(data, ".relu.", ".forward")
         assert len(names) == 1, list(data)
         rec = data[names[0]]
-        assert rec["input_args"][0]["Min"] == -2.0 and rec["output"][0]["Min"] == 0.0
-        assert rec["output"][0]["Max"] == 3.0
+        assert rec["input_args"][0][MIN.key] == -2.0 and rec["output"][0][MIN.key] == 0.0
+        assert rec["output"][0][MAX.key] == 3.0
 
     def test_collective_outputs_are_its_arguments_after_the_call(self, dumper):
         """A communication call: its inputs as they were, its outputs its arguments after the call."""
@@ -152,8 +153,8 @@ class AdapterTests:
         (name,) = [n for n in data if n.endswith(".forward")]
         rec = data[name]
         assert name.startswith(self.collective_key + ".")
-        assert rec["input_args"][0]["Max"] == 2.0
-        assert [entry["Max"] for entry in rec["output"]] == [7.0]
+        assert rec["input_args"][0][MAX.key] == 2.0
+        assert [entry[MAX.key] for entry in rec["output"]] == [7.0]
 
     def test_api_backward_recorded(self, dumper):
         x = self.tensor([1.0, -2.0, 3.0])
@@ -165,8 +166,8 @@ class AdapterTests:
         names = self.named(data, ".relu.", ".backward")
         assert len(names) == 1, list(data)
         rec = data[names[0]]
-        assert rec["input"][0]["Max"] == 1.0  # the gradient of relu's output
-        assert rec["output"][0]["Min"] == 0.0 and rec["output"][0]["Max"] == 1.0  # of its input
+        assert rec["input"][0][MAX.key] == 1.0  # the gradient of relu's output
+        assert rec["output"][0][MIN.key] == 0.0 and rec["output"][0][MAX.key] == 1.0  # of its input
 
     # ------------------------------------------------------------------ stopping
     def test_stop_publishes_and_turns_off(self, dumper):
@@ -191,7 +192,7 @@ class AdapterTests:
         assert encoder.take_stats() == []  # handed over with the record
         dumper.stop()
         rec = self.dump_json(dumper)["data"][self.named(self.dump_json(dumper)["data"], ".relu.", ".forward")[0]]
-        assert rec["input_args"][0]["Max"] == 3.0 and rec["output"][0]["Min"] == 0.0
+        assert rec["input_args"][0][MAX.key] == 3.0 and rec["output"][0][MIN.key] == 0.0
 
     def test_the_adapter_asks_the_core_through_its_methods(self, dumper):
         """Through start, an API call and its backward, stop and step, nothing outside the core's own
