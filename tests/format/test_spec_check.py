@@ -45,6 +45,21 @@ def test_the_checker_imports_nothing_of_msprobe():
         assert "import msprobe" not in text and "from msprobe" not in text, f
 
 
+def test_the_checker_knows_the_statistics_of_the_format(tmp_path):
+    """The checker is written from the spec alone, so it cannot read format.stats.STATISTICS: this test
+    holds its statistics to the table (a statistic added to STATISTICS fails here until the spec and the
+    checker learn it), in the reader and in the entries the writer writes."""
+    from msprobe.format.stats import STAT_KEYS
+
+    assert tuple(R.STAT_KEYS) == STAT_KEYS
+    x = np.array([1.0, -2.0, 0.5], dtype=np.float32)
+    (rdir,) = W.write_dump(str(tmp_path), [W.Call("api", "Torch.relu", "forward", 0,
+                                                  {"input_args": [x], "input_kwargs": {}, "output": [x]})])
+    with open(os.path.join(rdir, "dump.json"), encoding="utf-8") as f:
+        entry = json.load(f)["data"]["Torch.relu.0.forward"]["input_args"][0]
+    assert [key for key in entry if key in STAT_KEYS] == list(STAT_KEYS) and entry["Max"] == 1.0, entry
+
+
 def _norm(v):
     if isinstance(v, float) and math.isnan(v):
         return "nan"
