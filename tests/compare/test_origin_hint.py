@@ -95,7 +95,8 @@ def _pair(seed: int, plants: list) -> tuple:
 
 @pytest.mark.parametrize("seed", range(24))
 def test_the_records_left_out_do_not_depart_and_the_origin_is_the_same(seed, tmp_path):
-    assert leafwalk() is not None, "msprobe.format._leafwalk could not be built (a C compiler is needed)"
+    assert leafwalk() is not None, ("msprobe.format._leafwalk could not be built (a C compiler is needed; "
+                                    "MSPROBE_LAKE_NATIVE=0 must not be set for this test)")
     rng = random.Random(seed)
     plants = [PLANTS[seed % len(PLANTS)]] + rng.sample(PLANTS, 2)
     target, bench = _pair(seed, plants)
@@ -123,6 +124,9 @@ def test_compare_walks_fewer_records_for_the_same_answer(tmp_path, monkeypatch):
     """Over a healthy pair the walk looks at no record's leaves at all (every record is cleared)."""
     import json
     import os
+
+    assert leafwalk() is not None, ("msprobe.format._leafwalk could not be built (a C compiler is needed; "
+                                    "MSPROBE_LAKE_NATIVE=0 must not be set for this test)")
 
     target, bench = _pair(3, ["none"])
     for side, data in (("t", target), ("b", bench)):
