@@ -260,6 +260,103 @@ def test_journal_survives_sigkill(tmp_path) -> None:
     assert len(truncated) <= 1
 
 
+_MAPPED_CHILD = r"""
+import sys, json, os
+from msprobe.backends import LocalStore
+store = LocalStore(sys.argv[1])
+j = store.journal("rank0/journal", fsync=False, mapped=True)
+os.write(1, b"open\n")
+i = 0
+while True:
+    j.append(json.dumps({"seq": i, "pad": "x" * (i % 50)}).encode())
+    j.flush()
+    os.write(1, b"%d\n" % i)  # flushed: the parent counts it as durable
+    i += 1
+"""
+
+
+def test_mapped_journal_survives_sigkill(tmp_path) -> None:
+    """A mapped journal (one copy into MAP_SHARED pages per flush, no write()): after kill -9 every
+    line whose flush returned is read back, in order, and the segment's NUL tail is no torn line."""
+    proc = subprocess.Popen([sys.executable, "-c", _MAPPED_CHILD, str(tmp_path)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"open\n"
+    flushed = -1
+    while flushed < 3000:  # a few windows' worth would need more: 3,000 lines are ~200 KB of a 1 MiB window
+        flushed = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    store = LocalStore(tmp_path)
+    path = tmp_path / "rank0" / "journal" / "000001.jsonl"
+    raw = path.read_bytes()
+    assert len(raw) == journal_module.Journal.MAP_WINDOW and raw.endswith(b"\0")  # the mapped window, not writes
+    truncated: list[bytes] = []
+    records = [json.loads(line) for line in read_journal(store, "rank0/journal", on_truncated=lambda k, t: truncated.append(t))]
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    assert len(records) > flushed  # every flushed line (and those flushed before the kill was read)
+    assert truncated == []  # a whole line per copy: the kill leaves complete lines and NULs
+
+
+def test_mapped_journal_is_cut_back_on_close(tmp_path) -> None:
+    """Across several windows, the closed segment holds exactly the lines (the bytes a written journal
+    holds), and its reading warns of nothing."""
+    store = LocalStore(tmp_path)
+    lines = [json.dumps({"seq": i, "pad": "y" * (i % 300)}).encode() for i in range(400)]
+    with store.journal("w", fsync=False) as w:
+        for line in lines:
+            w.append(line)
+            w.flush()
+    j = store.journal("m", fsync=False, mapped=True)
+    j.MAP_WINDOW = 4096  # a new window every few flushes
+    for i, line in enumerate(lines):
+        j.append(line)
+        if i % 3 == 0 or len(line) > 200:
+            j.flush()
+        if i == 200:  # mid-way, the open segment: complete lines, then NULs
+            raw = (tmp_path / "m" / "000001.jsonl").read_bytes()
+            assert raw.rstrip(b"\0").endswith(b"\n") and raw.endswith(b"\0")
+    j.close()
+    assert (tmp_path / "m" / "000001.jsonl").read_bytes() == (tmp_path / "w" / "000001.jsonl").read_bytes()
+    assert list(read_journal(store, "m")) == lines
+
+
+def test_mapped_journal_writes_when_no_window(tmp_path, monkeypatch) -> None:
+    """No blocks for a window (ENOSPC from posix_fallocate): the journal writes instead, nothing lost or
+    doubled; released reserve cuts the window's rest back."""
+    store = LocalStore(tmp_path)
+    j = store.journal("j", fsync=False, mapped=True, reserve_bytes=8192)
+    j.append(b"a")
+    j.flush()
+    j.release_reserve()  # the disk is full: the segment is its lines again, later flushes write
+    assert (tmp_path / "j" / "000001.jsonl").read_bytes() == b"a\n"
+    j.append(b"b")
+    j.flush()
+    j.close()
+    assert list(read_journal(store, "j")) == [b"a", b"b"]
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal_module.os, "posix_fallocate", full)
+    k = store.journal("k", fsync=False, mapped=True)
+    for line in (b"1", b"22", b"333"):
+        k.append(line)
+        k.flush()
+        assert (tmp_path / "k" / "000001.jsonl").read_bytes().endswith(line + b"\n")
+    k.close()
+    assert (tmp_path / "k" / "000001.jsonl").read_bytes() == b"1\n22\n333\n"
+
+
+def test_read_journal_ignores_a_nul_tail(tmp_path) -> None:
+    """NUL bytes after a segment's last line are no line; a torn line before them is still reported."""
+    store = LocalStore(tmp_path)
+    store.put("j/000001.jsonl", b'{"a": 1}\n' + b"\0" * 5000)
+    store.put("j/000002.jsonl", b'{"b": 2}\n{"c"' + b"\0" * 100)
+    seen: list = []
+    assert list(read_journal(store, "j", on_truncated=lambda k, t: seen.append((k, t)))) == [b'{"a": 1}', b'{"b": 2}']
+    assert seen == [("j/000002.jsonl", b'{"c"')]
+
+
 def test_extra_transient_errno(tmp_path, monkeypatch) -> None:
     """ENOSPC is permanent unless configured as transient (then the writer retries it)."""
     from msprobe.backends import BackgroundWriter

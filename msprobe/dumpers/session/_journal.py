@@ -154,8 +154,8 @@ class JournalPipeline:
     @property
     def batch(self) -> int:
         """Records per journal flush: ``journal_flush``, or by default 1 on local and shared
-        directories (each record is handed to the kernel with one ``os.write`` as it completes,
-        so a SIGKILL loses none) and 64 on object stores (one new segment object per flush),
+        directories (each record is copied into the segment's mapped pages, the kernel's page
+        cache, as it completes, so a SIGKILL loses none) and 64 on object stores (one new segment object per flush),
         where a record waits at most ``journal_window`` seconds for its flush."""
         if self._batch is None:
             configured = self.config.journal_flush
@@ -202,8 +202,11 @@ class JournalPipeline:
             store = self.storage.store
             # stores that append in place (Store.append_dir) reserve the journal's disk blocks when
             # its segment opens, before the tensor files fill the disk; the others ignore both
+            # local stores copy each flush into a mapped window of the segment (MAP_SHARED: the pages
+            # outlive a SIGKILL as the file's page cache) instead of one os.write per record
             self.journal = store.journal(f"{self.rank_prefix()}/{JOURNAL_DIR}", fsync=self.config.journal_fsync,
-                                         retry_policy=self.storage.policy(), reserve_bytes=JOURNAL_RESERVE)
+                                         retry_policy=self.storage.policy(), reserve_bytes=JOURNAL_RESERVE,
+                                         mapped=True)
             self.journal.open_segment()
         return self.journal
 
