@@ -5,8 +5,10 @@ The runs are bench/megatron_layouts.py's (plain PyTorch written the way Megatron
 127.0.0.1, statistics level mix, 2 steps of 2 micro-batches, zero-initialised biases, loss
 scaler, clip_grad_norm and SGD inside the dump window): TP2xPP2 on 4 ranks, DP2xTP2xPP2 on 8
 (Megatron's rank order tp-dp-pp, and tp-pp-dp: ``dp_order``), TP2xPP2 with 2 virtual stages a
-rank (vpp), each against the single-card run (the same model and weights, the whole global
-batch on one process), and layout against layout (TP2xPP2 against TP4, PP2 against PP4). Each case is scored healthy and with a fault at step 1 on each pipeline stage
+rank (vpp), TP2xPP2 with Megatron's sequence parallelism (sp: activations between the
+tensor-parallel regions split along the sequence, all_gather and reduce_scatter around them,
+against a single card of the same sequence length), each against the single-card run (the same
+model and weights, the whole global batch on one process), and layout against layout (TP2xPP2 against TP4, PP2 against PP4). Each case is scored healthy and with a fault at step 1 on each pipeline stage
 in turn (on the stage's last tensor-parallel rank of the last data-parallel replica): a NaN
 written by that rank's ``masked_fill`` and that rank's shard of the stage's first fc1 weight
 x1.05.
@@ -30,7 +32,7 @@ names: ``suspect_ranks`` when there are, else ``ranks``, from the answer or the 
 ``layout`` section; a merged answer naming no rank is a miss). On a healthy pair any answer is a
 false answer. A case that raises is scored ``error`` (a miss).
 
-    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4] [--table]
+    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp] [--table]
 
 Dumps and sidecars are kept under ``--out`` and reused; scores go to ``--out/scores.json``.
 """
@@ -64,6 +66,8 @@ RUNS: dict = {
     "tp4": {"tp": 4},
     "pp2": {"pp": 2},
     "pp4": {"pp": 4},
+    "single4": {"seq": 4},  # a sequence that splits over 2 tensor-parallel ranks
+    "tp2pp2sp": {"tp": 2, "pp": 2, "sp": True, "seq": 4},
 }
 
 #: case group -> (target run, bench run, --layout, --bench-layout)
@@ -74,7 +78,15 @@ GROUPS: dict = {
     "vpp": ("tp2pp2vpp2", "single", "tp=2,pp=2,vpp=2", None),
     "tp4": ("tp2pp2", "tp4", "tp=2,pp=2", "tp=4,pp=1"),
     "pp4": ("pp2", "pp4", "tp=1,pp=2", "tp=1,pp=4"),
+    "sp": ("tp2pp2sp", "single4", "tp=2,pp=2", None),
 }
+
+
+def single_of(group: str) -> str:
+    """The single-card run a group's runs compute the model of (its bench when that is one card)."""
+    bench_run = GROUPS[group][1]
+    spec = RUNS[bench_run]
+    return bench_run if spec.get("tp", 1) * spec.get("pp", 1) * spec.get("dp", 1) == 1 else "single"
 
 TOOLS = [("compare", "compare (first NaN; x1.05: first divergence)"), ("compare_origin", "compare origin"),
          ("lake_diverge", "lake diverge (origin)"), ("lake_nan", "lake nan")]
@@ -352,10 +364,10 @@ def bench(out: str, groups: list, tools: list, log: Any = None) -> dict:
         raise SystemExit(f"{out} holds runs dumped with {_load(kept)}, not {OPTIONS}: give another --out")
     os.makedirs(out, exist_ok=True)
     _save(kept, OPTIONS)
-    single = dump_run(out, "single", "healthy", None, log)
     checks = scores.setdefault("_checks", {})
     for group in groups:
         target_run, bench_run, _, _ = GROUPS[group]
+        single = dump_run(out, single_of(group), "healthy", None, log)
         bench_sidecars = dump_run(out, bench_run, "healthy", None, log)
         checks[f"loss gap {bench_run} vs single"] = loss_gap(bench_sidecars, single)
         for variant, fault in variants(target_run):

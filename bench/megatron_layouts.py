@@ -65,6 +65,7 @@ import time
 from typing import Any, Optional
 
 H, FFN, OUT, SEQ = 8, 32, 4, 3
+SEQ_LEN = [SEQ]  # --seq
 LAYERS = 4
 GLOBAL_BATCH = 4
 MICRO_BATCHES = 2
@@ -190,6 +191,55 @@ def _functions() -> tuple:
     return CopyToRegion, ReduceFromRegion
 
 
+def _sequence_functions() -> tuple:
+    """Megatron's sequence-parallel regions (``--sp``): (gather the sequence: all_gather along it
+    forward, reduce_scatter of the gradient backward; reduce-scatter to the sequence: reduce_scatter
+    along it forward, all_gather backward; gather for the replicated head: all_gather forward, the own
+    part of the gradient backward). The sequence is dimension 1 ([batch, seq, hidden]); the moves
+    of dimensions around the calls use torch's unwrapped functions, as Megatron's [seq, batch, hidden]
+    layout needs none."""
+    import torch
+    import torch.distributed as dist
+
+    raw = torch._C._VariableFunctions
+
+    def gather(x: Any, group: Any) -> Any:
+        world = dist.get_world_size(group)
+        first = raw.transpose(x, 0, 1).contiguous()
+        out = raw.empty((first.shape[0] * world,) + tuple(first.shape[1:]), dtype=x.dtype)
+        dist.all_gather_into_tensor(out, first, group=group)
+        return raw.transpose(out, 0, 1).contiguous()
+
+    def scatter(x: Any, group: Any) -> Any:
+        world = dist.get_world_size(group)
+        first = raw.transpose(x, 0, 1).contiguous()
+        out = raw.empty((first.shape[0] // world,) + tuple(first.shape[1:]), dtype=x.dtype)
+        dist.reduce_scatter_tensor(out, first, group=group)
+        return raw.transpose(out, 0, 1).contiguous()
+
+    def own(x: Any, group: Any) -> Any:
+        world, me = dist.get_world_size(group), dist.get_rank(group)
+        size = x.shape[1] // world
+        return raw.narrow(x, 1, me * size, size).contiguous()
+
+    def region(name: str, forward: Any, backward: Any) -> Any:
+        """An autograd function: ``forward(x, group)`` forward, ``backward(grad, group)`` backward."""
+
+        def fwd(ctx: Any, x: Any, group: Any) -> Any:
+            ctx.group = group
+            return forward(x, group)
+
+        def bwd(ctx: Any, grad: Any) -> Any:
+            return backward(grad, ctx.group), None
+
+        return type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
+
+    GatherSequence = region("GatherSequence", gather, scatter)
+    ScatterSequence = region("ScatterSequence", scatter, gather)
+    GatherForHead = region("GatherForHead", gather, own)
+    return GatherSequence, ScatterSequence, GatherForHead
+
+
 def build_chunk(state: _State, layers: list, last: bool) -> Any:
     """One model chunk: ``decoder.layers`` (local indices, global ``layer_number``) and, on the
     last virtual stage, the replicated ``output_layer``."""
@@ -199,6 +249,9 @@ def build_chunk(state: _State, layers: list, last: bool) -> Any:
 
     CopyToRegion, ReduceFromRegion = _functions()
     tp, tp_rank, group = state.sizes["tp"], state.coords["tp"], state.tp_group
+    sp = bool(getattr(state.args, "sp", False)) and group is not None
+    if sp:
+        CopyToRegion, ReduceFromRegion, GatherForHead = _sequence_functions()
     random_bias = state.args.bias == "random"
 
     def bias(size: int, seed: int) -> Any:
@@ -233,6 +286,7 @@ def build_chunk(state: _State, layers: list, last: bool) -> Any:
             self.weight = nn.Parameter(full_w[:, tp_rank * cols:(tp_rank + 1) * cols].clone())
             self.bias = nn.Parameter(full_b.clone())
             self.weight.tensor_model_parallel, self.bias.tensor_model_parallel = True, False
+            self.bias.sequence_parallel = sp  # added to a piece of the sequence: its gradient is partial
             self.number = number
 
         def forward(self, x: Any) -> Any:
@@ -285,6 +339,8 @@ def build_chunk(state: _State, layers: list, last: bool) -> Any:
             self.weight.tensor_model_parallel = self.bias.tensor_model_parallel = False
 
         def forward(self, x: Any) -> Any:
+            if sp:
+                x = GatherForHead.apply(x, group)
             return linear(x, self.weight, self.bias, None)
 
     class GPTModel(nn.Module):
@@ -313,7 +369,7 @@ class _Pipeline:
         self.next = rank_of(dict(c, pp=(c["pp"] + 1) % s["pp"]), s, o)
         self.prev = rank_of(dict(c, pp=(c["pp"] - 1) % s["pp"]), s, o)
         self.losses: list = []
-        self.mb_shape = (data[0].shape[0], SEQ, H)
+        self.mb_shape = tuple(data[0].shape[:2]) + (H,)
 
     # virtual stage helpers
     def first_virtual(self, chunk: int) -> bool:
@@ -532,8 +588,8 @@ def _batch(step: int) -> tuple:
     import torch
 
     g = torch.Generator().manual_seed(100 + step)
-    x = torch.randn(MICRO_BATCHES, GLOBAL_BATCH, SEQ, H, generator=g)
-    y = torch.randn(MICRO_BATCHES, GLOBAL_BATCH, SEQ, OUT, generator=g)
+    x = torch.randn(MICRO_BATCHES, GLOBAL_BATCH, SEQ_LEN[0], H, generator=g)
+    y = torch.randn(MICRO_BATCHES, GLOBAL_BATCH, SEQ_LEN[0], OUT, generator=g)
     return x, y
 
 
@@ -565,7 +621,9 @@ def train(args: Any) -> dict:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if args.tp * args.pp * args.dp != world:
         raise SystemExit(f"tp {args.tp} x pp {args.pp} x dp {args.dp} is not WORLD_SIZE {world}")
-    if LAYERS % (args.pp * args.vpp) or FFN % args.tp or H % args.tp or GLOBAL_BATCH % args.dp:
+    SEQ_LEN[0] = args.seq
+    if LAYERS % (args.pp * args.vpp) or FFN % args.tp or H % args.tp or GLOBAL_BATCH % args.dp or \
+            (args.sp and args.seq % args.tp):
         raise SystemExit("the layout does not divide the model")
     if args.vpp > 1 and args.pp == 1:
         raise SystemExit("virtual pipeline stages need pp > 1")
@@ -605,11 +663,14 @@ def train(args: Any) -> dict:
                     module.calls = 0
         x, y = _batch(step)
         data = [x[m, c["dp"] * per:(c["dp"] + 1) * per].clone() for m in range(MICRO_BATCHES)]
+        if args.sp and args.tp > 1:  # the first stage's input: this rank's piece of the sequence
+            piece = SEQ_LEN[0] // args.tp
+            data = [d[:, c["tp"] * piece:(c["tp"] + 1) * piece].clone() for d in data]
         targets = [y[m, c["dp"] * per:(c["dp"] + 1) * per].clone() for m in range(MICRO_BATCHES)]
         state.masks = {}
         for layer in held:
             for mb in range(MICRO_BATCHES):
-                mask = torch.zeros(per, SEQ, FFN // args.tp, dtype=torch.bool)
+                mask = torch.zeros(per, SEQ_LEN[0], FFN // args.tp, dtype=torch.bool)
                 fill = 0.0
                 if state.faulted("nan") and layer == args.fault_layer and mb == args.fault_mb:
                     mask.view(-1)[1] = True
@@ -625,6 +686,9 @@ def train(args: Any) -> dict:
         pipe = _Pipeline(state, chunks, data, targets)
         dbg.start(chunks if args.vpp > 1 else chunks[0])
         pipe.run()
+        for p in params:  # sequence parallel: a parameter used on a piece of the sequence, summed over tp
+            if p.grad is not None and getattr(p, "sequence_parallel", False):
+                dist.all_reduce(p.grad, group=state.tp_group)
         for p in params:  # Megatron's DDP: gradients scaled by 1/DP, all_reduced over the replicas
             if p.grad is not None and state.dp_group is not None:
                 p.grad.mul_(1.0 / args.dp)
@@ -669,6 +733,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--level", default="mix")
     ap.add_argument("--task", default="statistics", choices=["statistics", "tensor"])
+    ap.add_argument("--seq", type=int, default=SEQ, help="sequence length")
+    ap.add_argument("--sp", action="store_true", help="Megatron's sequence parallelism (with tp > 1)")
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--max-norm", dest="max_norm", type=float, default=1.0, help="clip_grad_norm's max (0: no clip)")
@@ -701,14 +767,16 @@ def free_port() -> str:
 def launch(dump: str, truth: str, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp: int = 1, order: str = "tp-dp-pp",
            fault: Optional[str] = None, fault_step: int = 1, fault_rank: int = -1, fault_layer: int = 0,
            fault_mb: int = 0, steps: int = 2, level: str = "mix", optimizer: str = "sgd", max_norm: float = 1.0,
-           bias: str = "zero", timeout: float = 600, python: str = sys.executable, task: str = "statistics") -> list:
+           bias: str = "zero", timeout: float = 600, python: str = sys.executable, task: str = "statistics",
+           seq: int = SEQ, sp: bool = False) -> list:
     """Run every rank (tp * pp * dp processes, OMP_NUM_THREADS=1) into ``dump``; returns the
     sidecars in rank order. RuntimeError with the ranks' output when one fails."""
     world = tp * pp * dp
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = [python, os.path.abspath(__file__), os.path.abspath(dump), os.path.abspath(truth), "--tp", str(tp),
             "--pp", str(pp), "--dp", str(dp), "--vpp", str(vpp), "--order", order, "--steps", str(steps),
-            "--level", level, "--optimizer", optimizer, "--max-norm", str(max_norm), "--bias", bias, "--task", task]
+            "--level", level, "--optimizer", optimizer, "--max-norm", str(max_norm), "--bias", bias, "--task", task,
+            "--seq", str(seq)] + (["--sp"] if sp else [])
     if fault:
         argv += ["--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank),
                  "--fault-layer", str(fault_layer), "--fault-mb", str(fault_mb)]

@@ -318,6 +318,8 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
                     {s.step for s in target_dump.sources}, {s.step for s in bench_dump.sources}, step),
                     layout, bench_layout)
                 mode, workers = layout_mode(mode, [(_task(t), _task(b)) for t, b in pairs]), 1
+                if structural == "auto":  # merged names are the logical model's, one card's: by name
+                    structural = False
             else:
                 pairs = pair_sources(target_dump, bench_dump, step=step, rank=rank)
             options = _options(pairs, mode, timestamp, xlsx, structural, fuzzy, stack, mapping, threshold, engine)

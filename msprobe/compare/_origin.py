@@ -94,6 +94,22 @@ def _has_tensor(leaves: list) -> bool:
     return any(leaf is not None and leaf_side(leaf).tensor for _, leaf, _ in leaves)
 
 
+def _introduces(leaves: list) -> bool:
+    """Whether a record one side alone has can be where an error enters: it holds a tensor and is
+    no identity (:func:`_identity`)."""
+    return _has_tensor(leaves) and not _identity(leaves)
+
+
+def _identity(leaves: list) -> bool:
+    """Whether every output tensor of a record is one of its input tensors (same dtype, shape and
+    statistics): a view or an identity (``view_as`` of an autograd function that returns its input,
+    the plumbing of a layout that one side has and the other not), which introduces nothing."""
+    sides = [(suffix, leaf_side(leaf)) for suffix, leaf, _ in leaves if leaf is not None]
+    inputs = {(side.shape, _signature(side)) for suffix, side in sides if side.tensor and not suffix.startswith("output")}
+    outputs = [(side.shape, _signature(side)) for suffix, side in sides if side.tensor and suffix.startswith("output")]
+    return bool(outputs) and all(out in inputs for out in outputs)
+
+
 def _missing_positions(target_count: int, pairs: list, missing: list, bench_position: dict) -> list:
     """[(target record index, bench record)]: each bench-only record sits before the first matched
     target record that follows it in the bench, in order."""
@@ -156,7 +172,8 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
     limit = ORIGIN_THRESHOLD if threshold is None else threshold
     md5 = mode == "md5"
     tensor_task = mode == "tensor"
-    missing = [name for name in rest if not across_frameworks and _has_tensor(record_leaves(name, bench_data[name], tensor_task))]
+    missing = [name for name in rest if not across_frameworks and _introduces(record_leaves(
+        name, bench_data[name], tensor_task))]
     missing_at = (_missing_positions(len(pairs), pairs, missing, {name: i for i, name in enumerate(bench_data)})
                   if missing else [])
     produced: set = set()
@@ -172,7 +189,7 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
             continue
         leaves = record_leaves(name, target_data[name], tensor_task)
         if bench is None:
-            if across_frameworks or name.endswith(".debug") or not _has_tensor(leaves):
+            if across_frameworks or name.endswith(".debug") or not _has_tensor(leaves) or _identity(leaves):
                 continue
             return {"record": name, "bench_record": None, "row": name, "argument": None, "role": "extra in target",
                     "size": None, "note": "the bench has no such record", "record_index": record_index}

@@ -119,7 +119,8 @@ def _layout_batch(root_url: str, storage_options: Optional[dict], target_locs: l
     try:
         for target, bench in layout_pairs(sides[0], sides[1], [step], *layouts):
             summary = compare_pair(target, bench, mode=layout_mode(mode if mode != "auto" else "statistics"),
-                                   out_dir=out_dir, ts=timestamp, multi_step=True)
+                                   out_dir=out_dir, ts=timestamp, multi_step=True,
+                                   structural=False)  # merged names are the logical model's, one card's
             summary.pop("series", None)
             summary.update(mode="statistics", split=target_locs[0][4],
                            layout=layout_summary([(target, bench)], summary))

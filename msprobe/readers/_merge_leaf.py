@@ -151,6 +151,9 @@ class _Merger:
         if any(shape != _shape(first) and len(shape) != len(_shape(first)) for shape in (_shape(n) for n in nodes)):
             self.kinds[path] = "shapes differ across the ranks"
             return first
+        scattered = self._scattered(nodes, path)
+        if scattered is not None:
+            return scattered
         nodes, reduced = self._reduced(nodes)
         shapes = [_shape(n) for n in nodes]
         reading = self._reading(nodes, shapes, path)
@@ -193,6 +196,24 @@ class _Merger:
             return self._partial_value(present, path)
         return None
 
+    def _scattered(self, nodes: list, path: str) -> Optional[dict]:
+        """A partial sum every member reduce_scatters (a sequence-parallel row-parallel output, the
+        gradient of a gathered sequence): the sum one card computes is the members' pieces joined
+        along the dimension they split (sequence parallelism's reduce_scatter), else None."""
+        pieces = [partial.scattered(n) for partial, n in zip(self.partials, nodes)]
+        if len(nodes) < 2 or not all(piece is not None for piece in pieces):
+            return None
+        whole, piece = _shape(nodes[0]), _shape(pieces[0])
+        dims = [d for d in range(len(whole)) if len(piece) == len(whole) and piece[d] * len(nodes) == whole[d]
+                and all(piece[o] == whole[o] for o in range(len(whole)) if o != d)]
+        if not dims:
+            return None
+        self.kinds[path] = "partial: its reduce_scatter's pieces"
+        joined = merge_shard_stats(pieces, dims[0])
+        merged = dict(nodes[0], **{stat: joined.get(stat) for stat in _STATS})  # the partial's dtype, flags
+        merged.pop("md5", None)
+        return self._tensor(merged, "cat", pieces, dims[0])
+
     def _reduced(self, nodes: list) -> tuple:
         """(nodes, reduced): each rank's partial sum replaced by its all_reduce's result (the sum one
         card computes) when every member's is one."""
@@ -222,10 +243,27 @@ class _Merger:
                 return self._replica_mean(nodes, path)
             if one:
                 return self._mean(nodes, path)
-        if one and not path.startswith("input") and any(
-                kind in ("sharded", "partial of shards") for key, kind in self.kinds.items() if key.startswith("input")):
+        on_shards = any(kind in ("sharded", "partial of shards") for key, kind in self.kinds.items()
+                        if key.startswith("input"))
+        if one and not path.startswith("input") and on_shards:
             return self._partial_value(list(enumerate(nodes)), path)
+        if on_shards and _is_backward(self.name) and path.startswith("output"):
+            return self._summed(nodes, path)
         return self._disagreeing(nodes, ref, path)
+
+    def _summed(self, nodes: list, path: str) -> dict:
+        """A gradient each member holds whole, of what it computed on its shard alone (a bias added to
+        a piece of the sequence: its gradient sums that piece's positions): the whole's is the
+        members' sum. Its Mean is the sum of theirs; Max, Min and Norm of a sum cannot be made of the
+        parts' (left out: not compared)."""
+        merged = dict(nodes[0], **{stat: None for stat in _STATS})
+        merged.pop("md5", None)
+        means = [n.get(MEAN.key) for n in nodes]
+        if all(isinstance(v, (int, float)) for v in means):
+            merged[MEAN.key] = sum(means)
+        self.kinds[path] = "partial: the members' sum"
+        merged.pop("data_name", None)
+        return merged
 
     def _partial_value(self, present: list, path: str) -> dict:
         """One value per rank computed from its shard alone (a gradient clip's norm of each shard, and
@@ -363,6 +401,10 @@ def _averaging(data: dict, reduced: "_Reduced") -> set:
     return out
 
 
+#: the reduce_scatter APIs whose input (the second argument) is one tensor: a partial sum on each rank
+_SCATTERS = ("reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
+
+
 class _Reduced:
     """The all_reduce calls of one rank, by their input: ``get(leaf)`` is the result of the
     all_reduce whose input is ``leaf`` (its statistics equal), or ``leaf`` divided by one of
@@ -372,13 +414,20 @@ class _Reduced:
     def __init__(self, data: dict, factors: tuple = (1.0,)):
         self.factors = factors
         self.by_shape: dict = {}
+        self.scatters: dict = {}  # signature of a reduce_scatter's input -> its output (this rank's piece)
         for name, record in data.items():
             api = comm_api(name)
-            if api is None or api[0] != "all_reduce" or not isinstance(record, dict):
+            if api is None or not isinstance(record, dict):
                 continue
             args, out = record.get("input_args") or [], record.get("output") or []
-            if args and out and _is_leaf(args[0]) and _is_leaf(out[0]):
+            if api[0] == "all_reduce" and args and out and _is_leaf(args[0]) and _is_leaf(out[0]):
                 self.by_shape.setdefault(_shape(args[0]), []).append((args[0], out[0]))
+            elif api[0] in _SCATTERS and len(args) > 1 and out and _is_leaf(args[1]) and _is_leaf(out[0]):
+                self.scatters[_signature(args[1])] = out[0]
+
+    def scattered(self, leaf: Any) -> Optional[dict]:
+        """This rank's piece of the sum a reduce_scatter made of ``leaf`` (a partial sum), else None."""
+        return self.scatters.get(_signature(leaf)) if _is_leaf(leaf) else None
 
     def feeds(self, leaf: Any) -> bool:
         """Whether ``leaf`` is (the statistics of) an all_reduce's input."""

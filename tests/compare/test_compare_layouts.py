@@ -529,6 +529,55 @@ def test_a_module_spanning_stages_takes_its_backward_inputs_from_the_last_stage(
     assert data["Module.block.B.backward.0"] == {"input": [g2], "output": [g0]}
 
 
+def test_sequence_parallel_partial_sums_join_their_reduce_scatter_pieces():
+    """Megatron's sequence parallelism: a row-parallel linear's output is a partial sum on each tp rank,
+    reduce_scattered along the sequence; the whole is the ranks' pieces joined (not a replica that
+    disagrees). A bias added to a piece of the sequence has a gradient that sums that piece only: the
+    whole's is the ranks' sum (Mean), not a finding."""
+    from msprobe.readers._merged import merge_model
+
+    pieces = [_t((2, 2, 8), 1.0 + r, -1.0 - r, 0.1 * (r + 1), 2.0 + r) for r in (0, 1)]
+    partials = [_t((2, 4, 8), 3.0 + r, -3.0, 0.5 + r, 5.0 + r) for r in (0, 1)]
+    bias_grads = [_t((8,), 0.5 + r, 0.1, 0.25 * (r + 1), 1.0) for r in (0, 1)]
+    ranks = [_Rank(r, {"Functional.linear.0.forward": {"input_args": [_t((2, 4, 16), 1.0 + r)], "output": [partials[r]]},
+                       "Distributed.reduce_scatter_tensor.0.forward": {"input_args": [None, partials[r]],
+                                                                       "output": [pieces[r]]},
+                       "Tensor.__add__.0.backward": {"input": [_t((2, 2, 8), 4.0 + r)],
+                                                     "output": [_t((2, 2, 8), 4.0 + r), bias_grads[r]]}}, {})
+             for r in (0, 1)]
+    whole = merge_shard_stats(pieces, 1)
+    bench = {"Functional.linear.0.forward": {"input_args": [_t((2, 4, 32), 2.0)], "output": [dict(whole)]},
+             "Tensor.__add__.0.backward": {"input": [_t((2, 4, 8), 5.0)],
+                                           "output": [_t((2, 4, 8), 5.0), _t((8,), 1.5, 0.1, 0.75, 1.0)]}}
+    from msprobe.readers._merged import shapes_of
+
+    data, _, _, report = merge_model([ranks], bench, shapes_of(bench))
+    out = data["Functional.linear.0.forward"]["output"][0]
+    assert out["shape"] == [2, 4, 8] and all(stats_equal(out[k], whole[k]) for k in ("Max", "Min", "Mean", "Norm"))
+    assert report["records"]["Functional.linear.0.forward"]["leaves"]["output.0"] == "partial: its reduce_scatter's pieces"
+    grad = data["Tensor.__add__.0.backward"]["output"][1]
+    assert grad["Mean"] == pytest.approx(0.75) and grad["Max"] is None and grad["Norm"] is None
+    assert report["findings"] == []
+
+
+def test_a_record_one_side_alone_has_that_only_passes_its_input_on_is_no_origin(tmp_path):
+    """``view_as`` of an autograd function that returns its input (Megatron's copy-to-region on one
+    card) is the plumbing of a layout that the other side lacks: no error enters there."""
+    from msprobe.compare._match import match_records
+    from msprobe.compare._origin import find_origin
+
+    x = _t((2, 4), 1.0)
+    y = _t((2, 4), 2.0)
+    bench = {"Tensor.view_as.0.forward": {"input_args": [x, x], "output": [x]},
+             "Functional.gelu.0.forward": {"input_args": [x], "output": [y]}}
+    target = {"Functional.gelu.0.forward": {"input_args": [x], "output": [y]}}
+    pairs, rest, _ = match_records(target, bench, structural=False)
+    assert find_origin(target, bench, pairs, rest, "statistics") is None
+    bench["Tensor.mul.0.forward"] = {"input_args": [x], "output": [y]}  # a record that computes: an origin
+    pairs, rest, _ = match_records(target, bench, structural=False)
+    assert find_origin(target, bench, pairs, rest, "statistics")["role"] == "missing in target"
+
+
 def test_adjacent_sends_and_receives_do_not_wait_for_each_other():
     """A receive posted before a send with no computation between (one batch of isend/irecv) does
     not hold the send back: the receiver's forward comes before the sender's next micro-batch."""

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.xdist_group("megatron_layouts")
 
 #: (case group, variant): the runs dumped here
 CASES = [("tp2pp2", "healthy"), ("tp2pp2", "nan_s1"), ("tp2pp2", "scale_s1"), ("dp", "healthy"), ("dp", "nan_s1"),
-         ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1")]
+         ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1"), ("sp", "healthy"), ("sp", "nan_s1")]
 TOOLS = ["compare", "compare_origin", "lake_diverge", "lake_nan"]
 
 
@@ -33,11 +33,11 @@ TOOLS = ["compare", "compare_origin", "lake_diverge", "lake_nan"]
 def runs(tmp_path_factory):
     """Every run of CASES (and the single card's), dumped once; {(group, variant): truth or None}."""
     out = str(tmp_path_factory.mktemp("megatron_layouts"))
-    single = B.dump_run(out, "single", "healthy", None)
     wants: dict = {}
     gaps: dict = {}
     for group, variant in CASES:
         target_run, bench_run, _, _ = B.GROUPS[group]
+        single = B.dump_run(out, B.single_of(group), "healthy", None)
         B.dump_run(out, bench_run, "healthy", None)
         fault = dict(B.variants(target_run))[variant]
         sidecars = B.dump_run(out, target_run, variant, fault)
