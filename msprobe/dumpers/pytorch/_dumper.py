@@ -403,7 +403,7 @@ class _ModuleHooks(ModuleForwardHooks):
         # the inputs' graph edges, before the forward (spec/PRODUCER.md §20 item 43: observed, not rerouted)
         dumper = self.dumper()
         calls = self.calls
-        if dumper is None or not calls or calls[-1] is None or not dumper.core.is_on():
+        if dumper is None or not calls or calls[-1] is None:  # (None: the dump was off at the pre hook)
             return None
         inputs = grad_tensors(args)
         mark = sequence_mark()

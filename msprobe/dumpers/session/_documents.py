@@ -28,46 +28,47 @@ class StatsFetchError(Exception):
 class PendingStats:
     """Tensor entries whose statistics are still on the device.
 
-    ``add(entry, handle)`` (``extend`` with the pairs a record's encoder made) remembers an entry (a dict with Max/Min/Mean/Norm keys already
-    in place) and an adapter-specific handle; ``resolve(fn)`` fetches every handle in one
-    batch via ``fn(handles) -> list[tuple]`` and fills the entries in place.
+    ``extend(made)`` remembers the ``(entry, handle)`` pairs a record's encoder made (``take_stats``;
+    ``add(entry, handle)`` one pair): an entry is a dict with Max/Min/Mean/Norm keys already in place,
+    the handle adapter-specific; ``resolve(fn)`` fetches every handle in one batch via
+    ``fn(handles) -> list[dict]`` and fills the entries in place.
     """
 
-    __slots__ = ("entries", "handles")
+    __slots__ = ("pairs",)
 
     def __init__(self) -> None:
-        self.entries: list = []
-        self.handles: list = []
+        self.pairs: list = []
 
     def add(self, entry: dict, handle: Any) -> None:
-        self.entries.append(entry)
-        self.handles.append(handle)
+        self.pairs.append((entry, handle))
 
     def extend(self, made: list) -> None:
         """``(entry, handle)`` pairs, as an encoder hands them over (``take_stats``)."""
-        for entry, handle in made:
-            self.entries.append(entry)
-            self.handles.append(handle)
+        self.pairs.extend(made)
+
+    @property
+    def handles(self) -> list:
+        return [handle for _, handle in self.pairs]
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.pairs)
 
     def resolve(self, fetch: Callable[[list], list]) -> None:
-        if not self.entries:
+        pairs = self.pairs
+        if not pairs:
             return
         error = None
         try:
-            values = fetch(self.handles)
+            values = fetch([handle for _, handle in pairs])
         except StatsFetchError as exc:
             values, error = exc.values, exc.error
-        for entry, vals in zip(self.entries, values):
+        for (entry, _), vals in zip(pairs, values):
             if "md5" in vals:
                 entry["md5"] = vals["md5"]
             for stat in STAT_KEYS:
                 if stat in entry:
                     entry[stat] = vals.get(stat)
-        self.entries = []
-        self.handles = []
+        self.pairs = []
         if error is not None:
             raise error
 
