@@ -123,6 +123,16 @@ class Journal:
             for line in lines:
                 if b"\n" in line:
                     raise MsprobeError("a journal line must not contain a newline")
+            mapped = self._map
+            if flush and mapped is not None and not self._buffer and not self._fsync and len(lines) == 1:
+                # one line into the open window (the default per record): copied, no buffer, no join
+                data = lines[0] + b"\n"
+                start = self._offset - self._map_base
+                if self._offset + len(data) <= self._map_end:
+                    mapped[start:start + len(data)] = data
+                    self._offset += len(data)
+                    return
+            for line in lines:
                 self._buffer.append(line + b"\n")
                 self._buffered += len(line) + 1
             if flush or self._buffered >= self._max_buffer:

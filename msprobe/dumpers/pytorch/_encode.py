@@ -326,6 +326,7 @@ _SPECIAL_TYPES: dict = {}
 #: the tensor classes whose statistics are read from the tensor itself, not from a detached copy
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: torch dtype -> its name in a record (``str(dtype)``)
+_N_STATS = len(STAT_KEYS)
 _DTYPE_NAMES: dict = {d: str(d) for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
                                           torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
                                           torch.complex64, torch.complex128)}
@@ -532,15 +533,19 @@ class Encoder(ValueEncoder):
                     # a plain tensor or parameter as it is (no detached copy of it: the C kernels read its
                     # memory, _stat_handle detaches it for torch's reductions, md5 reads bytes); else detached
                     data = t if type(t) in _PLAIN and not self.check_overflow else cache.dense(t.detach())
-                    entry.update(null_stats())
-                    handle = _stat_handle(data)
-                    if mode == "md5":
-                        handle = handle._replace(extra={"md5": _md5_of(data)})
-                    cache.store(t, key, base, handle)
+                    try:
+                        handle = _stat_handle(data)
+                        if mode == "md5":
+                            handle = handle._replace(extra={"md5": _md5_of(data)})
+                        cache.store(t, key, base, handle)
+                    except RuntimeError:  # the entry without stats has each key, null (its keys' place as below)
+                        entry.update(null_stats())
+                        raise
                 if handle.kind == _K_DONE and not self.check_overflow and not handle.deferred_md5():
-                    # computed already (the CPU kernels): filled now, as the pending batch would
+                    # computed already (the CPU kernels): filled now, as the pending batch would; a done
+                    # handle's value is null_stats() or stats_dict(): the keys of STAT_KEYS, in its order
                     v = handle.value
-                    entry.update({stat: v.get(stat) for stat in STAT_KEYS})
+                    entry.update(v if len(v) == _N_STATS else {stat: v.get(stat) for stat in STAT_KEYS})
                     extra = handle.extra if handle.extra is not None else v
                     if "md5" in extra or "md5" in v:
                         md5 = (extra if "md5" in extra else v)["md5"],
