@@ -15,27 +15,14 @@ from msprobe.dumpers.control import DumperCore, ModuleForwardHooks, core_attribu
 from msprobe.dumpers.pytorch import _comm, _ptfile
 from msprobe.dumpers.pytorch._apis import GUARD, ApiPatcher
 from msprobe.dumpers.pytorch._clipgrad import ClipGradPatch, clip_grad_functions
+from msprobe.dumpers.pytorch._edges import InputEdges, node_seq, sequence_mark
 from msprobe.dumpers.pytorch._encode import Encoder, fetch_stats
 from msprobe.dumpers.pytorch._model_checks import refuse_compiled, warn_captured_apis, warn_fsdp2
-from msprobe.dumpers.pytorch._observer import (
-    ENDS,
-    InputEdges,
-    OutputApi,
-    before_accumulation,
-    before_event,
-    changed_output,
-    leaf_accumulates,
-    model_users,
-    node_seq,
-    observe,
-    observed_output,
-    on_grad,
-    output_call,
-    release_order,
-    sequence_mark,
-)
+from msprobe.dumpers.pytorch._observer import OutputApi, changed_output, observe, observed_output, on_grad, output_call
 from msprobe.dumpers.pytorch._online_api import online_api
+from msprobe.dumpers.pytorch._order import ENDS, before_accumulation, before_event, leaf_accumulates, release_order
 from msprobe.dumpers.pytorch._values import first_tensor, grad_tensors, is_sequence
+from msprobe.dumpers.pytorch._watches import model_users
 from msprobe.errors import ConfigError
 
 __all__ = ["TorchDumper"]

@@ -9,139 +9,16 @@ returns None, so the engine adds the same numbers in the same order as without t
 """
 from __future__ import annotations
 
-import itertools
-import weakref
 from typing import Any, Callable, Optional
 
 import torch
 
 from msprobe.dumpers.pytorch._apis import GUARD
+from msprobe.dumpers.pytorch._edges import STARTS, InputEdges, edge, node_edge, node_seq, sequence_mark
+from msprobe.dumpers.pytorch._order import COMPLETED, before_event, end_of_backward
+from msprobe.dumpers.pytorch._watches import WATCHES, found_watched, watch_outputs
 
-_seq_nr = getattr(torch._C._autograd, "_get_sequence_nr", None)
-
-
-def sequence_mark() -> Optional[int]:
-    """The autograd sequence number the next node created in this thread gets (None: not known)."""
-    return _seq_nr() if _seq_nr is not None else None
-
-
-def _edge(t: torch.Tensor) -> tuple:
-    """What the graph's edges into ``t`` look like: its node and output number, or the leaf itself."""
-    return ("leaf", id(t)) if t.grad_fn is None else (id(t.grad_fn), t.output_nr)
-
-
-def _node_edge(node: Any, nr: int) -> tuple:
-    """The key of :func:`_edge` for the graph edge (node, output number)."""
-    variable = getattr(node, "variable", None)
-    return ("leaf", id(variable)) if variable is not None else (id(node), nr)
-
-
-#: module forwards begun, counted: a later one is newer when two calls have the same mark
-_STARTS = itertools.count()
-
-
-class InputEdges:
-    """A module call's input tensors that need a gradient, as graph edges, taken before its forward
-    (an in-place op inside the module changes the tensor's node, not the edge its gradient reaches)."""
-
-    __slots__ = ("mark", "order", "keys", "nodes", "apis")
-
-    def __init__(self, tensors: list, mark: int) -> None:
-        self.mark = mark
-        self.order = next(_STARTS)  # (calls that created no node between them share a mark)
-        self.apis: list = []  # API calls inside the forward that returned one of these inputs unchanged
-        self.keys: dict = {}
-        self.nodes: list = []  # kept until the forward ends, so that the ids stay theirs
-        for index, t in enumerate(tensors):
-            self.keys.setdefault(_edge(t), index)
-            self.nodes.append(t if t.grad_fn is None else t.grad_fn)
-
-    def holds(self, t: torch.Tensor) -> bool:
-        return _edge(t) in self.keys
-
-    def index_of(self, node: Any, nr: int) -> Optional[int]:
-        return self.keys.get(_node_edge(node, nr))
-
-
-class _Watch:
-    """An output of a module call that is one of its inputs, unchanged (``nn.Identity``, a dropout that
-    drops nothing): its gradient as 26.2.0's identity node on the outputs has it is what the nodes created
-    after the call's forward, inside the module call that made it (its parent), send to that tensor (the
-    users of the returned value there, not the uses before the call). Those nodes do not exist yet when
-    the call ends: the walks of the module calls that end later (a sibling's, the parent's) find them
-    and hook them (:func:`_consumers`). Uses after the parent's end are not looked for: the same tensor
-    goes on as the parent's input to other calls (peft's q, k and v projections each pass the layer's
-    input through their own ``lora_dropout``), and autograd cannot tell which of them got the value
-    returned; without a user found, the output's gradient is the tensor's whole gradient."""
-
-    __slots__ = ("grads", "position", "mark", "nodes", "keep", "parent")
-
-    def __init__(self, grads: "CallGrads", position: int, mark: int, keep: Any, parent: Any) -> None:
-        # ``mark``: the sequence number at the call's end (its users' nodes are from it on); not the start
-        # count that :attr:`CallGrads.end` holds
-        self.grads, self.position, self.mark, self.parent = grads, position, mark, parent
-        self.nodes: set = set()
-        self.keep = keep  # the tensor's node (or the leaf): its id, in the key, stays its own
-
-    def found(self, node: Any, slots: list, seq: int) -> None:
-        if id(node) in self.nodes:
-            return
-        self.nodes.add(id(node))
-        grads, position = self.grads, self.position
-        grads.watch_more(position)
-        node.register_hook(lambda grad_inputs, grad_outputs: grads.watched_grad(position, slots, grad_inputs, seq))
-
-
-#: edge key -> the watches of outputs that are inputs unchanged, kept until their parent call ends
-WATCHES: dict = {}
-#: the parent of a top-level module call: the model's own forward (not recorded, see :func:`model_users`)
-MODEL = object()
-
-
-def _found_watched(node: Any, seq: int) -> None:
-    """``node`` (created by a module call's forward) sends gradients to watched tensors: hook it."""
-    slots: dict = {}
-    for slot, (nxt, nr) in enumerate(node.next_functions):
-        if nxt is not None:
-            for watch in WATCHES.get(_node_edge(nxt, nr), ()):
-                if seq >= watch.mark:
-                    slots.setdefault(id(watch), (watch, []))[1].append(slot)
-    for watch, found in slots.values():
-        watch.found(node, found, seq)
-
-
-def model_users(tensors: list) -> None:
-    """A module call begins with ``tensors`` as its inputs: the nodes the model's own forward made for
-    them outside every module call (newer than a watch of a top-level call, reachable from them) may
-    use a watched tensor, and are hooked. (The model's own forward is not hooked: 26.2.0 hooks no root,
-    and a hook there would change the call stacks written for the records.)"""
-    ends = [w.mark for each in WATCHES.values() for w in each if w.parent is MODEL]
-    if not ends:
-        return
-    oldest = min(ends)
-    seen: set = set()
-    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        seq = node_seq(node)
-        if seq is None or seq < oldest:
-            continue
-        _found_watched(node, seq)
-        stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None and id(nxt) not in seen)
-
-
-def _end_watches(parent: Any) -> None:
-    """The watches whose parent call (its input edges, or :data:`MODEL`) has ended, dropped."""
-    for key in list(WATCHES):
-        left = [w for w in WATCHES[key] if w.parent is not parent]
-        if left:
-            WATCHES[key] = left
-        else:
-            del WATCHES[key]
-
+__all__ = ["CallGrads", "OutputApi", "changed_output", "observe", "observed_output", "on_grad", "output_call"]
 
 def _consumers(outputs: list, edges: InputEdges, out_keys: dict) -> tuple:
     """The module's own nodes that send a gradient to one of its inputs, and those that send one to one of
@@ -160,108 +37,19 @@ def _consumers(outputs: list, edges: InputEdges, out_keys: dict) -> tuple:
         seq = node_seq(node) or 0
         own = seq >= edges.mark  # (an output that is an input has an older node)
         if WATCHES and own:
-            _found_watched(node, seq)
+            found_watched(node, seq)
         for slot, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
             index = edges.index_of(nxt, nr)
             if index is not None:
                 found.setdefault(id(node), (node, []))[1].append((slot, index))
-            for position in out_keys.get(_node_edge(nxt, nr), ()) if own else ():
+            for position in out_keys.get(node_edge(nxt, nr), ()) if own else ():
                 inner.setdefault(id(node), (node, []))[1].append((slot, position))
             if index is None and not hasattr(nxt, "variable") and id(nxt) not in seen \
                     and (node_seq(nxt) or 0) >= edges.mark:
                 stack.append(nxt)
     return found, inner
-
-
-class _Completed:
-    """Module calls whose gradients are all in, not yet written: each is written where 26.2.0's identity
-    node on its inputs would have run, i.e. before the first observed event of a node older than the call
-    (its sequence number below the call's mark; the engine runs the newer ready node first), or at the end
-    of the backward pass, newest first. Gradient accumulation (sequence number max) comes before."""
-
-    def __init__(self) -> None:
-        self.calls: list = []
-        self.open: list = []  # begun, not all gradients in
-        self.held: list = []  # written with their place held, an output's gradient still to come
-
-    def add(self, call: "CallGrads") -> None:
-        self.calls.append(call)
-
-    def flush_before(self, seq: Optional[int], begun_after: Optional[int] = None) -> None:
-        """Write the completed calls newer than the node ``seq`` (all: None), or those begun after the
-        start count ``begun_after``."""
-        if not self.calls:
-            return
-
-        def due(c: CallGrads) -> bool:
-            return c.order > begun_after if begun_after is not None else seq is None or c.mark > seq
-
-        self._flush(due)
-
-    def flush_from(self, call: "CallGrads") -> None:
-        """Write ``call`` and the completed calls newer than it (begun later with the same mark)."""
-        self._flush(lambda c: (c.mark, c.order) >= (call.mark, call.order))
-
-    def _flush(self, due: Callable[["CallGrads"], bool]) -> None:
-        calls = [c for c in self.calls if due(c)]
-        if not calls:
-            return
-        self.calls = [c for c in self.calls if not due(c)]
-        for call in sorted(calls, key=lambda c: (-c.mark, -c.order)):
-            call.emit()
-
-    def flush_all(self) -> None:
-        for call in self.open:
-            call.finish()
-        self.open = []
-        self.flush_before(None)
-        held, self.held = self.held, []
-        for call in held:
-            call.release()
-
-    def older_event(self, seq: int, begun_after: Optional[int] = None) -> None:
-        """A node older than a begun call runs: a call that waits on no node of its own is over.
-        ``begun_after``: the event is the identity node 26.2.0 makes at the end of a forward, whose
-        start count this is: only the calls begun after it are written first (not those inside it)."""
-        if self.open:
-            for call in [c for c in self.open if c.finish_on_older and c.mark > seq]:
-                call.finish()
-        if self.calls:
-            self.flush_before(seq, begun_after)
-
-
-COMPLETED = _Completed()
-
-
-def node_seq(node: Any) -> Optional[int]:
-    """A node's sequence number (None for a leaf's, whose gradient accumulation runs first)."""
-    if node is None or hasattr(node, "variable"):
-        return None
-    try:
-        return node._sequence_nr()  # noqa: SLF001 - torch's Node API
-    except Exception:  # noqa: BLE001
-        return None
-
-
-#: module -> the start count at the end of its last forward (weakly: a module may go)
-ENDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def before_accumulation(module: Any) -> None:
-    """A parameter of ``module`` gets its gradient: the node that sent it is the module's, older than
-    the calls begun after the module's forward ended, whose completed records come first."""
-    end = ENDS.get(module) if COMPLETED.calls else None
-    if end is not None:
-        COMPLETED.flush_before(None, end)
-
-
-def before_event(seq: Optional[int]) -> None:
-    """A hook of the dumper is about to record something for the node ``seq``: write first the module
-    calls completed before it in the engine's order."""
-    if seq is not None:
-        COMPLETED.older_event(seq)
 
 
 class CallGrads:
@@ -274,7 +62,7 @@ class CallGrads:
                  done: Callable[[tuple, tuple], None], hold: Optional[Callable[[], None]] = None,
                  order: Optional[int] = None) -> None:
         self.mark = mark
-        self.order = next(_STARTS) if order is None else order
+        self.order = next(STARTS) if order is None else order
         self.grad_output: list = [None] * n_out
         self.inner: list = [None] * n_out  # what the module's own nodes send to each output
         self.hold = hold  # the record is due with an output's gradient to come: hold its place
@@ -310,7 +98,7 @@ class CallGrads:
         self.started = True
         COMPLETED.open.append(self)
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)  # noqa: SLF001
+            torch.autograd.Variable._execution_engine.queue_callback(end_of_backward)  # noqa: SLF001
         except Exception:  # noqa: BLE001 - not inside a backward pass: the other completions remain
             pass
         if not self.silent:
@@ -360,7 +148,7 @@ class CallGrads:
         watch[0] -= 1
         if watch[0] == 0:
             # 26.2.0's identity node on the outputs runs after these users, as the engine orders it
-            # against the module calls completed by then: in the queue (:class:`_Completed`)
+            # against the module calls completed by then: in the queue (:class:`Completed`)
             self.queued = True
             self.output_grad(position, watch[1], self.inputs_of[position], seq)
 
@@ -428,7 +216,7 @@ class CallGrads:
         before_event(seq)
 
     def finish(self) -> None:
-        """All gradients are in: written at the next older event (:class:`_Completed`)."""
+        """All gradients are in: written at the next older event (:class:`Completed`)."""
         if self.finished or not self.started:
             return
         self.finished = True
@@ -534,46 +322,6 @@ def _accumulate(sums: list, index: int, grad: Any) -> None:
         GUARD.inside = inside
 
 
-#: id of a leaf -> (the call whose identity node in 26.2.0 hands it its gradient, its input index there)
-RELEASED: dict = {}
-
-
-def leaf_accumulates(leaf: torch.Tensor) -> None:
-    """The gradient of ``leaf`` (a parameter) is accumulated now. When it is an input of a completed module
-    call (``_WeightNorm`` gets a parametrization's ``original0`` and ``original1``), 26.2.0's identity node
-    on that call's inputs sits between the call's nodes and the leaf's accumulation, and ran before it:
-    the call's record (and those of the newer completed calls, which the engine runs first) is written
-    now, and the leaves it hands gradients to are accumulated in its input order (:func:`release_order`)."""
-    calls = [c for c in COMPLETED.calls if id(leaf) in c.leaves]
-    if not calls:
-        return
-    COMPLETED.flush_from(min(calls, key=lambda c: (c.mark, c.order)))
-    for call in calls:
-        for key, index in call.leaves.items():
-            RELEASED.setdefault(key, (call, index))
-
-
-def release_order(names: list, leaf_ids: dict) -> list:
-    """``names`` (parameter names, in the order their gradients were accumulated here) in the order 26.2.0
-    accumulates them: the leaves one identity node hands gradients to come together, where the first of
-    them came, in that node's input order (``leaf_ids``: name -> id of the parameter)."""
-    first: dict = {}
-    keys = []
-    for position, name in enumerate(names):
-        group = RELEASED.get(leaf_ids.get(name))
-        if group is None:
-            keys.append((position, 0))
-        else:
-            keys.append((first.setdefault(id(group[0]), position), group[1]))
-    return [name for _, name in sorted(zip(keys, names))]
-
-
-def _end_of_backward() -> None:
-    COMPLETED.flush_all()
-    WATCHES.clear()
-    RELEASED.clear()
-
-
 def observed_output(t: Any) -> bool:
     """Whether ``t``, as it is now, is a module output whose gradient a module call observes."""
     reg = getattr(t, "_msprobe_grad_hooks", None)
@@ -625,14 +373,14 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
     first), ``edges`` its inputs' (None: no input needs a gradient); ``hold()`` holds the record's place
     when it is due before all the outputs' gradients are in (without: those are written None). ``watch``
     (module calls): an output that is an input unchanged is watched for its users until the module call
-    whose forward encloses this one, ``parent`` (its input edges; None: none), ends (:class:`_Watch`)."""
+    whose forward encloses this one, ``parent`` (its input edges; None: none), ends (:class:`Watch`)."""
     grads = CallGrads(len(outputs), n_in, edges.mark if edges is not None else (sequence_mark() or 0), begin, done,
                       hold, edges.order if edges is not None else None)
     out_keys: dict = {}
     for position, out in enumerate(outputs):
-        out_keys.setdefault(_edge(out), []).append(position)
+        out_keys.setdefault(edge(out), []).append(position)
     consumers, inner = _consumers(outputs, edges, out_keys) if edges is not None else ({}, {})
-    grads.end = next(_STARTS)
+    grads.end = next(STARTS)
     grads.pending = len(consumers)
     grads.finish_on_older = not consumers
     grads.silent = not consumers and edges is not None and bool(edges.keys) and not any(map(edges.holds, outputs))
@@ -653,7 +401,7 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
             seq = node_seq(node)
             node.register_prehook(lambda grad_outputs, seq=seq: grads.input_node_runs(seq))
     for position, out in enumerate(outputs):
-        index = edges.keys.get(_edge(out)) if edges is not None else None
+        index = edges.keys.get(edge(out)) if edges is not None else None
         grads.pending += index is not None
 
         seq = node_seq(out.grad_fn)
@@ -674,22 +422,5 @@ def observe(outputs: list, edges: Optional[InputEdges], n_in: int, begin: Callab
         grads.leaves = {key[1]: index for key, index in edges.keys.items() if key[0] == "leaf"}
         edges.nodes = []  # (the ids served the walk; a hook on an input's node must not keep it alive)
     if watch:
-        _watch(grads, outputs, edges, parent)
+        watch_outputs(grads, outputs, edges, parent)
     return grads
-
-
-def _watch(grads: CallGrads, outputs: list, edges: Optional[InputEdges], parent: Optional[InputEdges]) -> None:
-    """Watch the outputs that are inputs unchanged for their users to come inside ``parent`` (None: the
-    model's own forward); the watches whose parent this call is are over (its walk has run)."""
-    if WATCHES and edges is not None:
-        _end_watches(edges)
-    if edges is None:
-        return
-    if len(WATCHES) > 4096:
-        WATCHES.clear()
-    end = sequence_mark() or 0
-    for position, out in enumerate(outputs):
-        if edges.holds(out):
-            grads.inputs_of[position] = edges.keys[_edge(out)]
-            WATCHES.setdefault(_edge(out), []).append(
-                _Watch(grads, position, end, out.grad_fn or out, MODEL if parent is None else parent))

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from msprobe.dumpers.pytorch._apis import GUARD
-from msprobe.dumpers.pytorch._observer import InputEdges, observe, sequence_mark
+from msprobe.dumpers.pytorch._edges import InputEdges, sequence_mark
+from msprobe.dumpers.pytorch._observer import observe
 from msprobe.dumpers.pytorch._values import first_tensor, needs_grad
 
 if TYPE_CHECKING:
