@@ -391,7 +391,9 @@ def read_journal(
     partial_bytes)``, or as a :class:`JournalTruncatedWarning` when no callback
     is given. NUL bytes after a segment's last line (the unused rest of a
     mapped segment whose writer was killed, see :class:`Journal`) are not a
-    line. A missing journal yields nothing.
+    line; a line holding a NUL byte is a torn write too (a copy into the
+    mapped window cut short, whose newline was stored before the bytes
+    ahead of it). A missing journal yields nothing.
     """
     prefix = validate_key(prefix.rstrip("/"))
     for _, name in _segments(store, prefix):
@@ -410,10 +412,13 @@ def _complete_lines(
     lines: Iterator[bytes], key: str, on_truncated: Callable[[str, bytes], None] | None, store: ReadableStore
 ) -> Iterator[bytes]:
     for line in lines:
-        if line.endswith(b"\n"):
+        if line.endswith(b"\n") and b"\0" not in line:
             yield line[:-1]
             continue
-        line = line.rstrip(b"\0")  # the unused rest of a mapped segment whose writer was killed: NUL bytes
+        # NUL bytes: the unused rest of a mapped segment whose writer was killed; inside a line
+        # (never in JSON text, which escapes them), a copy into the window that a kill (or a live
+        # read) caught half done: its newline may land before the bytes that precede it
+        line = line.rstrip(b"\0") if not line.endswith(b"\n") else line[:-1]
         if line:
             if on_truncated is not None:
                 on_truncated(key, line)

@@ -22,6 +22,7 @@ import json
 import os
 from typing import Any, Optional
 
+from msprobe.backends import local_path_of
 from msprobe.view._load import sql_literal
 
 __all__ = ["head_records", "FIRST_RECORDS", "pair_first_look", "lake_first_look"]
@@ -165,8 +166,9 @@ def _write_head(source: Any, into: str, limit: int, wanted: Optional[set] = None
     construct.json and stack.json stay where they are (a 150,000-node construct.json costs compare
     seconds): the first look's records name by name, and its trees and stacks are read from the
     real rank directory."""
-    url = str(getattr(source, "url", "") or "")
-    folder = url[len("file://"):] if url.startswith("file://") else url
+    folder = local_path_of(str(getattr(source, "url", "") or ""))
+    if folder is None:
+        return None
     path = os.path.join(folder, "dump.json")
     if not os.path.isfile(path):
         return None
@@ -247,10 +249,12 @@ def lake_first_look(data: Any, root: str, storage_options: Optional[dict]) -> bo
     not a local folder with such an index (the page then waits for the whole view)."""
     import msprobe.lake
 
-    folder = root[len("file://"):] if root.startswith("file://") else root
+    folder = local_path_of(root)
+    if folder is None:
+        return False
     lake_dir = os.path.join(folder, msprobe.lake.LAKE_DIR)
     manifest = os.path.join(lake_dir, "manifest.parquet")
-    if "://" in folder or not os.path.isfile(manifest):
+    if not os.path.isfile(manifest):
         return False
     catalog = msprobe.lake.read_catalog(root, storage_options) or []
     runs = {row["run"]: row["url"] for row in catalog if row.get("run") and row.get("url")}

@@ -357,6 +357,16 @@ def test_read_journal_ignores_a_nul_tail(tmp_path) -> None:
     assert seen == [("j/000002.jsonl", b'{"c"')]
 
 
+def test_read_journal_a_line_with_nul_bytes_is_torn(tmp_path) -> None:
+    """A copy into the mapped window cut short can store a line's newline before the bytes ahead of
+    it: the line holds NUL bytes, and it is a torn write, reported, never handed on as a line."""
+    store = LocalStore(tmp_path)
+    store.put("j/000001.jsonl", b'{"a": 1}\n{"b": \0\0\0\0\0"x"}\n' + b"\0" * 64)
+    seen: list = []
+    assert list(read_journal(store, "j", on_truncated=lambda k, t: seen.append((k, t)))) == [b'{"a": 1}']
+    assert seen == [("j/000001.jsonl", b'{"b": \0\0\0\0\0"x"}')]
+
+
 def test_extra_transient_errno(tmp_path, monkeypatch) -> None:
     """ENOSPC is permanent unless configured as transient (then the writer retries it)."""
     from msprobe.backends import BackgroundWriter
