@@ -146,13 +146,16 @@ _MODULE = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|ba
 
 
 _ENDS = ("forward", "backward", "parameters_grad")
+#: the prefixes of module records: PyTorch's modules, MindSpore's Cells
+_MODULES = ("Module.", "Cell.")
 
 
 def _list_index(name: str) -> Optional[tuple]:
     """(prefix path, index, position) of the first integer segment (the outermost ModuleList index)
     of a module record's path, e.g. ``("layers", 0, 1)`` for ``Module.layers.0.fc1.Linear.forward.0``
-    and ``Module.layers.0.fc1.Linear.parameters_grad``; the call count after the direction is none."""
-    if not name.startswith("Module."):
+    and ``Module.layers.0.fc1.Linear.parameters_grad`` (a MindSpore Cell's, ``Cell.layers.0...``, alike);
+    the call count after the direction is none."""
+    if not name.startswith(_MODULES):
         return None
     segments = name.split(".")[1:]
     for i, seg in enumerate(segments):
@@ -198,7 +201,7 @@ def stage_renames(stages: list, order: Optional[list] = None) -> list:
         if holder is not None:
             renames[stage][key_of] = _module_renamed(name, offsets[stage])
         api = _API.match(name)
-        if not api or name.startswith("Module.") or key_of not in renames[stage]:
+        if not api or name.startswith(_MODULES) or key_of not in renames[stage]:
             continue
         head = api.group("head")
         key = (stage, head, int(api.group("n")), holder)

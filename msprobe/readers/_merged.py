@@ -42,6 +42,7 @@ from msprobe.readers._merge_leaf import (
     _feeding_reduce,
     _grown,
     _is_backward,
+    _last_backward,
     _leaves,
     _Merger,
     _partials,
@@ -318,26 +319,39 @@ def _parents(source: Any) -> dict:
         return {}
 
 
-def _groups_of(sources: list) -> tuple:
+def _groups_of(sources: list, default_world: bool = False) -> tuple:
     """({rank: its tensor-parallel group}, {rank: previous pipeline stage's rank}) as the dump says
-    them: the group of a rank's first all_reduce; the peer of its first receive when that comes
-    before its first send (the first stage sends first; later stages receive their input first)."""
+    them: the group of a rank's first all_reduce that names one; the peer of its first receive when
+    that comes before its first send (the first stage sends first; later stages receive their input
+    first). ``default_world``: a rank whose all_reduce calls name no group (the default group, every
+    rank: MindSpore's collectives called without one, torch's without ``group``) and that calls one
+    before its last backward record (a tensor-parallel reduction; a data-parallel gradient sum
+    comes after it) has the step's ranks."""
     tp_of: dict = {}
     prev: dict = {}
+    world = tuple(sorted(source.rank for source in sources))
     for source in sources:
         first_send, first_recv = None, None
-        for index, (name, record) in enumerate(_records_of(source).items()):
+        on_default = False
+        records = _records_of(source)
+        last = _last_backward(list(records))
+        for index, (name, record) in enumerate(records.items()):
             call = comm_call(name, record, source.rank, index)
             if call is None:
                 continue
-            if call.api == "all_reduce" and source.rank not in tp_of and call.group:
-                tp_of[source.rank] = tuple(call.group)
+            if call.api == "all_reduce" and source.rank not in tp_of:
+                if call.group:
+                    tp_of[source.rank] = tuple(call.group)
+                elif index < last:
+                    on_default = True
             if call.kind == "send" and first_send is None:
                 first_send = index
             if call.kind == "recv" and first_recv is None:
                 first_recv = (index, call.peer)
         if first_recv is not None and first_recv[1] is not None and (first_send is None or first_recv[0] < first_send):
             prev[source.rank] = first_recv[1]
+        if default_world and on_default and source.rank not in tp_of:
+            tp_of[source.rank] = world
     return tp_of, prev
 
 
@@ -346,7 +360,7 @@ def read_layout(sources: list) -> tuple:
     (``--layout auto``): tensor-parallel groups from the all_reduce calls' groups, the pipeline
     stages in model order from the point-to-point calls. ConfigError when they do not cover
     every rank once."""
-    tp_of, prev = _groups_of(sources)
+    tp_of, prev = _groups_of(sources, default_world=True)
     following = {before: rank for rank, before in prev.items()}
     ranks = sorted(source.rank for source in sources)
     models: dict = {}

@@ -114,13 +114,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_cluster(python: str, script: str, args: list, cwd: str, timeout: float = 240) -> None:
-    """``python script *args`` as a 2-worker MindSpore CPU cluster on 127.0.0.1 (a scheduler and 2
-    workers, by ``MS_ROLE``; the framework's mccl backend), our sources on PYTHONPATH; fails the test
-    with each process's log tail when one of them fails."""
-    env = dict(os.environ, PYTHONPATH=ROOT, GLOG_v="3", MS_WORKER_NUM="2", MS_SCHED_HOST="127.0.0.1",
+def run_cluster(python: str, script: str, args: list, cwd: str, timeout: float = 240, workers: int = 2) -> None:
+    """``python script *args`` as a MindSpore CPU cluster of ``workers`` workers on 127.0.0.1 (a scheduler
+    and the workers, by ``MS_ROLE``; the framework's mccl backend), our sources on PYTHONPATH; fails the
+    test with each process's log tail when one of them fails."""
+    env = dict(os.environ, PYTHONPATH=ROOT, GLOG_v="3", MS_WORKER_NUM=str(workers), MS_SCHED_HOST="127.0.0.1",
                MS_SCHED_PORT=str(_free_port()))
-    roles = [("MS_SCHED", None), ("MS_WORKER", 0), ("MS_WORKER", 1)]
+    roles = [("MS_SCHED", None)] + [("MS_WORKER", node) for node in range(workers)]
     procs = []
     for role, node in roles:
         e = dict(env, MS_ROLE=role, **({} if node is None else {"MS_NODE_ID": str(node)}))
