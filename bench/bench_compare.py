@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -94,18 +95,25 @@ def _write(root: str, rank_dir: str, doc: dict) -> str:
     return os.path.join(root, "step0")
 
 
-def synthesize(work: str, records: int, ranks: int = 1) -> tuple:
-    """(target step dir, bench step dir): one ``proc*`` dir, or ``rank0..rank{ranks-1}`` when ranks > 1."""
+def synthesize(work: str, records: int, ranks: int = 1, distinct: int = 0) -> tuple:
+    """(target step dir, bench step dir): one ``proc*`` dir, or ``rank0..rank{ranks-1}`` when ranks > 1.
+    ``distinct`` > 0: only that many ranks' documents are generated, the others are byte copies of
+    them (rank r copies rank r % distinct: 1,024 ranks in a minute instead of a quarter of an hour)."""
     if ranks == 1:
         doc = _rank_doc(records, 7)
         target = _write(os.path.join(work, "target"), "proc1001", doc)
         bench = _write(os.path.join(work, "bench"), "proc1002", _perturb(doc, 11))
         return target, bench
     for r in range(ranks):
+        if distinct and r >= distinct:
+            for side in ("target", "bench"):
+                source = os.path.join(work, side, "step0", f"rank{r % distinct}")
+                shutil.copytree(source, os.path.join(work, side, "step0", f"rank{r}"))
+            continue
         doc = _rank_doc(records, 7 + r)
         target = _write(os.path.join(work, "target"), f"rank{r}", doc)
         bench = _write(os.path.join(work, "bench"), f"rank{r}", _perturb(doc, 11 + r))
-    return target, bench
+    return os.path.join(work, "target", "step0"), os.path.join(work, "bench", "step0")
 
 
 def _run(cmd: list, timeout: float, ours: bool = True) -> dict:
@@ -232,6 +240,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--records", type=int, default=100_000, help="records per rank")
     ap.add_argument("--ranks", type=int, default=1, help="rank directories per dump (rank0..rankN-1)")
+    ap.add_argument("--distinct", type=int, default=0,
+                    help="with --ranks: generate this many ranks' documents, copy them to the others (0: all distinct)")
     ap.add_argument("--real", default=REAL, help="the real tool's msprobe executable ('' to skip)")
     ap.add_argument("--timeout", type=float, default=7200.0, help="seconds allowed to each tool")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2],
@@ -243,6 +253,9 @@ def main() -> int:
     ap.add_argument("--reuse", action="store_true", help="use the dumps already in --workdir (from --keep)")
     ap.add_argument("--baseline", default="", help="engine= of a baseline run of ours ('' to skip)")
     ap.add_argument("--plot", action="store_true", help="also time ours with the plot drawn")
+    ap.add_argument("--from-index", action="store_true",
+                    help="also index both dumps (msprobe index: records and compare's leaf tables) and time ours "
+                         "reading the index (ours_index; its CSVs checked byte-identical to ours from the documents)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs of ours (each worker count); the median run by CPU time is reported, with every run's figures")
     args = ap.parse_args()
@@ -252,7 +265,7 @@ def main() -> int:
         if args.reuse and os.path.isdir(os.path.join(work, "target", "step0")):
             target, bench = os.path.join(work, "target", "step0"), os.path.join(work, "bench", "step0")
         else:
-            target, bench = synthesize(work, args.records, args.ranks)
+            target, bench = synthesize(work, args.records, args.ranks, args.distinct)
         first = "proc1001" if args.ranks == 1 else "rank0"
         size = os.path.getsize(os.path.join(target, first, "dump.json")) / 2**20
         print(f"synthesized 2 x {args.ranks} rank(s) x {args.records} records ({size:.1f} MiB dump.json each) in "
@@ -274,8 +287,10 @@ def main() -> int:
             res[key] = _median_run(runs)
             res[key]["rows"] = _rows(out)
             print(f"{key}:", json.dumps(res[key]))
-            if not ((args.check and n == args.workers[0]) or (args.baseline and n == 1)):
+            if not ((args.check and n == args.workers[0]) or (args.baseline and n == 1) or (args.from_index and n == 1)):
                 shutil.rmtree(out, ignore_errors=True)
+        if args.from_index:
+            _from_index(res, args, work, target, bench)
         if args.plot:
             out = os.path.join(work, "ours_plot")
             res["ours_plot"] = _run([sys.executable, "-m", "msprobe", "compare", target, bench, "-o", out,
@@ -300,8 +315,7 @@ def main() -> int:
             res["real"] = _run([args.real, "compare", "-tp", target, "-gp", bench, "-o", out], args.timeout, ours=False)
             res["real"]["rows"] = _rows(out)
             print("real:", json.dumps(res["real"]))
-            for n in args.workers:
-                key = "ours" if n == 1 else f"ours_n{n}"
+            for key in [k for k in res if k.startswith("ours")]:
                 if res["real"]["wall_s"] and res[key]["wall_s"]:
                     res[f"speedup_{key}"] = round(res["real"]["wall_s"] / res[key]["wall_s"], 1)
                 elif res["real"]["wall_s"] is None and res[key]["wall_s"]:
@@ -316,9 +330,10 @@ def main() -> int:
                     ratios[f"{base}/{key}"] = {"wall": _ratio(res[base], res[key], "wall_s"),
                                                "cpu": _ratio(res[base], res[key], "cpu_s")}
         for key in [k for k in res if k.startswith("ours")]:
-            if res["floor"].get("wall_s") and res[key].get("wall_s"):
-                ratios[f"{key}/floor"] = {"wall": _ratio(res[key], res["floor"], "wall_s"),
-                                          "cpu": _ratio(res[key], res["floor"], "cpu_s")}
+            floor = res.get("index_floor") if key == "ours_index" else res["floor"]
+            if floor and floor.get("wall_s") and res[key].get("wall_s"):
+                ratios[f"{key}/floor"] = {"wall": _ratio(res[key], floor, "wall_s"),
+                                          "cpu": _ratio(res[key], floor, "cpu_s")}
         res["ratios"] = ratios
         for k, v in ratios.items():
             print(f"ratio {k}: wall {v['wall']}x, cpu {v['cpu']}x")
@@ -331,6 +346,40 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+_INDEX_FLOOR = ("import glob, os, sys; import pyarrow.parquet as pq\n"
+                "for side in sys.argv[1:]:\n"
+                "    for path in sorted(glob.glob(os.path.join(side, '*', 'index', 'compare', 'leaves.parquet'))):\n"
+                "        pq.read_table(path)\n")
+
+
+def _from_index(res: dict, args: Any, work: str, target: str, bench: str) -> None:
+    """Index both dumps (outside the timings of compare), then: the index's floor (a fresh
+    interpreter reading every leaf table with pyarrow) and ours reading the index (``ours_index``),
+    its CSVs checked byte-identical to ours from the documents (``ours``, kept by the caller)."""
+    for side in (target, bench):
+        for old in glob.glob(os.path.join(side, "*", "index")):
+            shutil.rmtree(old)
+    res["index_build"] = [_run([sys.executable, "-m", "msprobe", "index", side, "-q"], args.timeout)
+                          for side in (target, bench)]
+    print("index build (target, bench):", json.dumps(res["index_build"]))
+    res["index_floor"] = _median_run([_run([sys.executable, "-c", _INDEX_FLOOR, target, bench], args.timeout)
+                                      for _ in range(max(args.repeat, 1))])
+    print("index floor (interpreter start + reading every leaf table):", json.dumps(res["index_floor"]))
+    out = os.path.join(work, "ours_index")
+    runs = []
+    for i in range(args.repeat):
+        shutil.rmtree(out, ignore_errors=True)
+        runs.append(_run([sys.executable, "-m", "msprobe", "compare", target, bench, "-o", out, "--no-plot",
+                          "-n", "1"], args.timeout))
+    res["ours_index"] = _median_run(runs)
+    res["ours_index"]["rows"] = _rows(out)
+    res["ours_index"]["same_csv_bytes_as_ours"] = _same_csvs(out, os.path.join(work, "ours"))
+    print("ours_index:", json.dumps(res["ours_index"]))
+    shutil.rmtree(out, ignore_errors=True)
+    if not (args.check or args.baseline):
+        shutil.rmtree(os.path.join(work, "ours"), ignore_errors=True)
 
 
 def _median_run(runs: list) -> dict:

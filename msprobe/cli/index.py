@@ -21,13 +21,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from msprobe.compare import write_compare_leaves
     from msprobe.readers.index import build_index
 
     opts = json.loads(args.storage_options) if args.storage_options else None
     out_opts = json.loads(args.out_storage_options) if args.out_storage_options else None
     written = build_index(args.path, args.out, storage_options=opts, out_storage_options=out_opts, run=args.run,
                           progress="auto" if args.progress is None else args.progress,
-                          skip_existing=args.skip_existing)
+                          skip_existing=args.skip_existing, leaf_tables=write_compare_leaves)
     if args.json:
         print(json.dumps({"rank_dirs": len(written), "files": written}, indent=1))
     else:

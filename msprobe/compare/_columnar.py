@@ -38,7 +38,7 @@ from msprobe.compare._origin import ORIGIN_THRESHOLD
 from msprobe.compare._plan import _COMM, PairContext, Plan, bench_counterpart, load_side, plan_rows
 from msprobe.compare._plot import TOP_N, PlotMarks
 from msprobe.compare._quiet import departing_records
-from msprobe.compare._rows import COLUMNS, leaf_side
+from msprobe.compare._rows import COLUMNS
 from msprobe.compare._summary import NonFiniteFirsts, PairSummary, comes_before
 from msprobe.compare._verdict import judge
 from msprobe.compare._write import write_columns
@@ -144,7 +144,7 @@ def _replay(firsts: NonFiniteFirsts, plan: Plan, key: str, state: dict, side: tu
             epoch = event_epoch
             if epoch_name is not None:
                 firsts.tracker.record(epoch_name)
-        seen = firsts.see(io, suffix, leaf_side(leaves.leaf[leaf_index]), record, row, record_index)
+        seen = firsts.see(io, suffix, leaves.side(leaf_index), record, row, record_index)
         if seen is not None and comes_before(seen, first):
             first = seen
     state[key] = epoch

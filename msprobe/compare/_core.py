@@ -14,6 +14,10 @@ from msprobe.backends import local_path_of, upload_files
 from msprobe.compare import _columnar
 from msprobe.compare._cluster import add_paths, comm_report, order_results
 from msprobe.compare._columnar import PairContext
+from msprobe.compare._indexed import forget as _forget_indexed
+from msprobe.compare._indexed import indexed_side
+from msprobe.compare._indexed import records as _data
+from msprobe.compare._indexed import task as _task
 from msprobe.compare._layouts import layout_mode, layout_pairs, layout_summary
 from msprobe.compare._match import match_records
 from msprobe.compare._options import CompareOptions, PairJob
@@ -31,8 +35,7 @@ from msprobe.execution import Executor, Outbox, Shipment, ship
 from msprobe.format.layout import dump_dir_of
 from msprobe.format.stats import MAX
 from msprobe.progress import Progress
-from msprobe.readers import records_of as _data
-from msprobe.readers import task_of as _task
+from msprobe.readers import records_of
 
 if TYPE_CHECKING:
     from msprobe.readers.protocols import RecordSource
@@ -165,12 +168,17 @@ def compare_pair(target_source: Any, bench_source: Any, *, mode: str, out_dir: s
 def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, options: CompareOptions,
                       progress: Any = None) -> dict:
     """:func:`compare_pair` with its options as one :class:`CompareOptions`."""
-    target_data, bench_data = _data(target_source), _data(bench_source)
     mapping = options.mapping
     xframe = options.xframe
+    # both rank directories' leaf tables, where they are up to date and this compare can take them
+    indexed = _indexed_pair(target_source, bench_source, options)
+    target_data, bench_data = (records_of(target_source), records_of(bench_source)) if indexed is None else \
+        (indexed[0].records, indexed[1].records)
     if xframe is None and options.structural == "auto" and mindspore_against_pytorch(target_data, bench_data):
         xframe = {"api": {}, "cell": {}}  # as -am -cm: names alone pair almost nothing across frameworks
         options = dataclasses.replace(options, xframe=xframe)
+        indexed = None
+        target_data, bench_data = records_of(target_source), records_of(bench_source)
     if xframe is not None:
         pairs, rest, how, rows = match_xframe(target_data, bench_data, XFrame(xframe))
         mapping = {**rows, **(mapping or {})} or None
@@ -180,7 +188,7 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
     context = PairContext(target_data=target_data, bench_data=bench_data, pairs=pairs, rest=rest,
                           target_source=target_source, bench_source=bench_source, mode=options.mode,
                           stack=options.stack, mapping=mapping, threshold=options.threshold,
-                          across_frameworks=options.xframe is not None)
+                          across_frameworks=options.xframe is not None, indexed=indexed)
     header = [name for name in COLUMNS[options.mode] if options.stack or name != "NPU_Stack_Info"]
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, _csv_name(target_source, options.timestamp, options.multi_step))
@@ -205,6 +213,15 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
                                       departing=context.departing))
     report["comm"] = comm_report(target_data, bench_data, pairs, target_source.rank, options.mode, options.threshold)
     return report
+
+
+def _indexed_pair(target_source: Any, bench_source: Any, options: CompareOptions) -> Optional[tuple]:
+    """Both rank directories' up-to-date leaf tables (:mod:`msprobe.compare._indexed`) where this
+    compare can take them (statistics or md5 mode, no mapping), else None: the documents are read."""
+    if options.mode == "tensor" or options.mapping or options.xframe is not None:
+        return None
+    target, bench = indexed_side(target_source), indexed_side(bench_source)
+    return None if target is None or bench is None else (target, bench)
 
 
 def _pair_report(target_source: Any, bench_source: Any, files: list, summary: PairSummary, pairs: list, rest: list,
@@ -391,6 +408,7 @@ def _run_pairs(pairs: list, out_dir: str, storage_options: Optional[dict], optio
                 results.append(_run_pair(target, bench, out_dir, storage_options, options))
                 for source in (target, bench):  # parsed documents are not kept across rank pairs
                     source.release()
+                    _forget_indexed(source)
                 bar.update()
         return results, backend
     finally:

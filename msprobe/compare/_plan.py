@@ -51,6 +51,9 @@ class PairContext:
     #: a superset of the matched records where a leaf may depart (find_origin passes over the others),
     #: gathered block by block by columnar_pair (None: not gathered, or a block could not tell)
     departing: Optional[set] = None
+    #: (target, bench) :class:`msprobe.compare._indexed.IndexedSide` where the pair is read from the leaf
+    #: tables of the index (statistics and md5 modes, no mapping): the planner walks their stand-ins
+    indexed: Optional[tuple] = None
 
 
 def load_side(source: Any, side: Any, record: str) -> Any:
@@ -193,13 +196,44 @@ class Leaves:
     """Flat columns of the leaves of one side: ``leaf`` is filled by the plan, the columns by
     :meth:`finish` (what :func:`leaf_side` reads, a whole column at a time)."""
 
-    __slots__ = ("dtype", "shape", "requires_grad", "statistics", "md5", "data_name", "tensor", "leaf", "floats")
+    __slots__ = ("dtype", "shape", "requires_grad", "statistics", "md5", "data_name", "tensor", "leaf", "floats",
+                 "source")
 
     def __init__(self) -> None:
         self.leaf: list = []
         self.floats: dict = {}  # statistic name -> its number_columns
+        #: the columns of a leaf table (msprobe.compare._indexed.IndexedSide), where ``leaf`` holds stand-ins
+        self.source: Optional[dict] = None
+
+    def side(self, index: int) -> Any:
+        """:func:`leaf_side` of leaf ``index`` (from the leaf table's columns where it holds a stand-in)."""
+        if self.source is None:
+            return leaf_side(self.leaf[index])
+        from msprobe.compare._rows import Side
+
+        columns, at = self.source, self.leaf[index]["type"]
+        return Side(columns["dtype"][at], columns["shape"][at], columns["requires_grad"][at],
+                    tuple(columns[key][at] for key in _STATISTICS), columns["md5"][at], columns["data_name"][at],
+                    bool(columns["tensor"][at]), None)
+
+    def _finish_from_source(self, mode: str) -> None:
+        """:meth:`finish` from the leaf table's columns, gathered by the stand-ins' leaf numbers."""
+        import numpy as np
+
+        columns = self.source
+        assert columns is not None
+        at = np.fromiter(map(operator.itemgetter("type"), self.leaf), dtype=np.int64, count=len(self.leaf))
+        self.tensor = columns["tensor"][at].tolist()
+        self.dtype, self.shape, self.requires_grad = (columns[key][at].tolist()
+                                                      for key in ("dtype", "shape", "requires_grad"))
+        self.statistics = {key: columns[key][at].tolist() for key in _STATISTICS}
+        self.md5 = columns["md5"][at].tolist() if mode == "md5" else []
+        self.data_name: list = []
 
     def finish(self, mode: str) -> None:
+        if self.source is not None:
+            self._finish_from_source(mode)
+            return
         walker = leafwalk()
         if walker is not None:
             got = walker.leaf_fields(self.leaf, mode == "md5", mode == "tensor", _SCALAR_TYPES, _STATISTICS,
@@ -434,16 +468,21 @@ def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, s
     plan, without a Python step per leaf; None where it is not there, a data-mapping file pairs
     the rows, or the records hold what it does not take."""
     walker = leafwalk()
-    if walker is None or context.mapping or not isinstance(context.target_data, dict) \
-            or not isinstance(context.bench_data, dict) or not isinstance(context.pairs, list):
+    indexed = context.indexed
+    target_data, bench_data = (context.target_data, context.bench_data) if indexed is None else \
+        (indexed[0].stand_ins, indexed[1].stand_ins)
+    if walker is None or context.mapping or not isinstance(target_data, dict) \
+            or not isinstance(bench_data, dict) or not isinstance(context.pairs, list):
         return None
-    got = walker.plan_block(context.target_data, context.bench_data, context.pairs, start, stop,
+    got = walker.plan_block(target_data, bench_data, context.pairs, start, stop,
                             list(context.rest) if with_rest else None, context.mode == "tensor", TENSOR_TYPES)
     if got is None:
         return None
     import numpy as np
 
     plan = Plan()
+    if indexed is not None:  # the leaves are stand-ins: their columns come from the leaf tables
+        plan.target.source, plan.bench.source = indexed[0].columns, indexed[1].columns
     (plan.target.leaf, target_io, target_suffix, plan.bench.leaf, bench_io, bench_suffix, row_target,
      row_bench, row_group, row_kind, plan.row_name, plan.row_bench_name, plan.group_index,
      plan.group_name, plan.group_bench, group_first, group_dup) = got

@@ -46,6 +46,7 @@ __all__ = [
     "table_bytes",
     "write_rank_index",
     "read_index_metadata",
+    "decode_metadata",
     "read_index_table",
     "read_index_bytes",
     "decode_strings",
@@ -256,6 +257,11 @@ def read_index_metadata(store: ReadableStore, key: str) -> dict:
     parquet = _parquet()
     with store.open_read(key) as file:
         metadata = parquet.read_metadata(file).metadata or {}
+    return _decode_meta(metadata)
+
+
+def decode_metadata(metadata: dict) -> dict:
+    """The msprobe key-value metadata of a Parquet schema (prefix stripped; typed step/rank/records)."""
     return _decode_meta(metadata)
 
 

@@ -7,7 +7,7 @@ package's users have always found them.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from msprobe.backends import Store
 from msprobe.errors import StorageNotFoundError, require
@@ -44,7 +44,8 @@ log = logging.getLogger("msprobe.readers")
 
 def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional[dict] = None,
                 out_storage_options: Optional[dict] = None, run: Optional[str] = None,
-                progress: Any = None, skip_existing: bool = False, compact: bool = True) -> list:
+                progress: Any = None, skip_existing: bool = False, compact: bool = True,
+                leaf_tables: Optional[Callable] = None) -> list:
     """Build the Parquet index of every rank of a dump; returns the URLs written.
 
     ``dump_or_path``: a :class:`~msprobe.readers.Dump` or anything ``open()`` takes.
@@ -54,7 +55,10 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     True for :class:`msprobe.progress.Progress` on stderr, ``"auto"`` for it when stderr is a
     terminal, or a callable ``(done, total, what)``. With ``out``,
     ``compact=True`` finally merges the run's partitions into ``run=<run>/_compact.parquet``
-    (see :func:`compact_index`); the per-(step, rank) files stay.
+    (see :func:`compact_index`); the per-(step, rank) files stay. ``leaf_tables``: without ``out``,
+    also called as ``leaf_tables(store, rank_prefix, document, doc_size, doc_mtime)`` for each rank
+    directory indexed (``msprobe index`` passes compare's leaf table writer,
+    :func:`msprobe.compare.write_compare_leaves`).
     """
     require("pyarrow", "parquet")
     dump = dump_or_path if isinstance(dump_or_path, Dump) else open_dump(
@@ -79,7 +83,8 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     written: list = []
     stream = _RunCompaction.start(out_store, run) if out_store is not None and compact else None
     try:
-        _index_sources(sources, dump, out_store, dump_store, run, skip_existing, show, progress, written, stream)
+        _index_sources(sources, dump, out_store, dump_store, run, skip_existing, show, progress, written, stream,
+                       leaf_tables)
     except BaseException:
         if stream is not None:
             stream.abort()
@@ -95,7 +100,8 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
 
 
 def _index_sources(sources: list, dump: Dump, out_store: Any, dump_store: Any, run: Optional[str],
-                   skip_existing: bool, show: Any, progress: Any, written: list, stream: Any) -> None:
+                   skip_existing: bool, show: Any, progress: Any, written: list, stream: Any,
+                   leaf_tables: Optional[Callable] = None) -> None:
     """Index each rank directory of ``sources`` (see :func:`build_index`); their URLs appended to
     ``written``, their tables streamed into ``stream`` (the run's compaction) as they are built."""
     for i, src in enumerate(sources):
@@ -119,6 +125,8 @@ def _index_sources(sources: list, dump: Dump, out_store: Any, dump_store: Any, r
                              doc_size=src.doc_size if src.doc_size is not None else size,
                              doc_mtime=mtime, source=src.url, locations=src.tensor_locations(),
                              written=None if stream is None else stream.add)
+            if leaf_tables is not None and out_store is None:
+                leaf_tables(store, prefix, doc, src.doc_size if src.doc_size is not None else size, mtime)
             if not was_loaded:
                 src.release()  # bound memory: one document at a time
         written.append(f"{store.url.rstrip('/')}/{key}")

@@ -207,6 +207,15 @@ def _write(root: str, doc: dict, src_rank: str) -> str:
     return os.path.join(root, "step0")
 
 
+def mutated_pair(tmp_path, fixture: str, seed: int) -> tuple:
+    """(target, bench) step directories: two seeded mutations of a fixture's document."""
+    (rank,) = glob.glob(os.path.join(_f(*fixture.split("/")), "step0", "*"))
+    with open(os.path.join(rank, "dump.json"), encoding="utf-8") as fh:
+        doc = json.load(fh)
+    return (_write(str(tmp_path / "t"), _mutate(doc, seed, "t"), rank),
+            _write(str(tmp_path / "b"), _mutate(doc, seed + 100, "b"), rank))
+
+
 MUTATED = ["ms26/L1_statistics", "ms26/L1_md5", "ms8/L1_statistics", "ms26/mix_statistics",
            "ms26_mindspore/L1_statistics", "ms26_mindspore/L1_md5", "zoo26/attention_mix"]
 
@@ -214,11 +223,7 @@ MUTATED = ["ms26/L1_statistics", "ms26/L1_md5", "ms8/L1_statistics", "ms26/mix_s
 @pytest.mark.parametrize("fixture", MUTATED)
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_mutated_dumps_same_bytes(tmp_path, monkeypatch, fixture, seed):
-    (rank,) = glob.glob(os.path.join(_f(*fixture.split("/")), "step0", "*"))
-    with open(os.path.join(rank, "dump.json"), encoding="utf-8") as fh:
-        doc = json.load(fh)
-    t = _write(str(tmp_path / "t"), _mutate(doc, seed, "t"), rank)
-    b = _write(str(tmp_path / "b"), _mutate(doc, seed + 100, "b"), rank)
+    t, b = mutated_pair(tmp_path, fixture, seed)
     got = _both(tmp_path, monkeypatch, t, b, xlsx=seed == 1)
     csv_bytes = next(v for k, v in got.items() if k.endswith(".csv"))
     assert b"error" in csv_bytes  # the planted changes reach the rules

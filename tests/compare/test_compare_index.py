@@ -1,0 +1,198 @@
+"""compare from the index (issue 48 item 2): the leaf tables ``msprobe index`` writes
+(``index/compare/leaves.parquet``) give the same CSV bytes and summary.json as the documents.
+
+Each case copies a pair of dumps, indexes both, and compares them twice from the same place: once
+with ``MSPROBE_LAKE_COMPARE_INDEX=0`` (the documents) and once from the leaf tables (the documents'
+``records_of`` then never called, so nothing parses a dump.json), and requires equal outputs. A stale
+table (the document rewritten, or only touched) is never used: it is said and the document read.
+"""
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import shutil
+import warnings
+
+import pytest
+
+import msprobe.compare._core as core
+from msprobe.compare import compare, write_compare_leaves
+from msprobe.index import StaleIndexWarning
+from msprobe.readers.index import build_index
+from tests.compare.test_compare_columnar import REAL_PAIRS, TS, _f, _outputs, mutated_pair
+
+
+def _indexed_copy(tmp_path, name: str, step_dir: str) -> str:
+    """A copy of the dump whose step (or rank) directory is ``step_dir``, indexed with its leaf tables."""
+    root = str(tmp_path / name)
+    shutil.copytree(step_dir, root)
+    build_index(root, leaf_tables=write_compare_leaves)
+    assert glob.glob(os.path.join(root, "**", "compare", "leaves.parquet"), recursive=True)
+    return root
+
+
+def _no_documents(monkeypatch) -> None:
+    def refuse(source):
+        raise AssertionError(f"compare read {source.url}'s document: its leaf table was not used")
+
+    monkeypatch.setattr(core, "records_of", refuse)
+
+
+def _same_from_index(tmp_path, monkeypatch, target: str, bench: str, *, documents: bool = False, **kw) -> dict:
+    """Compare ``target`` with ``bench`` from their documents and from their leaf tables; the
+    outputs must be equal (``documents``: the second run may read documents too: tensor mode)."""
+    runs = {}
+    for how in ("json", "index"):
+        out = str(tmp_path / f"out_{how}")
+        shutil.rmtree(out, ignore_errors=True)
+        with monkeypatch.context() as patch:
+            if how == "json":
+                patch.setenv("MSPROBE_LAKE_COMPARE_INDEX", "0")
+            elif not documents:
+                _no_documents(patch)
+            compare(target, bench, out, timestamp=TS, plot=False, progress=False, **kw)
+        runs[how] = {name: value.replace(out.encode(), b"OUT") for name, value in _outputs(out).items()}
+    a, b = runs["json"], runs["index"]
+    assert sorted(a) == sorted(b) and any(name.endswith(".csv") for name in a)
+    for name in a:
+        assert a[name] == b[name], f"{name} differs between the document and the index"
+    return a
+
+
+#: REAL_PAIRS of the engine's byte-identity tests, one of each kind (26.x, md5, mix against L0, 8.x,
+#: two ranks across dialects, MindSpore, the zoo) but tensor mode (below)
+INDEX_PAIRS = [REAL_PAIRS[i] for i in (0, 1, 3, 5, 8, 10, 13)]
+
+
+@pytest.mark.parametrize("target,bench", INDEX_PAIRS, ids=[f"{a}-vs-{b}" for a, b in INDEX_PAIRS])
+def test_real_fixtures_same_bytes_from_the_index(tmp_path, monkeypatch, target, bench):
+    t, b = _f(*target.split("/"), "step0"), _f(*bench.split("/"), "step0")
+    if not (os.path.isdir(t) and os.path.isdir(b)):
+        t, b = _f(*target.split("/")), _f(*bench.split("/"))
+    _same_from_index(tmp_path, monkeypatch, _indexed_copy(tmp_path, "t", t), _indexed_copy(tmp_path, "b", b))
+
+
+def test_tensor_mode_reads_the_documents_and_writes_the_same(tmp_path, monkeypatch):
+    t = _indexed_copy(tmp_path, "t", _f("ms26", "L1_tensor", "step0"))
+    b = _indexed_copy(tmp_path, "b", _f("ms26", "L1_tensor_perturbed", "step0"))
+    _same_from_index(tmp_path, monkeypatch, t, b, documents=True)
+
+
+@pytest.mark.parametrize("fixture,seed", [("ms26/L1_statistics", 1), ("ms26/L1_md5", 2), ("ms8/L1_statistics", 3)])
+def test_mutated_dumps_same_bytes_from_the_index(tmp_path, monkeypatch, fixture, seed):
+    t, b = mutated_pair(tmp_path / "mutated", fixture, seed)
+    t, b = _indexed_copy(tmp_path, "t", t), _indexed_copy(tmp_path, "b", b)
+    got = _same_from_index(tmp_path, monkeypatch, t, b)
+    assert b"error" in next(v for k, v in got.items() if k.endswith(".csv"))
+    _same_from_index(tmp_path, monkeypatch, t, b, fuzzy=True, structural=True, threshold=0.001)
+
+
+def _tensor(**kw) -> dict:
+    entry = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2, 3], "Max": 1.5, "Min": -0.5,
+             "Mean": 0.25, "Norm": 2.0, "requires_grad": True}
+    entry.update(kw)
+    return entry
+
+
+def _every_leaf_kind(side: str) -> dict:
+    """A document whose records hold every kind of leaf compare shows (and a few odd layouts)."""
+    nan, inf = float("nan"), float("inf")
+    moved = 1.0 if side == "t" else 1.25
+    data = {
+        "Functional.linear.0.forward": {
+            "input_args": [_tensor(), _tensor(Norm=moved), [_tensor(dtype="torch.int64", Max=7, Min=0, Mean=3.5, Norm=9.1),
+                                                            None, {"type": "int", "value": 3}]],
+            "input_kwargs": {"bias": None, "alpha": {"type": "float", "value": nan if side == "t" else 0.5},
+                             "inplace": {"type": "bool", "value": side == "t"}, "mode": {"type": "str", "value": "sum"},
+                             "index": {"type": "slice", "value": [1, None, 2]},
+                             "dims": [{"type": "int", "value": 0}, {"type": "int", "value": -1}],
+                             "dt": {"type": "torch.dtype", "value": "torch.float16"},
+                             "ell": {"type": "ellipsis", "value": "..."}, "empty": {}, "nothing": []},
+            "output": [_tensor(Max=inf, Min=-inf, Mean=nan, Norm=inf), _tensor(dtype="torch.bool", Max=True, Min=False,
+                                                                               Mean=None, Norm=None)],
+        },
+        "Tensor.__getitem__.0.forward": {"input_args": [_tensor(shape=[]), {"type": "int", "value": 10 ** 30}],
+                                         "input_kwargs": {}, "output": _tensor(Max="1.5e3", Min="nan")},
+        "Module.layer.Linear.forward.0": {"input_args": [_tensor()], "input_kwargs": {},
+                                          "parameters": {"weight": _tensor(), "bias": _tensor(Norm=moved)},
+                                          "output": [_tensor()]},
+        "Module.layer.Linear.parameters_grad": {"weight": [_tensor()], "bias": _tensor(Max=moved), "0.w": None},
+        "Tensor.empty_args.0.forward": {"input_args": [], "input_kwargs": {}, "output": []},
+        "Distributed.all_reduce.0.forward": {"input_args": [_tensor(Max=moved)],
+                                             "input_kwargs": {"group": {"type": "list", "value": [0, 1]},
+                                                              "op": {"type": "str", "value": "SUM"}},
+                                             "output": [_tensor()]},
+        "Tensor.add.0.backward": {"input": [_tensor()], "output": [_tensor(requires_grad=False), None]},
+        "mean.0.debug": _tensor(Mean=moved),
+        "x.1.debug": {"a": _tensor(), "b": [{"type": "int", "value": 1}, None]},
+    }
+    if side == "b":
+        data["Tensor.only_bench.0.forward"] = {"input_args": [_tensor()], "output": [_tensor(Max=nan)]}
+    else:
+        data["Tensor.only_target.0.forward"] = {"input_args": [_tensor(), None], "output": [_tensor()]}
+    return {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "data": data}
+
+
+def _write_doc(root: str, doc: dict) -> str:
+    rank = os.path.join(root, "step0", "rank0")
+    os.makedirs(rank)
+    with open(os.path.join(rank, "dump.json"), "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1)
+    return os.path.join(root, "step0")
+
+
+def test_every_leaf_kind_same_bytes_from_the_index(tmp_path, monkeypatch):
+    t = _write_doc(str(tmp_path / "t"), _every_leaf_kind("t"))
+    b = _write_doc(str(tmp_path / "b"), _every_leaf_kind("b"))
+    for side in (t, b):
+        build_index(side, leaf_tables=write_compare_leaves)
+    got = _same_from_index(tmp_path, monkeypatch, t, b)
+    csv = next(v for k, v in got.items() if k.endswith(".csv")).decode()
+    for text in ("<class 'int'>", "<class 'float'>", "<class 'bool'>", "<class 'str'>", "slice", "torch.int64",
+                 "Functional.linear.0.forward.input.alpha", "parameters_grad.bias", "mean.0.debug", "x.1.debug.b.0",
+                 "Tensor.only_bench.0.forward.output.0", "1000000000000000000000000000000"):
+        assert text in csv, text
+
+
+def test_a_stale_leaf_table_is_never_used(tmp_path, monkeypatch):
+    t = _write_doc(str(tmp_path / "t"), _every_leaf_kind("t"))
+    b = _write_doc(str(tmp_path / "b"), _every_leaf_kind("b"))
+    for side in (t, b):
+        build_index(side, leaf_tables=write_compare_leaves)
+    doc_path = os.path.join(t, "rank0", "dump.json")
+    changed = _every_leaf_kind("t")
+    changed["data"]["Functional.linear.0.forward"]["output"][0]["Max"] = 42.0  # a re-dump into the same path
+    with open(doc_path, "w", encoding="utf-8") as fh:
+        json.dump(changed, fh, indent=1)
+    expected = str(tmp_path / "expected")
+    monkeypatch.setenv("MSPROBE_LAKE_COMPARE_INDEX", "0")
+    compare(t, b, expected, timestamp=TS, plot=False, progress=False)
+    monkeypatch.delenv("MSPROBE_LAKE_COMPARE_INDEX")
+    for touch_only in (False, True):
+        if touch_only:  # the same bytes, a later time: the table cannot tell it holds them
+            build_index(t, leaf_tables=write_compare_leaves)
+            stat = os.stat(doc_path)
+            os.utime(doc_path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
+        out = str(tmp_path / f"out{touch_only}")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compare(t, b, out, timestamp=TS, plot=False, progress=False)
+        assert any(issubclass(w.category, StaleIndexWarning) and "rank0" in str(w.message)
+                   and "instead of its leaf table" in str(w.message) for w in caught)
+        got = _outputs(out)
+        want = _outputs(expected)
+        for name in want:
+            if name.endswith(".csv"):
+                assert got[name] == want[name]
+        assert b"42.0" in next(v for k, v in got.items() if k.endswith(".csv"))
+
+
+def test_an_index_without_a_leaf_table_reads_the_documents(tmp_path, monkeypatch):
+    t = _write_doc(str(tmp_path / "t"), _every_leaf_kind("t"))
+    b = _write_doc(str(tmp_path / "b"), copy.deepcopy(_every_leaf_kind("b")))
+    build_index(t)  # the records' index only (as a dumper writes it at publish, or an older msprobe)
+    build_index(b, leaf_tables=write_compare_leaves)
+    assert not glob.glob(os.path.join(t, "**", "leaves.parquet"), recursive=True)
+    _same_from_index(tmp_path, monkeypatch, t, b, documents=True)
