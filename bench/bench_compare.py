@@ -116,11 +116,12 @@ def synthesize(work: str, records: int, ranks: int = 1, distinct: int = 0) -> tu
     return os.path.join(work, "target", "step0"), os.path.join(work, "bench", "step0")
 
 
-def _run(cmd: list, timeout: float, ours: bool = True) -> dict:
+def _run(cmd: list, timeout: float, ours: bool = True, index: bool = False) -> dict:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # the real tool is imported as ``msprobe`` too: never shadow it
     if ours:
         env["PYTHONPATH"] = ROOT
+        env["MSPROBE_LAKE_COMPARE_INDEX"] = "1" if index else "0"  # ours from the documents unless asked
     log = tempfile.TemporaryFile()  # not a pipe: a chatty tool would block on a full pipe while we poll
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT if ours else None, env=env,
@@ -348,15 +349,15 @@ def main() -> int:
     return 0
 
 
-_INDEX_FLOOR = ("import glob, os, sys; import pyarrow.parquet as pq\n"
+_INDEX_FLOOR = ("import glob, os, sys; import pyarrow.parquet as pq; from msprobe.compare._indexed import _READ\n"
                 "for side in sys.argv[1:]:\n"
                 "    for path in sorted(glob.glob(os.path.join(side, '*', 'index', 'compare', 'leaves.parquet'))):\n"
-                "        pq.read_table(path)\n")
+                "        pq.ParquetFile(path).read(columns=_READ)\n")
 
 
 def _from_index(res: dict, args: Any, work: str, target: str, bench: str) -> None:
     """Index both dumps (outside the timings of compare), then: the index's floor (a fresh
-    interpreter reading every leaf table with pyarrow) and ours reading the index (``ours_index``),
+    interpreter reading the columns compare reads at once of every leaf table with pyarrow) and ours reading the index (``ours_index``),
     its CSVs checked byte-identical to ours from the documents (``ours``, kept by the caller)."""
     for side in (target, bench):
         for old in glob.glob(os.path.join(side, "*", "index")):
@@ -372,7 +373,7 @@ def _from_index(res: dict, args: Any, work: str, target: str, bench: str) -> Non
     for i in range(args.repeat):
         shutil.rmtree(out, ignore_errors=True)
         runs.append(_run([sys.executable, "-m", "msprobe", "compare", target, bench, "-o", out, "--no-plot",
-                          "-n", "1"], args.timeout))
+                          "-n", "1"], args.timeout, index=True))
     res["ours_index"] = _median_run(runs)
     res["ours_index"]["rows"] = _rows(out)
     res["ours_index"]["same_csv_bytes_as_ours"] = _same_csvs(out, os.path.join(work, "ours"))

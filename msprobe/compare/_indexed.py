@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any, Iterator, Optional
 
 from msprobe.compare._rows import record_leaves
-from msprobe.errors import require
+from msprobe.errors import FormatError, require
 from msprobe.format.layout import INDEX_DIR, join_key
 from msprobe.format.model import TENSOR_TYPES
 from msprobe.format.native import leafwalk
@@ -39,7 +39,7 @@ log = logging.getLogger("msprobe.compare")
 #: the leaf table of a rank directory, relative to it (not a part of ``index/records.parquet``'s dataset)
 COMPARE_LEAVES = f"{INDEX_DIR}/compare/leaves.parquet"
 #: the table's version (its metadata ``msprobe_lake.compare_leaves_version``); another is not read
-COMPARE_LEAVES_VERSION = "1"
+COMPARE_LEAVES_VERSION = "2"
 #: MSPROBE_LAKE_COMPARE_INDEX=0: compare reads the documents even where an index is there
 ENV = "MSPROBE_LAKE_COMPARE_INDEX"
 _FLOAT_STATS = ("max", "min", "mean", "norm")
@@ -73,38 +73,65 @@ def _walk_all(data: dict) -> tuple:
     return names, starts, suffixes, ios, leaves
 
 
-def stand_in_records(names: list, starts: list, suffixes: list, ios: list) -> Optional[dict]:
-    """{record: a stand-in record} whose leaves record_leaves walks to the same suffixes and ios,
-    leaf ``i`` a ``{"type": i}``; None where a record's leaves cannot be laid out that way."""
-    out: dict = {}
+def _rests(names: list, starts: list, suffixes: list, ios: list) -> list:
+    """Each leaf's key in its stand-in record's group (:func:`stand_in_records`): the suffix less
+    its io for an api or module record (None: the leaf is the io's value itself), the suffix for
+    a parameters_grad or debug record (None: the debug record's value is the leaf itself)."""
+    rests: list = []
     for position, name in enumerate(names):
         start, stop = starts[position], starts[position + 1]
-        record: Any = {}
         if _flat(name):
-            if stop - start == 1 and suffixes[start] == "" and name.endswith(".debug"):
-                record = {"type": start}
-            else:
-                for i in range(start, stop):
-                    record[suffixes[i]] = {"type": i}
+            rests.extend(None if suffix == "" and stop - start == 1 and name.endswith(".debug") else suffix
+                         for suffix in suffixes[start:stop])
         else:
-            last = None
-            for i in range(start, stop):
-                io, suffix = ios[i], suffixes[i]
-                if suffix == io:
-                    if io in record:
-                        return None
-                    record[io] = {"type": i}
-                elif suffix.startswith(io + "."):
-                    group = record.get(io)
-                    if group is None:
-                        group = record[io] = {}
-                    elif last != io or "type" in group:
-                        return None  # an io's leaves apart from each other (the walk would join them)
-                    group[suffix[len(io) + 1:]] = {"type": i}
-                else:
+            rests.extend(None if suffix == io else suffix[len(io) + 1:]
+                         for suffix, io in zip(suffixes[start:stop], ios[start:stop]))
+    return rests
+
+
+def stand_in_records(names: list, rec: Any, ios: list, rests: list) -> Optional[dict]:
+    """{record: a stand-in record} whose leaves record_leaves walks to the leaves' suffixes and ios
+    (the table's order), leaf ``i`` a ``{"type": i}``: an api or module record's leaves grouped by
+    io (``{io: {rest: leaf}}``, or ``{io: leaf}``), a parameters_grad or debug record's flat
+    (``{rest: leaf}``, or the leaf). ``rec``: each leaf's record position (numpy); None where the
+    leaves cannot be laid out that way."""
+    import numpy as np
+
+    out: dict = {name: {} for name in names}
+    count = len(rests)
+    if not count:
+        return out
+    io_column = np.array(ios, dtype=object)
+    cut = np.flatnonzero(np.concatenate(([True], (rec[1:] != rec[:-1]) | (io_column[1:] != io_column[:-1]))))
+    bounds = cut.tolist() + [count]
+    stand = [{"type": i} for i in range(count)]
+    for group_rec, start, stop in zip(rec[cut].tolist(), bounds, bounds[1:]):
+        name = names[group_rec]
+        record = out[name]
+        keys = rests[start:stop]
+        if None in keys:  # the value itself is the leaf
+            if stop - start != 1:
+                return None
+            if _flat(name):
+                if record:
                     return None
-                last = io
-        out[name] = record
+                out[name] = stand[start]
+            elif ios[start] in record:
+                return None
+            else:
+                record[ios[start]] = stand[start]
+            continue
+        group = dict(zip(keys, stand[start:stop]))
+        if len(group) != stop - start:
+            return None
+        if _flat(name):
+            if not isinstance(record, dict) or "type" in record or set(record) & set(group):
+                return None
+            record.update(group)
+        elif ios[start] in record:
+            return None  # an io's leaves apart from each other (the walk would join them)
+        else:
+            record[ios[start]] = group
     return out
 
 
@@ -113,14 +140,45 @@ def _walks_the_same(stand_ins: dict, suffixes: list, ios: list) -> bool:
     return got_suffixes == suffixes and got_ios == ios and [leaf["type"] for leaf in leaves] == list(range(len(leaves)))
 
 
+def _record_json(record: Any) -> str:
+    """A record's JSON: orjson's where it is the record's (it writes NaN and +-Infinity as null and
+    refuses integers beyond 64 bits: those, and any text holding null, through json)."""
+    try:
+        import orjson
+
+        text = orjson.dumps(record)
+        if b"null" not in text:
+            return text.decode("utf-8")
+    except (ImportError, TypeError):  # orjson.JSONEncodeError is a TypeError
+        pass
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
+def _json_typed(statistics: list) -> list:
+    """Per leaf, None where its four statistics are floats or null, else the JSON array of them."""
+    mixed = [position for position, column in enumerate(statistics)
+             if not {value.__class__ for value in column} <= {float, type(None)}]
+    typed: list = [None] * (len(statistics[0]) if statistics else 0)
+    if not mixed:
+        return typed
+    for leaf, values in enumerate(zip(*statistics)):
+        if not all(value is None or value.__class__ is float for value in values):
+            typed[leaf] = json.dumps(list(values))
+    return typed
+
+
 def compare_leaf_table(data: dict, metadata: Optional[dict] = None) -> Optional[Any]:
     """The leaf table (pyarrow) of a document's ``data``, or None where its records' leaves cannot
     be laid out as stand-ins (compare then reads the document)."""
+    import numpy as np
+
     from msprobe.compare._plan import Leaves
 
     pa = require("pyarrow", "parquet")
     names, starts, suffixes, ios, leaf_list = _walk_all(data)
-    stand_ins = stand_in_records(names, starts, suffixes, ios)
+    rests = _rests(names, starts, suffixes, ios)
+    leaf_rec = np.repeat(np.arange(len(names)), np.diff(starts))
+    stand_ins = stand_in_records(names, leaf_rec, ios, rests)
     if stand_ins is None or not _walks_the_same(stand_ins, suffixes, ios):
         return None
     leaves = Leaves()
@@ -129,31 +187,30 @@ def compare_leaf_table(data: dict, metadata: Optional[dict] = None) -> Optional[
     statistics = [leaves.statistics[key] for key in STAT_KEYS]
     floats = [[value if value is None or value.__class__ is float else None for value in column]
               for column in statistics]
-    typed = [None if all(value is None or value.__class__ is float for value in values)
-             else json.dumps(list(values)) for values in zip(*statistics)]
+    typed = _json_typed(statistics)
     data_names = [leaf.get("data_name") if leaf.__class__ is dict else None for leaf in leaf_list]
     # one row per leaf, a placeholder row (no suffix) for a record without one; each record's JSON on its first row
-    rec: list = []
-    row_leaf: list = []
-    raws: list = []
-    for position, name in enumerate(names):
-        start, stop = starts[position], starts[position + 1]
-        raw = json.dumps(data[name], separators=(",", ":"))
-        if start == stop:
-            rec.append(position)
-            row_leaf.append(-1)
-            raws.append(raw)
-            continue
-        rec.extend([position] * (stop - start))
-        row_leaf.extend(range(start, stop))
-        raws.extend([raw] + [None] * (stop - start - 1))
+    counts = np.diff(starts)
+    rows_of = np.maximum(counts, 1)
+    rec = np.repeat(np.arange(len(names)), rows_of)
+    first = np.concatenate(([0], np.cumsum(rows_of)[:-1])).astype(np.int64) if len(names) else np.zeros(0, np.int64)
+    row_leaf = np.full(len(rec), -1, dtype=np.int64)
+    with_leaves = np.flatnonzero(counts > 0)
+    if len(with_leaves):
+        row_leaf[np.repeat(first[with_leaves], counts[with_leaves]) +
+                 (np.arange(len(leaf_list)) - np.repeat(np.asarray(starts[:-1])[with_leaves], counts[with_leaves]))] = \
+            np.arange(len(leaf_list))
+    raws: list = [None] * len(rec)
+    for position, row in enumerate(first.tolist()):
+        raws[row] = _record_json(data[names[position]])
+    row_leaf_list = row_leaf.tolist()
 
     def per_row(column: list) -> list:
-        return [column[i] if i >= 0 else None for i in row_leaf]
+        return [column[i] if i >= 0 else None for i in row_leaf_list]
 
     columns = {
-        "rec": pa.array(rec, pa.int32()), "record": pa.array([names[r] for r in rec], pa.string()),
-        "io": per_row(ios), "suffix": per_row(suffixes), "tensor": per_row(leaves.tensor),
+        "rec": pa.array(rec, pa.int32()), "record": pa.array([names[r] for r in rec.tolist()], pa.string()),
+        "io": per_row(ios), "suffix": per_row(suffixes), "rest": per_row(rests), "tensor": per_row(leaves.tensor),
         "dtype": per_row(leaves.dtype), "shape": per_row(leaves.shape), "requires_grad": per_row(leaves.requires_grad),
         **{key: pa.array(per_row(column), pa.float64()) for key, column in zip(_FLOAT_STATS, floats)},
         "stats_json": per_row(typed), "md5": per_row(leaves.md5),
@@ -161,7 +218,8 @@ def compare_leaf_table(data: dict, metadata: Optional[dict] = None) -> Optional[
     }
     meta = {f"{META_PREFIX}compare_leaves_version": COMPARE_LEAVES_VERSION}
     meta.update({f"{META_PREFIX}{key}": "" if value is None else str(value) for key, value in (metadata or {}).items()})
-    table = pa.table({key: value if isinstance(value, pa.Array) else pa.array(value) for key, value in columns.items()})
+    table = pa.table({key: value if isinstance(value, pa.Array) else
+                      pa.array(value, pa.bool_() if key == "tensor" else pa.string()) for key, value in columns.items()})
     return table.replace_schema_metadata(meta)
 
 
@@ -191,14 +249,13 @@ class IndexedRecords(Mapping):
     def __init__(self, names: list, raws: Any) -> None:
         self._names = names
         self._position = {name: position for position, name in enumerate(names)}
-        self._raws = raws  # a pyarrow array: record position -> its JSON text
+        self._raws = raws  # record position -> its JSON text
         self._parsed: dict = {}
 
     def __getitem__(self, name: Any) -> Any:
         got = self._parsed.get(name)
         if got is None:
-            position = self._position[name]
-            got = self._parsed[name] = json.loads(self._raws[position].as_py())
+            got = self._parsed[name] = json.loads(self._raws[self._position[name]])
         return got
 
     def __contains__(self, name: object) -> bool:
@@ -211,32 +268,185 @@ class IndexedRecords(Mapping):
         return len(self._names)
 
 
+# ---------------------------------------------------------------- the table's columns as numpy, from Arrow's buffers
+# (pyarrow's own conversions, to_numpy and to_pylist, import pandas: a second or more on a loaded machine)
+
+def _valid(array: Any) -> Any:
+    """The array's validity as a numpy bool array."""
+    import numpy as np
+
+    if array.null_count == 0:
+        return np.ones(len(array), dtype=bool)
+    bits = np.frombuffer(array.buffers()[0], dtype=np.uint8)
+    return np.unpackbits(bits, bitorder="little")[array.offset:array.offset + len(array)].astype(bool)
+
+
+def _fixed(array: Any, dtype: Any) -> Any:
+    import numpy as np
+
+    return np.frombuffer(array.buffers()[1], dtype=dtype)[array.offset:array.offset + len(array)]
+
+
+def _bools(array: Any) -> Any:
+    import numpy as np
+
+    bits = np.frombuffer(array.buffers()[1], dtype=np.uint8)
+    return np.unpackbits(bits, bitorder="little")[array.offset:array.offset + len(array)].astype(bool)
+
+
+def _plain_strings(array: Any) -> list:
+    """The values of a string array as a list (None where null)."""
+    import numpy as np
+
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int32)[array.offset:array.offset + len(array) + 1].tolist()
+    data = buffers[2].to_pybytes() if buffers[2] is not None else b""
+    try:
+        text: Any = data.decode("ascii")  # byte offsets are character offsets
+    except UnicodeDecodeError:
+        text = None
+    if array.null_count > len(array) // 2:  # mostly null (stats_json): the others alone
+        out: list = [None] * len(array)
+        for position in np.flatnonzero(_valid(array)).tolist():
+            out[position] = data[offsets[position]:offsets[position + 1]].decode("utf-8")
+        return out
+    if text is not None:
+        out = [text[start:stop] for start, stop in zip(offsets, offsets[1:])]
+    else:
+        out = [data[start:stop].decode("utf-8") for start, stop in zip(offsets, offsets[1:])]
+    if array.null_count:
+        for position in np.flatnonzero(~_valid(array)).tolist():
+            out[position] = None
+    return out
+
+
+def _strings(column: Any) -> Any:
+    """A (dictionary-encoded or plain) string column as a numpy object array (None where null)."""
+    import numpy as np
+    import pyarrow as pa
+
+    parts = []
+    for array in column.chunks:
+        if pa.types.is_null(array.type):
+            parts.append(np.array([None] * len(array), dtype=object))
+        elif pa.types.is_dictionary(array.type):
+            values = np.array(_plain_strings(array.dictionary) + [None], dtype=object)
+            indices = _fixed(array.indices, np.int32).astype(np.int64)
+            if array.null_count:
+                indices = np.where(_valid(array), indices, len(values) - 1)
+            parts.append(values[indices])
+        else:
+            parts.append(np.array(_plain_strings(array), dtype=object))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=object)
+
+
+def _numbers(column: Any, dtype: Any) -> tuple:
+    """(values, validity) of a fixed-width or boolean column as numpy arrays."""
+    import numpy as np
+
+    if not column.chunks:
+        return np.zeros(0, dtype=dtype), np.zeros(0, dtype=bool)
+    values = [(_bools(array) if dtype is bool else _fixed(array, dtype)) for array in column.chunks]
+    return np.concatenate(values), np.concatenate([_valid(array) for array in column.chunks])
+
+
+def _present(column: Any) -> Any:
+    """Where an object array is not None."""
+    return column != None  # numpy: elementwise
+
+
+class _LazyColumns(dict):
+    """A leaf table's columns by name: those read at once given, the others (md5, data_name: what
+    only md5 mode or a NaN/Inf entry reads) read from the file on first use."""
+
+    def __init__(self, parquet_file: Any, leaf_rows: Any) -> None:
+        super().__init__()
+        self._file, self._rows = parquet_file, leaf_rows
+
+    def __missing__(self, column: str) -> Any:
+        got = self[column] = _strings(self._file.read(columns=[column]).column(column))[self._rows]
+        return got
+
+
+class _LazyRaws:
+    """Each record's JSON text (the ``raw`` column, read from the file on first use)."""
+
+    def __init__(self, parquet_file: Any, firsts: Any) -> None:
+        self._file, self._firsts = parquet_file, firsts
+        self._data: Optional[bytes] = None
+        self._offsets: Any = None
+
+    def __getitem__(self, position: int) -> str:
+        import numpy as np
+
+        if self._data is None:
+            array = self._file.read(columns=["raw"]).column("raw").combine_chunks()
+            buffers = array.buffers()
+            self._offsets = np.frombuffer(buffers[1], dtype=np.int32)[array.offset:array.offset + len(array) + 1]
+            self._data = buffers[2].to_pybytes() if buffers[2] is not None else b""
+        row = int(self._firsts[position])
+        return self._data[int(self._offsets[row]):int(self._offsets[row + 1])].decode("utf-8")
+
+
 class IndexedSide:
     """One rank's leaf table as compare reads it: ``records`` (:class:`IndexedRecords`), the
     stand-in records the planner walks and each leaf's columns by leaf number."""
 
-    def __init__(self, table: Any, task: Optional[str]) -> None:
+    def __init__(self, parquet_file: Any, task: Optional[str]) -> None:
         import numpy as np
 
         self.task = task
-        rec = table.column("rec").to_numpy()
+        table = parquet_file.read(columns=_READ)
+        rec, _ = _numbers(table.column("rec"), np.int32)
         firsts = np.flatnonzero(np.diff(rec, prepend=-1) != 0) if len(rec) else np.zeros(0, dtype=np.int64)
-        names = table.column("record").take(firsts).to_pylist()
-        self.records = IndexedRecords(names, table.column("raw").combine_chunks().take(firsts))
-        leaf_rows = np.flatnonzero(table.column("suffix").is_valid().to_numpy(zero_copy_only=False))
-        leaves = table.take(leaf_rows)
-        starts = np.searchsorted(rec[leaf_rows], np.arange(len(names) + 1)).tolist()
-        self.stand_ins = stand_in_records(names, starts, leaves.column("suffix").to_pylist(),
-                                          leaves.column("io").to_pylist())
-        self.columns = {column: np.array(leaves.column(column).to_pylist(), dtype=object)
-                        for column in ("dtype", "shape", "requires_grad", "md5", "data_name")}
-        self.columns["tensor"] = leaves.column("tensor").to_numpy(zero_copy_only=False)
-        statistics = [np.array(leaves.column(key).to_pylist(), dtype=object) for key in _FLOAT_STATS]
-        typed = leaves.column("stats_json")
-        for row in np.flatnonzero(typed.is_valid().to_numpy(zero_copy_only=False)).tolist():
-            for column, value in zip(statistics, json.loads(typed[int(row)].as_py())):
-                column[row] = value
-        self.columns.update(zip(STAT_KEYS, statistics))
+        names = _strings(table.column("record"))[firsts].tolist()
+        self.records = IndexedRecords(names, _LazyRaws(parquet_file, firsts))
+        ios = _strings(table.column("io"))
+        leaf_rows = np.flatnonzero(_present(ios))
+        self.stand_ins = stand_in_records(names, rec[leaf_rows], ios[leaf_rows].tolist(),
+                                          _strings(table.column("rest"))[leaf_rows].tolist())
+        self.columns = _LazyColumns(parquet_file, leaf_rows)
+        self.columns.update((column, _strings(table.column(column))[leaf_rows])
+                            for column in ("dtype", "shape", "requires_grad"))
+        self.columns["tensor"] = _numbers(table.column("tensor"), bool)[0][leaf_rows]
+        for key, column in zip(STAT_KEYS, _FLOAT_STATS):
+            values, valid = _numbers(table.column(column), np.float64)
+            values = values[leaf_rows].astype(object)
+            values[~valid[leaf_rows]] = None
+            self.columns[key] = values
+        typed = _strings(table.column("stats_json"))[leaf_rows]
+        for row in np.flatnonzero(_present(typed)).tolist():
+            for key, value in zip(STAT_KEYS, json.loads(typed[row])):
+                self.columns[key][row] = value
+
+
+#: the leaf table's string columns read dictionary-encoded (few distinct values: no string made per row)
+_DICTIONARY = ["record", "io", "rest", "dtype", "shape", "requires_grad"]
+#: the columns compare reads at once (``suffix`` aside: the planner walks the stand-ins to the row names;
+#: ``md5``, ``data_name`` and ``raw`` when they are asked for)
+_READ = ["rec", "record", "io", "rest", "tensor", "dtype", "shape", "requires_grad", *_FLOAT_STATS, "stats_json"]
+_COLUMNS = [*_READ, "md5", "data_name", "raw"]
+
+
+def open_leaf_table(data: bytes, where: str) -> Any:
+    """A leaf table's bytes as a pyarrow ParquetFile (its footer checked first: IndexBombError);
+    ``.read(columns=_READ)`` reads what compare needs, without pyarrow's pandas import."""
+    import io
+
+    from msprobe.index.files import check_index_footer
+
+    require("pyarrow", "parquet")
+    import pyarrow.parquet as pq
+
+    try:
+        parquet_file = pq.ParquetFile(io.BytesIO(data))
+        check_index_footer(parquet_file.metadata, len(data), where)
+        names = set(parquet_file.schema_arrow.names)
+        if set(_COLUMNS) <= names:  # (else another version's table: its metadata says so)
+            parquet_file = pq.ParquetFile(io.BytesIO(data), read_dictionary=_DICTIONARY)
+    except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors: not a Parquet file
+        raise FormatError(f"{where}: not a readable compare leaf table: {exc}") from None
+    return parquet_file
 
 
 def _fresh_table(source: Any) -> Optional[Any]:
@@ -253,10 +463,10 @@ def _fresh_table(source: Any) -> Optional[Any]:
         data = store.get(key)
     except (OSError, ValueError):
         return None
-    from msprobe.index.files import decode_metadata, read_index_bytes
+    from msprobe.index.files import decode_metadata
 
-    table = read_index_bytes(data, f"{source.url}/{COMPARE_LEAVES}")
-    meta = decode_metadata(table.schema.metadata or {})
+    parquet_file = open_leaf_table(data, f"{source.url}/{COMPARE_LEAVES}")
+    meta = decode_metadata(parquet_file.schema_arrow.metadata or {})
     if meta.get("compare_leaves_version") != COMPARE_LEAVES_VERSION:
         warn_stale(source.url, f"its compare leaf table is of version {meta.get('compare_leaves_version')!r}, "
                                f"this msprobe reads {COMPARE_LEAVES_VERSION!r}",
@@ -271,7 +481,7 @@ def _fresh_table(source: Any) -> Optional[Any]:
     if reason is not None:
         warn_stale(source.url, reason, "compare reads the document instead of its leaf table")
         return None
-    return table, meta
+    return parquet_file, meta
 
 
 def indexed_side(source: Any) -> Optional[IndexedSide]:

@@ -196,3 +196,18 @@ def test_an_index_without_a_leaf_table_reads_the_documents(tmp_path, monkeypatch
     build_index(b, leaf_tables=write_compare_leaves)
     assert not glob.glob(os.path.join(t, "**", "leaves.parquet"), recursive=True)
     _same_from_index(tmp_path, monkeypatch, t, b, documents=True)
+
+
+def test_a_leaf_table_of_another_version_is_not_read(tmp_path, monkeypatch):
+    import msprobe.compare._indexed as indexed
+
+    t = _write_doc(str(tmp_path / "t"), _every_leaf_kind("t"))
+    b = _write_doc(str(tmp_path / "b"), _every_leaf_kind("b"))
+    with monkeypatch.context() as patch:
+        patch.setattr(indexed, "COMPARE_LEAVES_VERSION", "0")  # as an older msprobe wrote it
+        build_index(t, leaf_tables=write_compare_leaves)
+    build_index(b, leaf_tables=write_compare_leaves)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _same_from_index(tmp_path, monkeypatch, t, b, documents=True)
+    assert any(issubclass(w.category, StaleIndexWarning) and "of version '0'" in str(w.message) for w in caught)
