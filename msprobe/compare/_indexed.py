@@ -89,12 +89,13 @@ def _rests(names: list, starts: list, suffixes: list, ios: list) -> list:
     return rests
 
 
-def stand_in_records(names: list, rec: Any, ios: list, rests: list) -> Optional[dict]:
+def stand_in_records(names: list, rec: Any, ios: list, rests: list, native: bool = True) -> Optional[dict]:
     """{record: a stand-in record} whose leaves record_leaves walks to the leaves' suffixes and ios
     (the table's order), leaf ``i`` a ``{"type": i}``: an api or module record's leaves grouped by
     io (``{io: {rest: leaf}}``, or ``{io: leaf}``), a parameters_grad or debug record's flat
     (``{rest: leaf}``, or the leaf). ``rec``: each leaf's record position (numpy); None where the
-    leaves cannot be laid out that way."""
+    leaves cannot be laid out that way. The C ``stand_ins`` where it is there (``native``), this
+    code the reference (tests/compare/test_compare_index.py holds the two equal)."""
     import numpy as np
 
     out: dict = {name: {} for name in names}
@@ -104,34 +105,39 @@ def stand_in_records(names: list, rec: Any, ios: list, rests: list) -> Optional[
     io_column = np.array(ios, dtype=object)
     cut = np.flatnonzero(np.concatenate(([True], (rec[1:] != rec[:-1]) | (io_column[1:] != io_column[:-1]))))
     bounds = cut.tolist() + [count]
+    flat = {name for name in names if ".parameters_grad" in name or name.endswith(".debug")}
+    walker = leafwalk() if native else None
+    if walker is not None:
+        return walker.stand_ins(names, rec[cut].tolist(), bounds, ios, rests, flat)
     stand = [{"type": i} for i in range(count)]
+    bare = {position for position, rest in enumerate(rests) if rest is None}  # the value itself is the leaf
     for group_rec, start, stop in zip(rec[cut].tolist(), bounds, bounds[1:]):
         name = names[group_rec]
         record = out[name]
-        keys = rests[start:stop]
-        if None in keys:  # the value itself is the leaf
-            if stop - start != 1:
-                return None
-            if _flat(name):
-                if record:
+        if name not in flat:
+            io = ios[start]
+            if io in record:
+                return None  # an io's leaves apart from each other (the walk would join them)
+            if start in bare:
+                if stop - start != 1:
                     return None
-                out[name] = stand[start]
-            elif ios[start] in record:
-                return None
+                record[io] = stand[start]
             else:
-                record[ios[start]] = stand[start]
+                group = record[io] = dict(zip(rests[start:stop], stand[start:stop]))
+                if len(group) != stop - start:
+                    return None
             continue
-        group = dict(zip(keys, stand[start:stop]))
-        if len(group) != stop - start:
-            return None
-        if _flat(name):
-            if not isinstance(record, dict) or "type" in record or set(record) & set(group):
+        if start in bare:
+            if stop - start != 1 or record:
                 return None
-            record.update(group)
-        elif ios[start] in record:
-            return None  # an io's leaves apart from each other (the walk would join them)
-        else:
-            record[ios[start]] = group
+            out[name] = stand[start]
+            continue
+        size = len(record) if record.__class__ is dict and "type" not in record else -1
+        record.update(zip(rests[start:stop], stand[start:stop]))
+        if size < 0 or len(record) != size + stop - start:
+            return None
+    if not bare <= set(bounds):
+        return None  # a bare leaf inside a group
     return out
 
 

@@ -20,6 +20,10 @@
  *     statistics as dumped, md5 text or [], data_name text or []); ``view(leaf)`` (_plan._view)
  *     gives what a leaf that is neither a tensor entry, a scalar argument nor null shows.
  *
+ *   stand_ins(names, group_rec, bounds, ios, rests, flat) -> dict or None
+ *     compare's stand-in records of a leaf table (msprobe/compare/_indexed.py stand_in_records, its
+ *     reference): leaf i a {"type": i}; None where the leaves cannot be laid out that way.
+ *
  *   index_rows(...), csv_rows(columns): the index's tensor columns (msprobe/index/rows.py) and compare's
  *     CSV rows (msprobe/compare/_write.py) without a Python step per cell.
  *   has_long_integer(data), with_stand_ins(data), restore_nonfinite(obj, values) -> int or None
@@ -33,7 +37,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define LEAFWALK_VERSION 12  /* bump with every change: a stale build is then rebuilt */
+#define LEAFWALK_VERSION 13  /* bump with every change: a stale build is then rebuilt */
 #define MAX_DEPTH 900
 
 typedef struct {
@@ -1350,7 +1354,136 @@ static PyObject *csv_rows(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* ------------------------------------------------------------------ a leaf table's stand-in records */
+
+static PyObject *stand_in(Py_ssize_t i) {
+    PyObject *leaf = PyDict_New(), *at = PyLong_FromSsize_t(i);
+    if (!leaf || !at || PyDict_SetItem(leaf, S_type, at) < 0) {
+        Py_XDECREF(leaf);
+        Py_XDECREF(at);
+        return NULL;
+    }
+    Py_DECREF(at);
+    return leaf;
+}
+
+/* {rests[start:stop] -> stand-ins} into group; 1 where a key repeats, -1 on an error */
+static int fill_group(PyObject *group, PyObject *rests, Py_ssize_t start, Py_ssize_t stop) {
+    for (Py_ssize_t i = start; i < stop; i++) {
+        PyObject *key = PyList_GET_ITEM(rests, i);
+        if (key == Py_None)
+            return 1;
+        int in = PyDict_Contains(group, key);
+        if (in)
+            return in;
+        PyObject *leaf = stand_in(i);
+        if (!leaf)
+            return -1;
+        int rc = PyDict_SetItem(group, key, leaf);
+        Py_DECREF(leaf);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *stand_ins(PyObject *self, PyObject *args) {
+    PyObject *names, *group_rec, *bounds, *ios, *rests, *flat;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O", &PyList_Type, &names, &PyList_Type, &group_rec, &PyList_Type, &bounds,
+                          &PyList_Type, &ios, &PyList_Type, &rests, &flat))
+        return NULL;
+    Py_ssize_t groups = PyList_GET_SIZE(group_rec), count = PyList_GET_SIZE(rests);
+    if (PyList_GET_SIZE(bounds) != groups + 1 || PyList_GET_SIZE(ios) != count) {
+        PyErr_SetString(PyExc_ValueError, "stand_ins: bounds, ios and rests disagree");
+        return NULL;
+    }
+    PyObject *out = PyDict_New();
+    if (!out)
+        return NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(names); k++) {
+        PyObject *empty = PyDict_New();
+        int rc = empty ? PyDict_SetItem(out, PyList_GET_ITEM(names, k), empty) : -1;
+        Py_XDECREF(empty);
+        if (rc < 0)
+            goto error;
+    }
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        Py_ssize_t r = PyLong_AsSsize_t(PyList_GET_ITEM(group_rec, g));
+        Py_ssize_t start = PyLong_AsSsize_t(PyList_GET_ITEM(bounds, g));
+        Py_ssize_t stop = PyLong_AsSsize_t(PyList_GET_ITEM(bounds, g + 1));
+        if (PyErr_Occurred())
+            goto error;
+        if (r < 0 || r >= PyList_GET_SIZE(names) || start < 0 || stop > count || start >= stop) {
+            PyErr_SetString(PyExc_ValueError, "stand_ins: a group out of range");
+            goto error;
+        }
+        PyObject *name = PyList_GET_ITEM(names, r);
+        PyObject *record = PyDict_GetItemWithError(out, name);  /* borrowed */
+        if (!record)
+            goto error;
+        int is_flat = PySet_Contains(flat, name);
+        if (is_flat < 0)
+            goto error;
+        int bare = PyList_GET_ITEM(rests, start) == Py_None;
+        if (!is_flat) {
+            PyObject *io = PyList_GET_ITEM(ios, start);
+            if (!PyDict_Check(record))
+                goto decline;
+            int in = PyDict_Contains(record, io);
+            if (in < 0)
+                goto error;
+            if (in)
+                goto decline;  /* an io's leaves apart from each other (the walk would join them) */
+            PyObject *value = bare ? (stop - start == 1 ? stand_in(start) : NULL) : PyDict_New();
+            if (!value) {
+                if (PyErr_Occurred())
+                    goto error;
+                goto decline;
+            }
+            int rc = PyDict_SetItem(record, io, value);
+            Py_DECREF(value);
+            if (rc < 0)
+                goto error;
+            if (!bare) {
+                rc = fill_group(value, rests, start, stop);
+                if (rc < 0)
+                    goto error;
+                if (rc)
+                    goto decline;
+            }
+            continue;
+        }
+        if (bare) {
+            if (stop - start != 1 || !PyDict_Check(record) || PyDict_GET_SIZE(record))
+                goto decline;
+            PyObject *leaf = stand_in(start);
+            int rc = leaf ? PyDict_SetItem(out, name, leaf) : -1;
+            Py_XDECREF(leaf);
+            if (rc < 0)
+                goto error;
+            continue;
+        }
+        if (!PyDict_Check(record) || PyDict_GetItemWithError(record, S_type))
+            goto decline;
+        if (PyErr_Occurred())
+            goto error;
+        int rc = fill_group(record, rests, start, stop);
+        if (rc < 0)
+            goto error;
+        if (rc)
+            goto decline;
+    }
+    return out;
+decline:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"stand_ins", stand_ins, METH_VARARGS, "compare's stand-in records of a leaf table (or None)"},
     {"leaves", leaves, METH_VARARGS, "every record's leaves as record_leaves walks them (or None)"},
     {"plan_block", plan_block, METH_VARARGS, "compare's rows of some record pairs (or None)"},
     {"leaf_fields", leaf_fields, METH_VARARGS, "Leaves.finish's columns"},

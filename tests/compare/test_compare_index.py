@@ -211,3 +211,26 @@ def test_a_leaf_table_of_another_version_is_not_read(tmp_path, monkeypatch):
         warnings.simplefilter("always")
         _same_from_index(tmp_path, monkeypatch, t, b, documents=True)
     assert any(issubclass(w.category, StaleIndexWarning) and "of version '0'" in str(w.message) for w in caught)
+
+
+def test_stand_in_records_in_c_and_python_agree():
+    import numpy as np
+
+    from msprobe.compare._indexed import _rests, _walk_all, stand_in_records
+    from msprobe.format.native import leafwalk
+
+    assert leafwalk() is not None, "the C leaf walk is needed (built on first use; MSPROBE_LAKE_NATIVE=0 unset)"
+    data = _every_leaf_kind("t")["data"]
+    names, starts, suffixes, ios, _ = _walk_all(data)
+    rec = np.repeat(np.arange(len(names)), np.diff(starts))
+    rests = _rests(names, starts, suffixes, ios)
+    c, python = (stand_in_records(names, rec, ios, rests, native) for native in (True, False))
+    assert c == python and c is not None and c["mean.0.debug"] == {"type": starts[names.index("mean.0.debug")]}
+    apart = ios[:]  # an io's leaves apart from each other: input, output, input
+    first = starts[0]
+    apart[first], apart[first + 1], apart[first + 2] = "input", "output", "input"
+    bad_rests = rests[:]
+    bad_rests[first + 1] = None  # a bare leaf inside a group
+    for bad_ios, bad in ((apart, rests), (ios, bad_rests)):
+        assert stand_in_records(names, rec, bad_ios, bad, True) is None
+        assert stand_in_records(names, rec, bad_ios, bad, False) is None
