@@ -7,7 +7,10 @@ scaler, clip_grad_norm and SGD inside the dump window): TP2xPP2 on 4 ranks, DP2x
 (Megatron's rank order tp-dp-pp, and tp-pp-dp: ``dp_order``), TP2xPP2 with 2 virtual stages a
 rank (vpp), TP2xPP2 with Megatron's sequence parallelism (sp: activations between the
 tensor-parallel regions split along the sequence, all_gather and reduce_scatter around them,
-against a single card of the same sequence length), each against the single-card run (the same
+against a single card of the same sequence length), expert parallel (ep: 4 experts of every
+layer, 2 on each of 2 ranks that are also the data-parallel replicas, tokens dispatched and
+combined with all_to_all_single, against the single card holding all 4 on the whole batch; its
+faults on each expert-parallel rank in turn, in that rank's last local expert of layer 1), each against the single-card run (the same
 model and weights, the whole global batch on one process), and layout against layout (TP2xPP2 against TP4, PP2 against PP4). Each case is scored healthy and with a fault at step 1 on each pipeline stage
 in turn (on the stage's last tensor-parallel rank of the last data-parallel replica): a NaN
 written by that rank's ``masked_fill`` and that rank's shard of the stage's first fc1 weight
@@ -32,7 +35,7 @@ names: ``suspect_ranks`` when there are, else ``ranks``, from the answer or the 
 ``layout`` section; a merged answer naming no rank is a miss). On a healthy pair any answer is a
 false answer. A case that raises is scored ``error`` (a miss).
 
-    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp] [--table]
+    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep] [--table]
 
 Dumps and sidecars are kept under ``--out`` and reused; scores go to ``--out/scores.json``.
 """
@@ -68,6 +71,8 @@ RUNS: dict = {
     "pp4": {"pp": 4},
     "single4": {"seq": 4},  # a sequence that splits over 2 tensor-parallel ranks
     "tp2pp2sp": {"tp": 2, "pp": 2, "sp": True, "seq": 4},
+    "moe": {"experts": 4},  # the single card holding all 4 experts of every (MoE) layer
+    "ep2": {"dp": 2, "ep": 2, "experts": 4},  # 2 experts a rank, each rank its half of the batch
 }
 
 #: case group -> (target run, bench run, --layout, --bench-layout)
@@ -79,7 +84,11 @@ GROUPS: dict = {
     "tp4": ("tp2pp2", "tp4", "tp=2,pp=2", "tp=4,pp=1"),
     "pp4": ("pp2", "pp4", "tp=1,pp=2", "tp=1,pp=4"),
     "sp": ("tp2pp2sp", "single4", "tp=2,pp=2", None),
+    "ep": ("ep2", "moe", "ep=2", None),
 }
+
+#: the MoE layer a fault of an expert-parallel run is injected in
+EP_FAULT_LAYER = 1
 
 
 def single_of(group: str) -> str:
@@ -99,8 +108,13 @@ OPTIONS: dict = {}
 # -- the runs ---------------------------------------------------------------------------------------
 
 def fault_of(run: str, kind: str, stage: int) -> dict:
-    """The fault of ``kind`` on pipeline stage ``stage`` of ``run``: its rank and layer."""
+    """The fault of ``kind`` on pipeline stage ``stage`` of ``run`` (an expert-parallel run: on
+    expert-parallel rank ``stage``, in its last local expert): its rank and layer."""
     spec = RUNS[run]
+    if spec.get("ep", 1) > 1:
+        local = spec["experts"] // spec["ep"]
+        return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": stage, "fault_layer": EP_FAULT_LAYER,
+                "fault_mb": 0, "fault_expert": stage * local + local - 1}
     sizes = {"tp": spec.get("tp", 1), "pp": spec.get("pp", 1), "dp": spec.get("dp", 1)}
     order = ml.parse_order(spec.get("order", "tp-dp-pp"))
     return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": ml.fault_rank(sizes, order, stage),
@@ -110,9 +124,10 @@ def fault_of(run: str, kind: str, stage: int) -> dict:
 def variants(run: str) -> list:
     """[(variant name, fault kwargs or None)]: healthy, then each kind on each stage."""
     out: list = [("healthy", None)]
+    ep = RUNS[run].get("ep", 1)
     for kind in KINDS:
-        for stage in range(RUNS[run].get("pp", 1)):
-            out.append((f"{kind}_s{stage}", fault_of(run, kind, stage)))
+        for stage in range(ep if ep > 1 else RUNS[run].get("pp", 1)):
+            out.append((f"{kind}_{'r' if ep > 1 else 's'}{stage}", fault_of(run, kind, stage)))
     return out
 
 

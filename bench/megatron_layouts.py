@@ -26,6 +26,16 @@ rank). Megatron's habits:
   counted on tp rank 0 only, ``all_reduce``d over the model-parallel group), and the optimizer
   (SGD, or Adam) step: all between ``dbg.start()`` and ``dbg.stop()``, ``dbg.step()`` per step.
 
+MoE (``--experts E``, expert parallel ``--ep``): every layer's MLP is Megatron's MoE layer
+(:func:`_moe_layer`: router, all-to-all token dispatcher, ``mlp.experts.local_experts.<i>``), the
+expert-parallel ranks being the data-parallel ones (ep == dp, tp = pp = 1): each holds E/ep experts
+(global expert ``ep_rank * E/ep + i``) and its share of the batch; an expert's gradient is all_reduced
+over its expert data-parallel group (one rank), never over the expert-parallel one; the clip adds the
+experts' squared norms all_reduced over the expert-parallel group; the optimizer steps the dense
+parameters, then the experts' (Megatron's chained optimizer). Its faults (``--fault-expert`` G, a
+global expert the fault's rank holds) are in that expert: its ``masked_fill`` (site
+``L<layer>.E<G>.mb<m>.mask``) or its fc1 weight (``L<layer>.E<G>.mb0.fc1``).
+
 Ranks follow Megatron's order ``tp-dp-pp`` (the first varies fastest: rank = (pp * DP + dp) * TP
 + tp) or any ``--order`` of tp, dp, pp. With WORLD_SIZE=1 (tp = pp = dp = vpp = 1) it is the
 single-card baseline: the same model with the full weights on the whole global batch, equal to
@@ -136,7 +146,7 @@ class _State:
         self.sizes = {"tp": args.tp, "dp": args.dp, "pp": args.pp}
         self.order = parse_order(args.order)
         self.coords = coords_of(rank, self.sizes, self.order)
-        self.tp_group = self.dp_group = self.mp_group = None
+        self.tp_group = self.dp_group = self.mp_group = self.ep_group = self.expert_dp_group = None
         self.step = 0
         self.counts: dict = {}
         self.sites: dict = {}
@@ -239,6 +249,152 @@ def _sequence_functions() -> tuple:
     GatherForHead = region("GatherForHead", gather, own)
     return GatherSequence, ScatterSequence, GatherForHead
 
+FFN_EXPERT = 16
+
+
+def _moe_layer(state: _State, linear: Any) -> Any:
+    """Megatron's MoE layer (``--experts E``, ``--ep``): ``mlp.router`` (TopKRouter: a replicated gate
+    linear, the top-k of its logits by a stable descending sort, ties to the lower expert index,
+    softmax over the k), the all-to-all token dispatcher and ``mlp.experts`` (SequentialMLP) holding
+    this rank's ``local_experts.<i>`` (global expert ``ep_rank * E/ep + i``; each fc1 -> masked_fill
+    -> gelu -> fc2, no biases). The dispatcher's permutations run as Megatron's fused permute kernels
+    do, unseen by the dumper (torch's unwrapped functions): the tokens sorted by expert, their counts
+    all_gathered over the expert-parallel group, the tokens sent to the ranks holding their experts
+    with ``all_to_all_single`` (Megatron's _AllToAll: the reverse all_to_all backward), the received
+    chunks sorted from (source, local expert) to (local expert, source); the combine the same
+    backward, the expert outputs weighted by their probabilities and added back per token. With one
+    expert-parallel rank (the single card) the all-to-all is the identity, as Megatron bypasses it."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    raw = torch._C._VariableFunctions
+    args = state.args
+    experts, ep, topk = args.experts, args.ep, args.topk
+    local = experts // ep
+    ep_rank = state.coords["dp"] % ep
+    group = state.ep_group
+
+    def exchange(x: Any, output_splits: list, input_splits: list, group: Any) -> Any:
+        out = raw.empty((sum(output_splits), x.shape[1]), dtype=x.dtype)
+        dist.all_to_all_single(out, raw.clone(x, memory_format=torch.contiguous_format), output_splits,
+                               input_splits, group=group)
+        return out
+
+    class AllToAll(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, output_splits: list, input_splits: list, group: Any) -> Any:
+            ctx.splits, ctx.group = (output_splits, input_splits), group
+            return exchange(x, output_splits, input_splits, group)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            output_splits, input_splits = ctx.splits
+            return exchange(grad, input_splits, output_splits, ctx.group), None, None, None
+
+    class TopKRouter(nn.Module):
+        def __init__(self, number: int) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(_full((experts, H), 10 * number + 5))
+
+        def forward(self, x: Any) -> Any:
+            logits = linear(x, self.weight, None, None)
+            ordered, index = torch.sort(logits, dim=-1, descending=True, stable=True)
+            return torch.softmax(ordered[:, :topk], dim=-1), index[:, :topk]
+
+    class ExpertLinear(nn.Module):
+        def __init__(self, weight: Any, site: Optional[str], number: int, expert: int) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(weight)
+            self.site, self.number, self.expert, self.calls, self.name = site, number, expert, 0, ""
+
+        def forward(self, x: Any) -> Any:
+            mb = self.calls
+            self.calls += 1
+            site = None
+            if self.site:
+                site = f"L{self.number}.E{self.expert}.mb{mb}.{self.site}"
+                state.site(site + ".module", f"{self.name}.{type(self).__name__}.forward.{mb}")
+            return linear(x, self.weight, None, site)
+
+    ColumnParallelLinear = type("ColumnParallelLinear", (ExpertLinear,), {})
+    RowParallelLinear = type("RowParallelLinear", (ExpertLinear,), {})
+
+    class Expert(nn.Module):
+        """Megatron's MLP of one expert (``local_experts.<i>``)."""
+
+        def __init__(self, number: int, expert: int) -> None:
+            super().__init__()
+            seed = 1000 * (number + 1) + 10 * expert
+            self.linear_fc1 = ColumnParallelLinear(_full((FFN_EXPERT, H), seed), "fc1", number, expert)
+            self.linear_fc2 = RowParallelLinear(_full((H, FFN_EXPERT), seed + 1), None, number, expert)
+            self.number, self.expert, self.calls = number, expert, 0
+            for p in self.parameters():
+                p.allreduce = False  # Megatron's mark of an expert parameter
+
+        def forward(self, x: Any) -> Any:
+            mb = self.calls
+            self.calls += 1
+            h = self.linear_fc1(x)
+            k = state.count("Tensor.masked_fill")
+            state.site(f"L{self.number}.E{self.expert}.mb{mb}.mask", f"Tensor.masked_fill.{k}.forward")
+            hit = state.faulted("nan") and self.number == args.fault_layer and self.expert == args.fault_expert \
+                and mb == args.fault_mb  # (the mask made unseen: it is no record of the model)
+            mask = raw.reshape(raw.eq(raw.arange(h.numel()), 0 if hit else -1), tuple(h.shape))
+            h = h.masked_fill(mask, float("nan") if hit else 0.0)
+            return self.linear_fc2(F.gelu(h))
+
+    class SequentialMLP(nn.Module):
+        def __init__(self, number: int) -> None:
+            super().__init__()
+            self.local_experts = nn.ModuleList(Expert(number, ep_rank * local + i) for i in range(local))
+
+        def forward(self, tokens: Any, tokens_per_expert: Any) -> Any:
+            pieces = raw.split_with_sizes(tokens, tokens_per_expert.tolist())
+            return raw.cat([expert(piece) for expert, piece in zip(self.local_experts, pieces)], 0)
+
+    class MoELayer(nn.Module):
+        def __init__(self, number: int) -> None:
+            super().__init__()
+            self.router = TopKRouter(number)
+            self.experts = SequentialMLP(number)
+
+        def forward(self, x: Any) -> Any:
+            shape = tuple(x.shape)
+            tokens = x.reshape(-1, H)
+            probs, chosen = self.router(tokens)
+            # dispatch (fused permutation): by expert, then by token
+            flat = raw.reshape(chosen, (-1,))
+            order = raw.argsort(flat, stable=True, dim=0)
+            permuted = raw.index_select(tokens, 0, raw.floor_divide(order, topk))
+            counts = raw.bincount(flat, minlength=experts)
+            if group is None:
+                table = raw.reshape(counts, (1, experts))
+            else:
+                gathered = raw.empty((ep * experts,), dtype=counts.dtype)
+                dist.all_gather_into_tensor(gathered, counts, group=group)
+                table = raw.reshape(gathered, (ep, experts))
+            mine = raw.narrow(table, 1, ep_rank * local, local)  # [source, local expert]
+            if group is not None:
+                input_splits = raw.sum(raw.reshape(counts, (ep, local)), 1).tolist()
+                output_splits = raw.sum(mine, 1).tolist()
+                received = AllToAll.apply(permuted, output_splits, input_splits, group)
+                chunks = raw.split_with_sizes(received, raw.reshape(mine, (-1,)).tolist())
+                permuted = raw.cat([chunks[s * local + i] for i in range(local) for s in range(ep)], 0)
+            out = self.experts(permuted, raw.sum(mine, 0))
+            if group is not None:  # combine: back to (source, local expert), then to the sources
+                sizes = raw.reshape(raw.transpose(mine, 0, 1), (-1,)).tolist()
+                chunks = raw.split_with_sizes(out, sizes)
+                out = raw.cat([chunks[i * ep + s] for s in range(ep) for i in range(local)], 0)
+                out = AllToAll.apply(out, input_splits, output_splits, group)
+            weighted = raw.mul(out, raw.unsqueeze(raw.index_select(raw.reshape(probs, (-1,)), 0, order), 1))
+            index = raw.broadcast_to(raw.unsqueeze(raw.floor_divide(order, topk), 1), tuple(weighted.shape))
+            combined = raw.scatter_add(raw.zeros(tuple(tokens.shape), dtype=tokens.dtype), 0, index, weighted)
+            return raw.reshape(combined, shape)
+
+    return MoELayer
+
 
 def build_chunk(state: _State, layers: list, last: bool) -> Any:
     """One model chunk: ``decoder.layers`` (local indices, global ``layer_number``) and, on the
@@ -253,6 +409,7 @@ def build_chunk(state: _State, layers: list, last: bool) -> Any:
     if sp:
         CopyToRegion, ReduceFromRegion, GatherForHead = _sequence_functions()
     random_bias = state.args.bias == "random"
+    moe = getattr(state.args, "experts", 0) > 0
 
     def bias(size: int, seed: int) -> Any:
         return _full((size,), seed) if random_bias else torch.zeros(size)
@@ -310,11 +467,14 @@ def build_chunk(state: _State, layers: list, last: bool) -> Any:
             h = h.masked_fill(mask, fill)
             return self.linear_fc2(F.gelu(h))
 
+    if moe:
+        MoELayer = _moe_layer(state, linear)
+
     class TransformerLayer(nn.Module):
         def __init__(self, number: int) -> None:
             super().__init__()
             self.layer_number = number
-            self.mlp = MLP(number)
+            self.mlp = MoELayer(number) if moe else MLP(number)
 
         def forward(self, x: Any) -> Any:
             return x + self.mlp(x)
@@ -581,6 +741,14 @@ def _groups(state: _State) -> None:
             make("dp_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for d in range(s["dp"])])
     for d in range(s["dp"]):
         make("mp_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for t in range(s["tp"]) for p in range(s["pp"])])
+    if getattr(state.args, "experts", 0) and state.args.ep > 1:  # expert parallel over the data-parallel ranks
+        for t in range(s["tp"]):
+            for p in range(s["pp"]):
+                make("ep_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for d in range(s["dp"])])
+        for rank in range(state.world):  # the expert data-parallel groups: one rank each (ep == dp)
+            alone = dist.new_group([rank])
+            if rank == state.rank:
+                state.expert_dp_group = alone
 
 
 def _batch(step: int) -> tuple:
@@ -600,13 +768,21 @@ def clip_grad_norm_(params: list, max_norm: float, state: _State) -> float:
     import torch
     import torch.distributed as dist
 
-    counted = [p.grad for p in params if p.grad is not None and
+    counted = [p.grad for p in params if p.grad is not None and getattr(p, "allreduce", True) and
                (getattr(p, "tensor_model_parallel", False) or state.coords["tp"] == 0)]
     total = torch.zeros(1)
     for grad in counted:
         total = total + torch.norm(grad, 2) ** 2
     if state.mp_group is not None:
         dist.all_reduce(total, group=state.mp_group)
+    experts = [p.grad for p in params if p.grad is not None and not getattr(p, "allreduce", True)]
+    if experts:  # Megatron's chained optimizer: the experts' norm over the expert-parallel group, added
+        part = torch.zeros(1)
+        for grad in experts:
+            part = part + torch.norm(grad, 2) ** 2
+        if state.ep_group is not None:
+            dist.all_reduce(part, group=state.ep_group)
+        total = total + part
     norm = total.item() ** 0.5
     coef = max_norm / (norm + 1.0e-6)
     if coef < 1.0:
@@ -627,6 +803,11 @@ def train(args: Any) -> dict:
         raise SystemExit("the layout does not divide the model")
     if args.vpp > 1 and args.pp == 1:
         raise SystemExit("virtual pipeline stages need pp > 1")
+    if args.experts and (args.experts % args.ep or args.ep != args.dp or args.tp != 1 or args.pp != 1):
+        raise SystemExit("experts: expert parallel over every data-parallel rank (ep == dp, tp = pp = 1), "
+                         "experts divisible by ep")
+    if args.ep > 1 and not args.experts:
+        raise SystemExit("--ep needs --experts")
     import torch
     import torch.distributed as dist
 
@@ -649,7 +830,14 @@ def train(args: Any) -> dict:
     held = [n for v in range(args.vpp) for n in chunk_layers(c["pp"], v, args.pp, args.vpp)]
     if args.fault and rank == args.fault_rank and args.fault_layer not in held:
         raise SystemExit(f"rank {rank} holds layers {held}, not the fault's layer {args.fault_layer}")
-    params = [p for chunk in chunks for p in chunk.parameters()]
+    local = args.experts // args.ep
+    if args.experts and args.fault and rank == args.fault_rank and \
+            not c["dp"] * local <= args.fault_expert < (c["dp"] + 1) * local:
+        raise SystemExit(f"rank {rank} holds experts {c['dp'] * local}..{(c['dp'] + 1) * local - 1}, not the "
+                         f"fault's expert {args.fault_expert}")
+    every = [p for chunk in chunks for p in chunk.parameters()]
+    # Megatron's chained optimizer: the dense parameters, then the experts' (each its own optimizer)
+    params = [p for p in every if getattr(p, "allreduce", True)] + [p for p in every if not getattr(p, "allreduce", True)]
     opt = torch.optim.Adam(params, lr=1e-3) if args.optimizer == "adam" else torch.optim.SGD(params, lr=args.lr)
     dbg = PrecisionDebugger(task=args.task, level=args.level, dump_path=args.dump)
     per = GLOBAL_BATCH // args.dp
@@ -676,7 +864,14 @@ def train(args: Any) -> dict:
                     mask.view(-1)[1] = True
                     fill = float("nan")
                 state.masks[(layer, mb)] = (mask, fill)
-        if state.faulted("scale"):
+        if state.faulted("scale") and args.experts:
+            for chunk in chunks:
+                for module in chunk.modules():
+                    if type(module).__name__ == "Expert" and module.number == args.fault_layer and \
+                            module.expert == args.fault_expert:
+                        with torch.no_grad():
+                            module.linear_fc1.weight.mul_(1.05)
+        elif state.faulted("scale"):
             for chunk in chunks:
                 for layer in chunk.decoder.layers:
                     if layer.layer_number == args.fault_layer:
@@ -689,10 +884,12 @@ def train(args: Any) -> dict:
         for p in params:  # sequence parallel: a parameter used on a piece of the sequence, summed over tp
             if p.grad is not None and getattr(p, "sequence_parallel", False):
                 dist.all_reduce(p.grad, group=state.tp_group)
-        for p in params:  # Megatron's DDP: gradients scaled by 1/DP, all_reduced over the replicas
-            if p.grad is not None and state.dp_group is not None:
+        for p in params:  # Megatron's DDP: gradients scaled by 1/DP, all_reduced over the replicas; an
+            # expert's over its expert data-parallel group (one rank here: ep == dp), as Megatron's expert buffers
+            group = state.dp_group if getattr(p, "allreduce", True) else state.expert_dp_group
+            if p.grad is not None and group is not None:
                 p.grad.mul_(1.0 / args.dp)
-                dist.all_reduce(p.grad, group=state.dp_group)
+                dist.all_reduce(p.grad, group=group)
         for p in params:  # the static loss scaler: gradients unscaled
             if p.grad is not None:
                 p.grad.mul_(1.0 / LOSS_SCALE)
@@ -702,13 +899,14 @@ def train(args: Any) -> dict:
         dbg.step()
         norms.append(norm)
         losses.append(sum(float(loss) for loss in pipe.losses) if pipe.losses else None)
+        expert = f".E{args.fault_expert}" if args.experts else ""
         if state.faulted("nan"):
-            site = f"L{args.fault_layer}.mb{args.fault_mb}"
+            site = f"L{args.fault_layer}{expert}.mb{args.fault_mb}"
             injected = {"kind": "nan", "step": step, "rank": rank, "layer": args.fault_layer, "mb": args.fault_mb,
                         "site": f"{site}.mask", "record": state.sites[str(step)][f"{site}.mask"],
                         "also": []}
         elif state.faulted("scale"):
-            site = f"L{args.fault_layer}.mb0"
+            site = f"L{args.fault_layer}{expert}.mb0"
             injected = {"kind": "scale", "step": step, "rank": rank, "layer": args.fault_layer, "mb": 0,
                         "site": f"{site}.fc1", "record": state.sites[str(step)][f"{site}.fc1"],
                         "also": [state.sites[str(step)][f"{site}.fc1.module"]]}
@@ -718,7 +916,8 @@ def train(args: Any) -> dict:
     return {"rank": rank, "world": world, "sizes": state.sizes, "vpp": args.vpp, "order": list(state.order),
             "coords": state.coords, "layers": held, "level": args.level, "optimizer": args.optimizer,
             "bias": args.bias, "steps": args.steps, "losses": losses, "grad_norms": norms,
-            "last_stage": c["pp"] == args.pp - 1, "sites": state.sites, "injected": injected}
+            "last_stage": c["pp"] == args.pp - 1, "sites": state.sites, "injected": injected,
+            "ep": args.ep, "experts": args.experts}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -739,11 +938,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--max-norm", dest="max_norm", type=float, default=1.0, help="clip_grad_norm's max (0: no clip)")
     ap.add_argument("--bias", default="zero", choices=["zero", "random"], help="bias init (Megatron: zero)")
+    ap.add_argument("--experts", type=int, default=0, help="MoE: experts of every layer (0: dense MLPs)")
+    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (the data-parallel ranks: ep == dp)")
+    ap.add_argument("--topk", type=int, default=2, help="MoE: experts each token is routed to")
     ap.add_argument("--fault", default=None, choices=["nan", "scale"])
     ap.add_argument("--fault-step", dest="fault_step", type=int, default=1)
     ap.add_argument("--fault-rank", dest="fault_rank", type=int, default=-1)
     ap.add_argument("--fault-layer", dest="fault_layer", type=int, default=0)
     ap.add_argument("--fault-mb", dest="fault_mb", type=int, default=0)
+    ap.add_argument("--fault-expert", dest="fault_expert", type=int, default=0, help="MoE: the fault's global expert")
     return ap
 
 
@@ -768,7 +971,8 @@ def launch(dump: str, truth: str, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp:
            fault: Optional[str] = None, fault_step: int = 1, fault_rank: int = -1, fault_layer: int = 0,
            fault_mb: int = 0, steps: int = 2, level: str = "mix", optimizer: str = "sgd", max_norm: float = 1.0,
            bias: str = "zero", timeout: float = 600, python: str = sys.executable, task: str = "statistics",
-           seq: int = SEQ, sp: bool = False) -> list:
+           seq: int = SEQ, sp: bool = False, experts: int = 0, ep: int = 1, topk: int = 2,
+           fault_expert: int = 0) -> list:
     """Run every rank (tp * pp * dp processes, OMP_NUM_THREADS=1) into ``dump``; returns the
     sidecars in rank order. RuntimeError with the ranks' output when one fails."""
     world = tp * pp * dp
@@ -776,10 +980,11 @@ def launch(dump: str, truth: str, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp:
     argv = [python, os.path.abspath(__file__), os.path.abspath(dump), os.path.abspath(truth), "--tp", str(tp),
             "--pp", str(pp), "--dp", str(dp), "--vpp", str(vpp), "--order", order, "--steps", str(steps),
             "--level", level, "--optimizer", optimizer, "--max-norm", str(max_norm), "--bias", bias, "--task", task,
-            "--seq", str(seq)] + (["--sp"] if sp else [])
+            "--seq", str(seq), "--experts", str(experts), "--ep", str(ep), "--topk", str(topk)] + \
+        (["--sp"] if sp else [])
     if fault:
         argv += ["--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank),
-                 "--fault-layer", str(fault_layer), "--fault-mb", str(fault_mb)]
+                 "--fault-layer", str(fault_layer), "--fault-mb", str(fault_mb), "--fault-expert", str(fault_expert)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
     env.update(WORLD_SIZE=str(world), MASTER_PORT=free_port(), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
                PYTHONPATH=root)

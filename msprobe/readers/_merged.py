@@ -29,6 +29,7 @@ the first stage's, its outputs the last's (backward: the other way round).
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError
@@ -36,6 +37,7 @@ from msprobe.format.comm import comm_api, comm_call
 from msprobe.format.documents import DumpDocument
 from msprobe.format.parallel import Layout, LayoutError, stage_renames
 from msprobe.readers._merge_chunks import chunk_count, virtual_stages
+from msprobe.readers._merge_experts import expert_groups, join_experts
 from msprobe.readers._merge_leaf import (
     _anomalous,
     _averaging,
@@ -321,7 +323,8 @@ def _parents(source: Any) -> dict:
 
 def _groups_of(sources: list, default_world: bool = False) -> tuple:
     """({rank: its tensor-parallel group}, {rank: previous pipeline stage's rank}) as the dump says
-    them: the group of a rank's first all_reduce that names one; the peer of its first receive when
+    them: the group of a rank's first all_reduce that names one, before its last backward record
+    (an all_reduce after it is the gradients' or the clip's; any, without backward records); the peer of its first receive when
     that comes before its first send (the first stage sends first; later stages receive their input
     first). ``default_world``: a rank whose all_reduce calls name no group (the default group, every
     rank: MindSpore's collectives called without one, torch's without ``group``) and that calls one
@@ -339,7 +342,8 @@ def _groups_of(sources: list, default_world: bool = False) -> tuple:
             call = comm_call(name, record, source.rank, index)
             if call is None:
                 continue
-            if call.api == "all_reduce" and source.rank not in tp_of:
+            # (an all_reduce after the last backward record is the gradients' or the clip's, not tensor parallel's)
+            if call.api == "all_reduce" and source.rank not in tp_of and (index < last or last < 0):
                 if call.group:
                     tp_of[source.rank] = tuple(call.group)
                 elif index < last:
@@ -425,6 +429,10 @@ def layout_models(sources: list, layout: Optional[Layout]) -> tuple:
         except LayoutError as exc:
             raise ConfigError(str(exc)) from exc
         warnings = _checked(models, sources)
+        found = _ep_size(sources, None)
+        if found > 1 and layout.ep == 1:
+            warnings.append(f"the ranks' all_to_all calls run over groups of {found} ranks: expert parallel? "
+                            f"give ep={found} (or --layout auto): their experts are merged as replicas without it")
     pipeline = any(len(stages) > 1 for _, stages in models)
     chunked = _model_chunks(sources) if pipeline else None
     vpp = layout.vpp if layout is not None else (chunked[1] if chunked else 1)
@@ -435,7 +443,23 @@ def layout_models(sources: list, layout: Optional[Layout]) -> tuple:
                           f"pipeline: a virtual pipeline; give its size (vpp={chunked[1]}) or --layout auto")
     if layout is None and vpp > 1:
         text = text.replace(" (read from the dump)", f",vpp={vpp} (read from the dump)")
+    ep = _ep_size(sources, layout)
+    if layout is None and ep > 1:
+        dp = len(models) // ep
+        text = re.sub(r",dp=\d+", f",ep={ep}" + (f",dp={dp}" if dp > 1 else ""), text)
     return text, models, warnings, vpp
+
+
+def _ep_size(sources: list, layout: Optional[Layout]) -> int:
+    """The expert-parallel size: the layout's, else the size of the group of the ranks' all_to_all
+    calls (the same on every rank), else 1."""
+    if layout is not None:
+        return layout.ep
+    groups = {expert_groups(_records_of(source)) for source in sources}
+    if not groups or None in groups:
+        return 1
+    sizes = {len(group) for group in groups if group is not None}
+    return sizes.pop() if len(sizes) == 1 else 1
 
 
 def _stage_sources(by_rank: dict, stages: list, vpp: int) -> list:
@@ -561,6 +585,35 @@ def _holds_a_piece(sources: list, other_shapes: Optional[dict], replicas: int) -
     return False
 
 
+def _experts_merged(replicas: list, ep: int, text: str, warnings: list, reference: Optional[dict],
+                    other_shapes: Optional[dict], tensors: Optional[TensorRecipes]) -> "MergedSource":
+    """The logical model of an expert-parallel group (:func:`~msprobe.readers._merge_experts.join_experts`):
+    each rank its own model (tensor and pipeline parallel inside an expert-parallel group are not
+    merged yet: ConfigError), the shared records joined as data-parallel replicas."""
+    if len(replicas) != ep or any(len(stages) != 1 or len(stages[0]) != 1 for _, stages in replicas):
+        raise ConfigError(f"layout {text}: expert parallel is merged where every rank is one expert-parallel rank "
+                          f"(ep = the number of ranks, tp = pp = 1); this layout has {len(replicas)} models of "
+                          f"{[[len(stage) for stage in stages] for _, stages in replicas]} ranks")
+    sources = [stages[0][0] for _, stages in replicas]
+    wanted = {name: {path: _shrunk(shapes, ep) for path, shapes in paths.items()}
+              for name, paths in (other_shapes or {}).items()}
+    each = [merge_model(stages, reference, wanted, [other for j, (_, other) in enumerate(replicas) if j != i],
+                        (1.0, float(ep)), tensors) for i, (_, stages) in enumerate(replicas)]
+
+    def join(models: list) -> tuple:
+        return join_replicas(models, reference or {}, other_shapes or {}, tensors)
+
+    data, parents, frames, report = join_experts(each, [_rank_records(source) for source in sources],
+                                                 [source.rank for source in sources], join)
+    first = sources[0]
+    raw = dict(first.document().raw)
+    raw["data"] = data
+    report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas], "warnings": warnings,
+                   "stages": [[source.rank for source in sources]],
+                   "replicas": [[[source.rank]] for source in sources]})
+    return MergedSource(first.step, None, "merged", first.url, DumpDocument(raw), parents, frames, report, tensors)
+
+
 def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional[dict] = None,
                     other_shapes: Optional[dict] = None) -> list:
     """The :class:`MergedSource` of each logical model of one step's rank sources under ``layout``
@@ -578,6 +631,9 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
         other_shapes = shapes_of(reference)
     replicas = [(key, _stage_sources(by_rank, stages, vpp)) for key, stages in models]
     first = replicas[0][1][0][0]
+    ep = _ep_size(sources, layout)
+    if ep > 1:
+        return [_experts_merged(replicas, ep, text, warnings, reference, other_shapes, tensors)]
     if _holds_a_piece([stage[0] for stage in replicas[0][1]], other_shapes, len(replicas)):
         dp = len(replicas)
         wanted = {name: {path: _shrunk(shapes, dp) for path, shapes in paths.items()}

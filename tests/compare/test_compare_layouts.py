@@ -155,7 +155,8 @@ def test_doc_transcripts_are_what_it_prints(runs, tmp_path, capsys, monkeypatch)
     from msprobe.cli import main
 
     monkeypatch.chdir(runs)
-    transcripts = [(args, shown) for args, shown in _transcripts() if "./vpp/step0" not in args]  # vpp: its own test
+    transcripts = [(args, shown) for args, shown in _transcripts()  # vpp, ep: their own tests
+                   if "./vpp/step0" not in args and "./ep_nan/step1" not in args]
     assert len(transcripts) == 2
     for args, shown in transcripts:
         out = str(tmp_path / args[1].strip("./"))
@@ -602,3 +603,107 @@ def test_adjacent_sends_and_receives_do_not_wait_for_each_other():
     assert [name for _, name in order] == ["Functional.linear.0.forward", "Functional.gelu.0.forward",
                                            "Functional.relu.0.forward", "Functional.linear.1.forward",
                                            "Functional.gelu.1.forward", "Functional.relu.1.forward"]
+
+
+# --- issue 47: expert parallel (experts on different ranks against one card holding all) ---
+
+def _a2a(leaf: dict, group=(0, 1)) -> dict:
+    grouped = {"type": "torch.ProcessGroup", "group_ranks": list(group), "group_id": "ep"}
+    return {"input_args": [None, leaf], "input_kwargs": {"group": grouped}, "output": [leaf, leaf, grouped]}
+
+
+def _ep_records(experts: list, tokens: list, share: tuple, nan_in: int = -1) -> dict:
+    """One rank (or, with every expert and the whole batch, the single card) of an MoE layer written
+    as Megatron does: the router on its share of the batch, the tokens dispatched with
+    all_to_all_single, its local experts (``local_experts.<i>``: fc1 and its module record), the
+    experts' container, the combine, the residual; backward the same reversed (the experts last
+    created first); the optimizer's unscale of each expert's gradient after the last backward."""
+    rows, scale = share
+    x = _t((rows, 8), 1.0 * scale, mean=0.1 * scale, norm=2.0 * scale)
+    comm = len(experts) < 4
+    data: dict = {"Functional.linear.0.forward": {"input_args": [x, _t((4, 8), 0.3)], "output": [_t((rows, 4), 2.0)]}}
+    if comm:
+        data["Distributed.all_to_all_single.0.forward"] = _a2a(_t((rows * 2, 8), 1.0))
+    n = sum(tokens)
+    for k, (g, count) in enumerate(zip(experts, tokens)):
+        local = k  # the rank's own numbering of its experts
+        bad = math.nan if g == nan_in else 1.0 + g
+        data[f"Functional.linear.{k + 1}.forward"] = {"input_args": [_t((count, 8), 0.5 + g), _t((16, 8), 0.2 + g)],
+                                                        "output": [_t((count, 16), bad, norm=bad)]}
+        data[f"Module.layers.0.mlp.experts.local_experts.{local}.linear_fc1.Linear.forward.0"] = {
+            "input_args": [_t((count, 8), 0.5 + g)], "output": [_t((count, 16), bad, norm=bad)]}
+    data["Module.layers.0.mlp.experts.SequentialMLP.forward.0"] = {"input_args": [_t((n, 8), 4.0 if comm else 4.0)],
+                                                                    "output": [_t((n, 8), 5.0)]}
+    if comm:
+        data["Distributed.all_to_all_single.1.forward"] = _a2a(_t((n, 8), 5.0))
+    data["Tensor.__add__.0.forward"] = {"input_args": [x, x], "output": [_t((rows, 8), 3.0 * scale)]}
+    data["Tensor.__add__.0.backward"] = {"input": [_t((rows, 8), 6.0 / scale)], "output": [_t((rows, 8), 6.0 / scale)]}
+    if comm:
+        data["Distributed.all_to_all_single.2.forward"] = _a2a(_t((n, 8), 7.0))
+    for k in reversed(range(len(experts))):
+        g = experts[k]
+        grad = _t((16, 8), 9.0 + g, norm=10.0 + g)
+        data[f"Functional.linear.{k + 1}.backward"] = {"input": [_t((tokens[k], 16), 8.0 + g)],
+                                                         "output": [_t((tokens[k], 8), 8.5 + g), grad]}
+        data[f"Module.layers.0.mlp.experts.local_experts.{k}.linear_fc1.Linear.parameters_grad"] = {"weight": [grad]}
+    data["Module.layers.0.mlp.experts.SequentialMLP.backward.0"] = {"input": [_t((n, 8), 7.0)],
+                                                                     "output": [_t((n, 8), 7.5)]}
+    if comm:
+        data["Distributed.all_to_all_single.3.forward"] = _a2a(_t((n, 8), 7.5))
+    data["Functional.linear.0.backward"] = {"input": [_t((rows, 4), 1.0)], "output": [_t((rows, 8), 1.0)]}
+    for k, g in enumerate(experts):  # the expert optimizer's unscale of each gradient (1/1024)
+        data[f"Tensor.mul_.{k}.forward"] = {"input_args": [_t((16, 8), 9.0 + g, norm=10.0 + g), {"type": "float",
+                                                                                                   "value": 1 / 1024}],
+                                            "output": [_t((16, 8), (9.0 + g) / 1024, norm=(10.0 + g) / 1024)]}
+    return data
+
+
+def test_expert_parallel_ranks_merge_into_the_card_holding_every_expert():
+    """ep=2: each rank holds 2 of the 4 experts (``local_experts.0/1``, global 2 * rank + i) and half
+    the batch. The merged model is the single card's record for record: the experts under their
+    global index in the card's order (forward 0..3, backward 3..0), API calls renumbered, each
+    expert's records on its rank alone, the experts' container joined from the ranks' tokens, the
+    tail's unscale of an expert's gradient that expert's; a NaN in expert 3 names rank 1 alone;
+    ``--layout auto`` reads ep=2 from the all_to_all group."""
+    from msprobe.readers._merged import merge_dump_step, shapes_of
+
+    tokens = [[5, 7], [4, 8]]
+    single = _ep_records([0, 1, 2, 3], tokens[0] + tokens[1], (6, 1.0))
+    for nan_in in (-1, 3):
+        ranks = [_Rank(r, _ep_records([2 * r, 2 * r + 1], tokens[r], (3, 1.0), nan_in), {}) for r in (0, 1)]
+        for layout in (parse_layout("ep=2"), None):
+            (merged,) = merge_dump_step(ranks, layout, single, shapes_of(single))
+            data, report = merged.document().data, merged.report
+            assert list(data) == list(single), (layout, list(data))
+            assert report["layout"] == ("tp=1,pp=1,ep=2" if layout else "tp=1,pp=1,ep=2 (read from the dump)")
+            records = report["records"]
+            for g in range(4):
+                assert records[f"Functional.linear.{g + 1}.forward"]["ranks"] == [g // 2]
+                assert records[f"Module.layers.0.mlp.experts.local_experts.{g}.linear_fc1.Linear.parameters_grad"][
+                    "ranks"] == [g // 2]
+                assert records[f"Tensor.mul_.{g}.forward"]["ranks"] == [g // 2]
+                assert data[f"Functional.linear.{g + 1}.forward"]["input_args"][1]["Max"] == pytest.approx(0.2 + g)
+                # a backward tensor of each rank's loss over its half of the batch: twice the card's, halved
+                assert data[f"Functional.linear.{g + 1}.backward"]["input"][0]["Max"] == pytest.approx((8.0 + g) / 2)
+            container = data["Module.layers.0.mlp.experts.SequentialMLP.forward.0"]["input_args"][0]
+            assert container["shape"] == [24, 8] and records["Module.layers.0.mlp.experts.SequentialMLP.forward.0"][
+                "ranks"] == [0, 1]
+            assert data["Tensor.__add__.0.forward"]["input_args"][0]["shape"] == [6, 8]
+            nan_record = records["Functional.linear.4.forward"]
+            assert nan_record["suspects"] == ([1] if nan_in == 3 else [])
+            assert report["findings"] == []
+
+
+def test_expert_parallel_without_ep_in_the_layout_is_warned_and_other_splits_refused():
+    """A layout without ep on ranks whose all_to_all runs over 2 ranks says so; ep with tp > 1 (not
+    merged yet) is refused with the reason rather than merged wrongly."""
+    from msprobe.readers._merged import merge_dump_step, shapes_of
+
+    tokens = [[5, 7], [4, 8]]
+    single = _ep_records([0, 1, 2, 3], tokens[0] + tokens[1], (6, 1.0))
+    ranks = [_Rank(r, _ep_records([2 * r, 2 * r + 1], tokens[r], (3, 1.0)), {}) for r in (0, 1)]
+    (merged,) = merge_dump_step(ranks, parse_layout("dp=2"), single, shapes_of(single))
+    assert any("give ep=2" in warning for warning in merged.report["warnings"])
+    four = [_Rank(r, _ep_records([2 * (r // 2), 2 * (r // 2) + 1], tokens[r // 2], (3, 1.0)), {}) for r in range(4)]
+    with pytest.raises(ConfigError, match="expert parallel is merged where every rank is one expert-parallel rank"):
+        merge_dump_step(four, parse_layout("tp=2,ep=2"), single, shapes_of(single))

@@ -1,7 +1,8 @@
 """Compare across parallel layouts on Megatron's own habits (issue 47; the small version of
 bench/bench_layouts.py): real gloo runs of bench/megatron_layouts.py (zero-initialised biases, 2
 micro-batches, loss scaler, clip_grad_norm and SGD inside the dump window, 2 steps) against the
-single-card run and against another layout. A fault at step 1 (a NaN written by one rank's
+single-card run and against another layout, and expert parallel (2 of 4 experts on each of 2 ranks,
+all_to_all dispatch) against the card holding all 4. A fault at step 1 (a NaN written by one rank's
 masked_fill; one rank's weight shard x1.05) is named by compare's first NaN / first divergence,
 compare's origin and ``lake diverge`` at its step and record (the single card's name of the
 injected site) with a rank set holding the injected rank and no rank outside its stage; a
@@ -20,12 +21,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench")
 
 import bench_layouts as B  # noqa: E402
 
-#: every test of the module on one xdist worker: the runs (33 gloo processes) are dumped once
+#: every test of the module on one xdist worker: the runs (38 gloo processes) are dumped once
 pytestmark = pytest.mark.xdist_group("megatron_layouts")
 
 #: (case group, variant): the runs dumped here
 CASES = [("tp2pp2", "healthy"), ("tp2pp2", "nan_s1"), ("tp2pp2", "scale_s1"), ("dp", "healthy"), ("dp", "nan_s1"),
-         ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1"), ("sp", "healthy"), ("sp", "nan_s1")]
+         ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1"), ("sp", "healthy"), ("sp", "nan_s1"),
+         ("ep", "healthy"), ("ep", "nan_r1")]
 TOOLS = ["compare", "compare_origin", "lake_diverge", "lake_nan"]
 
 
@@ -135,5 +137,30 @@ def test_the_virtual_pipeline_transcript_is_what_compare_prints(runs, tmp_path, 
     assert main([where.get(arg, arg) for arg in args] + ["--no-plot"]) == 0
     printed = capsys.readouterr().out.splitlines()
     for line in shown:
+        pattern = re.escape(line).replace(re.escape("<ts>"), r"\S+").replace(re.escape("[...]"), ".*")
+        assert any(re.fullmatch(pattern, each) for each in printed), (line, printed)
+
+
+def test_the_expert_parallel_transcript_is_what_compare_prints(runs, tmp_path, capsys):
+    """docs/compare.md's expert-parallel transcript (``./ep_nan`` the EP2 run with a NaN in rank 1's
+    expert at step 1, ``./moe`` the single card holding all experts) is what the command prints."""
+    import re
+    from pathlib import Path
+
+    from msprobe.cli import main
+
+    sys.path.insert(0, HERE)
+    from test_compare_layouts import _transcripts
+
+    (args, shown), = [(args, shown) for args, shown in _transcripts() if "./ep_nan/step1" in args]
+    target_run, bench_run, _, _ = B.GROUPS["ep"]
+    where = {"./ep_nan/step1": str(Path(B.run_dir(runs["out"], target_run, "nan_r1")) / "step1"),
+             "./moe/step1": str(Path(B.run_dir(runs["out"], bench_run, "healthy")) / "step1"),
+             "./out": str(tmp_path / "out")}
+    assert main([where.get(arg, arg) for arg in args] + ["--no-plot"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    for line in shown:
+        if line.strip() == "...":
+            continue
         pattern = re.escape(line).replace(re.escape("<ts>"), r"\S+").replace(re.escape("[...]"), ".*")
         assert any(re.fullmatch(pattern, each) for each in printed), (line, printed)

@@ -1,0 +1,296 @@
+"""Expert parallelism (``ep``, spec/FORMAT.md section 26.8): the ranks of an expert-parallel group
+each hold their share of the batch for the dense part of the model (data-parallel replicas) and
+their own experts (``local_experts.<i>``, global expert ``ep_rank * local + i``), the tokens sent to
+the experts' ranks and back with ``all_to_all``. Their logical model is the one card holding every
+expert on the whole batch:
+
+* an **expert record** is a record after an ``all_to_all`` (the dispatch forward, the combine's
+  reverse backward), before the experts' container's module record that ends their work, that
+  belongs to one local expert: a module record naming ``local_experts.<i>``, an API record the
+  expert whose record follows it there. It is that expert's whole record, on its
+  rank alone: renamed to the global expert, kept as it is (a shard of the set of experts, neither
+  a replica nor a piece of the batch), its backward statistics divided by the group's size (each
+  rank's loss averages its own share of the batch, Megatron's convention);
+* the records after the rank's last backward record that take an expert's parameters or
+  gradients (its optimizer's unscale, clip and update), followed from the expert's
+  ``parameters_grad`` through the records' outputs (not through a collective over several
+  ranks: its result is the group's), are that expert's too (a value that goes into an all_reduce
+  there is a partial sum of the group's expert norms: not compared);
+* every other record (the router, the experts' container taking the tokens of all local experts,
+  the dense layers) is the ranks' data-parallel replicas, joined (:func:`join_replicas`).
+
+The logical order: the shared records in their order, each run of expert records that follows one
+of them ordered by layer and global expert (descending in backward runs: autograd runs the experts
+last created first), as one card holding all runs them; API call counts renumbered in that order.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Optional
+
+from msprobe.errors import ConfigError
+from msprobe.format.comm import comm_api, comm_call
+from msprobe.format.stats import STAT_KEYS
+from msprobe.readers._merge_leaf import (
+    _anomalous,
+    _feeding_reduce,
+    _is_backward,
+    _last_backward,
+    _leaves,
+    _signature,
+)
+
+__all__ = ["join_experts", "expert_groups"]
+
+_EXPERT = re.compile(r"^(?P<layer>.*?)\.local_experts\.(?P<i>\d+)(?=\.)")
+_API = re.compile(r"^(?P<head>[^.]+\.[^.]+(?:\.[^.]+)*?)\.(?P<n>\d+)\.(?P<dir>forward|backward)$")
+_A2A = ("all_to_all", "all_to_all_single")
+
+
+def expert_groups(data: dict) -> Optional[tuple]:
+    """The group of a rank's first all_to_all call (its expert-parallel group), else None."""
+    for index, (name, record) in enumerate(data.items()):
+        found = comm_api(name)
+        if found is not None and found[0] in _A2A:
+            call = comm_call(name, record, -1, index)
+            if call is not None and call.group:
+                return tuple(call.group)
+    return None
+
+
+def _expert_of_name(name: str) -> Optional[tuple]:
+    found = _EXPERT.match(name) if name.startswith("Module.") else None
+    return (found.group("layer"), int(found.group("i"))) if found else None
+
+
+def _segments(data: dict) -> dict:
+    """{record name: (layer, local expert) or None} of the records after an all_to_all up to the
+    next one or the first module record of no one expert after an expert's (the experts'
+    container, which ends the experts' work; the first layer's dispatch has no backward all_to_all
+    when its input needs no gradient, and there a module's backward record may come before its
+    work): None for a record there of no one expert."""
+    out: dict = {}
+    run: list = []
+    inside = seen = False
+    for name in data:
+        found = comm_api(name)
+        if found is not None:
+            if found[0] in _A2A:
+                _attribute(run, out)
+                run, inside, seen = [], True, False
+            continue
+        if not inside:
+            continue
+        run.append(name)
+        own = _expert_of_name(name)
+        seen = seen or own is not None
+        if seen and own is None and name.startswith("Module."):
+            _attribute(run, out)
+            run, inside = [], False
+    _attribute(run, out)
+    for name in out:  # an API call's backward record is its forward call's expert's
+        if name.endswith(".backward") and not name.startswith("Module."):
+            forward = out.get(name[:-len("backward")] + "forward")
+            if forward is not None:
+                out[name] = forward
+    return out
+
+
+def _attribute(run: list, out: dict) -> None:
+    """Each record of a run its expert: its own name's, else the next one naming an expert."""
+    following = None
+    for name in reversed(run):
+        own = _expert_of_name(name)
+        if own is not None:
+            following = own
+            out[name] = own
+        elif name.startswith("Module."):
+            out[name] = None  # a module of no one expert: the container of the local experts
+            following = None
+        else:
+            out[name] = following
+
+
+def _tail(data: dict, seeds: dict) -> dict:
+    """{record name: (layer, local expert)} of the records after the last backward record that take
+    what an expert's ``parameters_grad`` holds or what such records made (their outputs)."""
+    names = list(data)
+    last = _last_backward(names)
+    known: dict = {}
+    for name, expert in seeds.items():
+        if name.endswith("parameters_grad"):
+            for _, leaf in _leaves(data.get(name)):
+                known[_signature(leaf)] = expert
+    out: dict = {}
+    for name in names[last + 1:] if last >= 0 else ():
+        record = data[name]
+        if not isinstance(record, dict):
+            continue
+        inputs = [leaf for key in ("input_args", "input_kwargs") for _, leaf in _leaves(record.get(key))]
+        tags = [known[_signature(leaf)] for leaf in inputs if _signature(leaf) in known]
+        if not tags:
+            continue
+        expert = tags[-1]
+        if comm_api(name) is None:
+            out[name] = expert
+        else:
+            call = comm_call(name, record, -1, 0)
+            if call is not None and call.group is not None and len(call.group) > 1:
+                continue  # a collective over the expert-parallel group: its result is the group's, not one expert's
+        for _, leaf in _leaves(record.get("output")):
+            known[_signature(leaf)] = expert
+    return out
+
+
+def _leafwise(node: Any, change: Callable) -> Any:
+    """``node`` with ``change(leaf)`` for each tensor leaf (the md5 dropped: no longer its bytes')."""
+    if isinstance(node, dict) and "dtype" in node and "shape" in node:
+        out = change(node)
+        if out is not node:
+            out.pop("md5", None)
+        return out
+    if isinstance(node, dict):
+        return {key: _leafwise(value, change) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_leafwise(value, change) for value in node]
+    return node
+
+
+def _nulled(node: Any, partial: set) -> Any:
+    """``node`` with the statistics of each leaf in ``partial`` (signatures) left out."""
+    return _leafwise(node, lambda leaf: dict(leaf, **{stat: None for stat in STAT_KEYS})
+                     if _signature(leaf) in partial else leaf)
+
+
+def _divided(node: Any, by: float) -> Any:
+    return _leafwise(node, lambda leaf: dict(leaf, **{stat: leaf[stat] / by for stat in STAT_KEYS
+                                                       if isinstance(leaf.get(stat), float)}))
+
+
+def _order(datas: list, experts: list) -> list:
+    """[(replica or None, name)]: the shared records (replica 0's) in order, after each the runs of
+    expert records of every replica that follow it, by layer and global expert."""
+    layers: dict = {}
+    for found in experts:
+        for layer, _ in found.values():
+            layers.setdefault(layer, len(layers))
+    runs: dict = {}
+    for replica, (data, found) in enumerate(zip(datas, experts)):
+        anchor = None
+        for name in data:
+            if name in found:
+                runs.setdefault(anchor, []).append((replica, name))
+            else:
+                anchor = name
+    local = max((i for found in experts for _, i in found.values()), default=0) + 1
+
+    def run_of(anchor: Optional[str]) -> list:
+        items = runs.get(anchor, [])
+        backward = all(_is_backward(name) for _, name in items)
+        sign = -1 if backward else 1
+
+        def key(item: tuple) -> tuple:
+            layer, i = experts[item[0]][item[1]]
+            return (sign * layers[layer], sign * (item[0] * local + i))
+        return [(replica, name) for replica, name in sorted(items, key=key)]
+
+    out = run_of(None)
+    for name in datas[0]:
+        if name in experts[0]:
+            continue
+        out.append((None, name))
+        out.extend(run_of(name))
+    return out
+
+
+def _renames(order: list, experts: list, local: int) -> dict:
+    """{(replica or None, name): logical name}: experts' modules under their global index, API call
+    counts renumbered in ``order`` (a backward record takes its forward call's number)."""
+    counts: dict = {}
+    numbers: dict = {}
+    out: dict = {}
+    for replica, name in order:
+        logical = name
+        if replica is not None:
+            layer, i = experts[replica][name]
+            if name.startswith("Module."):
+                logical = f"{layer}.local_experts.{replica * local + i}" + name[len(f"{layer}.local_experts.{i}"):]
+        api = _API.match(name)
+        if api and not name.startswith("Module."):
+            key = (replica, api.group("head"), int(api.group("n")))
+            if key not in numbers:
+                numbers[key] = counts.get(api.group("head"), 0)
+                counts[api.group("head")] = numbers[key] + 1
+            logical = f"{api.group('head')}.{numbers[key]}.{api.group('dir')}"
+        out[(replica, name)] = logical
+    return out
+
+
+def join_experts(models: list, raws: list, ranks: list, join: Callable) -> tuple:
+    """The logical model of an expert-parallel group: ``models`` [(data, parents, frames, report)]
+    of each rank's merged model (one rank each, in expert-parallel order), ``raws`` their ranks'
+    records (communication included), ``ranks`` their ranks; ``join(models, rename)`` joins the
+    shared records of the renamed models as data-parallel replicas (``rename(name)``: a shared
+    record's logical name, for the other side's records). Returns (data, parents, frames, report)."""
+    experts: list = []
+    tails: list = []
+    for (_, _, _, report), raw in zip(models, raws):
+        # the rank's names -> its merged model's (the merge leaves out what the layout does, renumbering the rest)
+        merged = {entry["names"]["0"]: name for name, entry in report["records"].items()
+                  if "0" in entry.get("names", {})}
+        inside = {name: found for name, found in _segments(raw).items() if found is not None and name in merged}
+        after = {name: found for name, found in _tail(raw, inside).items() if name in merged}
+        found_all = {merged[name]: found for name, found in list(inside.items()) + list(after.items())}
+        experts.append(found_all)
+        tails.append({merged[name]: name for name in after})
+    partials = [_feeding_reduce(raw) for raw in raws]
+    counts = {len({i for _, i in found.values()}) for found in experts}
+    if len(counts) != 1 or not experts[0]:
+        raise ConfigError("expert parallel: the ranks of the expert-parallel group hold no local_experts records "
+                          "between their all_to_all calls, or not as many each")
+    local = counts.pop()
+    datas = [model[0] for model in models]
+    order = _order(datas, experts)
+    renames = _renames(order, experts, local)
+    shared = {name: logical for (replica, name), logical in renames.items() if replica is None}
+    stripped = []
+    for replica, (held, parents, frames, report) in enumerate(models):
+        kept = {shared.get(name, name): record for name, record in held.items() if name not in experts[replica]}
+        records = {shared.get(name, name): entry for name, entry in report["records"].items()
+                   if name not in experts[replica]}
+        findings = [dict(f, record=shared.get(f["record"], f["record"])) for f in report["findings"]
+                    if f["record"] not in experts[replica]]
+        stripped.append((kept, {shared.get(k, k): shared.get(v, v) if v else v for k, v in parents.items()},
+                         {shared.get(k, k): v for k, v in frames.items()},
+                         dict(report, records=records, findings=findings)))
+    joined, parents, frames, report = join(stripped)
+    data: dict = {}
+    size = float(len(models))
+    for replica, name in order:
+        logical = renames[(replica, name)]
+        if replica is None:
+            if logical in joined:
+                data[logical] = joined.pop(logical)
+            continue
+        record = models[replica][0][name]
+        if name in tails[replica]:  # its rank's own values: a partial norm is no all_reduce's result here
+            record = _nulled(raws[replica].get(tails[replica][name], record), partials[replica])
+        # a backward tensor of the rank's loss over its share; a parameter's gradient is already its
+        # averaged all_reduce's result (the merge of each rank's model takes it)
+        data[logical] = _divided(record, size) if _is_backward(name) and not name.endswith("parameters_grad") \
+            else record
+        rank = ranks[replica]
+        suspects = {path: [rank] for path, leaf in _leaves(record) if _anomalous(leaf)}
+        report["records"][logical] = {"stages": [0], "ranks": [rank], "leaves": {}, "names": {"0": name},
+                                      "leaf_suspects": suspects, "suspects": [rank] if suspects else []}
+        parent = models[replica][1].get(name)
+        if parent is not None or name in models[replica][1]:
+            parents[logical] = renames.get((replica, parent), shared.get(parent, parent)) if parent else None
+        found = models[replica][2].get(name)
+        if found is not None:
+            frames[logical] = found
+    data.update(joined)  # shared records of some replicas alone: after the rest
+    report["experts"] = {"local": local, "ranks": list(ranks)}
+    return data, parents, frames, report
+
+
