@@ -69,7 +69,11 @@ def _first_tensor_leaves(data: dict, limit: int) -> Any:
 
 
 def _has_md5(data: dict) -> bool:
-    """Whether the first tensor leaf (of the first 51 records) holds a CRC-32 beside its statistics."""
+    """Whether the first tensor leaf (of the first 51 records) holds a CRC-32 beside its statistics
+    (a leaf table's records know it: :class:`msprobe.compare._indexed.IndexedRecords`)."""
+    known = getattr(data, "has_md5", None)
+    if known is not None:
+        return bool(known)
     for leaves in _first_tensor_leaves(data, 51):
         if leaves:
             return isinstance(leaves[0].get("md5"), str) and MAX.key in leaves[0]

@@ -238,8 +238,14 @@ def write_compare_leaves(store: Any, prefix: str, doc: Any, doc_size: Optional[i
     key = join_key(prefix, COMPARE_LEAVES)
     data = doc.data if hasattr(doc, "data") else doc.get("data", {})
     task = task if task is not None else (doc.task if hasattr(doc, "task") else doc.get("task"))
+    from msprobe.compare._core import _has_md5
+    from msprobe.format.model import infer_framework
+
+    framework = infer_framework(data)
     table = compare_leaf_table(data, {"doc_size": doc_size, "doc_mtime": None if doc_mtime is None else
-                                      repr(float(doc_mtime)), "task": task, "records": len(data)})
+                                      repr(float(doc_mtime)), "task": task, "records": len(data),
+                                      "framework": framework[0] if framework else "none",
+                                      "has_md5": "1" if _has_md5(data) else "0"})
     if table is None:
         if store.exists(key):
             store.delete(key)
@@ -252,7 +258,13 @@ class IndexedRecords(Mapping):
     """A rank's records (``data``) read from its leaf table: the names at once, a record's JSON
     parsed when it is asked for."""
 
-    def __init__(self, names: list, raws: Any) -> None:
+    def __init__(self, names: list, raws: Any, meta: Optional[dict] = None) -> None:
+        meta = meta or {}
+        #: what compare would otherwise read of the first records: their framework (infer_framework's,
+        #: "" for none; None: not known, a table without it) and whether their first tensor holds a CRC-32 beside its statistics
+        framework = meta.get("framework")
+        self.framework: Optional[str] = "" if framework == "none" else framework
+        self.has_md5: Optional[bool] = {"1": True, "0": False}.get(str(meta.get("has_md5")))
         self._names = names
         self._position = {name: position for position, name in enumerate(names)}
         self._raws = raws  # record position -> its JSON text
@@ -379,7 +391,7 @@ class _LazyRaws:
 
     def __init__(self, parquet_file: Any, firsts: Any) -> None:
         self._file, self._firsts = parquet_file, firsts
-        self._data: Optional[bytes] = None
+        self._data: Optional[memoryview] = None
         self._offsets: Any = None
 
     def __getitem__(self, position: int) -> str:
@@ -389,24 +401,24 @@ class _LazyRaws:
             array = self._file.read(columns=["raw"]).column("raw").combine_chunks()
             buffers = array.buffers()
             self._offsets = np.frombuffer(buffers[1], dtype=np.int32)[array.offset:array.offset + len(array) + 1]
-            self._data = buffers[2].to_pybytes() if buffers[2] is not None else b""
+            self._data = memoryview(buffers[2]) if buffers[2] is not None else memoryview(b"")
         row = int(self._firsts[position])
-        return self._data[int(self._offsets[row]):int(self._offsets[row + 1])].decode("utf-8")
+        return str(self._data[int(self._offsets[row]):int(self._offsets[row + 1])], "utf-8")
 
 
 class IndexedSide:
     """One rank's leaf table as compare reads it: ``records`` (:class:`IndexedRecords`), the
     stand-in records the planner walks and each leaf's columns by leaf number."""
 
-    def __init__(self, parquet_file: Any, task: Optional[str]) -> None:
+    def __init__(self, parquet_file: Any, meta: dict) -> None:
         import numpy as np
 
-        self.task = task
+        self.task = meta.get("task")
         table = parquet_file.read(columns=_READ)
         rec, _ = _numbers(table.column("rec"), np.int32)
         firsts = np.flatnonzero(np.diff(rec, prepend=-1) != 0) if len(rec) else np.zeros(0, dtype=np.int64)
         names = _strings(table.column("record"))[firsts].tolist()
-        self.records = IndexedRecords(names, _LazyRaws(parquet_file, firsts))
+        self.records = IndexedRecords(names, _LazyRaws(parquet_file, firsts), meta)
         ios = _strings(table.column("io"))
         leaf_rows = np.flatnonzero(_present(ios))
         self.stand_ins = stand_in_records(names, rec[leaf_rows], ios[leaf_rows].tolist(),
@@ -500,7 +512,7 @@ def indexed_side(source: Any) -> Optional[IndexedSide]:
     side = None
     if found is not None:
         table, meta = found
-        side = IndexedSide(table, meta.get("task"))
+        side = IndexedSide(table, meta)
         if side.stand_ins is None:
             side = None
     try:

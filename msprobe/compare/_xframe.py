@@ -194,8 +194,11 @@ def mindspore_against_pytorch(target_data: Any, bench_data: Any) -> bool:
     """Whether the target's records are MindSpore's and the bench's PyTorch's (by their tensor types)."""
     from msprobe.format.model import infer_framework
 
-    target, bench = infer_framework(target_data), infer_framework(bench_data)
-    return bool(target and bench and target[0] == "mindspore" and bench[0] == "pytorch")
+    target, bench = (getattr(data, "framework", None) for data in (target_data, bench_data))  # a leaf table's
+    if target is None or bench is None:
+        target, bench = ((found[0] if found else "") for found in (infer_framework(target_data),
+                                                                  infer_framework(bench_data)))
+    return target == "mindspore" and bench == "pytorch"
 
 
 def _bench_index(bench_data: dict) -> tuple:

@@ -20,6 +20,7 @@ import pytest
 import msprobe.compare._core as core
 from msprobe.compare import compare, write_compare_leaves
 from msprobe.index import StaleIndexWarning
+from msprobe.readers._source import RankSource
 from msprobe.readers.index import build_index
 from tests.compare.test_compare_columnar import REAL_PAIRS, TS, _f, _outputs, mutated_pair
 
@@ -38,6 +39,7 @@ def _no_documents(monkeypatch) -> None:
         raise AssertionError(f"compare read {source.url}'s document: its leaf table was not used")
 
     monkeypatch.setattr(core, "records_of", refuse)
+    monkeypatch.setattr(RankSource, "document", refuse)
 
 
 def _same_from_index(tmp_path, monkeypatch, target: str, bench: str, *, documents: bool = False, **kw) -> dict:
