@@ -73,6 +73,9 @@ RUNS: dict = {
     "tp2pp2sp": {"tp": 2, "pp": 2, "sp": True, "seq": 4},
     "moe": {"experts": 4},  # the single card holding all 4 experts of every (MoE) layer
     "ep2": {"dp": 2, "ep": 2, "experts": 4},  # 2 experts a rank, each rank its half of the batch
+    "single4a": {"seq": 4, "attn": True},  # with a causal self-attention in each layer
+    "tp2cp2pp2": {"tp": 2, "cp": 2, "pp": 2, "seq": 4, "attn": True},  # context parallel (TE's all-gather CP)
+    "cp2": {"cp": 2, "seq": 4, "attn": True},  # context parallel alone (the tests' small version)
 }
 
 #: case group -> (target run, bench run, --layout, --bench-layout)
@@ -85,6 +88,8 @@ GROUPS: dict = {
     "pp4": ("pp2", "pp4", "tp=1,pp=2", "tp=1,pp=4"),
     "sp": ("tp2pp2sp", "single4", "tp=2,pp=2", None),
     "ep": ("ep2", "moe", "ep=2", None),
+    "cp": ("tp2cp2pp2", "single4a", "tp=2,pp=2,cp=2", None),
+    "cp2": ("cp2", "single4a", "tp=1,pp=1,cp=2", None),
 }
 
 #: the MoE layer a fault of an expert-parallel run is injected in
@@ -95,7 +100,7 @@ def single_of(group: str) -> str:
     """The single-card run a group's runs compute the model of (its bench when that is one card)."""
     bench_run = GROUPS[group][1]
     spec = RUNS[bench_run]
-    return bench_run if spec.get("tp", 1) * spec.get("pp", 1) * spec.get("dp", 1) == 1 else "single"
+    return bench_run if spec.get("tp", 1) * spec.get("pp", 1) * spec.get("dp", 1) * spec.get("cp", 1) == 1 else "single"
 
 TOOLS = [("compare", "compare (first NaN; x1.05: first divergence)"), ("compare_origin", "compare origin"),
          ("lake_diverge", "lake diverge (origin)"), ("lake_nan", "lake nan")]
@@ -115,7 +120,7 @@ def fault_of(run: str, kind: str, stage: int) -> dict:
         local = spec["experts"] // spec["ep"]
         return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": stage, "fault_layer": EP_FAULT_LAYER,
                 "fault_mb": 0, "fault_expert": stage * local + local - 1}
-    sizes = {"tp": spec.get("tp", 1), "pp": spec.get("pp", 1), "dp": spec.get("dp", 1)}
+    sizes = {"tp": spec.get("tp", 1), "cp": spec.get("cp", 1), "pp": spec.get("pp", 1), "dp": spec.get("dp", 1)}
     order = ml.parse_order(spec.get("order", "tp-dp-pp"))
     return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": ml.fault_rank(sizes, order, stage),
             "fault_layer": ml.chunk_layers(stage, 0, sizes["pp"], spec.get("vpp", 1))[0], "fault_mb": 0}
@@ -135,7 +140,7 @@ def dump_run(out: str, run: str, variant: str, fault: Optional[dict], log: Any =
     """Dump ``run``'s ``variant`` (kept when its sidecars are all there); returns the sidecars."""
     name = run if variant == "healthy" else f"{run}.{variant}"
     dump, truth = os.path.join(out, "runs", name), os.path.join(out, "truth", name)
-    world = RUNS[run].get("tp", 1) * RUNS[run].get("pp", 1) * RUNS[run].get("dp", 1)
+    world = RUNS[run].get("tp", 1) * RUNS[run].get("pp", 1) * RUNS[run].get("dp", 1) * RUNS[run].get("cp", 1)
     if os.path.isdir(truth) and len(os.listdir(truth)) == world:
         return ml.read_truth(truth)
     for path in (dump, truth):
@@ -177,7 +182,7 @@ def truth(sidecars: list, single: list, run_path: Optional[str] = None) -> dict:
     inj = injected(sidecars)
     me = sidecars[inj["rank"]]
     sizes, order = me["sizes"], tuple(me["order"])
-    stage = ml.stage_ranks(sizes, order, me["coords"]["pp"], me["coords"]["dp"])
+    stage = ml.stage_ranks(sizes, order, me["coords"]["pp"], me["coords"]["dp"], me["coords"].get("cp", 0))
     sites = single[0]["sites"][str(inj["step"])]
     logical = [sites[inj["site"]]] + ([sites[inj["site"] + ".module"]] if inj["kind"] == "scale" else [])
     return {"kind": inj["kind"], "step": inj["step"], "rank": inj["rank"], "stage_ranks": stage,
@@ -198,7 +203,7 @@ def _stage_renamed(run_path: str, sidecars: list, inj: dict) -> Optional[str]:
     sizes, order = me["sizes"], tuple(me["order"])
     names = []
     for p in range(sizes["pp"]):
-        first = ml.stage_ranks(sizes, order, p, me["coords"]["dp"])[0]
+        first = ml.stage_ranks(sizes, order, p, me["coords"]["dp"], me["coords"].get("cp", 0))[0]
         with open(os.path.join(run_path, f"step{inj['step']}", f"rank{first}", "dump.json"), encoding="utf-8") as f:
             names.append([name for name in json.load(f)["data"] if comm_api(name) is None])
     return stage_renames(names)[me["coords"]["pp"]].get(inj["record"])

@@ -81,6 +81,7 @@ GLOBAL_BATCH = 4
 MICRO_BATCHES = 2
 LOSS_SCALE = 1024.0
 DIMS = ("tp", "dp", "pp")
+HEADS = 2  # --attn: attention heads (split over tp)
 
 
 # -- layout arithmetic (pure) -----------------------------------------------------------------------
@@ -89,24 +90,42 @@ def rank_of(coords: dict, sizes: dict, order: tuple) -> int:
     """Global rank of ``coords`` ({tp, dp, pp}) under ``order`` (the first dimension varies fastest)."""
     rank, stride = 0, 1
     for dim in order:
-        rank += coords[dim] * stride
-        stride *= sizes[dim]
+        rank += coords.get(dim, 0) * stride
+        stride *= sizes.get(dim, 1)
     return rank
 
 
 def coords_of(rank: int, sizes: dict, order: tuple) -> dict:
     out, rest = {}, rank
     for dim in order:
-        out[dim] = rest % sizes[dim]
-        rest //= sizes[dim]
+        out[dim] = rest % sizes.get(dim, 1)
+        rest //= sizes.get(dim, 1)
     return out
 
 
 def parse_order(text: str) -> tuple:
+    """The rank order; context parallelism (cp), when the order leaves it out, right after tp
+    (Megatron's tp-cp-ep-dp-pp)."""
     order = tuple(text.split("-"))
-    if sorted(order) != sorted(DIMS):
-        raise SystemExit(f"--order must name each of tp, dp, pp once, not {text!r}")
+    if "cp" not in order and "tp" in order:
+        order = order[:order.index("tp") + 1] + ("cp",) + order[order.index("tp") + 1:]
+    if sorted(order) != sorted(DIMS + ("cp",)):
+        raise SystemExit(f"--order must name each of tp, dp, pp (and cp) once, not {text!r}")
     return order
+
+
+def cp_chunks(cp_rank: int, cp: int) -> tuple:
+    """Megatron's load-balanced context parallelism: the sequence in 2 x cp chunks, rank r holding
+    chunks r and 2 x cp - 1 - r (a causal mask's work evenly shared)."""
+    return (cp_rank, 2 * cp - 1 - cp_rank) if cp > 1 else (0,)
+
+
+def cp_positions(cp_rank: int, cp: int, seq: int) -> list:
+    """The global sequence positions of context-parallel rank ``cp_rank``'s tokens, in its order."""
+    if cp == 1:
+        return list(range(seq))
+    size = seq // (2 * cp)
+    return [chunk * size + i for chunk in cp_chunks(cp_rank, cp) for i in range(size)]
 
 
 def chunk_layers(pp_rank: int, chunk: int, pp: int, vpp: int) -> list:
@@ -117,16 +136,17 @@ def chunk_layers(pp_rank: int, chunk: int, pp: int, vpp: int) -> list:
     return list(range(first, first + per))
 
 
-def stage_ranks(sizes: dict, order: tuple, pp_rank: int, dp_rank: int) -> list:
-    """The ranks of pipeline stage ``pp_rank`` of data-parallel replica ``dp_rank`` (its tp group)."""
-    return [rank_of({"tp": t, "dp": dp_rank, "pp": pp_rank}, sizes, order) for t in range(sizes["tp"])]
+def stage_ranks(sizes: dict, order: tuple, pp_rank: int, dp_rank: int, cp_rank: int = 0) -> list:
+    """The ranks of pipeline stage ``pp_rank`` of data-parallel replica ``dp_rank`` and context-parallel
+    rank ``cp_rank`` (its tp group)."""
+    return [rank_of({"tp": t, "cp": cp_rank, "dp": dp_rank, "pp": pp_rank}, sizes, order) for t in range(sizes["tp"])]
 
 
 def fault_rank(sizes: dict, order: tuple, stage: int, tp_rank: Optional[int] = None,
                dp_rank: Optional[int] = None) -> int:
     """The rank the benchmark faults on pipeline stage ``stage``: the last tp rank of the last
     replica by default (never rank 0 unless the layout has one rank per stage)."""
-    return rank_of({"tp": sizes["tp"] - 1 if tp_rank is None else tp_rank,
+    return rank_of({"tp": sizes["tp"] - 1 if tp_rank is None else tp_rank, "cp": sizes.get("cp", 1) - 1,
                     "dp": sizes["dp"] - 1 if dp_rank is None else dp_rank, "pp": stage}, sizes, order)
 
 
@@ -143,10 +163,10 @@ class _State:
 
     def __init__(self, args: Any, rank: int, world: int) -> None:
         self.args, self.rank, self.world = args, rank, world
-        self.sizes = {"tp": args.tp, "dp": args.dp, "pp": args.pp}
+        self.sizes = {"tp": args.tp, "cp": args.cp, "dp": args.dp, "pp": args.pp}
         self.order = parse_order(args.order)
         self.coords = coords_of(rank, self.sizes, self.order)
-        self.tp_group = self.dp_group = self.mp_group = self.ep_group = self.expert_dp_group = None
+        self.tp_group = self.dp_group = self.mp_group = self.ep_group = self.expert_dp_group = self.cp_group = None
         self.step = 0
         self.counts: dict = {}
         self.sites: dict = {}
@@ -396,6 +416,45 @@ def _moe_layer(state: _State, linear: Any) -> Any:
     return MoELayer
 
 
+def _context_gather(state: _State) -> Any:
+    """Transformer Engine's all-gather context parallelism for the keys and values (``--cp``): an
+    autograd function gathering every cp rank's tokens (``all_gather_into_tensor``, then put in
+    sequence order: the ranks hold load-balanced chunks) forward, and backward the other way
+    (``reduce_scatter_tensor`` of the gradient: each cp rank's queries' part summed)."""
+    import torch
+    import torch.distributed as dist
+
+    raw = torch._C._VariableFunctions
+    cp, group = state.sizes["cp"], state.cp_group
+    seq = SEQ_LEN[0]
+    gathered = [pos for r in range(cp) for pos in cp_positions(r, cp, seq)]  # the gathered tokens' positions
+    to_sequence = torch.tensor(sorted(range(seq), key=lambda i: gathered[i]))
+    to_gathered = torch.tensor(gathered)
+
+    def gather(x: Any) -> Any:
+        first = raw.transpose(x, 0, 1).contiguous()
+        out = raw.empty((first.shape[0] * cp,) + tuple(first.shape[1:]), dtype=x.dtype)
+        dist.all_gather_into_tensor(out, first, group=group)
+        return raw.transpose(raw.index_select(out, 0, to_sequence), 0, 1).contiguous()
+
+    def scatter(grad: Any) -> Any:
+        first = raw.index_select(raw.transpose(grad, 0, 1), 0, to_gathered).contiguous()
+        out = raw.empty((first.shape[0] // cp,) + tuple(first.shape[1:]), dtype=grad.dtype)
+        dist.reduce_scatter_tensor(out, first, group=group)
+        return raw.transpose(out, 0, 1).contiguous()
+
+    class GatherKV(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return gather(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return scatter(grad)
+
+    return GatherKV
+
+
 def build_chunk(state: _State, layers: list, last: bool) -> Any:
     """One model chunk: ``decoder.layers`` (local indices, global ``layer_number``) and, on the
     last virtual stage, the replicated ``output_layer``."""
@@ -410,6 +469,10 @@ def build_chunk(state: _State, layers: list, last: bool) -> Any:
         CopyToRegion, ReduceFromRegion, GatherForHead = _sequence_functions()
     random_bias = state.args.bias == "random"
     moe = getattr(state.args, "experts", 0) > 0
+    attn = bool(getattr(state.args, "attn", False))
+    cp = state.sizes["cp"]
+    GatherKV = _context_gather(state) if attn and cp > 1 else None
+    heads, head_dim = HEADS // tp, H // HEADS
 
     def bias(size: int, seed: int) -> Any:
         return _full((size,), seed) if random_bias else torch.zeros(size)
@@ -421,8 +484,9 @@ def build_chunk(state: _State, layers: list, last: bool) -> Any:
         return F.linear(x, weight, b)
 
     class ColumnParallelLinear(nn.Module):
-        def __init__(self, full_w: Any, full_b: Any, number: int) -> None:
+        def __init__(self, full_w: Any, full_b: Any, number: int, site: str = "fc1") -> None:
             super().__init__()
+            self.site = site
             rows = full_w.shape[0] // tp
             self.weight = nn.Parameter(full_w[tp_rank * rows:(tp_rank + 1) * rows].clone())
             self.bias = nn.Parameter(full_b[tp_rank * rows:(tp_rank + 1) * rows].clone())
@@ -432,9 +496,9 @@ def build_chunk(state: _State, layers: list, last: bool) -> Any:
         def forward(self, x: Any) -> Any:
             mb = self.calls
             self.calls += 1
-            state.site(f"L{self.number}.mb{mb}.fc1.module", f"{self.name}.ColumnParallelLinear.forward.{mb}")
+            state.site(f"L{self.number}.mb{mb}.{self.site}.module", f"{self.name}.ColumnParallelLinear.forward.{mb}")
             x = CopyToRegion.apply(x, group)
-            return linear(x, self.weight, self.bias, f"L{self.number}.mb{mb}.fc1")
+            return linear(x, self.weight, self.bias, f"L{self.number}.mb{mb}.{self.site}")
 
     class RowParallelLinear(nn.Module):
         def __init__(self, full_w: Any, full_b: Any, number: int) -> None:
@@ -470,13 +534,48 @@ def build_chunk(state: _State, layers: list, last: bool) -> Any:
     if moe:
         MoELayer = _moe_layer(state, linear)
 
+    class TEDotProductAttention(nn.Module):
+        """The core attention as Megatron runs it with context parallelism (Transformer Engine's
+        fused attention: its scores, causal mask and softmax are one kernel, no records of their
+        own; with ``cp`` > 1 it gathers the keys and values of the other cp ranks): q, k, v
+        [batch, this rank's tokens, heads, head_dim] -> [batch, tokens, heads x head_dim]."""
+
+        def forward(self, q: Any, k: Any, v: Any) -> Any:
+            raw = torch._C._VariableFunctions
+            if GatherKV is not None:
+                k, v = GatherKV.apply(k), GatherKV.apply(v)
+            mine = cp_positions(state.coords["cp"], cp, SEQ_LEN[0])
+            future = torch.tensor([[key > query for key in range(SEQ_LEN[0])] for query in mine])
+            qt, kt, vt = (raw.transpose(t, 1, 2) for t in (q, k, v))
+            scores = raw.mul(raw.matmul(qt, raw.transpose(kt, 2, 3)), head_dim ** -0.5)
+            probs = raw.softmax(raw.masked_fill(scores, future, float("-inf")), -1)
+            out = raw.transpose(raw.matmul(probs, vt), 1, 2)
+            return raw.reshape(out, (out.shape[0], out.shape[1], heads * head_dim))
+
+    class SelfAttention(nn.Module):
+        def __init__(self, number: int) -> None:
+            super().__init__()  # the fused qkv rows head by head (q, k, v of head 0, then head 1): tp splits heads
+            self.linear_qkv = ColumnParallelLinear(_full((3 * H, H), 10 * number + 5), bias(3 * H, 10 * number + 6),
+                                                   number, site="qkv")
+            self.core_attention = TEDotProductAttention()
+            self.linear_proj = RowParallelLinear(_full((H, H), 10 * number + 7), bias(H, 10 * number + 8), number)
+
+        def forward(self, x: Any) -> Any:
+            qkv = self.linear_qkv(x)
+            qkv = qkv.view(qkv.shape[0], qkv.shape[1], heads, 3 * head_dim)
+            q, k, v = torch.split(qkv, head_dim, dim=-1)
+            return self.linear_proj(self.core_attention(q, k, v))
+
     class TransformerLayer(nn.Module):
         def __init__(self, number: int) -> None:
             super().__init__()
             self.layer_number = number
+            self.self_attention = SelfAttention(number) if attn else None
             self.mlp = MoELayer(number) if moe else MLP(number)
 
         def forward(self, x: Any) -> Any:
+            if self.self_attention is not None:
+                x = x + self.self_attention(x)
             return x + self.mlp(x)
 
     class TransformerBlock(nn.Module):
@@ -733,14 +832,21 @@ def _groups(state: _State) -> None:
             if state.rank in members:
                 setattr(state, kind, group)
 
-    for d in range(s["dp"]):
-        for p in range(s["pp"]):
-            make("tp_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for t in range(s["tp"])])
-    for t in range(s["tp"]):
-        for p in range(s["pp"]):
-            make("dp_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for d in range(s["dp"])])
-    for d in range(s["dp"]):
-        make("mp_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for t in range(s["tp"]) for p in range(s["pp"])])
+    tps, cps, dps, pps = (range(s[dim]) for dim in ("tp", "cp", "dp", "pp"))
+    for c in cps:
+        for d in dps:
+            for p in pps:
+                make("tp_group", [rank_of({"tp": t, "cp": c, "dp": d, "pp": p}, s, o) for t in tps])
+    for t in tps:
+        for d in dps:
+            for p in pps:
+                make("cp_group", [rank_of({"tp": t, "cp": c, "dp": d, "pp": p}, s, o) for c in cps])
+    for t in tps:  # Megatron's data-parallel group with context parallelism: the gradients' all_reduce
+        for p in pps:
+            make("dp_group", [rank_of({"tp": t, "cp": c, "dp": d, "pp": p}, s, o) for d in dps for c in cps])
+    for c in cps:
+        for d in dps:
+            make("mp_group", [rank_of({"tp": t, "cp": c, "dp": d, "pp": p}, s, o) for t in tps for p in pps])
     if getattr(state.args, "experts", 0) and state.args.ep > 1:  # expert parallel over the data-parallel ranks
         for t in range(s["tp"]):
             for p in range(s["pp"]):
@@ -795,11 +901,14 @@ def clip_grad_norm_(params: list, max_norm: float, state: _State) -> float:
 def train(args: Any) -> dict:
     """One rank's run; returns its sidecar."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if args.tp * args.pp * args.dp != world:
-        raise SystemExit(f"tp {args.tp} x pp {args.pp} x dp {args.dp} is not WORLD_SIZE {world}")
+    if args.tp * args.cp * args.pp * args.dp != world:
+        raise SystemExit(f"tp {args.tp} x cp {args.cp} x pp {args.pp} x dp {args.dp} is not WORLD_SIZE {world}")
+    if args.cp > 1 and not args.attn:
+        raise SystemExit("context parallelism (--cp) splits the attention's sequence: give --attn")
     SEQ_LEN[0] = args.seq
     if LAYERS % (args.pp * args.vpp) or FFN % args.tp or H % args.tp or GLOBAL_BATCH % args.dp or \
-            (args.sp and args.seq % args.tp):
+            (args.sp and args.seq % args.tp) or args.seq % (2 * args.cp if args.cp > 1 else 1) or \
+            (args.attn and HEADS % args.tp):
         raise SystemExit("the layout does not divide the model")
     if args.vpp > 1 and args.pp == 1:
         raise SystemExit("virtual pipeline stages need pp > 1")
@@ -855,10 +964,14 @@ def train(args: Any) -> dict:
             piece = SEQ_LEN[0] // args.tp
             data = [d[:, c["tp"] * piece:(c["tp"] + 1) * piece].clone() for d in data]
         targets = [y[m, c["dp"] * per:(c["dp"] + 1) * per].clone() for m in range(MICRO_BATCHES)]
+        if args.cp > 1:  # context parallel: this rank's tokens (load-balanced chunks) of the sequence
+            mine = torch.tensor(cp_positions(c["cp"], args.cp, SEQ_LEN[0]))
+            data = [d.index_select(1, mine).contiguous() for d in data]
+            targets = [t.index_select(1, mine).contiguous() for t in targets]
         state.masks = {}
         for layer in held:
             for mb in range(MICRO_BATCHES):
-                mask = torch.zeros(per, SEQ_LEN[0], FFN // args.tp, dtype=torch.bool)
+                mask = torch.zeros(per, SEQ_LEN[0] // args.cp, FFN // args.tp, dtype=torch.bool)
                 fill = 0.0
                 if state.faulted("nan") and layer == args.fault_layer and mb == args.fault_mb:
                     mask.view(-1)[1] = True
@@ -884,11 +997,11 @@ def train(args: Any) -> dict:
         for p in params:  # sequence parallel: a parameter used on a piece of the sequence, summed over tp
             if p.grad is not None and getattr(p, "sequence_parallel", False):
                 dist.all_reduce(p.grad, group=state.tp_group)
-        for p in params:  # Megatron's DDP: gradients scaled by 1/DP, all_reduced over the replicas; an
+        for p in params:  # Megatron's DDP: gradients scaled by 1/(DP x CP), all_reduced over the replicas; an
             # expert's over its expert data-parallel group (one rank here: ep == dp), as Megatron's expert buffers
             group = state.dp_group if getattr(p, "allreduce", True) else state.expert_dp_group
             if p.grad is not None and group is not None:
-                p.grad.mul_(1.0 / args.dp)
+                p.grad.mul_(1.0 / (args.dp * args.cp))
                 dist.all_reduce(p.grad, group=group)
         for p in params:  # the static loss scaler: gradients unscaled
             if p.grad is not None:
@@ -927,6 +1040,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--cp", type=int, default=1, help="context parallel size (with --attn)")
+    ap.add_argument("--attn", action="store_true", help="a causal self-attention before each block's MLP")
     ap.add_argument("--vpp", type=int, default=1)
     ap.add_argument("--order", default="tp-dp-pp", help="rank order, the first dimension fastest (Megatron: tp-dp-pp)")
     ap.add_argument("--steps", type=int, default=2)
@@ -972,16 +1087,16 @@ def launch(dump: str, truth: str, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp:
            fault_mb: int = 0, steps: int = 2, level: str = "mix", optimizer: str = "sgd", max_norm: float = 1.0,
            bias: str = "zero", timeout: float = 600, python: str = sys.executable, task: str = "statistics",
            seq: int = SEQ, sp: bool = False, experts: int = 0, ep: int = 1, topk: int = 2,
-           fault_expert: int = 0) -> list:
+           fault_expert: int = 0, cp: int = 1, attn: bool = False) -> list:
     """Run every rank (tp * pp * dp processes, OMP_NUM_THREADS=1) into ``dump``; returns the
     sidecars in rank order. RuntimeError with the ranks' output when one fails."""
-    world = tp * pp * dp
+    world = tp * pp * dp * cp
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = [python, os.path.abspath(__file__), os.path.abspath(dump), os.path.abspath(truth), "--tp", str(tp),
             "--pp", str(pp), "--dp", str(dp), "--vpp", str(vpp), "--order", order, "--steps", str(steps),
             "--level", level, "--optimizer", optimizer, "--max-norm", str(max_norm), "--bias", bias, "--task", task,
-            "--seq", str(seq), "--experts", str(experts), "--ep", str(ep), "--topk", str(topk)] + \
-        (["--sp"] if sp else [])
+            "--seq", str(seq), "--experts", str(experts), "--ep", str(ep), "--topk", str(topk), "--cp", str(cp)] + \
+        (["--sp"] if sp else []) + (["--attn"] if attn else [])
     if fault:
         argv += ["--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank),
                  "--fault-layer", str(fault_layer), "--fault-mb", str(fault_mb), "--fault-expert", str(fault_expert)]

@@ -158,7 +158,7 @@ def diverge(lake: Any, run_a: str, run_b: str, *, step: Optional[int] = None, ra
 
     Steps are paired as :func:`msprobe.compare.pair_sources` pairs them; the steps are
     compared in order, each step's rank pairs as Dask tasks (``batch`` pairs a task), and
-    the search stops after the first step with a divergence (``all_steps=True`` compares
+    the search stops after the first step with an origin (``all_steps=True`` compares
     every step). A rank pair diverges where compare flags a summary (its result is not
     ``pass``, or its relative Norm error exceeds the threshold). ``out``: a local
     directory that keeps compare's CSVs (one per rank pair).
@@ -236,7 +236,7 @@ def _diverge_steps(lake: Any, run_a: str, run_b: str, jobs_by_step: dict, task: 
                               split=got["split"], run_a=run_a, run_b=run_b)
                 if "layout" in got:
                     origin["layout"] = got["layout"].get("origin")
-        divs = [summary for summary in results if summary["first_divergence"]]
+        divs = [summary for summary in results if summary["first_divergence"]] if first is None else []
         if divs:
             divs.sort(key=lambda summary: order_key(summary, "first_divergence"))
             for summary in divs:
@@ -250,8 +250,8 @@ def _diverge_steps(lake: Any, run_a: str, run_b: str, jobs_by_step: dict, task: 
             if first is None:
                 first = dict(ranks[0], run_a=run_a, run_b=run_b)
         add_paths({"origin": origin, "first_divergence": first}, graphs)
-        if (divs or origin is not None) and not all_steps:
-            break
+        if origin is not None and not all_steps:  # a step whose rows depart with no record where an error
+            break  # enters (26.2.0's ratio rules on round-off) does not end the search for the origin
     return {"run_a": run_a, "run_b": run_b, "mode": used_mode, "first_divergence": first, "first": first,
             "origin": origin, "ranks": ranks,
             "steps_compared": steps_done, "pairs_compared": n_pairs, "executor": lake.runner.last}

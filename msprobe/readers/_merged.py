@@ -321,41 +321,68 @@ def _parents(source: Any) -> dict:
         return {}
 
 
-def _groups_of(sources: list, default_world: bool = False) -> tuple:
+_TP_FORWARD = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
+
+
+def _groups_of(sources: list, default_world: bool = False, gathers: Optional[dict] = None) -> tuple:
     """({rank: its tensor-parallel group}, {rank: previous pipeline stage's rank}) as the dump says
-    them: the group of a rank's first all_reduce that names one, before its last backward record
-    (an all_reduce after it is the gradients' or the clip's; any, without backward records); the peer of its first receive when
-    that comes before its first send (the first stage sends first; later stages receive their input
-    first). ``default_world``: a rank whose all_reduce calls name no group (the default group, every
-    rank: MindSpore's collectives called without one, torch's without ``group``) and that calls one
-    before its last backward record (a tensor-parallel reduction; a data-parallel gradient sum
-    comes after it) has the step's ranks."""
+    them: the group of a rank's first all_reduce that names one issued before its first backward
+    record (a row-parallel layer's reduction), else of its first reduce_scatter there (sequence
+    parallelism), else of its first all_reduce naming one before its last backward record (an
+    all_reduce after it is the gradients' or the clip's, not tensor parallel's; any, without
+    backward records); the peer of its first receive when that comes before its first send (the
+    first stage sends first; later stages receive their input first). ``default_world``: a rank
+    whose all_reduce calls name no group (the default group, every rank: MindSpore's collectives
+    called without one, torch's without ``group``) and that calls one before its last backward
+    record (a tensor-parallel reduction; a data-parallel gradient sum comes after it) has the
+    step's ranks. ``gathers``, when given, receives {rank: the group of its first all_gather
+    before its first backward record that is not its tensor-parallel group} (context parallelism's
+    keys and values)."""
     tp_of: dict = {}
     prev: dict = {}
     world = tuple(sorted(source.rank for source in sources))
     for source in sources:
         first_send, first_recv = None, None
         on_default = False
+        forward = True
+        scattered = later = None
+        gathered: list = []
         records = _records_of(source)
         last = _last_backward(list(records))
         for index, (name, record) in enumerate(records.items()):
+            if forward and _is_backward(name):
+                forward = False
             call = comm_call(name, record, source.rank, index)
             if call is None:
                 continue
-            # (an all_reduce after the last backward record is the gradients' or the clip's, not tensor parallel's)
             if call.api == "all_reduce" and source.rank not in tp_of and (index < last or last < 0):
-                if call.group:
+                if not call.group:
+                    on_default = on_default or index < last
+                elif later is None and len(call.group) > 1:
+                    later = tuple(call.group)
+            if forward and call.group and len(call.group) > 1:
+                if call.api == "all_reduce" and source.rank not in tp_of:
                     tp_of[source.rank] = tuple(call.group)
-                elif index < last:
-                    on_default = True
+                elif call.api in _TP_FORWARD and scattered is None:
+                    scattered = tuple(call.group)
+                elif call.api.startswith("all_gather"):
+                    gathered.append(tuple(call.group))
             if call.kind == "send" and first_send is None:
                 first_send = index
             if call.kind == "recv" and first_recv is None:
                 first_recv = (index, call.peer)
         if first_recv is not None and first_recv[1] is not None and (first_send is None or first_recv[0] < first_send):
             prev[source.rank] = first_recv[1]
+        for found in (scattered, later):
+            if source.rank not in tp_of and found is not None:
+                tp_of[source.rank] = found
         if default_world and on_default and source.rank not in tp_of:
             tp_of[source.rank] = world
+        if gathers is not None:
+            mine = tp_of.get(source.rank, (source.rank,))
+            other = next((group for group in gathered if sorted(group) != sorted(mine)), None)
+            if other is not None:
+                gathers[source.rank] = other
     return tp_of, prev
 
 
@@ -364,7 +391,8 @@ def read_layout(sources: list) -> tuple:
     (``--layout auto``): tensor-parallel groups from the all_reduce calls' groups, the pipeline
     stages in model order from the point-to-point calls. ConfigError when they do not cover
     every rank once."""
-    tp_of, prev = _groups_of(sources, default_world=True)
+    gathers: dict = {}
+    tp_of, prev = _groups_of(sources, default_world=True, gathers=gathers)
     following = {before: rank for rank, before in prev.items()}
     ranks = sorted(source.rank for source in sources)
     models: dict = {}
@@ -381,10 +409,16 @@ def read_layout(sources: list) -> tuple:
                           f"one layout of ranks {ranks} (they cover {covered}); give --layout tp=T,pp=P")
     ordered = [stages for _, stages in sorted(models.items())]
     text = f"tp={len(ordered[0][0])},pp={len(ordered[0])}"
-    if len(ordered) > 1:
-        text += f",dp={len(ordered)}"
+    cp = len(gathers.get(ordered[0][0][0], ())) if len(ordered) > 1 else 0
+    if cp > 1 and len(ordered) % cp == 0:  # the models' ranks gather each other's tokens: context parallel
+        text += f",cp={cp}" + (f",dp={len(ordered) // cp}" if len(ordered) > cp else "")
+    else:
+        cp = 1
+        if len(ordered) > 1:
+            text += f",dp={len(ordered)}"
     text += " (read from the dump)"
-    return text, [((index, 0, 0), [list(stage) for stage in stages]) for index, stages in enumerate(ordered)]
+    return text, [((index // cp, index % cp, 0), [list(stage) for stage in stages])
+                  for index, stages in enumerate(ordered)]
 
 
 def _checked(models: list, sources: list) -> list:
@@ -630,6 +664,10 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
     if other_shapes is None and reference:
         other_shapes = shapes_of(reference)
     replicas = [(key, _stage_sources(by_rank, stages, vpp)) for key, stages in models]
+    if len({key[0] for key, _ in models}) > 1 and len({key[1] for key, _ in models}) > 1:
+        raise ConfigError(f"layout {text}: data-parallel replicas of context-parallel ranks (dp > 1 and cp > 1) are "
+                          f"not merged yet (their pieces split two dimensions); compare one replica's ranks "
+                          f"(cp ranks of dp index 0) with --layout tp=T,pp=P,cp=C")
     first = replicas[0][1][0][0]
     ep = _ep_size(sources, layout)
     if ep > 1:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.xdist_group("megatron_layouts")
 #: (case group, variant): the runs dumped here
 CASES = [("tp2pp2", "healthy"), ("tp2pp2", "nan_s1"), ("tp2pp2", "scale_s1"), ("dp", "healthy"), ("dp", "nan_s1"),
          ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1"), ("sp", "healthy"), ("sp", "nan_s1"),
-         ("ep", "healthy"), ("ep", "nan_r1")]
+         ("ep", "healthy"), ("ep", "nan_r1"), ("cp2", "healthy"), ("cp2", "nan_s0")]
 TOOLS = ["compare", "compare_origin", "lake_diverge", "lake_nan"]
 
 
@@ -116,6 +116,20 @@ def test_layout_auto_reads_the_data_parallel_replicas_and_a_lone_card_suggests_a
     with pytest.raises(ConfigError, match="--layout tp=T,pp=P"):
         compare(target, B.run_dir(runs["out"], bench_run, "healthy"), str(tmp_path / "none"), plot=False,
                 progress=False)
+
+
+def test_layout_auto_reads_context_parallelism(runs, tmp_path):
+    """``--layout auto`` on a context-parallel run (tp=1: no all_reduce in the forward; its first
+    all_reduce is the gradients' over the cp ranks, which the rule of the first all_reduce took for a
+    tensor-parallel group) finds cp=2 from the ranks gathering each other's keys and values, and
+    the pair has no origin."""
+    from msprobe.compare import compare
+
+    target_run, bench_run, _, _ = B.GROUPS["cp2"]
+    summary = compare(B.run_dir(runs["out"], target_run, "healthy"), B.run_dir(runs["out"], bench_run, "healthy"),
+                      str(tmp_path / "auto"), layout="auto", plot=False, progress=False)
+    assert summary["layout"]["models"][0]["layout"] == "tp=1,pp=1,cp=2 (read from the dump)"
+    assert summary["origin"] is None and summary["first_nan_inf_target"] is None
 
 
 def test_the_virtual_pipeline_transcript_is_what_compare_prints(runs, tmp_path, capsys):

@@ -551,3 +551,25 @@ def test_disagree_on_a_healthy_ddp_run(tmp_path, capsys):
     assert main(["lake", "disagree", str(root), "--no-cluster"]) == 0
     out = capsys.readouterr().out
     assert "no rank disagrees" in out and "before the data-parallel all-reduce" in out
+
+
+def test_diverge_goes_on_past_a_step_whose_divergence_has_no_origin(tmp_path):
+    """A step whose Result column flags a row at round-off (26.2.0's 10x rule: an output's Norm
+    3e-6 off over an input's 1e-7, the ratio of a context-parallel attention's recomputed gradient)
+    has no record where an error enters: the search for the origin goes on to the next step and
+    finds the NaN written there (it stopped at step 0 with no origin before), while the first
+    divergence stays the earliest step's."""
+    root = S.make_lake(str(tmp_path / "lake"), runs=("run_a", "run_c"), steps=2, ranks=4)
+    path = tmp_path / "lake" / "run_c" / "step0" / "rank0" / "dump.json"
+    doc = json.loads(path.read_text())
+    record = doc["data"]["Functional.gelu.2.forward"]
+    record["input_args"][0]["Norm"] *= 1 + 1e-7
+    record["output"][0]["Norm"] *= 1 + 3e-6
+    path.write_text(json.dumps(doc))
+    answer = msprobe.lake.open(root).diverge("run_a", "run_c")
+    first = answer["first_divergence"]
+    assert (first["step"], first["record"], first["result"]) == (0, "Functional.gelu.2.forward", "warning")
+    origin = answer["origin"]
+    assert origin is not None, answer["steps_compared"]
+    assert (origin["step"], origin["rank"], origin["record"]) == (S.NAN_STEP, S.NAN_RANK, S.NAN_RECORD)
+    assert answer["steps_compared"] == [0, 1] and all(r["step"] == 0 for r in answer["ranks"])
