@@ -191,7 +191,8 @@ def compare_leaf_table(data: dict, metadata: Optional[dict] = None) -> Optional[
     leaves.leaf = list(leaf_list)
     leaves.finish("md5")
     statistics = [leaves.statistics[key] for key in STAT_KEYS]
-    floats = [[value if value is None or value.__class__ is float else None for value in column]
+    floats = [column if {value.__class__ for value in column} <= {float, type(None)} else
+              [value if value is None or value.__class__ is float else None for value in column]
               for column in statistics]
     typed = _json_typed(statistics)
     data_names = [leaf.get("data_name") if leaf.__class__ is dict else None for leaf in leaf_list]
@@ -212,6 +213,8 @@ def compare_leaf_table(data: dict, metadata: Optional[dict] = None) -> Optional[
     row_leaf_list = row_leaf.tolist()
 
     def per_row(column: list) -> list:
+        if len(row_leaf_list) == len(column):  # no record without a leaf: the rows are the leaves
+            return column
         return [column[i] if i >= 0 else None for i in row_leaf_list]
 
     columns = {
@@ -233,8 +236,6 @@ def write_compare_leaves(store: Any, prefix: str, doc: Any, doc_size: Optional[i
                          task: Optional[str] = None) -> Optional[str]:
     """Write a rank directory's leaf table (:data:`COMPARE_LEAVES`) through ``store``; its key, or
     None where the document's records cannot be laid out (an older table there is removed)."""
-    from msprobe.index import table_bytes
-
     key = join_key(prefix, COMPARE_LEAVES)
     data = doc.data if hasattr(doc, "data") else doc.get("data", {})
     task = task if task is not None else (doc.task if hasattr(doc, "task") else doc.get("task"))
@@ -250,8 +251,21 @@ def write_compare_leaves(store: Any, prefix: str, doc: Any, doc_size: Optional[i
         if store.exists(key):
             store.delete(key)
         return None
-    store.put(key, table_bytes(table))
+    store.put(key, _table_bytes(table))
     return key
+
+
+def _table_bytes(table: Any) -> bytes:
+    """The leaf table as Parquet bytes: dictionaries for the columns of few values, zstd at a low
+    level (the records' JSON is most of the bytes), no column statistics (nobody filters on them)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd", compression_level=1, write_statistics=False,
+                   use_dictionary=_DICTIONARY)
+    return buffer.getvalue()
 
 
 class IndexedRecords(Mapping):
