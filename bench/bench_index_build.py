@@ -6,6 +6,9 @@ lake benchmark's documents) are written once; then, ``--repeat`` times, each cod
 commit) is timed, the trees alternated:
 
 * ``msprobe index DIR -o OUT -q`` as a fresh process: its CPU (``wait4``), interpreter included;
+* ``msprobe index DIR -q`` (in the dump: each rank's ``index/records.parquet`` and, where the code
+  writes it, compare's leaf table ``index/compare/leaves.parquet``), likewise, the ``index``
+  folders removed after each run;
 * the lake's ``build_batch`` over all the rank directories in one task (one process, the CPU of
   the call alone): parse, rows, Arrow, the index files and the streamed compaction;
 * the floor: the documents parsed one at a time as the index build parses them (orjson, with
@@ -82,7 +85,7 @@ def main() -> int:
                 with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
                     handle.write("{}")
         trees = {"this": ROOT, **({"baseline": args.baseline} if args.baseline else {})}
-        got: dict = {name: {"index_cli": [], "lake_batch": []} for name in trees}
+        got: dict = {name: {"index_cli": [], "index_in_dump": [], "lake_batch": []} for name in trees}
         floor = []
         for _ in range(args.repeat):
             floor.append(_cpu_of([sys.executable, "-c", _FLOOR, work], ROOT) / args.ranks * 1000)
@@ -92,6 +95,11 @@ def main() -> int:
                               tree, reported=False)
                 shutil.rmtree(out)
                 got[name]["index_cli"].append(cpu / args.ranks * 1000)
+                cpu = _cpu_of([sys.executable, "-m", "msprobe", "index", os.path.join(work, "run"), "-q"], tree,
+                              reported=False)
+                for rank in range(args.ranks):
+                    shutil.rmtree(os.path.join(work, "run", "step0", f"rank{rank}", "index"), ignore_errors=True)
+                got[name]["index_in_dump"].append(cpu / args.ranks * 1000)
                 got[name]["lake_batch"].append(_cpu_of([sys.executable, "-c", _BATCH, work, str(args.ranks)], tree)
                                                / args.ranks * 1000)
         print(f"{args.ranks} rank dirs x {args.records} records; CPU ms per rank dir; load average "
@@ -99,7 +107,7 @@ def main() -> int:
         print(f"floor (parsing the documents): {', '.join(f'{v:.1f}' for v in floor)}")
         for name, runs in got.items():
             for what, values in runs.items():
-                print(f"{name:<9} {what:<11} {', '.join(f'{v:.1f}' for v in values)}")
+                print(f"{name:<9} {what:<13} {', '.join(f'{v:.1f}' for v in values)}")
         print(json.dumps({"floor": floor, **got}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
