@@ -157,14 +157,27 @@ def _leafwise(node: Any, change: Callable) -> Any:
 
 
 def _nulled(node: Any, partial: set) -> Any:
-    """``node`` with the statistics of each leaf in ``partial`` (signatures) left out."""
-    return _leafwise(node, lambda leaf: dict(leaf, **{stat: None for stat in STAT_KEYS})
-                     if _signature(leaf) in partial else leaf)
+    """``node`` with the statistics (and the tensor) of each leaf in ``partial`` (signatures) left out."""
+    def change(leaf: dict) -> dict:
+        if _signature(leaf) not in partial:
+            return leaf
+        out = dict(leaf, **{stat: None for stat in STAT_KEYS})
+        out.pop("data_name", None)
+        return out
+    return _leafwise(node, change)
 
 
-def _divided(node: Any, by: float) -> Any:
-    return _leafwise(node, lambda leaf: dict(leaf, **{stat: leaf[stat] / by for stat in STAT_KEYS
-                                                       if isinstance(leaf.get(stat), float)}))
+def _divided(node: Any, by: float, tensors: Any = None) -> Any:
+    """``node``'s statistics divided by ``by`` (its tensors too: ``tensors``' recipes, else none)."""
+    def change(leaf: dict) -> dict:
+        out = dict(leaf, **{stat: leaf[stat] / by for stat in STAT_KEYS if isinstance(leaf.get(stat), float)})
+        made = tensors.scaled(leaf.get("data_name"), by) if tensors is not None else None
+        if made is None:
+            out.pop("data_name", None)
+        else:
+            out["data_name"] = made
+        return out
+    return _leafwise(node, change)
 
 
 def _order(datas: list, experts: list) -> list:
@@ -226,12 +239,14 @@ def _renames(order: list, experts: list, local: int) -> dict:
     return out
 
 
-def join_experts(models: list, raws: list, ranks: list, join: Callable) -> tuple:
+def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors: Any = None) -> tuple:
     """The logical model of an expert-parallel group: ``models`` [(data, parents, frames, report)]
     of each rank's merged model (one rank each, in expert-parallel order), ``raws`` their ranks'
     records (communication included), ``ranks`` their ranks; ``join(models, rename)`` joins the
     shared records of the renamed models as data-parallel replicas (``rename(name)``: a shared
-    record's logical name, for the other side's records). Returns (data, parents, frames, report)."""
+    record's logical name, for the other side's records); ``tensors``: the step's tensor recipes (a
+    tensor dump: an expert's backward tensors divided as their statistics are), else None. Returns
+    (data, parents, frames, report)."""
     experts: list = []
     tails: list = []
     for (_, _, _, report), raw in zip(models, raws):
@@ -277,7 +292,7 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable) -> tuple
             record = _nulled(raws[replica].get(tails[replica][name], record), partials[replica])
         # a backward tensor of the rank's loss over its share; a parameter's gradient is already its
         # averaged all_reduce's result (the merge of each rank's model takes it)
-        data[logical] = _divided(record, size) if _is_backward(name) and not name.endswith("parameters_grad") \
+        data[logical] = _divided(record, size, tensors) if _is_backward(name) and not name.endswith("parameters_grad") \
             else record
         rank = ranks[replica]
         suspects = {path: [rank] for path, leaf in _leaves(record) if _anomalous(leaf)}

@@ -638,7 +638,7 @@ def _experts_merged(replicas: list, ep: int, text: str, warnings: list, referenc
         return join_replicas(models, reference or {}, other_shapes or {}, tensors)
 
     data, parents, frames, report = join_experts(each, [_rank_records(source) for source in sources],
-                                                 [source.rank for source in sources], join)
+                                                 [source.rank for source in sources], join, tensors)
     first = sources[0]
     raw = dict(first.document().raw)
     raw["data"] = data

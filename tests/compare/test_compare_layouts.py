@@ -707,3 +707,22 @@ def test_expert_parallel_without_ep_in_the_layout_is_warned_and_other_splits_ref
     four = [_Rank(r, _ep_records([2 * (r // 2), 2 * (r // 2) + 1], tokens[r // 2], (3, 1.0)), {}) for r in range(4)]
     with pytest.raises(ConfigError, match="expert parallel is merged where every rank is one expert-parallel rank"):
         merge_dump_step(four, parse_layout("tp=2,ep=2"), single, shapes_of(single))
+
+
+def test_an_experts_backward_tensor_is_divided_as_its_statistics_are():
+    """Tensor mode: an expert's backward tensor (each rank's loss averages its own half of the batch:
+    twice the card's) names a recipe of its rank's file divided by ep, as its statistics are; a
+    partial expert norm of the tail names no tensor."""
+    from msprobe.readers._merge_experts import _divided, _nulled
+    from msprobe.readers._merge_leaf import _signature
+    from msprobe.readers._merge_tensors import TensorRecipes
+
+    recipes = TensorRecipes()
+    leaf = dict(_t((3, 8), 4.0, -2.0, 1.0, 6.0), data_name=recipes.file(_Rank(1, {}, {}), "Functional.linear.1.backward"
+                                                                        ".output.0.pt", _t((3, 8), 4.0)))
+    halved = _divided({"output": [leaf]}, 2.0, recipes)["output"][0]
+    assert (halved["Max"], halved["Min"], halved["Mean"], halved["Norm"]) == (2.0, -1.0, 0.5, 3.0)
+    assert halved["data_name"].endswith("/2") and recipes.recipes[-1] == ("cat", (leaf["data_name"],), 0, 2.0)
+    assert "data_name" not in _divided({"output": [leaf]}, 2.0)["output"][0]  # no recipes: no tensor
+    partial = _nulled({"output": [leaf]}, {_signature(leaf)})["output"][0]
+    assert partial["Max"] is None and "data_name" not in partial
