@@ -99,6 +99,8 @@ class _Merger:
         first = nodes[0]
         if _is_leaf(first):
             return self._leaf(nodes, ref if _is_leaf(ref) else None, path)
+        if isinstance(first, dict) and first.get("type") == "int":
+            return self._size(nodes, ref, path)
         if isinstance(first, dict):
             return {key: self._node([n.get(key) if isinstance(n, dict) else None for n in nodes],
                                     ref.get(key) if isinstance(ref, dict) else None, f"{path}.{key}".lstrip("."))
@@ -108,6 +110,19 @@ class _Merger:
                                ref[i] if isinstance(ref, list) and i < len(ref) else None, f"{path}.{i}".lstrip("."))
                     for i in range(len(first))]
         return first
+
+    def _size(self, nodes: list, ref: Any, path: str) -> Any:
+        """An int the members hold (a shape's output, a reshape's size): where the other side's value
+        is not theirs but their sum (each member's size of its piece: a data-parallel replica's batch,
+        a shard's width), the whole's, the other side's; else the first member's."""
+        values = [n.get("value") if isinstance(n, dict) else None for n in nodes]
+        sizes = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+        whole = ref.get("value") if isinstance(ref, dict) and ref.get("type") == "int" else None
+        if len(nodes) > 1 and len(sizes) == len(nodes) and isinstance(whole, int) and whole != sizes[0] and \
+                sum(sizes) == whole:
+            self.kinds[path] = "a piece's size"
+            return dict(nodes[0], value=whole)
+        return nodes[0]
 
     def _reading(self, nodes: list, shapes: list, path: str) -> Optional[int]:
         """How the other side's shape reads the members' tensors: None (replicas), a dimension

@@ -34,6 +34,7 @@ from msprobe.dumpers.mindspore._encode import Encoder, fetch_stats
 from msprobe.dumpers.mindspore._graph import GraphCellDump, is_jit_cell
 from msprobe.dumpers.session import DumpSession
 from msprobe.errors import ConfigError
+from msprobe.format.comm import comm_api
 
 __all__ = ["MindSporeDumper"]
 
@@ -248,6 +249,12 @@ class MindSporeDumper(FrameworkAdapter):
     def is_collective(self, api_key: str) -> bool:
         return api_key.startswith(_DIST_PREFIXES)  # collectives: forward-only records
 
+    def encode_inputs(self, call: ApiCall) -> dict:
+        rec = super().encode_inputs(call)
+        if call.collective:
+            _group_members(rec, call.api_key)
+        return rec
+
     def backward_possible(self, call: ApiCall) -> bool:
         return self.bw_wanted() and (has_tensor(call.args) or has_tensor(call.kwargs.values()))
 
@@ -442,6 +449,44 @@ def in_jit_cell(path: str, jit_paths: list) -> bool:
 
 _DIST_PREFIXES = ("Distributed.", "MintDistributed.", "Communication.")
 _IS_INPLACE = import_first(("mindspore.ops.function.comm_func", "is_inplace_func"))
+
+
+_GROUP_RANKS: dict = {}  # group name -> its members' global ranks (None: not known)
+
+
+def _group_ranks(name: str) -> Optional[list]:
+    """The global ranks of MindSpore's communication group ``name``, None where MindSpore cannot say."""
+    if name not in _GROUP_RANKS:
+        ranks = None
+        get = import_first(("mindspore.mint.distributed", "get_process_group_ranks"),
+                           ("mindspore.communication", "get_process_group_ranks"))
+        try:
+            found = get(name) if get is not None else None
+            ranks = [int(rank) for rank in found] if found else None
+        except Exception:  # noqa: BLE001 - MindSpore may raise anything here: never break training for the dump
+            ranks = None
+        _GROUP_RANKS[name] = ranks
+    return _GROUP_RANKS[name]
+
+
+def _group_members(rec: dict, api_key: str) -> None:
+    """A collective's ``group`` (a name in MindSpore) given its members' global ranks beside the name,
+    ``group_ranks``, as a torch ProcessGroup entry has them (spec/FORMAT.md 25.1, 26.7; PRODUCER.md 20)."""
+    found = comm_api(api_key + ".0.forward")
+    if found is None or "group" not in found[1].params:
+        return
+    args, kwargs = rec.get("input_args"), rec.get("input_kwargs")
+    position = found[1].position("group")
+    if isinstance(kwargs, dict) and "group" in kwargs:
+        entry = kwargs["group"]
+    elif isinstance(args, list) and position < len(args):
+        entry = args[position]
+    else:
+        return
+    if isinstance(entry, dict) and entry.get("type") == "str" and isinstance(entry.get("value"), str):
+        ranks = _group_ranks(entry["value"])
+        if ranks is not None:
+            entry["group_ranks"] = ranks
 
 
 def _writes_arguments(api_key: str) -> bool:

@@ -17,7 +17,10 @@ loss the mean over that slice; its gradients are scaled by 1/D and ``all_reduce`
 ``dbg.stop()`` (statistics, level mix), 2 steps.
 
 The collectives are ``mindspore.mint.distributed``'s (``--comm mint``: records ``MintDistributed.*``) or
-``mindspore.ops.communication``'s (``--comm ops``: ``Communication.*``), both in place. Ranks follow
+``mindspore.ops.communication``'s (``--comm ops``: ``Communication.*``), both in place. With data
+parallelism each rank makes its TP and DP groups (``new_group``, mccl); with TP alone the ``mint`` runs
+call their collectives without a group (the default group) and the ``ops`` runs name one of every rank
+(``new_group``): the two ways a user writes it. Ranks follow
 Megatron's ``tp-dp`` order (rank = dp * T + tp). Each run goes to ``OUT/<comm>/<run>`` (the single card's,
 which calls no collective, to ``OUT/<run>``):
 
@@ -78,15 +81,12 @@ import mindspore.ops.communication as ops_comm  # noqa: E402
 from msprobe.mindspore import PrecisionDebugger  # noqa: E402
 
 tp_rank, dp_rank = rank % tp, rank // tp
-TP_GROUP = DP_GROUP = None
-if tp > 1 or dp > 1:
-    groups = {}
-    for d in range(dp):  # every rank makes every group, in one order (a collective of the world)
-        groups[("tp", d)] = dist.new_group([d * tp + t for t in range(tp)]) if dp > 1 else None
-    for t in range(tp):
-        groups[("dp", t)] = dist.new_group([d * tp + t for d in range(dp)]) if dp > 1 and tp > 1 else None
-    TP_GROUP = groups[("tp", dp_rank)] if tp > 1 else None
-    DP_GROUP = (groups[("dp", tp_rank)] if tp > 1 else None) if dp > 1 else None
+GROUPS: dict = {"tp": None, "dp": None}  # None: the default group, every rank
+if tp > 1 and dp > 1:  # a rank makes the groups it is in (mccl on CPU)
+    GROUPS["tp"] = dist.new_group([dp_rank * tp + t for t in range(tp)], backend="mccl")
+    GROUPS["dp"] = dist.new_group([d * tp + tp_rank for d in range(dp)], backend="mccl")
+#: TP alone: the ops runs name their group (every rank, made by new_group), the mint runs take the default
+WORLD_GROUP = dist.new_group(list(range(world)), backend="mccl") if tp > 1 and dp == 1 else None
 USE_TP, USE_DP = tp > 1, dp > 1
 COMM = [dist]  # the namespace of the run in progress
 
@@ -111,7 +111,7 @@ class CopyToRegion(nn.Cell):
 
     def bprop(self, x, out, dout):
         if USE_TP:
-            _all_reduce(dout, TP_GROUP)
+            _all_reduce(dout, GROUPS["tp"])
         return (dout,)
 
 
@@ -120,7 +120,7 @@ class ReduceFromRegion(nn.Cell):
 
     def construct(self, x):
         if USE_TP:
-            _all_reduce(x, TP_GROUP)
+            _all_reduce(x, GROUPS["tp"])
         return x
 
     def bprop(self, x, out, dout):
@@ -223,7 +223,7 @@ def train(out: str, run: str) -> dict:
         if USE_DP:  # Megatron's DDP: each replica's gradients scaled by 1/D, summed over the replicas
             grads = tuple(mint.mul(g, 1.0 / dp) for g in grads)
             for g in grads:
-                _all_reduce(g, DP_GROUP)
+                _all_reduce(g, GROUPS["dp"])
         opt(grads)
         dbg.stop()
         dbg.step()
@@ -235,6 +235,8 @@ def train(out: str, run: str) -> dict:
 
 for comm_name in ["-"] if args.single else args.comm.split(","):
     COMM[0] = ops_comm if comm_name == "ops" else dist
+    if WORLD_GROUP is not None:
+        GROUPS["tp"] = WORLD_GROUP if comm_name == "ops" else None
     root = args.out if args.single else os.path.join(args.out, comm_name)
     for run_name in args.runs.split(","):
         side = train(root, run_name)

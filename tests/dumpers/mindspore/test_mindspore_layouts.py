@@ -96,10 +96,17 @@ def test_the_runs_compute_the_single_card_model(dumps, comm):
 @pytest.mark.parametrize("comm", list(COMMS))
 def test_the_collectives_are_recorded_under_the_namespace(dumps, comm):
     with open(os.path.join(_target(dumps, comm, "healthy"), "step0", "rank1", "dump.json"), encoding="utf-8") as f:
-        names = list(json.load(f)["data"])
-    reduces = [n for n in names if ".all_reduce." in n]
+        data = json.load(f)["data"]
+    reduces = [n for n in data if ".all_reduce." in n]
     # two forward row-parallel reductions, one backward column-parallel one (layer 1's input gradient)
     assert reduces == [f"{COMMS[comm]}.all_reduce.{k}.forward" for k in range(3)], reduces
+    for name in reduces:  # mint: the default group (no group given); ops: a group named, its members beside
+        group = data[name]["input_kwargs"].get("group")
+        if comm == "mint":
+            assert group is None, group
+        else:
+            assert group["type"] == "str" and group["value"].startswith("mccl_2_") and group["group_ranks"] == [0, 1], \
+                group
 
 
 def _compare(dumps: str, comm: str, run: str, layout: str) -> tuple:
@@ -188,3 +195,22 @@ def test_the_docs_transcript_is_what_it_prints(dumps, tmp_path, capsys, monkeypa
     printed = capsys.readouterr().out.splitlines()
     for line in shown:
         assert line == "..." or line in printed, (line, printed)
+
+
+def test_a_size_each_member_holds_a_piece_of_is_the_whole():
+    """An int the data-parallel replicas (or TP ranks) hold whose sum is the other side's (a Shape's
+    output of each replica's batch, a reshape's size) merges to the whole's, not to the first member's
+    (MindSpore's Dense reshapes by its input's shape: a false answer on a healthy DP pair before)."""
+    from msprobe.readers._merge_leaf import _Merger
+
+    def shape_record(*values):
+        return {"input_args": [], "input_kwargs": {}, "output": [{"type": "int", "value": v} for v in values]}
+
+    name = "Primitive.shape_op.Shape.0.forward"
+    merger = _Merger([[0, 1], [2, 3]], {name: shape_record(4, 3, 8)}, None, [])
+    record, kinds, _ = merger.record(name, [shape_record(2, 3, 8), shape_record(2, 3, 8)])
+    assert [entry["value"] for entry in record["output"]] == [4, 3, 8]
+    assert kinds == {"output.0": "a piece's size"}
+    other = _Merger([[0, 1], [2, 3]], {name: shape_record(5, 3, 8)}, None, [])  # not their sum: the first's
+    record, kinds, _ = other.record(name, [shape_record(2, 3, 8), shape_record(2, 3, 8)])
+    assert [entry["value"] for entry in record["output"]] == [2, 3, 8] and kinds == {}
