@@ -399,6 +399,21 @@ class _LazyColumns(dict):
         got = self[column] = _strings(self._file.read(columns=[column]).column(column))[self._rows]
         return got
 
+    def one(self, column: str, leaf: int) -> Any:
+        """The value of one leaf's cell (a string column read, not decoded, where it is not yet)."""
+        if column in self:
+            return self[column][leaf]
+        import pyarrow as pa
+
+        arrays = self.__dict__.setdefault("_arrays", {})
+        array = arrays.get(column)
+        if array is None:
+            array = arrays[column] = self._file.read(columns=[column]).column(column).combine_chunks()
+        row = int(self._rows[leaf])
+        if pa.types.is_null(array.type) or not _valid(array)[row]:
+            return None
+        return _plain_strings(array.slice(row, 1))[0]
+
 
 class _LazyRaws:
     """Each record's JSON text (the ``raw`` column, read from the file on first use)."""

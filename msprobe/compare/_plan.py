@@ -212,8 +212,9 @@ class Leaves:
         from msprobe.compare._rows import Side
 
         columns, at = self.source, self.leaf[index]["type"]
+        one = getattr(columns, "one", None) or (lambda column, leaf: columns[column][leaf])  # the cell alone
         return Side(columns["dtype"][at], columns["shape"][at], columns["requires_grad"][at],
-                    tuple(columns[key][at] for key in _STATISTICS), columns["md5"][at], columns["data_name"][at],
+                    tuple(columns[key][at] for key in _STATISTICS), one("md5", at), one("data_name", at),
                     bool(columns["tensor"][at]), None)
 
     def _finish_from_source(self, mode: str) -> None:
