@@ -35,7 +35,7 @@ names: ``suspect_ranks`` when there are, else ``ranks``, from the answer or the 
 ``layout`` section; a merged answer naming no rank is a miss). On a healthy pair any answer is a
 false answer. A case that raises is scored ``error`` (a miss).
 
-    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep] [--table]
+    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep,ep4] [--table]
 
 Dumps and sidecars are kept under ``--out`` and reused; scores go to ``--out/scores.json``.
 """
@@ -73,6 +73,7 @@ RUNS: dict = {
     "tp2pp2sp": {"tp": 2, "pp": 2, "sp": True, "seq": 4},
     "moe": {"experts": 4},  # the single card holding all 4 experts of every (MoE) layer
     "ep2": {"dp": 2, "ep": 2, "experts": 4},  # 2 experts a rank, each rank its half of the batch
+    "ep4": {"dp": 4, "ep": 4, "experts": 4},  # 1 expert a rank, each rank a quarter of the batch
     "single4a": {"seq": 4, "attn": True},  # with a causal self-attention in each layer
     "tp2cp2pp2": {"tp": 2, "cp": 2, "pp": 2, "seq": 4, "attn": True},  # context parallel (TE's all-gather CP)
     "cp2": {"cp": 2, "seq": 4, "attn": True},  # context parallel alone (the tests' small version)
@@ -88,6 +89,7 @@ GROUPS: dict = {
     "pp4": ("pp2", "pp4", "tp=1,pp=2", "tp=1,pp=4"),
     "sp": ("tp2pp2sp", "single4", "tp=2,pp=2", None),
     "ep": ("ep2", "moe", "ep=2", None),
+    "ep4": ("ep4", "moe", "ep=4", None),
     "cp": ("tp2cp2pp2", "single4a", "tp=2,pp=2,cp=2", None),
     "cp2": ("cp2", "single4a", "tp=1,pp=1,cp=2", None),
 }
