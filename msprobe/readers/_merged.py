@@ -409,7 +409,8 @@ def read_layout(sources: list) -> tuple:
                           f"one layout of ranks {ranks} (they cover {covered}); give --layout tp=T,pp=P")
     ordered = [stages for _, stages in sorted(models.items())]
     text = f"tp={len(ordered[0][0])},pp={len(ordered[0])}"
-    cp = len(gathers.get(ordered[0][0][0], ())) if len(ordered) > 1 else 0
+    # (expert parallel gathers its token counts over the expert-parallel group: no context parallelism)
+    cp = len(gathers.get(ordered[0][0][0], ())) if len(ordered) > 1 and _ep_size(sources, None) == 1 else 0
     if cp > 1 and len(ordered) % cp == 0:  # the models' ranks gather each other's tokens: context parallel
         text += f",cp={cp}" + (f",dp={len(ordered) // cp}" if len(ordered) > cp else "")
     else:
