@@ -176,8 +176,8 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
     xframe = options.xframe
     # both rank directories' leaf tables, where they are up to date and this compare can take them
     indexed = _indexed_pair(target_source, bench_source, options)
-    target_data, bench_data = (records_of(target_source), records_of(bench_source)) if indexed is None else \
-        (indexed[0].records, indexed[1].records)
+    target_data, bench_data = (records_of(source) if side is None else side.records
+                               for side, source in zip(indexed or (None, None), (target_source, bench_source)))
     if xframe is None and options.structural == "auto" and mindspore_against_pytorch(target_data, bench_data):
         xframe = {"api": {}, "cell": {}}  # as -am -cm: names alone pair almost nothing across frameworks
         options = dataclasses.replace(options, xframe=xframe)
@@ -220,12 +220,13 @@ def compare_rank_pair(target_source: Any, bench_source: Any, out_dir: str, optio
 
 
 def _indexed_pair(target_source: Any, bench_source: Any, options: CompareOptions) -> Optional[tuple]:
-    """Both rank directories' up-to-date leaf tables (:mod:`msprobe.compare._indexed`) where this
-    compare can take them (statistics or md5 mode, no mapping), else None: the documents are read."""
+    """(target, bench): each rank directory's up-to-date leaf table (:mod:`msprobe.compare._indexed`),
+    or None for a side whose document is read; None where this compare takes no table (tensor mode,
+    a mapping) or neither side has one."""
     if options.mode == "tensor" or options.mapping or options.xframe is not None:
         return None
-    target, bench = indexed_side(target_source), indexed_side(bench_source)
-    return None if target is None or bench is None else (target, bench)
+    sides = (indexed_side(target_source), indexed_side(bench_source))
+    return None if sides == (None, None) else sides
 
 
 def _pair_report(target_source: Any, bench_source: Any, files: list, summary: PairSummary, pairs: list, rest: list,

@@ -51,8 +51,8 @@ class PairContext:
     #: a superset of the matched records where a leaf may depart (find_origin passes over the others),
     #: gathered block by block by columnar_pair (None: not gathered, or a block could not tell)
     departing: Optional[set] = None
-    #: (target, bench) :class:`msprobe.compare._indexed.IndexedSide` where the pair is read from the leaf
-    #: tables of the index (statistics and md5 modes, no mapping): the planner walks their stand-ins
+    #: (target, bench), each a :class:`msprobe.compare._indexed.IndexedSide` where that side is read from
+    #: its leaf table (statistics and md5 modes, no mapping; the planner walks its stand-ins) or None
     indexed: Optional[tuple] = None
 
 
@@ -469,9 +469,9 @@ def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, s
     plan, without a Python step per leaf; None where it is not there, a data-mapping file pairs
     the rows, or the records hold what it does not take."""
     walker = leafwalk()
-    indexed = context.indexed
-    target_data, bench_data = (context.target_data, context.bench_data) if indexed is None else \
-        (indexed[0].stand_ins, indexed[1].stand_ins)
+    indexed = context.indexed or (None, None)
+    target_data, bench_data = (data if side is None else side.stand_ins
+                               for side, data in zip(indexed, (context.target_data, context.bench_data)))
     if walker is None or context.mapping or not isinstance(target_data, dict) \
             or not isinstance(bench_data, dict) or not isinstance(context.pairs, list):
         return None
@@ -482,8 +482,9 @@ def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, s
     import numpy as np
 
     plan = Plan()
-    if indexed is not None:  # the leaves are stand-ins: their columns come from the leaf tables
-        plan.target.source, plan.bench.source = indexed[0].columns, indexed[1].columns
+    for leaves, side in zip((plan.target, plan.bench), indexed):
+        if side is not None:  # the side's leaves are stand-ins: their columns come from its leaf table
+            leaves.source = side.columns
     (plan.target.leaf, target_io, target_suffix, plan.bench.leaf, bench_io, bench_suffix, row_target,
      row_bench, row_group, row_kind, plan.row_name, plan.row_bench_name, plan.group_index,
      plan.group_name, plan.group_bench, group_first, group_dup) = got

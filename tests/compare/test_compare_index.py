@@ -191,13 +191,27 @@ def test_a_stale_leaf_table_is_never_used(tmp_path, monkeypatch):
         assert b"42.0" in next(v for k, v in got.items() if k.endswith(".csv"))
 
 
-def test_an_index_without_a_leaf_table_reads_the_documents(tmp_path, monkeypatch):
+def test_an_index_without_a_leaf_table_reads_that_document_alone(tmp_path, monkeypatch):
     t = _write_doc(str(tmp_path / "t"), _every_leaf_kind("t"))
     b = _write_doc(str(tmp_path / "b"), copy.deepcopy(_every_leaf_kind("b")))
     build_index(t)  # the records' index only (as a dumper writes it at publish, or an older msprobe)
     build_index(b, leaf_tables=write_compare_leaves)
     assert not glob.glob(os.path.join(t, "**", "leaves.parquet"), recursive=True)
-    _same_from_index(tmp_path, monkeypatch, t, b, documents=True)
+    read = []
+    real = RankSource.document
+
+    def document(source):
+        read.append(source.rank_dir if "/t/" in source.url else "bench")
+        return real(source)
+
+    monkeypatch.setattr(RankSource, "document", document)
+    _same_from_index(tmp_path, monkeypatch, t, b, documents=True)  # the same outputs
+    read.clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(core, "records_of", lambda source: real(source).data if "/t/" in source.url else
+                      pytest.fail("the indexed bench's document was read"))
+        compare(t, b, str(tmp_path / "mixed"), timestamp=TS, plot=False, progress=False)
+    assert read and "bench" not in read  # the target's document alone
 
 
 def test_a_leaf_table_of_another_version_is_not_read(tmp_path, monkeypatch):
