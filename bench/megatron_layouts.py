@@ -28,9 +28,11 @@ rank). Megatron's habits:
 
 MoE (``--experts E``, expert parallel ``--ep``): every layer's MLP is Megatron's MoE layer
 (:func:`_moe_layer`: router, all-to-all token dispatcher, ``mlp.experts.local_experts.<i>``), the
-expert-parallel ranks being the data-parallel ones (ep == dp, tp = pp = 1): each holds E/ep experts
-(global expert ``ep_rank * E/ep + i``) and its share of the batch; an expert's gradient is all_reduced
-over its expert data-parallel group (one rank), never over the expert-parallel one; the clip adds the
+expert-parallel groups being ep consecutive data-parallel ranks (dp divisible by ep, tp = pp = 1;
+ep rank = dp rank mod ep): each rank holds E/ep experts (global expert ``ep_rank * E/ep + i``) and
+its share of the batch; an expert's gradient is all_reduced over its expert data-parallel group
+(the dp/ep ranks holding the same experts; one rank when ep == dp), never over the expert-parallel
+one; the clip adds the
 experts' squared norms all_reduced over the expert-parallel group; the optimizer steps the dense
 parameters, then the experts' (Megatron's chained optimizer). Its faults (``--fault-expert`` G, a
 global expert the fault's rank holds) are in that expert: its ``masked_fill`` (site
@@ -847,15 +849,18 @@ def _groups(state: _State) -> None:
     for c in cps:
         for d in dps:
             make("mp_group", [rank_of({"tp": t, "cp": c, "dp": d, "pp": p}, s, o) for t in tps for p in pps])
-    if getattr(state.args, "experts", 0) and state.args.ep > 1:  # expert parallel over the data-parallel ranks
+    if getattr(state.args, "experts", 0) and state.args.ep > 1:  # expert parallel within the data-parallel ranks
+        ep, blocks = state.args.ep, s["dp"] // state.args.ep
         for t in range(s["tp"]):
             for p in range(s["pp"]):
-                make("ep_group", [rank_of({"tp": t, "dp": d, "pp": p}, s, o) for d in range(s["dp"])])
-        for rank in range(state.world):  # the expert data-parallel groups: one rank each (ep == dp)
-            alone = dist.new_group([rank])
-            if rank == state.rank:
-                state.expert_dp_group = alone
-
+                for block in range(blocks):  # the expert-parallel groups: ep consecutive data-parallel ranks
+                    make("ep_group", [rank_of({"tp": t, "cp": 0, "dp": block * ep + e, "pp": p}, s, o)
+                                      for e in range(ep)])
+                for e in range(ep):  # the expert data-parallel groups: the ranks holding the same experts
+                    members = [rank_of({"tp": t, "cp": 0, "dp": block * ep + e, "pp": p}, s, o) for block in range(blocks)]
+                    group = dist.new_group(sorted(members))  # (one rank each when ep == dp: Megatron's buffers)
+                    if state.rank in members:
+                        state.expert_dp_group = group
 
 def _batch(step: int) -> tuple:
     """The global batch of ``step``: inputs [micro-batches, batch, seq, H], targets [.., OUT]."""
@@ -912,8 +917,8 @@ def train(args: Any) -> dict:
         raise SystemExit("the layout does not divide the model")
     if args.vpp > 1 and args.pp == 1:
         raise SystemExit("virtual pipeline stages need pp > 1")
-    if args.experts and (args.experts % args.ep or args.ep != args.dp or args.tp != 1 or args.pp != 1):
-        raise SystemExit("experts: expert parallel over every data-parallel rank (ep == dp, tp = pp = 1), "
+    if args.experts and (args.experts % args.ep or args.dp % args.ep or args.tp != 1 or args.pp != 1):
+        raise SystemExit("experts: expert parallel within the data-parallel ranks (dp divisible by ep, tp = pp = 1), "
                          "experts divisible by ep")
     if args.ep > 1 and not args.experts:
         raise SystemExit("--ep needs --experts")
@@ -939,10 +944,10 @@ def train(args: Any) -> dict:
     held = [n for v in range(args.vpp) for n in chunk_layers(c["pp"], v, args.pp, args.vpp)]
     if args.fault and rank == args.fault_rank and args.fault_layer not in held:
         raise SystemExit(f"rank {rank} holds layers {held}, not the fault's layer {args.fault_layer}")
-    local = args.experts // args.ep
+    local, ep_rank = args.experts // args.ep, c["dp"] % args.ep
     if args.experts and args.fault and rank == args.fault_rank and \
-            not c["dp"] * local <= args.fault_expert < (c["dp"] + 1) * local:
-        raise SystemExit(f"rank {rank} holds experts {c['dp'] * local}..{(c['dp'] + 1) * local - 1}, not the "
+            not ep_rank * local <= args.fault_expert < (ep_rank + 1) * local:
+        raise SystemExit(f"rank {rank} holds experts {ep_rank * local}..{(ep_rank + 1) * local - 1}, not the "
                          f"fault's expert {args.fault_expert}")
     every = [p for chunk in chunks for p in chunk.parameters()]
     # Megatron's chained optimizer: the dense parameters, then the experts' (each its own optimizer)

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 from msprobe.errors import ConfigError
 from msprobe.format.comm import comm_api, comm_call
+from msprobe.format.parallel import merge_shard_stats
 from msprobe.format.stats import STAT_KEYS
 from msprobe.readers._merge_leaf import (
     _anomalous,
@@ -63,12 +64,13 @@ def _expert_of_name(name: str) -> Optional[tuple]:
     return (found.group("layer"), int(found.group("i"))) if found else None
 
 
-def _segments(data: dict) -> dict:
-    """{record name: (layer, local expert) or None} of the records after an all_to_all up to the
-    next one or the first module record of no one expert after an expert's (the experts'
-    container, which ends the experts' work; the first layer's dispatch has no backward all_to_all
-    when its input needs no gradient, and there a module's backward record may come before its
-    work): None for a record there of no one expert."""
+def _segments(data: dict) -> tuple:
+    """({record name: (layer, local expert) or None}, {the experts' containers' module records}) of
+    the records after an all_to_all up to the next one or the first module record of no one expert
+    after an expert's (the experts' container, which ends the experts' work; the first layer's
+    dispatch has no backward all_to_all when its input needs no gradient, and there a module's
+    backward record may come before its work): None for a record there of no one expert; a
+    container is a module record there of the module holding ``local_experts``."""
     out: dict = {}
     run: list = []
     inside = seen = False
@@ -93,7 +95,10 @@ def _segments(data: dict) -> dict:
             forward = out.get(name[:-len("backward")] + "forward")
             if forward is not None:
                 out[name] = forward
-    return out
+    layers = {found[0] for found in out.values() if found is not None}
+    containers = {name for name, found in out.items() if found is None and name.startswith("Module.")
+                  and any(name.startswith(layer + ".") for layer in layers)}
+    return out, containers
 
 
 def _attribute(run: list, out: dict) -> None:
@@ -111,9 +116,12 @@ def _attribute(run: list, out: dict) -> None:
             out[name] = following
 
 
-def _tail(data: dict, seeds: dict) -> dict:
+def _tail(data: dict, seeds: dict, group: tuple = ()) -> dict:
     """{record name: (layer, local expert)} of the records after the last backward record that take
-    what an expert's ``parameters_grad`` holds or what such records made (their outputs)."""
+    what an expert's ``parameters_grad`` holds or what such records made (their outputs; not a
+    collective over several ranks of the expert-parallel ``group``, or over the default group: its
+    result is the group's, while one over the expert data-parallel ranks, holding the same expert,
+    is still the expert's)."""
     names = list(data)
     last = _last_backward(names)
     known: dict = {}
@@ -135,7 +143,7 @@ def _tail(data: dict, seeds: dict) -> dict:
             out[name] = expert
         else:
             call = comm_call(name, record, -1, 0)
-            if call is not None and call.group is not None and len(call.group) > 1:
+            if call is not None and (call.group is None or len(set(call.group) & set(group)) > 1):
                 continue  # a collective over the expert-parallel group: its result is the group's, not one expert's
         for _, leaf in _leaves(record.get("output")):
             known[_signature(leaf)] = expert
@@ -178,6 +186,29 @@ def _divided(node: Any, by: float, tensors: Any = None) -> Any:
             out["data_name"] = made
         return out
     return _leafwise(node, change)
+
+
+def _concat(nodes: list, divisor: float, tensors: Any = None) -> Any:
+    """The members' tensors joined along their first dimension (each rank's tokens of its own
+    experts: shards of the set, whatever their values), their statistics divided by ``divisor``."""
+    first = nodes[0]
+    if isinstance(first, dict) and "dtype" in first and "shape" in first:
+        if not all(isinstance(node, dict) and "shape" in node for node in nodes):
+            return first
+        merged = merge_shard_stats(nodes, 0)
+        if divisor != 1.0:
+            merged.update({stat: merged[stat] / divisor for stat in STAT_KEYS if isinstance(merged.get(stat), float)})
+        made = tensors.made("cat", [node.get("data_name") for node in nodes], 0, divisor) if tensors is not None else None
+        if made is not None:
+            merged["data_name"] = made
+        return merged
+    if isinstance(first, dict):
+        return {key: _concat([node.get(key) if isinstance(node, dict) else None for node in nodes], divisor, tensors)
+                for key in first}
+    if isinstance(first, list):
+        return [_concat([node[i] if isinstance(node, list) and i < len(node) else None for node in nodes], divisor,
+                        tensors) for i in range(len(first))]
+    return first
 
 
 def _order(datas: list, experts: list) -> list:
@@ -249,12 +280,16 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors:
     (data, parents, frames, report)."""
     experts: list = []
     tails: list = []
+    containers: set = set()
     for (_, _, _, report), raw in zip(models, raws):
         # the rank's names -> its merged model's (the merge leaves out what the layout does, renumbering the rest)
         merged = {entry["names"]["0"]: name for name, entry in report["records"].items()
                   if "0" in entry.get("names", {})}
-        inside = {name: found for name, found in _segments(raw).items() if found is not None and name in merged}
-        after = {name: found for name, found in _tail(raw, inside).items() if name in merged}
+        segments, closers = _segments(raw)
+        inside = {name: found for name, found in segments.items() if found is not None and name in merged}
+        if not containers:
+            containers = {merged[name] for name in closers if name in merged}
+        after = {name: found for name, found in _tail(raw, inside, tuple(ranks)).items() if name in merged}
         found_all = {merged[name]: found for name, found in list(inside.items()) + list(after.items())}
         experts.append(found_all)
         tails.append({merged[name]: name for name in after})
@@ -281,6 +316,16 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors:
     joined, parents, frames, report = join(stripped)
     data: dict = {}
     size = float(len(models))
+    for name in containers:  # the experts' container: each rank's tokens of its own experts, in expert order
+        logical = shared.get(name, name)
+        nodes = [model[0].get(name) for model in models]
+        if logical not in joined or any(node is None for node in nodes):
+            continue
+        joined[logical] = _concat(nodes, size if _is_backward(name) else 1.0, tensors)
+        entry = report["records"].setdefault(logical, {"stages": [0], "leaf_suspects": {}, "suspects": []})
+        entry.update(ranks=list(ranks), leaves={path: "expert parallel: the ranks' tokens joined"
+                                               for path, _ in _leaves(joined[logical])})
+        report["findings"] = [f for f in report["findings"] if f["record"] != logical]
     for replica, name in order:
         logical = renames[(replica, name)]
         if replica is None:

@@ -5,6 +5,7 @@ builds the logical model with it."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Optional
 
 from msprobe.format.comm import comm_api
@@ -13,6 +14,8 @@ from msprobe.format.parallel import merge_shard_stats
 from msprobe.format.stats import MAX, MEAN, MIN, NORM, STAT_KEYS, stats_equal
 
 _STATS = STAT_KEYS
+#: integer dtypes (counts), as the dumpers spell them
+_COUNTS = re.compile(r"^(torch\.)?u?int(8|16|32|64)$|^U?Int(8|16|32|64)$")
 
 
 def _is_leaf(node: Any) -> bool:
@@ -247,6 +250,8 @@ class _Merger:
         """A tensor each member holds whole: kept once when they agree; else the replicas' losses'
         mean, a data-parallel partial gradient, a partial value of shards, or a finding."""
         first = nodes[0]
+        if self.scale_backward != 1.0 and not _is_backward(self.name) and _COUNTS.match(str(first.get("dtype"))):
+            return self._counted(nodes, path)
         if all(_same(n, first) for n in nodes[1:]):
             self.kinds[path] = "partial" if reduced else "replicated"
             return first
@@ -278,6 +283,16 @@ class _Merger:
             merged[MEAN.key] = sum(means)
         self.kinds[path] = "partial: the members' sum"
         merged.pop("data_name", None)
+        return merged
+
+    def _counted(self, nodes: list, path: str) -> dict:
+        """Integers each data-parallel replica holds whole (counts over its share of the batch: the
+        tokens routed to each expert; equal or not): the whole batch's are their sum, whose Max and
+        Min cannot be made of the parts' (left out: not compared)."""
+        merged = dict(nodes[0], **{stat: None for stat in _STATS})
+        merged.pop("md5", None)
+        merged.pop("data_name", None)
+        self.kinds[path] = "data-parallel partial: the replicas' counts, summed"
         return merged
 
     def _partial_value(self, present: list, path: str) -> dict:
@@ -371,6 +386,9 @@ class _Merger:
                     if whole[dim] == sum(s[dim] for s in shapes) and all(
                             whole[d] == shapes[0][d] for d in range(len(whole)) if d != dim):
                         return dim
+        varying = [dim for dim in range(len(shapes[0])) if len({s[dim] for s in shapes if len(s) == len(shapes[0])}) > 1]
+        if len(varying) == 1 and all(len(s) == len(shapes[0]) for s in shapes):
+            return varying[0]  # uneven pieces (tokens routed to experts) of a piece of the whole: the dimension they vary in
         return -1
 
 

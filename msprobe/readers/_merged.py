@@ -622,29 +622,52 @@ def _holds_a_piece(sources: list, other_shapes: Optional[dict], replicas: int) -
 
 def _experts_merged(replicas: list, ep: int, text: str, warnings: list, reference: Optional[dict],
                     other_shapes: Optional[dict], tensors: Optional[TensorRecipes]) -> "MergedSource":
-    """The logical model of an expert-parallel group (:func:`~msprobe.readers._merge_experts.join_experts`):
-    each rank its own model (tensor and pipeline parallel inside an expert-parallel group are not
-    merged yet: ConfigError), the shared records joined as data-parallel replicas."""
-    if len(replicas) != ep or any(len(stages) != 1 or len(stages[0]) != 1 for _, stages in replicas):
+    """The logical model of expert-parallel groups (spec/FORMAT.md 26.8): each group's ranks merged
+    by :func:`~msprobe.readers._merge_experts.join_experts` (its shared records joined as
+    data-parallel replicas), then the groups joined as data-parallel replicas (the expert
+    data-parallel ranks: the same experts on other shares of the batch). Each rank is its own model
+    (tensor and pipeline parallel inside an expert-parallel group are not merged yet: ConfigError).
+    A group is the ranks of one all_to_all group, in its order (the layout's (dp, cp) index where the
+    ranks call none)."""
+    if len(replicas) % ep or any(len(stages) != 1 or len(stages[0]) != 1 for _, stages in replicas):
         raise ConfigError(f"layout {text}: expert parallel is merged where every rank is one expert-parallel rank "
-                          f"(ep = the number of ranks, tp = pp = 1); this layout has {len(replicas)} models of "
+                          f"(tp = pp = 1, dp a multiple of ep); this layout has {len(replicas)} models of "
                           f"{[[len(stage) for stage in stages] for _, stages in replicas]} ranks")
     sources = [stages[0][0] for _, stages in replicas]
-    wanted = {name: {path: _shrunk(shapes, ep) for path, shapes in paths.items()}
-              for name, paths in (other_shapes or {}).items()}
-    each = [merge_model(stages, reference, wanted, [other for j, (_, other) in enumerate(replicas) if j != i],
-                        (1.0, float(ep)), tensors) for i, (_, stages) in enumerate(replicas)]
+    groups: dict = {}
+    for (key, _), source in zip(replicas, sources):
+        group = expert_groups(_records_of(source)) or tuple(key[:2])
+        groups.setdefault(group, []).append(source)
+    if any(len(members) != ep for members in groups.values()):
+        raise ConfigError(f"layout {text}: the ranks' all_to_all groups {sorted(groups)} are not groups of ep={ep} ranks")
+    blocks = [sorted(members, key=lambda source: source.rank) for _, members in
+              sorted(groups.items(), key=lambda item: min(source.rank for source in item[1]))]
 
-    def join(models: list) -> tuple:
-        return join_replicas(models, reference or {}, other_shapes or {}, tensors)
+    def shrunk(degree: int) -> dict:
+        return {name: {path: _shrunk(shapes, degree) for path, shapes in paths.items()}
+                for name, paths in (other_shapes or {}).items()} if degree > 1 else dict(other_shapes or {})
 
-    data, parents, frames, report = join_experts(each, [_rank_records(source) for source in sources],
-                                                 [source.rank for source in sources], join, tensors)
+    per_rank, per_block = shrunk(len(sources)), shrunk(len(blocks))
+    merged = []
+    for block in blocks:
+        each = [merge_model([[source]], reference, per_rank, [[[other]] for other in block if other is not source],
+                            (1.0, float(len(sources))), tensors) for source in block]
+
+        def join(models: list) -> tuple:
+            return join_replicas(models, reference or {}, per_block, tensors)
+
+        merged.append(join_experts(each, [_rank_records(source) for source in block],
+                                   [source.rank for source in block], join, tensors))
+    if len(merged) == 1:
+        data, parents, frames, report = merged[0]
+    else:  # the expert data-parallel replicas: the groups on their shares of the batch
+        data, parents, frames, report = join_replicas(merged, reference or {}, other_shapes or {}, tensors)
+        report["experts"] = merged[0][3]["experts"]
     first = sources[0]
     raw = dict(first.document().raw)
     raw["data"] = data
     report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas], "warnings": warnings,
-                   "stages": [[source.rank for source in sources]],
+                   "stages": [[source.rank for source in block] for block in blocks],
                    "replicas": [[[source.rank]] for source in sources]})
     return MergedSource(first.step, None, "merged", first.url, DumpDocument(raw), parents, frames, report, tensors)
 
