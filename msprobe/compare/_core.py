@@ -338,8 +338,11 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
                     raise ConfigError("--layout merges the ranks in this process: no --scheduler")
                 merged = pairs = layout_pairs(target_dump, bench_dump, _paired_steps(
                     {s.step for s in target_dump.sources}, {s.step for s in bench_dump.sources}, step),
-                    layout, bench_layout)
+                    layout, bench_layout, xframe)
                 mode, workers = layout_mode(mode, [(_task(t), _task(b)) for t, b in pairs]), 1
+                if xframe is None and structural == "auto" and \
+                        mindspore_against_pytorch(records_of(pairs[0][0]), records_of(pairs[0][1])):
+                    xframe = {"api": {}, "cell": {}}  # as without a layout: the frameworks' names paired as -am -cm
                 if structural == "auto":  # merged names are the logical model's, one card's: by name
                     structural = False
             else:

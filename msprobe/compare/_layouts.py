@@ -48,10 +48,30 @@ def _shapes(dump: Any, step: Any, layout: Any) -> Optional[dict]:
     return other_shapes_of(sources, None if layout == "auto" else layout)
 
 
+def _in_target_names(dump: Any, step: Any, layout: Any, reference: dict, xframe: Optional[dict]) -> dict:
+    """The bench's records under the target's logical names where a MindSpore target meets a PyTorch
+    single card (its shapes tell the target's shards from replicas): the target merged once without
+    them, its records paired with the bench's by the cross-framework mapping (``xframe``: -am/-cm
+    files, default the built-in tables); else the bench's records as they are."""
+    from msprobe.compare._xframe import XFrame, match_xframe, mindspore_against_pytorch
+
+    sources = _step_sources(dump, step)
+    if not sources or not reference or not mindspore_against_pytorch(records_of(sources[0]), reference):
+        return reference
+    renamed: dict = {}
+    for model in merge_dump_step(sources, None if layout == "auto" else layout):
+        for target, bench in match_xframe(records_of(model), reference, XFrame(xframe or {"api": {}, "cell": {}}))[0]:
+            if bench is not None and target not in renamed:
+                renamed[target] = reference[bench]
+    return renamed
+
+
 def layout_pairs(target_dump: Any, bench_dump: Any, steps: list, layout: Optional[str],
-                 bench_layout: Optional[str]) -> list:
+                 bench_layout: Optional[str], xframe: Optional[dict] = None) -> list:
     """[(target source, bench source)] of the merged logical models, step by step: a lone bench
-    model pairs with every target model, else model i with model i."""
+    model pairs with every target model, else model i with model i. A MindSpore target against a
+    PyTorch single card is merged with the bench's records under its own names
+    (:func:`_in_target_names`; ``xframe``: the -am/-cm mappings)."""
     target_layout, bench_parsed = _parse(layout, "--layout"), _parse(bench_layout, "--bench-layout")
     pairs: list = []
     for target_step, bench_step in steps:
@@ -61,6 +81,8 @@ def layout_pairs(target_dump: Any, bench_dump: Any, steps: list, layout: Optiona
             continue
         reference = records_of(benches[0])
         bench_shapes = _shapes(bench_dump, bench_step, bench_parsed) if bench_parsed is not None else None
+        if bench_parsed is None and target_layout is not None:
+            reference = _in_target_names(target_dump, target_step, target_layout, reference, xframe)
         targets = _side(target_dump, target_step, target_layout, reference, bench_shapes)
         if len(benches) == 1:
             pairs.extend((target, benches[0]) for target in targets)

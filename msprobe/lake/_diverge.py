@@ -23,6 +23,7 @@ from msprobe.compare import (
     order_results,
     pair_sources,
 )
+from msprobe.compare._xframe import mindspore_against_pytorch
 from msprobe.errors import ConfigError
 from msprobe.execution import Outbox, Shipment, ship, star
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
@@ -118,9 +119,12 @@ def _layout_batch(root_url: str, storage_options: Optional[dict], target_locs: l
     out = []
     try:
         for target, bench in layout_pairs(sides[0], sides[1], [step], *layouts):
+            # merged names are the logical model's, one card's: by name; a MindSpore model against a PyTorch
+            # card through the frameworks' mappings, as compare pairs them
+            across: Optional[dict] = {"api": {}, "cell": {}} if mindspore_against_pytorch(records_of(target), records_of(bench)) \
+                else None
             summary = compare_pair(target, bench, mode=layout_mode(mode if mode != "auto" else "statistics"),
-                                   out_dir=out_dir, ts=timestamp, multi_step=True,
-                                   structural=False)  # merged names are the logical model's, one card's
+                                   out_dir=out_dir, ts=timestamp, multi_step=True, structural=False, xframe=across)
             summary.pop("series", None)
             summary.update(mode="statistics", split=target_locs[0][4],
                            layout=layout_summary([(target, bench)], summary))

@@ -51,14 +51,17 @@ def dumps(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=ROOT, GLOG_v="3")
     single = subprocess.Popen([py, SCRIPT, os.path.join(out, "single"), "--single", "--runs", "healthy"], env=env,
                               cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    torch_single = subprocess.Popen([sys.executable, os.path.join(HERE, "pt_layouts_single.py"), os.path.join(out, "pt")],
+                                    env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         run_cluster(py, SCRIPT, [os.path.join(out, "tp2"), "--tp", "2", "--comm", ",".join(COMMS),
                                  "--runs", ",".join(RUNS["mint"])], out, timeout=400)
-        log = single.communicate(timeout=400)[0]
+        logs = [proc.communicate(timeout=400)[0] for proc in (single, torch_single)]
     finally:
-        if single.poll() is None:
-            single.kill()
-    assert single.returncode == 0, log[-3000:]
+        for proc in (single, torch_single):
+            if proc.poll() is None:
+                proc.kill()
+    assert single.returncode == 0 and torch_single.returncode == 0, [log[-3000:] for log in logs]
     return out
 
 
@@ -214,3 +217,50 @@ def test_a_size_each_member_holds_a_piece_of_is_the_whole():
     other = _Merger([[0, 1], [2, 3]], {name: shape_record(5, 3, 8)}, None, [])  # not their sum: the first's
     record, kinds, _ = other.record(name, [shape_record(2, 3, 8), shape_record(2, 3, 8)])
     assert [entry["value"] for entry in record["output"]] == [2, 3, 8] and kinds == {}
+
+
+def _departures(summary: dict, folder: str) -> list:
+    """(step, row, Result) of every row whose Result is not pass, over the compare's CSVs."""
+    import csv
+    import glob
+
+    out = []
+    for path in sorted(glob.glob(os.path.join(folder, "compare_result_step*.csv"))):
+        step = os.path.basename(path).split("_")[2]
+        with open(path, encoding="utf-8", newline="") as f:
+            out.extend((step, row["NPU Name"], row["Result"]) for row in csv.DictReader(f) if row["Result"] != "pass")
+    return sorted(out)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_against_the_pytorch_single_card(dumps, layout, tmp_path):
+    """The same model in PyTorch as the bench (cross-framework, as without a layout: -am -cm by default):
+    the merged TP=2 run departs from it in exactly the rows the MindSpore single card does (the layout adds
+    no answer: zero-initialised bias shards joined against the PyTorch names' shapes), ``lake diverge``
+    answers as compare does on the single cards, and the NaN run's first NaN is rank 1's masked_fill at
+    step 1. (Both pairs depart in the backward of a linear of a 3-D input: PyTorch's record holds the
+    gradient flattened, ``[12, 8]``, MindSpore's ``[4, 3, 16]``: a difference of the frameworks' records,
+    not of the layout.)"""
+    from msprobe.compare import compare
+
+    losses = [_side(os.path.join(dumps, where, "healthy.rank0.json"))["losses"] for where in ("pt", "single")]
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(*losses)), losses
+    bench = os.path.join(dumps, "pt", "healthy")
+    plain = compare(os.path.join(dumps, "single", "healthy"), bench, str(tmp_path / "single"), plot=False,
+                    progress=False)
+    merged = compare(_target(dumps, "mint", "healthy"), bench, str(tmp_path / "merged"), layout=layout, plot=False,
+                     progress=False)
+    assert _departures(merged, str(tmp_path / "merged")) == _departures(plain, str(tmp_path / "single"))
+    import shutil
+
+    lake = tmp_path / "lake"  # lake diverge pairs the merged model with the PyTorch card alike
+    shutil.copytree(_target(dumps, "mint", "healthy"), lake / "target")
+    shutil.copytree(bench, lake / "bench")
+    said = B.lake_diverge_answer(B._cli(["lake", "diverge", str(lake), "target", "bench", "--layout", layout,
+                                         "--no-cluster", "--json"]))
+    origin = B.compare_answers(plain, None)["compare_origin"]
+    assert (said["record"], said["step"]) == (origin["record"], origin["step"]), (said, origin)
+    nan = compare(_target(dumps, "mint", "nan"), bench, str(tmp_path / "nan"), layout=layout, plot=False,
+                  progress=False)
+    first = B.compare_answers(nan, "nan")["compare"]
+    assert (first["record"], first["step"], first["ranks"]) == (WANT["nan"], FAULT["step"], [FAULT["rank"]]), first
