@@ -10,7 +10,9 @@ tensor-parallel regions split along the sequence, all_gather and reduce_scatter 
 against a single card of the same sequence length), expert parallel (ep: 4 experts of every
 layer, 2 on each of 2 ranks that are also the data-parallel replicas, tokens dispatched and
 combined with all_to_all_single, against the single card holding all 4 on the whole batch; its
-faults on each expert-parallel rank in turn, in that rank's last local expert of layer 1), each against the single-card run (the same
+faults on each expert-parallel rank in turn, in that rank's last local expert of layer 1; ep4: 4
+ranks, one expert each; ep_dp: dp=4 with ep=2, two expert-parallel groups holding the same experts,
+the faults on the last group's ranks), each against the single-card run (the same
 model and weights, the whole global batch on one process), and layout against layout (TP2xPP2 against TP4, PP2 against PP4). Each case is scored healthy and with a fault at step 1 on each pipeline stage
 in turn (on the stage's last tensor-parallel rank of the last data-parallel replica): a NaN
 written by that rank's ``masked_fill`` and that rank's shard of the stage's first fc1 weight
@@ -35,7 +37,7 @@ names: ``suspect_ranks`` when there are, else ``ranks``, from the answer or the 
 ``layout`` section; a merged answer naming no rank is a miss). On a healthy pair any answer is a
 false answer. A case that raises is scored ``error`` (a miss).
 
-    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep,ep4] [--table]
+    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep,ep4,ep_dp] [--table]
 
 Dumps and sidecars are kept under ``--out`` and reused; scores go to ``--out/scores.json``.
 """
@@ -74,6 +76,7 @@ RUNS: dict = {
     "moe": {"experts": 4},  # the single card holding all 4 experts of every (MoE) layer
     "ep2": {"dp": 2, "ep": 2, "experts": 4},  # 2 experts a rank, each rank its half of the batch
     "ep4": {"dp": 4, "ep": 4, "experts": 4},  # 1 expert a rank, each rank a quarter of the batch
+    "dp4ep2": {"dp": 4, "ep": 2, "experts": 4},  # 2 groups of ep=2 (expert data parallel 2), a quarter each
     "single4a": {"seq": 4, "attn": True},  # with a causal self-attention in each layer
     "tp2cp2pp2": {"tp": 2, "cp": 2, "pp": 2, "seq": 4, "attn": True},  # context parallel (TE's all-gather CP)
     "cp2": {"cp": 2, "seq": 4, "attn": True},  # context parallel alone (the tests' small version)
@@ -90,6 +93,7 @@ GROUPS: dict = {
     "sp": ("tp2pp2sp", "single4", "tp=2,pp=2", None),
     "ep": ("ep2", "moe", "ep=2", None),
     "ep4": ("ep4", "moe", "ep=4", None),
+    "ep_dp": ("dp4ep2", "moe", "ep=2,dp=2", None),
     "cp": ("tp2cp2pp2", "single4a", "tp=2,pp=2,cp=2", None),
     "cp2": ("cp2", "single4a", "tp=1,pp=1,cp=2", None),
 }
@@ -118,10 +122,10 @@ def fault_of(run: str, kind: str, stage: int) -> dict:
     """The fault of ``kind`` on pipeline stage ``stage`` of ``run`` (an expert-parallel run: on
     expert-parallel rank ``stage``, in its last local expert): its rank and layer."""
     spec = RUNS[run]
-    if spec.get("ep", 1) > 1:
+    if spec.get("ep", 1) > 1:  # (on the last expert-parallel group of the data-parallel ranks)
         local = spec["experts"] // spec["ep"]
-        return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": stage, "fault_layer": EP_FAULT_LAYER,
-                "fault_mb": 0, "fault_expert": stage * local + local - 1}
+        return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": spec["dp"] - spec["ep"] + stage,
+                "fault_layer": EP_FAULT_LAYER, "fault_mb": 0, "fault_expert": stage * local + local - 1}
     sizes = {"tp": spec.get("tp", 1), "cp": spec.get("cp", 1), "pp": spec.get("pp", 1), "dp": spec.get("dp", 1)}
     order = ml.parse_order(spec.get("order", "tp-dp-pp"))
     return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": ml.fault_rank(sizes, order, stage),

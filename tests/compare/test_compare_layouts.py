@@ -612,7 +612,7 @@ def _a2a(leaf: dict, group=(0, 1)) -> dict:
     return {"input_args": [None, leaf], "input_kwargs": {"group": grouped}, "output": [leaf, leaf, grouped]}
 
 
-def _ep_records(experts: list, tokens: list, share: tuple, nan_in: int = -1) -> dict:
+def _ep_records(experts: list, tokens: list, share: tuple, nan_in: int = -1, group=(0, 1)) -> dict:
     """One rank (or, with every expert and the whole batch, the single card) of an MoE layer written
     as Megatron does: the router on its share of the batch, the tokens dispatched with
     all_to_all_single, its local experts (``local_experts.<i>``: fc1 and its module record), the
@@ -623,7 +623,7 @@ def _ep_records(experts: list, tokens: list, share: tuple, nan_in: int = -1) -> 
     comm = len(experts) < 4
     data: dict = {"Functional.linear.0.forward": {"input_args": [x, _t((4, 8), 0.3)], "output": [_t((rows, 4), 2.0)]}}
     if comm:
-        data["Distributed.all_to_all_single.0.forward"] = _a2a(_t((rows * 2, 8), 1.0))
+        data["Distributed.all_to_all_single.0.forward"] = _a2a(_t((rows * 2, 8), 1.0), group)
     n = sum(tokens)
     for k, (g, count) in enumerate(zip(experts, tokens)):
         local = k  # the rank's own numbering of its experts
@@ -632,14 +632,16 @@ def _ep_records(experts: list, tokens: list, share: tuple, nan_in: int = -1) -> 
                                                         "output": [_t((count, 16), bad, norm=bad)]}
         data[f"Module.layers.0.mlp.experts.local_experts.{local}.linear_fc1.Linear.forward.0"] = {
             "input_args": [_t((count, 8), 0.5 + g)], "output": [_t((count, 16), bad, norm=bad)]}
-    data["Module.layers.0.mlp.experts.SequentialMLP.forward.0"] = {"input_args": [_t((n, 8), 4.0 if comm else 4.0)],
+    counts = {"type": "torch.Tensor", "dtype": "torch.int64", "shape": [len(experts)], "Max": max(tokens),
+              "Min": min(tokens), "Mean": None, "Norm": None}  # the tokens of each local expert
+    data["Module.layers.0.mlp.experts.SequentialMLP.forward.0"] = {"input_args": [_t((n, 8), 4.0), counts],
                                                                     "output": [_t((n, 8), 5.0)]}
     if comm:
-        data["Distributed.all_to_all_single.1.forward"] = _a2a(_t((n, 8), 5.0))
+        data["Distributed.all_to_all_single.1.forward"] = _a2a(_t((n, 8), 5.0), group)
     data["Tensor.__add__.0.forward"] = {"input_args": [x, x], "output": [_t((rows, 8), 3.0 * scale)]}
     data["Tensor.__add__.0.backward"] = {"input": [_t((rows, 8), 6.0 / scale)], "output": [_t((rows, 8), 6.0 / scale)]}
     if comm:
-        data["Distributed.all_to_all_single.2.forward"] = _a2a(_t((n, 8), 7.0))
+        data["Distributed.all_to_all_single.2.forward"] = _a2a(_t((n, 8), 7.0), group)
     for k in reversed(range(len(experts))):
         g = experts[k]
         grad = _t((16, 8), 9.0 + g, norm=10.0 + g)
@@ -649,7 +651,7 @@ def _ep_records(experts: list, tokens: list, share: tuple, nan_in: int = -1) -> 
     data["Module.layers.0.mlp.experts.SequentialMLP.backward.0"] = {"input": [_t((n, 8), 7.0)],
                                                                      "output": [_t((n, 8), 7.5)]}
     if comm:
-        data["Distributed.all_to_all_single.3.forward"] = _a2a(_t((n, 8), 7.5))
+        data["Distributed.all_to_all_single.3.forward"] = _a2a(_t((n, 8), 7.5), group)
     data["Functional.linear.0.backward"] = {"input": [_t((rows, 4), 1.0)], "output": [_t((rows, 8), 1.0)]}
     for k, g in enumerate(experts):  # the expert optimizer's unscale of each gradient (1/1024)
         data[f"Tensor.mul_.{k}.forward"] = {"input_args": [_t((16, 8), 9.0 + g, norm=10.0 + g), {"type": "float",
@@ -685,9 +687,10 @@ def test_expert_parallel_ranks_merge_into_the_card_holding_every_expert():
                 assert data[f"Functional.linear.{g + 1}.forward"]["input_args"][1]["Max"] == pytest.approx(0.2 + g)
                 # a backward tensor of each rank's loss over its half of the batch: twice the card's, halved
                 assert data[f"Functional.linear.{g + 1}.backward"]["input"][0]["Max"] == pytest.approx((8.0 + g) / 2)
-            container = data["Module.layers.0.mlp.experts.SequentialMLP.forward.0"]["input_args"][0]
-            assert container["shape"] == [24, 8] and records["Module.layers.0.mlp.experts.SequentialMLP.forward.0"][
+            container = data["Module.layers.0.mlp.experts.SequentialMLP.forward.0"]["input_args"]
+            assert container[0]["shape"] == [24, 8] and records["Module.layers.0.mlp.experts.SequentialMLP.forward.0"][
                 "ranks"] == [0, 1]
+            assert (container[1]["shape"], container[1]["Max"], container[1]["Min"]) == ([4], 8, 4)  # joined
             assert data["Tensor.__add__.0.forward"]["input_args"][0]["shape"] == [6, 8]
             nan_record = records["Functional.linear.4.forward"]
             assert nan_record["suspects"] == ([1] if nan_in == 3 else [])
@@ -726,3 +729,30 @@ def test_an_experts_backward_tensor_is_divided_as_its_statistics_are():
     assert "data_name" not in _divided({"output": [leaf]}, 2.0)["output"][0]  # no recipes: no tensor
     partial = _nulled({"output": [leaf]}, {_signature(leaf)})["output"][0]
     assert partial["Max"] is None and "data_name" not in partial
+
+
+def test_expert_data_parallel_groups_join_as_replicas():
+    """dp=4, ep=2: ranks [0, 1] and [2, 3] are two expert-parallel groups (their all_to_all groups),
+    each holding experts 0-1 and 2-3 on its half of the batch. Each group merges into a model of all
+    4 experts, then the groups join as data-parallel replicas: an expert's records are held by the
+    two ranks holding it, its backward tensors a quarter of each rank's (each loss averages a
+    quarter of the batch), the tokens per expert (integers over each group's share) not compared;
+    the merged model is the single card's record for record."""
+    from msprobe.readers._merged import merge_dump_step, shapes_of
+
+    tokens = [[3, 4], [2, 3], [2, 4], [3, 2]]  # per rank: its experts' tokens from its group
+    single = _ep_records([0, 1, 2, 3], [5, 8, 5, 5], (8, 1.0))
+    ranks = [_Rank(r, _ep_records([2 * (r % 2), 2 * (r % 2) + 1], tokens[r], (2, 1.0),
+                                  group=(0, 1) if r < 2 else (2, 3)), {}) for r in range(4)]
+    for layout in (parse_layout("ep=2,dp=2"), None):
+        (merged,) = merge_dump_step(ranks, layout, single, shapes_of(single))
+        data, report = merged.document().data, merged.report
+        assert list(data) == list(single), (layout, list(data))
+        assert report["layout"] == ("tp=1,pp=1,dp=2,ep=2" if layout else "tp=1,pp=1,ep=2,dp=2 (read from the dump)")
+        assert report["stages"] == [[0, 1], [2, 3]]
+        for g in range(4):
+            assert report["records"][f"Functional.linear.{g + 1}.forward"]["ranks"] == [g // 2, g // 2 + 2]
+            grad = data[f"Functional.linear.{g + 1}.backward"]["input"][0]
+            assert grad["Max"] == pytest.approx((8.0 + g) / 4) and grad["shape"][0] == [5, 8, 5, 5][g]
+        container = data["Module.layers.0.mlp.experts.SequentialMLP.forward.0"]["input_args"]
+        assert container[0]["shape"] == [23, 8] and container[1]["Max"] is None  # counts: summed, not compared
