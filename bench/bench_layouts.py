@@ -12,7 +12,10 @@ layer, 2 on each of 2 ranks that are also the data-parallel replicas, tokens dis
 combined with all_to_all_single, against the single card holding all 4 on the whole batch; its
 faults on each expert-parallel rank in turn, in that rank's last local expert of layer 1; ep4: 4
 ranks, one expert each; ep_dp: dp=4 with ep=2, two expert-parallel groups holding the same experts,
-the faults on the last group's ranks), each against the single-card run (the same
+the faults on the last group's ranks), context parallel (cp: TP2xCP2xPP2; cp2: CP2 alone; dp_cp:
+DP2xCP2, two cp groups of 2 ranks each on half of the batch, Megatron's rank order tp-cp-dp-pp;
+dp_cp_tp: DP2xCP2xTP2 on 8 ranks;
+against a single card with a causal self-attention in each layer, single4a), each against the single-card run (the same
 model and weights, the whole global batch on one process), and layout against layout (TP2xPP2 against TP4, PP2 against PP4). Each case is scored healthy and with a fault at step 1 on each pipeline stage
 in turn (on the stage's last tensor-parallel rank of the last data-parallel replica): a NaN
 written by that rank's ``masked_fill`` and that rank's shard of the stage's first fc1 weight
@@ -37,7 +40,7 @@ names: ``suspect_ranks`` when there are, else ``ranks``, from the answer or the 
 ``layout`` section; a merged answer naming no rank is a miss). On a healthy pair any answer is a
 false answer. A case that raises is scored ``error`` (a miss).
 
-    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep,ep4,ep_dp] [--table]
+    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep,ep4,ep_dp,cp,cp2,dp_cp,dp_cp_tp] [--table]
 
 Dumps and sidecars are kept under ``--out`` and reused; scores go to ``--out/scores.json``.
 """
@@ -80,6 +83,8 @@ RUNS: dict = {
     "single4a": {"seq": 4, "attn": True},  # with a causal self-attention in each layer
     "tp2cp2pp2": {"tp": 2, "cp": 2, "pp": 2, "seq": 4, "attn": True},  # context parallel (TE's all-gather CP)
     "cp2": {"cp": 2, "seq": 4, "attn": True},  # context parallel alone (the tests' small version)
+    "dp2cp2": {"cp": 2, "dp": 2, "seq": 4, "attn": True},  # data-parallel replicas of context-parallel ranks
+    "dp2cp2tp2": {"tp": 2, "cp": 2, "dp": 2, "seq": 4, "attn": True},  # the same with tensor parallel, 8 ranks
 }
 
 #: case group -> (target run, bench run, --layout, --bench-layout)
@@ -96,6 +101,8 @@ GROUPS: dict = {
     "ep_dp": ("dp4ep2", "moe", "ep=2,dp=2", None),
     "cp": ("tp2cp2pp2", "single4a", "tp=2,pp=2,cp=2", None),
     "cp2": ("cp2", "single4a", "tp=1,pp=1,cp=2", None),
+    "dp_cp": ("dp2cp2", "single4a", "tp=1,pp=1,cp=2,dp=2", None),
+    "dp_cp_tp": ("dp2cp2tp2", "single4a", "tp=2,pp=1,cp=2,dp=2", None),
 }
 
 #: the MoE layer a fault of an expert-parallel run is injected in

@@ -22,6 +22,8 @@ Data-parallel replicas are joined into one logical model when the other side hol
 batch (:func:`join_replicas`): activations along the dimension the shapes name, parameters as
 replicas; each replica's backward tensors are its own loss's (averaged over its share of the
 batch, Megatron's convention), dp times the whole batch's: their statistics are divided by dp.
+Context-parallel ranks (pieces of the sequence) are joined the same way; with dp and cp both > 1,
+each replica's cp ranks first, then the replicas (two joins, backward divided by cp then by dp).
 
 Communication records (``Distributed.*``) are the layout's own work, not the model's: left out
 and listed. A module that appears on several stages under one name spans them: its inputs are
@@ -602,11 +604,25 @@ def _shrunk(shapes: set, degree: int) -> set:
     return out
 
 
-def _holds_a_piece(sources: list, other_shapes: Optional[dict], replicas: int) -> bool:
-    """Whether data-parallel replicas hold pieces of the other side's batch: the first tensor input
-    of the first stage's first rank is, joined ``replicas`` times along a dimension, the other
-    side's, and not the other side's as it is."""
-    if not other_shapes or replicas < 2:
+def _shrunk_shapes(other_shapes: Optional[dict], degrees: tuple) -> dict:
+    """``other_shapes`` with each shape :func:`_shrunk` by each of ``degrees`` in turn (what one
+    member of the data-parallel (and context-parallel) joins may hold)."""
+    out: dict = {}
+    for name, paths in (other_shapes or {}).items():
+        out[name] = {}
+        for path, shapes in paths.items():
+            for degree in degrees:
+                shapes = _shrunk(shapes, degree)
+            out[name][path] = shapes
+    return out
+
+
+def _holds_a_piece(sources: list, other_shapes: Optional[dict], degrees: tuple) -> bool:
+    """Whether data-parallel (or context-parallel) replicas hold pieces of the other side's batch:
+    the first tensor input of the first stage's first rank is, joined ``degrees[0]`` times along a
+    dimension (then ``degrees[1]`` times along another: dp x cp), the other side's, and not the
+    other side's as it is."""
+    if not other_shapes or all(degree < 2 for degree in degrees):
         return False
     for name, record in _records_of(sources[0]).items():
         if _is_backward(name) or comm_api(name) is not None:
@@ -616,7 +632,10 @@ def _holds_a_piece(sources: list, other_shapes: Optional[dict], replicas: int) -
             if not wanted or not path.startswith("input"):
                 continue
             shape = _shape(leaf)
-            return shape not in wanted and bool(_grown({shape}, replicas) & wanted)
+            grown = {shape}
+            for degree in degrees:
+                grown = _grown(grown, degree)
+            return shape not in wanted and bool(grown & wanted)
     return False
 
 
@@ -643,11 +662,7 @@ def _experts_merged(replicas: list, ep: int, text: str, warnings: list, referenc
     blocks = [sorted(members, key=lambda source: source.rank) for _, members in
               sorted(groups.items(), key=lambda item: min(source.rank for source in item[1]))]
 
-    def shrunk(degree: int) -> dict:
-        return {name: {path: _shrunk(shapes, degree) for path, shapes in paths.items()}
-                for name, paths in (other_shapes or {}).items()} if degree > 1 else dict(other_shapes or {})
-
-    per_rank, per_block = shrunk(len(sources)), shrunk(len(blocks))
+    per_rank, per_block = _shrunk_shapes(other_shapes, (len(sources),)), _shrunk_shapes(other_shapes, (len(blocks),))
     merged = []
     for block in blocks:
         each = [merge_model([[source]], reference, per_rank, [[[other]] for other in block if other is not source],
@@ -675,8 +690,8 @@ def _experts_merged(replicas: list, ep: int, text: str, warnings: list, referenc
 def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional[dict] = None,
                     other_shapes: Optional[dict] = None) -> list:
     """The :class:`MergedSource` of each logical model of one step's rank sources under ``layout``
-    (None: read from the dump, :func:`read_layout`); the data-parallel replicas joined into one when
-    they hold pieces of the other side's batch. ``reference``: the other side's records;
+    (None: read from the dump, :func:`read_layout`); the data-parallel replicas (and context-parallel
+    ranks) joined into one when they hold pieces of the other side's batch (and sequence). ``reference``: the other side's records;
     ``other_shapes``: its shapes (default: those of ``reference``). ConfigError when the ranks do
     not fit the layout."""
     recipes = TensorRecipes()
@@ -688,20 +703,20 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
     if other_shapes is None and reference:
         other_shapes = shapes_of(reference)
     replicas = [(key, _stage_sources(by_rank, stages, vpp)) for key, stages in models]
-    if len({key[0] for key, _ in models}) > 1 and len({key[1] for key, _ in models}) > 1:
-        raise ConfigError(f"layout {text}: data-parallel replicas of context-parallel ranks (dp > 1 and cp > 1) are "
-                          f"not merged yet (their pieces split two dimensions); compare one replica's ranks "
-                          f"(cp ranks of dp index 0) with --layout tp=T,pp=P,cp=C")
     first = replicas[0][1][0][0]
     ep = _ep_size(sources, layout)
     if ep > 1:
         return [_experts_merged(replicas, ep, text, warnings, reference, other_shapes, tensors)]
-    if _holds_a_piece([stage[0] for stage in replicas[0][1]], other_shapes, len(replicas)):
-        dp = len(replicas)
-        wanted = {name: {path: _shrunk(shapes, dp) for path, shapes in paths.items()}
-                  for name, paths in (other_shapes or {}).items()}
+    dps, cps = sorted({key[0] for key, _ in models}), sorted({key[1] for key, _ in models})
+    degrees = (len(dps), len(cps)) if len(dps) > 1 and len(cps) > 1 else (len(replicas),)
+    if _holds_a_piece([stage[0] for stage in replicas[0][1]], other_shapes, degrees):
+        wanted = _shrunk_shapes(other_shapes, degrees)
         each = [merge_model(stages, reference, wanted, [other for j, (_, other) in enumerate(replicas) if j != i],
-                            (1.0, float(dp)), tensors) for i, (_, stages) in enumerate(replicas)]
+                            (1.0, float(len(replicas))), tensors) for i, (_, stages) in enumerate(replicas)]
+        if len(degrees) == 2:  # dp x cp: each replica's cp ranks along the sequence, then the replicas
+            by_dp = [[model for (key, _), model in zip(replicas, each) if key[0] == d] for d in dps]
+            per_dp = _shrunk_shapes(other_shapes, degrees[:1])
+            each = [join_replicas(group, reference or {}, per_dp, tensors) for group in by_dp]
         data, parents, frames, report = join_replicas(each, reference or {}, other_shapes or {}, tensors)
         raw = dict(first.document().raw)
         raw["data"] = data

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.xdist_group("megatron_layouts")
 #: (case group, variant): the runs dumped here
 CASES = [("tp2pp2", "healthy"), ("tp2pp2", "nan_s1"), ("tp2pp2", "scale_s1"), ("dp", "healthy"), ("dp", "nan_s1"),
          ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1"), ("sp", "healthy"), ("sp", "nan_s1"),
-         ("ep", "healthy"), ("ep", "nan_r1"), ("cp2", "healthy"), ("cp2", "nan_s0")]
+         ("ep", "healthy"), ("ep", "nan_r1"), ("cp2", "healthy"), ("cp2", "nan_s0"), ("dp_cp", "healthy"),
+         ("dp_cp", "nan_s0")]
 TOOLS = ["compare", "compare_origin", "lake_diverge", "lake_nan"]
 
 
@@ -118,17 +119,22 @@ def test_layout_auto_reads_the_data_parallel_replicas_and_a_lone_card_suggests_a
                 progress=False)
 
 
-def test_layout_auto_reads_context_parallelism(runs, tmp_path):
+@pytest.mark.parametrize("group,text", [("cp2", "tp=1,pp=1,cp=2"), ("dp_cp", "tp=1,pp=1,cp=2,dp=2")])
+def test_layout_auto_reads_context_parallelism(runs, tmp_path, group, text):
     """``--layout auto`` on a context-parallel run (tp=1: no all_reduce in the forward; its first
     all_reduce is the gradients' over the cp ranks, which the rule of the first all_reduce took for a
-    tensor-parallel group) finds cp=2 from the ranks gathering each other's keys and values, and
-    the pair has no origin."""
+    tensor-parallel group) finds cp=2 from the ranks gathering each other's keys and values (and
+    dp=2 from the two such groups: DP2xCP2 merged into one model, every record matched), and the
+    pair has no origin."""
     from msprobe.compare import compare
 
-    target_run, bench_run, _, _ = B.GROUPS["cp2"]
+    target_run, bench_run, _, _ = B.GROUPS[group]
     summary = compare(B.run_dir(runs["out"], target_run, "healthy"), B.run_dir(runs["out"], bench_run, "healthy"),
                       str(tmp_path / "auto"), layout="auto", plot=False, progress=False)
-    assert summary["layout"]["models"][0]["layout"] == "tp=1,pp=1,cp=2 (read from the dump)"
+    assert {(model["rank_dir"], model["layout"]) for model in summary["layout"]["models"]} == \
+        {("merged", f"{text} (read from the dump)")}
+    assert summary["first_divergence"] is None
+    assert all(pair["unmatched_records"] == 0 and pair["unmatched_bench_records"] == 0 for pair in summary["pairs"])
     assert summary["origin"] is None and summary["first_nan_inf_target"] is None
 
 
