@@ -16,12 +16,14 @@ from msprobe.compare._indexed import COMPARE_LEAVES, write_compare_leaves
 from msprobe.compare._layouts import layout_mode, layout_pairs, layout_summary, merged_dump
 from msprobe.compare._origin import describe, earliest, order_key
 from msprobe.compare._rows import COLUMNS, norm_record_name, record_leaves
-from msprobe.compare._xframe import read_api_mapping, read_cell_mapping, read_layer_mapping
+from msprobe.compare._xframe import mindspore_against_pytorch, read_api_mapping, read_cell_mapping, read_layer_mapping
 
 __all__ = ["compare", "compare_pair", "detect_mode", "pair_sources", "COLUMNS", "norm_record_name",
            "record_leaves", "NORM_REL_THRESHOLD",
            # the rank pairs' order and the first of them (what the lake's questions and the CLI print)
            "order_results", "add_paths", "order_key", "earliest", "describe",
+           # a MindSpore run against a PyTorch one (the lake pairs them as compare does)
+           "mindspore_against_pytorch",
            # merged parallel layouts (--layout)
            "layout_mode", "layout_pairs", "layout_summary", "merged_dump",
            # cross-framework mapping files (-api_mapping, -cell_mapping, -layer_mapping)

@@ -24,7 +24,7 @@ from msprobe.compare._options import CompareOptions, PairJob
 from msprobe.compare._origin import earliest, find_origin
 from msprobe.compare._plotproc import draw as draw_plot
 from msprobe.compare._plotproc import start as start_plotter
-from msprobe.compare._rows import COLUMNS, record_leaves
+from msprobe.compare._rows import COLUMNS, _first_tensor_leaves, _has_md5
 from msprobe.compare._runner import concatenate_parts, fork_available, gc_paused, in_out_dir
 from msprobe.compare._runner import run_forked as _run_forked
 from msprobe.compare._summary import FIRST_KEYS, PairSummary
@@ -33,7 +33,6 @@ from msprobe.compare._xframe import XFrame, match_xframe, mindspore_against_pyto
 from msprobe.errors import ConfigError, MissingDependencyError
 from msprobe.execution import Executor, Outbox, Shipment, ship
 from msprobe.format.layout import dump_dir_of
-from msprobe.format.stats import MAX
 from msprobe.progress import Progress
 from msprobe.readers import records_of
 
@@ -57,27 +56,6 @@ UNMATCHED_LISTED = 1000
 
 def _open(path: str, storage_options: Optional[dict] = None) -> Any:
     return msprobe.readers.open(dump_dir_of(path), storage_options=storage_options)
-
-
-def _first_tensor_leaves(data: dict, limit: int) -> Any:
-    """The tensor leaves (dicts with dtype and shape) of the first ``limit`` records, record by record."""
-    for position, (name, raw) in enumerate(data.items()):
-        if position >= limit:
-            return
-        yield [leaf for _, leaf, _ in record_leaves(name, raw)
-               if isinstance(leaf, dict) and "dtype" in leaf and "shape" in leaf]
-
-
-def _has_md5(data: dict) -> bool:
-    """Whether the first tensor leaf (of the first 51 records) holds a CRC-32 beside its statistics
-    (a leaf table's records know it: :class:`msprobe.compare._indexed.IndexedRecords`)."""
-    known = getattr(data, "has_md5", None)
-    if known is not None:
-        return bool(known)
-    for leaves in _first_tensor_leaves(data, 51):
-        if leaves:
-            return isinstance(leaves[0].get("md5"), str) and MAX.key in leaves[0]
-    return False
 
 
 def detect_mode(target_data: dict, bench_data: dict, target_task: Optional[str], bench_task: Optional[str]) -> str:

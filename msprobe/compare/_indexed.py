@@ -239,7 +239,7 @@ def write_compare_leaves(store: Any, prefix: str, doc: Any, doc_size: Optional[i
     key = join_key(prefix, COMPARE_LEAVES)
     data = doc.data if hasattr(doc, "data") else doc.get("data", {})
     task = task if task is not None else (doc.task if hasattr(doc, "task") else doc.get("task"))
-    from msprobe.compare._core import _has_md5
+    from msprobe.compare._rows import _has_md5
     from msprobe.format.model import infer_framework
 
     framework = infer_framework(data)

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from msprobe.format.dialects import normalise_record_name
 from msprobe.format.model import is_tensor_entry
-from msprobe.format.stats import CSV_BENCH, CSV_DIFF, CSV_RELATIVE, CSV_TARGET, STAT_KEYS
+from msprobe.format.stats import CSV_BENCH, CSV_DIFF, CSV_RELATIVE, CSV_TARGET, MAX, STAT_KEYS
 
 __all__ = ["COLUMNS", "record_leaves", "norm_record_name", "Side", "crc_text", "diff_cells", "tensor_metrics",
            "leaf_side", "as_float"]
@@ -240,3 +240,24 @@ def tensor_metrics(target_array: Any, bench_array: Any) -> list:
     euclidean = float(np.sqrt(np.sum((target - bench) ** 2)))
     return [_r12(cosine), euclidean, _r12(max_abs), _r12(max_relative), _r12(float(np.mean(relative < 0.001))),
             _r12(float(np.mean(relative < 0.005)))]
+
+
+def _first_tensor_leaves(data: dict, limit: int) -> Any:
+    """The tensor leaves (dicts with dtype and shape) of the first ``limit`` records, record by record."""
+    for position, (name, raw) in enumerate(data.items()):
+        if position >= limit:
+            return
+        yield [leaf for _, leaf, _ in record_leaves(name, raw)
+               if isinstance(leaf, dict) and "dtype" in leaf and "shape" in leaf]
+
+
+def _has_md5(data: dict) -> bool:
+    """Whether the first tensor leaf (of the first 51 records) holds a CRC-32 beside its statistics
+    (a leaf table's records know it: :class:`msprobe.compare._indexed.IndexedRecords`)."""
+    known = getattr(data, "has_md5", None)
+    if known is not None:
+        return bool(known)
+    for leaves in _first_tensor_leaves(data, 51):
+        if leaves:
+            return isinstance(leaves[0].get("md5"), str) and MAX.key in leaves[0]
+    return False

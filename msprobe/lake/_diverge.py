@@ -19,11 +19,11 @@ from msprobe.compare import (
     layout_mode,
     layout_pairs,
     layout_summary,
+    mindspore_against_pytorch,
     order_key,
     order_results,
     pair_sources,
 )
-from msprobe.compare._xframe import mindspore_against_pytorch
 from msprobe.errors import ConfigError
 from msprobe.execution import Outbox, Shipment, ship, star
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON

@@ -270,14 +270,9 @@ def _renames(order: list, experts: list, local: int) -> dict:
     return out
 
 
-def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors: Any = None) -> tuple:
-    """The logical model of an expert-parallel group: ``models`` [(data, parents, frames, report)]
-    of each rank's merged model (one rank each, in expert-parallel order), ``raws`` their ranks'
-    records (communication included), ``ranks`` their ranks; ``join(models, rename)`` joins the
-    shared records of the renamed models as data-parallel replicas (``rename(name)``: a shared
-    record's logical name, for the other side's records); ``tensors``: the step's tensor recipes (a
-    tensor dump: an expert's backward tensors divided as their statistics are), else None. Returns
-    (data, parents, frames, report)."""
+def _expert_maps(models: list, raws: list, ranks: list) -> tuple:
+    """(experts: per rank {merged name: (segment, local expert)}, tails: per rank {merged name: the
+    rank's name} of the records after the experts, containers: the experts' container records)."""
     experts: list = []
     tails: list = []
     containers: set = set()
@@ -293,6 +288,62 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors:
         found_all = {merged[name]: found for name, found in list(inside.items()) + list(after.items())}
         experts.append(found_all)
         tails.append({merged[name]: name for name in after})
+    return experts, tails, containers
+
+
+def _stripped(models: list, experts: list, shared: dict) -> list:
+    """Each rank's merged model without its experts' records, its shared records under their logical names."""
+    out = []
+    for replica, (held, parents, frames, report) in enumerate(models):
+        kept = {shared.get(name, name): record for name, record in held.items() if name not in experts[replica]}
+        records = {shared.get(name, name): entry for name, entry in report["records"].items()
+                   if name not in experts[replica]}
+        findings = [dict(f, record=shared.get(f["record"], f["record"])) for f in report["findings"]
+                    if f["record"] not in experts[replica]]
+        out.append((kept, {shared.get(k, k): shared.get(v, v) if v else v for k, v in parents.items()},
+                    {shared.get(k, k): v for k, v in frames.items()},
+                    dict(report, records=records, findings=findings)))
+    return out
+
+
+def _join_containers(joined: dict, report: dict, models: list, containers: set, shared: dict, ranks: list,
+                     tensors: Any) -> None:
+    """The experts' container records: each rank's tokens of its own experts, in expert order."""
+    size = float(len(models))
+    for name in containers:
+        logical = shared.get(name, name)
+        nodes = [model[0].get(name) for model in models]
+        if logical not in joined or any(node is None for node in nodes):
+            continue
+        joined[logical] = _concat(nodes, size if _is_backward(name) else 1.0, tensors)
+        entry = report["records"].setdefault(logical, {"stages": [0], "leaf_suspects": {}, "suspects": []})
+        entry.update(ranks=list(ranks), leaves={path: "expert parallel: the ranks' tokens joined"
+                                               for path, _ in _leaves(joined[logical])})
+        report["findings"] = [f for f in report["findings"] if f["record"] != logical]
+
+
+def _expert_record(models: list, raws: list, tails: list, partials: list, replica: int, name: str,
+                   tensors: Any) -> Any:
+    """One expert's record as its rank holds it (a backward tensor divided by ep)."""
+    record = models[replica][0][name]
+    if name in tails[replica]:  # its rank's own values: a partial norm is no all_reduce's result here
+        record = _nulled(raws[replica].get(tails[replica][name], record), partials[replica])
+    # a backward tensor of the rank's loss over its share; a parameter's gradient is already its
+    # averaged all_reduce's result (the merge of each rank's model takes it)
+    if _is_backward(name) and not name.endswith("parameters_grad"):
+        return _divided(record, float(len(models)), tensors)
+    return record
+
+
+def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors: Any = None) -> tuple:
+    """The logical model of an expert-parallel group: ``models`` [(data, parents, frames, report)]
+    of each rank's merged model (one rank each, in expert-parallel order), ``raws`` their ranks'
+    records (communication included), ``ranks`` their ranks; ``join(models, rename)`` joins the
+    shared records of the renamed models as data-parallel replicas (``rename(name)``: a shared
+    record's logical name, for the other side's records); ``tensors``: the step's tensor recipes (a
+    tensor dump: an expert's backward tensors divided as their statistics are), else None. Returns
+    (data, parents, frames, report)."""
+    experts, tails, containers = _expert_maps(models, raws, ranks)
     partials = [_feeding_reduce(raw) for raw in raws]
     counts = {len({i for _, i in found.values()}) for found in experts}
     if len(counts) != 1 or not experts[0]:
@@ -303,42 +354,16 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors:
     order = _order(datas, experts)
     renames = _renames(order, experts, local)
     shared = {name: logical for (replica, name), logical in renames.items() if replica is None}
-    stripped = []
-    for replica, (held, parents, frames, report) in enumerate(models):
-        kept = {shared.get(name, name): record for name, record in held.items() if name not in experts[replica]}
-        records = {shared.get(name, name): entry for name, entry in report["records"].items()
-                   if name not in experts[replica]}
-        findings = [dict(f, record=shared.get(f["record"], f["record"])) for f in report["findings"]
-                    if f["record"] not in experts[replica]]
-        stripped.append((kept, {shared.get(k, k): shared.get(v, v) if v else v for k, v in parents.items()},
-                         {shared.get(k, k): v for k, v in frames.items()},
-                         dict(report, records=records, findings=findings)))
-    joined, parents, frames, report = join(stripped)
+    joined, parents, frames, report = join(_stripped(models, experts, shared))
+    _join_containers(joined, report, models, containers, shared, ranks, tensors)
     data: dict = {}
-    size = float(len(models))
-    for name in containers:  # the experts' container: each rank's tokens of its own experts, in expert order
-        logical = shared.get(name, name)
-        nodes = [model[0].get(name) for model in models]
-        if logical not in joined or any(node is None for node in nodes):
-            continue
-        joined[logical] = _concat(nodes, size if _is_backward(name) else 1.0, tensors)
-        entry = report["records"].setdefault(logical, {"stages": [0], "leaf_suspects": {}, "suspects": []})
-        entry.update(ranks=list(ranks), leaves={path: "expert parallel: the ranks' tokens joined"
-                                               for path, _ in _leaves(joined[logical])})
-        report["findings"] = [f for f in report["findings"] if f["record"] != logical]
     for replica, name in order:
         logical = renames[(replica, name)]
         if replica is None:
             if logical in joined:
                 data[logical] = joined.pop(logical)
             continue
-        record = models[replica][0][name]
-        if name in tails[replica]:  # its rank's own values: a partial norm is no all_reduce's result here
-            record = _nulled(raws[replica].get(tails[replica][name], record), partials[replica])
-        # a backward tensor of the rank's loss over its share; a parameter's gradient is already its
-        # averaged all_reduce's result (the merge of each rank's model takes it)
-        data[logical] = _divided(record, size, tensors) if _is_backward(name) and not name.endswith("parameters_grad") \
-            else record
+        record = data[logical] = _expert_record(models, raws, tails, partials, replica, name, tensors)
         rank = ranks[replica]
         suspects = {path: [rank] for path, leaf in _leaves(record) if _anomalous(leaf)}
         report["records"][logical] = {"stages": [0], "ranks": [rank], "leaves": {}, "names": {"0": name},

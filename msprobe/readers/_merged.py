@@ -31,22 +31,21 @@ the first stage's, its outputs the last's (backward: the other way round).
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError
-from msprobe.format.comm import comm_api, comm_call
+from msprobe.format.comm import comm_api
 from msprobe.format.documents import DumpDocument
-from msprobe.format.parallel import Layout, LayoutError, stage_renames
-from msprobe.readers._merge_chunks import chunk_count, virtual_stages
+from msprobe.format.parallel import Layout, stage_renames
+from msprobe.readers._merge_chunks import virtual_stages
 from msprobe.readers._merge_experts import expert_groups, join_experts
+from msprobe.readers._merge_layout import _ep_size, _records_of, layout_models, read_layout
 from msprobe.readers._merge_leaf import (
     _anomalous,
     _averaging,
     _feeding_reduce,
     _grown,
     _is_backward,
-    _last_backward,
     _leaves,
     _Merger,
     _partials,
@@ -124,13 +123,6 @@ def _span(previous: dict, later: dict, name: str) -> dict:
             if key in later:
                 merged[key] = later[key]
     return merged
-
-
-def _records_of(source: Any) -> dict:
-    try:
-        return source.document().data
-    except Exception:  # noqa: BLE001 - a rank without a document holds no records
-        return {}
 
 
 def _rank_records(source: Any) -> dict:
@@ -321,182 +313,6 @@ def _parents(source: Any) -> dict:
         return source.parents() or {}
     except Exception:  # noqa: BLE001 - no construct.json: no tree
         return {}
-
-
-_TP_FORWARD = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
-
-
-def _groups_of(sources: list, default_world: bool = False, gathers: Optional[dict] = None) -> tuple:
-    """({rank: its tensor-parallel group}, {rank: previous pipeline stage's rank}) as the dump says
-    them: the group of a rank's first all_reduce that names one issued before its first backward
-    record (a row-parallel layer's reduction), else of its first reduce_scatter there (sequence
-    parallelism), else of its first all_reduce naming one before its last backward record (an
-    all_reduce after it is the gradients' or the clip's, not tensor parallel's; any, without
-    backward records); the peer of its first receive when that comes before its first send (the
-    first stage sends first; later stages receive their input first). ``default_world``: a rank
-    whose all_reduce calls name no group (the default group, every rank: MindSpore's collectives
-    called without one, torch's without ``group``) and that calls one before its last backward
-    record (a tensor-parallel reduction; a data-parallel gradient sum comes after it) has the
-    step's ranks. ``gathers``, when given, receives {rank: the group of its first all_gather
-    before its first backward record that is not its tensor-parallel group} (context parallelism's
-    keys and values)."""
-    tp_of: dict = {}
-    prev: dict = {}
-    world = tuple(sorted(source.rank for source in sources))
-    for source in sources:
-        first_send, first_recv = None, None
-        on_default = False
-        forward = True
-        scattered = later = None
-        gathered: list = []
-        records = _records_of(source)
-        last = _last_backward(list(records))
-        for index, (name, record) in enumerate(records.items()):
-            if forward and _is_backward(name):
-                forward = False
-            call = comm_call(name, record, source.rank, index)
-            if call is None:
-                continue
-            if call.api == "all_reduce" and source.rank not in tp_of and (index < last or last < 0):
-                if not call.group:
-                    on_default = on_default or index < last
-                elif later is None and len(call.group) > 1:
-                    later = tuple(call.group)
-            if forward and call.group and len(call.group) > 1:
-                if call.api == "all_reduce" and source.rank not in tp_of:
-                    tp_of[source.rank] = tuple(call.group)
-                elif call.api in _TP_FORWARD and scattered is None:
-                    scattered = tuple(call.group)
-                elif call.api.startswith("all_gather"):
-                    gathered.append(tuple(call.group))
-            if call.kind == "send" and first_send is None:
-                first_send = index
-            if call.kind == "recv" and first_recv is None:
-                first_recv = (index, call.peer)
-        if first_recv is not None and first_recv[1] is not None and (first_send is None or first_recv[0] < first_send):
-            prev[source.rank] = first_recv[1]
-        for found in (scattered, later):
-            if source.rank not in tp_of and found is not None:
-                tp_of[source.rank] = found
-        if default_world and on_default and source.rank not in tp_of:
-            tp_of[source.rank] = world
-        if gathers is not None:
-            mine = tp_of.get(source.rank, (source.rank,))
-            other = next((group for group in gathered if sorted(group) != sorted(mine)), None)
-            if other is not None:
-                gathers[source.rank] = other
-    return tp_of, prev
-
-
-def read_layout(sources: list) -> tuple:
-    """(text, [(key, stages)]) of the logical models the dump's communication records describe
-    (``--layout auto``): tensor-parallel groups from the all_reduce calls' groups, the pipeline
-    stages in model order from the point-to-point calls. ConfigError when they do not cover
-    every rank once."""
-    gathers: dict = {}
-    tp_of, prev = _groups_of(sources, default_world=True, gathers=gathers)
-    following = {before: rank for rank, before in prev.items()}
-    ranks = sorted(source.rank for source in sources)
-    models: dict = {}
-    for head in (rank for rank in ranks if rank not in prev):
-        chain, seen = [head], {head}
-        while following.get(chain[-1]) is not None and following[chain[-1]] not in seen:
-            chain.append(following[chain[-1]])
-            seen.add(chain[-1])
-        stages = tuple(tp_of.get(rank, (rank,)) for rank in chain)
-        models.setdefault(min(stages[0]), stages)
-    covered = sorted(rank for stages in models.values() for stage in stages for rank in stage)
-    if covered != ranks:
-        raise ConfigError(f"--layout auto: the dump's all_reduce groups and send/recv peers do not describe "
-                          f"one layout of ranks {ranks} (they cover {covered}); give --layout tp=T,pp=P")
-    ordered = [stages for _, stages in sorted(models.items())]
-    text = f"tp={len(ordered[0][0])},pp={len(ordered[0])}"
-    # (expert parallel gathers its token counts over the expert-parallel group: no context parallelism)
-    cp = len(gathers.get(ordered[0][0][0], ())) if len(ordered) > 1 and _ep_size(sources, None) == 1 else 0
-    if cp > 1 and len(ordered) % cp == 0:  # the models' ranks gather each other's tokens: context parallel
-        text += f",cp={cp}" + (f",dp={len(ordered) // cp}" if len(ordered) > cp else "")
-    else:
-        cp = 1
-        if len(ordered) > 1:
-            text += f",dp={len(ordered)}"
-    text += " (read from the dump)"
-    return text, [((index // cp, index % cp, 0), [list(stage) for stage in stages])
-                  for index, stages in enumerate(ordered)]
-
-
-def _checked(models: list, sources: list) -> list:
-    """Warnings where a layout's tensor-parallel groups are not the dump's all_reduce groups."""
-    tp_of, _ = _groups_of(sources)
-    out = []
-    for _, stages in models:
-        for stage in stages:
-            for rank in stage:
-                said = tp_of.get(rank)
-                if said is not None and sorted(said) != sorted(stage):
-                    out.append(f"rank {rank}: the layout's tensor-parallel group is {stage}, its first all_reduce's "
-                               f"group is {list(said)}")
-    return out
-
-
-def _model_chunks(sources: list) -> Optional[tuple]:
-    """(rank, how many model chunks) of the first rank whose module records carry more than one
-    model chunk index (``Module.0.``, ``Module.1.``: Megatron's virtual pipeline), else None."""
-    for source in sources:
-        held = chunk_count(_records_of(source))
-        if held > 1:
-            return source.rank, held
-    return None
-
-
-def layout_models(sources: list, layout: Optional[Layout]) -> tuple:
-    """(layout text, [(key, [[rank of each tp rank] per stage])], warnings, vpp) of one step's rank
-    sources under ``layout`` (None: read from the dump, the virtual pipeline's size from the model
-    chunks its ranks hold). ConfigError when they do not fit."""
-    by_rank = {source.rank: source for source in sources}
-    if None in by_rank or len(by_rank) != len(sources):
-        raise ConfigError("a parallel layout needs rank directories (rank0, rank1, ...), one per rank")
-    if sorted(by_rank) != list(range(len(by_rank))):
-        raise ConfigError(f"a parallel layout needs ranks 0..{len(by_rank) - 1}, the dump has {sorted(by_rank)}")
-    if layout is None:
-        text, models = read_layout(sources)
-        warnings: list = []
-    else:
-        try:
-            text, models = layout.text(), layout.models(sorted(by_rank))
-        except LayoutError as exc:
-            raise ConfigError(str(exc)) from exc
-        warnings = _checked(models, sources)
-        found = _ep_size(sources, None)
-        if found > 1 and layout.ep == 1:
-            warnings.append(f"the ranks' all_to_all calls run over groups of {found} ranks: expert parallel? "
-                            f"give ep={found} (or --layout auto): their experts are merged as replicas without it")
-    pipeline = any(len(stages) > 1 for _, stages in models)
-    chunked = _model_chunks(sources) if pipeline else None
-    vpp = layout.vpp if layout is not None else (chunked[1] if chunked else 1)
-    if vpp > 1 and not pipeline:
-        raise ConfigError(f"layout {text}: virtual pipeline stages (vpp={vpp}) need a pipeline (pp > 1)")
-    if chunked and vpp == 1:  # a pipeline whose ranks hold several chunks: merged as plain stages, it would be wrong
-        raise ConfigError(f"rank {chunked[0]} holds {chunked[1]} model chunks (Module.0., Module.1., ...) of a "
-                          f"pipeline: a virtual pipeline; give its size (vpp={chunked[1]}) or --layout auto")
-    if layout is None and vpp > 1:
-        text = text.replace(" (read from the dump)", f",vpp={vpp} (read from the dump)")
-    ep = _ep_size(sources, layout)
-    if layout is None and ep > 1:
-        dp = len(models) // ep
-        text = re.sub(r",dp=\d+", f",ep={ep}" + (f",dp={dp}" if dp > 1 else ""), text)
-    return text, models, warnings, vpp
-
-
-def _ep_size(sources: list, layout: Optional[Layout]) -> int:
-    """The expert-parallel size: the layout's, else the size of the group of the ranks' all_to_all
-    calls (the same on every rank), else 1."""
-    if layout is not None:
-        return layout.ep
-    groups = {expert_groups(_records_of(source)) for source in sources}
-    if not groups or None in groups:
-        return 1
-    sizes = {len(group) for group in groups if group is not None}
-    return sizes.pop() if len(sizes) == 1 else 1
 
 
 def _stage_sources(by_rank: dict, stages: list, vpp: int) -> list:
@@ -703,29 +519,40 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
     if other_shapes is None and reference:
         other_shapes = shapes_of(reference)
     replicas = [(key, _stage_sources(by_rank, stages, vpp)) for key, stages in models]
-    first = replicas[0][1][0][0]
     ep = _ep_size(sources, layout)
     if ep > 1:
         return [_experts_merged(replicas, ep, text, warnings, reference, other_shapes, tensors)]
     dps, cps = sorted({key[0] for key, _ in models}), sorted({key[1] for key, _ in models})
     degrees = (len(dps), len(cps)) if len(dps) > 1 and len(cps) > 1 else (len(replicas),)
     if _holds_a_piece([stage[0] for stage in replicas[0][1]], other_shapes, degrees):
-        wanted = _shrunk_shapes(other_shapes, degrees)
-        each = [merge_model(stages, reference, wanted, [other for j, (_, other) in enumerate(replicas) if j != i],
-                            (1.0, float(len(replicas))), tensors) for i, (_, stages) in enumerate(replicas)]
-        if len(degrees) == 2:  # dp x cp: each replica's cp ranks along the sequence, then the replicas
-            by_dp = [[model for (key, _), model in zip(replicas, each) if key[0] == d] for d in dps]
-            per_dp = _shrunk_shapes(other_shapes, degrees[:1])
-            each = [join_replicas(group, reference or {}, per_dp, tensors) for group in by_dp]
-        data, parents, frames, report = join_replicas(each, reference or {}, other_shapes or {}, tensors)
-        raw = dict(first.document().raw)
-        raw["data"] = data
-        report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas],
-                       "warnings": warnings, "stages": [[s.rank for s in stage] for _, stages in replicas
-                                                        for stage in stages],
-                       "replicas": [[[s.rank for s in stage] for stage in stages] for _, stages in replicas]})
-        return [MergedSource(first.step, None, "merged", first.url, DumpDocument(raw), parents, frames, report,
-                             tensors)]
+        return [_pieces_joined(replicas, degrees, dps, reference, other_shapes, tensors, text, warnings)]
+    return _models_apart(replicas, reference, other_shapes, tensors, text, warnings)
+
+
+def _pieces_joined(replicas: list, degrees: tuple, dps: list, reference: Optional[dict], other_shapes: Optional[dict],
+                   tensors: Optional[TensorRecipes], text: str, warnings: list) -> "MergedSource":
+    """The one logical model of replicas holding pieces of the other side's batch (and sequence)."""
+    first = replicas[0][1][0][0]
+    wanted = _shrunk_shapes(other_shapes, degrees)
+    each = [merge_model(stages, reference, wanted, [other for j, (_, other) in enumerate(replicas) if j != i],
+                        (1.0, float(len(replicas))), tensors) for i, (_, stages) in enumerate(replicas)]
+    if len(degrees) == 2:  # dp x cp: each replica's cp ranks along the sequence, then the replicas
+        by_dp = [[model for (key, _), model in zip(replicas, each) if key[0] == d] for d in dps]
+        per_dp = _shrunk_shapes(other_shapes, degrees[:1])
+        each = [join_replicas(group, reference or {}, per_dp, tensors) for group in by_dp]
+    data, parents, frames, report = join_replicas(each, reference or {}, other_shapes or {}, tensors)
+    raw = dict(first.document().raw)
+    raw["data"] = data
+    report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas],
+                   "warnings": warnings, "stages": [[s.rank for s in stage] for _, stages in replicas
+                                                    for stage in stages],
+                   "replicas": [[[s.rank for s in stage] for stage in stages] for _, stages in replicas]})
+    return MergedSource(first.step, None, "merged", first.url, DumpDocument(raw), parents, frames, report, tensors)
+
+
+def _models_apart(replicas: list, reference: Optional[dict], other_shapes: Optional[dict],
+                  tensors: Optional[TensorRecipes], text: str, warnings: list) -> list:
+    """One merged model per (dp, cp, ep) index (the other side holds one replica's batch)."""
     out = []
     for index, (key, stage_sources) in enumerate(replicas):
         data, parents, frames, report = merge_model(stage_sources, reference, other_shapes, tensors=tensors)
