@@ -28,7 +28,7 @@ from msprobe.errors import FormatError, require
 from msprobe.format.layout import INDEX_DIR, join_key
 from msprobe.format.model import TENSOR_TYPES
 from msprobe.format.native import leafwalk
-from msprobe.format.stats import STAT_KEYS
+from msprobe.format.stats import STAT_COLUMNS, STAT_KEYS
 from msprobe.index import META_PREFIX, doc_stat, stale_reason, warn_stale
 
 __all__ = ["COMPARE_LEAVES", "COMPARE_LEAVES_VERSION", "compare_leaf_table", "write_compare_leaves",
@@ -42,7 +42,7 @@ COMPARE_LEAVES = f"{INDEX_DIR}/compare/leaves.parquet"
 COMPARE_LEAVES_VERSION = "2"
 #: MSPROBE_LAKE_COMPARE_INDEX=0: compare reads the documents even where an index is there
 ENV = "MSPROBE_LAKE_COMPARE_INDEX"
-_FLOAT_STATS = ("max", "min", "mean", "norm")
+_FLOAT_STATS = STAT_COLUMNS  # the table's statistic columns: the index's names ("max", ...)
 
 
 def _flat(name: str) -> bool:
