@@ -139,6 +139,16 @@ def test_cli_layout_and_refusals(runs, tmp_path, capsys):
         compare(str(runs / "tp2pp2"), str(runs / "single"), str(tmp_path), layout="tp=2,pp=2,dp=2", plot=False)
 
 
+def assert_printed(shown: list, printed: list) -> None:
+    """Every line a transcript shows is one of the lines printed (``<ts>``: a timestamp, ``[...]``:
+    any text; a ``...`` line stands for lines left out)."""
+    for line in shown:
+        if line.strip() == "...":
+            continue
+        pattern = re.escape(line).replace(re.escape("<ts>"), r"\S+").replace(re.escape("[...]"), ".*")
+        assert any(re.fullmatch(pattern, each) for each in printed), (line, printed)
+
+
 def _transcripts() -> list:
     """docs/compare.md's ``$ msprobe compare ...`` blocks: (arguments, the lines it shows)."""
     text = (Path(REPO) / "docs" / "compare.md").read_text(encoding="utf-8")
@@ -161,12 +171,7 @@ def test_doc_transcripts_are_what_it_prints(runs, tmp_path, capsys, monkeypatch)
     for args, shown in transcripts:
         out = str(tmp_path / args[1].strip("./"))
         assert main([out if a == "./out" else a for a in args] + ["--no-plot"]) == 0
-        printed = capsys.readouterr().out.splitlines()
-        for line in shown:
-            if line.strip() == "...":
-                continue
-            pattern = re.escape(line).replace(re.escape("<ts>"), r"\S+").replace(re.escape("[...]"), ".*")
-            assert any(re.fullmatch(pattern, each) for each in printed), (line, printed)
+        assert_printed(shown, capsys.readouterr().out.splitlines())
 
 
 def test_parse_layout_and_megatron_rank_order():

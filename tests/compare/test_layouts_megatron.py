@@ -138,49 +138,34 @@ def test_layout_auto_reads_context_parallelism(runs, tmp_path, group, text):
     assert summary["origin"] is None and summary["first_nan_inf_target"] is None
 
 
-def test_the_virtual_pipeline_transcript_is_what_compare_prints(runs, tmp_path, capsys):
-    """docs/compare.md's vpp transcript (``./vpp`` the TP2xPP2 vpp=2 run, ``./single`` the single card)
-    is what the command prints on these runs."""
-    import re
+def _check_transcript(runs: dict, tmp_path, capsys, group: str, target: tuple, bench: str) -> None:
+    """docs/compare.md's transcript whose arguments name ``target[0]`` is what compare prints with
+    ``target`` = (its path there, the variant of ``group``'s target run) and ``bench`` the path there
+    of ``group``'s healthy bench run (both in the step directory ``target``'s path ends with)."""
     from pathlib import Path
 
     from msprobe.cli import main
 
     sys.path.insert(0, HERE)
-    from test_compare_layouts import _transcripts
+    from test_compare_layouts import _transcripts, assert_printed
 
-    (args, shown), = [(args, shown) for args, shown in _transcripts() if "./vpp/step0" in args]
-    target_run, bench_run, _, _ = B.GROUPS["vpp"]
-    where = {"./vpp/step0": str(Path(B.run_dir(runs["out"], target_run, "healthy")) / "step0"),
-             "./single/step0": str(Path(B.run_dir(runs["out"], bench_run, "healthy")) / "step0"),
+    (args, shown), = [(args, shown) for args, shown in _transcripts() if target[0] in args]
+    target_run, bench_run, _, _ = B.GROUPS[group]
+    step = Path(target[0]).name
+    where = {target[0]: str(Path(B.run_dir(runs["out"], target_run, target[1])) / step),
+             bench: str(Path(B.run_dir(runs["out"], bench_run, "healthy")) / step),
              "./out": str(tmp_path / "out")}
     assert main([where.get(arg, arg) for arg in args] + ["--no-plot"]) == 0
-    printed = capsys.readouterr().out.splitlines()
-    for line in shown:
-        pattern = re.escape(line).replace(re.escape("<ts>"), r"\S+").replace(re.escape("[...]"), ".*")
-        assert any(re.fullmatch(pattern, each) for each in printed), (line, printed)
+    assert_printed(shown, capsys.readouterr().out.splitlines())
+
+
+def test_the_virtual_pipeline_transcript_is_what_compare_prints(runs, tmp_path, capsys):
+    """docs/compare.md's vpp transcript (``./vpp`` the TP2xPP2 vpp=2 run, ``./single`` the single card)
+    is what the command prints on these runs."""
+    _check_transcript(runs, tmp_path, capsys, "vpp", ("./vpp/step0", "healthy"), "./single/step0")
 
 
 def test_the_expert_parallel_transcript_is_what_compare_prints(runs, tmp_path, capsys):
     """docs/compare.md's expert-parallel transcript (``./ep_nan`` the EP2 run with a NaN in rank 1's
     expert at step 1, ``./moe`` the single card holding all experts) is what the command prints."""
-    import re
-    from pathlib import Path
-
-    from msprobe.cli import main
-
-    sys.path.insert(0, HERE)
-    from test_compare_layouts import _transcripts
-
-    (args, shown), = [(args, shown) for args, shown in _transcripts() if "./ep_nan/step1" in args]
-    target_run, bench_run, _, _ = B.GROUPS["ep"]
-    where = {"./ep_nan/step1": str(Path(B.run_dir(runs["out"], target_run, "nan_r1")) / "step1"),
-             "./moe/step1": str(Path(B.run_dir(runs["out"], bench_run, "healthy")) / "step1"),
-             "./out": str(tmp_path / "out")}
-    assert main([where.get(arg, arg) for arg in args] + ["--no-plot"]) == 0
-    printed = capsys.readouterr().out.splitlines()
-    for line in shown:
-        if line.strip() == "...":
-            continue
-        pattern = re.escape(line).replace(re.escape("<ts>"), r"\S+").replace(re.escape("[...]"), ".*")
-        assert any(re.fullmatch(pattern, each) for each in printed), (line, printed)
+    _check_transcript(runs, tmp_path, capsys, "ep", ("./ep_nan/step1", "nan_r1"), "./moe/step1")
