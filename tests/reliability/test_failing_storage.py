@@ -195,3 +195,24 @@ def test_full_disk_stops_tensors_keeps_records(fresh_debugger, tmpfs_3m, tmp_pat
     assert missing and len(missing) == len(report.errors)  # the files not written, nothing else
     figures["3 MiB tmpfs, tensor dump"] = {"seconds": round(sum(times), 2), "reference_seconds": round(sum(ref_times), 2),
                                           "records_kept": report.records, "tensor_files_not_written": len(missing)}
+
+
+def test_probe_while_another_rank_makes_the_dump_path(fresh_debugger, tmp_path, monkeypatch):
+    """Ranks share one dump_path: a rank's probe must accept the directory that another rank's
+    process makes between the probe's two looks at it (once: 'exists and is not a directory',
+    which failed a 4-rank launch). The other rank is a real process, run at that very moment."""
+    path = str(tmp_path / "run" / "tp2pp2")
+    real_isdir = os.path.isdir
+    made = []
+
+    def isdir_then_other_rank(p):
+        answer = real_isdir(p)
+        if os.path.abspath(p) == path and not made:
+            subprocess.run([sys.executable, "-c", f"import os; os.makedirs({path!r})"], check=True)
+            made.append(p)
+        return answer
+
+    monkeypatch.setattr(os.path, "isdir", isdir_then_other_rank)
+    fresh_debugger(task="statistics", dump_path=path)
+    monkeypatch.undo()
+    assert made and os.path.isdir(path) and os.listdir(path) == []

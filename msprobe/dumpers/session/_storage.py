@@ -31,6 +31,8 @@ def _probe_local_dir(path: str) -> None:
     here = path
     while not os.path.isdir(here):
         if os.path.lexists(here):
+            if os.path.isdir(here):  # made since the test above, by a rank beside this one
+                break
             raise NotADirectoryError(f"{here} exists and is not a directory")
         parent = os.path.dirname(here)
         if parent == here:
