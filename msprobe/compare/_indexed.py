@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import weakref
 from collections.abc import Mapping
@@ -30,6 +31,8 @@ from msprobe.format.model import TENSOR_TYPES
 from msprobe.format.native import leafwalk
 from msprobe.format.stats import STAT_COLUMNS, STAT_KEYS
 from msprobe.index import META_PREFIX, doc_stat, stale_reason, warn_stale
+from msprobe.index.columns import column as arrow_column
+from msprobe.index.columns import int_array
 
 __all__ = ["COMPARE_LEAVES", "COMPARE_LEAVES_VERSION", "compare_leaf_table", "write_compare_leaves",
            "indexed_side", "IndexedSide", "IndexedRecords"]
@@ -43,6 +46,8 @@ COMPARE_LEAVES_VERSION = "2"
 #: MSPROBE_LAKE_COMPARE_INDEX=0: compare reads the documents even where an index is there
 ENV = "MSPROBE_LAKE_COMPARE_INDEX"
 _FLOAT_STATS = STAT_COLUMNS  # the table's statistic columns: the index's names ("max", ...)
+_FLOAT_OR_NONE = {float, type(None)}
+_STR_OR_NONE = {str, type(None)}
 
 
 def _flat(name: str) -> bool:
@@ -73,10 +78,15 @@ def _walk_all(data: dict) -> tuple:
     return names, starts, suffixes, ios, leaves
 
 
-def _rests(names: list, starts: list, suffixes: list, ios: list) -> list:
+def _rests(names: list, starts: list, suffixes: list, ios: list, native: bool = True) -> list:
     """Each leaf's key in its stand-in record's group (:func:`stand_in_records`): the suffix less
     its io for an api or module record (None: the leaf is the io's value itself), the suffix for
-    a parameters_grad or debug record (None: the debug record's value is the leaf itself)."""
+    a parameters_grad or debug record (None: the debug record's value is the leaf itself). The C
+    ``rests`` where it is there (``native``), this code the reference."""
+    walker = leafwalk() if native else None
+    got = walker.rests(names, starts, suffixes, ios) if walker is not None else None
+    if got is not None:
+        return got
     rests: list = []
     for position, name in enumerate(names):
         start, stop = starts[position], starts[position + 1]
@@ -143,7 +153,8 @@ def stand_in_records(names: list, rec: Any, ios: list, rests: list, native: bool
 
 def _walks_the_same(stand_ins: dict, suffixes: list, ios: list) -> bool:
     names, starts, got_suffixes, got_ios, leaves = _walk_all(stand_ins)
-    return got_suffixes == suffixes and got_ios == ios and [leaf["type"] for leaf in leaves] == list(range(len(leaves)))
+    return (got_suffixes == suffixes and got_ios == ios
+            and list(map(operator.itemgetter("type"), leaves)) == list(range(len(leaves))))
 
 
 def _record_json(record: Any) -> str:
@@ -160,10 +171,10 @@ def _record_json(record: Any) -> str:
     return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
 
 
-def _json_typed(statistics: list) -> list:
-    """Per leaf, None where its four statistics are floats or null, else the JSON array of them."""
-    mixed = [position for position, column in enumerate(statistics)
-             if not {value.__class__ for value in column} <= {float, type(None)}]
+def _json_typed(statistics: list, floats: list) -> list:
+    """Per leaf, None where its four statistics are floats or null, else the JSON array of them
+    (``floats``: per statistic, whether its column holds floats and nulls only)."""
+    mixed = [position for position, only_floats in enumerate(floats) if not only_floats]
     typed: list = [None] * (len(statistics[0]) if statistics else 0)
     if not mixed:
         return typed
@@ -191,11 +202,13 @@ def compare_leaf_table(data: dict, metadata: Optional[dict] = None) -> Optional[
     leaves.leaf = list(leaf_list)
     leaves.finish("md5")
     statistics = [leaves.statistics[key] for key in STAT_KEYS]
-    floats = [column if {value.__class__ for value in column} <= {float, type(None)} else
-              [value if value is None or value.__class__ is float else None for value in column]
-              for column in statistics]
-    typed = _json_typed(statistics)
+    only_floats = [set(map(type, column)) <= _FLOAT_OR_NONE for column in statistics]
+    floats = [column if pure else [value if value is None or value.__class__ is float else None for value in column]
+              for column, pure in zip(statistics, only_floats)]
+    typed = _json_typed(statistics, only_floats)
     data_names = [leaf.get("data_name") if leaf.__class__ is dict else None for leaf in leaf_list]
+    if not set(map(type, data_names)) <= _STR_OR_NONE:
+        data_names = [name if isinstance(name, str) else None for name in data_names]
     # one row per leaf, a placeholder row (no suffix) for a record without one; each record's JSON on its first row
     counts = np.diff(starts)
     rows_of = np.maximum(counts, 1)
@@ -207,29 +220,23 @@ def compare_leaf_table(data: dict, metadata: Optional[dict] = None) -> Optional[
         row_leaf[np.repeat(first[with_leaves], counts[with_leaves]) +
                  (np.arange(len(leaf_list)) - np.repeat(np.asarray(starts[:-1])[with_leaves], counts[with_leaves]))] = \
             np.arange(len(leaf_list))
-    raws: list = [None] * len(rec)
-    for position, row in enumerate(first.tolist()):
-        raws[row] = _record_json(data[names[position]])
-    row_leaf_list = row_leaf.tolist()
-
-    def per_row(column: list) -> list:
-        if len(row_leaf_list) == len(column):  # no record without a leaf: the rows are the leaves
-            return column
-        return [column[i] if i >= 0 else None for i in row_leaf_list]
-
+    index = None if len(row_leaf) == len(leaf_list) else row_leaf.tobytes()  # None: the rows are the leaves
+    raw_at = np.full(len(rec), -1, dtype=np.int64)
+    raw_at[first] = np.arange(len(names))
+    string = pa.string()
     columns = {
-        "rec": pa.array(rec, pa.int32()), "record": pa.array([names[r] for r in rec.tolist()], pa.string()),
-        "io": per_row(ios), "suffix": per_row(suffixes), "rest": per_row(rests), "tensor": per_row(leaves.tensor),
-        "dtype": per_row(leaves.dtype), "shape": per_row(leaves.shape), "requires_grad": per_row(leaves.requires_grad),
-        **{key: pa.array(per_row(column), pa.float64()) for key, column in zip(_FLOAT_STATS, floats)},
-        "stats_json": per_row(typed), "md5": per_row(leaves.md5),
-        "data_name": per_row([name if isinstance(name, str) else None for name in data_names]), "raw": raws,
+        "rec": int_array(rec, pa.int32()), "record": arrow_column(names, string, rec.astype(np.int64).tobytes()),
+        **{key: arrow_column(values, string, index) for key, values in (("io", ios), ("suffix", suffixes), ("rest", rests))},
+        "tensor": arrow_column(leaves.tensor, pa.bool_(), index),
+        **{key: arrow_column(getattr(leaves, key), string, index) for key in ("dtype", "shape", "requires_grad")},
+        **{key: arrow_column(values, pa.float64(), index) for key, values in zip(_FLOAT_STATS, floats)},
+        "stats_json": arrow_column(typed, string, index), "md5": arrow_column(leaves.md5, string, index),
+        "data_name": arrow_column(data_names, string, index),
+        "raw": arrow_column([_record_json(data[name]) for name in names], string, raw_at.tobytes()),
     }
     meta = {f"{META_PREFIX}compare_leaves_version": COMPARE_LEAVES_VERSION}
     meta.update({f"{META_PREFIX}{key}": "" if value is None else str(value) for key, value in (metadata or {}).items()})
-    table = pa.table({key: value if isinstance(value, pa.Array) else
-                      pa.array(value, pa.bool_() if key == "tensor" else pa.string()) for key, value in columns.items()})
-    return table.replace_schema_metadata(meta)
+    return pa.Table.from_arrays(list(columns.values()), names=list(columns)).replace_schema_metadata(meta)
 
 
 def write_compare_leaves(store: Any, prefix: str, doc: Any, doc_size: Optional[int], doc_mtime: Optional[float],

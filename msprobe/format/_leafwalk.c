@@ -19,6 +19,8 @@
  *     Leaves.finish's columns: (is tensor, dtype text, shape text, requires_grad text, the four
  *     statistics as dumped, md5 text or [], data_name text or []); ``view(leaf)`` (_plan._view)
  *     gives what a leaf that is neither a tensor entry, a scalar argument nor null shows.
+ *   rests(names, starts, suffixes, ios) -> list or None
+ *     each leaf's key in its stand-in record's group (msprobe/compare/_indexed.py _rests, its reference).
  *
  *   stand_ins(names, group_rec, bounds, ios, rests, flat) -> dict or None
  *     compare's stand-in records of a leaf table (msprobe/compare/_indexed.py stand_in_records, its
@@ -26,6 +28,12 @@
  *
  *   index_rows(...), csv_rows(columns): the index's tensor columns (msprobe/index/rows.py) and compare's
  *     CSV rows (msprobe/compare/_write.py) without a Python step per cell.
+ *   arrow_column(values, kind, index) -> (null count, validity, values, data) or None
+ *     an Arrow column's buffers (pyarrow's Array.from_buffers) of a list of values: kind 's' str
+ *     (int32 offsets, UTF-8 data), 'd' float64 (floats, ints up to 2**53), 'q' int64, 'b' bool (bits), 'l' a
+ *     list of int64 (int32 offsets, the int64 values); validity None where no value is null.
+ *     ``index``: None, or the bytes of int64s: row i holds values[index[i]], null where it is < 0.
+ *     None where a value is of another type (the caller converts through pyarrow).
  *   has_long_integer(data), with_stand_ins(data), restore_nonfinite(obj, values) -> int or None
  *     msprobe/format/fastjson.py's checks and NaN/Infinity stand-ins in one pass each (restore: every
  *     container walked; None where a key is a stand-in).
@@ -37,7 +45,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define LEAFWALK_VERSION 13  /* bump with every change: a stale build is then rebuilt */
+#define LEAFWALK_VERSION 14  /* bump with every change: a stale build is then rebuilt */
 #define MAX_DEPTH 900
 
 typedef struct {
@@ -713,6 +721,35 @@ static PyObject *get_or_none(PyObject *dict, PyObject *key) {
     return v;  /* borrowed */
 }
 
+/* compare's crc_text(value): zlib's CRC-32 of str(value) in UTF-8, as 8 hex digits; a new reference */
+static uint32_t crc_table[256];
+
+static PyObject *crc_text(PyObject *value) {
+    if (!crc_table[1])
+        for (uint32_t n = 0; n < 256; n++) {
+            uint32_t c = n;
+            for (int k = 0; k < 8; k++)
+                c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+            crc_table[n] = c;
+        }
+    PyObject *text = PyObject_Str(value);
+    if (!text)
+        return NULL;
+    Py_ssize_t size;
+    const char *bytes = PyUnicode_AsUTF8AndSize(text, &size);
+    if (!bytes) {
+        Py_DECREF(text);
+        return NULL;
+    }
+    uint32_t c = 0xFFFFFFFFu;
+    for (Py_ssize_t i = 0; i < size; i++)
+        c = crc_table[(c ^ (unsigned char)bytes[i]) & 0xFF] ^ (c >> 8);
+    Py_DECREF(text);
+    char hex[9];
+    snprintf(hex, sizeof hex, "%08x", c ^ 0xFFFFFFFFu);
+    return PyUnicode_FromStringAndSize(hex, 8);
+}
+
 static PyObject *leaf_fields(PyObject *self, PyObject *args) {
     PyObject *leaves_list, *scalar_dtypes, *stat_keys, *view;
     int md5_mode, tensor_mode;
@@ -760,16 +797,19 @@ static PyObject *leaf_fields(PyObject *self, PyObject *args) {
             if (!kind && PyErr_Occurred())
                 goto error;
             PyObject *scalar_dtype = NULL;
-            if (kind && !md5_mode && PyUnicode_CheckExact(kind)) {
+            if (kind && PyUnicode_CheckExact(kind)) {
                 scalar_dtype = PyDict_GetItemWithError(scalar_dtypes, kind);
                 if (!scalar_dtype && PyErr_Occurred())
                     goto error;
             }
-            if (scalar_dtype) {  /* _plan._view of a scalar argument, its CRC unused */
+            if (scalar_dtype) {  /* _plan._view of a scalar argument (its CRC text in md5 mode) */
                 scalar = 1;
                 PyObject *value = get_or_none(leaf, S_value);
                 if (!value)
                     goto error;
+                if (md5_mode && !(viewed = crc_text(value)))  /* held until the leaf is done */
+                    goto error;
+                f_md5 = md5_mode ? viewed : Py_None;
                 f_dtype = scalar_dtype;
                 f_shape = S_empty_list_text;
                 f_rg = Py_None;
@@ -1482,6 +1522,289 @@ error:
     return NULL;
 }
 
+/* ------------------------------------------------------------------ Arrow column buffers */
+
+typedef struct {
+    char *v;
+    Py_ssize_t n, cap;
+} Buf;
+
+static int buf_put(Buf *b, const void *data, Py_ssize_t size) {
+    if (b->n + size > b->cap) {
+        Py_ssize_t cap = b->cap ? 2 * b->cap : 4096;
+        while (cap < b->n + size)
+            cap *= 2;
+        char *v = PyMem_Realloc(b->v, (size_t)cap);
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->v = v;
+        b->cap = cap;
+    }
+    if (size)
+        memcpy(b->v + b->n, data, (size_t)size);
+    b->n += size;
+    return 0;
+}
+
+/* the buffer as bytes (at least ``floor`` of them, zeros after what was put); frees it */
+static PyObject *buf_bytes(Buf *b, Py_ssize_t floor) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, b->n > floor ? b->n : floor);
+    if (out) {
+        char *to = PyBytes_AS_STRING(out);
+        if (b->n)
+            memcpy(to, b->v, (size_t)b->n);
+        if (floor > b->n)
+            memset(to + b->n, 0, (size_t)(floor - b->n));
+    }
+    PyMem_Free(b->v);
+    b->v = NULL;
+    b->n = b->cap = 0;
+    return out;
+}
+
+#define NULL_VALUE 2
+
+/* value of a column of ``kind`` into its buffers: 0 a value, NULL_VALUE null, DECLINE another type, -1 error */
+static int column_value(PyObject *value, char kind, Buf *values, Buf *data, Buf *bits, Py_ssize_t row) {
+    if (value == Py_None) {
+        if (kind == 's' || kind == 'l') {
+            int32_t at = (int32_t)data->n;
+            if (kind == 'l')
+                at = (int32_t)(data->n / (Py_ssize_t)sizeof(int64_t));
+            return buf_put(values, &at, sizeof at) < 0 ? -1 : NULL_VALUE;
+        }
+        if (kind != 'b') {
+            int64_t zero = 0;
+            return buf_put(values, &zero, sizeof zero) < 0 ? -1 : NULL_VALUE;
+        }
+        return NULL_VALUE;
+    }
+    if (kind == 's') {
+        Py_ssize_t size;
+        const char *text;
+        if (!PyUnicode_Check(value))
+            return DECLINE;
+        if (!(text = PyUnicode_AsUTF8AndSize(value, &size))) {
+            PyErr_Clear();  /* a lone surrogate: pyarrow says what it says of it */
+            return DECLINE;
+        }
+        if (data->n + size > INT32_MAX)
+            return DECLINE;
+        if (buf_put(data, text, size) < 0)
+            return -1;
+        int32_t at = (int32_t)data->n;
+        return buf_put(values, &at, sizeof at) < 0 ? -1 : 0;
+    }
+    if (kind == 'd') {
+        double d;
+        if (PyFloat_CheckExact(value))
+            d = PyFloat_AS_DOUBLE(value);
+        else if (PyLong_CheckExact(value)) {  /* pyarrow takes the ints a double holds exactly */
+            int overflow = 0;
+            long long q = PyLong_AsLongLongAndOverflow(value, &overflow);
+            if (overflow || (q == -1 && PyErr_Occurred()) || q > (1LL << 53) || q < -(1LL << 53)) {
+                PyErr_Clear();
+                return DECLINE;
+            }
+            d = (double)q;
+        } else
+            return DECLINE;
+        return buf_put(values, &d, sizeof d) < 0 ? -1 : 0;
+    }
+    if (kind == 'q') {
+        int overflow = 0;
+        if (!PyLong_CheckExact(value))
+            return DECLINE;
+        long long q = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow || (q == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return DECLINE;
+        }
+        int64_t v = (int64_t)q;
+        return buf_put(values, &v, sizeof v) < 0 ? -1 : 0;
+    }
+    if (kind == 'b') {
+        if (!PyBool_Check(value))
+            return DECLINE;
+        if (value == Py_True)
+            bits->v[row >> 3] |= (char)(1 << (row & 7));
+        return 0;
+    }
+    /* 'l': a list of int64s */
+    if (!PyList_CheckExact(value))
+        return DECLINE;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(value); k++) {
+        int rc = column_value(PyList_GET_ITEM(value, k), 'q', data, NULL, NULL, 0);
+        if (rc)
+            return rc == NULL_VALUE ? DECLINE : rc;  /* a null dimension: pyarrow's to say */
+    }
+    if (data->n / (Py_ssize_t)sizeof(int64_t) > INT32_MAX)
+        return DECLINE;
+    int32_t at = (int32_t)(data->n / (Py_ssize_t)sizeof(int64_t));
+    return buf_put(values, &at, sizeof at) < 0 ? -1 : 0;
+}
+
+/* arrow_column(values, kind, index) -> (null count, validity, values buffer, data buffer) or None:
+ * see the header */
+static PyObject *arrow_column(PyObject *self, PyObject *args) {
+    PyObject *list, *index;
+    int kind;
+    if (!PyArg_ParseTuple(args, "O!CO", &PyList_Type, &list, &kind, &index))
+        return NULL;
+    if (!strchr("sdqbl", kind) || kind == 0) {
+        PyErr_SetString(PyExc_ValueError, "kind: one of s, d, q, b, l");
+        return NULL;
+    }
+    Py_buffer view = {0};
+    const int64_t *at = NULL;
+    Py_ssize_t count = PyList_GET_SIZE(list), size = PyList_GET_SIZE(list);
+    if (index != Py_None) {
+        if (PyObject_GetBuffer(index, &view, PyBUF_SIMPLE) < 0)
+            return NULL;
+        at = (const int64_t *)view.buf;
+        count = view.len / (Py_ssize_t)sizeof(int64_t);
+    }
+    Py_ssize_t bitbytes = (count + 7) / 8;
+    Buf values = {0}, data = {0}, bits = {0}, valid = {0};
+    PyObject *out = NULL;
+    Py_ssize_t nulls = 0;
+    int rc = 0;
+    if (!(valid.v = PyMem_Calloc((size_t)(bitbytes + 1), 1))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    valid.cap = bitbytes + 1;
+    valid.n = bitbytes;
+    if (kind == 'b') {
+        if (!(bits.v = PyMem_Calloc((size_t)(bitbytes + 1), 1))) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        bits.cap = bitbytes + 1;
+        bits.n = bitbytes;
+    }
+    if (kind == 's' || kind == 'l') {
+        int32_t zero = 0;
+        if (buf_put(&values, &zero, sizeof zero) < 0)
+            goto done;
+    }
+    for (Py_ssize_t row = 0; row < count; row++) {
+        int64_t from = at ? at[row] : row;
+        if (from >= size) {
+            PyErr_SetString(PyExc_IndexError, "an index beyond the values");
+            goto done;
+        }
+        rc = column_value(from < 0 ? Py_None : PyList_GET_ITEM(list, from), (char)kind, &values, &data, &bits, row);
+        if (rc < 0)
+            goto done;
+        if (rc == DECLINE)
+            break;
+        if (rc == NULL_VALUE)
+            nulls++;
+        else
+            valid.v[row >> 3] |= (char)(1 << (row & 7));
+        rc = 0;
+    }
+    if (rc == DECLINE) {
+        Py_INCREF(Py_None);
+        out = Py_None;
+        goto done;
+    }
+    PyObject *validity = nulls ? buf_bytes(&valid, 0) : (Py_INCREF(Py_None), Py_None);
+    PyObject *first = kind == 'b' ? buf_bytes(&bits, 0) : buf_bytes(&values, 0);
+    PyObject *second = (kind == 's' || kind == 'l') ? buf_bytes(&data, 0) : (Py_INCREF(Py_None), Py_None);
+    if (validity && first && second)
+        out = Py_BuildValue("(nNNN)", nulls, validity, first, second);
+    else {
+        Py_XDECREF(validity);
+        Py_XDECREF(first);
+        Py_XDECREF(second);
+    }
+done:
+    PyMem_Free(values.v);
+    PyMem_Free(data.v);
+    PyMem_Free(bits.v);
+    PyMem_Free(valid.v);
+    if (at)
+        PyBuffer_Release(&view);
+    return out;
+}
+
+/* ------------------------------------------------------------------ the leaf table's rests */
+
+/* whether ``name`` holds ``part`` / ends with ``tail`` (-1 error) */
+static int name_has(PyObject *name, const char *part, int at_end) {
+    PyObject *p = PyUnicode_FromString(part);
+    if (!p)
+        return -1;
+    Py_ssize_t got = at_end ? PyUnicode_Tailmatch(name, p, 0, PY_SSIZE_T_MAX, 1)
+                            : PyUnicode_Find(name, p, 0, PY_SSIZE_T_MAX, 1) >= 0;
+    Py_DECREF(p);
+    return PyErr_Occurred() ? -1 : (int)got;
+}
+
+static PyObject *rests(PyObject *self, PyObject *args) {
+    PyObject *names, *starts, *suffixes, *ios;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyList_Type, &names, &PyList_Type, &starts, &PyList_Type, &suffixes,
+                          &PyList_Type, &ios))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(suffixes);
+    if (PyList_GET_SIZE(starts) != PyList_GET_SIZE(names) + 1 || PyList_GET_SIZE(ios) != count) {
+        PyErr_SetString(PyExc_ValueError, "a start per name and one more, an io per suffix");
+        return NULL;
+    }
+    PyObject *out = PyList_New(count);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(names); r++) {
+        PyObject *name = PyList_GET_ITEM(names, r);
+        Py_ssize_t start = PyLong_AsSsize_t(PyList_GET_ITEM(starts, r)),
+                   stop = PyLong_AsSsize_t(PyList_GET_ITEM(starts, r + 1));
+        if (PyErr_Occurred() || !PyUnicode_Check(name) || start < 0 || stop < start || stop > count)
+            goto decline;
+        int grad = name_has(name, ".parameters_grad", 0), debug = name_has(name, ".debug", 1);
+        if (grad < 0 || debug < 0)
+            goto error;
+        for (Py_ssize_t i = start; i < stop; i++) {
+            PyObject *suffix = PyList_GET_ITEM(suffixes, i), *io = PyList_GET_ITEM(ios, i), *rest;
+            if (!PyUnicode_Check(suffix))
+                goto decline;
+            if (grad || debug) {  /* flat: the suffix (None: the debug record's value is the leaf itself) */
+                int bare = debug && stop - start == 1 && PyUnicode_GET_LENGTH(suffix) == 0;
+                rest = bare ? Py_None : suffix;
+                Py_INCREF(rest);
+            } else {  /* the suffix less its io (None: the leaf is the io's value itself) */
+                if (!PyUnicode_Check(io))
+                    goto decline;
+                int same = PyUnicode_Compare(suffix, io);
+                if (same == -1 && PyErr_Occurred())
+                    goto error;
+                Py_ssize_t cut = PyUnicode_GET_LENGTH(io) + 1;
+                if (same == 0) {
+                    rest = Py_None;
+                    Py_INCREF(rest);
+                } else if (!(rest = PyUnicode_Substring(suffix, cut < PyUnicode_GET_LENGTH(suffix) ? cut
+                                                        : PyUnicode_GET_LENGTH(suffix), PY_SSIZE_T_MAX)))
+                    goto error;
+            }
+            PyList_SET_ITEM(out, i, rest);
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (!PyList_GET_ITEM(out, i))
+            goto decline;  /* a leaf of no record */
+    return out;
+decline:
+    PyErr_Clear();
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"stand_ins", stand_ins, METH_VARARGS, "compare's stand-in records of a leaf table (or None)"},
     {"leaves", leaves, METH_VARARGS, "every record's leaves as record_leaves walks them (or None)"},
@@ -1492,6 +1815,8 @@ static PyMethodDef methods[] = {
     {"has_long_integer", has_long_integer, METH_O, "fastjson._has_long_integer"},
     {"with_stand_ins", with_stand_ins, METH_O, "fastjson._with_stand_ins (without the positions)"},
     {"restore_nonfinite", restore_nonfinite, METH_VARARGS, "the stand-ins put back everywhere: their count, or None"},
+    {"rests", rests, METH_VARARGS, "the leaf table's rests (or None)"},
+    {"arrow_column", arrow_column, METH_VARARGS, "an Arrow column's buffers of a list of values (or None)"},
     {NULL, NULL, 0, NULL},
 };
 

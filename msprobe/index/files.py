@@ -33,7 +33,7 @@ from msprobe.errors import FormatError, MsprobeError, require
 from msprobe.format.documents import DumpDocument, StackDocument
 from msprobe.format.layout import FORMAT_VERSION, INDEX_DIR, join_key, parse_rank_dir
 from msprobe.format.protocols import ReadableStore
-from msprobe.index.rows import rank_rows, rows_to_arrow
+from msprobe.index.rows import rank_table
 
 __all__ = [
     "partition_value",
@@ -153,9 +153,6 @@ def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank
     ``doc_mtime``: what the index covers (see :func:`stale_reason`)."""
     doc = _as_doc(doc)
     data = doc.data
-    cols = rank_rows(data, run=run, step=step, rank=rank, rank_dir=rank_dir, split=split,
-                     stack_ids=_stack_ids(stack), parents=_parents(construct), mapping=mapping, placeholders=True,
-                     locations=locations)
     meta = {
         "index_version": INDEX_VERSION, "format_version": FORMAT_VERSION,
         "task": doc.task, "level": doc.level, "framework": doc.framework, "dialect": dialect,
@@ -163,7 +160,9 @@ def rank_index_table(doc: Any, *, step: Optional[int], rank: Optional[int], rank
         "records": len(data), "doc": doc_name, "doc_size": doc_size,
         "doc_mtime": None if doc_mtime is None else repr(float(doc_mtime)),
     }
-    return rows_to_arrow(cols, {META_PREFIX + key: "" if value is None else value for key, value in meta.items()})
+    return rank_table(data, (run, step, rank, rank_dir, split), stack_ids=_stack_ids(stack),
+                      parents=_parents(construct), mapping=mapping, locations=locations,
+                      metadata={META_PREFIX + key: "" if value is None else value for key, value in meta.items()})
 
 
 def table_bytes(table: Any) -> bytes:

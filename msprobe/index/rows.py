@@ -116,12 +116,42 @@ def rank_rows(data: dict, *, run: Optional[str], step: Optional[int], rank: Opti
     One pass over the records gathers each row's record and tensor entry; the columns are then
     built a column at a time (each a comprehension over the rows), not a row at a time.
     """
-    stack_ids = stack_ids or {}
-    parents = parents or {}
     native = _native_rows(data, names, placeholders)
     if native is not None:
-        return _columns_of(native, data, names is not None, (run, step, rank, rank_dir, split), stack_ids, parents,
-                           mapping or {}, locations)
+        cols = _columns_of(native, data, names is not None, (run, step, rank, rank_dir, split), stack_ids or {},
+                           parents or {}, mapping or {}, locations)
+        return {column: _listed(cols[column]) for column in COLUMNS}
+    return _python_rows(data, (run, step, rank, rank_dir, split), stack_ids or {}, parents or {}, mapping or {},
+                        placeholders, names, locations)
+
+
+def rank_table(data: dict, where: tuple, *, stack_ids: Optional[dict] = None, parents: Optional[dict] = None,
+               mapping: Optional[dict] = None, locations: Optional[dict] = None, metadata: Optional[dict] = None) -> Any:
+    """The index table (pyarrow) of every record of ``data``, a placeholder row for each record
+    without a tensor (:func:`rank_rows` with ``placeholders=True`` through :func:`rows_to_arrow`):
+    from the C walk, each column laid out in C, where it is there. ``where``: (run, step, rank,
+    rank_dir, split)."""
+    native = _native_rows(data, None, True)
+    if native is None:
+        return rows_to_arrow(_python_rows(data, where, stack_ids or {}, parents or {}, mapping or {}, True, None,
+                                          locations), metadata)
+    return rows_to_arrow(_columns_of(native, data, False, where, stack_ids or {}, parents or {}, mapping or {},
+                                     locations), metadata)
+
+
+def _listed(cell: Any) -> list:
+    """A column of :func:`_columns_of` as a list of its rows."""
+    if isinstance(cell, list):
+        return cell
+    from msprobe.index.columns import gathered
+
+    return gathered(*cell)
+
+
+def _python_rows(data: dict, where: tuple, stack_ids: dict, parents: dict, mapping: dict, placeholders: bool,
+                 names: Optional[Iterable[str]], locations: Optional[dict]) -> dict:
+    """:func:`rank_rows` without the C walk."""
+    run, step, rank, rank_dir, split = where
     order = {name: seq for seq, name in enumerate(data)} if names is not None else None
     items = ((name, data[name]) for name in names) if names is not None else iter(data.items())
     records: list = []  # (seq, name, kind, api_type, api_name, call_index, direction, stack_id, parent)
@@ -186,16 +216,20 @@ def _native_rows(data: Any, names: Optional[Iterable[str]], placeholders: bool) 
 
 def _columns_of(native: tuple, data: dict, named: bool, where: tuple, stack_ids: dict, parents: dict, mapping: dict,
                 locations: Optional[dict]) -> dict:
-    """:func:`rank_rows`' columns from the C walk's rows (:func:`_native_rows`)."""
+    """:func:`rank_rows`' columns from the C walk's rows (:func:`_native_rows`): each a list of the
+    rows, or (values, index): the rows' values picked by the int64 bytes ``index`` (the columns
+    of a record, one value per record; the columns of the rank, one value)."""
     import numpy as np
 
     walked, got = native
-    row_record = np.frombuffer(got[0], dtype=np.int64).tolist()
-    count = len(row_record)
-    cols: dict = {column: [value] * count for column, value in zip(("run", "step", "rank", "rank_dir", "split"), where)}
+    row_record = got[0]
+    rows = np.frombuffer(row_record, dtype=np.int64)
+    count = len(rows)
+    same = np.zeros(count, dtype=np.int64).tobytes()
+    cols: dict = {column: ([value], same) for column, value in zip(("run", "step", "rank", "rank_dir", "split"), where)}
     order = {name: seq for seq, name in enumerate(data)} if named else None
-    per_record: dict = {}
-    for position in dict.fromkeys(row_record):  # each record with rows, once
+    per_record: list = [(None,) * 9] * len(walked)
+    for position in np.unique(rows).tolist():  # each record with rows, once
         name = walked[position]
         kind, api_type, api_name, call_index, direction = record_fields(name)
         sid = stack_ids.get(name)
@@ -204,13 +238,17 @@ def _columns_of(native: tuple, data: dict, named: bool, where: tuple, stack_ids:
         par = parents.get(name)
         per_record[position] = (order[name] if order is not None else position, name, kind, api_type, api_name,
                                 call_index, direction, sid, par if isinstance(par, str) else None)
-    by_column = zip(*map(per_record.__getitem__, row_record)) if count else [()] * 9  # the rows' records, transposed
-    cols.update(zip(("seq", "record", "kind", "api_type", "api_name", "call_index", "direction", "stack_id", "parent"),
-                    map(list, by_column)))
+    by_column = zip(*per_record) if walked else [()] * 9  # the records' values, transposed
+    cols.update((column, (list(values), row_record)) for column, values in
+                zip(("seq", "record", "kind", "api_type", "api_name", "call_index", "direction", "stack_id", "parent"),
+                    by_column))
     cols["io"], cols["arg_path"] = got[1], got[2]
     cols.update(zip(_NATIVE_COLUMNS, got[3:]))
-    _file_columns(cols, None, mapping, locations)
-    return {column: cols[column] for column in COLUMNS}
+    if not any(cols["data_name"]):
+        cols["location"] = ([None], same)
+    else:
+        _file_columns(cols, None, mapping, locations)
+    return cols
 
 
 def _tensor_columns(sides: list, paths: list, tensors: list, mapping: dict, locations: Optional[dict]) -> dict:
@@ -291,9 +329,16 @@ def arrow_schema() -> Any:
 
 
 def rows_to_arrow(cols: dict, metadata: Optional[dict] = None) -> Any:
+    """The index table of :func:`rank_rows`' columns (each a list of the rows, or (values,
+    index) as :func:`_columns_of` gives them), each column laid out by
+    :func:`msprobe.index.columns.column`."""
     import pyarrow as pa
+
+    from msprobe.index.columns import column
 
     schema = arrow_schema()
     if metadata:
         schema = schema.with_metadata({str(key): str(value) for key, value in metadata.items()})
-    return pa.Table.from_pydict({column: cols[column] for column in COLUMNS}, schema=schema)
+    arrays = [column(cell, field.type) if isinstance(cell, list) else column(cell[0], field.type, cell[1])
+              for field, cell in ((field, cols[field.name]) for field in schema)]
+    return pa.Table.from_arrays(arrays, schema=schema)

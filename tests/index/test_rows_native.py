@@ -13,7 +13,7 @@ import pytest
 
 from msprobe.errors import DocumentError
 from msprobe.format.native import leafwalk
-from msprobe.index import rows
+from msprobe.index import columns, rows
 from tests._dump_docs import fixture_data
 
 
@@ -97,3 +97,75 @@ def test_past_the_depth_limit_the_python_code_refuses(walker):
     assert rows._native_rows(data, None, True) is None
     with pytest.raises(DocumentError):
         rows.rank_rows(data, run=None, step=0, rank=0, rank_dir="rank0")
+
+
+def _cells(table) -> str:
+    """A table's rows as text (NaN equal to NaN), its schema beside them."""
+    return repr((table.schema, table.to_pylist()))
+
+
+def test_index_table_laid_out_in_c_equals_pyarrows_conversion(walker, monkeypatch):
+    """:func:`rows.rank_table` (each column's buffers from the C ``arrow_column``) gives the table
+    pyarrow converts from the Python code's lists, schema and metadata included."""
+    import pyarrow as pa
+
+    documents = [("crafted", CRAFTED)] + list(fixture_data())
+    for path, data in documents:
+        kw = {"stack_ids": {"Functional.linear.0.forward": "s1"}, "parents": {"save.debug": "Module.x"},
+              "mapping": {"w.pt": "w_0.pt"}} if path == "crafted" else {}
+        where = ("r", 3, 1, "rank1", "s")
+        native = rows.rank_table(data, where, metadata={"k": "v"}, **kw)
+        with monkeypatch.context() as patch:
+            patch.setattr(rows, "leafwalk", lambda: None)
+            patch.setattr(columns, "leafwalk", lambda: None)
+            python = rows.rank_rows(data, run="r", step=3, rank=1, rank_dir="rank1", split="s", placeholders=True,
+                                    **kw)
+        expected = pa.Table.from_pydict(python, schema=rows.arrow_schema().with_metadata({"k": "v"}))
+        assert _cells(native) == _cells(expected), path
+        assert native.schema.metadata == expected.schema.metadata
+
+
+@pytest.mark.parametrize("arrow_type, values", [
+    ("string", ["a", None, "", "ünï", "x" * 300, None]),
+    ("float64", [1.5, None, float("nan"), float("-inf"), 3, -(2 ** 53), 0.0]),
+    ("int64", [0, None, -1, 2 ** 63 - 1, -(2 ** 63)]),
+    ("bool", [True, None, False, True, True, False, False, False, True, None]),
+    ("shape", [[2, 3], None, [], [2 ** 40, 1], [0]]),
+])
+def test_arrow_column_equals_pyarrows_conversion(walker, arrow_type, values):
+    """The C layout of a column, with and without a row index (nulls where it is -1), is the array
+    pyarrow converts; empty columns too."""
+    import numpy as np
+    import pyarrow as pa
+
+    kind = pa.list_(pa.int64()) if arrow_type == "shape" else pa.type_for_alias(arrow_type)
+    assert walker.arrow_column(values, columns._kind(pa, kind), None) is not None
+    for index in (None, np.array([len(values) - 1, -1, 0, 0, 2, -1, 1], np.int64), np.zeros(0, np.int64)):
+        raw = None if index is None else index.tobytes()
+        got = columns.column(values, kind, raw)
+        want = columns.column(values, kind, raw, native=False)
+        got.validate(full=True)
+        assert got.type == want.type and repr(got.to_pylist()) == repr(want.to_pylist()), index
+        assert got.null_count == want.null_count
+    assert columns.column([], kind).to_pylist() == []
+
+
+@pytest.mark.parametrize("arrow_type, values", [
+    ("string", ["a", 1]), ("float64", [1.0, "1"]), ("float64", [True]), ("float64", [10 ** 400]), ("float64", [2 ** 53 + 1]),
+    ("int64", [1, 2 ** 63]), ("int64", [1.0]), ("bool", [1]), ("shape", [[1, None]]), ("shape", [(1, 2)]),
+    ("string", ["\ud800"]),
+])
+def test_arrow_column_declines_to_pyarrow(walker, arrow_type, values):
+    """A value the C layout does not take: None from it, and the column is pyarrow's (the same
+    array, or the same error)."""
+    import pyarrow as pa
+
+    kind = pa.list_(pa.int64()) if arrow_type == "shape" else pa.type_for_alias(arrow_type)
+    assert walker.arrow_column(values, columns._kind(pa, kind), None) is None
+    try:
+        want = repr(pa.array(values, kind).to_pylist())
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        with pytest.raises(type(exc)):
+            columns.column(values, kind)
+        return
+    assert repr(columns.column(values, kind).to_pylist()) == want
