@@ -12,7 +12,8 @@ layer, 2 on each of 2 ranks that are also the data-parallel replicas, tokens dis
 combined with all_to_all_single, against the single card holding all 4 on the whole batch; its
 faults on each expert-parallel rank in turn, in that rank's last local expert of layer 1; ep4: 4
 ranks, one expert each; ep_dp: dp=4 with ep=2, two expert-parallel groups holding the same experts,
-the faults on the last group's ranks), context parallel (cp: TP2xCP2xPP2; cp2: CP2 alone; dp_cp:
+the faults on the last group's ranks; ep_pp: ep=2 on each of 2 pipeline stages, 4 ranks, the faults
+in the last stage's first layer), context parallel (cp: TP2xCP2xPP2; cp2: CP2 alone; dp_cp:
 DP2xCP2, two cp groups of 2 ranks each on half of the batch, Megatron's rank order tp-cp-dp-pp;
 dp_cp_tp: DP2xCP2xTP2 on 8 ranks;
 against a single card with a causal self-attention in each layer, single4a), each against the single-card run (the same
@@ -40,7 +41,7 @@ names: ``suspect_ranks`` when there are, else ``ranks``, from the answer or the 
 ``layout`` section; a merged answer naming no rank is a miss). On a healthy pair any answer is a
 false answer. A case that raises is scored ``error`` (a miss).
 
-    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep,ep4,ep_dp,cp,cp2,dp_cp,dp_cp_tp] [--table]
+    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep,ep4,ep_dp,ep_pp,cp,cp2,dp_cp,dp_cp_tp] [--table]
 
 Dumps and sidecars are kept under ``--out`` and reused; scores go to ``--out/scores.json``.
 """
@@ -80,6 +81,7 @@ RUNS: dict = {
     "ep2": {"dp": 2, "ep": 2, "experts": 4},  # 2 experts a rank, each rank its half of the batch
     "ep4": {"dp": 4, "ep": 4, "experts": 4},  # 1 expert a rank, each rank a quarter of the batch
     "dp4ep2": {"dp": 4, "ep": 2, "experts": 4},  # 2 groups of ep=2 (expert data parallel 2), a quarter each
+    "ep2pp2": {"dp": 2, "ep": 2, "pp": 2, "experts": 4},  # expert parallel 2 on each of 2 pipeline stages
     "single4a": {"seq": 4, "attn": True},  # with a causal self-attention in each layer
     "tp2cp2pp2": {"tp": 2, "cp": 2, "pp": 2, "seq": 4, "attn": True},  # context parallel (TE's all-gather CP)
     "cp2": {"cp": 2, "seq": 4, "attn": True},  # context parallel alone (the tests' small version)
@@ -99,6 +101,7 @@ GROUPS: dict = {
     "ep": ("ep2", "moe", "ep=2", None),
     "ep4": ("ep4", "moe", "ep=4", None),
     "ep_dp": ("dp4ep2", "moe", "ep=2,dp=2", None),
+    "ep_pp": ("ep2pp2", "moe", "tp=1,pp=2,ep=2", None),
     "cp": ("tp2cp2pp2", "single4a", "tp=2,pp=2,cp=2", None),
     "cp2": ("cp2", "single4a", "tp=1,pp=1,cp=2", None),
     "dp_cp": ("dp2cp2", "single4a", "tp=1,pp=1,cp=2,dp=2", None),
@@ -129,12 +132,15 @@ def fault_of(run: str, kind: str, stage: int) -> dict:
     """The fault of ``kind`` on pipeline stage ``stage`` of ``run`` (an expert-parallel run: on
     expert-parallel rank ``stage``, in its last local expert): its rank and layer."""
     spec = RUNS[run]
-    if spec.get("ep", 1) > 1:  # (on the last expert-parallel group of the data-parallel ranks)
-        local = spec["experts"] // spec["ep"]
-        return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": spec["dp"] - spec["ep"] + stage,
-                "fault_layer": EP_FAULT_LAYER, "fault_mb": 0, "fault_expert": stage * local + local - 1}
     sizes = {"tp": spec.get("tp", 1), "cp": spec.get("cp", 1), "pp": spec.get("pp", 1), "dp": spec.get("dp", 1)}
     order = ml.parse_order(spec.get("order", "tp-dp-pp"))
+    if spec.get("ep", 1) > 1:  # (on the last expert-parallel group of the data-parallel ranks; with a pipeline,
+        # in the last stage's first layer; the last tensor-parallel rank)
+        local, last = spec["experts"] // spec["ep"], sizes["pp"] - 1
+        rank = ml.rank_of({"tp": sizes["tp"] - 1, "dp": spec["dp"] - spec["ep"] + stage, "pp": last}, sizes, order)
+        layer = ml.chunk_layers(last, 0, sizes["pp"], 1)[0] if last else EP_FAULT_LAYER
+        return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": rank, "fault_layer": layer, "fault_mb": 0,
+                "fault_expert": stage * local + local - 1}
     return {"fault": kind, "fault_step": FAULT_STEP, "fault_rank": ml.fault_rank(sizes, order, stage),
             "fault_layer": ml.chunk_layers(stage, 0, sizes["pp"], spec.get("vpp", 1))[0], "fault_mb": 0}
 

@@ -28,12 +28,13 @@ rank). Megatron's habits:
 
 MoE (``--experts E``, expert parallel ``--ep``): every layer's MLP is Megatron's MoE layer
 (:func:`_moe_layer`: router, all-to-all token dispatcher, ``mlp.experts.local_experts.<i>``), the
-expert-parallel groups being ep consecutive data-parallel ranks (dp divisible by ep, tp = pp = 1;
-ep rank = dp rank mod ep): each rank holds E/ep experts (global expert ``ep_rank * E/ep + i``) and
+expert-parallel groups being ep consecutive data-parallel ranks of a pipeline stage (dp divisible
+by ep, tp = 1; ep rank = dp rank mod ep): each rank holds E/ep experts (global expert ``ep_rank * E/ep + i``) and
 its share of the batch; an expert's gradient is all_reduced over its expert data-parallel group
 (the dp/ep ranks holding the same experts; one rank when ep == dp), never over the expert-parallel
 one; the clip adds the
-experts' squared norms all_reduced over the expert-parallel group; the optimizer steps the dense
+experts' squared norms all_reduced over the experts' model-parallel group (the expert-parallel ranks
+of every stage: Megatron's tp-ep-pp); the optimizer steps the dense
 parameters, then the experts' (Megatron's chained optimizer). Its faults (``--fault-expert`` G, a
 global expert the fault's rank holds) are in that expert: its ``masked_fill`` (site
 ``L<layer>.E<G>.mb<m>.mask``) or its fc1 weight (``L<layer>.E<G>.mb0.fc1``).
@@ -169,6 +170,7 @@ class _State:
         self.order = parse_order(args.order)
         self.coords = coords_of(rank, self.sizes, self.order)
         self.tp_group = self.dp_group = self.mp_group = self.ep_group = self.expert_dp_group = self.cp_group = None
+        self.expert_mp_group = None
         self.step = 0
         self.counts: dict = {}
         self.sites: dict = {}
@@ -861,6 +863,9 @@ def _groups(state: _State) -> None:
                     group = dist.new_group(sorted(members))  # (one rank each when ep == dp: Megatron's buffers)
                     if state.rank in members:
                         state.expert_dp_group = group
+        for block in range(blocks):  # the experts' model-parallel group (Megatron's tp-ep-pp): the clip's norm
+            make("expert_mp_group", [rank_of({"tp": t, "cp": 0, "dp": block * ep + e, "pp": p}, s, o)
+                                     for t in range(s["tp"]) for e in range(ep) for p in range(s["pp"])])
 
 def _batch(step: int) -> tuple:
     """The global batch of ``step``: inputs [micro-batches, batch, seq, H], targets [.., OUT]."""
@@ -887,12 +892,13 @@ def clip_grad_norm_(params: list, max_norm: float, state: _State) -> float:
     if state.mp_group is not None:
         dist.all_reduce(total, group=state.mp_group)
     experts = [p.grad for p in params if p.grad is not None and not getattr(p, "allreduce", True)]
-    if experts:  # Megatron's chained optimizer: the experts' norm over the expert-parallel group, added
+    if experts:  # Megatron's chained optimizer: the experts' norm over their model-parallel group (the
+        # expert-parallel ranks and the pipeline stages: tp-ep-pp), added
         part = torch.zeros(1)
         for grad in experts:
             part = part + torch.norm(grad, 2) ** 2
-        if state.ep_group is not None:
-            dist.all_reduce(part, group=state.ep_group)
+        if state.expert_mp_group is not None:
+            dist.all_reduce(part, group=state.expert_mp_group)
         total = total + part
     norm = total.item() ** 0.5
     coef = max_norm / (norm + 1.0e-6)
@@ -917,9 +923,9 @@ def train(args: Any) -> dict:
         raise SystemExit("the layout does not divide the model")
     if args.vpp > 1 and args.pp == 1:
         raise SystemExit("virtual pipeline stages need pp > 1")
-    if args.experts and (args.experts % args.ep or args.dp % args.ep or args.tp != 1 or args.pp != 1):
-        raise SystemExit("experts: expert parallel within the data-parallel ranks (dp divisible by ep, tp = pp = 1), "
-                         "experts divisible by ep")
+    if args.experts and (args.experts % args.ep or args.dp % args.ep or args.tp != 1 or args.vpp != 1):
+        raise SystemExit("experts: expert parallel within the data-parallel ranks (dp divisible by ep, tp = 1, "
+                         "vpp = 1), experts divisible by ep")
     if args.ep > 1 and not args.experts:
         raise SystemExit("--ep needs --experts")
     import torch

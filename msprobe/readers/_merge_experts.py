@@ -38,6 +38,7 @@ from msprobe.readers._merge_leaf import (
     _is_backward,
     _last_backward,
     _leaves,
+    _same,
     _signature,
 )
 
@@ -247,6 +248,42 @@ def _order(datas: list, experts: list) -> list:
     return out
 
 
+def _chained_tail(data: dict, experts: dict, report: dict) -> dict:
+    """``data`` with its tail (the records after its last backward record) in the order of one card
+    running Megatron's chained optimizer: each pipeline stage's tail alternates blocks of records of
+    no expert (the dense parameters' pass: unscale, norms, clip, update) and blocks of expert records
+    (the same pass over the experts); the card runs each block over every stage's parameters before
+    the next, so block k of every stage, in stage order, comes before block k + 1 (as it was where the
+    stages' tails do not alternate alike)."""
+    names = list(data)
+    last = _last_backward(names)
+    per_stage: dict = {}
+    seen: dict = {}  # API -> [the tensors of an earlier stage's tail record of it]
+    for name in names[last + 1:]:
+        stages = report["records"].get(name, {}).get("stages") or [0]
+        api = _API.match(name)
+        leaves = [leaf for _, leaf in _leaves(data[name])]
+        known = bool(leaves) and all(leaf.get(stat) is not None for leaf in leaves for stat in STAT_KEYS)
+        if api and name not in experts and known and any(
+                len(other) == len(leaves) and all(_same(a, b) for a, b in zip(leaves, other))
+                for stage, other in seen.get(api.group("head"), []) if stage < min(stages)):
+            continue  # every stage computing the same value of the groups' sums (the chained clip's total norm)
+        if api:
+            seen.setdefault(api.group("head"), []).append((min(stages), leaves))
+        blocks = per_stage.setdefault(min(stages), [])
+        kind = name in experts
+        if not blocks or blocks[-1][0] != kind:
+            blocks.append((kind, []))
+        blocks[-1][1].append(name)
+    shapes = {tuple(kind for kind, _ in blocks) for blocks in per_stage.values()}
+    if len(per_stage) < 2 or len(shapes) != 1:
+        return {name: data[name] for name in names[:last + 1] + [n for blocks in per_stage.values()
+                                                                   for _, block in blocks for n in block]} \
+            if len(per_stage) < 2 else data
+    tail = [name for k in range(len(shapes.pop())) for stage in sorted(per_stage) for name in per_stage[stage][k][1]]
+    return {name: data[name] for name in names[:last + 1] + tail}
+
+
 def _renames(order: list, experts: list, local: int) -> dict:
     """{(replica or None, name): logical name}: experts' modules under their global index, API call
     counts renumbered in ``order`` (a backward record takes its forward call's number)."""
@@ -270,44 +307,64 @@ def _renames(order: list, experts: list, local: int) -> dict:
     return out
 
 
+def _merged_layers(inside: dict, merged: dict) -> dict:
+    """{a stage's layer path: the merged model's} (a later pipeline stage's ``layers.0`` is the
+    model's ``layers.2``), read from the experts' module records."""
+    out: dict = {}
+    for name in inside:
+        own, logical = _expert_of_name(name), _expert_of_name(merged[name])
+        if own is not None and logical is not None:
+            out[own[0]] = logical[0]
+    return out
+
+
 def _expert_maps(models: list, raws: list, ranks: list) -> tuple:
-    """(experts: per rank {merged name: (segment, local expert)}, tails: per rank {merged name: the
-    rank's name} of the records after the experts, containers: the experts' container records)."""
+    """(experts: per model {merged name: (segment, local expert)}, tails: per model {merged name:
+    (stage, the stage's name)} of the records after the experts, containers: the experts'
+    container records); ``raws``, ``ranks``: per model, per pipeline stage, its first rank's
+    records and its ranks."""
     experts: list = []
     tails: list = []
     containers: set = set()
-    for (_, _, _, report), raw in zip(models, raws):
-        # the rank's names -> its merged model's (the merge leaves out what the layout does, renumbering the rest)
-        merged = {entry["names"]["0"]: name for name, entry in report["records"].items()
-                  if "0" in entry.get("names", {})}
-        segments, closers = _segments(raw)
-        inside = {name: found for name, found in segments.items() if found is not None and name in merged}
-        if not containers:
-            containers = {merged[name] for name in closers if name in merged}
-        after = {name: found for name, found in _tail(raw, inside, tuple(ranks)).items() if name in merged}
-        found_all = {merged[name]: found for name, found in list(inside.items()) + list(after.items())}
+    for replica, ((_, _, _, report), stage_raws) in enumerate(zip(models, raws)):
+        found_all: dict = {}
+        tail: dict = {}
+        for stage, raw in enumerate(stage_raws):
+            # the stage's names -> its merged model's (the merge leaves out what the layout does, renumbering the rest)
+            merged = {entry["names"][str(stage)]: name for name, entry in report["records"].items()
+                      if str(stage) in entry.get("names", {})}
+            segments, closers = _segments(raw)
+            inside = {name: found for name, found in segments.items() if found is not None and name in merged}
+            if replica == 0:
+                containers |= {merged[name] for name in closers if name in merged}
+            group = tuple(rank for other in ranks for rank in other[stage])  # the stage's expert-parallel ranks
+            after = {name: found for name, found in _tail(raw, inside, group).items() if name in merged}
+            layers = _merged_layers(inside, merged)
+            found_all.update({merged[name]: (layers.get(found[0], found[0]), found[1])
+                              for name, found in list(inside.items()) + list(after.items())})
+            tail.update({merged[name]: (stage, name) for name in after})
         experts.append(found_all)
-        tails.append({merged[name]: name for name in after})
+        tails.append(tail)
     return experts, tails, containers
 
 
-def _stripped(models: list, experts: list, shared: dict) -> list:
-    """Each rank's merged model without its experts' records, its shared records under their logical names."""
+def _stripped(models: list, datas: list, experts: list, shared: dict) -> list:
+    """Each rank's merged model (its records ``datas``) without its experts' records, its shared
+    records under their logical names."""
     out = []
-    for replica, (held, parents, frames, report) in enumerate(models):
+    for replica, ((_, parents, frames, report), held) in enumerate(zip(models, datas)):
         kept = {shared.get(name, name): record for name, record in held.items() if name not in experts[replica]}
         records = {shared.get(name, name): entry for name, entry in report["records"].items()
-                   if name not in experts[replica]}
+                   if name not in experts[replica] and name in held}
         findings = [dict(f, record=shared.get(f["record"], f["record"])) for f in report["findings"]
-                    if f["record"] not in experts[replica]]
+                    if f["record"] not in experts[replica] and f["record"] in held]
         out.append((kept, {shared.get(k, k): shared.get(v, v) if v else v for k, v in parents.items()},
                     {shared.get(k, k): v for k, v in frames.items()},
                     dict(report, records=records, findings=findings)))
     return out
 
 
-def _join_containers(joined: dict, report: dict, models: list, containers: set, shared: dict, ranks: list,
-                     tensors: Any) -> None:
+def _join_containers(joined: dict, report: dict, models: list, containers: set, shared: dict, tensors: Any) -> None:
     """The experts' container records: each rank's tokens of its own experts, in expert order."""
     size = float(len(models))
     for name in containers:
@@ -316,9 +373,10 @@ def _join_containers(joined: dict, report: dict, models: list, containers: set, 
         if logical not in joined or any(node is None for node in nodes):
             continue
         joined[logical] = _concat(nodes, size if _is_backward(name) else 1.0, tensors)
+        held = sorted({rank for model in models for rank in model[3]["records"].get(name, {}).get("ranks", [])})
         entry = report["records"].setdefault(logical, {"stages": [0], "leaf_suspects": {}, "suspects": []})
-        entry.update(ranks=list(ranks), leaves={path: "expert parallel: the ranks' tokens joined"
-                                               for path, _ in _leaves(joined[logical])})
+        entry.update(ranks=held, leaves={path: "expert parallel: the ranks' tokens joined"
+                                         for path, _ in _leaves(joined[logical])})
         report["findings"] = [f for f in report["findings"] if f["record"] != logical]
 
 
@@ -327,7 +385,8 @@ def _expert_record(models: list, raws: list, tails: list, partials: list, replic
     """One expert's record as its rank holds it (a backward tensor divided by ep)."""
     record = models[replica][0][name]
     if name in tails[replica]:  # its rank's own values: a partial norm is no all_reduce's result here
-        record = _nulled(raws[replica].get(tails[replica][name], record), partials[replica])
+        stage, own = tails[replica][name]
+        record = _nulled(raws[replica][stage].get(own, record), partials[replica][stage])
     # a backward tensor of the rank's loss over its share; a parameter's gradient is already its
     # averaged all_reduce's result (the merge of each rank's model takes it)
     if _is_backward(name) and not name.endswith("parameters_grad"):
@@ -337,25 +396,26 @@ def _expert_record(models: list, raws: list, tails: list, partials: list, replic
 
 def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors: Any = None) -> tuple:
     """The logical model of an expert-parallel group: ``models`` [(data, parents, frames, report)]
-    of each rank's merged model (one rank each, in expert-parallel order), ``raws`` their ranks'
-    records (communication included), ``ranks`` their ranks; ``join(models, rename)`` joins the
+    of each expert-parallel rank's merged model (its pipeline stages, in expert-parallel order),
+    ``raws`` per model the records of each stage's rank (communication included), ``ranks`` per model
+    each stage's ranks; ``join(models, rename)`` joins the
     shared records of the renamed models as data-parallel replicas (``rename(name)``: a shared
     record's logical name, for the other side's records); ``tensors``: the step's tensor recipes (a
     tensor dump: an expert's backward tensors divided as their statistics are), else None. Returns
     (data, parents, frames, report)."""
     experts, tails, containers = _expert_maps(models, raws, ranks)
-    partials = [_feeding_reduce(raw) for raw in raws]
+    partials = [[_feeding_reduce(raw) for raw in stage_raws] for stage_raws in raws]
     counts = {len({i for _, i in found.values()}) for found in experts}
     if len(counts) != 1 or not experts[0]:
         raise ConfigError("expert parallel: the ranks of the expert-parallel group hold no local_experts records "
                           "between their all_to_all calls, or not as many each")
     local = counts.pop()
-    datas = [model[0] for model in models]
+    datas = [_chained_tail(model[0], found, model[3]) for model, found in zip(models, experts)]
     order = _order(datas, experts)
     renames = _renames(order, experts, local)
     shared = {name: logical for (replica, name), logical in renames.items() if replica is None}
-    joined, parents, frames, report = join(_stripped(models, experts, shared))
-    _join_containers(joined, report, models, containers, shared, ranks, tensors)
+    joined, parents, frames, report = join(_stripped(models, datas, experts, shared))
+    _join_containers(joined, report, models, containers, shared, tensors)
     data: dict = {}
     for replica, name in order:
         logical = renames[(replica, name)]
@@ -364,10 +424,12 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors:
                 data[logical] = joined.pop(logical)
             continue
         record = data[logical] = _expert_record(models, raws, tails, partials, replica, name, tensors)
-        rank = ranks[replica]
-        suspects = {path: [rank] for path, leaf in _leaves(record) if _anomalous(leaf)}
-        report["records"][logical] = {"stages": [0], "ranks": [rank], "leaves": {}, "names": {"0": name},
-                                      "leaf_suspects": suspects, "suspects": [rank] if suspects else []}
+        entry = models[replica][3]["records"].get(name) or {}
+        held = entry.get("ranks") or ranks[replica][0]  # the ranks of its stage holding it
+        suspects = {path: list(held) for path, leaf in _leaves(record) if _anomalous(leaf)}
+        report["records"][logical] = {"stages": entry.get("stages", [0]), "ranks": list(held), "leaves": {},
+                                      "names": {"0": name}, "leaf_suspects": suspects,
+                                      "suspects": sorted(held) if suspects else []}
         parent = models[replica][1].get(name)
         if parent is not None or name in models[replica][1]:
             parents[logical] = renames.get((replica, parent), shared.get(parent, parent)) if parent else None
@@ -375,7 +437,7 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors:
         if found is not None:
             frames[logical] = found
     data.update(joined)  # shared records of some replicas alone: after the rest
-    report["experts"] = {"local": local, "ranks": list(ranks)}
+    report["experts"] = {"local": local, "ranks": sorted(rank for model in ranks for stage in model for rank in stage)}
     return data, parents, frames, report
 
 

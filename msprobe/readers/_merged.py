@@ -455,51 +455,57 @@ def _holds_a_piece(sources: list, other_shapes: Optional[dict], degrees: tuple) 
     return False
 
 
-def _experts_merged(replicas: list, ep: int, text: str, warnings: list, reference: Optional[dict],
-                    other_shapes: Optional[dict], tensors: Optional[TensorRecipes]) -> "MergedSource":
-    """The logical model of expert-parallel groups (spec/FORMAT.md 26.8): each group's ranks merged
-    by :func:`~msprobe.readers._merge_experts.join_experts` (its shared records joined as
-    data-parallel replicas), then the groups joined as data-parallel replicas (the expert
-    data-parallel ranks: the same experts on other shares of the batch). Each rank is its own model
-    (tensor and pipeline parallel inside an expert-parallel group are not merged yet: ConfigError).
-    A group is the ranks of one all_to_all group, in its order (the layout's (dp, cp) index where the
-    ranks call none)."""
-    if len(replicas) % ep or any(len(stages) != 1 or len(stages[0]) != 1 for _, stages in replicas):
-        raise ConfigError(f"layout {text}: expert parallel is merged where every rank is one expert-parallel rank "
-                          f"(tp = pp = 1, dp a multiple of ep); this layout has {len(replicas)} models of "
+def _expert_blocks(replicas: list, heads: list, ep: int, text: str) -> list:
+    """[[index of each model of an expert-parallel group, in rank order]] in rank order: the models
+    whose first rank calls its first all_to_all over the same ranks (else of one (dp, cp) index)."""
+    if len(replicas) % ep or any(len(stage) != 1 for _, stages in replicas for stage in stages):
+        raise ConfigError(f"layout {text}: expert parallel is merged where every stage is one rank (tp = 1, dp a "
+                          f"multiple of ep); this layout has {len(replicas)} models of "
                           f"{[[len(stage) for stage in stages] for _, stages in replicas]} ranks")
-    sources = [stages[0][0] for _, stages in replicas]
     groups: dict = {}
-    for (key, _), source in zip(replicas, sources):
-        group = expert_groups(_records_of(source)) or tuple(key[:2])
-        groups.setdefault(group, []).append(source)
+    for index, ((key, _), head) in enumerate(zip(replicas, heads)):
+        groups.setdefault(expert_groups(_records_of(head)) or tuple(key[:2]), []).append(index)
     if any(len(members) != ep for members in groups.values()):
         raise ConfigError(f"layout {text}: the ranks' all_to_all groups {sorted(groups)} are not groups of ep={ep} ranks")
-    blocks = [sorted(members, key=lambda source: source.rank) for _, members in
-              sorted(groups.items(), key=lambda item: min(source.rank for source in item[1]))]
+    return [sorted(members, key=lambda i: heads[i].rank) for _, members in
+            sorted(groups.items(), key=lambda item: min(heads[i].rank for i in item[1]))]
 
-    per_rank, per_block = _shrunk_shapes(other_shapes, (len(sources),)), _shrunk_shapes(other_shapes, (len(blocks),))
+
+def _experts_merged(replicas: list, ep: int, text: str, warnings: list, reference: Optional[dict],
+                    other_shapes: Optional[dict], tensors: Optional[TensorRecipes]) -> "MergedSource":
+    """The logical model of expert-parallel groups (spec/FORMAT.md 26.8): each expert-parallel rank's
+    model (its pipeline stages merged by :func:`merge_model`) joined with the others of its group by
+    :func:`~msprobe.readers._merge_experts.join_experts` (its shared records as data-parallel
+    replicas), then the groups joined as data-parallel replicas (the expert data-parallel ranks: the
+    same experts on other shares of the batch). Tensor parallel inside an expert-parallel group is
+    not merged yet (ConfigError). A group is the models whose first rank calls its first all_to_all
+    over the same ranks, in rank order (the layout's (dp, cp) index where the ranks call none)."""
+    heads = [stages[0][0] for _, stages in replicas]
+    blocks = _expert_blocks(replicas, heads, ep, text)
+    per_rank, per_block = _shrunk_shapes(other_shapes, (len(heads),)), _shrunk_shapes(other_shapes, (len(blocks),))
     merged = []
     for block in blocks:
-        each = [merge_model([[source]], reference, per_rank, [[[other]] for other in block if other is not source],
-                            (1.0, float(len(sources))), tensors) for source in block]
+        each = [merge_model(replicas[i][1], reference, per_rank, [replicas[j][1] for j in block if j != i],
+                            (1.0, float(len(heads))), tensors) for i in block]
 
         def join(models: list) -> tuple:
             return join_replicas(models, reference or {}, per_block, tensors)
 
-        merged.append(join_experts(each, [_rank_records(source) for source in block],
-                                   [source.rank for source in block], join, tensors))
+        merged.append(join_experts(each, [[_rank_records(stage[0]) for stage in replicas[i][1]] for i in block],
+                                   [[[source.rank for source in stage] for stage in replicas[i][1]] for i in block],
+                                   join, tensors))
     if len(merged) == 1:
         data, parents, frames, report = merged[0]
     else:  # the expert data-parallel replicas: the groups on their shares of the batch
         data, parents, frames, report = join_replicas(merged, reference or {}, other_shapes or {}, tensors)
         report["experts"] = merged[0][3]["experts"]
-    first = sources[0]
+    first = heads[0]
     raw = dict(first.document().raw)
     raw["data"] = data
     report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas], "warnings": warnings,
-                   "stages": [[source.rank for source in block] for block in blocks],
-                   "replicas": [[[source.rank]] for source in sources]})
+                   "stages": [[source.rank for i in block for source in replicas[i][1][stage]]
+                              for block in blocks for stage in range(len(replicas[block[0]][1]))],
+                   "replicas": [[[source.rank for source in stage] for stage in stages] for _, stages in replicas]})
     return MergedSource(first.step, None, "merged", first.url, DumpDocument(raw), parents, frames, report, tensors)
 
 

@@ -713,7 +713,7 @@ def test_expert_parallel_without_ep_in_the_layout_is_warned_and_other_splits_ref
     (merged,) = merge_dump_step(ranks, parse_layout("dp=2"), single, shapes_of(single))
     assert any("give ep=2" in warning for warning in merged.report["warnings"])
     four = [_Rank(r, _ep_records([2 * (r // 2), 2 * (r // 2) + 1], tokens[r // 2], (3, 1.0)), {}) for r in range(4)]
-    with pytest.raises(ConfigError, match="expert parallel is merged where every rank is one expert-parallel rank"):
+    with pytest.raises(ConfigError, match="expert parallel is merged where every stage is one rank"):
         merge_dump_step(four, parse_layout("tp=2,ep=2"), single, shapes_of(single))
 
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.xdist_group("megatron_layouts")
 CASES = [("tp2pp2", "healthy"), ("tp2pp2", "nan_s1"), ("tp2pp2", "scale_s1"), ("dp", "healthy"), ("dp", "nan_s1"),
          ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1"), ("sp", "healthy"), ("sp", "nan_s1"),
          ("ep", "healthy"), ("ep", "nan_r1"), ("cp2", "healthy"), ("cp2", "nan_s0"), ("dp_cp", "healthy"),
-         ("dp_cp", "nan_s0")]
+         ("dp_cp", "nan_s0"), ("ep_pp", "healthy"), ("ep_pp", "nan_r1")]
 TOOLS = ["compare", "compare_origin", "lake_diverge", "lake_nan"]
 
 
@@ -136,6 +136,22 @@ def test_layout_auto_reads_context_parallelism(runs, tmp_path, group, text):
     assert summary["first_divergence"] is None
     assert all(pair["unmatched_records"] == 0 and pair["unmatched_bench_records"] == 0 for pair in summary["pairs"])
     assert summary["origin"] is None and summary["first_nan_inf_target"] is None
+
+
+def test_layout_auto_reads_expert_parallel_on_pipeline_stages(runs, tmp_path):
+    """Expert parallel 2 on each of 2 pipeline stages (4 ranks) against the card holding every expert:
+    ``--layout auto`` reads ``tp=1,pp=2,ep=2``; every record of both steps pairs with the card's and
+    the pair has no answer (each stage's tail, Megatron's chained optimizer: the dense parameters'
+    pass over every stage before the experts'; the stages' copies of the clip's total norm kept once)."""
+    from msprobe.compare import compare
+
+    target_run, bench_run, _, _ = B.GROUPS["ep_pp"]
+    summary = compare(B.run_dir(runs["out"], target_run, "healthy"), B.run_dir(runs["out"], bench_run, "healthy"),
+                      str(tmp_path / "auto"), layout="auto", plot=False, progress=False)
+    assert {model["layout"] for model in summary["layout"]["models"]} == {"tp=1,pp=2,ep=2 (read from the dump)"}
+    assert len(summary["pairs"]) == 2
+    assert all(pair["unmatched_records"] == 0 and pair["unmatched_bench_records"] == 0 for pair in summary["pairs"])
+    assert summary["first_divergence"] is None and summary["origin"] is None
 
 
 def _check_transcript(runs: dict, tmp_path, capsys, group: str, target: tuple, bench: str) -> None:
