@@ -31,6 +31,23 @@ def fresh_debugger():
     PrecisionDebugger._reset()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Keep ``--dist loadgroup``'s groups (scripts/test.sh): pytest-xdist (3.8) marks a test's
+    ``xdist_group`` by appending ``@group`` to the item's ``_nodeid``, which pytest 9 no longer
+    reads (a node's id lives in ``_id``); without this every group is spread over the workers, and
+    a module's fixture of 38 gloo runs (test_layouts_megatron.py) was dumped once per worker. Runs
+    after xdist's hook (trylast); nothing to do where xdist's suffix is already the id."""
+    if not getattr(config.option, "loadgroup", False):  # set on an xdist worker under --dist loadgroup
+        return
+    for item in items:
+        written = item.__dict__.get("_nodeid")
+        if written and written != item.nodeid:  # pytest 9 (before it, xdist's ``_nodeid`` is the id)
+            from _pytest.nodeid import NodeId  # pytest 9's id type: the one way to set the id
+
+            item._id = NodeId.parse(written)
+
+
 # --- the real tool (mindstudio-probe) in its cached venv: built by the test run, never skipped ---
 
 _SUMMARY: dict = {}  # outcome counts of the real_tool / real_fixture tests (controller side under xdist)
