@@ -3,16 +3,14 @@ remote output, and the garbage collector paused meanwhile. (Rank pairs go to
 :class:`msprobe.execution.Executor` as :class:`~msprobe.compare._options.PairJob` tasks.)"""
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import shutil
 import tempfile
-import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from msprobe.backends import local_path_of, upload_files
 from msprobe.compare import _columnar
+from msprobe.format.gcpause import gc_paused
 
 __all__ = ["run_forked", "fork_available", "in_out_dir", "gc_paused"]
 
@@ -109,41 +107,4 @@ def in_out_dir(run: Callable[[str], dict], out_dir: str, storage_options: Option
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused: parsing two dump.json documents allocates millions of
-    objects, and the collections they trigger (each traversing everything parsed so far) doubled
-    the parse and slowed every later allocation. Compare makes no reference cycles worth
-    collecting meanwhile; the collector runs again at the end (nested or concurrent uses keep it
-    paused until the last one ends)."""
-    global _GC_PAUSES
-    with _GC_LOCK:
-        if _GC_PAUSES == 0:
-            _GC_STATE[0] = gc.isenabled()
-            gc.disable()
-        _GC_PAUSES += 1
-    try:
-        yield
-    finally:
-        with _GC_LOCK:
-            _GC_PAUSES -= 1
-            if _GC_PAUSES == 0 and _GC_STATE[0]:
-                _promote_all()
-                gc.enable()
-
-
-def _promote_all() -> None:
-    """Every tracked object moved to the oldest generation without a collection: while the
-    collector was paused, all the parsed documents' containers stayed in the youngest one, and the
-    first collection after :func:`gc.enable` traversed them all (60 ms or more after a
-    20,000-record pair). ``gc.freeze`` then ``gc.unfreeze`` does that move; skipped where the
-    process froze objects itself (unfreezing would release them)."""
-    if gc.get_freeze_count() == 0:
-        gc.freeze()
-        gc.unfreeze()
-
-
-_GC_LOCK = threading.Lock()
-_GC_PAUSES = 0
-_GC_STATE = [True]
 

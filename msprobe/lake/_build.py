@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from msprobe.errors import MsprobeError, StorageNotFoundError
 from msprobe.format.documents import CONSTRUCT_JSON, DEBUG_JSON, DUMP_JSON, STACK_JSON
+from msprobe.format.gcpause import gc_paused
 from msprobe.format.layout import MAPPING_CSV, TENSOR_DIR, RankLocation
 from msprobe.format.protocols import ReadableStore
 from msprobe.index import (
@@ -205,48 +206,49 @@ def build_batch(job: BuildJob) -> list:
     puts: list = []
     try:
         for prefix, step, rank_dir, rank, split in locs:
-            src = RankSource(store, RankLocation(prefix, step, rank_dir, rank, split), run=run)
-            dump = Dump(store, [src], engine="msprobe", url=root_url, storage_options=storage_options, run=run)
-            key = index_key(run, step, rank, rank_dir, split)
-            doc_name = src.doc_name
-            size, mtime = (store.info.get(src.doc_key) or doc_stat(store, src.doc_key)) if doc_name else (None, None)
-            try:
-                doc = src.document()
-            except StorageNotFoundError:
-                continue  # the rank directory went away
-            try:
-                dialect = dump.dialect_of(src)
-            except MsprobeError:
-                dialect = None
-            names = src.names()
-            has_map = (TENSOR_DIR in names or MAPPING_CSV in names) and src.has_mapping()
-            table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run,
-                                     stack=src.stack(), construct=src.construct(),
-                                     mapping=src.mapping() if has_map else None,
-                                     source=src.url, dialect=dialect, doc_name=doc_name or "dump.json",
-                                     doc_size=src.doc_size if src.doc_size is not None else size,
-                                     doc_mtime=mtime)
-            puts.append(pool.submit(out_store.put, key, table_bytes(table)))
-            if len(puts) > 16:
-                puts.pop(0).result()
-            data = doc.data
-            has_nan, has_inf = table.column("has_nan"), table.column("has_inf")
-            n_rows = table.num_rows - has_nan.null_count  # the record-only placeholder rows have no statistics
-            nan_rows = pc.sum(pc.or_(has_nan, has_inf).cast("int64")).as_py() or 0
-            if compact_writer is not None:
-                compact_writer.add(key, table)
-            del table
-            files, tbytes = _tensor_bytes(store, prefix) if doc.task == "tensor" else (0, 0)
-            rows.append({
-                "run": run, "run_prefix": run_prefix, "split": split, "step": step, "rank": rank,
-                "rank_dir": rank_dir, "prefix": prefix, "index_key": key, "compact_key": compact_key,
-                "doc": doc_name, "doc_size": src.doc_size if src.doc_size is not None else size,
-                "mtime": mtime, "tensor_files": files, "tensor_bytes": tbytes, "records": len(data),
-                "rows": n_rows, "nan_rows": nan_rows, "framework": doc.framework, "task": doc.task,
-                "level": doc.level, "dialect": dialect, "built_at": time.time(),
-                "comm_calls": sum(1 for name in data if name.startswith(_COMM_NAMES)),
-            })
-            src.release()  # one document in memory at a time
+            with gc_paused():  # a parsed document holds no cycle: no collection while it is indexed
+                src = RankSource(store, RankLocation(prefix, step, rank_dir, rank, split), run=run)
+                dump = Dump(store, [src], engine="msprobe", url=root_url, storage_options=storage_options, run=run)
+                key = index_key(run, step, rank, rank_dir, split)
+                doc_name = src.doc_name
+                size, mtime = (store.info.get(src.doc_key) or doc_stat(store, src.doc_key)) if doc_name else (None, None)
+                try:
+                    doc = src.document()
+                except StorageNotFoundError:
+                    continue  # the rank directory went away
+                try:
+                    dialect = dump.dialect_of(src)
+                except MsprobeError:
+                    dialect = None
+                names = src.names()
+                has_map = (TENSOR_DIR in names or MAPPING_CSV in names) and src.has_mapping()
+                table = rank_index_table(doc, step=step, rank=rank, rank_dir=rank_dir, split=split, run=run,
+                                         stack=src.stack(), construct=src.construct(),
+                                         mapping=src.mapping() if has_map else None,
+                                         source=src.url, dialect=dialect, doc_name=doc_name or "dump.json",
+                                         doc_size=src.doc_size if src.doc_size is not None else size,
+                                         doc_mtime=mtime)
+                puts.append(pool.submit(out_store.put, key, table_bytes(table)))
+                if len(puts) > 16:
+                    puts.pop(0).result()
+                data = doc.data
+                has_nan, has_inf = table.column("has_nan"), table.column("has_inf")
+                n_rows = table.num_rows - has_nan.null_count  # the record-only placeholder rows have no statistics
+                nan_rows = pc.sum(pc.or_(has_nan, has_inf).cast("int64")).as_py() or 0
+                if compact_writer is not None:
+                    compact_writer.add(key, table)
+                del table
+                files, tbytes = _tensor_bytes(store, prefix) if doc.task == "tensor" else (0, 0)
+                rows.append({
+                    "run": run, "run_prefix": run_prefix, "split": split, "step": step, "rank": rank,
+                    "rank_dir": rank_dir, "prefix": prefix, "index_key": key, "compact_key": compact_key,
+                    "doc": doc_name, "doc_size": src.doc_size if src.doc_size is not None else size,
+                    "mtime": mtime, "tensor_files": files, "tensor_bytes": tbytes, "records": len(data),
+                    "rows": n_rows, "nan_rows": nan_rows, "framework": doc.framework, "task": doc.task,
+                    "level": doc.level, "dialect": dialect, "built_at": time.time(),
+                    "comm_calls": sum(1 for name in data if name.startswith(_COMM_NAMES)),
+                })
+                src.release()  # one document in memory at a time
         for future in puts:
             future.result()
         if compact_writer is not None:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 
 from msprobe.backends import Store
 from msprobe.errors import StorageNotFoundError, require
+from msprobe.format.gcpause import gc_paused
 from msprobe.format.layout import join_key
 from msprobe.format.protocols import ReadableStore
 from msprobe.index.compact import CompactWriter, compact_index, run_compact_key
@@ -112,23 +113,24 @@ def _index_sources(sources: list, dump: Dump, out_store: Any, dump_store: Any, r
             store, prefix = out_store, ""
             key = partition_key(run, src.step, src.rank, src.rank_dir, src.split)
         if not (skip_existing and store.exists(key) and _covers(store, key, src)):
-            was_loaded = src.loaded
-            size, mtime = doc_stat(src.store, src.doc_key) if src.doc_name else (None, None)
-            try:
-                doc = src.document()
-            except StorageNotFoundError:
-                continue
-            write_rank_index(store, prefix, doc, step=src.step, rank=src.rank, rank_dir=src.rank_dir,
-                             split=src.split, run=run, stack=src.stack(), construct=src.construct(),
-                             mapping=src.mapping() if src.has_mapping() else None,
-                             dialect=dump.dialect_of(src), key=key, doc_name=src.doc_name or "dump.json",
-                             doc_size=src.doc_size if src.doc_size is not None else size,
-                             doc_mtime=mtime, source=src.url, locations=src.tensor_locations(),
-                             written=None if stream is None else stream.add)
-            if leaf_tables is not None and out_store is None:
-                leaf_tables(store, prefix, doc, src.doc_size if src.doc_size is not None else size, mtime)
-            if not was_loaded:
-                src.release()  # bound memory: one document at a time
+            with gc_paused():  # a parsed document holds no cycle: no collection while it is indexed
+                was_loaded = src.loaded
+                size, mtime = doc_stat(src.store, src.doc_key) if src.doc_name else (None, None)
+                try:
+                    doc = src.document()
+                except StorageNotFoundError:
+                    continue
+                write_rank_index(store, prefix, doc, step=src.step, rank=src.rank, rank_dir=src.rank_dir,
+                                 split=src.split, run=run, stack=src.stack(), construct=src.construct(),
+                                 mapping=src.mapping() if src.has_mapping() else None,
+                                 dialect=dump.dialect_of(src), key=key, doc_name=src.doc_name or "dump.json",
+                                 doc_size=src.doc_size if src.doc_size is not None else size,
+                                 doc_mtime=mtime, source=src.url, locations=src.tensor_locations(),
+                                 written=None if stream is None else stream.add)
+                if leaf_tables is not None and out_store is None:
+                    leaf_tables(store, prefix, doc, src.doc_size if src.doc_size is not None else size, mtime)
+                if not was_loaded:
+                    src.release()  # bound memory: one document at a time
         written.append(f"{store.url.rstrip('/')}/{key}")
         if show is not None:
             show.update()
