@@ -22,7 +22,7 @@ import operator
 import os
 import weakref
 from collections.abc import Mapping
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from msprobe.compare._rows import record_leaves
 from msprobe.errors import FormatError, require
@@ -160,10 +160,13 @@ def _walks_the_same(stand_ins: dict, suffixes: list, ios: list) -> bool:
 def _record_jsons(data: dict, names: list) -> list:
     """The records' JSON: orjson's where it is the record's (it writes NaN and +-Infinity as null and
     refuses integers beyond 64 bits: those, and any text holding null, through json)."""
+    dumps: Optional[Callable] = None
     try:
-        from orjson import dumps
+        import orjson
+
+        dumps = orjson.dumps
     except ImportError:
-        dumps = None
+        pass
     out: list = []
     for name in names:
         record = data[name]
