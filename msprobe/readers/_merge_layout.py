@@ -8,11 +8,11 @@ import re
 from typing import Any, Optional
 
 from msprobe.errors import ConfigError
-from msprobe.format.comm import comm_call
+from msprobe.format.comm import comm_api, comm_call
 from msprobe.format.parallel import Layout, LayoutError
 from msprobe.readers._merge_chunks import chunk_count
 from msprobe.readers._merge_experts import expert_groups
-from msprobe.readers._merge_leaf import _is_backward, _last_backward
+from msprobe.readers._merge_leaf import _is_backward, _last_backward, _leaves, _shape
 
 
 def _records_of(source: Any) -> dict:
@@ -222,3 +222,22 @@ def _ep_size(sources: list, layout: Optional[Layout]) -> int:
         return 1
     sizes = {len(group) for group in groups if group is not None}
     return sizes.pop() if len(sizes) == 1 else 1
+
+
+def _cp_tokens(source: Any, cp: int) -> int:
+    """The tokens of a sequence a context-parallel rank holds: the first dimension (Megatron's
+    [sequence, batch, ...]) of the input of its first all_gather over ``cp`` ranks before its first
+    backward record (the keys and values it gathers), else 0."""
+    for index, (name, record) in enumerate(_records_of(source).items()):
+        if _is_backward(name):
+            return 0
+        found = comm_api(name)
+        call = comm_call(name, record, source.rank, index) if found and found[0].startswith("all_gather") else None
+        if call is None or len(call.group or ()) != cp:
+            continue
+        inputs = [_shape(leaf) for path, leaf in _leaves(record) if path.startswith("input")]
+        outputs = [_shape(leaf) for path, leaf in _leaves(record) if path.startswith("output")]
+        for shape in inputs:
+            if shape and any(out[:1] == (shape[0] * cp,) and out[1:] == shape[1:] for out in outputs):
+                return shape[0]
+    return 0

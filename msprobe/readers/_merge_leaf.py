@@ -85,6 +85,7 @@ class _Merger:
         self.name = ""
         self.partial_values: list = [set() for _ in members]  # per member: signatures of partial values
         self.tensors: Any = None  # the merged step's TensorRecipes (a tensor dump), else None
+        self.balanced = 0  # context-parallel members: the tokens of a sequence each holds (load-balanced chunks)
 
     @property
     def ranks(self) -> list:
@@ -192,7 +193,12 @@ class _Merger:
     def _tensor(self, merged: dict, how: str, nodes: list, dim: int = 0, divisor: float = 1.0) -> dict:
         """``merged`` naming the tensor made of the members' (:mod:`msprobe.readers._merge_tensors`),
         or none when they have none."""
-        made = self.tensors.made(how, [n.get("data_name") for n in nodes], dim, divisor) \
+        shape, groups = _shape(nodes[0]), 1
+        size = shape[dim] if -len(shape) <= dim < len(shape) else 0
+        if how == "cat" and self.balanced and len(nodes) > 1 and self.balanced % 2 == 0 and size and \
+                size % self.balanced == 0:
+            how, groups = "balanced", size // self.balanced  # the members' chunks put in sequence order
+        made = self.tensors.made(how, [n.get("data_name") for n in nodes], dim, divisor, groups) \
             if self.tensors is not None else None
         if made is None:
             merged.pop("data_name", None)

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from msprobe.errors import StorageNotFoundError
 
-__all__ = ["TensorRecipes", "TensorView", "PREFIX"]
+__all__ = ["TensorRecipes", "TensorView", "PREFIX", "balanced_order"]
 
 PREFIX = "merged/"
 
@@ -43,15 +43,16 @@ class TensorRecipes:
         return self._add(("file", source, data_name, leaf.get("dtype"), tuple(leaf.get("shape") or ())),
                          f"rank{source.rank}/{data_name}")
 
-    def made(self, how: str, parts: list, dim: int = 0, divisor: float = 1.0) -> Optional[str]:
-        """``how``: ``cat`` (the parts joined along ``dim``) or ``average`` (their mean), each part then
-        divided by ``divisor``; None when a part has no tensor."""
+    def made(self, how: str, parts: list, dim: int = 0, divisor: float = 1.0, groups: int = 1) -> Optional[str]:
+        """``how``: ``cat`` (the parts joined along ``dim``), ``balanced`` (context-parallel pieces put in
+        sequence order, :func:`balanced_order`; ``groups`` sequences, samples, along ``dim``) or
+        ``average`` (their mean), each part then divided by ``divisor``; None when a part has no tensor."""
         if not parts or any(not isinstance(part, str) or not part.startswith(PREFIX) for part in parts):
             return None
         if how == "cat" and len(parts) == 1 and divisor == 1.0:
             return parts[0]
         text = f"{how}({', '.join(_text_of(part) for part in parts)})" + (f"/{divisor:g}" if divisor != 1.0 else "")
-        return self._add((how, tuple(parts), dim, divisor), text)
+        return self._add((how, tuple(parts), dim, divisor, groups), text)
 
     def scaled(self, part: Any, divisor: float) -> Optional[str]:
         return self.made("cat", [part], 0, divisor)
@@ -71,10 +72,12 @@ class TensorRecipes:
             _, source, data_name, dtype, shape = recipe
             return load_tensor_file(source.store, source.tensor_key(data_name), record=record, dtype=dtype,
                                     shape=shape, framework="numpy")
-        how, parts, dim, divisor = recipe
+        how, parts, dim, divisor, groups = recipe
         arrays = [self.array(part, record) for part in parts]
         if how == "average":
             made = np.mean(np.stack([np.asarray(a, dtype=np.float64) for a in arrays]), axis=0).astype(arrays[0].dtype)
+        elif how == "balanced":
+            made = np.concatenate(balanced_order(arrays, dim, groups), axis=dim)
         else:
             made = np.concatenate(arrays, axis=dim) if len(arrays) > 1 else arrays[0]
         if divisor != 1.0:
@@ -89,6 +92,19 @@ class TensorRecipes:
         np.save(buffer, self.array(key, key), allow_pickle=False)
         buffer.seek(0)
         return buffer
+
+
+def balanced_order(arrays: list, dim: int, groups: int) -> list:
+    """The pieces of ``C`` context-parallel ranks' ``arrays`` in sequence order: along ``dim`` each
+    holds ``groups`` sequences (samples folded into the dimension), each of 2 chunks, Megatron's
+    load-balanced chunks ``r`` and ``2C-1-r`` of rank ``r``; chunk ``k`` of a sequence is rank ``k``'s
+    first (``k < C``) or rank ``2C-1-k``'s second."""
+    import numpy as np
+
+    count = len(arrays)
+    split = [np.array_split(array, 2 * groups, axis=dim) for array in arrays]
+    return [split[k if k < count else 2 * count - 1 - k][2 * sample + (0 if k < count else 1)]
+            for sample in range(groups) for k in range(2 * count)]
 
 
 def _qualified(node: Any, source: Any, recipes: TensorRecipes) -> Any:

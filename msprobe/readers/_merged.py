@@ -39,7 +39,7 @@ from msprobe.format.documents import DumpDocument
 from msprobe.format.parallel import Layout, stage_renames
 from msprobe.readers._merge_chunks import virtual_stages
 from msprobe.readers._merge_experts import expert_groups, join_experts
-from msprobe.readers._merge_layout import _ep_size, _records_of, layout_models, read_layout
+from msprobe.readers._merge_layout import _cp_tokens, _ep_size, _records_of, layout_models, read_layout
 from msprobe.readers._merge_leaf import (
     _anomalous,
     _averaging,
@@ -329,18 +329,21 @@ def other_shapes_of(sources: list, layout: Optional[Layout]) -> dict:
     return model_shapes(_stage_sources(by_rank, models[0][1], vpp))
 
 
-def join_replicas(models: list, reference: dict, other_shapes: dict, tensors: Optional[TensorRecipes] = None) -> tuple:
+def join_replicas(models: list, reference: dict, other_shapes: dict, tensors: Optional[TensorRecipes] = None,
+                  balanced: int = 0) -> tuple:
     """One logical model of the data-parallel replicas' merged models ``[(data, parents, frames,
     report)]``: each tensor joined along the batch (the dimension the other side's shape names) or
     kept once (parameters, reduced gradients) by :class:`_Merger`; backward statistics of joined
     tensors divided by the number of replicas (each replica's loss averages its own share); a
     scalar that differs across the replicas (each one's loss, a mean over its share) is their mean.
-    A record that only some replicas hold (a fault's ``masked_fill``) is kept as it is, in its place."""
+    A record that only some replicas hold (a fault's ``masked_fill``) is kept as it is, in its place.
+    ``balanced``: the replicas are context-parallel ranks, each holding this many tokens of a sequence
+    (Megatron's load-balanced chunks: their tensors are put in sequence order), else 0."""
     reports = [model[3] for model in models]
     members = [sorted({rank for entry in report["records"].values() for rank in entry["ranks"]}) for report in reports]
     findings: list = []
     merger = _Merger(members, reference, other_shapes, findings, scale_backward=float(len(models)))
-    merger.tensors = tensors
+    merger.tensors, merger.balanced = tensors, balanced
     first_data, parents, frames, _ = models[0]
     base = list(first_data)
     maps: list = []
@@ -531,13 +534,16 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
     dps, cps = sorted({key[0] for key, _ in models}), sorted({key[1] for key, _ in models})
     degrees = (len(dps), len(cps)) if len(dps) > 1 and len(cps) > 1 else (len(replicas),)
     if _holds_a_piece([stage[0] for stage in replicas[0][1]], other_shapes, degrees):
-        return [_pieces_joined(replicas, degrees, dps, reference, other_shapes, tensors, text, warnings)]
+        tokens = _cp_tokens(replicas[0][1][0][0], len(cps)) if len(cps) > 1 and tensors is not None else 0
+        return [_pieces_joined(replicas, degrees, dps, reference, other_shapes, tensors, text, warnings, tokens)]
     return _models_apart(replicas, reference, other_shapes, tensors, text, warnings)
 
 
 def _pieces_joined(replicas: list, degrees: tuple, dps: list, reference: Optional[dict], other_shapes: Optional[dict],
-                   tensors: Optional[TensorRecipes], text: str, warnings: list) -> "MergedSource":
-    """The one logical model of replicas holding pieces of the other side's batch (and sequence)."""
+                   tensors: Optional[TensorRecipes], text: str, warnings: list, tokens: int = 0) -> "MergedSource":
+    """The one logical model of replicas holding pieces of the other side's batch (and sequence);
+    ``tokens``: a context-parallel rank's tokens of a sequence (its tensors' chunks put in sequence
+    order), 0 without context parallelism or tensors."""
     first = replicas[0][1][0][0]
     wanted = _shrunk_shapes(other_shapes, degrees)
     each = [merge_model(stages, reference, wanted, [other for j, (_, other) in enumerate(replicas) if j != i],
@@ -545,8 +551,10 @@ def _pieces_joined(replicas: list, degrees: tuple, dps: list, reference: Optiona
     if len(degrees) == 2:  # dp x cp: each replica's cp ranks along the sequence, then the replicas
         by_dp = [[model for (key, _), model in zip(replicas, each) if key[0] == d] for d in dps]
         per_dp = _shrunk_shapes(other_shapes, degrees[:1])
-        each = [join_replicas(group, reference or {}, per_dp, tensors) for group in by_dp]
-    data, parents, frames, report = join_replicas(each, reference or {}, other_shapes or {}, tensors)
+        each = [join_replicas(group, reference or {}, per_dp, tensors, tokens) for group in by_dp]
+        tokens = 0  # then the data-parallel replicas, along the batch
+    data, parents, frames, report = join_replicas(each, reference or {}, other_shapes or {}, tensors,
+                                                  tokens if len(dps) == 1 else 0)
     raw = dict(first.document().raw)
     raw["data"] = data
     report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas],

@@ -730,7 +730,7 @@ def test_an_experts_backward_tensor_is_divided_as_its_statistics_are():
                                                                         ".output.0.pt", _t((3, 8), 4.0)))
     halved = _divided({"output": [leaf]}, 2.0, recipes)["output"][0]
     assert (halved["Max"], halved["Min"], halved["Mean"], halved["Norm"]) == (2.0, -1.0, 0.5, 3.0)
-    assert halved["data_name"].endswith("/2") and recipes.recipes[-1] == ("cat", (leaf["data_name"],), 0, 2.0)
+    assert halved["data_name"].endswith("/2") and recipes.recipes[-1] == ("cat", (leaf["data_name"],), 0, 2.0, 1)
     assert "data_name" not in _divided({"output": [leaf]}, 2.0)["output"][0]  # no recipes: no tensor
     partial = _nulled({"output": [leaf]}, {_signature(leaf)})["output"][0]
     assert partial["Max"] is None and "data_name" not in partial
@@ -761,3 +761,17 @@ def test_expert_data_parallel_groups_join_as_replicas():
             assert grad["Max"] == pytest.approx((8.0 + g) / 4) and grad["shape"][0] == [5, 8, 5, 5][g]
         container = data["Module.layers.0.mlp.experts.SequentialMLP.forward.0"]["input_args"]
         assert container[0]["shape"] == [23, 8] and container[1]["Max"] is None  # counts: summed, not compared
+
+
+def test_context_parallel_pieces_are_put_in_sequence_order():
+    """Megatron's load-balanced context parallelism: rank r of C holds chunks r and 2C-1-r of each
+    sequence; the tensor of the whole is made of chunk k from rank k (k < C, its first) or rank
+    2C-1-k (its second), sample by sample when samples are folded into the dimension."""
+    from msprobe.readers._merge_tensors import balanced_order
+
+    sequence = np.arange(8).reshape(1, 8)  # C = 2: 4 chunks of 2 tokens
+    ranks = [sequence[:, [0, 1, 6, 7]], sequence[:, [2, 3, 4, 5]]]
+    assert np.concatenate(balanced_order(ranks, 1, 1), axis=1).tolist() == sequence.tolist()
+    folded = np.arange(12).reshape(12, 1)  # 2 samples of 6 tokens, C = 3 (chunks of 1), flattened
+    pieces = [folded[[s * 6 + k for s in range(2) for k in (r, 5 - r)]] for r in range(3)]
+    assert np.concatenate(balanced_order(pieces, 0, 2), axis=0).ravel().tolist() == list(range(12))
