@@ -16,6 +16,14 @@
  *     when obj holds anything but exact dict (str keys) / list / tuple / str / int (64-bit) / finite
  *     float / bool / None, nests deeper than 64, or dumps fails.
  *
+ *   tensor_entry(t, ctx) -> dict or None: the record entry of a CPU tensor in statistics (or md5) mode,
+ *     made as msprobe/dumpers/pytorch/_encode.py's Encoder.tensor makes it (the same keys in the same
+ *     order, the same values, the statistics cache of the encoder read and filled the same way); None
+ *     (nothing changed: the caller then takes the Python path) for anything else: another device, a
+ *     subclass, a 0-d, empty, non-contiguous or negated tensor, a dtype the kernels do not know, a
+ *     cached handle not computed yet, any error while reading the tensor. ctx: the tuple
+ *     _encode.entry_context builds (TENSOR_CTX_* below).
+ *
  * The caller guarantees that [addr, addr + n * itemsize) is readable for the duration of the call
  * (a live, contiguous CPU tensor or array) and that n > 0 for stats. The GIL is released for
  * large buffers so that the dumper's writer threads run meanwhile.
@@ -25,8 +33,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
 
-#define FASTPATH_VERSION 4  /* bump with every change: a stale build is then rebuilt */
+#define FASTPATH_VERSION 5  /* bump with every change: a stale build is then rebuilt */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define MULTI __attribute__((target_clones("avx2", "default")))
@@ -779,6 +788,267 @@ static PyObject *fp_record_json(PyObject *self, PyObject *const *args, Py_ssize_
     return r;
 }
 
+/* ------------------------------------------------------------------ tensor_entry */
+
+/* the fields of tensor_entry's ctx tuple (msprobe/dumpers/pytorch/_encode.py's entry_context) */
+enum { TC_ENTRIES, TC_LIMIT, TC_NAMES, TC_CODES, TC_HANDLE, TC_DONE, TC_KEYS, TC_MD5, TC_CPU, TC_TENSOR,
+       TC_PARAM, TC_ANY_SIZE, TC_SCALAR_MAX, TC_F32, TC_SIZE };
+
+static PyObject *S_dtype, *S_shape, *S_requires_grad, *S_is_cpu, *S_base, *S_is_contiguous, *S_storage_offset,
+    *S_version, *S_is_neg, *S_data_ptr, *S_untyped_storage, *S_nbytes, *S_type, *S_torch_tensor, *S_md5;
+
+static int entry_strings(void) {
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
+    INTERN(S_dtype, "dtype"); INTERN(S_shape, "shape"); INTERN(S_requires_grad, "requires_grad");
+    INTERN(S_is_cpu, "is_cpu"); INTERN(S_base, "_base"); INTERN(S_is_contiguous, "is_contiguous");
+    INTERN(S_storage_offset, "storage_offset"); INTERN(S_version, "_version"); INTERN(S_is_neg, "is_neg");
+    INTERN(S_data_ptr, "data_ptr"); INTERN(S_untyped_storage, "untyped_storage"); INTERN(S_nbytes, "nbytes");
+    INTERN(S_type, "type"); INTERN(S_torch_tensor, "torch.Tensor"); INTERN(S_md5, "md5");
+#undef INTERN
+    return 0;
+}
+
+/* whether the weak reference ref refers to obj (-1 with an error set) */
+static int weak_is(PyObject *ref, PyObject *obj) {
+    if (!PyWeakref_Check(ref)) return 0;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target;
+    if (PyWeakref_GetRef(ref, &target) < 0) return -1;
+    int same = target == obj;
+    Py_XDECREF(target);
+    return same;
+#else
+    PyObject *target = PyWeakref_GetObject(ref);
+    return target == NULL ? -1 : target == obj;
+#endif
+}
+
+/* a method's result as a C integer (-1 with an error set) */
+static long long call_int(PyObject *t, PyObject *name) {
+    PyObject *r = PyObject_CallMethodNoArgs(t, name);
+    if (r == NULL) return -1;
+    long long v = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return v;
+}
+
+/* a method's or attribute's truth (-1 with an error set) */
+static int truth_of(PyObject *t, PyObject *name, int call) {
+    PyObject *r = call ? PyObject_CallMethodNoArgs(t, name) : PyObject_GetAttr(t, name);
+    if (r == NULL) return -1;
+    int v = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return v;
+}
+
+/* the statistics of a contiguous CPU tensor of n > 0 elements as _encode's _cpu_kernel_stats gives
+   them (a dict in the table's order); NULL with an error set, or NULL without one: not for the kernels */
+static PyObject *entry_stats(PyObject *t, PyObject *ctx, PyObject *dtype, long code, Py_ssize_t n,
+                             long long offset, PyObject **md5) {
+    long long nbytes_needed = (offset + 1) * (long long)ITEMSIZE[code];
+    PyObject *storage = PyObject_CallMethodNoArgs(t, S_untyped_storage);
+    if (storage == NULL) return NULL;
+    long long have = call_int(storage, S_nbytes);
+    Py_DECREF(storage);
+    if (have < 0 && PyErr_Occurred()) return NULL;
+    if (have < nbytes_needed) return NULL;  /* no memory behind it (a freed storage): null stats, Python's */
+    int neg = truth_of(t, S_is_neg, 1);
+    if (neg != 0) return NULL;
+    if (!PyObject_IsTrue(PyTuple_GET_ITEM(ctx, TC_ANY_SIZE)) &&
+        (long long)n > PyLong_AsLongLong(PyTuple_GET_ITEM(ctx, TC_SCALAR_MAX)))
+        return NULL;
+    PyObject *ptr = PyObject_CallMethodNoArgs(t, S_data_ptr);
+    if (ptr == NULL) return NULL;
+    void *addr = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    if (addr == NULL) return NULL;
+    double d[4];
+    int64_t iv[2];
+    Py_ssize_t bytes = n * ITEMSIZE[code];
+    PyThreadState *ts = bytes >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+    run_kernel(code, addr, n, d, iv);
+    uint32_t crc = 0;
+    int want_md5 = PyTuple_GET_ITEM(ctx, TC_MD5) == Py_True;
+    if (want_md5) crc = crc32_any(0, (const uint8_t *)addr, (size_t)bytes);
+    if (ts) PyEval_RestoreThread(ts);
+    PyObject *vals = finish(code, n, d, iv);
+    if (vals == NULL) return NULL;
+    PyObject *mean = PyTuple_GET_ITEM(vals, 2);
+    if (dtype == PyTuple_GET_ITEM(ctx, TC_F32) && PyFloat_Check(mean) &&
+        fabs(PyFloat_AS_DOUBLE(mean)) * (double)n > (double)FLT_MAX) {
+        /* torch's float32 sum overflows there (26.2.0: -inf) */
+        PyObject *inf = PyFloat_FromDouble(copysign(INFINITY, PyFloat_AS_DOUBLE(mean)));
+        if (inf == NULL) { Py_DECREF(vals); return NULL; }
+        PyTuple_SET_ITEM(vals, 2, inf);
+        Py_DECREF(mean);
+    }
+    PyObject *keys = PyTuple_GET_ITEM(ctx, TC_KEYS);
+    PyObject *stats = PyDict_New();
+    for (Py_ssize_t i = 0; stats != NULL && i < 4; i++) {
+        if (PyDict_SetItem(stats, PyTuple_GET_ITEM(keys, i), PyTuple_GET_ITEM(vals, i)) < 0) Py_CLEAR(stats);
+    }
+    Py_DECREF(vals);
+    if (stats != NULL && want_md5) {
+        *md5 = PyUnicode_FromFormat("%08x", (unsigned int)crc);
+        if (*md5 == NULL) Py_CLEAR(stats);
+    }
+    return stats;
+}
+
+/* the cached (or new, then cached) done handle's statistics and md5, borrowed from the handle;
+   0: found or made, 1: not for this path, -1: an error */
+static int entry_handle(PyObject *t, PyObject *ctx, PyObject *dtype, long code, Py_ssize_t n,
+                        PyObject **handle_out) {
+    PyObject *base = PyObject_GetAttr(t, S_base);
+    if (base == NULL) return -1;
+    if (base == Py_None) {
+        Py_DECREF(base);
+        base = Py_NewRef(t);
+    }
+    int rc = -1;
+    PyObject *key = NULL, *version = NULL, *stats = NULL, *md5 = NULL, *extra = NULL, *handle = NULL;
+    long long offset = call_int(t, S_storage_offset);
+    if (offset < 0) goto done;
+    version = PyObject_GetAttr(t, S_version);
+    if (version == NULL) goto done;
+    key = Py_BuildValue("(NL(nO)OO)", PyLong_FromVoidPtr(base), offset, n, Py_False, dtype,
+                        PyTuple_GET_ITEM(ctx, TC_CPU));
+    if (key == NULL) goto done;
+    PyObject *entries = PyTuple_GET_ITEM(ctx, TC_ENTRIES);
+    PyObject *e = PyDict_GetItemWithError(entries, key);  /* borrowed */
+    if (e == NULL && PyErr_Occurred()) goto done;
+    if (e != NULL && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 3 && weak_is(PyTuple_GET_ITEM(e, 0), base) == 1) {
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(e, 1), version, Py_EQ);
+        if (same < 0) goto done;
+        if (same) {
+            *handle_out = Py_NewRef(PyTuple_GET_ITEM(e, 2));
+            rc = 0;
+            goto done;
+        }
+    }
+    stats = entry_stats(t, ctx, dtype, code, n, offset, &md5);
+    if (stats == NULL) {
+        rc = PyErr_Occurred() ? -1 : 1;
+        goto done;
+    }
+    if (md5 != NULL) {
+        extra = PyDict_New();
+        if (extra == NULL || PyDict_SetItem(extra, S_md5, md5) < 0) goto done;
+    }
+    handle = PyObject_CallFunction(PyTuple_GET_ITEM(ctx, TC_HANDLE), "OOiOO", PyTuple_GET_ITEM(ctx, TC_DONE), stats,
+                                   0, Py_None, extra ? extra : Py_None);
+    if (handle == NULL) goto done;
+    if (PyDict_GET_SIZE(entries) >= PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, TC_LIMIT))) PyDict_Clear(entries);
+    PyObject *ref = PyWeakref_NewRef(base, NULL);
+    if (ref == NULL) {
+        PyErr_Clear();  /* (as StatCache.store: not cached) */
+    } else {
+        PyObject *value = PyTuple_Pack(3, ref, version, handle);
+        Py_DECREF(ref);
+        if (value == NULL || PyDict_SetItem(entries, key, value) < 0) {
+            Py_XDECREF(value);
+            goto done;
+        }
+        Py_DECREF(value);
+    }
+    *handle_out = Py_NewRef(handle);
+    rc = 0;
+done:
+    Py_DECREF(base);
+    Py_XDECREF(key);
+    Py_XDECREF(version);
+    Py_XDECREF(stats);
+    Py_XDECREF(md5);
+    Py_XDECREF(extra);
+    Py_XDECREF(handle);
+    return rc;
+}
+
+/* the entry from a done handle: type, dtype, shape, the statistics, requires_grad, md5 last; NULL
+   without an error: not a handle this path fills */
+static PyObject *entry_from(PyObject *ctx, PyObject *handle, PyObject *name, PyObject *shape, int requires_grad) {
+    if (Py_TYPE(handle) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, TC_HANDLE) || PyTuple_GET_SIZE(handle) != 5)
+        return NULL;
+    PyObject *kind = PyTuple_GET_ITEM(handle, 0), *stats = PyTuple_GET_ITEM(handle, 1);
+    PyObject *extra = PyTuple_GET_ITEM(handle, 4), *md5 = NULL;
+    int done = PyObject_RichCompareBool(kind, PyTuple_GET_ITEM(ctx, TC_DONE), Py_EQ);
+    if (done != 1 || !PyDict_CheckExact(stats) || PyDict_GET_SIZE(stats) != 4) {
+        if (done < 0) PyErr_Clear();
+        return NULL;
+    }
+    if (extra != Py_None) {
+        if (!PyDict_CheckExact(extra)) return NULL;
+        md5 = PyDict_GetItemWithError(extra, S_md5);
+        if (md5 == NULL && PyErr_Occurred()) return NULL;
+        if (md5 != NULL && !PyUnicode_CheckExact(md5)) return NULL;  /* a device copy read at the fetch */
+    }
+    if (md5 == NULL) {
+        int has = PyDict_Contains(stats, S_md5);
+        if (has != 0) return NULL;
+    }
+    PyObject *list = PySequence_List(shape);
+    if (list == NULL) return NULL;
+    PyObject *entry = PyDict_New();
+    if (entry == NULL || PyDict_SetItem(entry, S_type, S_torch_tensor) < 0 || PyDict_SetItem(entry, S_dtype, name) < 0 ||
+        PyDict_SetItem(entry, S_shape, list) < 0 || PyDict_Update(entry, stats) < 0 ||
+        PyDict_SetItem(entry, S_requires_grad, requires_grad ? Py_True : Py_False) < 0 ||
+        (md5 != NULL && PyDict_SetItem(entry, S_md5, md5) < 0)) {
+        Py_XDECREF(entry);
+        entry = NULL;
+    }
+    Py_DECREF(list);
+    return entry;
+}
+
+static PyObject *tensor_entry_(PyObject *t, PyObject *ctx) {
+    PyTypeObject *type = Py_TYPE(t);
+    if (type != (PyTypeObject *)PyTuple_GET_ITEM(ctx, TC_TENSOR) && type != (PyTypeObject *)PyTuple_GET_ITEM(ctx, TC_PARAM))
+        return NULL;
+    int cpu = truth_of(t, S_is_cpu, 0);
+    if (cpu != 1) return NULL;
+    PyObject *dtype = PyObject_GetAttr(t, S_dtype);
+    if (dtype == NULL) return NULL;
+    PyObject *name = PyDict_GetItemWithError(PyTuple_GET_ITEM(ctx, TC_NAMES), dtype);  /* borrowed */
+    PyObject *code_obj = name ? PyDict_GetItemWithError(PyTuple_GET_ITEM(ctx, TC_CODES), dtype) : NULL;
+    PyObject *shape = NULL, *handle = NULL, *entry = NULL;
+    if (code_obj == NULL) goto out;
+    long code = PyLong_AsLong(code_obj);
+    if (code < 0 || code > C_BOOL) goto out;
+    shape = PyObject_GetAttr(t, S_shape);
+    if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) goto out;
+    Py_ssize_t n = 1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); i++) {
+        Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (size <= 0 || n > PY_SSIZE_T_MAX / size) goto out;  /* (empty, or an error) */
+        n *= size;
+    }
+    int requires_grad = truth_of(t, S_requires_grad, 0);
+    if (requires_grad < 0 || truth_of(t, S_is_contiguous, 1) != 1) goto out;
+    if (entry_handle(t, ctx, dtype, code, n, &handle) != 0) goto out;
+    entry = entry_from(ctx, handle, name, shape, requires_grad);
+out:
+    Py_DECREF(dtype);
+    Py_XDECREF(shape);
+    Py_XDECREF(handle);
+    return entry;
+}
+
+static PyObject *fp_tensor_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != TC_SIZE ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(args[1], TC_ENTRIES))) {
+        PyErr_SetString(PyExc_TypeError, "tensor_entry(tensor, ctx): ctx is _encode.entry_context's tuple");
+        return NULL;
+    }
+    PyObject *entry = tensor_entry_(args[0], args[1]);
+    if (entry != NULL) return entry;
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;  /* (KeyboardInterrupt, ...) */
+        PyErr_Clear();  /* the Python path takes it, and meets the error as it would have */
+    }
+    Py_RETURN_NONE;
+}
+
 /* set_simd(on) -> the previous setting: off runs the portable kernels (the tests cover both) */
 static PyObject *fp_set_simd(PyObject *self, PyObject *arg) {
     (void)self;
@@ -805,6 +1075,8 @@ static PyMethodDef methods[] = {
      "crc32_combine(crc1, crc2, len2) -> the CRC-32 of A + B from CRC(A), CRC(B) and len(B)"},
     {"record_json", (PyCFunction)(void (*)(void))fp_record_json, METH_FASTCALL,
      "record_json(obj, dumps) -> json.dumps(obj, separators=(', ', ': ')) from dumps(obj), or None"},
+    {"tensor_entry", (PyCFunction)(void (*)(void))fp_tensor_entry, METH_FASTCALL,
+     "tensor_entry(tensor, ctx) -> a CPU tensor's record entry (statistics, md5), or None: the Python path"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -812,6 +1084,7 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_fastpath", NULL,
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
     crc_init();
+    if (entry_strings() < 0) return NULL;
 #ifdef HAVE_CLMUL_CODE
     __builtin_cpu_init();
     have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");

@@ -437,3 +437,66 @@ def test_record_json_is_json_dumps_byte_for_byte(fast):
     text = fastpath.record_text_function()
     assert text({"Max": float("nan"), "Min": float("-inf")}) == '{"Max": NaN, "Min": -Infinity}'
     assert text({"a": [1, 2.5e-07]}) == '{"a": [1, 2.5e-07]}'
+
+
+# ------------------------------------------------------------------ a tensor's whole entry in one call
+
+
+def _entry_tensors():
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(64, 33, generator=g) * 100
+    leaf = torch.randn(8, 4, generator=g).requires_grad_(True)
+    neg = torch.randn(4, 4, generator=g)._neg_view()
+    return [
+        base, base[3:], base[5], base.t(), base[:, 3:9], base.half(), base.bfloat16(), base.double(),
+        (base * 50).to(torch.int8), (base * 50).to(torch.uint8), (base * 50).to(torch.int16),
+        (base * 50).to(torch.int32), (base * 50).to(torch.int64), base > 0, torch.tensor(2.5), torch.zeros(0, 4),
+        torch.randn(5, 3, generator=g, dtype=torch.complex64), torch.tensor([1.0, float("nan"), 2.0]),
+        torch.tensor([float("inf"), 1.0, float("-inf")]), torch.full((10,), 3e38), torch.randn(3, 70_001, generator=g),
+        leaf, leaf * 2, torch.nn.Parameter(base.clone()), neg, torch.tensor([7]),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["statistics", "md5"])
+def test_tensor_entry_is_the_python_entry(kernels, mode):
+    """The C path of a CPU tensor's entry (``tensor_entry``: attribute reads, the statistics cache, the
+    kernels, the entry) gives the Python path's entry byte for byte, key order included, for every
+    tensor it takes (and declines the others: the Python path then), and fills the statistics cache
+    with the same keys, so either path hits what the other stored."""
+    from msprobe.dumpers.pytorch import _encode
+
+    def encoder(native: bool):
+        e = _encode.Encoder(None, save_tensors=False, summary_mode=mode, tensor_list=[])
+        if not native:
+            e._entry_ctx = False
+        return e
+
+    native, python = encoder(True), encoder(False)
+    taken = 0
+    for t in _entry_tensors():
+        for _ in range(2):  # computed, then from the cache
+            a, b = native.tensor(t, "x", False), python.tensor(t, "x", False)
+            assert json.dumps(a) == json.dumps(b), (t.dtype, tuple(t.shape), a, b)
+        taken += kernels.tensor_entry(t, native._entry_ctx) is not None
+        assert len(native.take_stats()) == len(python.take_stats())
+    assert taken >= 16, taken  # (the contiguous, non-negated tensors of a kernel dtype, not 0-d)
+    assert list(native.cache.entries) == list(python.cache.entries)
+    mixed = encoder(True)  # stored by one path, found by the other
+    t = torch.randn(6, 6)
+    stored = mixed.tensor(t, "x", False)
+    mixed._entry_ctx = False
+    assert mixed.cache.get(t) is not None and mixed.tensor(t, "x", False) == stored
+
+
+def test_tensor_entry_declines_what_it_does_not_make(fast):
+    from msprobe.dumpers.pytorch import _encode
+
+    e = _encode.Encoder(None, save_tensors=False, summary_mode="statistics", tensor_list=[])
+    e.tensor(torch.ones(2), "x", False)
+    ctx = e._entry_ctx
+    assert fast.tensor_entry(torch.ones(3, 3), ctx)["Max"] == 1.0
+    for t in (torch.ones(3, 3).t(), torch.tensor(1.0), torch.zeros(0), torch.ones(2, dtype=torch.complex64),
+              torch.ones(2, device="meta"), torch.ones(2)._neg_view(), "not a tensor"):
+        assert fast.tensor_entry(t, ctx) is None, t
+    with pytest.raises(TypeError):
+        fast.tensor_entry(torch.ones(2), ())

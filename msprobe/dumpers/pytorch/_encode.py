@@ -14,6 +14,7 @@ from msprobe.dumpers.encode import ValueEncoder
 from msprobe.dumpers.fastpath import DTYPE_CODES, native
 from msprobe.dumpers.ndarray import is_ndarray, ndarray_entry
 from msprobe.dumpers.pytorch import _cuda_stats, _ptfile
+from msprobe.dumpers.pytorch._statcache import StatCache, dense_value
 from msprobe.errors import MsprobeError
 from msprobe.format.stats import STAT_KEYS, null_stats, stats_dict, xor64
 from msprobe.tensor_store import storage_dtype
@@ -58,15 +59,6 @@ def _runs(tensor: torch.Tensor) -> Optional[tuple]:
     if run < 8 or index >= 16:
         return None
     return (run, tuple(size for _, size in dims[:index + 1]), tuple(stride for stride, _ in dims[:index + 1]))
-
-
-def _dense(tensor: torch.Tensor) -> torch.Tensor:
-    """A ``DTensor`` (FSDP2's sharded parameters, tensor parallelism) as its full value, gathered from its
-    mesh: the statistics are the whole tensor's, as 26.2.0's reductions over it give (every rank reaches
-    the same record, so the gather is a collective they all make); any other tensor as it is."""
-    if type(tensor).__name__ == "DTensor" and hasattr(tensor, "full_tensor"):
-        return tensor.full_tensor()
-    return tensor
 
 
 def _no_storage(tensor: torch.Tensor) -> bool:
@@ -330,85 +322,19 @@ _N_STATS = len(STAT_KEYS)
 _DTYPE_NAMES: dict = {d: str(d) for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
                                           torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
                                           torch.complex64, torch.complex128)}
+#: a plain CPU tensor's entry made by one C call (the C fast path's ``tensor_entry``: its attribute reads,
+#: the statistics cache, the kernels, the entry); bench/run_step_bench.py's floor turns it off
+NATIVE_ENTRY = True
 
 
-class StatCache:
-    """Statistics already computed in this step, by the memory they describe.
-
-    An API's output is usually the next API's input, and a reshape or a view of a
-    tensor covers the same elements: such tensors reuse the pending statistics
-    instead of reading the memory again. An entry holds only a weak reference to the
-    storage's owner (the view base) and its version counter: once the owner dies or
-    the memory is written in place, the entry no longer matches.
-    """
-
-    __slots__ = ("entries", "limit", "hits", "misses", "ordered", "gathered")
-
-    def __init__(self, limit: int = 65536, ordered: bool = False):
-        self.entries: dict = {}
-        #: (id, version) of a DTensor -> (weak reference to it, its gathered full tensor), for the step
-        self.gathered: dict = {}
-        self.limit = limit
-        self.hits = self.misses = 0
-        self.ordered = ordered  # md5 mode: the checksum depends on the element order
-
-    def memory_key(self, t: torch.Tensor) -> tuple:
-        base = t._base
-        if base is None:
-            base = t
-        if t.is_contiguous():
-            # a 0-d tensor's statistics (Mean/Norm = its value) are not those of its [1]-shaped views
-            layout: tuple = (t.numel(), t.dim() == 0)
-        elif self.ordered:  # a transposed view holds the same elements in another order
-            layout = (tuple(t.shape), tuple(t.stride()))
-        else:
-            layout = tuple(sorted(zip(t.shape, t.stride())))
-        return (id(base), t.storage_offset(), layout, t.dtype, t.device), base
-
-    def get(self, t: torch.Tensor) -> Any:
-        return self.lookup(t, *self.memory_key(t))
-
-    def lookup(self, t: torch.Tensor, key: tuple, base: torch.Tensor) -> Any:
-        """The handle cached under ``key`` (from ``memory_key(t)``) while its memory is unchanged, else None."""
-        e = self.entries.get(key)
-        if e is not None and e[0]() is base and e[1] == t._version:
-            self.hits += 1
-            return e[2]
-        self.misses += 1
-        return None
-
-    def put(self, t: torch.Tensor, handle: Any) -> None:
-        key, base = self.memory_key(t)
-        self.store(t, key, base, handle)
-
-    def store(self, t: torch.Tensor, key: tuple, base: torch.Tensor, handle: Any) -> None:
-        if len(self.entries) >= self.limit:
-            self.entries.clear()
-        try:
-            self.entries[key] = (weakref.ref(base), t._version, handle)
-        except TypeError:
-            pass
-
-    def dense(self, t: torch.Tensor) -> torch.Tensor:
-        """``_dense(t)``, a ``DTensor``'s gather made once per step (and memory version): FSDP2's
-        sharded parameters reach several records of a step (their statistics are cached by the
-        memory they describe, but the gather itself was repeated for each record)."""
-        if type(t).__name__ != "DTensor":
-            return t
-        key = (id(t), t._version)
-        e = self.gathered.get(key)
-        if e is not None and e[0]() is t:
-            return e[1]
-        full = _dense(t)
-        try:
-            self.gathered[key] = (weakref.ref(t), full)
-        except TypeError:
-            pass
-        return full
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.gathered.clear()
+def _entry_context(cache: StatCache, md5: bool) -> Any:
+    """``tensor_entry``'s context for an encoder with ``cache`` (the fields of _fastpath.c's ``TC_*``,
+    in their order), or False where the C path is not there."""
+    fast = _FAST if _FAST is not False else _fast()
+    if fast is None or not NATIVE_ENTRY or not hasattr(fast, "tensor_entry"):
+        return False
+    return (cache.entries, cache.limit, _DTYPE_NAMES, _FAST_CODES, StatHandle, _K_DONE, STAT_KEYS, md5,
+            torch.device("cpu"), torch.Tensor, torch.nn.Parameter, bool(fast.SIMD), _FAST_SCALAR_MAX, torch.float32)
 
 
 class Encoder(ValueEncoder):
@@ -420,6 +346,8 @@ class Encoder(ValueEncoder):
         super().__init__(session, save_tensors=save_tensors, summary_mode=summary_mode, tensor_list=tensor_list)
         self.has_overflow = False
         self.cache = StatCache(ordered=summary_mode == "md5")
+        #: tensor_entry's context (None: not made yet; False: the Python path only, as in xor mode)
+        self._entry_ctx: Any = None if summary_mode != "xor" else False
         self.zarr = getattr(getattr(session, "config", None), "tensor_store", "files") == "zarr"
 
     def _save_payload(self, t: torch.Tensor, name: str) -> bool:
@@ -516,6 +444,17 @@ class Encoder(ValueEncoder):
                 "group_id": (group or {}).get("group_id")}
 
     def tensor(self, t: torch.Tensor, data_name_prefix: str, save: bool) -> dict:
+        ctx = self._entry_ctx
+        if ctx is None:
+            ctx = self._entry_ctx = _entry_context(self.cache, self.summary_mode == "md5")
+        if ctx and _FAST and not save and not self.check_overflow:
+            made = _FAST.tensor_entry(t, ctx)  # None: not a tensor it makes (below, the same entry)
+            if made is not None:
+                return made
+        return self._tensor(t, data_name_prefix, save)
+
+    def _tensor(self, t: torch.Tensor, data_name_prefix: str, save: bool) -> dict:
+        """The entry of any tensor (the C path's, for the tensors that path takes)."""
         dtype = t.dtype
         entry: dict = {"type": "torch.Tensor", "dtype": _DTYPE_NAMES.get(dtype) or str(dtype), "shape": list(t.shape)}
         requires_grad = bool(t.requires_grad)
@@ -523,7 +462,7 @@ class Encoder(ValueEncoder):
         md5: Optional[tuple] = None
         try:
             if mode == "xor":
-                entry["md5"] = self._xor(_dense(t.detach()))
+                entry["md5"] = self._xor(dense_value(t.detach()))
             else:
                 cache = self.cache
                 key, base = cache.memory_key(t)
