@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from msprobe.compare._cluster import add_paths, order_results
 from msprobe.compare._core import NORM_REL_THRESHOLD, compare, compare_pair, detect_mode, pair_sources
-from msprobe.compare._indexed import COMPARE_LEAVES, write_compare_leaves
+from msprobe.compare._indexed import COMPARE_LEAVES
 from msprobe.compare._layouts import layout_mode, layout_pairs, layout_summary, merged_dump
+from msprobe.compare._leaftable import write_compare_leaves
 from msprobe.compare._origin import describe, earliest, order_key
 from msprobe.compare._rows import COLUMNS, norm_record_name, record_leaves
 from msprobe.compare._xframe import mindspore_against_pytorch, read_api_mapping, read_cell_mapping, read_layer_mapping

@@ -22,7 +22,7 @@ import operator
 import os
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from msprobe.compare._rows import record_leaves
 from msprobe.errors import FormatError, require
@@ -30,12 +30,9 @@ from msprobe.format.layout import INDEX_DIR, join_key
 from msprobe.format.model import TENSOR_TYPES
 from msprobe.format.native import leafwalk
 from msprobe.format.stats import STAT_COLUMNS, STAT_KEYS
-from msprobe.index import META_PREFIX, doc_stat, stale_reason, warn_stale
-from msprobe.index.columns import column as arrow_column
-from msprobe.index.columns import int_array
+from msprobe.index import doc_stat, stale_reason, warn_stale
 
-__all__ = ["COMPARE_LEAVES", "COMPARE_LEAVES_VERSION", "compare_leaf_table", "write_compare_leaves",
-           "indexed_side", "IndexedSide", "IndexedRecords"]
+__all__ = ["COMPARE_LEAVES", "COMPARE_LEAVES_VERSION", "indexed_side", "IndexedSide", "IndexedRecords"]
 
 log = logging.getLogger("msprobe.compare")
 
@@ -46,8 +43,6 @@ COMPARE_LEAVES_VERSION = "2"
 #: MSPROBE_LAKE_COMPARE_INDEX=0: compare reads the documents even where an index is there
 ENV = "MSPROBE_LAKE_COMPARE_INDEX"
 _FLOAT_STATS = STAT_COLUMNS  # the table's statistic columns: the index's names ("max", ...)
-_FLOAT_OR_NONE = {float, type(None)}
-_STR_OR_NONE = {str, type(None)}
 
 
 def _flat(name: str) -> bool:
@@ -155,137 +150,6 @@ def _walks_the_same(stand_ins: dict, suffixes: list, ios: list) -> bool:
     names, starts, got_suffixes, got_ios, leaves = _walk_all(stand_ins)
     return (got_suffixes == suffixes and got_ios == ios
             and list(map(operator.itemgetter("type"), leaves)) == list(range(len(leaves))))
-
-
-def _record_jsons(data: dict, names: list) -> list:
-    """The records' JSON: orjson's where it is the record's (it writes NaN and +-Infinity as null and
-    refuses integers beyond 64 bits: those, and any text holding null, through json)."""
-    dumps: Optional[Callable] = None
-    try:
-        import orjson
-
-        dumps = orjson.dumps
-    except ImportError:
-        pass
-    out: list = []
-    for name in names:
-        record = data[name]
-        if dumps is not None:
-            try:
-                text = dumps(record)
-            except TypeError:  # orjson.JSONEncodeError is a TypeError
-                text = b"null"
-            if b"null" not in text:
-                out.append(text.decode("utf-8"))
-                continue
-        out.append(json.dumps(record, separators=(",", ":"), ensure_ascii=False))
-    return out
-
-
-def _json_typed(statistics: list, floats: list) -> list:
-    """Per leaf, None where its four statistics are floats or null, else the JSON array of them
-    (``floats``: per statistic, whether its column holds floats and nulls only)."""
-    mixed = [position for position, only_floats in enumerate(floats) if not only_floats]
-    typed: list = [None] * (len(statistics[0]) if statistics else 0)
-    if not mixed:
-        return typed
-    for leaf, values in enumerate(zip(*statistics)):
-        if not all(value is None or value.__class__ is float for value in values):
-            typed[leaf] = json.dumps(list(values))
-    return typed
-
-
-def compare_leaf_table(data: dict, metadata: Optional[dict] = None) -> Optional[Any]:
-    """The leaf table (pyarrow) of a document's ``data``, or None where its records' leaves cannot
-    be laid out as stand-ins (compare then reads the document)."""
-    import numpy as np
-
-    from msprobe.compare._plan import Leaves
-
-    pa = require("pyarrow", "parquet")
-    names, starts, suffixes, ios, leaf_list = _walk_all(data)
-    rests = _rests(names, starts, suffixes, ios)
-    leaf_rec = np.repeat(np.arange(len(names)), np.diff(starts))
-    stand_ins = stand_in_records(names, leaf_rec, ios, rests)
-    if stand_ins is None or not _walks_the_same(stand_ins, suffixes, ios):
-        return None
-    leaves = Leaves()
-    leaves.leaf = list(leaf_list)
-    leaves.finish("md5")
-    statistics = [leaves.statistics[key] for key in STAT_KEYS]
-    only_floats = [set(map(type, column)) <= _FLOAT_OR_NONE for column in statistics]
-    floats = [column if pure else [value if value is None or value.__class__ is float else None for value in column]
-              for column, pure in zip(statistics, only_floats)]
-    typed = _json_typed(statistics, only_floats)
-    data_names = [leaf.get("data_name") if leaf.__class__ is dict else None for leaf in leaf_list]
-    if not set(map(type, data_names)) <= _STR_OR_NONE:
-        data_names = [name if isinstance(name, str) else None for name in data_names]
-    # one row per leaf, a placeholder row (no suffix) for a record without one; each record's JSON on its first row
-    counts = np.diff(starts)
-    rows_of = np.maximum(counts, 1)
-    rec = np.repeat(np.arange(len(names)), rows_of)
-    first = np.concatenate(([0], np.cumsum(rows_of)[:-1])).astype(np.int64) if len(names) else np.zeros(0, np.int64)
-    row_leaf = np.full(len(rec), -1, dtype=np.int64)
-    with_leaves = np.flatnonzero(counts > 0)
-    if len(with_leaves):
-        row_leaf[np.repeat(first[with_leaves], counts[with_leaves]) +
-                 (np.arange(len(leaf_list)) - np.repeat(np.asarray(starts[:-1])[with_leaves], counts[with_leaves]))] = \
-            np.arange(len(leaf_list))
-    index = None if len(row_leaf) == len(leaf_list) else row_leaf.tobytes()  # None: the rows are the leaves
-    raw_at = np.full(len(rec), -1, dtype=np.int64)
-    raw_at[first] = np.arange(len(names))
-    string = pa.string()
-    columns = {
-        "rec": int_array(rec, pa.int32()), "record": arrow_column(names, string, rec.astype(np.int64).tobytes()),
-        **{key: arrow_column(values, string, index) for key, values in (("io", ios), ("suffix", suffixes), ("rest", rests))},
-        "tensor": arrow_column(leaves.tensor, pa.bool_(), index),
-        **{key: arrow_column(getattr(leaves, key), string, index) for key in ("dtype", "shape", "requires_grad")},
-        **{key: arrow_column(values, pa.float64(), index) for key, values in zip(_FLOAT_STATS, floats)},
-        "stats_json": arrow_column(typed, string, index), "md5": arrow_column(leaves.md5, string, index),
-        "data_name": arrow_column(data_names, string, index),
-        "raw": arrow_column(_record_jsons(data, names), string, raw_at.tobytes()),
-    }
-    meta = {f"{META_PREFIX}compare_leaves_version": COMPARE_LEAVES_VERSION}
-    meta.update({f"{META_PREFIX}{key}": "" if value is None else str(value) for key, value in (metadata or {}).items()})
-    return pa.Table.from_arrays(list(columns.values()), names=list(columns)).replace_schema_metadata(meta)
-
-
-def write_compare_leaves(store: Any, prefix: str, doc: Any, doc_size: Optional[int], doc_mtime: Optional[float],
-                         task: Optional[str] = None) -> Optional[str]:
-    """Write a rank directory's leaf table (:data:`COMPARE_LEAVES`) through ``store``; its key, or
-    None where the document's records cannot be laid out (an older table there is removed)."""
-    key = join_key(prefix, COMPARE_LEAVES)
-    data = doc.data if hasattr(doc, "data") else doc.get("data", {})
-    task = task if task is not None else (doc.task if hasattr(doc, "task") else doc.get("task"))
-    from msprobe.compare._rows import _has_md5
-    from msprobe.format.model import infer_framework
-
-    framework = infer_framework(data)
-    table = compare_leaf_table(data, {"doc_size": doc_size, "doc_mtime": None if doc_mtime is None else
-                                      repr(float(doc_mtime)), "task": task, "records": len(data),
-                                      "framework": framework[0] if framework else "none",
-                                      "has_md5": "1" if _has_md5(data) else "0"})
-    if table is None:
-        if store.exists(key):
-            store.delete(key)
-        return None
-    store.put(key, _table_bytes(table))
-    return key
-
-
-def _table_bytes(table: Any) -> bytes:
-    """The leaf table as Parquet bytes: dictionaries for the columns of few values, the records'
-    JSON (most of the bytes) in zstd, the other columns in LZ4 (LZ4_RAW: a quarter of the CPU of
-    zstd for them, 80 KB where zstd made 74 for 300 records), no column statistics (nobody filters
-    on them)."""
-    import io
-
-    import pyarrow.parquet as pq
-
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression={name: "zstd" if name == "raw" else "lz4" for name in table.column_names},
-                   write_statistics=False, use_dictionary=_DICTIONARY)
-    return buffer.getvalue()
 
 
 class IndexedRecords(Mapping):

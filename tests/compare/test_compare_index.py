@@ -215,12 +215,12 @@ def test_an_index_without_a_leaf_table_reads_that_document_alone(tmp_path, monke
 
 
 def test_a_leaf_table_of_another_version_is_not_read(tmp_path, monkeypatch):
-    import msprobe.compare._indexed as indexed
+    import msprobe.compare._leaftable as leaftable
 
     t = _write_doc(str(tmp_path / "t"), _every_leaf_kind("t"))
     b = _write_doc(str(tmp_path / "b"), _every_leaf_kind("b"))
     with monkeypatch.context() as patch:
-        patch.setattr(indexed, "COMPARE_LEAVES_VERSION", "0")  # as an older msprobe wrote it
+        patch.setattr(leaftable, "COMPARE_LEAVES_VERSION", "0")  # as an older msprobe wrote it
         build_index(t, leaf_tables=write_compare_leaves)
     build_index(b, leaf_tables=write_compare_leaves)
     with warnings.catch_warnings(record=True) as caught:
@@ -259,6 +259,7 @@ def test_leaf_table_in_c_and_python_agree(monkeypatch):
     import pyarrow as pa
 
     import msprobe.compare._indexed as indexed
+    import msprobe.compare._leaftable as leaftable
     import msprobe.compare._plan as plan
     import msprobe.index.columns as columns
     from msprobe.format.native import leafwalk
@@ -268,13 +269,13 @@ def test_leaf_table_in_c_and_python_agree(monkeypatch):
     assert walker is not None, "the C leaf walk is needed (built on first use; MSPROBE_LAKE_NATIVE=0 unset)"
     documents = [("every leaf kind", _every_leaf_kind("t")["data"])] + list(fixture_data())
     for path, data in documents:
-        native = indexed.compare_leaf_table(data, {"doc_size": 1})
+        native = leaftable.compare_leaf_table(data, {"doc_size": 1})
         names, starts, suffixes, ios, _ = indexed._walk_all(data)
         assert walker.rests(names, starts, suffixes, ios) == indexed._rests(names, starts, suffixes, ios, False), path
         with monkeypatch.context() as patch:
             for module in (indexed, plan, columns):
                 patch.setattr(module, "leafwalk", lambda: None)
-            python = indexed.compare_leaf_table(data, {"doc_size": 1})
+            python = leaftable.compare_leaf_table(data, {"doc_size": 1})
         assert (native is None) == (python is None), path
         if native is not None:
             assert isinstance(native, pa.Table)
@@ -282,3 +283,35 @@ def test_leaf_table_in_c_and_python_agree(monkeypatch):
     names, starts, suffixes, ios, _ = indexed._walk_all(_every_leaf_kind("t")["data"])
     assert walker.rests(names, starts, suffixes, [None] * len(ios)) is None  # an api record's leaf without its io
     assert walker.rests(names, starts[:-1] + [len(suffixes) - 1], suffixes, ios) is None  # a leaf of no record
+
+
+def test_the_layout_check_is_kept_per_document_shape(monkeypatch):
+    """Whether a document's leaves lay out as stand-ins is checked once per shape of document (its
+    names, leaf counts, suffixes and ios: the ranks of a step share them) and the answer kept, for
+    a document that lays out and for one that does not; a name holding the digest's separator is
+    checked every time; a table of the same shape but other values is that document's own."""
+    import msprobe.compare._leaftable as leaftable
+
+    calls = []
+    real = leaftable.stand_in_records
+    monkeypatch.setattr(leaftable, "stand_in_records", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(leaftable, "_LAID_OUT", {})
+    good = _every_leaf_kind("t")["data"]
+    bad = dict(good, **{"Functional.list.0.forward": [_tensor()]})  # neither an object nor a debug value
+    odd = dict(good, **{"Functional.nul\x00.0.forward": {"output": [_tensor()]}})
+    for _ in range(2):
+        assert leaftable.compare_leaf_table(good) is not None
+        assert leaftable.compare_leaf_table(bad) is None
+    assert len(calls) == 2
+    for _ in range(2):
+        assert leaftable.compare_leaf_table(odd) is not None
+    assert len(calls) == 4
+    changed = copy.deepcopy(good)
+    changed["mean.0.debug"]["Mean"] = 123.5  # the same shape, another value
+    changed["Functional.linear.0.forward"]["input_kwargs"]["mode"]["value"] = "mean"
+    other = leaftable.compare_leaf_table(changed)
+    assert len(calls) == 4
+    monkeypatch.setattr(leaftable, "_LAID_OUT", {})
+    want = leaftable.compare_leaf_table(changed)
+    assert len(calls) == 5 and repr(other.to_pylist()) == repr(want.to_pylist())
+    assert repr(want.to_pylist()) != repr(leaftable.compare_leaf_table(good).to_pylist())
