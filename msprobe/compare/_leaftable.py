@@ -46,11 +46,14 @@ def _lays_out(names: list, starts: list, suffixes: list, ios: list, rests: list)
 
     import numpy as np
 
-    texts = "\x00".join(names) + "\x01" + "\x00".join(suffixes) + "\x01" + "\x00".join(
-        io if io.__class__ is str else "\x02" for io in ios)
+    texts_of_ios = ios if set(map(type, ios)) <= {str} else [io if io.__class__ is str else "\x02" for io in ios]
+    all_ios = "\x00".join(texts_of_ios)
+    texts = "\x00".join(names) + "\x01" + "\x00".join(suffixes) + "\x01" + all_ios
     exact = texts.count("\x00") + texts.count("\x01") == max(len(names) - 1, 0) + 2 * max(len(suffixes) - 1, 0) + 2
+    if texts_of_ios is not ios:  # a null io written as \x02: no io may hold it
+        all_ios = "".join(io for io in ios if io.__class__ is str)
     key = None
-    if exact and "\x02" not in "".join(io for io in ios if io.__class__ is str):
+    if exact and "\x02" not in all_ios:
         digest = hashlib.blake2b(texts.encode("utf-8", "surrogatepass"), digest_size=20)
         digest.update(np.asarray(starts, dtype=np.int64).tobytes())
         key = digest.digest()
