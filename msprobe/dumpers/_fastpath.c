@@ -24,6 +24,11 @@
  *     cached handle not computed yet, any error while reading the tensor. ctx: the tuple
  *     _encode.entry_context builds (TENSOR_CTX_* below).
  *
+ *   capture_stack(skip, prefixes) -> ((filename, lineno, name), ...): msprobe/dumpers/stacks.py's
+ *     capture_stack: the frames of the calling thread from the caller's frame's skip-th caller
+ *     outwards (sys._getframe(skip) in the Python caller), those whose file name starts with one of
+ *     prefixes (or is "<string>") left out, innermost first.
+ *
  * The caller guarantees that [addr, addr + n * itemsize) is readable for the duration of the call
  * (a live, contiguous CPU tensor or array) and that n > 0 for stats. The GIL is released for
  * large buffers so that the dumper's writer threads run meanwhile.
@@ -35,7 +40,7 @@
 #include <math.h>
 #include <float.h>
 
-#define FASTPATH_VERSION 5  /* bump with every change: a stale build is then rebuilt */
+#define FASTPATH_VERSION 6  /* bump with every change: a stale build is then rebuilt */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define MULTI __attribute__((target_clones("avx2", "default")))
@@ -1049,6 +1054,105 @@ static PyObject *fp_tensor_entry(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ capture_stack */
+
+static PyObject *S_string_file;  /* "<string>" */
+/* (id(code), its last instruction) -> (code, (filename, lineno, name)): a call site's frame tuple, its line
+   number computed once (the line table is scanned from the code's start: microseconds in a long function).
+   The code object is held, so no other code object takes its id while the entry lives. */
+static PyObject *frame_items;
+#define FRAME_ITEMS_MAX 65536
+
+static int frame_lasti(PyFrameObject *frame) {
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyFrame_GetLasti(frame);
+#else
+    return frame->f_lasti;
+#endif
+}
+
+/* the (filename, lineno, name) of a frame, as the Python walk makes it (f_lineno: None when negative) */
+static PyObject *frame_item(PyFrameObject *frame, PyCodeObject *code) {
+    int lineno = PyFrame_GetLineNumber(frame);
+    PyObject *line = lineno < 0 ? Py_NewRef(Py_None) : PyLong_FromLong(lineno);
+    PyObject *item = line ? PyTuple_Pack(3, code->co_filename, line, code->co_name) : NULL;
+    Py_XDECREF(line);
+    return item;
+}
+
+/* frame_item, from the call sites seen before when no trace function runs (one may set f_lineno) */
+static PyObject *cached_frame_item(PyFrameObject *frame, PyCodeObject *code) {
+    PyThreadState *ts = PyThreadState_Get();
+    if (ts->c_tracefunc != NULL || frame_items == NULL) return frame_item(frame, code);
+    PyObject *key = Py_BuildValue("(Ni)", PyLong_FromVoidPtr(code), frame_lasti(frame));
+    if (key == NULL) return NULL;
+    PyObject *hit = PyDict_GetItemWithError(frame_items, key);  /* borrowed */
+    if (hit != NULL && PyTuple_GET_ITEM(hit, 0) == (PyObject *)code) {
+        Py_DECREF(key);
+        return Py_NewRef(PyTuple_GET_ITEM(hit, 1));
+    }
+    PyObject *item = PyErr_Occurred() ? NULL : frame_item(frame, code);
+    if (item != NULL) {
+        if (PyDict_GET_SIZE(frame_items) >= FRAME_ITEMS_MAX) PyDict_Clear(frame_items);
+        PyObject *value = PyTuple_Pack(2, (PyObject *)code, item);
+        if (value == NULL || PyDict_SetItem(frame_items, key, value) < 0) Py_CLEAR(item);
+        Py_XDECREF(value);
+    }
+    Py_DECREF(key);
+    return item;
+}
+
+/* whether a frame of the file `filename` is left out of a stack (-1 with an error set) */
+static int left_out(PyObject *filename, PyObject *prefixes) {
+    if (!PyUnicode_Check(filename)) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes); i++) {
+        Py_ssize_t r = PyUnicode_Tailmatch(filename, PyTuple_GET_ITEM(prefixes, i), 0, PY_SSIZE_T_MAX, -1);
+        if (r != 0) return (int)r;
+    }
+    int same = PyUnicode_Compare(filename, S_string_file);
+    if (same == -1 && PyErr_Occurred()) return -1;
+    return same == 0;
+}
+
+static PyObject *fp_capture_stack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "capture_stack(skip, prefixes): prefixes is a tuple of str");
+        return NULL;
+    }
+    long skip = PyLong_AsLong(args[0]);
+    if (skip == -1 && PyErr_Occurred()) return NULL;
+    PyObject *prefixes = args[1];
+    PyFrameObject *frame = PyEval_GetFrame();  /* borrowed: the Python caller's frame */
+    Py_XINCREF(frame);
+    for (; skip > 0 && frame != NULL; skip--) {
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    PyObject *frames = PyList_New(0);
+    while (frames != NULL && frame != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        int out = left_out(code->co_filename, prefixes);
+        if (out < 0) {
+            Py_CLEAR(frames);
+        } else if (!out) {
+            PyObject *item = cached_frame_item(frame, code);
+            if (item == NULL || PyList_Append(frames, item) < 0) Py_CLEAR(frames);
+            Py_XDECREF(item);
+        }
+        Py_DECREF(code);
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    if (frames == NULL) return NULL;
+    PyObject *stack = PyList_AsTuple(frames);
+    Py_DECREF(frames);
+    return stack;
+}
+
 /* set_simd(on) -> the previous setting: off runs the portable kernels (the tests cover both) */
 static PyObject *fp_set_simd(PyObject *self, PyObject *arg) {
     (void)self;
@@ -1077,6 +1181,8 @@ static PyMethodDef methods[] = {
      "record_json(obj, dumps) -> json.dumps(obj, separators=(', ', ': ')) from dumps(obj), or None"},
     {"tensor_entry", (PyCFunction)(void (*)(void))fp_tensor_entry, METH_FASTCALL,
      "tensor_entry(tensor, ctx) -> a CPU tensor's record entry (statistics, md5), or None: the Python path"},
+    {"capture_stack", (PyCFunction)(void (*)(void))fp_capture_stack, METH_FASTCALL,
+     "capture_stack(skip, prefixes) -> the (filename, lineno, name) of the frames outside prefixes, innermost first"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1085,6 +1191,8 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_fastpath", NULL,
 PyMODINIT_FUNC PyInit__fastpath(void) {
     crc_init();
     if (entry_strings() < 0) return NULL;
+    if ((S_string_file = PyUnicode_InternFromString("<string>")) == NULL || (frame_items = PyDict_New()) == NULL)
+        return NULL;
 #ifdef HAVE_CLMUL_CODE
     __builtin_cpu_init();
     have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");

@@ -21,7 +21,7 @@ from msprobe.format import native as native_modules
 __all__ = ["native", "DTYPE_CODES", "disabled", "record_text_function"]
 
 #: the C module's FASTPATH_VERSION this Python code expects
-VERSION = 5
+VERSION = 6
 #: dtype name (torch's / numpy's spelling) -> the C dtype code
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int16": 6,
                "int32": 7, "int64": 8, "bool": 9}

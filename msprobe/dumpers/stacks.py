@@ -8,14 +8,29 @@ import types
 from sys import _getframe  # CPython's frames: the cheap way to the caller's stack
 from typing import Optional
 
-__all__ = ["capture_stack", "render_stack"]
+__all__ = ["capture_stack", "render_stack", "walk_stack"]
 
 _PKG_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+#: the C fast path's capture_stack (None: not looked up yet; False: not there, MSPROBE_LAKE_NATIVE=0)
+_NATIVE: list = [None]
 
 
 def capture_stack() -> tuple:
-    """(filename, lineno, function) of the user frames, innermost first; code lines are read at publish."""
-    frame: Optional[types.FrameType] = _getframe(2)
+    """(filename, lineno, function) of the user frames, innermost first; code lines are read at publish
+    (the C fast path's walk when it is there, the same frames: :func:`walk_stack`)."""
+    native = _NATIVE[0]
+    if native is None:
+        from msprobe.dumpers.fastpath import native as load
+
+        mod = load()
+        native = _NATIVE[0] = getattr(mod, "capture_stack", False) if mod is not None else False
+    if native:
+        return native(2, _PKG_DIRS)  # (from this frame's caller's caller, as _getframe(2) here)
+    return walk_stack(_getframe(2))
+
+
+def walk_stack(frame: Optional[types.FrameType]) -> tuple:
+    """The user frames from ``frame`` outwards: those of this package's files and of ``<string>`` left out."""
     frames = []
     while frame is not None:
         filename = frame.f_code.co_filename

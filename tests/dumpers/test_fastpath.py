@@ -500,3 +500,39 @@ def test_tensor_entry_declines_what_it_does_not_make(fast):
         assert fast.tensor_entry(t, ctx) is None, t
     with pytest.raises(TypeError):
         fast.tensor_entry(torch.ones(2), ())
+
+
+# ------------------------------------------------------------------ a record's stack
+
+
+def test_capture_stack_is_the_python_walk(fast):
+    """The C walk of the calling thread's frames gives the Python walk's (filename, lineno, name) tuples:
+    from the same frame, the package's files and ``<string>`` left out (here also this test's file,
+    named as a second prefix), at any depth, through exec'd code."""
+    from msprobe.dumpers import stacks
+
+    def grab(native):
+        stacks._NATIVE[0] = native
+        return stacks.capture_stack()
+
+    def site(depth):
+        if depth:
+            return site(depth - 1)
+        both = [grab(n) for n in (fast.capture_stack, False)]  # (one line: the same frames)
+        here = (stacks._PKG_DIRS[0], os.path.dirname(os.path.abspath(__file__)))
+        return both, fast.capture_stack(0, here), stacks.walk_stack(sys._getframe(0)), here
+
+    saved = stacks._NATIVE[0]
+    try:
+        for depth in (0, 3, 40):
+            scope = {"site": site, "depth": depth}
+            exec("out = site(depth)", scope)  # a "<string>" frame in the stack
+            (native, python), filtered, walked, here = scope["out"]
+            assert native == python and len(native) > depth and not any(f[0] == "<string>" for f in native)
+            assert any(f[2] == "site" for f in native)
+            assert [f for f in walked if not f[0].startswith(here)] == list(filtered)
+            assert not any(f[2] == "site" for f in filtered) and filtered
+    finally:
+        stacks._NATIVE[0] = saved
+    with pytest.raises(TypeError):
+        fast.capture_stack(0, "not a tuple")
