@@ -20,7 +20,8 @@
  *     made as msprobe/dumpers/pytorch/_encode.py's Encoder.tensor makes it (the same keys in the same
  *     order, the same values, the statistics cache of the encoder read and filled the same way); None
  *     (nothing changed: the caller then takes the Python path) for anything else: another device, a
- *     subclass, a 0-d, empty, non-contiguous or negated tensor, a dtype the kernels do not know, a
+ *     subclass, an empty or negated tensor, a layout without unit-stride runs (md5 mode: any
+ *     non-contiguous one), a dtype the kernels do not know, a
  *     cached handle not computed yet, any error while reading the tensor. ctx: the tuple
  *     _encode.entry_context builds (TENSOR_CTX_* below).
  *
@@ -351,40 +352,13 @@ static PyObject *fp_stats(PyObject *self, PyObject *const *args, Py_ssize_t narg
 /* stats_runs(addr, code, run, sizes, strides): the same statistics over a strided layout made of
  * contiguous runs of `run` elements, the runs at the offsets (in elements) spanned by the outer
  * `sizes` x `strides` (tuples, outermost first, at most 16). */
-static PyObject *fp_stats_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 5 || !PyTuple_Check(args[3]) || !PyTuple_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "stats_runs(addr, code, run, sizes: tuple, strides: tuple)");
-        return NULL;
-    }
-    char *addr = (char *)PyLong_AsVoidPtr(args[0]);
-    long code = PyLong_AsLong(args[1]);
-    Py_ssize_t run = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t k = PyTuple_GET_SIZE(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    if (addr == NULL || run <= 0 || code < 0 || code > C_BOOL || k < 1 || k > MAX_OUTER ||
-        PyTuple_GET_SIZE(args[4]) != k) {
-        PyErr_SetString(PyExc_ValueError, "stats_runs: a null address, an empty run, an unknown dtype code "
-                                          "or 1 to 16 outer sizes and strides expected");
-        return NULL;
-    }
-    Py_ssize_t size[MAX_OUTER], stride[MAX_OUTER], idx[MAX_OUTER], n = run;
-    for (Py_ssize_t j = 0; j < k; j++) {
-        size[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], j));
-        stride[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[4], j));
-        idx[j] = 0;
-        if (PyErr_Occurred()) return NULL;
-        if (size[j] <= 0) {
-            PyErr_SetString(PyExc_ValueError, "stats_runs: outer sizes must be positive");
-            return NULL;
-        }
-        n *= size[j];
-    }
-    Py_ssize_t item = ITEMSIZE[code];
-    double d[4], d2[4];
-    int64_t iv[2], iv2[2];
-    int big = n * item >= NOGIL_BYTES;
-    PyThreadState *ts = big ? PyEval_SaveThread() : NULL;
+/* the statistics over the runs of `run` contiguous elements at addr + the odometer's offsets (in elements)
+   of k outer dimensions, outermost first */
+static void runs_kernel(long code, const char *addr, Py_ssize_t run, Py_ssize_t k, const Py_ssize_t *size,
+                        const Py_ssize_t *stride, double *d, int64_t *iv) {
+    Py_ssize_t item = ITEMSIZE[code], idx[MAX_OUTER] = {0};
+    double d2[4];
+    int64_t iv2[2];
     Py_ssize_t off = 0;  /* in elements */
     int first = 1;
     for (;;) {
@@ -405,6 +379,41 @@ static PyObject *fp_stats_runs(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         if (j < 0) break;
     }
+}
+
+static PyObject *fp_stats_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5 || !PyTuple_Check(args[3]) || !PyTuple_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "stats_runs(addr, code, run, sizes: tuple, strides: tuple)");
+        return NULL;
+    }
+    char *addr = (char *)PyLong_AsVoidPtr(args[0]);
+    long code = PyLong_AsLong(args[1]);
+    Py_ssize_t run = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t k = PyTuple_GET_SIZE(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (addr == NULL || run <= 0 || code < 0 || code > C_BOOL || k < 1 || k > MAX_OUTER ||
+        PyTuple_GET_SIZE(args[4]) != k) {
+        PyErr_SetString(PyExc_ValueError, "stats_runs: a null address, an empty run, an unknown dtype code "
+                                          "or 1 to 16 outer sizes and strides expected");
+        return NULL;
+    }
+    Py_ssize_t size[MAX_OUTER], stride[MAX_OUTER], n = run;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        size[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], j));
+        stride[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[4], j));
+        if (PyErr_Occurred()) return NULL;
+        if (size[j] <= 0) {
+            PyErr_SetString(PyExc_ValueError, "stats_runs: outer sizes must be positive");
+            return NULL;
+        }
+        n *= size[j];
+    }
+    double d[4];
+    int64_t iv[2];
+    int big = n * ITEMSIZE[code] >= NOGIL_BYTES;
+    PyThreadState *ts = big ? PyEval_SaveThread() : NULL;
+    runs_kernel(code, addr, run, k, size, stride, d, iv);
     if (ts) PyEval_RestoreThread(ts);
     return finish(code, n, d, iv);
 }
@@ -800,7 +809,7 @@ enum { TC_ENTRIES, TC_LIMIT, TC_NAMES, TC_CODES, TC_HANDLE, TC_DONE, TC_KEYS, TC
        TC_PARAM, TC_ANY_SIZE, TC_SCALAR_MAX, TC_F32, TC_SIZE };
 
 static PyObject *S_dtype, *S_shape, *S_requires_grad, *S_is_cpu, *S_base, *S_is_contiguous, *S_storage_offset,
-    *S_version, *S_is_neg, *S_data_ptr, *S_untyped_storage, *S_nbytes, *S_type, *S_torch_tensor, *S_md5;
+    *S_version, *S_is_neg, *S_data_ptr, *S_stride, *S_untyped_storage, *S_nbytes, *S_type, *S_torch_tensor, *S_md5;
 
 static int entry_strings(void) {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
@@ -808,7 +817,7 @@ static int entry_strings(void) {
     INTERN(S_is_cpu, "is_cpu"); INTERN(S_base, "_base"); INTERN(S_is_contiguous, "is_contiguous");
     INTERN(S_storage_offset, "storage_offset"); INTERN(S_version, "_version"); INTERN(S_is_neg, "is_neg");
     INTERN(S_data_ptr, "data_ptr"); INTERN(S_untyped_storage, "untyped_storage"); INTERN(S_nbytes, "nbytes");
-    INTERN(S_type, "type"); INTERN(S_torch_tensor, "torch.Tensor"); INTERN(S_md5, "md5");
+    INTERN(S_type, "type"); INTERN(S_stride, "stride"); INTERN(S_torch_tensor, "torch.Tensor"); INTERN(S_md5, "md5");
 #undef INTERN
     return 0;
 }
@@ -846,10 +855,79 @@ static int truth_of(PyObject *t, PyObject *name, int call) {
     return v;
 }
 
-/* the statistics of a contiguous CPU tensor of n > 0 elements as _encode's _cpu_kernel_stats gives
-   them (a dict in the table's order); NULL with an error set, or NULL without one: not for the kernels */
-static PyObject *entry_stats(PyObject *t, PyObject *ctx, PyObject *dtype, long code, Py_ssize_t n,
+#define MAX_DIMS 24
+
+/* what tensor_entry knows of a tensor's layout: its element count, dimensions and, not contiguous, its
+   sizes and strides (in elements) */
+typedef struct {
+    Py_ssize_t n;
+    int dim, contiguous;
+    Py_ssize_t size[MAX_DIMS], stride[MAX_DIMS];
+} layout_t;
+
+/* _encode._runs: the tensor's memory as `run` contiguous elements at the offsets of k outer dimensions
+   (those continuing the run merged into it); 0 when its smallest stride is not 1 or the runs would be
+   shorter than 8 elements */
+static int layout_runs(const layout_t *l, Py_ssize_t *run, Py_ssize_t *k, Py_ssize_t *size, Py_ssize_t *stride) {
+    Py_ssize_t st[MAX_DIMS], sz[MAX_DIMS];
+    int m = 0;
+    for (int i = 0; i < l->dim; i++) {
+        if (l->size[i] == 1) continue;
+        /* insertion into (stride, size) descending order, as sorted(..., reverse=True) */
+        int j = m++;
+        while (j > 0 && (st[j - 1] < l->stride[i] || (st[j - 1] == l->stride[i] && sz[j - 1] < l->size[i]))) {
+            st[j] = st[j - 1];
+            sz[j] = sz[j - 1];
+            j--;
+        }
+        st[j] = l->stride[i];
+        sz[j] = l->size[i];
+    }
+    if (m == 0 || st[m - 1] != 1) return 0;
+    Py_ssize_t r = sz[m - 1];
+    int index = m - 2;
+    while (index >= 0 && st[index] == r) {
+        r *= sz[index];
+        index--;
+    }
+    if (r < 8 || index >= MAX_OUTER) return 0;
+    *run = r;
+    *k = index + 1;
+    for (int i = 0; i <= index; i++) {
+        size[i] = sz[i];
+        stride[i] = st[i];
+    }
+    return 1;
+}
+
+/* a 0-d tensor's value as its statistics give it (_encode's scalar handle: Max = Min = Mean = Norm = the
+   value; bool: any = all = the value, no Mean/Norm) */
+static PyObject *scalar_stats(long code, const void *addr) {
+    PyObject *v;
+    switch (code) {
+    case C_F32: v = PyFloat_FromDouble((double)*(const float *)addr); break;
+    case C_F64: v = PyFloat_FromDouble(*(const double *)addr); break;
+    case C_F16: v = PyFloat_FromDouble((double)load_f16(*(const uint16_t *)addr)); break;
+    case C_BF16: v = PyFloat_FromDouble((double)load_bf16(*(const uint16_t *)addr)); break;
+    case C_I8: v = PyLong_FromLong(*(const int8_t *)addr); break;
+    case C_U8: v = PyLong_FromLong(*(const uint8_t *)addr); break;
+    case C_I16: v = PyLong_FromLong(*(const int16_t *)addr); break;
+    case C_I32: v = PyLong_FromLong(*(const int32_t *)addr); break;
+    case C_I64: v = PyLong_FromLongLong(*(const int64_t *)addr); break;
+    default: {
+        PyObject *b = *(const uint8_t *)addr ? Py_True : Py_False;
+        return Py_BuildValue("(OOOO)", b, b, Py_None, Py_None);
+    }
+    }
+    if (v == NULL) return NULL;
+    return Py_BuildValue("(OOON)", v, v, v, v);
+}
+
+/* the statistics of a CPU tensor as _encode's _stat_handle gives them on its C path (a dict in the
+   table's order), md5 mode its CRC-32; NULL with an error set, or NULL without one: not this path's */
+static PyObject *entry_stats(PyObject *t, PyObject *ctx, PyObject *dtype, long code, const layout_t *l,
                              long long offset, PyObject **md5) {
+    Py_ssize_t n = l->n;
     long long nbytes_needed = (offset + 1) * (long long)ITEMSIZE[code];
     PyObject *storage = PyObject_CallMethodNoArgs(t, S_untyped_storage);
     if (storage == NULL) return NULL;
@@ -859,9 +937,11 @@ static PyObject *entry_stats(PyObject *t, PyObject *ctx, PyObject *dtype, long c
     if (have < nbytes_needed) return NULL;  /* no memory behind it (a freed storage): null stats, Python's */
     int neg = truth_of(t, S_is_neg, 1);
     if (neg != 0) return NULL;
-    if (!PyObject_IsTrue(PyTuple_GET_ITEM(ctx, TC_ANY_SIZE)) &&
+    if (l->dim && !PyObject_IsTrue(PyTuple_GET_ITEM(ctx, TC_ANY_SIZE)) &&
         (long long)n > PyLong_AsLongLong(PyTuple_GET_ITEM(ctx, TC_SCALAR_MAX)))
         return NULL;
+    Py_ssize_t run = n, k = 0, size[MAX_OUTER], stride[MAX_OUTER];
+    if (!l->contiguous && !layout_runs(l, &run, &k, size, stride)) return NULL;  /* torch's reductions */
     PyObject *ptr = PyObject_CallMethodNoArgs(t, S_data_ptr);
     if (ptr == NULL) return NULL;
     void *addr = PyLong_AsVoidPtr(ptr);
@@ -870,23 +950,34 @@ static PyObject *entry_stats(PyObject *t, PyObject *ctx, PyObject *dtype, long c
     double d[4];
     int64_t iv[2];
     Py_ssize_t bytes = n * ITEMSIZE[code];
-    PyThreadState *ts = bytes >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-    run_kernel(code, addr, n, d, iv);
+    int want_md5 = PyTuple_GET_ITEM(ctx, TC_MD5) == Py_True;  /* (then contiguous: tensor_entry_) */
     uint32_t crc = 0;
-    int want_md5 = PyTuple_GET_ITEM(ctx, TC_MD5) == Py_True;
-    if (want_md5) crc = crc32_any(0, (const uint8_t *)addr, (size_t)bytes);
-    if (ts) PyEval_RestoreThread(ts);
-    PyObject *vals = finish(code, n, d, iv);
-    if (vals == NULL) return NULL;
-    PyObject *mean = PyTuple_GET_ITEM(vals, 2);
-    if (dtype == PyTuple_GET_ITEM(ctx, TC_F32) && PyFloat_Check(mean) &&
-        fabs(PyFloat_AS_DOUBLE(mean)) * (double)n > (double)FLT_MAX) {
-        /* torch's float32 sum overflows there (26.2.0: -inf) */
-        PyObject *inf = PyFloat_FromDouble(copysign(INFINITY, PyFloat_AS_DOUBLE(mean)));
-        if (inf == NULL) { Py_DECREF(vals); return NULL; }
-        PyTuple_SET_ITEM(vals, 2, inf);
-        Py_DECREF(mean);
+    PyObject *vals;
+    if (l->dim == 0) {
+        if (want_md5) crc = crc32_any(0, (const uint8_t *)addr, (size_t)bytes);
+        vals = scalar_stats(code, addr);
+    } else {
+        PyThreadState *ts = bytes >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+        if (k == 0)
+            run_kernel(code, addr, n, d, iv);
+        else
+            runs_kernel(code, (const char *)addr, run, k, size, stride, d, iv);
+        if (want_md5) crc = crc32_any(0, (const uint8_t *)addr, (size_t)bytes);
+        if (ts) PyEval_RestoreThread(ts);
+        vals = finish(code, n, d, iv);
+        PyObject *mean = vals ? PyTuple_GET_ITEM(vals, 2) : NULL;
+        if (mean && dtype == PyTuple_GET_ITEM(ctx, TC_F32) && PyFloat_Check(mean) &&
+            fabs(PyFloat_AS_DOUBLE(mean)) * (double)n > (double)FLT_MAX) {
+            /* torch's float32 sum overflows there (26.2.0: -inf) */
+            PyObject *inf = PyFloat_FromDouble(copysign(INFINITY, PyFloat_AS_DOUBLE(mean)));
+            if (inf == NULL) Py_CLEAR(vals);
+            else {
+                PyTuple_SET_ITEM(vals, 2, inf);
+                Py_DECREF(mean);
+            }
+        }
     }
+    if (vals == NULL) return NULL;
     PyObject *keys = PyTuple_GET_ITEM(ctx, TC_KEYS);
     PyObject *stats = PyDict_New();
     for (Py_ssize_t i = 0; stats != NULL && i < 4; i++) {
@@ -900,9 +991,31 @@ static PyObject *entry_stats(PyObject *t, PyObject *ctx, PyObject *dtype, long c
     return stats;
 }
 
-/* the cached (or new, then cached) done handle's statistics and md5, borrowed from the handle;
-   0: found or made, 1: not for this path, -1: an error */
-static int entry_handle(PyObject *t, PyObject *ctx, PyObject *dtype, long code, Py_ssize_t n,
+/* StatCache.memory_key's layout: (numel, is 0-d) contiguous, else the sorted (size, stride) pairs */
+static PyObject *layout_key(const layout_t *l) {
+    if (l->contiguous) return Py_BuildValue("(nO)", l->n, l->dim == 0 ? Py_True : Py_False);
+    Py_ssize_t sz[MAX_DIMS], st[MAX_DIMS];
+    for (int i = 0; i < l->dim; i++) {  /* insertion into (size, stride) ascending order, as sorted(zip(...)) */
+        int j = i;
+        while (j > 0 && (sz[j - 1] > l->size[i] || (sz[j - 1] == l->size[i] && st[j - 1] > l->stride[i]))) {
+            sz[j] = sz[j - 1];
+            st[j] = st[j - 1];
+            j--;
+        }
+        sz[j] = l->size[i];
+        st[j] = l->stride[i];
+    }
+    PyObject *key = PyTuple_New(l->dim);
+    for (int i = 0; key != NULL && i < l->dim; i++) {
+        PyObject *pair = Py_BuildValue("(nn)", sz[i], st[i]);
+        if (pair == NULL) Py_CLEAR(key);
+        else PyTuple_SET_ITEM(key, i, pair);
+    }
+    return key;
+}
+
+/* the cached (or new, then cached) done handle; 0: found or made, 1: not for this path, -1: an error */
+static int entry_handle(PyObject *t, PyObject *ctx, PyObject *dtype, long code, const layout_t *l,
                         PyObject **handle_out) {
     PyObject *base = PyObject_GetAttr(t, S_base);
     if (base == NULL) return -1;
@@ -916,7 +1029,7 @@ static int entry_handle(PyObject *t, PyObject *ctx, PyObject *dtype, long code, 
     if (offset < 0) goto done;
     version = PyObject_GetAttr(t, S_version);
     if (version == NULL) goto done;
-    key = Py_BuildValue("(NL(nO)OO)", PyLong_FromVoidPtr(base), offset, n, Py_False, dtype,
+    key = Py_BuildValue("(NLNOO)", PyLong_FromVoidPtr(base), offset, layout_key(l), dtype,
                         PyTuple_GET_ITEM(ctx, TC_CPU));
     if (key == NULL) goto done;
     PyObject *entries = PyTuple_GET_ITEM(ctx, TC_ENTRIES);
@@ -931,7 +1044,7 @@ static int entry_handle(PyObject *t, PyObject *ctx, PyObject *dtype, long code, 
             goto done;
         }
     }
-    stats = entry_stats(t, ctx, dtype, code, n, offset, &md5);
+    stats = entry_stats(t, ctx, dtype, code, l, offset, &md5);
     if (stats == NULL) {
         rc = PyErr_Occurred() ? -1 : 1;
         goto done;
@@ -1020,16 +1133,31 @@ static PyObject *tensor_entry_(PyObject *t, PyObject *ctx) {
     long code = PyLong_AsLong(code_obj);
     if (code < 0 || code > C_BOOL) goto out;
     shape = PyObject_GetAttr(t, S_shape);
-    if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) goto out;
-    Py_ssize_t n = 1;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); i++) {
+    if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > MAX_DIMS) goto out;
+    layout_t l;
+    l.dim = (int)PyTuple_GET_SIZE(shape);
+    l.n = 1;
+    for (int i = 0; i < l.dim; i++) {
         Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
-        if (size <= 0 || n > PY_SSIZE_T_MAX / size) goto out;  /* (empty, or an error) */
-        n *= size;
+        if (size <= 0 || l.n > PY_SSIZE_T_MAX / size) goto out;  /* (empty, or an error) */
+        l.n *= size;
+        l.size[i] = size;
     }
     int requires_grad = truth_of(t, S_requires_grad, 0);
-    if (requires_grad < 0 || truth_of(t, S_is_contiguous, 1) != 1) goto out;
-    if (entry_handle(t, ctx, dtype, code, n, &handle) != 0) goto out;
+    l.contiguous = truth_of(t, S_is_contiguous, 1);
+    if (requires_grad < 0 || l.contiguous < 0) goto out;
+    if (!l.contiguous) {  /* (md5 mode: the bytes of a contiguous copy, Python's) */
+        if (PyTuple_GET_ITEM(ctx, TC_MD5) == Py_True) goto out;
+        PyObject *strides = PyObject_CallMethodNoArgs(t, S_stride);
+        int ok = strides != NULL && PyTuple_Check(strides) && PyTuple_GET_SIZE(strides) == l.dim;
+        for (int i = 0; ok && i < l.dim; i++) {
+            l.stride[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(strides, i));
+            ok = !(l.stride[i] == -1 && PyErr_Occurred());
+        }
+        Py_XDECREF(strides);
+        if (!ok) goto out;
+    }
+    if (entry_handle(t, ctx, dtype, code, &l, &handle) != 0) goto out;
     entry = entry_from(ctx, handle, name, shape, requires_grad);
 out:
     Py_DECREF(dtype);

@@ -454,6 +454,13 @@ def _entry_tensors():
         torch.randn(5, 3, generator=g, dtype=torch.complex64), torch.tensor([1.0, float("nan"), 2.0]),
         torch.tensor([float("inf"), 1.0, float("-inf")]), torch.full((10,), 3e38), torch.randn(3, 70_001, generator=g),
         leaf, leaf * 2, torch.nn.Parameter(base.clone()), neg, torch.tensor([7]),
+        # 0-d: the value itself (a negative Norm), each kernel dtype
+        torch.tensor(-2.5), torch.tensor(float("nan")), torch.tensor(-3.25, dtype=torch.float16),
+        torch.tensor(1e-40, dtype=torch.bfloat16), torch.tensor(-7, dtype=torch.int64), torch.tensor(True),
+        torch.tensor(200, dtype=torch.uint8), torch.tensor(-1.5, dtype=torch.float64), base[2, 3],
+        # attention's views: a 4-d transpose, its 3-d narrow, a gather of runs, an expand, a column
+        base.reshape(2, 32, 3, 11).transpose(1, 2), base.reshape(2, 32, 33)[:, 4:20], base[:, ::2],
+        torch.randn(1, 5, generator=g).expand(9, 5), base[:, 7], base.reshape(4, 16, 33).permute(2, 0, 1),
     ]
 
 
@@ -464,6 +471,7 @@ def test_tensor_entry_is_the_python_entry(kernels, mode):
     tensor it takes (and declines the others: the Python path then), and fills the statistics cache
     with the same keys, so either path hits what the other stored."""
     from msprobe.dumpers.pytorch import _encode
+    from msprobe.dumpers.session._documents import PendingStats
 
     def encoder(native: bool):
         e = _encode.Encoder(None, save_tensors=False, summary_mode=mode, tensor_list=[])
@@ -471,15 +479,23 @@ def test_tensor_entry_is_the_python_entry(kernels, mode):
             e._entry_ctx = False
         return e
 
+    def made(enc, t):  # the entry as the record holds it once its pending statistics are fetched
+        entry = enc.tensor(t, "x", False)
+        pending = PendingStats()
+        pending.extend(enc.take_stats())
+        pending.resolve(_encode.fetch_stats)
+        return entry
+
     native, python = encoder(True), encoder(False)
     taken = 0
     for t in _entry_tensors():
         for _ in range(2):  # computed, then from the cache
-            a, b = native.tensor(t, "x", False), python.tensor(t, "x", False)
+            a, b = made(native, t), made(python, t)
             assert json.dumps(a) == json.dumps(b), (t.dtype, tuple(t.shape), a, b)
         taken += kernels.tensor_entry(t, native._entry_ctx) is not None
-        assert len(native.take_stats()) == len(python.take_stats())
-    assert taken >= 16, taken  # (the contiguous, non-negated tensors of a kernel dtype, not 0-d)
+    # (all but the empty, negated, complex ones and four layouts without runs of 8 unit-stride elements; md5:
+    # no non-contiguous one)
+    assert taken == (30 if mode == "md5" else 34), taken
     assert list(native.cache.entries) == list(python.cache.entries)
     mixed = encoder(True)  # stored by one path, found by the other
     t = torch.randn(6, 6)
@@ -495,7 +511,9 @@ def test_tensor_entry_declines_what_it_does_not_make(fast):
     e.tensor(torch.ones(2), "x", False)
     ctx = e._entry_ctx
     assert fast.tensor_entry(torch.ones(3, 3), ctx)["Max"] == 1.0
-    for t in (torch.ones(3, 3).t(), torch.tensor(1.0), torch.zeros(0), torch.ones(2, dtype=torch.complex64),
+    assert fast.tensor_entry(torch.tensor(-2.0), ctx)["Norm"] == -2.0  # (a 0-d tensor's statistics: its value)
+    assert fast.tensor_entry(torch.ones(12, 12).t(), ctx)["Max"] == 1.0  # (a transpose: unit-stride runs)
+    for t in (torch.ones(12, 12)[:, ::2], torch.zeros(0), torch.ones(2, dtype=torch.complex64),
               torch.ones(2, device="meta"), torch.ones(2)._neg_view(), "not a tensor"):
         assert fast.tensor_entry(t, ctx) is None, t
     with pytest.raises(TypeError):
