@@ -1067,6 +1067,13 @@ static int entry_handle(PyObject *t, PyObject *ctx, PyObject *dtype, long code, 
             Py_XDECREF(value);
             goto done;
         }
+        /* the cache's key (ints, the dtype, the device, a tuple of ints), its value (a weak reference, an
+           int, the handle) and the handle (ints, dicts of atomic values) hold no reference cycle: left
+           out of the collector's walks, as it leaves such tuples out itself once it has seen them */
+        PyObject_GC_UnTrack(key);
+        PyObject_GC_UnTrack(value);
+        if (PyTuple_CheckExact(PyTuple_GET_ITEM(key, 2))) PyObject_GC_UnTrack(PyTuple_GET_ITEM(key, 2));
+        if (extra == NULL) PyObject_GC_UnTrack(handle);
         Py_DECREF(value);
     }
     *handle_out = Py_NewRef(handle);
@@ -1106,6 +1113,9 @@ static PyObject *entry_from(PyObject *ctx, PyObject *handle, PyObject *name, PyO
     }
     PyObject *list = PySequence_List(shape);
     if (list == NULL) return NULL;
+    /* a list of ints holds no reference cycle: untracked (the records of a step live until its end, and
+       the collector walked each shape at every collection of their generations) */
+    PyObject_GC_UnTrack(list);
     PyObject *entry = PyDict_New();
     if (entry == NULL || PyDict_SetItem(entry, S_type, S_torch_tensor) < 0 || PyDict_SetItem(entry, S_dtype, name) < 0 ||
         PyDict_SetItem(entry, S_shape, list) < 0 || PyDict_Update(entry, stats) < 0 ||

@@ -120,6 +120,7 @@ class DumperCore(CallRecords):
         #: step ends (``step()``), also after ``stop()`` (the docs: stop before loss.backward()
         #: and step() after it collects the forward *and* backward of the calls in between)
         self._generation = 0
+        self._weak_self = weakref.ref(self)  # (the API backward hooks' reference to the core, one for all)
         self._region: Optional[str] = None  # module_dump(module, name): the module's key, until module_dump_end
         self._dumped_step = False  # start() turned the dump on in this step
         self._records_before = 0

@@ -67,22 +67,7 @@ class CallRecords:
         inputs, of its outputs), set up now: its record (parent: the module backward running), or
         its place in construct.json when filtered out or ``record`` is False; nothing once the
         step of the call is over."""
-        core_ref = weakref.ref(self)
-        generation = self._generation
-
-        def hook(grad_input: Any, grad_output: Any) -> None:
-            core = core_ref()
-            if core is None or not core.live(generation):
-                return None
-            bw_parent = core.running_backward()
-            if not record or not core.wanted_backward(bwd, True):
-                if core.dumps_modules():
-                    core.structure(bwd, bw_parent)
-                return None
-            core.record_backward(bwd, grad_output, grad_input, bw_parent)
-            return None
-
-        return hook
+        return _ApiBackwardHook(self._weak_self, self._generation, bwd, record)
 
     # ---------------------------------------------------------------- records
     def record_backward(self: Any, bwd: str, grads_in: Any, grads_out: Any, parent: Optional[str]) -> None:
@@ -245,6 +230,32 @@ class CallRecords:
         if save_backward:
             _save_grads(self, variable, f"{name}_grad.{count}.debug")
         return key
+
+
+class _ApiBackwardHook:
+    """:meth:`CallRecords.api_backward_hook`'s hook: one object per API call (its backward hook lives until
+    the backward runs; a closure was a function and four cells, each walked by the garbage collector)."""
+
+    __slots__ = ("core_ref", "generation", "bwd", "record")
+
+    def __init__(self, core_ref: Callable[[], Any], generation: int, bwd: str, record: bool) -> None:
+        self.core_ref = core_ref
+        self.generation = generation
+        self.bwd = bwd
+        self.record = record
+
+    def __call__(self, grad_input: Any, grad_output: Any) -> None:
+        core = self.core_ref()
+        if core is None or not core.live(self.generation):
+            return None
+        bwd = self.bwd
+        bw_parent = core.running_backward()
+        if not self.record or not core.wanted_backward(bwd, True):
+            if core.dumps_modules():
+                core.structure(bwd, bw_parent)
+            return None
+        core.record_backward(bwd, grad_output, grad_input, bw_parent)
+        return None
 
 
 def backward_parent(parent: Optional[str]) -> Optional[str]:

@@ -196,13 +196,7 @@ class TorchDumper(FrameworkAdapter):
         if first is None or not first.requires_grad or first.grad_fn is None \
                 or _identity_dropout(bwd, args, kwargs or {}):
             return
-        record = self.core.api_backward_hook(bwd)
-        seq = node_seq(first.grad_fn)
-
-        def hook(grad_inputs, grad_outputs):
-            before_event(seq)  # module calls completed before this node, in the engine's order
-            return record(grad_inputs, grad_outputs)
-
+        hook = _SeqHook(node_seq(first.grad_fn), self.core.api_backward_hook(bwd))
         if any(first is arg for arg in args):
             # an API that returned its argument unchanged (x.float() of a float32 x): 26.2.0 records the
             # identity node its module hooks put on a module's output, or on the inputs of the module
@@ -449,6 +443,22 @@ class _ModuleHooks(ModuleForwardHooks):
         finally:
             GUARD.inside = False
         return None
+
+
+class _SeqHook:
+    """An API call's backward hook on its output's autograd node: the module calls completed before the
+    node (``seq``: its sequence number), in the engine's order, then the record (``record``: the core's
+    hook). One object per call (a closure was a function and two cells)."""
+
+    __slots__ = ("seq", "record")
+
+    def __init__(self, seq: Any, record: Callable[[Any, Any], None]) -> None:
+        self.seq = seq
+        self.record = record
+
+    def __call__(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        before_event(self.seq)
+        return self.record(grad_inputs, grad_outputs)
 
 
 class _MutatingKeys:
