@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from msprobe.format.native import leafwalk
 
-__all__ = ["column", "gathered", "int_array", "repeated"]
+__all__ = ["column", "gathered", "int_array"]
 
 
 def _kind(pa: Any, arrow_type: Any) -> Optional[str]:
@@ -60,13 +60,6 @@ def column(values: list, arrow_type: Any, index: Optional[bytes] = None, *, nati
         return pa.Array.from_buffers(arrow_type, count, [valid, pa.py_buffer(first)], nulls, children=[child])
     buffers = [valid, pa.py_buffer(first)] + ([pa.py_buffer(second)] if kind == "s" else [])
     return pa.Array.from_buffers(arrow_type, count, buffers, nulls)
-
-
-def repeated(value: Any, count: int, arrow_type: Any) -> Any:
-    """An array of ``count`` rows of ``value``."""
-    import numpy as np
-
-    return column([value], arrow_type, np.zeros(count, dtype=np.int64).tobytes())
 
 
 def int_array(values: Any, arrow_type: Any) -> Any:
