@@ -28,8 +28,12 @@ rank). Megatron's habits:
 
 MoE (``--experts E``, expert parallel ``--ep``): every layer's MLP is Megatron's MoE layer
 (:func:`_moe_layer`: router, all-to-all token dispatcher, ``mlp.experts.local_experts.<i>``), the
-expert-parallel groups being ep consecutive data-parallel ranks of a pipeline stage (dp divisible
-by ep, tp = 1; ep rank = dp rank mod ep): each rank holds E/ep experts (global expert ``ep_rank * E/ep + i``) and
+expert-parallel groups being ep consecutive data-parallel ranks of a pipeline stage with the same tp
+rank (dp divisible by ep; ep rank = dp rank mod ep; with tp > 1, Megatron's expert tensor parallelism
+equal to tp and ``--sp``: each tp rank routes its piece of the sequence, the token counts gathered
+over tp x ep, the tokens an expert-parallel rank receives gathered over its tp group (an uneven
+``all_gather``, padded unseen for gloo), each expert's fc1 rows and fc2 columns on each tp rank, its
+partial sums ``reduce_scatter``ed back (list form)): each rank holds E/ep experts (global expert ``ep_rank * E/ep + i``) and
 its share of the batch; an expert's gradient is all_reduced over its expert data-parallel group
 (the dp/ep ranks holding the same experts; one rank when ep == dp), never over the expert-parallel
 one; the clip adds the
@@ -170,7 +174,7 @@ class _State:
         self.order = parse_order(args.order)
         self.coords = coords_of(rank, self.sizes, self.order)
         self.tp_group = self.dp_group = self.mp_group = self.ep_group = self.expert_dp_group = self.cp_group = None
-        self.expert_mp_group = None
+        self.expert_mp_group = self.tp_ep_group = None
         self.step = 0
         self.counts: dict = {}
         self.sites: dict = {}
@@ -299,6 +303,8 @@ def _moe_layer(state: _State, linear: Any) -> Any:
     local = experts // ep
     ep_rank = state.coords["dp"] % ep
     group = state.ep_group
+    tp, tp_rank, tp_group = state.sizes["tp"], state.coords["tp"], state.tp_group
+    counts_group = state.tp_ep_group if tp > 1 else group  # the token counts gathered over tp x ep
 
     def exchange(x: Any, output_splits: list, input_splits: list, group: Any) -> Any:
         out = raw.empty((sum(output_splits), x.shape[1]), dtype=x.dtype)
@@ -317,10 +323,49 @@ def _moe_layer(state: _State, linear: Any) -> Any:
             output_splits, input_splits = ctx.splits
             return exchange(grad, input_splits, output_splits, ctx.group), None, None, None
 
+    def padded(x: Any, size: int) -> Any:
+        return raw.cat([x, raw.zeros((size - x.shape[0], x.shape[1]), dtype=x.dtype)], 0) if size > x.shape[0] else x
+
+    def gather_tp(x: Any, sizes: list) -> Any:
+        """The tensor-parallel ranks' tokens joined (Megatron's gather_from_sequence_parallel_region with
+        output_split_sizes: an all_gather of uneven pieces; gloo's needs equal ones: padded, unseen)."""
+        most = max(sizes)
+        pieces = [raw.empty((most, x.shape[1]), dtype=x.dtype) for _ in sizes]
+        dist.all_gather(pieces, raw.clone(padded(x, most), memory_format=torch.contiguous_format), group=tp_group)
+        return raw.cat([raw.narrow(piece, 0, 0, size) for piece, size in zip(pieces, sizes)], 0)
+
+    def scatter_tp(x: Any, sizes: list) -> Any:
+        """This rank's piece of the tensor-parallel ranks' sum (reduce_scatter with input_split_sizes)."""
+        out = raw.empty((sizes[tp_rank], x.shape[1]), dtype=x.dtype)
+        dist.reduce_scatter(out, [raw.clone(piece, memory_format=torch.contiguous_format)
+                                  for piece in raw.split_with_sizes(x, sizes)], group=tp_group)
+        return out
+
+    class GatherTP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, sizes: list) -> Any:
+            ctx.sizes = sizes
+            return gather_tp(x, sizes)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return scatter_tp(grad, ctx.sizes), None
+
+    class ScatterTP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, sizes: list) -> Any:
+            ctx.sizes = sizes
+            return scatter_tp(x, sizes)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return gather_tp(grad, ctx.sizes), None
+
     class TopKRouter(nn.Module):
         def __init__(self, number: int) -> None:
             super().__init__()
             self.weight = nn.Parameter(_full((experts, H), 10 * number + 5))
+            self.weight.sequence_parallel = tp > 1  # on this rank's piece of the sequence: its gradient is partial
 
         def forward(self, x: Any) -> Any:
             logits = linear(x, self.weight, None, None)
@@ -350,9 +395,11 @@ def _moe_layer(state: _State, linear: Any) -> Any:
 
         def __init__(self, number: int, expert: int) -> None:
             super().__init__()
-            seed = 1000 * (number + 1) + 10 * expert
-            self.linear_fc1 = ColumnParallelLinear(_full((FFN_EXPERT, H), seed), "fc1", number, expert)
-            self.linear_fc2 = RowParallelLinear(_full((H, FFN_EXPERT), seed + 1), None, number, expert)
+            seed, rows = 1000 * (number + 1) + 10 * expert, FFN_EXPERT // tp  # expert tensor parallel = tp
+            self.linear_fc1 = ColumnParallelLinear(_full((FFN_EXPERT, H), seed)[tp_rank * rows:(tp_rank + 1) * rows]
+                                                   .clone(), "fc1", number, expert)
+            self.linear_fc2 = RowParallelLinear(_full((H, FFN_EXPERT), seed + 1)[:, tp_rank * rows:(tp_rank + 1) * rows]
+                                                .clone(), None, number, expert)
             self.number, self.expert, self.calls = number, expert, 0
             for p in self.parameters():
                 p.allreduce = False  # Megatron's mark of an expert parameter
@@ -393,24 +440,33 @@ def _moe_layer(state: _State, linear: Any) -> Any:
             order = raw.argsort(flat, stable=True, dim=0)
             permuted = raw.index_select(tokens, 0, raw.floor_divide(order, topk))
             counts = raw.bincount(flat, minlength=experts)
-            if group is None:
-                table = raw.reshape(counts, (1, experts))
-            else:
-                gathered = raw.empty((ep * experts,), dtype=counts.dtype)
-                dist.all_gather_into_tensor(gathered, counts, group=group)
-                table = raw.reshape(gathered, (ep, experts))
-            mine = raw.narrow(table, 1, ep_rank * local, local)  # [source, local expert]
+            if counts_group is None:
+                table = raw.reshape(counts, (1, 1, experts))
+            else:  # [ep source, tp source, expert] (Megatron's tp-ep group: tp fastest)
+                gathered = raw.empty((tp * ep * experts,), dtype=counts.dtype)
+                dist.all_gather_into_tensor(gathered, counts, group=counts_group)
+                table = raw.reshape(gathered, (ep, tp, experts))
+            held = raw.narrow(table, 2, ep_rank * local, local)  # [ep source, tp source, local expert]
+            mine = raw.select(held, 1, tp_rank)  # [ep source, local expert]: what this rank receives
+            sources = tp * ep  # the (tp source, ep source) chunks this rank's experts take, tp outermost
+            sizes = raw.reshape(raw.transpose(held, 0, 1), (-1,)).tolist()  # (tp, ep, local) order
+            totals = raw.sum(raw.reshape(raw.transpose(held, 0, 1), (tp, -1)), 1).tolist()  # per tp source
             if group is not None:
                 input_splits = raw.sum(raw.reshape(counts, (ep, local)), 1).tolist()
                 output_splits = raw.sum(mine, 1).tolist()
-                received = AllToAll.apply(permuted, output_splits, input_splits, group)
-                chunks = raw.split_with_sizes(received, raw.reshape(mine, (-1,)).tolist())
-                permuted = raw.cat([chunks[s * local + i] for i in range(local) for s in range(ep)], 0)
-            out = self.experts(permuted, raw.sum(mine, 0))
-            if group is not None:  # combine: back to (source, local expert), then to the sources
-                sizes = raw.reshape(raw.transpose(mine, 0, 1), (-1,)).tolist()
-                chunks = raw.split_with_sizes(out, sizes)
-                out = raw.cat([chunks[i * ep + s] for s in range(ep) for i in range(local)], 0)
+                permuted = AllToAll.apply(permuted, output_splits, input_splits, group)
+            if tp > 1:  # every tensor-parallel rank of the expert takes the tokens all of them received
+                permuted = GatherTP.apply(permuted, totals)
+            if sources > 1:  # from (tp source, ep source, local expert) to (local expert, ...)
+                chunks = raw.split_with_sizes(permuted, sizes)
+                permuted = raw.cat([chunks[s * local + i] for i in range(local) for s in range(sources)], 0)
+            out = self.experts(permuted, raw.sum(raw.reshape(held, (-1, local)), 0))
+            if sources > 1:  # combine: back to (source, local expert)
+                chunks = raw.split_with_sizes(out, [sizes[s * local + i] for i in range(local) for s in range(sources)])
+                out = raw.cat([chunks[i * sources + s] for s in range(sources) for i in range(local)], 0)
+            if tp > 1:  # the experts' partial sums (row-parallel fc2) summed, this rank's tokens kept
+                out = ScatterTP.apply(out, totals)
+            if group is not None:  # then to the sources
                 out = AllToAll.apply(out, input_splits, output_splits, group)
             weighted = raw.mul(out, raw.unsqueeze(raw.index_select(raw.reshape(probs, (-1,)), 0, order), 1))
             index = raw.broadcast_to(raw.unsqueeze(raw.floor_divide(order, topk), 1), tuple(weighted.shape))
@@ -866,6 +922,10 @@ def _groups(state: _State) -> None:
         for block in range(blocks):  # the experts' model-parallel group (Megatron's tp-ep-pp): the clip's norm
             make("expert_mp_group", [rank_of({"tp": t, "cp": 0, "dp": block * ep + e, "pp": p}, s, o)
                                      for t in range(s["tp"]) for e in range(ep) for p in range(s["pp"])])
+            for p in range(s["pp"]):  # the tokens per expert gathered over tp x ep (tp > 1)
+                if s["tp"] > 1:
+                    make("tp_ep_group", [rank_of({"tp": t, "cp": 0, "dp": block * ep + e, "pp": p}, s, o)
+                                         for t in range(s["tp"]) for e in range(ep)])
 
 def _batch(step: int) -> tuple:
     """The global batch of ``step``: inputs [micro-batches, batch, seq, H], targets [.., OUT]."""
@@ -923,9 +983,10 @@ def train(args: Any) -> dict:
         raise SystemExit("the layout does not divide the model")
     if args.vpp > 1 and args.pp == 1:
         raise SystemExit("virtual pipeline stages need pp > 1")
-    if args.experts and (args.experts % args.ep or args.dp % args.ep or args.tp != 1 or args.vpp != 1):
-        raise SystemExit("experts: expert parallel within the data-parallel ranks (dp divisible by ep, tp = 1, "
-                         "vpp = 1), experts divisible by ep")
+    if args.experts and (args.experts % args.ep or args.dp % args.ep or args.vpp != 1 or FFN_EXPERT % args.tp or
+                         (args.tp > 1 and not args.sp)):
+        raise SystemExit("experts: expert parallel within the data-parallel ranks (dp divisible by ep, vpp = 1; "
+                         "tp > 1 with --sp, as Megatron asks of MoE with tensor parallelism), experts divisible by ep")
     if args.ep > 1 and not args.experts:
         raise SystemExit("--ep needs --experts")
     import torch

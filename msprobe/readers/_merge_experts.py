@@ -42,7 +42,7 @@ from msprobe.readers._merge_leaf import (
     _signature,
 )
 
-__all__ = ["join_experts", "expert_groups"]
+__all__ = ["join_experts", "expert_groups", "expert_names"]
 
 _EXPERT = re.compile(r"^(?P<layer>.*?)\.local_experts\.(?P<i>\d+)(?=\.)")
 _API = re.compile(r"^(?P<head>[^.]+\.[^.]+(?:\.[^.]+)*?)\.(?P<n>\d+)\.(?P<dir>forward|backward)$")
@@ -380,18 +380,66 @@ def _join_containers(joined: dict, report: dict, models: list, containers: set, 
         report["findings"] = [f for f in report["findings"] if f["record"] != logical]
 
 
+def _nulled_like(record: Any, raw: Any, partial: set) -> Any:
+    """``record`` (a tensor-parallel merge of ``raw``) with the leaves that are partial values on the
+    rank (``raw``'s leaves in ``partial``, at the same paths) left out."""
+    paths = {path for path, leaf in _leaves(raw) if _signature(leaf) in partial}
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, dict) and "dtype" in node and "shape" in node:
+            if path not in paths:
+                return node
+            out = dict(node, **{stat: None for stat in STAT_KEYS})
+            out.pop("data_name", None)
+            out.pop("md5", None)
+            return out
+        if isinstance(node, dict):
+            return {key: walk(value, f"{path}.{key}".lstrip(".")) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value, f"{path}.{i}".lstrip(".")) for i, value in enumerate(node)]
+        return node
+    return walk(record, "")
+
+
 def _expert_record(models: list, raws: list, tails: list, partials: list, replica: int, name: str,
-                   tensors: Any) -> Any:
-    """One expert's record as its rank holds it (a backward tensor divided by ep)."""
+                   tensors: Any, wide: bool = False) -> Any:
+    """One expert's record as its rank holds it (a backward tensor divided by ep); ``wide``: its
+    stage has several (tensor-parallel) ranks, whose merged record is taken."""
     record = models[replica][0][name]
     if name in tails[replica]:  # its rank's own values: a partial norm is no all_reduce's result here
         stage, own = tails[replica][name]
-        record = _nulled(raws[replica][stage].get(own, record), partials[replica][stage])
+        if wide:
+            record = _nulled_like(record, raws[replica][stage].get(own), partials[replica][stage])
+        else:
+            record = _nulled(raws[replica][stage].get(own, record), partials[replica][stage])
     # a backward tensor of the rank's loss over its share; a parameter's gradient is already its
     # averaged all_reduce's result (the merge of each rank's model takes it)
     if _is_backward(name) and not name.endswith("parameters_grad"):
         return _divided(record, float(len(models)), tensors)
     return record
+
+
+def _plan(models: list, raws: list, ranks: list) -> tuple:
+    """(experts, tails, containers, local experts a rank, each model's records in the card's tail
+    order, the logical order, the logical names) of an expert-parallel group's models."""
+    experts, tails, containers = _expert_maps(models, raws, ranks)
+    counts = {len({i for _, i in found.values()}) for found in experts}
+    if len(counts) != 1 or not experts[0]:
+        raise ConfigError("expert parallel: the ranks of the expert-parallel group hold no local_experts records "
+                          "between their all_to_all calls, or not as many each")
+    local = counts.pop()
+    datas = [_chained_tail(model[0], found, model[3]) for model, found in zip(models, experts)]
+    order = _order(datas, experts)
+    return experts, tails, containers, local, datas, order, _renames(order, experts, local)
+
+
+def expert_names(models: list, raws: list, ranks: list) -> list:
+    """Per model of an expert-parallel group (as :func:`join_experts` takes them) {its record's name:
+    (the logical name, whether it is an expert's record)}: the card's names, whose shapes tell the
+    ranks' tensor-parallel shards from replicas before they are merged."""
+    experts, _, _, _, datas, _, renames = _plan(models, raws, ranks)
+    return [{name: (renames.get((replica, name)), True) if name in experts[replica] else
+             (renames.get((None, name), name), False) for name in data} for replica, data in enumerate(datas)]
 
 
 def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors: Any = None) -> tuple:
@@ -403,16 +451,8 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors:
     record's logical name, for the other side's records); ``tensors``: the step's tensor recipes (a
     tensor dump: an expert's backward tensors divided as their statistics are), else None. Returns
     (data, parents, frames, report)."""
-    experts, tails, containers = _expert_maps(models, raws, ranks)
+    experts, tails, containers, local, datas, order, renames = _plan(models, raws, ranks)
     partials = [[_feeding_reduce(raw) for raw in stage_raws] for stage_raws in raws]
-    counts = {len({i for _, i in found.values()}) for found in experts}
-    if len(counts) != 1 or not experts[0]:
-        raise ConfigError("expert parallel: the ranks of the expert-parallel group hold no local_experts records "
-                          "between their all_to_all calls, or not as many each")
-    local = counts.pop()
-    datas = [_chained_tail(model[0], found, model[3]) for model, found in zip(models, experts)]
-    order = _order(datas, experts)
-    renames = _renames(order, experts, local)
     shared = {name: logical for (replica, name), logical in renames.items() if replica is None}
     joined, parents, frames, report = join(_stripped(models, datas, experts, shared))
     _join_containers(joined, report, models, containers, shared, tensors)
@@ -423,13 +463,16 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors:
             if logical in joined:
                 data[logical] = joined.pop(logical)
             continue
-        record = data[logical] = _expert_record(models, raws, tails, partials, replica, name, tensors)
+        entry = models[replica][3]["records"].get(name) or {}
+        wide = len(ranks[replica][min(entry.get("stages") or [0])]) > 1
+        record = data[logical] = _expert_record(models, raws, tails, partials, replica, name, tensors, wide)
         entry = models[replica][3]["records"].get(name) or {}
         held = entry.get("ranks") or ranks[replica][0]  # the ranks of its stage holding it
-        suspects = {path: list(held) for path, leaf in _leaves(record) if _anomalous(leaf)}
+        inner = entry.get("leaf_suspects") or {}  # (the tensor-parallel shard that alone carries it)
+        suspects = {path: list(inner.get(path) or held) for path, leaf in _leaves(record) if _anomalous(leaf)}
         report["records"][logical] = {"stages": entry.get("stages", [0]), "ranks": list(held), "leaves": {},
                                       "names": {"0": name}, "leaf_suspects": suspects,
-                                      "suspects": sorted(held) if suspects else []}
+                                      "suspects": sorted({rank for found in suspects.values() for rank in found})}
         parent = models[replica][1].get(name)
         if parent is not None or name in models[replica][1]:
             parents[logical] = renames.get((replica, parent), shared.get(parent, parent)) if parent else None

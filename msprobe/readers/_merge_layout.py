@@ -22,7 +22,7 @@ def _records_of(source: Any) -> dict:
         return {}
 
 
-_TP_FORWARD = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
+_TP_FORWARD = ("all_reduce", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter")
 
 
 class _RankCalls:

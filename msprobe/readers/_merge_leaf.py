@@ -86,6 +86,7 @@ class _Merger:
         self.partial_values: list = [set() for _ in members]  # per member: signatures of partial values
         self.tensors: Any = None  # the merged step's TensorRecipes (a tensor dump), else None
         self.balanced = 0  # context-parallel members: the tokens of a sequence each holds (load-balanced chunks)
+        self.summed_values: list = [set() for _ in members]  # per member: signatures of its partial sums (_summed)
 
     @property
     def ranks(self) -> list:
@@ -153,8 +154,9 @@ class _Merger:
                 return None  # a NaN/Inf on some members: replicas, the one carrying it departs
             if not all(_same(n, nodes[0]) for n in nodes[1:]):
                 return dims[-1]
-            peers = [_at(peer, path) for peer in self.peers]
-            if peers and not _is_backward(self.name) and all(_is_leaf(peer) and _same(peer, nodes[0]) for peer in peers):
+            peers = [_at(peer, path) for peer in self.peers]  # (integers, counts, are no parameter)
+            if peers and not _is_backward(self.name) and not _COUNTS.match(str(nodes[0].get("dtype"))) and \
+                    all(_is_leaf(peer) and _same(peer, nodes[0]) for peer in peers):
                 return dims[-1]
             return None
         return -2
@@ -227,9 +229,10 @@ class _Merger:
         pieces = [partial.scattered(n) for partial, n in zip(self.partials, nodes)]
         if len(nodes) < 2 or not all(piece is not None for piece in pieces):
             return None
-        whole, piece = _shape(nodes[0]), _shape(pieces[0])
-        dims = [d for d in range(len(whole)) if len(piece) == len(whole) and piece[d] * len(nodes) == whole[d]
-                and all(piece[o] == whole[o] for o in range(len(whole)) if o != d)]
+        whole, shapes = _shape(nodes[0]), [_shape(piece) for piece in pieces]
+        dims = [d for d in range(len(whole)) if all(len(shape) == len(whole) for shape in shapes) and
+                sum(shape[d] for shape in shapes) == whole[d] and  # (uneven pieces: a list-form reduce_scatter)
+                all(shape[o] == whole[o] for shape in shapes for o in range(len(whole)) if o != d)]
         if not dims:
             return None
         self.kinds[path] = "partial: its reduce_scatter's pieces"
@@ -261,6 +264,8 @@ class _Merger:
         if all(_same(n, first) for n in nodes[1:]):
             self.kinds[path] = "partial" if reduced else "replicated"
             return first
+        if len(nodes) == len(self.summed_values) and all(_signature(n) in held for n, held in zip(nodes, self.summed_values)):
+            return self._summed(nodes, path)  # a partial sum passed on (a module's output of its last linear's)
         if any(_anomalous(n) for n in nodes):
             return self._disagreeing(nodes, ref, path)
         one = math.prod(_shape(first)) == 1
@@ -273,8 +278,8 @@ class _Merger:
                         if key.startswith("input"))
         if one and not path.startswith("input") and on_shards:
             return self._partial_value(list(enumerate(nodes)), path)
-        if on_shards and _is_backward(self.name) and path.startswith("output"):
-            return self._summed(nodes, path)
+        if on_shards and path.startswith("output"):  # backward: a gradient of what a shard alone computed;
+            return self._summed(nodes, path)  # forward: a row-parallel partial sum reduced later (an expert's fc2)
         return self._disagreeing(nodes, ref, path)
 
     def _summed(self, nodes: list, path: str) -> dict:
@@ -287,6 +292,9 @@ class _Merger:
         means = [n.get(MEAN.key) for n in nodes]
         if all(isinstance(v, (int, float)) for v in means):
             merged[MEAN.key] = sum(means)
+        if len(nodes) == len(self.summed_values):
+            for n, held in zip(nodes, self.summed_values):
+                held.add(_signature(n))
         self.kinds[path] = "partial: the members' sum"
         merged.pop("data_name", None)
         return merged
@@ -454,6 +462,7 @@ class _Reduced:
         self.factors = factors
         self.by_shape: dict = {}
         self.scatters: dict = {}  # signature of a reduce_scatter's input -> its output (this rank's piece)
+        self.scatter_lists: list = []  # (statistics of a list-form reduce_scatter's pieces joined, its output)
         for name, record in data.items():
             api = comm_api(name)
             if api is None or not isinstance(record, dict):
@@ -463,10 +472,21 @@ class _Reduced:
                 self.by_shape.setdefault(_shape(args[0]), []).append((args[0], out[0]))
             elif api[0] in _SCATTERS and len(args) > 1 and out and _is_leaf(args[1]) and _is_leaf(out[0]):
                 self.scatters[_signature(args[1])] = out[0]
+            elif api[0] == "reduce_scatter" and len(args) > 1 and isinstance(args[1], list) and args[1] and \
+                    all(_is_leaf(piece) for piece in args[1]) and out and _is_leaf(out[0]):
+                # the list form (Megatron's input_split_sizes): the pieces' concatenation is the partial sum
+                self.scatter_lists.append((merge_shard_stats(args[1], 0), out[0]))
 
     def scattered(self, leaf: Any) -> Optional[dict]:
-        """This rank's piece of the sum a reduce_scatter made of ``leaf`` (a partial sum), else None."""
-        return self.scatters.get(_signature(leaf)) if _is_leaf(leaf) else None
+        """This rank's piece of the sum a reduce_scatter made of ``leaf`` (a partial sum), else None; a
+        list-form reduce_scatter's pieces (in any order: a permutation of the tokens) whose joined
+        statistics are ``leaf``'s (within the tolerance of section 15.1: joined in float64)."""
+        if not _is_leaf(leaf):
+            return None
+        found = self.scatters.get(_signature(leaf))
+        if found is None:
+            found = next((piece for whole, piece in self.scatter_lists if _same(whole, leaf)), None)
+        return found
 
     def feeds(self, leaf: Any) -> bool:
         """Whether ``leaf`` is (the statistics of) an all_reduce's input."""

@@ -38,14 +38,24 @@ def _align(base: list, names: list, base_data: Optional[dict] = None, data: Opti
                     made[_signature(leaf)] = (own, tuple(source[0] for source in sources))
         return out
 
-    matcher = difflib.SequenceMatcher(None, keys(base, base_data), keys(names, data), autojunk=False)
+    ours, theirs = keys(base, base_data), keys(names, data)
+    matcher = difflib.SequenceMatcher(None, ours, theirs, autojunk=False)
     mapping: dict = {}
     extras: list = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             mapping.update(zip(base[i1:i2], names[j1:j2]))
-        elif tag in ("insert", "replace"):
-            extras.extend((base[i1 - 1] if i1 > 0 else None, name) for name in names[j1:j2])
+            continue
+        free = list(range(i1, i2)) if tag == "replace" else []
+        for j in range(j1, j2) if tag in ("insert", "replace") else ():
+            # a record whose sources read differently (a sum whose other part is zero on one rank) is
+            # still the same record when its own name and shapes are
+            i = next((i for i in free if ours[i][0] == theirs[j][0]), None)
+            if i is None:
+                extras.append((base[i1 - 1] if i1 > 0 else None, names[j]))
+            else:
+                free = [k for k in free if k > i]
+                mapping[base[i]] = names[j]
     return mapping, extras
 
 

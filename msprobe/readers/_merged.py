@@ -38,7 +38,7 @@ from msprobe.format.comm import comm_api
 from msprobe.format.documents import DumpDocument
 from msprobe.format.parallel import Layout, stage_renames
 from msprobe.readers._merge_chunks import virtual_stages
-from msprobe.readers._merge_experts import expert_groups, join_experts
+from msprobe.readers._merge_experts import expert_groups, expert_names, join_experts
 from msprobe.readers._merge_layout import _cp_tokens, _ep_size, _records_of, layout_models, read_layout
 from msprobe.readers._merge_leaf import (
     _anomalous,
@@ -461,10 +461,9 @@ def _holds_a_piece(sources: list, other_shapes: Optional[dict], degrees: tuple) 
 def _expert_blocks(replicas: list, heads: list, ep: int, text: str) -> list:
     """[[index of each model of an expert-parallel group, in rank order]] in rank order: the models
     whose first rank calls its first all_to_all over the same ranks (else of one (dp, cp) index)."""
-    if len(replicas) % ep or any(len(stage) != 1 for _, stages in replicas for stage in stages):
-        raise ConfigError(f"layout {text}: expert parallel is merged where every stage is one rank (tp = 1, dp a "
-                          f"multiple of ep); this layout has {len(replicas)} models of "
-                          f"{[[len(stage) for stage in stages] for _, stages in replicas]} ranks")
+    if len(replicas) % ep:
+        raise ConfigError(f"layout {text}: expert parallel needs dp a multiple of ep; this layout has "
+                          f"{len(replicas)} models")
     groups: dict = {}
     for index, ((key, _), head) in enumerate(zip(replicas, heads)):
         groups.setdefault(expert_groups(_records_of(head)) or tuple(key[:2]), []).append(index)
@@ -488,15 +487,25 @@ def _experts_merged(replicas: list, ep: int, text: str, warnings: list, referenc
     per_rank, per_block = _shrunk_shapes(other_shapes, (len(heads),)), _shrunk_shapes(other_shapes, (len(blocks),))
     merged = []
     for block in blocks:
-        each = [merge_model(replicas[i][1], reference, per_rank, [replicas[j][1] for j in block if j != i],
-                            (1.0, float(len(heads))), tensors) for i in block]
+        raws = [[_rank_records(stage[0]) for stage in replicas[i][1]] for i in block]
+        ranks = [[[source.rank for source in stage] for stage in replicas[i][1]] for i in block]
+        shapes, references = [per_rank] * len(block), [reference] * len(block)
+        if any(len(stage) > 1 for i in block for stage in replicas[i][1]):  # expert tensor parallel: the experts'
+            # shapes and statistics are the card's of the same expert (each rank's names are its own: merged once
+            # to read them)
+            each = [merge_model(replicas[i][1], None, per_rank) for i in block]
+            names = expert_names(each, raws, ranks)
+            shapes = [{name: (per_block if expert else per_rank).get(logical, {}) for name, (logical, expert) in
+                       found.items()} for found in names]
+            references = [{name: (reference or {}).get(logical) for name, (logical, _) in found.items()
+                           if (reference or {}).get(logical) is not None} for found in names]
+        each = [merge_model(replicas[i][1], known, wanted, [replicas[j][1] for j in block if j != i],
+                            (1.0, float(len(heads))), tensors) for i, wanted, known in zip(block, shapes, references)]
 
         def join(models: list) -> tuple:
             return join_replicas(models, reference or {}, per_block, tensors)
 
-        merged.append(join_experts(each, [[_rank_records(stage[0]) for stage in replicas[i][1]] for i in block],
-                                   [[[source.rank for source in stage] for stage in replicas[i][1]] for i in block],
-                                   join, tensors))
+        merged.append(join_experts(each, raws, ranks, join, tensors))
     if len(merged) == 1:
         data, parents, frames, report = merged[0]
     else:  # the expert data-parallel replicas: the groups on their shares of the batch

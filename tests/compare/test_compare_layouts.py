@@ -703,8 +703,8 @@ def test_expert_parallel_ranks_merge_into_the_card_holding_every_expert():
 
 
 def test_expert_parallel_without_ep_in_the_layout_is_warned_and_other_splits_refused():
-    """A layout without ep on ranks whose all_to_all runs over 2 ranks says so; ep with tp > 1 (not
-    merged yet) is refused with the reason rather than merged wrongly."""
+    """A layout without ep on ranks whose all_to_all runs over 2 ranks says so; an ep whose groups are
+    not the ranks' all_to_all groups is refused with the reason rather than merged wrongly."""
     from msprobe.readers._merged import merge_dump_step, shapes_of
 
     tokens = [[5, 7], [4, 8]]
@@ -712,9 +712,10 @@ def test_expert_parallel_without_ep_in_the_layout_is_warned_and_other_splits_ref
     ranks = [_Rank(r, _ep_records([2 * r, 2 * r + 1], tokens[r], (3, 1.0)), {}) for r in (0, 1)]
     (merged,) = merge_dump_step(ranks, parse_layout("dp=2"), single, shapes_of(single))
     assert any("give ep=2" in warning for warning in merged.report["warnings"])
-    four = [_Rank(r, _ep_records([2 * (r // 2), 2 * (r // 2) + 1], tokens[r // 2], (3, 1.0)), {}) for r in range(4)]
-    with pytest.raises(ConfigError, match="expert parallel is merged where every stage is one rank"):
-        merge_dump_step(four, parse_layout("tp=2,ep=2"), single, shapes_of(single))
+    four = [_Rank(r, _ep_records([2 * (r % 2), 2 * (r % 2) + 1], tokens[r % 2], (3, 1.0), group=(0, 1, 2, 3)), {})
+            for r in range(4)]
+    with pytest.raises(ConfigError, match=r"all_to_all groups \[\(0, 1, 2, 3\)\] are not groups of ep=2 ranks"):
+        merge_dump_step(four, parse_layout("ep=2,dp=2"), single, shapes_of(single))
 
 
 def test_an_experts_backward_tensor_is_divided_as_its_statistics_are():

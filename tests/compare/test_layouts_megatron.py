@@ -28,7 +28,8 @@ pytestmark = pytest.mark.xdist_group("megatron_layouts")
 CASES = [("tp2pp2", "healthy"), ("tp2pp2", "nan_s1"), ("tp2pp2", "scale_s1"), ("dp", "healthy"), ("dp", "nan_s1"),
          ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1"), ("sp", "healthy"), ("sp", "nan_s1"),
          ("ep", "healthy"), ("ep", "nan_r1"), ("cp2", "healthy"), ("cp2", "nan_s0"), ("dp_cp", "healthy"),
-         ("dp_cp", "nan_s0"), ("ep_pp", "healthy"), ("ep_pp", "nan_r1")]
+         ("dp_cp", "nan_s0"), ("ep_pp", "healthy"), ("ep_pp", "nan_r1"), ("ep_tp", "healthy"),
+         ("ep_tp", "nan_r1")]
 TOOLS = ["compare", "compare_origin", "lake_diverge", "lake_nan"]
 
 
@@ -138,17 +139,21 @@ def test_layout_auto_reads_context_parallelism(runs, tmp_path, group, text):
     assert summary["origin"] is None and summary["first_nan_inf_target"] is None
 
 
-def test_layout_auto_reads_expert_parallel_on_pipeline_stages(runs, tmp_path):
-    """Expert parallel 2 on each of 2 pipeline stages (4 ranks) against the card holding every expert:
-    ``--layout auto`` reads ``tp=1,pp=2,ep=2``; every record of both steps pairs with the card's and
-    the pair has no answer (each stage's tail, Megatron's chained optimizer: the dense parameters'
-    pass over every stage before the experts'; the stages' copies of the clip's total norm kept once)."""
+@pytest.mark.parametrize("group,text", [("ep_pp", "tp=1,pp=2,ep=2"), ("ep_tp", "tp=2,pp=1,ep=2")])
+def test_layout_auto_reads_expert_parallel_with_pipeline_or_tensor_parallel(runs, tmp_path, group, text):
+    """Expert parallel 2 on each of 2 pipeline stages, or with expert tensor parallel 2 (= tp, with
+    sequence parallelism, as Megatron runs MoE with tp), 4 ranks, against the card holding every
+    expert: ``--layout auto`` reads the layout (tp from the experts' list-form reduce_scatter over the
+    tensor-parallel group); every record of both steps pairs with the card's and the pair has no
+    answer (pp: each stage's tail, Megatron's chained optimizer, the dense parameters' pass over every
+    stage before the experts'; the stages' copies of the clip's total norm kept once. tp: each expert
+    on every tp rank of its expert-parallel rank, its fc1 shards joined, its fc2 outputs partial sums)."""
     from msprobe.compare import compare
 
-    target_run, bench_run, _, _ = B.GROUPS["ep_pp"]
+    target_run, bench_run, _, _ = B.GROUPS[group]
     summary = compare(B.run_dir(runs["out"], target_run, "healthy"), B.run_dir(runs["out"], bench_run, "healthy"),
                       str(tmp_path / "auto"), layout="auto", plot=False, progress=False)
-    assert {model["layout"] for model in summary["layout"]["models"]} == {"tp=1,pp=2,ep=2 (read from the dump)"}
+    assert {model["layout"] for model in summary["layout"]["models"]} == {f"{text} (read from the dump)"}
     assert len(summary["pairs"]) == 2
     assert all(pair["unmatched_records"] == 0 and pair["unmatched_bench_records"] == 0 for pair in summary["pairs"])
     assert summary["first_divergence"] is None and summary["origin"] is None
