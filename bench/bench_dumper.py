@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_dumper.py [--size gpt2|opheavy] [--rounds 3] [--modes L1,mix,md5,tensor]
         [--real-python /path/to/venv-with-mindstudio-probe/bin/python]
     PYTHONPATH=$PWD .venv/bin/python bench/bench_dumper.py --table     # the performance issue's table
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_dumper.py --table --before ../old   # + ours of another checkout
 
 ``--table``: statistics L1 / mix / L1+md5, tensor L1 in both layouts (classic ``.pt`` and the Zarr
 store) and the limits of the same run (``hooks``: our hooks and records, no tensor read, nothing
@@ -83,7 +84,9 @@ def table(args):
     global THREADS, WINDOW, DEVICE
     WINDOW, DEVICE = args.window, args.device
     real = args.real_python if args.real_python is not None else default_real_python()
-    tools = [("ours", OURS)] + ([("real", real)] if real and os.path.exists(real) else [])
+    tools = [("ours", OURS)] + ([("before", OURS)] if args.before else []) + \
+        ([("real", real)] if real and os.path.exists(real) else [])
+    env_of = {"before": {"PYTHONPATH": os.path.abspath(args.before)}} if args.before else {}
     configs = [c for c in [("cpu", 1, "cpu_ms_median"), ("wall", 2, "ms_median")] if c[0] in args.table_metrics.split(",")]
     rows = [r for r in TABLE if not args.table_modes or r[1] in args.table_modes.split(",")]
     res: dict = {}
@@ -91,11 +94,13 @@ def table(args):
         for metric, threads, key in configs:
             THREADS = threads
             for label, py in tools:
-                modes = ["none"] + [m_ours if label == "ours" else m_real for _, m_ours, m_real, _ in rows
-                                    if (m_ours if label == "ours" else m_real)]
+                mine = label != "real"
+                modes = ["none"] + [m_ours if mine else m_real for _, m_ours, m_real, _ in rows
+                                    if (m_ours if mine else m_real)]
                 for mode in modes:
                     out = measure(py, "none" if mode == "none" else "msprobe", "L1" if mode == "none" else mode,
-                                  args.size, args.steps, os.path.join(DUMP_ROOT, f"mb_{label}_{mode}"))
+                                  args.size, args.steps, os.path.join(DUMP_ROOT, f"mb_{label}_{mode}"),
+                                  env_of.get(label))
                     res.setdefault((metric, label, mode), []).append(out)
                     print(f"round {r} {metric}/{threads}t {label:4s} {mode:11s} {out[key]:9.1f} ms/step "
                           f"{out['records'] // out['steps_dumped']} records/step", file=sys.stderr)
@@ -161,10 +166,29 @@ def table(args):
         per_rec = f"{(statistics.fmean(o_r) - 1) * b / recs[m_ours] * 1000:.0f} µs" if o_r and b and recs[m_ours] else "–"
         print(f"| {name} | {recs[m_ours]} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {over} | {per_rec} "
               f"| {target} |")
+    if args.before:
+        before_table(rows, recs, base, over_metric, per_round, mean_se, args.before)
     if any(r[1] == "floor" for r in rows) and any(r[1] == "L1" for r in rows):
         print("\nstatistics L1 - floor: " + "; ".join(
             f"{mt} {statistics.fmean(per_round(mt, 'ours', 'L1')) - statistics.fmean(per_round(mt, 'ours', 'floor')):+.3f}"
             for mt, _, _ in configs))
+
+
+def before_table(rows, recs, base, metric, per_round, mean_se, tree):
+    """``--before TREE``: our dumper of another checkout (before a change) in the same rounds, against ours."""
+    print(f"\nours before ({tree}) and after (this checkout), the same rounds, {metric}:\n")
+    print("| mode | before | after | before per record | after per record | overhead after/before |")
+    print("|---|---|---|---|---|---|")
+    for name, m_ours, _, _ in rows:
+        b_r, a_r = per_round(metric, "before", m_ours), per_round(metric, "ours", m_ours)
+        if not b_r or not a_r:
+            continue
+        (bm, bse), (am, ase) = mean_se(b_r), mean_se(a_r)
+        b_base, a_base = base.get((metric, "before")), base.get((metric, "ours"))
+        b_rec = (bm - 1) * b_base / recs[m_ours] * 1000 if b_base and recs[m_ours] else float("nan")
+        a_rec = (am - 1) * a_base / recs[m_ours] * 1000 if a_base and recs[m_ours] else float("nan")
+        print(f"| {name} | {bm:.3f}x ± {bse:.3f} | {am:.3f}x ± {ase:.3f} | {b_rec:.0f} µs | {a_rec:.0f} µs "
+              f"| {(am - 1) / (bm - 1):.2f} |")
 
 
 def main():
@@ -178,6 +202,8 @@ def main():
                     help="python of a venv with mindstudio-probe (default: $MSPROBE_REAL_PYTHON, else "
                          "tests/_realtool.py's cached 26.2.0 venv); '' for ours only")
     ap.add_argument("--table", action="store_true", help="the performance issue's table (see the docstring)")
+    ap.add_argument("--before", default=None, metavar="TREE",
+                    help="--table: also our dumper of the checkout TREE (e.g. before a change) in the same rounds")
     ap.add_argument("--window", default=None, choices=["step", "fwd_bwd"],
                     help="dump window (default: fwd_bwd with --table, else step)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's default)")
