@@ -172,6 +172,7 @@ def page(browser):
     """A fresh page (1400 x 900) that records console errors, page errors and CSP violations."""
     ctx = browser.new_context(viewport={"width": 1400, "height": 900}, accept_downloads=True)
     p = ctx.new_page()
+    p.set_default_timeout(WAIT_MS)
     p.errors = []
     p.on("pageerror", lambda e: p.errors.append(f"pageerror: {e}"))
     p.on("console", lambda m: p.errors.append(f"console: {m.text}") if m.type == "error" else None)
@@ -179,10 +180,17 @@ def page(browser):
     ctx.close()
 
 
-def until(page, check, timeout_ms: int = 30000) -> None:
-    """Poll ``check`` every 50 ms until it holds (Playwright's wait_for_function evals, which the
-    page's policy forbids); assert it at the end."""
-    for _ in range(timeout_ms // 50):
+#: the longest the browser tests wait for a page state (a selector, a poll, Playwright's own waits):
+#: a bound, not a figure; a wait returns as soon as its state holds. 30 s was too short on the
+#: 2-core machine at load 9 (a record view's first paint during the whole suite's run).
+WAIT_MS = 180_000
+
+
+def until(page, check, timeout_ms: int = WAIT_MS) -> None:
+    """Poll ``check`` every 50 ms until it holds or ``timeout_ms`` of wall time have passed
+    (Playwright's wait_for_function evals, which the page's policy forbids); assert it at the end."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while time.monotonic() < deadline:
         if check():
             return
         page.wait_for_timeout(50)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.view.conftest import LiveServer, shot
+from tests.view.conftest import WAIT_MS, LiveServer, shot
 
 FAULT_ROW = "Functional.linear.1.forward.input.1"
 FAULT_RECORD = "Functional.linear.1.forward"
@@ -18,7 +18,7 @@ READY = "body[data-ready]"
 
 def _ready(page, url: str) -> None:
     page.goto(url)
-    page.wait_for_selector(READY, state="attached", timeout=30000)
+    page.wait_for_selector(READY, state="attached", timeout=WAIT_MS)
     assert page.errors == [], page.errors
 
 

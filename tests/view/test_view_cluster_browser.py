@@ -7,7 +7,7 @@ These tests fail, never skip, when Chromium cannot be installed or started (test
 With MSPROBE_VIEW_SHOTS=1 the live walk writes docs/explorer/cluster.png."""
 from __future__ import annotations
 
-from tests.view.conftest import LiveServer, shot
+from tests.view.conftest import WAIT_MS, LiveServer, shot
 from tests.view.conftest import until as _until
 from tests.view.test_view_cluster import ORIGIN, cluster_view, pipeline  # noqa: F401 - the fixtures
 
@@ -16,7 +16,7 @@ READY = "body[data-ready]"
 
 def _walk(page, url: str, shots: bool) -> None:
     page.goto(url)
-    page.wait_for_selector(READY, state="attached", timeout=30000)
+    page.wait_for_selector(READY, state="attached", timeout=WAIT_MS)
     page.locator(".tab[data-view=cluster]").click()
     page.wait_for_selector("#view-cluster:not([hidden]) #cluster-svg")
     # step 0 (its rank 1 receive buffer held a NaN before the receive: that is no anomaly): both

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from tests.view.conftest import ROOT, LiveServer, shot
+from tests.view.conftest import ROOT, WAIT_MS, LiveServer, shot
 from tests.view.conftest import until as _until
 
 pytest.importorskip("torch")
@@ -63,7 +63,7 @@ def test_pipeline_opens_on_the_labels_the_origin_and_its_whole_path(page, pp_asy
         s = LiveServer(v)
         try:
             page.goto(s.url)
-            page.wait_for_selector(READY, state="attached", timeout=60000)
+            page.wait_for_selector(READY, state="attached", timeout=WAIT_MS)
             page.locator(".tab[data-view=cluster]").click()
             page.wait_for_selector("#cluster-svg .cl-node.origin")
             page.wait_for_timeout(200)
@@ -143,7 +143,7 @@ def _dom(page) -> int:
 def test_cluster_dom_at_64_ranks_of_20000_records(page, tmp_path):
     url = f"file://{_scale_report(tmp_path)}#view=cluster&step=0&rank=rank5"
     page.goto(url)
-    page.wait_for_selector(READY, state="attached", timeout=60000)
+    page.wait_for_selector(READY, state="attached", timeout=WAIT_MS)
     page.wait_for_selector("#cluster-svg .cl-node.origin")
     assert page.locator("#cluster-labels .lane-label").count() == 16
     assert page.locator("#cluster-range").inner_text() == "ranks 0–15 of 64"

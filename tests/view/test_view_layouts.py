@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.compare.test_compare_layouts import _run
-from tests.view.conftest import shot
+from tests.view.conftest import WAIT_MS, shot
 from tests.view.conftest import until as _until
 from tests.view.test_view_links import _env, _serving, _stop
 
@@ -123,7 +123,7 @@ def test_the_report_names_the_ranks_too(page, layout_runs, tmp_path):
     _cli(["report", str(layout_runs / "fault"), str(layout_runs / "single"), "--layout", "tp=2,pp=2", "-o", str(out)],
          _env(str(tmp_path / "registry")))
     page.goto(out.as_uri() + f"#view=list&q={ORIGIN}.input.1")
-    page.wait_for_selector("body[data-ready]", state="attached", timeout=60000)
+    page.wait_for_selector("body[data-ready]", state="attached", timeout=WAIT_MS)
     _until(page, lambda: ORIGIN + ".input.1" in _rows_shown(page))
     assert _rows_shown(page)[ORIGIN + ".input.1"] == "2,3 · suspect 3"
     page.locator(".tab[data-view=tree]").click()

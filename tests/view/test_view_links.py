@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.view.conftest import LiveServer
+from tests.view.conftest import WAIT_MS, LiveServer
 from tests.view.conftest import until as _until
 from tests.view.test_view_cluster import ORIGIN, cluster_view, pipeline  # noqa: F401 - the fixtures
 
@@ -39,7 +39,7 @@ def _open(page, url: str) -> None:
     """A fresh load of ``url`` (never a same-page move to its fragment)."""
     page.goto("about:blank")
     page.goto(url)
-    page.wait_for_selector(READY, state="attached", timeout=30000)
+    page.wait_for_selector(READY, state="attached", timeout=WAIT_MS)
 
 
 def _walk(page, base: str) -> None:

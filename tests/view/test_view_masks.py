@@ -14,6 +14,7 @@ pytest.importorskip("duckdb")
 pytest.importorskip("torch")
 
 from msprobe.view import open_view
+from tests.view.conftest import WAIT_MS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -90,7 +91,7 @@ def test_the_page_lists_a_mask_quietly(page, causal_pair, tmp_path):
     finally:
         data.close()
     page.goto(f"file://{out}")
-    page.wait_for_selector("body[data-ready]", state="attached", timeout=30000)
+    page.wait_for_selector("body[data-ready]", state="attached", timeout=WAIT_MS)
     worst = page.locator("#worst-cells tbody").inner_text()
     assert "NaN/Inf" not in worst and worst.startswith("step 2"), worst  # the real fault, not the masks
     page.locator(".tab[data-view=list]").click()

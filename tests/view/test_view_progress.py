@@ -13,6 +13,7 @@ import os
 import threading
 import urllib.request
 
+from tests.view.conftest import WAIT_MS
 from tests.view.conftest import until as _until
 from tests.view.test_view_cluster import pipeline  # noqa: F401 - the fixture
 
@@ -78,7 +79,7 @@ def test_the_page_shows_the_set_up_until_the_view_is_ready(page, pipeline, tmp_p
         assert "Building the view" in text and "comparing the pair" in text and "loading the compare output" in text
         assert page.locator("body[data-ready]").count() == 0
         go.set()
-        page.wait_for_selector("body[data-ready]", state="attached", timeout=60000)
+        page.wait_for_selector("body[data-ready]", state="attached", timeout=WAIT_MS)
         assert page.locator("#loading").count() == 0
         assert page.locator("#first-divergence").inner_text().startswith("First divergence")
         assert any("ready in" in line for line in s.progress) and any("comparing the pair" in line for line in s.progress)
