@@ -473,6 +473,22 @@ def _expert_blocks(replicas: list, heads: list, ep: int, text: str) -> list:
             sorted(groups.items(), key=lambda item: min(heads[i].rank for i in item[1]))]
 
 
+def _by_expert(replicas: list, block: list, count: int, raws: list, ranks: list, wanted: tuple,
+               reference: dict) -> tuple:
+    """([shapes], [reference]) per model of an expert-parallel group whose stages have several ranks:
+    the other side's shapes and statistics of the same expert under each rank's own names (read from
+    a first merge, which leaves out what the layout does as the merge proper does); ``wanted``: the
+    shapes of what one rank holds and of what one group holds."""
+    each = [merge_model(replicas[i][1], None, wanted[0], [replicas[j][1] for j in block if j != i],
+                        (1.0, float(count))) for i in block]
+    names = expert_names(each, raws, ranks)
+    shapes = [{name: wanted[1 if expert else 0].get(logical, {}) for name, (logical, expert) in found.items()}
+              for found in names]
+    references = [{name: reference[logical] for name, (logical, _) in found.items() if logical in reference}
+                  for found in names]
+    return shapes, references
+
+
 def _experts_merged(replicas: list, ep: int, text: str, warnings: list, reference: Optional[dict],
                     other_shapes: Optional[dict], tensors: Optional[TensorRecipes]) -> "MergedSource":
     """The logical model of expert-parallel groups (spec/FORMAT.md 26.8): each expert-parallel rank's
@@ -490,15 +506,9 @@ def _experts_merged(replicas: list, ep: int, text: str, warnings: list, referenc
         raws = [[_rank_records(stage[0]) for stage in replicas[i][1]] for i in block]
         ranks = [[[source.rank for source in stage] for stage in replicas[i][1]] for i in block]
         shapes, references = [per_rank] * len(block), [reference] * len(block)
-        if any(len(stage) > 1 for i in block for stage in replicas[i][1]):  # expert tensor parallel: the experts'
-            # shapes and statistics are the card's of the same expert (each rank's names are its own: merged once
-            # to read them)
-            each = [merge_model(replicas[i][1], None, per_rank) for i in block]
-            names = expert_names(each, raws, ranks)
-            shapes = [{name: (per_block if expert else per_rank).get(logical, {}) for name, (logical, expert) in
-                       found.items()} for found in names]
-            references = [{name: (reference or {}).get(logical) for name, (logical, _) in found.items()
-                           if (reference or {}).get(logical) is not None} for found in names]
+        if any(len(stage) > 1 for i in block for stage in replicas[i][1]):  # expert tensor parallel
+            shapes, references = _by_expert(replicas, block, len(heads), raws, ranks, (per_rank, per_block),
+                                            reference or {})
         each = [merge_model(replicas[i][1], known, wanted, [replicas[j][1] for j in block if j != i],
                             (1.0, float(len(heads))), tensors) for i, wanted, known in zip(block, shapes, references)]
 
