@@ -14,7 +14,8 @@ faults on each expert-parallel rank in turn, in that rank's last local expert of
 ranks, one expert each; ep_dp: dp=4 with ep=2, two expert-parallel groups holding the same experts,
 the faults on the last group's ranks; ep_pp: ep=2 on each of 2 pipeline stages, 4 ranks, the faults
 in the last stage's first layer; ep_tp: ep=2 with expert tensor parallel = tp = 2 and sequence
-parallelism, 4 ranks, against moe4, the card of sequence 4), context parallel (cp: TP2xCP2xPP2; cp2: CP2 alone; dp_cp:
+parallelism, 4 ranks, against moe4, the card of sequence 4; ep_tp_pp: the same on 2 pipeline stages, 8
+ranks), context parallel (cp: TP2xCP2xPP2; cp2: CP2 alone; dp_cp:
 DP2xCP2, two cp groups of 2 ranks each on half of the batch, Megatron's rank order tp-cp-dp-pp;
 dp_cp_tp: DP2xCP2xTP2 on 8 ranks;
 against a single card with a causal self-attention in each layer, single4a), each against the single-card run (the same
@@ -42,7 +43,7 @@ names: ``suspect_ranks`` when there are, else ``ranks``, from the answer or the 
 ``layout`` section; a merged answer naming no rank is a miss). On a healthy pair any answer is a
 false answer. A case that raises is scored ``error`` (a miss).
 
-    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep,ep4,ep_dp,ep_pp,ep_tp,cp,cp2,dp_cp,dp_cp_tp] [--table]
+    python bench/bench_layouts.py --out /tmp/layouts [--cases tp2pp2,dp,dp_order,vpp,tp4,pp4,sp,ep,ep4,ep_dp,ep_pp,ep_tp,ep_tp_pp,cp,cp2,dp_cp,dp_cp_tp] [--table]
 
 Dumps and sidecars are kept under ``--out`` and reused; scores go to ``--out/scores.json``.
 """
@@ -85,6 +86,7 @@ RUNS: dict = {
     "ep2pp2": {"dp": 2, "ep": 2, "pp": 2, "experts": 4},  # expert parallel 2 on each of 2 pipeline stages
     "moe4": {"experts": 4, "seq": 4},  # the single card holding every expert, sequence 4 (splits over 2 tp ranks)
     "ep2tp2": {"dp": 2, "ep": 2, "tp": 2, "sp": True, "seq": 4, "experts": 4},  # expert tensor parallel 2 (= tp)
+    "ep2tp2pp2": {"dp": 2, "ep": 2, "tp": 2, "pp": 2, "sp": True, "seq": 4, "experts": 4},  # and 2 stages, 8 ranks
     "single4a": {"seq": 4, "attn": True},  # with a causal self-attention in each layer
     "tp2cp2pp2": {"tp": 2, "cp": 2, "pp": 2, "seq": 4, "attn": True},  # context parallel (TE's all-gather CP)
     "cp2": {"cp": 2, "seq": 4, "attn": True},  # context parallel alone (the tests' small version)
@@ -106,6 +108,7 @@ GROUPS: dict = {
     "ep_dp": ("dp4ep2", "moe", "ep=2,dp=2", None),
     "ep_pp": ("ep2pp2", "moe", "tp=1,pp=2,ep=2", None),
     "ep_tp": ("ep2tp2", "moe4", "tp=2,pp=1,ep=2", None),
+    "ep_tp_pp": ("ep2tp2pp2", "moe4", "tp=2,pp=2,ep=2", None),
     "cp": ("tp2cp2pp2", "single4a", "tp=2,pp=2,cp=2", None),
     "cp2": ("cp2", "single4a", "tp=1,pp=1,cp=2", None),
     "dp_cp": ("dp2cp2", "single4a", "tp=1,pp=1,cp=2,dp=2", None),

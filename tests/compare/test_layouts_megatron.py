@@ -29,7 +29,7 @@ CASES = [("tp2pp2", "healthy"), ("tp2pp2", "nan_s1"), ("tp2pp2", "scale_s1"), ("
          ("tp4", "healthy"), ("vpp", "healthy"), ("vpp", "nan_s1"), ("sp", "healthy"), ("sp", "nan_s1"),
          ("ep", "healthy"), ("ep", "nan_r1"), ("cp2", "healthy"), ("cp2", "nan_s0"), ("dp_cp", "healthy"),
          ("dp_cp", "nan_s0"), ("ep_pp", "healthy"), ("ep_pp", "nan_r1"), ("ep_tp", "healthy"),
-         ("ep_tp", "nan_r1")]
+         ("ep_tp", "nan_r1"), ("ep_tp_pp", "healthy")]
 TOOLS = ["compare", "compare_origin", "lake_diverge", "lake_nan"]
 
 
