@@ -103,17 +103,27 @@ class AdapterTests:
         assert not dumper.is_collective(self.plain_key)
 
     def test_stat_handles_are_typed_and_fetched(self, dumper):
-        """The encoder returns what it made: the entries, and their statistics still on the device as
-        ``(entry, handle)`` pairs (``take_stats``) whose handles are small typed objects (not probed
-        tuples); the adapter's fetch resolves them to the values numpy computes."""
-        values: list = [[1.5, -2.0, 4.0, 0.25], 3.0]  # (a 0-d tensor's statistics wait for the batch everywhere)
+        """The encoder returns what it made: the entries, and the statistics it has not computed yet
+        as ``(entry, handle)`` pairs (``take_stats``) whose handles are small typed objects (not probed
+        tuples); an entry not among them has its statistics already (a synchronous path, as PyTorch's C
+        entry of a CPU tensor); once the adapter's fetch resolves the handles, every entry holds the
+        values numpy computes."""
+        self.check_stat_handles(dumper)
+
+    def check_stat_handles(self, dumper: Any) -> list:
+        """The check of :meth:`test_stat_handles_are_typed_and_fetched`; returns the pairs made (an
+        adapter with more than one path checks each: tests/dumpers/test_adapter.py)."""
+        values: list = [[1.5, -2.0, 4.0, 0.25], 3.0]
         encoder = dumper.core.encoder()
         encoder.take_stats()
         entries = [encoder.encode(self.tensor(v), f"Case.{i}.forward.input.0", False)
                    for i, v in enumerate(values)]
         made = encoder.take_stats()
-        assert len(made) >= 1 and encoder.take_stats() == []
+        assert encoder.take_stats() == []
         assert all(any(entry is mine for mine in entries) for entry, _ in made)
+        waiting = [entry for entry, _ in made]
+        for entry in entries:
+            assert any(entry is w for w in waiting) or entry.get(MAX.key) is not None, entry
         for _, handle in made:
             assert type(handle) is not tuple and hasattr(type(handle), "_fields"), type(handle)
         pending = PendingStats()
@@ -124,6 +134,7 @@ class AdapterTests:
             assert entry[MAX.key] == a.max() and entry[MIN.key] == a.min()
             assert math.isclose(entry[MEAN.key], float(a.mean()), rel_tol=1e-6)
             assert math.isclose(entry[NORM.key], float(np.linalg.norm(a)), rel_tol=1e-6)
+        return made
 
     # ------------------------------------------------------------------ recording an API call
     def test_records_an_api_call_through_the_wrappers(self, dumper):

@@ -33,6 +33,16 @@ class TestTorchAdapter(AdapterTests):
         fn(x).sum().backward()
         return x.grad
 
+    def test_stat_handles_of_the_python_path(self, dumper, monkeypatch):
+        """With the C entry off (the path of subclasses, ``MSPROBE_LAKE_NATIVE=0``) a 0-d tensor's
+        statistics wait for the batch as a typed handle (a CPU tensor's of more elements are computed
+        at once); with it on, both are computed at once (the suite's test above, no handle)."""
+        from msprobe.dumpers.pytorch import _encode
+
+        monkeypatch.setattr(_encode, "NATIVE_ENTRY", False)
+        made = self.check_stat_handles(dumper)
+        assert [entry["shape"] for entry, _ in made] == [[]]
+
     def test_a_receive_buffer_is_no_data(self, dumper):
         """Who a collective's peers are decides its receive buffers (``receive_buffers``): a ``recv``'s
         tensor before the call is written null, after it (its output) the data received."""
