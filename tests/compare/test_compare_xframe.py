@@ -215,11 +215,9 @@ def _data(root):
 def xframe_pairs(tmp_path_factory):
     """{(model, task): (mindspore dump root, pytorch dump root)}: dumped once per session."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "dumpers", "mindspore"))
-    from ms_venv import ensure_venv
+    from ms_venv import require_venv
 
-    ms_python, why = ensure_venv()
-    if ms_python is None:
-        pytest.fail(why, pytrace=False)
+    ms_python = require_venv()
     base = tmp_path_factory.mktemp("xframe")
     script = os.path.join(HERE, "xframe_models.py")
     out = {}

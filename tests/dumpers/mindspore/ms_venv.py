@@ -138,6 +138,17 @@ def ensure_venv(timeout: float = 3600) -> tuple:
                          "cannot create the MindSpore test venv ({exc}); no network or no wheel?")
 
 
+def require_venv() -> str:
+    """The MindSpore venv's python for a test: built when missing; the test fails (never skips) with the
+    reason when it cannot be built."""
+    py, why = ensure_venv()
+    if py is None:
+        import pytest
+
+        pytest.fail(why, pytrace=False)
+    return py
+
+
 REAL_TOOL = ["mindstudio-probe==26.2.0", "numpy<2"]
 _REAL_KEY = hashlib.sha256(" ".join([_KEY, *REAL_TOOL]).encode()).hexdigest()[:8]
 #: run from the venv's own folder (away from our checkout, whose msprobe/ would shadow the real one)

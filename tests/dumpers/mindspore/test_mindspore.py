@@ -20,15 +20,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ROOT = os.path.dirname(ROOT)
 sys.path.insert(0, HERE)
-from ms_venv import ensure_real_venv, ensure_venv  # noqa: E402
+from ms_venv import ensure_real_venv, require_venv  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def ms_python():
-    py, why = ensure_venv()
-    if py is None:
-        pytest.fail(why, pytrace=False)
-    return py
+    return require_venv()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from ms_common import run_cluster  # noqa: E402
-from ms_venv import ensure_venv  # noqa: E402
+from ms_venv import require_venv  # noqa: E402
 
 pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
@@ -36,9 +36,7 @@ PREFIX = {"ops": "Communication", "mint": "MintDistributed"}
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
-    py, why = ensure_venv()
-    if py is None:
-        pytest.fail(why, pytrace=False)
+    py = require_venv()
     out = tmp_path_factory.mktemp("ms_cluster")
     run_cluster(py, os.path.join(HERE, "ms_comm_cluster.py"), [str(out / "dumps")], str(out), timeout=400)
     return str(out / "dumps")

@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from ms_common import run_cluster  # noqa: E402
-from ms_venv import ensure_venv  # noqa: E402
+from ms_venv import require_venv  # noqa: E402
 
 pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
@@ -44,9 +44,7 @@ LAYOUTS = ("tp=2", "auto")
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
-    py, why = ensure_venv()
-    if py is None:
-        pytest.fail(why, pytrace=False)
+    py = require_venv()
     out = str(tmp_path_factory.mktemp("ms_layouts"))
     env = dict(os.environ, PYTHONPATH=ROOT, GLOG_v="3")
     single = subprocess.Popen([py, SCRIPT, os.path.join(out, "single"), "--single", "--runs", "healthy"], env=env,
