@@ -34,6 +34,11 @@
  *     list of int64 (int32 offsets, the int64 values); validity None where no value is null.
  *     ``index``: None, or the bytes of int64s: row i holds values[index[i]], null where it is < 0.
  *     None where a value is of another type (the caller converts through pyarrow).
+ *   float_texts(text, values, suffix) -> list or None
+ *     repr(x) + suffix of each float64 of ``values`` (a buffer), from ``text``, orjson's writing of
+ *     them (its shortest round-trip digits: msprobe/compare/_floattext.py _reprs, the reference):
+ *     the one-digit negative exponents and 1e-5 <= |x| < 1e-4 laid out as repr does, NaN/inf and
+ *     any cell not of the expected shape by CPython's own repr; None where the cells do not match.
  *   has_long_integer(data), with_stand_ins(data), restore_nonfinite(obj, values) -> int or None
  *     msprobe/format/fastjson.py's checks and NaN/Infinity stand-ins in one pass each (restore: every
  *     container walked; None where a key is a stand-in).
@@ -44,8 +49,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
 
-#define LEAFWALK_VERSION 14  /* bump with every change: a stale build is then rebuilt */
+#define LEAFWALK_VERSION 15  /* bump with every change: a stale build is then rebuilt */
 #define MAX_DEPTH 900
 
 typedef struct {
@@ -1314,18 +1320,30 @@ error:
 
 /* ------------------------------------------------------------------ compare's CSV rows */
 
+/* the characters that make a CSV cell quoted */
+static const unsigned char QUOTED[256] = {[','] = 1, ['"'] = 1, ['\n'] = 1, ['\r'] = 1};
+
 static int needs_quote(const char *text, Py_ssize_t size) {
-    for (Py_ssize_t i = 0; i < size; i++) {
-        char c = text[i];
-        if (c == ',' || c == '"' || c == '\n' || c == '\r')
+    const unsigned char *t = (const unsigned char *)text;
+    for (Py_ssize_t i = 0; i < size; i++)
+        if (QUOTED[t[i]])
             return 1;
-    }
     return 0;
+}
+
+/* a str cell's UTF-8 (ASCII read in place) */
+static inline const char *cell_text(PyObject *cell, Py_ssize_t *size) {
+    if (PyUnicode_IS_COMPACT_ASCII(cell)) {
+        *size = PyUnicode_GET_LENGTH(cell);
+        return (const char *)(((PyASCIIObject *)cell) + 1);
+    }
+    return PyUnicode_AsUTF8AndSize(cell, size);
 }
 
 /* csv_rows(columns) -> bytes or None: the rows of ``columns`` (lists of str of one length) as
  * compare/_write.write_columns writes them (UTF-8, a cell quoted RFC 4180-style only where it holds
- * , " CR or LF, "\r\n" after every row); None where a cell is no str (the Python code decides) */
+ * , " CR or LF, "\r\n" after every row); None where a cell is no str (the Python code decides).
+ * One pass, row by row, into a bytes object that grows as needed. */
 static PyObject *csv_rows(PyObject *self, PyObject *arg) {
     if (!PyList_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "a list of columns");
@@ -1343,39 +1361,36 @@ static PyObject *csv_rows(PyObject *self, PyObject *arg) {
     }
     if (ncols == 0 || nrows <= 0)
         return PyBytes_FromStringAndSize(NULL, 0);
-    Py_ssize_t total = 0;
-    for (Py_ssize_t c = 0; c < ncols; c++) {
-        PyObject *column = PyList_GET_ITEM(arg, c);
-        for (Py_ssize_t r = 0; r < nrows; r++) {
-            PyObject *cell = PyList_GET_ITEM(column, r);
-            if (!PyUnicode_Check(cell))
-                Py_RETURN_NONE;
-            Py_ssize_t size;
-            const char *text = PyUnicode_AsUTF8AndSize(cell, &size);
-            if (!text)
-                return NULL;
-            total += size + 1;  /* the comma or the row's CR (LF counted below) */
-            if (needs_quote(text, size)) {
-                total += 2;
-                for (Py_ssize_t i = 0; i < size; i++)
-                    total += text[i] == '"';
-            }
-        }
-    }
-    total += nrows;  /* each row's LF */
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    PyObject **cols = PyMem_Malloc((size_t)ncols * sizeof(PyObject **));
+    if (!cols)
+        return PyErr_NoMemory();
+    for (Py_ssize_t c = 0; c < ncols; c++)
+        cols[c] = PyList_GET_ITEM(arg, c);
+    Py_ssize_t capacity = nrows * (ncols * 24 + 2) + 1024, used = 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, capacity);
     if (!out)
-        return NULL;
-    char *o = PyBytes_AS_STRING(out);
+        goto error;
     for (Py_ssize_t r = 0; r < nrows; r++) {
         for (Py_ssize_t c = 0; c < ncols; c++) {
-            Py_ssize_t size;
-            const char *text = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(PyList_GET_ITEM(arg, c), r), &size);
-            if (!text) {
+            PyObject *cell = PyList_GET_ITEM(cols[c], r);
+            if (!PyUnicode_Check(cell)) {
+                PyMem_Free(cols);
                 Py_DECREF(out);
-                return NULL;
+                Py_RETURN_NONE;
             }
-            if (needs_quote(text, size)) {
+            Py_ssize_t size;
+            const char *text = cell_text(cell, &size);
+            if (!text)
+                goto error;
+            int quote = needs_quote(text, size);
+            Py_ssize_t need = quote ? 2 * size + 5 : size + 3;  /* the cell, its separator, the row's end */
+            if (used + need > capacity) {
+                capacity = 2 * capacity + need;
+                if (_PyBytes_Resize(&out, capacity) < 0)
+                    goto error;
+            }
+            char *o = PyBytes_AS_STRING(out) + used;
+            if (quote) {
                 *o++ = '"';
                 for (Py_ssize_t i = 0; i < size; i++) {
                     if (text[i] == '"')
@@ -1387,10 +1402,135 @@ static PyObject *csv_rows(PyObject *self, PyObject *arg) {
                 memcpy(o, text, (size_t)size);
                 o += size;
             }
-            *o++ = c + 1 < ncols ? ',' : '\r';
+            if (c + 1 < ncols) {
+                *o++ = ',';
+            } else {
+                *o++ = '\r';
+                *o++ = '\n';
+            }
+            used = o - PyBytes_AS_STRING(out);
         }
-        *o++ = '\n';
     }
+    PyMem_Free(cols);
+    if (_PyBytes_Resize(&out, used) < 0)
+        return NULL;
+    return out;
+error:
+    PyMem_Free(cols);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ float texts as repr writes them */
+
+/* repr(x) + suffix through CPython's own float repr; a new reference */
+static PyObject *repr_text(double x, const char *suffix, Py_ssize_t suffix_size) {
+    char *text = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (!text)
+        return NULL;
+    size_t size = strlen(text);
+    PyObject *out = PyUnicode_New((Py_ssize_t)size + suffix_size, 127);
+    if (out) {
+        memcpy(PyUnicode_DATA(out), text, size);
+        memcpy((char *)PyUnicode_DATA(out) + size, suffix, (size_t)suffix_size);
+    }
+    PyMem_Free(text);
+    return out;
+}
+
+/* one cell of orjson's text (cell[0:size], finite x) as repr lays it out, into buf (64 bytes and
+ * more); its length, or -1 where the cell is not of a shape this knows (repr decides) */
+static Py_ssize_t repr_cell(const char *cell, Py_ssize_t size, double x, char *buf) {
+    if (size <= 0 || size > 40)
+        return -1;
+    double magnitude = fabs(x);
+    if (magnitude >= 1e-5 && magnitude < 1e-4) {  /* orjson: 0.0000ddd; repr: d.ddde-05 */
+        Py_ssize_t at = 0, n = 0;
+        if (cell[0] == '-')
+            buf[n++] = '-', at = 1;
+        if (size - at < 7 || memcmp(cell + at, "0.0000", 6) != 0 || cell[at + 6] < '1' || cell[at + 6] > '9')
+            return -1;
+        const char *digits = cell + at + 6;
+        Py_ssize_t count = size - at - 6;
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (digits[i] < '0' || digits[i] > '9')
+                return -1;
+        buf[n++] = digits[0];
+        if (count > 1) {
+            buf[n++] = '.';
+            memcpy(buf + n, digits + 1, (size_t)(count - 1));
+            n += count - 1;
+        }
+        memcpy(buf + n, "e-05", 4);
+        return n + 4;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        char c = cell[i];
+        if (!((c >= '0' && c <= '9') || c == '.' || c == '-' || c == '+' || c == 'e'))
+            return -1;
+    }
+    memcpy(buf, cell, (size_t)size);
+    if (size >= 3 && cell[size - 2] == '-' && cell[size - 3] == 'e') {  /* 1e-7: repr writes 1e-07 */
+        buf[size - 1] = '0';
+        buf[size] = cell[size - 1];
+        return size + 1;
+    }
+    return size;
+}
+
+static PyObject *float_texts(PyObject *self, PyObject *args) {
+    Py_buffer text, values;
+    const char *suffix;
+    Py_ssize_t suffix_size;
+    if (!PyArg_ParseTuple(args, "y*y*s#", &text, &values, &suffix, &suffix_size))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t count = values.len / (Py_ssize_t)sizeof(double);
+    const double *x = (const double *)values.buf;
+    const char *at = (const char *)text.buf, *end = at + text.len;
+    if (values.len % (Py_ssize_t)sizeof(double) || suffix_size > 8 || text.len < 2 || at[0] != '[' || end[-1] != ']')
+        goto decline;
+    out = PyList_New(count);
+    if (!out)
+        goto done;
+    at++;
+    end--;
+    char buf[96];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *stop = at;
+        while (stop < end && *stop != ',')
+            stop++;
+        if (stop == end && i + 1 < count)
+            goto decline;
+        PyObject *cell;
+        Py_ssize_t size = -1;
+        if (isfinite(x[i]))
+            size = repr_cell(at, stop - at, x[i], buf);
+        if (size < 0) {
+            cell = repr_text(x[i], suffix, suffix_size);
+        } else {
+            memcpy(buf + size, suffix, (size_t)suffix_size);
+            cell = PyUnicode_New(size + suffix_size, 127);
+            if (cell)
+                memcpy(PyUnicode_DATA(cell), buf, (size_t)(size + suffix_size));
+        }
+        if (!cell) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, cell);
+        at = stop + 1;
+    }
+    if (at != (count ? end + 1 : end))
+        goto decline;
+    goto done;
+decline:
+    Py_XDECREF(out);
+    out = Py_None;
+    Py_INCREF(out);
+done:
+    PyBuffer_Release(&text);
+    PyBuffer_Release(&values);
     return out;
 }
 
@@ -1812,6 +1952,7 @@ static PyMethodDef methods[] = {
     {"leaf_fields", leaf_fields, METH_VARARGS, "Leaves.finish's columns"},
     {"index_rows", index_rows, METH_VARARGS, "the Parquet index's tensor columns of some records (or None)"},
     {"csv_rows", csv_rows, METH_O, "compare's CSV rows of some columns, as UTF-8 (or None)"},
+    {"float_texts", float_texts, METH_VARARGS, "repr(x) + suffix of each float64, from orjson's text (or None)"},
     {"has_long_integer", has_long_integer, METH_O, "fastjson._has_long_integer"},
     {"with_stand_ins", with_stand_ins, METH_O, "fastjson._with_stand_ins (without the positions)"},
     {"restore_nonfinite", restore_nonfinite, METH_VARARGS, "the stand-ins put back everywhere: their count, or None"},

@@ -74,3 +74,38 @@ def test_shape_and_requires_grad_cells_are_str_of_the_values():
     assert _shape_texts([[8, 128, 256], [], [1]]) == ["[8, 128, 256]", "[]", "[1]"]
     for values in ([True, False, None], [1, 0, None], [1.0, True], ["True", None], [[1]], [None], []):
         assert _requires_grad_texts(list(values)) == ["N/A" if value is None else str(value) for value in values]
+
+
+def _every_kind_of_float() -> np.ndarray:
+    rng = np.random.default_rng(32)
+    parts = [rng.standard_normal(20000) * 10.0 ** rng.integers(-330, 308, 20000),
+             rng.standard_normal(20000) * 10.0 ** rng.integers(-11, -2, 20000),
+             np.frombuffer(rng.bytes(8 * 20000), dtype=np.float64),  # every bit pattern: subnormals, NaN payloads
+             np.array([0.0, -0.0, 1e-5, -1e-5, 1e-4, 9.999999999999999e-05, 1.5e-5, 1e16, 1e15, 9999999999999998.0,
+                       5e-324, -5e-324, 1.7976931348623157e308, np.nan, np.inf, -np.inf, 1e-7, -1e-9, 2.5e-100])]
+    return np.concatenate(parts)
+
+
+def test_native_float_texts_are_repr_with_the_suffix():
+    """``_leafwalk.float_texts`` (the C pass over orjson's text) prints repr and the suffix, the
+    Python pass over orjson's cells too; malformed texts are declined, not misread."""
+    import orjson
+
+    from msprobe.compare._floattext import _float_writer, _python_reprs
+    from msprobe.format.native import leafwalk
+
+    walker = leafwalk()
+    assert walker is not None, "msprobe.format._leafwalk could not be built (a C compiler and Python's headers)"
+    values = _every_kind_of_float()
+    want = list(map(repr, values.tolist()))
+    text = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert walker.float_texts(text, values, "") == want
+    assert walker.float_texts(text, values, "%") == [cell + "%" for cell in want]
+    assert _python_reprs(values, _float_writer()) == want
+    assert _reprs(values, "%") == [cell + "%" for cell in want]
+    assert walker.float_texts(b"[]", np.zeros(0), "") == []
+    assert walker.float_texts(b"[1.0]", np.zeros(2), "") is None  # fewer cells than values
+    assert walker.float_texts(b"[1.0,2.0]", np.zeros(1), "") is None  # more
+    assert walker.float_texts(b"1.0", np.zeros(1), "") is None
+    # a cell of no known shape takes repr: the value decides, not the text
+    assert walker.float_texts(b"[garbage]", np.array([0.25]), "") == ["0.25"]
