@@ -3,6 +3,8 @@ all matched rows of a block at once: the statistics' differences and relative er
 columns, tensor mode's six metrics of the loaded tensors."""
 from __future__ import annotations
 
+import operator
+from itertools import repeat
 from typing import Any
 
 from msprobe.compare._floattext import _percents, _reprs
@@ -28,13 +30,57 @@ def _diffs(target_values: list, bench_values: list, target_rows: Any, bench_rows
     ``target_values[target_rows]`` and ``bench_values[bench_rows]``."""
     import numpy as np
 
-    count = len(target_rows)
     target, bench = target_numbers[0][target_rows], bench_numbers[0][bench_rows]
     numeric = target_numbers[2][target_rows] & bench_numbers[2][bench_rows]
     with np.errstate(all="ignore"):
         difference = target - bench
         relative = np.abs(difference) / np.abs(bench)
         percent = relative * 100
+    got = _native_diffs(target, bench, difference, relative, percent, numeric)
+    if got is not None:
+        diff_text, relative_text, relative_out, none, is_percent = got
+    else:
+        diff_text, relative_text, relative_out, none, is_percent = _numpy_diffs(target, bench, difference, relative,
+                                                                                percent, numeric)
+    for position in np.flatnonzero(~numeric).tolist():
+        text, rel_text, value = diff_cells(target_values[target_rows[position]], bench_values[bench_rows[position]])
+        diff_text[position], relative_text[position] = text, rel_text
+        is_percent[position] = rel_text.__class__ is str and rel_text.endswith("%")
+        if value is None:
+            none[position] = True
+        else:
+            relative_out[position] = value
+    return diff_text, relative_text, relative_out, none, is_percent
+
+
+def _native_diffs(target: Any, bench: Any, difference: Any, relative: Any, percent: Any, numeric: Any) -> Any:
+    """:func:`_numpy_diffs` in one C pass (``_leafwalk.stat_diffs``; the texts as lists), or None."""
+    import numpy as np
+
+    from msprobe.compare._floattext import _float_writer
+    from msprobe.format.native import leafwalk
+
+    walker = leafwalk()
+    if walker is None or not _float_writer():
+        return None
+    import orjson
+
+    arrays = [np.ascontiguousarray(array, dtype=np.float64) for array in (target, bench, difference, relative, percent)]
+    got = walker.stat_diffs(*arrays, np.ascontiguousarray(numeric, dtype=bool),
+                            orjson.dumps(arrays[2], option=orjson.OPT_SERIALIZE_NUMPY),
+                            orjson.dumps(arrays[4], option=orjson.OPT_SERIALIZE_NUMPY))
+    if got is None:
+        return None
+    diff_text, relative_text, relative_out, none, is_percent = got
+    return (diff_text, relative_text, np.frombuffer(relative_out, dtype=np.float64).copy(),
+            np.frombuffer(none, dtype=bool).copy(), np.frombuffer(is_percent, dtype=bool).copy())
+
+
+def _numpy_diffs(target: Any, bench: Any, difference: Any, relative: Any, percent: Any, numeric: Any) -> tuple:
+    """The cells of :func:`_diffs` on its numeric rows (the others left for it to fill), in numpy."""
+    import numpy as np
+
+    count = len(target)
     diff_text = np.empty(count, dtype=object)
     relative_text = np.empty(count, dtype=object)
     relative_out = np.full(count, np.nan)
@@ -58,16 +104,7 @@ def _diffs(target_values: list, bench_values: list, target_rows: Any, bench_rows
     none[bench_inf] = True
     relative_text[regular] = _percents(percent[regular])
     relative_out[regular] = relative[regular]
-    is_percent = regular.copy()
-    for position in np.flatnonzero(~numeric).tolist():
-        text, rel_text, value = diff_cells(target_values[target_rows[position]], bench_values[bench_rows[position]])
-        diff_text[position], relative_text[position] = text, rel_text
-        is_percent[position] = rel_text.__class__ is str and rel_text.endswith("%")
-        if value is None:
-            none[position] = True
-        else:
-            relative_out[position] = value
-    return diff_text, relative_text, relative_out, none, is_percent
+    return diff_text, relative_text, relative_out, none, regular.copy()
 
 
 def _norm_cells(frame: Frame, relative: Any, none: Any, relative_text: Any, is_percent: Any) -> None:
@@ -80,10 +117,11 @@ def _norm_cells(frame: Frame, relative: Any, none: Any, relative_text: Any, is_p
     frame.norm_none[rows] = none
     with np.errstate(all="ignore"):
         back = (relative * 100) / 100  # float("<rel*100>") / 100, as the rules read the printed cell
-    is_inf = relative_text == "inf"
+    count = len(relative_text)
+    is_inf = np.fromiter(map(operator.eq, relative_text, repeat("inf")), bool, count)
+    is_nan = np.fromiter(map(operator.eq, relative_text, repeat("nan")), bool, count)
     frame.norm_cell[rows] = np.where(is_percent, back, np.nan)
-    frame.norm_percent[rows] = np.where(is_percent, back, np.where(is_inf, np.inf,
-                                                                   np.where(relative_text == "nan", np.nan, 0.0)))
+    frame.norm_percent[rows] = np.where(is_percent, back, np.where(is_inf, np.inf, np.where(is_nan, np.nan, 0.0)))
 
 
 def _statistic_diffs(frame: Frame, statistic: str) -> tuple:

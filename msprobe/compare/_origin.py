@@ -28,8 +28,10 @@ from typing import Any, Optional
 from msprobe.compare._rows import leaf_side, record_leaves
 from msprobe.compare._verdict import same_dtype
 from msprobe.format.comm import COMM_PREFIXES, buffer_args, is_buffer_leaf
+from msprobe.format.model import TENSOR_TYPES, is_tensor_entry
+from msprobe.format.native import leafwalk
 from msprobe.format.settled import settled_positions
-from msprobe.format.stats import MAX, MIN, STATISTICS
+from msprobe.format.stats import MAX, MIN, STAT_KEYS, STATISTICS
 
 #: where Max and Min sit in a side's statistics (the range scale of the others)
 _MAX_AT, _MIN_AT = STATISTICS.index(MAX), STATISTICS.index(MIN)
@@ -200,8 +202,7 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
             if name.startswith(_COMM) else frozenset()
         inputs, outputs = _departures(leaves, bench_leaves, md5, buffers, across_frameworks, tolerant)
         if passed and any(size > limit or note for *_, size, note in inputs):  # the outputs passed over, now
-            for at in passed:
-                produced.update(_produced_by(target_data, bench_data, pairs[at], tensor_task, rank))
+            produced.update(produced_by_all(target_data, bench_data, [pairs[at] for at in passed], tensor_task, rank))
             passed.clear()
         found = _introduced(inputs, outputs, limit, produced)
         if found is not None:
@@ -240,6 +241,47 @@ def _produced_by(target_data: dict, bench_data: dict, pair: tuple, tensor_task: 
         side = leaf_side(leaf)
         if side.tensor:
             out.append(_signature(side))
+    return out
+
+
+def produced_by_all(target_data: dict, bench_data: dict, pairs: list, tensor_task: bool,
+                    rank: Optional[int]) -> list:
+    """:func:`_produced_by` of every pair of ``pairs`` (matched records), their signatures in one
+    list: the records' leaves walked in C (``_leafwalk.leaves``), one call per side; the Python
+    walk where the extension is not there or declines."""
+    walker = leafwalk()
+    got = None
+    if walker is not None and len(pairs) > 1:
+        targets = walker.leaves({name: target_data[name] for name, _ in pairs}, tensor_task, TENSOR_TYPES)
+        benches = walker.leaves({bench: bench_data[bench] for _, bench in pairs}, tensor_task, TENSOR_TYPES)
+        if targets is not None and benches is not None and len(targets[0]) == len(pairs):
+            got = _produced_from_columns(target_data, pairs, targets, benches, rank)
+    if got is None:
+        got = [signature for pair in pairs for signature in _produced_by(target_data, bench_data, pair, tensor_task,
+                                                                          rank)]
+    return got
+
+
+def _produced_from_columns(target_data: dict, pairs: list, targets: tuple, benches: tuple,
+                           rank: Optional[int]) -> list:
+    """:func:`produced_by_all` over the C walk's columns of both sides' records."""
+    names, starts, suffixes, _, leaves = benches
+    bench_leaves = {name: dict(zip(suffixes[starts[k]:starts[k + 1]], leaves[starts[k]:starts[k + 1]]))
+                    for k, name in enumerate(names)}
+    _, starts, suffixes, ios, leaves = targets
+    out = []
+    for k, (name, bench) in enumerate(pairs):
+        have = bench_leaves[bench]
+        buffers = frozenset(buffer_args(name, target_data[name], -1 if rank is None else rank)) \
+            if name.startswith(_COMM) else frozenset()
+        for at in range(starts[k], starts[k + 1]):
+            leaf = leaves[at]
+            if ios[at] not in _OUT_IO or leaf is None or have.get(suffixes[at], None) is None:
+                continue
+            if buffers and is_buffer_leaf(suffixes[at], buffers):
+                continue
+            if is_tensor_entry(leaf):  # leaf_side(leaf).tensor, and its signature
+                out.append((str(leaf.get("dtype")), tuple(repr(leaf.get(key)) for key in STAT_KEYS)))
     return out
 
 

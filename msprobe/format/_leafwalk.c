@@ -39,6 +39,12 @@
  *     them (its shortest round-trip digits: msprobe/compare/_floattext.py _reprs, the reference):
  *     the one-digit negative exponents and 1e-5 <= |x| < 1e-4 laid out as repr does, NaN/inf and
  *     any cell not of the expected shape by CPython's own repr; None where the cells do not match.
+ *   stat_diffs(target, bench, difference, relative, percent, numeric, difference_text, percent_text) -> tuple or None
+ *     compare's diff and relative-error cells of one statistic over the matched rows
+ *     (msprobe/compare/_kernels.py _diffs, the reference): (diff texts, relative texts, the relative
+ *     errors as float64 bytes, the None mask, the percent mask as bool bytes); the rows whose
+ *     ``numeric`` is 0 hold None (the caller fills them); the texts from orjson's writing of
+ *     ``difference`` and ``percent`` as float_texts reads them.
  *   has_long_integer(data), with_stand_ins(data), restore_nonfinite(obj, values) -> int or None
  *     msprobe/format/fastjson.py's checks and NaN/Infinity stand-ins in one pass each (restore: every
  *     container walked; None where a key is a stand-in).
@@ -884,51 +890,65 @@ error:
 
 /* ------------------------------------------------------------------ fastjson's checks and stand-ins */
 
-static int number_start(unsigned char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ':' || c == ',' || c == '[' || c == '-';
-}
+/* the bytes a number may follow (fastjson._has_long_integer), and the bytes a NaN/Infinity token starts with */
+static const unsigned char NUMBER_START[256] = {[' '] = 1, ['\t'] = 1, ['\n'] = 1, ['\r'] = 1, [':'] = 1, [','] = 1,
+                                                ['['] = 1, ['-'] = 1};
+static const unsigned char TOKEN_START[256] = {['N'] = 1, ['I'] = 1};
 
 /* fastjson._has_long_integer: a run of 19+ digits at the start or after a byte a number may follow,
- * not followed by '.', 'e' or 'E' */
+ * not followed by '.', 'e' or 'E' (one pass: each run of digits knows the byte before it) */
 static PyObject *has_long_integer(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     const unsigned char *d = (const unsigned char *)view.buf;
-    Py_ssize_t n = view.len, i = 0;
+    Py_ssize_t n = view.len;
     int found = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t at = -1; at < n && !found;) {  /* at: the start byte (-1: the text's start) */
-        Py_ssize_t end = at + 1;
-        while (end < n && d[end] >= '0' && d[end] <= '9')
-            end++;
-        if (end - (at + 1) >= 19 && !(end < n && (d[end] == '.' || d[end] == 'e' || d[end] == 'E'))) {
-            found = 1;
-            break;
+    int after_start = 1;  /* the text's start counts as a byte a number may follow */
+    for (Py_ssize_t i = 0; i < n;) {
+        unsigned char c = d[i];
+        if (c >= '0' && c <= '9') {
+            Py_ssize_t end = i + 1;
+            while (end < n && d[end] >= '0' && d[end] <= '9')
+                end++;
+            if (after_start && end - i >= 19 && !(end < n && (d[end] == '.' || d[end] == 'e' || d[end] == 'E'))) {
+                found = 1;
+                break;
+            }
+            after_start = 0;
+            i = end;
+            continue;
         }
-        i = end > at + 1 ? end : at + 1;
-        while (i < n && !number_start(d[i]))
-            i++;
-        at = i;
+        after_start = NUMBER_START[c];
+        i++;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     return PyBool_FromLong(found);
 }
 
-/* fastjson._with_stand_ins: each NaN / Infinity / -Infinity token replaced by its stand-in string */
+/* the token at d[i] (a TOKEN_START byte): its length and stand-in, or 0 */
+static int token_at(const char *d, Py_ssize_t i, Py_ssize_t n) {
+    if (d[i] == 'I')
+        return i + 8 <= n && memcmp(d + i, "Infinity", 8) == 0 ? 8 : 0;
+    return i + 3 <= n && d[i + 1] == 'a' && d[i + 2] == 'N' ? 3 : 0;
+}
+
+/* fastjson._with_stand_ins: each NaN / Infinity / -Infinity token replaced by its stand-in string
+ * (the text between tokens copied a span at a time) */
 static PyObject *with_stand_ins(PyObject *self, PyObject *arg) {
     static const char NEG[] = "\"\\u0000-I\"", POS[] = "\"\\u0000I\"", NAN_[] = "\"\\u0000N\"";
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     const char *d = (const char *)view.buf;
+    const unsigned char *u = (const unsigned char *)view.buf;
     Py_ssize_t n = view.len;
-    /* each token grows by at most 3 bytes ("NaN" -> 10 bytes: 7 more) */
+    /* each token grows by at most 8 bytes */
     Py_ssize_t tokens = 0;
-    for (Py_ssize_t i = 0; i + 3 <= n; i++)
-        if ((d[i] == 'N' && d[i + 1] == 'a' && d[i + 2] == 'N') ||
-            (d[i] == 'I' && i + 8 <= n && memcmp(d + i, "Infinity", 8) == 0))
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (TOKEN_START[u[i]] && token_at(d, i, n))
             tokens++;
     PyObject *out = PyBytes_FromStringAndSize(NULL, n + 8 * tokens);
     if (!out) {
@@ -936,24 +956,31 @@ static PyObject *with_stand_ins(PyObject *self, PyObject *arg) {
         return NULL;
     }
     char *o = PyBytes_AS_STRING(out);
-    Py_ssize_t w = 0;
+    Py_ssize_t w = 0, span = 0;  /* d[span:i] is yet to be copied */
     for (Py_ssize_t i = 0; i < n;) {
-        if (d[i] == '-' && i + 9 <= n && memcmp(d + i + 1, "Infinity", 8) == 0) {
-            memcpy(o + w, NEG, sizeof NEG - 1);
-            w += sizeof NEG - 1;
-            i += 9;
-        } else if (d[i] == 'I' && i + 8 <= n && memcmp(d + i, "Infinity", 8) == 0) {
-            memcpy(o + w, POS, sizeof POS - 1);
-            w += sizeof POS - 1;
-            i += 8;
-        } else if (d[i] == 'N' && i + 3 <= n && d[i + 1] == 'a' && d[i + 2] == 'N') {
-            memcpy(o + w, NAN_, sizeof NAN_ - 1);
-            w += sizeof NAN_ - 1;
-            i += 3;
-        } else {
-            o[w++] = d[i++];
+        if (!TOKEN_START[u[i]]) {
+            i++;
+            continue;
         }
+        int size = token_at(d, i, n);
+        if (!size) {
+            i++;
+            continue;
+        }
+        /* a '-' just before Infinity (never the end of an earlier token) makes -Infinity */
+        int negative = size == 8 && i > span && d[i - 1] == '-';
+        Py_ssize_t copy = i - span - negative;
+        memcpy(o + w, d + span, (size_t)copy);
+        w += copy;
+        const char *stand_in = size == 3 ? NAN_ : negative ? NEG : POS;
+        size_t stand_size = size == 3 ? sizeof NAN_ - 1 : negative ? sizeof NEG - 1 : sizeof POS - 1;
+        memcpy(o + w, stand_in, stand_size);
+        w += (Py_ssize_t)stand_size;
+        i += size;
+        span = i;
     }
+    memcpy(o + w, d + span, (size_t)(n - span));
+    w += n - span;
     PyBuffer_Release(&view);
     if (_PyBytes_Resize(&out, w) < 0)
         return NULL;
@@ -1534,6 +1561,129 @@ done:
     return out;
 }
 
+/* the next cell of orjson's text of an array: [*at, stop); 0, or -1 where the text ends early */
+static int next_cell(const char **at, const char *end, const char **cell, Py_ssize_t *size) {
+    const char *stop = *at;
+    if (stop > end)
+        return -1;
+    while (stop < end && *stop != ',')
+        stop++;
+    *cell = *at;
+    *size = stop - *at;
+    *at = stop + 1;
+    return 0;
+}
+
+/* repr(x) + suffix from orjson's cell of x; a new reference */
+static PyObject *cell_repr(const char *cell, Py_ssize_t size, double x, const char *suffix, Py_ssize_t suffix_size) {
+    char buf[96];
+    Py_ssize_t n = isfinite(x) ? repr_cell(cell, size, x, buf) : -1;
+    if (n < 0)
+        return repr_text(x, suffix, suffix_size);
+    memcpy(buf + n, suffix, (size_t)suffix_size);
+    PyObject *out = PyUnicode_New(n + suffix_size, 127);
+    if (out)
+        memcpy(PyUnicode_DATA(out), buf, (size_t)(n + suffix_size));
+    return out;
+}
+
+static PyObject *stat_diffs(PyObject *self, PyObject *args) {
+    Py_buffer b[8];
+    memset(b, 0, sizeof(b));
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7]))
+        return NULL;
+    PyObject *diff_list = NULL, *rel_list = NULL, *rel_out = NULL, *none = NULL, *is_percent = NULL, *result = NULL;
+    Py_ssize_t count = b[0].len / (Py_ssize_t)sizeof(double);
+    int ok = 1;
+    for (int k = 0; k < 5; k++)
+        ok &= b[k].len == count * (Py_ssize_t)sizeof(double);
+    ok &= b[5].len == count && b[6].len >= 2 && b[7].len >= 2;
+    const char *dt = (const char *)b[6].buf, *pt = (const char *)b[7].buf;
+    ok = ok && dt[0] == '[' && dt[b[6].len - 1] == ']' && pt[0] == '[' && pt[b[7].len - 1] == ']';
+    if (!ok)
+        goto decline;
+    const double *target = b[0].buf, *bench = b[1].buf, *difference = b[2].buf, *relative = b[3].buf,
+                 *percent = b[4].buf;
+    const unsigned char *numeric = b[5].buf;
+    diff_list = PyList_New(count);
+    rel_list = PyList_New(count);
+    rel_out = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(double));
+    none = PyBytes_FromStringAndSize(NULL, count);
+    is_percent = PyBytes_FromStringAndSize(NULL, count);
+    if (!diff_list || !rel_list || !rel_out || !none || !is_percent)
+        goto error;
+    double *rel = (double *)PyBytes_AS_STRING(rel_out);
+    char *none_at = PyBytes_AS_STRING(none), *percent_at = PyBytes_AS_STRING(is_percent);
+    const char *d_at = dt + 1, *d_end = dt + b[6].len - 1, *p_at = pt + 1, *p_end = pt + b[7].len - 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *d_cell, *p_cell;
+        Py_ssize_t d_size, p_size;
+        if (next_cell(&d_at, d_end, &d_cell, &d_size) < 0 || next_cell(&p_at, p_end, &p_cell, &p_size) < 0)
+            goto decline;
+        rel[i] = NAN;
+        none_at[i] = 0;
+        percent_at[i] = 0;
+        PyObject *diff_text, *rel_text;
+        if (!numeric[i]) {
+            Py_INCREF(Py_None);
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(diff_list, i, Py_None);
+            PyList_SET_ITEM(rel_list, i, Py_None);
+            continue;
+        }
+        double t = target[i], be = bench[i], d = difference[i];
+        int zero = d == 0 || (isnan(d) && ((isnan(t) && isnan(be)) || t == be));
+        int nan_ = !zero && isnan(d);
+        if (zero) {
+            diff_text = PyUnicode_FromStringAndSize("0", 1);
+            rel_text = PyUnicode_FromStringAndSize("0", 1);
+            rel[i] = 0.0;
+        } else if (nan_) {
+            diff_text = PyUnicode_FromStringAndSize("nan", 3);
+            rel_text = PyUnicode_FromStringAndSize("nan", 3);
+        } else {
+            diff_text = cell_repr(d_cell, d_size, d, "", 0);
+            if (be == 0) {
+                rel_text = PyUnicode_FromStringAndSize("inf", 3);
+                rel[i] = INFINITY;
+            } else if (isinf(be)) {
+                rel_text = PyUnicode_FromStringAndSize("N/A", 3);
+                none_at[i] = 1;
+            } else {
+                rel_text = cell_repr(p_cell, p_size, percent[i], "%", 1);
+                rel[i] = relative[i];
+                percent_at[i] = 1;
+            }
+        }
+        if (!diff_text || !rel_text) {
+            Py_XDECREF(diff_text);
+            Py_XDECREF(rel_text);
+            goto error;
+        }
+        PyList_SET_ITEM(diff_list, i, diff_text);
+        PyList_SET_ITEM(rel_list, i, rel_text);
+    }
+    if (d_at != (count ? d_end + 1 : d_end) || p_at != (count ? p_end + 1 : p_end))
+        goto decline;
+    result = Py_BuildValue("(NNNNN)", diff_list, rel_list, rel_out, none, is_percent);
+    diff_list = rel_list = rel_out = none = is_percent = NULL;
+    goto done;
+decline:
+    result = Py_None;
+    Py_INCREF(result);
+error:
+done:
+    Py_XDECREF(diff_list);
+    Py_XDECREF(rel_list);
+    Py_XDECREF(rel_out);
+    Py_XDECREF(none);
+    Py_XDECREF(is_percent);
+    for (int k = 0; k < 8; k++)
+        if (b[k].obj)
+            PyBuffer_Release(&b[k]);
+    return result;
+}
+
 /* ------------------------------------------------------------------ a leaf table's stand-in records */
 
 static PyObject *stand_in(Py_ssize_t i) {
@@ -1953,6 +2103,7 @@ static PyMethodDef methods[] = {
     {"index_rows", index_rows, METH_VARARGS, "the Parquet index's tensor columns of some records (or None)"},
     {"csv_rows", csv_rows, METH_O, "compare's CSV rows of some columns, as UTF-8 (or None)"},
     {"float_texts", float_texts, METH_VARARGS, "repr(x) + suffix of each float64, from orjson's text (or None)"},
+    {"stat_diffs", stat_diffs, METH_VARARGS, "compare's diff and relative-error cells of one statistic (or None)"},
     {"has_long_integer", has_long_integer, METH_O, "fastjson._has_long_integer"},
     {"with_stand_ins", with_stand_ins, METH_O, "fastjson._with_stand_ins (without the positions)"},
     {"restore_nonfinite", restore_nonfinite, METH_VARARGS, "the stand-ins put back everywhere: their count, or None"},

@@ -109,3 +109,41 @@ def test_native_float_texts_are_repr_with_the_suffix():
     assert walker.float_texts(b"1.0", np.zeros(1), "") is None
     # a cell of no known shape takes repr: the value decides, not the text
     assert walker.float_texts(b"[garbage]", np.array([0.25]), "") == ["0.25"]
+
+
+def test_native_statistic_diffs_equal_the_numpy_cells():
+    """``_leafwalk.stat_diffs`` (one C pass) gives the numpy path's diff and relative-error cells,
+    relative errors, None and percent masks: zero and NaN differences, a zero or infinite bench,
+    NaN/inf on either side, rows that are no numbers (left None for the caller)."""
+    from msprobe.compare._kernels import _native_diffs, _numpy_diffs
+
+    rng = np.random.default_rng(33)
+    count = 20000
+    target = rng.standard_normal(count) * 10.0 ** rng.integers(-12, 12, count)
+    bench = target * (1 + rng.standard_normal(count) * 10.0 ** rng.integers(-9, 0, count))
+    picks = rng.integers(0, count, (10, 600))
+    bench[picks[0]] = target[picks[0]]
+    bench[picks[1]] = 0.0
+    bench[picks[2]] = np.inf
+    bench[picks[3]] = -np.inf
+    target[picks[4]] = np.nan
+    bench[picks[5]] = np.nan
+    target[picks[6]] = bench[picks[6]] = np.nan
+    target[picks[7]] = np.inf
+    target[picks[8]] = bench[picks[8]] = np.inf
+    bench[picks[9]] = 1e-300
+    numeric = rng.random(count) > 0.05
+    with np.errstate(all="ignore"):
+        difference = target - bench
+        relative = np.abs(difference) / np.abs(bench)
+        percent = relative * 100
+    got = _native_diffs(target, bench, difference, relative, percent, numeric)
+    want = _numpy_diffs(target, bench, difference, relative, percent, numeric)
+    assert got is not None, "msprobe.format._leafwalk could not be built (a C compiler and Python's headers)"
+    rows = np.flatnonzero(numeric)
+    assert [got[0][k] for k in rows] == want[0][rows].tolist()
+    assert [got[1][k] for k in rows] == want[1][rows].tolist()
+    assert all(got[0][k] is None and got[1][k] is None for k in np.flatnonzero(~numeric))
+    assert np.array_equal(got[2], want[2], equal_nan=True)
+    assert got[3].tolist() == want[3].tolist() and got[4].tolist() == want[4].tolist()
+    assert {"0", "nan", "inf", "N/A"} <= set(got[1]) and any(text.endswith("%") for text in got[1] if text)

@@ -138,3 +138,31 @@ def test_compare_walks_fewer_records_for_the_same_answer(tmp_path, monkeypatch):
     monkeypatch.setattr(_origin, "_departures", lambda *a, **k: walked.append(1) or real(*a, **k))
     got = _core.compare(str(tmp_path / "t"), str(tmp_path / "b"), str(tmp_path / "out"), plot=False, progress=False)
     assert got["origin"] is None and walked == []
+
+
+def test_produced_by_all_equals_the_walk_per_record():
+    """The signatures find_origin adds for the records it passed over, from one C walk per side
+    (``produced_by_all``), equal the Python walk's per record on every fixture document paired with
+    itself and with a perturbed copy (comm records' buffers, parameters_grad, debug records included)."""
+    from tests._dump_docs import fixture_data
+
+    assert leafwalk() is not None, "msprobe.format._leafwalk could not be built (a C compiler and Python's headers)"
+    rng = random.Random(5)
+    checked = 0
+    for _, data in fixture_data():
+        bench = copy.deepcopy(data)
+        names = list(data)
+        for name in names[::3]:
+            bench.pop(name)
+        pairs = [(name, name) for name in names if name in bench]
+        for tensor_task in (False, True):
+            for rank in (None, 0, 1):
+                want = [signature for pair in pairs
+                        for signature in _origin._produced_by(data, bench, pair, tensor_task, rank)]
+                assert _origin.produced_by_all(data, bench, pairs, tensor_task, rank) == want
+        checked += len(pairs)
+    doc = _doc(rng, 40)
+    pairs = [(name, name) for name in doc]
+    want = [s for pair in pairs for s in _origin._produced_by(doc, doc, pair, False, None)]
+    assert want and _origin.produced_by_all(doc, doc, pairs, False, None) == want
+    assert checked > 100
