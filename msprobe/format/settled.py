@@ -31,6 +31,12 @@ def settled_positions(names: Iterable[str]) -> dict:
     more backward records than ``parameters_grad`` records in the step and its last backward
     record comes after it; its position is that backward record's index + 0.5. Other records are
     absent (their position is their index)."""
+    names = names if isinstance(names, list) else list(names)
+    try:
+        if ".parameters_grad" not in "\n".join(names):
+            return {}  # no parameters_grad record: none moves (the common case, seen in one pass)
+    except TypeError:  # a name that is no str: the walk below decides
+        pass
     pgrads: dict = {}     # module -> indexes of its parameters_grad records
     backwards: dict = {}  # module -> indexes of its backward records
     for index, name in enumerate(names):
