@@ -41,7 +41,7 @@
 #include <math.h>
 #include <float.h>
 
-#define FASTPATH_VERSION 6  /* bump with every change: a stale build is then rebuilt */
+#define FASTPATH_VERSION 7  /* bump with every change: a stale build is then rebuilt */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define MULTI __attribute__((target_clones("avx2", "default")))
@@ -809,7 +809,8 @@ enum { TC_ENTRIES, TC_LIMIT, TC_NAMES, TC_CODES, TC_HANDLE, TC_DONE, TC_KEYS, TC
        TC_PARAM, TC_ANY_SIZE, TC_SCALAR_MAX, TC_F32, TC_SIZE };
 
 static PyObject *S_dtype, *S_shape, *S_requires_grad, *S_is_cpu, *S_base, *S_is_contiguous, *S_storage_offset,
-    *S_version, *S_is_neg, *S_data_ptr, *S_stride, *S_untyped_storage, *S_nbytes, *S_type, *S_torch_tensor, *S_md5;
+    *S_version, *S_is_neg, *S_data_ptr, *S_stride, *S_untyped_storage, *S_nbytes, *S_type, *S_torch_tensor, *S_md5,
+    *S_type_bool, *S_type_int, *S_type_float, *S_type_str, *S_value;
 
 static int entry_strings(void) {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
@@ -818,6 +819,8 @@ static int entry_strings(void) {
     INTERN(S_storage_offset, "storage_offset"); INTERN(S_version, "_version"); INTERN(S_is_neg, "is_neg");
     INTERN(S_data_ptr, "data_ptr"); INTERN(S_untyped_storage, "untyped_storage"); INTERN(S_nbytes, "nbytes");
     INTERN(S_type, "type"); INTERN(S_stride, "stride"); INTERN(S_torch_tensor, "torch.Tensor"); INTERN(S_md5, "md5");
+    INTERN(S_type_bool, "bool"); INTERN(S_type_int, "int"); INTERN(S_type_float, "float"); INTERN(S_type_str, "str");
+    INTERN(S_value, "value");
 #undef INTERN
     return 0;
 }
@@ -1192,6 +1195,209 @@ static PyObject *fp_tensor_entry(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ encode_values, untrack, journal_line */
+
+/* a dict, list or tuple whose content holds no reference cycle (atomic values, and containers already
+   out of the collector's walks) leaves them too: 1 when obj is now untracked or no container */
+static int untrack_(PyObject *obj, int depth) {
+    if (!PyObject_IS_GC(obj) || !PyObject_GC_IsTracked(obj)) return 1;
+    if (depth > 64) return 0;
+    if (PyDict_CheckExact(obj)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(obj, &pos, &k, &v))
+            if (!untrack_(k, depth + 1) || !untrack_(v, depth + 1)) return 0;
+    } else if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+        PyObject **items = PySequence_Fast_ITEMS(obj);
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!untrack_(items[i], depth + 1)) return 0;
+    } else {
+        return 0;
+    }
+    PyObject_GC_UnTrack(obj);
+    return 1;
+}
+
+static PyObject *fp_untrack(PyObject *self, PyObject *obj) {
+    (void)self;
+    return PyBool_FromLong(untrack_(obj, 0));
+}
+
+static PyObject *typed_entry(PyObject *type, PyObject *v) {
+    PyObject *d = PyDict_New();  /* (atomic values only: the dict stays untracked) */
+    if (d != NULL && (PyDict_SetItem(d, S_type, type) < 0 || PyDict_SetItem(d, S_value, v) < 0)) Py_CLEAR(d);
+    return d;
+}
+
+/* ValueEncoder.encode's entry of v for the values this path takes (a tensor tensor_entry makes, None, an
+   exact bool / int / float / str, an exact list or tuple of them); NULL without an error: not this
+   path's (the caller encodes the whole top-level value in Python) */
+static PyObject *value_entry(PyObject *v, PyObject *ctx, int depth) {
+    if (v == Py_None) return Py_NewRef(Py_None);
+    PyTypeObject *tp = Py_TYPE(v);
+    if (tp == (PyTypeObject *)PyTuple_GET_ITEM(ctx, TC_TENSOR) || tp == (PyTypeObject *)PyTuple_GET_ITEM(ctx, TC_PARAM)) {
+        PyObject *entry = tensor_entry_(v, ctx);
+        if (entry == NULL && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception))
+            PyErr_Clear();  /* the Python path takes it, and meets the error as it would have */
+        if (entry != NULL) PyObject_GC_UnTrack(entry);  /* (its values are atomic, its shape list untracked) */
+        return entry;
+    }
+    if (tp == &PyBool_Type) return typed_entry(S_type_bool, v);
+    if (tp == &PyLong_Type) return typed_entry(S_type_int, v);
+    if (tp == &PyFloat_Type) return typed_entry(S_type_float, v);
+    if (tp == &PyUnicode_Type) return typed_entry(S_type_str, v);
+    if ((tp == &PyList_Type || tp == &PyTuple_Type) && depth < 8) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+        PyObject *list = PyList_New(n);
+        if (list == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = value_entry(PySequence_Fast_ITEMS(v)[i], ctx, depth + 1);
+            if (item == NULL) {
+                Py_DECREF(list);
+                return NULL;
+            }
+            PyList_SET_ITEM(list, i, item);
+            if (PySequence_Fast_GET_SIZE(v) != n) {  /* (changed by a tensor's attribute read: Python's) */
+                Py_DECREF(list);
+                return NULL;
+            }
+        }
+        untrack_(list, 0);
+        return list;
+    }
+    return NULL;
+}
+
+/* one top-level value's entry: this path's, else fallback(value, prefix, key) */
+static PyObject *top_entry(PyObject *v, PyObject *ctx, PyObject *fallback, PyObject *prefix, PyObject *key) {
+    PyObject *entry = value_entry(v, ctx, 0);
+    if (entry != NULL || PyErr_Occurred()) return entry;
+    PyObject *call_args[3] = {v, prefix, key};
+    return PyObject_Vectorcall(fallback, call_args, 3, NULL);
+}
+
+static PyObject *fp_encode_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != TC_SIZE ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(args[1], TC_ENTRIES))) {
+        PyErr_SetString(PyExc_TypeError, "encode_values(values, ctx, fallback, prefix): ctx is _encode.entry_context's tuple");
+        return NULL;
+    }
+    PyObject *values = args[0], *ctx = args[1], *fallback = args[2], *prefix = args[3];
+    if (PyDict_Check(values)) {
+        PyObject *out = PyDict_New();
+        PyObject *items = out ? PyDict_Items(values) : NULL;  /* (a copy: the fallback may run any code) */
+        if (items == NULL) {
+            Py_XDECREF(out);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+            PyObject *pair = PyList_GET_ITEM(items, i);
+            PyObject *entry = top_entry(PyTuple_GET_ITEM(pair, 1), ctx, fallback, prefix, PyTuple_GET_ITEM(pair, 0));
+            if (entry == NULL || PyDict_SetItem(out, PyTuple_GET_ITEM(pair, 0), entry) < 0) {
+                Py_XDECREF(entry);
+                Py_DECREF(items);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(entry);
+        }
+        Py_DECREF(items);
+        untrack_(out, 0);
+        return out;
+    }
+    PyObject *seq = PySequence_Tuple(values);  /* (a copy, as the fallback may run any code) */
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *index = PyLong_FromSsize_t(i);
+        PyObject *entry = index ? top_entry(PyTuple_GET_ITEM(seq, i), ctx, fallback, prefix, index) : NULL;
+        Py_XDECREF(index);
+        if (entry == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, entry);
+    }
+    Py_DECREF(seq);
+    if (out != NULL) untrack_(out, 0);
+    return out;
+}
+
+/* a name's JSON string as json.dumps writes it (ensure_ascii) when it needs no escape: NULL without an
+   error otherwise */
+static int plain_ascii(PyObject *s) {
+    if (!PyUnicode_CheckExact(s) || !PyUnicode_IS_ASCII(s)) return 0;
+    const unsigned char *p = PyUnicode_1BYTE_DATA(s);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (p[i] < 0x20 || p[i] == '"' || p[i] == '\\' || p[i] == 0x7f) return 0;
+    return 1;
+}
+
+/* journal_line(record, dumps, name, parent, with_parent, stack_id) -> (text, line) or None: the record's
+   JSON text as record_json makes it and its journal line as format.journal.encode_record_text makes it
+   around that text (parent written when with_parent; stack_id when not None); None where either would
+   take the Python path (a record record_json declines, a name or parent needing escapes, a stack id not
+   an int) */
+static PyObject *fp_journal_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "journal_line(record, dumps, name, parent, with_parent, stack_id)");
+        return NULL;
+    }
+    PyObject *name = args[2], *parent = args[3], *stack_id = args[5];
+    int with_parent = PyObject_IsTrue(args[4]);
+    if (with_parent < 0) return NULL;
+    if (!plain_ascii(name) || (with_parent && parent != Py_None && !plain_ascii(parent)) ||
+        (stack_id != Py_None && !PyLong_CheckExact(stack_id)))
+        Py_RETURN_NONE;
+    PyObject *text = fp_record_json(self, args, 2);
+    if (text == NULL || text == Py_None) return text;
+    PyObject *sid = stack_id != Py_None ? PyObject_Str(stack_id) : NULL;
+    if (stack_id != Py_None && sid == NULL) {
+        Py_DECREF(text);
+        return NULL;
+    }
+    Py_ssize_t nn = PyUnicode_GET_LENGTH(name), nt = PyUnicode_GET_LENGTH(text);
+    Py_ssize_t np = !with_parent ? 0 : parent == Py_None ? 4 : PyUnicode_GET_LENGTH(parent) + 2;
+    Py_ssize_t ns = sid ? PyUnicode_GET_LENGTH(sid) : 0;
+    Py_ssize_t size = 10 + nn + 13 + nt + (with_parent ? 12 + np : 0) + (sid ? 14 + ns : 0) + 1;
+    PyObject *line = PyBytes_FromStringAndSize(NULL, size);
+    if (line == NULL) {
+        Py_DECREF(text);
+        Py_XDECREF(sid);
+        return NULL;
+    }
+    char *o = PyBytes_AS_STRING(line);
+#define PUT(src, len) do { memcpy(o, (src), (size_t)(len)); o += (len); } while (0)
+    PUT("{\"name\": \"", 10);
+    PUT(PyUnicode_1BYTE_DATA(name), nn);
+    PUT("\", \"record\": ", 13);
+    PUT(PyUnicode_1BYTE_DATA(text), nt);
+    if (with_parent) {
+        PUT(", \"parent\": ", 12);
+        if (parent == Py_None) PUT("null", 4);
+        else {
+            *o++ = '"';
+            PUT(PyUnicode_1BYTE_DATA(parent), np - 2);
+            *o++ = '"';
+        }
+    }
+    if (sid) {
+        PUT(", \"stack_id\": ", 14);
+        PUT(PyUnicode_1BYTE_DATA(sid), ns);
+    }
+    *o++ = '}';
+#undef PUT
+    Py_XDECREF(sid);
+    if (o - PyBytes_AS_STRING(line) != size) {  /* (cannot happen: the sizes above) */
+        Py_DECREF(text);
+        Py_DECREF(line);
+        PyErr_SetString(PyExc_SystemError, "journal_line: size");
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", text, line);
+}
+
 /* ------------------------------------------------------------------ capture_stack */
 
 static PyObject *S_string_file;  /* "<string>" */
@@ -1319,6 +1525,12 @@ static PyMethodDef methods[] = {
      "record_json(obj, dumps) -> json.dumps(obj, separators=(', ', ': ')) from dumps(obj), or None"},
     {"tensor_entry", (PyCFunction)(void (*)(void))fp_tensor_entry, METH_FASTCALL,
      "tensor_entry(tensor, ctx) -> a CPU tensor's record entry (statistics, md5), or None: the Python path"},
+    {"encode_values", (PyCFunction)(void (*)(void))fp_encode_values, METH_FASTCALL,
+     "encode_values(values, ctx, fallback, prefix) -> the entries of a list/tuple (a list) or a dict of values"},
+    {"untrack", fp_untrack, METH_O,
+     "untrack(obj) -> whether obj (dicts, lists, tuples of atomic values) is now out of the collector's walks"},
+    {"journal_line", (PyCFunction)(void (*)(void))fp_journal_line, METH_FASTCALL,
+     "journal_line(record, dumps, name, parent, with_parent, stack_id) -> (text, line) or None"},
     {"capture_stack", (PyCFunction)(void (*)(void))fp_capture_stack, METH_FASTCALL,
      "capture_stack(skip, prefixes) -> the (filename, lineno, name) of the frames outside prefixes, innermost first"},
     {NULL, NULL, 0, NULL},

@@ -139,6 +139,16 @@ class ValueEncoder:
             return {"type": "complex", "value": [value.real, value.imag]}
         return self._special(value, data_prefix, save)
 
+    def encode_list(self, values: Any, prefix: str, save: bool) -> list:
+        """The entries of a call's positional arguments (``<prefix>.<index>`` each)."""
+        encode = self.encode
+        return [encode(value, f"{prefix}.{index}", save) for index, value in enumerate(values)]
+
+    def encode_map(self, values: dict, prefix: str, save: bool) -> dict:
+        """The entries of a call's keyword arguments (``<prefix>.<key>`` each)."""
+        encode = self.encode
+        return {key: encode(value, f"{prefix}.{key}", save) for key, value in values.items()}
+
     def _plain(self, bound: Any) -> Any:
         return bound if bound is None or isinstance(bound, (int, float, str, bool)) else str(bound)
 

@@ -18,10 +18,10 @@ from typing import Any, Optional
 
 from msprobe.format import native as native_modules
 
-__all__ = ["native", "DTYPE_CODES", "disabled", "record_text_function"]
+__all__ = ["native", "DTYPE_CODES", "disabled", "journal_line_function", "record_text_function", "untrack_function"]
 
 #: the C module's FASTPATH_VERSION this Python code expects
-VERSION = 6
+VERSION = 7
 #: dtype name (torch's / numpy's spelling) -> the C dtype code
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int16": 6,
                "int32": 7, "int64": 8, "bool": 9}
@@ -45,6 +45,19 @@ def _built_in_cache() -> Optional[Any]:
     return native_modules.built_in_cache("msprobe.dumpers._fastpath", _SRC, VERSION)
 
 
+def _over_orjson(name: str) -> Optional[tuple]:
+    """(the C function ``name``, orjson's ``dumps``) when both are there, else None."""
+    mod = native()
+    fast = getattr(mod, name, None) if mod is not None else None
+    if fast is None:
+        return None
+    try:
+        import orjson  # the [fast] extra
+    except ImportError:
+        return None
+    return fast, orjson.dumps
+
+
 def record_text_function() -> Any:
     """``record -> its JSON text`` exactly as :data:`msprobe.format.journal.record_text` (``json.dumps``
     with ``", "``/``": "``) writes it: through the C ``record_json`` over orjson's encoder (its float
@@ -52,18 +65,37 @@ def record_text_function() -> Any:
     side declines: NaN/Infinity, other types, huge ints) the json module itself."""
     from msprobe.format.journal import record_text
 
-    mod = native()
-    fast = getattr(mod, "record_json", None) if mod is not None else None
-    if fast is None:
+    found = _over_orjson("record_json")
+    if found is None:
         return record_text
-    try:
-        import orjson  # the [fast] extra
-    except ImportError:
-        return record_text
-    dumps = orjson.dumps
+    fast, dumps = found
 
     def text(record: Any) -> str:
         out = fast(record, dumps)
         return out if out is not None else record_text(record)
 
     return text
+
+
+def journal_line_function() -> Any:
+    """``(record, name, parent, with_parent, stack_id) -> (text, line)`` or None: a record's JSON text as
+    :func:`record_text_function`'s gives it and its journal line as ``format.journal.encode_record_text``
+    makes it around that text, in one C call (``journal_line``, over orjson's encoder); None where it
+    declines (the caller then takes those two), or None for the function where the C path is not there."""
+    found = _over_orjson("journal_line")
+    if found is None:
+        return None
+    fast, dumps = found
+
+    def line(record: Any, name: str, parent: Any, with_parent: bool, stack_id: Any) -> Any:
+        return fast(record, dumps, name, parent, with_parent, stack_id)
+
+    return line
+
+
+def untrack_function() -> Any:
+    """``untrack(obj)``: a record made of dicts, lists and tuples of atomic values leaves the garbage
+    collector's walks (it holds no reference cycle; the records of a step live until its end and each
+    collection of their generation walked them), or None without the C path."""
+    mod = native()
+    return getattr(mod, "untrack", None) if mod is not None else None

@@ -96,11 +96,13 @@ class CallRecords:
         want_in, _ = self._filter.io("forward")
         rec: dict = {}
         if want_in and self.config.task != "structure":
-            save = self._encoder.wants_tensors(fwd)
-            encode = self._encoder.encode
-            encode_positional = encode_arg or encode
-            rec["input_args"] = [encode_positional(arg, f"{fwd}.input.{i}", save) for i, arg in enumerate(args)]
-            rec["input_kwargs"] = {key: encode(value, f"{fwd}.kwargs.{key}", save) for key, value in kwargs.items()}
+            encoder = self._encoder
+            save = encoder.wants_tensors(fwd)
+            if encode_arg is None:
+                rec["input_args"] = encoder.encode_list(args, f"{fwd}.input", save)
+            else:
+                rec["input_args"] = [encode_arg(arg, f"{fwd}.input.{i}", save) for i, arg in enumerate(args)]
+            rec["input_kwargs"] = encoder.encode_map(kwargs, f"{fwd}.kwargs", save)
         return rec
 
     def forward_output(self: Any, rec: dict, fwd: str, out: Any) -> None:

@@ -554,3 +554,154 @@ def test_capture_stack_is_the_python_walk(fast):
         stacks._NATIVE[0] = saved
     with pytest.raises(TypeError):
         fast.capture_stack(0, "not a tuple")
+
+
+# ------------------------------------------------------------------ a call's argument lists in one call
+
+
+def _argument_lists():
+    """Positional lists of what calls pass: tensors of each kind (those tensor_entry declines too), scalars,
+    nested lists and tuples, and values only the Python path encodes (torch.Size, dtypes, slices, a
+    namedtuple, a dict, a list nested past the C walk's depth) beside C ones."""
+    import collections
+
+    g = torch.Generator().manual_seed(8)
+    base = torch.randn(16, 9, generator=g)
+    pair = collections.namedtuple("pair", "a b")
+    deep: list = [base]
+    for _ in range(10):
+        deep = [deep]
+    return [
+        (base, base[2:], 2.5, 3, True, None, "x"),
+        (base.t(), [base, 1, (2.0, None)], (base[0], False)),
+        (torch.zeros(0, 3), base._neg_view(), torch.ones(2, dtype=torch.complex64), torch.tensor(4.0)),
+        (base.shape, torch.float32, slice(1, None), pair(base, 2), {"k": base}, Ellipsis, 1 + 2j),
+        (deep, [base[:, ::3], base], ("s\n\"", -7, 2**70), torch.nn.Parameter(base.clone())),
+        (),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["statistics", "md5"])
+def test_encode_values_is_the_python_encoding(kernels, mode):
+    """``encode_values``, the C encoding of a call's whole argument list (and keyword dict, and tuple
+    output), gives the Python path's entries byte for byte, key order included: the values it takes
+    itself and those it hands back to ``encode`` at their ``<prefix>.<key>`` (the names a saved tensor
+    would get), in argument order; the lists and entries it makes are left out of the collector's walks."""
+    import gc
+
+    from msprobe.dumpers.pytorch import _encode
+    from msprobe.dumpers.pytorch._values import is_sequence
+    from msprobe.dumpers.session._documents import PendingStats
+
+    def encoder(native: bool):
+        e = _encode.Encoder(None, save_tensors=False, summary_mode=mode, tensor_list=[])
+        if not native:
+            e._entry_ctx = False
+        return e
+
+    def resolved(enc, value):
+        pending = PendingStats()
+        pending.extend(enc.take_stats())
+        pending.resolve(_encode.fetch_stats)
+        return json.dumps(value)
+
+    native, python = encoder(True), encoder(False)
+    prefixes: list = []
+    real_encode = native.encode
+
+    def spy(value, prefix, save, depth=0):
+        prefixes.append(prefix)
+        return real_encode(value, prefix, save, depth)
+
+    native.encode = spy
+    for args in _argument_lists():
+        for _ in range(2):  # computed, then from the statistics cache
+            prefixes.clear()
+            a = native.encode_list(args, "Torch.f.0.forward.input", False)
+            assert isinstance(a, list)
+            handed = [p for p in prefixes if p.count(".") == 5]  # (the top-level ones: nested calls recurse)
+            b = python.encode_list(args, "Torch.f.0.forward.input", False)
+            assert resolved(native, a) == resolved(python, b), args
+            for index in range(len(args)):  # a value the C path took is not encoded again in Python
+                assert handed.count(f"Torch.f.0.forward.input.{index}") <= 1
+            kwargs = {f"k{i}": v for i, v in enumerate(args)}
+            a = native.encode_map(kwargs, "Torch.f.0.forward.kwargs", False)
+            b = python.encode_map(kwargs, "Torch.f.0.forward.kwargs", False)
+            assert list(a) == list(kwargs) and resolved(native, a) == resolved(python, b)
+            for out in (args, args[0] if args else None, list(args)):
+                a = native.encode_output(out, "Torch.f.0.forward.output", False, is_sequence=is_sequence)
+                b = python.encode_output(out, "Torch.f.0.forward.output", False, is_sequence=is_sequence)
+                assert resolved(native, a) == resolved(python, b), out
+    # the C path took the plain ones itself (nothing handed back) and left its lists untracked
+    prefixes.clear()
+    made = native.encode_list(_argument_lists()[0], "p", False)
+    assert prefixes == [] and not gc.is_tracked(made) and not any(gc.is_tracked(e) for e in made)
+    prefixes.clear()
+    native.encode_list(_argument_lists()[3], "p", False)
+    # each of these through encode, at its name (nested ones recurse there)
+    assert [p for p in prefixes if p.count(".") == 1] == [f"p.{i}" for i in range(7)]
+    # saving tensors, or checking overflows, is the Python path's
+    assert native._native_ctx(True) is False
+    native.check_overflow = True
+    assert native._native_ctx(False) is False
+
+
+def test_encode_values_refuses_a_bad_context(fast):
+    with pytest.raises(TypeError):
+        fast.encode_values([1], (), lambda v, p, k: None, "p")
+
+
+def test_untrack_leaves_only_cycle_free_records(fast):
+    """``untrack`` takes a record out of the collector's walks only where it holds dicts, lists and tuples
+    of atomic values; anything else keeps the containers on its path tracked (their cycles stay collectable)."""
+    import gc
+
+    rec = {"input_args": [{"type": "int", "value": 1}, [1.5, "a", None]], "output": [{"shape": [2, 3]}], "t": (1, [2])}
+    assert gc.is_tracked(rec) and fast.untrack(rec) is True
+    assert not gc.is_tracked(rec) and not gc.is_tracked(rec["input_args"]) and not gc.is_tracked(rec["t"][1])
+    assert rec == {"input_args": [{"type": "int", "value": 1}, [1.5, "a", None]], "output": [{"shape": [2, 3]}],
+                   "t": (1, [2])}
+
+    class Held:
+        pass
+
+    holder = Held()
+    rec = {"a": [1, 2], "b": [holder]}
+    assert fast.untrack(rec) is False
+    assert gc.is_tracked(rec) and gc.is_tracked(rec["b"]) and not gc.is_tracked(rec["a"])
+    cycle: list = []
+    cycle.append(cycle)
+    assert fast.untrack(cycle) is False or not gc.is_tracked(cycle)  # (deep self-reference: depth-bounded)
+    assert fast.untrack(5) is True and fast.untrack(Held()) is False
+
+
+def test_journal_line_is_the_python_line(fast):
+    """``journal_line`` gives ``record_text``'s text and ``encode_record_text``'s line around it byte for
+    byte (parent written or not, None or a name; a stack id or none), and None where the Python path
+    must make them (names needing escapes, a record json.dumps alone writes, a stack id not an int)."""
+    import random
+
+    import orjson
+
+    from msprobe.format.journal import NO_PARENT, encode_record_text, record_text
+
+    rng = random.Random(51)
+    names = ["Torch.add.0.forward", "Module.layers.0.Linear.forward.3", "", "Tensor.__add__.12.backward"]
+    for _ in range(3000):
+        record = {"input_args": [_random_value(rng) for _ in range(2)], "output": _random_value(rng)}
+        name = rng.choice(names)
+        parent = rng.choice([None, "Module.a.forward.0", "optimizer"])
+        with_parent = rng.random() < 0.5
+        stack_id = rng.choice([None, 0, 7, 123456])
+        got = fast.journal_line(record, orjson.dumps, name, parent, with_parent, stack_id)
+        text = record_text(record)
+        line = encode_record_text(name, text, parent=parent if with_parent else NO_PARENT, stack_id=stack_id)
+        assert got == (text, line), (record, name, parent, with_parent, stack_id)
+    plain = {"output": [1]}
+    for name, parent, stack_id, record in (("a\"b", None, None, plain), ("é", None, None, plain), ("a", "p\n", None, plain),
+                                           ("a", None, "3", plain), ("a", None, None, {"x": float("nan")})):
+        assert fast.journal_line(record, orjson.dumps, name, parent, True, stack_id) is None
+    # the pipeline's function gives what the Python pair gives, also where the C call declines
+    line_of = fastpath.journal_line_function()
+    assert line_of(plain, "x", None, True, 2) == ('{"output": [1]}', b'{"name": "x", "record": {"output": [1]}, '
+                                                                    b'"parent": null, "stack_id": 2}')

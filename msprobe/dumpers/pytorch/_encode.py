@@ -443,6 +443,51 @@ class Encoder(ValueEncoder):
                 "op": kind, "peer": getattr(op, "peer", None), "tag": getattr(op, "tag", 0),
                 "group_id": (group or {}).get("group_id")}
 
+    def _native_ctx(self, save: bool) -> Any:
+        """tensor_entry's context where the C path may take this call's values (statistics or md5 mode,
+        nothing saved, no overflow check), else False."""
+        ctx = self._entry_ctx
+        if ctx is None:
+            ctx = self._entry_ctx = _entry_context(self.cache, self.summary_mode == "md5")
+        return ctx if ctx and _FAST and not save and not self.check_overflow else False
+
+    def _encode_at(self, value: Any, prefix: str, key: Any) -> Any:
+        """encode_values' fallback: ``value`` at ``<prefix>.<key>`` through the Python path (nothing saved)."""
+        return self.encode(value, f"{prefix}.{key}", False)
+
+    def encode_list(self, values: Any, prefix: str, save: bool) -> list:
+        """The entries of a call's positional arguments: one C call (``encode_values``: the tensors it makes,
+        None, bool, int, float, str, lists and tuples of them; each other argument through :meth:`encode`),
+        the same entries as the Python path's."""
+        ctx = self._native_ctx(save)
+        if ctx:
+            return _FAST.encode_values(values, ctx, self._encode_at, prefix)
+        return super().encode_list(values, prefix, save)
+
+    def encode_map(self, values: dict, prefix: str, save: bool) -> dict:
+        ctx = self._native_ctx(save) if values else False
+        if ctx:
+            return _FAST.encode_values(values, ctx, self._encode_at, prefix)
+        return super().encode_map(values, prefix, save)
+
+    def encode_output(self, out: Any, prefix: str, save: bool, *, is_sequence: Any = None) -> Any:
+        """:meth:`ValueEncoder.encode_output`; a plain tensor, or a tuple output (``is_sequence``), in one C call."""
+        ctx = self._native_ctx(save)
+        if ctx:
+            if type(out) in _PLAIN:
+                return _FAST.encode_values((out,), ctx, self._encode_output_at, prefix)
+            if is_sequence is not None and is_sequence(out):
+                return _FAST.encode_values(out, ctx, self._encode_output_at, prefix)
+        return super().encode_output(out, prefix, save, is_sequence=is_sequence)
+
+    def _encode_output_at(self, value: Any, prefix: str, key: Any) -> Any:
+        """encode_values' fallback for an output's value (the output flag on, as encode_output sets it)."""
+        self._tls.in_output = True
+        try:
+            return self.encode(value, f"{prefix}.{key}", False)
+        finally:
+            self._tls.in_output = False
+
     def tensor(self, t: torch.Tensor, data_name_prefix: str, save: bool) -> dict:
         ctx = self._entry_ctx
         if ctx is None:

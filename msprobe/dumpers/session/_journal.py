@@ -9,7 +9,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from msprobe.dumpers.config import DumpConfig
-from msprobe.dumpers.fastpath import record_text_function
+from msprobe.dumpers.fastpath import journal_line_function, record_text_function
 from msprobe.dumpers.session._documents import PendingStats
 from msprobe.dumpers.session._failures import FailureLog
 from msprobe.dumpers.session._storage import SessionStorage
@@ -48,6 +48,8 @@ class JournalPipeline:
         self._window_timer: Optional[threading.Timer] = None
         #: a record's JSON text, as format.journal.record_text makes it (the C fast path when there)
         self.record_text = record_text_function()
+        #: a record's text and journal line in one C call (None: the two functions above)
+        self.record_line = journal_line_function()
         self.reset()
 
     def reset(self) -> None:
@@ -89,19 +91,25 @@ class JournalPipeline:
         (name -> (record, JSON text)) receives each record's text: publish writes the same."""
         if not self.queue:
             return
-        pending.resolve(fetch_stats)
+        if pending:
+            pending.resolve(fetch_stats)
         queue, self.queue = self.queue, []
         with_parent = self.config.level in ("L0", "mix")
-        text_of = self.record_text
+        text_of, line_of = self.record_text, self.record_line
         lines: list = []  # (line bytes, 1 for a record / 0 for a stack, record)
         for name, raw, parent, stack in queue:
             if name is None:  # a new stack (raw: its id, stack: its frames): its frames once, records refer to its id
                 lines.append((encode_stack(raw, self.render_stack(stack), text_of), 0, None))
                 continue
-            text = text_of(raw)  # made once: the journal line is built around it, dump.json reuses it
+            # the text made once: the journal line is built around it, dump.json reuses it
+            made = line_of(raw, name, parent, with_parent, stack) if line_of is not None else None
+            if made is not None:
+                text, line = made
+            else:
+                text = text_of(raw)
+                line = encode_record_text(name, text, parent=parent if with_parent else NO_PARENT, stack_id=stack)
             if encoded is not None:
                 encoded[name] = (raw, text)
-            line = encode_record_text(name, text, parent=parent if with_parent else NO_PARENT, stack_id=stack)
             lines.append((line, 1, raw))
         with self.lock:
             inflight, held = self.inflight, self.held_lines

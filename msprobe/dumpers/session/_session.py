@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from msprobe.backends import Store
 from msprobe.dumpers.config import DumpConfig
+from msprobe.dumpers.fastpath import untrack_function
 from msprobe.dumpers.session._claims import RunDirClaims
 from msprobe.dumpers.session._documents import StepDocuments
 from msprobe.dumpers.session._failures import FailureLog
@@ -56,6 +57,8 @@ class DumpSession:
         self.storage = SessionStorage(config)
         self.failures = FailureLog(config, self.storage, lambda: self.rank_prefix)
         self.journal = JournalPipeline(config, self.storage, self.failures, render_stack, lambda: self.rank_prefix)
+        #: the C path's ``untrack`` (None without it): a record out of the garbage collector's walks
+        self._untrack = untrack_function()
         self.file_sink = FileSink(config, self.storage, self.failures, self.journal)
         self.zarr_sink = ZarrSink(config, self.storage, self.failures, lambda: self.rank_prefix)
         self.claims = RunDirClaims(config, self.storage, self.failures)
@@ -220,6 +223,10 @@ class DumpSession:
                 docs.pending.extend(stats)
             if self.config.task != "structure":  # structure: only stack.json and construct.json
                 docs.data[name] = raw
+                if self._untrack is not None:
+                    # made of dicts and lists of atomic values, it lives until the step's end: the young
+                    # collections no longer walk it and move it on (nor does each full collection)
+                    self._untrack(raw)
             stack_id = None
             if stack is not None and self.config.stack:
                 stack_id, new = docs.stacks.add(name, stack)
