@@ -74,7 +74,7 @@ def _marks(frame: Frame, results: Any) -> PlotMarks:
         candidates = np.flatnonzero(is_float & (frame.norm > 0) & (frame.norm < np.inf))
     if len(candidates) > TOP_N:
         candidates = np.sort(candidates[np.lexsort((-candidates, frame.norm[candidates]))[-TOP_N:]])
-    for row in np.union1d(flagged, candidates).tolist():
+    for row in sorted(set(flagged.tolist()).union(candidates.tolist())):  # np.union1d imports numpy.ma
         marks.see(row, results[row], frame.name[row], float(frame.norm[row]) if is_float[row] else None)
     return marks
 

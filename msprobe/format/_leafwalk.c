@@ -444,6 +444,16 @@ static int add_row(Rows *r, Py_ssize_t target, Py_ssize_t bench, PyObject *name,
     return 0;
 }
 
+/* two record names that are equal str */
+static int same_name(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (!PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b) || PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b)
+        || PyUnicode_KIND(a) != PyUnicode_KIND(b))
+        return 0;
+    return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)(PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a))) == 0;
+}
+
 /* f"{record}.{suffix}" if suffix else record (a new reference) */
 static PyObject *row_name_of(PyObject *record, PyObject *suffix) {
     if (PyUnicode_GET_LENGTH(suffix) == 0) {
@@ -577,7 +587,12 @@ static PyObject *plan_block(PyObject *self, PyObject *args) {
                 if (at) {
                     bench_index = PyLong_AsSsize_t(at);
                     Py_DECREF(bench_name);
-                    bench_name = row_name_of(bench, suffix);
+                    if (same_name(bench, name)) {  /* the row's name again: one str for both cells */
+                        Py_INCREF(row);
+                        bench_name = row;
+                    } else {
+                        bench_name = row_name_of(bench, suffix);
+                    }
                     if (!bench_name || PyDict_DelItem(left, suffix) < 0) {
                         Py_DECREF(row);
                         Py_XDECREF(bench_name);
@@ -890,10 +905,9 @@ error:
 
 /* ------------------------------------------------------------------ fastjson's checks and stand-ins */
 
-/* the bytes a number may follow (fastjson._has_long_integer), and the bytes a NaN/Infinity token starts with */
+/* the bytes a number may follow (fastjson._has_long_integer) */
 static const unsigned char NUMBER_START[256] = {[' '] = 1, ['\t'] = 1, ['\n'] = 1, ['\r'] = 1, [':'] = 1, [','] = 1,
                                                 ['['] = 1, ['-'] = 1};
-static const unsigned char TOKEN_START[256] = {['N'] = 1, ['I'] = 1};
 
 /* fastjson._has_long_integer: a run of 19+ digits at the start or after a byte a number may follow,
  * not followed by '.', 'e' or 'E' (one pass: each run of digits knows the byte before it) */
@@ -928,27 +942,41 @@ static PyObject *has_long_integer(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(found);
 }
 
-/* the token at d[i] (a TOKEN_START byte): its length and stand-in, or 0 */
+/* the length of the token at d[i] (an 'N' or an 'I'), or 0 */
 static int token_at(const char *d, Py_ssize_t i, Py_ssize_t n) {
     if (d[i] == 'I')
         return i + 8 <= n && memcmp(d + i, "Infinity", 8) == 0 ? 8 : 0;
     return i + 3 <= n && d[i + 1] == 'a' && d[i + 2] == 'N' ? 3 : 0;
 }
 
+/* the next byte at or after d[i] that may start a token ('N' or 'I'), or n; next_n / next_i cache
+ * memchr's last answer for each byte (memchr skips whole words at a time) */
+static Py_ssize_t next_token_start(const char *d, Py_ssize_t i, Py_ssize_t n, Py_ssize_t *next_n, Py_ssize_t *next_i) {
+    if (*next_n < i) {
+        const char *at = memchr(d + i, 'N', (size_t)(n - i));
+        *next_n = at ? at - d : n;
+    }
+    if (*next_i < i) {
+        const char *at = memchr(d + i, 'I', (size_t)(n - i));
+        *next_i = at ? at - d : n;
+    }
+    return *next_n < *next_i ? *next_n : *next_i;
+}
+
 /* fastjson._with_stand_ins: each NaN / Infinity / -Infinity token replaced by its stand-in string
- * (the text between tokens copied a span at a time) */
+ * (the text between tokens copied a span at a time, the tokens found by memchr) */
 static PyObject *with_stand_ins(PyObject *self, PyObject *arg) {
     static const char NEG[] = "\"\\u0000-I\"", POS[] = "\"\\u0000I\"", NAN_[] = "\"\\u0000N\"";
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     const char *d = (const char *)view.buf;
-    const unsigned char *u = (const unsigned char *)view.buf;
     Py_ssize_t n = view.len;
     /* each token grows by at most 8 bytes */
-    Py_ssize_t tokens = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (TOKEN_START[u[i]] && token_at(d, i, n))
+    Py_ssize_t tokens = 0, next_n = -1, next_i = -1;
+    for (Py_ssize_t i = next_token_start(d, 0, n, &next_n, &next_i); i < n;
+         i = next_token_start(d, i + 1, n, &next_n, &next_i))
+        if (token_at(d, i, n))
             tokens++;
     PyObject *out = PyBytes_FromStringAndSize(NULL, n + 8 * tokens);
     if (!out) {
@@ -957,14 +985,11 @@ static PyObject *with_stand_ins(PyObject *self, PyObject *arg) {
     }
     char *o = PyBytes_AS_STRING(out);
     Py_ssize_t w = 0, span = 0;  /* d[span:i] is yet to be copied */
-    for (Py_ssize_t i = 0; i < n;) {
-        if (!TOKEN_START[u[i]]) {
-            i++;
-            continue;
-        }
+    next_n = next_i = -1;
+    for (Py_ssize_t i = next_token_start(d, 0, n, &next_n, &next_i); i < n;) {
         int size = token_at(d, i, n);
         if (!size) {
-            i++;
+            i = next_token_start(d, i + 1, n, &next_n, &next_i);
             continue;
         }
         /* a '-' just before Infinity (never the end of an earlier token) makes -Infinity */
@@ -976,8 +1001,8 @@ static PyObject *with_stand_ins(PyObject *self, PyObject *arg) {
         size_t stand_size = size == 3 ? sizeof NAN_ - 1 : negative ? sizeof NEG - 1 : sizeof POS - 1;
         memcpy(o + w, stand_in, stand_size);
         w += (Py_ssize_t)stand_size;
-        i += size;
-        span = i;
+        span = i + size;
+        i = next_token_start(d, span, n, &next_n, &next_i);
     }
     memcpy(o + w, d + span, (size_t)(n - span));
     w += n - span;
