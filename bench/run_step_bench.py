@@ -55,6 +55,10 @@ def install_floor(read: str) -> None:
     _encode.NATIVE_ENTRY = False  # (the C path of an entry reads the tensor: the floor takes the one above)
     DumpSession.flush_journal = drop
     DumpSession.publish = drop
+    from msprobe.dumpers.session._journal import JournalPipeline
+
+    if hasattr(JournalPipeline, "append_record"):  # (a record's line straight to the journal: dropped too)
+        JournalPipeline.append_record = lambda self, *args: None
 
 
 def zarr_stats(dump_path):

@@ -94,23 +94,49 @@ class JournalPipeline:
         if pending:
             pending.resolve(fetch_stats)
         queue, self.queue = self.queue, []
-        with_parent = self.config.level in ("L0", "mix")
-        text_of, line_of = self.record_text, self.record_line
         lines: list = []  # (line bytes, 1 for a record / 0 for a stack, record)
         for name, raw, parent, stack in queue:
             if name is None:  # a new stack (raw: its id, stack: its frames): its frames once, records refer to its id
-                lines.append((encode_stack(raw, self.render_stack(stack), text_of), 0, None))
+                lines.append((encode_stack(raw, self.render_stack(stack), self.record_text), 0, None))
                 continue
-            # the text made once: the journal line is built around it, dump.json reuses it
-            made = line_of(raw, name, parent, with_parent, stack) if line_of is not None else None
-            if made is not None:
-                text, line = made
-            else:
-                text = text_of(raw)
-                line = encode_record_text(name, text, parent=parent if with_parent else NO_PARENT, stack_id=stack)
-            if encoded is not None:
-                encoded[name] = (raw, text)
-            lines.append((line, 1, raw))
+            lines.append((self._record_line(name, raw, parent, stack, encoded), 1, raw))
+        self._append_lines(lines)
+
+    def _record_line(self, name: str, raw: Any, parent: Optional[str], stack: Any, encoded: Optional[dict]) -> bytes:
+        """A record's journal line; its JSON text goes into ``encoded`` (made once: the line is built around
+        it, dump.json reuses it)."""
+        with_parent = self.config.level in ("L0", "mix")
+        line_of = self.record_line
+        made = line_of(raw, name, parent, with_parent, stack) if line_of is not None else None
+        if made is not None:
+            text, line = made
+        else:
+            text = self.record_text(raw)
+            line = encode_record_text(name, text, parent=parent if with_parent else NO_PARENT, stack_id=stack)
+        if encoded is not None:
+            encoded[name] = (raw, text)
+        return line
+
+    def append_record(self, name: str, raw: Any, parent: Optional[str], stack: Any, encoded: Optional[dict]) -> None:
+        """One record, with nothing queued before it and no statistics pending (the caller holds the
+        session's lock): its line appended now, as :meth:`flush` appends a queue of one. The journal's
+        default on local stores (one record per flush, nothing held back for tensor files in flight) copies
+        it straight into the journal's mapped window."""
+        line = self._record_line(name, raw, parent, stack, encoded)
+        with self.lock:
+            journal = self.journal
+            if journal is not None and not self.held_lines and not self.inflight and self.batch == 1:
+                self.records_journaled += 1
+                try:
+                    journal.extend([line], flush=True)
+                except Exception as exc:  # noqa: BLE001 - the journal is a safety net: never crash training for it
+                    self.failures.note("journal", exc)
+                return
+        self._append_lines([(line, 1, raw)])
+
+    def _append_lines(self, lines: list) -> None:
+        """Hold ``lines`` ((line, 1 for a record / 0 for a stack, record) each) for the tensor files their
+        records name that are still in flight, then append those whose files are all published."""
         with self.lock:
             inflight, held = self.inflight, self.held_lines
             for line, is_record, record in lines:

@@ -238,8 +238,12 @@ class DumpSession:
             self.records_total += 1
             journal = self.journal
             queue = journal.queue
+            held = getattr(journal.held_here, "on", False)
+            if not queue and not docs.pending and not held and (self.config.journal_flush or 1) == 1:
+                journal.append_record(name, raw, parent, stack_id, docs.encoded)  # (what the flush of it would do)
+                return
             queue.append((name, raw, parent, stack_id))
-            if len(queue) >= (self.config.journal_flush or 1) and not getattr(journal.held_here, "on", False):
+            if len(queue) >= (self.config.journal_flush or 1) and not held:
                 self.flush_journal()
 
     def reserve(self, name: str, parent: Optional[str]) -> Any:
