@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from msprobe.compare._floattext import FloatCells
 from msprobe.compare._frame import Frame, _objects
 from msprobe.compare._kernels import KERNELS, METRIC_COUNT
 from msprobe.compare._origin import ORIGIN_THRESHOLD
@@ -184,14 +185,14 @@ def _block(context: PairContext, plan: Plan, path: str, keep: Optional[list], st
         context.departing = None if got is None else context.departing | got
     head = [plan.row_name, plan.row_bench_name]
     head += [frame.text(side, kind) for kind in ("dtype", "shape", "requires_grad") for side in ("target", "bench")]
-    columns = [column if column.__class__ is list else column.tolist()
-               for column in head + metric_columns + [_requires_grad_consistent(frame), results, messages]]
+    columns: list = [column if column.__class__ is list or column.__class__ is FloatCells else column.tolist()
+                     for column in head + metric_columns + [_requires_grad_consistent(frame), results, messages]]
     columns += [plan.row_stack] + trailing
     if context.stack is False:
         del columns[COLUMNS[mode].index("NPU_Stack_Info")]
     write_columns(path, columns)
     if keep is not None:
-        keep.extend(zip(*columns))
+        keep.extend(zip(*[column.tolist() if column.__class__ is FloatCells else column for column in columns]))
     result_list = columns[COLUMNS[mode].index("Result")]
     summary = PairSummary(rows=frame.row_count, unmatched_rows=int(frame.row_count - len(frame.matched_rows)),
                           results=_counts(result_list), series=frame.series().tolist(), marks=_marks(frame, results),

@@ -8,7 +8,7 @@ import re
 from itertools import repeat
 from typing import Any
 
-__all__ = ["number_columns"]
+__all__ = ["number_columns", "FloatCells"]
 
 #: type codes of :func:`number_columns`: 0 float, 1 int, 3 str, 2 anything else (bool, None...)
 _CODES = {float: 0, int: 1, str: 3}
@@ -157,6 +157,47 @@ def _python_reprs(array: Any, write: Any) -> list:
     for position, value in zip(nonfinite.tolist(), array[nonfinite].tolist()):
         texts[position] = repr(value)
     return texts
+
+
+class FloatCells:
+    """A CSV column of float cells not yet written as text: row r holds ``overrides[r]`` (a str),
+    or where that is None ``repr(values[r]) + suffix``. The C CSV writer writes the floats straight
+    from orjson's text (``_leafwalk.csv_rows``' tuple columns), without a str per cell;
+    :meth:`tolist` gives the texts (the Python writer, the xlsx, a row read alone)."""
+
+    __slots__ = ("values", "suffix", "overrides")
+
+    def __init__(self, values: Any, suffix: str, overrides: list) -> None:
+        import numpy as np
+
+        self.values = np.ascontiguousarray(values, dtype=np.float64)
+        self.suffix = suffix
+        self.overrides = overrides
+
+    def __len__(self) -> int:
+        return len(self.overrides)
+
+    def __getitem__(self, row: int) -> str:
+        cell = self.overrides[row]
+        return repr(float(self.values[row])) + self.suffix if cell is None else cell
+
+    def tolist(self) -> list:
+        texts = _reprs(self.values, self.suffix)
+        return [text if cell is None else cell for text, cell in zip(texts, self.overrides)]
+
+    def csv_column(self) -> tuple:
+        """The column as csv_rows takes it: (orjson's text of the values, the values, suffix, overrides)."""
+        import orjson
+
+        return orjson.dumps(self.values, option=orjson.OPT_SERIALIZE_NUMPY), self.values, self.suffix, self.overrides
+
+
+def lazy_cells() -> bool:
+    """Whether columns of :class:`FloatCells` are written in C (the extension is there and orjson
+    writes floats as repr does, :func:`_float_writer`)."""
+    from msprobe.format.native import leafwalk
+
+    return leafwalk() is not None and bool(_float_writer())
 
 
 def _percents(array: Any) -> list:

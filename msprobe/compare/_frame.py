@@ -7,7 +7,7 @@ import operator
 from itertools import repeat
 from typing import Any
 
-from msprobe.compare._floattext import _inf_or_nan, _texts
+from msprobe.compare._floattext import FloatCells, _inf_or_nan, _texts
 from msprobe.compare._plan import Leaves, Plan
 from msprobe.format.stats import MAX, MIN, STAT_KEYS
 
@@ -161,10 +161,32 @@ class Frame:
             self._first_output = first
         return self._first_output
 
-    def statistic_columns(self) -> list:
-        """The 8 statistics columns as the CSV prints them (target's four, then bench's)."""
-        return [self.column_list(side, _texts(self.leaves(side).statistics[name], self.leaves(side).numbers(name)))
-                for side in ("target", "bench") for name in _STATISTICS]
+    def statistic_columns(self, lazy: bool = False) -> list:
+        """The 8 statistics columns as the CSV prints them (target's four, then bench's); ``lazy``:
+        as :class:`FloatCells` (the float values gathered over the rows, the other cells as text)."""
+        if not lazy:
+            return [self.column_list(side, _texts(self.leaves(side).statistics[name], self.leaves(side).numbers(name)))
+                    for side in ("target", "bench") for name in _STATISTICS]
+        return [self._float_cells(side, name) for side in ("target", "bench") for name in _STATISTICS]
+
+    def _float_cells(self, side: str, name: str) -> FloatCells:
+        """One statistic's column over the rows as :class:`FloatCells`: a float leaf value as repr
+        prints it, any other (int, str, None, bool) as str() does, ``N/A`` where the side has no leaf."""
+        import numpy as np
+
+        values = self.leaves(side).statistics[name]
+        numbers = self.leaves(side).numbers(name)
+        index = self._index(side)
+        has = index >= 0
+        at = np.where(has, index, 0)
+        if len(values):
+            gathered, is_float = numbers[0][at], has & numbers[1][at]
+        else:
+            gathered, is_float = np.zeros(self.row_count), np.zeros(self.row_count, dtype=bool)
+        overrides: list = [None] * self.row_count
+        for row, leaf in zip(np.flatnonzero(~is_float).tolist(), index[~is_float].tolist()):
+            overrides[row] = _NA if leaf < 0 else str(values[leaf])
+        return FloatCells(gathered, "", overrides)
 
     def series(self) -> Any:
         """The NormRelativeErr per row for the plot: on matched rows whose target leaf is a tensor."""

@@ -7,7 +7,7 @@ import operator
 from itertools import repeat
 from typing import Any
 
-from msprobe.compare._floattext import _percents, _reprs
+from msprobe.compare._floattext import FloatCells, _percents, _reprs, lazy_cells
 from msprobe.compare._frame import Frame, _objects
 from msprobe.compare._plan import PairContext, load_side
 from msprobe.compare._rows import diff_cells, leaf_side, tensor_metrics
@@ -23,11 +23,12 @@ _STATISTICS = STAT_KEYS
 
 
 def _diffs(target_values: list, bench_values: list, target_rows: Any, bench_rows: Any, target_numbers: tuple,
-           bench_numbers: tuple) -> tuple:
+           bench_numbers: tuple, lazy: bool = False) -> tuple:
     """([diff strings], [relative error strings], float array of the relative errors with NaN
     where :func:`diff_cells` gives None, mask of None, mask of the ``"<x>%"`` relative errors):
     :func:`diff_cells` of
-    ``target_values[target_rows]`` and ``bench_values[bench_rows]``."""
+    ``target_values[target_rows]`` and ``bench_values[bench_rows]``. ``lazy``: the two text columns
+    as :class:`FloatCells` (the C writer writes their floats) where the extension is there."""
     import numpy as np
 
     target, bench = target_numbers[0][target_rows], bench_numbers[0][bench_rows]
@@ -36,7 +37,7 @@ def _diffs(target_values: list, bench_values: list, target_rows: Any, bench_rows
         difference = target - bench
         relative = np.abs(difference) / np.abs(bench)
         percent = relative * 100
-    got = _native_diffs(target, bench, difference, relative, percent, numeric)
+    got = _native_diffs(target, bench, difference, relative, percent, numeric, lazy)
     if got is not None:
         diff_text, relative_text, relative_out, none, is_percent = got
     else:
@@ -50,11 +51,15 @@ def _diffs(target_values: list, bench_values: list, target_rows: Any, bench_rows
             none[position] = True
         else:
             relative_out[position] = value
+    if lazy and got is not None:
+        diff_text, relative_text = FloatCells(difference, "", diff_text), FloatCells(percent, "%", relative_text)
     return diff_text, relative_text, relative_out, none, is_percent
 
 
-def _native_diffs(target: Any, bench: Any, difference: Any, relative: Any, percent: Any, numeric: Any) -> Any:
-    """:func:`_numpy_diffs` in one C pass (``_leafwalk.stat_diffs``; the texts as lists), or None."""
+def _native_diffs(target: Any, bench: Any, difference: Any, relative: Any, percent: Any, numeric: Any,
+                  lazy: bool = False) -> Any:
+    """:func:`_numpy_diffs` in one C pass (``_leafwalk.stat_diffs``; the texts as lists), or None;
+    ``lazy``: the printed difference and percent cells None (for :class:`FloatCells`)."""
     import numpy as np
 
     from msprobe.compare._floattext import _float_writer
@@ -66,9 +71,9 @@ def _native_diffs(target: Any, bench: Any, difference: Any, relative: Any, perce
     import orjson
 
     arrays = [np.ascontiguousarray(array, dtype=np.float64) for array in (target, bench, difference, relative, percent)]
-    got = walker.stat_diffs(*arrays, np.ascontiguousarray(numeric, dtype=bool),
-                            orjson.dumps(arrays[2], option=orjson.OPT_SERIALIZE_NUMPY),
-                            orjson.dumps(arrays[4], option=orjson.OPT_SERIALIZE_NUMPY))
+    texts = (b"[]", b"[]") if lazy else (orjson.dumps(arrays[2], option=orjson.OPT_SERIALIZE_NUMPY),
+                                         orjson.dumps(arrays[4], option=orjson.OPT_SERIALIZE_NUMPY))
+    got = walker.stat_diffs(*arrays, np.ascontiguousarray(numeric, dtype=bool), *texts, lazy)
     if got is None:
         return None
     diff_text, relative_text, relative_out, none, is_percent = got
@@ -117,6 +122,8 @@ def _norm_cells(frame: Frame, relative: Any, none: Any, relative_text: Any, is_p
     frame.norm_none[rows] = none
     with np.errstate(all="ignore"):
         back = (relative * 100) / 100  # float("<rel*100>") / 100, as the rules read the printed cell
+    if relative_text.__class__ is FloatCells:  # its texts "inf" and "nan" are among its overrides
+        relative_text = relative_text.overrides
     count = len(relative_text)
     is_inf = np.fromiter(map(operator.eq, relative_text, repeat("inf")), bool, count)
     is_nan = np.fromiter(map(operator.eq, relative_text, repeat("nan")), bool, count)
@@ -124,20 +131,21 @@ def _norm_cells(frame: Frame, relative: Any, none: Any, relative_text: Any, is_p
     frame.norm_percent[rows] = np.where(is_percent, back, np.where(is_inf, np.inf, np.where(is_nan, np.nan, 0.0)))
 
 
-def _statistic_diffs(frame: Frame, statistic: str) -> tuple:
+def _statistic_diffs(frame: Frame, statistic: str, lazy: bool = False) -> tuple:
     target, bench = frame.plan.target, frame.plan.bench
     rows = frame.matched_rows
     return _diffs(target.statistics[statistic], bench.statistics[statistic], frame.target_index[rows],
-                  frame.bench_index[rows], target.numbers(statistic), bench.numbers(statistic))
+                  frame.bench_index[rows], target.numbers(statistic), bench.numbers(statistic), lazy)
 
 
 def statistics_kernel(frame: Frame, context: PairContext) -> list:
     """Statistics mode: the 4 diffs, then the 4 relative errors, then the 8 statistics."""
     every_row = len(frame.matched_rows) == frame.row_count  # the diffs are the columns themselves
+    lazy = lazy_cells()  # float cells written by the C writer from the values (FloatCells)
     count = len(_STATISTICS)
     metrics: list = [None] * (2 * count) if every_row else [_objects(frame.row_count) for _ in range(2 * count)]
     for position, statistic in enumerate(_STATISTICS):
-        diff_text, relative_text, relative, none, is_percent = _statistic_diffs(frame, statistic)
+        diff_text, relative_text, relative, none, is_percent = _statistic_diffs(frame, statistic, lazy and every_row)
         if every_row:
             metrics[position], metrics[count + position] = diff_text, relative_text
         else:
@@ -145,7 +153,7 @@ def statistics_kernel(frame: Frame, context: PairContext) -> list:
             metrics[count + position][frame.matched_rows] = relative_text
         if statistic == NORM.key:
             _norm_cells(frame, relative, none, relative_text, is_percent)
-    return metrics + frame.statistic_columns()
+    return metrics + frame.statistic_columns(lazy)
 
 
 def md5_kernel(frame: Frame, context: PairContext) -> list:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from msprobe.compare._floattext import FloatCells
 from msprobe.errors import MissingDependencyError
 from msprobe.format.native import leafwalk
 from msprobe.format.stats import CSV_BENCH, CSV_DIFF
@@ -36,15 +37,20 @@ def write_header(path: str, names: list) -> None:
 
 
 def write_columns(path: str, columns: list) -> None:
-    """Append the rows of ``columns`` (lists of strings, one per CSV column) to the CSV ``path``."""
-    if not columns or not columns[0]:
+    """Append the rows of ``columns`` (lists of strings or :class:`FloatCells`, one per CSV column)
+    to the CSV ``path``."""
+    if not columns or not len(columns[0]):
         return
     walker = leafwalk()
-    text = walker.csv_rows(columns) if walker is not None else None  # the same bytes, made in C
+    text = None
+    if walker is not None:  # the same bytes, made in C (FloatCells' floats written from orjson's text)
+        text = walker.csv_rows([column.csv_column() if column.__class__ is FloatCells else column
+                                for column in columns])
     if text is not None:
         with open(path, "ab") as handle:
             handle.write(text)
         return
+    columns = [column.tolist() if column.__class__ is FloatCells else column for column in columns]
     quoted = [_quoted(column) for column in columns]
     with open(path, "a", newline="", encoding="utf-8") as handle:
         for start in range(0, len(quoted[0]), _ROWS_PER_WRITE):

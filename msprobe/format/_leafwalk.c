@@ -44,7 +44,9 @@
  *     (msprobe/compare/_kernels.py _diffs, the reference): (diff texts, relative texts, the relative
  *     errors as float64 bytes, the None mask, the percent mask as bool bytes); the rows whose
  *     ``numeric`` is 0 hold None (the caller fills them); the texts from orjson's writing of
- *     ``difference`` and ``percent`` as float_texts reads them.
+ *     ``difference`` and ``percent`` as float_texts reads them; ``lazy`` (a 9th argument, true): the
+ *     printed difference and percent cells None instead (the caller writes them from the values:
+ *     csv_rows' float columns), the texts not read.
  *   has_long_integer(data), with_stand_ins(data), restore_nonfinite(obj, values) -> int or None
  *     msprobe/format/fastjson.py's checks and NaN/Infinity stand-ins in one pass each (restore: every
  *     container walked; None where a key is a stand-in).
@@ -65,7 +67,7 @@ typedef struct {
 } Out;
 
 static PyObject *S_type, *S_dtype, *S_shape, *S_data_name, *S_requires_grad, *S_md5, *S_value, *S_input,
-    *S_output, *S_parameters, *S_parameters_grad, *S_debug, *S_kwargs, *S_input_args, *S_input_kwargs,
+    *S_output, *S_zero, *S_nan, *S_inf, *S_parameters, *S_parameters_grad, *S_debug, *S_kwargs, *S_input_args, *S_input_kwargs,
     *S_is_recompute, *S_NA, *S_empty, *S_dot, *S_true, *S_false, *S_minus1, *S_empty_list_text;
 
 /* -1 error, 0 done, 1 decline (the caller takes the Python code) */
@@ -1392,10 +1394,57 @@ static inline const char *cell_text(PyObject *cell, Py_ssize_t *size) {
     return PyUnicode_AsUTF8AndSize(cell, size);
 }
 
-/* csv_rows(columns) -> bytes or None: the rows of ``columns`` (lists of str of one length) as
- * compare/_write.write_columns writes them (UTF-8, a cell quoted RFC 4180-style only where it holds
- * , " CR or LF, "\r\n" after every row); None where a cell is no str (the Python code decides).
- * One pass, row by row, into a bytes object that grows as needed. */
+static Py_ssize_t repr_cell(const char *cell, Py_ssize_t size, double x, char *buf);
+static int next_cell(const char **at, const char *end, const char **cell, Py_ssize_t *size);
+
+/* a column of floats written as text (csv_rows' tuple column): orjson's text of the values, the
+ * values, the suffix after each, and per row a str that stands instead (or None) */
+typedef struct {
+    Py_buffer text, values;
+    const char *at, *end, *suffix;
+    Py_ssize_t suffix_size;
+    PyObject *overrides;
+} FloatColumn;
+
+/* the tuple column ``column`` read into *f (its buffers held): 1, 0 where it is not one of
+ * ``nrows`` rows (the caller declines), -1 on an error */
+static int float_column(PyObject *column, Py_ssize_t nrows, FloatColumn *f) {
+    PyObject *text, *values, *suffix, *overrides;
+    if (!PyArg_ParseTuple(column, "OOUO!", &text, &values, &suffix, &PyList_Type, &overrides))
+        return -1;
+    f->suffix = PyUnicode_AsUTF8AndSize(suffix, &f->suffix_size);
+    if (!f->suffix)
+        return -1;
+    if (PyObject_GetBuffer(text, &f->text, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(values, &f->values, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&f->text);
+        return -1;
+    }
+    f->overrides = overrides;
+    const char *t = (const char *)f->text.buf;
+    Py_ssize_t size = f->text.len, cells = 1;
+    int ok = f->values.len == nrows * (Py_ssize_t)sizeof(double) && PyList_GET_SIZE(overrides) == nrows
+             && f->suffix_size <= 8 && size >= 2 && t[0] == '[' && t[size - 1] == ']';
+    for (const char *c = t; ok && (c = memchr(c, ',', (size_t)(t + size - c))) != NULL; c++)
+        cells++;  /* orjson's cells are numbers or null: a comma is a separator */
+    if (!ok || cells != nrows) {
+        PyBuffer_Release(&f->text);
+        PyBuffer_Release(&f->values);
+        return 0;
+    }
+    f->at = t + 1;
+    f->end = t + size - 1;
+    return 1;
+}
+
+/* csv_rows(columns) -> bytes or None: the rows of ``columns`` as compare/_write.write_columns
+ * writes them (UTF-8, a cell quoted RFC 4180-style only where it holds , " CR or LF, "\r\n" after
+ * every row). A column is a list of str, or a tuple (orjson's text of n float64s, their buffer,
+ * suffix, overrides: a list of n str or None): row r holds overrides[r], or where that is None
+ * repr(values[r]) + suffix (as _leafwalk.float_texts writes it). None where a cell is no str or
+ * the columns do not line up (the Python code decides). One pass, row by row, into a bytes object
+ * that grows as needed. */
 static PyObject *csv_rows(PyObject *self, PyObject *arg) {
     if (!PyList_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "a list of columns");
@@ -1404,42 +1453,101 @@ static PyObject *csv_rows(PyObject *self, PyObject *arg) {
     Py_ssize_t ncols = PyList_GET_SIZE(arg), nrows = -1;
     for (Py_ssize_t c = 0; c < ncols; c++) {
         PyObject *column = PyList_GET_ITEM(arg, c);
-        if (!PyList_Check(column))
+        Py_ssize_t rows;
+        if (PyList_Check(column))
+            rows = PyList_GET_SIZE(column);
+        else if (PyTuple_Check(column) && PyTuple_GET_SIZE(column) == 4 && PyList_Check(PyTuple_GET_ITEM(column, 3)))
+            rows = PyList_GET_SIZE(PyTuple_GET_ITEM(column, 3));
+        else
             Py_RETURN_NONE;
         if (nrows < 0)
-            nrows = PyList_GET_SIZE(column);
-        else if (PyList_GET_SIZE(column) != nrows)
+            nrows = rows;
+        else if (rows != nrows)
             Py_RETURN_NONE;  /* zip() stops at the shortest: the Python code decides */
     }
     if (ncols == 0 || nrows <= 0)
         return PyBytes_FromStringAndSize(NULL, 0);
-    PyObject **cols = PyMem_Malloc((size_t)ncols * sizeof(PyObject **));
-    if (!cols)
-        return PyErr_NoMemory();
-    for (Py_ssize_t c = 0; c < ncols; c++)
-        cols[c] = PyList_GET_ITEM(arg, c);
+    PyObject **cols = PyMem_Calloc((size_t)ncols, sizeof(PyObject *));
+    FloatColumn *floats = PyMem_Calloc((size_t)ncols, sizeof(FloatColumn));
+    PyObject *out = NULL;
+    Py_ssize_t held = 0;  /* the float columns whose buffers are held: floats[0:held] in column order */
+    int declined = 0;
+    if (!cols || !floats) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        PyObject *column = PyList_GET_ITEM(arg, c);
+        if (PyList_Check(column)) {
+            cols[c] = column;
+            continue;
+        }
+        int rc = float_column(column, nrows, &floats[c]);
+        if (rc <= 0) {
+            declined = rc == 0;
+            goto error;
+        }
+        held = c + 1;
+    }
     Py_ssize_t capacity = nrows * (ncols * 24 + 2) + 1024, used = 0;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, capacity);
+    out = PyBytes_FromStringAndSize(NULL, capacity);
     if (!out)
         goto error;
+    char buf[96];
     for (Py_ssize_t r = 0; r < nrows; r++) {
         for (Py_ssize_t c = 0; c < ncols; c++) {
-            PyObject *cell = PyList_GET_ITEM(cols[c], r);
-            if (!PyUnicode_Check(cell)) {
-                PyMem_Free(cols);
-                Py_DECREF(out);
-                Py_RETURN_NONE;
-            }
+            PyObject *cell;
+            const char *text;
             Py_ssize_t size;
-            const char *text = cell_text(cell, &size);
-            if (!text)
-                goto error;
-            int quote = needs_quote(text, size);
-            Py_ssize_t need = quote ? 2 * size + 5 : size + 3;  /* the cell, its separator, the row's end */
+            char *owned = NULL;  /* PyOS_double_to_string's text, freed below */
+            const char *suffix = "";
+            Py_ssize_t suffix_size = 0;
+            if (cols[c]) {
+                cell = PyList_GET_ITEM(cols[c], r);
+            } else {
+                FloatColumn *f = &floats[c];
+                const char *at;
+                Py_ssize_t at_size;
+                if (next_cell(&f->at, f->end, &at, &at_size) < 0) {
+                    declined = 1;
+                    goto error;
+                }
+                cell = PyList_GET_ITEM(f->overrides, r);
+                if (cell == Py_None) {
+                    double x = ((const double *)f->values.buf)[r];
+                    size = isfinite(x) ? repr_cell(at, at_size, x, buf) : -1;
+                    if (size >= 0) {
+                        text = buf;
+                    } else {
+                        owned = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+                        if (!owned)
+                            goto error;
+                        text = owned;
+                        size = (Py_ssize_t)strlen(owned);
+                    }
+                    suffix = f->suffix;
+                    suffix_size = f->suffix_size;
+                    cell = NULL;
+                }
+            }
+            int quote = 0;
+            if (cell) {
+                if (!PyUnicode_Check(cell)) {
+                    declined = 1;
+                    goto error;
+                }
+                text = cell_text(cell, &size);
+                if (!text)
+                    goto error;
+                quote = needs_quote(text, size);
+            }
+            Py_ssize_t need = (quote ? 2 * size + 5 : size + 3) + suffix_size;  /* the cell, its separator, the row's end */
             if (used + need > capacity) {
                 capacity = 2 * capacity + need;
-                if (_PyBytes_Resize(&out, capacity) < 0)
+                if (_PyBytes_Resize(&out, capacity) < 0) {
+                    PyMem_Free(owned);
                     goto error;
+                }
             }
             char *o = PyBytes_AS_STRING(out) + used;
             if (quote) {
@@ -1453,7 +1561,10 @@ static PyObject *csv_rows(PyObject *self, PyObject *arg) {
             } else {
                 memcpy(o, text, (size_t)size);
                 o += size;
+                memcpy(o, suffix, (size_t)suffix_size);
+                o += suffix_size;
             }
+            PyMem_Free(owned);
             if (c + 1 < ncols) {
                 *o++ = ',';
             } else {
@@ -1463,14 +1574,25 @@ static PyObject *csv_rows(PyObject *self, PyObject *arg) {
             used = o - PyBytes_AS_STRING(out);
         }
     }
-    PyMem_Free(cols);
     if (_PyBytes_Resize(&out, used) < 0)
-        return NULL;
-    return out;
+        goto error;
+    goto done;
 error:
+    Py_CLEAR(out);
+    if (declined) {
+        PyErr_Clear();
+        out = Py_None;
+        Py_INCREF(out);
+    }
+done:
+    for (Py_ssize_t c = 0; c < held; c++)
+        if (!cols[c] && floats[c].text.obj) {
+            PyBuffer_Release(&floats[c].text);
+            PyBuffer_Release(&floats[c].values);
+        }
     PyMem_Free(cols);
-    Py_XDECREF(out);
-    return NULL;
+    PyMem_Free(floats);
+    return out;
 }
 
 /* ------------------------------------------------------------------ float texts as repr writes them */
@@ -1614,8 +1736,9 @@ static PyObject *cell_repr(const char *cell, Py_ssize_t size, double x, const ch
 
 static PyObject *stat_diffs(PyObject *self, PyObject *args) {
     Py_buffer b[8];
+    int lazy = 0;
     memset(b, 0, sizeof(b));
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7]))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*|p", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7], &lazy))
         return NULL;
     PyObject *diff_list = NULL, *rel_list = NULL, *rel_out = NULL, *none = NULL, *is_percent = NULL, *result = NULL;
     Py_ssize_t count = b[0].len / (Py_ssize_t)sizeof(double);
@@ -1624,7 +1747,7 @@ static PyObject *stat_diffs(PyObject *self, PyObject *args) {
         ok &= b[k].len == count * (Py_ssize_t)sizeof(double);
     ok &= b[5].len == count && b[6].len >= 2 && b[7].len >= 2;
     const char *dt = (const char *)b[6].buf, *pt = (const char *)b[7].buf;
-    ok = ok && dt[0] == '[' && dt[b[6].len - 1] == ']' && pt[0] == '[' && pt[b[7].len - 1] == ']';
+    ok = ok && (lazy || (dt[0] == '[' && dt[b[6].len - 1] == ']' && pt[0] == '[' && pt[b[7].len - 1] == ']'));
     if (!ok)
         goto decline;
     const double *target = b[0].buf, *bench = b[1].buf, *difference = b[2].buf, *relative = b[3].buf,
@@ -1641,9 +1764,9 @@ static PyObject *stat_diffs(PyObject *self, PyObject *args) {
     char *none_at = PyBytes_AS_STRING(none), *percent_at = PyBytes_AS_STRING(is_percent);
     const char *d_at = dt + 1, *d_end = dt + b[6].len - 1, *p_at = pt + 1, *p_end = pt + b[7].len - 1;
     for (Py_ssize_t i = 0; i < count; i++) {
-        const char *d_cell, *p_cell;
-        Py_ssize_t d_size, p_size;
-        if (next_cell(&d_at, d_end, &d_cell, &d_size) < 0 || next_cell(&p_at, p_end, &p_cell, &p_size) < 0)
+        const char *d_cell = NULL, *p_cell = NULL;
+        Py_ssize_t d_size = 0, p_size = 0;
+        if (!lazy && (next_cell(&d_at, d_end, &d_cell, &d_size) < 0 || next_cell(&p_at, p_end, &p_cell, &p_size) < 0))
             goto decline;
         rel[i] = NAN;
         none_at[i] = 0;
@@ -1660,22 +1783,22 @@ static PyObject *stat_diffs(PyObject *self, PyObject *args) {
         int zero = d == 0 || (isnan(d) && ((isnan(t) && isnan(be)) || t == be));
         int nan_ = !zero && isnan(d);
         if (zero) {
-            diff_text = PyUnicode_FromStringAndSize("0", 1);
-            rel_text = PyUnicode_FromStringAndSize("0", 1);
+            diff_text = Py_NewRef(S_zero);
+            rel_text = Py_NewRef(S_zero);
             rel[i] = 0.0;
         } else if (nan_) {
-            diff_text = PyUnicode_FromStringAndSize("nan", 3);
-            rel_text = PyUnicode_FromStringAndSize("nan", 3);
+            diff_text = Py_NewRef(S_nan);
+            rel_text = Py_NewRef(S_nan);
         } else {
-            diff_text = cell_repr(d_cell, d_size, d, "", 0);
+            diff_text = lazy ? Py_NewRef(Py_None) : cell_repr(d_cell, d_size, d, "", 0);
             if (be == 0) {
-                rel_text = PyUnicode_FromStringAndSize("inf", 3);
+                rel_text = Py_NewRef(S_inf);
                 rel[i] = INFINITY;
             } else if (isinf(be)) {
-                rel_text = PyUnicode_FromStringAndSize("N/A", 3);
+                rel_text = Py_NewRef(S_NA);
                 none_at[i] = 1;
             } else {
-                rel_text = cell_repr(p_cell, p_size, percent[i], "%", 1);
+                rel_text = lazy ? Py_NewRef(Py_None) : cell_repr(p_cell, p_size, percent[i], "%", 1);
                 rel[i] = relative[i];
                 percent_at[i] = 1;
             }
@@ -1688,7 +1811,7 @@ static PyObject *stat_diffs(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(diff_list, i, diff_text);
         PyList_SET_ITEM(rel_list, i, rel_text);
     }
-    if (d_at != (count ? d_end + 1 : d_end) || p_at != (count ? p_end + 1 : p_end))
+    if (!lazy && (d_at != (count ? d_end + 1 : d_end) || p_at != (count ? p_end + 1 : p_end)))
         goto decline;
     result = Py_BuildValue("(NNNNN)", diff_list, rel_list, rel_out, none, is_percent);
     diff_list = rel_list = rel_out = none = is_percent = NULL;
@@ -2159,6 +2282,9 @@ PyMODINIT_FUNC PyInit__leafwalk(void) {
     INTERN(S_input_kwargs, "input_kwargs");
     INTERN(S_is_recompute, "is_recompute");
     INTERN(S_NA, "N/A");
+    INTERN(S_zero, "0");
+    INTERN(S_nan, "nan");
+    INTERN(S_inf, "inf");
     INTERN(S_empty, "");
     INTERN(S_dot, ".");
     INTERN(S_true, "True");

@@ -243,3 +243,40 @@ def test_csv_rows_grow_past_their_first_guess(walker, tmp_path, monkeypatch):
     monkeypatch.setattr(_write, "leafwalk", lambda: None)
     _write.write_columns(str(python), columns)
     assert native.read_bytes() == python.read_bytes()
+
+
+def test_csv_rows_float_columns_write_what_the_texts_would(walker, tmp_path, monkeypatch):
+    """A FloatCells column (floats written by the C writer from orjson's text, overrides as given)
+    gives the bytes of its texts written as a list of str: every magnitude, NaN/inf, -0.0, the
+    1e-5..1e-4 band, one-digit exponents, a % suffix, overrides that need quoting; a text that does
+    not line up with the values is declined (the Python writer then takes the texts)."""
+    import numpy as np
+
+    from msprobe.compare import _write
+    from msprobe.compare._floattext import FloatCells
+
+    rng = np.random.default_rng(34)
+    count = 5000
+    values = rng.standard_normal(count) * 10.0 ** rng.integers(-330, 308, count)
+    values[:12] = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-5, -1.5e-5, 9.99e-05, 1e-7, 5e-324, 1e16, 1e22]
+    overrides = [None] * count
+    for k, text in zip(rng.integers(0, count, 40).tolist(), ["N/A", "0", "nan", 'a "b", c', "x\ny", "inf"] * 7):
+        overrides[k] = text
+    names = [f"row.{k}" for k in range(count)]
+    columns = [names, FloatCells(values, "", overrides), FloatCells(values[::-1], "%", overrides[::-1]), names]
+    lazy, texts = tmp_path / "lazy.csv", tmp_path / "texts.csv"
+    _write.write_columns(str(lazy), columns)
+    _write.write_columns(str(texts), [column.tolist() if isinstance(column, FloatCells) else column
+                                      for column in columns])
+    assert lazy.read_bytes() == texts.read_bytes()
+    want = [repr(value) for value in values.tolist()]
+    assert columns[1].tolist() == [want[k] if overrides[k] is None else overrides[k] for k in range(count)]
+    assert columns[2][0] == (overrides[-1] if overrides[-1] is not None else repr(float(values[-1])) + "%")
+    column = columns[1].csv_column()
+    short = column[0][:column[0].rindex(b",")] + b"]"  # the last cell left out
+    assert walker.csv_rows([names, (short, *column[1:])]) is None
+    assert walker.csv_rows([names, (column[0], column[1], "", overrides[:-1])]) is None  # an override short
+    monkeypatch.setattr(_write, "leafwalk", lambda: None)
+    python = tmp_path / "python.csv"
+    _write.write_columns(str(python), columns)
+    assert python.read_bytes() == texts.read_bytes()
