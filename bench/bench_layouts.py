@@ -24,16 +24,26 @@ in turn (on the stage's last tensor-parallel rank of the last data-parallel repl
 written by that rank's ``masked_fill`` and that rank's shard of the stage's first fc1 weight
 x1.05.
 
-Columns (each answer read by :func:`read_answer`, the one place that knows the fields):
+Columns (each answer read by :func:`read_answer` or :func:`printed_answers`, the places that know
+the fields):
 
-* ``compare``: ``msprobe.compare.compare(target, bench, out, layout=..., bench_layout=...)``:
-  the summary's ``first_nan_target`` (NaN faults) or ``first_divergence`` (x1.05, healthy: any
-  of the three);
-* ``compare origin``: the same summary's ``origin``;
+* ``compare``: what ``msprobe compare TARGET BENCH -o OUT --layout L [--bench-layout B] --no-plot``
+  (the command line, run through its entry point with stdout captured) prints as its answer, read
+  from that stdout: the ``first NaN in target:`` line for the NaN faults, the ``error enters at:``
+  line for the x1.05 faults (when issue 47 was filed, compare printed this answer as ``first
+  divergence:``; issue 50 renamed it), any of those (or ``first +/-Inf in target:``) on a healthy
+  pair; its ranks are the ones the line prints (``merged ranks [...]``, ``on rank [...]``: the
+  latter when printed);
+* ``compare origin``: the same compare's summary.json ``origin`` (and its ``layout`` part);
 * ``lake diverge``: ``msprobe lake diverge LAKE target bench --layout L [--bench-layout B]
   --no-cluster --json``: its ``origin``;
 * ``lake nan`` (NaN faults and healthy runs; per rank, no merge): ``msprobe lake nan LAKE --run
-  target --no-cluster --json``: the row marked ``origin``.
+  target --no-cluster --json``: the row marked ``origin``;
+* ``first divergence`` (informational, not a hit column): the ``first divergence:`` line the same
+  compare prints, the first row of the Result column (26.2.0's rules, the CSV byte for byte) whose
+  Result is not pass, rows that only the 10x rule flags at float round-off passed over. It is
+  scored like the others and reported, but 26.2.0's rules flag where an error is amplified, not
+  where it enters (a weight 5 % off gives its linear an output 5 % off: no rule fires there).
 
 A **hit**: the injected step; the injected record (merged answers: the logical name of the
 injected site, the single-card run's record name of the same site, read from the sidecars;
@@ -125,8 +135,11 @@ def single_of(group: str) -> str:
     spec = RUNS[bench_run]
     return bench_run if spec.get("tp", 1) * spec.get("pp", 1) * spec.get("dp", 1) * spec.get("cp", 1) == 1 else "single"
 
-TOOLS = [("compare", "compare (first NaN; x1.05: first divergence)"), ("compare_origin", "compare origin"),
-         ("lake_diverge", "lake diverge (origin)"), ("lake_nan", "lake nan")]
+TOOLS = [("compare", "compare, printed (first NaN; x1.05: error enters at)"),
+         ("compare_origin", "compare origin (summary.json)"), ("lake_diverge", "lake diverge (origin)"),
+         ("lake_nan", "lake nan"), ("first_divergence", "first divergence (Result column, 26.2.0 rules; informational)")]
+#: columns reported but not counted in the hit rate
+INFORMATIONAL = ("first_divergence",)
 FAULT_STEP = 1
 KINDS = ("nan", "scale")
 #: options of every run (--level, --optimizer): bench/megatron_layouts.py's launch() keywords
@@ -294,18 +307,77 @@ def read_answer(entry: Optional[dict], layout_part: Optional[dict] = None) -> Op
             "rank_dir": rank_dir, "why": why}
 
 
-def compare_answers(summary: dict, kind: Optional[str]) -> dict:
-    """{compare, compare_origin} from compare()'s summary."""
+def compare_answers(summary: dict, kind: Optional[str] = None) -> dict:
+    """{compare, compare_origin} from compare's summary (summary.json): ``compare`` the summary
+    fields compare's printed answer for ``kind`` comes from (NaN: ``first_nan_target``; x1.05:
+    ``origin``, printed ``error enters at:``; healthy: any of them), ``compare_origin`` its
+    ``origin``. The benchmark reads ``compare`` from the printed lines (:func:`compare_printed`)."""
     layout = summary.get("layout") or {}
     origin = read_answer(summary.get("origin"), layout.get("origin"))
-    first = read_answer(summary.get("first_divergence"), layout.get("first_divergence"))
     nan = read_answer(summary.get("first_nan_target"), layout.get("first_nan_target"))
     inf = read_answer(summary.get("first_inf_target"), layout.get("first_inf_target"))
     if kind is None:
-        main = next((a for a in (nan, inf, first) if a), None)
+        main = next((a for a in (nan, inf, origin) if a), None)
     else:
-        main = nan if kind == "nan" else first
+        main = nan if kind == "nan" else origin
     return {"compare": main, "compare_origin": origin}
+
+
+_RANKS = re.compile(r"(?<!on )ranks \[([\d, ]*)\]")
+_SUSPECTS = re.compile(r"on rank \[([\d, ]*)\]")
+
+
+def _printed_place(step: str, place: str, record: Optional[str]) -> dict:
+    """An answer dict (as :func:`read_answer`'s) of one printed answer: its step, its place
+    (``rank3``; ``merged ranks [2, 3], on rank [3]``; ``merged``) and its record."""
+    ranks, why = [], "no rank named"
+    for pattern, key in ((_SUSPECTS, "suspect_ranks"), (_RANKS, "ranks")):
+        found = pattern.search(place)
+        if found and found.group(1).strip():
+            ranks, why = sorted(int(r) for r in found.group(1).split(",")), key
+            break
+    rank_dir = place.split(" ", 1)[0].rstrip(",")
+    if not ranks and _rank_dir_rank(rank_dir) is not None:
+        ranks, why = [_rank_dir_rank(rank_dir)], "rank_dir"
+    return {"record": _record(record), "step": int(step) if step.isdigit() else None, "ranks": ranks,
+            "rank_dir": rank_dir, "why": why}
+
+
+_ENTERS = re.compile(r"^error enters at: (?P<what>.*); step (?P<step>\S+), (?P<place>.*), record #\d+$")
+_NONFINITE = re.compile(r"^(?P<row>\S+) \(step (?P<step>\S+), (?P<place>.*)\)$")
+_FIRST = re.compile(r"^first divergence: (?P<row>\S+) \(step (?P<step>\S+), (?P<place>.*), record #\d+, .*\)$")
+
+
+def printed_answers(stdout: str) -> dict:
+    """{error_enters, first_nan, first_inf, first_divergence} of compare's printed summary: each an
+    answer dict or None (``none``, or the line not printed)."""
+    got: dict = {"error_enters": None, "first_nan": None, "first_inf": None, "first_divergence": None}
+    for line in stdout.splitlines():
+        enters = _ENTERS.match(line)
+        if enters:
+            got["error_enters"] = _printed_place(enters["step"], enters["place"], enters["what"].split(" ", 1)[0])
+        first = _FIRST.match(line)
+        if first:
+            got["first_divergence"] = _printed_place(first["step"], first["place"], first["row"])
+        if line.startswith("first NaN in target: "):
+            for part, key in zip(line.split("; "), ("first_nan", "first_inf")):
+                text = part.split(": ", 1)[1] if ": " in part else ""
+                found = _NONFINITE.match(text)
+                if found:
+                    got[key] = _printed_place(found["step"], found["place"], found["row"])
+    return got
+
+
+def compare_printed(stdout: str, kind: Optional[str]) -> dict:
+    """{compare, first_divergence} from compare's stdout: the answer it prints for ``kind`` (NaN:
+    the first NaN line; x1.05: where the error enters; healthy: any of them) and its
+    ``first divergence:`` line."""
+    printed = printed_answers(stdout)
+    if kind is None:
+        main = next((printed[key] for key in ("first_nan", "first_inf", "error_enters") if printed[key]), None)
+    else:
+        main = printed["first_nan"] if kind == "nan" else printed["error_enters"]
+    return {"compare": main, "first_divergence": printed["first_divergence"]}
 
 
 def lake_diverge_answer(answer: dict) -> Optional[dict]:
@@ -321,8 +393,8 @@ def lake_nan_answer(rows: list, run: str) -> Optional[dict]:
 
 # -- the tools --------------------------------------------------------------------------------------
 
-def _cli(args: list) -> Any:
-    """``msprobe ARGS`` in this process; its stdout parsed as JSON."""
+def _cli_text(args: list) -> str:
+    """``msprobe ARGS`` through the command line's entry point in this process; its stdout."""
     from msprobe.cli import main
 
     buf, err = io.StringIO(), io.StringIO()
@@ -331,7 +403,12 @@ def _cli(args: list) -> Any:
     if code not in (0, None):
         said = [line for line in err.getvalue().splitlines() if line.strip()]
         raise RuntimeError(f"msprobe {' '.join(args[:2])} exited {code}: {said[-1] if said else ''}")
-    return json.loads(buf.getvalue())
+    return buf.getvalue()
+
+
+def _cli(args: list) -> Any:
+    """``msprobe ARGS`` in this process; its stdout parsed as JSON."""
+    return json.loads(_cli_text(args))
 
 
 def score_case(out: str, group: str, variant: str, kind: Optional[str], tools: list) -> dict:
@@ -342,15 +419,20 @@ def score_case(out: str, group: str, variant: str, kind: Optional[str], tools: l
     work = os.path.join(out, "work", group, variant)
     shutil.rmtree(work, ignore_errors=True)
     got: dict = {}
-    if "compare" in tools or "compare_origin" in tools:
+    if {"compare", "compare_origin", "first_divergence"} & set(tools):
+        cmp_out = os.path.join(work, "cmp")
+        args = ["compare", target, bench, "-o", cmp_out, "--layout", layout, "--no-plot", "--no-progress"]
+        if bench_layout:
+            args += ["--bench-layout", bench_layout]
         try:
-            from msprobe.compare import compare
-
-            summary = compare(target, bench, os.path.join(work, "cmp"), layout=layout, bench_layout=bench_layout,
-                              plot=False, progress=False)
-            got.update(compare_answers(summary, kind))
-        except Exception as exc:  # a refused layout (vpp today) is a miss, said
-            got.update(compare={"error": _short(exc)}, compare_origin={"error": _short(exc)})
+            stdout = _cli_text(args)
+            os.makedirs(work, exist_ok=True)
+            with open(os.path.join(work, "compare.stdout"), "w", encoding="utf-8") as f:
+                f.write(stdout)
+            got["compare_origin"] = compare_answers(_load(os.path.join(cmp_out, "summary.json")), kind)["compare_origin"]
+            got.update(compare_printed(stdout, kind))
+        except Exception as exc:  # a refused layout is a miss, said
+            got.update({tool: {"error": _short(exc)} for tool in ("compare", "compare_origin", "first_divergence")})
     lake = os.path.join(work, "lake")
     if "lake_diverge" in tools or "lake_nan" in tools:
         os.makedirs(lake, exist_ok=True)
@@ -480,7 +562,12 @@ def table(scores: dict) -> str:
     for t, _ in cols:
         faulted = [s[t] for s in cases if t in s and s["want"] is not None]
         n = sum(bool(v["hit"]) for v in faulted)
-        hits.append(f"**{n}/{len(faulted)} ({100 * n / len(faulted):.0f} %)**" if faulted else "n/a")
+        if not faulted:
+            hits.append("n/a")
+        elif t in INFORMATIONAL:
+            hits.append(f"{n}/{len(faulted)} (not counted)")
+        else:
+            hits.append(f"**{n}/{len(faulted)} ({100 * n / len(faulted):.0f} %)**")
         healthy = [s[t] for s in cases if t in s and s["want"] is None]
         falses.append(f"{sum(bool(v['false_answer']) for v in healthy)}/{len(healthy)}")
         elsewhere.append(f"{sum(bool(v['false_answer']) for v in faulted)}/{len(faulted)}")

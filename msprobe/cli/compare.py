@@ -74,7 +74,8 @@ def register(sub) -> None:
     p.add_argument("--bench-layout", dest="bench_layout", default=None, metavar="tp=T,pp=P",
                    help="the same for the bench")
     p.add_argument("--fail-on-divergence", action="store_true",
-                   help="exit 3 when there is a first divergence (by default: a row whose Result is not pass)")
+                   help="exit 3 when there is a first divergence (by default: a row whose Result is not pass, "
+                        "the 10x rule's rows at float round-off passed over)")
     p.set_defaults(func=run, subparser=p)
 
 
@@ -248,7 +249,8 @@ def _print_link(target: str, place: dict) -> None:
 def _print_divergence(s: dict, target: str) -> None:
     """Each answer under its own name: where the error enters (summary.json's ``origin``, our
     localisation) and the first divergence (``first_divergence``: the first row of the Result
-    column's rule, 26.2.0's, or of --divergence-threshold), with the rule it follows."""
+    column's rule, 26.2.0's, float round-off passed over, or of --divergence-threshold), with the
+    rule it follows."""
     from msprobe.compare import describe
 
     o, fd = s.get("origin"), s["first_divergence"]

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from msprobe.compare._leaftable import write_compare_leaves
     from msprobe.compare._origin import describe, earliest, order_key
     from msprobe.compare._rows import COLUMNS, norm_record_name, record_leaves
+    from msprobe.compare._verdict import ONLY_10X, ROUNDOFF_FLOOR, roundoff_floor_sql
     from msprobe.compare._xframe import (
         mindspore_against_pytorch,
         read_api_mapping,
@@ -39,6 +40,7 @@ _WHERE = {
     "write_compare_leaves": "_leaftable",
     "describe": "_origin", "earliest": "_origin", "order_key": "_origin",
     "COLUMNS": "_rows", "norm_record_name": "_rows", "record_leaves": "_rows",
+    "ONLY_10X": "_verdict", "ROUNDOFF_FLOOR": "_verdict", "roundoff_floor_sql": "_verdict",
     "mindspore_against_pytorch": "_xframe", "read_api_mapping": "_xframe", "read_cell_mapping": "_xframe",
     "read_layer_mapping": "_xframe",
 }
@@ -68,4 +70,6 @@ __all__ = ["compare", "compare_pair", "detect_mode", "pair_sources", "COLUMNS", 
            # cross-framework mapping files (-api_mapping, -cell_mapping, -layer_mapping)
            "read_api_mapping", "read_cell_mapping", "read_layer_mapping",
            # compare's leaf table in the index (msprobe index writes it; compare reads it when up to date)
-           "COMPARE_LEAVES", "write_compare_leaves"]
+           "COMPARE_LEAVES", "write_compare_leaves",
+           # the first divergence's round-off floor (the explorer's first divergence follows it)
+           "ONLY_10X", "ROUNDOFF_FLOOR", "roundoff_floor_sql"]

@@ -41,7 +41,7 @@ from msprobe.compare._plot import TOP_N, PlotMarks
 from msprobe.compare._quiet import departing_records
 from msprobe.compare._rows import COLUMNS
 from msprobe.compare._summary import NonFiniteFirsts, PairSummary, comes_before
-from msprobe.compare._verdict import judge
+from msprobe.compare._verdict import judge, roundoff_rows
 from msprobe.compare._write import write_columns
 from msprobe.format.comm import buffer_args, is_buffer_leaf
 from msprobe.format.settled import settled_positions
@@ -82,8 +82,9 @@ def _marks(frame: Frame, results: Any) -> PlotMarks:
 
 def _first_divergence(frame: Frame, results: Any, messages: Any, metric_columns: list, mode: str,
                       threshold: Optional[float], side: tuple = ({}, -1)) -> Optional[dict]:
-    """The block's first matched target row whose Result is not pass (or whose NormRelativeErr
-    exceeds ``threshold``)."""
+    """The block's first matched target row whose Result is not pass, leaving out the rows that only
+    the 10x rule flags at float round-off (:func:`msprobe.compare._verdict.roundoff_rows`); or
+    the first whose NormRelativeErr exceeds ``threshold``."""
     import numpy as np
 
     plan = frame.plan
@@ -92,7 +93,7 @@ def _first_divergence(frame: Frame, results: Any, messages: Any, metric_columns:
     candidates = frame.matched & in_target
     is_float = frame.matched & ~frame.norm_none
     if threshold is None:
-        candidates &= results != "pass"
+        candidates &= (results != "pass") & ~roundoff_rows(frame, messages)
     else:
         with np.errstate(invalid="ignore"):
             candidates &= is_float & (frame.norm > threshold)

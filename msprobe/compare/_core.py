@@ -28,6 +28,7 @@ from msprobe.compare._rows import COLUMNS, _first_tensor_leaves, _has_md5
 from msprobe.compare._runner import concatenate_parts, fork_available, gc_paused, in_out_dir
 from msprobe.compare._runner import run_forked as _run_forked
 from msprobe.compare._summary import FIRST_KEYS, PairSummary
+from msprobe.compare._verdict import ROUNDOFF_RULE
 from msprobe.compare._write import XLSX_FILLS, write_header, write_xlsx
 from msprobe.compare._xframe import XFrame, match_xframe, mindspore_against_pytorch
 from msprobe.errors import ConfigError, MissingDependencyError
@@ -288,7 +289,9 @@ def compare(target: str, bench: str, out_dir: str, *, step: Optional[int] = None
     (``{"api": {...}, "cell": {...}, "layer": {...}}``, see :mod:`msprobe.compare._xframe`).
 
     Result and Err_message follow 26.2.0's per-record rules (:mod:`msprobe.compare._verdict`).
-    The first divergence is the first row, in execution order, whose Result is not ``pass``; with
+    The first divergence is the first row, in execution order, whose Result is not ``pass``, passing
+    over the rows only 26.2.0's 10x rule flags where every output of the record differs by float
+    round-off (:data:`msprobe.compare._verdict.ROUNDOFF_FLOOR`; their Result stays); with
     ``threshold`` it is instead the first row whose NormRelativeErr exceeds ``threshold`` (a
     fraction), whatever its Result. A forced ``mode`` the dumps cannot support is refused.
 
@@ -421,7 +424,7 @@ def _finish(summary: dict, results: list, backend: str, out_dir: str, storage_op
         result.pop("comm", None)
         result["worst_rows"] = result.pop("marks")["worst"]
     summary.update({
-        "divergence": ("first row whose Result is not pass" if threshold is None
+        "divergence": (ROUNDOFF_RULE if threshold is None
                        else f"first row whose NormRelativeErr > {threshold}"),
         "warnings": _warnings(results),
         "pairs": results, "first_divergence": first, "origin": origin,

@@ -22,7 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Rule", "RULES", "judge", "ALL_IGNORE", "INPUT_IGNORE", "ignore_class"]
+__all__ = ["Rule", "RULES", "judge", "ALL_IGNORE", "INPUT_IGNORE", "ignore_class", "ROUNDOFF_FLOOR", "ROUNDOFF_RULE",
+           "roundoff_floor", "roundoff_rows", "roundoff_floor_sql", "ONLY_10X"]
 
 PASS, WARNING, ERROR = "pass", "warning", "error"
 _NA = "N/A"
@@ -56,6 +57,21 @@ COSINE_IN_LIMIT = 0.9    # inputs' smallest Cosine above this ...
 COSINE_DROP = 0.1        # ... and more than this above the outputs' smallest: warning
 #: what an md5 cell holds when the side has no CRC-32
 NO_CRC = (_NA, "Nan", "")
+
+#: The largest relative difference of a statistic that float round-off alone gives, by dtype: 256
+#: unit round-offs u of the dtype (2^-16 for float32, u = 2^-24: the worst-case error bound n*u of
+#: a sum of n = 256 terms added in another order, or the typical sqrt(n)*u of n = 65,536, a
+#: hidden size), capped at 1e-2 for the 16- and 8-bit floats (256*u would be 12.5 % for float16
+#: and 100 % for bfloat16 and hide real faults; 1e-2 is below a 5 % fault and far below the 10x
+#: rule's own 0.1 for exact inputs). Integers, bools and anything else: 0 (no round-off). The
+#: Result column does not read it (it is 26.2.0's); the first divergence does
+#: (:func:`roundoff_rows`), and it is the same on every machine.
+ROUNDOFF_FLOOR = {"float64": 2.0 ** -45, "float32": 2.0 ** -16, "float16": 1e-2, "bfloat16": 1e-2, "float8": 1e-2}
+_DTYPE_ALIASES = {"double": "float64", "float": "float32", "half": "float16"}
+#: the first divergence's rule, as summary.json's ``divergence`` and compare's stdout state it
+ROUNDOFF_RULE = ("first row whose Result is not pass, passing over rows flagged only by the 10x rule whose "
+                 "outputs' NormRelativeErr are float round-off (<= 2^-16 float32, 1e-2 float16/bfloat16, "
+                 "2^-45 float64)")
 
 
 def ignore_class(api: str) -> int:
@@ -231,6 +247,57 @@ RULES = {
     "tensor": _COMMON_HEAD + [Rule(MSG_RATIO, _ratio, True)] + _COMMON_MIDDLE + [Rule(MSG_COSINE, _cosine, True)],
     "md5": [Rule(MSG_CRC, _crc, False), Rule(MSG_CRC_UNMATCHED, _crc_unmatched, False)],
 }
+
+
+def roundoff_floor(dtype: Any) -> float:
+    """:data:`ROUNDOFF_FLOOR` of a dtype name of either framework (``torch.float32``, ``BFloat16``,
+    ``torch.float8_e4m3fn``); 0 for integers, bools and unknown names."""
+    name = str(dtype).lower().rsplit(".", 1)[-1]
+    name = _DTYPE_ALIASES.get(name, name)
+    return ROUNDOFF_FLOOR.get("float8" if name.startswith("float8") else name, 0.0)
+
+
+def roundoff_floor_sql(column: str) -> str:
+    """SQL: :func:`roundoff_floor` of the dtype names in ``column`` (the explorer's first divergence)."""
+    name = f"lower(regexp_extract(coalesce({column}, ''), '([^.]*)$', 1))"
+    cases = [f"WHEN {name} IN ({', '.join(repr(n) for n in names)}) THEN {floor!r}"
+             for floor, names in _floor_names().items()]
+    return f"(CASE {' '.join(cases)} WHEN {name} LIKE 'float8%' THEN {ROUNDOFF_FLOOR['float8']!r} ELSE 0.0 END)"
+
+
+def _floor_names() -> dict:
+    """{floor: [the dtype names (last dotted part, lower case) that have it]}."""
+    out: dict = {}
+    for name, floor in ROUNDOFF_FLOOR.items():
+        out.setdefault(floor, []).append(name)
+    for alias, name in _DTYPE_ALIASES.items():
+        out[ROUNDOFF_FLOOR[name]].append(alias)
+    return out
+
+
+#: the Err_message of a row only the 10x rule flags
+ONLY_10X = json.dumps([MSG_NORM_10X])
+
+
+def roundoff_rows(frame: Any, messages: Any) -> Any:
+    """The rows whose only message is the 10x rule's (:data:`MSG_NORM_10X`) and whose record's
+    output rows all differ from the bench by float round-off: each matched output's
+    NormRelativeErr at most :func:`roundoff_floor` of its target dtype (an ``inf``, ``nan`` or
+    unreadable one is no round-off). The 10x rule has no floor of its own: on a round-off output
+    (7.2e-07) over a rounder input (6.4e-08) it fires. Such rows keep their Result (26.2.0's);
+    the first divergence passes over them."""
+    import numpy as np
+
+    only = np.asarray(messages == ONLY_10X, dtype=bool)
+    if not only.any():
+        return only
+    floors = np.array([roundoff_floor(dtype) for dtype in frame.text("target", "dtype").tolist()], dtype=float)
+    with np.errstate(invalid="ignore"):
+        within = frame.norm <= floors  # NaN (a nan difference) is no round-off
+    departs = frame.output_rows & frame.matched & ~frame.norm_none & ~within
+    departed = np.zeros(frame.group_count, dtype=bool)
+    departed[frame.groups[departs]] = True
+    return only & ~departed[frame.groups]
 
 
 def judge(frame: Any, mode: str) -> tuple:

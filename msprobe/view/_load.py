@@ -278,8 +278,17 @@ class Loader:
                 threshold = float(div.rsplit(">", 1)[1])
             except ValueError:
                 threshold = None
+        from msprobe.compare import ONLY_10X, roundoff_floor_sql
+
+        # compare's rule: a row only the 10x rule flags, where every matched output of its record is
+        # within its dtype's round-off floor, is no divergence (msprobe.compare._verdict.roundoff_rows)
+        self._db.execute(f"""CREATE OR REPLACE TABLE roundoff_records AS SELECT cell, record FROM rows
+            WHERE record IS NOT NULL GROUP BY cell, record HAVING bool_and(io <> 'output' OR bench_name IS NULL
+            OR bench_name = 'N/A' OR norm_rel IS NULL OR norm_rel <= {roundoff_floor_sql('npu_dtype')})""")
+        roundoff = (f"(err = {sql_literal(ONLY_10X)} AND EXISTS (SELECT 1 FROM roundoff_records k "
+                    "WHERE k.cell = rows.cell AND k.record = rows.record))")
         divergent = (f"(NOT buffer AND norm_rel > {threshold})" if threshold is not None
-                     else "(NOT buffer AND (result NOT IN ('pass', '', 'n/a') OR nan_inf))")
+                     else f"(NOT buffer AND ((result NOT IN ('pass', '', 'n/a') AND NOT {roundoff}) OR nan_inf))")
         self._db.execute(f"""CREATE OR REPLACE TABLE cell_stats AS SELECT c.*,
             coalesce(a.rows, 0) AS rows, coalesce(a.errors, 0) AS errors, coalesce(a.warnings, 0) AS warnings,
             coalesce(a.nan_inf, 0) AS nan_inf, coalesce(a.masked, 0) AS masked, a.worst_norm_rel, a.worst_cosine,

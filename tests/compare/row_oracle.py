@@ -42,6 +42,7 @@ from msprobe.compare._verdict import (
     NORM_ZERO_IN_OUT,
     RATIO_IN_LIMIT,
     RATIO_OUT_LIMIT,
+    roundoff_floor,
 )
 from msprobe.compare._write import write_columns
 
@@ -368,13 +369,17 @@ def _chunk(c: Any, lo: int, hi: int, with_rest: bool) -> dict:
         """Judge one record's rows (26.2.0's rules), count them, note the first divergence."""
         nonlocal first_div
         judge_record(mode, [f for f, _ in facts])
+        # every matched output of the record differs by float round-off: a row only the 10x rule
+        # flags is then no divergence (its Result stays)
+        roundoff = threshold is None and all(m is None or (m == m and m <= roundoff_floor(f.dtype_n))
+                                             for f, m in facts if f.output and f.matched)
         for k, (f, m) in enumerate(facts):
             row = rows[start + k]
             row[_RES], row[_ERR] = f.result, f.err_message
             counts[f.result] = counts.get(f.result, 0) + 1
             plot_marks.see(done + start + k, f.result, f.name, m)
             if first_div is None and rec_i is not None and f.matched and f.name != _NA \
-                    and diverges(f.result, m, threshold):
+                    and diverges(f.result, m, threshold) and not (roundoff and f.msgs == [MSG_NORM_10X]):
                 first_div = {"record": nm, "row": f.name, "record_index": rec_i, "row_index": done + start + k,
                              "result": f.result, "err_message": f.err_message,
                              "norm_relative_err": m if m == m else None,

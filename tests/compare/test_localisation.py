@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from msprobe.cli import main
+from msprobe.compare._verdict import ROUNDOFF_RULE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
@@ -65,7 +66,7 @@ def test_first_divergence_names_where_the_error_is_introduced(runs, tmp_path, ca
     at = lines.index("error enters at: Functional.linear.6.forward input.1 (parameter, 5% off the bench); step 0, "
                      "rank, record #61")
     assert lines[at + 1].startswith(f"first divergence: {s['first_divergence']['row']} (step 0"), lines
-    assert lines[at + 2] == "  (first row whose Result is not pass)", lines
+    assert lines[at + 2] == f"  ({ROUNDOFF_RULE})", lines
     s = _json(capsys, ["compare", str(runs / "nan"), ref, "-o", str(tmp_path / "c")])
     assert (s["origin"]["row"], s["origin"]["step"]) == ("Functional.linear.6.forward.input.1", 1)
 
