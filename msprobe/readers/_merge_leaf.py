@@ -239,7 +239,10 @@ class _Merger:
         joined = merge_shard_stats(pieces, dims[0])
         merged = dict(nodes[0], **{stat: joined.get(stat) for stat in _STATS})  # the partial's dtype, flags
         merged.pop("md5", None)
-        return self._tensor(merged, "cat", pieces, dims[0])
+        # the tensor: the members' partial sums added, in the record's own layout (the pieces are the
+        # collective's, whose layout may differ: a batch-first activation transposed to Megatron's
+        # sequence-first one before its reduce_scatter joins along the sequence, not the batch)
+        return self._tensor(merged, "sum", nodes)
 
     def _reduced(self, nodes: list) -> tuple:
         """(nodes, reduced): each rank's partial sum replaced by its all_reduce's result (the sum one

@@ -1,7 +1,7 @@
 """The tensors of a merged logical model (tensor mode, spec/FORMAT.md section 26.6): each merged
 leaf names a *recipe* (``merged/N:what``) of the ranks' tensor files it is made of: one rank's file, the
 shards concatenated along a dimension, a data-parallel replica's backward piece divided by dp, the
-replicas' mean. :class:`TensorRecipes` holds them and reads them as a store does (``open_read``
+replicas' mean, the ranks' partial sums added. :class:`TensorRecipes` holds them and reads them as a store does (``open_read``
 gives the ``.npy`` bytes of the made tensor), so compare's tensor mode reads a merged model's
 tensors as it reads a rank's files, with the same bounds: each file read is bounded by its own
 record's dtype and shape, and the made tensor by the merged leaf's."""
@@ -45,8 +45,9 @@ class TensorRecipes:
 
     def made(self, how: str, parts: list, dim: int = 0, divisor: float = 1.0, groups: int = 1) -> Optional[str]:
         """``how``: ``cat`` (the parts joined along ``dim``), ``balanced`` (context-parallel pieces put in
-        sequence order, :func:`balanced_order`; ``groups`` sequences, samples, along ``dim``) or
-        ``average`` (their mean), each part then divided by ``divisor``; None when a part has no tensor."""
+        sequence order, :func:`balanced_order`; ``groups`` sequences, samples, along ``dim``),
+        ``average`` (their mean) or ``sum`` (partial sums added: the whole each rank holds a part of,
+        in the record's own layout), then divided by ``divisor``; None when a part has no tensor."""
         if not parts or any(not isinstance(part, str) or not part.startswith(PREFIX) for part in parts):
             return None
         if how == "cat" and len(parts) == 1 and divisor == 1.0:
@@ -74,8 +75,11 @@ class TensorRecipes:
                                     shape=shape, framework="numpy")
         how, parts, dim, divisor, groups = recipe
         arrays = [self.array(part, record) for part in parts]
-        if how == "average":
-            made = np.mean(np.stack([np.asarray(a, dtype=np.float64) for a in arrays]), axis=0).astype(arrays[0].dtype)
+        if how in ("average", "sum"):
+            if any(np.shape(a) != np.shape(arrays[0]) for a in arrays[1:]):
+                raise StorageNotFoundError(f"{name}: the parts of a {how} differ in shape")
+            reduce = np.mean if how == "average" else np.sum
+            made = reduce(np.stack([np.asarray(a, dtype=np.float64) for a in arrays]), axis=0).astype(arrays[0].dtype)
         elif how == "balanced":
             made = np.concatenate(balanced_order(arrays, dim, groups), axis=dim)
         else:
