@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import pytest
 
@@ -206,6 +207,31 @@ def tensor_runs(tmp_path_factory):
     return out
 
 
+def _tensors_agree(tensor_runs: str, tmp_path: Any, target: str, bench: str, layout: str, compared: int,
+                   row: str, recipe: str) -> None:
+    """``target`` against ``bench`` in tensor mode: no answer, every row of both steps passes, all
+    ``compared`` tensor rows a step agree with the card's (Cosine 1), ``row``'s Data_name made by
+    ``recipe``."""
+    import csv
+    import glob
+
+    from msprobe.compare import compare
+
+    summary = compare(os.path.join(tensor_runs, "runs", target), os.path.join(tensor_runs, "runs", bench),
+                      str(tmp_path), layout=layout, plot=False, progress=False)
+    assert summary["mode"] == "tensor" and len(summary["pairs"]) == 2
+    assert summary["first_divergence"] is None and summary["origin"] is None
+    for path in glob.glob(str(tmp_path / "compare_result_*.csv")):
+        with open(path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        tensors = [each for each in rows if each["Cosine"] not in ("unsupported", "N/A")]
+        assert len(tensors) == compared and {each["Result"] for each in rows} == {"pass"}
+        worst = min(tensors, key=lambda each: float(each["Cosine"]))
+        assert float(worst["Cosine"]) > 0.99999, (worst["NPU Name"], worst["Cosine"], worst["Data_name"])
+        made = next(each for each in rows if each["NPU Name"] == row)
+        assert f"{recipe}(rank0/{row}.pt, rank1/" in made["Data_name"], made["Data_name"]
+
+
 @pytest.mark.parametrize("run", ["cp2", "dp2cp2"])
 def test_tensor_mode_joins_context_parallel_pieces_in_sequence_order(tensor_runs, tmp_path, run):
     """Tensor mode (the full tensors, pieces concatenated): each context-parallel rank holds Megatron's
@@ -214,24 +240,8 @@ def test_tensor_mode_joins_context_parallel_pieces_in_sequence_order(tensor_runs
     tensor of both steps agrees with the card's (Cosine 1). Concatenated in rank order, as before,
     832 of the 1370 compared tensors a step had a Cosine below 0.9999 (down to -0.23) while the
     Result column passed them."""
-    import csv
-    import glob
-
-    from msprobe.compare import compare
-
-    summary = compare(os.path.join(tensor_runs, "runs", run), os.path.join(tensor_runs, "runs", "single4a"),
-                      str(tmp_path), layout="auto", plot=False, progress=False)
-    assert summary["mode"] == "tensor" and len(summary["pairs"]) == 2
-    assert summary["first_divergence"] is None and summary["origin"] is None
-    for path in glob.glob(str(tmp_path / "compare_result_*.csv")):
-        with open(path, newline="") as handle:
-            rows = list(csv.DictReader(handle))
-        compared = [row for row in rows if row["Cosine"] not in ("unsupported", "N/A")]
-        assert len(compared) == 1370 and {row["Result"] for row in rows} == {"pass"}
-        worst = min(compared, key=lambda row: float(row["Cosine"]))
-        assert float(worst["Cosine"]) > 0.99999, (worst["NPU Name"], worst["Cosine"], worst["Data_name"])
-        joined = next(row for row in rows if row["NPU Name"] == "Functional.linear.0.forward.input.0")
-        assert "balanced(rank0/Functional.linear.0.forward.input.0.pt, rank1/" in joined["Data_name"]
+    _tensors_agree(tensor_runs, tmp_path, run, "single4a", "auto", 1370, "Functional.linear.0.forward.input.0",
+                   "balanced")
 
 
 def test_tensor_mode_adds_sequence_parallel_partial_sums(tensor_runs, tmp_path):
@@ -242,21 +252,5 @@ def test_tensor_mode_adds_sequence_parallel_partial_sums(tensor_runs, tmp_path):
     card's. Joined from the reduce_scatter's sequence-first pieces along the record's first (batch)
     dimension, as before, the 8 row-parallel outputs a step had a Cosine of 0.14-0.58 (8 warnings a
     step) while their statistics passed."""
-    import csv
-    import glob
-
-    from msprobe.compare import compare
-
-    summary = compare(os.path.join(tensor_runs, "runs", "tp2pp2sp"), os.path.join(tensor_runs, "runs", "single4"),
-                      str(tmp_path), layout="tp=2,pp=2", plot=False, progress=False)
-    assert summary["mode"] == "tensor" and len(summary["pairs"]) == 2
-    assert summary["first_divergence"] is None and summary["origin"] is None
-    for path in glob.glob(str(tmp_path / "compare_result_*.csv")):
-        with open(path, newline="") as handle:
-            rows = list(csv.DictReader(handle))
-        compared = [row for row in rows if row["Cosine"] not in ("unsupported", "N/A")]
-        assert len(compared) == 614 and {row["Result"] for row in rows} == {"pass"}
-        worst = min(compared, key=lambda row: float(row["Cosine"]))
-        assert float(worst["Cosine"]) > 0.99999, (worst["NPU Name"], worst["Cosine"], worst["Data_name"])
-        summed = next(row for row in rows if row["NPU Name"] == "Functional.linear.1.forward.output.0")
-        assert "sum(rank0/Functional.linear.1.forward.output.0.pt, rank1/" in summed["Data_name"]
+    _tensors_agree(tensor_runs, tmp_path, "tp2pp2sp", "single4", "tp=2,pp=2", 614,
+                   "Functional.linear.1.forward.output.0", "sum")
