@@ -31,7 +31,6 @@ import os
 import shutil
 import tempfile
 import uuid
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -206,6 +205,8 @@ def _on_dask(client: Any, func: Callable, jobs: list, progress: Any, step: Calla
 
 
 def _on_pool(count: int, func: Callable, jobs: list, progress: Any, step: Callable, keep: Callable) -> list:
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait  # multiprocessing: only here
+
     with ProcessPoolExecutor(max_workers=count) as ex:
         futures = [ex.submit(func, job) for job in jobs]
         index = {future: i for i, future in enumerate(futures)}

@@ -3,8 +3,10 @@ loads none of the heavy optional dependencies."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from typing import Optional
 
 HEAVY = ("torch", "mindspore", "pyarrow", "zarr", "s3fs", "dask", "duckdb", "starlette", "uvicorn")
 PACKAGES = ("msprobe", "msprobe.format", "msprobe.backends", "msprobe.readers", "msprobe.view")
@@ -47,6 +49,13 @@ def test_import_loads_no_heavy_dependency():
     assert result["after_help"] == [], f"msprobe --help loaded {result['after_help']}"
 
 
+def _probe(code: str, timeout: float = 120, env: Optional[dict] = None) -> dict:
+    """The JSON object the last line of ``code``, run by a fresh interpreter, prints."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_compare_package_loads_each_part_on_first_use():
     """``from msprobe.compare import write_compare_leaves`` (what ``msprobe index`` takes) loads
     the leaf table's modules, not compare's engine; every public name still resolves."""
@@ -57,8 +66,51 @@ def test_compare_package_loads_each_part_on_first_use():
              "import msprobe.compare as package\n"
              "names = {name: getattr(package, name) is not None for name in package.__all__}\n"
              "print(json.dumps({'engine': engine, 'names': names, 'dir': set(package.__all__) <= set(dir(package))}))\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = _probe(probe)
     assert result["engine"] == [], f"the leaf table's import loaded {result['engine']}"
     assert result["names"] and all(result["names"].values()) and result["dir"]
+
+
+#: what ``msprobe compare`` of two local statistics dumps (no index, no plot, one process) does not
+#: take: process pools, the tensor store, the journal and the run-directory writer, the index's
+#: compactor and writer, the layout merger, fsspec's store with its retry and logging machinery
+NOT_ON_THE_COMPARE_PATH = (
+    "multiprocessing", "concurrent.futures.process", "msprobe.tensor_store", "msprobe.backends._journal",
+    "msprobe.backends._writer", "msprobe.backends._rundir", "msprobe.index.compact", "msprobe.readers.index",
+    "msprobe.readers._merged", "pandas", "fsspec") + HEAVY
+
+
+def test_compare_of_two_local_dumps_loads_only_what_it_takes(tmp_path):
+    """A fresh ``msprobe compare T B -o OUT --no-plot`` (the CSV written) imports none of
+    :data:`NOT_ON_THE_COMPARE_PATH`: the readers, backends, index and tensor_store packages load
+    each part on first use."""
+    real = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "real", "ms26")
+    target, bench = (os.path.join(real, name, "step0") for name in ("L1_statistics", "L1_statistics_perturbed"))
+    probe = ("import json, sys\n"
+             "from msprobe.cli import main\n"
+             f"code = main(['compare', {target!r}, {bench!r}, '-o', {str(tmp_path)!r}, '--no-plot', '-n', '1'])\n"
+             f"loaded = sorted(m for m in sys.modules if m in {NOT_ON_THE_COMPARE_PATH!r} "
+             f"or m.split('.')[0] in {NOT_ON_THE_COMPARE_PATH!r})\n"
+             "print(json.dumps({'code': code, 'loaded': loaded}))\n")
+    result = _probe(probe, timeout=300, env={**os.environ, "MSPROBE_LAKE_COMPARE_INDEX": "0"})
+    assert result["code"] == 0 and any(name.endswith(".csv") for name in os.listdir(tmp_path))
+    assert result["loaded"] == [], f"msprobe compare of two local dumps loaded {result['loaded']}"
+
+
+def test_lazy_packages_resolve_every_public_name():
+    """Each public name of the packages whose names load on first use resolves, and ``dir`` lists it."""
+    probe = ("import importlib, json\n"
+             "bad = {}\n"
+             "for name in ('msprobe.readers', 'msprobe.backends', 'msprobe.index', 'msprobe.tensor_store'):\n"
+             "    package = importlib.import_module(name)\n"
+             "    missing = [n for n in package.__all__ if getattr(package, n, None) is None]\n"
+             "    if missing or not set(package.__all__) <= set(dir(package)):\n"
+             "        bad[name] = missing\n"
+             "try:\n"
+             "    importlib.import_module('msprobe.readers').no_such_name\n"
+             "except AttributeError as exc:\n"
+             "    error = str(exc)\n"
+             "print(json.dumps({'bad': bad, 'error': error}))\n")
+    result = _probe(probe)
+    assert result["bad"] == {}
+    assert result["error"] == "module 'msprobe.readers' has no attribute 'no_such_name'"

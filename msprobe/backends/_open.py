@@ -7,7 +7,6 @@ import re
 from typing import Any, Callable, Mapping
 
 from msprobe.backends._base import Store
-from msprobe.backends._fsspec import FsspecStore
 from msprobe.backends._local import LocalStore
 from msprobe.errors import ConfigError, MissingDependencyError, StorageNotFoundError
 
@@ -209,6 +208,8 @@ def _open_fsspec(url: str, protocol: str, options: dict[str, Any], *, read_only:
             f"invalid storage_options for {protocol}:// ({type(exc).__name__}: {scrub(str(exc))}); "
             f"given keys: {sorted(options)}"
         ) from None
+    from msprobe.backends._fsspec import FsspecStore  # its retries and logging: only for a URL
+
     store = FsspecStore(fs, path, read_only=read_only, url=clean_url.split("?", 1)[0], secrets=secrets)
     if not create and not store.list_dir(""):
         raise StorageNotFoundError(f"store {store.url} does not exist or is empty (create=False)")
@@ -241,6 +242,8 @@ def bound_store(store: Store, deadline: float | None = None, breaker: Any = None
     """The store of a deadline-bounded writer (see :func:`bounded_storage_options`): an s3fs
     file system makes one attempt per request (s3fs otherwise retries some errors 5 times);
     calls made outside a retrying operation are limited to ``deadline`` and obey ``breaker``."""
+    from msprobe.backends._fsspec import FsspecStore
+
     if isinstance(store, FsspecStore):
         store.op_timeout, store.breaker = deadline, breaker
     fs = getattr(store, "fs", None)

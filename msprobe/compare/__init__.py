@@ -10,8 +10,9 @@ columns for statistics, md5 and tensor dumps), optionally ``.xlsx``, a
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from msprobe._lazy import lazy_names
 
 if TYPE_CHECKING:
     from msprobe.compare._cluster import add_paths, order_results
@@ -29,34 +30,19 @@ if TYPE_CHECKING:
         read_layer_mapping,
     )
 
-#: each public name's module: imported on first use, so that ``msprobe index`` (the leaf table)
-#: or the lake (the origin's order) loads only the part of compare it takes
-_WHERE = {
-    "add_paths": "_cluster", "order_results": "_cluster",
-    "NORM_REL_THRESHOLD": "_core", "compare": "_core", "compare_pair": "_core", "detect_mode": "_core",
-    "pair_sources": "_core",
-    "COMPARE_LEAVES": "_indexed",
-    "layout_mode": "_layouts", "layout_pairs": "_layouts", "layout_summary": "_layouts", "merged_dump": "_layouts",
-    "write_compare_leaves": "_leaftable",
-    "describe": "_origin", "earliest": "_origin", "order_key": "_origin",
-    "COLUMNS": "_rows", "norm_record_name": "_rows", "record_leaves": "_rows",
-    "ONLY_10X": "_verdict", "ROUNDOFF_FLOOR": "_verdict", "roundoff_floor_sql": "_verdict",
-    "mindspore_against_pytorch": "_xframe", "read_api_mapping": "_xframe", "read_cell_mapping": "_xframe",
-    "read_layer_mapping": "_xframe",
-}
-
-
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted(set(globals()) | set(_WHERE))
+#: each public name's module: imported on first use (msprobe._lazy), so that ``msprobe index`` (the
+#: leaf table) or the lake (the origin's order) loads only the part of compare it takes
+__getattr__, __dir__ = lazy_names(__name__, {
+    "_cluster": ("add_paths", "order_results"),
+    "_core": ("NORM_REL_THRESHOLD", "compare", "compare_pair", "detect_mode", "pair_sources"),
+    "_indexed": ("COMPARE_LEAVES",),
+    "_layouts": ("layout_mode", "layout_pairs", "layout_summary", "merged_dump"),
+    "_leaftable": ("write_compare_leaves",),
+    "_origin": ("describe", "earliest", "order_key"),
+    "_rows": ("COLUMNS", "norm_record_name", "record_leaves"),
+    "_verdict": ("ONLY_10X", "ROUNDOFF_FLOOR", "roundoff_floor_sql"),
+    "_xframe": ("mindspore_against_pytorch", "read_api_mapping", "read_cell_mapping", "read_layer_mapping"),
+})
 
 
 __all__ = ["compare", "compare_pair", "detect_mode", "pair_sources", "COLUMNS", "norm_record_name",

@@ -10,9 +10,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Optional
 
+import msprobe.readers as readers  # the layout merger's modules: only under --layout
 from msprobe.errors import ConfigError
 from msprobe.format.parallel import LayoutError, parse_layout
-from msprobe.readers import merge_dump_step, other_shapes_of, records_of, shapes_of
 
 __all__ = ["layout_pairs", "layout_mode", "layout_summary", "merged_dump"]
 
@@ -34,7 +34,7 @@ def _side(dump: Any, step: Any, layout: Any, reference: Optional[dict], other_sh
     sources = _step_sources(dump, step)
     if layout is None:
         return sources
-    return merge_dump_step(sources, None if layout == "auto" else layout, reference, other_shapes)
+    return readers.merge_dump_step(sources, None if layout == "auto" else layout, reference, other_shapes)
 
 
 def _shapes(dump: Any, step: Any, layout: Any) -> Optional[dict]:
@@ -44,8 +44,8 @@ def _shapes(dump: Any, step: Any, layout: Any) -> Optional[dict]:
     if not sources:
         return None
     if layout is None:
-        return shapes_of(records_of(sources[0]))
-    return other_shapes_of(sources, None if layout == "auto" else layout)
+        return readers.shapes_of(readers.records_of(sources[0]))
+    return readers.other_shapes_of(sources, None if layout == "auto" else layout)
 
 
 def _in_target_names(dump: Any, step: Any, layout: Any, reference: dict, xframe: Optional[dict]) -> dict:
@@ -56,11 +56,11 @@ def _in_target_names(dump: Any, step: Any, layout: Any, reference: dict, xframe:
     from msprobe.compare._xframe import XFrame, match_xframe, mindspore_against_pytorch
 
     sources = _step_sources(dump, step)
-    if not sources or not reference or not mindspore_against_pytorch(records_of(sources[0]), reference):
+    if not sources or not reference or not mindspore_against_pytorch(readers.records_of(sources[0]), reference):
         return reference
     renamed: dict = {}
-    for model in merge_dump_step(sources, None if layout == "auto" else layout):
-        for target, bench in match_xframe(records_of(model), reference, XFrame(xframe or {"api": {}, "cell": {}}))[0]:
+    for model in readers.merge_dump_step(sources, None if layout == "auto" else layout):
+        for target, bench in match_xframe(readers.records_of(model), reference, XFrame(xframe or {"api": {}, "cell": {}}))[0]:
             if bench is not None and target not in renamed:
                 renamed[target] = reference[bench]
     return renamed
@@ -79,7 +79,7 @@ def layout_pairs(target_dump: Any, bench_dump: Any, steps: list, layout: Optiona
         benches = _side(bench_dump, bench_step, bench_parsed, None, target_shapes)
         if not benches:
             continue
-        reference = records_of(benches[0])
+        reference = readers.records_of(benches[0])
         bench_shapes = _shapes(bench_dump, bench_step, bench_parsed) if bench_parsed is not None else None
         if bench_parsed is None and target_layout is not None:
             reference = _in_target_names(target_dump, target_step, target_layout, reference, xframe)
@@ -101,7 +101,7 @@ def merged_dump(dump: Any, layout: str, reference: Any = None) -> Any:
     sources = []
     for step in sorted({source.step for source in dump.sources}, key=lambda found: (found is None, found or 0)):
         found = [source for source in reference.sources if source.step == step] if reference is not None else []
-        sources.extend(_side(dump, step, parsed, records_of(found[0]) if found else None))
+        sources.extend(_side(dump, step, parsed, readers.records_of(found[0]) if found else None))
     return SimpleNamespace(sources=sources, dialect=getattr(dump, "dialect", None), url=getattr(dump, "url", None))
 
 

@@ -11,29 +11,41 @@ pyarrow is imported when a table is made or read, not by importing this package.
 """
 from __future__ import annotations
 
-from msprobe.index.compact import CompactWriter, compact_files, compact_index, run_compact_key
-from msprobe.index.files import (
-    COMPACT_FILE,
-    INDEX_FILE,
-    INDEX_VERSION,
-    META_PREFIX,
-    StaleIndexWarning,
-    concat_tables,
-    doc_stat,
-    mtime_of,
-    parse_partition_path,
-    partition_key,
-    partition_order,
-    rank_index_table,
-    read_compactions,
-    read_index_metadata,
-    read_index_table,
-    stale_reason,
-    table_bytes,
-    warn_stale,
-    write_rank_index,
-)
-from msprobe.index.rows import COLUMNS, arrow_schema, rank_rows, rows_to_arrow
+from typing import TYPE_CHECKING
+
+from msprobe._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from msprobe.index.compact import CompactWriter, compact_files, compact_index, run_compact_key
+    from msprobe.index.files import (
+        COMPACT_FILE,
+        INDEX_FILE,
+        INDEX_VERSION,
+        META_PREFIX,
+        StaleIndexWarning,
+        concat_tables,
+        doc_stat,
+        mtime_of,
+        parse_partition_path,
+        partition_key,
+        partition_order,
+        rank_index_table,
+        read_compactions,
+        read_index_metadata,
+        read_index_table,
+        stale_reason,
+        table_bytes,
+        warn_stale,
+        write_rank_index,
+    )
+    from msprobe.index.rows import COLUMNS, arrow_schema, rank_rows, rows_to_arrow
+
+#: each public name's submodule, imported on first use (msprobe._lazy)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "compact": ("CompactWriter", "compact_files", "compact_index", "run_compact_key"),
+    "files": ("COMPACT_FILE", "INDEX_FILE", "INDEX_VERSION", "META_PREFIX", "StaleIndexWarning", "concat_tables", "doc_stat", "mtime_of", "parse_partition_path", "partition_key", "partition_order", "rank_index_table", "read_compactions", "read_index_metadata", "read_index_table", "stale_reason", "table_bytes", "warn_stale", "write_rank_index"),
+    "rows": ("COLUMNS", "arrow_schema", "rank_rows", "rows_to_arrow"),
+})
 
 __all__ = [
     "COLUMNS", "COMPACT_FILE", "INDEX_FILE", "INDEX_VERSION", "META_PREFIX", "CompactWriter", "StaleIndexWarning",

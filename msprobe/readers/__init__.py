@@ -16,26 +16,46 @@ Importing this package imports neither torch nor pyarrow nor pandas.
 """
 from __future__ import annotations
 
-from msprobe.index.rows import COLUMNS
-from msprobe.readers._api import (
-    ENGINES,
-    Engine,
-    IndexEngine,
-    MsprobeEngine,
-    guess_engine,
-    list_engines,
-    looks_like_dump,
-    open,
-)
-from msprobe.readers._dump import ANY, AmbiguousRecordError, Dump
-from msprobe.readers._merged import merge_dump_step, other_shapes_of, shapes_of
-from msprobe.readers._record import DumpRecord, TensorRef
-from msprobe.readers._replay import InputTooLargeError
-from msprobe.readers._source import RankSource, records_of, task_of
-from msprobe.readers._store import arrow_location
-from msprobe.readers._tables import table_to_pandas
-from msprobe.readers._tensor import load_tensor_file
-from msprobe.readers.index import build_index, write_rank_index
+from typing import TYPE_CHECKING
+
+from msprobe._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from msprobe.index.rows import COLUMNS
+    from msprobe.readers._api import (
+        ENGINES,
+        Engine,
+        IndexEngine,
+        MsprobeEngine,
+        guess_engine,
+        list_engines,
+        looks_like_dump,
+        open,
+    )
+    from msprobe.readers._dump import ANY, AmbiguousRecordError, Dump
+    from msprobe.readers._merged import merge_dump_step, other_shapes_of, shapes_of
+    from msprobe.readers._record import DumpRecord, TensorRef
+    from msprobe.readers._replay import InputTooLargeError
+    from msprobe.readers._source import RankSource, records_of, task_of
+    from msprobe.readers._store import arrow_location
+    from msprobe.readers._tables import table_to_pandas
+    from msprobe.readers._tensor import load_tensor_file
+    from msprobe.readers.index import build_index, write_rank_index
+
+#: each public name's submodule, imported on first use (msprobe._lazy)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "msprobe.index.rows": ("COLUMNS",),
+    "_api": ("ENGINES", "Engine", "IndexEngine", "MsprobeEngine", "guess_engine", "list_engines", "looks_like_dump", "open"),
+    "_dump": ("ANY", "AmbiguousRecordError", "Dump"),
+    "_merged": ("merge_dump_step", "other_shapes_of", "shapes_of"),
+    "_record": ("DumpRecord", "TensorRef"),
+    "_replay": ("InputTooLargeError",),
+    "_source": ("RankSource", "records_of", "task_of"),
+    "_store": ("arrow_location",),
+    "_tables": ("table_to_pandas",),
+    "_tensor": ("load_tensor_file",),
+    "index": ("build_index", "write_rank_index"),
+})
 
 __all__ = [
     "open",

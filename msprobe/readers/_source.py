@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from msprobe.backends import read_journal
 from msprobe.errors import (
     DocumentError,
     MsprobeError,
@@ -50,7 +49,6 @@ from msprobe.index.files import (
     warn_stale,
 )
 from msprobe.readers._store import open_store
-from msprobe.tensor_store import ZarrTensorReader
 
 if TYPE_CHECKING:
     from msprobe.readers.protocols import DumpSource
@@ -271,6 +269,8 @@ class RankSource:
     def _merge_journal(self, doc: DumpDocument) -> None:
         """Append journaled records the document lacks (the documents win for the others)."""
         try:
+            from msprobe.backends import read_journal
+
             j = Replay.of(read_journal(self.store, self._k(JOURNAL_DIR), on_truncated=lambda key, part: None))
         except MsprobeError:
             return
@@ -360,6 +360,8 @@ class RankSource:
         if self._tstore is False:
             self._tstore = None
             if STORE_DIR in self.names():
+                from msprobe.tensor_store import ZarrTensorReader
+
                 self._tstore = ZarrTensorReader(self.store, self.prefix)
         return self._tstore
 

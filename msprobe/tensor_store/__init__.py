@@ -7,9 +7,21 @@ google-crc32c (the ``zarr`` extra) are imported only when a store is written or 
 """
 from __future__ import annotations
 
-from msprobe.tensor_store._layout import STORE_DIR, aligned_buffer, location, parse_location, storage_dtype
-from msprobe.tensor_store._reader import IncompleteTensorError, ZarrTensorReader, has_tensor_store
-from msprobe.tensor_store._writer import WriterSummary, ZarrTensorWriter
+from typing import TYPE_CHECKING
+
+from msprobe._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from msprobe.tensor_store._layout import STORE_DIR, aligned_buffer, location, parse_location, storage_dtype
+    from msprobe.tensor_store._reader import IncompleteTensorError, ZarrTensorReader, has_tensor_store
+    from msprobe.tensor_store._writer import WriterSummary, ZarrTensorWriter
+
+#: each public name's submodule, imported on first use (msprobe._lazy)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "_layout": ("STORE_DIR", "aligned_buffer", "location", "parse_location", "storage_dtype"),
+    "_reader": ("IncompleteTensorError", "ZarrTensorReader", "has_tensor_store"),
+    "_writer": ("WriterSummary", "ZarrTensorWriter"),
+})
 
 __all__ = ["STORE_DIR", "ZarrTensorWriter", "ZarrTensorReader", "IncompleteTensorError", "WriterSummary",
            "has_tensor_store", "location", "parse_location", "storage_dtype", "aligned_buffer"]
