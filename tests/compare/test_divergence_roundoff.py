@@ -116,3 +116,18 @@ def test_floors_by_dtype():
     assert roundoff_floor("torch.bfloat16") == roundoff_floor("torch.float16") == roundoff_floor("BFloat16") == 1e-2
     assert roundoff_floor("torch.float64") == 2.0 ** -45
     assert roundoff_floor("torch.int64") == roundoff_floor("torch.bool") == roundoff_floor("N/A") == 0.0
+
+
+def test_the_explorer_marks_the_same_first_divergence(tmp_path):
+    """msprobe view's cell first divergence follows compare's rule: none on the round-off pair, the
+    real divergence after it on the other."""
+    from msprobe.view import open_view
+
+    for name, target, want in (("roundoff", ROUNDOFF, None),
+                               ("real", dict(ROUNDOFF, **{"Functional.gelu.0.forward": ([7.2e-07], [1e-3],
+                                                                                       "torch.float32")}),
+                                "Functional.gelu.0.forward.output.0")):
+        t, b = _pair(tmp_path, name, target)
+        with open_view(t, b) as view:
+            cells = view.overview()["cells"]
+            assert [cell["first_div_name"] for cell in cells] == [want], (name, cells)
