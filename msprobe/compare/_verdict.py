@@ -291,7 +291,9 @@ def roundoff_rows(frame: Any, messages: Any) -> Any:
     only = np.asarray(messages == ONLY_10X, dtype=bool)
     if not only.any():
         return only
-    floors = np.array([roundoff_floor(dtype) for dtype in frame.text("target", "dtype").tolist()], dtype=float)
+    dtypes = frame.text("target", "dtype").tolist()
+    floor_of = {dtype: roundoff_floor(dtype) for dtype in set(dtypes)}  # a few dtypes, many rows
+    floors = np.fromiter(map(floor_of.__getitem__, dtypes), dtype=float, count=len(dtypes))
     with np.errstate(invalid="ignore"):
         within = frame.norm <= floors  # NaN (a nan difference) is no round-off
     departs = frame.output_rows & frame.matched & ~frame.norm_none & ~within
