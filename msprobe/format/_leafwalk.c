@@ -47,7 +47,7 @@
  *     ``difference`` and ``percent`` as float_texts reads them; ``lazy`` (a 9th argument, true): the
  *     printed difference and percent cells None instead (the caller writes them from the values:
  *     csv_rows' float columns), the texts not read.
- *   has_long_integer(data), with_stand_ins(data), restore_nonfinite(obj, values) -> int or None
+ *   has_long_integer(data), document_marks(data), with_stand_ins(data), restore_nonfinite(obj, values) -> int or None
  *     msprobe/format/fastjson.py's checks and NaN/Infinity stand-ins in one pass each (restore: every
  *     container walked; None where a key is a stand-in).
  *
@@ -59,7 +59,7 @@
 #include <stdint.h>
 #include <math.h>
 
-#define LEAFWALK_VERSION 15  /* bump with every change: a stale build is then rebuilt */
+#define LEAFWALK_VERSION 16  /* bump with every change: a stale build is then rebuilt */
 #define MAX_DEPTH 900
 
 typedef struct {
@@ -912,15 +912,11 @@ static const unsigned char NUMBER_START[256] = {[' '] = 1, ['\t'] = 1, ['\n'] = 
                                                 ['['] = 1, ['-'] = 1};
 
 /* fastjson._has_long_integer: a run of 19+ digits at the start or after a byte a number may follow,
- * not followed by '.', 'e' or 'E' (one pass: each run of digits knows the byte before it) */
-static PyObject *has_long_integer(PyObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const unsigned char *d = (const unsigned char *)view.buf;
-    Py_ssize_t n = view.len;
+ * not followed by '.', 'e' or 'E' (one pass: each run of digits knows the byte before it). With
+ * ``tokens``: whether the text holds "NaN" or "Infinity" anywhere (as ``b"NaN" in data or
+ * b"Infinity" in data``), looked for in the same pass; the scan ends at a long integer. */
+static int scan_numbers(const unsigned char *d, Py_ssize_t n, int *tokens) {
     int found = 0;
-    Py_BEGIN_ALLOW_THREADS
     int after_start = 1;  /* the text's start counts as a byte a number may follow */
     for (Py_ssize_t i = 0; i < n;) {
         unsigned char c = d[i];
@@ -936,12 +932,40 @@ static PyObject *has_long_integer(PyObject *self, PyObject *arg) {
             i = end;
             continue;
         }
+        if (tokens && !*tokens && (c == 'N' || c == 'I')
+            && (c == 'N' ? i + 3 <= n && d[i + 1] == 'a' && d[i + 2] == 'N'
+                         : i + 8 <= n && memcmp(d + i, "Infinity", 8) == 0))
+            *tokens = 1;
         after_start = NUMBER_START[c];
         i++;
     }
+    return found;
+}
+
+static PyObject *has_long_integer(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int found;
+    Py_BEGIN_ALLOW_THREADS
+    found = scan_numbers((const unsigned char *)view.buf, view.len, NULL);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     return PyBool_FromLong(found);
+}
+
+/* fastjson's two looks at a document in one pass: 1 where it holds a long integer (has_long_integer;
+ * the tokens are then not looked for further), else 2 where it holds "NaN" or "Infinity", else 0 */
+static PyObject *document_marks(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int found, tokens = 0;
+    Py_BEGIN_ALLOW_THREADS
+    found = scan_numbers((const unsigned char *)view.buf, view.len, &tokens);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(found ? 1 : tokens ? 2 : 0);
 }
 
 /* the length of the token at d[i] (an 'N' or an 'I'), or 0 */
@@ -2253,6 +2277,7 @@ static PyMethodDef methods[] = {
     {"float_texts", float_texts, METH_VARARGS, "repr(x) + suffix of each float64, from orjson's text (or None)"},
     {"stat_diffs", stat_diffs, METH_VARARGS, "compare's diff and relative-error cells of one statistic (or None)"},
     {"has_long_integer", has_long_integer, METH_O, "fastjson._has_long_integer"},
+    {"document_marks", document_marks, METH_O, "1: a long integer, else 2: a NaN/Infinity token, else 0"},
     {"with_stand_ins", with_stand_ins, METH_O, "fastjson._with_stand_ins (without the positions)"},
     {"restore_nonfinite", restore_nonfinite, METH_VARARGS, "the stand-ins put back everywhere: their count, or None"},
     {"rests", rests, METH_VARARGS, "the leaf table's rests (or None)"},

@@ -176,9 +176,15 @@ def _orjson_loads(data: bytes) -> Any:
     except ImportError:
         return None
     native = leafwalk()  # the same checks and stand-ins in C, one pass each
-    if native.has_long_integer(data) if native is not None else _has_long_integer(data):
-        return None
-    marked = b"NaN" in data or b"Infinity" in data
+    if native is not None:  # both looks in one pass
+        marks = native.document_marks(data)
+        if marks == 1:
+            return None
+        marked = marks == 2
+    else:
+        if _has_long_integer(data):
+            return None
+        marked = b"NaN" in data or b"Infinity" in data
     positions: list = []
     if marked:
         if b"\\u0000" in data:  # a stand-in could be a string of the document

@@ -204,6 +204,8 @@ def test_fastjson_scans_equal_the_python_ones(walker):
     texts = _TEXTS + [b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 40))) for _ in range(3000)]
     for text in texts:
         assert walker.has_long_integer(text) == fastjson._has_long_integer(text), text
+        marks = 1 if fastjson._has_long_integer(text) else 2 if b"NaN" in text or b"Infinity" in text else 0
+        assert walker.document_marks(text) == marks, text
         assert walker.with_stand_ins(text) == fastjson._with_stand_ins(text), text
 
 
