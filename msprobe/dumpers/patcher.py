@@ -93,7 +93,8 @@ class ApiPatcher:
         guard = self.guard
 
         def wrapper(*args, **kwargs):
-            if getattr(guard, "inside", False) or not guard.__dict__.get("on", True):
+            state = guard.__dict__  # (this thread's: one look-up of the thread-local guard)
+            if state.get("inside", False) or not state.get("on", True):
                 return orig(*args, **kwargs)
             return handler(orig, api_key, args, kwargs)
 

@@ -82,9 +82,9 @@ class CallRecords:
             save = encoder.wants_tensors(bwd)
             rec: dict = {}
             if want_in:
-                rec["input"] = [encoder.encode(grad, f"{bwd}.input.{i}", save) for i, grad in enumerate(grads_in)]
+                rec["input"] = encoder.encode_list(grads_in, f"{bwd}.input", save)
             if want_out:
-                rec["output"] = [encoder.encode(grad, f"{bwd}.output.{i}", save) for i, grad in enumerate(grads_out)]
+                rec["output"] = encoder.encode_list(grads_out, f"{bwd}.output", save)
             if self._filter.keep(rec, bwd, encoder):
                 self._session.add_record(bwd, rec, parent=parent, stats=encoder.take_stats())
         finally:
