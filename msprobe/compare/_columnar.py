@@ -30,6 +30,7 @@ engine is held to, byte for byte, by ``tests/compare/test_compare_columnar.py``)
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Optional
 
 from msprobe.compare._floattext import FloatCells
@@ -154,12 +155,15 @@ def _replay(firsts: NonFiniteFirsts, plan: Plan, key: str, state: dict, side: tu
 
 
 def _requires_grad_consistent(frame: Frame) -> Any:
+    import numpy as np
+
     cells = _objects(frame.row_count)
     rows = frame.matched_rows
     if len(rows):
         target = frame.text("target", "requires_grad")[rows].tolist()
         bench = frame.text("bench", "requires_grad")[rows].tolist()
-        cells[rows] = [str(left == right) for left, right in zip(target, bench)]
+        equal = np.fromiter(map(operator.eq, target, bench), dtype=bool, count=len(rows))
+        cells[rows] = np.array(["False", "True"], dtype=object)[equal.view(np.int8)]
     return cells
 
 

@@ -111,6 +111,7 @@ class Frame:
 
         out = np.zeros(self.row_count, dtype=bool)
         rows = self.matched_rows
+        rows = rows[self.text("target", "shape")[rows] == "[]"]  # a scalar's shape; most rows are tensors
         if len(rows):
             target_max = self.plan.target.statistics[MAX.key]
             bench_max = self.plan.bench.statistics[MAX.key]

@@ -459,9 +459,19 @@ def _progressed(progress: Any, context: PairContext, start: int, stop: int, with
             progress.update(len(context.pairs) % 1000)
 
 
-def _stack_text(source: Any, name: str) -> str:
+def _stack_text(source: Any, name: str, texts: Optional[dict] = None) -> str:
+    """The NPU_Stack_Info cell of record ``name``; ``texts``: each frames list's text by its id
+    (the records of one call site share one list of stack.json: its text is made once)."""
     frames = source.frames_of(name) if not name.endswith(("backward", "debug")) else None
-    return str(frames) if frames else _NA
+    if not frames:
+        return _NA
+    if texts is None:
+        return str(frames)
+    key = id(frames)  # the lists live in the source's stack document while the plan is made
+    text = texts.get(key)
+    if text is None:
+        text = texts[key] = str(frames)
+    return text
 
 
 def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, state: dict) -> Optional[Plan]:
@@ -502,9 +512,10 @@ def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, s
     plan.native.group_dup = group_dup
     row_stack = [_NA] * len(plan.row_name)
     source = context.target_source
+    texts: dict = {}
     for first, name in zip(np.frombuffer(group_first, dtype=np.int64).tolist(), plan.group_name):
         if first >= 0:
-            row_stack[first] = _stack_text(source, name)
+            row_stack[first] = _stack_text(source, name, texts)
     plan.row_stack = row_stack
     plan.group_ignore = _group_ignores(plan, row_kind)
     return plan
