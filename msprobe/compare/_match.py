@@ -276,8 +276,10 @@ def match_records(target_data: dict, bench_data: dict, target_parents: Optional[
         or (structural == "auto" and _counts_differ(target_data, bench_data, target_parents, bench_parents)))
     tree = _structural(target_data, bench_data, target_parents, bench_parents) if use_tree else {}
     used: set = set(tree.values())
-    by_norm = _by_dialect(bench_data, used)
-    next_candidate = {key: 0 for key in by_norm}
+    # the bench's dialect-free names, made at the first target name without an exact match (none
+    # where every name matches): the names matched before then are left out, as they would be skipped
+    by_norm: Optional[dict] = None
+    next_candidate: dict = {}
     how = {"exact": 0, "dialect": 0, "structural": 0}
     pairs = []
     for name in target_data:
@@ -296,6 +298,9 @@ def match_records(target_data: dict, bench_data: dict, target_parents: Optional[
             pairs.append((name, name))
             continue
         key = norm_record_name(name)
+        if by_norm is None:
+            by_norm = _by_dialect(bench_data, used)
+            next_candidate = dict.fromkeys(by_norm, 0)
         candidates = by_norm.get(key)
         if candidates:
             position = next_candidate[key]
