@@ -167,16 +167,24 @@ def _cell_number(value: Any) -> float:
 
 
 def tensor_kernel(frame: Frame, context: PairContext) -> list:
-    """Tensor mode: the 6 metrics of each matched row's two tensors (loaded one row at a time),
+    """Tensor mode: the 6 metrics of each matched row's two tensors (loaded one row at a time; N/A
+    where a merged side's tensor is not in the other side's order, spec/FORMAT.md 26.8),
     then the 8 statistics; the NormRelativeErr of the statistics feeds the series and the marks."""
     _, relative_text, relative, none, is_percent = _statistic_diffs(frame, NORM.key)
     _norm_cells(frame, relative, none, relative_text, is_percent)
     metrics = [_objects(frame.row_count) for _ in range(6)]
     plan = frame.plan
+    unordered = [getattr(getattr(source, "store", None), "is_unordered", None)
+                 for source in (context.target_source, context.bench_source)]
     for row in frame.matched_rows.tolist():
         group = plan.row_group[row]
         target = leaf_side(plan.target.leaf[plan.row_target[row]])
         bench = leaf_side(plan.bench.leaf[plan.row_bench[row]])
+        if any(test is not None and test(side.data_name) for test, side in zip(unordered, (target, bench))):
+            for position in range(6):  # a merged tensor not in the other side's order: no element-wise metric
+                metrics[position][row] = _NA
+            frame.cosine_number[row] = frame.ratio_number[row] = float("nan")
+            continue
         target_array = load_side(context.target_source, target, plan.group_name[group]) if target.tensor else None
         bench_array = load_side(context.bench_source, bench, plan.group_bench[group]) if bench.tensor else None
         values = tensor_metrics(target_array, bench_array)

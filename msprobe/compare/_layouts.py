@@ -150,6 +150,18 @@ def answer_ranks(report: Optional[dict], answer: dict) -> Optional[dict]:
             "suspect_ranks": leaf[0] if leaf else entry["suspects"], "leaves": entry["leaves"]}
 
 
+def _unordered_note(report: dict, mode: Any) -> list:
+    """The warning of a merged model whose tensors of some leaves are not in the other side's order
+    (tensor mode under expert x tensor parallelism, spec/FORMAT.md 26.8)."""
+    count = report.get("unordered_tensors", 0)
+    if mode != "tensor" or not count:
+        return []
+    return [f"tensor mode: the tokens of the MoE layers are not in the single card's order under expert x tensor "
+            f"parallelism (each tp rank's piece of the sequence, each expert's tokens by source rank): {count} tensors' "
+            "Cosine, EucDist, MaxAbsErr, MaxRelativeErr and error ratios are N/A (unordered(...) in Data_name), "
+            "their statistics compared"]
+
+
 def layout_summary(pairs: list, summary: dict) -> dict:
     """The layout section of summary.json: per merged model its stages, findings, communication
     records left out and, for each answer (origin, first divergence, first NaN/Inf), the ranks that
@@ -164,7 +176,8 @@ def layout_summary(pairs: list, summary: dict) -> dict:
             models.append({"side": side, "rank_dir": source.rank_dir, "step": source.step, "layout": report["layout"],
                            "stages": report["stages"], "findings": report["findings"],
                            "communication_left_out": report["communication_left_out"],
-                           "warnings": report["warnings"],
+                           "warnings": report["warnings"] + _unordered_note(report, summary.get("mode")),
+                           "unordered_tensors": report.get("unordered_tensors", 0) if summary.get("mode") == "tensor" else 0,
                            "records": len(report["records"])})
     out: dict = {"models": models}
     for key, side in ANSWERS:

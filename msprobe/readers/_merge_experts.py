@@ -42,7 +42,7 @@ from msprobe.readers._merge_leaf import (
     _signature,
 )
 
-__all__ = ["join_experts", "expert_groups", "expert_names"]
+__all__ = ["join_experts", "expert_groups", "expert_names", "mark_unordered_tokens"]
 
 _EXPERT = re.compile(r"^(?P<layer>.*?)\.local_experts\.(?P<i>\d+)(?=\.)")
 _API = re.compile(r"^(?P<head>[^.]+\.[^.]+(?:\.[^.]+)*?)\.(?P<n>\d+)\.(?P<dir>forward|backward)$")
@@ -484,3 +484,79 @@ def join_experts(models: list, raws: list, ranks: list, join: Callable, tensors:
     return data, parents, frames, report
 
 
+
+
+def _moe_paths(data: dict) -> set:
+    """The module paths of the MoE layers: those holding the experts' container (``local_experts``'s parent)."""
+    return {found.group("layer").rsplit(".", 1)[0] for found in map(_EXPERT.match, data) if found is not None}
+
+
+def _layer_record(name: str, moe: set) -> bool:
+    """Whether ``name`` is an MoE layer's own module record (forward or backward)."""
+    return any(name.startswith(path + ".") and _LAYER_RECORD.match(name[len(path) + 1:]) for path in moe)
+
+
+_LAYER_RECORD = re.compile(r"^[^.]+\.(forward|backward)\.\d+$")
+
+
+def _in_moe(name: str, parents: dict, moe: set) -> bool:
+    """Whether ``name`` runs inside an MoE layer (it or a module holding it under one's path; an API
+    call's backward record where its forward call does), the layer's own record (its input and
+    output: the tokens as the layer takes them) excepted."""
+    if _layer_record(name, moe):
+        return False
+    names = [name] + ([name[:-len("backward")] + "forward"] if name.endswith(".backward") else [])
+    for start in names:
+        seen: set = set()
+        current: Optional[str] = start
+        while current is not None and current not in seen:
+            seen.add(current)
+            if any(current.startswith(path + ".") for path in moe):
+                return True
+            current = parents.get(current)
+    return False
+
+
+def mark_unordered_tokens(data: dict, parents: dict, tensors: Any) -> tuple:
+    """(``data`` with the tensors of the MoE layers' tokens named :meth:`TensorRecipes.unordered`,
+    how many leaves). Under expert x tensor parallelism each tp rank holds its piece of the sequence
+    flattened to tokens, and an expert's tokens come by source rank: the merge does not put them in
+    the single card's order, so their tensors are not compared element by element (their statistics
+    are). Left as they are: the parameters and their gradients, an argument other than the first (of
+    a forward call; of a backward record, an output other than the first) shaped like a parameter
+    of the layer (a weight, a bias, their gradients), and a tensor shaped like the layer's own input
+    or output (the tokens before they are flattened, whose pieces join in order)."""
+    moe = _moe_paths(data)
+    if not moe or tensors is None:
+        return data, 0
+    weights = {tuple(leaf.get("shape") or ()) for name, record in data.items() if _in_moe(name, parents, moe)
+               for path, leaf in _leaves(record) if path.startswith("parameters") or name.endswith("parameters_grad")}
+    layers = {tuple(leaf.get("shape") or ()) for name, record in data.items() if _layer_record(name, moe)
+              for _, leaf in _leaves(record)}
+    count = 0
+
+    def mark(leaf: dict) -> dict:
+        nonlocal count
+        made = None if tuple(leaf.get("shape") or ()) in layers else tensors.unordered(leaf.get("data_name"))
+        if made is None:
+            return leaf
+        count += 1
+        return dict(leaf, data_name=made)
+
+    def marked(name: str, record: Any) -> Any:
+        if name.endswith("parameters_grad") or not isinstance(record, dict) or not _in_moe(name, parents, moe):
+            return record
+        args = "output" if _is_backward(name) else "input_args"
+        out = {}
+        for key, node in record.items():
+            if key == "parameters":
+                out[key] = node
+            elif key == args and isinstance(node, list):
+                out[key] = [value if index > 0 and all(tuple(leaf.get("shape") or ()) in weights
+                                                       for _, leaf in _leaves(value)) else _leafwise(value, mark)
+                            for index, value in enumerate(node)]
+            else:
+                out[key] = _leafwise(node, mark)
+        return out
+
+    return {name: marked(name, record) for name, record in data.items()}, count

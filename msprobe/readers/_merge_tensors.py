@@ -31,6 +31,9 @@ class TensorRecipes:
 
     def __init__(self) -> None:
         self.recipes: list = []
+        #: the names of the tensors whose elements the merge cannot put in the other side's order
+        #: (:meth:`unordered`): their tensor metrics are not computed
+        self.unordered_names: set = set()
 
     def _add(self, recipe: tuple, text: str) -> str:
         self.recipes.append(recipe)
@@ -57,6 +60,19 @@ class TensorRecipes:
 
     def scaled(self, part: Any, divisor: float) -> Optional[str]:
         return self.made("cat", [part], 0, divisor)
+
+    def unordered(self, part: Any) -> Optional[str]:
+        """``part``'s tensor marked as one whose elements the merge cannot put in the single card's
+        order (``unordered(...)`` in its name; compare leaves its tensor metrics out): None when it
+        has no tensor."""
+        if not isinstance(part, str) or not part.startswith(PREFIX):
+            return None
+        name = self._add(("cat", (part,), 0, 1.0, 1), f"unordered({_text_of(part)})")
+        self.unordered_names.add(name)
+        return name
+
+    def is_unordered(self, name: Any) -> bool:
+        return name in self.unordered_names
 
     def array(self, name: str, record: str) -> Any:
         """The numpy array a recipe makes."""

@@ -38,7 +38,7 @@ from msprobe.format.comm import comm_api
 from msprobe.format.documents import DumpDocument
 from msprobe.format.parallel import Layout, stage_renames
 from msprobe.readers._merge_chunks import virtual_stages
-from msprobe.readers._merge_experts import expert_groups, expert_names, join_experts
+from msprobe.readers._merge_experts import expert_groups, expert_names, join_experts, mark_unordered_tokens
 from msprobe.readers._merge_layout import _cp_tokens, _ep_size, _records_of, layout_models, read_layout
 from msprobe.readers._merge_leaf import (
     _anomalous,
@@ -495,18 +495,21 @@ def _experts_merged(replicas: list, ep: int, text: str, warnings: list, referenc
     model (its pipeline stages merged by :func:`merge_model`) joined with the others of its group by
     :func:`~msprobe.readers._merge_experts.join_experts` (its shared records as data-parallel
     replicas), then the groups joined as data-parallel replicas (the expert data-parallel ranks: the
-    same experts on other shares of the batch). Tensor parallel inside an expert-parallel group is
-    not merged yet (ConfigError). A group is the models whose first rank calls its first all_to_all
+    same experts on other shares of the batch). With tensor parallel inside an expert-parallel group
+    (expert tensor parallel) in tensor mode, the MoE layers' tokens are not put in the card's order:
+    their tensors are named unordered (:func:`mark_unordered_tokens`; ``unordered_tensors`` in the
+    report: how many leaves). A group is the models whose first rank calls its first all_to_all
     over the same ranks, in rank order (the layout's (dp, cp) index where the ranks call none)."""
     heads = [stages[0][0] for _, stages in replicas]
     blocks = _expert_blocks(replicas, heads, ep, text)
     per_rank, per_block = _shrunk_shapes(other_shapes, (len(heads),)), _shrunk_shapes(other_shapes, (len(blocks),))
     merged = []
+    expert_tp = any(len(stage) > 1 for _, stages in replicas for stage in stages)
     for block in blocks:
         raws = [[_rank_records(stage[0]) for stage in replicas[i][1]] for i in block]
         ranks = [[[source.rank for source in stage] for stage in replicas[i][1]] for i in block]
         shapes, references = [per_rank] * len(block), [reference] * len(block)
-        if any(len(stage) > 1 for i in block for stage in replicas[i][1]):  # expert tensor parallel
+        if expert_tp:  # expert tensor parallel
             shapes, references = _by_expert(replicas, block, len(heads), raws, ranks, (per_rank, per_block),
                                             reference or {})
         each = [merge_model(replicas[i][1], known, wanted, [replicas[j][1] for j in block if j != i],
@@ -521,10 +524,14 @@ def _experts_merged(replicas: list, ep: int, text: str, warnings: list, referenc
     else:  # the expert data-parallel replicas: the groups on their shares of the batch
         data, parents, frames, report = join_replicas(merged, reference or {}, other_shapes or {}, tensors)
         report["experts"] = merged[0][3]["experts"]
+    unordered = 0
+    if expert_tp and tensors is not None:  # the MoE layers' tokens: not in the card's order (spec/FORMAT.md 26.8)
+        data, unordered = mark_unordered_tokens(data, parents, tensors)
     first = heads[0]
     raw = dict(first.document().raw)
     raw["data"] = data
     report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas], "warnings": warnings,
+                   "unordered_tensors": unordered,
                    "stages": [[source.rank for i in block for source in replicas[i][1][stage]]
                               for block in blocks for stage in range(len(replicas[block[0]][1]))],
                    "replicas": [[[source.rank for source in stage] for stage in stages] for _, stages in replicas]})
@@ -548,9 +555,13 @@ def merge_dump_step(sources: list, layout: Optional[Layout], reference: Optional
         other_shapes = shapes_of(reference)
     replicas = [(key, _stage_sources(by_rank, stages, vpp)) for key, stages in models]
     ep = _ep_size(sources, layout)
+    dps, cps = sorted({key[0] for key, _ in models}), sorted({key[1] for key, _ in models})
+    if ep > 1 and len(cps) > 1:  # each context-parallel rank's experts get tokens of its sequence chunks
+        raise ConfigError(f"layout {text}: expert parallelism with context parallelism is not merged (the "
+                          "experts' tokens of each sequence chunk cannot be put back in one card's order); "
+                          "compare the ranks without --layout, or a run without context parallelism")
     if ep > 1:
         return [_experts_merged(replicas, ep, text, warnings, reference, other_shapes, tensors)]
-    dps, cps = sorted({key[0] for key, _ in models}), sorted({key[1] for key, _ in models})
     degrees = (len(dps), len(cps)) if len(dps) > 1 and len(cps) > 1 else (len(replicas),)
     if _holds_a_piece([stage[0] for stage in replicas[0][1]], other_shapes, degrees):
         tokens = _cp_tokens(replicas[0][1][0][0], len(cps)) if len(cps) > 1 and tensors is not None else 0
