@@ -157,7 +157,7 @@ def _unordered_note(report: dict, mode: Any) -> list:
     if mode != "tensor" or not count:
         return []
     return [f"tensor mode: the tokens of the MoE layers are not in the single card's order under expert x tensor "
-            f"parallelism (each tp rank's piece of the sequence, each expert's tokens by source rank): {count} tensors' "
+            f"parallelism where the routing does not order them: {count} tensors' "
             "Cosine, EucDist, MaxAbsErr, MaxRelativeErr and error ratios are N/A (unordered(...) in Data_name), "
             "their statistics compared"]
 

@@ -358,7 +358,8 @@ def _stripped(models: list, datas: list, experts: list, shared: dict) -> list:
                    if name not in experts[replica] and name in held}
         findings = [dict(f, record=shared.get(f["record"], f["record"])) for f in report["findings"]
                     if f["record"] not in experts[replica] and f["record"] in held]
-        out.append((kept, {shared.get(k, k): shared.get(v, v) if v else v for k, v in parents.items()},
+        out.append((kept, {shared.get(k, k): shared.get(v, v) if v else v for k, v in parents.items()
+                           if k not in experts[replica]},  # (an expert record's local name may be a shared one's)
                     {shared.get(k, k): v for k, v in frames.items()},
                     dict(report, records=records, findings=findings)))
     return out
@@ -517,35 +518,68 @@ def _in_moe(name: str, parents: dict, moe: set) -> bool:
     return False
 
 
-def mark_unordered_tokens(data: dict, parents: dict, tensors: Any) -> tuple:
-    """(``data`` with the tensors of the MoE layers' tokens named :meth:`TensorRecipes.unordered`,
-    how many leaves). Under expert x tensor parallelism each tp rank holds its piece of the sequence
-    flattened to tokens, and an expert's tokens come by source rank: the merge does not put them in
-    the single card's order, so their tensors are not compared element by element (their statistics
-    are). Left as they are: the parameters and their gradients, an argument other than the first (of
+def _token_order(name: str, parents: dict, moe: set, containers: set, routes: Any) -> Optional[list]:
+    """The card's order of the tokens of record ``name`` inside an MoE layer (:class:`TokenRoutes`:
+    an expert's, the experts' container's, else the layer's dense tokens), None when not known."""
+    if routes is None:
+        return None
+    module: Optional[str] = name
+    if not name.startswith("Module."):
+        forward = name[:-len("backward")] + "forward" if name.endswith(".backward") else name
+        module = parents.get(forward) or parents.get(name)
+    path = next((path for path in moe if module and module.startswith(path + ".")), None)
+    call = module.rsplit(".", 1)[-1] if module else ""
+    if module is None or path is None or not call.isdigit():
+        return None
+    own = _expert_of_name(module)
+    if own is not None:
+        return routes.expert(path, own[1], int(call))
+    if any(module.startswith(container + ".") and _LAYER_RECORD.match(module[len(container) + 1:])
+           for container in containers):
+        return routes.container(path, int(call))
+    return routes.dense(path, int(call))
+
+
+def mark_unordered_tokens(data: dict, parents: dict, tensors: Any, routes: Any = None) -> tuple:
+    """(``data`` with the tensors of the MoE layers' tokens put in the single card's order, how many
+    leaves so put, how many left unordered). Under expert x tensor parallelism each tp rank holds its
+    piece of the sequence flattened to tokens, and an expert's tokens come by source rank: where
+    ``routes`` (:class:`~msprobe.readers._merge_routes.TokenRoutes`) gives the card's order of a
+    tensor's tokens, its rows are taken in it (:meth:`TensorRecipes.reordered`); else the tensor is
+    named :meth:`TensorRecipes.unordered` and not compared element by element (its statistics are).
+    Left as they are: the parameters and their gradients, an argument other than the first (of
     a forward call; of a backward record, an output other than the first) shaped like a parameter
-    of the layer (a weight, a bias, their gradients), and a tensor shaped like the layer's own input
-    or output (the tokens before they are flattened, whose pieces join in order)."""
+    of the layer (a weight, a bias, their gradients), a tensor shaped like the layer's own input
+    or output (the tokens before they are flattened, whose pieces join in order), and an integer
+    tensor of one dimension the number of experts (the tokens per expert)."""
     moe = _moe_paths(data)
     if not moe or tensors is None:
-        return data, 0
+        return data, 0, 0
+    containers = {found.group("layer") for found in map(_EXPERT.match, data) if found is not None}
     weights = {tuple(leaf.get("shape") or ()) for name, record in data.items() if _in_moe(name, parents, moe)
                for path, leaf in _leaves(record) if path.startswith("parameters") or name.endswith("parameters_grad")}
     layers = {tuple(leaf.get("shape") or ()) for name, record in data.items() if _layer_record(name, moe)
               for _, leaf in _leaves(record)}
-    count = 0
+    counts = [0, 0]
+    experts = max((int(found.group("i")) for found in map(_EXPERT.match, data) if found is not None), default=-1) + 1
 
-    def mark(leaf: dict) -> dict:
-        nonlocal count
-        made = None if tuple(leaf.get("shape") or ()) in layers else tensors.unordered(leaf.get("data_name"))
-        if made is None:
-            return leaf
-        count += 1
-        return dict(leaf, data_name=made)
+    def marker(order: Optional[list]) -> Callable:
+        def mark(leaf: dict) -> dict:
+            shape = tuple(leaf.get("shape") or ())
+            if shape in layers or (len(shape) == 1 and shape[0] == experts and "int" in str(leaf.get("dtype"))):
+                return leaf  # the layer's own tokens; the tokens per expert
+            fits = order is not None and len(shape) > 0 and shape[0] == len(order)
+            made = tensors.reordered(leaf.get("data_name"), order) if fits else tensors.unordered(leaf.get("data_name"))
+            if made is None:
+                return leaf
+            counts[0 if fits else 1] += 1
+            return dict(leaf, data_name=made)
+        return mark
 
     def marked(name: str, record: Any) -> Any:
         if name.endswith("parameters_grad") or not isinstance(record, dict) or not _in_moe(name, parents, moe):
             return record
+        mark = marker(_token_order(name, parents, moe, containers, routes))
         args = "output" if _is_backward(name) else "input_args"
         out = {}
         for key, node in record.items():
@@ -559,4 +593,5 @@ def mark_unordered_tokens(data: dict, parents: dict, tensors: Any) -> tuple:
                 out[key] = _leafwise(node, mark)
         return out
 
-    return {name: marked(name, record) for name, record in data.items()}, count
+    marked_data = {name: marked(name, record) for name, record in data.items()}
+    return marked_data, counts[0], counts[1]

@@ -71,6 +71,13 @@ class TensorRecipes:
         self.unordered_names.add(name)
         return name
 
+    def reordered(self, part: Any, order: list) -> Optional[str]:
+        """``part``'s tensor with its rows (first dimension) taken in ``order`` (``routed(...)``: the
+        MoE layers' tokens put in the single card's order); None when it has no tensor."""
+        if not isinstance(part, str) or not part.startswith(PREFIX):
+            return None
+        return self._add(("take", (part,), 0, 1.0, tuple(int(i) for i in order)), f"routed({_text_of(part)})")
+
     def is_unordered(self, name: Any) -> bool:
         return name in self.unordered_names
 
@@ -96,6 +103,10 @@ class TensorRecipes:
                 raise StorageNotFoundError(f"{name}: the parts of a {how} differ in shape")
             reduce = np.mean if how == "average" else np.sum
             made = reduce(np.stack([np.asarray(a, dtype=np.float64) for a in arrays]), axis=0).astype(arrays[0].dtype)
+        elif how == "take":
+            if len(arrays[0]) != len(groups):
+                raise StorageNotFoundError(f"{name}: {len(arrays[0])} rows to put in an order of {len(groups)}")
+            made = arrays[0][np.asarray(groups, dtype=np.int64)]
         elif how == "balanced":
             made = np.concatenate(balanced_order(arrays, dim, groups), axis=dim)
         else:

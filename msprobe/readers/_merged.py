@@ -52,6 +52,7 @@ from msprobe.readers._merge_leaf import (
     _shape,
 )
 from msprobe.readers._merge_order import _align, model_order
+from msprobe.readers._merge_routes import TokenRoutes
 from msprobe.readers._merge_tensors import PREFIX, TensorRecipes, tensor_views
 
 __all__ = ["MergedSource", "merge_dump_step", "read_layout", "Layout", "model_order", "shapes_of", "other_shapes_of"]
@@ -489,6 +490,13 @@ def _by_expert(replicas: list, block: list, count: int, raws: list, ranks: list,
     return shapes, references
 
 
+def _experts_count(data: dict) -> int:
+    """The number of experts of a merged model's MoE layers (its global expert indices)."""
+    found = [int(name.split(".local_experts.", 1)[1].split(".", 1)[0]) for name in data
+             if name.startswith("Module.") and ".local_experts." in name]
+    return max(found) + 1 if found else 0
+
+
 def _experts_merged(replicas: list, ep: int, text: str, warnings: list, reference: Optional[dict],
                     other_shapes: Optional[dict], tensors: Optional[TensorRecipes]) -> "MergedSource":
     """The logical model of expert-parallel groups (spec/FORMAT.md 26.8): each expert-parallel rank's
@@ -524,14 +532,17 @@ def _experts_merged(replicas: list, ep: int, text: str, warnings: list, referenc
     else:  # the expert data-parallel replicas: the groups on their shares of the batch
         data, parents, frames, report = join_replicas(merged, reference or {}, other_shapes or {}, tensors)
         report["experts"] = merged[0][3]["experts"]
-    unordered = 0
-    if expert_tp and tensors is not None:  # the MoE layers' tokens: not in the card's order (spec/FORMAT.md 26.8)
-        data, unordered = mark_unordered_tokens(data, parents, tensors)
+    unordered = reordered = 0
+    if expert_tp and tensors is not None:  # the MoE layers' tokens in the card's order (spec/FORMAT.md 26.8)
+        routes = None
+        if len(blocks) == 1 and all(len(replicas[i][1]) == 1 for i in blocks[0]):  # one group, no pipeline
+            routes = TokenRoutes([replicas[i][1][0] for i in blocks[0]], tensors, _experts_count(data))
+        data, reordered, unordered = mark_unordered_tokens(data, parents, tensors, routes)
     first = heads[0]
     raw = dict(first.document().raw)
     raw["data"] = data
     report.update({"layout": text, "model": 0, "dp_cp_ep": [list(key) for key, _ in replicas], "warnings": warnings,
-                   "unordered_tensors": unordered,
+                   "unordered_tensors": unordered, "reordered_tensors": reordered,
                    "stages": [[source.rank for i in block for source in replicas[i][1][stage]]
                               for block in blocks for stage in range(len(replicas[block[0]][1]))],
                    "replicas": [[[source.rank for source in stage] for stage in stages] for _, stages in replicas]})

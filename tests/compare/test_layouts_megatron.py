@@ -258,54 +258,83 @@ def test_tensor_mode_adds_sequence_parallel_partial_sums(tensor_runs, tmp_path):
 
 @pytest.fixture(scope="module")
 def ep_tensor_runs(tmp_path_factory):
-    """The single card holding every expert (sequence 4) and the EP2xTP2 run with sequence
-    parallelism (4 ranks), dumped in tensor mode (healthy)."""
+    """The single card holding every expert (sequence 4), the EP2xTP2 run with sequence parallelism
+    (4 ranks) and the same with a NaN written in rank 3's expert 3 of layer 1 at step 1, dumped in
+    tensor mode."""
     out = str(tmp_path_factory.mktemp("ep_tensors"))
     for run in ("moe4", "ep2tp2"):
         B.ml.launch(os.path.join(out, "runs", run), os.path.join(out, "truth", run), task="tensor", **B.RUNS[run])
+    fault = dict(B.variants("ep2tp2"))["nan_r1"]
+    B.ml.launch(os.path.join(out, "runs", "ep2tp2_nan"), os.path.join(out, "truth", "ep2tp2_nan"), task="tensor",
+                **B.RUNS["ep2tp2"], **fault)
     return out
 
 
-def test_tensor_mode_says_which_merged_tensors_are_not_in_the_cards_order(ep_tensor_runs, tmp_path, capsys):
-    """Expert x tensor parallel (EP2xTP2, sp) in tensor mode: the MoE layers' tokens are not in the
-    single card's order (each tp rank's piece of the sequence flattened, each expert's tokens by
-    source rank), so those tensors' metrics are N/A (``unordered(...)`` in their Data_name) and
-    compare says so on stdout and in summary.json; every tensor it does compare agrees with the
-    card's (Cosine 1) and no answer is given. Before, 888 of the 1653 compared tensors of step 0
-    had a Cosine below 0.9999 (down to -0.05) while the Result column passed all but 9, and nothing
-    was said."""
+def _ep_tensor_compare(ep_tensor_runs: str, target: str, tmp_path: Any, capsys: Any) -> tuple:
+    """(stdout, summary.json, [rows of each step's CSV]) of ``target`` against the card, tensor mode."""
     import csv
     import glob
     import json
 
     from msprobe.cli import main
 
-    code = main(["compare", "-tp", os.path.join(ep_tensor_runs, "runs", "ep2tp2"),
+    code = main(["compare", "-tp", os.path.join(ep_tensor_runs, "runs", target),
                  "-gp", os.path.join(ep_tensor_runs, "runs", "moe4"), "--layout", "auto", "-o", str(tmp_path)])
     printed = capsys.readouterr().out
     assert code == 0
-    assert printed.count("warning: tensor mode: the tokens of the MoE layers are not in the single card's order") == 2
-    assert "first divergence" not in printed or "first divergence: none" in printed
     with open(tmp_path / "summary.json", encoding="utf-8") as handle:
         summary = json.load(handle)
-    assert summary["mode"] == "tensor" and summary["first_divergence"] is None and summary["origin"] is None
-    models = summary["layout"]["models"]
-    assert [model["unordered_tensors"] > 0 for model in models] == [True, True]
-    assert all(any("N/A" in warning for warning in model["warnings"]) for model in models)
-    paths = glob.glob(str(tmp_path / "compare_result_*.csv"))
-    assert len(paths) == 2
-    for path in paths:
+    tables = []
+    for path in sorted(glob.glob(str(tmp_path / "compare_result_step*.csv"))):
         with open(path, newline="") as handle:
-            rows = list(csv.DictReader(handle))
+            tables.append(list(csv.DictReader(handle)))
+    assert summary["mode"] == "tensor" and len(tables) == 2
+    return printed, summary, tables
+
+
+def test_tensor_mode_puts_expert_parallel_tokens_in_the_cards_order(ep_tensor_runs, tmp_path, capsys):
+    """Expert x tensor parallel (EP2xTP2, sp) in tensor mode: the MoE layers' tokens are put in the
+    single card's order from each rank's routing (each tp rank's piece of the sequence interleaved
+    sample by sample; each expert's tokens, received by source rank, in token order; routed(...) in
+    the Data_name): every one of the 1653 tensor rows a step is compared and agrees with the card's
+    (Cosine 1), no row is left unordered, no answer. Before, 888 of the 1653 tensors of step 0 had a
+    Cosine below 0.9999 (down to -0.05) while the Result column passed all but 9, and nothing was
+    said; then (2334b16) 919 were left N/A with a warning."""
+    printed, summary, tables = _ep_tensor_compare(ep_tensor_runs, "ep2tp2", tmp_path, capsys)
+    assert summary["first_divergence"] is None and summary["origin"] is None
+    assert "not in the single card's order" not in printed
+    assert [model["unordered_tensors"] for model in summary["layout"]["models"]] == [0, 0]
+    for rows in tables:
         assert {each["Result"] for each in rows} == {"pass"}
-        unordered = [each for each in rows if "unordered(" in each["Data_name"]]
-        assert unordered and all(each["Cosine"] == each["MaxAbsErr"] == "N/A" for each in unordered)
-        assert all(each["NPU max"] not in ("", "N/A") and each["Bench max"] not in ("", "N/A")
-                   for each in unordered)  # their statistics still compared
+        assert not [each for each in rows if "unordered(" in each["Data_name"]]
+        assert len([each for each in rows if "routed(" in each["Data_name"]]) > 800
         tensors = [each for each in rows if each["Cosine"] not in ("unsupported", "N/A")]
-        assert len(tensors) > 600
+        assert len(tensors) == 1653
         worst = min(tensors, key=lambda each: float(each["Cosine"]))
         assert float(worst["Cosine"]) > 0.99999, (worst["NPU Name"], worst["Cosine"], worst["Data_name"])
+
+
+def test_tensor_mode_names_an_experts_nan_and_says_which_tensors_it_cannot_order(ep_tensor_runs, tmp_path, capsys):
+    """The EP2xTP2 run with a NaN in rank 3's expert 3 of layer 1 at step 1, tensor mode: the NaN is
+    named at the card's record (Tensor.masked_fill.7, rank 3's Tensor.masked_fill.3) with its ranks;
+    at step 1, where the NaN spreads, the tensors whose rows the routing does not order (a gradient
+    of another shape than its parameter's) are N/A (unordered(...) in the Data_name, statistics
+    still compared), and compare says so once on stdout and in summary.json; step 0 agrees with the
+    card in full."""
+    printed, summary, tables = _ep_tensor_compare(ep_tensor_runs, "ep2tp2_nan", tmp_path, capsys)
+    first = summary["first_nan_target"]
+    assert (first["step"], first["row"].split(".output")[0]) == (1, "Tensor.masked_fill.7.forward")
+    assert 3 in first["suspect_ranks"] and set(first["ranks"]) <= {2, 3}
+    assert printed.count("warning: tensor mode: the tokens of the MoE layers are not in the single card's order") == 1
+    models = summary["layout"]["models"]
+    assert models[0]["unordered_tensors"] == 0 and models[1]["unordered_tensors"] > 0
+    assert any("N/A" in warning for warning in models[1]["warnings"])
+    step0 = [each for each in tables[0] if each["Cosine"] not in ("unsupported", "N/A")]
+    assert len(step0) == 1653 and min(float(each["Cosine"]) for each in step0) > 0.99999
+    unordered = [each for each in tables[1] if "unordered(" in each["Data_name"]]
+    assert unordered and all(each["Cosine"] == each["MaxAbsErr"] == "N/A" for each in unordered)
+    assert all(each["NPU max"] not in ("", "N/A") and each["Bench max"] not in ("", "N/A")
+               for each in unordered)  # their statistics still compared
 
 
 def test_expert_parallel_with_context_parallel_is_refused(ep_tensor_runs, tmp_path):
