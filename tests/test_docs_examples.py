@@ -62,6 +62,8 @@ def _claim(name: str, lang: str, body: str) -> str:
         return "compare_cli"  # test_compare_doc_commands_parse
     if name == "compare.md" and body.startswith("$ msprobe compare"):
         return "layout_transcript"  # tests/compare/test_compare_layouts.py::test_doc_transcripts_are_what_it_prints
+    if name == "compare.md" and body.startswith("layout tp=2,pp=1,ep=2 (read from the dump) (step 1"):
+        return "ep_tensor"  # tests/compare/test_layouts_megatron.py::test_tensor_mode_names_an_experts_nan_...
     if name == "everyday.md":
         return "everyday"  # tests/test_everyday.py::test_everyday_doc_blocks_run
     if name == "explorer.md" and body.startswith("error enters at: "):

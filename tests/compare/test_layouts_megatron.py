@@ -314,6 +314,14 @@ def test_tensor_mode_puts_expert_parallel_tokens_in_the_cards_order(ep_tensor_ru
         assert float(worst["Cosine"]) > 0.99999, (worst["NPU Name"], worst["Cosine"], worst["Data_name"])
 
 
+def _doc_block(start: str) -> str:
+    """The body of docs/compare.md's fenced block that starts with ``start``."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "compare.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    at = text.index("```\n" + start) + 4
+    return text[at:text.index("```", at)]
+
+
 def test_tensor_mode_names_an_experts_nan_and_says_which_tensors_it_cannot_order(ep_tensor_runs, tmp_path, capsys):
     """The EP2xTP2 run with a NaN in rank 3's expert 3 of layer 1 at step 1, tensor mode: the NaN is
     named at the card's record (Tensor.masked_fill.7, rank 3's Tensor.masked_fill.3) with its ranks;
@@ -326,6 +334,7 @@ def test_tensor_mode_names_an_experts_nan_and_says_which_tensors_it_cannot_order
     assert (first["step"], first["row"].split(".output")[0]) == (1, "Tensor.masked_fill.7.forward")
     assert 3 in first["suspect_ranks"] and set(first["ranks"]) <= {2, 3}
     assert printed.count("warning: tensor mode: the tokens of the MoE layers are not in the single card's order") == 1
+    assert _doc_block("layout tp=2,pp=1,ep=2 (read from the dump) (step 1") in printed  # docs/compare.md's lines
     models = summary["layout"]["models"]
     assert models[0]["unordered_tensors"] == 0 and models[1]["unordered_tensors"] > 0
     assert any("N/A" in warning for warning in models[1]["warnings"])
