@@ -1179,13 +1179,18 @@ out:
     return entry;
 }
 
+/* the call has `want` arguments and its second is _encode.entry_context's tuple; else a TypeError naming `usage` */
+static int entry_call_ok(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage) {
+    if (nargs == want && PyTuple_Check(args[1]) && PyTuple_GET_SIZE(args[1]) == TC_SIZE &&
+        PyDict_CheckExact(PyTuple_GET_ITEM(args[1], TC_ENTRIES)))
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s: ctx is _encode.entry_context's tuple", usage);
+    return 0;
+}
+
 static PyObject *fp_tensor_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != TC_SIZE ||
-        !PyDict_CheckExact(PyTuple_GET_ITEM(args[1], TC_ENTRIES))) {
-        PyErr_SetString(PyExc_TypeError, "tensor_entry(tensor, ctx): ctx is _encode.entry_context's tuple");
-        return NULL;
-    }
+    if (!entry_call_ok(args, nargs, 2, "tensor_entry(tensor, ctx)")) return NULL;
     PyObject *entry = tensor_entry_(args[0], args[1]);
     if (entry != NULL) return entry;
     if (PyErr_Occurred()) {
@@ -1279,11 +1284,7 @@ static PyObject *top_entry(PyObject *v, PyObject *ctx, PyObject *fallback, PyObj
 
 static PyObject *fp_encode_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 4 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != TC_SIZE ||
-        !PyDict_CheckExact(PyTuple_GET_ITEM(args[1], TC_ENTRIES))) {
-        PyErr_SetString(PyExc_TypeError, "encode_values(values, ctx, fallback, prefix): ctx is _encode.entry_context's tuple");
-        return NULL;
-    }
+    if (!entry_call_ok(args, nargs, 4, "encode_values(values, ctx, fallback, prefix)")) return NULL;
     PyObject *values = args[0], *ctx = args[1], *fallback = args[2], *prefix = args[3];
     if (PyDict_Check(values)) {
         PyObject *out = PyDict_New();
