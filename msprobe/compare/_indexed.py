@@ -396,7 +396,12 @@ def _fresh_table(source: Any) -> Optional[Any]:
         return None
     from msprobe.index.files import decode_metadata
 
-    parquet_file = open_leaf_table(data, f"{source.url}/{COMPARE_LEAVES}")
+    try:
+        parquet_file = open_leaf_table(data, f"{source.url}/{COMPARE_LEAVES}")
+    except FormatError as exc:  # (written atomically but not fsync'ed: a power loss may leave it empty)
+        warn_stale(source.url, f"its compare leaf table cannot be read ({exc})",
+                   "compare reads the document instead of its leaf table")
+        return None
     meta = decode_metadata(parquet_file.schema_arrow.metadata or {})
     if meta.get("compare_leaves_version") != COMPARE_LEAVES_VERSION:
         warn_stale(source.url, f"its compare leaf table is of version {meta.get('compare_leaves_version')!r}, "
@@ -425,8 +430,13 @@ def indexed_side(source: Any) -> Optional[IndexedSide]:
     side = None
     if found is not None:
         table, meta = found
-        side = IndexedSide(table, meta)
-        if side.stand_ins is None:
+        try:
+            side = IndexedSide(table, meta)
+        except (OSError, ValueError) as exc:  # pyarrow's errors: a column chunk that does not decode
+            warn_stale(source.url, f"its compare leaf table cannot be read ({exc})",
+                       "compare reads the document instead of its leaf table")
+            side = None
+        if side is not None and side.stand_ins is None:
             side = None
     try:
         _SIDES[source] = side

@@ -229,7 +229,8 @@ def _columns_of(native: tuple, data: dict, named: bool, where: tuple, stack_ids:
     cols: dict = {column: ([value], same) for column, value in zip(("run", "step", "rank", "rank_dir", "split"), where)}
     order = {name: seq for seq, name in enumerate(data)} if named else None
     per_record: list = [(None,) * 9] * len(walked)
-    for position in np.unique(rows).tolist():  # each record with rows, once
+    # each record with rows, once, in order (np.unique would import numpy.ma: ~11 ms a process)
+    for position in np.flatnonzero(np.bincount(rows, minlength=len(walked))).tolist():
         name = walked[position]
         kind, api_type, api_name, call_index, direction = record_fields(name)
         sid = stack_ids.get(name)

@@ -67,16 +67,19 @@ def build_index(dump_or_path: Any, out: Any = None, *, storage_options: Optional
     run = run or dump.run
     dump_store = None
     if out is not None:
-        out_store = open_store(out, out_storage_options, create=True)
+        # the index is derived from the documents (rebuilt at will, a stale or unreadable one read around):
+        # its files are written atomically, not fsync'ed one by one, as the dumper writes its documents
+        out_store = open_store(out, out_storage_options, create=True).without_fsync()
         stale = run_compact_key(run)
         if out_store.exists(stale):
             out_store.delete(stale)  # the run's files change: its compaction no longer holds
     else:
         out_store = None
         if isinstance(dump.store, Store) and not dump.store.read_only:
-            dump_store = dump.store
+            dump_store = dump.store.without_fsync()
         else:  # the reader's store is read-only: a writable one on the same place
-            dump_store = open_store(dump.url, dump.storage_options or None, read_only=False, create=False)
+            dump_store = open_store(dump.url, dump.storage_options or None, read_only=False,
+                                    create=False).without_fsync()
     sources = [s for s in dump.sources if isinstance(s, RankSource) and not getattr(s, "index_only", False)]
     show = None
     if progress is True or progress == "auto":
