@@ -38,6 +38,8 @@ log = logging.getLogger("msprobe.compare")
 
 #: the leaf table of a rank directory, relative to it (not a part of ``index/records.parquet``'s dataset)
 COMPARE_LEAVES = f"{INDEX_DIR}/compare/leaves.parquet"
+#: the key of IndexedSide.columns holding the statistics as float64 arrays (Leaves._finish_from_source)
+NUMBERS = "#numbers"
 #: the table's version (its metadata ``msprobe_lake.compare_leaves_version``); another is not read
 COMPARE_LEAVES_VERSION = "2"
 #: MSPROBE_LAKE_COMPARE_INDEX=0: compare reads the documents even where an index is there
@@ -320,8 +322,11 @@ class _LazyRaws:
 
 
 class IndexedSide:
-    """One rank's leaf table as compare reads it: ``records`` (:class:`IndexedRecords`), the
-    stand-in records the planner walks and each leaf's columns by leaf number."""
+    """One rank's leaf table as compare reads it: ``records`` (:class:`IndexedRecords`), the side
+    already walked that the C planner takes (``walked``: {record: position}, the int64 bytes of each
+    position's first leaf and the end, each leaf's suffix and io: the table's own, its leaves their
+    numbers), the stand-in records a walk of them gives the same (``stand_ins``, laid out on first
+    use) and each leaf's columns by leaf number."""
 
     def __init__(self, parquet_file: Any, meta: dict) -> None:
         import numpy as np
@@ -334,29 +339,59 @@ class IndexedSide:
         self.records = IndexedRecords(names, _LazyRaws(parquet_file, firsts), meta)
         ios = _strings(table.column("io"))
         leaf_rows = np.flatnonzero(_present(ios))
-        self.stand_ins = stand_in_records(names, rec[leaf_rows], ios[leaf_rows].tolist(),
-                                          _strings(table.column("rest"))[leaf_rows].tolist())
+        self._file, self._names, self._leaf_rec, self._ios = parquet_file, names, rec[leaf_rows], ios[leaf_rows].tolist()
+        self._leaf_rows = leaf_rows
+        self._stand_ins: Any = False  # not laid out yet
+        # each record position's first leaf (a record without one: its next's), and the end
+        bounds = np.searchsorted(self._leaf_rec, np.arange(len(names) + 1)).astype(np.int64)
+        self.walked = ({name: position for position, name in enumerate(names)}, bounds.tobytes(),
+                       _strings(table.column("suffix"))[leaf_rows].tolist(), self._ios)
         self.columns = _LazyColumns(parquet_file, leaf_rows)
         self.columns.update((column, _strings(table.column(column))[leaf_rows])
                             for column in ("dtype", "shape", "requires_grad"))
         self.columns["tensor"] = _numbers(table.column("tensor"), bool)[0][leaf_rows]
+        #: each statistic as number_columns reads its values (float64, 0 where no number; where a float, a
+        #: number, a str), from the float64 column and the few leaves whose statistics are of other JSON types
+        numbers = self.columns[NUMBERS] = {}
         for key, column in zip(STAT_KEYS, _FLOAT_STATS):
             values, valid = _numbers(table.column(column), np.float64)
-            values = values[leaf_rows].astype(object)
-            values[~valid[leaf_rows]] = None
-            self.columns[key] = values
+            values, valid = values[leaf_rows], valid[leaf_rows]
+            objects = values.astype(object)
+            objects[~valid] = None
+            self.columns[key] = objects
+            numbers[key] = (np.where(valid, values, 0.0), valid, valid.copy(), np.zeros(len(valid), dtype=bool))
         typed = _strings(table.column("stats_json"))[leaf_rows]
         for row in np.flatnonzero(_present(typed)).tolist():
             for key, value in zip(STAT_KEYS, json.loads(typed[row])):
                 self.columns[key][row] = value
+                number, is_float, is_number, is_text = numbers[key]
+                kind = value.__class__
+                is_float[row], is_number[row], is_text[row] = kind is float, kind is float or kind is int, kind is str
+                number[row] = 0.0
+                if is_number[row]:
+                    try:
+                        number[row] = float(value)
+                    except OverflowError:  # an int beyond a float's range: no number here (number_columns)
+                        is_number[row] = False
+
+    @property
+    def stand_ins(self) -> Optional[dict]:
+        """The stand-in records of the table (:func:`stand_in_records`; its ``rest`` column read
+        then), or None where its leaves cannot be laid out that way."""
+        if self._stand_ins is False:
+            rests = _strings(self._file.read(columns=["rest"]).column("rest"))[self._leaf_rows].tolist()
+            self._stand_ins = stand_in_records(self._names, self._leaf_rec, self._ios, rests)
+        return self._stand_ins
 
 
 #: the leaf table's string columns read dictionary-encoded (few distinct values: no string made per row)
 _DICTIONARY = ["record", "io", "rest", "dtype", "shape", "requires_grad"]
-#: the columns compare reads at once (``suffix`` aside: the planner walks the stand-ins to the row names;
-#: ``md5``, ``data_name`` and ``raw`` when they are asked for)
-_READ = ["rec", "record", "io", "rest", "tensor", "dtype", "shape", "requires_grad", *_FLOAT_STATS, "stats_json"]
-_COLUMNS = [*_READ, "md5", "data_name", "raw"]
+#: the columns compare reads at once (``md5``, ``data_name`` and ``raw`` when they are asked for, ``rest``
+#: where the stand-in records are laid out: the planner takes each leaf's suffix and io as they are)
+_READ = ["rec", "record", "io", "suffix", "tensor", "dtype", "shape", "requires_grad", *_FLOAT_STATS, "stats_json"]
+_COLUMNS = [*_READ, "rest", "md5", "data_name", "raw"]
+#: the string columns read as dictionaries (the suffixes repeat: "input.0", "output.0"...)
+_READ_DICTIONARY = [*_DICTIONARY, "suffix"]
 
 
 def open_leaf_table(data: bytes, where: str) -> Any:
@@ -374,7 +409,7 @@ def open_leaf_table(data: bytes, where: str) -> Any:
         check_index_footer(parquet_file.metadata, len(data), where)
         names = set(parquet_file.schema_arrow.names)
         if set(_COLUMNS) <= names:  # (else another version's table: its metadata says so)
-            parquet_file = pq.ParquetFile(io.BytesIO(data), read_dictionary=_DICTIONARY)
+            parquet_file = pq.ParquetFile(io.BytesIO(data), read_dictionary=_READ_DICTIONARY)
     except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors: not a Parquet file
         raise FormatError(f"{where}: not a readable compare leaf table: {exc}") from None
     return parquet_file
@@ -435,8 +470,6 @@ def indexed_side(source: Any) -> Optional[IndexedSide]:
         except (OSError, ValueError) as exc:  # pyarrow's errors: a column chunk that does not decode
             warn_stale(source.url, f"its compare leaf table cannot be read ({exc})",
                        "compare reads the document instead of its leaf table")
-            side = None
-        if side is not None and side.stand_ins is None:
             side = None
     try:
         _SIDES[source] = side

@@ -192,6 +192,11 @@ def _view_of(mode: str) -> Any:
 _COMM = tuple(prefix + "." for prefix in COMM_PREFIXES)
 
 
+def _leaf_number(leaf: Any) -> int:
+    """The number of a leaf of a leaf table: itself (a walked side's) or its stand-in's ``type``."""
+    return leaf if leaf.__class__ is int else leaf["type"]
+
+
 class Leaves:
     """Flat columns of the leaves of one side: ``leaf`` is filled by the plan, the columns by
     :meth:`finish` (what :func:`leaf_side` reads, a whole column at a time)."""
@@ -211,7 +216,7 @@ class Leaves:
             return leaf_side(self.leaf[index])
         from msprobe.compare._rows import Side
 
-        columns, at = self.source, self.leaf[index]["type"]
+        columns, at = self.source, _leaf_number(self.leaf[index])
         one = getattr(columns, "one", None) or (lambda column, leaf: columns[column][leaf])  # the cell alone
         return Side(columns["dtype"][at], columns["shape"][at], columns["requires_grad"][at],
                     tuple(columns[key][at] for key in _STATISTICS), one("md5", at), one("data_name", at),
@@ -223,11 +228,19 @@ class Leaves:
 
         columns = self.source
         assert columns is not None
-        at = np.fromiter(map(operator.itemgetter("type"), self.leaf), dtype=np.int64, count=len(self.leaf))
+        leaves = self.leaf
+        if leaves and leaves[0].__class__ is int:  # a walked side's leaves: their numbers
+            at = np.fromiter(leaves, dtype=np.int64, count=len(leaves))
+        else:  # stand-ins
+            at = np.fromiter(map(operator.itemgetter("type"), leaves), dtype=np.int64, count=len(leaves))
         self.tensor = columns["tensor"][at].tolist()
         self.dtype, self.shape, self.requires_grad = (columns[key][at].tolist()
                                                       for key in ("dtype", "shape", "requires_grad"))
         self.statistics = {key: columns[key][at].tolist() for key in _STATISTICS}
+        numbers = columns.get("#numbers")  # (the key of msprobe.compare._indexed.NUMBERS; dict.get reads no column)
+        if numbers is not None:  # number_columns' answer, gathered from the table's float64 columns
+            for key in _STATISTICS:
+                self.floats[key] = tuple(column[at] for column in numbers[key])
         self.md5 = columns["md5"][at].tolist() if mode == "md5" else []
         self.data_name: list = []
 
@@ -480,10 +493,11 @@ def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, s
     the rows, or the records hold what it does not take."""
     walker = leafwalk()
     indexed = context.indexed or (None, None)
-    target_data, bench_data = (data if side is None else side.stand_ins
+    # an indexed side: its leaves as the table holds them walked (IndexedSide.walked), else its stand-in records
+    target_data, bench_data = (data if side is None else getattr(side, "walked", None) or side.stand_ins
                                for side, data in zip(indexed, (context.target_data, context.bench_data)))
-    if walker is None or context.mapping or not isinstance(target_data, dict) \
-            or not isinstance(bench_data, dict) or not isinstance(context.pairs, list):
+    if walker is None or context.mapping or not isinstance(target_data, (dict, tuple)) \
+            or not isinstance(bench_data, (dict, tuple)) or not isinstance(context.pairs, list):
         return None
     got = walker.plan_block(target_data, bench_data, context.pairs, start, stop,
                             list(context.rest) if with_rest else None, context.mode == "tensor", TENSOR_TYPES)

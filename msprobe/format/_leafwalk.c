@@ -9,7 +9,9 @@
  *     leaf; starts[i]:starts[i+1] are record i's (in the order of ``data``).
  *   plan_block(target_data, bench_data, pairs, start, stop, rest, tensor_task, tensor_types) -> tuple or None
  *     the rows of the record pairs start:stop (and of the bench-only records ``rest`` when it is not
- *     None) as compare's planner (_Planner.add_pair / add_bench_only, without a mapping) makes them:
+ *     None) as compare's planner (_Planner.add_pair / add_bench_only, without a mapping) makes them
+ *     (each side a dict of records, or a side already walked: a leaf table's ({record: position},
+ *     int64 bytes of each position's first leaf and the end, [suffix], [io]), its leaves their numbers):
  *     (target leaves, target ios, target suffixes, bench leaves, bench ios, bench suffixes,
  *      row_target, row_bench, row_group, row_kind, row_name, row_bench_name,
  *      group_index, group_name, group_bench, group_first_row, group_dup)
@@ -59,7 +61,7 @@
 #include <stdint.h>
 #include <math.h>
 
-#define LEAFWALK_VERSION 16  /* bump with every change: a stale build is then rebuilt */
+#define LEAFWALK_VERSION 17  /* bump with every change: a stale build is then rebuilt */
 #define MAX_DEPTH 900
 
 typedef struct {
@@ -336,8 +338,64 @@ static int record_leaves(PyObject *name, PyObject *raw, int tensor_task, PyObjec
     return 0;
 }
 
-/* record_leaves of data[name] appended to o: 0, DECLINE, or -1 (a KeyError where data lacks name) */
+/* a side already walked (a leaf table's columns, compare's _indexed.IndexedSide.walked): a tuple
+ * ({record: its position}, int64 bytes of each position's first leaf and the end, [suffix], [io]);
+ * its leaves are their numbers. 1 where data is one (its parts in the pointers), 0 where it is not. */
+static int walked_parts(PyObject *data, PyObject **positions, const int64_t **starts, Py_ssize_t *records,
+                        PyObject **suffixes, PyObject **ios) {
+    if (!PyTuple_CheckExact(data) || PyTuple_GET_SIZE(data) != 4)
+        return 0;
+    *positions = PyTuple_GET_ITEM(data, 0);
+    PyObject *bounds = PyTuple_GET_ITEM(data, 1);
+    *suffixes = PyTuple_GET_ITEM(data, 2);
+    *ios = PyTuple_GET_ITEM(data, 3);
+    if (!PyDict_CheckExact(*positions) || !PyBytes_CheckExact(bounds) || !PyList_CheckExact(*suffixes) ||
+        !PyList_CheckExact(*ios) || PyList_GET_SIZE(*suffixes) != PyList_GET_SIZE(*ios) ||
+        PyBytes_GET_SIZE(bounds) % (Py_ssize_t)sizeof(int64_t) || PyBytes_GET_SIZE(bounds) == 0)
+        return 0;
+    *starts = (const int64_t *)PyBytes_AS_STRING(bounds);
+    *records = PyBytes_GET_SIZE(bounds) / (Py_ssize_t)sizeof(int64_t) - 1;
+    return 1;
+}
+
+/* a walked side's leaves of record name appended to o (see walked_parts): 0, DECLINE, or -1 */
+static int walked_leaves_of(PyObject *data, PyObject *name, Out *o) {
+    PyObject *positions, *suffixes, *ios;
+    const int64_t *starts;
+    Py_ssize_t records;
+    if (!walked_parts(data, &positions, &starts, &records, &suffixes, &ios))
+        return DECLINE;
+    PyObject *at = PyDict_GetItemWithError(positions, name);
+    if (!at) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, name);
+        return -1;
+    }
+    Py_ssize_t position = PyLong_AsSsize_t(at);
+    if (position == -1 && PyErr_Occurred())
+        return -1;
+    if (position < 0 || position >= records)
+        return DECLINE;
+    int64_t from = starts[position], to = starts[position + 1];
+    if (from < 0 || to < from || to > PyList_GET_SIZE(suffixes))
+        return DECLINE;
+    for (int64_t i = from; i < to; i++) {
+        PyObject *leaf = PyLong_FromLongLong(i);
+        if (!leaf)
+            return -1;
+        int rc = out_append(o, PyList_GET_ITEM(suffixes, i), leaf, PyList_GET_ITEM(ios, i));
+        Py_DECREF(leaf);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* record_leaves of data[name] appended to o: 0, DECLINE, or -1 (a KeyError where data lacks name);
+ * data a dict of records, or a side already walked (walked_parts) */
 static int leaves_of(PyObject *data, PyObject *name, int tensor_task, PyObject *tensor_types, Out *o) {
+    if (!PyDict_Check(data))
+        return walked_leaves_of(data, name, o);
     PyObject *raw = PyDict_GetItemWithError(data, name);
     if (!raw) {
         if (!PyErr_Occurred())
@@ -522,9 +580,17 @@ static PyObject *plan_block(PyObject *self, PyObject *args) {
     PyObject *target_data, *bench_data, *pairs, *rest, *tensor_types;
     Py_ssize_t start, stop;
     int tensor_task;
-    if (!PyArg_ParseTuple(args, "O!O!O!nnOpO", &PyDict_Type, &target_data, &PyDict_Type, &bench_data, &PyList_Type,
+    if (!PyArg_ParseTuple(args, "OOO!nnOpO", &target_data, &bench_data, &PyList_Type,
                           &pairs, &start, &stop, &rest, &tensor_task, &tensor_types))
         return NULL;
+    if (!PyDict_Check(target_data) && !PyTuple_CheckExact(target_data)) {
+        PyErr_SetString(PyExc_TypeError, "target_data must be a dict or a walked side");
+        return NULL;
+    }
+    if (!PyDict_Check(bench_data) && !PyTuple_CheckExact(bench_data)) {
+        PyErr_SetString(PyExc_TypeError, "bench_data must be a dict or a walked side");
+        return NULL;
+    }
     if (rest != Py_None && !PyList_Check(rest)) {
         PyErr_SetString(PyExc_TypeError, "rest must be a list or None");
         return NULL;

@@ -26,7 +26,7 @@ from typing import Any, Optional
 __all__ = ["load", "disabled", "built_in_cache", "leafwalk", "LEAFWALK_VERSION"]
 
 #: the C module's LEAFWALK_VERSION this Python code expects
-LEAFWALK_VERSION = 16
+LEAFWALK_VERSION = 17
 _LEAFWALK_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_leafwalk.c")
 _loaded: dict = {}
 

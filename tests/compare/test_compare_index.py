@@ -321,6 +321,97 @@ def test_leaf_table_in_c_and_python_agree(monkeypatch):
     assert walker.rests(names, starts[:-1] + [len(suffixes) - 1], suffixes, ios) is None  # a leaf of no record
 
 
+def test_the_planner_takes_the_table_as_walked_no_stand_ins(tmp_path, monkeypatch):
+    """From the index, the C planner takes each side as its table holds it walked (suffixes, ios,
+    the leaves' numbers): no stand-in record is laid out, and no number_columns pass is made over
+    statistics the table holds as floats; the outputs are the same bytes. The real fixtures here
+    include statistics of other JSON types (their columns then go through number_columns)."""
+    import msprobe.compare._indexed as indexed
+    import msprobe.compare._plan as plan
+
+    def no_stand_ins(*args, **kw):
+        raise AssertionError("stand-in records laid out")
+
+    t = _indexed_copy(tmp_path, "t", _f(*REAL_PAIRS[0][0].split("/"), "step0"))
+    b = _indexed_copy(tmp_path, "b", _f(*REAL_PAIRS[0][1].split("/"), "step0"))
+    counted = []
+    real = plan.number_columns
+    monkeypatch.setattr(plan, "number_columns", lambda values: counted.append(len(values)) or real(values))
+    monkeypatch.setattr(indexed, "stand_in_records", no_stand_ins)
+    _same_from_index(tmp_path, monkeypatch, t, b)
+    from_json = len(counted)
+    counted.clear()
+    compare(t, b, str(tmp_path / "again"), timestamp=TS, plot=False, progress=False)
+    assert from_json and not counted  # the documents' statistics went through number_columns, the tables' did not
+
+
+def test_the_tables_statistics_read_as_number_columns_reads_them(tmp_path):
+    """IndexedSide's statistics as float64 columns and masks (NUMBERS) are number_columns' answer over
+    the values: floats, NaN/inf, null, ints (one beyond a float's range), bools, strings."""
+    import numpy as np
+
+    from msprobe.compare._floattext import number_columns
+    from msprobe.compare._indexed import NUMBERS, indexed_side
+    from msprobe.readers import open as open_dump
+
+    roots = [_write_doc(str(tmp_path / side), _every_leaf_kind(side)) for side in ("t", "b")]
+    roots += [_indexed_copy(tmp_path, f"real{i}", _f(*pair.split("/"), "step0")) for i, pair in enumerate(REAL_PAIRS[0])]
+    for root in roots[:2]:
+        build_index(root, leaf_tables=write_compare_leaves)
+    for root in roots:
+        side = indexed_side(open_dump(root).sources[0])
+        assert side is not None, root
+        for key in ("Max", "Min", "Mean", "Norm"):
+            want = number_columns(side.columns[key].tolist())
+            got = side.columns[NUMBERS][key]
+            for a, b in zip(got, want):
+                assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True), (root, key)
+
+
+def test_a_walked_side_plans_as_its_stand_ins():
+    """plan_block over a leaf table's walked side gives the rows it gives over its stand-in records
+    (leaves: their numbers, not the stand-ins' ``type``), and declines a malformed walked side."""
+    import numpy as np
+
+    from msprobe.compare._indexed import _rests, _walk_all, stand_in_records
+    from msprobe.format.model import TENSOR_TYPES
+    from msprobe.format.native import leafwalk
+    from tests._dump_docs import fixture_data
+
+    walker = leafwalk()
+    assert walker is not None, "the C leaf walk is needed (built on first use; MSPROBE_LAKE_NATIVE=0 unset)"
+    checked = 0
+    for path, data in [("every leaf kind", _every_leaf_kind("t")["data"])] + list(fixture_data()):
+        names, starts, suffixes, ios, _ = _walk_all(data)
+        rec = np.repeat(np.arange(len(names)), np.diff(starts))
+        stand = stand_in_records(names, rec, ios, _rests(names, starts, suffixes, ios))
+        if stand is None:
+            continue
+        walked = ({name: i for i, name in enumerate(names)}, np.asarray(starts, dtype=np.int64).tobytes(), suffixes, ios)
+        pairs = [(name, name) for name in names[::2]] + [(name, None) for name in names[1::2]]
+        for bench in (stand, walked):
+            by_stand = walker.plan_block(stand, bench, pairs, 0, len(pairs), [], False, TENSOR_TYPES)
+            by_walk = walker.plan_block(walked, bench, pairs, 0, len(pairs), [], False, TENSOR_TYPES)
+            assert by_stand is not None and by_walk is not None, path
+            numbered = [[leaf["type"] if isinstance(leaf, dict) else leaf for leaf in got[i]] for got in (by_stand, by_walk)
+                        for i in (0, 3)]
+            assert numbered[0] == numbered[2] and numbered[1] == numbered[3], path
+            assert by_stand[1:3] + by_stand[4:] == by_walk[1:3] + by_walk[4:], path
+        checked += 1
+    assert checked > 10
+    names = list(_every_leaf_kind("t")["data"])
+    pairs = [(names[0], None)]
+    for bad in (({names[0]: 0}, np.array([0, 99], dtype=np.int64).tobytes(), ["a"], ["input"]),
+                ({names[0]: 5}, np.array([0, 1], dtype=np.int64).tobytes(), ["a"], ["input"]),
+                ({names[0]: 0}, b"\x00" * 3, ["a"], ["input"]),
+                ({names[0]: 0}, np.array([0, 1], dtype=np.int64).tobytes(), ["a"], []),
+                ({names[0]: 0}, np.array([0, 1], dtype=np.int64).tobytes(), ["a"])):
+        assert walker.plan_block(bad, {}, pairs, 0, 1, None, False, TENSOR_TYPES) is None, bad
+    with pytest.raises(KeyError):
+        walker.plan_block(({}, np.array([0], dtype=np.int64).tobytes(), [], []), {}, pairs, 0, 1, None, False,
+                          TENSOR_TYPES)
+
+
 def test_the_layout_check_is_kept_per_document_shape(monkeypatch):
     """Whether a document's leaves lay out as stand-ins is checked once per shape of document (its
     names, leaf counts, suffixes and ios: the ranks of a step share them) and the answer kept, for
