@@ -114,3 +114,16 @@ def test_lazy_packages_resolve_every_public_name():
     result = _probe(probe)
     assert result["bad"] == {}
     assert result["error"] == "module 'msprobe.readers' has no attribute 'no_such_name'"
+
+
+def test_the_command_line_lets_openblas_threads_sleep_at_once():
+    """The msprobe command sets OPENBLAS_THREAD_TIMEOUT=4 before numpy's import (numpy's OpenBLAS
+    threads otherwise spin ~2**28 cycles after they start: ~40 ms of CPU a command); the user's
+    own value is kept."""
+    probe = ("import json, os, sys; import msprobe.cli; before = 'numpy' in sys.modules; import numpy; "
+             "print(json.dumps([os.environ.get('OPENBLAS_THREAD_TIMEOUT'), before]))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    for given, want in ((None, "4"), ("12", "12")):
+        run_env = dict(env, **({"OPENBLAS_THREAD_TIMEOUT": given} if given else {}))
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=run_env, check=True)
+        assert json.loads(out.stdout) == [want, False]

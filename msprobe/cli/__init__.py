@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Any, Optional, Sequence, TypeVar
+
+# numpy's OpenBLAS threads, once started (at numpy's import), spin 2**28 cycles before they sleep
+# (OPENBLAS_THREAD_TIMEOUT 28, its default): ~40 ms of CPU in each command, though none calls BLAS
+# then. 4: they sleep at once; a later BLAS call wakes them (as many threads as before). Set before
+# numpy is imported (it is not yet: msprobe's package imports no numpy); a value the user set is kept.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 from msprobe.errors import MsprobeError
 
