@@ -127,3 +127,27 @@ def test_the_command_line_lets_openblas_threads_sleep_at_once():
         run_env = dict(env, **({"OPENBLAS_THREAD_TIMEOUT": given} if given else {}))
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=run_env, check=True)
         assert json.loads(out.stdout) == [want, False]
+
+
+def test_the_command_line_builds_its_parser_with_the_collector_paused():
+    """msprobe's parser is built (its modules, numpy among them, imported) with the cyclic collector
+    paused, and no collection runs then; the collector is on again for the command, with the
+    imports' objects in the oldest generation (a young collection no longer walks them)."""
+    probe = ("import gc, json, sys\n"
+             "import msprobe.cli as cli\n"
+             "seen, collections = [], []\n"
+             "real = cli.build_parser\n"
+             "def build():\n"
+             "    seen.append(gc.isenabled())\n"
+             "    parser = real()\n"
+             "    seen.append(len(collections))\n"
+             "    return parser\n"
+             "cli.build_parser = build\n"
+             "gc.callbacks.append(lambda phase, info: phase == 'start' and collections.append(info['generation']))\n"
+             "try:\n"
+             "    cli.main(['validate', '--help'])\n"
+             "except SystemExit:\n"
+             "    pass\n"
+             "print(json.dumps([seen, gc.isenabled(), 'numpy' in sys.modules, gc.get_count()[0] < 700]))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[False, 0], True, True, True]

@@ -7,6 +7,7 @@ modules are imported lazily so ``msprobe --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -198,9 +199,21 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
             stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]  # TextIOWrapper
         except (AttributeError, ValueError, OSError):
             pass
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args, extra = parser.parse_known_args(argv)
+    # the parser's modules and what they import (numpy among them) make no cycles worth collecting: the
+    # collector paused meanwhile (its young collections ran ~30 times through the imports' objects),
+    # those objects then moved to the oldest generation, where the command's collections leave them
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        parser = build_parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args, extra = parser.parse_known_args(argv)
+    finally:
+        if collecting:
+            from msprobe.format.gcpause import promote_all
+
+            promote_all()
+            gc.enable()
     if extra:
         _unrecognized(parser, argv, extra)
     if not getattr(args, "func", None):

@@ -13,7 +13,7 @@ import gc
 import threading
 from typing import Iterator
 
-__all__ = ["gc_paused"]
+__all__ = ["gc_paused", "promote_all"]
 
 
 @contextlib.contextmanager
@@ -35,11 +35,11 @@ def gc_paused() -> Iterator[None]:
         with _GC_LOCK:
             _GC_PAUSES -= 1
             if _GC_PAUSES == 0 and _GC_STATE[0]:
-                _promote_all()
+                promote_all()
                 gc.enable()
 
 
-def _promote_all() -> None:
+def promote_all() -> None:
     """Every tracked object moved to the oldest generation without a collection: while the
     collector was paused, all the parsed documents' containers stayed in the youngest one, and the
     first collection after :func:`gc.enable` traversed them all (60 ms or more after a
