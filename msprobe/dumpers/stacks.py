@@ -40,6 +40,19 @@ def walk_stack(frame: Optional[types.FrameType]) -> tuple:
     return tuple(frames)
 
 
+#: frames tuple -> its rendered lines: a call site's stack is rendered once per process, not twice a step
+#: (its journal line and stack.json); the code lines are linecache's, read once per file as before
+_RENDERED: dict = {}
+_RENDERED_MAX = 4096
+
+
 def render_stack(frames: tuple) -> list:
-    return [f"File {filename}, line {lineno}, in {func}, \n {linecache.getline(filename, lineno).strip()}"
-            for filename, lineno, func in frames]
+    """stack.json's lines of ``frames`` (a new list each call: the caller may keep it)."""
+    done = _RENDERED.get(frames)
+    if done is None:
+        if len(_RENDERED) >= _RENDERED_MAX:
+            _RENDERED.clear()
+        done = _RENDERED[frames] = tuple(
+            f"File {filename}, line {lineno}, in {func}, \n {linecache.getline(filename, lineno).strip()}"
+            for filename, lineno, func in frames)
+    return list(done)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -282,14 +283,16 @@ def test_mapped_journal_survives_sigkill(tmp_path) -> None:
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"open\n"
     flushed = -1
-    while flushed < 3000:  # a few windows' worth would need more: 3,000 lines are ~200 KB of a 1 MiB window
+    while flushed < 3000:  # 3,000 lines are ~200 KB: the windows of 64, 128 and 256 KiB
         flushed = int(proc.stdout.readline())
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     store = LocalStore(tmp_path)
     path = tmp_path / "rank0" / "journal" / "000001.jsonl"
     raw = path.read_bytes()
-    assert len(raw) == journal_module.Journal.MAP_WINDOW and raw.endswith(b"\0")  # the mapped window, not writes
+    # the mapped windows, not writes: the file ends where the last window ends, NULs after the lines
+    assert len(raw) % mmap.ALLOCATIONGRANULARITY == 0 and raw.endswith(b"\0")
+    assert len(raw) > journal_module.Journal.MAP_FIRST
     truncated: list[bytes] = []
     records = [json.loads(line) for line in read_journal(store, "rank0/journal", on_truncated=lambda k, t: truncated.append(t))]
     assert [r["seq"] for r in records] == list(range(len(records)))
@@ -318,6 +321,28 @@ def test_mapped_journal_is_cut_back_on_close(tmp_path) -> None:
     j.close()
     assert (tmp_path / "m" / "000001.jsonl").read_bytes() == (tmp_path / "w" / "000001.jsonl").read_bytes()
     assert list(read_journal(store, "m")) == lines
+
+
+def test_mapped_journal_windows_grow(tmp_path) -> None:
+    """The first window is MAP_FIRST bytes (a step's few hundred records fit it), each next one twice the
+    last up to MAP_WINDOW; the closed segment is its lines whatever the windows were."""
+    store = LocalStore(tmp_path)
+    j = store.journal("g", fsync=False, mapped=True)
+    first = journal_module.Journal.MAP_FIRST
+    path = tmp_path / "g" / "000001.jsonl"
+    line = b"z" * 999
+    j.extend([line], flush=True)
+    assert path.stat().st_size == first  # (1 MiB before: one window for any segment)
+    written = 1
+    while written * 1000 <= first:
+        j.extend([line], flush=True)
+        written += 1
+    # the second window: from the page holding the end of the lines before it, twice the first
+    before = (written - 1) * 1000
+    assert path.stat().st_size == before - before % mmap.ALLOCATIONGRANULARITY + 2 * first
+    j.close()
+    assert path.read_bytes() == (line + b"\n") * written
+    assert list(read_journal(store, "g")) == [line] * written
 
 
 def test_mapped_journal_writes_when_no_window(tmp_path, monkeypatch) -> None:

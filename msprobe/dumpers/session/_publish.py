@@ -29,6 +29,8 @@ class RankPublisher:
         self.render_stack = render_stack
         self.storage = storage
         self.failures = failures
+        #: (prefix, the marker's bytes) of the last publish that wrote its marker: mark_final's starting point
+        self._marker: Optional[tuple] = None
 
     def write(self, prefix: str, docs: StepDocuments, *, step: int, rank: Optional[int], complete: bool,
               final: bool, zarr: bool, digests: Callable[[str], dict], locations: dict) -> Optional[Exception]:
@@ -51,7 +53,10 @@ class RankPublisher:
             marker = build_marker(producer=self.producer, framework=self.framework, task=cfg.task,
                                   level=cfg.level, step=step, rank=rank, records=len(docs.data), complete=complete,
                                   pid=os.getpid(), zarr=zarr, final=final, doc_bytes=doc_bytes, files=digests(prefix))
-            store.put(f"{prefix}/{MARKER_FILE}", encode_marker(marker))
+            marker_bytes = encode_marker(marker)
+            self._marker = None
+            store.put(f"{prefix}/{MARKER_FILE}", marker_bytes)
+            self._marker = (prefix, marker_bytes)  # (what mark_final would read back)
             if cfg.index and not debug:
                 self._write_index(prefix, doc, docs, step=step, rank=rank, locations=locations)
         except Exception as exc:  # noqa: BLE001 - never crash training for the dump
@@ -87,7 +92,11 @@ class RankPublisher:
         """Published already (at stop()): say so in the marker before the journal is deleted."""
         key = f"{prefix}/{MARKER_FILE}"
         storage = self.storage
+        kept, self._marker = self._marker, None
         try:
+            if kept is not None and kept[0] == prefix:  # the marker this publisher wrote last: not read back
+                RetryingPut(storage.document_store(), storage.policy()).put(key, mark_final(kept[1]))
+                return
             policy = storage.policy()  # the marker is read back with the same retries as every publish
             if policy.call(lambda: storage.store.exists(key)):
                 final = mark_final(policy.call(lambda: storage.store.get(key)))
