@@ -125,8 +125,9 @@ def _norm_cells(frame: Frame, relative: Any, none: Any, relative_text: Any, is_p
     if relative_text.__class__ is FloatCells:  # its texts "inf" and "nan" are among its overrides
         relative_text = relative_text.overrides
     count = len(relative_text)
-    is_inf = np.fromiter(map(operator.eq, relative_text, repeat("inf")), bool, count)
-    is_nan = np.fromiter(map(operator.eq, relative_text, repeat("nan")), bool, count)
+    is_inf, is_nan = (np.zeros(count, dtype=bool) if relative_text.__class__ is list and not relative_text.count(text)
+                      else np.fromiter(map(operator.eq, relative_text, repeat(text)), bool, count)
+                      for text in ("inf", "nan"))  # (list.count: one C pass where no cell is that text)
     frame.norm_cell[rows] = np.where(is_percent, back, np.nan)
     frame.norm_percent[rows] = np.where(is_percent, back, np.where(is_inf, np.inf, np.where(is_nan, np.nan, 0.0)))
 
