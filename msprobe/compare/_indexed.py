@@ -455,14 +455,15 @@ def _fresh_table(source: Any) -> Optional[Any]:
     return parquet_file, meta
 
 
-def indexed_side(source: Any) -> Optional[IndexedSide]:
-    """The source's :class:`IndexedSide` (read once, kept until :func:`forget`), or None."""
+def indexed_side(source: Any) -> Optional[Any]:
+    """The source's :class:`IndexedSide` (read once, kept until :func:`forget`), else the
+    :class:`msprobe.compare._scanned.ScannedSide` of its document's bytes, or None."""
     try:
         return _SIDES[source]
     except (KeyError, TypeError):
         pass
     found = _fresh_table(source)
-    side = None
+    side: Any = None
     if found is not None:
         table, meta = found
         try:
@@ -471,6 +472,10 @@ def indexed_side(source: Any) -> Optional[IndexedSide]:
             warn_stale(source.url, f"its compare leaf table cannot be read ({exc})",
                        "compare reads the document instead of its leaf table")
             side = None
+    if side is None:  # the document's bytes read by the C scanner (msprobe.compare._scanned), where it takes them
+        from msprobe.compare._scanned import scanned_side
+
+        side = scanned_side(source)
     try:
         _SIDES[source] = side
     except TypeError:  # a source that takes no weak reference: read again next time

@@ -228,6 +228,10 @@ class Leaves:
 
         columns = self.source
         assert columns is not None
+        take = getattr(columns, "take", None)
+        if take is not None:  # a scanned document's columns (msprobe.compare._scanned): lists, their numbers
+            take(self, mode)
+            return
         leaves = self.leaf
         if leaves and leaves[0].__class__ is int:  # a walked side's leaves: their numbers
             at = np.fromiter(leaves, dtype=np.int64, count=len(leaves))

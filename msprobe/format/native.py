@@ -12,8 +12,9 @@ fallback and the reference.
   compiler, no Python headers).
 
 The modules: ``msprobe.dumpers._fastpath`` (the dumpers' statistics and CRC-32,
-:mod:`msprobe.dumpers.fastpath`) and ``msprobe.format._leafwalk`` (the leaves of a document's
-records as columns, for compare's plan: :func:`leafwalk`).
+:mod:`msprobe.dumpers.fastpath`) ``msprobe.format._leafwalk`` (the leaves of a document's
+records as columns, for compare's plan: :func:`leafwalk`) and ``msprobe.format._docscan`` (compare's
+leaf columns read from a dump.json's bytes without parsing it into objects: :func:`docscan`).
 """
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ import os
 import sys
 from typing import Any, Optional
 
-__all__ = ["load", "disabled", "built_in_cache", "leafwalk", "LEAFWALK_VERSION"]
+__all__ = ["load", "disabled", "built_in_cache", "leafwalk", "docscan", "LEAFWALK_VERSION", "DOCSCAN_VERSION"]
 
 #: the C module's LEAFWALK_VERSION this Python code expects
 LEAFWALK_VERSION = 17
 _LEAFWALK_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_leafwalk.c")
+#: the C module's DOCSCAN_VERSION this Python code expects
+DOCSCAN_VERSION = 1
+_DOCSCAN_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_docscan.c")
 _loaded: dict = {}
 
 
@@ -51,6 +55,11 @@ def load(name: str, source: str, version: int) -> Optional[Any]:
 def leafwalk() -> Optional[Any]:
     """``msprobe.format._leafwalk`` (see its C source), or None."""
     return load("msprobe.format._leafwalk", _LEAFWALK_SRC, LEAFWALK_VERSION)
+
+
+def docscan() -> Optional[Any]:
+    """``msprobe.format._docscan`` (compare's leaf columns of a dump.json's bytes: see its C source), or None."""
+    return load("msprobe.format._docscan", _DOCSCAN_SRC, DOCSCAN_VERSION)
 
 
 def _installed(name: str, version: int) -> Optional[Any]:

@@ -160,8 +160,8 @@ class Dump:
         data = header = None
         if not src.use_index and not (marker and marker.get("dialect")):
             try:
-                header = src.document().raw
-                data = src.document().data
+                view = getattr(src, "document_view", None)  # a rank directory: a scanned view where one is attached
+                header, data = view() if view is not None else (src.document().raw, src.document().data)
             except (StorageNotFoundError, MsprobeError):
                 data = header = None
         if header is not None and header.get("fragment"):

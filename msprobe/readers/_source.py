@@ -144,6 +144,7 @@ class RankSource:
         self._journal_live: Optional[bool] = None
         self._journal: Optional[dict] = None
         self._tstore: Any = False  # False: not looked up yet; then a ZarrTensorReader or None
+        self._view: Optional[tuple] = None  # (header, records) attached by a reader of the document's bytes
 
     @property
     def use_index(self) -> bool:
@@ -251,6 +252,21 @@ class RankSource:
             if self.has_journal():
                 self._merge_journal(self._doc)
         return self._doc
+
+    def attach_view(self, header: dict, records: Any) -> None:
+        """A lighter view of the document that a reader of its bytes made (compare's scanner,
+        :mod:`msprobe.compare._scanned`): its header (the top-level members but ``data``) and a
+        mapping of its records parsed one by one; :meth:`document_view` answers with it until
+        :meth:`release`, instead of parsing the whole document."""
+        self._view = (header, records)
+
+    def document_view(self) -> tuple:
+        """(header, records) of the document: the attached view (:meth:`attach_view`) while the
+        document is not parsed, else the parsed document's ``raw`` and ``data``."""
+        if self._view is not None and self._doc is None:
+            return self._view
+        doc = self.document()
+        return doc.raw, doc.data
 
     def has_journal(self) -> bool:
         """True when ``.journal/`` holds segments (a dump being written, or a killed one)."""
