@@ -41,7 +41,7 @@
 #include <math.h>
 #include <float.h>
 
-#define FASTPATH_VERSION 7  /* bump with every change: a stale build is then rebuilt */
+#define FASTPATH_VERSION 8  /* bump with every change: a stale build is then rebuilt */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define MULTI __attribute__((target_clones("avx2", "default")))
@@ -806,10 +806,10 @@ static PyObject *fp_record_json(PyObject *self, PyObject *const *args, Py_ssize_
 
 /* the fields of tensor_entry's ctx tuple (msprobe/dumpers/pytorch/_encode.py's entry_context) */
 enum { TC_ENTRIES, TC_LIMIT, TC_NAMES, TC_CODES, TC_HANDLE, TC_DONE, TC_KEYS, TC_MD5, TC_CPU, TC_TENSOR,
-       TC_PARAM, TC_ANY_SIZE, TC_SCALAR_MAX, TC_F32, TC_SIZE };
+       TC_PARAM, TC_ANY_SIZE, TC_SCALAR_MAX, TC_F32, TC_STRIDE, TC_SIZE };
 
 static PyObject *S_dtype, *S_shape, *S_requires_grad, *S_is_cpu, *S_base, *S_is_contiguous, *S_storage_offset,
-    *S_version, *S_is_neg, *S_data_ptr, *S_stride, *S_untyped_storage, *S_nbytes, *S_type, *S_torch_tensor, *S_md5,
+    *S_version, *S_is_neg, *S_data_ptr, *S_untyped_storage, *S_nbytes, *S_type, *S_torch_tensor, *S_md5,
     *S_type_bool, *S_type_int, *S_type_float, *S_type_str, *S_value;
 
 static int entry_strings(void) {
@@ -818,7 +818,7 @@ static int entry_strings(void) {
     INTERN(S_is_cpu, "is_cpu"); INTERN(S_base, "_base"); INTERN(S_is_contiguous, "is_contiguous");
     INTERN(S_storage_offset, "storage_offset"); INTERN(S_version, "_version"); INTERN(S_is_neg, "is_neg");
     INTERN(S_data_ptr, "data_ptr"); INTERN(S_untyped_storage, "untyped_storage"); INTERN(S_nbytes, "nbytes");
-    INTERN(S_type, "type"); INTERN(S_stride, "stride"); INTERN(S_torch_tensor, "torch.Tensor"); INTERN(S_md5, "md5");
+    INTERN(S_type, "type"); INTERN(S_torch_tensor, "torch.Tensor"); INTERN(S_md5, "md5");
     INTERN(S_type_bool, "bool"); INTERN(S_type_int, "int"); INTERN(S_type_float, "float"); INTERN(S_type_str, "str");
     INTERN(S_value, "value");
 #undef INTERN
@@ -1161,7 +1161,9 @@ static PyObject *tensor_entry_(PyObject *t, PyObject *ctx) {
     if (requires_grad < 0 || l.contiguous < 0) goto out;
     if (!l.contiguous) {  /* (md5 mode: the bytes of a contiguous copy, Python's) */
         if (PyTuple_GET_ITEM(ctx, TC_MD5) == Py_True) goto out;
-        PyObject *strides = PyObject_CallMethodNoArgs(t, S_stride);
+        /* torch._C.TensorBase.stride: not torch.Tensor.stride, which the API wrappers replace (a call of the
+           dumper's own would go through a Python wrapper to the same method) */
+        PyObject *strides = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, TC_STRIDE), t);
         int ok = strides != NULL && PyTuple_Check(strides) && PyTuple_GET_SIZE(strides) == l.dim;
         for (int i = 0; ok && i < l.dim; i++) {
             l.stride[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(strides, i));

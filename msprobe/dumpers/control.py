@@ -274,6 +274,8 @@ class DumperCore(CallRecords):
     def wanted_backward(self, bwd: str, on: bool) -> bool:
         """Whether the backward record ``bwd`` is dumped, inside the module backward running now."""
         selection = self._filter
+        if selection.wants_all():  # (no list: whether a listed module's backward runs is not asked)
+            return bool(on)
         return selection.wanted(bwd, on, selection.inside_listed_backward())
 
     def io(self, direction: str) -> tuple:

@@ -21,7 +21,7 @@ from msprobe.format import native as native_modules
 __all__ = ["native", "DTYPE_CODES", "disabled", "journal_line_function", "record_text_function", "untrack_function"]
 
 #: the C module's FASTPATH_VERSION this Python code expects
-VERSION = 7
+VERSION = 8
 #: dtype name (torch's / numpy's spelling) -> the C dtype code
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int16": 6,
                "int32": 7, "int64": 8, "bool": 9}

@@ -32,6 +32,12 @@ class RecordFilter:
         self.token_count = -1
         self.overflow_count = 0  # overflow_check: overflowing records over the whole run
         self.overflow_done = False  # overflow_nums reached: no more detection for the run
+        #: (inputs dumped, outputs dumped) of each direction: data_mode's answers, asked at every record
+        self._io = {direction: self._io_of(direction) for direction in ("forward", "backward")}
+        #: no scope, list, data_mode direction or overflow gating: every call of a dump that is on is
+        #: recorded (token_range apart): :meth:`wanted` answers ``on`` without asking them one by one
+        self._all = (not config.scope and not config.list and config.task != "overflow_check"
+                     and config.forward_enabled and config.backward_enabled)
 
     def set_token_range(self, model: Any, token_range: Optional[list]) -> None:
         if token_range is None:
@@ -104,6 +110,8 @@ class RecordFilter:
         direction. ``inside_listed``: whether the call sits in a module named by ``list`` (mix
         level); None = look at the current module stack (forward). The scope is consulted for
         every call, in execution order, so that ``scope`` + ``list`` is their intersection."""
+        if self.wants_all():  # (each question below would say yes)
+            return bool(on)
         if not on or self.overflow_done:
             return False
         if not self.in_token_range():
@@ -118,6 +126,10 @@ class RecordFilter:
             if not inside_listed:
                 return False
         return True
+
+    def wants_all(self) -> bool:
+        """Whether every call of a dump that is on is recorded (no filter but ``on`` applies)."""
+        return self._all and self.token_range is None
 
     def backward_listed(self, bwd: str, inside_listed: bool = False) -> bool:
         """At a forward call: whether its backward ``bwd`` may be recorded (hook it then), by
@@ -141,6 +153,10 @@ class RecordFilter:
 
     def io(self, direction: str) -> tuple:
         """(inputs dumped, outputs dumped) of the records of ``direction`` (``data_mode``)."""
+        known = self._io.get(direction)
+        return known if known is not None else self._io_of(direction)
+
+    def _io_of(self, direction: str) -> tuple:
         config = self.config
         enabled = config.forward_enabled if direction == "forward" else config.backward_enabled
         return enabled and config.input_enabled, enabled and config.output_enabled

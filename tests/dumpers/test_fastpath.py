@@ -520,6 +520,29 @@ def test_tensor_entry_declines_what_it_does_not_make(fast):
         fast.tensor_entry(torch.ones(2), ())
 
 
+def test_tensor_entry_reads_strides_past_the_api_wrappers(fast, monkeypatch):
+    """A strided tensor's strides are read through ``torch._C.TensorBase.stride``: ``torch.Tensor.stride``,
+    which the API wrappers replace (support_wrap_ops.yaml lists it), is not called by the entry (each call
+    went through a Python wrapper, 94 a step at opheavy size), and the entry is the same."""
+    from msprobe.dumpers.pytorch import _encode
+
+    e = _encode.Encoder(None, save_tensors=False, summary_mode="statistics", tensor_list=[])
+    e.tensor(torch.ones(2), "x", False)
+    ctx = e._entry_ctx
+    t = torch.arange(144.0).reshape(12, 12).t()
+    expected = fast.tensor_entry(t.clone().t().contiguous().t(), ctx)  # (another tensor: not the cache's)
+    calls = []
+    stride = torch.Tensor.stride
+
+    def wrapped(self, *args, **kwargs):
+        calls.append(1)
+        return stride(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "stride", wrapped)
+    assert fast.tensor_entry(t, ctx) == expected and expected is not None
+    assert calls == []
+
+
 # ------------------------------------------------------------------ a record's stack
 
 

@@ -193,31 +193,38 @@ class TorchDumper(FrameworkAdapter):
     def _hook_api_backward(self, out: Any, bwd: str, parent: Optional[str], args: tuple = (),
                            kwargs: Optional[dict] = None) -> None:
         first = first_tensor(out)
-        if first is None or not first.requires_grad or first.grad_fn is None \
-                or _identity_dropout(bwd, args, kwargs or {}):
+        if first is None or not first.requires_grad:
             return
-        hook = _SeqHook(node_seq(first.grad_fn), self.core.api_backward_hook(bwd))
-        if any(first is arg for arg in args):
-            # an API that returned its argument unchanged (x.float() of a float32 x): 26.2.0 records the
-            # identity node its module hooks put on a module's output, or on the inputs of the module
-            # whose forward is running
-            inputs = next((edges for edges in reversed(self.in_flight) if edges.holds(first)), None)
-            if inputs is not None:
-                inputs.apis.append(lambda grads: hook(grads, grads))
-                return
-            call = output_call(first)
-            if call is not None:  # from the module call's identity node on its outputs: all their gradients
-                call.out_apis.append(OutputApi(hook, self._api_place(bwd)))
-                return
-            if observed_output(first):
-                on_grad(first, lambda grad: hook((grad,), (grad,)), last=True)
-                return
-            if first is args[0] and changed_output(first):
-                # in place on a module's output: 26.2.0 records the gradient of the result, once, as the
-                # base of the view sees it when the output is a view (a Linear's 3-d output)
-                as_base = _as_base(first)
-                on_grad(first, lambda grad: hook((as_base(grad),), (grad,)), last=True)
-                return
+        node = first.grad_fn  # (read once: each read is a call into torch)
+        if node is None or _identity_dropout(bwd, args, kwargs or {}):
+            return
+        hook = _SeqHook(node_seq(node), self.core.api_backward_hook(bwd))
+        for arg in args:
+            if arg is first:
+                break
+        else:  # (an output that is none of the arguments: the common case)
+            node.register_hook(hook)
+            return
+        # an API that returned its argument unchanged (x.float() of a float32 x): 26.2.0 records the
+        # identity node its module hooks put on a module's output, or on the inputs of the module
+        # whose forward is running
+        inputs = next((edges for edges in reversed(self.in_flight) if edges.holds(first)), None)
+        if inputs is not None:
+            inputs.apis.append(lambda grads: hook(grads, grads))
+            return
+        call = output_call(first)
+        if call is not None:  # from the module call's identity node on its outputs: all their gradients
+            call.out_apis.append(OutputApi(hook, self._api_place(bwd)))
+            return
+        if observed_output(first):
+            on_grad(first, lambda grad: hook((grad,), (grad,)), last=True)
+            return
+        if first is args[0] and changed_output(first):
+            # in place on a module's output: 26.2.0 records the gradient of the result, once, as the
+            # base of the view sees it when the output is a view (a Linear's 3-d output)
+            as_base = _as_base(first)
+            on_grad(first, lambda grad: hook((as_base(grad),), (grad,)), last=True)
+            return
         first.grad_fn.register_hook(hook)
 
     def _api_place(self, bwd: str) -> Callable[[], Callable[[], None]]:

@@ -334,7 +334,8 @@ def _entry_context(cache: StatCache, md5: bool) -> Any:
     if fast is None or not NATIVE_ENTRY or not hasattr(fast, "tensor_entry"):
         return False
     return (cache.entries, cache.limit, _DTYPE_NAMES, _FAST_CODES, StatHandle, _K_DONE, STAT_KEYS, md5,
-            torch.device("cpu"), torch.Tensor, torch.nn.Parameter, bool(fast.SIMD), _FAST_SCALAR_MAX, torch.float32)
+            torch.device("cpu"), torch.Tensor, torch.nn.Parameter, bool(fast.SIMD), _FAST_SCALAR_MAX, torch.float32,
+            torch._C.TensorBase.stride)
 
 
 class Encoder(ValueEncoder):
@@ -465,7 +466,9 @@ class Encoder(ValueEncoder):
         return super().encode_list(values, prefix, save)
 
     def encode_map(self, values: dict, prefix: str, save: bool) -> dict:
-        ctx = self._native_ctx(save) if values else False
+        if not values:  # (no keyword arguments: most calls)
+            return {}
+        ctx = self._native_ctx(save)
         if ctx:
             return _FAST.encode_values(values, ctx, self._encode_at, prefix)
         return super().encode_map(values, prefix, save)
