@@ -2,7 +2,8 @@
 
 The C scanner (``msprobe.format._docscan``, see its source) reads the document once and gives
 what compare's engine reads of a leaf table (:class:`msprobe.compare._indexed.IndexedSide`): the
-stand-in records the planner walks (each leaf a ``{"type": i}``), each leaf's cells as columns
+side walked as the C planner takes it (each leaf's suffix and io, the leaves numbered in the walk's
+order), each leaf's cells as columns
 (dtype, shape and requires_grad texts, the four statistics, their float64 values and types, md5
 text, data_name) and the records themselves, each parsed only when it is asked for (from its
 bytes). No Python object is made per JSON value, and none is freed afterwards.
@@ -35,7 +36,7 @@ class _SpanRecords(IndexedRecords):
     def __init__(self, names: list, data: bytes, spans: Any, plain: bool = False) -> None:
         super().__init__(names, None)
         self._data = memoryview(data)
-        self._spans = spans  # int64 (start, end) per record
+        self._spans = spans.tolist()  # [start, end] per record
         self._loads: Any = None
         if plain:  # no NaN/Infinity token and no long integer (the scanner took none): orjson's objects are json's
             try:
@@ -48,7 +49,7 @@ class _SpanRecords(IndexedRecords):
     def __getitem__(self, name: Any) -> Any:
         got = self._parsed.get(name)
         if got is None:
-            start, end = self._spans[self._position[name]].tolist()
+            start, end = self._spans[self._position[name]]
             if self._loads is not None:
                 got = self._loads(self._data[start:end])
             else:
@@ -60,14 +61,16 @@ class _SpanRecords(IndexedRecords):
 
 
 class ScannedSide:
-    """One rank's document as compare reads it from the scanner: ``task``, ``records``, the
-    ``stand_ins`` the planner walks and each leaf's ``columns`` by leaf number (the attributes of
-    :class:`msprobe.compare._indexed.IndexedSide`)."""
+    """One rank's document as compare reads it from the scanner: ``task``, ``records``, the side
+    ``walked`` as the C planner takes it and each leaf's ``columns`` by leaf number (the attributes
+    of :class:`msprobe.compare._indexed.IndexedSide`; no stand-in records)."""
 
-    def __init__(self, task: Any, records: Any, stand_ins: dict, columns: dict) -> None:
+    stand_ins = None
+
+    def __init__(self, task: Any, records: Any, walked: tuple, columns: dict) -> None:
         self.task = task
         self.records = records
-        self.stand_ins = stand_ins
+        self.walked = walked
         self.columns = columns
 
 
@@ -82,20 +85,18 @@ class ScannedColumns(dict):
     nonfinite = True
 
     def take(self, leaves: Any, mode: str) -> None:
-        """``leaves``' columns: the cells of its stand-in leaves (``leaves.leaf``), in that order."""
+        """``leaves``' columns: the cells of its leaves (``leaves.leaf``: their numbers), in that order."""
         import operator
 
         import numpy as np
 
-        plan_leaves = leaves.leaf
-        count = len(plan_leaves)
-        first = plan_leaves[0]["type"] if count else 0
-        # a run of consecutive leaves (a whole document, a block): told by identity alone, its cells a slice
-        if plan_leaves == self["objects"][first:first + count]:
-            def pick(column: Any) -> Any:
+        at = np.fromiter(leaves.leaf, dtype=np.int64, count=len(leaves.leaf))  # a walked side's leaves: their numbers
+        count = len(at)
+        first = int(at[0]) if count else 0
+        if not count or (int(at[-1]) - first == count - 1 and bool((np.diff(at) == 1).all())):
+            def pick(column: Any) -> Any:  # a run of consecutive leaves (a whole document, a block): a slice
                 return column[first:first + count]
         else:
-            at = np.fromiter(map(operator.itemgetter("type"), plan_leaves), dtype=np.int64, count=count)
             getter = operator.itemgetter(*at.tolist())
 
             def pick(column: Any) -> Any:
@@ -122,10 +123,12 @@ class ScannedColumns(dict):
 
 
 def scan_columns(data: bytes) -> Optional[tuple]:
-    """(task, names, spans, stand_ins, columns) of a document's bytes, or None where the scanner is
-    not there or does not take them. ``columns`` (:class:`ScannedColumns`): per leaf number,
-    ``tensor`` (bool), ``dtype``, ``shape``, ``requires_grad``, the four statistics (as
-    Leaves.finish makes them), ``md5``, ``data_name``, :data:`NUMBERS`, and ``objects`` (the stand-in leaves)."""
+    """(task, names, spans, walked, columns) of a document's bytes, or None where the scanner is not
+    there or does not take them. ``walked``: the side as the C planner takes it walked ({record:
+    position}, int64 bytes of each record's first leaf and the end, each leaf's suffix and io, the
+    leaves numbered in compare's walk order); ``columns`` (:class:`ScannedColumns`): per leaf number,
+    ``tensor`` (bool), ``dtype``, ``shape``, ``requires_grad``, the four statistics (as Leaves.finish
+    makes them), ``md5``, ``data_name`` and :data:`NUMBERS`."""
     scanner = docscan()
     if scanner is None:
         return None
@@ -134,14 +137,17 @@ def scan_columns(data: bytes) -> Optional[tuple]:
         return None
     import numpy as np
 
-    (task, names, spans, stand_ins, tensor, dtype, shape, rg, stats, numbers, codes, md5, data_name, odd,
-     objects, header, nonfinite) = got
+    (task, names, spans, bounds, suffixes, ios, tensor, dtype, shape, rg, stats, numbers, codes, md5, data_name,
+     odd, header, nonfinite) = got
+    positions = {name: position for position, name in enumerate(names)}
+    if len(positions) != len(names):
+        return None  # a record named twice (json.loads keeps the last): the parsed path
     flags = np.frombuffer(tensor, dtype=np.uint8).astype(bool)
     if odd:  # leaves of another shape: their cells as the parsed path makes them
         flags = flags.copy()
         flags[[entry[0] for entry in odd]] = _fill_odd(data, odd, dtype, shape, rg, stats, md5, data_name)
     columns = ScannedColumns(tensor=flags.tolist(), dtype=dtype, shape=shape, requires_grad=rg, md5=md5,
-                             data_name=data_name, objects=objects)
+                             data_name=data_name)
     columns.update(zip(STAT_KEYS, stats))
     if odd:
         from msprobe.compare._floattext import number_columns
@@ -154,7 +160,7 @@ def scan_columns(data: bytes) -> Optional[tuple]:
             out[key] = (np.frombuffer(values, dtype=np.float64), code == 0, code < 2, code == 3)
         columns[NUMBERS] = out
     columns.header, columns.nonfinite = header, nonfinite
-    return task, names, np.frombuffer(spans, dtype=np.int64).reshape(-1, 2), stand_ins, columns
+    return task, names, np.frombuffer(spans, dtype=np.int64).reshape(-1, 2), (positions, bounds, suffixes, ios), columns
 
 
 def _fill_odd(data: bytes, odd: list, dtype: list, shape: list, rg: list, stats: list, md5: list,
@@ -201,11 +207,11 @@ def scanned_side(source: Any) -> Optional[ScannedSide]:
     got = scan_columns(data)
     if got is None:
         return None
-    task, names, spans, stand_ins, columns = got
+    task, names, spans, walked, columns = got
     records = _SpanRecords(names, data, spans, plain=not columns.nonfinite)
     attach = getattr(source, "attach_view", None)
     if attach is not None:  # the document's header and records for the reader's own looks (its dialect)
         from msprobe.format.fastjson import loads_json_bytes
 
         attach({key: loads_json_bytes(data[start:end]) for key, start, end in columns.header}, records)
-    return ScannedSide(task, records, stand_ins, columns)
+    return ScannedSide(task, records, walked, columns)

@@ -1,27 +1,28 @@
 /* compare's leaf columns of a dump.json straight from its bytes, in C: no Python object per JSON value.
  *
  * msprobe/format/native.py loads it (built at install, or at first use); msprobe/compare/_scanned.py
- * turns its answer into the side compare's engine reads (the stand-in records and leaf columns of
- * msprobe/compare/_indexed.py), and tests/compare/test_docscan.py holds it equal to the parsed path.
+ * turns its answer into the side compare's engine reads (a walked side and leaf columns, as of a leaf
+ * table: msprobe/compare/_indexed.py), and tests/compare/test_docscan.py holds it equal to the parsed path.
  *
  *   scan(data) -> tuple or None
- *     (task, names, spans, stand_ins, tensor, dtype, shape, requires_grad, (max, min, mean, norm),
- *      numbers, codes, md5, data_name, odd)
+ *     (task, names, spans, bounds, suffixes, ios, tensor, dtype, shape, requires_grad, (max, min, mean,
+ *      norm), numbers, codes, md5, data_name, odd, header, nonfinite)
  *     names: the records in document order; spans: int64 bytes (start, end) of each record's value;
- *     stand_ins: {record: the record with each leaf that compare's walk (_rows.record_leaves) meets
- *     replaced by {"type": i}} (i: the leaf's number, in document order); per leaf i: tensor (bytes,
- *     0/1), dtype / shape / requires_grad texts as Leaves.finish makes them, the four statistics as
- *     json.loads gives them, ``numbers`` (4 float64 buffers) and ``codes`` (4 int8 buffers: 0 float,
- *     1 int, 2 anything else, 3 str) as _floattext.number_columns reads them, md5 text (md5 mode's;
- *     None for a scalar argument: its CRC text, crc_text(value), is the caller's),
- *     data_name (str or None); odd: [(i, start, end)] of the leaves left to the Python code (a leaf
- *     of another shape: the caller fills their cells from json.loads of their bytes); and the stand-in
- *     leaves themselves by number (a plan's leaves are told from them by identity alone); header: [(key,
- *     start, end)] of each top-level member but "data" (its value's bytes).
+ *     the leaves as compare's walk (_rows.record_leaves) meets them, numbered in that order: bounds
+ *     (int64 bytes: each record's first leaf, then the end), each leaf's suffix and io (the planner
+ *     takes them as a walked side, _leafwalk.plan_block); per leaf i: tensor (bytes, 0/1), dtype /
+ *     shape / requires_grad texts as Leaves.finish makes them, the four statistics as json.loads gives
+ *     them, ``numbers`` (4 float64 buffers) and ``codes`` (4 int8 buffers: 0 float, 1 int, 2 anything
+ *     else, 3 str) as _floattext.number_columns reads them, md5 text (md5 mode's; None for a scalar
+ *     argument: its CRC text, crc_text(value), is the caller's), data_name (str or None); odd: [(i,
+ *     start, end)] of the leaves left to the Python code (a leaf of another shape: the caller fills
+ *     their cells from json.loads of their bytes); header: [(key, start, end)] of each top-level
+ *     member but "data" (its value's bytes); nonfinite: whether a NaN or +-Infinity token is anywhere
+ *     in the bytes taken.
  *
  * None (never an error) wherever the bytes are not what the scanner fully understands: malformed
  * JSON, a string with an escape where its text is used, a duplicate key, an integer beyond 18
- * digits, nesting deeper than MAX_DEPTH, a document without "data"... The caller then parses the
+ * digits, nesting deeper than MAX_DEPTH, a path longer than PATH_BYTES, a document without "data"... The caller then parses the
  * document as before, which gives the same answers (and the same typed errors for bad input).
  * Every allocation is bounded by the input's size (the lists grow by what the bytes hold).
  */
@@ -34,6 +35,7 @@
 #define MAX_DEPTH 200
 #define DECLINE 1
 #define KEY 2  /* next_key: a member's key read */
+#define PATH_BYTES 4096  /* a leaf's path longer than this: declined */
 
 typedef struct {
     char *data;
@@ -118,7 +120,14 @@ typedef struct {
     int x87;        /* fast_double may be used (x87_precise) */
     /* columns */
     Buf tensor, numbers[4], codes[4];
-    PyObject *dtype, *shape, *rg, *stats[4], *md5, *data_name, *odd, *objects;
+    PyObject *dtype, *shape, *rg, *stats[4], *md5, *data_name, *odd;
+    /* the walk: the current leaf path's bytes (strip: 0 as it is, 1 its first byte dropped, 2 its
+     * leading dots), the current io (borrowed), each leaf's suffix and io in walk order */
+    char path[PATH_BYTES];
+    Py_ssize_t path_len;
+    int strip;
+    PyObject *io, *io_held, *suffixes, *ios;
+    Cache suffix_texts;
 } Scan;
 
 static inline void ws(Scan *s) {
@@ -637,16 +646,47 @@ static int put_null_leaf(Scan *s) {
     return 0;
 }
 
-/* the stand-in {"type": i} of leaf i */
-static PyObject *stand_in(Scan *s, Py_ssize_t i) {
-    PyObject *d = PyDict_New(), *n = PyLong_FromSsize_t(i);
-    if (!d || !n || PyDict_SetItem(d, S_type, n) < 0 || PyList_Append(s->objects, d) < 0) {
-        Py_XDECREF(d);
-        Py_XDECREF(n);
-        return NULL;
+static PyObject *S_input, *S_output, *S_parameters, *S_parameters_grad, *S_debug;
+
+/* the next leaf's suffix (its path as the walk strips it) and io appended */
+static int emit(Scan *s) {
+    const char *path = s->path;
+    Py_ssize_t n = s->path_len;
+    if (s->strip == 1 && n) {
+        path++;
+        n--;
+    } else if (s->strip == 2) {
+        while (n && *path == '.') {
+            path++;
+            n--;
+        }
     }
-    Py_DECREF(n);
-    return d;
+    PyObject *suffix = cached_text(&s->suffix_texts, path, n);
+    if (!suffix)
+        return -1;
+    int rc = PyList_Append(s->suffixes, suffix) < 0 || PyList_Append(s->ios, s->io) < 0 ? -1 : 0;
+    Py_DECREF(suffix);
+    return rc;
+}
+
+/* the path extended by "." and ``n`` bytes of ``part`` (*saved: its length before); 0 or DECLINE */
+static int push(Scan *s, const char *part, Py_ssize_t n, Py_ssize_t *saved) {
+    *saved = s->path_len;
+    if (s->path_len + 1 + n > PATH_BYTES)
+        return DECLINE;
+    s->path[s->path_len++] = '.';
+    memcpy(s->path + s->path_len, part, (size_t)n);
+    s->path_len += n;
+    return 0;
+}
+
+/* the path set to ``text`` (no dot before it) */
+static int set_path(Scan *s, const char *text, Py_ssize_t n) {
+    if (n > PATH_BYTES)
+        return DECLINE;
+    memcpy(s->path, text, (size_t)n);
+    s->path_len = n;
+    return 0;
 }
 
 static void clear_values(Value *f, int *seen) {
@@ -655,8 +695,8 @@ static void clear_values(Value *f, int *seen) {
             Py_CLEAR(f[j].text);
 }
 
-/* a leaf object at p ('{', a dict holding "type"): its cells appended; *out its stand-in */
-static int leaf_at(Scan *s, int depth, PyObject **out) {
+/* a leaf object at p ('{', a dict holding "type"): its cells, suffix and io appended */
+static int leaf_at(Scan *s, int depth) {
     const unsigned char *start = s->p;
     Value f[K_COUNT];
     int seen[K_COUNT] = {0};
@@ -795,8 +835,7 @@ static int leaf_at(Scan *s, int depth, PyObject **out) {
             }
         }
     }
-    *out = stand_in(s, i);
-    rc = *out ? 0 : -1;
+    rc = emit(s);
 done:
     Py_XDECREF(shape_text);
     clear_values(f, seen);
@@ -833,14 +872,6 @@ static int holds_type(Scan *s, int depth, int *holds) {
     return 0;
 }
 
-static int walk_value(Scan *s, int depth, PyObject **out);
-
-static int api_member(Scan *s, PyObject *key, int depth, PyObject **member);
-
-static int key_is(PyObject *key, const char *word) {
-    return PyUnicode_CompareWithASCIIString(key, word) == 0;
-}
-
 /* the key of an object's next member (the object's '{' read; *started: a member read before):
  * KEY with *key (a new reference; p at its value), 0 at the object's end ('}' read), DECLINE, -1 */
 static int next_key(Scan *s, int *started, PyObject **key) {
@@ -875,37 +906,64 @@ static int next_key(Scan *s, int *started, PyObject **key) {
     return KEY;
 }
 
-/* an object's members into a new dict (DECLINE on a duplicate or escaped key): each walked
- * (walk_value), or, for an api or module record (``api``), as record_leaves takes its keys */
-static int members(Scan *s, int depth, int api, PyObject **out) {
-    PyObject *d = PyDict_New(), *key = NULL;
-    if (!d)
-        return -1;
-    s->p++;
-    int started = 0, rc;
-    while ((rc = next_key(s, &started, &key)) == KEY) {
-        PyObject *member = NULL;
-        rc = api ? api_member(s, key, depth + 1, &member) : walk_value(s, depth + 1, &member);
-        if (!rc) {
-            Py_ssize_t before = PyDict_GET_SIZE(d);
-            rc = PyDict_SetItem(d, key, member) < 0 ? -1 : PyDict_GET_SIZE(d) == before ? DECLINE : 0;  /* a duplicate */
+/* the members of an object, one key at a time (its keys kept to refuse a duplicate: json.loads would
+ * keep one of them) */
+typedef struct {
+    const unsigned char *keys[64];
+    Py_ssize_t sizes[64];
+    int count;
+} Members;
+
+/* the next member's key of the object at p ('{' on the first call, m->count 0): KEY (its bytes in
+ * *key, *n; p at its value), 0 at the object's end ('}' read), DECLINE (an escaped or duplicate key,
+ * more than 64 keys, malformed) */
+static int next_member(Scan *s, Members *m, const unsigned char **key, Py_ssize_t *n) {
+    if (!m->count) {
+        s->p++;
+        ws(s);
+        if (s->p < s->end && *s->p == '}') {
+            s->p++;
+            return 0;
         }
-        Py_DECREF(key);
-        Py_XDECREF(member);
-        if (rc)
-            break;
+    } else {
+        int rc = member_end(s, '}');
+        if (rc != MORE)
+            return rc;
     }
-    if (rc) {
-        Py_DECREF(d);
-        return rc;
-    }
-    *out = d;
-    return 0;
+    int escaped;
+    if (raw_key(s, key, n, &escaped) || escaped || m->count == 64)
+        return DECLINE;
+    for (int k = 0; k < m->count; k++)
+        if (m->sizes[k] == *n && memcmp(m->keys[k], *key, (size_t)*n) == 0)
+            return DECLINE;
+    m->keys[m->count] = *key;
+    m->sizes[m->count++] = *n;
+    return KEY;
 }
 
-/* _rows._walk over a value: null and objects holding "type" are leaves (stand-ins), other objects and
- * arrays are walked, anything else is no leaf (a False in the stand-in) */
-static int walk_value(Scan *s, int depth, PyObject **out) {
+static int walk_value(Scan *s, int depth);
+
+/* the members of the object at p ('{') walked, each under path.key (DECLINE on a duplicate or escaped
+ * key: json.loads would keep one of them) */
+static int walk_members(Scan *s, int depth) {
+    Members m = {.count = 0};
+    const unsigned char *key;
+    Py_ssize_t n, saved;
+    int rc;
+    while ((rc = next_member(s, &m, &key, &n)) == KEY) {
+        if (push(s, (const char *)key, n, &saved))
+            return DECLINE;
+        rc = walk_value(s, depth + 1);
+        s->path_len = saved;
+        if (rc)
+            return rc;
+    }
+    return rc;
+}
+
+/* _rows._walk over a value at p under the current path: null and objects holding "type" are leaves,
+ * other objects and arrays are walked (path.key, path.position), anything else holds no leaf */
+static int walk_value(Scan *s, int depth) {
     unsigned char c;
     if (value_start(s, depth, &c))
         return DECLINE;
@@ -913,61 +971,186 @@ static int walk_value(Scan *s, int depth, PyObject **out) {
         int holds, rc;
         if ((rc = holds_type(s, depth, &holds)))
             return rc;
-        return holds ? leaf_at(s, depth, out) : members(s, depth, 0, out);
+        return holds ? leaf_at(s, depth) : walk_members(s, depth);
     }
     if (c == '[') {
-        PyObject *list = PyList_New(0);
-        if (!list)
-            return -1;
         s->p++;
         ws(s);
         if (s->p < s->end && *s->p == ']') {
             s->p++;
-            *out = list;
             return 0;
         }
         int rc;
+        Py_ssize_t position = 0;
         do {
-            PyObject *item = NULL;
-            rc = walk_value(s, depth + 1, &item);
-            if (rc || append_new(list, item) < 0) {
-                Py_DECREF(list);
-                return rc ? rc : -1;
-            }
+            char digits[24];
+            int n = snprintf(digits, sizeof digits, "%zd", position++);
+            Py_ssize_t saved;
+            if (push(s, digits, n, &saved))
+                return DECLINE;
+            rc = walk_value(s, depth + 1);
+            s->path_len = saved;
+            if (rc)
+                return rc;
         } while ((rc = member_end(s, ']')) == MORE);
-        if (rc) {
-            Py_DECREF(list);
-            return rc;
-        }
-        *out = list;
-        return 0;
+        return rc;
     }
     if (literal(s, "null")) {
-        Py_ssize_t i = s->leaves++;
-        if (put_null_leaf(s) < 0)
-            return -1;
-        *out = stand_in(s, i);
-        return *out ? 0 : -1;
+        s->leaves++;
+        return put_null_leaf(s) < 0 || emit(s) < 0 ? -1 : 0;
     }
-    int rc = skip_value(s, depth);
-    if (rc)
-        return rc;
-    Py_INCREF(Py_False);
-    *out = Py_False;
+    return skip_value(s, depth);
+}
+
+/* the value at p walked as a parameters_grad record's member: a list of one item as that item */
+static int grad_member(Scan *s, int depth) {
+    ws(s);
+    if (s->p < s->end && *s->p == '[') {
+        const unsigned char *save = s->p;
+        s->p++;
+        ws(s);
+        if (!(s->p < s->end && *s->p == ']')) {
+            const unsigned char *item = s->p;
+            if (skip_value(s, depth + 1))
+                return DECLINE;
+            ws(s);
+            if (s->p < s->end && *s->p == ']') {  /* one item */
+                s->p = item;
+                int rc = walk_value(s, depth + 1);
+                if (rc)
+                    return rc;
+                ws(s);
+                s->p++;  /* its ']' */
+                return 0;
+            }
+        }
+        s->p = save;
+    }
+    return walk_value(s, depth);
+}
+
+static int key_is(const unsigned char *key, Py_ssize_t n, const char *word) {
+    return (size_t)n == strlen(word) && memcmp(key, word, (size_t)n) == 0;
+}
+
+/* rotate each column's leaves [from, to) left by ``by`` (a record's outputs, walked last) */
+static int rotate_list(PyObject *list, Py_ssize_t from, Py_ssize_t mid, Py_ssize_t to) {
+    PyObject *a = PyList_GetSlice(list, from, mid), *b = PyList_GetSlice(list, mid, to), *both = NULL;
+    int rc = -1;
+    if (a && b && (both = PySequence_Concat(b, a)))
+        rc = PyList_SetSlice(list, from, to, both);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(both);
+    return rc;
+}
+
+static int rotate_buf(Buf *b, Py_ssize_t width, Py_ssize_t from, Py_ssize_t mid, Py_ssize_t to) {
+    Py_ssize_t head = (mid - from) * width;
+    char *tmp = PyMem_Malloc((size_t)head + 1);
+    if (!tmp) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(tmp, b->data + from * width, (size_t)head);
+    memmove(b->data + from * width, b->data + mid * width, (size_t)((to - mid) * width));
+    memcpy(b->data + (to - (mid - from)) * width, tmp, (size_t)head);
+    PyMem_Free(tmp);
     return 0;
 }
 
-/* a record (its value at p) as record_leaves walks it: its stand-in in *out */
-static int record_at(Scan *s, PyObject *name, PyObject **out) {
+/* the leaves [from, to) put in the order [mid, to) then [from, mid) in every column (and the odd
+ * leaves' numbers with them) */
+static int rotate(Scan *s, Py_ssize_t from, Py_ssize_t mid, Py_ssize_t to) {
+    if (mid == from || mid == to)
+        return 0;
+    PyObject *lists[] = {s->dtype, s->shape, s->rg, s->stats[0], s->stats[1], s->stats[2], s->stats[3], s->md5,
+                         s->data_name, s->suffixes, s->ios};
+    for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++)
+        if (rotate_list(lists[k], from, mid, to) < 0)
+            return -1;
+    if (rotate_buf(&s->tensor, 1, from, mid, to) < 0)
+        return -1;
+    for (int k = 0; k < 4; k++)
+        if (rotate_buf(&s->numbers[k], (Py_ssize_t)sizeof(double), from, mid, to) < 0
+            || rotate_buf(&s->codes[k], 1, from, mid, to) < 0)
+            return -1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(s->odd); k++) {
+        PyObject *entry = PyList_GET_ITEM(s->odd, k);
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 0));
+        if (i < from || i >= to)
+            continue;
+        i = i < mid ? i + (to - mid) : i - (mid - from);
+        PyObject *moved = Py_BuildValue("(nOO)", i, PyTuple_GET_ITEM(entry, 1), PyTuple_GET_ITEM(entry, 2));
+        if (!moved)
+            return -1;
+        PyList_SetItem(s->odd, k, moved);  /* steals moved */
+    }
+    return 0;
+}
+
+/* an api or module record at p ('{') as record_leaves walks it: is_recompute skipped, input_args under
+ * "input", input_kwargs and parameters by member ("input.<kwarg>", "parameters.<name>"; a non-object:
+ * nothing), any other key under itself; its output walked last where it also holds parameters */
+static int api_record(Scan *s) {
+    Members m = {.count = 0};
+    const unsigned char *key;
+    Py_ssize_t n;
+    int rc, has_parameters = 0;
+    Py_ssize_t output_from = -1, output_to = -1;
+    s->strip = 0;
+    while ((rc = next_member(s, &m, &key, &n)) == KEY) {
+        ws(s);
+        int kwargs = key_is(key, n, "input_kwargs"), parameters = key_is(key, n, "parameters");
+        has_parameters |= parameters;  /* (whatever its value: record_leaves looks at the key) */
+        if (key_is(key, n, "is_recompute") || ((kwargs || parameters) && (s->p >= s->end || *s->p != '{'))) {
+            rc = skip_value(s, 2);
+        } else if (kwargs || parameters) {
+            s->io = kwargs ? S_input : S_parameters;
+            if ((rc = set_path(s, kwargs ? "input" : "parameters", kwargs ? 5 : 10)) == 0)
+                rc = walk_members(s, 1);
+        } else {
+            if (key_is(key, n, "input_args") || key_is(key, n, "input")) {
+                s->io = S_input;
+            } else if (key_is(key, n, "output")) {
+                s->io = S_output;
+            } else {  /* the key itself (held until the next such key: each of its leaves' lists holds it too) */
+                PyObject *io = cached_text(&s->keys, (const char *)key, n);
+                if (!io)
+                    return -1;
+                Py_XSETREF(s->io_held, io);
+                s->io = io;
+            }
+            int output = s->io == S_output;
+            if (output)
+                output_from = s->leaves;
+            if (key_is(key, n, "input_args"))
+                rc = set_path(s, "input", 5);
+            else
+                rc = set_path(s, (const char *)key, n);
+            if (!rc)
+                rc = walk_value(s, 2);
+            if (output)
+                output_to = s->leaves;
+        }
+        if (rc)
+            return rc;
+    }
+    if (!rc && has_parameters && output_from >= 0)  /* rows: inputs, parameters, then outputs (as 26.2.0) */
+        rc = rotate(s, output_from, output_to, s->leaves);
+    return rc;
+}
+
+/* a record (its value at p) as record_leaves walks it */
+static int record_at(Scan *s, PyObject *name) {
     ws(s);
     if (s->p >= s->end)
         return DECLINE;
-    if (*s->p != '{') {
-        /* not a dict: walked whole; a null record (one leaf, the record itself) has no stand-in that
-         * the walk would take to the same leaf: left to the parsed path */
-        if (s->end - s->p >= 4 && memcmp(s->p, "null", 4) == 0)
-            return DECLINE;
-        return walk_value(s, 1, out);
+    if (*s->p != '{') {  /* not a dict: walked whole, its suffixes' leading dots stripped */
+        s->strip = 2;
+        s->io = S_debug;
+        s->path_len = 0;
+        return walk_value(s, 1);
     }
     PyObject *grad_part = PyUnicode_FromString(".parameters_grad");
     if (!grad_part)
@@ -976,8 +1159,20 @@ static int record_at(Scan *s, PyObject *name, PyObject **out) {
     Py_DECREF(grad_part);
     if (grad < 0)
         return -1;
-    if (grad)
-        return members(s, 1, 0, out);  /* each member walked (a list of one walks as its item) */
+    if (grad) {  /* each member walked under ".<key>", then its first byte dropped */
+        Members m = {.count = 0};
+        const unsigned char *key;
+        Py_ssize_t n, saved;
+        int rc;
+        s->strip = 1;
+        s->io = S_parameters_grad;
+        while ((rc = next_member(s, &m, &key, &n)) == KEY) {
+            s->path_len = 0;
+            if (push(s, (const char *)key, n, &saved) || (rc = grad_member(s, 1)))
+                return rc ? rc : DECLINE;
+        }
+        return rc;
+    }
     PyObject *tail = PyUnicode_FromString(".debug");
     if (!tail)
         return -1;
@@ -985,47 +1180,36 @@ static int record_at(Scan *s, PyObject *name, PyObject **out) {
     Py_DECREF(tail);
     if (debug < 0)
         return -1;
-    if (debug)
-        return walk_value(s, 1, out);
-    return members(s, 1, 1, out);  /* an api or module record */
-}
-
-/* one member of an api or module record as record_leaves takes it: is_recompute skipped (None in
- * the stand-in), input_kwargs and parameters by member (a non-object: nothing), any other key walked */
-static int api_member(Scan *s, PyObject *key, int depth, PyObject **member) {
-    ws(s);
-    int by_member = key_is(key, "input_kwargs") || key_is(key, "parameters");
-    if (key_is(key, "is_recompute") || (by_member && (s->p >= s->end || *s->p != '{'))) {
-        int rc = skip_value(s, depth);
-        if (!rc) {
-            Py_INCREF(Py_None);
-            *member = Py_None;
-        }
-        return rc;
+    if (debug) {
+        s->strip = 2;
+        s->io = S_debug;
+        s->path_len = 0;
+        return walk_value(s, 1);
     }
-    return by_member ? members(s, depth, 0, member) : walk_value(s, depth, member);
+    return api_record(s);
 }
 
-/* the "data" object at p: names, spans, stand-ins */
-static int data_at(Scan *s, PyObject *names, Buf *spans, PyObject *stand_ins) {
+/* the "data" object at p: the records' names, spans and first leaves */
+static int data_at(Scan *s, PyObject *names, Buf *spans, Buf *bounds) {
     PyObject *name = NULL;
     s->p++;
     int started = 0, rc;
     while ((rc = next_key(s, &started, &name)) == KEY) {
         long long span[2] = {s->p - s->base, 0};
-        PyObject *stand = NULL;
-        rc = record_at(s, name, &stand);
+        int64_t first = s->leaves;
+        rc = record_at(s, name);
         if (!rc) {
             span[1] = s->p - s->base;
-            Py_ssize_t before = PyDict_GET_SIZE(stand_ins);
-            rc = PyDict_SetItem(stand_ins, name, stand) < 0 || PyList_Append(names, name) < 0
-                 || buf_put(spans, span, sizeof span) < 0 ? -1
-                 : PyDict_GET_SIZE(stand_ins) == before ? DECLINE : 0;  /* a record named twice */
+            rc = PyList_Append(names, name) < 0 || buf_put(spans, span, sizeof span) < 0
+                 || buf_put(bounds, &first, sizeof first) < 0 ? -1 : 0;
         }
         Py_DECREF(name);
-        Py_XDECREF(stand);
         if (rc)
             return rc;
+    }
+    if (!rc) {
+        int64_t end = s->leaves;
+        rc = buf_put(bounds, &end, sizeof end);
     }
     return rc;
 }
@@ -1041,20 +1225,21 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     s.base = s.p = (const unsigned char *)view.buf;
     s.x87 = x87_precise();
     s.end = s.base + view.len;
-    PyObject *names = PyList_New(0), *stand_ins = PyDict_New(), *task = NULL, *result = NULL,
-             *header_spans = PyList_New(0);
-    Buf spans = {0};
+    PyObject *names = PyList_New(0), *task = NULL, *result = NULL, *header_spans = PyList_New(0);
+    Buf spans = {0}, bounds = {0};
     s.dtype = PyList_New(0);
     s.shape = PyList_New(0);
     s.rg = PyList_New(0);
     s.md5 = PyList_New(0);
     s.data_name = PyList_New(0);
     s.odd = PyList_New(0);
-    s.objects = PyList_New(0);
+    s.suffixes = PyList_New(0);
+    s.ios = PyList_New(0);
     for (int k = 0; k < 4; k++)
         s.stats[k] = PyList_New(0);
     int rc = DECLINE;
-    if (!names || !stand_ins || !header_spans || !s.dtype || !s.shape || !s.rg || !s.md5 || !s.data_name || !s.odd || !s.objects || !s.stats[0]
+    if (!names || !header_spans || !s.dtype || !s.shape || !s.rg || !s.md5 || !s.data_name || !s.odd || !s.suffixes
+        || !s.ios || !s.stats[0]
         || !s.stats[1] || !s.stats[2] || !s.stats[3]) {
         rc = -1;
         goto out;
@@ -1085,7 +1270,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             if (have_data || s.p >= s.end || *s.p != '{')
                 goto out;
             have_data = 1;
-            if ((rc = data_at(&s, names, &spans, stand_ins)))
+            if ((rc = data_at(&s, names, &spans, &bounds)))
                 goto out;
             rc = DECLINE;
         } else if (n == 4 && memcmp(key, "task", 4) == 0) {
@@ -1127,19 +1312,21 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_INCREF(task);
     }
     rc = 0;
-    /* (task, names, spans, stand_ins, tensor, dtype, shape, rg, stats, numbers, codes, md5, data_name, odd,
-     *  stand-in leaves by number, header members, whether a NaN/Infinity token was seen) */
-    result = Py_BuildValue("(OONONOOO(OOOO)(NNNN)(NNNN)OOOOON)", task, names, buf_bytes(&spans), stand_ins,
-                           buf_bytes(&s.tensor), s.dtype, s.shape, s.rg, s.stats[0], s.stats[1], s.stats[2],
-                           s.stats[3], buf_bytes(&s.numbers[0]), buf_bytes(&s.numbers[1]), buf_bytes(&s.numbers[2]),
-                           buf_bytes(&s.numbers[3]), buf_bytes(&s.codes[0]), buf_bytes(&s.codes[1]),
-                           buf_bytes(&s.codes[2]), buf_bytes(&s.codes[3]), s.md5, s.data_name, s.odd, s.objects,
-                           header_spans, PyBool_FromLong(s.nonfinite));
+    /* (task, names, spans, bounds, suffixes, ios, tensor, dtype, shape, rg, stats, numbers, codes, md5,
+     *  data_name, odd, header members, whether a NaN/Infinity token was seen) */
+    result = Py_BuildValue("(OONNOONOOO(OOOO)(NNNN)(NNNN)OOOON)", task, names, buf_bytes(&spans), buf_bytes(&bounds),
+                           s.suffixes, s.ios, buf_bytes(&s.tensor), s.dtype, s.shape, s.rg, s.stats[0], s.stats[1],
+                           s.stats[2], s.stats[3], buf_bytes(&s.numbers[0]), buf_bytes(&s.numbers[1]),
+                           buf_bytes(&s.numbers[2]), buf_bytes(&s.numbers[3]), buf_bytes(&s.codes[0]),
+                           buf_bytes(&s.codes[1]), buf_bytes(&s.codes[2]), buf_bytes(&s.codes[3]), s.md5,
+                           s.data_name, s.odd, header_spans, PyBool_FromLong(s.nonfinite));
 out:
     PyBuffer_Release(&view);
     cache_clear(&s.keys);
     cache_clear(&s.texts);
     PyMem_Free(spans.data);
+    PyMem_Free(bounds.data);
+    cache_clear(&s.suffix_texts);
     PyMem_Free(s.tensor.data);
     for (int k = 0; k < 4; k++) {
         PyMem_Free(s.numbers[k].data);
@@ -1147,7 +1334,6 @@ out:
         Py_XDECREF(s.stats[k]);
     }
     Py_XDECREF(names);
-    Py_XDECREF(stand_ins);
     Py_XDECREF(task);
     Py_XDECREF(s.dtype);
     Py_XDECREF(s.shape);
@@ -1155,7 +1341,9 @@ out:
     Py_XDECREF(s.md5);
     Py_XDECREF(s.data_name);
     Py_XDECREF(s.odd);
-    Py_XDECREF(s.objects);
+    Py_XDECREF(s.suffixes);
+    Py_XDECREF(s.ios);
+    Py_XDECREF(s.io_held);
     Py_XDECREF(header_spans);
     if (rc < 0) {
         Py_XDECREF(result);
@@ -1188,12 +1376,18 @@ PyMODINIT_FUNC PyInit__docscan(void) {
     S_false = PyUnicode_InternFromString("False");
     S_none_text = PyUnicode_InternFromString("None");
     S_empty_list = PyUnicode_InternFromString("[]");
+    S_input = PyUnicode_InternFromString("input");
+    S_output = PyUnicode_InternFromString("output");
+    S_parameters = PyUnicode_InternFromString("parameters");
+    S_parameters_grad = PyUnicode_InternFromString("parameters_grad");
+    S_debug = PyUnicode_InternFromString("debug");
     for (int k = 0; k < 4; k++) {
         S_scalar[k] = PyUnicode_FromFormat("<class '%s'>", SCALAR_NAMES[k]);
         if (!S_scalar[k])
             return NULL;
     }
-    if (!S_type || !S_NA || !S_true || !S_false || !S_none_text || !S_empty_list
+    if (!S_type || !S_NA || !S_true || !S_false || !S_none_text || !S_empty_list || !S_input || !S_output
+        || !S_parameters || !S_parameters_grad || !S_debug
         || PyModule_AddIntConstant(m, "VERSION", DOCSCAN_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -2,8 +2,8 @@
 against the parsed path they stand in for.
 
 The scanner must give, on every document it takes, exactly what the parsed document gives compare:
-the records' names and each record (parsed from its bytes), stand-in records that compare's walk
-takes to the same suffixes and ios as the records themselves, and per leaf the cells
+the records' names and each record (parsed from its bytes), the leaves walked as compare walks the
+records (each record's first leaf, each leaf's suffix and io, in that order), and per leaf the cells
 ``Leaves.finish`` makes (tensor flag, dtype / shape / requires_grad texts, the four statistics of
 the same types and values, md5 text, data_name) with their ``number_columns``. On bytes it does not
 fully take (malformed, truncated, mutated, escapes, duplicate keys, long integers, deep nesting...)
@@ -59,10 +59,8 @@ def _document(data: dict, **header) -> bytes:
 
 
 def _short_integers(data: dict) -> dict:
-    """``data`` with its integers beyond 18 digits cut short and no null record (the scanner leaves
-    both to the parsed path)."""
-    return {name: raw for name, raw in json.loads(json.dumps(data), parse_int=lambda text: int(text[:15])).items()
-            if raw is not None}
+    """``data`` with its integers beyond 18 digits (the scanner leaves those to the parsed path) cut short."""
+    return json.loads(json.dumps(data), parse_int=lambda text: int(text[:15]))
 
 
 def _reference(data: bytes):
@@ -75,7 +73,7 @@ def _reference(data: bytes):
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
         return None
     records = doc["data"]
-    names, _, suffixes, ios, leaf_list = _walk_all(records)
+    names, starts, suffixes, ios, leaf_list = _walk_all(records)
     leaves = Leaves()
     leaves.leaf = list(leaf_list)
     leaves.finish("md5")
@@ -86,29 +84,29 @@ def _reference(data: bytes):
                       leaves.shape[position], leaves.requires_grad[position],
                       *[_canonical(leaves.statistics[key][position]) for key in STAT_KEYS],
                       leaves.md5[position], data_name if isinstance(data_name, str) else None))
-    return doc.get("task"), names, records, cells
+    return doc.get("task"), names, records, cells, list(starts)
 
 
 def _scanned(data: bytes):
     got = scan_columns(data)
     if got is None:
         return None
-    task, names, spans, stand_ins, columns = got
-    assert list(stand_ins) == names
-    walked_names, _, suffixes, ios, leaf_list = _walk_all(stand_ins)
-    assert walked_names == names
-    numbers = [leaf["type"] for leaf in leaf_list]
-    assert sorted(numbers) == list(range(len(columns["dtype"]))), "each leaf's stand-in once"
+    task, names, spans, walked, columns = got
+    positions, bounds, suffixes, ios = walked
+    assert positions == {name: position for position, name in enumerate(names)}
+    starts = np.frombuffer(bounds, dtype=np.int64).tolist()
+    assert len(starts) == len(names) + 1 and starts[0] == 0 and starts == sorted(starts)
+    assert starts[-1] == len(suffixes) == len(ios) == len(columns["dtype"])
     cells = []
-    for position, number in enumerate(numbers):
-        cells.append((suffixes[position], ios[position], columns["tensor"][number], columns["dtype"][number],
+    for number in range(len(suffixes)):  # the leaves numbered in the walk's order
+        cells.append((suffixes[number], ios[number], columns["tensor"][number], columns["dtype"][number],
                       columns["shape"][number], columns["requires_grad"][number],
                       *[_canonical(columns[key][number]) for key in STAT_KEYS],
                       columns.md5_texts()[number], columns["data_name"][number]))
     for key in STAT_KEYS:  # the statistics' numbers as number_columns reads the values
         for got_array, want in zip(columns[NUMBERS][key], number_columns(columns[key])):
             assert got_array.dtype == want.dtype and got_array.tobytes() == want.tobytes(), key
-    return task, names, _SpanRecords(names, data, spans, plain=not columns.nonfinite), cells
+    return task, names, _SpanRecords(names, data, spans, plain=not columns.nonfinite), cells, starts
 
 
 def _check(data: bytes, *, taken: bool = False) -> bool:
@@ -120,9 +118,9 @@ def _check(data: bytes, *, taken: bool = False) -> bool:
         return False
     want = _reference(data)
     assert want is not None, "the scanner took bytes the parsed path refuses"
-    task, names, raws, cells = got
-    want_task, want_names, want_records, want_cells = want
-    assert (task, names) == (want_task, want_names)
+    task, names, raws, cells, starts = got
+    want_task, want_names, want_records, want_cells, want_starts = want
+    assert (task, names, starts) == (want_task, want_names, want_starts)
     for name in names:  # each record parsed from its bytes alone, as the whole document's parse gives it
         assert _canonical(raws[name]) == _canonical(want_records[name]), name
     assert cells == want_cells
@@ -147,12 +145,19 @@ def test_every_fixture_document_scans_as_it_parses():
 def test_crafted_records_reach_every_branch():
     # scalars of each type, null leaves, slices and ellipses (left to Python), parameters before
     # outputs, parameters_grad, debug records, odd statistics, NaN/inf, an empty shape, md5 and data_name
-    assert scan_columns(_document(CRAFTED)) is None  # its 10**30 and its null record: left to the parsed path
+    assert scan_columns(_document(CRAFTED)) is None  # its 10**30: a long integer, left to the parsed path
     _check(_document(CRAFTED))
     crafted = _short_integers(CRAFTED)
     assert _check(_document(crafted), taken=True)
     assert _check(_document(_bench_of(crafted)), taken=True)
     assert _check(_document({}), taken=True)
+    tensor = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": 1.0, "Min": 0.0, "Mean": 0.5,
+              "Norm": 1.0}
+    assert _check(_document({  # parameters of any value put the outputs last; a list of one parameter gradient
+        "Module.a.forward.0": {"output": [tensor, None], "input_args": [tensor], "parameters": None},
+        "Module.b.forward.0": {"output": tensor, "parameters": {"w": tensor}, "input": [[tensor], []], "x": {}},
+        "Module.b.parameters_grad": {"w": [tensor], "v": [[tensor]], "u": []},
+        "null.record": None, "list.record": [None, 3, {"k": tensor}]}), taken=True)
     assert _check(_document({"a.0.forward": {"input_args": [{"type": "torch.Tensor", "dtype": "torch.float16",
                                                               "shape": list(range(20)), "Max": -0.0, "Min": 1e300,
                                                               "Mean": 5e-324, "Norm": -1.5e-7}]}}), taken=True)
