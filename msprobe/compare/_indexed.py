@@ -21,10 +21,10 @@ import logging
 import operator
 import os
 import weakref
-from collections.abc import Mapping
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from msprobe.compare._rows import record_leaves
+from msprobe.compare._scanned import NamedRecords, scanned_side
 from msprobe.errors import FormatError, require
 from msprobe.format.layout import INDEX_DIR, join_key
 from msprobe.format.model import TENSOR_TYPES
@@ -154,36 +154,25 @@ def _walks_the_same(stand_ins: dict, suffixes: list, ios: list) -> bool:
             and list(map(operator.itemgetter("type"), leaves)) == list(range(len(leaves))))
 
 
-class IndexedRecords(Mapping):
+class IndexedRecords(NamedRecords):
     """A rank's records (``data``) read from its leaf table: the names at once, a record's JSON
     parsed when it is asked for."""
 
     def __init__(self, names: list, raws: Any, meta: Optional[dict] = None) -> None:
+        super().__init__(names)
         meta = meta or {}
         #: what compare would otherwise read of the first records: their framework (infer_framework's,
         #: "" for none; None: not known, a table without it) and whether their first tensor holds a CRC-32 beside its statistics
         framework = meta.get("framework")
-        self.framework: Optional[str] = "" if framework == "none" else framework
-        self.has_md5: Optional[bool] = {"1": True, "0": False}.get(str(meta.get("has_md5")))
-        self._names = names
-        self._position = {name: position for position, name in enumerate(names)}
+        self.framework = "" if framework == "none" else framework
+        self.has_md5 = {"1": True, "0": False}.get(str(meta.get("has_md5")))
         self._raws = raws  # record position -> its JSON text
-        self._parsed: dict = {}
 
     def __getitem__(self, name: Any) -> Any:
         got = self._parsed.get(name)
         if got is None:
             got = self._parsed[name] = json.loads(self._raws[self._position[name]])
         return got
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._position
-
-    def __iter__(self) -> Iterator:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
 
 
 # ---------------------------------------------------------------- the table's columns as numpy, from Arrow's buffers
@@ -473,8 +462,6 @@ def indexed_side(source: Any) -> Optional[Any]:
                        "compare reads the document instead of its leaf table")
             side = None
     if side is None:  # the document's bytes read by the C scanner (msprobe.compare._scanned), where it takes them
-        from msprobe.compare._scanned import scanned_side
-
         side = scanned_side(source)
     try:
         _SIDES[source] = side

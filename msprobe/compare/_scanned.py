@@ -17,24 +17,47 @@ two equal).
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Any, Iterator, Optional
 
-from msprobe.compare._indexed import NUMBERS, IndexedRecords
 from msprobe.format.native import docscan
 from msprobe.format.stats import STAT_KEYS
 
-__all__ = ["ScannedSide", "ScannedColumns", "scanned_side", "scan_columns", "ENV"]
+__all__ = ["ScannedSide", "ScannedColumns", "NamedRecords", "scanned_side", "scan_columns", "ENV"]
 
 #: MSPROBE_LAKE_COMPARE_SCAN=0: compare parses the documents (the scanner not used)
 ENV = "MSPROBE_LAKE_COMPARE_SCAN"
 
 
-class _SpanRecords(IndexedRecords):
+class NamedRecords(Mapping):
+    """A rank's records (``data``) by name, each parsed only when it is asked for (the subclass's
+    ``__getitem__``): the names at once. ``framework`` and ``has_md5``: what compare would otherwise
+    read of the first records, where the source knows it (None: read them)."""
+
+    framework: Optional[str] = None
+    has_md5: Optional[bool] = None
+
+    def __init__(self, names: list) -> None:
+        self._names = names
+        self._position = {name: position for position, name in enumerate(names)}
+        self._parsed: dict = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._position
+
+    def __iter__(self) -> Iterator:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class _SpanRecords(NamedRecords):
     """A document's records by name, each parsed from its bytes when it is asked for (as the
     document's parse would give it: :func:`msprobe.format.fastjson.loads_json_bytes`)."""
 
     def __init__(self, names: list, data: bytes, spans: Any, plain: bool = False) -> None:
-        super().__init__(names, None)
+        super().__init__(names)
         self._data = memoryview(data)
         self._spans = spans.tolist()  # [start, end] per record
         self._loads: Any = None
@@ -76,13 +99,14 @@ class ScannedSide:
 
 class ScannedColumns(dict):
     """A scanned document's leaf columns by name, as lists by leaf number (``numbers``: per statistic
-    its :func:`~msprobe.compare._floattext.number_columns` tuple under :data:`NUMBERS`); :meth:`take` fills a
+    its :func:`~msprobe.compare._floattext.number_columns` tuple in :attr:`numbers`); :meth:`take` fills a
     :class:`~msprobe.compare._plan.Leaves` with the cells of the leaves it names. ``header``: (key,
     start, end) of each top-level member of the document but ``data``; ``nonfinite``: whether the
     document holds a NaN or +-Infinity token."""
 
     header: list = []
     nonfinite = True
+    numbers: dict = {}
 
     def take(self, leaves: Any, mode: str) -> None:
         """``leaves``' columns: the cells of its leaves (``leaves.leaf``: their numbers), in that order."""
@@ -107,7 +131,7 @@ class ScannedColumns(dict):
         leaves.dtype, leaves.shape, leaves.requires_grad = (pick(self[key]) for key in ("dtype", "shape",
                                                                                           "requires_grad"))
         leaves.statistics = {key: pick(self[key]) for key in STAT_KEYS}
-        leaves.floats = {key: tuple(pick(array) for array in self[NUMBERS][key]) for key in STAT_KEYS}
+        leaves.floats = {key: tuple(pick(array) for array in self.numbers[key]) for key in STAT_KEYS}
         leaves.md5 = pick(self.md5_texts()) if mode == "md5" else []
         leaves.data_name = []
 
@@ -128,7 +152,7 @@ def scan_columns(data: bytes) -> Optional[tuple]:
     position}, int64 bytes of each record's first leaf and the end, each leaf's suffix and io, the
     leaves numbered in compare's walk order); ``columns`` (:class:`ScannedColumns`): per leaf number,
     ``tensor`` (bool), ``dtype``, ``shape``, ``requires_grad``, the four statistics (as Leaves.finish
-    makes them), ``md5``, ``data_name`` and :data:`NUMBERS`."""
+    makes them), ``md5``, ``data_name``; its ``numbers``."""
     scanner = docscan()
     if scanner is None:
         return None
@@ -152,13 +176,13 @@ def scan_columns(data: bytes) -> Optional[tuple]:
     if odd:
         from msprobe.compare._floattext import number_columns
 
-        columns[NUMBERS] = {key: number_columns(values) for key, values in zip(STAT_KEYS, stats)}
+        columns.numbers = {key: number_columns(values) for key, values in zip(STAT_KEYS, stats)}
     else:
         out = {}
         for key, values, kinds in zip(STAT_KEYS, numbers, codes):
             code = np.frombuffer(kinds, dtype=np.int8)
             out[key] = (np.frombuffer(values, dtype=np.float64), code == 0, code < 2, code == 3)
-        columns[NUMBERS] = out
+        columns.numbers = out
     columns.header, columns.nonfinite = header, nonfinite
     return task, names, np.frombuffer(spans, dtype=np.int64).reshape(-1, 2), (positions, bounds, suffixes, ios), columns
 
@@ -193,16 +217,14 @@ def scanned_side(source: Any) -> Optional[ScannedSide]:
     the caller parses the document)."""
     if os.environ.get(ENV, "1") == "0" or docscan() is None:
         return None
-    from msprobe.readers._source import RankSource
-
-    if type(source) is not RankSource or not source.doc_name:
+    read = getattr(source, "document_bytes", None)  # a rank directory's reader (msprobe.readers.RankSource)
+    if read is None:
         return None
     try:
-        if source.has_journal():
-            return None
-        source._check_marker()  # noqa: SLF001 - the document's reader checks it first, as here
-        data = source.store.get(source.doc_key)
+        data = read()
     except Exception:  # noqa: BLE001 - the parsed path reads it again and says what is wrong
+        return None
+    if data is None:
         return None
     got = scan_columns(data)
     if got is None:

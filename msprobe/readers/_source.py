@@ -253,6 +253,15 @@ class RankSource:
                 self._merge_journal(self._doc)
         return self._doc
 
+    def document_bytes(self) -> Optional[bytes]:
+        """The document's bytes as :meth:`document` reads them (the marker's format version checked
+        first), for a reader of its own (compare's scanner); None where there is no document yet or
+        a journal adds records to it (those are in the parsed document alone)."""
+        if self.doc_name is None or self.has_journal():
+            return None
+        self._check_marker()
+        return self.store.get(self.doc_key)
+
     def attach_view(self, header: dict, records: Any) -> None:
         """A lighter view of the document that a reader of its bytes made (compare's scanner,
         :mod:`msprobe.compare._scanned`): its header (the top-level members but ``data``) and a

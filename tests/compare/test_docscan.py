@@ -25,7 +25,7 @@ import pytest
 
 from msprobe.compare import _indexed, compare
 from msprobe.compare._floattext import number_columns
-from msprobe.compare._indexed import NUMBERS, _walk_all
+from msprobe.compare._indexed import _walk_all
 from msprobe.compare._plan import Leaves
 from msprobe.compare._scanned import ENV, ScannedSide, _SpanRecords, scan_columns
 from msprobe.format.fastjson import loads_json_bytes
@@ -104,7 +104,7 @@ def _scanned(data: bytes):
                       *[_canonical(columns[key][number]) for key in STAT_KEYS],
                       columns.md5_texts()[number], columns["data_name"][number]))
     for key in STAT_KEYS:  # the statistics' numbers as number_columns reads the values
-        for got_array, want in zip(columns[NUMBERS][key], number_columns(columns[key])):
+        for got_array, want in zip(columns.numbers[key], number_columns(columns[key])):
             assert got_array.dtype == want.dtype and got_array.tobytes() == want.tobytes(), key
     return task, names, _SpanRecords(names, data, spans, plain=not columns.nonfinite), cells, starts
 
@@ -183,7 +183,7 @@ def test_floats_read_as_float_reads_them():
     got = scan_columns(b'{"task":"statistics","data":{"a.0.forward":{"input_args":[%s]}}}' % leaves.encode())
     assert got is not None
     want = np.array([float(text) for text in texts])
-    assert got[4][NUMBERS]["Max"][0].tobytes() == want.tobytes()
+    assert got[4].numbers["Max"][0].tobytes() == want.tobytes()
     assert [repr(value) for value in got[4]["Max"]] == [repr(value) for value in want.tolist()]
 
 
