@@ -1173,23 +1173,72 @@ def launch(dump: str, truth: str, *, tp: int = 1, pp: int = 1, dp: int = 1, vpp:
         argv += ["--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank),
                  "--fault-layer", str(fault_layer), "--fault-mb", str(fault_mb), "--fault-expert", str(fault_expert)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
-    env.update(WORLD_SIZE=str(world), MASTER_PORT=free_port(), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
-               PYTHONPATH=root)
-    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(world)]
-    deadline = time.monotonic() + timeout
-    outs = []
-    for proc in procs:
-        try:
-            outs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 1))[0].decode(errors="replace"))
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise RuntimeError(f"{dump}: a rank ran past {timeout} s") from None
-    if any(p.returncode for p in procs):
+    env.update(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONPATH=root)
+    for attempt in range(PORT_TRIES):
+        env["MASTER_PORT"] = free_port()
+        procs, outs = _run_ranks(argv, env, world, dump, timeout)
+        if not any(p.returncode for p in procs):
+            return read_truth(truth)
+        failed = [o for p, o in zip(procs, outs) if p.returncode]
+        if attempt + 1 < PORT_TRIES and lost_the_port(failed) and not _has_files(dump) and not _has_files(truth):
+            continue  # the rendezvous port was taken between free_port() and rank 0's listen: nothing ran yet
         raise RuntimeError(f"{dump} failed:\n" + "\n".join(f"-- rank {r}:\n{o[-3000:]}" for r, o in enumerate(outs)
                                                             if procs[r].returncode))
-    return read_truth(truth)
+    raise AssertionError("unreachable")
+
+
+#: launches tried when the rendezvous port was lost to another process (free_port() lets it go before rank 0's
+#: TCPStore listens on it: on a machine running other multi-process tests another socket may take it meanwhile)
+PORT_TRIES = 3
+
+
+def lost_the_port(outs: list) -> bool:
+    """Whether the ranks' output says the rendezvous port was in use (torch's TCPStore: EADDRINUSE)."""
+    return any("EADDRINUSE" in o or "ddress already in use" in o for o in outs)
+
+
+def _has_files(root: str) -> bool:
+    return any(files for _, _, files in os.walk(root)) if os.path.isdir(root) else False
+
+
+def _run_ranks(argv: list, env: dict, world: int, dump: str, timeout: float) -> tuple:
+    """Every rank run to its end; once one has failed, the others are given FAILED_GRACE seconds and then
+    killed (a rank whose peer is gone can wait on it for torch's 30-minute store timeout). Returns the
+    processes and each one's output."""
+    import tempfile
+
+    logs = [tempfile.TemporaryFile() for _ in range(world)]
+    try:
+        procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=logs[r], stderr=subprocess.STDOUT)
+                 for r in range(world)]
+        deadline = time.monotonic() + timeout
+        failed_at = None
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            if failed_at is None and any(p.returncode for p in procs):
+                failed_at = now
+            if now > deadline or (failed_at is not None and now - failed_at > FAILED_GRACE):
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                for p in procs:
+                    p.wait()
+                if failed_at is None:
+                    raise RuntimeError(f"{dump}: a rank ran past {timeout} s")
+                break
+            time.sleep(0.1)
+        outs = []
+        for log in logs:
+            log.seek(0)
+            outs.append(log.read().decode(errors="replace"))
+        return procs, outs
+    finally:
+        for log in logs:
+            log.close()
+
+
+#: seconds the other ranks are given to end once one has failed
+FAILED_GRACE = 30.0
 
 
 def read_truth(truth: str) -> list:
