@@ -82,12 +82,35 @@ def parse_document(data: bytes, file: str) -> DumpDocument:
         obj = loads_json(data, file)  # raises the precise DocumentError
     if not isinstance(obj, dict):
         raise DocumentError(f"expected a JSON object, got {type(obj).__name__}", file=file, location="$")
+    if b"\\ud" in data or b"\\uD" in data:  # a \uD800-\uDFFF escape: perhaps a lone surrogate (valid JSON)
+        try:
+            obj = _escaped_lone_surrogates(obj)
+        except RecursionError:
+            raise DocumentError("JSON nested too deeply", file=file) from None
     if not any(key in obj for key in HEADER_KEYS):  # no header: an API-info fragment, or not a dump document
         fragment = read_fragment(obj)
         if fragment is None:
             raise not_a_document(obj, file)
         obj = fragment.document()
     return DumpDocument(obj, file)
+
+
+def _escaped_lone_surrogates(obj: Any) -> Any:
+    """``obj`` with each string (key or value) that holds a lone surrogate (``"\\ud800"`` in the JSON: valid
+    JSON, but no UTF-8 text, so no CSV cell, CRC-32, Arrow string or terminal line can take it) written as the
+    document writes it: the surrogate as its ``\\udXXX`` escape text. Nothing is lost (the text is the JSON's own
+    spelling of it), both sides of a compare read it alike, and every other string is the same object."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return obj.encode("utf-8", "backslashreplace").decode("utf-8")
+        return obj
+    if isinstance(obj, dict):
+        return {_escaped_lone_surrogates(k): _escaped_lone_surrogates(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_escaped_lone_surrogates(v) for v in obj]
+    return obj
 
 
 def _num(v: Optional[int]) -> int:
