@@ -221,8 +221,8 @@ def columnar_pair(context: PairContext, path: str, keep_rows: bool = False, *, s
     # forked chunk's stay in its process: the caller's context keeps None, the walk looks at every record)
     context.departing = set() if start == 0 and stop == len(context.pairs) else None
     # records whose content postdates their place are taken where it was settled (format.settled)
-    firsts = (NonFiniteFirsts(settled_positions(name for name, _ in context.pairs)),
-              NonFiniteFirsts(settled_positions(bench or "" for _, bench in context.pairs)))
+    firsts = (NonFiniteFirsts(settled_positions([name for name, _ in context.pairs])),
+              NonFiniteFirsts(settled_positions([bench or "" for _, bench in context.pairs])))
     state: dict = {"bench_epoch": (-1, None)}
     keep: Optional[list] = [] if keep_rows else None
     total = PairSummary()

@@ -181,7 +181,7 @@ def find_origin(target_data: dict, bench_data: dict, pairs: list, rest: list, mo
     produced: set = set()
     passed: list = []  # records passed over (nothing departs) whose outputs are not in ``produced`` yet
     # a record whose content postdates its place is walked where it was settled (format.settled)
-    moved = settled_positions(name for name, _ in pairs)
+    moved = settled_positions([name for name, _ in pairs])
     for record_index in sorted(range(len(pairs)), key=lambda at: moved.get(at, at)) if moved else range(len(pairs)):
         name, bench = pairs[record_index]
         if missing_at and missing_at[0][0] <= record_index:

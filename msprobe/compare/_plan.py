@@ -491,6 +491,34 @@ def _stack_text(source: Any, name: str, texts: Optional[dict] = None) -> str:
     return text
 
 
+def _row_stacks(source: Any, row_count: int, group_first: list, group_name: list) -> list:
+    """The NPU_Stack_Info column of a native plan's rows: each group's first row (``group_first``, -1
+    where none) its record's :func:`_stack_text`, the other rows N/A. The source's frames index is read
+    once where it has one (``frames_index``: a rank directory without a journal's stacks), so no call
+    is made per record."""
+    row_stack = [_NA] * row_count
+    texts: dict = {}
+    index_of = getattr(source, "frames_index", None)
+    index = index_of() if index_of is not None else None
+    if index is None:
+        for first, name in zip(group_first, group_name):
+            if first >= 0:
+                row_stack[first] = _stack_text(source, name, texts)
+        return row_stack
+    get = index.get
+    for first, name in zip(group_first, group_name):
+        if first < 0 or name.endswith(("backward", "debug")):
+            continue
+        frames = get(name)
+        if frames:  # the lists live in the source's stack document while the plan is made: one text per list
+            key = id(frames)
+            text = texts.get(key)
+            if text is None:
+                text = texts[key] = str(frames)
+            row_stack[first] = text
+    return row_stack
+
+
 def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, state: dict) -> Optional[Plan]:
     """:func:`plan_rows` through the C planner (``msprobe.format._leafwalk.plan_block``): the same
     plan, without a Python step per leaf; None where it is not there, a data-mapping file pairs
@@ -528,13 +556,8 @@ def _native_plan(context: PairContext, start: int, stop: int, with_rest: bool, s
     state["bench_epoch"] = (epoch, epoch_name)
     plan.native = _NativeRows(row_kind, target_io, target_suffix, bench_io, bench_suffix, group_epoch)
     plan.native.group_dup = group_dup
-    row_stack = [_NA] * len(plan.row_name)
-    source = context.target_source
-    texts: dict = {}
-    for first, name in zip(np.frombuffer(group_first, dtype=np.int64).tolist(), plan.group_name):
-        if first >= 0:
-            row_stack[first] = _stack_text(source, name, texts)
-    plan.row_stack = row_stack
+    plan.row_stack = _row_stacks(context.target_source, len(plan.row_name),
+                                 np.frombuffer(group_first, dtype=np.int64).tolist(), plan.group_name)
     plan.group_ignore = _group_ignores(plan, row_kind)
     return plan
 
@@ -546,7 +569,12 @@ def _group_ignores(plan: Plan, row_kind: Any) -> list:
     ignores = [0] * len(plan.group_name)
     output = np.fromiter(map(operator.contains, plan.row_name, repeat(".output.")), bool, len(plan.row_name))
     rows = np.flatnonzero((row_kind == 0) & ~output)
-    groups, first = np.unique(plan.row_group[rows], return_index=True)
+    of_rows = plan.row_group[rows]
+    if len(of_rows) < 2 or bool((of_rows[1:] >= of_rows[:-1]).all()):  # the planner's order: each group's first row
+        first = np.flatnonzero(np.concatenate(([True], of_rows[1:] != of_rows[:-1]))) if len(of_rows) else rows
+        groups = of_rows[first]
+    else:
+        groups, first = np.unique(of_rows, return_index=True)
     known: dict = {}
     for group, row in zip(groups.tolist(), rows[first].tolist()):
         name = plan.row_name[row]

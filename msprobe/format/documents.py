@@ -363,12 +363,17 @@ class StackDocument(_JsonDocument):
                 raise DocumentError("stack frames must be a list of strings", file=self.file, location=floc)
 
     def stack_of(self, record_name: str) -> Optional[list]:
+        return self.frames_index().get(record_name)
+
+    def frames_index(self) -> dict:
+        """{record name: its frames list} (what :meth:`stack_of` reads one name at a time); the
+        records of one entry share one list. Made once; not to be changed by the caller."""
         if self._index is None:
             self._index = {}
             for _key, names, frames in self._entries():
                 for name in names:
                     self._index[name] = frames
-        return self._index.get(record_name)
+        return self._index
 
     def ids_of(self) -> dict:
         """record name -> stack id."""

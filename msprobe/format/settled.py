@@ -40,8 +40,8 @@ def settled_positions(names: Iterable[str]) -> dict:
     pgrads: dict = {}     # module -> indexes of its parameters_grad records
     backwards: dict = {}  # module -> indexes of its backward records
     for index, name in enumerate(names):
-        if not name.startswith(("Module.", "Cell.")):
-            continue
+        if not name.startswith(("Module.", "Cell.")) or (".backward." not in name and ".parameters_grad" not in name):
+            continue  # neither pattern can match (each needs one of the two texts)
         found = _PGRAD.match(name)
         if found is not None:
             pgrads.setdefault(found["module"], []).append(index)

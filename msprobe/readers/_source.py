@@ -373,6 +373,14 @@ class RankSource:
             frames = self._journal["stacks"].get(name)
         return frames
 
+    def frames_index(self) -> Optional[dict]:
+        """{record name: frames} as :meth:`frames_of` gives them, for many names at once (stack.json's
+        index, shared: not to be changed); None where a journal holds stacks too (ask frames_of)."""
+        if self._journal and self._journal["stacks"]:
+            return None
+        sd = self.stack()
+        return sd.frames_index() if sd is not None else {}
+
     def parents(self) -> dict:
         cd = self.construct()
         p = cd.raw if cd is not None else {}
@@ -599,6 +607,9 @@ class IndexSource:
 
     def frames_of(self, name: str) -> Optional[list]:
         return self.rank_source().frames_of(name)
+
+    def frames_index(self) -> Optional[dict]:
+        return self.rank_source().frames_index()
 
     def mapping(self) -> dict:
         return self.rank_source().mapping()

@@ -342,3 +342,30 @@ def test_forked_chunks_of_one_pair_same_bytes(tmp_path, monkeypatch, workers):
     for k in ("first_divergence", "first_nan_inf_target", "results", "rows", "matched_records", "unmatched_rows",
               "worst_rows"):
         assert pr[k] == pg[k], k
+
+
+def test_stack_column_read_from_the_frames_index_once(tmp_path, monkeypatch):
+    """The engine's NPU_Stack_Info cells come from the rank's frames index (stack.json's, read once), not
+    from a frames_of call per record; the same bytes as the oracle's, and as where a source has no index."""
+    from msprobe.readers._source import RankSource
+
+    t, b = _f("ms26", "L1_statistics", "step0"), _f("ms26", "L1_statistics_perturbed", "step0")
+    calls = []
+    frames_of = RankSource.frames_of
+
+    def counted(self, name):
+        calls.append(name)
+        return frames_of(self, name)
+
+    monkeypatch.setattr(RankSource, "frames_of", counted)
+    out = str(tmp_path / "counted")
+    compare(t, b, out, timestamp=TS, plot=False, progress=False)
+    assert calls == []
+    got = _outputs(out)
+    assert any(b"File " in text for name, text in got.items() if name.endswith(".csv"))  # stack cells are there
+    monkeypatch.setattr(RankSource, "frames_of", frames_of)
+    assert got == _both(tmp_path, monkeypatch, t, b)
+    monkeypatch.setattr(RankSource, "frames_index", lambda self: None)  # e.g. a journal's stacks: one call a record
+    out = str(tmp_path / "no_index")
+    compare(t, b, out, timestamp=TS, plot=False, progress=False)
+    assert _outputs(out) == got
