@@ -188,6 +188,36 @@ class Journal:
                     os.close(self._fd)
                     self._fd = None
 
+    def discard(self) -> bool:
+        """Local stores: remove the segments this journal wrote and close it, without cutting them
+        back first (their mapped window's and reserve's blocks go with the files), then its directory
+        and the directory above when they are left empty. True when the directory is gone; False (the
+        journal as it was, or closed with its directory still there: the caller closes it and deletes
+        the prefix as on any store) when something else is in it, a segment cannot be removed, lines
+        are still buffered, or the store is not local."""
+        with self._lock:
+            if self._closed or self._local_dir is None or self._buffer:
+                return False
+            try:  # the segments go first, while the journal is still open: a failure leaves it as it was
+                for key in self.segments:
+                    os.unlink(os.path.join(self._local_dir, key.rsplit("/", 1)[-1]))
+            except OSError:
+                return False
+            self._closed = True
+            self._unmap()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            try:
+                os.rmdir(self._local_dir)
+            except OSError:  # something else is in it (another run's segment, a temp file)
+                return False
+            try:  # (as LocalStore.delete_prefix: the directory above goes too when nothing else is in it)
+                os.rmdir(os.path.dirname(self._local_dir))
+            except OSError:
+                pass
+            return True
+
     def __enter__(self) -> "Journal":
         return self
 

@@ -162,13 +162,31 @@ def encode_document(doc: dict, encoded: Optional[dict] = None) -> bytes:
     return dumps_records_json(doc, encoded=encoded).encode("utf-8")
 
 
+def compact_json(obj: Any) -> str:
+    """``obj``'s JSON text as the producer's layout writes each value (one line: ", " and ": ")."""
+    return _COMPACT.encode(obj)
+
+
+def encode_stack_entries(entries: list) -> bytes:
+    """stack.json's bytes in the producer's layout (as :func:`encode_documents` writes a stack dict)
+    from (stack id, its names, :func:`compact_json` of its lines) each, in the document's order: a
+    stack's lines encoded once per process, not once a step."""
+    if not entries:
+        return b"{}"
+    enc = _COMPACT.encode
+    return ("{\n" + ",\n".join(f"  {enc(key)}: [{enc(names)}, {lines}]" for key, names, lines in entries)
+            + "\n}").encode("utf-8")
+
+
 def encode_documents(doc: dict, *, debug: bool, stack: Optional[dict], construct: Optional[dict],
-                     records_layout: bool = True, encoded: Optional[dict] = None) -> list:
+                     records_layout: bool = True, encoded: Optional[dict] = None,
+                     stack_bytes: Optional[bytes] = None) -> list:
     """[(file name, bytes)] of a rank directory's documents, the one writer of the producer's
     publish and of recovery: the document first (debug.json when ``debug``, without stack.json
     and construct.json), then stack.json and construct.json. ``records_layout``: one record per
     line (the producer, spec 8.4 and 20 item 13); else ``indent=1`` (crash recovery, spec 8.4).
-    ``encoded``: the records' JSON texts made already (see :func:`dumps_records_json`)."""
+    ``encoded``: the records' JSON texts made already (see :func:`dumps_records_json`); ``stack_bytes``:
+    stack.json made already (:func:`encode_stack_entries`, the producer's layout), instead of ``stack``."""
     def encode(obj: dict) -> bytes:
         if not records_layout:
             return dumps_json(obj).encode("utf-8")
@@ -176,7 +194,7 @@ def encode_documents(doc: dict, *, debug: bool, stack: Optional[dict], construct
 
     out = [(DEBUG_JSON if debug else DUMP_JSON, encode_document(doc, encoded) if records_layout else encode(doc))]
     if not debug:
-        out.append((STACK_JSON, encode(stack or {})))
+        out.append((STACK_JSON, stack_bytes if stack_bytes is not None and records_layout else encode(stack or {})))
         out.append((CONSTRUCT_JSON, encode(construct or {})))
     return out
 

@@ -18,6 +18,7 @@ from msprobe.backends import LocalStore, open_store, read_journal
 from msprobe.backends import _journal as journal_module
 from msprobe.backends import _local as local_module
 from msprobe.errors import (
+    MsprobeError,
     StorageError,
     StorageNotFoundError,
     StoragePermissionError,
@@ -343,6 +344,56 @@ def test_mapped_journal_windows_grow(tmp_path) -> None:
     j.close()
     assert path.read_bytes() == (line + b"\n") * written
     assert list(read_journal(store, "g")) == [line] * written
+
+
+def test_mapped_journal_discard_removes_without_cutting_back(tmp_path, monkeypatch) -> None:
+    """A final dump's journal goes with its directory in one pass: its segments unlinked as they are (no
+    ftruncate of the window's and the reserve's rest first: the blocks go with the file), the journal's
+    directory and the empty one above removed (as LocalStore.delete_prefix); another file in the directory keeps both (False)."""
+    store = LocalStore(tmp_path)
+    j = store.journal("step0/rank0/.journal", fsync=False, mapped=True, reserve_bytes=8192)
+    j.extend([b"r1"], flush=True)
+    j.extend([b"r2"], flush=True)
+    cuts = []
+    real_ftruncate = os.ftruncate
+    monkeypatch.setattr(os, "ftruncate", lambda fd, n: (cuts.append(n), real_ftruncate(fd, n)))
+    assert j.discard() is True
+    assert cuts == []
+    assert os.listdir(tmp_path / "step0") == []  # (.journal and the emptied rank directory above it)
+    with pytest.raises(MsprobeError):
+        j.append(b"late")  # closed
+    j.close()  # safe after discard
+
+    k = store.journal("step1/rank0/.journal", fsync=False, mapped=True)
+    k.extend([b"x"], flush=True)
+    (tmp_path / "step1" / "rank0" / "dump.json").write_bytes(b"{}")
+    (tmp_path / "step1" / "rank0" / ".journal" / "other").write_bytes(b"kept")
+    assert k.discard() is False  # something else in the directory: the caller deletes the prefix
+    assert (tmp_path / "step1" / "rank0" / ".journal" / "other").read_bytes() == b"kept"
+    assert not (tmp_path / "step1" / "rank0" / ".journal" / "000001.jsonl").exists()
+
+    m = store.journal("step2/rank0/.journal", fsync=False, mapped=True)
+    m.extend([b"y"], flush=True)
+    (tmp_path / "step2" / "rank0" / "dump.json").write_bytes(b"{}")
+    assert m.discard() is True
+    assert sorted(os.listdir(tmp_path / "step2" / "rank0")) == ["dump.json"]  # (the rank directory stays)
+
+
+def test_put_into_an_existing_directory_makes_no_directories(tmp_path, monkeypatch) -> None:
+    """A document's put tries its temporary file's open first: its directory there already (every put of a
+    step after its first), no mkdir; a missing one is still made."""
+    store = LocalStore(tmp_path)
+    store.put("a/b/one.json", b"1")
+    made = []
+    real_makedirs = os.makedirs
+    monkeypatch.setattr(os, "makedirs", lambda *a, **k: (made.append(a[0]), real_makedirs(*a, **k)))
+    store.put("a/b/two.json", b"2")
+    store.put("a/b/one.json", b"3")
+    assert made == []
+    store.put("a/c/d/three.json", b"4")
+    assert made[0] == str(tmp_path / "a" / "c" / "d")
+    assert store.get("a/b/one.json") == b"3" and store.get("a/c/d/three.json") == b"4"
+    assert sorted(os.listdir(tmp_path / "a" / "b")) == ["one.json", "two.json"]  # (no temporary file left)
 
 
 def test_mapped_journal_writes_when_no_window(tmp_path, monkeypatch) -> None:

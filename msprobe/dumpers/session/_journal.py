@@ -263,13 +263,19 @@ class JournalPipeline:
     def close(self, *, delete: bool) -> None:
         """Close the journal; ``delete``: remove it from the rank directory (the dump is final)."""
         with self.lock:
+            gone = False
             if self.journal is not None:
                 try:
-                    self.journal.close()
+                    # a final dump's journal on a local disk: its segments removed as they are (not cut
+                    # back to their lines first), with its directory; else closed, then deleted below
+                    discard = getattr(self.journal, "discard", None) if delete else None
+                    gone = discard is not None and discard()
+                    if not gone:
+                        self.journal.close()
                 except Exception:  # noqa: BLE001 - never crash training for the dump: the failure is counted and logged
                     pass
                 self.journal = None
-        if delete:
+        if delete and not gone:
             try:
                 store, prefix = self.storage.store, self.rank_prefix()
                 store.delete_prefix(f"{prefix}/{JOURNAL_DIR}")  # a final dump leaves no .journal/ behind

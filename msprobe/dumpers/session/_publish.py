@@ -4,14 +4,14 @@ atomic put with the session's retries; and the marker's ``final`` once the dump 
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from msprobe import __version__
 from msprobe.dumpers.config import DumpConfig
 from msprobe.dumpers.session._documents import StepDocuments
 from msprobe.dumpers.session._failures import FailureLog
 from msprobe.dumpers.session._storage import RetryingPut, SessionStorage
-from msprobe.format.documents import encode_documents
+from msprobe.format.documents import compact_json, encode_documents, encode_stack_entries
 from msprobe.format.layout import MAPPING_CSV, MARKER_FILE, TENSOR_DIR, data_dir_url, encode_mapping, join_key
 from msprobe.format.marker import build_marker, encode_marker, mark_final
 
@@ -31,6 +31,8 @@ class RankPublisher:
         self.failures = failures
         #: (prefix, the marker's bytes) of the last publish that wrote its marker: mark_final's starting point
         self._marker: Optional[tuple] = None
+        #: a stack's rendered lines -> their JSON text in stack.json (the same call sites step after step)
+        self._lines_text: dict = {}
 
     def write(self, prefix: str, docs: StepDocuments, *, step: int, rank: Optional[int], complete: bool,
               final: bool, zarr: bool, digests: Callable[[str], dict], locations: dict) -> Optional[Exception]:
@@ -43,8 +45,9 @@ class RankPublisher:
         try:
             # each document: one atomic put, transient failures retried
             store = RetryingPut(self.storage.document_store(), self.storage.policy())
-            stack = None if debug else docs.stacks.to_json(self.render_stack)
-            encoded = encode_documents(doc, debug=debug, stack=stack, construct=docs.construct, encoded=docs.encoded)
+            stack = None if debug else self._stack_bytes(docs.stacks)
+            encoded = encode_documents(doc, debug=debug, stack=None, construct=docs.construct, encoded=docs.encoded,
+                                       stack_bytes=stack)
             for name, body in encoded:
                 store.put(f"{prefix}/{name}", body)
             doc_bytes = encoded[0][1]
@@ -64,6 +67,24 @@ class RankPublisher:
             return exc
         self.failures.copy_to_store(prefix)
         return None
+
+    #: rendered stacks whose JSON text is kept at most (the table starts again when full)
+    LINES_TEXT_MAX = 4096
+
+    def _stack_bytes(self, stacks: Any) -> bytes:
+        """stack.json's bytes, as ``encode_documents`` writes ``stacks.to_json(render_stack)``: each stack's
+        lines rendered (render_stack keeps them per call site) and their JSON text kept by those lines."""
+        texts, render = self._lines_text, self.render_stack
+        entries = []
+        for sid in sorted(stacks.names):
+            lines = tuple(render(stacks.frames[sid]))
+            text = texts.get(lines)
+            if text is None:
+                if len(texts) >= self.LINES_TEXT_MAX:
+                    texts.clear()
+                text = texts[lines] = compact_json(list(lines))
+            entries.append((str(sid), stacks.names[sid], text))
+        return encode_stack_entries(entries)
 
     def _write_index(self, prefix: str, doc: dict, docs: StepDocuments, *, step: int, rank: Optional[int],
                      locations: dict) -> None:
